@@ -1,0 +1,212 @@
+/* fp_engine.c: engine construction and the per-tick stages (see fp_engine.h). */
+#include "fp_engine.h"
+#include "fp_math.h"
+#include <string.h>
+
+static void *fp_copy_aligned(const void *src, size_t bytes) {
+    void *p = fp_aligned_alloc(bytes);
+    if (p && bytes) memcpy(p, src, bytes);
+    return p;
+}
+
+void fp_engine_free(fp_engine *e) {
+    if (!e) return;
+    fp_mlp_free(&e->mlp);
+    fp_aligned_free(e->fs.z_idx);
+    fp_aligned_free(e->fs.w_idx);
+    fp_aligned_free(e->fs.mean);
+    fp_aligned_free(e->fs.inv_std);
+    fp_aligned_free(e->slots);
+    fp_aligned_free(e->wins);
+    fp_aligned_free(e->pre);
+    fp_aligned_free(e->feat);
+    fp_aligned_free(e->buf_a);
+    fp_aligned_free(e->buf_b);
+    fp_aligned_free(e->ts_scratch);
+    fp_aligned_free(e->lat);
+    fp_aligned_free(e);
+}
+
+fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
+    *err = FP_ERR_PARAM;
+    const int n_feat = p->n_z + 2 * p->n_w;
+    if (p->raw_len < 1 || p->n_z < 0 || p->n_w < 0 || n_feat < 1 || p->n_symbols < 1 ||
+        (p->n_w > 0 && p->window < 1) || p->n_layers < 1 || p->n_layers > FP_MAX_LAYERS ||
+        p->dims[0] != n_feat || p->dims[p->n_layers] != 2 || p->lat_capacity < 1 ||
+        (p->lat_capacity & (p->lat_capacity - 1)))
+        return NULL;
+    for (int i = 0; i < p->n_z; i++)
+        if (p->z_idx[i] < 0 || p->z_idx[i] >= p->raw_len) return NULL;
+    for (int i = 0; i < p->n_w; i++)
+        if (p->w_idx[i] < 0 || p->w_idx[i] >= p->raw_len) return NULL;
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->acts[l] < FP_ACT_IDENTITY || p->acts[l] > FP_ACT_SIGMOID) return NULL;
+    const fp_kernels *k = fp_kernels_for(p->isa);
+    if (!k) return NULL;
+
+    *err = FP_ERR_NOMEM;
+    fp_engine *e = (fp_engine *)fp_aligned_alloc(sizeof(fp_engine));
+    if (!e) return NULL;
+    e->k = k;
+    e->isa = p->isa;
+    e->policy = p->policy;
+    e->n_symbols = p->n_symbols;
+    fp_feature_spec *fs = &e->fs;
+    fs->raw_len = p->raw_len; fs->n_z = p->n_z; fs->n_w = p->n_w;
+    fs->window = p->n_w > 0 ? p->window : 1;
+    fs->n_feat = n_feat;
+    fs->z_idx = (int32_t *)fp_copy_aligned(p->z_idx, sizeof(int32_t) * p->n_z);
+    fs->w_idx = (int32_t *)fp_copy_aligned(p->w_idx, sizeof(int32_t) * p->n_w);
+    fs->mean = (float *)fp_copy_aligned(p->mean, sizeof(float) * n_feat);
+    fs->inv_std = (float *)fp_copy_aligned(p->inv_std, sizeof(float) * n_feat);
+    if (fp_mlp_init(&e->mlp, p->n_layers, p->dims, p->acts, p->weights, p->biases, p->arena_mem)) {
+        e->mlp.arena = NULL;
+        fp_engine_free(e);
+        return NULL;
+    }
+    e->slot_stride = fp_slot_stride(n_feat);
+    e->win_stride = fp_window_stride(fs);
+    e->slots = (unsigned char *)fp_aligned_alloc(e->slot_stride * p->n_symbols);
+    e->wins = (unsigned char *)fp_aligned_alloc(e->win_stride * p->n_symbols);
+    const size_t w = FP_ROUND_UP((size_t)(n_feat > e->mlp.max_width ? n_feat : e->mlp.max_width), 16);
+    e->pre = (float *)fp_aligned_alloc(sizeof(float) * w);
+    e->feat = (float *)fp_aligned_alloc(sizeof(float) * w);
+    e->buf_a = (float *)fp_aligned_alloc(sizeof(float) * w);
+    e->buf_b = (float *)fp_aligned_alloc(sizeof(float) * w);
+    e->ts_scratch = (int64_t *)fp_aligned_alloc(sizeof(int64_t) * p->n_symbols);
+    e->lat = (fp_lat *)fp_aligned_alloc(sizeof(fp_lat) * (size_t)p->lat_capacity);
+    e->lat_mask = (uint64_t)p->lat_capacity - 1;
+    if (!fs->z_idx || !fs->w_idx || !fs->mean || !fs->inv_std || !e->slots || !e->wins || !e->pre ||
+        !e->feat || !e->buf_a || !e->buf_b || !e->ts_scratch || !e->lat) {
+        fp_engine_free(e);
+        return NULL;
+    }
+    fp_clock_init();
+    *err = FP_OK;
+    return e;
+}
+
+void fp_engine_reset(fp_engine *e) {
+    memset(e->slots, 0, e->slot_stride * e->n_symbols);
+    memset(e->wins, 0, e->win_stride * e->n_symbols);
+    e->ticks = e->hits = e->misses = 0;
+    memset(e->miss_reason, 0, sizeof(e->miss_reason));
+    memset(e->lat, 0, sizeof(fp_lat) * (e->lat_mask + 1));
+}
+
+static inline fp_slot *fp_slot_at(fp_engine *e, int32_t s) {
+    return (fp_slot *)(e->slots + e->slot_stride * (size_t)s);
+}
+
+int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p) {
+    p->t0 = fp_ticks();
+    if (symbol < 0 || symbol >= e->n_symbols) return FP_ERR_SYMBOL;
+    if (!e->k->allfinite(raw, e->fs.raw_len)) return FP_ERR_NONFINITE_INPUT;
+    fp_slot *s = fp_slot_at(e, symbol);
+    const int64_t now = ts_ns >= 0 ? ts_ns : fp_ticks_to_mono_ns(p->t0);
+    if (now < s->last_ns) return FP_ERR_TIME_BACKWARDS;
+    p->raw = raw;
+    p->symbol = symbol;
+    p->now = now;
+    fp_features_compute(e->k, &e->fs, e->wins + e->win_stride * (size_t)symbol, raw, e->pre, e->feat);
+    p->t1 = fp_ticks();
+    p->reason = fp_cache_lookup(e->k, &e->policy, s, e->feat, e->fs.n_feat, now, &p->norm);
+    p->t2 = fp_ticks();
+    return FP_OK;
+}
+
+const float *fp_infer_cpu(fp_engine *e) {
+    return fp_mlp_forward(e->k, &e->mlp, e->feat, e->buf_a, e->buf_b);
+}
+
+int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
+                   fp_result *r) {
+    fp_slot *s = fp_slot_at(e, p->symbol);
+    const uint64_t t3 = fp_ticks();
+    if (p->reason == FP_HIT) {
+        r->signal = s->signal;
+        r->confidence = s->confidence;
+        r->cached = 1;
+        s->run++;
+        e->hits++;
+    } else {
+        float sig, conf;
+        fp_head(out2, &sig, &conf);
+        if (!(sig == sig) || !(conf == conf)) return FP_ERR_NONFINITE_OUTPUT;
+        if (e->policy.enabled) {
+            float na = p->norm;
+            if (na < 0.0f) {
+                float d;
+                e->k->dot_norm2(e->feat, e->feat, e->fs.n_feat, &d, &na);
+                na = sqrtf(na);
+            }
+            memcpy(fp_slot_features(s), e->feat, sizeof(float) * e->fs.n_feat);
+            s->norm = na;
+            s->signal = sig;
+            s->confidence = conf;
+            s->run = 0;
+            s->computed_ns = p->now;
+            s->valid = 1;
+        }
+        r->signal = sig;
+        r->confidence = conf;
+        r->cached = 0;
+        e->misses++;
+        e->miss_reason[p->reason]++;
+    }
+    s->last_ns = p->now;
+    fp_window_commit(&e->fs, e->wins + e->win_stride * (size_t)p->symbol, p->raw);
+    e->ticks++;
+    const uint64_t t4 = fp_ticks();
+    r->reason = p->reason;
+    r->feature_ns = fp_ticks_to_ns(p->t1 - p->t0);
+    r->cache_ns = fp_ticks_to_ns((p->t2 - p->t1) + (t4 - t3));
+    if (p->reason == FP_HIT) r->infer_ns = 0;
+    else r->infer_ns = extern_infer_ns >= 0 ? extern_infer_ns : fp_ticks_to_ns(t3 - p->t2);
+    r->total_ns = fp_ticks_to_ns(t4 - p->t0);
+    fp_lat *L = &e->lat[(e->ticks - 1) & e->lat_mask];
+    L->feature = (uint32_t)r->feature_ns;
+    L->cache = (uint32_t)r->cache_ns;
+    L->infer = (uint32_t)r->infer_ns;
+    L->total = (uint32_t)r->total_ns;
+    return FP_OK;
+}
+
+int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r) {
+    fp_pending p;
+    int rc = fp_step_begin(e, raw, symbol, ts_ns, &p);
+    if (rc != FP_OK) return rc;
+    const float *out = p.reason == FP_HIT ? NULL : fp_infer_cpu(e);
+    return fp_step_finish(e, &p, out, -1, r);
+}
+
+int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
+                      const int64_t *ts, int64_t n, float *signal, float *confidence,
+                      uint8_t *cached, int64_t *total_ns, int *err) {
+    /* pass 1: every row valid before anything is written */
+    for (int32_t s = 0; s < e->n_symbols; s++) e->ts_scratch[s] = fp_slot_at(e, s)->last_ns;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t s = symbols[i];
+        if (s < 0 || s >= e->n_symbols) { *err = FP_ERR_SYMBOL; return i; }
+        if (!e->k->allfinite(raws + i * row_stride, e->fs.raw_len)) {
+            *err = FP_ERR_NONFINITE_INPUT;
+            return i;
+        }
+        if (ts) {
+            if (ts[i] < e->ts_scratch[s]) { *err = FP_ERR_TIME_BACKWARDS; return i; }
+            e->ts_scratch[s] = ts[i];
+        }
+    }
+    /* pass 2 */
+    for (int64_t i = 0; i < n; i++) {
+        fp_result r;
+        int rc = fp_step(e, raws + i * row_stride, symbols[i], ts ? ts[i] : -1, &r);
+        if (rc != FP_OK) { *err = rc; return i; }
+        if (signal) signal[i] = r.signal;
+        if (confidence) confidence[i] = r.confidence;
+        if (cached) cached[i] = (uint8_t)r.cached;
+        if (total_ns) total_ns[i] = r.total_ns;
+    }
+    *err = FP_OK;
+    return -1;
+}

@@ -1,0 +1,104 @@
+/* fp_engine.h: one tick from raw values to signal in one C call, no Python.
+ *
+ * fp_step() = fp_step_begin() (validate, features, cache lookup)
+ *           + fp_infer_cpu() on a miss
+ *           + fp_step_finish() (head, store, commit the window).
+ * Decision: the stages are separate functions over a pending-tick record so a
+ * GPU backend can replace fp_infer_cpu() and keep everything else; nothing in
+ * here touches a Python object, so a C loop may call it without the GIL.
+ * An engine is not reentrant: one thread steps it at a time (the Python layer
+ * enforces that). Validation happens before any state is written, so a
+ * rejected tick leaves slots, windows and counters exactly as they were.
+ */
+#ifndef FP_ENGINE_H
+#define FP_ENGINE_H
+
+#include "fp_simd.h"
+#include "fp_features.h"
+#include "fp_cache.h"
+#include "fp_mlp.h"
+#include "fp_clock.h"
+
+enum {
+    FP_OK = 0,
+    FP_ERR_SYMBOL = -1,           /* symbol outside [0, n_symbols) */
+    FP_ERR_NONFINITE_INPUT = -2,  /* NaN or Inf in the raw tick */
+    FP_ERR_TIME_BACKWARDS = -3,   /* ts earlier than this symbol's last tick */
+    FP_ERR_NONFINITE_OUTPUT = -4, /* the model produced NaN/Inf (input too large) */
+    FP_ERR_NOMEM = -5,
+    FP_ERR_PARAM = -6,
+};
+
+typedef struct {
+    /* features */
+    int raw_len, n_z, n_w, window;
+    const int32_t *z_idx, *w_idx;
+    const float *mean, *inv_std;      /* n_z + 2 n_w */
+    /* model: dims[0] == n_z + 2 n_w, dims[n_layers] == 2 */
+    int n_layers;
+    const int *dims, *acts;
+    const float *const *weights;      /* row-major dims[l+1] x dims[l] */
+    const float *const *biases;
+    void *arena_mem;                  /* optional, 64-byte aligned, fp_mlp_arena_bytes long */
+    /* cache */
+    int n_symbols;
+    fp_cache_policy policy;
+    fp_isa isa;
+    int lat_capacity;                 /* per-tick latency records kept for stats, power of 2 */
+} fp_engine_params;
+
+typedef struct {
+    float signal, confidence;
+    int cached, reason;
+    int64_t feature_ns, cache_ns, infer_ns, total_ns;
+} fp_result;
+
+typedef struct { uint32_t feature, cache, infer, total; } fp_lat;
+
+typedef struct {
+    const float *raw;
+    int32_t symbol;
+    int64_t now;
+    float norm;
+    int reason;
+    uint64_t t0, t1, t2;
+} fp_pending;
+
+typedef struct fp_engine {
+    const fp_kernels *k;
+    fp_isa isa;
+    fp_feature_spec fs;
+    fp_mlp mlp;
+    fp_cache_policy policy;
+    int n_symbols;
+    unsigned char *slots; size_t slot_stride;
+    unsigned char *wins; size_t win_stride;
+    float *pre, *feat, *buf_a, *buf_b;
+    int64_t *ts_scratch;              /* n_symbols, for batch validation */
+    /* counters */
+    uint64_t ticks, hits, misses, miss_reason[FP_MISS_NREASONS];
+    fp_lat *lat; uint64_t lat_mask;
+} fp_engine;
+
+fp_engine *fp_engine_create(const fp_engine_params *p, int *err);
+void fp_engine_free(fp_engine *e);
+void fp_engine_reset(fp_engine *e);          /* empty every slot, window and counter */
+
+/* ts_ns < 0: use the engine clock (CLOCK_MONOTONIC ns). */
+int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p);
+/* out[2] = model(e->feat); returns the raw last-layer output */
+const float *fp_infer_cpu(fp_engine *e);
+/* out2: the model output for a miss (NULL on a hit); extern_infer_ns: time an
+ * external backend spent, or -1 to measure since fp_step_begin returned. */
+int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
+                   fp_result *r);
+int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r);
+
+/* Validate a whole batch first (nothing is written when any row is bad), then
+ * step each row. Returns -1 on success, else the index of the bad row with
+ * *err set. ts may be NULL (engine clock). Outputs may be NULL. */
+int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
+                      const int64_t *ts, int64_t n, float *signal, float *confidence,
+                      uint8_t *cached, int64_t *total_ns, int *err);
+
+#endif

@@ -1,0 +1,90 @@
+/* fp_features.h: raw tick -> feature vector, with per-symbol sliding windows.
+ *
+ * features = (pre - mean) * inv_std, pre = [ raw[z_idx[0..n_z)],
+ *                                            rolling mean of raw[w_idx[k]] over the last W ticks,
+ *                                            rolling std  of raw[w_idx[k]] over the last W ticks ]
+ * Decision: the window update is split in two. fp_features_compute() reads
+ * the ring and running sums and writes the features as if the new tick were
+ * in the window, touching no state; fp_window_commit() writes the tick into
+ * the ring afterwards, once the tick is known to be good. A tick rejected
+ * anywhere in between therefore leaves every window exactly as it was.
+ * Running sums are double so that add-new/subtract-old over millions of ticks
+ * does not drift (float would lose ~1e-3 relative within 1e5 ticks).
+ */
+#ifndef FP_FEATURES_H
+#define FP_FEATURES_H
+
+#include "fp_simd.h"
+#include <math.h>
+
+typedef struct {
+    int raw_len;      /* values per tick */
+    int n_z;          /* z-scored raw fields */
+    int n_w;          /* fields with rolling stats */
+    int window;       /* W, ticks in the rolling window (>= 1 when n_w > 0) */
+    int n_feat;       /* n_z + 2 * n_w */
+    int32_t *z_idx;   /* n_z indices into raw */
+    int32_t *w_idx;   /* n_w indices into raw */
+    float *mean;      /* n_feat */
+    float *inv_std;   /* n_feat */
+} fp_feature_spec;
+
+/* Per-symbol window state, one block of `stride` bytes per symbol:
+ *   fp_window_hdr | double sum[n_w] | double sumsq[n_w] | float ring[W][n_w] */
+typedef struct {
+    uint32_t pos;     /* next ring row to overwrite */
+    uint32_t count;   /* ticks in the window, <= W */
+    uint32_t pad[14];
+} fp_window_hdr;
+
+static inline size_t fp_window_stride(const fp_feature_spec *fs) {
+    size_t b = sizeof(fp_window_hdr) + 2 * sizeof(double) * (size_t)fs->n_w +
+               sizeof(float) * (size_t)fs->window * (size_t)fs->n_w;
+    return FP_ROUND_UP(b, FP_ALIGN);
+}
+
+/* pre (scratch, n_feat) and feat (n_feat) for one tick; reads state only */
+static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spec *fs,
+                                       const unsigned char *win, const float *raw, float *pre,
+                                       float *feat) {
+    k->zscore_gather(raw, fs->z_idx, fs->mean, fs->inv_std, feat, fs->n_z);
+    if (fs->n_w == 0) return;
+    const fp_window_hdr *h = (const fp_window_hdr *)win;
+    const double *sum = (const double *)(win + sizeof(fp_window_hdr));
+    const double *sumsq = sum + fs->n_w;
+    const float *ring = (const float *)(sumsq + fs->n_w);
+    const int full = h->count >= (uint32_t)fs->window;
+    const double n = full ? (double)fs->window : (double)(h->count + 1);
+    const float *old = ring + (size_t)h->pos * fs->n_w;
+    float *pm = pre + fs->n_z, *ps = pm + fs->n_w;
+    for (int j = 0; j < fs->n_w; j++) {
+        double x = raw[fs->w_idx[j]];
+        double s = sum[j] + x, q = sumsq[j] + x * x;
+        if (full) { s -= old[j]; q -= (double)old[j] * old[j]; }
+        double m = s / n, v = q / n - m * m;
+        pm[j] = (float)m;
+        ps[j] = (float)(v > 0.0 ? sqrt(v) : 0.0);
+    }
+    k->zscore(pm, fs->mean + fs->n_z, fs->inv_std + fs->n_z, feat + fs->n_z, 2 * fs->n_w);
+}
+
+/* push raw's windowed fields into the symbol's ring */
+static inline void fp_window_commit(const fp_feature_spec *fs, unsigned char *win, const float *raw) {
+    if (fs->n_w == 0) return;
+    fp_window_hdr *h = (fp_window_hdr *)win;
+    double *sum = (double *)(win + sizeof(fp_window_hdr));
+    double *sumsq = sum + fs->n_w;
+    float *row = (float *)(sumsq + fs->n_w) + (size_t)h->pos * fs->n_w;
+    const int full = h->count >= (uint32_t)fs->window;
+    for (int j = 0; j < fs->n_w; j++) {
+        double x = raw[fs->w_idx[j]];
+        if (full) { sum[j] -= row[j]; sumsq[j] -= (double)row[j] * row[j]; }
+        sum[j] += x;
+        sumsq[j] += x * x;
+        row[j] = (float)x;
+    }
+    if (!full) h->count++;
+    h->pos = (h->pos + 1 == (uint32_t)fs->window) ? 0 : h->pos + 1;
+}
+
+#endif

@@ -1,0 +1,260 @@
+/* fp_kernels.c: the numeric kernels, each as a scalar twin and an AVX2/FMA twin.
+ *
+ * Decision: the AVX2 functions carry a target attribute instead of a global
+ * -mavx2, so this file compiles to code that is safe to load on any x86-64;
+ * fp_kernels_for() hands out the AVX2 table only where cpuid says it runs.
+ * Unaligned loads are used for caller-owned inputs (raw ticks), aligned loads
+ * only for memory we allocate (weights arena, scratch, cache slots).
+ */
+#include "fp_simd.h"
+#include "fp_math.h"
+#include <math.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ scalar */
+
+/* out[i] = (raw[idx[i]] - mean[i]) * inv_std[i] */
+static void fp_zscore_gather_scalar(const float *raw, const int32_t *idx, const float *mean,
+                                    const float *inv_std, float *out, int n) {
+    for (int i = 0; i < n; i++) out[i] = (raw[idx[i]] - mean[i]) * inv_std[i];
+}
+
+/* out[i] = (x[i] - mean[i]) * inv_std[i] */
+static void fp_zscore_scalar(const float *x, const float *mean, const float *inv_std, float *out,
+                             int n) {
+    for (int i = 0; i < n; i++) out[i] = (x[i] - mean[i]) * inv_std[i];
+}
+
+/* dot = sum a*b, na2 = sum a*a */
+static void fp_dot_norm2_scalar(const float *a, const float *b, int n, float *dot, float *na2) {
+    float d = 0.0f, s = 0.0f;
+    for (int i = 0; i < n; i++) {
+        d += a[i] * b[i];
+        s += a[i] * a[i];
+    }
+    *dot = d;
+    *na2 = s;
+}
+
+/* y[o] = act(bias[o] + sum_i w[o][i] x[i]) over the blocked layout */
+static void fp_dense_scalar(const fp_dense_layer *L, const float *x, float *y) {
+    const int in = L->in;
+    for (int b = 0; b < L->nb; b++) {
+        const float *wb = L->w + (size_t)b * in * 8;
+        float acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = 0.0f;
+        for (int i = 0; i < in; i++) {
+            const float xi = x[i];
+            for (int r = 0; r < 8; r++) acc[r] += wb[i * 8 + r] * xi;
+        }
+        for (int r = 0; r < 8; r++) y[b * 8 + r] = fp_actf(acc[r] + L->bias[b * 8 + r], L->act);
+    }
+}
+
+/* 1 if all x finite: x - x is 0 for finite x and NaN for Inf/NaN */
+static int fp_allfinite_scalar(const float *x, int n) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+const fp_kernels fp_kernels_scalar = {
+    "scalar",
+    fp_zscore_gather_scalar,
+    fp_zscore_scalar,
+    fp_dot_norm2_scalar,
+    fp_dense_scalar,
+    fp_allfinite_scalar,
+};
+
+/* -------------------------------------------------------------------- avx2 */
+#if FP_HAVE_X86
+#include <immintrin.h>
+
+/* tail mask: lanes [0, n) set, n in 0..8 */
+FP_TARGET_AVX2 static inline __m256i fp_tailmask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* out = (raw[idx] - mean) * inv_std, gathered 8 at a time */
+FP_TARGET_AVX2 static void fp_zscore_gather_avx2(const float *raw, const int32_t *idx,
+                                                 const float *mean, const float *inv_std,
+                                                 float *out, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i ix = _mm256_loadu_si256((const __m256i *)(idx + i));
+        __m256 v = _mm256_i32gather_ps(raw, ix, 4);
+        __m256 z = _mm256_mul_ps(_mm256_sub_ps(v, _mm256_loadu_ps(mean + i)),
+                                 _mm256_loadu_ps(inv_std + i));
+        _mm256_storeu_ps(out + i, z);
+    }
+    for (; i < n; i++) out[i] = (raw[idx[i]] - mean[i]) * inv_std[i];
+}
+
+/* out = (x - mean) * inv_std */
+FP_TARGET_AVX2 static void fp_zscore_avx2(const float *x, const float *mean, const float *inv_std,
+                                          float *out, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 z = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(mean + i)),
+                                 _mm256_loadu_ps(inv_std + i));
+        _mm256_storeu_ps(out + i, z);
+    }
+    for (; i < n; i++) out[i] = (x[i] - mean[i]) * inv_std[i];
+}
+
+FP_TARGET_AVX2 static inline float fp_hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* dot = sum a*b, na2 = sum a*a: two FMA chains per quantity to hide latency */
+FP_TARGET_AVX2 static void fp_dot_norm2_avx2(const float *a, const float *b, int n, float *dot,
+                                             float *na2) {
+    __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
+        d0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + i), d0);
+        d1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(b + i + 8), d1);
+        s0 = _mm256_fmadd_ps(a0, a0, s0);
+        s1 = _mm256_fmadd_ps(a1, a1, s1);
+    }
+    if (i + 8 <= n) {
+        __m256 a0 = _mm256_loadu_ps(a + i);
+        d0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + i), d0);
+        s0 = _mm256_fmadd_ps(a0, a0, s0);
+        i += 8;
+    }
+    if (i < n) {
+        __m256i m = fp_tailmask(n - i);
+        __m256 a0 = _mm256_maskload_ps(a + i, m);
+        d1 = _mm256_fmadd_ps(a0, _mm256_maskload_ps(b + i, m), d1);
+        s1 = _mm256_fmadd_ps(a0, a0, s1);
+    }
+    *dot = fp_hsum256(_mm256_add_ps(d0, d1));
+    *na2 = fp_hsum256(_mm256_add_ps(s0, s1));
+}
+
+/* e^x for 8 lanes, Cephes expf: x = n ln2 + r, e^r by a degree-5 polynomial,
+ * 2^n built in the exponent bits; |rel err| < 2e-7 on [-87, 88] */
+FP_TARGET_AVX2 static inline __m256 fp_exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i n = _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127));
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
+}
+
+/* tanh(x) = sign(x) (1 - e^-2|x|) / (1 + e^-2|x|); small |x| by x (1 - x^2/3 + 2x^4/15)
+ * where the quotient would cancel; |abs err| < 3e-7 */
+FP_TARGET_AVX2 static inline __m256 fp_tanh256(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 ax = _mm256_andnot_ps(sign, x);
+    __m256 e = fp_exp256(_mm256_mul_ps(ax, _mm256_set1_ps(-2.0f)));
+    __m256 one = _mm256_set1_ps(1.0f);
+    __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    __m256 x2 = _mm256_mul_ps(ax, ax);
+    __m256 p = _mm256_fmadd_ps(x2, _mm256_set1_ps(2.0f / 15.0f), _mm256_set1_ps(-1.0f / 3.0f));
+    p = _mm256_fmadd_ps(p, x2, one);
+    p = _mm256_fmadd_ps(_mm256_set1_ps(-17.0f / 315.0f), _mm256_mul_ps(x2, _mm256_mul_ps(x2, x2)), p);
+    __m256 small = _mm256_mul_ps(ax, p);
+    t = _mm256_blendv_ps(t, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.0625f), _CMP_LT_OQ));
+    return _mm256_or_ps(t, _mm256_and_ps(x, sign));
+}
+
+/* sigmoid(x) = 1 / (1 + e^-x) */
+FP_TARGET_AVX2 static inline __m256 fp_sigmoid256(__m256 x) {
+    __m256 one = _mm256_set1_ps(1.0f);
+    return _mm256_div_ps(one, _mm256_add_ps(one, fp_exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
+    switch (act) {
+    case FP_ACT_RELU: return _mm256_max_ps(v, _mm256_setzero_ps());
+    case FP_ACT_TANH: return fp_tanh256(v);
+    case FP_ACT_SIGMOID: return fp_sigmoid256(v);
+    default: return v;
+    }
+}
+
+/* G blocks of 8 rows at once, two accumulators each (even/odd inputs): 2G
+ * independent FMA chains keep both FMA ports busy without register spills. */
+#define FP_DENSE_GROUP(G)                                                                   \
+    FP_TARGET_AVX2 static inline void fp_dense_g##G(const float *w, int in, const float *x, \
+                                                    const float *bias, int act, float *y) { \
+        __m256 a0[G], a1[G];                                                                \
+        for (int k = 0; k < G; k++) { a0[k] = _mm256_setzero_ps(); a1[k] = _mm256_setzero_ps(); } \
+        const size_t bs = (size_t)in * 8;                                                   \
+        int i = 0;                                                                          \
+        for (; i + 2 <= in; i += 2) {                                                       \
+            __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);    \
+            for (int k = 0; k < G; k++) {                                                   \
+                a0[k] = _mm256_fmadd_ps(x0, _mm256_load_ps(w + k * bs + i * 8), a0[k]);     \
+                a1[k] = _mm256_fmadd_ps(x1, _mm256_load_ps(w + k * bs + i * 8 + 8), a1[k]); \
+            }                                                                               \
+        }                                                                                   \
+        if (i < in) {                                                                       \
+            __m256 x0 = _mm256_broadcast_ss(x + i);                                         \
+            for (int k = 0; k < G; k++)                                                     \
+                a0[k] = _mm256_fmadd_ps(x0, _mm256_load_ps(w + k * bs + i * 8), a0[k]);     \
+        }                                                                                   \
+        for (int k = 0; k < G; k++) {                                                       \
+            __m256 v = _mm256_add_ps(_mm256_add_ps(a0[k], a1[k]), _mm256_load_ps(bias + k * 8)); \
+            _mm256_store_ps(y + k * 8, fp_act256(v, act));                                  \
+        }                                                                                   \
+    }
+
+FP_DENSE_GROUP(4)
+FP_DENSE_GROUP(2)
+FP_DENSE_GROUP(1)
+
+/* y = act(W x + b) over the blocked layout; x and y are 32-byte aligned */
+FP_TARGET_AVX2 static void fp_dense_avx2(const fp_dense_layer *L, const float *x, float *y) {
+    const size_t bs = (size_t)L->in * 8;
+    int b = 0;
+    for (; b + 4 <= L->nb; b += 4)
+        fp_dense_g4(L->w + b * bs, L->in, x, L->bias + b * 8, L->act, y + b * 8);
+    if (b + 2 <= L->nb) {
+        fp_dense_g2(L->w + b * bs, L->in, x, L->bias + b * 8, L->act, y + b * 8);
+        b += 2;
+    }
+    if (b < L->nb) fp_dense_g1(L->w + b * bs, L->in, x, L->bias + b * 8, L->act, y + b * 8);
+}
+
+/* 1 if all finite: an IEEE float is finite iff its exponent bits are not all 1 */
+FP_TARGET_AVX2 static int fp_allfinite_avx2(const float *x, int n) {
+    const __m256i em = _mm256_set1_epi32(0x7f800000);
+    __m256i bad = _mm256_setzero_si256();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), em);
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(v, em));
+    }
+    if (!_mm256_testz_si256(bad, bad)) return 0;
+    for (; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+const fp_kernels fp_kernels_avx2 = {
+    "avx2",
+    fp_zscore_gather_avx2,
+    fp_zscore_avx2,
+    fp_dot_norm2_avx2,
+    fp_dense_avx2,
+    fp_allfinite_avx2,
+};
+#endif

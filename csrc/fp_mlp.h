@@ -1,0 +1,50 @@
+/* fp_mlp.h: the MLP forward pass over a packed, 64-byte-aligned weights arena.
+ *
+ * Decision: weights are repacked once at load into blocks of 8 output rows
+ * (see fp_dense_layer) so the AVX2 kernel reads each weight exactly once with
+ * aligned loads, broadcasts one input and keeps 8 outputs per register; any
+ * width works, the last block is zero-padded. All layers live in one arena so
+ * the whole model is a single contiguous (huge-page friendly) allocation.
+ */
+#ifndef FP_MLP_H
+#define FP_MLP_H
+
+#include "fp_simd.h"
+
+#define FP_MAX_LAYERS 16
+
+typedef struct {
+    int n_layers;
+    fp_dense_layer layers[FP_MAX_LAYERS];
+    float *arena;          /* owned unless arena_external */
+    size_t arena_bytes;
+    int arena_external;
+    int max_width;         /* widest padded activation, floats */
+    long long macs;        /* multiply-adds per forward pass (unpadded) */
+} fp_mlp;
+
+/* bytes the arena needs for these dims */
+size_t fp_mlp_arena_bytes(int n_layers, const int *dims);
+
+/* Pack row-major weights[l] (dims[l+1] x dims[l]) and biases into `mem`
+ * (64-byte aligned, fp_mlp_arena_bytes long) or, when mem is NULL, into a
+ * fresh allocation. Returns 0, or -1 when out of memory / bad dims. */
+int fp_mlp_init(fp_mlp *m, int n_layers, const int *dims, const int *acts,
+                const float *const *weights, const float *const *biases, void *mem);
+void fp_mlp_free(fp_mlp *m);
+
+/* out = mlp(x); a and b are scratch of max_width floats, 32-byte aligned.
+ * Returns a pointer to the last layer's output (a or b). */
+static inline const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, const float *x,
+                                          float *a, float *b) {
+    const float *in = x;
+    float *out = a;
+    for (int l = 0; l < m->n_layers; l++) {
+        k->dense(&m->layers[l], in, out);
+        in = out;
+        out = (out == a) ? b : a;
+    }
+    return in;
+}
+
+#endif

@@ -1,0 +1,69 @@
+/* fp_simd.c: CPU feature detection and the kernel-set table.
+ *
+ * AVX2 and FMA are separate cpuid bits and some CPUs (and some hypervisors)
+ * expose one without the other, so both are checked, plus XGETBV to make sure
+ * the OS saves YMM registers; the answer is computed once and cached.
+ */
+#include "fp_simd.h"
+#include <stdlib.h>
+#include <string.h>
+
+#if FP_HAVE_X86
+#include <cpuid.h>
+
+static int g_cpu_checked = 0, g_avx2 = 0, g_fma = 0;
+
+static unsigned long long fp_xgetbv0(void) {
+    unsigned int eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((unsigned long long)edx << 32) | eax;
+}
+
+static void fp_cpu_check(void) {
+    unsigned int a, b, c, d;
+    int osxsave = 0, avx = 0;
+    if (g_cpu_checked) return;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        osxsave = (c >> 27) & 1;
+        avx = (c >> 28) & 1;
+        g_fma = (c >> 12) & 1;
+    }
+    /* XCR0 bits 1 (SSE) and 2 (AVX) must both be enabled by the OS. */
+    int ymm_ok = osxsave && avx && ((fp_xgetbv0() & 6) == 6);
+    if (ymm_ok && __get_cpuid_max(0, 0) >= 7) {
+        __cpuid_count(7, 0, a, b, c, d);
+        g_avx2 = (b >> 5) & 1;
+    }
+    if (!ymm_ok) { g_avx2 = 0; g_fma = 0; }
+    g_cpu_checked = 1;
+}
+
+int fp_cpu_has_avx2(void) { fp_cpu_check(); return g_avx2; }
+int fp_cpu_has_fma(void) { fp_cpu_check(); return g_fma; }
+#else
+int fp_cpu_has_avx2(void) { return 0; }
+int fp_cpu_has_fma(void) { return 0; }
+#endif
+
+fp_isa fp_isa_best(void) {
+    return (fp_cpu_has_avx2() && fp_cpu_has_fma()) ? FP_ISA_AVX2 : FP_ISA_SCALAR;
+}
+
+const fp_kernels *fp_kernels_for(fp_isa isa) {
+#if FP_HAVE_X86
+    if (isa == FP_ISA_AVX2) return fp_isa_best() == FP_ISA_AVX2 ? &fp_kernels_avx2 : NULL;
+#endif
+    if (isa == FP_ISA_SCALAR) return &fp_kernels_scalar;
+    return NULL;
+}
+
+void *fp_aligned_alloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = FP_ALIGN;
+    bytes = FP_ROUND_UP(bytes, FP_ALIGN);
+    if (posix_memalign(&p, FP_ALIGN, bytes) != 0) return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+void fp_aligned_free(void *p) { free(p); }

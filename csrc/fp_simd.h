@@ -1,0 +1,72 @@
+/* fp_simd.h: kernel sets and the runtime choice between them.
+ *
+ * Decision: AVX2/FMA code is compiled per function with a target attribute and
+ * chosen once at run time by cpuid + xgetbv; nothing is built with -mavx2 or
+ * -march=native, so the same binary runs (scalar) on a CPU without AVX2
+ * instead of dying with SIGILL. Every kernel has a scalar twin with the same
+ * signature; a kernel set is a table of function pointers.
+ */
+#ifndef FP_SIMD_H
+#define FP_SIMD_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define FP_HAVE_X86 1
+#define FP_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define FP_HAVE_X86 0
+#define FP_TARGET_AVX2
+#endif
+
+#define FP_ALIGN 64
+#define FP_ROUND_UP(n, m) ((((n) + (m) - 1) / (m)) * (m))
+
+typedef enum { FP_ISA_SCALAR = 0, FP_ISA_AVX2 = 1 } fp_isa;
+
+enum { FP_ACT_IDENTITY = 0, FP_ACT_RELU = 1, FP_ACT_TANH = 2, FP_ACT_SIGMOID = 3 };
+
+/* One dense layer as laid out in the weights arena: ceil(out/8) blocks of 8
+ * output rows; block b holds w[b*8 + r][i] at w[(b*in + i)*8 + r], rows past
+ * `out` are zero. Bias is padded to nb*8 with zeros. */
+typedef struct {
+    int in, out, nb, act;
+    const float *w;     /* nb * in * 8 floats, 64-byte aligned */
+    const float *bias;  /* nb * 8 floats, 64-byte aligned */
+} fp_dense_layer;
+
+typedef struct {
+    const char *name;
+    /* out[i] = (raw[idx[i]] - mean[i]) * inv_std[i],  i < n */
+    void (*zscore_gather)(const float *raw, const int32_t *idx, const float *mean,
+                          const float *inv_std, float *out, int n);
+    /* out[i] = (x[i] - mean[i]) * inv_std[i],  i < n */
+    void (*zscore)(const float *x, const float *mean, const float *inv_std, float *out, int n);
+    /* *dot = sum a[i]*b[i], *na2 = sum a[i]^2, one pass */
+    void (*dot_norm2)(const float *a, const float *b, int n, float *dot, float *na2);
+    /* y[o] = act(bias[o] + sum_i w[o][i] * x[i]); y padded to nb*8 */
+    void (*dense)(const fp_dense_layer *L, const float *x, float *y);
+    /* 1 if every x[i] is finite, else 0 */
+    int (*allfinite)(const float *x, int n);
+} fp_kernels;
+
+/* CPU feature bits, read once (cpuid + xgetbv for the OS's YMM state). */
+int fp_cpu_has_avx2(void);
+int fp_cpu_has_fma(void);
+/* Best set this CPU supports. */
+fp_isa fp_isa_best(void);
+/* Kernel table for an ISA; NULL when this CPU cannot run it. */
+const fp_kernels *fp_kernels_for(fp_isa isa);
+
+/* The twins, exported so tests can call each one directly. */
+extern const fp_kernels fp_kernels_scalar;
+#if FP_HAVE_X86
+extern const fp_kernels fp_kernels_avx2;
+#endif
+
+/* Aligned allocation behind one wrapper; memory is zeroed. */
+void *fp_aligned_alloc(size_t bytes);
+void fp_aligned_free(void *p);
+
+#endif

@@ -1,0 +1,38 @@
+"""fastpath: one market-data tick to a trading signal in about a microsecond.
+
+    import fastpath
+    r = fastpath.step(raw, symbol=0)      # default engine, embedded demo model, CPU
+    r.signal, r.confidence, r.cached, r.latency.total_ns
+"""
+from __future__ import annotations
+
+import os as _os
+
+from fastpath._engine import (Engine, Latency, Result, clock_info, cpu_features,
+                              get_default_engine, set_default_engine, step)
+from fastpath._build import BatchResult
+from fastpath.errors import (BackendError, ConfigError, EngineBusyError, FastpathError,
+                             InputError, ModelError)
+from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Engine", "Result", "Latency", "BatchResult", "step", "simd", "configure", "clock_info",
+    "cpu_features", "Model", "Layer", "FeatureSpec", "CachePolicy", "FastpathError", "InputError",
+    "ModelError", "ConfigError", "BackendError", "EngineBusyError", "__version__",
+]
+
+
+def simd() -> str:
+    """The kernel set engines use by default: 'avx2' or 'scalar' (FASTPATH_SIMD=scalar forces it)."""
+    from fastpath.control.config import EngineConfig
+    return EngineConfig().resolve_simd()
+
+
+def configure(config=None, model=None) -> Engine:
+    """Rebuild the engine behind fastpath.step() from a config (TOML path, dict) and model."""
+    from fastpath._build import DEMO_MODEL
+    eng = Engine(model if model is not None else DEMO_MODEL, backend=None, config=config)
+    set_default_engine(eng)
+    return eng

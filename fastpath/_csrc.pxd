@@ -1,0 +1,136 @@
+# Declarations of the C hot path (csrc/); nothing but cdef extern blocks.
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uint8_t
+
+cdef extern from "fp_simd.h" nogil:
+    ctypedef enum fp_isa:
+        FP_ISA_SCALAR
+        FP_ISA_AVX2
+    ctypedef struct fp_dense_layer:
+        int in_ "in"
+        int out, nb, act
+        const float *w
+        const float *bias
+    ctypedef struct fp_kernels:
+        const char *name
+        void (*zscore_gather)(const float *raw, const int32_t *idx, const float *mean,
+                              const float *inv_std, float *out, int n)
+        void (*zscore)(const float *x, const float *mean, const float *inv_std, float *out, int n)
+        void (*dot_norm2)(const float *a, const float *b, int n, float *dot, float *na2)
+        void (*dense)(const fp_dense_layer *L, const float *x, float *y)
+        int (*allfinite)(const float *x, int n)
+    int fp_cpu_has_avx2()
+    int fp_cpu_has_fma()
+    fp_isa fp_isa_best()
+    const fp_kernels *fp_kernels_for(fp_isa isa)
+    void *fp_aligned_alloc(size_t nbytes)
+    void fp_aligned_free(void *p)
+
+cdef extern from "fp_math.h" nogil:
+    float fp_actf(float x, int act)
+
+cdef extern from "fp_clock.h" nogil:
+    ctypedef struct fp_clock_t:
+        int use_tsc
+        double ns_per_tick
+        double read_cost_ns
+    fp_clock_t fp_clock
+    void fp_clock_init()
+    const char *fp_clock_source()
+    int64_t fp_mono_ns()
+
+cdef extern from "fp_cache.h" nogil:
+    ctypedef struct fp_cache_policy:
+        float cos_threshold
+        float norm_tol
+        int64_t max_age_ns
+        uint32_t max_run
+        int enabled
+    enum:
+        FP_HIT
+        FP_MISS_COLD
+        FP_MISS_AGE
+        FP_MISS_RUN
+        FP_MISS_COSINE
+        FP_MISS_NORM
+        FP_MISS_DISABLED
+        FP_MISS_NREASONS
+
+cdef extern from "fp_mlp.h" nogil:
+    enum:
+        FP_MAX_LAYERS
+    ctypedef struct fp_mlp:
+        int n_layers
+        fp_dense_layer layers[16]
+        float *arena
+        size_t arena_bytes
+        int max_width
+        long long macs
+    size_t fp_mlp_arena_bytes(int n_layers, const int *dims)
+    int fp_mlp_init(fp_mlp *m, int n_layers, const int *dims, const int *acts,
+                    const float *const *weights, const float *const *biases, void *mem)
+    void fp_mlp_free(fp_mlp *m)
+    const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, const float *x,
+                                float *a, float *b)
+
+cdef extern from "fp_features.h" nogil:
+    ctypedef struct fp_feature_spec:
+        int raw_len, n_z, n_w, window, n_feat
+
+cdef extern from "fp_engine.h" nogil:
+    enum:
+        FP_OK
+        FP_ERR_SYMBOL
+        FP_ERR_NONFINITE_INPUT
+        FP_ERR_TIME_BACKWARDS
+        FP_ERR_NONFINITE_OUTPUT
+        FP_ERR_NOMEM
+        FP_ERR_PARAM
+    ctypedef struct fp_engine_params:
+        int raw_len, n_z, n_w, window
+        const int32_t *z_idx
+        const int32_t *w_idx
+        const float *mean
+        const float *inv_std
+        int n_layers
+        const int *dims
+        const int *acts
+        const float *const *weights
+        const float *const *biases
+        void *arena_mem
+        int n_symbols
+        fp_cache_policy policy
+        fp_isa isa
+        int lat_capacity
+    ctypedef struct fp_result:
+        float signal, confidence
+        int cached, reason
+        int64_t feature_ns, cache_ns, infer_ns, total_ns
+    ctypedef struct fp_lat:
+        uint32_t feature, cache, infer, total
+    ctypedef struct fp_pending:
+        int32_t symbol
+        int64_t now
+        int reason
+    ctypedef struct fp_engine:
+        const fp_kernels *k
+        fp_feature_spec fs
+        fp_mlp mlp
+        fp_cache_policy policy
+        int n_symbols
+        float *pre
+        float *feat
+        uint64_t ticks, hits, misses
+        uint64_t miss_reason[7]
+        fp_lat *lat
+        uint64_t lat_mask
+    fp_engine *fp_engine_create(const fp_engine_params *p, int *err)
+    void fp_engine_free(fp_engine *e)
+    void fp_engine_reset(fp_engine *e)
+    int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p)
+    const float *fp_infer_cpu(fp_engine *e)
+    int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
+                       fp_result *r)
+    int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r)
+    int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride,
+                          const int32_t *symbols, const int64_t *ts, int64_t n, float *signal,
+                          float *confidence, uint8_t *cached, int64_t *total_ns, int *err)

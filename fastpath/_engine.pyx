@@ -1,0 +1,575 @@
+# cython: language_level=3
+"""The compiled hot path: Engine, Result, the module-level step, and kernel shims for tests.
+
+Design: Engine.step checks the raw buffer once through numpy's C API (type,
+dtype, byte order, shape, contiguity: a handful of loads, no buffer
+acquisition), then makes one C call, fp_step(), that runs every stage. The
+only Python object allocated per tick is the Result (from a freelist); its
+Latency is built only when asked for. step_batch validates the whole batch,
+then releases the GIL around one C loop; a busy flag (read and written under
+the GIL) makes a second thread's call fail cleanly instead of racing.
+"""
+cimport cython
+cimport numpy as cnp
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.string cimport memcpy
+
+from fastpath._csrc cimport *
+
+import numpy as np
+
+from fastpath.errors import InputError, EngineBusyError, FastpathError
+
+cnp.import_array()
+
+fp_clock_init()
+
+_REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
+_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
+_ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
+
+
+def cpu_features():
+    """CPU bits the dispatcher read: {'avx2': bool, 'fma': bool}."""
+    return {"avx2": bool(fp_cpu_has_avx2()), "fma": bool(fp_cpu_has_fma())}
+
+
+def best_isa():
+    """Best kernel set this CPU can run ('avx2' needs AVX2 and FMA and OS YMM support)."""
+    return "avx2" if fp_isa_best() == FP_ISA_AVX2 else "scalar"
+
+
+def supported_isas():
+    """Every kernel set this CPU can run, scalar first."""
+    return ["scalar"] + (["avx2"] if fp_isa_best() == FP_ISA_AVX2 else [])
+
+
+def clock_info():
+    """The clock behind the latency figures: source, ns per tick, cost of one read in ns."""
+    return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,
+            "read_cost_ns": fp_clock.read_cost_ns}
+
+
+def monotonic_ns():
+    """CLOCK_MONOTONIC in ns: the clock the cache age uses when step() gets no ts_ns."""
+    return fp_mono_ns()
+
+
+cdef const fp_kernels *_kernels(str isa) except NULL:
+    if isa not in _ISA_BY_NAME:
+        raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_ISA_BY_NAME)}")
+    cdef const fp_kernels *k = fp_kernels_for(_ISA_BY_NAME[isa])
+    if k == NULL:
+        raise InputError(f"kernel set {isa!r} is not supported by this CPU (has: {supported_isas()})")
+    return k
+
+
+@cython.final
+@cython.freelist(32)
+cdef class Latency:
+    """Nanoseconds per stage of one tick; 0 where a stage did not run.
+
+    Measured inside the C call with the TSC (see fastpath.clock_info()):
+    total_ns covers validation, features, cache, inference and store, not the
+    Python call around them."""
+    cdef readonly long long feature_ns, cache_ns, infer_ns, h2d_ns, d2h_ns, total_ns
+
+    def __repr__(self):
+        return (f"Latency(feature_ns={self.feature_ns}, cache_ns={self.cache_ns}, "
+                f"infer_ns={self.infer_ns}, h2d_ns={self.h2d_ns}, d2h_ns={self.d2h_ns}, "
+                f"total_ns={self.total_ns})")
+
+
+@cython.final
+@cython.freelist(32)
+cdef class Result:
+    """One tick's answer: signal in [-1, 1], confidence in [0, 1], whether it came from the cache."""
+    cdef readonly double signal, confidence
+    cdef readonly bint cached
+    cdef int _reason
+    cdef long long _f, _c, _i, _h, _d, _t
+
+    @property
+    def miss_reason(self):
+        """'hit', or why the cache missed: cold, age, run, cosine, norm, disabled."""
+        return _REASONS[self._reason]
+
+    @property
+    def latency(self):
+        cdef Latency L = Latency.__new__(Latency)
+        L.feature_ns = self._f
+        L.cache_ns = self._c
+        L.infer_ns = self._i
+        L.h2d_ns = self._h
+        L.d2h_ns = self._d
+        L.total_ns = self._t
+        return L
+
+    def __repr__(self):
+        return (f"Result(signal={self.signal:.6f}, confidence={self.confidence:.6f}, "
+                f"cached={bool(self.cached)}, total_ns={self._t})")
+
+
+cdef inline Result _make_result(const fp_result *r):
+    cdef Result res = Result.__new__(Result)
+    res.signal = r.signal
+    res.confidence = r.confidence
+    res.cached = r.cached
+    res._reason = r.reason
+    res._f = r.feature_ns
+    res._c = r.cache_ns
+    res._i = r.infer_ns
+    res._t = r.total_ns
+    return res
+
+
+def _describe(obj):
+    """dtype/shape/layout of an object for error messages."""
+    if isinstance(obj, np.ndarray):
+        flags = []
+        if not obj.flags.c_contiguous:
+            flags.append("non-contiguous")
+        if not obj.flags.aligned:
+            flags.append("unaligned")
+        if not obj.dtype.isnative:
+            flags.append("byte-swapped")
+        extra = (" " + " ".join(flags)) if flags else ""
+        return f"{obj.dtype} shape {obj.shape}{extra}"
+    return f"{type(obj).__name__}"
+
+
+cdef class Engine:
+    """A model, its feature spec and cache, ready to step ticks.
+
+    Engine(model, backend="cpu", config=None): model is a path (.onnx or a
+    .fpm bundle) or a fastpath.Model; config is None, a dict, a TOML path or
+    a fastpath.control.config.EngineConfig."""
+    cdef fp_engine *_e
+    cdef readonly int raw_len, n_features, n_symbols
+    cdef readonly str simd, backend, backend_reason
+    cdef readonly object model, config
+    cdef bint _busy
+
+    def __cinit__(self, model, backend="cpu", config=None):
+        self._e = NULL
+        from fastpath._build import resolve
+        model, cfg, backend, reason = resolve(model, backend, config)
+        self.model = model
+        self.config = cfg
+        self.backend = backend
+        self.backend_reason = reason
+        self.simd = cfg.simd_resolved
+        self._create()
+
+    cdef _create(self):
+        m = self.model
+        fs = m.feature_spec
+        pol = self.config.cache
+        layers = m.layers
+        cdef int L = len(layers)
+        cdef fp_engine_params p
+        cdef int err = 0
+        z_idx = np.ascontiguousarray(fs.z_idx, dtype=np.int32)
+        w_idx = np.ascontiguousarray(fs.w_idx, dtype=np.int32)
+        mean = np.ascontiguousarray(fs.mean, dtype=np.float32)
+        inv_std = np.ascontiguousarray(fs.inv_std, dtype=np.float32)
+        dims = np.ascontiguousarray([layers[0].weight.shape[1]] + [l.weight.shape[0] for l in layers],
+                                    dtype=np.intc)
+        acts = np.ascontiguousarray([_ACTS[l.activation] for l in layers], dtype=np.intc)
+        ws = [np.ascontiguousarray(l.weight, dtype=np.float32) for l in layers]
+        bs = [np.ascontiguousarray(l.bias, dtype=np.float32) for l in layers]
+        cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+        cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+        cdef cnp.ndarray a
+        if wp == NULL or bp == NULL:
+            PyMem_Free(wp)
+            PyMem_Free(bp)
+            raise MemoryError()
+        try:
+            for i in range(L):
+                a = ws[i]
+                wp[i] = <const float *>cnp.PyArray_DATA(a)
+                a = bs[i]
+                bp[i] = <const float *>cnp.PyArray_DATA(a)
+            p.raw_len = fs.raw_len
+            p.n_z = len(z_idx)
+            p.n_w = len(w_idx)
+            p.window = fs.window
+            p.z_idx = <const int32_t *>cnp.PyArray_DATA(z_idx)
+            p.w_idx = <const int32_t *>cnp.PyArray_DATA(w_idx)
+            p.mean = <const float *>cnp.PyArray_DATA(mean)
+            p.inv_std = <const float *>cnp.PyArray_DATA(inv_std)
+            p.n_layers = L
+            p.dims = <const int *>cnp.PyArray_DATA(dims)
+            p.acts = <const int *>cnp.PyArray_DATA(acts)
+            p.weights = wp
+            p.biases = bp
+            p.arena_mem = NULL
+            p.n_symbols = self.config.n_symbols
+            p.policy.enabled = 1 if pol.enabled else 0
+            p.policy.cos_threshold = pol.cos_threshold
+            p.policy.norm_tol = pol.norm_tol
+            p.policy.max_age_ns = pol.max_age_ns
+            p.policy.max_run = pol.max_run
+            p.isa = _ISA_BY_NAME[self.simd]
+            p.lat_capacity = self.config.latency_records
+            self._e = fp_engine_create(&p, &err)
+        finally:
+            PyMem_Free(wp)
+            PyMem_Free(bp)
+        if self._e == NULL:
+            if err == FP_ERR_NOMEM:
+                raise MemoryError(f"cannot allocate an engine for {self.config.n_symbols} symbols")
+            raise FastpathError("engine parameters rejected by the C core (a bug: the Model and "
+                                "config were validated in Python)")
+        self.raw_len = fs.raw_len
+        self.n_features = fs.n_feat
+        self.n_symbols = self.config.n_symbols
+
+    def __dealloc__(self):
+        if self._e != NULL:
+            fp_engine_free(self._e)
+            self._e = NULL
+
+    cdef inline const float *_raw_ptr(self, object raw) except NULL:
+        cdef cnp.ndarray a
+        if cnp.PyArray_Check(raw):
+            a = <cnp.ndarray>raw
+            if (cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32 and cnp.PyArray_NDIM(a) == 1
+                    and cnp.PyArray_DIM(a, 0) == self.raw_len and cnp.PyArray_ISCARRAY_RO(a)
+                    and cnp.PyArray_ISNOTSWAPPED(a)):
+                return <const float *>cnp.PyArray_DATA(a)
+        raise InputError(f"raw must be a float32 C-contiguous numpy array with {self.raw_len} "
+                         f"values, got {_describe(raw)}")
+
+    cdef _raise(self, int rc, object raw, Py_ssize_t symbol, long long ts, Py_ssize_t row=-1):
+        where = f"row {row}: " if row >= 0 else ""
+        if rc == FP_ERR_SYMBOL:
+            raise InputError(f"{where}symbol {symbol} out of range: this engine has "
+                             f"{self.n_symbols} symbols (0..{self.n_symbols - 1}); raise "
+                             f"n_symbols in the config for more")
+        if rc == FP_ERR_NONFINITE_INPUT:
+            arr = np.asarray(raw)
+            bad = np.flatnonzero(~np.isfinite(arr))
+            i = int(bad[0]) if len(bad) else -1
+            raise InputError(f"{where}raw contains {len(bad)} non-finite value(s), first at index "
+                             f"{i} ({arr[i] if i >= 0 else '?'}); ticks must be finite: repair or "
+                             f"drop the tick (engine state unchanged)")
+        if rc == FP_ERR_TIME_BACKWARDS:
+            raise InputError(f"{where}ts_ns {ts} is earlier than the last tick of symbol {symbol}; "
+                             f"timestamps must not go backwards per symbol (mixing ts_ns with the "
+                             f"engine clock also trips this)")
+        if rc == FP_ERR_NONFINITE_OUTPUT:
+            raise InputError(f"{where}the model produced NaN for this tick (raw values too large "
+                             f"for the model); the tick was not applied")
+        raise FastpathError(f"fp_step failed with code {rc}")
+
+    cdef inline int _check_free(self) except -1:
+        if self._busy:
+            raise EngineBusyError("engine is busy in step_batch on another thread; an Engine is "
+                                  "single-writer: give each thread its own Engine")
+        return 0
+
+    cdef Result _step(self, object raw, Py_ssize_t symbol, long long ts):
+        cdef fp_result r
+        cdef const float *p = self._raw_ptr(raw)
+        self._check_free()
+        if symbol < 0 or symbol >= self.n_symbols:
+            self._raise(FP_ERR_SYMBOL, raw, symbol, ts)
+        cdef int rc = fp_step(self._e, p, <int32_t>symbol, ts, &r)
+        if rc != FP_OK:
+            self._raise(rc, raw, symbol, ts)
+        return _make_result(&r)
+
+    def step(self, raw, Py_ssize_t symbol=0, ts_ns=None):
+        """One tick -> Result. ts_ns (int >= 0) drives the cache age, as in a replay;
+        None uses the engine clock (CLOCK_MONOTONIC ns)."""
+        cdef long long ts = -1
+        if ts_ns is not None:
+            ts = ts_ns
+            if ts < 0:
+                raise InputError(f"ts_ns must be >= 0 (ns), got {ts_ns}")
+        return self._step(raw, symbol, ts)
+
+    def step_batch(self, raws, symbols, ts_ns=None):
+        """Many ticks in one call, in order, GIL released: raws float32 (n, raw_len), symbols
+        int (n,), ts_ns optional int64 (n,). Every row is validated before any is applied.
+        Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
+        from fastpath._build import BatchResult
+        cdef cnp.ndarray R = self._batch_raws(raws)
+        cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
+        sy = np.asarray(symbols)
+        if sy.ndim != 1 or sy.shape[0] != n or sy.dtype.kind not in "iu":
+            raise InputError(f"symbols must be an integer array of shape ({n},), got "
+                             f"{_describe(sy)}")
+        if n and (sy.min() < 0 or sy.max() >= self.n_symbols):
+            row = int(np.flatnonzero((sy < 0) | (sy >= self.n_symbols))[0])
+            self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
+        cdef cnp.ndarray S = np.ascontiguousarray(sy, dtype=np.int32)
+        cdef cnp.ndarray T = None
+        cdef const int64_t *tp = NULL
+        if ts_ns is not None:
+            ts = np.asarray(ts_ns)
+            if ts.ndim != 1 or ts.shape[0] != n or ts.dtype.kind not in "iu":
+                raise InputError(f"ts_ns must be an integer array of shape ({n},), got "
+                                 f"{_describe(ts)}")
+            if n and ts.min() < 0:
+                raise InputError(f"ts_ns must be >= 0, row {int(np.argmin(ts))} is {ts.min()}")
+            T = np.ascontiguousarray(ts, dtype=np.int64)
+            tp = <const int64_t *>cnp.PyArray_DATA(T)
+        sig = np.empty(n, np.float32)
+        conf = np.empty(n, np.float32)
+        cached = np.empty(n, np.bool_)
+        tot = np.empty(n, np.int64)
+        cdef float *sp = <float *>cnp.PyArray_DATA(sig)
+        cdef float *cp = <float *>cnp.PyArray_DATA(conf)
+        cdef uint8_t *hp = <uint8_t *>cnp.PyArray_DATA(cached)
+        cdef int64_t *op = <int64_t *>cnp.PyArray_DATA(tot)
+        cdef const float *rp = <const float *>cnp.PyArray_DATA(R)
+        cdef const int32_t *yp = <const int32_t *>cnp.PyArray_DATA(S)
+        cdef int err = 0
+        cdef int64_t bad
+        self._check_free()
+        self._busy = True
+        try:
+            with nogil:
+                bad = fp_step_batch(self._e, rp, self.raw_len, yp, tp, n, sp, cp, hp, op, &err)
+        finally:
+            self._busy = False
+        if bad >= 0:
+            applied = f"; rows before {bad} were applied" if err == FP_ERR_NONFINITE_OUTPUT else \
+                "; no row was applied"
+            try:
+                self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
+            except InputError as exc:
+                raise InputError(str(exc) + applied) from None
+        return BatchResult(sig, conf, cached, tot)
+
+    cdef cnp.ndarray _batch_raws(self, raws):
+        if (isinstance(raws, np.ndarray) and raws.dtype == np.float32 and raws.dtype.isnative
+                and raws.ndim == 2 and raws.shape[1] == self.raw_len
+                and raws.flags.c_contiguous and raws.flags.aligned):
+            return raws
+        raise InputError(f"raws must be a float32 C-contiguous numpy array of shape "
+                         f"(n, {self.raw_len}), got {_describe(raws)}")
+
+    def features(self, raw, Py_ssize_t symbol=0):
+        """The feature vector this tick would get (windows include it), without applying it."""
+        cdef const float *p = self._raw_ptr(raw)
+        self._check_free()
+        cdef fp_pending pend
+        if symbol < 0 or symbol >= self.n_symbols:
+            self._raise(FP_ERR_SYMBOL, raw, symbol, -1)
+        # a timestamp past any real one: the lookup it feeds changes nothing
+        cdef int rc = fp_step_begin(self._e, p, <int32_t>symbol, 1LL << 62, &pend)
+        if rc != FP_OK:
+            self._raise(rc, raw, symbol, -1)
+        out = np.empty(self.n_features, np.float32)
+        memcpy(cnp.PyArray_DATA(out), self._e.feat, sizeof(float) * self.n_features)
+        return out
+
+    def reset(self):
+        """Empty every cache slot, window and counter."""
+        self._check_free()
+        fp_engine_reset(self._e)
+
+    @property
+    def mlp_macs(self):
+        """Multiply-adds in one forward pass."""
+        return self._e.mlp.macs
+
+    def stats(self):
+        """Counters and per-stage latency percentiles over the last latency_records ticks."""
+        cdef fp_engine *e = self._e
+        cdef Py_ssize_t n = min(e.ticks, e.lat_mask + 1)
+        lat = np.empty((n, 4), np.uint32)
+        if n:
+            memcpy(cnp.PyArray_DATA(lat), e.lat, sizeof(fp_lat) * n)
+        reasons = {_REASONS[i]: int(e.miss_reason[i]) for i in range(1, FP_MISS_NREASONS)}
+        out = {
+            "ticks": int(e.ticks), "hits": int(e.hits), "misses": int(e.misses),
+            "hit_rate": (e.hits / e.ticks) if e.ticks else 0.0,
+            "miss_reasons": reasons,
+            "forced_refreshes": reasons["age"] + reasons["run"],
+            "simd": self.simd, "backend": self.backend,
+            "latency_ns": {},
+            "latency_window": int(n),
+        }
+        missed = lat[:, 2] > 0
+        for j, name, sel in ((0, "feature", None), (1, "cache", None), (2, "infer", missed),
+                             (3, "total", None), (3, "total_hit", ~missed), (3, "total_miss", missed)):
+            col = lat[:, j] if sel is None else lat[sel, j]
+            if len(col):
+                q = np.percentile(col, [50, 90, 99, 99.9])
+                out["latency_ns"][name] = {"p50": float(q[0]), "p90": float(q[1]),
+                                           "p99": float(q[2]), "p999": float(q[3]),
+                                           "max": int(col.max()), "n": int(len(col))}
+        return out
+
+
+# ------------------------------------------------------------ module-level step
+cdef Engine _default_engine = None
+
+
+def set_default_engine(engine):
+    """Make `engine` the one fastpath.step() uses (None: rebuild the demo engine on next call)."""
+    global _default_engine
+    if engine is not None and not isinstance(engine, Engine):
+        raise InputError(f"expected a fastpath.Engine, got {type(engine).__name__}")
+    _default_engine = engine
+
+
+def get_default_engine():
+    global _default_engine
+    if _default_engine is None:
+        from fastpath._build import default_engine
+        _default_engine = default_engine()
+    return _default_engine
+
+
+def step(raw, Py_ssize_t symbol=0, ts_ns=None):
+    """fastpath.step(raw, symbol=0): one tick through the default engine (embedded demo model)."""
+    global _default_engine
+    cdef long long ts = -1
+    if _default_engine is None:
+        get_default_engine()
+    if ts_ns is not None:
+        ts = ts_ns
+        if ts < 0:
+            raise InputError(f"ts_ns must be >= 0 (ns), got {ts_ns}")
+    return _default_engine._step(raw, symbol, ts)
+
+
+# ------------------------------------------------- kernel shims (tests, bench)
+cdef cnp.ndarray _f32(x, str name):
+    a = np.asarray(x)
+    if a.dtype != np.float32 or a.ndim != 1:
+        raise InputError(f"{name} must be a 1-d float32 array, got {_describe(a)}")
+    return np.ascontiguousarray(a)
+
+
+def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):
+    """(raw[idx] - mean) * inv_std with the named kernel set."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray r = _f32(raw, "raw"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
+    cdef cnp.ndarray ix = np.ascontiguousarray(idx, dtype=np.int32)
+    n = len(ix)
+    if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
+        raise InputError("idx, mean and inv_std must have one length and idx must index raw")
+    out = np.empty(n, np.float32)
+    k.zscore_gather(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix),
+                    <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
+                    <float *>cnp.PyArray_DATA(out), n)
+    return out
+
+
+def kernel_zscore(str isa, x, mean, inv_std):
+    """(x - mean) * inv_std with the named kernel set."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray a = _f32(x, "x"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
+    n = len(a)
+    if len(m) != n or len(s) != n:
+        raise InputError("x, mean and inv_std must have one length")
+    out = np.empty(n, np.float32)
+    k.zscore(<const float *>cnp.PyArray_DATA(a), <const float *>cnp.PyArray_DATA(m),
+             <const float *>cnp.PyArray_DATA(s), <float *>cnp.PyArray_DATA(out), n)
+    return out
+
+
+def kernel_dot_norm2(str isa, a, b):
+    """(dot(a, b), |a|^2) in one pass with the named kernel set."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
+    if len(x) != len(y):
+        raise InputError("a and b must have one length")
+    cdef float d = 0, s = 0
+    k.dot_norm2(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y), len(x), &d, &s)
+    return float(d), float(s)
+
+
+def kernel_allfinite(str isa, x):
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray a = _f32(x, "x")
+    return bool(k.allfinite(<const float *>cnp.PyArray_DATA(a), len(a)))
+
+
+cdef class PackedMLP:
+    """An MLP packed into the blocked arena, for testing and timing the MLP kernel alone."""
+    cdef fp_mlp m
+    cdef float *a
+    cdef float *b
+    cdef readonly int n_in, n_out
+    cdef const fp_kernels *k
+
+    def __cinit__(self, weights, biases, activations, str isa="avx2"):
+        self.k = _kernels(isa)
+        L = len(weights)
+        if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
+            raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
+        ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
+        bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
+        for i in range(L):
+            if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (
+                    i and ws[i].shape[1] != ws[i - 1].shape[0]):
+                raise InputError(f"layer {i}: weight {ws[i].shape} / bias {bs[i].shape} do not chain")
+        dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)
+        acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)
+        cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+        cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+        cdef cnp.ndarray t
+        try:
+            for i in range(L):
+                t = ws[i]
+                wp[i] = <const float *>cnp.PyArray_DATA(t)
+                t = bs[i]
+                bp[i] = <const float *>cnp.PyArray_DATA(t)
+            rc = fp_mlp_init(&self.m, L, <const int *>cnp.PyArray_DATA(dims),
+                             <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)
+        finally:
+            PyMem_Free(wp)
+            PyMem_Free(bp)
+        if rc != 0:
+            raise MemoryError("cannot pack MLP")
+        self.n_in = dims[0]
+        self.n_out = dims[L]
+        self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
+        self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
+        if self.a == NULL or self.b == NULL:
+            raise MemoryError("cannot allocate MLP scratch")
+
+    def __dealloc__(self):
+        fp_mlp_free(&self.m)
+        fp_aligned_free(self.a)
+        fp_aligned_free(self.b)
+
+    @property
+    def macs(self):
+        return self.m.macs
+
+    def forward(self, x):
+        """MLP output (no head) for one float32 input vector."""
+        cdef cnp.ndarray v = _f32(x, "x")
+        if len(v) != self.n_in:
+            raise InputError(f"x must have {self.n_in} values, got {len(v)}")
+        cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
+                                             self.a, self.b)
+        out = np.empty(self.n_out, np.float32)
+        memcpy(cnp.PyArray_DATA(out), o, sizeof(float) * self.n_out)
+        return out
+
+    def time_forward(self, x, long long iters):
+        """Mean ns per forward pass over `iters` back-to-back calls, GIL released."""
+        cdef cnp.ndarray v = _f32(x, "x")
+        if len(v) != self.n_in or iters < 1:
+            raise InputError(f"x must have {self.n_in} values and iters >= 1")
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(v)
+        cdef long long i
+        cdef int64_t t0, t1
+        cdef volatile float sink = 0
+        with nogil:
+            t0 = fp_mono_ns()
+            for i in range(iters):
+                sink = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b)[0]
+            t1 = fp_mono_ns()
+        return (t1 - t0) / iters
