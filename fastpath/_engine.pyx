@@ -389,7 +389,7 @@ cdef class Engine:
         reasons = {_REASONS[i]: int(e.miss_reason[i]) for i in range(1, FP_MISS_NREASONS)}
         out = {
             "ticks": int(e.ticks), "hits": int(e.hits), "misses": int(e.misses),
-            "hit_rate": (e.hits / e.ticks) if e.ticks else 0.0,
+            "hit_rate": (<double>e.hits / e.ticks) if e.ticks else 0.0,
             "miss_reasons": reasons,
             "forced_refreshes": reasons["age"] + reasons["run"],
             "simd": self.simd, "backend": self.backend,

@@ -1,0 +1,44 @@
+"""Shared test helpers: kernel sets of this CPU, random models, ONNX builders."""
+import os
+
+import numpy as np
+import pytest
+
+from fastpath._engine import supported_isas
+from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+
+ISAS = supported_isas()
+ACTS = ("identity", "relu", "tanh", "sigmoid")
+DATA_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
+                        "binance-btcusdt-2024-08-08")
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    return request.param
+
+
+def random_model(rng, dims, acts=None, fs=None, policy=None, scale=1.0):
+    acts = acts or ["relu"] * (len(dims) - 2) + ["identity"]
+    layers = []
+    for i in range(len(dims) - 1):
+        w = rng.standard_normal((dims[i + 1], dims[i])).astype(np.float32) * scale / np.sqrt(dims[i])
+        b = rng.standard_normal(dims[i + 1]).astype(np.float32) * 0.1
+        layers.append(Layer(w, b, acts[i]))
+    return Model(tuple(layers), fs, policy or CachePolicy())
+
+
+def windowed_model(rng, raw_len=40, n_z=20, w_fields=(1, 5, 9), window=5, hidden=(16,)):
+    z = rng.choice(raw_len, n_z, replace=False)
+    nf = n_z + 2 * len(w_fields)
+    fs = FeatureSpec(raw_len, z, np.array(w_fields), window,
+                     rng.standard_normal(nf).astype(np.float32) * 0.1,
+                     (0.5 + rng.random(nf)).astype(np.float32))
+    return random_model(rng, [nf, *hidden, 2], fs=fs)
+
+
+def engine_cfg(isa, **cache):
+    cfg = {"engine": {"simd": isa, "n_symbols": 16}}
+    if cache:
+        cfg["cache"] = cache
+    return cfg

@@ -1,0 +1,214 @@
+"""The fused step against numpy references: features (z-score + windows), model, head, cache."""
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath import Engine, Model
+from fastpath.model import CachePolicy, FeatureSpec
+from conftest import engine_cfg, random_model, windowed_model
+
+
+def expected(model, raws, symbols):
+    feats = model.feature_spec.apply(raws, symbols)
+    return feats, Model.head(model.forward(feats))
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_features_match_numpy_with_windows(isa, window):
+    rng = np.random.default_rng(window)
+    m = windowed_model(rng, window=window)
+    eng = Engine(m, config=engine_cfg(isa, enabled=False))
+    n = 60
+    raws = (rng.standard_normal((n, m.raw_len)) * 3 + 10).astype(np.float32)
+    syms = rng.integers(0, 3, n)
+    feats, (sig, conf) = expected(m, raws, syms)
+    for i in range(n):
+        np.testing.assert_allclose(eng.features(raws[i], int(syms[i])), feats[i], rtol=1e-5,
+                                   atol=1e-5)
+        r = eng.step(raws[i], int(syms[i]))
+        assert not r.cached
+        assert r.signal == pytest.approx(sig[i], abs=2e-5)
+        assert r.confidence == pytest.approx(conf[i], abs=2e-5)
+
+
+@pytest.mark.parametrize("dims", [[7, 2], [37, 129, 2], [129, 64, 32, 2], [300, 9, 17, 2]])
+def test_identity_spec_model(isa, dims):
+    rng = np.random.default_rng(sum(dims))
+    for acts in (None, ["tanh"] * (len(dims) - 2) + ["sigmoid"]):
+        m = random_model(rng, dims, acts)
+        eng = Engine(m, config=engine_cfg(isa, enabled=False))
+        x = rng.standard_normal((20, dims[0])).astype(np.float32)
+        sig, conf = Model.head(m.forward(x))
+        for i in range(20):
+            r = eng.step(x[i])
+            assert r.signal == pytest.approx(sig[i], abs=2e-5)
+            assert r.confidence == pytest.approx(conf[i], abs=2e-5)
+
+
+def test_scalar_and_avx2_agree():
+    from fastpath._engine import supported_isas
+    if "avx2" not in supported_isas():
+        pytest.skip("CPU lacks AVX2+FMA")
+    rng = np.random.default_rng(3)
+    m = windowed_model(rng, hidden=(64, 32))
+    raws = rng.standard_normal((200, m.raw_len)).astype(np.float32)
+    syms = rng.integers(0, 4, 200)
+    a = Engine(m, config=engine_cfg("avx2")).step_batch(raws, syms, np.arange(200) * 1000)
+    b = Engine(m, config=engine_cfg("scalar")).step_batch(raws, syms, np.arange(200) * 1000)
+    np.testing.assert_allclose(a.signal, b.signal, atol=1e-5)
+    np.testing.assert_array_equal(a.cached, b.cached)
+
+
+# ------------------------------------------------------------------ cache semantics
+def _eng(isa, **cache):
+    rng = np.random.default_rng(11)
+    return Engine(random_model(rng, [32, 16, 2]), config=engine_cfg(isa, **cache))
+
+
+def test_same_vector_twice_hits(isa):
+    eng = _eng(isa)
+    x = np.random.default_rng(0).standard_normal(32).astype(np.float32)
+    r1, r2 = eng.step(x, 0, ts_ns=0), eng.step(x, 0, ts_ns=1)
+    assert (r1.cached, r2.cached) == (False, True)
+    assert r1.miss_reason == "cold" and r2.miss_reason == "hit"
+    assert (r2.signal, r2.confidence) == (r1.signal, r1.confidence)
+    assert r2.latency.infer_ns == 0 and r1.latency.infer_ns > 0
+
+
+def test_other_symbol_never_hits(isa):
+    eng = _eng(isa)
+    x = np.ones(32, np.float32)
+    eng.step(x, 0, ts_ns=0)
+    for s in range(1, 16):
+        assert not eng.step(x, s, ts_ns=1).cached
+
+
+def test_scaled_vector_misses_on_norm(isa):
+    eng = _eng(isa)
+    x = np.random.default_rng(1).standard_normal(32).astype(np.float32)
+    eng.step(x, 0, ts_ns=0)
+    r = eng.step(2 * x, 0, ts_ns=1)
+    assert not r.cached and r.miss_reason == "norm"
+
+
+def test_rotated_vector_misses_on_cosine(isa):
+    eng = _eng(isa)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(32).astype(np.float32)
+    eng.step(x, 0, ts_ns=0)
+    y = x + 0.2 * rng.standard_normal(32).astype(np.float32)
+    assert eng.step(y, 0, ts_ns=1).miss_reason == "cosine"
+
+
+def test_age_limit_forces_miss(isa):
+    eng = _eng(isa, max_age_ns=1000)
+    x = np.ones(32, np.float32)
+    eng.step(x, 0, ts_ns=0)
+    assert eng.step(x, 0, ts_ns=1000).cached
+    r = eng.step(x, 0, ts_ns=1001)
+    assert not r.cached and r.miss_reason == "age"
+    assert eng.step(x, 0, ts_ns=1500).cached     # refreshed at 1001
+
+
+def test_run_limit_forces_miss(isa):
+    eng = _eng(isa, max_run=3)
+    x = np.ones(32, np.float32)
+    got = [eng.step(x, 0, ts_ns=t).miss_reason for t in range(9)]
+    assert got == ["cold", "hit", "hit", "hit", "run", "hit", "hit", "hit", "run"]
+    st = eng.stats()
+    assert st["miss_reasons"]["run"] == 2 and st["forced_refreshes"] == 2
+    assert st["hits"] == 6 and st["misses"] == 3 and st["ticks"] == 9
+
+
+def test_disabled_cache_always_computes(isa):
+    eng = _eng(isa, enabled=False)
+    x = np.ones(32, np.float32)
+    assert [eng.step(x, 0).cached for _ in range(3)] == [False] * 3
+    assert eng.stats()["miss_reasons"]["disabled"] == 3
+
+
+def test_hit_within_guards_is_close_to_fresh_result(isa):
+    """A hit allowed by cos >= 0.9999 and 1% norm returns the result of a nearby vector."""
+    eng = _eng(isa, cos_threshold=0.9999, norm_tol=0.01)
+    ref = _eng(isa, enabled=False)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(32).astype(np.float32)
+    eng.step(x, 0, ts_ns=0)
+    y = (x + 1e-3 * rng.standard_normal(32)).astype(np.float32)
+    r = eng.step(y, 0, ts_ns=1)
+    assert r.cached
+    assert abs(r.signal - ref.step(y, 0).signal) < 0.01
+
+
+def test_step_batch_equals_sequential(isa):
+    rng = np.random.default_rng(9)
+    m = windowed_model(rng)
+    raws = rng.standard_normal((300, m.raw_len)).astype(np.float32)
+    raws[100:200] = raws[100]       # a run of repeats so the cache hits
+    syms = rng.integers(0, 5, 300)
+    ts = np.arange(300, dtype=np.int64) * 10
+    a = Engine(m, config=engine_cfg(isa))
+    b = Engine(m, config=engine_cfg(isa))
+    res = a.step_batch(raws, syms, ts)
+    seq = [b.step(raws[i], int(syms[i]), ts_ns=int(ts[i])) for i in range(300)]
+    np.testing.assert_array_equal(res.signal, np.float32([r.signal for r in seq]))
+    np.testing.assert_array_equal(res.cached, [r.cached for r in seq])
+    assert res.cached.sum() > 0
+    assert (res.total_ns > 0).all()
+    assert a.stats()["hits"] == b.stats()["hits"]
+
+
+def test_stats_and_reset(isa):
+    eng = _eng(isa)
+    x = np.ones(32, np.float32)
+    for t in range(10):
+        eng.step(x, t % 2, ts_ns=t)
+    st = eng.stats()
+    assert st["ticks"] == 10 and st["hits"] + st["misses"] == 10
+    assert st["hit_rate"] == pytest.approx(st["hits"] / 10)
+    for stage in ("feature", "cache", "infer", "total"):
+        assert st["latency_ns"][stage]["p50"] > 0
+    eng.reset()
+    assert eng.stats()["ticks"] == 0
+    assert not eng.step(x, 0, ts_ns=0).cached
+
+
+def test_module_step_default_engine():
+    eng = fastpath.get_default_engine()
+    assert (eng.raw_len, eng.n_features, eng.model.dims) == (256, 128, [128, 64, 32, 2])
+    x = np.zeros(256, np.float32)
+    r = fastpath.step(x, symbol=7)
+    assert -1 <= r.signal <= 1 and 0 <= r.confidence <= 1
+    L = r.latency
+    assert L.total_ns >= L.feature_ns and L.h2d_ns == 0 and L.d2h_ns == 0
+    assert fastpath.simd() in ("avx2", "scalar")
+
+
+def test_configure_replaces_default(tmp_path):
+    p = tmp_path / "fp.toml"
+    p.write_text("[engine]\nn_symbols = 8\n[cache]\nenabled = false\n")
+    try:
+        eng = fastpath.configure(str(p))
+        assert fastpath.get_default_engine() is eng and eng.n_symbols == 8
+        with pytest.raises(fastpath.InputError, match="out of range"):
+            fastpath.step(np.zeros(256, np.float32), symbol=8)
+    finally:
+        fastpath.set_default_engine(None)
+
+
+def test_forced_scalar_env(monkeypatch):
+    monkeypatch.setenv("FASTPATH_SIMD", "scalar")
+    assert fastpath.simd() == "scalar"
+    assert Engine(random_model(np.random.default_rng(0), [4, 2])).simd == "scalar"
+
+
+def test_demo_model_signal_means_something():
+    """The embedded model was trained on the generated stream: its signal correlates with
+    the future return on a stream it did not see (another seed)."""
+    from fastpath import lob
+    bs = lob.generate_stream(20_000, 8, seed=1234)
+    raws = lob.raw_from_book(bs)
+    eng = Engine(fastpath._build.DEMO_MODEL, config={"cache": {"enabled": False}})
+    res = eng.step_batch(raws, bs.symbols, bs.ts_ns)
+    fr = lob.future_return_bps(bs, 20)
+    assert np.corrcoef(res.signal, fr)[0, 1] > 0.02

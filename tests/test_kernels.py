@@ -1,0 +1,145 @@
+"""Each C kernel against a numpy reference, for every kernel set this CPU runs.
+
+Tolerances: z-score kernels are exact in float32 (same two operations, same order);
+dot/norm and dense layers reorder float32 sums, compared at rtol 1e-4 relative to the
+sum of |terms|; tanh/sigmoid (AVX2 polynomial) at atol 1e-6.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fastpath import _engine as E
+from conftest import ACTS, ISAS
+
+WIDTHS = (1, 7, 8, 9, 16, 37, 129, 300)
+
+
+def act_ref(x, act):
+    x = x.astype(np.float64)
+    return {"identity": x, "relu": np.maximum(x, 0), "tanh": np.tanh(x),
+            "sigmoid": 1 / (1 + np.exp(-x))}[act]
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_zscore_gather(isa, n):
+    rng = np.random.default_rng(n)
+    raw = rng.standard_normal(512).astype(np.float32) * 100
+    idx = rng.integers(0, 512, n).astype(np.int32)
+    mean = rng.standard_normal(n).astype(np.float32)
+    inv = rng.random(n).astype(np.float32) + 0.1
+    got = E.kernel_zscore_gather(isa, raw, idx, mean, inv)
+    np.testing.assert_array_equal(got, (raw[idx] - mean) * inv)
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_zscore(isa, n):
+    rng = np.random.default_rng(n + 1)
+    x, mean = rng.standard_normal((2, n)).astype(np.float32)
+    inv = rng.random(n).astype(np.float32)
+    np.testing.assert_array_equal(E.kernel_zscore(isa, x, mean, inv), (x - mean) * inv)
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_dot_norm2(isa, n):
+    rng = np.random.default_rng(n + 2)
+    a, b = rng.standard_normal((2, n)).astype(np.float32)
+    d, s = E.kernel_dot_norm2(isa, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    assert abs(d - a64 @ b64) <= 1e-5 * np.abs(a64 * b64).sum() + 1e-30
+    assert abs(s - a64 @ a64) <= 1e-5 * (a64 @ a64) + 1e-30
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_allfinite(isa, n):
+    x = np.ones(n, np.float32)
+    assert E.kernel_allfinite(isa, x)
+    for bad in (np.nan, np.inf, -np.inf):
+        for pos in {0, n // 2, n - 1}:
+            y = x.copy()
+            y[pos] = bad
+            assert not E.kernel_allfinite(isa, y), (bad, pos)
+    big = np.full(n, np.finfo(np.float32).max, np.float32)
+    assert E.kernel_allfinite(isa, big)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("n_in,n_out", [(1, 1), (7, 3), (37, 9), (129, 64), (300, 37), (16, 33)])
+def test_dense_layer(isa, act, n_in, n_out):
+    rng = np.random.default_rng(n_in * 1000 + n_out)
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    b = rng.standard_normal(n_out).astype(np.float32)
+    x = rng.standard_normal(n_in).astype(np.float32) * 2
+    got = E.PackedMLP([w], [b], [act], isa).forward(x)
+    pre = w.astype(np.float64) @ x + b
+    bound = np.abs(w.astype(np.float64)) @ np.abs(x) + np.abs(b)
+    want = act_ref(pre, act)
+    # the activation's slope is <= 1 everywhere, so the pre-activation error bounds it
+    np.testing.assert_array_less(np.abs(got - want), 1e-5 * bound + 1e-6)
+
+
+def test_activation_edges(isa):
+    """Saturation, zero and tiny inputs through a 1x1 identity-weight layer."""
+    xs = np.array([-100, -20, -9, -1e-3, -1e-7, 0, 1e-7, 1e-3, 0.05, 0.07, 9, 20, 100], np.float32)
+    for act in ("tanh", "sigmoid"):
+        P = E.PackedMLP([np.ones((1, 1), np.float32)], [np.zeros(1, np.float32)], [act], isa)
+        got = np.array([P.forward(np.array([v], np.float32))[0] for v in xs])
+        np.testing.assert_allclose(got, act_ref(xs, act), rtol=2e-6, atol=1e-6)
+
+
+def test_unknown_isa_is_clear_error():
+    with pytest.raises(ValueError, match="unknown kernel set"):
+        E.kernel_zscore("sse9", np.ones(3, np.float32), np.ones(3, np.float32), np.ones(3, np.float32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 400), seed=st.integers(0, 2**32 - 1),
+       scale=st.sampled_from([1e-3, 1.0, 1e3]))
+def test_dot_norm2_property(n, seed, scale):
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal((2, n)) * scale).astype(np.float32)
+    for isa in ISAS:
+        d, s = E.kernel_dot_norm2(isa, a, b)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        assert abs(d - a64 @ b64) <= 1e-5 * np.abs(a64 * b64).sum() + 1e-30
+        assert abs(s - a64 @ a64) <= 1e-5 * (a64 @ a64) + 1e-30
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=hnp.arrays(np.float32, st.integers(1, 200),
+                    elements=st.floats(-1e6, 1e6, width=32, allow_subnormal=False)),
+       seed=st.integers(0, 2**32 - 1))
+def test_zscore_property(x, seed):
+    rng = np.random.default_rng(seed)
+    mean = rng.standard_normal(len(x)).astype(np.float32)
+    inv = rng.random(len(x)).astype(np.float32)
+    idx = rng.permutation(len(x)).astype(np.int32)
+    for isa in ISAS:
+        np.testing.assert_array_equal(E.kernel_zscore(isa, x, mean, inv), (x - mean) * inv)
+        np.testing.assert_array_equal(E.kernel_zscore_gather(isa, x, idx, mean, inv),
+                                      (x[idx] - mean) * inv)
+
+
+@settings(max_examples=30, deadline=None)
+@given(dims=st.lists(st.integers(1, 70), min_size=2, max_size=5),
+       acts=st.lists(st.sampled_from(ACTS), min_size=4, max_size=4),
+       seed=st.integers(0, 2**32 - 1))
+def test_mlp_property(dims, acts, seed):
+    rng = np.random.default_rng(seed)
+    ws = [(rng.standard_normal((dims[i + 1], dims[i])) / np.sqrt(dims[i])).astype(np.float32)
+          for i in range(len(dims) - 1)]
+    bs = [rng.standard_normal(dims[i + 1]).astype(np.float32) for i in range(len(dims) - 1)]
+    acts = acts[:len(ws)]
+    x = rng.standard_normal(dims[0]).astype(np.float32)
+    ref = x.astype(np.float64)
+    for w, b, a in zip(ws, bs, acts):
+        ref = act_ref(w.astype(np.float64) @ ref + b, a)
+    for isa in ISAS:
+        got = E.PackedMLP(ws, bs, acts, isa).forward(x)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_dispatch_reports_cpu():
+    f = E.cpu_features()
+    assert E.best_isa() == ("avx2" if f["avx2"] and f["fma"] else "scalar")
+    assert E.supported_isas()[0] == "scalar"
