@@ -3,8 +3,9 @@
 #include "fp_math.h"
 #include <string.h>
 
+/* a copy with FP_SLACK floats of zeroed slack after it */
 static void *fp_copy_aligned(const void *src, size_t bytes) {
-    void *p = fp_aligned_alloc(bytes);
+    void *p = fp_aligned_alloc(bytes + FP_SLACK * sizeof(float));
     if (p && bytes) memcpy(p, src, bytes);
     return p;
 }
@@ -14,6 +15,7 @@ void fp_engine_free(fp_engine *e) {
     fp_mlp_free(&e->mlp);
     fp_aligned_free(e->fs.z_idx);
     fp_aligned_free(e->fs.w_idx);
+    fp_aligned_free(e->fs.runs);
     fp_aligned_free(e->fs.mean);
     fp_aligned_free(e->fs.inv_std);
     fp_aligned_free(e->slots);
@@ -59,6 +61,11 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     fs->w_idx = (int32_t *)fp_copy_aligned(p->w_idx, sizeof(int32_t) * p->n_w);
     fs->mean = (float *)fp_copy_aligned(p->mean, sizeof(float) * n_feat);
     fs->inv_std = (float *)fp_copy_aligned(p->inv_std, sizeof(float) * n_feat);
+    fs->runs = (int32_t *)fp_aligned_alloc(sizeof(int32_t) * 3 * (size_t)(p->n_z + 1));
+    if (fs->runs) {
+        fs->n_runs = fp_feature_runs(p->z_idx, p->n_z, fs->runs);
+        if (fs->n_runs * 4 > p->n_z) fs->n_runs = 0;
+    }
     if (fp_mlp_init(&e->mlp, p->n_layers, p->dims, p->acts, p->weights, p->biases, p->arena_mem)) {
         e->mlp.arena = NULL;
         fp_engine_free(e);
@@ -68,7 +75,7 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     e->win_stride = fp_window_stride(fs);
     e->slots = (unsigned char *)fp_aligned_alloc(e->slot_stride * p->n_symbols);
     e->wins = (unsigned char *)fp_aligned_alloc(e->win_stride * p->n_symbols);
-    const size_t w = FP_ROUND_UP((size_t)(n_feat > e->mlp.max_width ? n_feat : e->mlp.max_width), 16);
+    const size_t w = FP_ROUND_UP((size_t)(n_feat > e->mlp.max_width ? n_feat : e->mlp.max_width), 16) + FP_SLACK;
     e->pre = (float *)fp_aligned_alloc(sizeof(float) * w);
     e->feat = (float *)fp_aligned_alloc(sizeof(float) * w);
     e->buf_a = (float *)fp_aligned_alloc(sizeof(float) * w);
@@ -76,7 +83,7 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     e->ts_scratch = (int64_t *)fp_aligned_alloc(sizeof(int64_t) * p->n_symbols);
     e->lat = (fp_lat *)fp_aligned_alloc(sizeof(fp_lat) * (size_t)p->lat_capacity);
     e->lat_mask = (uint64_t)p->lat_capacity - 1;
-    if (!fs->z_idx || !fs->w_idx || !fs->mean || !fs->inv_std || !e->slots || !e->wins || !e->pre ||
+    if (!fs->z_idx || !fs->w_idx || !fs->mean || !fs->inv_std || !fs->runs || !e->slots || !e->wins || !e->pre ||
         !e->feat || !e->buf_a || !e->buf_b || !e->ts_scratch || !e->lat) {
         fp_engine_free(e);
         return NULL;
@@ -122,7 +129,8 @@ const float *fp_infer_cpu(fp_engine *e) {
 int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
                    fp_result *r) {
     fp_slot *s = fp_slot_at(e, p->symbol);
-    const uint64_t t3 = fp_ticks();
+    /* on a hit nothing ran since t2: one clock read saved */
+    const uint64_t t3 = p->reason == FP_HIT ? p->t2 : fp_ticks();
     if (p->reason == FP_HIT) {
         r->signal = s->signal;
         r->confidence = s->confidence;

@@ -27,7 +27,23 @@ typedef struct {
     int32_t *w_idx;   /* n_w indices into raw */
     float *mean;      /* n_feat */
     float *inv_std;   /* n_feat */
+    int32_t *runs;    /* z_idx as runs of consecutive indices: (raw start, out start, length) */
+    int n_runs;       /* 0: gather index by index instead */
 } fp_feature_spec;
+
+/* Split z_idx into runs of consecutive indices; returns the count (runs has room for n_z). */
+static inline int fp_feature_runs(const int32_t *z_idx, int n_z, int32_t *runs) {
+    int n = 0;
+    for (int i = 0; i < n_z; i++) {
+        if (n && z_idx[i] == runs[3 * (n - 1)] + runs[3 * (n - 1) + 2]) {
+            runs[3 * (n - 1) + 2]++;
+        } else {
+            runs[3 * n] = z_idx[i]; runs[3 * n + 1] = i; runs[3 * n + 2] = 1;
+            n++;
+        }
+    }
+    return n;
+}
 
 /* Per-symbol window state, one block of `stride` bytes per symbol:
  *   fp_window_hdr | double sum[n_w] | double sumsq[n_w] | float ring[W][n_w] */
@@ -47,24 +63,19 @@ static inline size_t fp_window_stride(const fp_feature_spec *fs) {
 static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spec *fs,
                                        const unsigned char *win, const float *raw, float *pre,
                                        float *feat) {
-    k->zscore_gather(raw, fs->z_idx, fs->mean, fs->inv_std, feat, fs->n_z);
+    /* contiguous loads beat a gather once runs average 4+ fields */
+    if (fs->n_runs) k->zscore_runs(raw, fs->runs, fs->n_runs, fs->mean, fs->inv_std, feat);
+    else k->zscore_gather(raw, fs->z_idx, fs->mean, fs->inv_std, feat, fs->n_z);
     if (fs->n_w == 0) return;
     const fp_window_hdr *h = (const fp_window_hdr *)win;
     const double *sum = (const double *)(win + sizeof(fp_window_hdr));
     const double *sumsq = sum + fs->n_w;
     const float *ring = (const float *)(sumsq + fs->n_w);
     const int full = h->count >= (uint32_t)fs->window;
-    const double n = full ? (double)fs->window : (double)(h->count + 1);
-    const float *old = ring + (size_t)h->pos * fs->n_w;
+    const double inv_n = 1.0 / (full ? (double)fs->window : (double)(h->count + 1));
     float *pm = pre + fs->n_z, *ps = pm + fs->n_w;
-    for (int j = 0; j < fs->n_w; j++) {
-        double x = raw[fs->w_idx[j]];
-        double s = sum[j] + x, q = sumsq[j] + x * x;
-        if (full) { s -= old[j]; q -= (double)old[j] * old[j]; }
-        double m = s / n, v = q / n - m * m;
-        pm[j] = (float)m;
-        ps[j] = (float)(v > 0.0 ? sqrt(v) : 0.0);
-    }
+    k->window_stats(raw, fs->w_idx, fs->n_w, sum, sumsq,
+                    full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n, pm, ps);
     k->zscore(pm, fs->mean + fs->n_z, fs->inv_std + fs->n_z, feat + fs->n_z, 2 * fs->n_w);
 }
 

@@ -19,6 +19,30 @@ static void fp_zscore_gather_scalar(const float *raw, const int32_t *idx, const 
     for (int i = 0; i < n; i++) out[i] = (raw[idx[i]] - mean[i]) * inv_std[i];
 }
 
+/* out[o + j] = (raw[r + j] - mean[o + j]) * inv_std[o + j] over each run (r, o, len) */
+static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_runs,
+                                  const float *mean, const float *inv_std, float *out) {
+    for (int k = 0; k < n_runs; k++) {
+        const float *x = raw + runs[3 * k];
+        const int o = runs[3 * k + 1], len = runs[3 * k + 2];
+        for (int j = 0; j < len; j++) out[o + j] = (x[j] - mean[o + j]) * inv_std[o + j];
+    }
+}
+
+/* rolling mean/std over the window with the new tick in (and `old` out) */
+static void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w,
+                                   const double *sum, const double *sumsq, const float *old,
+                                   double inv_n, float *pm, float *ps) {
+    for (int j = 0; j < n_w; j++) {
+        const double x = raw[w_idx[j]];
+        double s = sum[j] + x, q = sumsq[j] + x * x;
+        if (old) { s -= old[j]; q -= (double)old[j] * old[j]; }
+        const double m = s * inv_n, v = q * inv_n - m * m;
+        pm[j] = (float)m;
+        ps[j] = v > 0.0 ? sqrtf((float)v) : 0.0f;
+    }
+}
+
 /* out[i] = (x[i] - mean[i]) * inv_std[i] */
 static void fp_zscore_scalar(const float *x, const float *mean, const float *inv_std, float *out,
                              int n) {
@@ -61,6 +85,8 @@ static int fp_allfinite_scalar(const float *x, int n) {
 const fp_kernels fp_kernels_scalar = {
     "scalar",
     fp_zscore_gather_scalar,
+    fp_zscore_runs_scalar,
+    fp_window_stats_scalar,
     fp_zscore_scalar,
     fp_dot_norm2_scalar,
     fp_dense_scalar,
@@ -89,6 +115,59 @@ FP_TARGET_AVX2 static void fp_zscore_gather_avx2(const float *raw, const int32_t
         _mm256_storeu_ps(out + i, z);
     }
     for (; i < n; i++) out[i] = (raw[idx[i]] - mean[i]) * inv_std[i];
+}
+
+/* out[o + j] = (raw[r + j] - mean[o + j]) * inv_std[o + j] over each run, 8 lanes a step.
+ * A run's last step loads raw masked (nothing past the run is read from the caller's
+ * buffer) but stores all 8 lanes: masked stores are microcoded and slow on AMD, and the
+ * lanes past the run land where the next run (or the window features) will write, or in
+ * the slack the engine allocates after its buffers. */
+FP_TARGET_AVX2 static void fp_zscore_runs_avx2(const float *raw, const int32_t *runs, int n_runs,
+                                               const float *mean, const float *inv_std,
+                                               float *out) {
+    for (int k = 0; k < n_runs; k++) {
+        const float *x = raw + runs[3 * k];
+        const int o = runs[3 * k + 1], len = runs[3 * k + 2];
+        int j = 0;
+        for (; j + 8 <= len; j += 8) {
+            __m256 z = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j),
+                                                   _mm256_loadu_ps(mean + o + j)),
+                                     _mm256_loadu_ps(inv_std + o + j));
+            _mm256_storeu_ps(out + o + j, z);
+        }
+        if (j < len) {
+            __m256 z = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + j, fp_tailmask(len - j)),
+                                                   _mm256_loadu_ps(mean + o + j)),
+                                     _mm256_loadu_ps(inv_std + o + j));
+            _mm256_storeu_ps(out + o + j, z);
+        }
+    }
+}
+
+/* rolling mean/std, 4 fields a step in double (running sums are double, see fp_features.h) */
+FP_TARGET_AVX2 static void fp_window_stats_avx2(const float *raw, const int32_t *w_idx, int n_w,
+                                                const double *sum, const double *sumsq,
+                                                const float *old, double inv_n, float *pm,
+                                                float *ps) {
+    const __m256d vn = _mm256_set1_pd(inv_n), zero = _mm256_setzero_pd();
+    int j = 0;
+    for (; j + 4 <= n_w; j += 4) {
+        __m256d x = _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4));
+        __m256d s = _mm256_add_pd(_mm256_loadu_pd(sum + j), x);
+        __m256d q = _mm256_add_pd(_mm256_loadu_pd(sumsq + j), _mm256_mul_pd(x, x));
+        if (old) {
+            __m256d o = _mm256_cvtps_pd(_mm_loadu_ps(old + j));
+            s = _mm256_sub_pd(s, o);
+            q = _mm256_sub_pd(q, _mm256_mul_pd(o, o));
+        }
+        __m256d m = _mm256_mul_pd(s, vn);
+        __m256d v = _mm256_max_pd(_mm256_sub_pd(_mm256_mul_pd(q, vn), _mm256_mul_pd(m, m)), zero);
+        _mm_storeu_ps(pm + j, _mm256_cvtpd_ps(m));
+        _mm_storeu_ps(ps + j, _mm_sqrt_ps(_mm256_cvtpd_ps(v)));
+    }
+    if (j < n_w)
+        fp_window_stats_scalar(raw, w_idx + j, n_w - j, sum + j, sumsq + j, old ? old + j : NULL,
+                               inv_n, pm + j, ps + j);
 }
 
 /* out = (x - mean) * inv_std */
@@ -237,8 +316,16 @@ FP_TARGET_AVX2 static void fp_dense_avx2(const fp_dense_layer *L, const float *x
 /* 1 if all finite: an IEEE float is finite iff its exponent bits are not all 1 */
 FP_TARGET_AVX2 static int fp_allfinite_avx2(const float *x, int n) {
     const __m256i em = _mm256_set1_epi32(0x7f800000);
-    __m256i bad = _mm256_setzero_si256();
+    __m256i bad = _mm256_setzero_si256(), b1 = bad, b2 = bad, b3 = bad;
     int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i *p = (const __m256i *)(x + i);
+        b1 = _mm256_or_si256(b1, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256(p), em), em));
+        b2 = _mm256_or_si256(b2, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256(p + 1), em), em));
+        b3 = _mm256_or_si256(b3, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256(p + 2), em), em));
+        bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256(p + 3), em), em));
+    }
+    bad = _mm256_or_si256(_mm256_or_si256(bad, b1), _mm256_or_si256(b2, b3));
     for (; i + 8 <= n; i += 8) {
         __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), em);
         bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(v, em));
@@ -252,6 +339,8 @@ FP_TARGET_AVX2 static int fp_allfinite_avx2(const float *x, int n) {
 const fp_kernels fp_kernels_avx2 = {
     "avx2",
     fp_zscore_gather_avx2,
+    fp_zscore_runs_avx2,
+    fp_window_stats_avx2,
     fp_zscore_avx2,
     fp_dot_norm2_avx2,
     fp_dense_avx2,

@@ -21,6 +21,7 @@
 #endif
 
 #define FP_ALIGN 64
+#define FP_SLACK 8   /* floats of slack after buffers that 8-lane kernels may overrun */
 #define FP_ROUND_UP(n, m) ((((n) + (m) - 1) / (m)) * (m))
 
 typedef enum { FP_ISA_SCALAR = 0, FP_ISA_AVX2 = 1 } fp_isa;
@@ -41,6 +42,17 @@ typedef struct {
     /* out[i] = (raw[idx[i]] - mean[i]) * inv_std[i],  i < n */
     void (*zscore_gather)(const float *raw, const int32_t *idx, const float *mean,
                           const float *inv_std, float *out, int n);
+    /* the same over runs of consecutive indices: run r copies raw[runs[3r] + j] to
+     * out[runs[3r+1] + j] for j < runs[3r+2]; out = (raw - mean) * inv_std there.
+     * Runs are in increasing out order; out, mean and inv_std must have FP_SLACK floats
+     * of slack past the last run (lanes past a run's end may be written with junk). */
+    void (*zscore_runs)(const float *raw, const int32_t *runs, int n_runs, const float *mean,
+                        const float *inv_std, float *out);
+    /* rolling stats with raw's window fields added (and `old` removed when non-NULL):
+     * s = sum + x - old, q = sumsq + x^2 - old^2, pm = s/n, ps = sqrt(max(q/n - pm^2, 0)) */
+    void (*window_stats)(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
+                         const double *sumsq, const float *old, double inv_n, float *pm,
+                         float *ps);
     /* out[i] = (x[i] - mean[i]) * inv_std[i],  i < n */
     void (*zscore)(const float *x, const float *mean, const float *inv_std, float *out, int n);
     /* *dot = sum a[i]*b[i], *na2 = sum a[i]^2, one pass */

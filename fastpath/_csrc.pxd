@@ -14,6 +14,11 @@ cdef extern from "fp_simd.h" nogil:
         const char *name
         void (*zscore_gather)(const float *raw, const int32_t *idx, const float *mean,
                               const float *inv_std, float *out, int n)
+        void (*zscore_runs)(const float *raw, const int32_t *runs, int n_runs, const float *mean,
+                            const float *inv_std, float *out)
+        void (*window_stats)(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
+                             const double *sumsq, const float *old, double inv_n, float *pm,
+                             float *ps)
         void (*zscore)(const float *x, const float *mean, const float *inv_std, float *out, int n)
         void (*dot_norm2)(const float *a, const float *b, int n, float *dot, float *na2)
         void (*dense)(const fp_dense_layer *L, const float *x, float *y)
@@ -74,7 +79,8 @@ cdef extern from "fp_mlp.h" nogil:
 
 cdef extern from "fp_features.h" nogil:
     ctypedef struct fp_feature_spec:
-        int raw_len, n_z, n_w, window, n_feat
+        int raw_len, n_z, n_w, window, n_feat, n_runs
+    int fp_feature_runs(const int32_t *z_idx, int n_z, int32_t *runs)
 
 cdef extern from "fp_engine.h" nogil:
     enum:

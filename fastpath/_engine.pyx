@@ -375,6 +375,11 @@ cdef class Engine:
         fp_engine_reset(self._e)
 
     @property
+    def feature_path(self):
+        """'runs' (contiguous loads over runs of consecutive fields) or 'gather'."""
+        return "runs" if self._e.fs.n_runs else "gather"
+
+    @property
     def mlp_macs(self):
         """Multiply-adds in one forward pass."""
         return self._e.mlp.macs
@@ -462,6 +467,49 @@ def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):
                     <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
                     <float *>cnp.PyArray_DATA(out), n)
     return out
+
+
+def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):
+    """(raw[idx] - mean) * inv_std through the runs kernel (idx split into consecutive runs)."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray r = _f32(raw, "raw"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
+    cdef cnp.ndarray ix = np.ascontiguousarray(idx, dtype=np.int32)
+    n = len(ix)
+    if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
+        raise InputError("idx, mean and inv_std must have one length and idx must index raw")
+    cdef cnp.ndarray runs = np.zeros(3 * n + 3, np.int32)
+    cdef int nr = fp_feature_runs(<const int32_t *>cnp.PyArray_DATA(ix), n,
+                                  <int32_t *>cnp.PyArray_DATA(runs))
+    # the kernel needs 8 floats of slack after out, mean and inv_std (see fp_simd.h)
+    out = np.empty(n + 8, np.float32)
+    mp = np.concatenate([m, np.zeros(8, np.float32)])
+    sp = np.concatenate([s, np.zeros(8, np.float32)])
+    k.zscore_runs(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(runs), nr,
+                  <const float *>cnp.PyArray_DATA(mp), <const float *>cnp.PyArray_DATA(sp),
+                  <float *>cnp.PyArray_DATA(out))
+    return out[:n]
+
+
+def kernel_window_stats(str isa, raw, w_idx, sum_, sumsq, old, double inv_n):
+    """(rolling mean, rolling std) with raw[w_idx] added to the running sums and `old`
+    (None: nothing) removed, as the feature stage computes them."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray r = _f32(raw, "raw")
+    cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
+    cdef cnp.ndarray s = np.ascontiguousarray(sum_, dtype=np.float64)
+    cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)
+    cdef cnp.ndarray o = None if old is None else _f32(old, "old")
+    n = len(ix)
+    if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (
+            n and (ix.min() < 0 or ix.max() >= len(r))):
+        raise InputError("w_idx, sum, sumsq and old must have one length and w_idx must index raw")
+    pm = np.empty(n, np.float32)
+    ps = np.empty(n, np.float32)
+    k.window_stats(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
+                   <const double *>cnp.PyArray_DATA(s), <const double *>cnp.PyArray_DATA(q),
+                   NULL if o is None else <const float *>cnp.PyArray_DATA(o), inv_n,
+                   <float *>cnp.PyArray_DATA(pm), <float *>cnp.PyArray_DATA(ps))
+    return pm, ps
 
 
 def kernel_zscore(str isa, x, mean, inv_std):

@@ -212,3 +212,20 @@ def test_demo_model_signal_means_something():
     res = eng.step_batch(raws, bs.symbols, bs.ts_ns)
     fr = lob.future_return_bps(bs, 20)
     assert np.corrcoef(res.signal, fr)[0, 1] > 0.02
+
+
+def test_runs_and_gather_feature_paths(isa):
+    """Contiguous z fields take the runs path, scattered ones the gather path; both match numpy."""
+    rng = np.random.default_rng(17)
+    for z, path in ((np.r_[0:9, 12:30, 31:40], "runs"), (rng.permutation(40)[:20], "gather")):
+        nf = len(z) + 2
+        fs = FeatureSpec(40, z, [3], 4, rng.standard_normal(nf).astype(np.float32),
+                         (rng.random(nf) + 0.5).astype(np.float32))
+        m = random_model(rng, [nf, 8, 2], fs=fs)
+        eng = Engine(m, config=engine_cfg(isa, enabled=False))
+        assert eng.feature_path == path
+        raws = rng.standard_normal((10, 40)).astype(np.float32)
+        ref = fs.apply(raws)
+        for i in range(10):
+            np.testing.assert_allclose(eng.features(raws[i]), ref[i], rtol=1e-5, atol=1e-6)
+            eng.step(raws[i])

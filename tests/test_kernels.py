@@ -143,3 +143,40 @@ def test_dispatch_reports_cpu():
     f = E.cpu_features()
     assert E.best_isa() == ("avx2" if f["avx2"] and f["fma"] else "scalar")
     assert E.supported_isas()[0] == "scalar"
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_zscore_runs(isa, n):
+    rng = np.random.default_rng(n + 3)
+    raw = rng.standard_normal(512).astype(np.float32)
+    # runs of random lengths 1..20, ending exactly at the end of raw in one case
+    idx = []
+    pos = int(rng.integers(0, 40))
+    while len(idx) < n:
+        L = int(rng.integers(1, 21))
+        idx += list(range(pos, min(pos + L, 512)))
+        pos = min(pos + L + int(rng.integers(1, 9)), 511)
+    idx = np.array(idx[:n], np.int32)
+    if n > 8:
+        idx[-8:] = np.arange(504, 512)
+    mean = rng.standard_normal(n).astype(np.float32)
+    inv = rng.random(n).astype(np.float32)
+    np.testing.assert_array_equal(E.kernel_zscore_runs(isa, raw, idx, mean, inv), (raw[idx] - mean) * inv)
+
+
+@pytest.mark.parametrize("n", (1, 3, 4, 7, 8, 9, 37))
+@pytest.mark.parametrize("full", [False, True])
+def test_window_stats(isa, n, full):
+    rng = np.random.default_rng(n * 2 + full)
+    W = 6
+    hist = rng.standard_normal((W, n)).astype(np.float32) * 3 + 50     # the ring
+    raw = rng.standard_normal(64).astype(np.float32) * 3 + 50
+    idx = rng.integers(0, 64, n).astype(np.int32)
+    x = raw[idx].astype(np.float64)
+    kept = hist[1:] if full else hist                       # `old` = hist[0] leaves when full
+    s, q = hist.astype(np.float64).sum(0), (hist.astype(np.float64) ** 2).sum(0)
+    pm, ps = E.kernel_window_stats(isa, raw, idx, s, q, hist[0] if full else None,
+                                   1.0 / (W if full else W + 1))
+    window = np.vstack([kept, x[None]]).astype(np.float64)
+    np.testing.assert_allclose(pm, window.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(ps, window.std(0), rtol=1e-4, atol=1e-4)
