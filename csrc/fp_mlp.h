@@ -35,11 +35,12 @@ void fp_mlp_free(fp_mlp *m);
 
 /* out = mlp(x); a and b are scratch of max_width floats, 32-byte aligned.
  * Returns a pointer to the last layer's output (a or b). */
-static inline const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, const float *x,
+static inline const float *fp_mlp_forward(const fp_kernels *k, fp_mlp *m, const float *x,
                                           float *a, float *b) {
     const float *in = x;
     float *out = a;
     for (int l = 0; l < m->n_layers; l++) {
+        m->layers[l].reverse ^= 1;
         k->dense(&m->layers[l], in, out);
         in = out;
         out = (out == a) ? b : a;

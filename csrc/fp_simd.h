@@ -33,6 +33,7 @@ enum { FP_ACT_IDENTITY = 0, FP_ACT_RELU = 1, FP_ACT_TANH = 2, FP_ACT_SIGMOID = 3
  * `out` are zero. Bias is padded to nb*8 with zeros. */
 typedef struct {
     int in, out, nb, act;
+    int reverse;        /* walk row groups last to first (same result, see fp_dense_avx2) */
     const float *w;     /* nb * in * 8 floats, 64-byte aligned */
     const float *bias;  /* nb * 8 floats, 64-byte aligned */
 } fp_dense_layer;

@@ -74,7 +74,7 @@ cdef extern from "fp_mlp.h" nogil:
     int fp_mlp_init(fp_mlp *m, int n_layers, const int *dims, const int *acts,
                     const float *const *weights, const float *const *biases, void *mem)
     void fp_mlp_free(fp_mlp *m)
-    const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, const float *x,
+    const float *fp_mlp_forward(const fp_kernels *k, fp_mlp *m, const float *x,
                                 float *a, float *b)
 
 cdef extern from "fp_features.h" nogil:
@@ -140,3 +140,6 @@ cdef extern from "fp_engine.h" nogil:
     int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride,
                           const int32_t *symbols, const int64_t *ts, int64_t n, float *signal,
                           float *confidence, uint8_t *cached, int64_t *total_ns, int *err)
+
+cdef extern from "fp_bench.h" nogil:
+    double fp_fma_ns_per_instr(long iters)

@@ -51,6 +51,17 @@ def clock_info():
             "read_cost_ns": fp_clock.read_cost_ns}
 
 
+def fma_ns_per_instr(long iters=20_000_000):
+    """Measured ns per 8-lane FMA instruction at full throughput (12 chains); -1 without
+    AVX2+FMA. Best of three runs."""
+    cdef double best = 1e30, v
+    for _ in range(3):
+        with nogil:
+            v = fp_fma_ns_per_instr(iters)
+        best = min(best, v)
+    return best
+
+
 def monotonic_ns():
     """CLOCK_MONOTONIC in ns: the clock the cache age uses when step() gets no ts_ns."""
     return fp_mono_ns()
@@ -368,6 +379,27 @@ cdef class Engine:
         out = np.empty(self.n_features, np.float32)
         memcpy(cnp.PyArray_DATA(out), self._e.feat, sizeof(float) * self.n_features)
         return out
+
+    def latency_records(self):
+        """(n, 4) uint32 in-C ns per tick, oldest first: feature, cache, infer, total, for the
+        last min(ticks, latency_records) ticks."""
+        cdef fp_engine *e = self._e
+        cdef Py_ssize_t cap = e.lat_mask + 1
+        cdef Py_ssize_t n = min(e.ticks, cap)
+        lat = np.empty((cap, 4), np.uint32)
+        memcpy(cnp.PyArray_DATA(lat), e.lat, sizeof(fp_lat) * cap)
+        if e.ticks <= cap:
+            return lat[:n].copy()
+        start = e.ticks % cap
+        return np.vstack([lat[start:], lat[:start]])
+
+    @property
+    def mlp_padded_macs(self):
+        """Multiply-adds the blocked kernel executes (rows padded to blocks of 8)."""
+        cdef long long t = 0
+        for i in range(self._e.mlp.n_layers):
+            t += <long long>self._e.mlp.layers[i].nb * 8 * self._e.mlp.layers[i].in_
+        return t
 
     def reset(self):
         """Empty every cache slot, window and counter."""
