@@ -180,3 +180,16 @@ def test_window_stats(isa, n, full):
     window = np.vstack([kept, x[None]]).astype(np.float64)
     np.testing.assert_allclose(pm, window.mean(0), rtol=1e-6)
     np.testing.assert_allclose(ps, window.std(0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n_out", [1, 8, 9, 17, 24, 33, 40, 57, 72])
+def test_dense_both_row_orders_bit_identical(isa, n_out):
+    """The kernel alternates its row-group order per call; the answer must not change."""
+    rng = np.random.default_rng(n_out)
+    w = rng.standard_normal((n_out, 29)).astype(np.float32)
+    b = rng.standard_normal(n_out).astype(np.float32)
+    P = E.PackedMLP([w], [b], ["tanh"], isa)
+    x = rng.standard_normal(29).astype(np.float32)
+    first, second, third = P.forward(x), P.forward(x), P.forward(x)
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_array_equal(first, third)

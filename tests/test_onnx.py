@@ -134,3 +134,18 @@ def test_torch_export_when_installed(tmp_path):
     x = np.random.default_rng(0).standard_normal(12).astype(np.float32)
     out = net(torch.from_numpy(x[None])).detach().numpy()[0]
     assert Engine(p).step(x).signal == pytest.approx(np.tanh(out[0]), abs=2e-5)
+
+
+def test_to_onnx_roundtrip_matches_onnxruntime(tmp_path, isa):
+    import fastpath
+    m = Model.load(fastpath._build.DEMO_MODEL)
+    p = str(tmp_path / "demo.onnx")
+    m.to_onnx(p)
+    back = Model.from_onnx(p)
+    assert back.dims == m.dims
+    x = np.random.default_rng(0).standard_normal((20, m.dims[0])).astype(np.float32)
+    out = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"features": x})[0]
+    np.testing.assert_allclose(out, m.forward(x), rtol=1e-4, atol=1e-5)
+    eng = Engine(back, config=engine_cfg(isa, enabled=False))
+    for i in range(20):
+        assert eng.step(x[i]).signal == pytest.approx(np.tanh(out[i, 0]), abs=2e-5)

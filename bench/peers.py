@@ -1,0 +1,83 @@
+"""The peers fastpath is compared with: the same MLP, one tick at a time, from Python.
+
+Each peer is (name, fn(features float32[n_feat]) -> outputs, version or reason). A missing
+package gives fn None and the reason, and the bench prints a line saying it was skipped.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+
+def numpy_peer(model):
+    layers = [(l.weight.T.copy(), l.bias, l.activation) for l in model.layers]
+
+    def fn(x):
+        h = x[None, :]
+        for w, b, act in layers:
+            h = h @ w + b
+            if act == "relu":
+                h = np.maximum(h, 0)
+            elif act == "tanh":
+                h = np.tanh(h)
+            elif act == "sigmoid":
+                h = 1 / (1 + np.exp(-h))
+        return np.tanh(h[0, 0]), 1 / (1 + np.exp(-h[0, 1])), h[0]
+    return lambda x: fn(x)[2]
+
+
+def onnxruntime_peer(model):
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        return None, f"onnxruntime not installed ({exc}); pip install 'fastpath[bench]'"
+    try:
+        import onnx  # noqa: F401
+    except ImportError as exc:
+        return None, f"onnx not installed ({exc})"
+    path = os.path.join(tempfile.mkdtemp(prefix="fastpath-bench-"), "model.onnx")
+    model.to_onnx(path)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    run = sess.run
+
+    def fn(x):
+        return run(None, {"features": x[None, :]})[0][0]
+    return fn, ort.__version__
+
+
+def torch_peer(model):
+    try:
+        import torch
+    except ImportError as exc:
+        return None, f"torch not installed ({exc})"
+    torch.set_num_threads(1)
+    mods = []
+    for l in model.layers:
+        lin = torch.nn.Linear(l.weight.shape[1], l.weight.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(l.weight))
+            lin.bias.copy_(torch.from_numpy(l.bias))
+        mods.append(lin)
+        act = {"relu": torch.nn.ReLU(), "tanh": torch.nn.Tanh(), "sigmoid": torch.nn.Sigmoid()}
+        if l.activation in act:
+            mods.append(act[l.activation])
+    net = torch.nn.Sequential(*mods).eval()
+
+    def fn(x):
+        with torch.inference_mode():
+            return net(torch.from_numpy(x)[None, :])[0].numpy()
+    return fn, torch.__version__
+
+
+def make_peers(model):
+    yield "numpy", numpy_peer(model), np.__version__
+    for name, make in (("onnxruntime", onnxruntime_peer), ("torch", torch_peer)):
+        fn, info = make(model)
+        yield name, fn, info

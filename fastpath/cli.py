@@ -1,0 +1,107 @@
+"""The `fastpath` command: info, bench, calibrate."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _parse_fields(spec: str | None, default):
+    """'0-111,120,130-133' -> [0..111, 120, 130..133]"""
+    if spec is None:
+        return list(default)
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        try:
+            lo = int(a)
+            hi = int(b) if b else lo
+        except ValueError:
+            raise SystemExit(f"fastpath calibrate: bad field list {spec!r}: {part!r} is not N or N-M")
+        out += list(range(lo, hi + 1))
+    return out
+
+
+def cmd_info(args) -> int:
+    import fastpath
+    from fastpath._build import DEMO_MODEL
+    eng = fastpath.get_default_engine()
+    info = {"version": fastpath.__version__, "simd": fastpath.simd(),
+            "cpu_features": fastpath.cpu_features(), "clock": fastpath.clock_info(),
+            "default_model": {"path": DEMO_MODEL, "dims": eng.model.dims, "meta": eng.model.meta,
+                              "feature_path": eng.feature_path}}
+    print(json.dumps(info, indent=1))
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    import numpy as np
+    from fastpath import lob
+    from fastpath._build import load_model
+    from fastpath.model import FeatureSpec
+    raws = np.load(args.ticks, allow_pickle=False)
+    syms = np.load(args.symbols, allow_pickle=False) if args.symbols else None
+    if raws.ndim != 2:
+        raise SystemExit(f"fastpath calibrate: {args.ticks} must hold a 2-d array (ticks, raw_len), "
+                         f"got shape {raws.shape}")
+    if syms is not None and syms.shape != (len(raws),):
+        raise SystemExit(f"fastpath calibrate: {args.symbols} must hold {len(raws)} symbols, got "
+                         f"shape {syms.shape}")
+    model = load_model(args.model)
+    n_in = model.dims[0]
+    w_default = lob.WINDOW_FIELDS if raws.shape[1] == lob.RAW_LEN else ()
+    w = _parse_fields(args.window_fields, w_default)
+    z = _parse_fields(args.z_fields, range(n_in - 2 * len(w)))
+    if len(z) + 2 * len(w) != n_in:
+        raise SystemExit(f"fastpath calibrate: {len(z)} z fields + 2 x {len(w)} window fields = "
+                         f"{len(z) + 2 * len(w)} features, but the model takes {n_in}")
+    names = lob.field_names() if raws.shape[1] == lob.RAW_LEN else ()
+    fs = FeatureSpec.fit(raws, z, w, args.window, syms, names)
+    out = model.with_feature_spec(fs)
+    out.save(args.out)
+    print(f"wrote {args.out}: raw_len {fs.raw_len}, {len(z)} z-scored fields, {len(w)} windowed "
+          f"fields over {args.window} ticks, fitted on {len(raws)} ticks")
+    return 0
+
+
+def cmd_bench(argv) -> int:
+    from fastpath.bench.run import main
+    return main(argv)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":
+        return cmd_bench(argv[1:])
+    ap = argparse.ArgumentParser(prog="fastpath", description="fastpath command line")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="kernel set, clock and default model")
+    sub.add_parser("bench", help="the latency bench (same as python bench/run.py; --help there)")
+    c = sub.add_parser("calibrate", help="fit a model's feature spec from recorded raw ticks")
+    c.add_argument("--ticks", required=True, help=".npy of recorded raw ticks, shape (n, raw_len)")
+    c.add_argument("--symbols", help=".npy of each tick's symbol (windows are per symbol)")
+    c.add_argument("--model", required=True, help="model to calibrate (.fpm or .onnx)")
+    c.add_argument("--out", required=True, help="bundle to write (.fpm)")
+    c.add_argument("--z-fields", help="raw fields to z-score, e.g. '0-111' (default: the first "
+                   "n_in - 2 x window fields)")
+    c.add_argument("--window-fields", help="raw fields with rolling mean/std, e.g. '40,60,61' "
+                   "(default: fastpath.lob.WINDOW_FIELDS for 256-wide ticks, else none)")
+    c.add_argument("--window", type=int, default=32, help="ticks in the rolling window")
+    args = ap.parse_args(argv)
+    from fastpath.errors import FastpathError
+    try:
+        return {"info": cmd_info, "calibrate": cmd_calibrate}[args.cmd](args)
+    except FastpathError as exc:
+        print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

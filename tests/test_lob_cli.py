@@ -1,0 +1,120 @@
+"""The order-book adapter (fastpath.lob), the real-data readers and the command line."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath import Engine, Model, lob
+from conftest import DATA_DIR, random_model
+
+
+def test_layout_names_and_values():
+    names = lob.field_names()
+    assert len(names) == lob.RAW_LEN == 256 and len(set(names)) == 256
+    bs = lob.generate_stream(3_000, 3, seed=1)
+    raw = lob.raw_from_book(bs)
+    assert raw.shape == (3_000, 256) and raw.dtype == np.float32 and np.isfinite(raw).all()
+    i = names.index
+    # a one-tick spread on a 0.01 grid: best bid half a tick under mid, best ask half over
+    calm = bs.regime == 0
+    assert np.allclose(raw[calm, i("spread")][:100], 1.0)
+    np.testing.assert_allclose(raw[:, i("bid_px_off_1")], -raw[:, i("spread")] / 2, atol=1e-4)
+    np.testing.assert_allclose(raw[:, i("bid_logsz_1")], np.log1p(bs.bid_sz[:, 0]), rtol=1e-6)
+    b, a = bs.bid_sz[:, 0], bs.ask_sz[:, 0]
+    np.testing.assert_allclose(raw[:, i("imb_1")], (b - a) / (b + a), atol=1e-6)
+    assert set(np.unique(raw[:, i("last_trade_sign")])) <= {-1.0, 0.0, 1.0}
+
+
+def test_regimes_change_the_book():
+    bs = lob.generate_stream(20_000, 4, seed=2)
+    raw = lob.raw_from_book(bs)
+    sp = raw[:, lob.field_names().index("spread")]
+    assert sp[bs.regime == 1].mean() > 1.5 * sp[bs.regime == 0].mean()
+    assert bs.trade_cnt[bs.regime == 1].mean() > 3 * bs.trade_cnt[bs.regime == 0].mean()
+
+
+def test_generator_is_seeded():
+    a, b = lob.generate_stream(2_000, 2, seed=5), lob.generate_stream(2_000, 2, seed=5)
+    np.testing.assert_array_equal(a.bid_px, b.bid_px)
+    np.testing.assert_array_equal(lob.raw_from_book(a), lob.raw_from_book(b))
+
+
+def test_lobster_reader(tmp_path):
+    # 3 events, 2 levels; prices in 1e-4 units; the second ask level empty in row 2
+    ob = np.array([[1001000, 5, 1000000, 7, 1002000, 3, 999000, 2],
+                   [1001000, 4, 1000000, 7, 9999999999, 0, 999000, 2],
+                   [1001000, 4, 1000000, 6, 1002000, 1, 999000, 2]], dtype=np.int64)
+    msg = np.array([[34200.0, 1, 11, 5, 1001000, -1],
+                    [34200.5, 4, 11, 1, 1001000, -1],       # sell order executed: buyer aggressor
+                    [34201.0, 4, 12, 1, 1000000, 1]])       # buy order executed: seller aggressor
+    np.savetxt(tmp_path / "ob.csv", ob, delimiter=",", fmt="%d")
+    np.savetxt(tmp_path / "msg.csv", msg, delimiter=",", fmt="%.3f")
+    bs = lob.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))
+    assert len(bs) == 3 and bs.bid_px.shape == (3, 10)
+    assert bs.ask_px[0, 0] == pytest.approx(100.1) and bs.bid_px[0, 0] == pytest.approx(100.0)
+    assert bs.ask_sz[1, 1] == 0 and bs.ask_px[1, 1] == pytest.approx(100.11)
+    np.testing.assert_allclose(bs.trade_vol, [0, 1, -1])
+    assert (np.diff(bs.ask_px[0]) > 0).all() and (np.diff(bs.bid_px[0]) < 0).all()
+    raw = lob.raw_from_book(bs)
+    assert np.isfinite(raw).all()
+
+
+def test_lobster_mismatch(tmp_path):
+    np.savetxt(tmp_path / "ob.csv", np.ones((2, 4)), delimiter=",")
+    np.savetxt(tmp_path / "msg.csv", np.ones((3, 6)), delimiter=",")
+    with pytest.raises(ValueError, match="disagree"):
+        lob.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))
+
+
+def test_binance_reader():
+    if not os.path.isdir(DATA_DIR):
+        pytest.skip("shared Binance data not present")
+    bs = lob.read_binance(DATA_DIR)
+    assert len(bs) == 6493
+    assert bs.trade_cnt.sum() == 19904
+    assert (bs.ask_px[:, 0] > bs.bid_px[:, 0]).all()
+    raw = lob.raw_from_book(bs)
+    assert np.isfinite(raw).all()
+    eng = Engine(fastpath._build.DEMO_MODEL)
+    res = eng.step_batch(raw, bs.symbols, bs.ts_ns)
+    assert np.isfinite(res.signal).all()
+
+
+def _cli(*args):
+    # run outside the checkout so the installed package is imported, not the source folder
+    return subprocess.run([sys.executable, "-m", "fastpath.cli", *args], capture_output=True,
+                          text=True, timeout=120, cwd=os.path.dirname(fastpath.__file__) + "/..")
+
+
+def test_cli_info():
+    out = _cli("info")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["simd"] in ("avx2", "scalar") and info["default_model"]["dims"] == [128, 64, 32, 2]
+
+
+def test_cli_calibrate(tmp_path):
+    rng = np.random.default_rng(0)
+    raws = (rng.standard_normal((500, 20)) * 4 + 3).astype(np.float32)
+    np.save(tmp_path / "t.npy", raws)
+    random_model(rng, [14, 8, 2]).save(tmp_path / "m.fpm")
+    out = _cli("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "m.fpm"),
+               "--out", str(tmp_path / "c.fpm"), "--z-fields", "0-9,12,15",
+               "--window-fields", "3", "--window", "8")
+    assert out.returncode == 0, out.stderr
+    m = Model.load(tmp_path / "c.fpm")
+    fs = m.feature_spec
+    assert list(fs.z_idx) == list(range(10)) + [12, 15] and list(fs.w_idx) == [3]
+    feats = fs.apply(raws)
+    np.testing.assert_allclose(feats.mean(0), 0, atol=1e-4)
+    np.testing.assert_allclose(feats.std(0), 1, atol=1e-3)
+    bad = _cli("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "m.fpm"),
+               "--out", str(tmp_path / "d.fpm"), "--z-fields", "0-3")
+    assert bad.returncode != 0 and "features, but the model takes 14" in bad.stderr
+    bad = _cli("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "nope.fpm"),
+               "--out", str(tmp_path / "d.fpm"))
+    assert bad.returncode == 2 and "cannot read model file" in bad.stderr
