@@ -344,3 +344,13 @@ def test_gpu_backend_without_gpu_is_clear():
     assert eng.backend == "cpu" and eng.backend_reason.startswith("auto: cpu chosen")
     with pytest.raises(ConfigError, match="backend must be"):
         Engine(m, backend="fpga")
+
+
+def test_example_config_loads():
+    import os
+    from fastpath.control.config import load_config
+    p = os.path.join(os.path.dirname(__file__), "..", "fastpath.example.toml")
+    cfg = load_config(p)
+    assert cfg.n_symbols == 4096 and cfg.cache.cos_threshold == 0.999
+    eng = Engine(windowed_model(np.random.default_rng(0)), config=p)
+    assert eng.n_symbols == 4096
