@@ -407,6 +407,11 @@ cdef class Engine:
         fp_engine_reset(self._e)
 
     @property
+    def ticks(self):
+        """Ticks applied since creation or the last reset()."""
+        return self._e.ticks
+
+    @property
     def feature_path(self):
         """'runs' (contiguous loads over runs of consecutive fields) or 'gather'."""
         return "runs" if self._e.fs.n_runs else "gather"

@@ -1,0 +1,190 @@
+"""atheris fuzz targets for every public entry point that takes outside input.
+
+    python tests/fuzz/fuzz.py step -atheris_runs=20000
+    python tests/fuzz/fuzz.py {step,batch,bundle,onnx,config} [libFuzzer flags]
+
+A target passes an input when the call either works or raises one of the exception types
+fastpath documents for bad input; anything else (another exception, a crash, a sanitizer
+report, a NaN signal, a result outside its range) stops the run. Run it against the
+FASTPATH_SANITIZE=1 build to have AddressSanitizer and UBSan watch the C side too.
+"""
+import os
+import sys
+import tempfile
+
+import atheris
+
+with atheris.instrument_imports():
+    import numpy as np
+    import fastpath
+    from fastpath import ConfigError, Engine, FastpathError, InputError, Model, ModelError
+    from fastpath.model import CachePolicy, FeatureSpec, Layer
+
+EXPECTED = (FastpathError, TypeError, OverflowError)
+DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8, ">f4", np.bool_]
+
+
+def _model():
+    rng = np.random.default_rng(0)
+    fs = FeatureSpec(24, np.arange(0, 20), np.array([3, 7]), 4,
+                     rng.standard_normal(24).astype(np.float32), np.ones(24, np.float32))
+    layers = (Layer(rng.standard_normal((9, 24)) * 0.3, rng.standard_normal(9), "tanh"),
+              Layer(rng.standard_normal((2, 9)), np.zeros(2), "identity"))
+    return Model(layers, fs, CachePolicy(max_age_ns=1000, max_run=3))
+
+
+MODEL = _model()
+ENGINES = {isa: Engine(MODEL, config={"engine": {"simd": isa, "n_symbols": 8}})
+           for isa in fastpath._engine.supported_isas()}
+BUNDLE = None
+
+
+def _array(fdp, n_max=64):
+    kind = fdp.ConsumeIntInRange(0, 5)
+    dt = DTYPES[fdp.ConsumeIntInRange(0, len(DTYPES) - 1)]
+    if kind == 0:
+        shape = (24,)
+    elif kind == 1:
+        shape = (fdp.ConsumeIntInRange(0, n_max),)
+    elif kind == 2:
+        shape = (fdp.ConsumeIntInRange(0, 4), fdp.ConsumeIntInRange(0, 30))
+    else:
+        shape = (24,)
+    n = int(np.prod(shape))
+    vals = fdp.ConsumeFloatListInRange(n, -1e30, 1e30) if fdp.ConsumeBool() else \
+        fdp.ConsumeRegularFloatList(n) if hasattr(fdp, "ConsumeRegularFloatList") else \
+        [fdp.ConsumeFloat() for _ in range(n)]
+    vals = (list(vals) + [0.0] * n)[:n]
+    with np.errstate(all="ignore"):
+        a = np.array(vals, dtype=np.float64).astype(dt).reshape(shape)
+    if kind == 4:
+        a = np.repeat(a, 2)[::2]                       # non-contiguous view
+    if kind == 5 and fdp.ConsumeBool():
+        a = a.copy()
+        a.flags.writeable = False
+    return a
+
+
+def _check_result(r):
+    assert -1.0 <= r.signal <= 1.0 and 0.0 <= r.confidence <= 1.0, r
+    assert r.latency.total_ns >= 0
+
+
+def target_step(data):
+    fdp = atheris.FuzzedDataProvider(data)
+    eng = ENGINES[fdp.PickValueInList(sorted(ENGINES))]
+    for _ in range(fdp.ConsumeIntInRange(1, 4)):
+        raw = _array(fdp)
+        sym = fdp.ConsumeIntInRange(-3, 12) if fdp.ConsumeBool() else fdp.ConsumeInt(9)
+        ts = None if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-5, 2**63 - 1)
+        before = eng.ticks
+        try:
+            r = eng.step(raw, sym, ts)
+        except EXPECTED:
+            assert eng.ticks == before     # a rejected tick changes nothing
+            continue
+        _check_result(r)
+        if fdp.ConsumeIntInRange(0, 20) == 0:
+            eng.reset()
+
+
+def target_batch(data):
+    fdp = atheris.FuzzedDataProvider(data)
+    eng = ENGINES[fdp.PickValueInList(sorted(ENGINES))]
+    raws = _array(fdp, 200)
+    n = raws.shape[0] if raws.ndim else 0
+    syms = np.array([fdp.ConsumeIntInRange(-2, 10) for _ in range(max(n, 0))])
+    if fdp.ConsumeBool() and len(syms):
+        syms = syms[:-1]
+    ts = None if fdp.ConsumeBool() else np.array([fdp.ConsumeIntInRange(-2, 50) for _ in syms])
+    before = eng.ticks
+    try:
+        res = eng.step_batch(raws, syms, ts)
+    except EXPECTED:
+        assert eng.ticks == before
+        return
+    assert np.all(np.abs(res.signal) <= 1) and np.all((res.confidence >= 0) & (res.confidence <= 1))
+
+
+def target_bundle(data):
+    global BUNDLE
+    if BUNDLE is None:
+        with tempfile.TemporaryDirectory() as d:
+            MODEL.save(os.path.join(d, "m.fpm"))
+            with open(os.path.join(d, "m.fpm"), "rb") as f:
+                BUNDLE = f.read()
+    fdp = atheris.FuzzedDataProvider(data)
+    mode = fdp.ConsumeIntInRange(0, 3)
+    blob = bytearray(BUNDLE)
+    if mode == 0:                                     # flip bytes
+        for _ in range(fdp.ConsumeIntInRange(1, 8)):
+            blob[fdp.ConsumeIntInRange(0, len(blob) - 1)] ^= fdp.ConsumeIntInRange(1, 255)
+    elif mode == 1:                                   # truncate
+        blob = blob[:fdp.ConsumeIntInRange(0, len(blob))]
+    elif mode == 2:                                   # raw bytes
+        blob = bytearray(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 4096)))
+    else:                                             # rewrite the header, fix the CRC
+        import json, struct, zlib
+        hlen = struct.unpack("<I", BUNDLE[12:16])[0]
+        head = json.loads(BUNDLE[16:16 + hlen])
+        key = fdp.PickValueInList(["layers", "feature_spec", "cache_policy", "arrays"])
+        head[key] = fdp.PickValueInList([None, 1, "x", [], {}, [{"activation": "gelu"}],
+                                         {"raw_len": -1, "window": 0, "field_names": []}])
+        hb = json.dumps(head).encode()
+        body = BUNDLE[:12] + struct.pack("<I", len(hb)) + hb
+        body += b"\0" * ((-len(body)) % 64) + BUNDLE[16 + hlen + ((-(16 + hlen)) % 64):-12]
+        blob = bytearray(body + struct.pack("<I", zlib.crc32(body)) + BUNDLE[-8:])
+    try:
+        m = Model.from_bytes(bytes(blob))
+    except ModelError:
+        return
+    Engine(m).step(np.zeros(m.raw_len, np.float32))   # whatever loads must run
+
+
+def target_onnx(data):
+    fdp = atheris.FuzzedDataProvider(data)
+    blob = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 2048))
+    with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
+        f.write(blob)
+        f.flush()
+        try:
+            m = Model.from_onnx(f.name)
+        except ModelError:
+            return
+    Engine(m).step(np.zeros(m.raw_len, np.float32))
+
+
+def target_config(data):
+    fdp = atheris.FuzzedDataProvider(data)
+    keys = ["engine", "cache", "n_symbols", "simd", "backend", "latency_records", "enabled",
+            "cos_threshold", "norm_tol", "max_age_ns", "max_run", "x"]
+    vals = ["1", "0", "-1", "4096", "1.5", "nan", "inf", "true", "\"avx2\"", "\"scalar\"",
+            "\"auto\"", "\"gpu\"", "[]", "{}", "\"\"", "99999999999999999999", "65536"]
+    lines = []
+    for _ in range(fdp.ConsumeIntInRange(0, 8)):
+        if fdp.ConsumeIntInRange(0, 3) == 0:
+            lines.append(f"[{fdp.PickValueInList(keys)}]")
+        else:
+            lines.append(f"{fdp.PickValueInList(keys)} = {fdp.PickValueInList(vals)}")
+    if fdp.ConsumeBool():
+        lines.append(fdp.ConsumeUnicodeNoSurrogates(40))
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write("\n".join(lines))
+    try:
+        eng = Engine(MODEL, config=f.name)
+    except (ConfigError, fastpath.BackendError):
+        return
+    finally:
+        os.unlink(f.name)
+    _check_result(eng.step(np.zeros(24, np.float32), 0))
+
+
+TARGETS = {"step": target_step, "batch": target_batch, "bundle": target_bundle,
+           "onnx": target_onnx, "config": target_config}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in TARGETS:
+        sys.exit(f"usage: fuzz.py {{{','.join(TARGETS)}}} [libFuzzer flags]")
+    target = TARGETS[sys.argv.pop(1)]
+    atheris.Setup(sys.argv, target)
+    atheris.Fuzz()
