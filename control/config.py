@@ -17,9 +17,13 @@ SIMD_CHOICES = ("auto", "avx2", "scalar")
 BACKENDS = ("cpu", "gpu", "auto")
 
 
-def _check(key: str, value: Any, typ: type, lo=None, hi=None, choices=None) -> Any:
+def _check(key: str, value: Any, typ, lo=None, hi=None, choices=None) -> Any:
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if typ == (str, int):      # placement.core: "auto" or a CPU number
+        if isinstance(value, bool) or not (value == "auto" or isinstance(value, int) and 0 <= value < 1 << 16):
+            raise ConfigError(f"{key} must be \"auto\" or a CPU number, got {value!r}")
+        return value
     if typ is not bool and isinstance(value, bool) or not isinstance(value, typ):
         raise ConfigError(f"{key} must be {typ.__name__}, got {type(value).__name__} {value!r}")
     if choices is not None and value not in choices:
@@ -47,6 +51,18 @@ _ENGINE_KEYS = {
 }
 
 
+_PLACEMENT_KEYS = {
+    "core": ((str, int), None, None, None),
+    "policy": (str, None, None, ("fifo", "rr", "other")),
+    "priority": (int, 0, 99, None),
+    "allow_priority_above_80": (bool, None, None, None),
+}
+_MEMORY_KEYS = {
+    "huge_pages": (str, None, None, ("auto", "1g", "2m", "thp", "none")),
+    "mlock": (bool, None, None, None),
+}
+
+
 def validate_cache_policy(obj: Any, prefix: str) -> None:
     for k, (typ, lo, hi, ch) in _CACHE_KEYS.items():
         _check(f"{prefix}.{k}", getattr(obj, k), typ, lo, hi, ch)
@@ -68,12 +84,40 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class PlacementConfig:
+    """Where and how the step() thread runs (applied by fastpath.control.place)."""
+    core: Any = "auto"
+    policy: str = "fifo"
+    priority: int = 50
+    allow_priority_above_80: bool = False
+
+    def __post_init__(self) -> None:
+        for k, (typ, lo, hi, ch) in _PLACEMENT_KEYS.items():
+            _check(f"placement.{k}", getattr(self, k), typ, lo, hi, ch)
+        from fastpath.control.placement import check_priority
+        check_priority(self.policy, self.priority, self.allow_priority_above_80)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Backing of the weights arena and cache slots (fastpath.control.memory)."""
+    huge_pages: str = "auto"
+    mlock: bool = True
+
+    def __post_init__(self) -> None:
+        for k, (typ, lo, hi, ch) in _MEMORY_KEYS.items():
+            _check(f"memory.{k}", getattr(self, k), typ, lo, hi, ch)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     n_symbols: int = 4096
     simd: str = "auto"
     backend: str = "cpu"
     latency_records: int = 65536
     cache: CacheConfig = field(default_factory=CacheConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     source: str = "<defaults>"
 
     def __post_init__(self) -> None:
@@ -91,7 +135,8 @@ class EngineConfig:
     def from_dict(cls, d: Mapping, source: str = "<dict>") -> "EngineConfig":
         if not isinstance(d, Mapping):
             raise ConfigError(f"config must be a mapping of sections, got {type(d).__name__}")
-        sections = {"engine": _ENGINE_KEYS, "cache": _CACHE_KEYS}
+        sections = {"engine": _ENGINE_KEYS, "cache": _CACHE_KEYS, "placement": _PLACEMENT_KEYS,
+                    "memory": _MEMORY_KEYS}
         for sec, body in d.items():
             if sec not in sections:
                 raise ConfigError(f"unknown config section [{sec}]; allowed: {sorted(sections)}")
@@ -104,7 +149,13 @@ class EngineConfig:
         cache = d.get("cache", {})
         for k, v in cache.items():
             _check(f"cache.{k}", v, *_CACHE_KEYS[k])
-        return cls(**dict(d.get("engine", {})), cache=CacheConfig(**cache), source=source)
+        for k, v in d.get("placement", {}).items():
+            _check(f"placement.{k}", v, *_PLACEMENT_KEYS[k])
+        for k, v in d.get("memory", {}).items():
+            _check(f"memory.{k}", v, *_MEMORY_KEYS[k])
+        return cls(**dict(d.get("engine", {})), cache=CacheConfig(**cache),
+                   placement=PlacementConfig(**d.get("placement", {})),
+                   memory=MemoryConfig(**d.get("memory", {})), source=source)
 
     def resolve_simd(self) -> str:
         """The kernel set to use: FASTPATH_SIMD=scalar forces scalar; 'auto' takes the best."""

@@ -42,3 +42,32 @@ double fp_fma_ns_per_instr(long iters) {
     (void)iters;
     return -1.0;
 }
+
+/* Spin for duration_ns reading the clock back to back; every gap between two reads longer
+ * than threshold_ns is counted in hist[k] for gap in [2^k, 2^(k+1)) ns (k < 40). A gap is
+ * time the core was taken away: an interrupt, a preemption, an SMI, a hypervisor exit. */
+long long fp_jitter_probe(long long duration_ns, long long threshold_ns, long long *hist,
+                          long long *max_gap_ns, long long *reads) {
+    fp_clock_init();
+    for (int k = 0; k < 40; k++) hist[k] = 0;
+    long long n = 0, gaps = 0, maxg = 0;
+    const uint64_t start = fp_ticks();
+    uint64_t prev = start;
+    for (;;) {
+        const uint64_t now = fp_ticks();
+        n++;
+        const long long g = fp_ticks_to_ns(now - prev);
+        if (g > threshold_ns) {
+            int k = 0;
+            while (k < 39 && (1LL << (k + 1)) <= g) k++;
+            hist[k]++;
+            gaps++;
+            if (g > maxg) maxg = g;
+        }
+        prev = now;
+        if (fp_ticks_to_ns(now - start) >= duration_ns) break;
+    }
+    *max_gap_ns = maxg;
+    *reads = n;
+    return gaps;
+}

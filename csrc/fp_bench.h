@@ -3,4 +3,8 @@
 #define FP_BENCH_H
 /* ns per 8-lane FMA instruction at full throughput; < 0 where AVX2+FMA is missing */
 double fp_fma_ns_per_instr(long iters);
+/* spin on this core for duration_ns; histogram (40 log2 buckets) of clock gaps above
+ * threshold_ns; returns the number of gaps */
+long long fp_jitter_probe(long long duration_ns, long long threshold_ns, long long *hist,
+                          long long *max_gap_ns, long long *reads);
 #endif

@@ -18,8 +18,10 @@ void fp_engine_free(fp_engine *e) {
     fp_aligned_free(e->fs.runs);
     fp_aligned_free(e->fs.mean);
     fp_aligned_free(e->fs.inv_std);
-    fp_aligned_free(e->slots);
-    fp_aligned_free(e->wins);
+    if (!e->state_external) {
+        fp_aligned_free(e->slots);
+        fp_aligned_free(e->wins);
+    }
     fp_aligned_free(e->pre);
     fp_aligned_free(e->feat);
     fp_aligned_free(e->buf_a);
@@ -27,6 +29,15 @@ void fp_engine_free(fp_engine *e) {
     fp_aligned_free(e->ts_scratch);
     fp_aligned_free(e->lat);
     fp_aligned_free(e);
+}
+
+void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state) {
+    fp_feature_spec fs;
+    memset(&fs, 0, sizeof(fs));
+    fs.n_w = p->n_w;
+    fs.window = p->n_w > 0 ? p->window : 1;
+    *weights = fp_mlp_arena_bytes(p->n_layers, p->dims);
+    *state = (fp_slot_stride(p->n_z + 2 * p->n_w) + fp_window_stride(&fs)) * (size_t)p->n_symbols;
 }
 
 fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
@@ -73,8 +84,16 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     }
     e->slot_stride = fp_slot_stride(n_feat);
     e->win_stride = fp_window_stride(fs);
-    e->slots = (unsigned char *)fp_aligned_alloc(e->slot_stride * p->n_symbols);
-    e->wins = (unsigned char *)fp_aligned_alloc(e->win_stride * p->n_symbols);
+    if (p->state_mem) {
+        if ((uintptr_t)p->state_mem % FP_ALIGN) { *err = FP_ERR_PARAM; fp_engine_free(e); return NULL; }
+        e->state_external = 1;
+        e->slots = (unsigned char *)p->state_mem;
+        e->wins = e->slots + e->slot_stride * p->n_symbols;
+        memset(e->slots, 0, (e->slot_stride + e->win_stride) * p->n_symbols);
+    } else {
+        e->slots = (unsigned char *)fp_aligned_alloc(e->slot_stride * p->n_symbols);
+        e->wins = (unsigned char *)fp_aligned_alloc(e->win_stride * p->n_symbols);
+    }
     const size_t w = FP_ROUND_UP((size_t)(n_feat > e->mlp.max_width ? n_feat : e->mlp.max_width), 16) + FP_SLACK;
     e->pre = (float *)fp_aligned_alloc(sizeof(float) * w);
     e->feat = (float *)fp_aligned_alloc(sizeof(float) * w);

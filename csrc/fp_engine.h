@@ -39,7 +39,8 @@ typedef struct {
     const int *dims, *acts;
     const float *const *weights;      /* row-major dims[l+1] x dims[l] */
     const float *const *biases;
-    void *arena_mem;                  /* optional, 64-byte aligned, fp_mlp_arena_bytes long */
+    void *arena_mem;                  /* optional weights arena, 64-byte aligned, see fp_engine_sizes */
+    void *state_mem;                  /* optional cache slots + windows, 64-byte aligned */
     /* cache */
     int n_symbols;
     fp_cache_policy policy;
@@ -73,6 +74,7 @@ typedef struct fp_engine {
     int n_symbols;
     unsigned char *slots; size_t slot_stride;
     unsigned char *wins; size_t win_stride;
+    int state_external;               /* slots/wins live in caller memory: do not free */
     float *pre, *feat, *buf_a, *buf_b;
     int64_t *ts_scratch;              /* n_symbols, for batch validation */
     /* counters */
@@ -80,6 +82,9 @@ typedef struct fp_engine {
     fp_lat *lat; uint64_t lat_mask;
 } fp_engine;
 
+/* Bytes the weights arena and the per-symbol state (slots, windows) need for these
+ * params, so the caller can provide them (huge pages, mlock) through arena_mem/state_mem. */
+void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state);
 fp_engine *fp_engine_create(const fp_engine_params *p, int *err);
 void fp_engine_free(fp_engine *e);
 void fp_engine_reset(fp_engine *e);          /* empty every slot, window and counter */

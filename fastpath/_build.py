@@ -28,6 +28,7 @@ class ResolvedConfig:
     latency_records: int
     simd_resolved: str
     cache: Any            # fastpath.model.CachePolicy
+    memory: Any           # fastpath.control.config.MemoryConfig
     source: Any           # fastpath.control.config.EngineConfig
 
 
@@ -63,7 +64,7 @@ def resolve(model: Any, backend: Any, config: Any):
         reason = f"auto: cpu chosen ({why})"
         backend = "cpu"
     rc = ResolvedConfig(cfg.n_symbols, cfg.latency_records, cfg.resolve_simd(),
-                        cfg.cache.apply(m.cache_policy), cfg)
+                        cfg.cache.apply(m.cache_policy), cfg.memory, cfg)
     # re-validate the merged policy
     from fastpath.model import CachePolicy
     CachePolicy(**{k: getattr(rc.cache, k) for k in ("enabled", "cos_threshold", "norm_tol",

@@ -103,6 +103,7 @@ cdef extern from "fp_engine.h" nogil:
         const float *const *weights
         const float *const *biases
         void *arena_mem
+        void *state_mem
         int n_symbols
         fp_cache_policy policy
         fp_isa isa
@@ -129,6 +130,7 @@ cdef extern from "fp_engine.h" nogil:
         uint64_t miss_reason[7]
         fp_lat *lat
         uint64_t lat_mask
+    void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state)
     fp_engine *fp_engine_create(const fp_engine_params *p, int *err)
     void fp_engine_free(fp_engine *e)
     void fp_engine_reset(fp_engine *e)
@@ -143,3 +145,5 @@ cdef extern from "fp_engine.h" nogil:
 
 cdef extern from "fp_bench.h" nogil:
     double fp_fma_ns_per_instr(long iters)
+    long long fp_jitter_probe(long long duration_ns, long long threshold_ns, long long *hist,
+                              long long *max_gap_ns, long long *reads)

@@ -62,6 +62,25 @@ def fma_ns_per_instr(long iters=20_000_000):
     return best
 
 
+def jitter_probe(double seconds, long long threshold_ns=1000):
+    """Spin on the calling thread's core for `seconds`, reading the TSC back to back, and
+    histogram every gap longer than threshold_ns (cyclictest-style, GIL released).
+    Returns {"seconds", "reads", "gaps", "max_gap_ns", "threshold_ns", "histogram":
+    [[lo_ns, hi_ns, count], ...]}."""
+    if not 0 < seconds <= 3600:
+        raise InputError(f"jitter seconds must be in (0, 3600], got {seconds}")
+    if threshold_ns < 1:
+        raise InputError(f"threshold_ns must be >= 1, got {threshold_ns}")
+    cdef long long hist[40]
+    cdef long long maxg = 0, reads = 0, gaps
+    cdef long long dur = <long long>(seconds * 1e9)
+    with nogil:
+        gaps = fp_jitter_probe(dur, threshold_ns, hist, &maxg, &reads)
+    return {"seconds": seconds, "reads": reads, "gaps": gaps, "max_gap_ns": maxg,
+            "threshold_ns": threshold_ns, "clock": fp_clock_source().decode(),
+            "histogram": [[1 << k, 1 << (k + 1), hist[k]] for k in range(40) if hist[k]]}
+
+
 def monotonic_ns():
     """CLOCK_MONOTONIC in ns: the clock the cache age uses when step() gets no ts_ns."""
     return fp_mono_ns()
@@ -160,6 +179,8 @@ cdef class Engine:
     cdef readonly int raw_len, n_features, n_symbols
     cdef readonly str simd, backend, backend_reason
     cdef readonly object model, config
+    cdef readonly object memory        # fastpath.control.memory.MemoryReport, or None
+    cdef object _region                 # keeps the control plane's mapping alive
     cdef bint _busy
 
     def __cinit__(self, model, backend="cpu", config=None):
@@ -181,6 +202,7 @@ cdef class Engine:
         cdef int L = len(layers)
         cdef fp_engine_params p
         cdef int err = 0
+        cdef size_t wbytes = 0, sbytes = 0
         z_idx = np.ascontiguousarray(fs.z_idx, dtype=np.int32)
         w_idx = np.ascontiguousarray(fs.w_idx, dtype=np.int32)
         mean = np.ascontiguousarray(fs.mean, dtype=np.float32)
@@ -217,6 +239,7 @@ cdef class Engine:
             p.weights = wp
             p.biases = bp
             p.arena_mem = NULL
+            p.state_mem = NULL
             p.n_symbols = self.config.n_symbols
             p.policy.enabled = 1 if pol.enabled else 0
             p.policy.cos_threshold = pol.cos_threshold
@@ -225,6 +248,15 @@ cdef class Engine:
             p.policy.max_run = pol.max_run
             p.isa = _ISA_BY_NAME[self.simd]
             p.lat_capacity = self.config.latency_records
+            mem_cfg = self.config.memory
+            if mem_cfg is not None:
+                # weights arena + per-symbol state in one mapping from the control plane
+                from fastpath.control.memory import allocate
+                fp_engine_sizes(&p, &wbytes, &sbytes)
+                self._region = allocate(wbytes + sbytes, mem_cfg.huge_pages, mem_cfg.mlock)
+                self.memory = self._region.report
+                p.arena_mem = <void *><size_t>self._region.addr
+                p.state_mem = <void *>(<size_t>self._region.addr + wbytes)
             self._e = fp_engine_create(&p, &err)
         finally:
             PyMem_Free(wp)

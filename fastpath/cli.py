@@ -68,6 +68,48 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    from fastpath.control import doctor
+    from fastpath.control.config import load_config
+    from fastpath.control.host import Host
+    cfg = load_config(args.config)
+    core = args.core if args.core is not None else (
+        cfg.placement.core if cfg.placement.core != "auto" else None)
+    host = Host(args.root)
+    from fastpath.control.host import sample_busy
+    busy = sample_busy(host, 0.2) if args.root == "/" else {}
+    res = doctor.run_checks(host, core, cfg.placement.policy, cfg.placement.priority,
+                            use_gpu=args.gpu, busy=busy)
+    if args.jitter:
+        import os
+        from fastpath._engine import jitter_probe
+        try:
+            os.sched_setaffinity(0, {res["core"]})
+        except OSError as exc:
+            print(f"fastpath doctor: cannot pin to CPU {res['core']}: {exc.strerror}", file=sys.stderr)
+        res["jitter"] = jitter_probe(args.jitter, args.jitter_threshold_ns)
+        res["jitter"]["cpu"] = res["core"]
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        mark = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
+        print(f"fastpath doctor: checks for CPU {res['core']} "
+              f"(placement: {'; '.join(res['placement']['reasons'])})")
+        for c in res["checks"]:
+            print(f"  [{mark[c['status']]}] {c['name']:<22} {c['detail']}")
+            if c["fix"] and c["status"] != "pass":
+                print(f"  {'':<29}fix: {c['fix']}")
+        if "jitter" in res:
+            j = res["jitter"]
+            print(f"\n  jitter on CPU {j['cpu']}: {j['seconds']} s, {j['reads']} clock reads, "
+                  f"{j['gaps']} gaps > {j['threshold_ns']} ns, max {j['max_gap_ns'] / 1000:.1f} us")
+            for lo, hi, n in j["histogram"]:
+                print(f"    {lo / 1000:>10.1f} - {hi / 1000:>10.1f} us  {n:>8}  {'#' * min(60, n.bit_length() * 4)}")
+        print(f"\n  {res['failed']} failed, {res['warned']} warnings, "
+              f"{len(res['checks']) - res['failed'] - res['warned']} passed")
+    return 1 if res["failed"] else 0
+
+
 def cmd_bench(argv) -> int:
     from fastpath.bench.run import main
     return main(argv)
@@ -80,6 +122,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fastpath", description="fastpath command line")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="kernel set, clock and default model")
+    d = sub.add_parser("doctor", help="host readiness checks, each with a verdict and a fix")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.add_argument("--jitter", type=float, metavar="SECONDS",
+                   help="spin on the chosen core this long and histogram the gaps (cyclictest-style)")
+    d.add_argument("--jitter-threshold-ns", type=int, default=1000, help="smallest gap recorded")
+    d.add_argument("--core", type=int, help="check this core instead of the one placement chooses")
+    d.add_argument("--config", help="TOML config (placement policy and priority)")
+    d.add_argument("--gpu", action="store_true", help="checks as for the GPU backend")
+    d.add_argument("--root", default="/", help=argparse.SUPPRESS)
     sub.add_parser("bench", help="the latency bench (same as python bench/run.py; --help there)")
     c = sub.add_parser("calibrate", help="fit a model's feature spec from recorded raw ticks")
     c.add_argument("--ticks", required=True, help=".npy of recorded raw ticks, shape (n, raw_len)")
@@ -94,7 +145,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from fastpath.errors import FastpathError
     try:
-        return {"info": cmd_info, "calibrate": cmd_calibrate}[args.cmd](args)
+        return {"info": cmd_info, "calibrate": cmd_calibrate, "doctor": cmd_doctor}[args.cmd](args)
     except FastpathError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,10 @@ import atheris
 with atheris.instrument_imports():
     import numpy as np
     import fastpath
+    import fastpath._build
+    import fastpath._onnx
+    import fastpath.control.config
+    import fastpath.model
     from fastpath import ConfigError, Engine, FastpathError, InputError, Model, ModelError
     from fastpath.model import CachePolicy, FeatureSpec, Layer
 

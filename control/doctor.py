@@ -1,0 +1,273 @@
+"""`fastpath doctor`: is this host ready to run the hot path, and what would fix it.
+
+Design: each check reads the host through a Host (root path, so tests run on fake trees)
+and returns a verdict (pass / warn / fail), what it saw, and the exact command or boot
+parameter that fixes it. "fail" is kept for what breaks latency for sure or makes the engine
+misbehave (the chosen core's SMT sibling busy, the clock not TSC, RT throttling on an
+RT-scheduled spinning thread); what a VM or a laptop cannot change is "warn". Nothing here
+changes the host.
+"""
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import asdict, dataclass
+
+from fastpath.control.host import Host, Topology, format_cpulist, parse_cpulist, read_topology
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _governor(host: Host, core: int) -> Check:
+    g = host.read(f"/sys/devices/system/cpu/cpu{core}/cpufreq/scaling_governor")
+    fix = f"sudo cpupower -c {core} frequency-set -g performance"
+    if g is None:
+        return Check("cpu_governor", WARN, f"cpufreq not exposed for CPU {core} (VM or fixed "
+                     f"frequency); the host decides the clock", "set the performance profile in the "
+                     f"BIOS / hypervisor")
+    if g == "performance":
+        return Check("cpu_governor", PASS, f"CPU {core} governor is performance")
+    return Check("cpu_governor", FAIL if g == "powersave" else WARN,
+                 f"CPU {core} governor is {g}: the clock ramps up after each idle gap", fix)
+
+
+def _isolation(host: Host, topo: Topology, core: int) -> list:
+    boot = f"isolcpus={core} nohz_full={core} rcu_nocbs={core}"
+    out = []
+    for name, cpus, what in (("isolcpus", topo.isolated, "the scheduler still puts other tasks on it"),
+                             ("nohz_full", topo.nohz_full, "the scheduler tick interrupts it (1-4 kHz)"),
+                             ("rcu_nocbs", topo.rcu_nocbs, "RCU callbacks run on it")):
+        if core in cpus:
+            out.append(Check(name, PASS, f"CPU {core} is in {name}={format_cpulist(cpus)}"))
+        else:
+            out.append(Check(name, WARN, f"CPU {core} not in {name} "
+                             f"({format_cpulist(cpus) or 'none'}): {what}",
+                             f"boot parameters: {boot}"))
+    return out
+
+
+def _thp(host: Host) -> Check:
+    t = host.read("/sys/kernel/mm/transparent_hugepage/enabled")
+    if t is None:
+        return Check("transparent_hugepages", WARN, "THP state not visible", "")
+    mode = t[t.find("[") + 1:t.find("]")] if "[" in t else t
+    fix = "echo madvise | sudo tee /sys/kernel/mm/transparent_hugepage/enabled"
+    if mode == "madvise":
+        return Check("transparent_hugepages", PASS, "THP madvise: the weights arena asks for it, "
+                     "nothing else is compacted behind our back")
+    if mode == "always":
+        return Check("transparent_hugepages", WARN, "THP always: khugepaged compaction can stall "
+                     "any process", fix)
+    return Check("transparent_hugepages", WARN, f"THP {mode}: the arena gets 4 KB pages unless the "
+                 f"hugetlb pool has free pages", fix)
+
+
+def _hugetlb(host: Host, need_pages: int = 4) -> Check:
+    free = host.read_int("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+    total = host.read_int("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages")
+    if free is None:
+        mi = host.meminfo()
+        free, total = mi.get("HugePages_Free"), mi.get("HugePages_Total")
+    fix = f"sudo sysctl -w vm.nr_hugepages={max(need_pages, 16)} (or hugepages=N on the boot line)"
+    if free is None:
+        return Check("hugetlb_pool", WARN, "hugetlb pool not visible", fix)
+    if free >= need_pages:
+        return Check("hugetlb_pool", PASS, f"{free} of {total} 2 MB huge pages free")
+    return Check("hugetlb_pool", WARN, f"{free} of {total} 2 MB huge pages free (the arena needs "
+                 f"{need_pages}); falls back to THP or 4 KB pages", fix)
+
+
+def _rt_runtime(host: Host, policy: str) -> Check:
+    rt = host.read_int("/proc/sys/kernel/sched_rt_runtime_us")
+    period = host.read_int("/proc/sys/kernel/sched_rt_period_us") or 1_000_000
+    fix = "sudo sysctl -w kernel.sched_rt_runtime_us=-1"
+    if rt is None:
+        return Check("sched_rt_runtime", WARN, "sched_rt_runtime_us not visible", fix)
+    if rt < 0:
+        return Check("sched_rt_runtime", PASS, "RT throttling off (sched_rt_runtime_us = -1)")
+    st = FAIL if policy in ("fifo", "rr") else WARN
+    return Check("sched_rt_runtime", st, f"sched_rt_runtime_us = {rt} of {period}: a spinning "
+                 f"SCHED_{policy.upper() if policy != 'other' else 'FIFO'} thread is stopped for "
+                 f"{(period - rt) / 1000:.0f} ms every {period / 1000:.0f} ms", fix)
+
+
+def _swap(host: Host) -> Check:
+    lines = (host.read("/proc/swaps") or "").splitlines()[1:]
+    swappiness = host.read_int("/proc/sys/vm/swappiness")
+    if not lines:
+        return Check("swap", PASS, "no swap")
+    return Check("swap", WARN, f"{len(lines)} swap device(s), swappiness {swappiness}: pages not "
+                 f"mlocked can be swapped out", "sudo swapoff -a (the arena itself is mlocked)")
+
+
+def _clocksource(host: Host) -> Check:
+    cs = host.read("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+    avail = host.read("/sys/devices/system/clocksource/clocksource0/available_clocksource") or ""
+    fix = "boot parameters: clocksource=tsc tsc=reliable"
+    if cs is None:
+        return Check("clocksource", WARN, "clocksource not visible", fix)
+    if cs == "tsc":
+        return Check("clocksource", PASS, "clocksource tsc: clock_gettime stays in the vDSO")
+    if cs == "kvm-clock":
+        return Check("clocksource", WARN, f"clocksource kvm-clock (available: {avail}): fine in a VM, "
+                     f"tsc is cheaper where the host allows it", fix)
+    return Check("clocksource", FAIL, f"clocksource {cs} (available: {avail}): clock reads may "
+                 f"trap to the kernel (~1 us)", fix)
+
+
+def _rlimits(policy: str, priority: int, arena_bytes: int) -> list:
+    out = []
+    soft, hard = resource.getrlimit(resource.RLIMIT_RTPRIO)
+    is_root = os.geteuid() == 0
+    if policy == "other":
+        out.append(Check("rlimit_rtprio", PASS, "no real-time policy asked"))
+    elif is_root or soft >= priority:
+        out.append(Check("rlimit_rtprio", PASS, f"RLIMIT_RTPRIO {soft}{' (root)' if is_root else ''}"
+                         f" allows priority {priority}"))
+    else:
+        out.append(Check("rlimit_rtprio", WARN, f"RLIMIT_RTPRIO is {soft}: SCHED_{policy.upper()} "
+                         f"{priority} will be refused and the engine runs under SCHED_OTHER",
+                         f"'<user> - rtprio {priority}' in /etc/security/limits.conf, or "
+                         f"setcap cap_sys_nice+ep on the interpreter"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    unlimited = soft == resource.RLIM_INFINITY
+    if is_root or unlimited or soft >= arena_bytes:
+        out.append(Check("rlimit_memlock", PASS, f"RLIMIT_MEMLOCK {'unlimited' if unlimited else soft}"
+                         f"{' (root)' if is_root else ''} covers the {arena_bytes} B arena"))
+    else:
+        out.append(Check("rlimit_memlock", WARN, f"RLIMIT_MEMLOCK {soft} B < {arena_bytes} B arena: "
+                         f"mlock will fail and pages can be swapped",
+                         "ulimit -l unlimited, or '<user> - memlock unlimited' in limits.conf"))
+    return out
+
+
+def _irqs(host: Host, core: int) -> list:
+    running = any((host.read(f"/proc/{p}/comm") or "") == "irqbalance"
+                  for p in host.listdir("/proc") if p.isdigit())
+    out = [Check("irqbalance", WARN if running else PASS,
+                 "irqbalance is running: it may move device IRQs onto the hot core" if running
+                 else "irqbalance not running",
+                 "sudo systemctl disable --now irqbalance" if running else "")]
+    text = host.read("/proc/interrupts")
+    if text is None:
+        out.append(Check("irqs_on_core", WARN, "/proc/interrupts not visible", ""))
+        return out
+    lines = text.splitlines()
+    cols = [c for c in lines[0].split()] if lines else []
+    name = f"CPU{core}"
+    if name not in cols:
+        out.append(Check("irqs_on_core", WARN, f"CPU {core} not in /proc/interrupts", ""))
+        return out
+    j = cols.index(name)
+    hits = []
+    for line in lines[1:]:
+        f = line.split()
+        if not f or not f[0].endswith(":") or not f[0][:-1].isdigit():
+            continue
+        try:
+            n = int(f[1 + j])
+        except (IndexError, ValueError):
+            continue
+        aff = parse_cpulist(host.read(f"/proc/irq/{f[0][:-1]}/smp_affinity_list"))
+        if n > 0 and (not aff or core in aff):
+            hits.append((f[0][:-1], n, " ".join(f[1 + len(cols):])[:40]))
+    if not hits:
+        out.append(Check("irqs_on_core", PASS, f"no device IRQ lands on CPU {core}"))
+    else:
+        names = ", ".join(f"{i} ({d or '?'}: {n})" for i, n, d in hits[:6])
+        out.append(Check("irqs_on_core", WARN, f"{len(hits)} IRQ(s) have fired on CPU {core} and "
+                         f"may again: {names}",
+                         f"for each IRQ: echo <other cpus> | sudo tee /proc/irq/<n>/smp_affinity_list "
+                         f"(or boot with irqaffinity=<other cpus>)"))
+    return out
+
+
+def _smt(host: Host, topo: Topology, core: int, busy: dict) -> Check:
+    sib = topo.siblings.get(core, [])
+    if not sib:
+        return Check("smt_sibling", PASS, f"CPU {core} has no SMT sibling online")
+    hot = [s for s in sib if busy.get(s, 0) > 0.25]
+    fix = f"echo 0 | sudo tee /sys/devices/system/cpu/cpu{sib[0]}/online (or nosmt on the boot line)"
+    if hot:
+        return Check("smt_sibling", FAIL, f"CPU {core}'s SMT sibling {hot[0]} is busy "
+                     f"({100 * busy[hot[0]]:.0f}%): it shares the core's execution units", fix)
+    iso = [s for s in sib if s in topo.isolated]
+    return Check("smt_sibling", PASS if iso else WARN,
+                 f"SMT sibling {sib[0]} of CPU {core} is idle"
+                 + (" and isolated" if iso else ", but not isolated: any task may land there"),
+                 "" if iso else fix)
+
+
+def _gpu_numa(topo: Topology, core: int, use_gpu: bool) -> Check:
+    if not topo.gpus:
+        return Check("gpu_numa", PASS, "no GPU found: the CPU backend has no PCIe trip")
+    g = topo.gpus[0]
+    node = topo.node_of(core)
+    if g.numa_node is None:
+        return Check("gpu_numa", WARN, f"GPU {g.pci} reports no NUMA node", "")
+    if node == g.numa_node:
+        return Check("gpu_numa", PASS, f"CPU {core} and GPU {g.pci} are both on NUMA node {node}")
+    local = format_cpulist(g.local_cpus or topo.nodes.get(g.numa_node, []))
+    return Check("gpu_numa", FAIL if use_gpu else WARN,
+                 f"CPU {core} is on node {node}, GPU {g.pci} on node {g.numa_node}: each PCIe trip "
+                 f"crosses the interconnect (+0.5-1 us)", f"placement.core = one of {local}")
+
+
+def _cstates(host: Host, core: int) -> Check:
+    base = f"/sys/devices/system/cpu/cpu{core}/cpuidle"
+    states = [d for d in host.listdir(base) if d.startswith("state")]
+    if not states:
+        mx = host.read("/sys/module/intel_idle/parameters/max_cstate")
+        return Check("cstates", WARN if mx is None else PASS,
+                     "cpuidle states not visible (VM: the host decides)" if mx is None
+                     else f"intel_idle.max_cstate = {mx}",
+                     "" if mx is not None else "BIOS: disable deep C-states")
+    deep = []
+    for st in states:
+        name = host.read(f"{base}/{st}/name") or st
+        lat = host.read_int(f"{base}/{st}/latency") or 0
+        disabled = host.read_int(f"{base}/{st}/disable") == 1
+        if lat > 10 and not disabled:
+            deep.append(f"{name} ({lat} us)")
+    if not deep:
+        return Check("cstates", PASS, f"no idle state deeper than 10 us enabled on CPU {core}")
+    return Check("cstates", WARN, f"CPU {core} may sleep in {', '.join(deep)}: waking costs that "
+                 f"much on the first tick after a gap",
+                 f"for s in {base}/state*/disable; do echo 1 | sudo tee $s; done "
+                 f"(or processor.max_cstate=1 intel_idle.max_cstate=0 on the boot line)")
+
+
+def run_checks(host: Host | None = None, core: int | None = None, policy: str = "fifo",
+               priority: int = 50, use_gpu: bool = False, arena_bytes: int = 8 << 20,
+               topo: Topology | None = None, busy: dict | None = None) -> dict:
+    """Every check for the core the placement would choose (or `core`)."""
+    from fastpath.control.placement import choose_core
+    host = host or Host()
+    topo = topo or read_topology(host)
+    busy = busy or {}
+    rep = choose_core(topo, "auto" if core is None else core, use_gpu, busy,
+                      sorted(os.sched_getaffinity(0)) if host.root == "/" and core is None else None)
+    c = rep.core
+    checks = [_governor(host, c)]
+    checks += _isolation(host, topo, c)
+    checks += [_thp(host), _hugetlb(host, -(-arena_bytes // (2 << 20))), _rt_runtime(host, policy),
+               _swap(host), _clocksource(host)]
+    checks += _rlimits(policy, priority, arena_bytes)
+    checks += _irqs(host, c)
+    checks.append(_smt(host, topo, c, busy))
+    checks.append(_gpu_numa(topo, c, use_gpu))
+    checks.append(_cstates(host, c))
+    return {"core": c, "placement": rep.to_dict(), "checks": [x.to_dict() for x in checks],
+            "failed": sum(x.status == FAIL for x in checks),
+            "warned": sum(x.status == WARN for x in checks)}

@@ -1,0 +1,178 @@
+"""Reading the host: every sysfs/procfs read goes through one Host object with a root path.
+
+Design: the control plane never opens /sys or /proc directly; it asks a Host, whose root is
+"/" on a real machine and a temp folder in tests, so a 2-node NUMA host with a GPU, isolated
+cores or a powersave governor can be built as files and every decision checked against it.
+Missing files are normal (VMs hide cpufreq, containers hide IRQs): reads return None and
+the callers say "not visible" instead of guessing.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def parse_cpulist(text: str | None) -> list:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]; '' or None -> []."""
+    if not text:
+        return []
+    out = []
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            b, _, stride = b.partition(":")
+            out += list(range(int(a), int(b) + 1, int(stride) if stride else 1))
+        else:
+            out.append(int(part))
+    return sorted(set(out))
+
+
+def format_cpulist(cpus) -> str:
+    cpus = sorted(set(cpus))
+    parts, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+class Host:
+    """Files of one host under `root`."""
+
+    def __init__(self, root: str = "/"):
+        self.root = root
+
+    def path(self, p: str) -> str:
+        return os.path.join(self.root, p.lstrip("/"))
+
+    def read(self, p: str) -> str | None:
+        try:
+            with open(self.path(p)) as f:
+                return f.read().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def read_int(self, p: str) -> int | None:
+        v = self.read(p)
+        try:
+            return int(v) if v is not None else None
+        except ValueError:
+            return None
+
+    def exists(self, p: str) -> bool:
+        return os.path.exists(self.path(p))
+
+    def listdir(self, p: str) -> list:
+        try:
+            return sorted(os.listdir(self.path(p)))
+        except OSError:
+            return []
+
+    def cmdline(self) -> dict:
+        """Kernel boot parameters: {'isolcpus': '2-3', 'quiet': ''}."""
+        out = {}
+        for tok in (self.read("/proc/cmdline") or "").split():
+            k, _, v = tok.partition("=")
+            out[k] = v
+        return out
+
+    def meminfo(self) -> dict:
+        out = {}
+        for line in (self.read("/proc/meminfo") or "").splitlines():
+            k, _, v = line.partition(":")
+            parts = v.split()
+            if parts:
+                try:
+                    out[k.strip()] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+                except ValueError:
+                    pass
+        return out
+
+    def cpu_times(self) -> dict:
+        """/proc/stat per CPU: cpu -> (busy jiffies, total jiffies)."""
+        out = {}
+        for line in (self.read("/proc/stat") or "").splitlines():
+            if line.startswith("cpu") and line[3:4].isdigit():
+                f = line.split()
+                vals = [int(x) for x in f[1:]]
+                idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+                out[int(f[0][3:])] = (sum(vals) - idle, sum(vals))
+        return out
+
+
+@dataclass
+class Gpu:
+    pci: str
+    vendor: str
+    numa_node: int | None
+    local_cpus: list
+
+
+@dataclass
+class Topology:
+    cpus: list                      # online CPUs
+    siblings: dict                  # cpu -> SMT siblings (without itself)
+    nodes: dict                     # NUMA node -> cpus
+    isolated: list                  # isolcpus (sysfs or boot line)
+    nohz_full: list
+    rcu_nocbs: list
+    gpus: list = field(default_factory=list)
+
+    def node_of(self, cpu: int) -> int | None:
+        for n, cs in self.nodes.items():
+            if cpu in cs:
+                return n
+        return None
+
+
+def read_topology(host: Host) -> Topology:
+    cpus = parse_cpulist(host.read("/sys/devices/system/cpu/online"))
+    if not cpus:
+        cpus = sorted(int(d[3:]) for d in host.listdir("/sys/devices/system/cpu")
+                      if d.startswith("cpu") and d[3:].isdigit())
+    siblings = {}
+    for c in cpus:
+        sib = parse_cpulist(host.read(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"))
+        siblings[c] = [s for s in sib if s != c]
+    nodes = {}
+    for n in parse_cpulist(host.read("/sys/devices/system/node/online")):
+        nodes[n] = parse_cpulist(host.read(f"/sys/devices/system/node/node{n}/cpulist"))
+    if not nodes:
+        nodes = {0: list(cpus)}
+    cmd = host.cmdline()
+    # isolcpus=[flag,...,]cpulist, flags such as domain, managed_irq, nohz
+    iso_boot = parse_cpulist(",".join(p for p in cmd.get("isolcpus", "").split(",")
+                                      if p and not p.replace("_", "").isalpha()))
+    isolated = sorted(set(parse_cpulist(host.read("/sys/devices/system/cpu/isolated")) + iso_boot))
+    nohz = sorted(set(parse_cpulist(host.read("/sys/devices/system/cpu/nohz_full")) +
+                      parse_cpulist(cmd.get("nohz_full"))))
+    rcu = parse_cpulist(cmd.get("rcu_nocbs"))
+    gpus = []
+    for dev in host.listdir("/sys/bus/pci/devices"):
+        base = f"/sys/bus/pci/devices/{dev}"
+        cls = host.read(f"{base}/class") or ""
+        vendor = host.read(f"{base}/vendor") or ""
+        if cls.startswith(("0x0302", "0x0300")) and vendor in ("0x10de", "0x1002"):
+            node = host.read_int(f"{base}/numa_node")
+            gpus.append(Gpu(dev, vendor, node if node is not None and node >= 0 else None,
+                            parse_cpulist(host.read(f"{base}/local_cpulist"))))
+    return Topology(cpus, siblings, nodes, isolated, nohz, rcu, gpus)
+
+
+def sample_busy(host: Host, interval_s: float = 0.2) -> dict:
+    """Fraction of each CPU's time spent busy over `interval_s` (from /proc/stat)."""
+    import time
+    a = host.cpu_times()
+    time.sleep(interval_s)
+    b = host.cpu_times()
+    out = {}
+    for c in b:
+        if c in a and b[c][1] > a[c][1]:
+            out[c] = (b[c][0] - a[c][0]) / (b[c][1] - a[c][1])
+    return out

@@ -1,0 +1,321 @@
+"""The control plane on a fake 2-node host (files in a temp dir) and, where it can be, for real."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from fastpath import ConfigError, Engine
+from fastpath.control import doctor
+from fastpath.control.host import Host, format_cpulist, parse_cpulist, read_topology
+from fastpath.control.memory import allocate, smaps_entry
+from fastpath.control.placement import apply, choose_core, place
+from conftest import windowed_model
+
+# 8 CPUs, SMT pairs (0,4) (1,5) (2,6) (3,7); node 0 = 0,1,4,5; node 1 = 2,3,6,7;
+# an NVIDIA GPU on node 1; CPUs 3 and 7 isolated; a host that is badly tuned in every way.
+FAKE = {
+    "sys/devices/system/cpu/online": "0-7",
+    "sys/devices/system/cpu/isolated": "3,7",
+    "sys/devices/system/cpu/nohz_full": "3,7",
+    "sys/devices/system/node/online": "0-1",
+    "sys/devices/system/node/node0/cpulist": "0-1,4-5",
+    "sys/devices/system/node/node1/cpulist": "2-3,6-7",
+    "sys/bus/pci/devices/0000:81:00.0/class": "0x030200",
+    "sys/bus/pci/devices/0000:81:00.0/vendor": "0x10de",
+    "sys/bus/pci/devices/0000:81:00.0/numa_node": "1",
+    "sys/bus/pci/devices/0000:81:00.0/local_cpulist": "2-3,6-7",
+    "sys/bus/pci/devices/0000:00:1f.0/class": "0x060100",
+    "sys/bus/pci/devices/0000:00:1f.0/vendor": "0x8086",
+    "sys/kernel/mm/transparent_hugepage/enabled": "always madvise [never]",
+    "sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages": "0",
+    "sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages": "0",
+    "sys/devices/system/clocksource/clocksource0/current_clocksource": "hpet",
+    "sys/devices/system/clocksource/clocksource0/available_clocksource": "tsc hpet acpi_pm",
+    "proc/cmdline": "BOOT_IMAGE=/vmlinuz root=/dev/sda1 isolcpus=domain,managed_irq,3,7 "
+                    "nohz_full=3,7 rcu_nocbs=3,7 quiet",
+    "proc/sys/kernel/sched_rt_runtime_us": "950000",
+    "proc/sys/kernel/sched_rt_period_us": "1000000",
+    "proc/sys/vm/swappiness": "60",
+    "proc/swaps": "Filename Type Size Used Priority\n/swapfile file 2097148 0 -2",
+    "proc/meminfo": "MemTotal: 32000000 kB\nHugePages_Total: 0\nHugePages_Free: 0\n",
+    "proc/4242/comm": "irqbalance",
+    "proc/1/comm": "systemd",
+    "proc/interrupts": textwrap.dedent("""\
+                   CPU0       CPU1       CPU2       CPU3       CPU4       CPU5       CPU6       CPU7
+          0:         10          0          0          0          0          0          0          0   IO-APIC   2-edge      timer
+         24:          0          0          0       5000          0          0          0          0   PCI-MSI 1-edge      eth0-rx-0
+         25:          0          0       9000          0          0          0          0          0   PCI-MSI 2-edge      nvme0q1
+        NMI:          0          0          0          0          0          0          0          0   Non-maskable interrupts
+        """),
+    "proc/irq/24/smp_affinity_list": "3",
+    "proc/irq/25/smp_affinity_list": "2",
+}
+for c in range(8):
+    FAKE[f"sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"] = f"{c % 4},{c % 4 + 4}"
+    FAKE[f"sys/devices/system/cpu/cpu{c}/cpufreq/scaling_governor"] = "powersave"
+    for k, (name, lat) in enumerate((("POLL", 0), ("C1", 2), ("C6", 133))):
+        FAKE[f"sys/devices/system/cpu/cpu{c}/cpuidle/state{k}/name"] = name
+        FAKE[f"sys/devices/system/cpu/cpu{c}/cpuidle/state{k}/latency"] = str(lat)
+        FAKE[f"sys/devices/system/cpu/cpu{c}/cpuidle/state{k}/disable"] = "0"
+
+
+def make_host(tmp_path, **override):
+    files = dict(FAKE)
+    files.update(override)
+    for rel, text in files.items():
+        if text is None:
+            continue
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return Host(str(tmp_path))
+
+
+def test_cpulists():
+    assert parse_cpulist("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpulist("0-7:2") == [0, 2, 4, 6]
+    assert parse_cpulist("") == [] and parse_cpulist(None) == []
+    assert format_cpulist([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+
+
+def test_topology(tmp_path):
+    t = read_topology(make_host(tmp_path))
+    assert t.cpus == list(range(8))
+    assert t.siblings[3] == [7] and t.siblings[4] == [0]
+    assert t.nodes == {0: [0, 1, 4, 5], 1: [2, 3, 6, 7]}
+    assert t.isolated == [3, 7] and t.nohz_full == [3, 7] and t.rcu_nocbs == [3, 7]
+    assert len(t.gpus) == 1 and t.gpus[0].numa_node == 1 and t.gpus[0].local_cpus == [2, 3, 6, 7]
+    assert t.node_of(6) == 1
+
+
+def test_gpu_node_and_isolation_preferred(tmp_path):
+    t = read_topology(make_host(tmp_path))
+    rep = choose_core(t, use_gpu=True, busy={})
+    assert rep.core in (3, 7) and rep.numa_node == 1 and rep.gpu_numa_node == 1
+    assert any("isolated" in r for r in rep.reasons)
+
+
+def test_busy_sibling_avoided(tmp_path):
+    t = read_topology(make_host(tmp_path))
+    # 7 busy: 7 is out, and 3 (its sibling) too; next best on the GPU node: 2 or 6
+    rep = choose_core(t, use_gpu=True, busy={7: 0.9})
+    assert rep.core in (2, 6)
+    assert any("SMT sibling busy, avoided: 3" in r for r in rep.reasons)
+    assert any("busy (> 25%), avoided: 7" in r for r in rep.reasons)
+
+
+def test_without_gpu_isolated_core_on_any_node(tmp_path):
+    t = read_topology(make_host(tmp_path))
+    assert choose_core(t, use_gpu=False, busy={}).core in (3, 7)
+    # isolation gone: not CPU 0, highest idle core
+    t2 = read_topology(make_host(tmp_path / "b", **{"sys/devices/system/cpu/isolated": "",
+                                                   "sys/devices/system/cpu/nohz_full": "",
+                                                   "proc/cmdline": "quiet"}))
+    rep = choose_core(t2, busy={5: 0.5, 6: 0.1})
+    assert rep.core == 7 and rep.core != 0
+    rep = choose_core(t2, busy={c: 0.9 for c in range(1, 8)})
+    assert rep.core == 0 and rep.warnings
+
+
+def test_explicit_core(tmp_path):
+    t = read_topology(make_host(tmp_path))
+    rep = choose_core(t, core=1, use_gpu=True)
+    assert rep.core == 1 and any("NUMA node 0 but the GPU is on node 1" in w for w in rep.warnings)
+    with pytest.raises(ConfigError, match="placement.core = 12 is not an online CPU"):
+        choose_core(t, core=12)
+
+
+def test_priority_rules():
+    from fastpath.control.placement import check_priority
+    check_priority("fifo", 80, False)
+    with pytest.raises(ConfigError, match="priority 81 > 80 refused"):
+        check_priority("fifo", 81, False)
+    check_priority("fifo", 90, True)
+    with pytest.raises(ConfigError, match="must be 0 with policy 'other'"):
+        check_priority("other", 5, False)
+
+
+def _by_name(res):
+    return {c["name"]: c for c in res["checks"]}
+
+
+def test_doctor_on_badly_tuned_host(tmp_path):
+    host = make_host(tmp_path)
+    res = doctor.run_checks(host, policy="fifo", use_gpu=True, busy={7: 0.8})
+    c = _by_name(res)
+    names = {"cpu_governor", "isolcpus", "nohz_full", "rcu_nocbs", "transparent_hugepages",
+             "hugetlb_pool", "sched_rt_runtime", "swap", "clocksource", "rlimit_rtprio",
+             "rlimit_memlock", "irqbalance", "irqs_on_core", "smt_sibling", "gpu_numa", "cstates"}
+    assert names <= set(c)
+    core = res["core"]
+    assert core == 6                              # node 1; 7 busy, 3 has 7 as sibling
+    assert c["cpu_governor"]["status"] == "fail" and "frequency-set -g performance" in c["cpu_governor"]["fix"]
+    assert c["isolcpus"]["status"] == "warn" and f"isolcpus={core}" in c["isolcpus"]["fix"]
+    assert c["transparent_hugepages"]["status"] == "warn" and "madvise" in c["transparent_hugepages"]["fix"]
+    assert c["hugetlb_pool"]["status"] == "warn" and "nr_hugepages" in c["hugetlb_pool"]["fix"]
+    assert c["sched_rt_runtime"]["status"] == "fail" and "=-1" in c["sched_rt_runtime"]["fix"]
+    assert c["swap"]["status"] == "warn" and "swapoff" in c["swap"]["fix"]
+    assert c["clocksource"]["status"] == "fail" and "clocksource=tsc" in c["clocksource"]["fix"]
+    assert c["irqbalance"]["status"] == "warn"
+    assert c["smt_sibling"]["status"] == "warn"        # 6's sibling 2 idle but not isolated
+    assert c["gpu_numa"]["status"] == "pass"
+    assert c["cstates"]["status"] == "warn" and "C6 (133 us)" in c["cstates"]["detail"]
+    assert res["failed"] == 3                     # governor, RT throttling, clocksource
+    # the chosen core's sibling busy: a failure
+    c = _by_name(doctor.run_checks(host, core=3, busy={7: 0.8}))
+    assert c["smt_sibling"]["status"] == "fail" and "cpu7/online" in c["smt_sibling"]["fix"]
+    # with every node-1 core ruled out, placement leaves the GPU's node and says so
+    rep = choose_core(read_topology(host), use_gpu=True, busy={7: 0.8, 2: 0.9})
+    assert rep.core == 5 and any("NOT on the GPU's node" in r for r in rep.reasons)
+    assert any("PCIe trips cross nodes" in w for w in rep.warnings)
+
+
+def test_doctor_irqs_and_gpu_mismatch(tmp_path):
+    host = make_host(tmp_path)
+    c = _by_name(doctor.run_checks(host, core=3, use_gpu=True))
+    assert c["irqs_on_core"]["status"] == "warn" and "eth0-rx-0" in c["irqs_on_core"]["detail"]
+    assert c["isolcpus"]["status"] == "pass" and c["smt_sibling"]["status"] == "pass"  # 7: idle, isolated
+    c = _by_name(doctor.run_checks(host, core=1, use_gpu=True))
+    assert c["gpu_numa"]["status"] == "fail" and "2-3,6-7" in c["gpu_numa"]["fix"]
+    assert c["irqs_on_core"]["status"] == "pass"
+
+
+def test_doctor_on_well_tuned_host(tmp_path):
+    good = {f"sys/devices/system/cpu/cpu{c}/cpufreq/scaling_governor": "performance" for c in range(8)}
+    good.update({f"sys/devices/system/cpu/cpu{c}/cpuidle/state2/disable": "1" for c in range(8)})
+    good.update({
+        "sys/kernel/mm/transparent_hugepage/enabled": "always [madvise] never",
+        "sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages": "64",
+        "sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages": "64",
+        "sys/devices/system/clocksource/clocksource0/current_clocksource": "tsc",
+        "proc/sys/kernel/sched_rt_runtime_us": "-1",
+        "proc/swaps": "Filename Type Size Used Priority",
+        "proc/4242/comm": "sshd",
+    })
+    res = doctor.run_checks(make_host(tmp_path, **good), core=7)
+    c = _by_name(res)
+    for name in ("cpu_governor", "isolcpus", "nohz_full", "rcu_nocbs", "transparent_hugepages",
+                 "hugetlb_pool", "sched_rt_runtime", "swap", "clocksource", "irqbalance",
+                 "irqs_on_core", "cstates"):
+        assert c[name]["status"] == "pass", (name, c[name])
+    assert res["failed"] == 0
+
+
+def test_doctor_on_this_machine_cli():
+    """Real host: every check printed with a verdict; --json parses and lists the same checks."""
+    cmd = [sys.executable, "-m", "fastpath.cli", "doctor"]
+    cwd = os.path.dirname(os.path.dirname(os.path.abspath(__import__("fastpath").__file__)))
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=cwd)
+    js = subprocess.run(cmd + ["--json", "--jitter", "0.05"], capture_output=True, text=True,
+                        timeout=60, cwd=cwd)
+    data = json.loads(js.stdout)
+    assert len(data["checks"]) >= 16
+    for c in data["checks"]:
+        assert c["status"] in ("pass", "warn", "fail")
+        assert f"[{c['status'].upper()}] {c['name']}" in text.stdout
+    assert text.returncode == (1 if data["failed"] else 0)
+    assert data["jitter"]["reads"] > 0 and data["jitter"]["cpu"] == data["core"]
+
+
+def test_affinity_applied_for_real():
+    code = textwrap.dedent("""
+        import json, os
+        from fastpath.control.placement import place
+        rep = place({"placement": {"policy": "other", "priority": 0}})
+        print(json.dumps(rep.to_dict()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd="/")
+    rep = json.loads(out.stdout)
+    assert rep["affinity_applied"] and rep["affinity_now"] == [rep["core"]]
+    assert rep["policy_granted"] == "SCHED_OTHER"
+
+
+def test_fifo_refused_without_privilege_for_real():
+    """An unprivileged process asks for SCHED_FIFO 50: refused, keeps running, and says why."""
+    code = textwrap.dedent("""
+        import json, os, resource
+        import fastpath, fastpath.control.config, fastpath.control.placement  # before dropping root
+        if os.geteuid() == 0:
+            resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+            os.setgid(65534); os.setuid(65534)          # nobody: no CAP_SYS_NICE
+        from fastpath.control.placement import place
+        rep = place({"placement": {"policy": "fifo", "priority": 50}})
+        print(json.dumps(rep.to_dict()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd="/")
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    if rep["policy_granted"] == "SCHED_FIFO":
+        pytest.skip("this process may use SCHED_FIFO even unprivileged")
+    assert rep["policy_granted"] == "SCHED_OTHER" and "RLIMIT_RTPRIO" in rep["sched_refused"]
+
+
+def test_fifo_granted_when_privileged():
+    if os.geteuid() != 0:
+        pytest.skip("needs root or CAP_SYS_NICE")
+    code = textwrap.dedent("""
+        import json
+        from fastpath.control.placement import place
+        rep = place({"placement": {"policy": "fifo", "priority": 10}})
+        print(json.dumps(rep.to_dict()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd="/")
+    rep = json.loads(out.stdout)
+    assert rep["policy_granted"] == "SCHED_FIFO" and rep["priority_granted"] == 10
+    assert rep["sched_refused"] is None
+
+
+# -------------------------------------------------------------------------- memory
+@pytest.mark.parametrize("mode", ["auto", "thp", "none"])
+def test_arena_backing_read_back(mode):
+    r = allocate(3 << 20, mode, lock=True)
+    rep = r.report
+    assert r.addr % 64 == 0 and r.size >= 3 << 20
+    assert rep.tried[-1][1] == "ok" and rep.method in ("hugetlb-2m", "thp", "normal")
+    sm = smaps_entry(r.addr)
+    assert sm.get("KernelPageSize") == rep.kernel_page_kb      # read back, not assumed
+    if mode == "none":
+        assert rep.method == "normal" and rep.page_size.endswith("K")
+    if os.geteuid() == 0:
+        assert rep.mlock == "ok"
+
+
+def test_engine_arena_from_control_plane():
+    m = windowed_model(np.random.default_rng(0))
+    a = Engine(m, config={"engine": {"n_symbols": 64}, "memory": {"huge_pages": "none"}})
+    b = Engine(m, config={"engine": {"n_symbols": 64}, "memory": {"huge_pages": "thp", "mlock": False}})
+    assert a.memory.method == "normal" and b.memory.method in ("thp", "normal")
+    x = np.random.default_rng(1).standard_normal((50, m.raw_len)).astype(np.float32)
+    s = np.arange(50) % 64
+    np.testing.assert_array_equal(a.step_batch(x, s).signal, b.step_batch(x, s).signal)
+
+
+@pytest.mark.parametrize("cfg,key", [
+    ({"placement": {"core": -1}}, "placement.core"),
+    ({"placement": {"core": "fast"}}, "placement.core"),
+    ({"placement": {"core": 1.0}}, "placement.core"),
+    ({"placement": {"core": True}}, "placement.core"),
+    ({"placement": {"policy": "deadline"}}, "placement.policy"),
+    ({"placement": {"priority": 100}}, "placement.priority"),
+    ({"placement": {"priority": 85}}, "placement.priority"),
+    ({"placement": {"priority": 0}}, "placement.priority"),
+    ({"placement": {"policy": "other", "priority": 5}}, "placement.priority"),
+    ({"placement": {"allow_priority_above_80": "yes"}}, "placement.allow_priority_above_80"),
+    ({"placement": {"cpu": 3}}, "placement.cpu"),
+    ({"memory": {"huge_pages": "4k"}}, "memory.huge_pages"),
+    ({"memory": {"huge_pages": True}}, "memory.huge_pages"),
+    ({"memory": {"mlock": "on"}}, "memory.mlock"),
+    ({"memory": {"lock": True}}, "memory.lock"),
+])
+def test_control_config_errors_name_the_key(cfg, key):
+    from fastpath.control.config import load_config
+    with pytest.raises(ConfigError) as exc:
+        load_config(cfg)
+    assert key in str(exc.value)
