@@ -64,10 +64,11 @@ def _tables(res):
     """(title, header, rows) for every table, shared by rich and plain output."""
     out = []
     rows = []
+    miss_p50 = max(res["step_miss"]["python"]["p50"], 1)
     for label, d in (("fastpath.step() miss", res["step_miss"]["python"]),
                      ("fastpath.step() hit", res["step_hit"]["python"])):
         rows.append([label, _fmt(d["p50"]), _fmt(d["p90"]), _fmt(d["p99"]), _fmt(d["p999"]),
-                     _fmt(d["max"]), "1.0x"])
+                     _fmt(d["max"]), f"{d['p50'] / miss_p50:.2f}x"])
     for name, p in res["peers"].items():
         if not p.get("available"):
             continue
@@ -118,9 +119,16 @@ def _tables(res):
 
 def render(res) -> None:
     m = res["machine"]
+    pl = res["placement"]
+    mem = res.get("memory") or {}
     head = (f"fastpath {m['fastpath']} ({m['commit']}) on {m['cpu_model']}, simd={m['simd']}, "
-            f"clock={m['clock']['source']}, pinned cpu={res['placement'].get('cpu')}, "
-            f"{res['stream']['source']}")
+            f"clock={m['clock']['source']}, {res['stream']['source']}\n"
+            f"placement: core {pl.get('core')}, {pl.get('policy_granted', '?')} "
+            f"{pl.get('priority_granted', '')}"
+            + (f" (asked {pl.get('policy_asked')} {pl.get('priority_asked')}: {pl.get('sched_refused')})"
+               if pl.get("sched_refused") else "")
+            + (f"; arena {mem.get('method')} pages {mem.get('page_size')}, mlock {mem.get('mlock')}"
+               if mem else ""))
     skipped = [f"{n}: skipped ({p['reason']})" for n, p in res["peers"].items() if not p["available"]]
     try:
         from rich.console import Console

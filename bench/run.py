@@ -16,8 +16,9 @@ Method (printed with the results):
 - Peers (numpy, onnxruntime with one thread, PyTorch eager) run the same MLP on the same
   feature vectors, precomputed for them: they do less work than fastpath, which also extracts
   the features and consults the cache.
-- The process is pinned to one CPU (the last one unless --cpu) and BLAS/OpenMP pools to one
-  thread, so the peers' thread pools do not compete with the measured thread.
+- The control plane places the measuring thread (fastpath.control.place: core choice, and
+  SCHED_FIFO 50 unless --no-rt) and the JSON records what the host granted; BLAS/OpenMP
+  pools are held to one thread so the peers' thread pools do not compete with it.
 """
 from __future__ import annotations
 
@@ -55,16 +56,19 @@ TARGETS = {  # issue 2's bar, checked and printed, never asserted in tests
 
 
 # --------------------------------------------------------------------- setup
-def pin_cpu(cpu: int | None) -> dict:
-    cpus = sorted(os.sched_getaffinity(0))
-    want = cpus[-1] if cpu is None else cpu
+def placement(args) -> dict:
+    """Place this thread with the control plane (core, policy) and record what was granted."""
+    from fastpath.control.placement import place
+    cfg = {"placement": {"core": args.cpu if args.cpu is not None else "auto"}}
+    if args.no_rt:
+        cfg["placement"].update(policy="other", priority=0)
     try:
-        os.sched_setaffinity(0, {want})
-        return {"cpu": want, "pinned": True, "allowed_before": cpus,
-                "policy": {0: "SCHED_OTHER", 1: "SCHED_FIFO", 2: "SCHED_RR"}.get(
-                    os.sched_getscheduler(0), str(os.sched_getscheduler(0)))}
-    except OSError as exc:
-        return {"cpu": None, "pinned": False, "error": str(exc), "allowed_before": cpus}
+        rep = place(cfg)
+    except Exception as exc:  # noqa: BLE001 - the bench still runs, and says why
+        return {"core": None, "error": f"{type(exc).__name__}: {exc}"}
+    d = rep.to_dict()
+    d["summary"] = rep.lines()
+    return d
 
 
 def machine_facts() -> dict:
@@ -156,7 +160,7 @@ def run(args) -> dict:
     n_peer = 3_000 if quick else 20_000
     res: dict = {"schema_version": SCHEMA_VERSION, "quick": quick,
                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    res["placement"] = pin_cpu(args.cpu)
+    res["placement"] = placement(args)
     res["machine"] = machine_facts()
     progress = _progress(args)
 
@@ -188,6 +192,9 @@ def run(args) -> dict:
             nocache.reset()
             miss = time_calls(fastpath.step, raws, syms, n_lat, overhead)
             miss_stages = stage_dists(nocache.latency_records())
+            res["memory"] = nocache.memory.to_dict() if nocache.memory else None
+            if res["memory"]:
+                res["memory"]["page_size"] = nocache.memory.page_size
             # hits: one symbol, the same tick again, the run guard out of the way
             hit_eng = fastpath.configure({"cache": {"max_run": 2**32 - 1, "max_age_ns": 2**62},
                                           "engine": {"latency_records": _pow2(n_lat)}})
@@ -425,7 +432,9 @@ def main(argv=None) -> int:
     ap.add_argument("--data", help="Binance capture folder, or 'orderbook.csv,message.csv' (LOBSTER)")
     ap.add_argument("--ticks", type=int, help="generated ticks (default 200000, 30000 with --quick)")
     ap.add_argument("--seed", type=int, default=11, help="seed of the generated stream")
-    ap.add_argument("--cpu", type=int, help="CPU to pin to (default: the last allowed one)")
+    ap.add_argument("--cpu", type=int, help="CPU to run on (default: the control plane's choice)")
+    ap.add_argument("--no-rt", action="store_true",
+                    help="do not ask for SCHED_FIFO 50 (the default placement policy)")
     in_checkout = os.path.exists(os.path.join(HERE, "..", "setup.py"))
     ap.add_argument("--out", default=os.path.join(HERE, "results") if in_checkout else
                     os.path.join(os.getcwd(), "fastpath-bench-results"),
