@@ -397,3 +397,33 @@ class Model:
         from fastpath._onnx import layers_from_onnx
         return cls(layers_from_onnx(path), None, CachePolicy(),
                    {"source": os.path.basename(os.fspath(path))})
+
+
+def fit_cache_policy(model: "Model", raws: np.ndarray, symbols: np.ndarray, ts_ns: np.ndarray,
+                     max_error: float = 0.01, margin: float = 0.5,
+                     cos_grid=(0.999, 0.9995, 0.9998, 0.9999, 0.99995, 0.99998, 0.99999,
+                               0.999995, 0.999999),
+                     norm_grid=(0.02, 0.01, 0.005, 0.002, 0.001)) -> tuple:
+    """The cache policy with the highest hit rate whose hits, replayed in shadow against a
+    cache-less engine on these ticks, are all within margin * max_error of the fresh signal.
+    Returns (CachePolicy, report dict). Guards other than cosine and norm keep the model's."""
+    from fastpath._engine import Engine
+    budget = max_error * margin
+    fresh = Engine(model, config={"cache": {"enabled": False}}).step_batch(raws, symbols, ts_ns)
+    best, rows = None, []
+    base = model.cache_policy
+    for c in cos_grid:
+        for t in norm_grid:
+            pol = CachePolicy(True, float(c), float(t), base.max_age_ns, base.max_run)
+            r = Engine(model.with_cache_policy(pol)).step_batch(raws, symbols, ts_ns)
+            err = np.abs(r.signal - fresh.signal)[r.cached]
+            mx = float(err.max()) if len(err) else 0.0
+            rows.append({"cos_threshold": c, "norm_tol": t, "hit_rate": float(r.cached.mean()),
+                         "max_error": mx, "mean_error": float(err.mean()) if len(err) else 0.0})
+            if mx <= budget and (best is None or rows[-1]["hit_rate"] > best[1]["hit_rate"]):
+                best = (pol, rows[-1])
+    if best is None:
+        pol = CachePolicy(False, base.cos_threshold, base.norm_tol, base.max_age_ns, base.max_run)
+        return pol, {"chosen": None, "budget": budget, "grid": rows,
+                     "note": "no policy on the grid kept every hit within the budget: cache off"}
+    return best[0], {"chosen": best[1], "budget": budget, "grid": rows}
