@@ -100,6 +100,14 @@ def _tables(res):
                 f"{sh['mean_abs_signal_error']:.4f} max {sh['max_abs_signal_error']:.4f}",
                 ["regime", "ticks", "hits", "C p50", "C p99", "py p50", "py p99",
                  "hit err mean / max"], rows))
+    names = res["stream"]["regimes"]
+    rows = [[t["policy"], f"{100 * t['hit_rate']:.1f}%"]
+            + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
+            + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
+               f"{t['batch_ns_per_tick']:.0f} ns"] for t in rp.get("tradeoff", [])]
+    out.append(("What the cache buys and costs (step_batch replay, shadow error on hits)",
+                ["policy", "hits"] + [f"hits {n}" for n in names]
+                + ["err mean", "err max", "ns/tick"], rows))
     b, k = res["batch"], res["mlp_kernel"]
     rows = [["step_batch, cache off", f"{b['cache_off']['ticks_per_s'] / 1e6:.2f} M ticks/s",
              f"{b['cache_off']['ns_per_tick']:.0f} ns/tick"],

@@ -326,7 +326,34 @@ def replay_stream(model, raws, syms, ts, bs, overhead) -> dict:
     out["timeline"] = tl
     out["in_c_all"] = {s: d.summary() for s, d in stage_dists(rec).items()}
     out["python_all"] = Dist.of(py).summary()
+    out["tradeoff"] = cache_tradeoff(model, raws, syms, ts, bs, ref)
     return out
+
+
+def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal) -> list:
+    """What looser cache policies would buy (hit rate, ns per tick in step_batch) and cost
+    (signal error on hits, from the shadow recompute), per regime."""
+    pol = model.cache_policy
+    rows = []
+    for label, c, t in (("bundle default", pol.cos_threshold, pol.norm_tol),
+                        ("cos 0.99999, norm 0.002", 0.99999, 0.002),
+                        ("cos 0.9999, norm 0.005", 0.9999, 0.005),
+                        ("cos 0.999, norm 0.02", 0.999, 0.02)):
+        eng = Engine(model, config={"cache": {"enabled": True, "cos_threshold": c, "norm_tol": t}})
+        eng.step_batch(raws[:2000], syms[:2000], ts[:2000])       # warm caches and pages
+        eng.reset()
+        t0 = time.perf_counter()
+        r = eng.step_batch(raws, syms, ts)
+        dt = time.perf_counter() - t0
+        err = np.abs(r.signal - fresh_signal)
+        row = {"policy": label, "cos_threshold": c, "norm_tol": t,
+               "hit_rate": float(r.cached.mean()), "batch_ns_per_tick": dt * 1e9 / len(raws),
+               "mean_abs_error_on_hits": float(err[r.cached].mean()) if r.cached.any() else 0.0,
+               "max_abs_error_on_hits": float(err[r.cached].max()) if r.cached.any() else 0.0,
+               "regime_hit_rates": {n: float(r.cached[bs.regime == k].mean())
+                                    for k, n in enumerate(bs.regime_names) if (bs.regime == k).any()}}
+        rows.append(row)
+    return rows
 
 
 def batch_throughput(model, raws, syms, ts) -> dict:
