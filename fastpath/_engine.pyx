@@ -523,14 +523,22 @@ cdef cnp.ndarray _f32(x, str name):
     return np.ascontiguousarray(a)
 
 
-def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):
-    """(raw[idx] - mean) * inv_std with the named kernel set."""
-    cdef const fp_kernels *k = _kernels(isa)
-    cdef cnp.ndarray r = _f32(raw, "raw"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
-    cdef cnp.ndarray ix = np.ascontiguousarray(idx, dtype=np.int32)
+def _zscore_args(raw, idx, mean, inv_std):
+    """Checked, contiguous (raw, idx int32, mean, inv_std) for the z-score shims."""
+    r, m, s = _f32(raw, "raw"), _f32(mean, "mean"), _f32(inv_std, "inv_std")
+    ix = np.ascontiguousarray(idx, dtype=np.int32)
     n = len(ix)
     if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
         raise InputError("idx, mean and inv_std must have one length and idx must index raw")
+    return r, ix, m, s
+
+
+def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):
+    """(raw[idx] - mean) * inv_std with the named kernel set."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray r, ix, m, s
+    r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
+    n = len(ix)
     out = np.empty(n, np.float32)
     k.zscore_gather(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix),
                     <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
@@ -541,11 +549,9 @@ def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):
 def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):
     """(raw[idx] - mean) * inv_std through the runs kernel (idx split into consecutive runs)."""
     cdef const fp_kernels *k = _kernels(isa)
-    cdef cnp.ndarray r = _f32(raw, "raw"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
-    cdef cnp.ndarray ix = np.ascontiguousarray(idx, dtype=np.int32)
+    cdef cnp.ndarray r, ix, m, s
+    r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
     n = len(ix)
-    if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
-        raise InputError("idx, mean and inv_std must have one length and idx must index raw")
     cdef cnp.ndarray runs = np.zeros(3 * n + 3, np.int32)
     cdef int nr = fp_feature_runs(<const int32_t *>cnp.PyArray_DATA(ix), n,
                                   <int32_t *>cnp.PyArray_DATA(runs))

@@ -221,36 +221,33 @@ def test_doctor_on_this_machine_cli():
     assert data["jitter"]["reads"] > 0 and data["jitter"]["cpu"] == data["core"]
 
 
-def test_affinity_applied_for_real():
-    code = textwrap.dedent("""
-        import json, os
+def _place_in_subprocess(policy, priority, drop_root=False):
+    """place() for real in a fresh process (optionally as nobody); its report."""
+    code = textwrap.dedent(f"""
+        import json, os, resource
+        import fastpath, fastpath.control.config, fastpath.control.placement  # before dropping root
+        if {drop_root!r} and os.geteuid() == 0:
+            resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
+            os.setgid(65534); os.setuid(65534)          # nobody: no CAP_SYS_NICE
         from fastpath.control.placement import place
-        rep = place({"placement": {"policy": "other", "priority": 0}})
+        rep = place({{"placement": {{"policy": {policy!r}, "priority": {priority}}}}})
         print(json.dumps(rep.to_dict()))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd="/")
-    rep = json.loads(out.stdout)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_affinity_applied_for_real():
+    rep = _place_in_subprocess("other", 0)
     assert rep["affinity_applied"] and rep["affinity_now"] == [rep["core"]]
     assert rep["policy_granted"] == "SCHED_OTHER"
 
 
 def test_fifo_refused_without_privilege_for_real():
     """An unprivileged process asks for SCHED_FIFO 50: refused, keeps running, and says why."""
-    code = textwrap.dedent("""
-        import json, os, resource
-        import fastpath, fastpath.control.config, fastpath.control.placement  # before dropping root
-        if os.geteuid() == 0:
-            resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
-            os.setgid(65534); os.setuid(65534)          # nobody: no CAP_SYS_NICE
-        from fastpath.control.placement import place
-        rep = place({"placement": {"policy": "fifo", "priority": 50}})
-        print(json.dumps(rep.to_dict()))
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd="/")
-    assert out.returncode == 0, out.stderr
-    rep = json.loads(out.stdout)
+    rep = _place_in_subprocess("fifo", 50, drop_root=True)
     if rep["policy_granted"] == "SCHED_FIFO":
         pytest.skip("this process may use SCHED_FIFO even unprivileged")
     assert rep["policy_granted"] == "SCHED_OTHER" and "RLIMIT_RTPRIO" in rep["sched_refused"]
@@ -259,15 +256,7 @@ def test_fifo_refused_without_privilege_for_real():
 def test_fifo_granted_when_privileged():
     if os.geteuid() != 0:
         pytest.skip("needs root or CAP_SYS_NICE")
-    code = textwrap.dedent("""
-        import json
-        from fastpath.control.placement import place
-        rep = place({"placement": {"policy": "fifo", "priority": 10}})
-        print(json.dumps(rep.to_dict()))
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd="/")
-    rep = json.loads(out.stdout)
+    rep = _place_in_subprocess("fifo", 10)
     assert rep["policy_granted"] == "SCHED_FIFO" and rep["priority_granted"] == 10
     assert rep["sched_refused"] is None
 
