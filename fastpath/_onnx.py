@@ -20,13 +20,35 @@ _ACT = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 
 def _attrs(node) -> dict:
     from onnx import helper
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    try:
+        return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    except Exception as exc:  # noqa: BLE001 - onnx raises ValueError/TypeError on malformed attrs
+        raise ModelError(f"node {node.name!r} ({node.op_type}) has a malformed attribute "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+def _num(attrs: dict, key: str, default, node, name: str):
+    """A numeric attribute, or a ModelError naming the node when it has another type."""
+    v = attrs.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or v != v:
+        raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) attribute {key} is "
+                         f"{v!r}, expected a number")
+    return v
+
+
+def _tensor(t, what: str) -> np.ndarray:
+    from onnx import numpy_helper
+    if type(t).__name__ != "TensorProto":
+        raise ModelError(f"{what} is a {type(t).__name__}, expected a tensor")
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as exc:  # noqa: BLE001 - malformed tensors raise several types
+        raise ModelError(f"{what} is not a readable tensor ({type(exc).__name__}: {exc})") from None
 
 
 def layers_from_onnx(path: str | os.PathLike) -> tuple:
     try:
         import onnx
-        from onnx import numpy_helper
     except ImportError:
         raise ModelError("reading ONNX needs the onnx package: pip install 'fastpath[onnx]'") from None
     from fastpath.model import Layer
@@ -39,7 +61,7 @@ def layers_from_onnx(path: str | os.PathLike) -> tuple:
     except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types
         raise ModelError(f"{name} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
     g = model.graph
-    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    consts = {t.name: _tensor(t, f"{name}: initializer {t.name!r}") for t in g.initializer}
     inputs = [i.name for i in g.input if i.name not in consts]
     if len(inputs) != 1:
         raise ModelError(f"{name}: expected one graph input, found {inputs}")
@@ -60,29 +82,41 @@ def layers_from_onnx(path: str | os.PathLike) -> tuple:
         if op not in SUPPORTED:
             raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); fastpath "
                              f"imports MLPs built from {', '.join(SUPPORTED[:-1])}")
+        n_in = {"Gemm": (2, 3), "MatMul": (2, 2), "Add": (2, 2), "Constant": (0, 0)}.get(op, (1, 1))
+        if not n_in[0] <= len(node.input) <= n_in[1] or len(node.output) != 1 or not node.output[0]:
+            raise ModelError(f"{name}: node {node.name!r} ({op}) has {len(node.input)} inputs and "
+                             f"{len(node.output)} outputs; expected {n_in[0]}-{n_in[1]} inputs and "
+                             f"one output")
         if op == "Constant":
-            a = _attrs(node)
+            try:
+                a = _attrs(node)
+            except ModelError as exc:
+                raise ModelError(f"{name}: {exc}") from None
             if "value" not in a:
                 raise ModelError(f"{name}: Constant node {node.name!r} without a tensor value")
-            consts[node.output[0]] = numpy_helper.to_array(a["value"])
+            consts[node.output[0]] = _tensor(a["value"], f"{name}: Constant node {node.name!r}")
             continue
         if not node.input or node.input[0] != cur and not (op in ("Add", "MatMul") and cur in node.input):
             raise ModelError(f"{name}: node {node.name!r} ({op}) does not continue the chain from "
                              f"{cur!r}; fastpath imports sequential MLPs only")
+        try:
+            attrs = _attrs(node)
+        except ModelError as exc:
+            raise ModelError(f"{name}: {exc}") from None
         if op in ("Flatten", "Identity"):
-            if op == "Flatten" and _attrs(node).get("axis", 1) != 1:
+            if op == "Flatten" and _num(attrs, "axis", 1, node, name) != 1:
                 raise ModelError(f"{name}: Flatten node {node.name!r} with axis != 1")
         elif op == "Gemm":
-            a = _attrs(node)
-            if a.get("transA", 0):
+            a = attrs
+            if _num(a, "transA", 0, node, name):
                 raise ModelError(f"{name}: Gemm node {node.name!r} with transA=1 is not an MLP layer")
             B = const(node.input[1], node)
             if B.ndim != 2:
                 raise ModelError(f"{name}: Gemm node {node.name!r} weight has shape {B.shape}")
-            W = (B if a.get("transB", 0) else B.T) * float(a.get("alpha", 1.0))
+            W = (B if _num(a, "transB", 0, node, name) else B.T) * float(_num(a, "alpha", 1.0, node, name))
             b = np.zeros(W.shape[0])
             if len(node.input) > 2 and node.input[2]:
-                C = const(node.input[2], node) * float(a.get("beta", 1.0))
+                C = const(node.input[2], node) * float(_num(a, "beta", 1.0, node, name))
                 try:
                     b = np.broadcast_to(C.reshape(-1) if C.size != 1 else C.reshape(()),
                                         (W.shape[0],)).astype(np.float64)

@@ -149,3 +149,37 @@ def test_to_onnx_roundtrip_matches_onnxruntime(tmp_path, isa):
     eng = Engine(back, config=engine_cfg(isa, enabled=False))
     for i in range(20):
         assert eng.step(x[i]).signal == pytest.approx(np.tanh(out[i, 0]), abs=2e-5)
+
+
+def _save(tmp_path, nodes, inits, out="y"):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, 2])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = str(tmp_path / "f.onnx")
+    with open(p, "wb") as f:
+        f.write(m.SerializeToString())     # no checker: these graphs are malformed on purpose
+    return p
+
+
+def test_fuzz_findings_are_model_errors(tmp_path):
+    """Graphs the fuzzer found that once escaped as ValueError / TypeError / IndexError."""
+    w = numpy_helper.from_array(np.ones((2, 3), np.float32), "W")
+    # a Constant whose value is a graph, not a tensor
+    const = helper.make_node("Constant", [], ["c"])
+    const.attribute.append(helper.make_attribute("value", helper.make_graph([], "sub", [], [])))
+    p = _save(tmp_path, [const, helper.make_node("Gemm", ["x", "W"], ["y"], transB=1)], [w])
+    with pytest.raises(ModelError, match="Constant node .* expected a tensor"):
+        Model.from_onnx(p)
+    # a Gemm whose alpha is a string
+    p = _save(tmp_path, [helper.make_node("Gemm", ["x", "W"], ["y"], transB=1, alpha="big")], [w])
+    with pytest.raises(ModelError, match="attribute alpha is .*expected a number"):
+        Model.from_onnx(p)
+    # a node without outputs
+    p = _save(tmp_path, [helper.make_node("Gemm", ["x", "W"], [], transB=1)], [w])
+    with pytest.raises(ModelError, match="0 outputs"):
+        Model.from_onnx(p)
+    # a MatMul with one input
+    p = _save(tmp_path, [helper.make_node("MatMul", ["x"], ["y"])], [w])
+    with pytest.raises(ModelError, match="1 inputs"):
+        Model.from_onnx(p)

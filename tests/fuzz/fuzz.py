@@ -21,6 +21,7 @@ with atheris.instrument_imports():
     import fastpath._onnx
     import fastpath.control.config
     import fastpath.model
+    import onnx
     from fastpath import ConfigError, Engine, FastpathError, InputError, Model, ModelError
     from fastpath.model import CachePolicy, FeatureSpec, Layer
 
@@ -145,9 +146,70 @@ def target_bundle(data):
     Engine(m).step(np.zeros(m.raw_len, np.float32))   # whatever loads must run
 
 
+ONNX_OPS = ["Gemm", "MatMul", "Add", "Relu", "Tanh", "Sigmoid", "Flatten", "Identity", "Constant",
+            "Softmax", "Conv", "Mul", "Transpose", "Dropout"]
+
+
+def _onnx_graph(fdp):
+    """A graph built from fuzz data: mostly the ops an MLP uses, wired mostly as a chain, with
+    shapes that mostly fit; the rest is what the importer must refuse cleanly."""
+    from onnx import TensorProto, helper, numpy_helper
+    width = fdp.ConsumeIntInRange(1, 12)
+    nodes, inits, cur = [], [], "x"
+    for i in range(fdp.ConsumeIntInRange(0, 6)):
+        op = fdp.PickValueInList(ONNX_OPS)
+        src = cur if fdp.ConsumeIntInRange(0, 9) else fdp.PickValueInList(["x", "nope", cur])
+        out = f"t{i}"
+        if op in ("Gemm", "MatMul"):
+            n_out = fdp.ConsumeIntInRange(1, 12)
+            n_in = width if fdp.ConsumeIntInRange(0, 5) else fdp.ConsumeIntInRange(1, 12)
+            shape = (n_out, n_in) if (op == "Gemm" and fdp.ConsumeBool()) else (n_in, n_out)
+            w = np.array(fdp.ConsumeFloatListInRange(n_in * n_out, -3, 3), np.float32).reshape(shape)
+            inits.append(numpy_helper.from_array(w, f"W{i}"))
+            ins = [src, f"W{i}"]
+            if op == "Gemm" and fdp.ConsumeBool():
+                b = np.array(fdp.ConsumeFloatListInRange(fdp.PickValueInList([1, n_out, n_out + 1]),
+                                                         -1, 1), np.float32)
+                inits.append(numpy_helper.from_array(b, f"B{i}"))
+                ins.append(f"B{i}")
+            attrs = {}
+            if op == "Gemm":
+                attrs = {"transB": int(shape == (n_out, n_in)), "alpha": fdp.ConsumeFloatInRange(-2, 2),
+                         "transA": int(fdp.ConsumeIntInRange(0, 9) == 0)}
+            nodes.append(helper.make_node(op, ins, [out], **attrs))
+            width = n_out
+        elif op == "Add":
+            b = np.array(fdp.ConsumeFloatListInRange(fdp.PickValueInList([1, width, width + 2]), -1, 1),
+                         np.float32)
+            inits.append(numpy_helper.from_array(b, f"A{i}"))
+            nodes.append(helper.make_node("Add", [src, f"A{i}"] if fdp.ConsumeBool() else [f"A{i}", src],
+                                          [out]))
+        elif op == "Constant":
+            c = np.array(fdp.ConsumeFloatListInRange(4, -1, 1), np.float32).reshape(2, 2)
+            nodes.append(helper.make_node("Constant", [], [out], value=numpy_helper.from_array(c)))
+            continue
+        else:
+            nodes.append(helper.make_node(op, [src], [out]))
+        cur = out
+    outs = cur if fdp.ConsumeIntInRange(0, 9) else "elsewhere"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info(outs, TensorProto.FLOAT, [1, 2])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
 def target_onnx(data):
     fdp = atheris.FuzzedDataProvider(data)
-    blob = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 2048))
+    mode = fdp.ConsumeIntInRange(0, 3)
+    if mode == 0:
+        blob = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 2048))
+    else:
+        blob = bytearray(_onnx_graph(fdp))
+        if mode == 3 and blob:                      # and damage the serialized bytes
+            for _ in range(fdp.ConsumeIntInRange(1, 4)):
+                blob[fdp.ConsumeIntInRange(0, len(blob) - 1)] ^= fdp.ConsumeIntInRange(1, 255)
+        blob = bytes(blob)
     with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
         f.write(blob)
         f.flush()
@@ -155,7 +217,8 @@ def target_onnx(data):
             m = Model.from_onnx(f.name)
         except ModelError:
             return
-    Engine(m).step(np.zeros(m.raw_len, np.float32))
+    r = Engine(m).step(np.zeros(m.raw_len, np.float32))
+    _check_result(r)
 
 
 def target_config(data):
