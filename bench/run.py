@@ -98,14 +98,15 @@ def machine_facts() -> dict:
             "platform": platform.platform()}
 
 
-def load_stream(args):
+def load_stream(args, bar):
     if args.data:
         if "," in args.data:
             ob, msg = args.data.split(",", 1)
             return lob.read_lobster(ob, msg), f"LOBSTER {os.path.basename(ob)}"
         return lob.read_binance(args.data), f"Binance {os.path.basename(os.path.abspath(args.data))}"
     n = args.ticks or (30_000 if args.quick else 200_000)
-    return lob.generate_stream(n, n_symbols=8, seed=args.seed), f"generated ({n} ticks, 8 symbols)"
+    bs = lob.generate_stream(n, n_symbols=8, seed=args.seed, progress=lambda d, t: bar(d / t * 0.6))
+    return bs, f"generated ({n} ticks, 8 symbols)"
 
 
 # ------------------------------------------------------------------- timing
@@ -164,11 +165,11 @@ def run(args) -> dict:
     res["machine"] = machine_facts()
     progress = _progress(args)
 
-    with progress("tick stream") as step:
-        bs, label = load_stream(args)
-        raws = lob.raw_from_book(bs)
+    with progress("tick stream") as bar:
+        bs, label = load_stream(args, bar)
+        raws = lob.raw_from_book(bs, progress=lambda d, t: bar(0.6 + 0.4 * d / t))
         syms, ts = bs.symbols, bs.ts_ns
-        step()
+        bar(1.0)
     res["stream"] = {"source": label, "ticks": len(bs), "symbols": int(len(np.unique(syms))),
                      "regimes": list(bs.regime_names),
                      "regime_ticks": [int((bs.regime == k).sum()) for k in range(len(bs.regime_names))]}
@@ -440,12 +441,21 @@ def _progress(args):
 
     @contextlib.contextmanager
     def phase(name):
+        """yields bar(fraction=None): fraction in [0, 1] moves the bar, no argument ends it"""
         t0 = time.time()
         if rich_ok:
-            with console.status(f"[bold]{name}[/bold] ..."):
-                yield lambda: None
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            # no auto-refresh: a refresh thread would wake up inside the timed loops
+            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                          console=console, transient=True, auto_refresh=False) as p:
+                task = p.add_task(name, total=1.0)
+
+                def bar(f=1.0):
+                    p.update(task, completed=f)
+                    p.refresh()
+                yield bar
         else:
-            yield lambda: None
+            yield lambda f=1.0: None
         if not args.json_only:
             print(f"  {name}: {time.time() - t0:.1f} s", file=sys.stderr)
     return phase

@@ -117,8 +117,9 @@ class BookStream:
         return 0.5 * (self.bid_px[:, 0] + self.ask_px[:, 0])
 
 
-def raw_from_book(bs: BookStream) -> np.ndarray:
-    """The (n, 256) float32 raw vectors for a book stream (see the module doc for the layout)."""
+def raw_from_book(bs: BookStream, progress=None) -> np.ndarray:
+    """The (n, 256) float32 raw vectors for a book stream (see the module doc for the layout).
+    progress(done_symbols, total_symbols), when given, is called per symbol."""
     n = len(bs)
     out = np.zeros((n, RAW_LEN), np.float64)
     tick = np.broadcast_to(np.asarray(bs.tick_size, np.float64), (n,))
@@ -154,7 +155,10 @@ def raw_from_book(bs: BookStream) -> np.ndarray:
     out[:, 206] = np.log1p(bs.trade_cnt)
 
     alphas = np.array([1 - 0.5 ** (1 / h) for h in HALF_LIVES])
-    for s in np.unique(bs.symbols):
+    symbols = np.unique(bs.symbols)
+    for k, s in enumerate(symbols):
+        if progress is not None:
+            progress(k, len(symbols))
         rows = np.flatnonzero(bs.symbols == s)
         # an update that leaves the visible book as it was and carries no trade is not a new
         # state: it repeats the symbol's previous vector (the per-symbol clock is book changes)
@@ -240,11 +244,12 @@ REGIMES = ("calm", "shock", "recovery")
 
 
 def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
-                    shock_at: float = 0.45, shock_len: float = 0.1) -> BookStream:
+                    shock_at: float = 0.45, shock_len: float = 0.1, progress=None) -> BookStream:
     """A seeded synthetic order book stream, several symbols interleaved, with regimes:
     calm, a shock (sweeps through several levels, 5x volatility, wide spread, heavy trading),
     then calm again ("recovery"). Level-1 imbalance predicts the next mid move, so a model
-    trained on it has a real signal to find."""
+    trained on it has a real signal to find. progress(done, total), when given, is called
+    every 10,000 ticks."""
     rng = np.random.default_rng(seed)
     L = LEVELS
     tick = 0.01
@@ -273,6 +278,8 @@ def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
     fresh = rng.lognormal(3.0, 0.6, (n_ticks, L))
     levels = np.arange(L)
     for t in range(n_ticks):
+        if progress is not None and t % 10_000 == 0:
+            progress(t, n_ticks)
         s = sym[t]
         shock = regime[t] == 1
         b, a = bsz[s], asz[s]
