@@ -120,6 +120,11 @@ void fp_engine_reset(fp_engine *e) {
     memset(e->lat, 0, sizeof(fp_lat) * (e->lat_mask + 1));
 }
 
+/* ns into a uint32 record, saturating (a 4.3 s stall records as 4.3 s, not as a wrap) */
+static inline uint32_t fp_sat32(int64_t ns) {
+    return ns <= 0 ? 0u : ns >= (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
+}
+
 static inline fp_slot *fp_slot_at(fp_engine *e, int32_t s) {
     return (fp_slot *)(e->slots + e->slot_stride * (size_t)s);
 }
@@ -192,10 +197,10 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
     else r->infer_ns = extern_infer_ns >= 0 ? extern_infer_ns : fp_ticks_to_ns(t3 - p->t2);
     r->total_ns = fp_ticks_to_ns(t4 - p->t0);
     fp_lat *L = &e->lat[(e->ticks - 1) & e->lat_mask];
-    L->feature = (uint32_t)r->feature_ns;
-    L->cache = (uint32_t)r->cache_ns;
-    L->infer = (uint32_t)r->infer_ns;
-    L->total = (uint32_t)r->total_ns;
+    L->feature = fp_sat32(r->feature_ns);
+    L->cache = fp_sat32(r->cache_ns);
+    L->infer = fp_sat32(r->infer_ns);
+    L->total = fp_sat32(r->total_ns);
     return FP_OK;
 }
 
