@@ -204,7 +204,10 @@ def write_plots(res, path: str):
     a2.set_xlabel("tick")
     a2.set_ylabel("ns")
     a3 = a2.twinx()
-    a3.plot(tl["tick"], tl["hit_rate"], label="hit rate", color="tab:blue")
+    a3.plot(tl["tick"], tl["hit_rate"], label="hit rate (bundle policy)", color="tab:blue")
+    for t, style in zip(res["replay"].get("tradeoff", [])[1:], (":", "-.", "--")):
+        a3.plot(tl["tick"], t["timeline_hit_rate"], style, color="tab:blue", alpha=0.7,
+                label=f"hit rate, {t['policy']}")
     a3.set_ylabel("hit rate")
     a3.set_ylim(0, 1)
     regs = tl["regime"]

@@ -327,11 +327,11 @@ def replay_stream(model, raws, syms, ts, bs, overhead) -> dict:
     out["timeline"] = tl
     out["in_c_all"] = {s: d.summary() for s, d in stage_dists(rec).items()}
     out["python_all"] = Dist.of(py).summary()
-    out["tradeoff"] = cache_tradeoff(model, raws, syms, ts, bs, ref)
+    out["tradeoff"] = cache_tradeoff(model, raws, syms, ts, bs, ref, edges)
     return out
 
 
-def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal) -> list:
+def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal, edges) -> list:
     """What looser cache policies would buy (hit rate, ns per tick in step_batch) and cost
     (signal error on hits, from the shadow recompute), per regime."""
     pol = model.cache_policy
@@ -352,7 +352,9 @@ def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal) -> list:
                "mean_abs_error_on_hits": float(err[r.cached].mean()) if r.cached.any() else 0.0,
                "max_abs_error_on_hits": float(err[r.cached].max()) if r.cached.any() else 0.0,
                "regime_hit_rates": {n: float(r.cached[bs.regime == k].mean())
-                                    for k, n in enumerate(bs.regime_names) if (bs.regime == k).any()}}
+                                    for k, n in enumerate(bs.regime_names) if (bs.regime == k).any()},
+               "timeline_hit_rate": [float(r.cached[a:b].mean())
+                                     for a, b in zip(edges[:-1], edges[1:]) if b > a]}
         rows.append(row)
     return rows
 
