@@ -1,4 +1,4 @@
-"""Type stubs for the compiled hot path (fastpath/_engine.pyx)."""
+"""Type declarations of the compiled hot path (fastpath/_engine.pyx), for type checkers."""
 from typing import Any, Sequence
 
 import numpy as np
