@@ -163,7 +163,7 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         e->hits++;
     } else {
         float sig, conf;
-        fp_head(out2, &sig, &conf);
+        e->k->head(out2, &sig, &conf);
         if (!(sig == sig) || !(conf == conf)) return FP_ERR_NONFINITE_OUTPUT;
         if (e->policy.enabled) {
             float na = p->norm;

@@ -82,6 +82,11 @@ static int fp_allfinite_scalar(const float *x, int n) {
     return 1;
 }
 
+/* signal = tanh(out0), confidence = sigmoid(out1), libm (fp_math.h, shared with CUDA) */
+static void fp_head_scalar(const float *out, float *signal, float *confidence) {
+    fp_head(out, signal, confidence);
+}
+
 const fp_kernels fp_kernels_scalar = {
     "scalar",
     fp_zscore_gather_scalar,
@@ -91,6 +96,7 @@ const fp_kernels fp_kernels_scalar = {
     fp_dot_norm2_scalar,
     fp_dense_scalar,
     fp_allfinite_scalar,
+    fp_head_scalar,
 };
 
 /* -------------------------------------------------------------------- avx2 */
@@ -356,6 +362,13 @@ FP_TARGET_AVX2 static int fp_allfinite_avx2(const float *x, int n) {
     return 1;
 }
 
+/* signal = tanh(out0), confidence = sigmoid(out1) with the 8-lane polynomials: one pass
+ * each instead of two libm calls (tanhf goes through expm1f) on every miss */
+FP_TARGET_AVX2 static void fp_head_avx2(const float *out, float *signal, float *confidence) {
+    *signal = _mm256_cvtss_f32(fp_tanh256(_mm256_set1_ps(out[0])));
+    *confidence = _mm256_cvtss_f32(fp_sigmoid256(_mm256_set1_ps(out[1])));
+}
+
 const fp_kernels fp_kernels_avx2 = {
     "avx2",
     fp_zscore_gather_avx2,
@@ -365,5 +378,6 @@ const fp_kernels fp_kernels_avx2 = {
     fp_dot_norm2_avx2,
     fp_dense_avx2,
     fp_allfinite_avx2,
+    fp_head_avx2,
 };
 #endif

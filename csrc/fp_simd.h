@@ -62,6 +62,8 @@ typedef struct {
     void (*dense)(const fp_dense_layer *L, const float *x, float *y);
     /* 1 if every x[i] is finite, else 0 */
     int (*allfinite)(const float *x, int n);
+    /* *signal = tanh(out[0]), *confidence = sigmoid(out[1]) */
+    void (*head)(const float *out, float *signal, float *confidence);
 } fp_kernels;
 
 /* CPU feature bits, read once (cpuid + xgetbv for the OS's YMM state). */

@@ -23,6 +23,7 @@ cdef extern from "fp_simd.h" nogil:
         void (*dot_norm2)(const float *a, const float *b, int n, float *dot, float *na2)
         void (*dense)(const fp_dense_layer *L, const float *x, float *y)
         int (*allfinite)(const float *x, int n)
+        void (*head)(const float *out, float *signal, float *confidence)
     int fp_cpu_has_avx2()
     int fp_cpu_has_fma()
     fp_isa fp_isa_best()

@@ -611,6 +611,17 @@ def kernel_dot_norm2(str isa, a, b):
     return float(d), float(s)
 
 
+def kernel_head(str isa, double out0, double out1):
+    """(tanh(out0), sigmoid(out1)) with the named kernel set."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef float o[2]
+    cdef float sig = 0, conf = 0
+    o[0] = <float>out0
+    o[1] = <float>out1
+    k.head(o, &sig, &conf)
+    return float(sig), float(conf)
+
+
 def kernel_allfinite(str isa, x):
     cdef const fp_kernels *k = _kernels(isa)
     cdef cnp.ndarray a = _f32(x, "x")

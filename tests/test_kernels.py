@@ -193,3 +193,14 @@ def test_dense_both_row_orders_bit_identical(isa, n_out):
     first, second, third = P.forward(x), P.forward(x), P.forward(x)
     np.testing.assert_array_equal(first, second)
     np.testing.assert_array_equal(first, third)
+
+
+@settings(max_examples=200, deadline=None)
+@given(o0=st.floats(-100, 100, width=32), o1=st.floats(-100, 100, width=32))
+def test_head_property(o0, o1):
+    """signal = tanh(out0), confidence = sigmoid(out1), every kernel set, |err| <= 1e-6."""
+    for isa in ISAS:
+        s, c = E.kernel_head(isa, o0, o1)
+        assert abs(s - np.tanh(np.float64(o0))) <= 1e-6
+        assert abs(c - 1 / (1 + np.exp(-np.float64(o1)))) <= 1e-6
+        assert -1 <= s <= 1 and 0 <= c <= 1
