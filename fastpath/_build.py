@@ -10,6 +10,7 @@ import numpy as np
 from fastpath.errors import BackendError, ModelError
 
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "data", "demo.fpm")
+EXAMPLE_CONFIG = os.path.join(os.path.dirname(__file__), "data", "fastpath.example.toml")
 
 
 class BatchResult(NamedTuple):

@@ -110,6 +110,13 @@ def cmd_doctor(args) -> int:
     return 1 if res["failed"] else 0
 
 
+def cmd_example_config(args) -> int:
+    from fastpath._build import EXAMPLE_CONFIG
+    with open(EXAMPLE_CONFIG) as f:
+        sys.stdout.write(f.read())
+    return 0
+
+
 def cmd_bench(argv) -> int:
     from fastpath.bench.run import main
     return main(argv)
@@ -122,6 +129,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fastpath", description="fastpath command line")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="kernel set, clock and default model")
+    sub.add_parser("example-config", help="print the commented example TOML config")
     d = sub.add_parser("doctor", help="host readiness checks, each with a verdict and a fix")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.add_argument("--jitter", type=float, metavar="SECONDS",
@@ -145,7 +153,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from fastpath.errors import FastpathError
     try:
-        return {"info": cmd_info, "calibrate": cmd_calibrate, "doctor": cmd_doctor}[args.cmd](args)
+        return {"info": cmd_info, "calibrate": cmd_calibrate, "doctor": cmd_doctor,
+                "example-config": cmd_example_config}[args.cmd](args)
     except FastpathError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
         return 2

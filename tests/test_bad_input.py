@@ -349,7 +349,8 @@ def test_gpu_backend_without_gpu_is_clear():
 def test_example_config_loads():
     import os
     from fastpath.control.config import load_config
-    p = os.path.join(os.path.dirname(__file__), "..", "fastpath.example.toml")
+    from fastpath._build import EXAMPLE_CONFIG as p
+    assert os.path.exists(p)          # shipped inside the installed package
     cfg = load_config(p)
     assert cfg.n_symbols == 4096 and cfg.cache.cos_threshold == 0.999
     eng = Engine(windowed_model(np.random.default_rng(0)), config=p)

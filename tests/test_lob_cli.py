@@ -118,3 +118,12 @@ def test_cli_calibrate(tmp_path):
     bad = _cli("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "nope.fpm"),
                "--out", str(tmp_path / "d.fpm"))
     assert bad.returncode == 2 and "cannot read model file" in bad.stderr
+
+
+def test_cli_example_config(tmp_path):
+    out = _cli("example-config")
+    assert out.returncode == 0 and "[placement]" in out.stdout
+    p = tmp_path / "c.toml"
+    p.write_text(out.stdout)
+    from fastpath.control.config import load_config
+    assert load_config(str(p)).placement.priority == 50
