@@ -214,8 +214,11 @@ int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_re
 
 int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
                       const int64_t *ts, int64_t n, float *signal, float *confidence,
-                      uint8_t *cached, int64_t *total_ns, int *err) {
-    /* pass 1: every row valid before anything is written */
+                      uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied) {
+    /* pass 1: every row valid before anything is written. Without ts the engine clock only
+     * moves forward, so checking it once against each symbol's last tick is enough. */
+    *applied = 0;
+    const int64_t now0 = fp_ticks_to_mono_ns(fp_ticks());
     for (int32_t s = 0; s < e->n_symbols; s++) e->ts_scratch[s] = fp_slot_at(e, s)->last_ns;
     for (int64_t i = 0; i < n; i++) {
         const int32_t s = symbols[i];
@@ -224,21 +227,21 @@ int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const
             *err = FP_ERR_NONFINITE_INPUT;
             return i;
         }
-        if (ts) {
-            if (ts[i] < e->ts_scratch[s]) { *err = FP_ERR_TIME_BACKWARDS; return i; }
-            e->ts_scratch[s] = ts[i];
-        }
+        const int64_t t = ts ? ts[i] : now0;
+        if (t < e->ts_scratch[s]) { *err = FP_ERR_TIME_BACKWARDS; return i; }
+        e->ts_scratch[s] = t;
     }
     /* pass 2 */
     for (int64_t i = 0; i < n; i++) {
         fp_result r;
         int rc = fp_step(e, raws + i * row_stride, symbols[i], ts ? ts[i] : -1, &r);
-        if (rc != FP_OK) { *err = rc; return i; }
+        if (rc != FP_OK) { *err = rc; *applied = i; return i; }
         if (signal) signal[i] = r.signal;
         if (confidence) confidence[i] = r.confidence;
         if (cached) cached[i] = (uint8_t)r.cached;
         if (total_ns) total_ns[i] = r.total_ns;
     }
     *err = FP_OK;
+    *applied = n;
     return -1;
 }

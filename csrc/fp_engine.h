@@ -101,9 +101,11 @@ int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_re
 
 /* Validate a whole batch first (nothing is written when any row is bad), then
  * step each row. Returns -1 on success, else the index of the bad row with
- * *err set. ts may be NULL (engine clock). Outputs may be NULL. */
+ * *err set and *applied the rows applied before it (0 unless the model itself
+ * failed on a row, or another thread changed the input meanwhile). ts may be
+ * NULL (engine clock). Outputs may be NULL. */
 int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
                       const int64_t *ts, int64_t n, float *signal, float *confidence,
-                      uint8_t *cached, int64_t *total_ns, int *err);
+                      uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied);
 
 #endif

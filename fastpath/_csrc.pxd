@@ -142,7 +142,8 @@ cdef extern from "fp_engine.h" nogil:
     int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r)
     int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride,
                           const int32_t *symbols, const int64_t *ts, int64_t n, float *signal,
-                          float *confidence, uint8_t *cached, int64_t *total_ns, int *err)
+                          float *confidence, uint8_t *cached, int64_t *total_ns, int *err,
+                          int64_t *applied)
 
 cdef extern from "fp_bench.h" nogil:
     double fp_fma_ns_per_instr(long iters)

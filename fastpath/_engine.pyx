@@ -300,7 +300,8 @@ cdef class Engine:
                              f"{i} ({arr[i] if i >= 0 else '?'}); ticks must be finite: repair or "
                              f"drop the tick (engine state unchanged)")
         if rc == FP_ERR_TIME_BACKWARDS:
-            raise InputError(f"{where}ts_ns {ts} is earlier than the last tick of symbol {symbol}; "
+            when = f"ts_ns {ts}" if ts >= 0 else "the engine clock (no ts_ns given)"
+            raise InputError(f"{where}{when} is earlier than the last tick of symbol {symbol}; "
                              f"timestamps must not go backwards per symbol (mixing ts_ns with the "
                              f"engine clock also trips this)")
         if rc == FP_ERR_NONFINITE_OUTPUT:
@@ -372,21 +373,21 @@ cdef class Engine:
         cdef const float *rp = <const float *>cnp.PyArray_DATA(R)
         cdef const int32_t *yp = <const int32_t *>cnp.PyArray_DATA(S)
         cdef int err = 0
-        cdef int64_t bad
+        cdef int64_t bad, applied = 0
         self._check_free()
         self._busy = True
         try:
             with nogil:
-                bad = fp_step_batch(self._e, rp, self.raw_len, yp, tp, n, sp, cp, hp, op, &err)
+                bad = fp_step_batch(self._e, rp, self.raw_len, yp, tp, n, sp, cp, hp, op, &err,
+                                    &applied)
         finally:
             self._busy = False
         if bad >= 0:
-            applied = f"; rows before {bad} were applied" if err == FP_ERR_NONFINITE_OUTPUT else \
-                "; no row was applied"
+            note = f"; rows 0..{applied - 1} were applied" if applied else "; no row was applied"
             try:
                 self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
             except InputError as exc:
-                raise InputError(str(exc) + applied) from None
+                raise InputError(str(exc) + note) from None
         return BatchResult(sig, conf, cached, tot)
 
     cdef cnp.ndarray _batch_raws(self, raws):

@@ -355,3 +355,16 @@ def test_example_config_loads():
     assert cfg.n_symbols == 4096 and cfg.cache.cos_threshold == 0.999
     eng = Engine(windowed_model(np.random.default_rng(0)), config=p)
     assert eng.n_symbols == 4096
+
+
+def test_batch_after_replay_timestamps_refuses_engine_clock(pair):
+    """Ticks stamped in the far future (a replay), then a batch on the engine clock: refused
+    before any row is applied, naming the first row of that symbol."""
+    a, b, rng = pair
+    raws = rng.standard_normal((4, a.raw_len)).astype(np.float32)
+    a.step(raws[0], 5, ts_ns=2**62)
+    b.step(raws[0], 5, ts_ns=2**62)
+    with pytest.raises(InputError, match="row 3: the engine clock .* earlier than the last tick of symbol 5"
+                                         ".*no row was applied"):
+        a.step_batch(raws, [0, 1, 0, 5])
+    assert_same_state(a, b, rng)
