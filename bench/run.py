@@ -28,6 +28,7 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
@@ -177,8 +178,7 @@ def run(args) -> dict:
     res["model"] = {"path": os.path.relpath(DEMO_MODEL), "dims": model.dims,
                     "activations": [l.activation for l in model.layers],
                     "raw_len": model.raw_len, "n_features": model.feature_spec.n_feat,
-                    "cache_policy": vars(model.cache_policy) if hasattr(model.cache_policy, "__dict__")
-                    else {}, "meta": model.meta}
+                    "cache_policy": dataclasses.asdict(model.cache_policy), "meta": model.meta}
     gc.collect()
     gc.disable()
     try:

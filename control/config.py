@@ -146,14 +146,8 @@ class EngineConfig:
                 if k not in sections[sec]:
                     raise ConfigError(f"unknown key {sec}.{k}; allowed in [{sec}]: "
                                       f"{sorted(sections[sec])}")
-        cache = d.get("cache", {})
-        for k, v in cache.items():
-            _check(f"cache.{k}", v, *_CACHE_KEYS[k])
-        for k, v in d.get("placement", {}).items():
-            _check(f"placement.{k}", v, *_PLACEMENT_KEYS[k])
-        for k, v in d.get("memory", {}).items():
-            _check(f"memory.{k}", v, *_MEMORY_KEYS[k])
-        return cls(**dict(d.get("engine", {})), cache=CacheConfig(**cache),
+        # values are checked once, by each section's dataclass
+        return cls(**dict(d.get("engine", {})), cache=CacheConfig(**d.get("cache", {})),
                    placement=PlacementConfig(**d.get("placement", {})),
                    memory=MemoryConfig(**d.get("memory", {})), source=source)
 

@@ -128,7 +128,7 @@ def _clocksource(host: Host) -> Check:
 
 def _rlimits(policy: str, priority: int, arena_bytes: int) -> list:
     out = []
-    soft, hard = resource.getrlimit(resource.RLIMIT_RTPRIO)
+    soft, _ = resource.getrlimit(resource.RLIMIT_RTPRIO)
     is_root = os.geteuid() == 0
     if policy == "other":
         out.append(Check("rlimit_rtprio", PASS, "no real-time policy asked"))
@@ -140,7 +140,7 @@ def _rlimits(policy: str, priority: int, arena_bytes: int) -> list:
                          f"{priority} will be refused and the engine runs under SCHED_OTHER",
                          f"'<user> - rtprio {priority}' in /etc/security/limits.conf, or "
                          f"setcap cap_sys_nice+ep on the interpreter"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     unlimited = soft == resource.RLIM_INFINITY
     if is_root or unlimited or soft >= arena_bytes:
         out.append(Check("rlimit_memlock", PASS, f"RLIMIT_MEMLOCK {'unlimited' if unlimited else soft}"

@@ -64,12 +64,9 @@ def resolve(model: Any, backend: Any, config: Any):
             raise BackendError(f"backend='gpu' is not available: {why}")
         reason = f"auto: cpu chosen ({why})"
         backend = "cpu"
+    # cfg.cache.apply goes through dataclasses.replace, so CachePolicy validates the merge
     rc = ResolvedConfig(cfg.n_symbols, cfg.latency_records, cfg.resolve_simd(),
                         cfg.cache.apply(m.cache_policy), cfg.memory, cfg)
-    # re-validate the merged policy
-    from fastpath.model import CachePolicy
-    CachePolicy(**{k: getattr(rc.cache, k) for k in ("enabled", "cos_threshold", "norm_tol",
-                                                       "max_age_ns", "max_run")})
     return m, rc, backend, reason
 
 

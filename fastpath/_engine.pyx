@@ -457,10 +457,8 @@ cdef class Engine:
     def stats(self):
         """Counters and per-stage latency percentiles over the last latency_records ticks."""
         cdef fp_engine *e = self._e
-        cdef Py_ssize_t n = min(e.ticks, e.lat_mask + 1)
-        lat = np.empty((n, 4), np.uint32)
-        if n:
-            memcpy(cnp.PyArray_DATA(lat), e.lat, sizeof(fp_lat) * n)
+        lat = self.latency_records()
+        n = len(lat)
         reasons = {_REASONS[i]: int(e.miss_reason[i]) for i in range(1, FP_MISS_NREASONS)}
         out = {
             "ticks": int(e.ticks), "hits": int(e.hits), "misses": int(e.misses),

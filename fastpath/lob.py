@@ -169,14 +169,14 @@ def raw_from_book(bs: BookStream, progress=None) -> np.ndarray:
                     & (bs.ask_sz[rows[1:]] == bs.ask_sz[rows[:-1]]).all(1)
                     & (bs.trade_cnt[rows[1:]] == 0))
         changed = rows[~same]
-        _per_symbol(out, changed, bs, mid, tick, micro, alphas)
+        _per_symbol(out, changed, bs, mid, alphas)
         if same.any():
             src = np.maximum.accumulate(np.where(~same, np.arange(len(rows)), 0))
             out[rows[same]] = out[rows[src[same]]]
     return out.astype(np.float32)
 
 
-def _per_symbol(out, rows, bs, mid, tick, micro, alphas) -> None:
+def _per_symbol(out, rows, bs, mid, alphas) -> None:
     m = len(rows)
     bpx, apx = bs.bid_px[rows], bs.ask_px[rows]
     bsz, asz = np.maximum(bs.bid_sz[rows], 0), np.maximum(bs.ask_sz[rows], 0)
