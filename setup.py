@@ -35,14 +35,19 @@ directives = {
     "embedsignature": True,
 }
 
-ext = Extension(
-    "fastpath._engine",
-    sources=["fastpath/_engine.pyx"] + sorted(glob.glob("csrc/*.c")),
-    include_dirs=["csrc", np.get_include()],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    extra_compile_args=cflags,
-    extra_link_args=ldflags,
-    depends=sorted(glob.glob("csrc/*.h")),
-)
+csrc = sorted(glob.glob("csrc/*.c") + glob.glob("csrc/kernels/*.c"))
 
-setup(ext_modules=cythonize([ext], compiler_directives=directives))
+
+def extension(name: str, pyx: str) -> Extension:
+    # each module links its own copy of the C core (no shared library to locate at run time)
+    return Extension(name, sources=[pyx] + csrc, include_dirs=["csrc", np.get_include()],
+                     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+                     extra_compile_args=cflags, extra_link_args=ldflags,
+                     depends=sorted(glob.glob("csrc/*.h") + glob.glob("csrc/kernels/*.h")))
+
+
+# _engine: Engine, Result, step (the hot path); _kernels: kernel shims for tests and bench
+exts = [extension("fastpath._engine", "fastpath/_engine.pyx"),
+        extension("fastpath._kernels", "fastpath/_kernels.pyx")]
+
+setup(ext_modules=cythonize(exts, compiler_directives=directives))

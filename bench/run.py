@@ -44,7 +44,7 @@ sys.path.insert(0, HERE)
 import fastpath  # noqa: E402
 from fastpath import Engine, Model, lob  # noqa: E402
 from fastpath._build import DEMO_MODEL  # noqa: E402
-from fastpath._engine import PackedMLP, fma_ns_per_instr  # noqa: E402
+from fastpath._kernels import PackedMLP, fma_ns_per_instr  # noqa: E402
 
 from _report import Dist, render, write_plots  # noqa: E402
 from peers import make_peers  # noqa: E402

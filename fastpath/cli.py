@@ -82,7 +82,7 @@ def cmd_doctor(args) -> int:
                             use_gpu=args.gpu, busy=busy)
     if args.jitter:
         import os
-        from fastpath._engine import jitter_probe
+        from fastpath._kernels import jitter_probe
         try:
             os.sched_setaffinity(0, {res["core"]})
         except OSError as exc:

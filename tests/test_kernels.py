@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fastpath import _engine as E
+from fastpath import _kernels as K
 from conftest import ACTS, ISAS
 
 WIDTHS = (1, 7, 8, 9, 16, 37, 129, 300)
@@ -28,7 +29,7 @@ def test_zscore_gather(isa, n):
     idx = rng.integers(0, 512, n).astype(np.int32)
     mean = rng.standard_normal(n).astype(np.float32)
     inv = rng.random(n).astype(np.float32) + 0.1
-    got = E.kernel_zscore_gather(isa, raw, idx, mean, inv)
+    got = K.kernel_zscore_gather(isa, raw, idx, mean, inv)
     np.testing.assert_array_equal(got, (raw[idx] - mean) * inv)
 
 
@@ -37,14 +38,14 @@ def test_zscore(isa, n):
     rng = np.random.default_rng(n + 1)
     x, mean = rng.standard_normal((2, n)).astype(np.float32)
     inv = rng.random(n).astype(np.float32)
-    np.testing.assert_array_equal(E.kernel_zscore(isa, x, mean, inv), (x - mean) * inv)
+    np.testing.assert_array_equal(K.kernel_zscore(isa, x, mean, inv), (x - mean) * inv)
 
 
 @pytest.mark.parametrize("n", WIDTHS)
 def test_dot_norm2(isa, n):
     rng = np.random.default_rng(n + 2)
     a, b = rng.standard_normal((2, n)).astype(np.float32)
-    d, s = E.kernel_dot_norm2(isa, a, b)
+    d, s = K.kernel_dot_norm2(isa, a, b)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     assert abs(d - a64 @ b64) <= 1e-5 * np.abs(a64 * b64).sum() + 1e-30
     assert abs(s - a64 @ a64) <= 1e-5 * (a64 @ a64) + 1e-30
@@ -53,14 +54,14 @@ def test_dot_norm2(isa, n):
 @pytest.mark.parametrize("n", WIDTHS)
 def test_allfinite(isa, n):
     x = np.ones(n, np.float32)
-    assert E.kernel_allfinite(isa, x)
+    assert K.kernel_allfinite(isa, x)
     for bad in (np.nan, np.inf, -np.inf):
         for pos in {0, n // 2, n - 1}:
             y = x.copy()
             y[pos] = bad
-            assert not E.kernel_allfinite(isa, y), (bad, pos)
+            assert not K.kernel_allfinite(isa, y), (bad, pos)
     big = np.full(n, np.finfo(np.float32).max, np.float32)
-    assert E.kernel_allfinite(isa, big)
+    assert K.kernel_allfinite(isa, big)
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -70,7 +71,7 @@ def test_dense_layer(isa, act, n_in, n_out):
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     b = rng.standard_normal(n_out).astype(np.float32)
     x = rng.standard_normal(n_in).astype(np.float32) * 2
-    got = E.PackedMLP([w], [b], [act], isa).forward(x)
+    got = K.PackedMLP([w], [b], [act], isa).forward(x)
     pre = w.astype(np.float64) @ x + b
     bound = np.abs(w.astype(np.float64)) @ np.abs(x) + np.abs(b)
     want = act_ref(pre, act)
@@ -82,14 +83,14 @@ def test_activation_edges(isa):
     """Saturation, zero and tiny inputs through a 1x1 identity-weight layer."""
     xs = np.array([-100, -20, -9, -1e-3, -1e-7, 0, 1e-7, 1e-3, 0.05, 0.07, 9, 20, 100], np.float32)
     for act in ("tanh", "sigmoid"):
-        P = E.PackedMLP([np.ones((1, 1), np.float32)], [np.zeros(1, np.float32)], [act], isa)
+        P = K.PackedMLP([np.ones((1, 1), np.float32)], [np.zeros(1, np.float32)], [act], isa)
         got = np.array([P.forward(np.array([v], np.float32))[0] for v in xs])
         np.testing.assert_allclose(got, act_ref(xs, act), rtol=2e-6, atol=1e-6)
 
 
 def test_unknown_isa_is_clear_error():
     with pytest.raises(ValueError, match="unknown kernel set"):
-        E.kernel_zscore("sse9", np.ones(3, np.float32), np.ones(3, np.float32), np.ones(3, np.float32))
+        K.kernel_zscore("sse9", np.ones(3, np.float32), np.ones(3, np.float32), np.ones(3, np.float32))
 
 
 @settings(max_examples=60, deadline=None)
@@ -99,7 +100,7 @@ def test_dot_norm2_property(n, seed, scale):
     rng = np.random.default_rng(seed)
     a, b = (rng.standard_normal((2, n)) * scale).astype(np.float32)
     for isa in ISAS:
-        d, s = E.kernel_dot_norm2(isa, a, b)
+        d, s = K.kernel_dot_norm2(isa, a, b)
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         assert abs(d - a64 @ b64) <= 1e-5 * np.abs(a64 * b64).sum() + 1e-30
         assert abs(s - a64 @ a64) <= 1e-5 * (a64 @ a64) + 1e-30
@@ -115,8 +116,8 @@ def test_zscore_property(x, seed):
     inv = rng.random(len(x)).astype(np.float32)
     idx = rng.permutation(len(x)).astype(np.int32)
     for isa in ISAS:
-        np.testing.assert_array_equal(E.kernel_zscore(isa, x, mean, inv), (x - mean) * inv)
-        np.testing.assert_array_equal(E.kernel_zscore_gather(isa, x, idx, mean, inv),
+        np.testing.assert_array_equal(K.kernel_zscore(isa, x, mean, inv), (x - mean) * inv)
+        np.testing.assert_array_equal(K.kernel_zscore_gather(isa, x, idx, mean, inv),
                                       (x[idx] - mean) * inv)
 
 
@@ -135,7 +136,7 @@ def test_mlp_property(dims, acts, seed):
     for w, b, a in zip(ws, bs, acts):
         ref = act_ref(w.astype(np.float64) @ ref + b, a)
     for isa in ISAS:
-        got = E.PackedMLP(ws, bs, acts, isa).forward(x)
+        got = K.PackedMLP(ws, bs, acts, isa).forward(x)
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -161,7 +162,7 @@ def test_zscore_runs(isa, n):
         idx[-8:] = np.arange(504, 512)
     mean = rng.standard_normal(n).astype(np.float32)
     inv = rng.random(n).astype(np.float32)
-    np.testing.assert_array_equal(E.kernel_zscore_runs(isa, raw, idx, mean, inv), (raw[idx] - mean) * inv)
+    np.testing.assert_array_equal(K.kernel_zscore_runs(isa, raw, idx, mean, inv), (raw[idx] - mean) * inv)
 
 
 @pytest.mark.parametrize("n", (1, 3, 4, 7, 8, 9, 37))
@@ -175,7 +176,7 @@ def test_window_stats(isa, n, full):
     x = raw[idx].astype(np.float64)
     kept = hist[1:] if full else hist                       # `old` = hist[0] leaves when full
     s, q = hist.astype(np.float64).sum(0), (hist.astype(np.float64) ** 2).sum(0)
-    pm, ps = E.kernel_window_stats(isa, raw, idx, s, q, hist[0] if full else None,
+    pm, ps = K.kernel_window_stats(isa, raw, idx, s, q, hist[0] if full else None,
                                    1.0 / (W if full else W + 1))
     window = np.vstack([kept, x[None]]).astype(np.float64)
     np.testing.assert_allclose(pm, window.mean(0), rtol=1e-6)
@@ -188,7 +189,7 @@ def test_dense_both_row_orders_bit_identical(isa, n_out):
     rng = np.random.default_rng(n_out)
     w = rng.standard_normal((n_out, 29)).astype(np.float32)
     b = rng.standard_normal(n_out).astype(np.float32)
-    P = E.PackedMLP([w], [b], ["tanh"], isa)
+    P = K.PackedMLP([w], [b], ["tanh"], isa)
     x = rng.standard_normal(29).astype(np.float32)
     first, second, third = P.forward(x), P.forward(x), P.forward(x)
     np.testing.assert_array_equal(first, second)
@@ -200,7 +201,7 @@ def test_dense_both_row_orders_bit_identical(isa, n_out):
 def test_head_property(o0, o1):
     """signal = tanh(out0), confidence = sigmoid(out1), every kernel set, |err| <= 1e-6."""
     for isa in ISAS:
-        s, c = E.kernel_head(isa, o0, o1)
+        s, c = K.kernel_head(isa, o0, o1)
         assert abs(s - np.tanh(np.float64(o0))) <= 1e-6
         assert abs(c - 1 / (1 + np.exp(-np.float64(o1)))) <= 1e-6
         assert -1 <= s <= 1 and 0 <= c <= 1

@@ -1,0 +1,256 @@
+# cython: language_level=3
+"""Kernel shims for the tests and the bench: each C kernel of a named kernel set, callable
+from Python on numpy arrays; the MLP kernel alone (PackedMLP); the FMA peak and jitter probes.
+
+Design: nothing here is on the hot path, so every shim copies and checks its inputs and
+allocates its outputs; the tests compare each against a numpy reference, per kernel set.
+"""
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memcpy
+
+from fastpath._csrc cimport *
+
+import numpy as np
+
+from fastpath._engine import _describe, supported_isas
+from fastpath.errors import InputError
+
+cnp.import_array()
+
+fp_clock_init()
+
+_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
+_ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
+
+cdef const fp_kernels *_kernels(str isa) except NULL:
+    if isa not in _ISA_BY_NAME:
+        raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_ISA_BY_NAME)}")
+    cdef const fp_kernels *k = fp_kernels_for(_ISA_BY_NAME[isa])
+    if k == NULL:
+        raise InputError(f"kernel set {isa!r} is not supported by this CPU (has: {supported_isas()})")
+    return k
+
+
+def fma_ns_per_instr(long iters=20_000_000):
+    """Measured ns per 8-lane FMA instruction at full throughput (12 chains); -1 without
+    AVX2+FMA. Best of three runs."""
+    cdef double best = 1e30, v
+    for _ in range(3):
+        with nogil:
+            v = fp_fma_ns_per_instr(iters)
+        best = min(best, v)
+    return best
+
+
+def jitter_probe(double seconds, long long threshold_ns=1000):
+    """Spin on the calling thread's core for `seconds`, reading the TSC back to back, and
+    histogram every gap longer than threshold_ns (cyclictest-style, GIL released).
+    Returns {"seconds", "reads", "gaps", "max_gap_ns", "threshold_ns", "histogram":
+    [[lo_ns, hi_ns, count], ...]}."""
+    if not 0 < seconds <= 3600:
+        raise InputError(f"jitter seconds must be in (0, 3600], got {seconds}")
+    if threshold_ns < 1:
+        raise InputError(f"threshold_ns must be >= 1, got {threshold_ns}")
+    cdef long long hist[40]
+    cdef long long maxg = 0, reads = 0, gaps
+    cdef long long dur = <long long>(seconds * 1e9)
+    with nogil:
+        gaps = fp_jitter_probe(dur, threshold_ns, hist, &maxg, &reads)
+    return {"seconds": seconds, "reads": reads, "gaps": gaps, "max_gap_ns": maxg,
+            "threshold_ns": threshold_ns, "clock": fp_clock_source().decode(),
+            "histogram": [[1 << k, 1 << (k + 1), hist[k]] for k in range(40) if hist[k]]}
+
+
+cdef cnp.ndarray _f32(x, str name):
+    a = np.asarray(x)
+    if a.dtype != np.float32 or a.ndim != 1:
+        raise InputError(f"{name} must be a 1-d float32 array, got {_describe(a)}")
+    return np.ascontiguousarray(a)
+
+
+def _zscore_args(raw, idx, mean, inv_std):
+    """Checked, contiguous (raw, idx int32, mean, inv_std) for the z-score shims."""
+    r, m, s = _f32(raw, "raw"), _f32(mean, "mean"), _f32(inv_std, "inv_std")
+    ix = np.ascontiguousarray(idx, dtype=np.int32)
+    n = len(ix)
+    if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
+        raise InputError("idx, mean and inv_std must have one length and idx must index raw")
+    return r, ix, m, s
+
+
+def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):
+    """(raw[idx] - mean) * inv_std with the named kernel set."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray r, ix, m, s
+    r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
+    n = len(ix)
+    out = np.empty(n, np.float32)
+    k.zscore_gather(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix),
+                    <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
+                    <float *>cnp.PyArray_DATA(out), n)
+    return out
+
+
+def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):
+    """(raw[idx] - mean) * inv_std through the runs kernel (idx split into consecutive runs)."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray r, ix, m, s
+    r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
+    n = len(ix)
+    cdef cnp.ndarray runs = np.zeros(3 * n + 3, np.int32)
+    cdef int nr = fp_feature_runs(<const int32_t *>cnp.PyArray_DATA(ix), n,
+                                  <int32_t *>cnp.PyArray_DATA(runs))
+    # the kernel needs 8 floats of slack after out, mean and inv_std (see fp_simd.h)
+    out = np.empty(n + 8, np.float32)
+    mp = np.concatenate([m, np.zeros(8, np.float32)])
+    sp = np.concatenate([s, np.zeros(8, np.float32)])
+    k.zscore_runs(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(runs), nr,
+                  <const float *>cnp.PyArray_DATA(mp), <const float *>cnp.PyArray_DATA(sp),
+                  <float *>cnp.PyArray_DATA(out))
+    return out[:n]
+
+
+def kernel_window_stats(str isa, raw, w_idx, sum_, sumsq, old, double inv_n):
+    """(rolling mean, rolling std) with raw[w_idx] added to the running sums and `old`
+    (None: nothing) removed, as the feature stage computes them."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray r = _f32(raw, "raw")
+    cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
+    cdef cnp.ndarray s = np.ascontiguousarray(sum_, dtype=np.float64)
+    cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)
+    cdef cnp.ndarray o = None if old is None else _f32(old, "old")
+    n = len(ix)
+    if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (
+            n and (ix.min() < 0 or ix.max() >= len(r))):
+        raise InputError("w_idx, sum, sumsq and old must have one length and w_idx must index raw")
+    pm = np.empty(n, np.float32)
+    ps = np.empty(n, np.float32)
+    k.window_stats(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
+                   <const double *>cnp.PyArray_DATA(s), <const double *>cnp.PyArray_DATA(q),
+                   NULL if o is None else <const float *>cnp.PyArray_DATA(o), inv_n,
+                   <float *>cnp.PyArray_DATA(pm), <float *>cnp.PyArray_DATA(ps))
+    return pm, ps
+
+
+def kernel_zscore(str isa, x, mean, inv_std):
+    """(x - mean) * inv_std with the named kernel set."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray a = _f32(x, "x"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
+    n = len(a)
+    if len(m) != n or len(s) != n:
+        raise InputError("x, mean and inv_std must have one length")
+    out = np.empty(n, np.float32)
+    k.zscore(<const float *>cnp.PyArray_DATA(a), <const float *>cnp.PyArray_DATA(m),
+             <const float *>cnp.PyArray_DATA(s), <float *>cnp.PyArray_DATA(out), n)
+    return out
+
+
+def kernel_dot_norm2(str isa, a, b):
+    """(dot(a, b), |a|^2) in one pass with the named kernel set."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
+    if len(x) != len(y):
+        raise InputError("a and b must have one length")
+    cdef float d = 0, s = 0
+    k.dot_norm2(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y), len(x), &d, &s)
+    return float(d), float(s)
+
+
+def kernel_head(str isa, double out0, double out1):
+    """(tanh(out0), sigmoid(out1)) with the named kernel set."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef float o[2]
+    cdef float sig = 0, conf = 0
+    o[0] = <float>out0
+    o[1] = <float>out1
+    k.head(o, &sig, &conf)
+    return float(sig), float(conf)
+
+
+def kernel_allfinite(str isa, x):
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray a = _f32(x, "x")
+    return bool(k.allfinite(<const float *>cnp.PyArray_DATA(a), len(a)))
+
+
+cdef class PackedMLP:
+    """An MLP packed into the blocked arena, for testing and timing the MLP kernel alone."""
+    cdef fp_mlp m
+    cdef float *a
+    cdef float *b
+    cdef readonly int n_in, n_out
+    cdef const fp_kernels *k
+
+    def __cinit__(self, weights, biases, activations, str isa="avx2"):
+        self.k = _kernels(isa)
+        L = len(weights)
+        if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
+            raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
+        ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
+        bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
+        for i in range(L):
+            if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (
+                    i and ws[i].shape[1] != ws[i - 1].shape[0]):
+                raise InputError(f"layer {i}: weight {ws[i].shape} / bias {bs[i].shape} do not chain")
+        dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)
+        acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)
+        cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+        cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+        cdef cnp.ndarray t
+        try:
+            for i in range(L):
+                t = ws[i]
+                wp[i] = <const float *>cnp.PyArray_DATA(t)
+                t = bs[i]
+                bp[i] = <const float *>cnp.PyArray_DATA(t)
+            rc = fp_mlp_init(&self.m, L, <const int *>cnp.PyArray_DATA(dims),
+                             <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)
+        finally:
+            PyMem_Free(wp)
+            PyMem_Free(bp)
+        if rc != 0:
+            raise MemoryError("cannot pack MLP")
+        self.n_in = dims[0]
+        self.n_out = dims[L]
+        self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
+        self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
+        if self.a == NULL or self.b == NULL:
+            raise MemoryError("cannot allocate MLP scratch")
+
+    def __dealloc__(self):
+        fp_mlp_free(&self.m)
+        fp_aligned_free(self.a)
+        fp_aligned_free(self.b)
+
+    @property
+    def macs(self):
+        return self.m.macs
+
+    def forward(self, x):
+        """MLP output (no head) for one float32 input vector."""
+        cdef cnp.ndarray v = _f32(x, "x")
+        if len(v) != self.n_in:
+            raise InputError(f"x must have {self.n_in} values, got {len(v)}")
+        cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
+                                             self.a, self.b)
+        out = np.empty(self.n_out, np.float32)
+        memcpy(cnp.PyArray_DATA(out), o, sizeof(float) * self.n_out)
+        return out
+
+    def time_forward(self, x, long long iters):
+        """Mean ns per forward pass over `iters` back-to-back calls, GIL released."""
+        cdef cnp.ndarray v = _f32(x, "x")
+        if len(v) != self.n_in or iters < 1:
+            raise InputError(f"x must have {self.n_in} values and iters >= 1")
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(v)
+        cdef long long i
+        cdef int64_t t0, t1
+        cdef volatile float sink = 0
+        with nogil:
+            t0 = fp_mono_ns()
+            for i in range(iters):
+                sink = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b)[0]
+            t1 = fp_mono_ns()
+        return (t1 - t0) / iters
