@@ -25,7 +25,8 @@ def random_model(rng, dims, acts=None, fs=None, policy=None, scale=1.0):
         w = rng.standard_normal((dims[i + 1], dims[i])).astype(np.float32) * scale / np.sqrt(dims[i])
         b = rng.standard_normal(dims[i + 1]).astype(np.float32) * 0.1
         layers.append(Layer(w, b, acts[i]))
-    return Model(tuple(layers), fs, policy or CachePolicy())
+    # test models cache explicitly (a model without a fitted policy runs with the cache off)
+    return Model(tuple(layers), fs, policy or CachePolicy(enabled=True))
 
 
 def windowed_model(rng, raw_len=40, n_z=20, w_fields=(1, 5, 9), window=5, hidden=(16,)):
