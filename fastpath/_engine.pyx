@@ -10,12 +10,19 @@ then releases the GIL around one C loop; a busy flag (read and written under
 the GIL) makes a second thread's call fail cleanly instead of racing.
 """
 cimport cython
+from cpython.exc cimport PyErr_Clear
+
+cdef extern from "Python.h":
+    # declared without an exception spec: the caller checks the range (and clears the error)
+    Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object o)
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 
 from fastpath._csrc cimport *
+
+import operator
 
 import numpy as np
 
@@ -128,6 +135,100 @@ def _describe(obj):
         extra = (" " + " ".join(flags)) if flags else ""
         return f"{obj.dtype} shape {obj.shape}{extra}"
     return f"{type(obj).__name__}"
+
+
+_TO_F32 = "np.ascontiguousarray(x, dtype=np.float32)"
+
+
+def _conversion_hint(obj):
+    """How to turn what the caller passed into the float32 C-contiguous array step() takes."""
+    if type(obj).__module__.split(".")[0] == "pandas":
+        return "; convert with np.ascontiguousarray(x.to_numpy(), dtype=np.float32)"
+    if isinstance(obj, np.ndarray):
+        if (obj.dtype != np.float32 or not obj.dtype.isnative or not obj.flags.c_contiguous
+                or not obj.flags.aligned):
+            return f"; convert with {_TO_F32} (one copy)"
+        return ""
+    if isinstance(obj, (list, tuple)) or hasattr(obj, "__array__"):
+        return f"; convert with {_TO_F32}"
+    return ""
+
+
+def _bad_raw(obj, Py_ssize_t raw_len):
+    return InputError(f"raw must be a float32 C-contiguous numpy array with {raw_len} values, "
+                      f"got {_describe(obj)}{_conversion_hint(obj)}")
+
+
+def _bad_symbol(symbol, Py_ssize_t n):
+    """InputError for a symbol that is not an integer in [0, n) (called only on the error path)."""
+    rng = f"an integer in 0..{n - 1}"
+    if isinstance(symbol, (bool, np.bool_)):
+        return InputError(f"symbol must be {rng}, got bool {symbol!r}")
+    if isinstance(symbol, str):
+        return InputError(f"symbol must be {rng}, got str {symbol!r}: fastpath identifies "
+                          f"instruments by index; map names to indices once, outside the tick loop")
+    if isinstance(symbol, (float, np.floating)):
+        return InputError(f"symbol must be {rng}, got {type(symbol).__name__} {symbol!r}; pass "
+                          f"int(symbol) if it holds a whole number")
+    try:
+        v = operator.index(symbol)
+    except TypeError:
+        return InputError(f"symbol must be {rng}, got {type(symbol).__name__} {symbol!r}")
+    return InputError(f"symbol {v} out of range: this engine has {n} symbols (0..{n - 1}); raise "
+                      f"engine.n_symbols in the config for more")
+
+
+cdef inline Py_ssize_t _symbol_arg(object symbol, Py_ssize_t n) except -1:
+    """symbol as an index in [0, n): a Python int (fast path) or any integer type with
+    __index__ (numpy integers); anything else, or out of range, is an InputError."""
+    cdef Py_ssize_t v
+    if type(symbol) is int:
+        v = _long_as_ssize(symbol)        # -1 with OverflowError set when it does not fit
+        if 0 <= v < n:
+            return v
+        PyErr_Clear()
+        raise _bad_symbol(symbol, n)
+    if isinstance(symbol, (bool, np.bool_, float, np.floating, str)) or not hasattr(symbol, "__index__"):
+        raise _bad_symbol(symbol, n)
+    try:
+        as_int = operator.index(symbol)
+    except TypeError:
+        raise _bad_symbol(symbol, n) from None
+    if type(as_int) is not int:     # a broken __index__; never loop
+        raise _bad_symbol(symbol, n)
+    return _symbol_arg(as_int, n)
+
+
+def _bad_ts(ts):
+    t = type(ts).__name__
+    mod = type(ts).__module__.split(".")[0]
+    if mod == "pandas" and hasattr(ts, "value"):
+        hint = "pass ts.value (ns since the epoch, an int)"
+    elif isinstance(ts, np.datetime64):
+        hint = "pass int(ts.astype('datetime64[ns]').astype(np.int64))"
+    elif t == "datetime":
+        hint = "pass an int of ns, e.g. int(ts.timestamp() * 1e9) or a monotonic clock in ns"
+    elif isinstance(ts, (float, np.floating)):
+        hint = "pass an int (ns); floats lose precision beyond 2**53 ns (~104 days since the epoch)"
+    else:
+        hint = "pass an int (ns) or None for the engine clock"
+    return InputError(f"ts_ns must be an int >= 0 (ns) or None, got {t} {ts!r}; {hint}")
+
+
+cdef inline long long _ts_arg(object ts) except -2:
+    """ts_ns as ns >= 0, or -1 for None (the engine clock); InputError for anything else."""
+    cdef long long v
+    if ts is None:
+        return -1
+    if type(ts) is int or (isinstance(ts, np.integer) and not isinstance(ts, np.bool_)):
+        try:
+            v = ts
+        except OverflowError:
+            raise InputError(f"ts_ns {ts} does not fit a signed 64-bit int of ns") from None
+        if v < 0:
+            raise InputError(f"ts_ns must be >= 0 (ns), got {ts}")
+        return v
+    raise _bad_ts(ts)
 
 
 cdef class Engine:
@@ -244,8 +345,7 @@ cdef class Engine:
                     and cnp.PyArray_DIM(a, 0) == self.raw_len and cnp.PyArray_ISCARRAY_RO(a)
                     and cnp.PyArray_ISNOTSWAPPED(a)):
                 return <const float *>cnp.PyArray_DATA(a)
-        raise InputError(f"raw must be a float32 C-contiguous numpy array with {self.raw_len} "
-                         f"values, got {_describe(raw)}")
+        raise _bad_raw(raw, self.raw_len)
 
     cdef _raise(self, int rc, object raw, Py_ssize_t symbol, long long ts, Py_ssize_t row=-1):
         where = f"row {row}: " if row >= 0 else ""
@@ -273,29 +373,27 @@ cdef class Engine:
     cdef inline int _check_free(self) except -1:
         if self._busy:
             raise EngineBusyError("engine is busy in step_batch on another thread; an Engine is "
-                                  "single-writer: give each thread its own Engine")
+                                  "single-writer: step it from one thread (or give each thread "
+                                  "its own Engine) and read ticks / stats() / "
+                                  "latency_records() once step_batch has returned")
         return 0
 
-    cdef Result _step(self, object raw, Py_ssize_t symbol, long long ts):
+    cdef Result _step(self, object raw, object symbol, object ts_ns):
         cdef fp_result r
         cdef const float *p = self._raw_ptr(raw)
+        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
+        cdef long long ts = _ts_arg(ts_ns)
         self._check_free()
-        if symbol < 0 or symbol >= self.n_symbols:
-            self._raise(FP_ERR_SYMBOL, raw, symbol, ts)
-        cdef int rc = fp_step(self._e, p, <int32_t>symbol, ts, &r)
+        cdef int rc = fp_step(self._e, p, <int32_t>sym, ts, &r)
         if rc != FP_OK:
-            self._raise(rc, raw, symbol, ts)
+            self._raise(rc, raw, sym, ts)
         return _make_result(&r)
 
-    def step(self, raw, Py_ssize_t symbol=0, ts_ns=None):
-        """One tick -> Result. ts_ns (int >= 0) drives the cache age, as in a replay;
-        None uses the engine clock (CLOCK_MONOTONIC ns)."""
-        cdef long long ts = -1
-        if ts_ns is not None:
-            ts = ts_ns
-            if ts < 0:
-                raise InputError(f"ts_ns must be >= 0 (ns), got {ts_ns}")
-        return self._step(raw, symbol, ts)
+    def step(self, raw, symbol=0, ts_ns=None):
+        """One tick -> Result. raw: float32 C-contiguous (raw_len,); symbol: int in
+        [0, n_symbols); ts_ns: int >= 0 (ns) drives the cache age, as in a replay, None uses
+        the engine clock (CLOCK_MONOTONIC ns). Anything else is an InputError, state unchanged."""
+        return self._step(raw, symbol, ts_ns)
 
     def step_batch(self, raws, symbols, ts_ns=None):
         """Many ticks in one call, in order, GIL released: raws float32 (n, raw_len), symbols
@@ -306,8 +404,10 @@ cdef class Engine:
         cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
         sy = np.asarray(symbols)
         if sy.ndim != 1 or sy.shape[0] != n or sy.dtype.kind not in "iu":
+            hint = ("; symbols are indices 0..n_symbols-1: map names to indices once"
+                    if sy.dtype.kind in "USO" else "")
             raise InputError(f"symbols must be an integer array of shape ({n},), got "
-                             f"{_describe(sy)}")
+                             f"{_describe(sy)}{hint}")
         if n and (sy.min() < 0 or sy.max() >= self.n_symbols):
             row = int(np.flatnonzero((sy < 0) | (sy >= self.n_symbols))[0])
             self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
@@ -317,10 +417,18 @@ cdef class Engine:
         if ts_ns is not None:
             ts = np.asarray(ts_ns)
             if ts.ndim != 1 or ts.shape[0] != n or ts.dtype.kind not in "iu":
+                hint = ""
+                if ts.dtype.kind == "M":
+                    hint = "; pass ts.astype('datetime64[ns]').view(np.int64) (ns since the epoch)"
+                elif ts.dtype.kind == "f":
+                    hint = "; pass integer ns (np.int64), floats lose precision beyond 2**53 ns"
                 raise InputError(f"ts_ns must be an integer array of shape ({n},), got "
-                                 f"{_describe(ts)}")
+                                 f"{_describe(ts)}{hint}")
             if n and ts.min() < 0:
                 raise InputError(f"ts_ns must be >= 0, row {int(np.argmin(ts))} is {ts.min()}")
+            if n and ts.dtype.kind == "u" and ts.max() > np.iinfo(np.int64).max:
+                raise InputError(f"ts_ns row {int(np.argmax(ts))} is {ts.max()}, which does not "
+                                 f"fit a signed 64-bit int of ns")
             T = np.ascontiguousarray(ts, dtype=np.int64)
             tp = <const int64_t *>cnp.PyArray_DATA(T)
         sig = np.empty(n, np.float32)
@@ -357,19 +465,18 @@ cdef class Engine:
                 and raws.flags.c_contiguous and raws.flags.aligned):
             return raws
         raise InputError(f"raws must be a float32 C-contiguous numpy array of shape "
-                         f"(n, {self.raw_len}), got {_describe(raws)}")
+                         f"(n, {self.raw_len}), got {_describe(raws)}{_conversion_hint(raws)}")
 
-    def features(self, raw, Py_ssize_t symbol=0):
+    def features(self, raw, symbol=0):
         """The feature vector this tick would get (windows include it), without applying it."""
         cdef const float *p = self._raw_ptr(raw)
+        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         self._check_free()
         cdef fp_pending pend
-        if symbol < 0 or symbol >= self.n_symbols:
-            self._raise(FP_ERR_SYMBOL, raw, symbol, -1)
         # a timestamp past any real one: the lookup it feeds changes nothing
-        cdef int rc = fp_step_begin(self._e, p, <int32_t>symbol, 1LL << 62, &pend)
+        cdef int rc = fp_step_begin(self._e, p, <int32_t>sym, 1LL << 62, &pend)
         if rc != FP_OK:
-            self._raise(rc, raw, symbol, -1)
+            self._raise(rc, raw, sym, -1)
         out = np.empty(self.n_features, np.float32)
         memcpy(cnp.PyArray_DATA(out), self._e.feat, sizeof(float) * self.n_features)
         return out
@@ -377,6 +484,7 @@ cdef class Engine:
     def latency_records(self):
         """(n, 4) uint32 in-C ns per tick, oldest first: feature, cache, infer, total, for the
         last min(ticks, latency_records) ticks."""
+        self._check_free()
         cdef fp_engine *e = self._e
         cdef Py_ssize_t cap = e.lat_mask + 1
         cdef Py_ssize_t n = min(e.ticks, cap)
@@ -402,7 +510,9 @@ cdef class Engine:
 
     @property
     def ticks(self):
-        """Ticks applied since creation or the last reset()."""
+        """Ticks applied since creation or the last reset() (EngineBusyError during step_batch
+        on another thread: the count is moving)."""
+        self._check_free()
         return self._e.ticks
 
     @property
@@ -416,7 +526,10 @@ cdef class Engine:
         return self._e.mlp.macs
 
     def stats(self):
-        """Counters and per-stage latency percentiles over the last latency_records ticks."""
+        """Counters and per-stage latency percentiles over the last latency_records ticks.
+        Raises EngineBusyError while step_batch runs on another thread (the counters and
+        records are being written without the GIL; a copy taken then would be torn)."""
+        self._check_free()
         cdef fp_engine *e = self._e
         lat = self.latency_records()
         n = len(lat)
@@ -462,14 +575,9 @@ def get_default_engine():
     return _default_engine
 
 
-def step(raw, Py_ssize_t symbol=0, ts_ns=None):
-    """fastpath.step(raw, symbol=0): one tick through the default engine (embedded demo model)."""
-    global _default_engine
-    cdef long long ts = -1
+def step(raw, symbol=0, ts_ns=None):
+    """fastpath.step(raw, symbol=0, ts_ns=None): one tick through the default engine
+    (embedded demo model); the arguments are those of Engine.step."""
     if _default_engine is None:
         get_default_engine()
-    if ts_ns is not None:
-        ts = ts_ns
-        if ts < 0:
-            raise InputError(f"ts_ns must be >= 0 (ns), got {ts_ns}")
-    return _default_engine._step(raw, symbol, ts)
+    return _default_engine._step(raw, symbol, ts_ns)

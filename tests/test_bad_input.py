@@ -97,18 +97,31 @@ def test_symbol_out_of_range(pair, symbol):
     assert_same_state(a, b, rng)
 
 
-@pytest.mark.parametrize("symbol", [1.5, "3", None])
+@pytest.mark.parametrize("symbol", [1.5, "3", None, True, np.float64(2.0), np.float32(1),
+                                    np.bool_(True), 1 + 0j, [1], np.array([1])])
 def test_symbol_wrong_type(pair, symbol):
     a, b, rng = pair
-    with pytest.raises(TypeError):
+    with pytest.raises(InputError, match=r"symbol must be an integer in 0\.\.15, got"):
+        a.step(good(a), symbol)
+    with pytest.raises(InputError, match=r"symbol must be an integer"):
+        a.features(good(a), symbol)
+    assert_same_state(a, b, rng)
+
+
+@pytest.mark.parametrize("symbol", [2**80, -2**80, np.uint64(2**64 - 1), np.int64(-1), 16])
+def test_huge_symbol_is_out_of_range(pair, symbol):
+    a, b, rng = pair
+    with pytest.raises(InputError, match=f"symbol {int(symbol)} out of range"):
         a.step(good(a), symbol)
     assert_same_state(a, b, rng)
 
 
-def test_huge_symbol_overflow(pair):
+@pytest.mark.parametrize("symbol", [np.int8(2), np.int32(2), np.int64(2), np.uint16(2)])
+def test_numpy_integer_symbol_is_the_same_symbol(pair, symbol):
     a, b, rng = pair
-    with pytest.raises(OverflowError):
-        a.step(good(a), 2**80)
+    x = rng.standard_normal(a.raw_len).astype(np.float32)
+    ra, rb = a.step(x, symbol, ts_ns=500), b.step(x, 2, ts_ns=500)
+    assert (ra.signal, ra.cached) == (rb.signal, rb.cached)
     assert_same_state(a, b, rng)
 
 
@@ -118,7 +131,7 @@ def test_time_backwards(pair):
         a.step(good(a), 0, ts_ns=5)        # symbol 0 last saw ts 27
     with pytest.raises(InputError, match="ts_ns must be >= 0"):
         a.step(good(a), 0, ts_ns=-1)
-    with pytest.raises(TypeError):
+    with pytest.raises(InputError, match="ts_ns must be an int >= 0"):
         a.step(good(a), 0, ts_ns="now")
     assert_same_state(a, b, rng)
 

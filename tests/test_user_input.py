@@ -1,0 +1,155 @@
+"""What users actually pass: numpy scalars, floats, pandas objects, float64 arrays, lists.
+
+Each wrong type is an InputError that names the parameter and says how to convert, and the
+engine is left exactly as it was; integer types that mean the same thing are accepted.
+"""
+import datetime
+import threading
+
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath import EngineBusyError, Engine, InputError
+from conftest import engine_cfg, windowed_model
+from test_bad_input import assert_same_state, good, pair  # noqa: F401 - fixture
+
+
+@pytest.mark.parametrize("ts, hint", [
+    (1.5e9, "pass an int"),
+    (np.float64(1e9), "pass an int"),
+    ("2024-08-08", "pass an int"),
+    (np.datetime64("2024-08-08T00:00:00", "ns"), "astype"),
+    (datetime.datetime(2024, 8, 8), "timestamp"),
+    (True, "pass an int"),
+    (2**64, "signed 64-bit"),
+])
+def test_ts_wrong_type(pair, ts, hint):
+    a, b, rng = pair
+    with pytest.raises(InputError, match="ts_ns") as e:
+        a.step(good(a), 0, ts_ns=ts)
+    assert hint in str(e.value)
+    assert_same_state(a, b, rng)
+
+
+def test_pandas_timestamp_says_use_value(pair):
+    pd = pytest.importorskip("pandas")
+    a, b, rng = pair
+    ts = pd.Timestamp("1970-01-01 00:00:00.000000800")
+    with pytest.raises(InputError, match=r"ts_ns .*Timestamp.*ts\.value"):
+        a.step(good(a), 0, ts_ns=ts)
+    a.step(good(a), 0, ts_ns=ts.value)        # what the message says works
+    b.step(good(b), 0, ts_ns=800)
+    assert_same_state(a, b, rng)
+
+
+@pytest.mark.parametrize("ts", [np.int64(800), np.uint32(800), np.int32(800)])
+def test_numpy_integer_ts_is_accepted(pair, ts):
+    a, b, rng = pair
+    a.step(good(a), 1, ts_ns=ts)
+    b.step(good(b), 1, ts_ns=800)
+    assert_same_state(a, b, rng)
+
+
+CONVERT = "np.ascontiguousarray(x, dtype=np.float32)"
+
+
+@pytest.mark.parametrize("make", [
+    lambda n: np.zeros(n, np.float64),
+    lambda n: [0.0] * n,
+    lambda n: tuple([0.0] * n),
+    lambda n: np.zeros(2 * n, np.float32)[::2],
+    lambda n: np.zeros(n, ">f4"),
+])
+def test_raw_error_says_how_to_convert(pair, make):
+    a, b, rng = pair
+    x = make(a.raw_len)
+    with pytest.raises(InputError, match="raw must be a float32") as e:
+        a.step(x, 0)
+    assert CONVERT in str(e.value)
+    a.step(np.ascontiguousarray(x, dtype=np.float32), 0, ts_ns=900)   # the advice works
+    b.step(good(b), 0, ts_ns=900)
+    assert_same_state(a, b, rng)
+
+
+def test_raw_wrong_length_has_no_conversion_advice(pair):
+    a, b, rng = pair
+    with pytest.raises(InputError, match=r"with 40 values, got float32 shape \(39,\)$"):
+        a.step(np.zeros(a.raw_len - 1, np.float32), 0)
+
+
+def test_pandas_raw_and_batch_say_to_numpy(pair):
+    pd = pytest.importorskip("pandas")
+    a, b, rng = pair
+    s = pd.Series(np.zeros(a.raw_len))
+    with pytest.raises(InputError, match=r"to_numpy\(\)"):
+        a.step(s, 0)
+    df = pd.DataFrame(np.zeros((3, a.raw_len)))
+    with pytest.raises(InputError, match=r"raws must be .*to_numpy\(\)"):
+        a.step_batch(df, np.zeros(3, np.int64))
+    idx = pd.date_range("2024-08-08", periods=3, freq="s")
+    with pytest.raises(InputError, match=r"ts_ns must be an integer array.*view\(np.int64\)"):
+        a.step_batch(np.zeros((3, a.raw_len), np.float32), np.zeros(3, np.int64),
+                     idx.to_numpy())
+    assert_same_state(a, b, rng)
+
+
+def test_batch_float64_and_list_say_how_to_convert(pair):
+    a, b, rng = pair
+    for raws in (np.zeros((2, a.raw_len)), [[0.0] * a.raw_len] * 2):
+        with pytest.raises(InputError, match=r"raws must be .*ascontiguousarray"):
+            a.step_batch(raws, [0, 1])
+    with pytest.raises(InputError, match="symbols must be an integer array.*map names"):
+        a.step_batch(np.zeros((2, a.raw_len), np.float32), ["BTC", "ETH"])
+    with pytest.raises(InputError, match="ts_ns must be an integer array.*floats"):
+        a.step_batch(np.zeros((2, a.raw_len), np.float32), [0, 1], [1.0, 2.0])
+    with pytest.raises(InputError, match="does not fit a signed 64-bit"):
+        a.step_batch(np.zeros((2, a.raw_len), np.float32), [0, 1],
+                     np.array([1, 2**64 - 1], np.uint64))
+    assert_same_state(a, b, rng)
+
+
+def test_module_step_validates_the_same_way():
+    fastpath.set_default_engine(None)
+    raw = np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+    try:
+        with pytest.raises(InputError, match="symbol must be an integer"):
+            fastpath.step(raw, "BTCUSDT")
+        with pytest.raises(InputError, match="ts_ns"):
+            fastpath.step(raw, 0, ts_ns=1.0)
+        with pytest.raises(InputError, match=CONVERT.replace("(", r"\(").replace(")", r"\)")):
+            fastpath.step(raw.astype(np.float64), 0)
+        assert fastpath.get_default_engine().ticks == 0
+        assert np.isfinite(fastpath.step(raw, np.int64(3)).signal)
+    finally:
+        fastpath.set_default_engine(None)
+
+
+def test_readers_refuse_while_step_batch_runs(isa):
+    """ticks, stats() and latency_records() are written without the GIL during step_batch:
+    reading them then is refused, not torn."""
+    rng = np.random.default_rng(5)
+    m = windowed_model(rng, hidden=(256, 256))
+    eng = Engine(m, config=engine_cfg(isa, enabled=False))
+    raws = rng.standard_normal((200_000, m.raw_len)).astype(np.float32)
+    syms = np.zeros(len(raws), np.int64)
+    started, refused = threading.Event(), []
+
+    def reader():
+        started.wait()
+        for _ in range(100_000):
+            for read in (lambda: eng.ticks, eng.stats, eng.latency_records):
+                try:
+                    read()
+                except EngineBusyError as exc:
+                    refused.append(str(exc))
+                    return
+
+    t = threading.Thread(target=reader)
+    t.start()
+    started.set()
+    eng.step_batch(raws, syms, np.arange(len(raws)))
+    t.join()
+    assert refused, "the reader never overlapped the batch (machine too fast?)"
+    assert "once step_batch has returned" in refused[0]
+    assert eng.ticks == len(raws) and eng.stats()["ticks"] == len(raws)
