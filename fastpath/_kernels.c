@@ -10,11 +10,11 @@
             ]
         ],
         "depends": [
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/arrayobject.h",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/arrayscalars.h",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ndarrayobject.h",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ndarraytypes.h",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ufuncobject.h",
+            "/work/wt-bench/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/arrayobject.h",
+            "/work/wt-bench/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/arrayscalars.h",
+            "/work/wt-bench/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ndarrayobject.h",
+            "/work/wt-bench/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ndarraytypes.h",
+            "/work/wt-bench/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ufuncobject.h",
             "csrc/fp_bench.h",
             "csrc/fp_cache.h",
             "csrc/fp_clock.h",
@@ -34,7 +34,7 @@
         ],
         "include_dirs": [
             "csrc",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include"
+            "/work/wt-bench/.venv/lib/python3.11/site-packages/numpy/_core/include"
         ],
         "name": "fastpath._kernels",
         "sources": [
