@@ -151,22 +151,24 @@ def tables(res):
         rows.append([r["name"], f"{r['ticks']:,}", f"{r['hits']:,} ({100 * r['hit_rate']:.1f}%)",
                      fmt_ns(t["p50"]), fmt_ns(t["p99"]), fmt_ns(r["python"]["p50"]),
                      fmt_ns(r["python"]["p99"]),
-                     f"{r['mean_abs_signal_error_on_hits']:.4f} / {r['max_abs_signal_error_on_hits']:.4f}"])
+                     f"{r['mean_abs_signal_error_on_hits']:.4f} / {r['max_abs_signal_error_on_hits']:.4f}",
+                     " / ".join(f"{r['miss_reasons'][x]:,}" for x in ("cold", "age", "run", "cosine", "norm"))])
     sh = rp["shadow"]
     out.append((f"Replay with the bundle's cache policy: {sh['hits_checked']:,} hits "
                 f"({100 * rp['hit_rate']:.2f}%), signal error on hits vs a cache-off replay: mean "
                 f"{sh['mean_abs_signal_error']:.4f}, max {sh['max_abs_signal_error']:.4f}",
                 ["regime", "ticks", "hits", "C p50", "C p99", "py p50", "py p99",
-                 "hit err mean / max"], rows))
+                 "hit err mean / max", "misses cold / age / run / cosine / norm"], rows))
     names = res["stream"]["regimes"]
     rows = [[t["policy"], f"{t['hits']:,} ({100 * t['hit_rate']:.1f}%)"]
             + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
             + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
-               str(t["sign_flips_on_hits"]), f"{t['batch_ns_per_tick']:.0f} ns"]
+               str(t["sign_flips_on_hits"]), f"{t['batch_ns_per_tick']:.0f} ns",
+               " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
             for t in rp.get("tradeoff", [])]
     out.append(("What the cache buys and costs (step_batch replay; error on hits vs a cache-off replay)",
                 ["policy", "hits"] + [f"hits {n}" for n in names]
-                + ["err mean", "err max", "sign flips", "ns/tick"], rows))
+                + ["err mean", "err max", "sign flips", "ns/tick", "misses age / run / cos / norm"], rows))
     b, k = res["batch"], res["mlp_kernel"]
     rows = [["step_batch, cache off", f"{b['cache_off']['ticks_per_s'] / 1e6:.2f} M ticks/s",
              f"{b['cache_off']['ns_per_tick']:.0f} ns/tick"],
@@ -324,13 +326,20 @@ def write_plots(res, path: str):
         x0 = tl["tick"][a]
         if a:
             a3.axvline(x0, color="grey", ls="--", lw=0.8)
-        a3.text(x0, 97, f" {regs[a]}", fontsize=8, va="top")
+        a3.text(x0, 97, f" {regs[a]}", fontsize=8, va="top", rotation=90)
+    if not rp["hits"] and not any(t["hits"] for t in rp.get("tradeoff", [])):
+        # an empty panel needs its reason: which guard refused the lookups
+        why = {x: sum(r["miss_reasons"][x] for r in rp["regimes"])
+               for x in ("cold", "age", "run", "cosine", "norm")}
+        a3.text(0.5, 0.5, "no policy hits on this stream; misses by guard (bundle policy):\n"
+                + ", ".join(f"{k} {v:,}" for k, v in why.items()), transform=a3.transAxes,
+                ha="center", va="center", fontsize=9)
     a3.set_xlabel("tick of the replay")
     a3.set_ylabel("cache hit rate per bin, %")
     a3.set_title(f"How often does the cache hit, regime by regime?\n{res['stream']['source']}",
                  fontsize=11)
     a3.grid(True, alpha=0.3)
-    a3.legend(fontsize=7, loc="center right")
+    a3.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.0, 0.91))
     m = res["machine"]
     fig.suptitle(f"fastpath {m['fastpath']} ({m['commit']}), {m['cpu_model']}, simd={m['simd']}",
                  fontsize=9)

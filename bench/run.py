@@ -15,10 +15,11 @@ Method (printed with the results):
 - The stream is replayed in order through fastpath.step() three times: with the bundle's own
   (fitted) cache policy, with a looser policy, and with the cache off. Rows are sets of calls
   selected by what the engine answered: "real miss" = calls of the bundle-policy replay where the
-  cache compared the tick with the cached one and refused it; "real hit" = calls the cache
-  answered, in the bundle-policy replay and in the looser-policy replay (the looser policy's
-  signal error on those hits, against the cache-off replay, is printed next to it); "model only,
-  cache off" = every call of the cache-off replay (no lookup, so not a miss).
+  symbol's slot held a result, the lookup ran and a guard refused it (cold slots left out);
+  "real hit" = calls the cache answered, in the bundle-policy replay and in the looser-policy
+  replay (the looser policy's signal error on those hits, against the cache-off replay, is
+  printed next to it); "model only, cache off" = every call of the cache-off replay (no lookup,
+  so not a miss).
 - Before each timed call the tick is copied into one reused buffer, as a feed handler would have
   just written it: the tick is in cache, as it is in production.
 - "in C" = the stage timestamps fp_step() takes itself (TSC, see fastpath.clock_info()), for the
@@ -109,6 +110,10 @@ def machine_facts() -> dict:
     try:
         commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True, timeout=5).stdout.strip() or None
+        # results from a tree with uncommitted changes are not the commit's: say so
+        if commit and subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--", ".."],
+                                     capture_output=True, text=True, timeout=5).stdout.strip():
+            commit += "-dirty"
     except (OSError, subprocess.SubprocessError):
         commit = None
     try:
@@ -297,25 +302,32 @@ def run(args) -> dict:
             bar(1.0)
         res["memory"] = on["memory"]
         ref = off["signal"]
-        compared = (on["reason"] == REASONS.index("cosine")) | (on["reason"] == REASONS.index("norm"))
+        # a real miss: the cache was on, the symbol's slot held a result, the lookup ran and a
+        # guard refused it (age, run, cosine or norm); only a cold slot is left out
+        looked = np.isin(on["reason"], [REASONS.index(x) for x in ("age", "run", "cosine", "norm")])
+        why = ", ".join(f"{x} {int((on['reason'] == REASONS.index(x)).sum()):,}"
+                        for x in ("cosine", "norm", "age", "run")
+                        if (on["reason"] == REASONS.index(x)).any())
         rows, dists = {}, {}
         rows["miss"], dists["miss"], miss_stages = step_row(
-            "step() real miss: cache on, compared, refused", "real miss",
-            "real miss: fastpath.step() with the bundle's cache policy on, on calls where the "
-            "cache compared the tick with the symbol's cached one and refused it (cosine or norm "
-            "guard), so the call paid lookup + MLP; cold/age/run misses, which skip the "
-            "comparison, are left out and counted in other_misses",
-            bundle, on, compared)
-        rows["miss"]["other_misses"] = {name: int(((on["reason"] == REASONS.index(name))).sum())
-                                        for name in ("cold", "age", "run", "disabled")}
+            f"step() real miss: cache on, lookup done, missed ({why or 'none'})", "real miss",
+            "real miss: fastpath.step() calls of a replay with the bundle's cache policy on, where "
+            "the symbol's slot held a result, the lookup ran and a guard refused it (counts by "
+            "guard in the label; age and run refuse before comparing the vectors, cosine and norm "
+            "after), so the call paid the lookup and the MLP; the first tick of each symbol (cold "
+            "slot) is left out and counted in other_misses",
+            bundle, on, looked)
+        rows["miss"]["other_misses"] = {name: int((on["reason"] == REASONS.index(name)).sum())
+                                        for name in ("cold", "disabled")}
         rows["hit"], dists["hit"], _ = step_row(
             "step() real hit: replayed stream, bundle policy", "real hit (bundle policy)",
             f"real hit: fastpath.step() calls of the same replay that the cache answered "
             f"({bundle['name']})", bundle, on, on["cached"], ref)
         e = _errors(lo["signal"], ref, lo["cached"])
         rows["hit_loose"], dists["hit_loose"], _ = step_row(
-            f"step() real hit: replayed stream, looser policy {LOOSE[0]} (error on hits: mean "
-            f"{e['mean_abs']:.4f}, max {e['max_abs']:.4f})", f"real hit ({LOOSE[0]})",
+            f"step() real hit: replayed stream, looser policy {LOOSE[0]} "
+            + (f"(error on hits: mean {e['mean_abs']:.4f}, max {e['max_abs']:.4f})"
+               if lo["cached"].any() else "(no hits)"), f"real hit ({LOOSE[0]})",
             f"real hit, looser policy: a second replay with {LOOSE[0]}; hits are more common "
             f"and cost signal error (error_on_hits, against a cache-off replay)", loose, lo,
             lo["cached"], ref)
@@ -454,6 +466,7 @@ def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal, edges) -> list:
                "hit_rate": float(r.cached.mean()), "batch_ns_per_tick": dt * 1e9 / len(raws),
                "mean_abs_error_on_hits": e["mean_abs"], "max_abs_error_on_hits": e["max_abs"],
                "sign_flips_on_hits": e["sign_flips"],
+               "miss_reasons": {k: int(v) for k, v in eng.stats()["miss_reasons"].items()},
                "regime_hit_rates": {n: float(r.cached[bs.regime == k].mean())
                                     for k, n in enumerate(bs.regime_names) if (bs.regime == k).any()},
                "timeline_hit_rate": [float(r.cached[a:b].mean())
