@@ -27,8 +27,8 @@ def summary(res) -> str:
         f"Source: {res['stream']['source']}, {res['machine']['cpu_model']}, simd={res['machine']['simd']}, "
         f"fastpath {res['machine']['fastpath']} ({res['machine']['commit']}), started {res['started']}.",
         f"Inside fp_step() on a real miss (p50 of {miss['total']['n']:,} calls): features "
-        f"{fmt_ns(miss['feature']['p50'])}, cache lookup + store {fmt_ns(miss['cache']['p50'])}, "
-        f"MLP + head {fmt_ns(miss['infer']['p50'])}, total {fmt_ns(miss['total']['p50'])}.",
+        f"{fmt_ns(miss['feature']['p50'])}, cache stage {fmt_ns(miss['cache']['p50'])}, "
+        f"inference {fmt_ns(miss['infer']['p50'])}, total {fmt_ns(miss['total']['p50'])}.",
     ]
     for key in ("hit", "hit_loose"):
         r = st[key]
