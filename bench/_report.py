@@ -1,9 +1,29 @@
-"""Distributions, the terminal table and the plots of the bench."""
+"""Distributions, the terminal and README tables, and the plots of the bench.
+
+Everything here reads the result dict only (never the engine), so the README figures and plot
+can be regenerated from a committed results JSON (see bench/readme_figures.py).
+"""
 from __future__ import annotations
 
 import numpy as np
 
 PCTS = (50, 90, 99, 99.9)
+
+
+def percentile_levels(n: int) -> list:
+    """The percentile levels HdrHistogram's percentile iterator reports (5 ticks per halving
+    of the distance to 100%: each step closes a tenth of the remaining gap), down to the
+    resolution n samples give; the last level is 100 * (1 - 1/n), where the slowest sample sits."""
+    if n <= 0:
+        return []
+    out, gap = [], 100.0
+    while gap * n / 100.0 >= 1.0:
+        out.append(100.0 - gap)
+        gap *= 0.9
+    last = 100.0 * (1.0 - 1.0 / n)
+    if not out or last > out[-1]:
+        out.append(last)
+    return out
 
 
 class Dist:
@@ -14,6 +34,7 @@ class Dist:
         v = np.asarray(values, dtype=np.int64).reshape(-1)
         self.n = int(v.size)
         self.values = v
+        self._h = None
         if self.n == 0:
             self.q = {p: 0.0 for p in PCTS}
             self.max = 0
@@ -25,6 +46,7 @@ class Dist:
             vals, counts = np.unique(np.maximum(v, 1), return_counts=True)
             for x, c in zip(vals.tolist(), counts.tolist()):
                 h.record_value(x, c)
+            self._h = h
             self.q = {p: float(h.get_value_at_percentile(p)) for p in PCTS}
             self.max = int(h.get_max_value())
             self.mean = float(h.get_mean_value())
@@ -51,67 +73,106 @@ class Dist:
         return {"n": self.n, "p50": self.q[50], "p90": self.q[90], "p99": self.q[99],
                 "p999": self.q[99.9], "max": self.max, "mean": self.mean}
 
+    def series(self) -> dict:
+        """The whole percentile distribution: {"percentile": [...], "ns": [...]}, levels from
+        percentile_levels(n); values from the histogram (get_percentile_to_value_dict) or, without
+        hdrhistogram, the same rank rule on the sorted samples. The last point is the slowest
+        sample itself."""
+        levels = percentile_levels(self.n)
+        if not levels:
+            return {"percentile": [], "ns": []}
+        if self._h is not None:
+            d = self._h.get_percentile_to_value_dict(levels)
+            ns = [float(d[p]) for p in levels]
+        else:
+            s = np.sort(self.values)
+            # HdrHistogram's rule: the smallest value with at least p% of samples at or below it
+            idx = np.clip(np.ceil(np.asarray(levels) / 100.0 * self.n).astype(int) - 1, 0, self.n - 1)
+            ns = [float(x) for x in s[idx]]
+        ns[-1] = float(self.max)
+        return {"percentile": [round(p, 6) for p in levels], "ns": ns}
 
-def _fmt(ns: float) -> str:
+
+def fmt_ns(ns: float) -> str:
     if ns >= 1e6:
         return f"{ns / 1e6:.2f} ms"
     if ns >= 1e4:
         return f"{ns / 1e3:.1f} us"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.2f} us"
     return f"{ns:.0f} ns"
 
 
-def _tables(res):
-    """(title, header, rows) for every table, shared by rich and plain output."""
+# the rows of the per-call table, in print order (keys of res["step"])
+STEP_ROWS = ("miss", "hit", "hit_loose", "cache_off")
+
+
+def _dist_cells(d):
+    if not d["n"]:
+        return ["-"] * 5
+    return [fmt_ns(d["p50"]), fmt_ns(d["p90"]), fmt_ns(d["p99"]), fmt_ns(d["p999"]), fmt_ns(d["max"])]
+
+
+def tables(res):
+    """(title, header, rows) for every table, shared by the terminal, plain text and README."""
     out = []
+    step = res["step"]
+    miss_p50 = max(step["miss"]["python"]["p50"], 1)
     rows = []
-    miss_p50 = max(res["step_miss"]["python"]["p50"], 1)
-    for label, d in (("fastpath.step() miss", res["step_miss"]["python"]),
-                     ("fastpath.step() hit", res["step_hit"]["python"])):
-        rows.append([label, _fmt(d["p50"]), _fmt(d["p90"]), _fmt(d["p99"]), _fmt(d["p999"]),
-                     _fmt(d["max"]), f"{d['p50'] / miss_p50:.2f}x"])
+    for key in STEP_ROWS:
+        r = step[key]
+        d = r["python"]
+        ratio = f"{d['p50'] / miss_p50:.2f}x" if d["n"] else "-"
+        rows.append([r["label"], f"{r['samples']:,}"] + _dist_cells(d) + [ratio])
     for name, p in res["peers"].items():
         if not p.get("available"):
             continue
         d = p["python"]
-        rows.append([f"{name} {p['version']}", _fmt(d["p50"]), _fmt(d["p90"]), _fmt(d["p99"]),
-                     _fmt(d["p999"]), _fmt(d["max"]), f"{p['ratio_p50']:.1f}x"])
-    out.append(("Per tick from Python (timer overhead "
-                f"{res['timer_overhead_ns']['p50']:.0f} ns removed)",
-                ["", "p50", "p90", "p99", "p99.9", "max", "p50 vs miss"], rows))
+        rows.append([p["label"], f"{d['n']:,}"] + _dist_cells(d) + [f"{p['ratio_p50']:.1f}x"])
+    out.append((f"fastpath.step() per call from Python, replay of {res['stream']['source']} "
+                f"(timer overhead {res['timer_overhead_ns']['p50']:.0f} ns removed; peers run the "
+                f"MLP alone on precomputed features)",
+                ["", "n", "p50", "p90", "p99", "p99.9", "max", "p50 / real miss p50"], rows))
     rows = []
-    for label, key in (("miss", "step_miss"), ("hit", "step_hit")):
-        for stage, d in res[key]["in_c"].items():
+    for key in STEP_ROWS:
+        r = step[key]
+        for stage in ("feature", "cache", "infer", "total"):
+            d = r["in_c"][stage]
             if d["n"]:
-                rows.append([f"{label}: {stage}", _fmt(d["p50"]), _fmt(d["p90"]), _fmt(d["p99"]),
-                             _fmt(d["p999"]), _fmt(d["max"])])
-            else:
-                rows.append([f"{label}: {stage}", "-", "-", "-", "-", "did not run"])
-    out.append(("Stages inside fp_step() (TSC)", ["", "p50", "p90", "p99", "p99.9", "max"], rows))
+                rows.append([f"{r['short']}: {stage}", f"{d['n']:,}"] + _dist_cells(d))
+            elif r["samples"]:
+                rows.append([f"{r['short']}: {stage}", "0", "-", "-", "-", "-", "did not run"])
+    out.append(("Stages inside fp_step() (TSC), the same calls",
+                ["", "n", "p50", "p90", "p99", "p99.9", "max"], rows))
     rp = res["replay"]
     rows = []
     for r in rp["regimes"]:
         t = r["in_c"]["total"]
-        rows.append([r["name"], str(r["ticks"]), f"{100 * r['hit_rate']:.1f}%", _fmt(t["p50"]),
-                     _fmt(t["p99"]), _fmt(r["python"]["p50"]), _fmt(r["python"]["p99"]),
-                     f"{r['mean_abs_signal_error_on_hits']:.4f} / {r['max_abs_signal_error_on_hits']:.4f}"])
+        rows.append([r["name"], f"{r['ticks']:,}", f"{r['hits']:,} ({100 * r['hit_rate']:.1f}%)",
+                     fmt_ns(t["p50"]), fmt_ns(t["p99"]), fmt_ns(r["python"]["p50"]),
+                     fmt_ns(r["python"]["p99"]),
+                     f"{r['mean_abs_signal_error_on_hits']:.4f} / {r['max_abs_signal_error_on_hits']:.4f}",
+                     " / ".join(f"{r['miss_reasons'][x]:,}" for x in ("cold", "age", "run", "cosine", "norm"))])
     sh = rp["shadow"]
-    out.append((f"Replay with the cache ({res['stream']['source']}): hit rate "
-                f"{100 * rp['hit_rate']:.1f}%, shadow error on {sh['hits_checked']} hits mean "
-                f"{sh['mean_abs_signal_error']:.4f} max {sh['max_abs_signal_error']:.4f}",
+    out.append((f"Replay with the bundle's cache policy: {sh['hits_checked']:,} hits "
+                f"({100 * rp['hit_rate']:.2f}%), signal error on hits vs a cache-off replay: mean "
+                f"{sh['mean_abs_signal_error']:.4f}, max {sh['max_abs_signal_error']:.4f}",
                 ["regime", "ticks", "hits", "C p50", "C p99", "py p50", "py p99",
-                 "hit err mean / max"], rows))
+                 "hit err mean / max", "misses cold / age / run / cosine / norm"], rows))
     names = res["stream"]["regimes"]
-    rows = [[t["policy"], f"{100 * t['hit_rate']:.1f}%"]
+    rows = [[t["policy"], f"{t['hits']:,} ({100 * t['hit_rate']:.1f}%)"]
             + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
             + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
-               f"{t['batch_ns_per_tick']:.0f} ns"] for t in rp.get("tradeoff", [])]
-    out.append(("What the cache buys and costs (step_batch replay, shadow error on hits)",
+               str(t["sign_flips_on_hits"]), f"{t['batch_ns_per_tick']:.0f} ns",
+               " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
+            for t in rp.get("tradeoff", [])]
+    out.append(("What the cache buys and costs (step_batch replay; error on hits vs a cache-off replay)",
                 ["policy", "hits"] + [f"hits {n}" for n in names]
-                + ["err mean", "err max", "ns/tick"], rows))
+                + ["err mean", "err max", "sign flips", "ns/tick", "misses age / run / cos / norm"], rows))
     b, k = res["batch"], res["mlp_kernel"]
     rows = [["step_batch, cache off", f"{b['cache_off']['ticks_per_s'] / 1e6:.2f} M ticks/s",
              f"{b['cache_off']['ns_per_tick']:.0f} ns/tick"],
-            ["step_batch, cache on", f"{b['cache_on']['ticks_per_s'] / 1e6:.2f} M ticks/s",
+            ["step_batch, bundle cache policy", f"{b['cache_on']['ticks_per_s'] / 1e6:.2f} M ticks/s",
              f"{b['cache_on']['ns_per_tick']:.0f} ns/tick"],
             [f"MLP kernel alone ({k['kernel_set']}, {k['macs']} MACs)", f"{k['ns_per_forward']:.0f} ns",
              f"{k.get('gflops', 0):.1f} GFLOP/s"]]
@@ -121,7 +182,7 @@ def _tables(res):
     out.append(("Throughput", ["", "", ""], rows))
     rows = [[t["what"], f"{t['value']:.2f}", f"{t['op']} {t['target']:g}",
              "met" if t["met"] else "NOT MET"] for t in res["targets"]]
-    out.append(("Targets (issue 2)", ["", "value", "target", ""], rows))
+    out.append(("Targets", ["", "value", "target", ""], rows))
     return out
 
 
@@ -138,37 +199,81 @@ def render(res) -> None:
             + (f"; arena {mem.get('method')} pages {mem.get('page_size')}, mlock {mem.get('mlock')}"
                if mem else ""))
     skipped = [f"{n}: skipped ({p['reason']})" for n, p in res["peers"].items() if not p["available"]]
+    notes = [res["step"][k]["what"] for k in STEP_ROWS]
     try:
         from rich.console import Console
         from rich.table import Table
-        c = Console(width=None if Console().is_terminal else 130)
+        c = Console(width=None if Console().is_terminal else 140)
         c.print(f"[bold]{head}[/bold]")
-        for title, header, rows in _tables(res):
+        for title, header, rows in tables(res):
             t = Table(title=title, title_justify="left")
             for h in header:
-                t.add_column(h, justify="left" if not h or h in ("regime",) else "right")
+                t.add_column(h, justify="left" if not h or h in ("regime", "policy") else "right")
             for r in rows:
                 t.add_row(*r)
             c.print(t)
+        for s in notes:
+            c.print(f"- {s}", highlight=False)
         for s in skipped:
             c.print(f"[yellow]{s}[/yellow]")
         if res.get("hdrhistogram") is False:
             c.print("[yellow]hdrhistogram not installed: percentiles from numpy[/yellow]")
     except ImportError:
         print(head)
-        for title, header, rows in _tables(res):
+        for title, header, rows in tables(res):
             print(f"\n{title}")
             widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
             for r in [header] + rows:
                 print("  ".join(str(x).rjust(w) if i else str(x).ljust(w)
                                 for i, (x, w) in enumerate(zip(r, widths))))
+        for s in notes:
+            print(f"- {s}")
         for s in skipped:
             print(s)
         print("rich not installed: plain table")
 
 
+def markdown(res) -> str:
+    """The README's tables, generated from a results dict."""
+    out = []
+    for title, header, rows in tables(res):
+        out.append(f"{title}\n")
+        out.append("| " + " | ".join(h or " " for h in header) + " |")
+        out.append("|" + "---|" * len(header))
+        for r in rows:
+            out.append("| " + " | ".join(str(x).replace("|", "/") for x in r) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------ plots
+NINES = (0.0, 90.0, 99.0, 99.9, 99.99, 99.999, 99.9999, 99.99999)
+
+
+def _nines_axis(ax, n_max):
+    ax.set_xscale("log")
+    ticks = [1.0 / (1.0 - p / 100.0) for p in NINES]
+    keep = [i for i, t in enumerate(ticks) if t <= max(n_max, 10) * 1.01]
+    ax.set_xticks([ticks[i] for i in keep])
+    ax.set_xticklabels([f"{NINES[i]:g}%" for i in keep])
+    ax.minorticks_off()
+    ax.set_xlim(1, max(n_max, 10) * 1.5)
+    ax.set_xlabel("percentile (each line ends at its slowest sample, drawn at 1 - 1/n)")
+
+
+def _plot_series(ax, s, **kw):
+    p = np.asarray(s["percentile"], float)
+    if not len(p):
+        return 0
+    x = 1.0 / (1.0 - p / 100.0)
+    ax.plot(x, s["ns"], **kw)
+    return int(s["n"])
+
+
 def write_plots(res, path: str):
-    """Latency CDFs (fastpath stages and peers) and the replay timeline; None without matplotlib."""
+    """Three panels, one question each: what a step() costs from Python (real misses, real hits,
+    cache off, peers), where the ns go inside fp_step() on a miss, and how often the cache hits
+    along the replay. Returns the path, or None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -176,50 +281,69 @@ def write_plots(res, path: str):
     except ImportError:
         print("matplotlib not installed: no plot")
         return None
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 5.2))
-
-    def line(ax, d, label, style="-"):
-        # the max is the slowest of n calls: plotted at 1/n
-        ax.plot([d["p50"], d["p90"], d["p99"], d["p999"], d["max"]],
-                [0.5, 0.1, 0.01, 0.001, 1.0 / max(d["n"], 1)], style, marker="o", label=label)
-    line(a1, res["step_miss"]["python"], "fastpath.step miss (python)")
-    line(a1, res["step_hit"]["python"], "fastpath.step hit (python)")
-    for stage in ("feature", "cache", "infer", "total"):
-        d = res["step_miss"]["in_c"][stage]
-        if d["n"]:
-            line(a1, d, f"miss, in C: {stage}", "--")
-    for name, p in res["peers"].items():
-        if p.get("available"):
-            line(a1, p["python"], f"{name} (python)", ":")
-    a1.set_xscale("log")
+    pd = res["percentile_distributions"]
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(19, 6))
+    n_max = 1
+    styles = {"step_miss": dict(color="tab:red", lw=2), "step_hit": dict(color="tab:green", lw=2),
+              "step_hit_loose": dict(color="tab:green", lw=1.5, ls="--"),
+              "step_cache_off": dict(color="tab:gray", lw=1.5, ls="-.")}
+    for key, s in pd.items():
+        if s["panel"] != "python" or not s["n"]:
+            continue
+        kw = styles.get(key, dict(lw=1.2, ls=":"))
+        n_max = max(n_max, _plot_series(a1, s, label=f"{s['label']} (n={s['n']:,})", **kw))
+    _nines_axis(a1, n_max)
     a1.set_yscale("log")
-    a1.set_xlabel("latency, ns")
-    a1.set_ylabel("fraction slower (1 - CDF)")
-    a1.set_title("Latency tails per tick (log-log)")
+    a1.set_ylabel("latency per call, ns (log)")
+    a1.set_title("What does one call cost from Python:\nreal miss vs real hit vs peers?", fontsize=11)
     a1.grid(True, which="both", alpha=0.3)
-    a1.legend(fontsize=7)
+    a1.legend(fontsize=7, loc="upper left")
+
+    n_max = 1
+    for key, s in pd.items():
+        if s["panel"] != "in_c_miss" or not s["n"]:
+            continue
+        n_max = max(n_max, _plot_series(a2, s, label=f"{s['label']} (n={s['n']:,})", lw=1.5))
+    _nines_axis(a2, n_max)
+    a2.set_yscale("log")
+    a2.set_ylabel("ns inside fp_step() (TSC, log)")
+    a2.set_title("Where do the ns go inside fp_step()\non a real miss?", fontsize=11)
+    a2.grid(True, which="both", alpha=0.3)
+    a2.legend(fontsize=7, loc="upper left")
+
     tl = res["replay"]["timeline"]
-    a2.plot(tl["tick"], tl["p99_ns"], label="p99 total in C (ns)", color="tab:red")
-    a2.plot(tl["tick"], tl["p50_ns"], label="p50 total in C (ns)", color="tab:orange")
-    a2.set_xlabel("tick")
-    a2.set_ylabel("ns")
-    a3 = a2.twinx()
-    a3.plot(tl["tick"], tl["hit_rate"], label="hit rate (bundle policy)", color="tab:blue")
-    for t, style in zip(res["replay"].get("tradeoff", [])[1:], (":", "-.", "--")):
-        a3.plot(tl["tick"], t["timeline_hit_rate"], style, color="tab:blue", alpha=0.7,
-                label=f"hit rate, {t['policy']}")
-    a3.set_ylabel("hit rate")
-    a3.set_ylim(0, 1)
+    rp = res["replay"]
+    a3.plot(tl["tick"], np.asarray(tl["hit_rate"]) * 100, color="tab:green", lw=2,
+            label=f"bundle policy (step() replay, {rp['shadow']['hits_checked']:,} hits)")
+    for t, ls, col in zip(rp.get("tradeoff", [])[1:], (":", "-.", "--"),
+                          ("tab:olive", "tab:blue", "tab:purple")):
+        a3.plot(tl["tick"], np.asarray(t["timeline_hit_rate"]) * 100, ls, color=col, alpha=0.9,
+                label=f"{t['policy']} (max err on hits {t['max_abs_error_on_hits']:.3f})")
+    a3.set_ylim(0, 100)
     regs = tl["regime"]
-    for i in range(1, len(regs)):
-        if regs[i] != regs[i - 1]:
-            a2.axvline(tl["tick"][i], color="grey", ls="--")
-            a2.text(tl["tick"][i], a2.get_ylim()[1] * 0.95, regs[i], fontsize=8)
-    a2.set_title(f"Replay: {res['stream']['source']}")
-    h1, l1 = a2.get_legend_handles_labels()
-    h2, l2 = a3.get_legend_handles_labels()
-    a2.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
+    bounds = [0] + [i for i in range(1, len(regs)) if regs[i] != regs[i - 1]] + [len(regs)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        x0 = tl["tick"][a]
+        if a:
+            a3.axvline(x0, color="grey", ls="--", lw=0.8)
+        a3.text(x0, 97, f" {regs[a]}", fontsize=8, va="top", rotation=90)
+    if not rp["hits"] and not any(t["hits"] for t in rp.get("tradeoff", [])):
+        # an empty panel needs its reason: which guard refused the lookups
+        why = {x: sum(r["miss_reasons"][x] for r in rp["regimes"])
+               for x in ("cold", "age", "run", "cosine", "norm")}
+        a3.text(0.5, 0.5, "no policy hits on this stream; misses by guard (bundle policy):\n"
+                + ", ".join(f"{k} {v:,}" for k, v in why.items()), transform=a3.transAxes,
+                ha="center", va="center", fontsize=9)
+    a3.set_xlabel("tick of the replay")
+    a3.set_ylabel("cache hit rate per bin, %")
+    a3.set_title(f"How often does the cache hit, regime by regime?\n{res['stream']['source']}",
+                 fontsize=11)
+    a3.grid(True, alpha=0.3)
+    a3.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.0, 0.91))
+    m = res["machine"]
+    fig.suptitle(f"fastpath {m['fastpath']} ({m['commit']}), {m['cpu_model']}, simd={m['simd']}",
+                 fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -23,8 +23,8 @@ def numpy_peer(model):
             elif act == "tanh":
                 h = np.tanh(h)
             elif act == "sigmoid":
-                h = 1 / (1 + np.exp(-h))
-        return np.tanh(h[0, 0]), 1 / (1 + np.exp(-h[0, 1])), h[0]
+                h = 0.5 * (1 + np.tanh(0.5 * h))       # the logistic, without exp overflow
+        return np.tanh(h[0, 0]), 0.5 * (1 + np.tanh(0.5 * h[0, 1])), h[0]
     return lambda x: fn(x)[2]
 
 
