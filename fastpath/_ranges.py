@@ -27,7 +27,7 @@ def parse_ranges(text: str, what: str = "list") -> list:
             return int(s)
 
         if not dash:
-            if colon:
+            if ":" in part:
                 raise ValueError(f"bad {what} {text!r}: {part!r} has a step without a range; "
                                  f"expected N, N-M or N-M:S")
             out.append(num(a, "number"))
