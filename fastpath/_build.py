@@ -38,7 +38,7 @@ class ResolvedConfig:
     source: Any           # fastpath.control.config.EngineConfig
     # which cache policy is in force and why: "fitted (max error E)", "config",
     # "model (set explicitly, not fitted)", "off (not fitted)", "off (config)", "off"
-    cache_origin: str = "off (not fitted)"
+    cache_origin: str
 
 
 def resolve_simd(simd: str = "auto") -> str:

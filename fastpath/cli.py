@@ -25,7 +25,8 @@ def cmd_info(args) -> int:
     info = {"version": fastpath.__version__, "simd": fastpath.simd(),
             "cpu_features": fastpath.cpu_features(), "clock": fastpath.clock_info(),
             "default_model": {"path": DEMO_MODEL, "dims": eng.model.dims, "meta": eng.model.meta,
-                              "feature_path": eng.feature_path}}
+                              "feature_path": eng.feature_path,
+                              "cache": eng.config.cache_origin}}
     print(json.dumps(info, indent=1))
     return 0
 

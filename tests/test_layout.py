@@ -177,5 +177,6 @@ def test_public_names_keep_their_paths():
                  "RAW_LEN", "WINDOW_FIELDS", "STATE_FIELDS", "LEVELS", "HALF_LIVES", "REGIMES"):
         assert hasattr(lob, name), name
     assert "Raw layout (RAW_LEN = 256 float32)" in lob.__doc__
-    from fastpath.tuning import calibrate, fit_cache_policy  # noqa: F401
+    from fastpath import tuning
+    assert callable(tuning.calibrate) and callable(tuning.fit_cache_policy)
     assert callable(Model.fit_cache_policy) and callable(Model.from_onnx)

@@ -83,7 +83,8 @@ def test_fit_reports_sign_flips(isa):
     rng = np.random.default_rng(2)
     m = random_model(rng, [8, 32, 2], scale=0.3, policy=CachePolicy())
     raws, sy, ts = _walk(rng)
-    pol, rep = fit_cache_policy(m, raws, sy, max_error=2.0, ts_ns=ts, simd=isa)
+    grid = {"cos_grid": (0.999, 0.9999, 0.999999), "norm_grid": (0.02, 0.001)}
+    pol, rep = fit_cache_policy(m, raws, sy, max_error=2.0, ts_ns=ts, simd=isa, **grid)
     loose = rep.rows[0]
     assert loose["cos_threshold"] == 0.999 and loose["sign_flips"] > 0
     # the count is what a replay with that policy shows
@@ -93,7 +94,7 @@ def test_fit_reports_sign_flips(isa):
     h = on.cached
     assert loose["sign_flips"] == int((np.sign(on.signal[h]) != np.sign(off.signal[h])).sum())
     pol0, rep0 = fit_cache_policy(m, raws, sy, max_error=2.0, ts_ns=ts, max_sign_flips=0,
-                                  simd=isa)
+                                  simd=isa, **grid)
     assert all(r["within_budget"] == (r["sign_flips"] == 0) for r in rep0.rows)
     assert rep0.chosen is None or rep0.chosen["sign_flips"] == 0
 
@@ -102,7 +103,8 @@ def test_fit_with_nothing_within_budget_leaves_the_cache_off(isa):
     rng = np.random.default_rng(4)
     m = random_model(rng, [8, 32, 2])                         # enabled, not fitted
     raws, sy, ts = _walk(rng)
-    out, rep = m.fit_cache_policy(raws, sy, max_error=1e-6, ts_ns=ts, simd=isa)
+    out, rep = m.fit_cache_policy(raws, sy, max_error=1e-6, ts_ns=ts, simd=isa,
+                                  norm_grid=(0.02, 0.001))
     assert rep.chosen is None and "stays off" in rep.note and "stays off" in rep.table()
     assert not out.cache_policy.enabled and out.cache_policy.fitted_max_error is None
     assert Engine(out).config.cache_origin == "off (not fitted)"
