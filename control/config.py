@@ -3,7 +3,10 @@
 Design: every key is declared once with its type and allowed range; anything
 else is an error that names the key, the value and what is allowed, so a typo
 never silently falls back to a default. Cache keys left out of the config keep
-the model bundle's own policy.
+the model bundle's own policy (off unless it was fitted); `enabled = true` here is an
+explicit choice that turns the cache on with an unfitted policy. Which kernel set
+engine.simd resolves to on this CPU is decided by fastpath._build, not here: the control
+plane does not import the engine.
 """
 from __future__ import annotations
 
@@ -11,38 +14,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from fastpath._checks import check_value as _check
 from fastpath.errors import ConfigError
+from fastpath.model import CACHE_KEYS as _CACHE_KEYS
 
-SIMD_CHOICES = ("auto", "avx2", "scalar")
+SIMD_CHOICES = ("auto", "avx2", "scalar")     # fastpath._build reads it for FASTPATH_SIMD
 BACKENDS = ("cpu", "gpu", "auto")
 
 
-def _check(key: str, value: Any, typ, lo=None, hi=None, choices=None) -> Any:
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if typ == (str, int):      # placement.core: "auto" or a CPU number
-        if isinstance(value, bool) or not (value == "auto" or isinstance(value, int) and 0 <= value < 1 << 16):
-            raise ConfigError(f"{key} must be \"auto\" or a CPU number, got {value!r}")
-        return value
-    if typ is not bool and isinstance(value, bool) or not isinstance(value, typ):
-        raise ConfigError(f"{key} must be {typ.__name__}, got {type(value).__name__} {value!r}")
-    if choices is not None and value not in choices:
-        raise ConfigError(f"{key} must be one of {list(choices)}, got {value!r}")
-    if typ is float and value != value:
-        raise ConfigError(f"{key} must be a number, got NaN")
-    if lo is not None and value < lo or hi is not None and value > hi:
-        raise ConfigError(f"{key} must be in [{lo}, {hi}], got {value!r}")
-    return value
-
-
 # key -> (type, lo, hi, choices)
-_CACHE_KEYS = {
-    "enabled": (bool, None, None, None),
-    "cos_threshold": (float, -1.0, 1.0, None),
-    "norm_tol": (float, 0.0, 1e6, None),
-    "max_age_ns": (int, 0, 2**62, None),
-    "max_run": (int, 0, 2**32 - 1, None),
-}
 _ENGINE_KEYS = {
     "n_symbols": (int, 1, 1 << 22, None),
     "simd": (str, None, None, SIMD_CHOICES),
@@ -63,11 +43,6 @@ _MEMORY_KEYS = {
 }
 
 
-def validate_cache_policy(obj: Any, prefix: str) -> None:
-    for k, (typ, lo, hi, ch) in _CACHE_KEYS.items():
-        _check(f"{prefix}.{k}", getattr(obj, k), typ, lo, hi, ch)
-
-
 @dataclass(frozen=True)
 class CacheConfig:
     """Cache keys set by the config; None leaves the model's value."""
@@ -77,9 +52,17 @@ class CacheConfig:
     max_age_ns: int | None = None
     max_run: int | None = None
 
+    def overrides(self) -> dict:
+        """The keys this config sets."""
+        return {k: getattr(self, k) for k in _CACHE_KEYS if getattr(self, k) is not None}
+
     def apply(self, policy):
+        """The policy in force: the config's keys over the model's. Changing a guard of a
+        fitted policy makes it a policy the fit says nothing about, so it loses its fit."""
         from dataclasses import replace
-        over = {k: getattr(self, k) for k in _CACHE_KEYS if getattr(self, k) is not None}
+        over = self.overrides()
+        if any(k != "enabled" and over[k] != getattr(policy, k) for k in over):
+            over["fitted_max_error"] = None
         return replace(policy, **over)
 
 
@@ -150,20 +133,6 @@ class EngineConfig:
         return cls(**dict(d.get("engine", {})), cache=CacheConfig(**d.get("cache", {})),
                    placement=PlacementConfig(**d.get("placement", {})),
                    memory=MemoryConfig(**d.get("memory", {})), source=source)
-
-    def resolve_simd(self) -> str:
-        """The kernel set to use: FASTPATH_SIMD=scalar forces scalar; 'auto' takes the best."""
-        from fastpath._engine import best_isa, supported_isas
-        env = os.environ.get("FASTPATH_SIMD", "").strip().lower()
-        if env and env not in SIMD_CHOICES:
-            raise ConfigError(f"FASTPATH_SIMD must be one of {list(SIMD_CHOICES)}, got {env!r}")
-        want = "scalar" if env == "scalar" else (env if env and self.simd == "auto" else self.simd)
-        if want == "auto":
-            return best_isa()
-        if want not in supported_isas():
-            raise ConfigError(f"engine.simd = {want!r} but this CPU supports only "
-                              f"{supported_isas()}")
-        return want
 
 
 def load_config(cfg: Any = None) -> EngineConfig:

@@ -11,23 +11,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from fastpath._ranges import parse_ranges
+
 
 def parse_cpulist(text: str | None) -> list:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]; '' or None -> []."""
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11], sorted, each CPU once; '0-7:2' steps by 2;
+    '' or None -> []. Text that is not a cpulist is a ValueError saying which part is wrong."""
     if not text:
         return []
-    out = []
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            b, _, stride = b.partition(":")
-            out += list(range(int(a), int(b) + 1, int(stride) if stride else 1))
-        else:
-            out.append(int(part))
-    return sorted(set(out))
+    return sorted(set(parse_ranges(text.strip(), "cpulist")))
 
 
 def format_cpulist(cpus) -> str:

@@ -26,8 +26,8 @@ __all__ = [
 
 def simd() -> str:
     """The kernel set engines use by default: 'avx2' or 'scalar' (FASTPATH_SIMD=scalar forces it)."""
-    from fastpath.control.config import EngineConfig
-    return EngineConfig().resolve_simd()
+    from fastpath._build import resolve_simd
+    return resolve_simd("auto")
 
 
 def configure(config=None, model=None) -> Engine:

@@ -1,4 +1,9 @@
-"""Turning (model, backend, config) into what the compiled Engine needs; the default engine."""
+"""Turning (model, backend, config) into what the compiled Engine needs; the default engine.
+
+This is where the engine meets the control plane: the config (fastpath.control.config) says
+what was asked for, and this module decides what runs on this CPU (the kernel set) and which
+cache policy is in force and where it came from (cache_origin).
+"""
 from __future__ import annotations
 
 import os
@@ -31,6 +36,42 @@ class ResolvedConfig:
     cache: Any            # fastpath.model.CachePolicy
     memory: Any           # fastpath.control.config.MemoryConfig
     source: Any           # fastpath.control.config.EngineConfig
+    # which cache policy is in force and why: "fitted (max error E)", "config",
+    # "model (set explicitly, not fitted)", "off (not fitted)", "off (config)", "off"
+    cache_origin: str
+
+
+def resolve_simd(simd: str = "auto") -> str:
+    """The kernel set engines run: FASTPATH_SIMD=scalar forces scalar, FASTPATH_SIMD=avx2 asks
+    for AVX2 when the config says "auto"; "auto" takes the best this CPU has; a set the CPU
+    lacks is a ConfigError naming what it has."""
+    from fastpath._engine import best_isa, supported_isas
+    from fastpath.control.config import SIMD_CHOICES
+    from fastpath.errors import ConfigError
+    env = os.environ.get("FASTPATH_SIMD", "").strip().lower()
+    if env and env not in SIMD_CHOICES:
+        raise ConfigError(f"FASTPATH_SIMD must be one of {list(SIMD_CHOICES)}, got {env!r}")
+    want = "scalar" if env == "scalar" else (env if env and simd == "auto" else simd)
+    if want == "auto":
+        return best_isa()
+    if want not in supported_isas():
+        raise ConfigError(f"engine.simd = {want!r} but this CPU supports only "
+                          f"{supported_isas()}")
+    return want
+
+
+def cache_origin(over: dict, policy: Any) -> str:
+    """Where the policy in force (`policy`: the config's keys `over` applied to the model's
+    policy) comes from, in words for stats() and logs."""
+    if not policy.enabled:
+        if over.get("enabled") is False:
+            return "off (config)"
+        return "off" if policy.fitted_max_error is not None else "off (not fitted)"
+    if policy.fitted_max_error is not None:
+        return f"fitted (max error {policy.fitted_max_error:g})"
+    if over:
+        return "config"
+    return "model (set explicitly, not fitted)"
 
 
 def load_model(model: Any):
@@ -65,8 +106,9 @@ def resolve(model: Any, backend: Any, config: Any):
         reason = f"auto: cpu chosen ({why})"
         backend = "cpu"
     # cfg.cache.apply goes through dataclasses.replace, so CachePolicy validates the merge
-    rc = ResolvedConfig(cfg.n_symbols, cfg.latency_records, cfg.resolve_simd(),
-                        cfg.cache.apply(m.cache_policy), cfg.memory, cfg)
+    pol = cfg.cache.apply(m.cache_policy)
+    rc = ResolvedConfig(cfg.n_symbols, cfg.latency_records, resolve_simd(cfg.simd), pol,
+                        cfg.memory, cfg, cache_origin(cfg.cache.overrides(), pol))
     return m, rc, backend, reason
 
 

@@ -1,4 +1,4 @@
-"""The `fastpath` command: info, bench, calibrate."""
+"""The `fastpath` command: info, doctor, calibrate, example-config, bench."""
 from __future__ import annotations
 
 import argparse
@@ -7,23 +7,15 @@ import os
 import sys
 
 
-def _parse_fields(spec: str | None, default):
-    """'0-111,120,130-133' -> [0..111, 120, 130..133]"""
+def _parse_fields(spec: str | None, default, option: str):
+    """'0-111,120,130-133' -> [0..111, 120, 130..133], in the order written."""
+    from fastpath._ranges import parse_ranges
     if spec is None:
         return list(default)
-    out = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        a, _, b = part.partition("-")
-        try:
-            lo = int(a)
-            hi = int(b) if b else lo
-        except ValueError:
-            raise SystemExit(f"fastpath calibrate: bad field list {spec!r}: {part!r} is not N or N-M")
-        out += list(range(lo, hi + 1))
-    return out
+    try:
+        return parse_ranges(spec, f"{option} field list")
+    except ValueError as exc:
+        raise SystemExit(f"fastpath calibrate: {exc}") from None
 
 
 def cmd_info(args) -> int:
@@ -33,38 +25,66 @@ def cmd_info(args) -> int:
     info = {"version": fastpath.__version__, "simd": fastpath.simd(),
             "cpu_features": fastpath.cpu_features(), "clock": fastpath.clock_info(),
             "default_model": {"path": DEMO_MODEL, "dims": eng.model.dims, "meta": eng.model.meta,
-                              "feature_path": eng.feature_path}}
+                              "feature_path": eng.feature_path,
+                              "cache": eng.config.cache_origin}}
     print(json.dumps(info, indent=1))
     return 0
 
 
-def cmd_calibrate(args) -> int:
+def _load_npy(path: str, what: str):
     import numpy as np
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise SystemExit(f"fastpath calibrate: {path} is not a numpy .npy file of {what}: {exc}")
+
+
+def cmd_calibrate(args) -> int:
     from fastpath import lob
     from fastpath._build import load_model
-    from fastpath.model import FeatureSpec
-    raws = np.load(args.ticks, allow_pickle=False)
-    syms = np.load(args.symbols, allow_pickle=False) if args.symbols else None
+    from fastpath.tuning import calibrate
+    raws = _load_npy(args.ticks, "ticks")
+    syms = _load_npy(args.symbols, "symbols") if args.symbols else None
+    ts = _load_npy(args.ts, "timestamps") if args.ts else None
     if raws.ndim != 2:
         raise SystemExit(f"fastpath calibrate: {args.ticks} must hold a 2-d array (ticks, raw_len), "
                          f"got shape {raws.shape}")
     if syms is not None and syms.shape != (len(raws),):
         raise SystemExit(f"fastpath calibrate: {args.symbols} must hold {len(raws)} symbols, got "
                          f"shape {syms.shape}")
+    if ts is not None and (ts.shape != (len(raws),) or ts.dtype.kind not in "iu"):
+        raise SystemExit(f"fastpath calibrate: {args.ts} must hold {len(raws)} integer ns "
+                         f"timestamps, got {ts.dtype} shape {ts.shape}")
+    if ts is not None and args.max_error is None:
+        raise SystemExit("fastpath calibrate: --ts is used by the cache-policy fit; give "
+                         "--max-error too")
     model = load_model(args.model)
     n_in = model.dims[0]
     w_default = lob.WINDOW_FIELDS if raws.shape[1] == lob.RAW_LEN else ()
-    w = _parse_fields(args.window_fields, w_default)
-    z = _parse_fields(args.z_fields, range(n_in - 2 * len(w)))
+    w = _parse_fields(args.window_fields, w_default, "--window-fields")
+    z = _parse_fields(args.z_fields, range(n_in - 2 * len(w)), "--z-fields")
     if len(z) + 2 * len(w) != n_in:
         raise SystemExit(f"fastpath calibrate: {len(z)} z fields + 2 x {len(w)} window fields = "
                          f"{len(z) + 2 * len(w)} features, but the model takes {n_in}")
     names = lob.field_names() if raws.shape[1] == lob.RAW_LEN else ()
-    fs = FeatureSpec.fit(raws, z, w, args.window, syms, names)
-    out = model.with_feature_spec(fs)
-    out.save(args.out)
-    print(f"wrote {args.out}: raw_len {fs.raw_len}, {len(z)} z-scored fields, {len(w)} windowed "
+    out = calibrate(model, raws, z, w, args.window, syms, names)
+    fs = out.feature_spec
+    print(f"feature spec: raw_len {fs.raw_len}, {len(z)} z-scored fields, {len(w)} windowed "
           f"fields over {args.window} ticks, fitted on {len(raws)} ticks")
+    if args.max_error is None:
+        cache = ("cache: off (no --max-error given; fit a policy with --max-error E, the largest "
+                 "|signal error| a cache hit may cost, or enable one in the engine config)")
+    else:
+        if ts is None:
+            print("cache fit: no --ts given, ticks taken 1 ms apart for the age guard")
+        out, rep = out.fit_cache_policy(raws, syms, max_error=args.max_error, ts_ns=ts)
+        print(rep.table())
+        p = out.cache_policy
+        cache = (f"cache: on, fitted to max error {p.fitted_max_error:g} (cosine >= "
+                 f"{p.cos_threshold:g}, norm within {p.norm_tol:g})" if p.enabled else
+                 "cache: off (no policy fitted within the budget)")
+    out.save(args.out)
+    print(f"wrote {args.out}; {cache}")
     return 0
 
 
@@ -81,7 +101,6 @@ def cmd_doctor(args) -> int:
     res = doctor.run_checks(host, core, cfg.placement.policy, cfg.placement.priority,
                             use_gpu=args.gpu, busy=busy)
     if args.jitter:
-        import os
         from fastpath._kernels import jitter_probe
         try:
             os.sched_setaffinity(0, {res["core"]})
@@ -140,7 +159,8 @@ def main(argv=None) -> int:
     d.add_argument("--gpu", action="store_true", help="checks as for the GPU backend")
     d.add_argument("--root", default="/", help=argparse.SUPPRESS)
     sub.add_parser("bench", help="the latency bench (same as python bench/run.py; --help there)")
-    c = sub.add_parser("calibrate", help="fit a model's feature spec from recorded raw ticks")
+    c = sub.add_parser("calibrate", help="fit a model's feature spec (and, with --max-error, its "
+                       "cache policy) from recorded raw ticks")
     c.add_argument("--ticks", required=True, help=".npy of recorded raw ticks, shape (n, raw_len)")
     c.add_argument("--symbols", help=".npy of each tick's symbol (windows are per symbol)")
     c.add_argument("--model", required=True, help="model to calibrate (.fpm or .onnx)")
@@ -150,6 +170,12 @@ def main(argv=None) -> int:
     c.add_argument("--window-fields", help="raw fields with rolling mean/std, e.g. '40,60,61' "
                    "(default: fastpath.lob.WINDOW_FIELDS for 256-wide ticks, else none)")
     c.add_argument("--window", type=int, default=32, help="ticks in the rolling window")
+    c.add_argument("--max-error", type=float, metavar="E",
+                   help="fit the cache policy by shadow replay of the ticks: the loosest policy "
+                        "whose every hit is within E of the fresh signal (without it the "
+                        "bundle's cache is off)")
+    c.add_argument("--ts", help=".npy of each tick's int64 ns timestamp, for the cache age guard "
+                   "in the fit (default: ticks 1 ms apart)")
     args = ap.parse_args(argv)
     from fastpath.errors import FastpathError
     try:

@@ -195,3 +195,19 @@ def test_fuzz_findings_are_model_errors(tmp_path):
     p = _save(tmp_path, [helper.make_node("MatMul", ["x"], ["y"])], [w])
     with pytest.raises(ModelError, match="1 inputs"):
         Model.from_onnx(p)
+
+
+def test_bad_weights_are_named_once_with_the_file(tmp_path):
+    """onnx_import returns plain arrays and Model.from_onnx builds the layers: a layer the
+    model refuses is still reported with the file's name, once."""
+    p = build_mlp(tmp_path / "m.onnx", [4, 3, 2], ["relu", "identity"])
+    m = onnx.load(p)
+    w = numpy_helper.to_array(m.graph.initializer[0]).copy()
+    w[1, 2] = np.nan
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, m.graph.initializer[0].name))
+    onnx.save(m, p)
+    with pytest.raises(ModelError, match="contains NaN/Inf") as exc:
+        Model.from_onnx(p)
+    assert str(exc.value).count(p) == 1
+    imported = Model.from_onnx(build_mlp(tmp_path / "ok.onnx", [4, 3, 2], ["relu", "identity"]))
+    assert not imported.cache_policy.enabled and imported.meta["source"] == "ok.onnx"

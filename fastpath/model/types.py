@@ -1,32 +1,41 @@
-"""Models: an MLP, the feature spec that feeds it and the cache policy that guards it.
+"""Model types: an MLP (Layer), the feature spec that feeds it and the cache policy that
+guards it, each validated completely when built, so an Engine is never made from half a model.
 
-Design: a Model is validated completely when it is built, so an Engine is never
-made from half a model. The native bundle (.fpm) is one file: a magic, a JSON
-header describing every array, the arrays (64-byte aligned offsets), then a
-CRC32 of everything before it and an end marker, so truncation and corruption
-are detected before a single weight is used. ONNX import reads the graph with
-the `onnx` package (optional extra) and accepts only the ops an MLP needs.
+The file formats live beside this one (bundle.py: .fpm; onnx_import.py / onnx_export.py);
+the Model methods that read and write them, and fit_cache_policy (fastpath.tuning, which
+needs the engine), import those modules when called. Nothing here imports the engine or the
+control plane.
 """
 from __future__ import annotations
 
-import json
 import os
-import struct
-import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from fastpath.errors import ModelError
+from fastpath._checks import check_value
+from fastpath.errors import ConfigError, ModelError
 
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
 MAX_LAYERS = 16
 MAX_WIDTH = 1 << 16
 
-_MAGIC = b"FPMODEL\x01"
-_END = b"FPEND\x00\x00\x00"
-_VERSION = 1
+# The cache keys a config may set, key -> (type, lo, hi, choices); fastpath.control.config
+# reads this table for its [cache] section, so a key is declared once.
+CACHE_KEYS = {
+    "enabled": (bool, None, None, None),
+    "cos_threshold": (float, -1.0, 1.0, None),
+    "norm_tol": (float, 0.0, 1e6, None),
+    "max_age_ns": (int, 0, 2**62, None),
+    "max_run": (int, 0, 2**32 - 1, None),
+}
+
+
+def validate_cache_policy(obj: Any, prefix: str = "cache") -> None:
+    """Check each cache key of `obj` (a CachePolicy or config section) against CACHE_KEYS."""
+    for k, (typ, lo, hi, ch) in CACHE_KEYS.items():
+        check_value(f"{prefix}.{k}", getattr(obj, k), typ, lo, hi, ch)
 
 
 def _f32(a: Any, what: str, ndim: int) -> np.ndarray:
@@ -182,16 +191,33 @@ def window_pre_features(raws: np.ndarray, symbols: np.ndarray, z_idx: np.ndarray
 
 @dataclass(frozen=True)
 class CachePolicy:
-    """When a cached result may stand in for a fresh one (all four guards must pass)."""
-    enabled: bool = True
+    """When a cached result may stand in for a fresh one (all four guards must pass).
+
+    Off by default: a reused result is a stale one, and thresholds that are not fitted to the
+    model and its data can return hits far from the fresh signal (an unfitted cosine 0.999 /
+    norm 2% policy gave signal errors up to 1.6 and sign flips on real order-book data).
+    fitted_max_error is the largest |signal error| that every hit kept in the shadow replay
+    the policy was fitted by (fastpath.tuning.fit_cache_policy); None when it was not fitted."""
+    enabled: bool = False
     cos_threshold: float = 0.999
     norm_tol: float = 0.02
     max_age_ns: int = 50_000_000
     max_run: int = 16
+    fitted_max_error: float | None = None
 
     def __post_init__(self) -> None:
-        from fastpath.control.config import validate_cache_policy
         validate_cache_policy(self, "cache")
+        e = self.fitted_max_error
+        if e is not None:
+            if isinstance(e, bool) or not isinstance(e, (int, float, np.integer, np.floating)) \
+                    or not 0.0 < float(e) <= 2.0:
+                raise ConfigError(f"cache.fitted_max_error must be None or a signal error in "
+                                  f"(0, 2], got {e!r}")
+            object.__setattr__(self, "fitted_max_error", float(e))
+
+    @property
+    def fitted(self) -> bool:
+        return self.fitted_max_error is not None
 
 
 @dataclass(frozen=True)
@@ -265,165 +291,56 @@ class Model:
         out = np.asarray(out, dtype=np.float64)
         return np.tanh(out[..., 0]), 1.0 / (1.0 + np.exp(-out[..., 1]))
 
-    # ------------------------------------------------------------ bundle
+    # ------------------------------------------------- formats and fitting
     def save(self, path: str | os.PathLike) -> None:
         """Write the native bundle (weights + feature spec + cache policy) atomically."""
-        arrays: list = []
-        for i, l in enumerate(self.layers):
-            arrays += [(f"layer{i}.weight", l.weight), (f"layer{i}.bias", l.bias)]
-        fs = self.feature_spec
-        arrays += [("fs.z_idx", fs.z_idx), ("fs.w_idx", fs.w_idx), ("fs.mean", fs.mean),
-                   ("fs.inv_std", fs.inv_std)]
-        table, payload, off = [], bytearray(), 0
-        for name, a in arrays:
-            a = np.ascontiguousarray(a)
-            pad = (-off) % 64
-            payload += b"\0" * pad
-            off += pad
-            table.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape),
-                          "offset": off, "nbytes": a.nbytes})
-            payload += a.tobytes()
-            off += a.nbytes
-        pol = self.cache_policy
-        header = {
-            "format": "fastpath-model", "version": _VERSION,
-            "layers": [{"activation": l.activation} for l in self.layers],
-            "feature_spec": {"raw_len": fs.raw_len, "window": fs.window,
-                             "field_names": list(fs.field_names)},
-            "cache_policy": {"enabled": pol.enabled, "cos_threshold": pol.cos_threshold,
-                             "norm_tol": pol.norm_tol, "max_age_ns": pol.max_age_ns,
-                             "max_run": pol.max_run},
-            "meta": self.meta, "arrays": table,
-        }
-        hb = json.dumps(header, sort_keys=True).encode()
-        body = _MAGIC + struct.pack("<II", _VERSION, len(hb)) + hb
-        body += b"\0" * ((-len(body)) % 64) + bytes(payload)
-        blob = body + struct.pack("<I", zlib.crc32(body)) + _END
-        tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
+        from fastpath.model.bundle import save
+        save(self, path)
+
+    def to_bytes(self) -> bytes:
+        from fastpath.model.bundle import to_bytes
+        return to_bytes(self)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Model":
         """Read a native bundle; any damage is a ModelError naming it, never a partial model."""
-        try:
-            with open(path, "rb") as f:
-                blob = f.read()
-        except OSError as exc:
-            raise ModelError(f"cannot read model file {os.fspath(path)!r}: {exc.strerror}") from None
-        return cls.from_bytes(blob, name=os.fspath(path))
+        from fastpath.model.bundle import load
+        return load(path)
 
     @classmethod
     def from_bytes(cls, blob: bytes, name: str = "<bytes>") -> "Model":
-        n = len(blob)
-        minimum = len(_MAGIC) + 8 + 4 + len(_END)
-        if n < minimum or blob[:len(_MAGIC)] != _MAGIC:
-            if blob[:len(_MAGIC) - 1] == _MAGIC[:-1]:
-                raise ModelError(f"{name}: unsupported bundle version byte {blob[7:8]!r}")
-            raise ModelError(f"{name} is not a fastpath model bundle (.fpm): bad magic "
-                             f"{blob[:8]!r}, expected {_MAGIC!r}")
-        if blob[-len(_END):] != _END:
-            raise ModelError(f"{name} is truncated or has trailing garbage: no end marker "
-                             f"({n} bytes)")
-        body, crc = blob[:-len(_END) - 4], struct.unpack("<I", blob[-len(_END) - 4:-len(_END)])[0]
-        if zlib.crc32(body) != crc:
-            raise ModelError(f"{name} is corrupt: CRC32 mismatch ({zlib.crc32(body):#010x} != "
-                             f"{crc:#010x})")
-        version, hlen = struct.unpack("<II", body[8:16])
-        if version != _VERSION:
-            raise ModelError(f"{name}: bundle version {version}, this fastpath reads {_VERSION}")
-        try:
-            header = json.loads(body[16:16 + hlen].decode())
-            start = 16 + hlen + ((-(16 + hlen)) % 64)
-            arrays = {}
-            for e in header["arrays"]:
-                dt = np.dtype(e["dtype"])
-                if dt.kind not in "fiu" or dt.hasobject:
-                    raise ModelError(f"{name}: array {e['name']} has dtype {dt}")
-                shape = tuple(int(s) for s in e["shape"])
-                nb = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-                lo = start + int(e["offset"])
-                if nb != int(e["nbytes"]) or lo < start or lo + nb > len(body):
-                    raise ModelError(f"{name}: array {e['name']} {shape} does not fit the file")
-                arrays[e["name"]] = np.frombuffer(body, dt, count=nb // dt.itemsize,
-                                                  offset=lo).reshape(shape).copy()
-            layers = tuple(Layer(arrays[f"layer{i}.weight"], arrays[f"layer{i}.bias"],
-                                 l["activation"]) for i, l in enumerate(header["layers"]))
-            f = header["feature_spec"]
-            fs = FeatureSpec(f["raw_len"], arrays["fs.z_idx"], arrays["fs.w_idx"], f["window"],
-                             arrays["fs.mean"], arrays["fs.inv_std"], tuple(f["field_names"]))
-            pol = CachePolicy(**header["cache_policy"])
-            return cls(layers, fs, pol, header.get("meta", {}))
-        except ModelError as exc:
-            raise ModelError(f"{name}: {exc}") from None
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
-            raise ModelError(f"{name}: malformed bundle header ({type(exc).__name__}: {exc})") from None
+        from fastpath.model.bundle import from_bytes
+        return from_bytes(blob, name)
 
-    # -------------------------------------------------------------- onnx
     def to_onnx(self, path: str | os.PathLike, opset: int = 17) -> None:
         """Write the MLP (not the feature stage or head) as ONNX: Gemm (transB=1) + activation
         per layer, input "features" [N, n_feat], output "out" [N, 2]. Needs the onnx package."""
-        try:
-            import onnx
-            from onnx import TensorProto, helper, numpy_helper
-        except ImportError:
-            raise ModelError("writing ONNX needs the onnx package: pip install 'fastpath[onnx]'") from None
-        ops = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
-        nodes, inits, cur = [], [], "features"
-        for i, l in enumerate(self.layers):
-            inits += [numpy_helper.from_array(l.weight, f"W{i}"),
-                      numpy_helper.from_array(l.bias, f"B{i}")]
-            nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"B{i}"], [f"gemm{i}"], transB=1))
-            cur = f"gemm{i}"
-            if l.activation in ops:
-                nodes.append(helper.make_node(ops[l.activation], [cur], [f"act{i}"]))
-                cur = f"act{i}"
-        nodes.append(helper.make_node("Identity", [cur], ["out"]))
-        g = helper.make_graph(
-            nodes, "fastpath_mlp",
-            [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", self.dims[0]])],
-            [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 2])], inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
-                              producer_name="fastpath")
-        m.ir_version = 8
-        onnx.checker.check_model(m)
-        onnx.save(m, os.fspath(path))
+        from fastpath.model.onnx_export import to_onnx
+        to_onnx(self, path, opset)
 
     @classmethod
     def from_onnx(cls, path: str | os.PathLike) -> "Model":
         """Import an MLP from ONNX (torch.onnx.export or skl2onnx): Gemm, MatMul+Add, Relu, Tanh,
-        Sigmoid, Flatten, Identity. Gets the identity feature spec (raw = model input)."""
-        from fastpath._onnx import layers_from_onnx
-        return cls(layers_from_onnx(path), None, CachePolicy(),
-                   {"source": os.path.basename(os.fspath(path))})
+        Sigmoid, Flatten, Identity. Gets the identity feature spec (raw = model input) and the
+        cache off: fit a policy (fit_cache_policy) or enable one in the config to cache."""
+        from fastpath.model.onnx_import import layers_from_onnx
+        name = os.fspath(path)
+        raw_layers = layers_from_onnx(name)
+        try:
+            layers = tuple(Layer(w, b, act) for w, b, act in raw_layers)
+        except ModelError as exc:
+            raise ModelError(f"{name}: {exc}") from None
+        return cls(layers, None, CachePolicy(enabled=False),
+                   {"source": os.path.basename(name)})
 
-
-def fit_cache_policy(model: "Model", raws: np.ndarray, symbols: np.ndarray, ts_ns: np.ndarray,
-                     max_error: float = 0.01, margin: float = 0.5,
-                     cos_grid=(0.999, 0.9995, 0.9998, 0.9999, 0.99995, 0.99998, 0.99999,
-                               0.999995, 0.999999),
-                     norm_grid=(0.02, 0.01, 0.005, 0.002, 0.001)) -> tuple:
-    """The cache policy with the highest hit rate whose hits, replayed in shadow against a
-    cache-less engine on these ticks, are all within margin * max_error of the fresh signal.
-    Returns (CachePolicy, report dict). Guards other than cosine and norm keep the model's."""
-    from fastpath._engine import Engine
-    budget = max_error * margin
-    fresh = Engine(model, config={"cache": {"enabled": False}}).step_batch(raws, symbols, ts_ns)
-    best, rows = None, []
-    base = model.cache_policy
-    for c in cos_grid:
-        for t in norm_grid:
-            pol = CachePolicy(True, float(c), float(t), base.max_age_ns, base.max_run)
-            r = Engine(model.with_cache_policy(pol)).step_batch(raws, symbols, ts_ns)
-            err = np.abs(r.signal - fresh.signal)[r.cached]
-            mx = float(err.max()) if len(err) else 0.0
-            rows.append({"cos_threshold": c, "norm_tol": t, "hit_rate": float(r.cached.mean()),
-                         "max_error": mx, "mean_error": float(err.mean()) if len(err) else 0.0})
-            if mx <= budget and (best is None or rows[-1]["hit_rate"] > best[1]["hit_rate"]):
-                best = (pol, rows[-1])
-    if best is None:
-        pol = CachePolicy(False, base.cos_threshold, base.norm_tol, base.max_age_ns, base.max_run)
-        return pol, {"chosen": None, "budget": budget, "grid": rows,
-                     "note": "no policy on the grid kept every hit within the budget: cache off"}
-    return best[0], {"chosen": best[1], "budget": budget, "grid": rows}
+    def fit_cache_policy(self, raws: np.ndarray, symbols: np.ndarray | None = None,
+                         max_error: float = 0.01, ts_ns: np.ndarray | None = None, **kw):
+        """(a copy of this model with the fitted policy, the fit report): the loosest cache
+        policy whose hits all stay within max_error of the fresh signal in a shadow replay of
+        these ticks; the cache stays off when none does. See fastpath.tuning.fit_cache_policy."""
+        # the one upward import of this package: fitting replays ticks through the engine
+        from fastpath.tuning import fit_cache_policy
+        pol, rep = fit_cache_policy(self, raws, symbols, max_error=max_error, ts_ns=ts_ns, **kw)
+        meta = dict(self.meta)
+        meta["cache_policy_fit"] = rep.summary()
+        return replace(self, cache_policy=pol, meta=meta), rep

@@ -1,10 +1,11 @@
-"""ONNX -> fastpath layers. Needs the optional `onnx` package (pip install 'fastpath[onnx]').
+"""ONNX -> the dense layers of an MLP, as (weight, bias, activation). Needs the optional `onnx` package (pip install 'fastpath[onnx]').
 
 Design: walk the graph's nodes in order (ONNX requires topological order),
 following the single activation tensor from the graph input to the graph
 output; weights must be initializers or Constant nodes. Anything that is not
 one dense layer after another with an optional activation is refused with the
-op and node named, never approximated.
+op and node named, never approximated. It returns plain arrays, not Layer objects, so
+it depends on nothing in fastpath but the errors (Model.from_onnx builds the Layers).
 """
 from __future__ import annotations
 
@@ -47,11 +48,11 @@ def _tensor(t, what: str) -> np.ndarray:
 
 
 def layers_from_onnx(path: str | os.PathLike) -> tuple:
+    """((weight (out, in) float64, bias (out,), activation name), ...) in graph order."""
     try:
         import onnx
     except ImportError:
         raise ModelError("reading ONNX needs the onnx package: pip install 'fastpath[onnx]'") from None
-    from fastpath.model import Layer
 
     name = os.fspath(path)
     try:
@@ -157,7 +158,4 @@ def layers_from_onnx(path: str | os.PathLike) -> tuple:
                          f"{g.output[0].name!r}")
     if not layers:
         raise ModelError(f"{name}: no Gemm or MatMul layer found")
-    try:
-        return tuple(Layer(w, b, act) for w, b, act, _ in layers)
-    except ModelError as exc:
-        raise ModelError(f"{name}: {exc}") from None
+    return tuple((w, b, act) for w, b, act, _ in layers)

@@ -1,0 +1,30 @@
+"""One value check for every declared setting: the config sections and the cache policy.
+
+Lives below both fastpath.model (CachePolicy validates itself) and fastpath.control.config
+(every config section), so neither has to import the other to say what a bad value is.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastpath.errors import ConfigError
+
+
+def check_value(key: str, value: Any, typ, lo=None, hi=None, choices=None) -> Any:
+    """`value` as `typ` (an int is accepted for a float), or a ConfigError naming `key`,
+    the value and what is allowed. typ == (str, int) means "auto" or a CPU number."""
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if typ == (str, int):      # placement.core: "auto" or a CPU number
+        if isinstance(value, bool) or not (value == "auto" or isinstance(value, int) and 0 <= value < 1 << 16):
+            raise ConfigError(f"{key} must be \"auto\" or a CPU number, got {value!r}")
+        return value
+    if typ is not bool and isinstance(value, bool) or not isinstance(value, typ):
+        raise ConfigError(f"{key} must be {typ.__name__}, got {type(value).__name__} {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{key} must be one of {list(choices)}, got {value!r}")
+    if typ is float and value != value:
+        raise ConfigError(f"{key} must be a number, got NaN")
+    if lo is not None and value < lo or hi is not None and value > hi:
+        raise ConfigError(f"{key} must be in [{lo}, {hi}], got {value!r}")
+    return value

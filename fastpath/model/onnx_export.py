@@ -1,0 +1,36 @@
+"""Model -> ONNX: the MLP only (not the feature stage or the head), so onnxruntime and other
+runtimes can check fastpath's outputs. Needs the optional `onnx` package."""
+from __future__ import annotations
+
+import os
+
+from fastpath.errors import ModelError
+
+
+def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
+    """Gemm (transB=1) + activation per layer, input "features" [N, n_feat], output "out" [N, 2]."""
+    try:
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        raise ModelError("writing ONNX needs the onnx package: pip install 'fastpath[onnx]'") from None
+    ops = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
+    nodes, inits, cur = [], [], "features"
+    for i, l in enumerate(model.layers):
+        inits += [numpy_helper.from_array(l.weight, f"W{i}"),
+                  numpy_helper.from_array(l.bias, f"B{i}")]
+        nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"B{i}"], [f"gemm{i}"], transB=1))
+        cur = f"gemm{i}"
+        if l.activation in ops:
+            nodes.append(helper.make_node(ops[l.activation], [cur], [f"act{i}"]))
+            cur = f"act{i}"
+    nodes.append(helper.make_node("Identity", [cur], ["out"]))
+    g = helper.make_graph(
+        nodes, "fastpath_mlp",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", model.dims[0]])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 2])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
+                          producer_name="fastpath")
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, os.fspath(path))

@@ -1,0 +1,148 @@
+"""Fitting a model to data before it serves: the feature spec (calibrate) and the cache
+policy (a shadow replay against an error budget).
+
+Why a shadow replay: a cache hit returns the signal of an earlier, similar tick, and how
+similar is similar enough depends on the model and the data. The only honest measure is to
+run the same ticks through an engine with the candidate policy and one without the cache and
+compare the signals of every hit. The chosen policy is the loosest one (highest hit rate)
+whose hits all stayed within the budget; when none did, the cache stays off. This module
+sits above fastpath.model (it drives the engine); the model package never imports it except
+from Model.fit_cache_policy, which delegates here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from fastpath.errors import InputError, ModelError
+from fastpath.model import CachePolicy, FeatureSpec, Model
+
+COS_GRID = (0.999, 0.9995, 0.9998, 0.9999, 0.99995, 0.99998, 0.99999, 0.999995, 0.999999)
+NORM_GRID = (0.02, 0.01, 0.005, 0.002, 0.001)
+DEFAULT_TICK_NS = 1_000_000
+
+
+def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Iterable[int] = (),
+              window: int = 32, symbols: np.ndarray | None = None,
+              field_names: Sequence[str] = ()) -> Model:
+    """The model with a feature spec fitted to recorded raw ticks and its cache OFF: a cache
+    policy fitted to other features says nothing about these (fit one with fit_cache_policy)."""
+    fs = FeatureSpec.fit(raws, z_idx, w_idx, window, symbols, field_names)
+    base = model.cache_policy
+    meta = {k: v for k, v in model.meta.items() if k != "cache_policy_fit"}
+    return replace(model, feature_spec=fs, meta=meta,
+                   cache_policy=replace(base, enabled=False, fitted_max_error=None))
+
+
+@dataclass
+class CacheFitReport:
+    """What the shadow replay found, per candidate policy, and which one was chosen.
+
+    rows: one dict per candidate with cos_threshold, norm_tol, hit_rate, hits, mean_error and
+    max_error (|cached signal - fresh signal| over the hits) and sign_flips (hits whose signal
+    sign differs from the fresh one). chosen: the chosen row, or None (cache off)."""
+    max_error: float
+    n_ticks: int
+    timestamps: str
+    rows: list = field(default_factory=list)
+    chosen: dict | None = None
+    max_sign_flips: int | None = None
+
+    @property
+    def note(self) -> str:
+        if self.chosen is None:
+            flips = "" if self.max_sign_flips is None else f" and at most {self.max_sign_flips} sign flips"
+            return (f"no candidate policy kept every hit within {self.max_error:g}{flips}: "
+                    f"the cache stays off")
+        c = self.chosen
+        return (f"chosen: cosine >= {c['cos_threshold']:g}, norm within {c['norm_tol']:g}: "
+                f"{c['hit_rate']:.2%} hits, max error {c['max_error']:.3g} "
+                f"(budget {self.max_error:g}), {c['sign_flips']} sign flips")
+
+    def summary(self) -> dict:
+        """The small record stored in the bundle's meta (not the whole grid)."""
+        return {"max_error": self.max_error, "max_sign_flips": self.max_sign_flips,
+                "n_ticks": self.n_ticks, "timestamps": self.timestamps,
+                "chosen": dict(self.chosen) if self.chosen else None}
+
+    def table(self) -> str:
+        """The grid as text, one line per candidate, the chosen one marked."""
+        lines = [f"cache policy fit: shadow replay of {self.n_ticks} ticks ({self.timestamps}), "
+                 f"budget max |signal error| {self.max_error:g} on every hit",
+                 f"  {'cosine':>9} {'norm':>6} {'hit rate':>9} {'hits':>8} {'mean err':>9} "
+                 f"{'max err':>9} {'flips':>6}"]
+        for r in self.rows:
+            mark = " <- chosen" if self.chosen is not None and r is self.chosen else (
+                "" if r["within_budget"] else "  over budget")
+            lines.append(f"  {r['cos_threshold']:>9g} {r['norm_tol']:>6g} {r['hit_rate']:>9.2%} "
+                         f"{r['hits']:>8} {r['mean_error']:>9.3g} {r['max_error']:>9.3g} "
+                         f"{r['sign_flips']:>6}{mark}")
+        lines.append(self.note)
+        return "\n".join(lines)
+
+
+def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None = None,
+                     max_error: float = 0.01, ts_ns: np.ndarray | None = None,
+                     cos_grid: Sequence[float] = COS_GRID, norm_grid: Sequence[float] = NORM_GRID,
+                     max_sign_flips: int | None = None, tick_ns: int = DEFAULT_TICK_NS,
+                     simd: str = "auto") -> tuple:
+    """(CachePolicy, CacheFitReport): the candidate (cosine x norm grid; age and run guards
+    kept from the model's policy) with the highest hit rate whose every hit, in a shadow replay
+    of these ticks against a cache-less engine, is within max_error of the fresh signal (and,
+    when max_sign_flips is given, flips the sign at most that often). None fits: the policy
+    comes back disabled and the report says so.
+
+    ts_ns drives the age guard; without it ticks are taken tick_ns apart (1 ms by default),
+    which the report states. simd picks the kernel set the replay runs on."""
+    from fastpath._engine import Engine
+    try:
+        r = np.ascontiguousarray(raws, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"raws must be a numeric array (n, {model.raw_len}): {exc}") from None
+    if r.ndim != 2 or r.shape[1] != model.raw_len or len(r) < 1:
+        raise InputError(f"raws must have shape (n, {model.raw_len}) with n >= 1, got {r.shape}")
+    n = len(r)
+    sy = np.zeros(n, np.int32) if symbols is None else np.asarray(symbols)
+    if sy.shape != (n,) or sy.dtype.kind not in "iu":
+        raise InputError(f"symbols must be an integer array of shape ({n},), got {sy.dtype} "
+                         f"{sy.shape}")
+    if isinstance(max_error, bool) or not isinstance(max_error, (int, float)) or \
+            not 0.0 < float(max_error) <= 2.0:
+        raise ModelError(f"max_error must be a signal error in (0, 2], got {max_error!r}")
+    if ts_ns is None:
+        if isinstance(tick_ns, bool) or not isinstance(tick_ns, int) or tick_ns < 1:
+            raise InputError(f"tick_ns must be a positive int, got {tick_ns!r}")
+        ts = np.arange(n, dtype=np.int64) * tick_ns
+        stamps = f"no timestamps: ticks taken {tick_ns} ns apart"
+    else:
+        ts = np.asarray(ts_ns)
+        stamps = "timestamps given"
+    base = model.cache_policy
+    cfg = {"engine": {"n_symbols": int(sy.max()) + 1 if n else 1, "simd": simd},
+           "memory": {"huge_pages": "none", "mlock": False}}
+    off = replace(base, enabled=False, fitted_max_error=None)
+    fresh = Engine(model.with_cache_policy(off), config=cfg).step_batch(r, sy, ts).signal
+    rep = CacheFitReport(float(max_error), n, stamps, max_sign_flips=max_sign_flips)
+    best_pol = None
+    for c in cos_grid:
+        for t in norm_grid:
+            pol = CachePolicy(True, float(c), float(t), base.max_age_ns, base.max_run)
+            res = Engine(model.with_cache_policy(pol), config=cfg).step_batch(r, sy, ts)
+            hit = res.cached
+            err = np.abs(res.signal[hit].astype(np.float64) - fresh[hit])
+            flips = int(np.count_nonzero(np.sign(res.signal[hit]) != np.sign(fresh[hit])))
+            row = {"cos_threshold": float(c), "norm_tol": float(t),
+                   "hit_rate": float(hit.mean()), "hits": int(hit.sum()),
+                   "mean_error": float(err.mean()) if len(err) else 0.0,
+                   "max_error": float(err.max()) if len(err) else 0.0, "sign_flips": flips}
+            row["within_budget"] = bool(row["max_error"] <= max_error and (
+                max_sign_flips is None or flips <= max_sign_flips))
+            rep.rows.append(row)
+            if row["within_budget"] and row["hits"] and (
+                    rep.chosen is None or row["hit_rate"] > rep.chosen["hit_rate"]):
+                rep.chosen, best_pol = row, pol
+    if best_pol is None:
+        return off, rep
+    return replace(best_pol, fitted_max_error=float(max_error)), rep
