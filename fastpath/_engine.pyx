@@ -540,6 +540,14 @@ cdef class Engine:
             "miss_reasons": reasons,
             "forced_refreshes": reasons["age"] + reasons["run"],
             "simd": self.simd, "backend": self.backend,
+            # the policy in force and where it came from: fitted to an error budget, set in the
+            # config, or off because nothing was fitted
+            "cache_policy": {"enabled": bool(self.config.cache.enabled),
+                             "cos_threshold": float(self.config.cache.cos_threshold),
+                             "norm_tol": float(self.config.cache.norm_tol),
+                             "max_age_ns": int(self.config.cache.max_age_ns),
+                             "max_run": int(self.config.cache.max_run),
+                             "origin": self.config.cache_origin},
             "latency_ns": {},
             "latency_window": int(n),
         }

@@ -365,7 +365,7 @@ def test_example_config_loads():
     from fastpath._build import EXAMPLE_CONFIG as p
     assert os.path.exists(p)          # shipped inside the installed package
     cfg = load_config(p)
-    assert cfg.n_symbols == 4096 and cfg.cache.cos_threshold == 0.999
+    assert cfg.n_symbols == 4096 and cfg.cache.overrides() == {}
     eng = Engine(windowed_model(np.random.default_rng(0)), config=p)
     assert eng.n_symbols == 4096
 

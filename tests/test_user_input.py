@@ -153,3 +153,16 @@ def test_readers_refuse_while_step_batch_runs(isa):
     assert refused, "the reader never overlapped the batch (machine too fast?)"
     assert "once step_batch has returned" in refused[0]
     assert eng.ticks == len(raws) and eng.stats()["ticks"] == len(raws)
+
+
+def test_stats_say_which_cache_policy_is_in_force():
+    fastpath.set_default_engine(None)
+    demo = fastpath.get_default_engine().stats()["cache_policy"]
+    assert demo["enabled"] and demo["origin"].startswith("fitted (max error")
+    m = windowed_model(np.random.default_rng(1))
+    off = Engine(m.with_cache_policy(fastpath.CachePolicy()), config=engine_cfg("scalar"))
+    assert off.stats()["cache_policy"]["origin"] == "off (not fitted)"
+    on = Engine(m.with_cache_policy(fastpath.CachePolicy()),
+                config={"cache": {"enabled": True, "cos_threshold": 0.9999}})
+    st = on.stats()["cache_policy"]
+    assert st["enabled"] and st["origin"] == "config" and st["cos_threshold"] == 0.9999

@@ -18,7 +18,7 @@ with atheris.instrument_imports():
     import numpy as np
     import fastpath
     import fastpath._build
-    import fastpath._onnx
+    import fastpath.model.onnx_import
     import fastpath.control.config
     import fastpath.model
     import onnx
@@ -35,7 +35,7 @@ def _model():
                      rng.standard_normal(24).astype(np.float32), np.ones(24, np.float32))
     layers = (Layer(rng.standard_normal((9, 24)) * 0.3, rng.standard_normal(9), "tanh"),
               Layer(rng.standard_normal((2, 9)), np.zeros(2), "identity"))
-    return Model(layers, fs, CachePolicy(max_age_ns=1000, max_run=3))
+    return Model(layers, fs, CachePolicy(enabled=True, max_age_ns=1000, max_run=3))
 
 
 MODEL = _model()
@@ -81,11 +81,15 @@ def target_step(data):
     for _ in range(fdp.ConsumeIntInRange(1, 4)):
         raw = _array(fdp)
         sym = fdp.ConsumeIntInRange(-3, 12) if fdp.ConsumeBool() else fdp.ConsumeInt(9)
-        ts = None if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-5, 2**63 - 1)
+        sym = (sym, float(sym), np.int64(sym % 2**63), str(sym), np.float32(sym),
+               bool(sym % 2))[fdp.ConsumeIntInRange(0, 5)]
+        ts = None if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-5, 2**64)
+        if ts is not None and fdp.ConsumeBool():
+            ts = (float(ts), np.uint64(ts % 2**64), str(ts))[fdp.ConsumeIntInRange(0, 2)]
         before = eng.ticks
         try:
             r = eng.step(raw, sym, ts)
-        except EXPECTED:
+        except FastpathError:               # every bad argument is an InputError, nothing else
             assert eng.ticks == before     # a rejected tick changes nothing
             continue
         _check_result(r)
