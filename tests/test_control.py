@@ -326,16 +326,39 @@ def test_fifo_refused_without_privilege_for_real():
     assert rep["policy_granted"] == "SCHED_OTHER" and "RLIMIT_RTPRIO" in rep["sched_refused"]
 
 
-def test_fifo_refused_for_root_without_cap_sys_nice_for_real():
-    """root with CAP_SYS_NICE dropped (capsh), as in a default container: doctor warns, place()
-    is refused by the kernel, and both say the capability is what is missing."""
+def _run_without_cap(cap: str, code: str, shell_prefix: str = "") -> dict:
+    """`code` in a python run as root with `cap` dropped by capsh (a default container's
+    situation); its last stdout line as JSON. Skips where that cannot be arranged."""
     import shutil
     capsh = shutil.which("capsh") or next((p for p in ("/usr/sbin/capsh", "/sbin/capsh")
                                            if os.path.exists(p)), None)
     if capsh is None:
-        pytest.skip("capsh (libcap2-bin) not installed: cannot drop CAP_SYS_NICE")
+        pytest.skip(f"capsh (libcap2-bin) not installed: cannot drop {cap}")
     if os.geteuid() != 0:
-        pytest.skip("needs root: the case under test is uid 0 without CAP_SYS_NICE")
+        pytest.skip(f"needs root: the case under test is uid 0 without {cap}")
+    out = subprocess.run([capsh, f"--drop={cap}", "--", "-c", shell_prefix + 'exec "$0" -c "$1"',
+                          sys.executable, code], capture_output=True, text=True, timeout=60, cwd="/")
+    if out.returncode != 0 and "Traceback" not in out.stderr:
+        pytest.skip(f"capsh could not drop {cap} here: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_mlock_refusal_names_the_missing_capability_for_real():
+    code = textwrap.dedent("""
+        import json
+        from fastpath.control.memory import allocate
+        print(json.dumps(allocate(3 << 20, "none", lock=True).report.to_dict()))
+    """)
+    rep = _run_without_cap("cap_ipc_lock", code, shell_prefix="ulimit -l 64 && ")
+    assert rep["mlock"].startswith(("EPERM", "ENOMEM")), rep
+    assert "root (uid 0) without CAP_IPC_LOCK" in rep["mlock"] and "65536 B" in rep["mlock"]
+    assert "--cap-add IPC_LOCK" in rep["mlock"]
+
+
+def test_fifo_refused_for_root_without_cap_sys_nice_for_real():
+    """root with CAP_SYS_NICE dropped (capsh), as in a default container: doctor warns, place()
+    is refused by the kernel, and both say the capability is what is missing."""
     import resource
     if resource.getrlimit(resource.RLIMIT_RTPRIO)[0] >= 50:
         pytest.skip("RLIMIT_RTPRIO >= 50 here: SCHED_FIFO 50 is allowed without the capability")
@@ -347,12 +370,7 @@ def test_fifo_refused_for_root_without_cap_sys_nice_for_real():
         rep = place({"placement": {"policy": "fifo", "priority": 50}})
         print(json.dumps({"check": chk["rlimit_rtprio"], "rep": rep.to_dict()}))
     """)
-    out = subprocess.run([capsh, "--drop=cap_sys_nice", "--", "-c", 'exec "$0" -c "$1"',
-                          sys.executable, code], capture_output=True, text=True, timeout=60, cwd="/")
-    if out.returncode != 0 and "cap_sys_nice" not in out.stderr and "Traceback" not in out.stderr:
-        pytest.skip(f"capsh could not drop CAP_SYS_NICE here: {out.stderr.strip()[:200]}")
-    assert out.returncode == 0, out.stderr
-    res = json.loads(out.stdout)
+    res = _run_without_cap("cap_sys_nice", code)
     assert res["check"]["status"] == "warn", res["check"]
     assert "root (uid 0) without CAP_SYS_NICE" in res["check"]["detail"]
     rep = res["rep"]
