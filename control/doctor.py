@@ -3,17 +3,19 @@
 Design: each check reads the host through a Host (root path, so tests run on fake trees)
 and returns a verdict (pass / warn / fail), what it saw, and the exact command or boot
 parameter that fixes it. "fail" is kept for what breaks latency for sure or makes the engine
-misbehave (the chosen core's SMT sibling busy, the clock not TSC, RT throttling on an
-RT-scheduled spinning thread); what a VM or a laptop cannot change is "warn". Nothing here
-changes the host.
+misbehave (the chosen core's SMT sibling busy, the clock not TSC); a kernel default that is a
+trade-off (RT throttling) and what a VM, a laptop or a container cannot change is "warn".
+Privileges are the kernel's answer (effective capabilities, rlimits), never the uid.
+Nothing here changes the host.
 """
 from __future__ import annotations
 
 import os
-import resource
 from dataclasses import asdict, dataclass
 
 from fastpath.control.host import Host, Topology, format_cpulist, parse_cpulist, read_topology
+from fastpath.control.placement import (MEMLOCK_FIX, RT_FIX, RT_THROTTLE_NOTE, Privileges,
+                                        read_privileges)
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -88,18 +90,31 @@ def _hugetlb(host: Host, need_pages: int = 4) -> Check:
                  f"{need_pages}); falls back to THP or 4 KB pages", fix)
 
 
-def _rt_runtime(host: Host, policy: str) -> Check:
+def _rt_runtime(host: Host, policy: str, core: int, isolated: bool) -> Check:
     rt = host.read_int("/proc/sys/kernel/sched_rt_runtime_us")
     period = host.read_int("/proc/sys/kernel/sched_rt_period_us") or 1_000_000
-    fix = "sudo sysctl -w kernel.sched_rt_runtime_us=-1"
+    if policy == "other":
+        return Check("sched_rt_runtime", PASS, f"sched_rt_runtime_us = {rt}: RT throttling does not "
+                     f"apply to SCHED_OTHER")
+    # what throttling costs as configured; when off or unknown, what the default (95%) would cost
+    runtime = rt if rt is not None and rt >= 0 else period * 95 // 100
+    note = RT_THROTTLE_NOTE.format(off=(period - runtime) // 1000, period=period // 1000)
     if rt is None:
-        return Check("sched_rt_runtime", WARN, "sched_rt_runtime_us not visible", fix)
+        return Check("sched_rt_runtime", WARN, f"sched_rt_runtime_us not visible. {note}", "")
     if rt < 0:
-        return Check("sched_rt_runtime", PASS, "RT throttling off (sched_rt_runtime_us = -1)")
-    st = FAIL if policy in ("fifo", "rr") else WARN
-    return Check("sched_rt_runtime", st, f"sched_rt_runtime_us = {rt} of {period}: a spinning "
-                 f"SCHED_{policy.upper() if policy != 'other' else 'FIFO'} thread is stopped for "
-                 f"{(period - rt) / 1000:.0f} ms every {period / 1000:.0f} ms", fix)
+        if isolated:
+            return Check("sched_rt_runtime", PASS, f"RT throttling off (sched_rt_runtime_us = -1) "
+                         f"and CPU {core} is isolated")
+        return Check("sched_rt_runtime", WARN, f"RT throttling off (sched_rt_runtime_us = -1) but "
+                     f"CPU {core} is not isolated: a spinning SCHED_{policy.upper()} thread there can "
+                     f"hold the core forever and starve the kernel threads bound to it",
+                     f"boot parameters: isolcpus={core} nohz_full={core}, or restore the valve: "
+                     f"sudo sysctl -w kernel.sched_rt_runtime_us=950000")
+    fix = (f"sudo sysctl -w kernel.sched_rt_runtime_us=-1 (with CPU {core} isolated)" if isolated else
+           f"isolate CPU {core} first (isolcpus={core} nohz_full={core}), then sudo sysctl -w "
+           f"kernel.sched_rt_runtime_us=-1")
+    return Check("sched_rt_runtime", WARN, f"sched_rt_runtime_us = {rt} of {period}"
+                 f"{' (the kernel default)' if rt == 950_000 else ''}: {note}", fix)
 
 
 def _swap(host: Host) -> Check:
@@ -126,29 +141,21 @@ def _clocksource(host: Host) -> Check:
                  f"trap to the kernel (~1 us)", fix)
 
 
-def _rlimits(policy: str, priority: int, arena_bytes: int) -> list:
+def _privileges(priv: Privileges, policy: str, priority: int, arena_bytes: int) -> list:
     out = []
-    soft, _ = resource.getrlimit(resource.RLIMIT_RTPRIO)
-    is_root = os.geteuid() == 0
     if policy == "other":
         out.append(Check("rlimit_rtprio", PASS, "no real-time policy asked"))
-    elif is_root or soft >= priority:
-        out.append(Check("rlimit_rtprio", PASS, f"RLIMIT_RTPRIO {soft}{' (root)' if is_root else ''}"
-                         f" allows priority {priority}"))
     else:
-        out.append(Check("rlimit_rtprio", WARN, f"RLIMIT_RTPRIO is {soft}: SCHED_{policy.upper()} "
-                         f"{priority} will be refused and the engine runs under SCHED_OTHER",
-                         f"'<user> - rtprio {priority}' in /etc/security/limits.conf, or "
-                         f"setcap cap_sys_nice+ep on the interpreter"))
-    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    unlimited = soft == resource.RLIM_INFINITY
-    if is_root or unlimited or soft >= arena_bytes:
-        out.append(Check("rlimit_memlock", PASS, f"RLIMIT_MEMLOCK {'unlimited' if unlimited else soft}"
-                         f"{' (root)' if is_root else ''} covers the {arena_bytes} B arena"))
-    else:
-        out.append(Check("rlimit_memlock", WARN, f"RLIMIT_MEMLOCK {soft} B < {arena_bytes} B arena: "
-                         f"mlock will fail and pages can be swapped",
-                         "ulimit -l unlimited, or '<user> - memlock unlimited' in limits.conf"))
+        ok, why = priv.realtime(priority)
+        out.append(Check("rlimit_rtprio", PASS, f"SCHED_{policy.upper()} {priority} allowed: {why}")
+                   if ok else
+                   Check("rlimit_rtprio", WARN, f"SCHED_{policy.upper()} {priority} will be refused "
+                         f"({why}): the engine runs under SCHED_OTHER", RT_FIX.format(p=priority)))
+    ok, why = priv.memory_lock(arena_bytes)
+    out.append(Check("rlimit_memlock", PASS, f"mlock of the {arena_bytes} B arena allowed: {why}")
+               if ok else
+               Check("rlimit_memlock", WARN, f"mlock of the {arena_bytes} B arena will fail ({why}): "
+                     f"its pages can be swapped out", MEMLOCK_FIX))
     return out
 
 
@@ -261,9 +268,10 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     c = rep.core
     checks = [_governor(host, c)]
     checks += _isolation(host, topo, c)
-    checks += [_thp(host), _hugetlb(host, -(-arena_bytes // (2 << 20))), _rt_runtime(host, policy),
-               _swap(host), _clocksource(host)]
-    checks += _rlimits(policy, priority, arena_bytes)
+    isolated = c in topo.isolated or c in topo.nohz_full
+    checks += [_thp(host), _hugetlb(host, -(-arena_bytes // (2 << 20))),
+               _rt_runtime(host, policy, c, isolated), _swap(host), _clocksource(host)]
+    checks += _privileges(read_privileges(host), policy, priority, arena_bytes)
     checks += _irqs(host, c)
     checks.append(_smt(host, topo, c, busy))
     checks.append(_gpu_numa(topo, c, use_gpu))

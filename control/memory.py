@@ -5,7 +5,8 @@ buffer. The order tried is: mmap(MAP_HUGETLB) from the hugetlb pool (1 GB pages 
 and configured, else 2 MB), then an ordinary mapping with madvise(MADV_HUGEPAGE)
 (transparent huge pages), then ordinary pages; then mlock. What actually backs the mapping
 is read back from /proc/self/smaps (KernelPageSize, AnonHugePages, Locked), never assumed,
-and every refusal is in the report with its errno.
+and every refusal is in the report with its errno and, for mlock, the capability and rlimit
+the kernel went by.
 """
 from __future__ import annotations
 
@@ -144,10 +145,14 @@ def allocate(nbytes: int, huge_pages: str = "auto", lock: bool = True) -> Region
     ctypes.memset(region.addr, 0, region.size)
     if lock:
         err = _mlock(region.addr, region.size)
-        rep.mlock = "ok" if err == 0 else (
-            f"{errno.errorcode.get(err, err)}: RLIMIT_MEMLOCK too low; fix: ulimit -l unlimited "
-            f"or 'memlock' in /etc/security/limits.conf" if err in (errno.EPERM, errno.ENOMEM)
-            else f"{errno.errorcode.get(err, err)}")
+        if err == 0:
+            rep.mlock = "ok"
+        elif err in (errno.EPERM, errno.ENOMEM):
+            from fastpath.control.placement import MEMLOCK_FIX, read_privileges
+            _, why = read_privileges().memory_lock(region.size)
+            rep.mlock = f"{errno.errorcode.get(err, err)}: {why}; fix: {MEMLOCK_FIX}"
+        else:
+            rep.mlock = f"{errno.errorcode.get(err, err)}"
     sm = smaps_entry(region.addr)
     rep.kernel_page_kb = sm.get("KernelPageSize")
     rep.anon_huge_kb = sm.get("AnonHugePages")

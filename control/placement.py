@@ -7,10 +7,13 @@ on the GPU's NUMA node when a GPU is used (a PCIe trip across nodes costs 0.5-1 
 never a core that is busy or whose SMT sibling is busy; CPU 0 last (it takes the
 housekeeping and most IRQs). Real-time priority above 80 is refused unless allowed: it
 starves the kernel threads (RCU callbacks, ksoftirqd) the network stack needs.
+What the process may do is asked of the kernel (effective capabilities and rlimits), never
+inferred from the uid: root in a default container has no CAP_SYS_NICE.
 """
 from __future__ import annotations
 
 import os
+import re
 import resource
 from dataclasses import asdict, dataclass, field
 
@@ -20,6 +23,105 @@ from fastpath.errors import ConfigError
 BUSY = 0.25        # a CPU busier than this fraction is "busy"
 POLICIES = {"fifo": getattr(os, "SCHED_FIFO", 1), "rr": getattr(os, "SCHED_RR", 2),
             "other": getattr(os, "SCHED_OTHER", 0)}
+
+# capability numbers from linux/capability.h
+CAP_IPC_LOCK = 14
+CAP_SYS_NICE = 23
+UNLIMITED = resource.RLIM_INFINITY
+RT_FIX = ("run with CAP_SYS_NICE (docker/podman: --cap-add SYS_NICE; systemd: "
+          "AmbientCapabilities=CAP_SYS_NICE; or setcap cap_sys_nice+ep on the interpreter), or "
+          "'<user> - rtprio {p}' in /etc/security/limits.conf")
+MEMLOCK_FIX = ("run with CAP_IPC_LOCK (docker/podman: --cap-add IPC_LOCK), or raise the limit: "
+               "ulimit -l unlimited, docker --ulimit memlock=-1, systemd LimitMEMLOCK=infinity, or "
+               "'<user> - memlock unlimited' in /etc/security/limits.conf")
+
+
+@dataclass
+class Privileges:
+    """What the kernel lets this process do, read from /proc/self/status and /proc/self/limits
+    (through the Host, so a fake tree can play root-without-CAP_SYS_NICE). None: not visible."""
+    uid: int | None
+    cap_eff: int | None
+    rtprio: int | None          # soft RLIMIT_RTPRIO
+    memlock: int | None         # soft RLIMIT_MEMLOCK in bytes, UNLIMITED for unlimited
+
+    def has(self, cap: int) -> bool | None:
+        return None if self.cap_eff is None else bool(self.cap_eff >> cap & 1)
+
+    def _who(self) -> str:
+        return "root (uid 0)" if self.uid == 0 else f"uid {self.uid}" if self.uid is not None else "this process"
+
+    def realtime(self, priority: int) -> tuple:
+        """(allowed, why): may sched_setscheduler(SCHED_FIFO/RR, priority) succeed? The kernel
+        allows it with CAP_SYS_NICE, or without it up to the soft RLIMIT_RTPRIO."""
+        nice = self.has(CAP_SYS_NICE)
+        lim = "unknown" if self.rtprio is None else ("unlimited" if self.rtprio == UNLIMITED
+                                                     else str(self.rtprio))
+        if nice:
+            return True, f"{self._who()} holds CAP_SYS_NICE"
+        if self.rtprio is not None and (self.rtprio == UNLIMITED or self.rtprio >= priority):
+            return True, f"RLIMIT_RTPRIO {lim} allows priority {priority}"
+        if nice is None and self.rtprio is None:
+            return False, "capabilities and RLIMIT_RTPRIO not visible"
+        capnote = ("capabilities not visible" if nice is None else
+                   f"{self._who()} without CAP_SYS_NICE in its effective set"
+                   + (" (a container's default)" if self.uid == 0 else ""))
+        return False, f"{capnote}, and RLIMIT_RTPRIO is {lim} (< {priority})"
+
+    def memory_lock(self, nbytes: int) -> tuple:
+        """(allowed, why): may mlock(nbytes) succeed? CAP_IPC_LOCK lifts RLIMIT_MEMLOCK."""
+        ipc = self.has(CAP_IPC_LOCK)
+        lim = ("unknown" if self.memlock is None else
+               "unlimited" if self.memlock == UNLIMITED else f"{self.memlock} B")
+        if ipc:
+            return True, f"{self._who()} holds CAP_IPC_LOCK"
+        if self.memlock is not None and (self.memlock == UNLIMITED or self.memlock >= nbytes):
+            return True, f"RLIMIT_MEMLOCK {lim} covers {nbytes} B"
+        if ipc is None and self.memlock is None:
+            return False, "capabilities and RLIMIT_MEMLOCK not visible"
+        capnote = ("capabilities not visible" if ipc is None else
+                   f"{self._who()} without CAP_IPC_LOCK in its effective set")
+        return False, f"{capnote}, and RLIMIT_MEMLOCK is {lim} (< {nbytes} B)"
+
+
+def _limit(text: str | None, name: str):
+    """Soft limit `name` from /proc/<pid>/limits: int, UNLIMITED, or None."""
+    for line in (text or "").splitlines():
+        if line.startswith(name):
+            cols = re.split(r"\s{2,}", line.strip())
+            if len(cols) >= 2:
+                v = cols[1]
+                if v == "unlimited":
+                    return UNLIMITED
+                return int(v) if v.isdigit() else None
+    return None
+
+
+def read_privileges(host: Host | None = None) -> Privileges:
+    host = host or Host()
+    status = host.read("/proc/self/status") or ""
+    uid = cap = None
+    for line in status.splitlines():
+        k, _, v = line.partition(":")
+        if k == "Uid" and v.split():
+            uid = int(v.split()[1])                   # effective uid
+        elif k == "CapEff" and v.strip():
+            cap = int(v.strip(), 16)
+    limits = host.read("/proc/self/limits")
+    rtprio, memlock = _limit(limits, "Max realtime priority"), _limit(limits, "Max locked memory")
+    if limits is None and host.root == "/":
+        # /proc hidden (some sandboxes): the rlimits are still ours to ask for
+        rtprio = resource.getrlimit(resource.RLIMIT_RTPRIO)[0]
+        memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    return Privileges(uid, cap, rtprio, memlock)
+
+
+RT_THROTTLE_NOTE = ("RT throttling is the kernel's safety valve: a SCHED_FIFO/RR thread that never "
+                    "sleeps is stopped for {off} ms every {period} ms so other tasks can run. "
+                    "kernel.sched_rt_runtime_us=-1 removes that stall, but then a spinning "
+                    "real-time thread can hold its core forever (kworkers and ksoftirqd bound "
+                    "there starve): only do it when the step() thread has an isolated core "
+                    "(isolcpus= nohz_full=)")
 
 
 @dataclass
@@ -37,6 +139,7 @@ class PlacementReport:
     policy_granted: str = "SCHED_OTHER"
     priority_granted: int = 0
     sched_refused: str | None = None
+    privileges: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -157,22 +260,30 @@ def apply(rep: PlacementReport, policy: str = "fifo", priority: int = 50,
             rep.warnings.append(f"sched_setaffinity({rep.core}) refused: {exc.strerror}")
     rep.affinity_now = sorted(os.sched_getaffinity(0))
     if policy != "other":
+        priv = read_privileges(host)
+        ok, why = priv.realtime(priority)
+        rep.privileges = {"uid": priv.uid, "cap_sys_nice": priv.has(CAP_SYS_NICE),
+                          "rlimit_rtprio": priv.rtprio, "realtime_allowed": ok, "why": why}
         try:
             os.sched_setscheduler(0, POLICIES[policy], os.sched_param(priority))
         except PermissionError:
-            soft, hard = resource.getrlimit(resource.RLIMIT_RTPRIO)
-            rep.sched_refused = (f"no CAP_SYS_NICE and RLIMIT_RTPRIO is {soft} (< {priority}); "
-                                 f"running under SCHED_OTHER. Fix: run with CAP_SYS_NICE "
-                                 f"(setcap cap_sys_nice+ep $(readlink -f $(which python3))) or "
-                                 f"'@trading - rtprio {priority}' in /etc/security/limits.conf")
+            if ok:
+                # the capability is there and the kernel still said no: the RT budget of the
+                # cgroup (cpu.rt_runtime_us, CONFIG_RT_GROUP_SCHED) is the usual cause
+                rep.sched_refused = (f"EPERM although {why}: the cgroup likely has no real-time "
+                                     f"budget (cpu.rt_runtime_us = 0); running under SCHED_OTHER. "
+                                     f"Fix: give the cgroup RT runtime, or run it in the root cgroup")
+            else:
+                rep.sched_refused = (f"{why}; running under SCHED_OTHER. Fix: "
+                                     + RT_FIX.format(p=priority))
         except OSError as exc:
             rep.sched_refused = f"sched_setscheduler failed: {exc.strerror}; running under SCHED_OTHER"
         rt = host.read_int("/proc/sys/kernel/sched_rt_runtime_us")
-        period = host.read_int("/proc/sys/kernel/sched_rt_period_us")
+        period = host.read_int("/proc/sys/kernel/sched_rt_period_us") or 1_000_000
         if rt is not None and rt >= 0 and not rep.sched_refused:
-            rep.warnings.append(f"sched_rt_runtime_us = {rt} of {period}: a spinning {policy.upper()} "
-                                f"thread is throttled for {(period or 1000000) - rt} us every period; "
-                                f"fix: sysctl -w kernel.sched_rt_runtime_us=-1")
+            rep.warnings.append(f"sched_rt_runtime_us = {rt} of {period}: "
+                                + RT_THROTTLE_NOTE.format(off=(period - rt) // 1000,
+                                                          period=period // 1000))
     pol = os.sched_getscheduler(0)
     rep.policy_granted = {v: f"SCHED_{k.upper()}" for k, v in POLICIES.items()}.get(pol, str(pol))
     rep.priority_granted = os.sched_getparam(0).sched_priority

@@ -1,0 +1,92 @@
+"""What a user installs: the sdist carries every source a build needs and nothing a build makes,
+and the wheel's pure-Python part carries every module and data file.
+
+Both run setuptools on this checkout (no compiler, about a second each); building and installing
+the sdist and the manylinux wheel for real, in fresh environments, is .ci/run's job. They need
+the build requirements (Cython, setuptools), which a checkout installed for development has.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.skipif(not (ROOT / "setup.py").exists(), reason="not run from a source tree"),
+]
+
+
+def _setup(tmp_path, *args):
+    """setup.py <args> on a copy of the checkout: a stale *.egg-info/SOURCES.txt in the
+    checkout is read back into the next sdist and would hide a missing MANIFEST.in line."""
+    pytest.importorskip("Cython", reason="the build requirements (Cython) are not installed here")
+    pytest.importorskip("setuptools", reason="setuptools is not installed here")
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
+        ".pytest_cache", "*.so"))
+    out = subprocess.run([sys.executable, "setup.py", "-q", *args], cwd=src, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+def _tree(top: str, suffixes: tuple) -> set:
+    """Files under ROOT/top with one of the suffixes, as paths relative to ROOT."""
+    out = set()
+    for dirpath, dirnames, files in os.walk(ROOT / top):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+        for f in files:
+            if f.endswith(suffixes):
+                out.add(str((Path(dirpath) / f).relative_to(ROOT)))
+    return out
+
+
+def _generated_c() -> set:
+    """fastpath/X.c made by cythonize from fastpath/X.pyx."""
+    return {str(p.with_suffix(".c").relative_to(ROOT)) for p in (ROOT / "fastpath").rglob("*.pyx")}
+
+
+def test_sdist_has_every_source_and_no_generated_file(tmp_path):
+    _setup(tmp_path, "sdist", "-d", str(tmp_path / "dist"))
+    (sdist,) = (tmp_path / "dist").glob("fastpath-*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        names = tf.getnames()
+    top = names[0].split("/")[0]
+    have = {n.split("/", 1)[1] for n in names if "/" in n}
+    need = {"setup.py", "pyproject.toml", "README.md", "MANIFEST.in",
+            "fastpath/_csrc.pxd", "fastpath/py.typed", "fastpath/data/demo.fpm",
+            "fastpath/data/fastpath.example.toml", "bench/schema.json"}
+    need |= _tree("fastpath", (".py", ".pyx", ".pxd", ".pyi"))
+    need |= _tree("csrc", (".c", ".h"))                 # csrc/*.c and csrc/kernels/*.c: setup.py's glob
+    need |= _tree("control", (".py",)) | _tree("bench", (".py",)) | _tree("tests", (".py",))
+    need -= _generated_c()
+    assert {"fastpath/_engine.pyx", "fastpath/_kernels.pyx"} <= need
+    missing = sorted(need - have)
+    assert not missing, f"{sdist.name} lacks {missing}"
+    generated = sorted(n for n in have if n in _generated_c() or n.endswith((".so", ".pyc")))
+    assert not generated, f"{sdist.name} ships generated files {generated}: a build makes them"
+    assert top == sdist.name[:-len(".tar.gz")]
+
+
+def test_wheel_python_part_has_every_module_and_data_file(tmp_path):
+    """build_py is what the wheel gets besides the compiled modules: check its output."""
+    lib = tmp_path / "lib"
+    _setup(tmp_path, "build_py", "-d", str(lib))
+    have = {str(p.relative_to(lib)) for p in lib.rglob("*") if p.is_file()}
+    need = {"fastpath/py.typed", "fastpath/_engine.pyi", "fastpath/_kernels.pyi",
+            "fastpath/data/demo.fpm", "fastpath/data/fastpath.example.toml",
+            "fastpath/bench/schema.json", "fastpath/control/__init__.py", "fastpath/control/doctor.py"}
+    # every module of the source tree lands under its package name
+    need |= _tree("fastpath", (".py", ".pyi"))
+    need |= {"fastpath/control/" + p.split("/", 1)[1] for p in _tree("control", (".py",))}
+    need |= {"fastpath/bench/" + p.split("/", 1)[1] for p in _tree("bench", (".py",))}
+    missing = sorted(need - have)
+    assert not missing, f"the wheel would lack {missing}"
+    stray = sorted(n for n in have if n.endswith((".c", ".pyx", ".pxd", ".h")))
+    assert not stray, f"build sources would be installed as package data: {stray}"
