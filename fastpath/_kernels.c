@@ -10,11 +10,11 @@
             ]
         ],
         "depends": [
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/arrayobject.h",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/arrayscalars.h",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ndarrayobject.h",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ndarraytypes.h",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ufuncobject.h",
+            "/work/wt-core/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/arrayobject.h",
+            "/work/wt-core/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/arrayscalars.h",
+            "/work/wt-core/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ndarrayobject.h",
+            "/work/wt-core/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ndarraytypes.h",
+            "/work/wt-core/.venv/lib/python3.11/site-packages/numpy/_core/include/numpy/ufuncobject.h",
             "csrc/fp_bench.h",
             "csrc/fp_cache.h",
             "csrc/fp_clock.h",
@@ -22,7 +22,8 @@
             "csrc/fp_features.h",
             "csrc/fp_math.h",
             "csrc/fp_mlp.h",
-            "csrc/fp_simd.h"
+            "csrc/fp_simd.h",
+            "csrc/kernels/kernels.h"
         ],
         "extra_compile_args": [
             "-std=gnu11",
@@ -34,7 +35,7 @@
         ],
         "include_dirs": [
             "csrc",
-            "/work/main/.venv/lib/python3.11/site-packages/numpy/_core/include"
+            "/work/wt-core/.venv/lib/python3.11/site-packages/numpy/_core/include"
         ],
         "name": "fastpath._kernels",
         "sources": [
@@ -42,9 +43,10 @@
             "csrc/fp_bench.c",
             "csrc/fp_clock.c",
             "csrc/fp_engine.c",
-            "csrc/fp_kernels.c",
             "csrc/fp_mlp.c",
-            "csrc/fp_simd.c"
+            "csrc/fp_simd.c",
+            "csrc/kernels/avx2.c",
+            "csrc/kernels/scalar.c"
         ]
     },
     "module_name": "fastpath._kernels"
@@ -1313,6 +1315,7 @@ static int __Pyx_init_tpflags_variables(void) {
 #include "numpy/ndarraytypes.h"
 #include "numpy/arrayscalars.h"
 #include "numpy/ufuncobject.h"
+#include <math.h>
 #include <stdint.h>
 #include "fp_simd.h"
 #include "fp_math.h"
@@ -1950,7 +1953,7 @@ static CYTHON_INLINE __pyx_t_long_double_complex __pyx_t_long_double_complex_fro
 /*--- Type declarations ---*/
 struct __pyx_obj_8fastpath_8_kernels_PackedMLP;
 
-/* "fastpath/_kernels.pyx":178
+/* "fastpath/_kernels.pyx":251
  * 
  * 
  * cdef class PackedMLP:             # <<<<<<<<<<<<<<
@@ -1965,6 +1968,7 @@ struct __pyx_obj_8fastpath_8_kernels_PackedMLP {
   int n_in;
   int n_out;
   fp_kernels const *k;
+  int parity;
 };
 
 /* #### Code section: utility_code_proto ### */
@@ -2712,6 +2716,54 @@ static CYTHON_INLINE PyObject* __Pyx_PyObject_GetSlice(
         PyObject** py_start, PyObject** py_stop, PyObject** py_slice,
         int has_cstart, int has_cstop, int wraparound);
 
+/* PyMemoryError_Check.proto */
+#define __Pyx_PyExc_MemoryError_Check(obj)  __Pyx_TypeCheck(obj, PyExc_MemoryError)
+
+/* PyObject_Unicode.proto */
+#define __Pyx_PyObject_Unicode(obj)\
+    (likely(PyUnicode_CheckExact(obj)) ? __Pyx_NewRef(obj) : PyObject_Str(obj))
+
+/* GetItemInt.proto */
+#define __Pyx_GetItemInt(o, i, type, is_signed, to_py_func, wraparound, boundscheck, has_gil, unsafe_shared)\
+    (__Pyx_fits_Py_ssize_t(i, type, is_signed) ?\
+    __Pyx_GetItemInt_Fast(o, (Py_ssize_t)i, wraparound, boundscheck, unsafe_shared) :\
+    __Pyx_GetItemInt_Generic(o, to_py_func(i)))
+#define __Pyx_GetItemInt_List(o, i, type, is_signed, to_py_func, wraparound, boundscheck, has_gil, unsafe_shared)\
+    (__Pyx_fits_Py_ssize_t(i, type, is_signed) ?\
+    __Pyx_GetItemInt_List_Fast(o, (Py_ssize_t)i, wraparound, boundscheck, unsafe_shared) :\
+    (PyErr_SetString(PyExc_IndexError, "list index out of range"), (PyObject*)NULL))
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_List_Fast(PyObject *o, Py_ssize_t i,
+                                                              int wraparound, int boundscheck, int unsafe_shared);
+#define __Pyx_GetItemInt_Tuple(o, i, type, is_signed, to_py_func, wraparound, boundscheck, has_gil, unsafe_shared)\
+    (__Pyx_fits_Py_ssize_t(i, type, is_signed) ?\
+    __Pyx_GetItemInt_Tuple_Fast(o, (Py_ssize_t)i, wraparound, boundscheck, unsafe_shared) :\
+    (PyErr_SetString(PyExc_IndexError, "tuple index out of range"), (PyObject*)NULL))
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Tuple_Fast(PyObject *o, Py_ssize_t i,
+                                                              int wraparound, int boundscheck, int unsafe_shared);
+static PyObject *__Pyx_GetItemInt_Generic(PyObject *o, PyObject* j);
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast(PyObject *o, Py_ssize_t i,
+                                                     int wraparound, int boundscheck, int unsafe_shared);
+
+/* PyObjectCompare.proto */
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolNe_object_int(PyObject *op1, PyObject *op2, int pyop);
+
+/* CIntToPyUnicode.proto */
+#define __Pyx_PyUnicode_From_Py_ssize_t(value, width, padding_char, format_char) (\
+    ((format_char) == ('c')) ?\
+        __Pyx_uchar___Pyx_PyUnicode_From_Py_ssize_t(value, width, padding_char) :\
+        __Pyx____Pyx_PyUnicode_From_Py_ssize_t(value, width, padding_char, format_char)\
+    )
+static CYTHON_INLINE PyObject* __Pyx_uchar___Pyx_PyUnicode_From_Py_ssize_t(Py_ssize_t value, Py_ssize_t width, char padding_char);
+static CYTHON_INLINE PyObject* __Pyx____Pyx_PyUnicode_From_Py_ssize_t(Py_ssize_t value, Py_ssize_t width, char padding_char, char format_char);
+
+/* SwapException.proto */
+#if CYTHON_FAST_THREAD_STATE
+#define __Pyx_ExceptionSwap(type, value, tb)  __Pyx__ExceptionSwap(__pyx_tstate, type, value, tb)
+static CYTHON_INLINE void __Pyx__ExceptionSwap(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb);
+#else
+static CYTHON_INLINE void __Pyx_ExceptionSwap(PyObject **type, PyObject **value, PyObject **tb);
+#endif
+
 /* PyObjectCompare.proto */
 static CYTHON_INLINE int __Pyx_PyObject_CompareBoolLt_int_int(PyObject *op1, PyObject *op2, int pyop);
 
@@ -2734,27 +2786,6 @@ static CYTHON_INLINE PyObject* __Pyx____Pyx_PyUnicode_From___pyx_anon_enum(int v
 #if CYTHON_COMPILING_IN_PYPY && !defined(PyRange_Check)
   #define PyRange_Check(obj)  __Pyx_TypeCheck((obj), &PyRange_Type)
 #endif
-
-/* GetItemInt.proto */
-#define __Pyx_GetItemInt(o, i, type, is_signed, to_py_func, wraparound, boundscheck, has_gil, unsafe_shared)\
-    (__Pyx_fits_Py_ssize_t(i, type, is_signed) ?\
-    __Pyx_GetItemInt_Fast(o, (Py_ssize_t)i, wraparound, boundscheck, unsafe_shared) :\
-    __Pyx_GetItemInt_Generic(o, to_py_func(i)))
-#define __Pyx_GetItemInt_List(o, i, type, is_signed, to_py_func, wraparound, boundscheck, has_gil, unsafe_shared)\
-    (__Pyx_fits_Py_ssize_t(i, type, is_signed) ?\
-    __Pyx_GetItemInt_List_Fast(o, (Py_ssize_t)i, wraparound, boundscheck, unsafe_shared) :\
-    (PyErr_SetString(PyExc_IndexError, "list index out of range"), (PyObject*)NULL))
-static CYTHON_INLINE PyObject *__Pyx_GetItemInt_List_Fast(PyObject *o, Py_ssize_t i,
-                                                              int wraparound, int boundscheck, int unsafe_shared);
-#define __Pyx_GetItemInt_Tuple(o, i, type, is_signed, to_py_func, wraparound, boundscheck, has_gil, unsafe_shared)\
-    (__Pyx_fits_Py_ssize_t(i, type, is_signed) ?\
-    __Pyx_GetItemInt_Tuple_Fast(o, (Py_ssize_t)i, wraparound, boundscheck, unsafe_shared) :\
-    (PyErr_SetString(PyExc_IndexError, "tuple index out of range"), (PyObject*)NULL))
-static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Tuple_Fast(PyObject *o, Py_ssize_t i,
-                                                              int wraparound, int boundscheck, int unsafe_shared);
-static PyObject *__Pyx_GetItemInt_Generic(PyObject *o, PyObject* j);
-static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast(PyObject *o, Py_ssize_t i,
-                                                     int wraparound, int boundscheck, int unsafe_shared);
 
 /* ObjectGetItem.proto */
 #if CYTHON_USE_TYPE_SLOTS
@@ -2781,17 +2812,6 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_SubtractObjC(PyObject *op1, PyObject
 static CYTHON_INLINE PyObject* __Pyx__PyNumber_Multiply_int_int(PyObject *op1, PyObject *op2, int inplace);
 #endif
 
-/* SwapException.proto */
-#if CYTHON_FAST_THREAD_STATE
-#define __Pyx_ExceptionSwap(type, value, tb)  __Pyx__ExceptionSwap(__pyx_tstate, type, value, tb)
-static CYTHON_INLINE void __Pyx__ExceptionSwap(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb);
-#else
-static CYTHON_INLINE void __Pyx_ExceptionSwap(PyObject **type, PyObject **value, PyObject **tb);
-#endif
-
-/* PyMemoryError_Check.proto */
-#define __Pyx_PyExc_MemoryError_Check(obj)  __Pyx_TypeCheck(obj, PyExc_MemoryError)
-
 /* CIntToPyUnicode.proto */
 #define __Pyx_PyUnicode_From_int(value, width, padding_char, format_char) (\
     ((format_char) == ('c')) ?\
@@ -2800,15 +2820,6 @@ static CYTHON_INLINE void __Pyx_ExceptionSwap(PyObject **type, PyObject **value,
     )
 static CYTHON_INLINE PyObject* __Pyx_uchar___Pyx_PyUnicode_From_int(int value, Py_ssize_t width, char padding_char);
 static CYTHON_INLINE PyObject* __Pyx____Pyx_PyUnicode_From_int(int value, Py_ssize_t width, char padding_char, char format_char);
-
-/* CIntToPyUnicode.proto */
-#define __Pyx_PyUnicode_From_Py_ssize_t(value, width, padding_char, format_char) (\
-    ((format_char) == ('c')) ?\
-        __Pyx_uchar___Pyx_PyUnicode_From_Py_ssize_t(value, width, padding_char) :\
-        __Pyx____Pyx_PyUnicode_From_Py_ssize_t(value, width, padding_char, format_char)\
-    )
-static CYTHON_INLINE PyObject* __Pyx_uchar___Pyx_PyUnicode_From_Py_ssize_t(Py_ssize_t value, Py_ssize_t width, char padding_char);
-static CYTHON_INLINE PyObject* __Pyx____Pyx_PyUnicode_From_Py_ssize_t(Py_ssize_t value, Py_ssize_t width, char padding_char, char format_char);
 
 /* RejectKeywords.export */
 static void __Pyx_RejectKeywords(const char* function_name, PyObject *kwds);
@@ -3270,6 +3281,12 @@ static CYTHON_INLINE PY_LONG_LONG __Pyx_PyLong_As_PY_LONG_LONG(PyObject *);
 /* CIntToPy.proto */
 static CYTHON_INLINE PyObject* __Pyx_PyLong_From_PY_LONG_LONG(PY_LONG_LONG value);
 
+/* CIntToPy.proto */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From___pyx_anon_enum(int value);
+
+/* CIntFromPy.proto */
+static CYTHON_INLINE uint64_t __Pyx_PyLong_As_uint64_t(PyObject *);
+
 /* CIntFromPy.proto */
 static CYTHON_INLINE fp_isa __Pyx_PyLong_As_fp_isa(PyObject *);
 
@@ -3279,11 +3296,14 @@ static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *);
 /* CIntToPy.proto */
 static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value);
 
-/* CIntToPy.proto */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From___pyx_anon_enum(int value);
-
 /* CIntFromPy.proto */
 static CYTHON_INLINE size_t __Pyx_PyLong_As_size_t(PyObject *);
+
+/* CIntToPy.proto */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_uint64_t(uint64_t value);
+
+/* CIntToPy.proto */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int64_t(int64_t value);
 
 /* GetRuntimeVersion.proto */
 #if __PYX_LIMITED_VERSION_HEX < 0x030b0000
@@ -3416,6 +3436,8 @@ static CYTHON_INLINE char *__pyx_f_5numpy_7ndarray_4data___get__(PyArrayObject *
 /* Module declarations from "numpy" */
 static CYTHON_INLINE int __pyx_f_5numpy_import_array(void); /*proto*/
 
+/* Module declarations from "libc.math" */
+
 /* Module declarations from "libc.stdint" */
 
 /* Module declarations from "fastpath._csrc" */
@@ -3432,7 +3454,7 @@ int __pyx_module_is_main_fastpath___kernels = 0;
 /* Implementation of "fastpath._kernels" */
 /* #### Code section: global_var ### */
 /* #### Code section: string_decls ### */
-static const char __pyx_k_Kernel_shims_for_the_tests_and_t[] = "Kernel shims for the tests and the bench: each C kernel of a named kernel set, callable\nfrom Python on numpy arrays; the MLP kernel alone (PackedMLP); the FMA peak and jitter probes.\n\nDesign: nothing here is on the hot path, so every shim copies and checks its inputs and\nallocates its outputs; the tests compare each against a numpy reference, per kernel set.\n";
+static const char __pyx_k_Kernel_shims_for_the_tests_and_t[] = "Kernel shims for the tests and the bench: each C kernel of a named kernel set, callable\nfrom Python on numpy arrays; the cache decision alone; the MLP kernel alone (PackedMLP); the\nclock (this module\047s copy of it, calibrated at import like the engine\047s); the FMA peak and\njitter probes.\n\nDesign: nothing here is on the hot path, so every shim copies and checks its inputs and\nallocates its outputs; the tests compare each against a numpy reference, per kernel set.\n";
 /* #### Code section: decls ### */
 static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyObject *__pyx_self, long __pyx_v_iters); /* proto */
 static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObject *__pyx_self, double __pyx_v_seconds, PY_LONG_LONG __pyx_v_threshold_ns); /* proto */
@@ -3442,8 +3464,10 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
 static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_raw, PyObject *__pyx_v_w_idx, PyObject *__pyx_v_sum_, PyObject *__pyx_v_sumsq, PyObject *__pyx_v_old, double __pyx_v_inv_n); /* proto */
 static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_x, PyObject *__pyx_v_mean, PyObject *__pyx_v_inv_std); /* proto */
 static PyObject *__pyx_pf_8fastpath_8_kernels_14kernel_dot_norm2(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_a, PyObject *__pyx_v_b); /* proto */
-static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, double __pyx_v_out0, double __pyx_v_out1); /* proto */
-static PyObject *__pyx_pf_8fastpath_8_kernels_18kernel_allfinite(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_x); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_cache_decide(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_f, PyObject *__pyx_v_cached, double __pyx_v_cos_threshold, double __pyx_v_norm_tol); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_18kernel_dense(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_w, PyObject *__pyx_v_b, PyObject *__pyx_v_act, PyObject *__pyx_v_x, int __pyx_v_reverse); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_20kernel_head(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, double __pyx_v_out0, double __pyx_v_out1); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_22kernel_allfinite(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_x); /* proto */
 static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8fastpath_8_kernels_PackedMLP *__pyx_v_self, PyObject *__pyx_v_weights, PyObject *__pyx_v_biases, PyObject *__pyx_v_activations, PyObject *__pyx_v_isa); /* proto */
 static void __pyx_pf_8fastpath_8_kernels_9PackedMLP_2__dealloc__(struct __pyx_obj_8fastpath_8_kernels_PackedMLP *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4macs___get__(struct __pyx_obj_8fastpath_8_kernels_PackedMLP *__pyx_v_self); /* proto */
@@ -3453,6 +3477,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4n_in___get__(struct __
 static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_5n_out___get__(struct __pyx_obj_8fastpath_8_kernels_PackedMLP *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_8__reduce_cython__(CYTHON_UNUSED struct __pyx_obj_8fastpath_8_kernels_PackedMLP *__pyx_v_self); /* proto */
 static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_10__setstate_cython__(CYTHON_UNUSED struct __pyx_obj_8fastpath_8_kernels_PackedMLP *__pyx_v_self, CYTHON_UNUSED PyObject *__pyx_v___pyx_state); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_24clock_ticks(CYTHON_UNUSED PyObject *__pyx_self); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_26clock_ticks_to_ns(CYTHON_UNUSED PyObject *__pyx_self, uint64_t __pyx_v_t0, uint64_t __pyx_v_t1); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_28clock_ticks_to_mono_ns(CYTHON_UNUSED PyObject *__pyx_self, uint64_t __pyx_v_t); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_30clock_mono_ns(CYTHON_UNUSED PyObject *__pyx_self); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_32clock_reanchor(CYTHON_UNUSED PyObject *__pyx_self, int __pyx_v_force); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_34clock_info(CYTHON_UNUSED PyObject *__pyx_self); /* proto */
+static PyObject *__pyx_pf_8fastpath_8_kernels_36clock_monotonic_probe(CYTHON_UNUSED PyObject *__pyx_self, PY_LONG_LONG __pyx_v_n); /* proto */
 static PyObject *__pyx_tp_new__initialisation_8fastpath_8_kernels_PackedMLP(PyObject *o, 
 #if CYTHON_VECTORCALL_TPNEW
     PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
@@ -3521,8 +3552,8 @@ namespace {
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_pop;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_values;
     PyObject *__pyx_tuple[1];
-    PyObject *__pyx_codeobj_tab[14];
-    PyObject *__pyx_string_tab[178];
+    PyObject *__pyx_codeobj_tab[23];
+    PyObject *__pyx_string_tab[246];
     PyObject *__pyx_number_tab[5];
 /* #### Code section: module_state_contents ### */
 /* PyFrozenDict.module_state_decls */
@@ -3573,183 +3604,251 @@ static __pyx_mstatetype * const __pyx_mstate_global = &__pyx_mstate_global_stati
 #endif
 /* #### Code section: constant_name_defines ### */
 #define __pyx_kp_u_bias __pyx_string_tab[0]
-#define __pyx_kp_u_do_not_chain __pyx_string_tab[1]
-#define __pyx_kp_u_is_not_supported_by_this_CPU_ha __pyx_string_tab[2]
-#define __pyx_kp_u_layers_with_one_bias_and_activa __pyx_string_tab[3]
-#define __pyx_kp_u_must_be_a_1_d_float32_array_got __pyx_string_tab[4]
-#define __pyx_kp_u_values_and_iters_1 __pyx_string_tab[5]
-#define __pyx_kp_u_values_got __pyx_string_tab[6]
-#define __pyx_kp_u_tree_fragment __pyx_string_tab[7]
-#define __pyx_kp_u_ __pyx_string_tab[8]
-#define __pyx_kp_u__3 __pyx_string_tab[9]
-#define __pyx_kp_u_weight __pyx_string_tab[10]
-#define __pyx_kp_u_expected_one_of __pyx_string_tab[11]
-#define __pyx_kp_u__2 __pyx_string_tab[12]
-#define __pyx_kp_u_None __pyx_string_tab[13]
-#define __pyx_kp_u_Note_that_Cython_is_deliberately __pyx_string_tab[14]
-#define __pyx_kp_u_a_and_b_must_have_one_length __pyx_string_tab[15]
-#define __pyx_kp_u_add_note __pyx_string_tab[16]
-#define __pyx_kp_u_cannot_allocate_MLP_scratch __pyx_string_tab[17]
-#define __pyx_kp_u_cannot_pack_MLP __pyx_string_tab[18]
-#define __pyx_kp_u_disable __pyx_string_tab[19]
-#define __pyx_kp_u_enable __pyx_string_tab[20]
-#define __pyx_kp_u_fastpath__kernels_pyx __pyx_string_tab[21]
-#define __pyx_kp_u_gc __pyx_string_tab[22]
-#define __pyx_kp_u_idx_mean_and_inv_std_must_have_o __pyx_string_tab[23]
-#define __pyx_kp_u_isenabled __pyx_string_tab[24]
-#define __pyx_kp_u_jitter_seconds_must_be_in_0_3600 __pyx_string_tab[25]
-#define __pyx_kp_u_kernel_set __pyx_string_tab[26]
-#define __pyx_kp_u_layer __pyx_string_tab[27]
-#define __pyx_kp_u_need_1 __pyx_string_tab[28]
-#define __pyx_kp_u_no_default___reduce___due_to_non __pyx_string_tab[29]
-#define __pyx_kp_u_numpy__core_multiarray_failed_to __pyx_string_tab[30]
-#define __pyx_kp_u_numpy__core_umath_failed_to_impo __pyx_string_tab[31]
-#define __pyx_kp_u_threshold_ns_must_be_1_got __pyx_string_tab[32]
-#define __pyx_kp_u_unknown_kernel_set __pyx_string_tab[33]
-#define __pyx_kp_u_w_idx_sum_sumsq_and_old_must_hav __pyx_string_tab[34]
-#define __pyx_kp_u_x_must_have __pyx_string_tab[35]
-#define __pyx_kp_u_x_mean_and_inv_std_must_have_one __pyx_string_tab[36]
-#define __pyx_n_u_InputError __pyx_string_tab[37]
-#define __pyx_n_u_PackedMLP __pyx_string_tab[38]
-#define __pyx_n_u_PackedMLP___reduce_cython __pyx_string_tab[39]
-#define __pyx_n_u_PackedMLP___setstate_cython __pyx_string_tab[40]
-#define __pyx_n_u_PackedMLP_forward __pyx_string_tab[41]
-#define __pyx_n_u_PackedMLP_time_forward __pyx_string_tab[42]
-#define __pyx_n_u__4 __pyx_string_tab[43]
-#define __pyx_n_u_ACTS __pyx_string_tab[44]
-#define __pyx_n_u_ISA_BY_NAME __pyx_string_tab[45]
-#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[46]
-#define __pyx_n_u_annotate __pyx_string_tab[47]
-#define __pyx_n_u_class_getitem __pyx_string_tab[48]
-#define __pyx_n_u_func __pyx_string_tab[49]
-#define __pyx_n_u_getstate __pyx_string_tab[50]
-#define __pyx_n_u_main __pyx_string_tab[51]
-#define __pyx_n_u_module __pyx_string_tab[52]
-#define __pyx_n_u_name __pyx_string_tab[53]
-#define __pyx_n_u_pyx_state __pyx_string_tab[54]
-#define __pyx_n_u_qualname __pyx_string_tab[55]
-#define __pyx_n_u_reduce __pyx_string_tab[56]
-#define __pyx_n_u_reduce_cython __pyx_string_tab[57]
-#define __pyx_n_u_reduce_ex __pyx_string_tab[58]
-#define __pyx_n_u_set_name __pyx_string_tab[59]
-#define __pyx_n_u_setstate __pyx_string_tab[60]
-#define __pyx_n_u_setstate_cython __pyx_string_tab[61]
-#define __pyx_n_u_test __pyx_string_tab[62]
-#define __pyx_n_u_describe __pyx_string_tab[63]
-#define __pyx_n_u_is_coroutine __pyx_string_tab[64]
-#define __pyx_n_u_zscore_args __pyx_string_tab[65]
-#define __pyx_n_u_a __pyx_string_tab[66]
-#define __pyx_n_u_activations __pyx_string_tab[67]
-#define __pyx_n_u_asarray __pyx_string_tab[68]
-#define __pyx_n_u_ascontiguousarray __pyx_string_tab[69]
-#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[70]
-#define __pyx_n_u_avx2 __pyx_string_tab[71]
-#define __pyx_n_u_b __pyx_string_tab[72]
-#define __pyx_n_u_best __pyx_string_tab[73]
-#define __pyx_n_u_biases __pyx_string_tab[74]
-#define __pyx_n_u_cline_in_traceback __pyx_string_tab[75]
-#define __pyx_n_u_clock __pyx_string_tab[76]
-#define __pyx_n_u_concatenate __pyx_string_tab[77]
-#define __pyx_n_u_conf __pyx_string_tab[78]
-#define __pyx_n_u_d __pyx_string_tab[79]
-#define __pyx_n_u_dtype __pyx_string_tab[80]
-#define __pyx_n_u_dur __pyx_string_tab[81]
-#define __pyx_n_u_empty __pyx_string_tab[82]
-#define __pyx_n_u_fastpath__engine __pyx_string_tab[83]
-#define __pyx_n_u_fastpath__kernels __pyx_string_tab[84]
-#define __pyx_n_u_fastpath_errors __pyx_string_tab[85]
-#define __pyx_n_u_float32 __pyx_string_tab[86]
-#define __pyx_n_u_float64 __pyx_string_tab[87]
-#define __pyx_n_u_fma_ns_per_instr __pyx_string_tab[88]
-#define __pyx_n_u_forward __pyx_string_tab[89]
-#define __pyx_n_u_gaps __pyx_string_tab[90]
-#define __pyx_n_u_hist __pyx_string_tab[91]
-#define __pyx_n_u_histogram __pyx_string_tab[92]
-#define __pyx_n_u_i __pyx_string_tab[93]
-#define __pyx_n_u_identity __pyx_string_tab[94]
-#define __pyx_n_u_idx __pyx_string_tab[95]
-#define __pyx_n_u_int32 __pyx_string_tab[96]
-#define __pyx_n_u_intc __pyx_string_tab[97]
-#define __pyx_n_u_inv_n __pyx_string_tab[98]
-#define __pyx_n_u_inv_std __pyx_string_tab[99]
-#define __pyx_n_u_isa __pyx_string_tab[100]
-#define __pyx_n_u_items __pyx_string_tab[101]
-#define __pyx_n_u_iters __pyx_string_tab[102]
-#define __pyx_n_u_ix __pyx_string_tab[103]
-#define __pyx_n_u_jitter_probe __pyx_string_tab[104]
-#define __pyx_n_u_k __pyx_string_tab[105]
-#define __pyx_n_u_kernel_allfinite __pyx_string_tab[106]
-#define __pyx_n_u_kernel_dot_norm2 __pyx_string_tab[107]
-#define __pyx_n_u_kernel_head __pyx_string_tab[108]
-#define __pyx_n_u_kernel_window_stats __pyx_string_tab[109]
-#define __pyx_n_u_kernel_zscore __pyx_string_tab[110]
-#define __pyx_n_u_kernel_zscore_gather __pyx_string_tab[111]
-#define __pyx_n_u_kernel_zscore_runs __pyx_string_tab[112]
-#define __pyx_n_u_m __pyx_string_tab[113]
-#define __pyx_n_u_max __pyx_string_tab[114]
-#define __pyx_n_u_max_gap_ns __pyx_string_tab[115]
-#define __pyx_n_u_maxg __pyx_string_tab[116]
-#define __pyx_n_u_mean __pyx_string_tab[117]
-#define __pyx_n_u_min __pyx_string_tab[118]
-#define __pyx_n_u_mp __pyx_string_tab[119]
-#define __pyx_n_u_n __pyx_string_tab[120]
-#define __pyx_n_u_ndim __pyx_string_tab[121]
-#define __pyx_n_u_np __pyx_string_tab[122]
-#define __pyx_n_u_nr __pyx_string_tab[123]
-#define __pyx_n_u_numpy __pyx_string_tab[124]
-#define __pyx_n_u_o __pyx_string_tab[125]
-#define __pyx_n_u_old __pyx_string_tab[126]
-#define __pyx_n_u_out __pyx_string_tab[127]
-#define __pyx_n_u_out0 __pyx_string_tab[128]
-#define __pyx_n_u_out1 __pyx_string_tab[129]
-#define __pyx_n_u_pm __pyx_string_tab[130]
-#define __pyx_n_u_pop __pyx_string_tab[131]
-#define __pyx_n_u_ps __pyx_string_tab[132]
-#define __pyx_n_u_q __pyx_string_tab[133]
-#define __pyx_n_u_r __pyx_string_tab[134]
-#define __pyx_n_u_raw __pyx_string_tab[135]
-#define __pyx_n_u_reads __pyx_string_tab[136]
-#define __pyx_n_u_relu __pyx_string_tab[137]
-#define __pyx_n_u_runs __pyx_string_tab[138]
-#define __pyx_n_u_s __pyx_string_tab[139]
-#define __pyx_n_u_scalar __pyx_string_tab[140]
-#define __pyx_n_u_seconds __pyx_string_tab[141]
-#define __pyx_n_u_self __pyx_string_tab[142]
-#define __pyx_n_u_setdefault __pyx_string_tab[143]
-#define __pyx_n_u_shape __pyx_string_tab[144]
-#define __pyx_n_u_sig __pyx_string_tab[145]
-#define __pyx_n_u_sigmoid __pyx_string_tab[146]
-#define __pyx_n_u_sink __pyx_string_tab[147]
-#define __pyx_n_u_sp __pyx_string_tab[148]
-#define __pyx_n_u_sum __pyx_string_tab[149]
-#define __pyx_n_u_sumsq __pyx_string_tab[150]
-#define __pyx_n_u_supported_isas __pyx_string_tab[151]
-#define __pyx_n_u_t0 __pyx_string_tab[152]
-#define __pyx_n_u_t1 __pyx_string_tab[153]
-#define __pyx_n_u_tanh __pyx_string_tab[154]
-#define __pyx_n_u_threshold_ns __pyx_string_tab[155]
-#define __pyx_n_u_time_forward __pyx_string_tab[156]
-#define __pyx_n_u_v __pyx_string_tab[157]
-#define __pyx_n_u_values __pyx_string_tab[158]
-#define __pyx_n_u_w_idx __pyx_string_tab[159]
-#define __pyx_n_u_weights __pyx_string_tab[160]
-#define __pyx_n_u_x __pyx_string_tab[161]
-#define __pyx_n_u_xp __pyx_string_tab[162]
-#define __pyx_n_u_y __pyx_string_tab[163]
-#define __pyx_n_u_zeros __pyx_string_tab[164]
-#define __pyx_kp_b_iso88591_Q __pyx_string_tab[165]
-#define __pyx_kp_b_iso88591_xq_Qc_4q_1_m1D_1A __pyx_string_tab[166]
-#define __pyx_kp_b_iso88591_s_d_5_AV9D_Qe6_1_1A_s_3c_3c_S_b __pyx_string_tab[167]
-#define __pyx_kp_b_iso88591_xq_Qc_4q_1_s_3c_AQ_j_7_Zq_q_4Fm __pyx_string_tab[168]
-#define __pyx_kp_b_iso88591_xq_Qc_4q_m4q_QR_1A_s_3c_3c_S_j __pyx_string_tab[169]
-#define __pyx_kp_b_iso88591_xq_t3d_auE_q_1A_F_3b_1_m1D8LMYZ __pyx_string_tab[170]
-#define __pyx_kp_b_iso88591_xq_t3d_auE_q_1A_BfARr_2S_6m1E_0 __pyx_string_tab[171]
-#define __pyx_kp_b_iso88591_xq_Zq_Qe7_Qe7_U_3auAQ_5_uAQ __pyx_string_tab[172]
-#define __pyx_kp_b_iso88591_xq_Qe1_awfBa_QfF_A_QgV2Q_S_auA __pyx_string_tab[173]
-#define __pyx_kp_b_iso88591_A_T_Q_3as_T_A_1D0C1Cq_nAT_Qd_PP __pyx_string_tab[174]
-#define __pyx_kp_b_iso88591_A_T_Q_3as_T_s_A_1D_1_aq_1_1_U_1 __pyx_string_tab[175]
-#define __pyx_kp_b_iso88591_Q_q_U_1_1A_6_1 __pyx_string_tab[176]
-#define __pyx_kp_b_iso88591_t2R_j_DAQ_Ba_j_1_Q_XRq_auN_q_Ky __pyx_string_tab[177]
+#define __pyx_kp_u_and_x __pyx_string_tab[1]
+#define __pyx_kp_u_do_not_chain_2 __pyx_string_tab[2]
+#define __pyx_kp_u_is_not_supported_by_this_CPU_ha __pyx_string_tab[3]
+#define __pyx_kp_u_layers_with_one_bias_and_activa __pyx_string_tab[4]
+#define __pyx_kp_u_must_be_a_1_d_float32_array_got __pyx_string_tab[5]
+#define __pyx_kp_u_values_and_iters_1 __pyx_string_tab[6]
+#define __pyx_kp_u_values_got __pyx_string_tab[7]
+#define __pyx_kp_u_tree_fragment __pyx_string_tab[8]
+#define __pyx_kp_u_ __pyx_string_tab[9]
+#define __pyx_kp_u_b_2 __pyx_string_tab[10]
+#define __pyx_kp_u_do_not_chain __pyx_string_tab[11]
+#define __pyx_kp_u__3 __pyx_string_tab[12]
+#define __pyx_kp_u_weight __pyx_string_tab[13]
+#define __pyx_kp_u_expected_one_of __pyx_string_tab[14]
+#define __pyx_kp_u__2 __pyx_string_tab[15]
+#define __pyx_kp_u_None __pyx_string_tab[16]
+#define __pyx_kp_u_Note_that_Cython_is_deliberately __pyx_string_tab[17]
+#define __pyx_kp_u_a_and_b_must_have_one_length __pyx_string_tab[18]
+#define __pyx_kp_u_a_layer_s_pre_activations_are_Na __pyx_string_tab[19]
+#define __pyx_kp_u_add_note __pyx_string_tab[20]
+#define __pyx_kp_u_cannot_allocate_MLP_scratch __pyx_string_tab[21]
+#define __pyx_kp_u_cannot_allocate_a_cache_slot __pyx_string_tab[22]
+#define __pyx_kp_u_cannot_allocate_the_layer_output __pyx_string_tab[23]
+#define __pyx_kp_u_cannot_pack_MLP __pyx_string_tab[24]
+#define __pyx_kp_u_cannot_pack_the_layer __pyx_string_tab[25]
+#define __pyx_kp_u_disable __pyx_string_tab[26]
+#define __pyx_kp_u_enable __pyx_string_tab[27]
+#define __pyx_kp_u_f_and_cached_must_have_one_lengt __pyx_string_tab[28]
+#define __pyx_kp_u_fastpath__kernels_pyx __pyx_string_tab[29]
+#define __pyx_kp_u_gc __pyx_string_tab[30]
+#define __pyx_kp_u_idx_mean_and_inv_std_must_have_o __pyx_string_tab[31]
+#define __pyx_kp_u_isenabled __pyx_string_tab[32]
+#define __pyx_kp_u_jitter_seconds_must_be_in_0_3600 __pyx_string_tab[33]
+#define __pyx_kp_u_kernel_set __pyx_string_tab[34]
+#define __pyx_kp_u_layer __pyx_string_tab[35]
+#define __pyx_kp_u_n_must_be_1_got __pyx_string_tab[36]
+#define __pyx_kp_u_need_1 __pyx_string_tab[37]
+#define __pyx_kp_u_no_default___reduce___due_to_non __pyx_string_tab[38]
+#define __pyx_kp_u_numpy__core_multiarray_failed_to __pyx_string_tab[39]
+#define __pyx_kp_u_numpy__core_umath_failed_to_impo __pyx_string_tab[40]
+#define __pyx_kp_u_threshold_ns_must_be_1_got __pyx_string_tab[41]
+#define __pyx_kp_u_unknown_activation __pyx_string_tab[42]
+#define __pyx_kp_u_unknown_kernel_set __pyx_string_tab[43]
+#define __pyx_kp_u_w_2 __pyx_string_tab[44]
+#define __pyx_kp_u_w_idx_sum_sumsq_and_old_must_hav __pyx_string_tab[45]
+#define __pyx_kp_u_x_must_have __pyx_string_tab[46]
+#define __pyx_kp_u_x_mean_and_inv_std_must_have_one __pyx_string_tab[47]
+#define __pyx_n_u_B __pyx_string_tab[48]
+#define __pyx_n_u_InputError __pyx_string_tab[49]
+#define __pyx_n_u_PackedMLP __pyx_string_tab[50]
+#define __pyx_n_u_PackedMLP___reduce_cython __pyx_string_tab[51]
+#define __pyx_n_u_PackedMLP___setstate_cython __pyx_string_tab[52]
+#define __pyx_n_u_PackedMLP_forward __pyx_string_tab[53]
+#define __pyx_n_u_PackedMLP_time_forward __pyx_string_tab[54]
+#define __pyx_n_u_W __pyx_string_tab[55]
+#define __pyx_n_u__4 __pyx_string_tab[56]
+#define __pyx_n_u_ACTS __pyx_string_tab[57]
+#define __pyx_n_u_ISA_BY_NAME __pyx_string_tab[58]
+#define __pyx_n_u_REASONS __pyx_string_tab[59]
+#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[60]
+#define __pyx_n_u_annotate __pyx_string_tab[61]
+#define __pyx_n_u_class_getitem __pyx_string_tab[62]
+#define __pyx_n_u_func __pyx_string_tab[63]
+#define __pyx_n_u_getstate __pyx_string_tab[64]
+#define __pyx_n_u_main __pyx_string_tab[65]
+#define __pyx_n_u_module __pyx_string_tab[66]
+#define __pyx_n_u_name __pyx_string_tab[67]
+#define __pyx_n_u_pyx_state __pyx_string_tab[68]
+#define __pyx_n_u_qualname __pyx_string_tab[69]
+#define __pyx_n_u_reduce __pyx_string_tab[70]
+#define __pyx_n_u_reduce_cython __pyx_string_tab[71]
+#define __pyx_n_u_reduce_ex __pyx_string_tab[72]
+#define __pyx_n_u_set_name __pyx_string_tab[73]
+#define __pyx_n_u_setstate __pyx_string_tab[74]
+#define __pyx_n_u_setstate_cython __pyx_string_tab[75]
+#define __pyx_n_u_test __pyx_string_tab[76]
+#define __pyx_n_u_describe __pyx_string_tab[77]
+#define __pyx_n_u_is_coroutine __pyx_string_tab[78]
+#define __pyx_n_u_zscore_args __pyx_string_tab[79]
+#define __pyx_n_u_a __pyx_string_tab[80]
+#define __pyx_n_u_act __pyx_string_tab[81]
+#define __pyx_n_u_activations __pyx_string_tab[82]
+#define __pyx_n_u_acts __pyx_string_tab[83]
+#define __pyx_n_u_asarray __pyx_string_tab[84]
+#define __pyx_n_u_ascontiguousarray __pyx_string_tab[85]
+#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[86]
+#define __pyx_n_u_at __pyx_string_tab[87]
+#define __pyx_n_u_avx2 __pyx_string_tab[88]
+#define __pyx_n_u_b __pyx_string_tab[89]
+#define __pyx_n_u_back __pyx_string_tab[90]
+#define __pyx_n_u_best __pyx_string_tab[91]
+#define __pyx_n_u_biases __pyx_string_tab[92]
+#define __pyx_n_u_bp __pyx_string_tab[93]
+#define __pyx_n_u_bt __pyx_string_tab[94]
+#define __pyx_n_u_c __pyx_string_tab[95]
+#define __pyx_n_u_cached __pyx_string_tab[96]
+#define __pyx_n_u_calibration_bracket_ns __pyx_string_tab[97]
+#define __pyx_n_u_calibration_samples __pyx_string_tab[98]
+#define __pyx_n_u_cline_in_traceback __pyx_string_tab[99]
+#define __pyx_n_u_clock __pyx_string_tab[100]
+#define __pyx_n_u_clock_info __pyx_string_tab[101]
+#define __pyx_n_u_clock_mono_ns __pyx_string_tab[102]
+#define __pyx_n_u_clock_monotonic_probe __pyx_string_tab[103]
+#define __pyx_n_u_clock_reanchor __pyx_string_tab[104]
+#define __pyx_n_u_clock_ticks __pyx_string_tab[105]
+#define __pyx_n_u_clock_ticks_to_mono_ns __pyx_string_tab[106]
+#define __pyx_n_u_clock_ticks_to_ns __pyx_string_tab[107]
+#define __pyx_n_u_concatenate __pyx_string_tab[108]
+#define __pyx_n_u_conf __pyx_string_tab[109]
+#define __pyx_n_u_cos_threshold __pyx_string_tab[110]
+#define __pyx_n_u_cosine __pyx_string_tab[111]
+#define __pyx_n_u_d __pyx_string_tab[112]
+#define __pyx_n_u_dims __pyx_string_tab[113]
+#define __pyx_n_u_dt __pyx_string_tab[114]
+#define __pyx_n_u_dtype __pyx_string_tab[115]
+#define __pyx_n_u_dur __pyx_string_tab[116]
+#define __pyx_n_u_empty __pyx_string_tab[117]
+#define __pyx_n_u_f __pyx_string_tab[118]
+#define __pyx_n_u_fastpath__engine __pyx_string_tab[119]
+#define __pyx_n_u_fastpath__kernels __pyx_string_tab[120]
+#define __pyx_n_u_fastpath_errors __pyx_string_tab[121]
+#define __pyx_n_u_float32 __pyx_string_tab[122]
+#define __pyx_n_u_float64 __pyx_string_tab[123]
+#define __pyx_n_u_fma_ns_per_instr __pyx_string_tab[124]
+#define __pyx_n_u_force __pyx_string_tab[125]
+#define __pyx_n_u_forward __pyx_string_tab[126]
+#define __pyx_n_u_gaps __pyx_string_tab[127]
+#define __pyx_n_u_get __pyx_string_tab[128]
+#define __pyx_n_u_hist __pyx_string_tab[129]
+#define __pyx_n_u_histogram __pyx_string_tab[130]
+#define __pyx_n_u_hit __pyx_string_tab[131]
+#define __pyx_n_u_i __pyx_string_tab[132]
+#define __pyx_n_u_identity __pyx_string_tab[133]
+#define __pyx_n_u_idx __pyx_string_tab[134]
+#define __pyx_n_u_int32 __pyx_string_tab[135]
+#define __pyx_n_u_intc __pyx_string_tab[136]
+#define __pyx_n_u_inv_n __pyx_string_tab[137]
+#define __pyx_n_u_inv_std __pyx_string_tab[138]
+#define __pyx_n_u_isa __pyx_string_tab[139]
+#define __pyx_n_u_items __pyx_string_tab[140]
+#define __pyx_n_u_iters __pyx_string_tab[141]
+#define __pyx_n_u_ix __pyx_string_tab[142]
+#define __pyx_n_u_jitter_probe __pyx_string_tab[143]
+#define __pyx_n_u_k __pyx_string_tab[144]
+#define __pyx_n_u_kernel_allfinite __pyx_string_tab[145]
+#define __pyx_n_u_kernel_cache_decide __pyx_string_tab[146]
+#define __pyx_n_u_kernel_dense __pyx_string_tab[147]
+#define __pyx_n_u_kernel_dot_norm2 __pyx_string_tab[148]
+#define __pyx_n_u_kernel_head __pyx_string_tab[149]
+#define __pyx_n_u_kernel_window_stats __pyx_string_tab[150]
+#define __pyx_n_u_kernel_zscore __pyx_string_tab[151]
+#define __pyx_n_u_kernel_zscore_gather __pyx_string_tab[152]
+#define __pyx_n_u_kernel_zscore_runs __pyx_string_tab[153]
+#define __pyx_n_u_m __pyx_string_tab[154]
+#define __pyx_n_u_max __pyx_string_tab[155]
+#define __pyx_n_u_max_gap_ns __pyx_string_tab[156]
+#define __pyx_n_u_maxg __pyx_string_tab[157]
+#define __pyx_n_u_mean __pyx_string_tab[158]
+#define __pyx_n_u_min __pyx_string_tab[159]
+#define __pyx_n_u_mp __pyx_string_tab[160]
+#define __pyx_n_u_n __pyx_string_tab[161]
+#define __pyx_n_u_n_in __pyx_string_tab[162]
+#define __pyx_n_u_n_out __pyx_string_tab[163]
+#define __pyx_n_u_na2 __pyx_string_tab[164]
+#define __pyx_n_u_ndim __pyx_string_tab[165]
+#define __pyx_n_u_norm __pyx_string_tab[166]
+#define __pyx_n_u_norm_tol __pyx_string_tab[167]
+#define __pyx_n_u_np __pyx_string_tab[168]
+#define __pyx_n_u_nr __pyx_string_tab[169]
+#define __pyx_n_u_ns_per_tick __pyx_string_tab[170]
+#define __pyx_n_u_numpy __pyx_string_tab[171]
+#define __pyx_n_u_o __pyx_string_tab[172]
+#define __pyx_n_u_ok __pyx_string_tab[173]
+#define __pyx_n_u_old __pyx_string_tab[174]
+#define __pyx_n_u_out __pyx_string_tab[175]
+#define __pyx_n_u_out0 __pyx_string_tab[176]
+#define __pyx_n_u_out1 __pyx_string_tab[177]
+#define __pyx_n_u_p __pyx_string_tab[178]
+#define __pyx_n_u_pm __pyx_string_tab[179]
+#define __pyx_n_u_pop __pyx_string_tab[180]
+#define __pyx_n_u_prev __pyx_string_tab[181]
+#define __pyx_n_u_ps __pyx_string_tab[182]
+#define __pyx_n_u_q __pyx_string_tab[183]
+#define __pyx_n_u_r __pyx_string_tab[184]
+#define __pyx_n_u_raw __pyx_string_tab[185]
+#define __pyx_n_u_read_cost_ns __pyx_string_tab[186]
+#define __pyx_n_u_reads __pyx_string_tab[187]
+#define __pyx_n_u_reanchors __pyx_string_tab[188]
+#define __pyx_n_u_reason __pyx_string_tab[189]
+#define __pyx_n_u_relu __pyx_string_tab[190]
+#define __pyx_n_u_reverse __pyx_string_tab[191]
+#define __pyx_n_u_runs __pyx_string_tab[192]
+#define __pyx_n_u_s __pyx_string_tab[193]
+#define __pyx_n_u_scalar __pyx_string_tab[194]
+#define __pyx_n_u_seconds __pyx_string_tab[195]
+#define __pyx_n_u_self __pyx_string_tab[196]
+#define __pyx_n_u_setdefault __pyx_string_tab[197]
+#define __pyx_n_u_shape __pyx_string_tab[198]
+#define __pyx_n_u_sig __pyx_string_tab[199]
+#define __pyx_n_u_sigmoid __pyx_string_tab[200]
+#define __pyx_n_u_sink __pyx_string_tab[201]
+#define __pyx_n_u_source __pyx_string_tab[202]
+#define __pyx_n_u_sp __pyx_string_tab[203]
+#define __pyx_n_u_sum __pyx_string_tab[204]
+#define __pyx_n_u_sumsq __pyx_string_tab[205]
+#define __pyx_n_u_supported_isas __pyx_string_tab[206]
+#define __pyx_n_u_t __pyx_string_tab[207]
+#define __pyx_n_u_t0 __pyx_string_tab[208]
+#define __pyx_n_u_t1 __pyx_string_tab[209]
+#define __pyx_n_u_tanh __pyx_string_tab[210]
+#define __pyx_n_u_threshold_ns __pyx_string_tab[211]
+#define __pyx_n_u_time_forward __pyx_string_tab[212]
+#define __pyx_n_u_v __pyx_string_tab[213]
+#define __pyx_n_u_values __pyx_string_tab[214]
+#define __pyx_n_u_w __pyx_string_tab[215]
+#define __pyx_n_u_w_idx __pyx_string_tab[216]
+#define __pyx_n_u_weights __pyx_string_tab[217]
+#define __pyx_n_u_wp __pyx_string_tab[218]
+#define __pyx_n_u_wt __pyx_string_tab[219]
+#define __pyx_n_u_x __pyx_string_tab[220]
+#define __pyx_n_u_xp __pyx_string_tab[221]
+#define __pyx_n_u_y __pyx_string_tab[222]
+#define __pyx_n_u_zeros __pyx_string_tab[223]
+#define __pyx_kp_b_iso88591_Q __pyx_string_tab[224]
+#define __pyx_kp_b_iso88591_xq_Qc_4q_1_m1D_1A __pyx_string_tab[225]
+#define __pyx_kp_b_iso88591_s_d_5_AV9D_Qe6_1_1A_s_3c_3c_S_b __pyx_string_tab[226]
+#define __pyx_kp_b_iso88591_81 __pyx_string_tab[227]
+#define __pyx_kp_b_iso88591_Q_2 __pyx_string_tab[228]
+#define __pyx_kp_b_iso88591_Rq __pyx_string_tab[229]
+#define __pyx_kp_b_iso88591_aq __pyx_string_tab[230]
+#define __pyx_kp_b_iso88591_xq_Qc_4q_1_s_3c_AQ_j_G1_Zq_q_4F __pyx_string_tab[231]
+#define __pyx_kp_b_iso88591_xq_Qc_4q_m4q_QR_1A_s_3c_3c_S_j __pyx_string_tab[232]
+#define __pyx_kp_b_iso88591_xq_t3d_auE_q_1A_F_3b_1_m1D8LMYZ __pyx_string_tab[233]
+#define __pyx_kp_b_iso88591_xq_t3d_auE_q_1A_BfARr_2S_6m1E_0 __pyx_string_tab[234]
+#define __pyx_kp_b_iso88591_xq_Zq_Qe7_Qe7_U_3auAQ_5_uAQ __pyx_string_tab[235]
+#define __pyx_kp_b_iso88591_JoRwd_HO3J_RS_h_HTU __pyx_string_tab[236]
+#define __pyx_kp_b_iso88591_xq_Qe1_awfBa_QfF_A_QgV2Q_S_auA __pyx_string_tab[237]
+#define __pyx_kp_b_iso88591_r_1_j_q_Q_81_E_aq_1HA_uBb_uBa_1 __pyx_string_tab[238]
+#define __pyx_kp_b_iso88591_xq_Qc_4q_AQ_s_3c_3b_j_k_1_r_A_k __pyx_string_tab[239]
+#define __pyx_kp_b_iso88591_A_T_Q_3as_T_s_A_1D_1_aq_1_1_U_1 __pyx_string_tab[240]
+#define __pyx_kp_b_iso88591_A_T_Q_3as_T_A_1D0C1Cq_Kq_nAT_Qd __pyx_string_tab[241]
+#define __pyx_kp_b_iso88591_1_k_Qa_4q __pyx_string_tab[242]
+#define __pyx_kp_b_iso88591_Q_q_U_1_1A_6_1 __pyx_string_tab[243]
+#define __pyx_kp_b_iso88591_t2R_j_DAQ_Ba_j_1_Q_XRq_auN_q_Ky __pyx_string_tab[244]
+#define __pyx_kp_b_iso88591_A_xq_t7_j_a_Gwaq_AS_b_AS_b_Qc_q __pyx_string_tab[245]
 #define __pyx_int_0 __pyx_number_tab[0]
 #define __pyx_int_1 __pyx_number_tab[1]
 #define __pyx_int_2 __pyx_number_tab[2]
@@ -3791,8 +3890,8 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<1; ++i) { Py_CLEAR(clear_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<14; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<178; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<23; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<246; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<5; ++i) { Py_CLEAR(clear_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_clear_contents ### */
 /* CommonTypesMetaclass.module_state_clear */
@@ -3838,8 +3937,8 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_values.method);
   for (int i=0; i<1; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<14; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<178; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<23; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<246; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
   for (int i=0; i<5; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_traverse_contents ### */
 /* CommonTypesMetaclass.module_state_traverse */
@@ -5732,7 +5831,7 @@ static CYTHON_INLINE NPY_DATETIMEUNIT __pyx_f_5numpy_get_datetime64_unit(PyObjec
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":27
+/* "fastpath/_kernels.pyx":30
  * _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
  * 
  * cdef const fp_kernels *_kernels(str isa) except NULL:             # <<<<<<<<<<<<<<
@@ -5762,21 +5861,21 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_kernels", 0);
 
-  /* "fastpath/_kernels.pyx":28
+  /* "fastpath/_kernels.pyx":31
  * 
  * cdef const fp_kernels *_kernels(str isa) except NULL:
  *     if isa not in _ISA_BY_NAME:             # <<<<<<<<<<<<<<
  *         raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_ISA_BY_NAME)}")
  *     cdef const fp_kernels *k = fp_kernels_for(_ISA_BY_NAME[isa])
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_ISA_BY_NAME); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 28, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_ISA_BY_NAME); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 31, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = (__Pyx_PySequence_ContainsTF(__pyx_v_isa, __pyx_t_1, Py_NE)); if (unlikely((__pyx_t_2 < 0))) __PYX_ERR(0, 28, __pyx_L1_error)
+  __pyx_t_2 = (__Pyx_PySequence_ContainsTF(__pyx_v_isa, __pyx_t_1, Py_NE)); if (unlikely((__pyx_t_2 < 0))) __PYX_ERR(0, 31, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   if (unlikely(__pyx_t_2)) {
 
 
-    /* "fastpath/_kernels.pyx":29
+    /* "fastpath/_kernels.pyx":32
  * cdef const fp_kernels *_kernels(str isa) except NULL:
  *     if isa not in _ISA_BY_NAME:
  *         raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_ISA_BY_NAME)}")             # <<<<<<<<<<<<<<
@@ -5784,17 +5883,17 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
  *     if k == NULL:
 */
     __pyx_t_3 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 29, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 32, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
-    __pyx_t_5 = __Pyx_PyObject_FormatSimpleAndDecref(PyObject_Repr(__pyx_v_isa), __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 29, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyObject_FormatSimpleAndDecref(PyObject_Repr(__pyx_v_isa), __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 32, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
-    __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_ISA_BY_NAME); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 29, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_ISA_BY_NAME); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 32, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
-    __pyx_t_7 = PySequence_List(__pyx_t_6); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 29, __pyx_L1_error)
+    __pyx_t_7 = PySequence_List(__pyx_t_6); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 32, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-    if (unlikely((PyList_Sort(__pyx_t_7) < 0))) __PYX_ERR(0, 29, __pyx_L1_error)
-    __pyx_t_6 = __Pyx_PyObject_FormatSimple(__pyx_t_7, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 29, __pyx_L1_error)
+    if (unlikely((PyList_Sort(__pyx_t_7) < 0))) __PYX_ERR(0, 32, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyObject_FormatSimple(__pyx_t_7, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 32, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
     __pyx_t_8[0] = __pyx_mstate_global->__pyx_kp_u_unknown_kernel_set;
@@ -5810,7 +5909,7 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
     __pyx_t_10 |= __Pyx_PyUnicode_KIND_04(__pyx_t_8[1]) | __Pyx_PyUnicode_KIND_04(__pyx_t_8[3]);
     #endif
     __pyx_t_7 = __Pyx_PyUnicode_Join(__pyx_t_8, 4, __pyx_t_9, __pyx_t_10);
-    if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 29, __pyx_L1_error)
+    if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 32, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
@@ -5832,14 +5931,14 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
       __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 29, __pyx_L1_error)
+      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 32, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
     }
     __Pyx_Raise(__pyx_t_1, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-    __PYX_ERR(0, 29, __pyx_L1_error)
+    __PYX_ERR(0, 32, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":28
+    /* "fastpath/_kernels.pyx":31
  * 
  * cdef const fp_kernels *_kernels(str isa) except NULL:
  *     if isa not in _ISA_BY_NAME:             # <<<<<<<<<<<<<<
@@ -5848,24 +5947,24 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
 */
   }
 
-  /* "fastpath/_kernels.pyx":30
+  /* "fastpath/_kernels.pyx":33
  *     if isa not in _ISA_BY_NAME:
  *         raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_ISA_BY_NAME)}")
  *     cdef const fp_kernels *k = fp_kernels_for(_ISA_BY_NAME[isa])             # <<<<<<<<<<<<<<
  *     if k == NULL:
  *         raise InputError(f"kernel set {isa!r} is not supported by this CPU (has: {supported_isas()})")
 */
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_ISA_BY_NAME); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 30, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_ISA_BY_NAME); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 33, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_4 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_isa); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 30, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_Dict_GetItem(__pyx_t_1, __pyx_v_isa); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 33, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  __pyx_t_12 = ((fp_isa)__Pyx_PyLong_As_fp_isa(__pyx_t_4)); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 30, __pyx_L1_error)
+  __pyx_t_12 = ((fp_isa)__Pyx_PyLong_As_fp_isa(__pyx_t_4)); if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 33, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
   __pyx_v_k = fp_kernels_for(__pyx_t_12);
 
 
-  /* "fastpath/_kernels.pyx":31
+  /* "fastpath/_kernels.pyx":34
  *         raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_ISA_BY_NAME)}")
  *     cdef const fp_kernels *k = fp_kernels_for(_ISA_BY_NAME[isa])
  *     if k == NULL:             # <<<<<<<<<<<<<<
@@ -5877,7 +5976,7 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
   if (unlikely(__pyx_t_2)) {
 
 
-    /* "fastpath/_kernels.pyx":32
+    /* "fastpath/_kernels.pyx":35
  *     cdef const fp_kernels *k = fp_kernels_for(_ISA_BY_NAME[isa])
  *     if k == NULL:
  *         raise InputError(f"kernel set {isa!r} is not supported by this CPU (has: {supported_isas()})")             # <<<<<<<<<<<<<<
@@ -5885,16 +5984,16 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
  * 
 */
     __pyx_t_1 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 32, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 35, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
-    __pyx_t_3 = __Pyx_PyObject_FormatSimpleAndDecref(PyObject_Repr(__pyx_v_isa), __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 32, __pyx_L1_error)
+    __pyx_t_3 = __Pyx_PyObject_FormatSimpleAndDecref(PyObject_Repr(__pyx_v_isa), __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 35, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
-    __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_supported_isas); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 32, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_supported_isas); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 35, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
-    __pyx_t_5 = __Pyx_PyObject_CallNoArg(__pyx_t_6); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 32, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyObject_CallNoArg(__pyx_t_6); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 35, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-    __pyx_t_6 = __Pyx_PyObject_FormatSimple(__pyx_t_5, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 32, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyObject_FormatSimple(__pyx_t_5, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 35, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
     __pyx_t_13[0] = __pyx_mstate_global->__pyx_kp_u_kernel_set;
@@ -5911,7 +6010,7 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
     __pyx_t_10 |= __Pyx_PyUnicode_KIND_04(__pyx_t_13[1]) | __Pyx_PyUnicode_KIND_04(__pyx_t_13[3]);
     #endif
     __pyx_t_5 = __Pyx_PyUnicode_Join(__pyx_t_13, 5, __pyx_t_9, __pyx_t_10);
-    if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 32, __pyx_L1_error)
+    if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 35, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
@@ -5933,14 +6032,14 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
       __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
       __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
       __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 32, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 35, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
     __Pyx_Raise(__pyx_t_4, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    __PYX_ERR(0, 32, __pyx_L1_error)
+    __PYX_ERR(0, 35, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":31
+    /* "fastpath/_kernels.pyx":34
  *         raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_ISA_BY_NAME)}")
  *     cdef const fp_kernels *k = fp_kernels_for(_ISA_BY_NAME[isa])
  *     if k == NULL:             # <<<<<<<<<<<<<<
@@ -5949,7 +6048,7 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
 */
   }
 
-  /* "fastpath/_kernels.pyx":33
+  /* "fastpath/_kernels.pyx":36
  *     if k == NULL:
  *         raise InputError(f"kernel set {isa!r} is not supported by this CPU (has: {supported_isas()})")
  *     return k             # <<<<<<<<<<<<<<
@@ -5962,7 +6061,7 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
   }
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":27
+  /* "fastpath/_kernels.pyx":30
  * _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
  * 
  * cdef const fp_kernels *_kernels(str isa) except NULL:             # <<<<<<<<<<<<<<
@@ -5987,7 +6086,7 @@ static fp_kernels const *__pyx_f_8fastpath_8_kernels__kernels(PyObject *__pyx_v_
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":36
+/* "fastpath/_kernels.pyx":39
  * 
  * 
  * def fma_ns_per_instr(long iters=20_000_000):             # <<<<<<<<<<<<<<
@@ -6035,37 +6134,37 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_iters,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 36, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 39, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 36, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 39, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "fma_ns_per_instr", 0) < (0)) __PYX_ERR(0, 36, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "fma_ns_per_instr", 0) < (0)) __PYX_ERR(0, 39, __pyx_L3_error)
     } else {
       switch (__pyx_nargs) {
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 36, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 39, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
     }
     if (values[0]) {
-      __pyx_v_iters = __Pyx_PyLong_As_long(values[0]); if (unlikely((__pyx_v_iters == (long)-1) && PyErr_Occurred())) __PYX_ERR(0, 36, __pyx_L3_error)
+      __pyx_v_iters = __Pyx_PyLong_As_long(values[0]); if (unlikely((__pyx_v_iters == (long)-1) && PyErr_Occurred())) __PYX_ERR(0, 39, __pyx_L3_error)
     } else {
       __pyx_v_iters = ((long)((long)0x1312D00));
     }
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("fma_ns_per_instr", 0, 0, 1, __pyx_nargs); __PYX_ERR(0, 36, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("fma_ns_per_instr", 0, 0, 1, __pyx_nargs); __PYX_ERR(0, 39, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -6104,7 +6203,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyO
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("fma_ns_per_instr", 0);
 
-  /* "fastpath/_kernels.pyx":39
+  /* "fastpath/_kernels.pyx":42
  *     """Measured ns per 8-lane FMA instruction at full throughput (12 chains); -1 without
  *     AVX2+FMA. Best of three runs."""
  *     cdef double best = 1e30, v             # <<<<<<<<<<<<<<
@@ -6113,7 +6212,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyO
 */
   __pyx_v_best = 1e30;
 
-  /* "fastpath/_kernels.pyx":40
+  /* "fastpath/_kernels.pyx":43
  *     AVX2+FMA. Best of three runs."""
  *     cdef double best = 1e30, v
  *     for _ in range(3):             # <<<<<<<<<<<<<<
@@ -6123,7 +6222,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyO
   for (__pyx_t_1 = 0; __pyx_t_1 < 3; __pyx_t_1+=1) {
     __pyx_v__ = __pyx_t_1;
 
-    /* "fastpath/_kernels.pyx":41
+    /* "fastpath/_kernels.pyx":44
  *     cdef double best = 1e30, v
  *     for _ in range(3):
  *         with nogil:             # <<<<<<<<<<<<<<
@@ -6136,7 +6235,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyO
         __Pyx_FastGIL_Remember();
         /*try:*/ {
 
-          /* "fastpath/_kernels.pyx":42
+          /* "fastpath/_kernels.pyx":45
  *     for _ in range(3):
  *         with nogil:
  *             v = fp_fma_ns_per_instr(iters)             # <<<<<<<<<<<<<<
@@ -6146,7 +6245,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyO
           __pyx_v_v = fp_fma_ns_per_instr(__pyx_v_iters);
         }
 
-        /* "fastpath/_kernels.pyx":41
+        /* "fastpath/_kernels.pyx":44
  *     cdef double best = 1e30, v
  *     for _ in range(3):
  *         with nogil:             # <<<<<<<<<<<<<<
@@ -6163,7 +6262,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyO
         }
     }
 
-    /* "fastpath/_kernels.pyx":43
+    /* "fastpath/_kernels.pyx":46
  *         with nogil:
  *             v = fp_fma_ns_per_instr(iters)
  *         best = min(best, v)             # <<<<<<<<<<<<<<
@@ -6188,14 +6287,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyO
 
   }
 
-  /* "fastpath/_kernels.pyx":44
+  /* "fastpath/_kernels.pyx":47
  *             v = fp_fma_ns_per_instr(iters)
  *         best = min(best, v)
  *     return best             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_6 = PyFloat_FromDouble(__pyx_v_best); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 44, __pyx_L1_error)
+  __pyx_t_6 = PyFloat_FromDouble(__pyx_v_best); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 47, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
   {
     PyObject *__pyx_temp;
@@ -6208,7 +6307,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyO
   __pyx_t_6 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":36
+  /* "fastpath/_kernels.pyx":39
  * 
  * 
  * def fma_ns_per_instr(long iters=20_000_000):             # <<<<<<<<<<<<<<
@@ -6230,7 +6329,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_fma_ns_per_instr(CYTHON_UNUSED PyO
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":47
+/* "fastpath/_kernels.pyx":50
  * 
  * 
  * def jitter_probe(double seconds, long long threshold_ns=1000):             # <<<<<<<<<<<<<<
@@ -6279,48 +6378,48 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_seconds,&__pyx_mstate_global->__pyx_n_u_threshold_ns,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 47, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 50, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 47, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 50, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 47, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 50, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "jitter_probe", 0) < (0)) __PYX_ERR(0, 47, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "jitter_probe", 0) < (0)) __PYX_ERR(0, 50, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("jitter_probe", 0, 1, 2, i); __PYX_ERR(0, 47, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("jitter_probe", 0, 1, 2, i); __PYX_ERR(0, 50, __pyx_L3_error) }
       }
     } else {
       switch (__pyx_nargs) {
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 47, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 50, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 47, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 50, __pyx_L3_error)
         break;
         default: goto __pyx_L5_argtuple_error;
       }
     }
-    __pyx_v_seconds = __Pyx_PyFloat_AsDouble(values[0]); if (unlikely((__pyx_v_seconds == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 47, __pyx_L3_error)
+    __pyx_v_seconds = __Pyx_PyFloat_AsDouble(values[0]); if (unlikely((__pyx_v_seconds == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 50, __pyx_L3_error)
     if (values[1]) {
-      __pyx_v_threshold_ns = __Pyx_PyLong_As_PY_LONG_LONG(values[1]); if (unlikely((__pyx_v_threshold_ns == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 47, __pyx_L3_error)
+      __pyx_v_threshold_ns = __Pyx_PyLong_As_PY_LONG_LONG(values[1]); if (unlikely((__pyx_v_threshold_ns == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 50, __pyx_L3_error)
     } else {
       __pyx_v_threshold_ns = ((PY_LONG_LONG)((PY_LONG_LONG)0x3E8));
     }
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("jitter_probe", 0, 1, 2, __pyx_nargs); __PYX_ERR(0, 47, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("jitter_probe", 0, 1, 2, __pyx_nargs); __PYX_ERR(0, 50, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -6369,7 +6468,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("jitter_probe", 0);
 
-  /* "fastpath/_kernels.pyx":52
+  /* "fastpath/_kernels.pyx":55
  *     Returns {"seconds", "reads", "gaps", "max_gap_ns", "threshold_ns", "histogram":
  *     [[lo_ns, hi_ns, count], ...]}."""
  *     if not 0 < seconds <= 3600:             # <<<<<<<<<<<<<<
@@ -6386,7 +6485,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
   if (unlikely(__pyx_t_2)) {
 
 
-    /* "fastpath/_kernels.pyx":53
+    /* "fastpath/_kernels.pyx":56
  *     [[lo_ns, hi_ns, count], ...]}."""
  *     if not 0 < seconds <= 3600:
  *         raise InputError(f"jitter seconds must be in (0, 3600], got {seconds}")             # <<<<<<<<<<<<<<
@@ -6394,11 +6493,11 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
  *         raise InputError(f"threshold_ns must be >= 1, got {threshold_ns}")
 */
     __pyx_t_4 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 53, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 56, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
-    __pyx_t_6 = __Pyx_PyUnicode_FromDouble(__pyx_v_seconds, 'r', 0); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 53, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyUnicode_FromDouble(__pyx_v_seconds, 'r', 0); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 56, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
-    __pyx_t_7 = __Pyx_PyUnicode_Concat(__pyx_mstate_global->__pyx_kp_u_jitter_seconds_must_be_in_0_3600, __pyx_t_6); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 53, __pyx_L1_error)
+    __pyx_t_7 = __Pyx_PyUnicode_Concat(__pyx_mstate_global->__pyx_kp_u_jitter_seconds_must_be_in_0_3600, __pyx_t_6); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 56, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __pyx_t_8 = 1;
@@ -6419,14 +6518,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
       __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
       __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 53, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 56, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(0, 53, __pyx_L1_error)
+    __PYX_ERR(0, 56, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":52
+    /* "fastpath/_kernels.pyx":55
  *     Returns {"seconds", "reads", "gaps", "max_gap_ns", "threshold_ns", "histogram":
  *     [[lo_ns, hi_ns, count], ...]}."""
  *     if not 0 < seconds <= 3600:             # <<<<<<<<<<<<<<
@@ -6435,7 +6534,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
 */
   }
 
-  /* "fastpath/_kernels.pyx":54
+  /* "fastpath/_kernels.pyx":57
  *     if not 0 < seconds <= 3600:
  *         raise InputError(f"jitter seconds must be in (0, 3600], got {seconds}")
  *     if threshold_ns < 1:             # <<<<<<<<<<<<<<
@@ -6447,7 +6546,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
   if (unlikely(__pyx_t_2)) {
 
 
-    /* "fastpath/_kernels.pyx":55
+    /* "fastpath/_kernels.pyx":58
  *         raise InputError(f"jitter seconds must be in (0, 3600], got {seconds}")
  *     if threshold_ns < 1:
  *         raise InputError(f"threshold_ns must be >= 1, got {threshold_ns}")             # <<<<<<<<<<<<<<
@@ -6455,11 +6554,11 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
  *     cdef long long maxg = 0, reads = 0, gaps
 */
     __pyx_t_5 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 55, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 58, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
-    __pyx_t_4 = __Pyx_PyUnicode_From_PY_LONG_LONG(__pyx_v_threshold_ns, 0, ' ', 'd'); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 55, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_PyUnicode_From_PY_LONG_LONG(__pyx_v_threshold_ns, 0, ' ', 'd'); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 58, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
-    __pyx_t_6 = __Pyx_PyUnicode_Concat(__pyx_mstate_global->__pyx_kp_u_threshold_ns_must_be_1_got, __pyx_t_4); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 55, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyUnicode_Concat(__pyx_mstate_global->__pyx_kp_u_threshold_ns_must_be_1_got, __pyx_t_4); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 58, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
     __pyx_t_8 = 1;
@@ -6480,14 +6579,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
       __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
       __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
       __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 55, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 58, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(0, 55, __pyx_L1_error)
+    __PYX_ERR(0, 58, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":54
+    /* "fastpath/_kernels.pyx":57
  *     if not 0 < seconds <= 3600:
  *         raise InputError(f"jitter seconds must be in (0, 3600], got {seconds}")
  *     if threshold_ns < 1:             # <<<<<<<<<<<<<<
@@ -6496,7 +6595,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
 */
   }
 
-  /* "fastpath/_kernels.pyx":57
+  /* "fastpath/_kernels.pyx":60
  *         raise InputError(f"threshold_ns must be >= 1, got {threshold_ns}")
  *     cdef long long hist[40]
  *     cdef long long maxg = 0, reads = 0, gaps             # <<<<<<<<<<<<<<
@@ -6506,7 +6605,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
   __pyx_v_maxg = 0;
   __pyx_v_reads = 0;
 
-  /* "fastpath/_kernels.pyx":58
+  /* "fastpath/_kernels.pyx":61
  *     cdef long long hist[40]
  *     cdef long long maxg = 0, reads = 0, gaps
  *     cdef long long dur = <long long>(seconds * 1e9)             # <<<<<<<<<<<<<<
@@ -6515,7 +6614,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
 */
   __pyx_v_dur = ((PY_LONG_LONG)(__pyx_v_seconds * 1e9));
 
-  /* "fastpath/_kernels.pyx":59
+  /* "fastpath/_kernels.pyx":62
  *     cdef long long maxg = 0, reads = 0, gaps
  *     cdef long long dur = <long long>(seconds * 1e9)
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -6528,7 +6627,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastpath/_kernels.pyx":60
+        /* "fastpath/_kernels.pyx":63
  *     cdef long long dur = <long long>(seconds * 1e9)
  *     with nogil:
  *         gaps = fp_jitter_probe(dur, threshold_ns, hist, &maxg, &reads)             # <<<<<<<<<<<<<<
@@ -6538,7 +6637,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
         __pyx_v_gaps = fp_jitter_probe(__pyx_v_dur, __pyx_v_threshold_ns, __pyx_v_hist, (&__pyx_v_maxg), (&__pyx_v_reads));
       }
 
-      /* "fastpath/_kernels.pyx":59
+      /* "fastpath/_kernels.pyx":62
  *     cdef long long maxg = 0, reads = 0, gaps
  *     cdef long long dur = <long long>(seconds * 1e9)
  *     with nogil:             # <<<<<<<<<<<<<<
@@ -6555,62 +6654,62 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
       }
   }
 
-  /* "fastpath/_kernels.pyx":61
+  /* "fastpath/_kernels.pyx":64
  *     with nogil:
  *         gaps = fp_jitter_probe(dur, threshold_ns, hist, &maxg, &reads)
  *     return {"seconds": seconds, "reads": reads, "gaps": gaps, "max_gap_ns": maxg,             # <<<<<<<<<<<<<<
  *             "threshold_ns": threshold_ns, "clock": fp_clock_source().decode(),
  *             "histogram": [[1 << k, 1 << (k + 1), hist[k]] for k in range(40) if hist[k]]}
 */
-  __pyx_t_3 = __Pyx_PyDict_NewPresized(7); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 61, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyDict_NewPresized(7); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_7 = PyFloat_FromDouble(__pyx_v_seconds); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 61, __pyx_L1_error)
+  __pyx_t_7 = PyFloat_FromDouble(__pyx_v_seconds); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_seconds, __pyx_t_7) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_seconds, __pyx_t_7) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-  __pyx_t_7 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_reads); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 61, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_reads); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_reads, __pyx_t_7) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_reads, __pyx_t_7) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-  __pyx_t_7 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_gaps); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 61, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_gaps); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_gaps, __pyx_t_7) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_gaps, __pyx_t_7) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-  __pyx_t_7 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_maxg); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 61, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_maxg); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_max_gap_ns, __pyx_t_7) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_max_gap_ns, __pyx_t_7) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
 
-  /* "fastpath/_kernels.pyx":62
+  /* "fastpath/_kernels.pyx":65
  *         gaps = fp_jitter_probe(dur, threshold_ns, hist, &maxg, &reads)
  *     return {"seconds": seconds, "reads": reads, "gaps": gaps, "max_gap_ns": maxg,
  *             "threshold_ns": threshold_ns, "clock": fp_clock_source().decode(),             # <<<<<<<<<<<<<<
  *             "histogram": [[1 << k, 1 << (k + 1), hist[k]] for k in range(40) if hist[k]]}
  * 
 */
-  __pyx_t_7 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_threshold_ns); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 62, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_threshold_ns); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 65, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_threshold_ns, __pyx_t_7) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_threshold_ns, __pyx_t_7) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
 
   __pyx_t_9 = fp_clock_source();
-  __pyx_t_10 = __Pyx_ssize_strlen(__pyx_t_9); if (unlikely(__pyx_t_10 == ((Py_ssize_t)-1))) __PYX_ERR(0, 62, __pyx_L1_error)
-  __pyx_t_7 = __Pyx_decode_c_string(__pyx_t_9, 0, __pyx_t_10, NULL, NULL, NULL); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 62, __pyx_L1_error)
+  __pyx_t_10 = __Pyx_ssize_strlen(__pyx_t_9); if (unlikely(__pyx_t_10 == ((Py_ssize_t)-1))) __PYX_ERR(0, 65, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_decode_c_string(__pyx_t_9, 0, __pyx_t_10, NULL, NULL, NULL); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 65, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
 
-  if (!(likely(PyUnicode_CheckExact(__pyx_t_7)) || __Pyx_RaiseUnexpectedTypeError("str", __pyx_t_7))) __PYX_ERR(0, 62, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_clock, __pyx_t_7) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
+  if (!(likely(PyUnicode_CheckExact(__pyx_t_7)) || __Pyx_RaiseUnexpectedTypeError("str", __pyx_t_7))) __PYX_ERR(0, 65, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_clock, __pyx_t_7) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
   { /* enter inner scope */
 
-    /* "fastpath/_kernels.pyx":63
+    /* "fastpath/_kernels.pyx":66
  *     return {"seconds": seconds, "reads": reads, "gaps": gaps, "max_gap_ns": maxg,
  *             "threshold_ns": threshold_ns, "clock": fp_clock_source().decode(),
  *             "histogram": [[1 << k, 1 << (k + 1), hist[k]] for k in range(40) if hist[k]]}             # <<<<<<<<<<<<<<
  * 
  * 
 */
-    __pyx_t_7 = PyList_New(0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 63, __pyx_L1_error)
+    __pyx_t_7 = PyList_New(0); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 66, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
     for (__pyx_t_11 = 0; __pyx_t_11 < 40; __pyx_t_11+=1) {
       __pyx_7genexpr__pyx_v_k = __pyx_t_11;
@@ -6618,30 +6717,30 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
 
       if (__pyx_t_2) {
 
-        __pyx_t_6 = __Pyx_PyLong_From_long((1 << __pyx_7genexpr__pyx_v_k)); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 63, __pyx_L1_error)
+        __pyx_t_6 = __Pyx_PyLong_From_long((1 << __pyx_7genexpr__pyx_v_k)); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 66, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_6);
-        __pyx_t_5 = __Pyx_PyLong_From_long((1 << (__pyx_7genexpr__pyx_v_k + 1))); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 63, __pyx_L1_error)
+        __pyx_t_5 = __Pyx_PyLong_From_long((1 << (__pyx_7genexpr__pyx_v_k + 1))); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 66, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_5);
-        __pyx_t_4 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_hist[__pyx_7genexpr__pyx_v_k])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 63, __pyx_L1_error)
+        __pyx_t_4 = __Pyx_PyLong_From_PY_LONG_LONG((__pyx_v_hist[__pyx_7genexpr__pyx_v_k])); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 66, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_4);
-        __pyx_t_12 = PyList_New(3); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 63, __pyx_L1_error)
+        __pyx_t_12 = PyList_New(3); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 66, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_12);
         __Pyx_GIVEREF(__pyx_t_6);
-        if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 0, __pyx_t_6) != (0)) __PYX_ERR(0, 63, __pyx_L1_error);
+        if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 0, __pyx_t_6) != (0)) __PYX_ERR(0, 66, __pyx_L1_error);
         __Pyx_GIVEREF(__pyx_t_5);
-        if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 1, __pyx_t_5) != (0)) __PYX_ERR(0, 63, __pyx_L1_error);
+        if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 1, __pyx_t_5) != (0)) __PYX_ERR(0, 66, __pyx_L1_error);
         __Pyx_GIVEREF(__pyx_t_4);
-        if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 63, __pyx_L1_error);
+        if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 2, __pyx_t_4) != (0)) __PYX_ERR(0, 66, __pyx_L1_error);
         __pyx_t_6 = 0;
         __pyx_t_5 = 0;
         __pyx_t_4 = 0;
         __Pyx_GIVEREF(__pyx_t_12);
-        if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_7, __pyx_t_12))) __PYX_ERR(0, 63, __pyx_L1_error)
+        if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_7, __pyx_t_12))) __PYX_ERR(0, 66, __pyx_L1_error)
         __pyx_t_12 = 0;
       }
     }
   } /* exit inner scope */
-  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_histogram, __pyx_t_7) < (0)) __PYX_ERR(0, 61, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_histogram, __pyx_t_7) < (0)) __PYX_ERR(0, 64, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
   {
     PyObject *__pyx_temp;
@@ -6654,7 +6753,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
   __pyx_t_3 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":47
+  /* "fastpath/_kernels.pyx":50
  * 
  * 
  * def jitter_probe(double seconds, long long threshold_ns=1000):             # <<<<<<<<<<<<<<
@@ -6684,7 +6783,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_2jitter_probe(CYTHON_UNUSED PyObje
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":66
+/* "fastpath/_kernels.pyx":69
  * 
  * 
  * cdef cnp.ndarray _f32(x, str name):             # <<<<<<<<<<<<<<
@@ -6713,7 +6812,7 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_f32", 0);
 
-  /* "fastpath/_kernels.pyx":67
+  /* "fastpath/_kernels.pyx":70
  * 
  * cdef cnp.ndarray _f32(x, str name):
  *     a = np.asarray(x)             # <<<<<<<<<<<<<<
@@ -6721,9 +6820,9 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
  *         raise InputError(f"{name} must be a 1-d float32 array, got {_describe(a)}")
 */
   __pyx_t_2 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 67, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 70, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_asarray); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 67, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_asarray); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 70, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   __pyx_t_5 = 1;
@@ -6743,27 +6842,27 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
     __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 67, __pyx_L1_error)
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 70, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
   }
   __pyx_v_a = __pyx_t_1;
   __pyx_t_1 = 0;
 
-  /* "fastpath/_kernels.pyx":68
+  /* "fastpath/_kernels.pyx":71
  * cdef cnp.ndarray _f32(x, str name):
  *     a = np.asarray(x)
  *     if a.dtype != np.float32 or a.ndim != 1:             # <<<<<<<<<<<<<<
  *         raise InputError(f"{name} must be a 1-d float32 array, got {_describe(a)}")
  *     return np.ascontiguousarray(a)
 */
-  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_v_a, __pyx_mstate_global->__pyx_n_u_dtype); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 68, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_v_a, __pyx_mstate_global->__pyx_n_u_dtype); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 71, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 68, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 71, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 68, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 71, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __pyx_t_7 = __Pyx_PyObject_CompareBoolNe_object_object(__pyx_t_1, __pyx_t_2, Py_NE); if (unlikely((__pyx_t_7 < 0))) __PYX_ERR(0, 68, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyObject_CompareBoolNe_object_object(__pyx_t_1, __pyx_t_2, Py_NE); if (unlikely((__pyx_t_7 < 0))) __PYX_ERR(0, 71, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   if (!__pyx_t_7) {
@@ -6774,9 +6873,9 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
 
     goto __pyx_L4_bool_binop_done;
   }
-  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_a, __pyx_mstate_global->__pyx_n_u_ndim); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 68, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_a, __pyx_mstate_global->__pyx_n_u_ndim); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 71, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_7 = (__Pyx_PyLong_BoolNeObjC(__pyx_t_2, __pyx_mstate_global->__pyx_int_1, 1, 0)); if (unlikely((__pyx_t_7 < 0))) __PYX_ERR(0, 68, __pyx_L1_error)
+  __pyx_t_7 = (__Pyx_PyLong_BoolNeObjC(__pyx_t_2, __pyx_mstate_global->__pyx_int_1, 1, 0)); if (unlikely((__pyx_t_7 < 0))) __PYX_ERR(0, 71, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
   __pyx_t_6 = __pyx_t_7;
@@ -6785,7 +6884,7 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
   if (unlikely(__pyx_t_6)) {
 
 
-    /* "fastpath/_kernels.pyx":69
+    /* "fastpath/_kernels.pyx":72
  *     a = np.asarray(x)
  *     if a.dtype != np.float32 or a.ndim != 1:
  *         raise InputError(f"{name} must be a 1-d float32 array, got {_describe(a)}")             # <<<<<<<<<<<<<<
@@ -6793,16 +6892,16 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
  * 
 */
     __pyx_t_1 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 69, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 72, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
-    __pyx_t_3 = __Pyx_PyUnicode_Unicode(__pyx_v_name); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 69, __pyx_L1_error)
+    __pyx_t_3 = __Pyx_PyUnicode_Unicode(__pyx_v_name); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 72, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
-    __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_describe); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 69, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_describe); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 72, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
-    __pyx_t_9 = __Pyx_PyObject_CallOneArg(__pyx_t_8, __pyx_v_a); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 69, __pyx_L1_error)
+    __pyx_t_9 = __Pyx_PyObject_CallOneArg(__pyx_t_8, __pyx_v_a); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 72, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_9);
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
-    __pyx_t_8 = __Pyx_PyObject_FormatSimple(__pyx_t_9, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 69, __pyx_L1_error)
+    __pyx_t_8 = __Pyx_PyObject_FormatSimple(__pyx_t_9, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 72, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
     __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
     __pyx_t_10[0] = __pyx_t_3;
@@ -6817,7 +6916,7 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
     __pyx_t_12 |= __Pyx_PyUnicode_KIND_04(__pyx_t_10[0]) | __Pyx_PyUnicode_KIND_04(__pyx_t_10[2]);
     #endif
     __pyx_t_9 = __Pyx_PyUnicode_Join(__pyx_t_10, 3, __pyx_t_11, __pyx_t_12);
-    if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 69, __pyx_L1_error)
+    if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 72, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_9);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
@@ -6839,14 +6938,14 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
       __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
       __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 69, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 72, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(0, 69, __pyx_L1_error)
+    __PYX_ERR(0, 72, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":68
+    /* "fastpath/_kernels.pyx":71
  * cdef cnp.ndarray _f32(x, str name):
  *     a = np.asarray(x)
  *     if a.dtype != np.float32 or a.ndim != 1:             # <<<<<<<<<<<<<<
@@ -6855,7 +6954,7 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
 */
   }
 
-  /* "fastpath/_kernels.pyx":70
+  /* "fastpath/_kernels.pyx":73
  *     if a.dtype != np.float32 or a.ndim != 1:
  *         raise InputError(f"{name} must be a 1-d float32 array, got {_describe(a)}")
  *     return np.ascontiguousarray(a)             # <<<<<<<<<<<<<<
@@ -6863,9 +6962,9 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
  * 
 */
   __pyx_t_4 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 70, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 73, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
-  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 70, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_t_9, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 73, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
   __pyx_t_5 = 1;
@@ -6885,10 +6984,10 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
     __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_1, __pyx_callargs+__pyx_t_5, (2-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
     __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 70, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 73, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
-  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 70, __pyx_L1_error)
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 73, __pyx_L1_error)
   {
     PyArrayObject *__pyx_temp;
     {
@@ -6900,7 +6999,7 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":66
+  /* "fastpath/_kernels.pyx":69
  * 
  * 
  * cdef cnp.ndarray _f32(x, str name):             # <<<<<<<<<<<<<<
@@ -6925,7 +7024,7 @@ static PyArrayObject *__pyx_f_8fastpath_8_kernels__f32(PyObject *__pyx_v_x, PyOb
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":73
+/* "fastpath/_kernels.pyx":76
  * 
  * 
  * def _zscore_args(raw, idx, mean, inv_std):             # <<<<<<<<<<<<<<
@@ -6976,44 +7075,44 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_raw,&__pyx_mstate_global->__pyx_n_u_idx,&__pyx_mstate_global->__pyx_n_u_mean,&__pyx_mstate_global->__pyx_n_u_inv_std,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 73, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 76, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 73, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 76, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 73, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 76, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 73, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 76, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 73, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 76, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "_zscore_args", 0) < (0)) __PYX_ERR(0, 73, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "_zscore_args", 0) < (0)) __PYX_ERR(0, 76, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 4; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("_zscore_args", 1, 4, 4, i); __PYX_ERR(0, 73, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("_zscore_args", 1, 4, 4, i); __PYX_ERR(0, 76, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 4)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 73, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 76, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 73, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 76, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 73, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 76, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 73, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 76, __pyx_L3_error)
     }
     __pyx_v_raw = values[0];
     __pyx_v_idx = values[1];
@@ -7022,7 +7121,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("_zscore_args", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 73, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("_zscore_args", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 76, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -7065,18 +7164,18 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("_zscore_args", 0);
 
-  /* "fastpath/_kernels.pyx":75
+  /* "fastpath/_kernels.pyx":78
  * def _zscore_args(raw, idx, mean, inv_std):
  *     """Checked, contiguous (raw, idx int32, mean, inv_std) for the z-score shims."""
  *     r, m, s = _f32(raw, "raw"), _f32(mean, "mean"), _f32(inv_std, "inv_std")             # <<<<<<<<<<<<<<
  *     ix = np.ascontiguousarray(idx, dtype=np.int32)
  *     n = len(ix)
 */
-  __pyx_t_1 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_raw, __pyx_mstate_global->__pyx_n_u_raw)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 75, __pyx_L1_error)
+  __pyx_t_1 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_raw, __pyx_mstate_global->__pyx_n_u_raw)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 78, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_mean, __pyx_mstate_global->__pyx_n_u_mean)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 75, __pyx_L1_error)
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_mean, __pyx_mstate_global->__pyx_n_u_mean)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 78, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_3 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_inv_std, __pyx_mstate_global->__pyx_n_u_inv_std)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+  __pyx_t_3 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_inv_std, __pyx_mstate_global->__pyx_n_u_inv_std)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 78, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __pyx_v_r = ((PyArrayObject *)__pyx_t_1);
   __pyx_t_1 = 0;
@@ -7085,7 +7184,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
   __pyx_v_s = ((PyArrayObject *)__pyx_t_3);
   __pyx_t_3 = 0;
 
-  /* "fastpath/_kernels.pyx":76
+  /* "fastpath/_kernels.pyx":79
  *     """Checked, contiguous (raw, idx int32, mean, inv_std) for the z-score shims."""
  *     r, m, s = _f32(raw, "raw"), _f32(mean, "mean"), _f32(inv_std, "inv_std")
  *     ix = np.ascontiguousarray(idx, dtype=np.int32)             # <<<<<<<<<<<<<<
@@ -7093,14 +7192,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
  *     if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
 */
   __pyx_t_2 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 76, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 79, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 76, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 79, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 76, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 79, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
-  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 76, __pyx_L1_error)
+  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 79, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_5);
   __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
   #if CYTHON_VECTORCALL
@@ -7121,13 +7220,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
     PyObject *__pyx_callargs[3] = {__pyx_t_2, __pyx_v_idx, __pyx_t_5};
     #if CYTHON_VECTORCALL
     __pyx_t_1 = __pyx_mstate_global->__pyx_tuple[0];
-    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 76, __pyx_L1_error)
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 79, __pyx_L1_error)
     __Pyx_INCREF(__pyx_t_1);
     #else
     {
       PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
       __pyx_t_1 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
-      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 76, __pyx_L1_error)
+      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 79, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
     }
     #endif
@@ -7138,30 +7237,30 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
     __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 76, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 79, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
   __pyx_v_ix = __pyx_t_3;
   __pyx_t_3 = 0;
 
-  /* "fastpath/_kernels.pyx":77
+  /* "fastpath/_kernels.pyx":80
  *     r, m, s = _f32(raw, "raw"), _f32(mean, "mean"), _f32(inv_std, "inv_std")
  *     ix = np.ascontiguousarray(idx, dtype=np.int32)
  *     n = len(ix)             # <<<<<<<<<<<<<<
  *     if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
  *         raise InputError("idx, mean and inv_std must have one length and idx must index raw")
 */
-  __pyx_t_7 = PyObject_Length(__pyx_v_ix); if (unlikely(__pyx_t_7 == ((Py_ssize_t)-1))) __PYX_ERR(0, 77, __pyx_L1_error)
+  __pyx_t_7 = PyObject_Length(__pyx_v_ix); if (unlikely(__pyx_t_7 == ((Py_ssize_t)-1))) __PYX_ERR(0, 80, __pyx_L1_error)
   __pyx_v_n = __pyx_t_7;
 
-  /* "fastpath/_kernels.pyx":78
+  /* "fastpath/_kernels.pyx":81
  *     ix = np.ascontiguousarray(idx, dtype=np.int32)
  *     n = len(ix)
  *     if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):             # <<<<<<<<<<<<<<
  *         raise InputError("idx, mean and inv_std must have one length and idx must index raw")
  *     return r, ix, m, s
 */
-  __pyx_t_7 = PyObject_Length(((PyObject *)__pyx_v_m)); if (unlikely(__pyx_t_7 == ((Py_ssize_t)-1))) __PYX_ERR(0, 78, __pyx_L1_error)
+  __pyx_t_7 = PyObject_Length(((PyObject *)__pyx_v_m)); if (unlikely(__pyx_t_7 == ((Py_ssize_t)-1))) __PYX_ERR(0, 81, __pyx_L1_error)
   __pyx_t_9 = (__pyx_t_7 != __pyx_v_n);
 
 
@@ -7173,7 +7272,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
 
     goto __pyx_L4_bool_binop_done;
   }
-  __pyx_t_7 = PyObject_Length(((PyObject *)__pyx_v_s)); if (unlikely(__pyx_t_7 == ((Py_ssize_t)-1))) __PYX_ERR(0, 78, __pyx_L1_error)
+  __pyx_t_7 = PyObject_Length(((PyObject *)__pyx_v_s)); if (unlikely(__pyx_t_7 == ((Py_ssize_t)-1))) __PYX_ERR(0, 81, __pyx_L1_error)
   __pyx_t_9 = (__pyx_t_7 != __pyx_v_n);
 
 
@@ -7202,10 +7301,10 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
     PyObject *__pyx_callargs[2] = {__pyx_t_4, NULL};
     __pyx_t_3 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_min, __pyx_callargs+__pyx_t_6, (1-__pyx_t_6) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 78, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 81, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
-  __pyx_t_9 = __Pyx_PyObject_CompareBoolLt_object_int(__pyx_t_3, __pyx_mstate_global->__pyx_int_0, Py_LT); if (unlikely((__pyx_t_9 < 0))) __PYX_ERR(0, 78, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyObject_CompareBoolLt_object_int(__pyx_t_3, __pyx_mstate_global->__pyx_int_0, Py_LT); if (unlikely((__pyx_t_9 < 0))) __PYX_ERR(0, 81, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   if (!__pyx_t_9) {
 
@@ -7222,14 +7321,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
     PyObject *__pyx_callargs[2] = {__pyx_t_4, NULL};
     __pyx_t_3 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_max, __pyx_callargs+__pyx_t_6, (1-__pyx_t_6) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 78, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 81, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
-  __pyx_t_7 = PyObject_Length(((PyObject *)__pyx_v_r)); if (unlikely(__pyx_t_7 == ((Py_ssize_t)-1))) __PYX_ERR(0, 78, __pyx_L1_error)
-  __pyx_t_4 = PyLong_FromSsize_t(__pyx_t_7); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 78, __pyx_L1_error)
+  __pyx_t_7 = PyObject_Length(((PyObject *)__pyx_v_r)); if (unlikely(__pyx_t_7 == ((Py_ssize_t)-1))) __PYX_ERR(0, 81, __pyx_L1_error)
+  __pyx_t_4 = PyLong_FromSsize_t(__pyx_t_7); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 81, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
 
-  __pyx_t_9 = __Pyx_PyObject_CompareBoolGe_object_int(__pyx_t_3, __pyx_t_4, Py_GE); if (unlikely((__pyx_t_9 < 0))) __PYX_ERR(0, 78, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyObject_CompareBoolGe_object_int(__pyx_t_3, __pyx_t_4, Py_GE); if (unlikely((__pyx_t_9 < 0))) __PYX_ERR(0, 81, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
@@ -7239,7 +7338,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
   if (unlikely(__pyx_t_8)) {
 
 
-    /* "fastpath/_kernels.pyx":79
+    /* "fastpath/_kernels.pyx":82
  *     n = len(ix)
  *     if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
  *         raise InputError("idx, mean and inv_std must have one length and idx must index raw")             # <<<<<<<<<<<<<<
@@ -7247,7 +7346,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
  * 
 */
     __pyx_t_3 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 79, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 82, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
     __pyx_t_6 = 1;
     #if CYTHON_UNPACK_METHODS
@@ -7266,14 +7365,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
       __pyx_t_4 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_1, __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
       __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 79, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 82, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
     __Pyx_Raise(__pyx_t_4, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    __PYX_ERR(0, 79, __pyx_L1_error)
+    __PYX_ERR(0, 82, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":78
+    /* "fastpath/_kernels.pyx":81
  *     ix = np.ascontiguousarray(idx, dtype=np.int32)
  *     n = len(ix)
  *     if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):             # <<<<<<<<<<<<<<
@@ -7282,27 +7381,27 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
 */
   }
 
-  /* "fastpath/_kernels.pyx":80
+  /* "fastpath/_kernels.pyx":83
  *     if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
  *         raise InputError("idx, mean and inv_std must have one length and idx must index raw")
  *     return r, ix, m, s             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_4 = PyTuple_New(4); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 80, __pyx_L1_error)
+  __pyx_t_4 = PyTuple_New(4); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 83, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_INCREF((PyObject *)__pyx_v_r);
   __Pyx_GIVEREF((PyObject *)__pyx_v_r);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, ((PyObject *)__pyx_v_r)) != (0)) __PYX_ERR(0, 80, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, ((PyObject *)__pyx_v_r)) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
   __Pyx_INCREF(__pyx_v_ix);
   __Pyx_GIVEREF(__pyx_v_ix);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_v_ix) != (0)) __PYX_ERR(0, 80, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_v_ix) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
   __Pyx_INCREF((PyObject *)__pyx_v_m);
   __Pyx_GIVEREF((PyObject *)__pyx_v_m);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 2, ((PyObject *)__pyx_v_m)) != (0)) __PYX_ERR(0, 80, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 2, ((PyObject *)__pyx_v_m)) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
   __Pyx_INCREF((PyObject *)__pyx_v_s);
   __Pyx_GIVEREF((PyObject *)__pyx_v_s);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 3, ((PyObject *)__pyx_v_s)) != (0)) __PYX_ERR(0, 80, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 3, ((PyObject *)__pyx_v_s)) != (0)) __PYX_ERR(0, 83, __pyx_L1_error);
   {
     PyObject *__pyx_temp;
     {
@@ -7314,7 +7413,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
   __pyx_t_4 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":73
+  /* "fastpath/_kernels.pyx":76
  * 
  * 
  * def _zscore_args(raw, idx, mean, inv_std):             # <<<<<<<<<<<<<<
@@ -7342,7 +7441,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_4_zscore_args(CYTHON_UNUSED PyObje
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":83
+/* "fastpath/_kernels.pyx":86
  * 
  * 
  * def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):             # <<<<<<<<<<<<<<
@@ -7394,50 +7493,50 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_isa,&__pyx_mstate_global->__pyx_n_u_raw,&__pyx_mstate_global->__pyx_n_u_idx,&__pyx_mstate_global->__pyx_n_u_mean,&__pyx_mstate_global->__pyx_n_u_inv_std,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 83, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 86, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 83, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 86, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 83, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 86, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 83, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 86, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 83, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 86, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 83, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 86, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_zscore_gather", 0) < (0)) __PYX_ERR(0, 83, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_zscore_gather", 0) < (0)) __PYX_ERR(0, 86, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 5; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_zscore_gather", 1, 5, 5, i); __PYX_ERR(0, 83, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_zscore_gather", 1, 5, 5, i); __PYX_ERR(0, 86, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 5)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 83, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 86, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 83, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 86, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 83, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 86, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 83, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 86, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 83, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 86, __pyx_L3_error)
     }
     __pyx_v_isa = ((PyObject*)values[0]);
     __pyx_v_raw = values[1];
@@ -7447,7 +7546,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("kernel_zscore_gather", 1, 5, 5, __pyx_nargs); __PYX_ERR(0, 83, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("kernel_zscore_gather", 1, 5, 5, __pyx_nargs); __PYX_ERR(0, 86, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -7458,7 +7557,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 83, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 86, __pyx_L1_error)
   __pyx_r = __pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(__pyx_self, __pyx_v_isa, __pyx_v_raw, __pyx_v_idx, __pyx_v_mean, __pyx_v_inv_std);
 
   /* function exit code */
@@ -7503,17 +7602,17 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("kernel_zscore_gather", 0);
 
-  /* "fastpath/_kernels.pyx":85
+  /* "fastpath/_kernels.pyx":88
  * def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):
  *     """(raw[idx] - mean) * inv_std with the named kernel set."""
  *     cdef const fp_kernels *k = _kernels(isa)             # <<<<<<<<<<<<<<
  *     cdef cnp.ndarray r, ix, m, s
  *     r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
 */
-  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 85, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 88, __pyx_L1_error)
   __pyx_v_k = __pyx_t_1;
 
-  /* "fastpath/_kernels.pyx":87
+  /* "fastpath/_kernels.pyx":90
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray r, ix, m, s
  *     r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)             # <<<<<<<<<<<<<<
@@ -7521,7 +7620,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
  *     out = np.empty(n, np.float32)
 */
   __pyx_t_3 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_zscore_args); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 87, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_zscore_args); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 90, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __pyx_t_5 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -7540,7 +7639,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
     __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (5-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 87, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 90, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   if ((likely(PyTuple_CheckExact(__pyx_t_2))) || (PyList_CheckExact(__pyx_t_2))) {
@@ -7549,7 +7648,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
     if (unlikely(size != 4)) {
       if (size > 4) __Pyx_RaiseTooManyValuesError(4);
       else if (size >= 0) __Pyx_RaiseNeedMoreValuesError(size);
-      __PYX_ERR(0, 87, __pyx_L1_error)
+      __PYX_ERR(0, 90, __pyx_L1_error)
     }
     #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
     if (likely(PyTuple_CheckExact(sequence))) {
@@ -7563,16 +7662,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
       __Pyx_INCREF(__pyx_t_7);
     } else {
       __pyx_t_4 = __Pyx_PyList_GET_ITEM_REF(sequence, 0, __Pyx_ReferenceSharing_SharedReference);
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 87, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 90, __pyx_L1_error)
       __Pyx_XGOTREF(__pyx_t_4);
       __pyx_t_3 = __Pyx_PyList_GET_ITEM_REF(sequence, 1, __Pyx_ReferenceSharing_SharedReference);
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 87, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 90, __pyx_L1_error)
       __Pyx_XGOTREF(__pyx_t_3);
       __pyx_t_6 = __Pyx_PyList_GET_ITEM_REF(sequence, 2, __Pyx_ReferenceSharing_SharedReference);
-      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 87, __pyx_L1_error)
+      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 90, __pyx_L1_error)
       __Pyx_XGOTREF(__pyx_t_6);
       __pyx_t_7 = __Pyx_PyList_GET_ITEM_REF(sequence, 3, __Pyx_ReferenceSharing_SharedReference);
-      if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 87, __pyx_L1_error)
+      if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 90, __pyx_L1_error)
       __Pyx_XGOTREF(__pyx_t_7);
     }
     #else
@@ -7580,7 +7679,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
       Py_ssize_t i;
       PyObject** temps[4] = {&__pyx_t_4,&__pyx_t_3,&__pyx_t_6,&__pyx_t_7};
       for (i=0; i < 4; i++) {
-        PyObject* item = __Pyx_PySequence_ITEM(sequence, i); if (unlikely(!item)) __PYX_ERR(0, 87, __pyx_L1_error)
+        PyObject* item = __Pyx_PySequence_ITEM(sequence, i); if (unlikely(!item)) __PYX_ERR(0, 90, __pyx_L1_error)
         __Pyx_GOTREF(item);
         *(temps[i]) = item;
       }
@@ -7590,7 +7689,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
   } else {
     Py_ssize_t index = -1;
     PyObject** temps[4] = {&__pyx_t_4,&__pyx_t_3,&__pyx_t_6,&__pyx_t_7};
-    __pyx_t_8 = PyObject_GetIter(__pyx_t_2); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 87, __pyx_L1_error)
+    __pyx_t_8 = PyObject_GetIter(__pyx_t_2); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 90, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
     __pyx_t_9 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_8);
@@ -7599,7 +7698,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
       __Pyx_GOTREF(item);
       *(temps[index]) = item;
     }
-    if (__Pyx_IternextUnpackEndCheck(__pyx_t_9(__pyx_t_8), 4) < (0)) __PYX_ERR(0, 87, __pyx_L1_error)
+    if (__Pyx_IternextUnpackEndCheck(__pyx_t_9(__pyx_t_8), 4) < (0)) __PYX_ERR(0, 90, __pyx_L1_error)
     __pyx_t_9 = NULL;
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     goto __pyx_L4_unpacking_done;
@@ -7607,13 +7706,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __pyx_t_9 = NULL;
     if (__Pyx_IterFinish() == 0) __Pyx_RaiseNeedMoreValuesError(index);
-    __PYX_ERR(0, 87, __pyx_L1_error)
+    __PYX_ERR(0, 90, __pyx_L1_error)
     __pyx_L4_unpacking_done:;
   }
-  if (!(likely(((__pyx_t_4) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_4, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 87, __pyx_L1_error)
-  if (!(likely(((__pyx_t_3) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_3, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 87, __pyx_L1_error)
-  if (!(likely(((__pyx_t_6) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_6, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 87, __pyx_L1_error)
-  if (!(likely(((__pyx_t_7) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_7, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 87, __pyx_L1_error)
+  if (!(likely(((__pyx_t_4) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_4, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 90, __pyx_L1_error)
+  if (!(likely(((__pyx_t_3) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_3, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 90, __pyx_L1_error)
+  if (!(likely(((__pyx_t_6) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_6, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 90, __pyx_L1_error)
+  if (!(likely(((__pyx_t_7) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_7, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 90, __pyx_L1_error)
   __pyx_v_r = ((PyArrayObject *)__pyx_t_4);
   __pyx_t_4 = 0;
   __pyx_v_ix = ((PyArrayObject *)__pyx_t_3);
@@ -7623,17 +7722,17 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
   __pyx_v_s = ((PyArrayObject *)__pyx_t_7);
   __pyx_t_7 = 0;
 
-  /* "fastpath/_kernels.pyx":88
+  /* "fastpath/_kernels.pyx":91
  *     cdef cnp.ndarray r, ix, m, s
  *     r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
  *     n = len(ix)             # <<<<<<<<<<<<<<
  *     out = np.empty(n, np.float32)
  *     k.zscore_gather(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix),
 */
-  __pyx_t_10 = PyObject_Length(((PyObject *)__pyx_v_ix)); if (unlikely(__pyx_t_10 == ((Py_ssize_t)-1))) __PYX_ERR(0, 88, __pyx_L1_error)
+  __pyx_t_10 = PyObject_Length(((PyObject *)__pyx_v_ix)); if (unlikely(__pyx_t_10 == ((Py_ssize_t)-1))) __PYX_ERR(0, 91, __pyx_L1_error)
   __pyx_v_n = __pyx_t_10;
 
-  /* "fastpath/_kernels.pyx":89
+  /* "fastpath/_kernels.pyx":92
  *     r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
  *     n = len(ix)
  *     out = np.empty(n, np.float32)             # <<<<<<<<<<<<<<
@@ -7641,16 +7740,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
  *                     <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
 */
   __pyx_t_7 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 89, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 92, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 89, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 92, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-  __pyx_t_6 = PyLong_FromSsize_t(__pyx_v_n); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 89, __pyx_L1_error)
+  __pyx_t_6 = PyLong_FromSsize_t(__pyx_v_n); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 92, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 89, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 92, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 89, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 92, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
   __pyx_t_5 = 1;
@@ -7672,22 +7771,22 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 89, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 92, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_out = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":92
+  /* "fastpath/_kernels.pyx":95
  *     k.zscore_gather(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix),
  *                     <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
  *                     <float *>cnp.PyArray_DATA(out), n)             # <<<<<<<<<<<<<<
  *     return out
  * 
 */
-  if (!(likely(((__pyx_v_out) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_out, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 92, __pyx_L1_error)
+  if (!(likely(((__pyx_v_out) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_out, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 95, __pyx_L1_error)
 
-  /* "fastpath/_kernels.pyx":90
+  /* "fastpath/_kernels.pyx":93
  *     n = len(ix)
  *     out = np.empty(n, np.float32)
  *     k.zscore_gather(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix),             # <<<<<<<<<<<<<<
@@ -7696,7 +7795,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
 */
   __pyx_v_k->zscore_gather(((float const *)PyArray_DATA(__pyx_v_r)), ((int32_t const *)PyArray_DATA(__pyx_v_ix)), ((float const *)PyArray_DATA(__pyx_v_m)), ((float const *)PyArray_DATA(__pyx_v_s)), ((float *)PyArray_DATA(((PyArrayObject *)__pyx_v_out))), __pyx_v_n);
 
-  /* "fastpath/_kernels.pyx":93
+  /* "fastpath/_kernels.pyx":96
  *                     <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
  *                     <float *>cnp.PyArray_DATA(out), n)
  *     return out             # <<<<<<<<<<<<<<
@@ -7714,7 +7813,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
   }
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":83
+  /* "fastpath/_kernels.pyx":86
  * 
  * 
  * def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):             # <<<<<<<<<<<<<<
@@ -7745,7 +7844,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_6kernel_zscore_gather(CYTHON_UNUSE
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":96
+/* "fastpath/_kernels.pyx":99
  * 
  * 
  * def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):             # <<<<<<<<<<<<<<
@@ -7797,50 +7896,50 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_isa,&__pyx_mstate_global->__pyx_n_u_raw,&__pyx_mstate_global->__pyx_n_u_idx,&__pyx_mstate_global->__pyx_n_u_mean,&__pyx_mstate_global->__pyx_n_u_inv_std,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 96, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 99, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 96, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 99, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 96, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 99, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 96, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 99, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 96, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 99, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 96, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 99, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_zscore_runs", 0) < (0)) __PYX_ERR(0, 96, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_zscore_runs", 0) < (0)) __PYX_ERR(0, 99, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 5; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_zscore_runs", 1, 5, 5, i); __PYX_ERR(0, 96, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_zscore_runs", 1, 5, 5, i); __PYX_ERR(0, 99, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 5)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 96, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 99, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 96, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 99, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 96, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 99, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 96, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 99, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 96, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 99, __pyx_L3_error)
     }
     __pyx_v_isa = ((PyObject*)values[0]);
     __pyx_v_raw = values[1];
@@ -7850,7 +7949,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("kernel_zscore_runs", 1, 5, 5, __pyx_nargs); __PYX_ERR(0, 96, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("kernel_zscore_runs", 1, 5, 5, __pyx_nargs); __PYX_ERR(0, 99, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -7861,7 +7960,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 96, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 99, __pyx_L1_error)
   __pyx_r = __pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(__pyx_self, __pyx_v_isa, __pyx_v_raw, __pyx_v_idx, __pyx_v_mean, __pyx_v_inv_std);
 
   /* function exit code */
@@ -7913,17 +8012,17 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("kernel_zscore_runs", 0);
 
-  /* "fastpath/_kernels.pyx":98
+  /* "fastpath/_kernels.pyx":101
  * def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):
  *     """(raw[idx] - mean) * inv_std through the runs kernel (idx split into consecutive runs)."""
  *     cdef const fp_kernels *k = _kernels(isa)             # <<<<<<<<<<<<<<
  *     cdef cnp.ndarray r, ix, m, s
  *     r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
 */
-  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 98, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 101, __pyx_L1_error)
   __pyx_v_k = __pyx_t_1;
 
-  /* "fastpath/_kernels.pyx":100
+  /* "fastpath/_kernels.pyx":103
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray r, ix, m, s
  *     r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)             # <<<<<<<<<<<<<<
@@ -7931,7 +8030,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
  *     cdef cnp.ndarray runs = np.zeros(3 * n + 3, np.int32)
 */
   __pyx_t_3 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_zscore_args); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 100, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_zscore_args); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 103, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __pyx_t_5 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -7950,7 +8049,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
     __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_5, (5-__pyx_t_5) | (__pyx_t_5*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 100, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 103, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   if ((likely(PyTuple_CheckExact(__pyx_t_2))) || (PyList_CheckExact(__pyx_t_2))) {
@@ -7959,7 +8058,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
     if (unlikely(size != 4)) {
       if (size > 4) __Pyx_RaiseTooManyValuesError(4);
       else if (size >= 0) __Pyx_RaiseNeedMoreValuesError(size);
-      __PYX_ERR(0, 100, __pyx_L1_error)
+      __PYX_ERR(0, 103, __pyx_L1_error)
     }
     #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
     if (likely(PyTuple_CheckExact(sequence))) {
@@ -7973,16 +8072,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
       __Pyx_INCREF(__pyx_t_7);
     } else {
       __pyx_t_4 = __Pyx_PyList_GET_ITEM_REF(sequence, 0, __Pyx_ReferenceSharing_SharedReference);
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 100, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 103, __pyx_L1_error)
       __Pyx_XGOTREF(__pyx_t_4);
       __pyx_t_3 = __Pyx_PyList_GET_ITEM_REF(sequence, 1, __Pyx_ReferenceSharing_SharedReference);
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 100, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 103, __pyx_L1_error)
       __Pyx_XGOTREF(__pyx_t_3);
       __pyx_t_6 = __Pyx_PyList_GET_ITEM_REF(sequence, 2, __Pyx_ReferenceSharing_SharedReference);
-      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 100, __pyx_L1_error)
+      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 103, __pyx_L1_error)
       __Pyx_XGOTREF(__pyx_t_6);
       __pyx_t_7 = __Pyx_PyList_GET_ITEM_REF(sequence, 3, __Pyx_ReferenceSharing_SharedReference);
-      if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 100, __pyx_L1_error)
+      if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 103, __pyx_L1_error)
       __Pyx_XGOTREF(__pyx_t_7);
     }
     #else
@@ -7990,7 +8089,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
       Py_ssize_t i;
       PyObject** temps[4] = {&__pyx_t_4,&__pyx_t_3,&__pyx_t_6,&__pyx_t_7};
       for (i=0; i < 4; i++) {
-        PyObject* item = __Pyx_PySequence_ITEM(sequence, i); if (unlikely(!item)) __PYX_ERR(0, 100, __pyx_L1_error)
+        PyObject* item = __Pyx_PySequence_ITEM(sequence, i); if (unlikely(!item)) __PYX_ERR(0, 103, __pyx_L1_error)
         __Pyx_GOTREF(item);
         *(temps[i]) = item;
       }
@@ -8000,7 +8099,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
   } else {
     Py_ssize_t index = -1;
     PyObject** temps[4] = {&__pyx_t_4,&__pyx_t_3,&__pyx_t_6,&__pyx_t_7};
-    __pyx_t_8 = PyObject_GetIter(__pyx_t_2); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 100, __pyx_L1_error)
+    __pyx_t_8 = PyObject_GetIter(__pyx_t_2); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 103, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
     __pyx_t_9 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_8);
@@ -8009,7 +8108,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
       __Pyx_GOTREF(item);
       *(temps[index]) = item;
     }
-    if (__Pyx_IternextUnpackEndCheck(__pyx_t_9(__pyx_t_8), 4) < (0)) __PYX_ERR(0, 100, __pyx_L1_error)
+    if (__Pyx_IternextUnpackEndCheck(__pyx_t_9(__pyx_t_8), 4) < (0)) __PYX_ERR(0, 103, __pyx_L1_error)
     __pyx_t_9 = NULL;
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     goto __pyx_L4_unpacking_done;
@@ -8017,13 +8116,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __pyx_t_9 = NULL;
     if (__Pyx_IterFinish() == 0) __Pyx_RaiseNeedMoreValuesError(index);
-    __PYX_ERR(0, 100, __pyx_L1_error)
+    __PYX_ERR(0, 103, __pyx_L1_error)
     __pyx_L4_unpacking_done:;
   }
-  if (!(likely(((__pyx_t_4) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_4, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 100, __pyx_L1_error)
-  if (!(likely(((__pyx_t_3) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_3, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 100, __pyx_L1_error)
-  if (!(likely(((__pyx_t_6) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_6, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 100, __pyx_L1_error)
-  if (!(likely(((__pyx_t_7) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_7, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 100, __pyx_L1_error)
+  if (!(likely(((__pyx_t_4) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_4, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 103, __pyx_L1_error)
+  if (!(likely(((__pyx_t_3) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_3, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 103, __pyx_L1_error)
+  if (!(likely(((__pyx_t_6) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_6, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 103, __pyx_L1_error)
+  if (!(likely(((__pyx_t_7) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_7, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 103, __pyx_L1_error)
   __pyx_v_r = ((PyArrayObject *)__pyx_t_4);
   __pyx_t_4 = 0;
   __pyx_v_ix = ((PyArrayObject *)__pyx_t_3);
@@ -8033,22 +8132,22 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
   __pyx_v_s = ((PyArrayObject *)__pyx_t_7);
   __pyx_t_7 = 0;
 
-  /* "fastpath/_kernels.pyx":101
+  /* "fastpath/_kernels.pyx":104
  *     cdef cnp.ndarray r, ix, m, s
  *     r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
  *     n = len(ix)             # <<<<<<<<<<<<<<
  *     cdef cnp.ndarray runs = np.zeros(3 * n + 3, np.int32)
  *     cdef int nr = fp_feature_runs(<const int32_t *>cnp.PyArray_DATA(ix), n,
 */
-  __pyx_t_10 = PyObject_Length(((PyObject *)__pyx_v_ix)); if (unlikely(__pyx_t_10 == ((Py_ssize_t)-1))) __PYX_ERR(0, 101, __pyx_L1_error)
-  __pyx_t_2 = PyLong_FromSsize_t(__pyx_t_10); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 101, __pyx_L1_error)
+  __pyx_t_10 = PyObject_Length(((PyObject *)__pyx_v_ix)); if (unlikely(__pyx_t_10 == ((Py_ssize_t)-1))) __PYX_ERR(0, 104, __pyx_L1_error)
+  __pyx_t_2 = PyLong_FromSsize_t(__pyx_t_10); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 104, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
-  if (__Pyx_PyInt_FromNumber(&__pyx_t_2, NULL, 0) < (0)) __PYX_ERR(0, 101, __pyx_L1_error)
+  if (__Pyx_PyInt_FromNumber(&__pyx_t_2, NULL, 0) < (0)) __PYX_ERR(0, 104, __pyx_L1_error)
   __pyx_v_n = ((PyObject*)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":102
+  /* "fastpath/_kernels.pyx":105
  *     r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
  *     n = len(ix)
  *     cdef cnp.ndarray runs = np.zeros(3 * n + 3, np.int32)             # <<<<<<<<<<<<<<
@@ -8056,19 +8155,19 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
  *                                   <int32_t *>cnp.PyArray_DATA(runs))
 */
   __pyx_t_7 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 102, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 105, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_zeros); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 102, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_zeros); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 105, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-  __pyx_t_6 = __Pyx_PyLong_MultiplyCObj(__pyx_mstate_global->__pyx_int_3, __pyx_v_n, 3, 0, 0); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 102, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyLong_MultiplyCObj(__pyx_mstate_global->__pyx_int_3, __pyx_v_n, 3, 0, 0); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 105, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __pyx_t_4 = __Pyx_PyLong_AddObjC(__pyx_t_6, __pyx_mstate_global->__pyx_int_3, 3, 0, 0); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 102, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyLong_AddObjC(__pyx_t_6, __pyx_mstate_global->__pyx_int_3, 3, 0, 0); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 105, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 102, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 105, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 102, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 105, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
   __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
   __pyx_t_5 = 1;
@@ -8090,23 +8189,23 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 102, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 105, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
-  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 102, __pyx_L1_error)
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 105, __pyx_L1_error)
   __pyx_v_runs = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":103
+  /* "fastpath/_kernels.pyx":106
  *     n = len(ix)
  *     cdef cnp.ndarray runs = np.zeros(3 * n + 3, np.int32)
  *     cdef int nr = fp_feature_runs(<const int32_t *>cnp.PyArray_DATA(ix), n,             # <<<<<<<<<<<<<<
  *                                   <int32_t *>cnp.PyArray_DATA(runs))
  *     # the kernel needs 8 floats of slack after out, mean and inv_std (see fp_simd.h)
 */
-  __pyx_t_11 = __Pyx_PyLong_As_int(__pyx_v_n); if (unlikely((__pyx_t_11 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 103, __pyx_L1_error)
+  __pyx_t_11 = __Pyx_PyLong_As_int(__pyx_v_n); if (unlikely((__pyx_t_11 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 106, __pyx_L1_error)
 
-  /* "fastpath/_kernels.pyx":104
+  /* "fastpath/_kernels.pyx":107
  *     cdef cnp.ndarray runs = np.zeros(3 * n + 3, np.int32)
  *     cdef int nr = fp_feature_runs(<const int32_t *>cnp.PyArray_DATA(ix), n,
  *                                   <int32_t *>cnp.PyArray_DATA(runs))             # <<<<<<<<<<<<<<
@@ -8116,7 +8215,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
   __pyx_v_nr = fp_feature_runs(((int32_t const *)PyArray_DATA(__pyx_v_ix)), __pyx_t_11, ((int32_t *)PyArray_DATA(__pyx_v_runs)));
 
 
-  /* "fastpath/_kernels.pyx":106
+  /* "fastpath/_kernels.pyx":109
  *                                   <int32_t *>cnp.PyArray_DATA(runs))
  *     # the kernel needs 8 floats of slack after out, mean and inv_std (see fp_simd.h)
  *     out = np.empty(n + 8, np.float32)             # <<<<<<<<<<<<<<
@@ -8124,16 +8223,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
  *     sp = np.concatenate([s, np.zeros(8, np.float32)])
 */
   __pyx_t_3 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 106, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 109, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
-  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 106, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 109, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
-  __pyx_t_8 = __Pyx_PyLong_AddObjC(__pyx_v_n, __pyx_mstate_global->__pyx_int_8, 8, 0, 0); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 106, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyLong_AddObjC(__pyx_v_n, __pyx_mstate_global->__pyx_int_8, 8, 0, 0); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 109, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
-  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 106, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 109, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 106, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 109, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
   __pyx_t_5 = 1;
@@ -8155,13 +8254,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 106, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 109, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_out = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":107
+  /* "fastpath/_kernels.pyx":110
  *     # the kernel needs 8 floats of slack after out, mean and inv_std (see fp_simd.h)
  *     out = np.empty(n + 8, np.float32)
  *     mp = np.concatenate([m, np.zeros(8, np.float32)])             # <<<<<<<<<<<<<<
@@ -8169,20 +8268,20 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
  *     k.zscore_runs(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(runs), nr,
 */
   __pyx_t_4 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 107, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 110, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_concatenate); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 107, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_concatenate); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 110, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
   __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
   __pyx_t_3 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 107, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 110, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_12 = __Pyx_PyObject_GetAttrStr(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_zeros); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 107, __pyx_L1_error)
+  __pyx_t_12 = __Pyx_PyObject_GetAttrStr(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_zeros); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 110, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_12);
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 107, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 110, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_13 = __Pyx_PyObject_GetAttrStr(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 107, __pyx_L1_error)
+  __pyx_t_13 = __Pyx_PyObject_GetAttrStr(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 110, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_13);
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
   __pyx_t_5 = 1;
@@ -8203,16 +8302,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
     __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_13); __pyx_t_13 = 0;
     __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
-    if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 107, __pyx_L1_error)
+    if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 110, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
   }
-  __pyx_t_12 = PyList_New(2); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 107, __pyx_L1_error)
+  __pyx_t_12 = PyList_New(2); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 110, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_12);
   __Pyx_INCREF((PyObject *)__pyx_v_m);
   __Pyx_GIVEREF((PyObject *)__pyx_v_m);
-  if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 0, ((PyObject *)__pyx_v_m)) != (0)) __PYX_ERR(0, 107, __pyx_L1_error);
+  if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 0, ((PyObject *)__pyx_v_m)) != (0)) __PYX_ERR(0, 110, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_6);
-  if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 1, __pyx_t_6) != (0)) __PYX_ERR(0, 107, __pyx_L1_error);
+  if (__Pyx_PyList_SET_ITEM(__pyx_t_12, 1, __pyx_t_6) != (0)) __PYX_ERR(0, 110, __pyx_L1_error);
   __pyx_t_6 = 0;
   __pyx_t_5 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -8232,13 +8331,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
     __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
     __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 107, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 110, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_mp = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":108
+  /* "fastpath/_kernels.pyx":111
  *     out = np.empty(n + 8, np.float32)
  *     mp = np.concatenate([m, np.zeros(8, np.float32)])
  *     sp = np.concatenate([s, np.zeros(8, np.float32)])             # <<<<<<<<<<<<<<
@@ -8246,20 +8345,20 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
  *                   <const float *>cnp.PyArray_DATA(mp), <const float *>cnp.PyArray_DATA(sp),
 */
   __pyx_t_8 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_12, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 108, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_12, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 111, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_12);
-  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_12, __pyx_mstate_global->__pyx_n_u_concatenate); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 108, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_12, __pyx_mstate_global->__pyx_n_u_concatenate); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 111, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_DECREF(__pyx_t_12); __pyx_t_12 = 0;
   __pyx_t_6 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_13, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 108, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_13, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 111, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_13);
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_13, __pyx_mstate_global->__pyx_n_u_zeros); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 108, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_13, __pyx_mstate_global->__pyx_n_u_zeros); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 111, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_DECREF(__pyx_t_13); __pyx_t_13 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_13, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 108, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_13, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 111, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_13);
-  __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_t_13, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 108, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_t_13, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 111, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
   __Pyx_DECREF(__pyx_t_13); __pyx_t_13 = 0;
   __pyx_t_5 = 1;
@@ -8280,16 +8379,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
     __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 108, __pyx_L1_error)
+    if (unlikely(!__pyx_t_12)) __PYX_ERR(0, 111, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_12);
   }
-  __pyx_t_3 = PyList_New(2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 108, __pyx_L1_error)
+  __pyx_t_3 = PyList_New(2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 111, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_INCREF((PyObject *)__pyx_v_s);
   __Pyx_GIVEREF((PyObject *)__pyx_v_s);
-  if (__Pyx_PyList_SET_ITEM(__pyx_t_3, 0, ((PyObject *)__pyx_v_s)) != (0)) __PYX_ERR(0, 108, __pyx_L1_error);
+  if (__Pyx_PyList_SET_ITEM(__pyx_t_3, 0, ((PyObject *)__pyx_v_s)) != (0)) __PYX_ERR(0, 111, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_12);
-  if (__Pyx_PyList_SET_ITEM(__pyx_t_3, 1, __pyx_t_12) != (0)) __PYX_ERR(0, 108, __pyx_L1_error);
+  if (__Pyx_PyList_SET_ITEM(__pyx_t_3, 1, __pyx_t_12) != (0)) __PYX_ERR(0, 111, __pyx_L1_error);
   __pyx_t_12 = 0;
   __pyx_t_5 = 1;
   #if CYTHON_UNPACK_METHODS
@@ -8309,32 +8408,32 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
     __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 108, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 111, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_sp = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":110
+  /* "fastpath/_kernels.pyx":113
  *     sp = np.concatenate([s, np.zeros(8, np.float32)])
  *     k.zscore_runs(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(runs), nr,
  *                   <const float *>cnp.PyArray_DATA(mp), <const float *>cnp.PyArray_DATA(sp),             # <<<<<<<<<<<<<<
  *                   <float *>cnp.PyArray_DATA(out))
  *     return out[:n]
 */
-  if (!(likely(((__pyx_v_mp) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_mp, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 110, __pyx_L1_error)
-  if (!(likely(((__pyx_v_sp) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_sp, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 110, __pyx_L1_error)
+  if (!(likely(((__pyx_v_mp) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_mp, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 113, __pyx_L1_error)
+  if (!(likely(((__pyx_v_sp) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_sp, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 113, __pyx_L1_error)
 
-  /* "fastpath/_kernels.pyx":111
+  /* "fastpath/_kernels.pyx":114
  *     k.zscore_runs(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(runs), nr,
  *                   <const float *>cnp.PyArray_DATA(mp), <const float *>cnp.PyArray_DATA(sp),
  *                   <float *>cnp.PyArray_DATA(out))             # <<<<<<<<<<<<<<
  *     return out[:n]
  * 
 */
-  if (!(likely(((__pyx_v_out) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_out, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 111, __pyx_L1_error)
+  if (!(likely(((__pyx_v_out) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_out, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 114, __pyx_L1_error)
 
-  /* "fastpath/_kernels.pyx":109
+  /* "fastpath/_kernels.pyx":112
  *     mp = np.concatenate([m, np.zeros(8, np.float32)])
  *     sp = np.concatenate([s, np.zeros(8, np.float32)])
  *     k.zscore_runs(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(runs), nr,             # <<<<<<<<<<<<<<
@@ -8343,14 +8442,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
 */
   __pyx_v_k->zscore_runs(((float const *)PyArray_DATA(__pyx_v_r)), ((int32_t const *)PyArray_DATA(__pyx_v_runs)), __pyx_v_nr, ((float const *)PyArray_DATA(((PyArrayObject *)__pyx_v_mp))), ((float const *)PyArray_DATA(((PyArrayObject *)__pyx_v_sp))), ((float *)PyArray_DATA(((PyArrayObject *)__pyx_v_out))));
 
-  /* "fastpath/_kernels.pyx":112
+  /* "fastpath/_kernels.pyx":115
  *                   <const float *>cnp.PyArray_DATA(mp), <const float *>cnp.PyArray_DATA(sp),
  *                   <float *>cnp.PyArray_DATA(out))
  *     return out[:n]             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_2 = __Pyx_PyObject_GetSlice(__pyx_v_out, 0, 0, NULL, &__pyx_v_n, NULL, 0, 0, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 112, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_GetSlice(__pyx_v_out, 0, 0, NULL, &__pyx_v_n, NULL, 0, 0, 0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 115, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   {
     PyObject *__pyx_temp;
@@ -8363,7 +8462,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":96
+  /* "fastpath/_kernels.pyx":99
  * 
  * 
  * def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):             # <<<<<<<<<<<<<<
@@ -8400,7 +8499,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_8kernel_zscore_runs(CYTHON_UNUSED 
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":115
+/* "fastpath/_kernels.pyx":118
  * 
  * 
  * def kernel_window_stats(str isa, raw, w_idx, sum_, sumsq, old, double inv_n):             # <<<<<<<<<<<<<<
@@ -8454,62 +8553,62 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_isa,&__pyx_mstate_global->__pyx_n_u_raw,&__pyx_mstate_global->__pyx_n_u_w_idx,&__pyx_mstate_global->__pyx_n_u_sum,&__pyx_mstate_global->__pyx_n_u_sumsq,&__pyx_mstate_global->__pyx_n_u_old,&__pyx_mstate_global->__pyx_n_u_inv_n,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 115, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 118, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  7:
         values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 115, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 118, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  6:
         values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 115, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 118, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  5:
         values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 115, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 118, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 115, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 118, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 115, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 118, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 115, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 118, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 115, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 118, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_window_stats", 0) < (0)) __PYX_ERR(0, 115, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_window_stats", 0) < (0)) __PYX_ERR(0, 118, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 7; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_window_stats", 1, 7, 7, i); __PYX_ERR(0, 115, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_window_stats", 1, 7, 7, i); __PYX_ERR(0, 118, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 7)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 115, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 118, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 115, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 118, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 115, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 118, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 115, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 118, __pyx_L3_error)
       values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 115, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 118, __pyx_L3_error)
       values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 115, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 118, __pyx_L3_error)
       values[6] = __Pyx_ArgRef_FASTCALL(__pyx_args, 6);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 115, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[6])) __PYX_ERR(0, 118, __pyx_L3_error)
     }
     __pyx_v_isa = ((PyObject*)values[0]);
     __pyx_v_raw = values[1];
@@ -8517,11 +8616,11 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
     __pyx_v_sum_ = values[3];
     __pyx_v_sumsq = values[4];
     __pyx_v_old = values[5];
-    __pyx_v_inv_n = __Pyx_PyFloat_AsDouble(values[6]); if (unlikely((__pyx_v_inv_n == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 115, __pyx_L3_error)
+    __pyx_v_inv_n = __Pyx_PyFloat_AsDouble(values[6]); if (unlikely((__pyx_v_inv_n == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 118, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("kernel_window_stats", 1, 7, 7, __pyx_nargs); __PYX_ERR(0, 115, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("kernel_window_stats", 1, 7, 7, __pyx_nargs); __PYX_ERR(0, 118, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -8532,7 +8631,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 115, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 118, __pyx_L1_error)
   __pyx_r = __pyx_pf_8fastpath_8_kernels_10kernel_window_stats(__pyx_self, __pyx_v_isa, __pyx_v_raw, __pyx_v_w_idx, __pyx_v_sum_, __pyx_v_sumsq, __pyx_v_old, __pyx_v_inv_n);
 
   /* function exit code */
@@ -8582,29 +8681,29 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("kernel_window_stats", 0);
 
-  /* "fastpath/_kernels.pyx":118
+  /* "fastpath/_kernels.pyx":121
  *     """(rolling mean, rolling std) with raw[w_idx] added to the running sums and `old`
  *     (None: nothing) removed, as the feature stage computes them."""
  *     cdef const fp_kernels *k = _kernels(isa)             # <<<<<<<<<<<<<<
  *     cdef cnp.ndarray r = _f32(raw, "raw")
  *     cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
 */
-  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 118, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 121, __pyx_L1_error)
   __pyx_v_k = __pyx_t_1;
 
-  /* "fastpath/_kernels.pyx":119
+  /* "fastpath/_kernels.pyx":122
  *     (None: nothing) removed, as the feature stage computes them."""
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray r = _f32(raw, "raw")             # <<<<<<<<<<<<<<
  *     cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
  *     cdef cnp.ndarray s = np.ascontiguousarray(sum_, dtype=np.float64)
 */
-  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_raw, __pyx_mstate_global->__pyx_n_u_raw)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 119, __pyx_L1_error)
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_raw, __pyx_mstate_global->__pyx_n_u_raw)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 122, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __pyx_v_r = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":120
+  /* "fastpath/_kernels.pyx":123
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray r = _f32(raw, "raw")
  *     cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)             # <<<<<<<<<<<<<<
@@ -8612,14 +8711,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
  *     cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)
 */
   __pyx_t_3 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 120, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 123, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 120, __pyx_L1_error)
+  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 123, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_5);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 120, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 123, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 120, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_int32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 123, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
   #if CYTHON_VECTORCALL
@@ -8640,13 +8739,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     PyObject *__pyx_callargs[3] = {__pyx_t_3, __pyx_v_w_idx, __pyx_t_6};
     #if CYTHON_VECTORCALL
     __pyx_t_4 = __pyx_mstate_global->__pyx_tuple[0];
-    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 120, __pyx_L1_error)
+    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 123, __pyx_L1_error)
     __Pyx_INCREF(__pyx_t_4);
     #else
     {
       PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
       __pyx_t_4 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 120, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 123, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
     #endif
@@ -8657,14 +8756,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 120, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 123, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
-  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 120, __pyx_L1_error)
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 123, __pyx_L1_error)
   __pyx_v_ix = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":121
+  /* "fastpath/_kernels.pyx":124
  *     cdef cnp.ndarray r = _f32(raw, "raw")
  *     cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
  *     cdef cnp.ndarray s = np.ascontiguousarray(sum_, dtype=np.float64)             # <<<<<<<<<<<<<<
@@ -8672,14 +8771,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
  *     cdef cnp.ndarray o = None if old is None else _f32(old, "old")
 */
   __pyx_t_5 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 121, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 124, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 121, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 124, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 121, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 124, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float64); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 121, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float64); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 124, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
   #if CYTHON_VECTORCALL
@@ -8700,13 +8799,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     PyObject *__pyx_callargs[3] = {__pyx_t_5, __pyx_v_sum_, __pyx_t_3};
     #if CYTHON_VECTORCALL
     __pyx_t_4 = __pyx_mstate_global->__pyx_tuple[0];
-    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 121, __pyx_L1_error)
+    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 124, __pyx_L1_error)
     __Pyx_INCREF(__pyx_t_4);
     #else
     {
       PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
       __pyx_t_4 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 121, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 124, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
     #endif
@@ -8717,14 +8816,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 121, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 124, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
-  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 121, __pyx_L1_error)
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 124, __pyx_L1_error)
   __pyx_v_s = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":122
+  /* "fastpath/_kernels.pyx":125
  *     cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
  *     cdef cnp.ndarray s = np.ascontiguousarray(sum_, dtype=np.float64)
  *     cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)             # <<<<<<<<<<<<<<
@@ -8732,14 +8831,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
  *     n = len(ix)
 */
   __pyx_t_6 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 122, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 125, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 122, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 125, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 122, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 125, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float64); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 122, __pyx_L1_error)
+  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float64); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 125, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_5);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
   #if CYTHON_VECTORCALL
@@ -8760,13 +8859,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     PyObject *__pyx_callargs[3] = {__pyx_t_6, __pyx_v_sumsq, __pyx_t_5};
     #if CYTHON_VECTORCALL
     __pyx_t_4 = __pyx_mstate_global->__pyx_tuple[0];
-    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 122, __pyx_L1_error)
+    if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 125, __pyx_L1_error)
     __Pyx_INCREF(__pyx_t_4);
     #else
     {
       PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
       __pyx_t_4 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
-      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 122, __pyx_L1_error)
+      if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 125, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
     }
     #endif
@@ -8777,14 +8876,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 122, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 125, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
-  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 122, __pyx_L1_error)
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 125, __pyx_L1_error)
   __pyx_v_q = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":123
+  /* "fastpath/_kernels.pyx":126
  *     cdef cnp.ndarray s = np.ascontiguousarray(sum_, dtype=np.float64)
  *     cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)
  *     cdef cnp.ndarray o = None if old is None else _f32(old, "old")             # <<<<<<<<<<<<<<
@@ -8796,34 +8895,34 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     __Pyx_INCREF(Py_None);
     __pyx_t_2 = Py_None;
   } else {
-    __pyx_t_3 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_old, __pyx_mstate_global->__pyx_n_u_old)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 123, __pyx_L1_error)
+    __pyx_t_3 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_old, __pyx_mstate_global->__pyx_n_u_old)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 126, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
     __pyx_t_2 = __pyx_t_3;
     __pyx_t_3 = 0;
   }
 
-  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 123, __pyx_L1_error)
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 126, __pyx_L1_error)
   __pyx_v_o = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":124
+  /* "fastpath/_kernels.pyx":127
  *     cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)
  *     cdef cnp.ndarray o = None if old is None else _f32(old, "old")
  *     n = len(ix)             # <<<<<<<<<<<<<<
  *     if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (
  *             n and (ix.min() < 0 or ix.max() >= len(r))):
 */
-  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_ix)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 124, __pyx_L1_error)
+  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_ix)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 127, __pyx_L1_error)
   __pyx_v_n = __pyx_t_9;
 
-  /* "fastpath/_kernels.pyx":125
+  /* "fastpath/_kernels.pyx":128
  *     cdef cnp.ndarray o = None if old is None else _f32(old, "old")
  *     n = len(ix)
  *     if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (             # <<<<<<<<<<<<<<
  *             n and (ix.min() < 0 or ix.max() >= len(r))):
  *         raise InputError("w_idx, sum, sumsq and old must have one length and w_idx must index raw")
 */
-  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_s)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 125, __pyx_L1_error)
+  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_s)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 128, __pyx_L1_error)
   __pyx_t_10 = (__pyx_t_9 != __pyx_v_n);
 
 
@@ -8835,7 +8934,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
 
     goto __pyx_L4_bool_binop_done;
   }
-  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_q)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 125, __pyx_L1_error)
+  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_q)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 128, __pyx_L1_error)
   __pyx_t_10 = (__pyx_t_9 != __pyx_v_n);
 
 
@@ -8854,7 +8953,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
   } else {
 
   }
-  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_o)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 125, __pyx_L1_error)
+  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_o)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 128, __pyx_L1_error)
   __pyx_t_10 = (__pyx_t_9 != __pyx_v_n);
 
 
@@ -8868,7 +8967,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
   }
   __pyx_L7_next_or:;
 
-  /* "fastpath/_kernels.pyx":126
+  /* "fastpath/_kernels.pyx":129
  *     n = len(ix)
  *     if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (
  *             n and (ix.min() < 0 or ix.max() >= len(r))):             # <<<<<<<<<<<<<<
@@ -8892,10 +8991,10 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     PyObject *__pyx_callargs[2] = {__pyx_t_3, NULL};
     __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_min, __pyx_callargs+__pyx_t_7, (1-__pyx_t_7) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 126, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 129, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
-  __pyx_t_10 = __Pyx_PyObject_CompareBoolLt_object_int(__pyx_t_2, __pyx_mstate_global->__pyx_int_0, Py_LT); if (unlikely((__pyx_t_10 < 0))) __PYX_ERR(0, 126, __pyx_L1_error)
+  __pyx_t_10 = __Pyx_PyObject_CompareBoolLt_object_int(__pyx_t_2, __pyx_mstate_global->__pyx_int_0, Py_LT); if (unlikely((__pyx_t_10 < 0))) __PYX_ERR(0, 129, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   if (!__pyx_t_10) {
 
@@ -8912,14 +9011,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     PyObject *__pyx_callargs[2] = {__pyx_t_3, NULL};
     __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_max, __pyx_callargs+__pyx_t_7, (1-__pyx_t_7) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 126, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 129, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
-  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_r)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 126, __pyx_L1_error)
-  __pyx_t_3 = PyLong_FromSsize_t(__pyx_t_9); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 126, __pyx_L1_error)
+  __pyx_t_9 = PyObject_Length(((PyObject *)__pyx_v_r)); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 129, __pyx_L1_error)
+  __pyx_t_3 = PyLong_FromSsize_t(__pyx_t_9); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 129, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
 
-  __pyx_t_10 = __Pyx_PyObject_CompareBoolGe_object_int(__pyx_t_2, __pyx_t_3, Py_GE); if (unlikely((__pyx_t_10 < 0))) __PYX_ERR(0, 126, __pyx_L1_error)
+  __pyx_t_10 = __Pyx_PyObject_CompareBoolGe_object_int(__pyx_t_2, __pyx_t_3, Py_GE); if (unlikely((__pyx_t_10 < 0))) __PYX_ERR(0, 129, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
@@ -8927,7 +9026,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
 
   __pyx_L4_bool_binop_done:;
 
-  /* "fastpath/_kernels.pyx":125
+  /* "fastpath/_kernels.pyx":128
  *     cdef cnp.ndarray o = None if old is None else _f32(old, "old")
  *     n = len(ix)
  *     if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (             # <<<<<<<<<<<<<<
@@ -8937,7 +9036,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
   if (unlikely(__pyx_t_8)) {
 
 
-    /* "fastpath/_kernels.pyx":127
+    /* "fastpath/_kernels.pyx":130
  *     if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (
  *             n and (ix.min() < 0 or ix.max() >= len(r))):
  *         raise InputError("w_idx, sum, sumsq and old must have one length and w_idx must index raw")             # <<<<<<<<<<<<<<
@@ -8945,7 +9044,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
  *     ps = np.empty(n, np.float32)
 */
     __pyx_t_2 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 127, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 130, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
     __pyx_t_7 = 1;
     #if CYTHON_UNPACK_METHODS
@@ -8964,14 +9063,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
       __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 127, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 130, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(0, 127, __pyx_L1_error)
+    __PYX_ERR(0, 130, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":125
+    /* "fastpath/_kernels.pyx":128
  *     cdef cnp.ndarray o = None if old is None else _f32(old, "old")
  *     n = len(ix)
  *     if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (             # <<<<<<<<<<<<<<
@@ -8980,7 +9079,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
 */
   }
 
-  /* "fastpath/_kernels.pyx":128
+  /* "fastpath/_kernels.pyx":131
  *             n and (ix.min() < 0 or ix.max() >= len(r))):
  *         raise InputError("w_idx, sum, sumsq and old must have one length and w_idx must index raw")
  *     pm = np.empty(n, np.float32)             # <<<<<<<<<<<<<<
@@ -8988,16 +9087,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
  *     k.window_stats(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
 */
   __pyx_t_4 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 128, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 131, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 128, __pyx_L1_error)
+  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 131, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_5);
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_2 = PyLong_FromSsize_t(__pyx_v_n); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 128, __pyx_L1_error)
+  __pyx_t_2 = PyLong_FromSsize_t(__pyx_v_n); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 131, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 128, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 131, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 128, __pyx_L1_error)
+  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 131, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_11);
   __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
   __pyx_t_7 = 1;
@@ -9019,13 +9118,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
     __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 128, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 131, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
   __pyx_v_pm = __pyx_t_3;
   __pyx_t_3 = 0;
 
-  /* "fastpath/_kernels.pyx":129
+  /* "fastpath/_kernels.pyx":132
  *         raise InputError("w_idx, sum, sumsq and old must have one length and w_idx must index raw")
  *     pm = np.empty(n, np.float32)
  *     ps = np.empty(n, np.float32)             # <<<<<<<<<<<<<<
@@ -9033,16 +9132,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
  *                    <const double *>cnp.PyArray_DATA(s), <const double *>cnp.PyArray_DATA(q),
 */
   __pyx_t_5 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 129, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 132, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_11);
-  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 129, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 132, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
-  __pyx_t_11 = PyLong_FromSsize_t(__pyx_v_n); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 129, __pyx_L1_error)
+  __pyx_t_11 = PyLong_FromSsize_t(__pyx_v_n); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 132, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_11);
-  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 129, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 132, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 129, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 132, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
   __pyx_t_7 = 1;
@@ -9064,13 +9163,13 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 129, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 132, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
   __pyx_v_ps = __pyx_t_3;
   __pyx_t_3 = 0;
 
-  /* "fastpath/_kernels.pyx":132
+  /* "fastpath/_kernels.pyx":135
  *     k.window_stats(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
  *                    <const double *>cnp.PyArray_DATA(s), <const double *>cnp.PyArray_DATA(q),
  *                    NULL if o is None else <const float *>cnp.PyArray_DATA(o), inv_n,             # <<<<<<<<<<<<<<
@@ -9087,17 +9186,17 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
   }
 
 
-  /* "fastpath/_kernels.pyx":133
+  /* "fastpath/_kernels.pyx":136
  *                    <const double *>cnp.PyArray_DATA(s), <const double *>cnp.PyArray_DATA(q),
  *                    NULL if o is None else <const float *>cnp.PyArray_DATA(o), inv_n,
  *                    <float *>cnp.PyArray_DATA(pm), <float *>cnp.PyArray_DATA(ps))             # <<<<<<<<<<<<<<
  *     return pm, ps
  * 
 */
-  if (!(likely(((__pyx_v_pm) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_pm, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 133, __pyx_L1_error)
-  if (!(likely(((__pyx_v_ps) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_ps, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 133, __pyx_L1_error)
+  if (!(likely(((__pyx_v_pm) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_pm, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 136, __pyx_L1_error)
+  if (!(likely(((__pyx_v_ps) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_ps, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 136, __pyx_L1_error)
 
-  /* "fastpath/_kernels.pyx":130
+  /* "fastpath/_kernels.pyx":133
  *     pm = np.empty(n, np.float32)
  *     ps = np.empty(n, np.float32)
  *     k.window_stats(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,             # <<<<<<<<<<<<<<
@@ -9107,21 +9206,21 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
   __pyx_v_k->window_stats(((float const *)PyArray_DATA(__pyx_v_r)), ((int32_t const *)PyArray_DATA(__pyx_v_ix)), __pyx_v_n, ((double const *)PyArray_DATA(__pyx_v_s)), ((double const *)PyArray_DATA(__pyx_v_q)), __pyx_t_12, __pyx_v_inv_n, ((float *)PyArray_DATA(((PyArrayObject *)__pyx_v_pm))), ((float *)PyArray_DATA(((PyArrayObject *)__pyx_v_ps))));
 
 
-  /* "fastpath/_kernels.pyx":134
+  /* "fastpath/_kernels.pyx":137
  *                    NULL if o is None else <const float *>cnp.PyArray_DATA(o), inv_n,
  *                    <float *>cnp.PyArray_DATA(pm), <float *>cnp.PyArray_DATA(ps))
  *     return pm, ps             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_3 = PyTuple_New(2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 134, __pyx_L1_error)
+  __pyx_t_3 = PyTuple_New(2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 137, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_INCREF(__pyx_v_pm);
   __Pyx_GIVEREF(__pyx_v_pm);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_v_pm) != (0)) __PYX_ERR(0, 134, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 0, __pyx_v_pm) != (0)) __PYX_ERR(0, 137, __pyx_L1_error);
   __Pyx_INCREF(__pyx_v_ps);
   __Pyx_GIVEREF(__pyx_v_ps);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_v_ps) != (0)) __PYX_ERR(0, 134, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_3, 1, __pyx_v_ps) != (0)) __PYX_ERR(0, 137, __pyx_L1_error);
   {
     PyObject *__pyx_temp;
     {
@@ -9133,7 +9232,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
   __pyx_t_3 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":115
+  /* "fastpath/_kernels.pyx":118
  * 
  * 
  * def kernel_window_stats(str isa, raw, w_idx, sum_, sumsq, old, double inv_n):             # <<<<<<<<<<<<<<
@@ -9166,7 +9265,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_10kernel_window_stats(CYTHON_UNUSE
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":137
+/* "fastpath/_kernels.pyx":140
  * 
  * 
  * def kernel_zscore(str isa, x, mean, inv_std):             # <<<<<<<<<<<<<<
@@ -9217,44 +9316,44 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_isa,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_mean,&__pyx_mstate_global->__pyx_n_u_inv_std,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 137, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 140, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 137, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 140, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 137, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 140, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 137, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 140, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 137, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 140, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_zscore", 0) < (0)) __PYX_ERR(0, 137, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_zscore", 0) < (0)) __PYX_ERR(0, 140, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 4; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_zscore", 1, 4, 4, i); __PYX_ERR(0, 137, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_zscore", 1, 4, 4, i); __PYX_ERR(0, 140, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 4)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 137, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 140, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 137, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 140, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 137, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 140, __pyx_L3_error)
       values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 137, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 140, __pyx_L3_error)
     }
     __pyx_v_isa = ((PyObject*)values[0]);
     __pyx_v_x = values[1];
@@ -9263,7 +9362,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("kernel_zscore", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 137, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("kernel_zscore", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 140, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -9274,7 +9373,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 137, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 140, __pyx_L1_error)
   __pyx_r = __pyx_pf_8fastpath_8_kernels_12kernel_zscore(__pyx_self, __pyx_v_isa, __pyx_v_x, __pyx_v_mean, __pyx_v_inv_std);
 
   /* function exit code */
@@ -9319,54 +9418,54 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("kernel_zscore", 0);
 
-  /* "fastpath/_kernels.pyx":139
+  /* "fastpath/_kernels.pyx":142
  * def kernel_zscore(str isa, x, mean, inv_std):
  *     """(x - mean) * inv_std with the named kernel set."""
  *     cdef const fp_kernels *k = _kernels(isa)             # <<<<<<<<<<<<<<
  *     cdef cnp.ndarray a = _f32(x, "x"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
  *     n = len(a)
 */
-  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 139, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 142, __pyx_L1_error)
   __pyx_v_k = __pyx_t_1;
 
-  /* "fastpath/_kernels.pyx":140
+  /* "fastpath/_kernels.pyx":143
  *     """(x - mean) * inv_std with the named kernel set."""
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray a = _f32(x, "x"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")             # <<<<<<<<<<<<<<
  *     n = len(a)
  *     if len(m) != n or len(s) != n:
 */
-  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_x, __pyx_mstate_global->__pyx_n_u_x)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 140, __pyx_L1_error)
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_x, __pyx_mstate_global->__pyx_n_u_x)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 143, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __pyx_v_a = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
-  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_mean, __pyx_mstate_global->__pyx_n_u_mean)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 140, __pyx_L1_error)
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_mean, __pyx_mstate_global->__pyx_n_u_mean)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 143, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __pyx_v_m = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
-  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_inv_std, __pyx_mstate_global->__pyx_n_u_inv_std)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 140, __pyx_L1_error)
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_inv_std, __pyx_mstate_global->__pyx_n_u_inv_std)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 143, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __pyx_v_s = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":141
+  /* "fastpath/_kernels.pyx":144
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray a = _f32(x, "x"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
  *     n = len(a)             # <<<<<<<<<<<<<<
  *     if len(m) != n or len(s) != n:
  *         raise InputError("x, mean and inv_std must have one length")
 */
-  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_a)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 141, __pyx_L1_error)
+  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_a)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 144, __pyx_L1_error)
   __pyx_v_n = __pyx_t_3;
 
-  /* "fastpath/_kernels.pyx":142
+  /* "fastpath/_kernels.pyx":145
  *     cdef cnp.ndarray a = _f32(x, "x"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
  *     n = len(a)
  *     if len(m) != n or len(s) != n:             # <<<<<<<<<<<<<<
  *         raise InputError("x, mean and inv_std must have one length")
  *     out = np.empty(n, np.float32)
 */
-  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_m)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 142, __pyx_L1_error)
+  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_m)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 145, __pyx_L1_error)
   __pyx_t_5 = (__pyx_t_3 != __pyx_v_n);
 
 
@@ -9378,7 +9477,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
 
     goto __pyx_L4_bool_binop_done;
   }
-  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_s)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 142, __pyx_L1_error)
+  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_s)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 145, __pyx_L1_error)
   __pyx_t_5 = (__pyx_t_3 != __pyx_v_n);
 
 
@@ -9389,7 +9488,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
   if (unlikely(__pyx_t_4)) {
 
 
-    /* "fastpath/_kernels.pyx":143
+    /* "fastpath/_kernels.pyx":146
  *     n = len(a)
  *     if len(m) != n or len(s) != n:
  *         raise InputError("x, mean and inv_std must have one length")             # <<<<<<<<<<<<<<
@@ -9397,7 +9496,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
  *     k.zscore(<const float *>cnp.PyArray_DATA(a), <const float *>cnp.PyArray_DATA(m),
 */
     __pyx_t_6 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 143, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 146, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
     __pyx_t_8 = 1;
     #if CYTHON_UNPACK_METHODS
@@ -9416,14 +9515,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_7, __pyx_callargs+__pyx_t_8, (2-__pyx_t_8) | (__pyx_t_8*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
       __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 143, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 146, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(0, 143, __pyx_L1_error)
+    __PYX_ERR(0, 146, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":142
+    /* "fastpath/_kernels.pyx":145
  *     cdef cnp.ndarray a = _f32(x, "x"), m = _f32(mean, "mean"), s = _f32(inv_std, "inv_std")
  *     n = len(a)
  *     if len(m) != n or len(s) != n:             # <<<<<<<<<<<<<<
@@ -9432,7 +9531,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
 */
   }
 
-  /* "fastpath/_kernels.pyx":144
+  /* "fastpath/_kernels.pyx":147
  *     if len(m) != n or len(s) != n:
  *         raise InputError("x, mean and inv_std must have one length")
  *     out = np.empty(n, np.float32)             # <<<<<<<<<<<<<<
@@ -9440,16 +9539,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
  *              <const float *>cnp.PyArray_DATA(s), <float *>cnp.PyArray_DATA(out), n)
 */
   __pyx_t_7 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 144, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 147, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __pyx_t_9 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 144, __pyx_L1_error)
+  __pyx_t_9 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 147, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_9);
   __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-  __pyx_t_6 = PyLong_FromSsize_t(__pyx_v_n); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 144, __pyx_L1_error)
+  __pyx_t_6 = PyLong_FromSsize_t(__pyx_v_n); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 147, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
-  __Pyx_GetModuleGlobalName(__pyx_t_10, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 144, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_10, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 147, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_10);
-  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_10, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 144, __pyx_L1_error)
+  __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_10, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 147, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_11);
   __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
   __pyx_t_8 = 1;
@@ -9471,22 +9570,22 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
     __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
-    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 144, __pyx_L1_error)
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 147, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_2);
   }
   __pyx_v_out = __pyx_t_2;
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":146
+  /* "fastpath/_kernels.pyx":149
  *     out = np.empty(n, np.float32)
  *     k.zscore(<const float *>cnp.PyArray_DATA(a), <const float *>cnp.PyArray_DATA(m),
  *              <const float *>cnp.PyArray_DATA(s), <float *>cnp.PyArray_DATA(out), n)             # <<<<<<<<<<<<<<
  *     return out
  * 
 */
-  if (!(likely(((__pyx_v_out) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_out, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 146, __pyx_L1_error)
+  if (!(likely(((__pyx_v_out) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_out, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 149, __pyx_L1_error)
 
-  /* "fastpath/_kernels.pyx":145
+  /* "fastpath/_kernels.pyx":148
  *         raise InputError("x, mean and inv_std must have one length")
  *     out = np.empty(n, np.float32)
  *     k.zscore(<const float *>cnp.PyArray_DATA(a), <const float *>cnp.PyArray_DATA(m),             # <<<<<<<<<<<<<<
@@ -9495,7 +9594,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
 */
   __pyx_v_k->zscore(((float const *)PyArray_DATA(__pyx_v_a)), ((float const *)PyArray_DATA(__pyx_v_m)), ((float const *)PyArray_DATA(__pyx_v_s)), ((float *)PyArray_DATA(((PyArrayObject *)__pyx_v_out))), __pyx_v_n);
 
-  /* "fastpath/_kernels.pyx":147
+  /* "fastpath/_kernels.pyx":150
  *     k.zscore(<const float *>cnp.PyArray_DATA(a), <const float *>cnp.PyArray_DATA(m),
  *              <const float *>cnp.PyArray_DATA(s), <float *>cnp.PyArray_DATA(out), n)
  *     return out             # <<<<<<<<<<<<<<
@@ -9513,7 +9612,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
   }
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":137
+  /* "fastpath/_kernels.pyx":140
  * 
  * 
  * def kernel_zscore(str isa, x, mean, inv_std):             # <<<<<<<<<<<<<<
@@ -9543,11 +9642,11 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_12kernel_zscore(CYTHON_UNUSED PyOb
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":150
+/* "fastpath/_kernels.pyx":153
  * 
  * 
  * def kernel_dot_norm2(str isa, a, b):             # <<<<<<<<<<<<<<
- *     """(dot(a, b), |a|^2) in one pass with the named kernel set."""
+ *     """(dot(a, b), |a|^2) in one pass with the named kernel set (summed in double)."""
  *     cdef const fp_kernels *k = _kernels(isa)
 */
 
@@ -9559,7 +9658,7 @@ PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
 PyObject *__pyx_args, PyObject *__pyx_kwds
 #endif
 ); /*proto*/
-PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_14kernel_dot_norm2, "kernel_dot_norm2(str isa, a, b)\n\n(dot(a, b), |a|^2) in one pass with the named kernel set.");
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_14kernel_dot_norm2, "kernel_dot_norm2(str isa, a, b)\n\n(dot(a, b), |a|^2) in one pass with the named kernel set (summed in double).");
 static PyMethodDef __pyx_mdef_8fastpath_8_kernels_15kernel_dot_norm2 = {"kernel_dot_norm2", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_15kernel_dot_norm2, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_14kernel_dot_norm2};
 static PyObject *__pyx_pw_8fastpath_8_kernels_15kernel_dot_norm2(PyObject *__pyx_self, 
 #if CYTHON_VECTORCALL
@@ -9593,38 +9692,38 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_isa,&__pyx_mstate_global->__pyx_n_u_a,&__pyx_mstate_global->__pyx_n_u_b,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 150, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 153, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 150, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 153, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 150, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 153, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 150, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 153, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_dot_norm2", 0) < (0)) __PYX_ERR(0, 150, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_dot_norm2", 0) < (0)) __PYX_ERR(0, 153, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 3; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_dot_norm2", 1, 3, 3, i); __PYX_ERR(0, 150, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_dot_norm2", 1, 3, 3, i); __PYX_ERR(0, 153, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 3)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 150, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 153, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 150, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 153, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 150, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 153, __pyx_L3_error)
     }
     __pyx_v_isa = ((PyObject*)values[0]);
     __pyx_v_a = values[1];
@@ -9632,7 +9731,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("kernel_dot_norm2", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 150, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("kernel_dot_norm2", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 153, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -9643,7 +9742,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 150, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 153, __pyx_L1_error)
   __pyx_r = __pyx_pf_8fastpath_8_kernels_14kernel_dot_norm2(__pyx_self, __pyx_v_isa, __pyx_v_a, __pyx_v_b);
 
   /* function exit code */
@@ -9667,8 +9766,8 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_14kernel_dot_norm2(CYTHON_UNUSED P
   fp_kernels const *__pyx_v_k;
   PyArrayObject *__pyx_v_x = 0;
   PyArrayObject *__pyx_v_y = 0;
-  float __pyx_v_d;
-  float __pyx_v_s;
+  double __pyx_v_d;
+  double __pyx_v_s;
   PyObject *__pyx_r = NULL;
   __Pyx_RefNannyDeclarations
   fp_kernels const *__pyx_t_1;
@@ -9684,41 +9783,41 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_14kernel_dot_norm2(CYTHON_UNUSED P
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("kernel_dot_norm2", 0);
 
-  /* "fastpath/_kernels.pyx":152
+  /* "fastpath/_kernels.pyx":155
  * def kernel_dot_norm2(str isa, a, b):
- *     """(dot(a, b), |a|^2) in one pass with the named kernel set."""
+ *     """(dot(a, b), |a|^2) in one pass with the named kernel set (summed in double)."""
  *     cdef const fp_kernels *k = _kernels(isa)             # <<<<<<<<<<<<<<
  *     cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
  *     if len(x) != len(y):
 */
-  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 152, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 155, __pyx_L1_error)
   __pyx_v_k = __pyx_t_1;
 
-  /* "fastpath/_kernels.pyx":153
- *     """(dot(a, b), |a|^2) in one pass with the named kernel set."""
+  /* "fastpath/_kernels.pyx":156
+ *     """(dot(a, b), |a|^2) in one pass with the named kernel set (summed in double)."""
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")             # <<<<<<<<<<<<<<
  *     if len(x) != len(y):
  *         raise InputError("a and b must have one length")
 */
-  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_a, __pyx_mstate_global->__pyx_n_u_a)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 153, __pyx_L1_error)
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_a, __pyx_mstate_global->__pyx_n_u_a)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 156, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __pyx_v_x = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
-  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_b, __pyx_mstate_global->__pyx_n_u_b)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 153, __pyx_L1_error)
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_b, __pyx_mstate_global->__pyx_n_u_b)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 156, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __pyx_v_y = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":154
+  /* "fastpath/_kernels.pyx":157
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
  *     if len(x) != len(y):             # <<<<<<<<<<<<<<
  *         raise InputError("a and b must have one length")
- *     cdef float d = 0, s = 0
+ *     cdef double d = 0, s = 0
 */
-  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_x)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 154, __pyx_L1_error)
-  __pyx_t_4 = PyObject_Length(((PyObject *)__pyx_v_y)); if (unlikely(__pyx_t_4 == ((Py_ssize_t)-1))) __PYX_ERR(0, 154, __pyx_L1_error)
+  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_x)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 157, __pyx_L1_error)
+  __pyx_t_4 = PyObject_Length(((PyObject *)__pyx_v_y)); if (unlikely(__pyx_t_4 == ((Py_ssize_t)-1))) __PYX_ERR(0, 157, __pyx_L1_error)
   __pyx_t_5 = (__pyx_t_3 != __pyx_t_4);
 
 
@@ -9726,15 +9825,15 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_14kernel_dot_norm2(CYTHON_UNUSED P
   if (unlikely(__pyx_t_5)) {
 
 
-    /* "fastpath/_kernels.pyx":155
+    /* "fastpath/_kernels.pyx":158
  *     cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
  *     if len(x) != len(y):
  *         raise InputError("a and b must have one length")             # <<<<<<<<<<<<<<
- *     cdef float d = 0, s = 0
+ *     cdef double d = 0, s = 0
  *     k.dot_norm2(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y), len(x), &d, &s)
 */
     __pyx_t_6 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 155, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 158, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
     __pyx_t_8 = 1;
     #if CYTHON_UNPACK_METHODS
@@ -9753,60 +9852,60 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_14kernel_dot_norm2(CYTHON_UNUSED P
       __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_7, __pyx_callargs+__pyx_t_8, (2-__pyx_t_8) | (__pyx_t_8*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
       __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 155, __pyx_L1_error)
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 158, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_2);
     }
     __Pyx_Raise(__pyx_t_2, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-    __PYX_ERR(0, 155, __pyx_L1_error)
+    __PYX_ERR(0, 158, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":154
+    /* "fastpath/_kernels.pyx":157
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
  *     if len(x) != len(y):             # <<<<<<<<<<<<<<
  *         raise InputError("a and b must have one length")
- *     cdef float d = 0, s = 0
+ *     cdef double d = 0, s = 0
 */
   }
 
-  /* "fastpath/_kernels.pyx":156
+  /* "fastpath/_kernels.pyx":159
  *     if len(x) != len(y):
  *         raise InputError("a and b must have one length")
- *     cdef float d = 0, s = 0             # <<<<<<<<<<<<<<
+ *     cdef double d = 0, s = 0             # <<<<<<<<<<<<<<
  *     k.dot_norm2(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y), len(x), &d, &s)
  *     return float(d), float(s)
 */
   __pyx_v_d = 0.0;
   __pyx_v_s = 0.0;
 
-  /* "fastpath/_kernels.pyx":157
+  /* "fastpath/_kernels.pyx":160
  *         raise InputError("a and b must have one length")
- *     cdef float d = 0, s = 0
+ *     cdef double d = 0, s = 0
  *     k.dot_norm2(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y), len(x), &d, &s)             # <<<<<<<<<<<<<<
  *     return float(d), float(s)
  * 
 */
-  __pyx_t_4 = PyObject_Length(((PyObject *)__pyx_v_x)); if (unlikely(__pyx_t_4 == ((Py_ssize_t)-1))) __PYX_ERR(0, 157, __pyx_L1_error)
+  __pyx_t_4 = PyObject_Length(((PyObject *)__pyx_v_x)); if (unlikely(__pyx_t_4 == ((Py_ssize_t)-1))) __PYX_ERR(0, 160, __pyx_L1_error)
   __pyx_v_k->dot_norm2(((float const *)PyArray_DATA(__pyx_v_x)), ((float const *)PyArray_DATA(__pyx_v_y)), __pyx_t_4, (&__pyx_v_d), (&__pyx_v_s));
 
 
-  /* "fastpath/_kernels.pyx":158
- *     cdef float d = 0, s = 0
+  /* "fastpath/_kernels.pyx":161
+ *     cdef double d = 0, s = 0
  *     k.dot_norm2(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y), len(x), &d, &s)
  *     return float(d), float(s)             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_2 = PyFloat_FromDouble(((double)__pyx_v_d)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 158, __pyx_L1_error)
+  __pyx_t_2 = PyFloat_FromDouble(__pyx_v_d); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 161, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_7 = PyFloat_FromDouble(((double)__pyx_v_s)); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 158, __pyx_L1_error)
+  __pyx_t_7 = PyFloat_FromDouble(__pyx_v_s); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 161, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_6 = PyTuple_New(2); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 158, __pyx_L1_error)
+  __pyx_t_6 = PyTuple_New(2); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 161, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
   __Pyx_GIVEREF(__pyx_t_2);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 158, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 161, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_7);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 1, __pyx_t_7) != (0)) __PYX_ERR(0, 158, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 1, __pyx_t_7) != (0)) __PYX_ERR(0, 161, __pyx_L1_error);
   __pyx_t_2 = 0;
   __pyx_t_7 = 0;
   {
@@ -9820,11 +9919,11 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_14kernel_dot_norm2(CYTHON_UNUSED P
   __pyx_t_6 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":150
+  /* "fastpath/_kernels.pyx":153
  * 
  * 
  * def kernel_dot_norm2(str isa, a, b):             # <<<<<<<<<<<<<<
- *     """(dot(a, b), |a|^2) in one pass with the named kernel set."""
+ *     """(dot(a, b), |a|^2) in one pass with the named kernel set (summed in double)."""
  *     cdef const fp_kernels *k = _kernels(isa)
 */
 
@@ -9846,7 +9945,1659 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_14kernel_dot_norm2(CYTHON_UNUSED P
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":161
+/* "fastpath/_kernels.pyx":167
+ * 
+ * 
+ * def kernel_cache_decide(str isa, f, cached, double cos_threshold, double norm_tol):             # <<<<<<<<<<<<<<
+ *     """The cache's direction and magnitude guards alone, as fp_cache_lookup decides them for
+ *     features f against a slot holding `cached` (stored as the engine stores it: the features
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_8fastpath_8_kernels_17kernel_cache_decide(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_16kernel_cache_decide, "kernel_cache_decide(str isa, f, cached, double cos_threshold, double norm_tol)\n\nThe cache\047s direction and magnitude guards alone, as fp_cache_lookup decides them for\nfeatures f against a slot holding `cached` (stored as the engine stores it: the features\nand their norm from this kernel set). Returns \"hit\", \"cosine\" or \"norm\".");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_17kernel_cache_decide = {"kernel_cache_decide", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_17kernel_cache_decide, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_16kernel_cache_decide};
+static PyObject *__pyx_pw_8fastpath_8_kernels_17kernel_cache_decide(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v_isa = 0;
+  PyObject *__pyx_v_f = 0;
+  PyObject *__pyx_v_cached = 0;
+  double __pyx_v_cos_threshold;
+  double __pyx_v_norm_tol;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[5] = {0,0,0,0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("kernel_cache_decide (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_isa,&__pyx_mstate_global->__pyx_n_u_f,&__pyx_mstate_global->__pyx_n_u_cached,&__pyx_mstate_global->__pyx_n_u_cos_threshold,&__pyx_mstate_global->__pyx_n_u_norm_tol,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 167, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  5:
+        values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 167, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  4:
+        values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 167, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  3:
+        values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 167, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 167, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 167, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_cache_decide", 0) < (0)) __PYX_ERR(0, 167, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 5; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_cache_decide", 1, 5, 5, i); __PYX_ERR(0, 167, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 5)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 167, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 167, __pyx_L3_error)
+      values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 167, __pyx_L3_error)
+      values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 167, __pyx_L3_error)
+      values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 167, __pyx_L3_error)
+    }
+    __pyx_v_isa = ((PyObject*)values[0]);
+    __pyx_v_f = values[1];
+    __pyx_v_cached = values[2];
+    __pyx_v_cos_threshold = __Pyx_PyFloat_AsDouble(values[3]); if (unlikely((__pyx_v_cos_threshold == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 167, __pyx_L3_error)
+    __pyx_v_norm_tol = __Pyx_PyFloat_AsDouble(values[4]); if (unlikely((__pyx_v_norm_tol == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 167, __pyx_L3_error)
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("kernel_cache_decide", 1, 5, 5, __pyx_nargs); __PYX_ERR(0, 167, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastpath._kernels.kernel_cache_decide", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 167, __pyx_L1_error)
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_16kernel_cache_decide(__pyx_self, __pyx_v_isa, __pyx_v_f, __pyx_v_cached, __pyx_v_cos_threshold, __pyx_v_norm_tol);
+
+  /* function exit code */
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __pyx_r = NULL;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  goto __pyx_L7_cleaned_up;
+  __pyx_L0:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __pyx_L7_cleaned_up:;
+
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_cache_decide(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_f, PyObject *__pyx_v_cached, double __pyx_v_cos_threshold, double __pyx_v_norm_tol) {
+  fp_kernels const *__pyx_v_k;
+  PyArrayObject *__pyx_v_x = 0;
+  PyArrayObject *__pyx_v_c = 0;
+  int __pyx_v_n;
+  fp_slot *__pyx_v_s;
+  fp_cache_policy __pyx_v_p;
+  double __pyx_v_d;
+  double __pyx_v_na2;
+  double __pyx_v_norm;
+  int __pyx_v_reason;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  fp_kernels const *__pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  Py_ssize_t __pyx_t_3;
+  int __pyx_t_4;
+  int __pyx_t_5;
+  PyObject *__pyx_t_6 = NULL;
+  PyObject *__pyx_t_7 = NULL;
+  size_t __pyx_t_8;
+  PyObject *__pyx_t_9 = NULL;
+  PyObject *__pyx_t_10 = NULL;
+  PyObject *__pyx_t_11 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("kernel_cache_decide", 0);
+
+  /* "fastpath/_kernels.pyx":171
+ *     features f against a slot holding `cached` (stored as the engine stores it: the features
+ *     and their norm from this kernel set). Returns "hit", "cosine" or "norm"."""
+ *     cdef const fp_kernels *k = _kernels(isa)             # <<<<<<<<<<<<<<
+ *     cdef cnp.ndarray x = _f32(f, "f"), c = _f32(cached, "cached")
+ *     cdef int n = len(x)
+*/
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 171, __pyx_L1_error)
+  __pyx_v_k = __pyx_t_1;
+
+  /* "fastpath/_kernels.pyx":172
+ *     and their norm from this kernel set). Returns "hit", "cosine" or "norm"."""
+ *     cdef const fp_kernels *k = _kernels(isa)
+ *     cdef cnp.ndarray x = _f32(f, "f"), c = _f32(cached, "cached")             # <<<<<<<<<<<<<<
+ *     cdef int n = len(x)
+ *     if len(c) != n or n < 1:
+*/
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_f, __pyx_mstate_global->__pyx_n_u_f)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 172, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_v_x = ((PyArrayObject *)__pyx_t_2);
+  __pyx_t_2 = 0;
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_cached, __pyx_mstate_global->__pyx_n_u_cached)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 172, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_v_c = ((PyArrayObject *)__pyx_t_2);
+  __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":173
+ *     cdef const fp_kernels *k = _kernels(isa)
+ *     cdef cnp.ndarray x = _f32(f, "f"), c = _f32(cached, "cached")
+ *     cdef int n = len(x)             # <<<<<<<<<<<<<<
+ *     if len(c) != n or n < 1:
+ *         raise InputError("f and cached must have one length >= 1")
+*/
+  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_x)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 173, __pyx_L1_error)
+  __pyx_v_n = __pyx_t_3;
+
+  /* "fastpath/_kernels.pyx":174
+ *     cdef cnp.ndarray x = _f32(f, "f"), c = _f32(cached, "cached")
+ *     cdef int n = len(x)
+ *     if len(c) != n or n < 1:             # <<<<<<<<<<<<<<
+ *         raise InputError("f and cached must have one length >= 1")
+ *     cdef fp_slot *s = <fp_slot *>fp_aligned_alloc(fp_slot_stride(n))
+*/
+  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_c)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 174, __pyx_L1_error)
+  __pyx_t_5 = (__pyx_t_3 != __pyx_v_n);
+
+
+  if (!__pyx_t_5) {
+
+  } else {
+
+    __pyx_t_4 = __pyx_t_5;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+  __pyx_t_5 = (__pyx_v_n < 1);
+
+
+  __pyx_t_4 = __pyx_t_5;
+
+  __pyx_L4_bool_binop_done:;
+  if (unlikely(__pyx_t_4)) {
+
+
+    /* "fastpath/_kernels.pyx":175
+ *     cdef int n = len(x)
+ *     if len(c) != n or n < 1:
+ *         raise InputError("f and cached must have one length >= 1")             # <<<<<<<<<<<<<<
+ *     cdef fp_slot *s = <fp_slot *>fp_aligned_alloc(fp_slot_stride(n))
+ *     if s == NULL:
+*/
+    __pyx_t_6 = NULL;
+    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 175, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_7);
+    __pyx_t_8 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_7))) {
+      __pyx_t_6 = PyMethod_GET_SELF(__pyx_t_7);
+      assert(__pyx_t_6);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_7);
+      __Pyx_INCREF(__pyx_t_6);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_7, __pyx__function);
+      __pyx_t_8 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_6, __pyx_mstate_global->__pyx_kp_u_f_and_cached_must_have_one_lengt};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_7, __pyx_callargs+__pyx_t_8, (2-__pyx_t_8) | (__pyx_t_8*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 175, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __PYX_ERR(0, 175, __pyx_L1_error)
+
+    /* "fastpath/_kernels.pyx":174
+ *     cdef cnp.ndarray x = _f32(f, "f"), c = _f32(cached, "cached")
+ *     cdef int n = len(x)
+ *     if len(c) != n or n < 1:             # <<<<<<<<<<<<<<
+ *         raise InputError("f and cached must have one length >= 1")
+ *     cdef fp_slot *s = <fp_slot *>fp_aligned_alloc(fp_slot_stride(n))
+*/
+  }
+
+  /* "fastpath/_kernels.pyx":176
+ *     if len(c) != n or n < 1:
+ *         raise InputError("f and cached must have one length >= 1")
+ *     cdef fp_slot *s = <fp_slot *>fp_aligned_alloc(fp_slot_stride(n))             # <<<<<<<<<<<<<<
+ *     if s == NULL:
+ *         raise MemoryError("cannot allocate a cache slot")
+*/
+  __pyx_v_s = ((fp_slot *)fp_aligned_alloc(fp_slot_stride(__pyx_v_n)));
+
+  /* "fastpath/_kernels.pyx":177
+ *         raise InputError("f and cached must have one length >= 1")
+ *     cdef fp_slot *s = <fp_slot *>fp_aligned_alloc(fp_slot_stride(n))
+ *     if s == NULL:             # <<<<<<<<<<<<<<
+ *         raise MemoryError("cannot allocate a cache slot")
+ *     cdef fp_cache_policy p
+*/
+  __pyx_t_4 = (__pyx_v_s == NULL);
+
+  if (unlikely(__pyx_t_4)) {
+
+
+    /* "fastpath/_kernels.pyx":178
+ *     cdef fp_slot *s = <fp_slot *>fp_aligned_alloc(fp_slot_stride(n))
+ *     if s == NULL:
+ *         raise MemoryError("cannot allocate a cache slot")             # <<<<<<<<<<<<<<
+ *     cdef fp_cache_policy p
+ *     p.cos_threshold = cos_threshold
+*/
+    __pyx_t_7 = NULL;
+    __pyx_t_8 = 1;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_7, __pyx_mstate_global->__pyx_kp_u_cannot_allocate_a_cache_slot};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_MemoryError)), __pyx_callargs+__pyx_t_8, (2-__pyx_t_8) | (__pyx_t_8*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 178, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __PYX_ERR(0, 178, __pyx_L1_error)
+
+    /* "fastpath/_kernels.pyx":177
+ *         raise InputError("f and cached must have one length >= 1")
+ *     cdef fp_slot *s = <fp_slot *>fp_aligned_alloc(fp_slot_stride(n))
+ *     if s == NULL:             # <<<<<<<<<<<<<<
+ *         raise MemoryError("cannot allocate a cache slot")
+ *     cdef fp_cache_policy p
+*/
+  }
+
+  /* "fastpath/_kernels.pyx":180
+ *         raise MemoryError("cannot allocate a cache slot")
+ *     cdef fp_cache_policy p
+ *     p.cos_threshold = cos_threshold             # <<<<<<<<<<<<<<
+ *     p.norm_tol = norm_tol
+ *     p.max_age_ns = 1LL << 62
+*/
+  __pyx_v_p.cos_threshold = __pyx_v_cos_threshold;
+
+  /* "fastpath/_kernels.pyx":181
+ *     cdef fp_cache_policy p
+ *     p.cos_threshold = cos_threshold
+ *     p.norm_tol = norm_tol             # <<<<<<<<<<<<<<
+ *     p.max_age_ns = 1LL << 62
+ *     p.max_run = 0xFFFFFFFF
+*/
+  __pyx_v_p.norm_tol = __pyx_v_norm_tol;
+
+  /* "fastpath/_kernels.pyx":182
+ *     p.cos_threshold = cos_threshold
+ *     p.norm_tol = norm_tol
+ *     p.max_age_ns = 1LL << 62             # <<<<<<<<<<<<<<
+ *     p.max_run = 0xFFFFFFFF
+ *     p.enabled = 1
+*/
+  __pyx_v_p.max_age_ns = 0x4000000000000000LL;
+
+  /* "fastpath/_kernels.pyx":183
+ *     p.norm_tol = norm_tol
+ *     p.max_age_ns = 1LL << 62
+ *     p.max_run = 0xFFFFFFFF             # <<<<<<<<<<<<<<
+ *     p.enabled = 1
+ *     cdef double d, na2, norm
+*/
+  __pyx_v_p.max_run = 0xFFFFFFFF;
+
+  /* "fastpath/_kernels.pyx":184
+ *     p.max_age_ns = 1LL << 62
+ *     p.max_run = 0xFFFFFFFF
+ *     p.enabled = 1             # <<<<<<<<<<<<<<
+ *     cdef double d, na2, norm
+ *     cdef int reason
+*/
+  __pyx_v_p.enabled = 1;
+
+  /* "fastpath/_kernels.pyx":187
+ *     cdef double d, na2, norm
+ *     cdef int reason
+ *     try:             # <<<<<<<<<<<<<<
+ *         memcpy(fp_slot_features(s), cnp.PyArray_DATA(c), sizeof(float) * n)
+ *         k.dot_norm2(fp_slot_features(s), fp_slot_features(s), n, &d, &na2)
+*/
+  /*try:*/ {
+
+    /* "fastpath/_kernels.pyx":188
+ *     cdef int reason
+ *     try:
+ *         memcpy(fp_slot_features(s), cnp.PyArray_DATA(c), sizeof(float) * n)             # <<<<<<<<<<<<<<
+ *         k.dot_norm2(fp_slot_features(s), fp_slot_features(s), n, &d, &na2)
+ *         s.norm = sqrt(na2)
+*/
+    (void)(memcpy(fp_slot_features(__pyx_v_s), PyArray_DATA(__pyx_v_c), ((sizeof(float)) * __pyx_v_n)));
+
+    /* "fastpath/_kernels.pyx":189
+ *     try:
+ *         memcpy(fp_slot_features(s), cnp.PyArray_DATA(c), sizeof(float) * n)
+ *         k.dot_norm2(fp_slot_features(s), fp_slot_features(s), n, &d, &na2)             # <<<<<<<<<<<<<<
+ *         s.norm = sqrt(na2)
+ *         s.valid = 1
+*/
+    __pyx_v_k->dot_norm2(fp_slot_features(__pyx_v_s), fp_slot_features(__pyx_v_s), __pyx_v_n, (&__pyx_v_d), (&__pyx_v_na2));
+
+    /* "fastpath/_kernels.pyx":190
+ *         memcpy(fp_slot_features(s), cnp.PyArray_DATA(c), sizeof(float) * n)
+ *         k.dot_norm2(fp_slot_features(s), fp_slot_features(s), n, &d, &na2)
+ *         s.norm = sqrt(na2)             # <<<<<<<<<<<<<<
+ *         s.valid = 1
+ *         reason = fp_cache_lookup(k, &p, s, <const float *>cnp.PyArray_DATA(x), n, 0, &norm)
+*/
+    __pyx_v_s->norm = sqrt(__pyx_v_na2);
+
+    /* "fastpath/_kernels.pyx":191
+ *         k.dot_norm2(fp_slot_features(s), fp_slot_features(s), n, &d, &na2)
+ *         s.norm = sqrt(na2)
+ *         s.valid = 1             # <<<<<<<<<<<<<<
+ *         reason = fp_cache_lookup(k, &p, s, <const float *>cnp.PyArray_DATA(x), n, 0, &norm)
+ *     finally:
+*/
+    __pyx_v_s->valid = 1;
+
+    /* "fastpath/_kernels.pyx":192
+ *         s.norm = sqrt(na2)
+ *         s.valid = 1
+ *         reason = fp_cache_lookup(k, &p, s, <const float *>cnp.PyArray_DATA(x), n, 0, &norm)             # <<<<<<<<<<<<<<
+ *     finally:
+ *         fp_aligned_free(s)
+*/
+    __pyx_v_reason = fp_cache_lookup(__pyx_v_k, (&__pyx_v_p), __pyx_v_s, ((float const *)PyArray_DATA(__pyx_v_x)), __pyx_v_n, 0, (&__pyx_v_norm));
+  }
+
+  /* "fastpath/_kernels.pyx":194
+ *         reason = fp_cache_lookup(k, &p, s, <const float *>cnp.PyArray_DATA(x), n, 0, &norm)
+ *     finally:
+ *         fp_aligned_free(s)             # <<<<<<<<<<<<<<
+ *     return _REASONS.get(reason, str(reason))
+ * 
+*/
+  /*finally:*/ {
+    /*normal exit:*/{
+      fp_aligned_free(__pyx_v_s);
+      goto __pyx_L9;
+    }
+    __pyx_L9:;
+  }
+
+  /* "fastpath/_kernels.pyx":195
+ *     finally:
+ *         fp_aligned_free(s)
+ *     return _REASONS.get(reason, str(reason))             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_7 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_REASONS); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 195, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __pyx_t_9 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_get); if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 195, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_9);
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+  __pyx_t_6 = __Pyx_PyLong_From_int(__pyx_v_reason); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 195, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __pyx_t_10 = __Pyx_PyLong_From_int(__pyx_v_reason); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 195, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_10);
+  __pyx_t_11 = __Pyx_PyObject_Unicode(__pyx_t_10); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 195, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_11);
+  __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
+  __pyx_t_8 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_9))) {
+    __pyx_t_7 = PyMethod_GET_SELF(__pyx_t_9);
+    assert(__pyx_t_7);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_9);
+    __Pyx_INCREF(__pyx_t_7);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_9, __pyx__function);
+    __pyx_t_8 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_7, __pyx_t_6, __pyx_t_11};
+    __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_9, __pyx_callargs+__pyx_t_8, (3-__pyx_t_8) | (__pyx_t_8*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
+    __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 195, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_2;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_2 = 0;
+  goto __pyx_L0;
+
+  /* "fastpath/_kernels.pyx":167
+ * 
+ * 
+ * def kernel_cache_decide(str isa, f, cached, double cos_threshold, double norm_tol):             # <<<<<<<<<<<<<<
+ *     """The cache's direction and magnitude guards alone, as fp_cache_lookup decides them for
+ *     features f against a slot holding `cached` (stored as the engine stores it: the features
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_6);
+  __Pyx_XDECREF(__pyx_t_7);
+  __Pyx_XDECREF(__pyx_t_9);
+  __Pyx_XDECREF(__pyx_t_10);
+  __Pyx_XDECREF(__pyx_t_11);
+  __Pyx_AddTraceback("fastpath._kernels.kernel_cache_decide", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+
+  __Pyx_XDECREF((PyObject *)__pyx_v_x);
+  __Pyx_XDECREF((PyObject *)__pyx_v_c);
+
+
+
+
+
+
+
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastpath/_kernels.pyx":198
+ * 
+ * 
+ * def kernel_dense(str isa, w, b, str act, x, bint reverse=False):             # <<<<<<<<<<<<<<
+ *     """One dense layer through the named kernel set: (act(w @ x + b), finite) where finite
+ *     is the kernel's flag that every pre-activation was finite; reverse picks the row-group
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_8fastpath_8_kernels_19kernel_dense(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_18kernel_dense, "kernel_dense(str isa, w, b, str act, x, bool reverse=False)\n\nOne dense layer through the named kernel set: (act(w @ x + b), finite) where finite\nis the kernel\047s flag that every pre-activation was finite; reverse picks the row-group\norder (the result must not depend on it).");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_19kernel_dense = {"kernel_dense", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_19kernel_dense, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_18kernel_dense};
+static PyObject *__pyx_pw_8fastpath_8_kernels_19kernel_dense(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v_isa = 0;
+  PyObject *__pyx_v_w = 0;
+  PyObject *__pyx_v_b = 0;
+  PyObject *__pyx_v_act = 0;
+  PyObject *__pyx_v_x = 0;
+  int __pyx_v_reverse;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[6] = {0,0,0,0,0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("kernel_dense (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_isa,&__pyx_mstate_global->__pyx_n_u_w,&__pyx_mstate_global->__pyx_n_u_b,&__pyx_mstate_global->__pyx_n_u_act,&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_reverse,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 198, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  6:
+        values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 198, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  5:
+        values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 198, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  4:
+        values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 198, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  3:
+        values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 198, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 198, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 198, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_dense", 0) < (0)) __PYX_ERR(0, 198, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 5; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_dense", 0, 5, 6, i); __PYX_ERR(0, 198, __pyx_L3_error) }
+      }
+    } else {
+      switch (__pyx_nargs) {
+        case  6:
+        values[5] = __Pyx_ArgRef_FASTCALL(__pyx_args, 5);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[5])) __PYX_ERR(0, 198, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  5:
+        values[4] = __Pyx_ArgRef_FASTCALL(__pyx_args, 4);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[4])) __PYX_ERR(0, 198, __pyx_L3_error)
+        values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 198, __pyx_L3_error)
+        values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 198, __pyx_L3_error)
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 198, __pyx_L3_error)
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 198, __pyx_L3_error)
+        break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+    }
+    __pyx_v_isa = ((PyObject*)values[0]);
+    __pyx_v_w = values[1];
+    __pyx_v_b = values[2];
+    __pyx_v_act = ((PyObject*)values[3]);
+    __pyx_v_x = values[4];
+    if (values[5]) {
+      __pyx_v_reverse = __Pyx_PyObject_IsTrue(values[5]); if (unlikely((__pyx_v_reverse == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 198, __pyx_L3_error)
+    } else {
+      __pyx_v_reverse = ((int)((int)0));
+    }
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("kernel_dense", 0, 5, 6, __pyx_nargs); __PYX_ERR(0, 198, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastpath._kernels.kernel_dense", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 198, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_act), (&PyUnicode_Type), 1, "act", 1))) __PYX_ERR(0, 198, __pyx_L1_error)
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_18kernel_dense(__pyx_self, __pyx_v_isa, __pyx_v_w, __pyx_v_b, __pyx_v_act, __pyx_v_x, __pyx_v_reverse);
+
+  /* function exit code */
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __pyx_r = NULL;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  goto __pyx_L7_cleaned_up;
+  __pyx_L0:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __pyx_L7_cleaned_up:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_8fastpath_8_kernels_18kernel_dense(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_w, PyObject *__pyx_v_b, PyObject *__pyx_v_act, PyObject *__pyx_v_x, int __pyx_v_reverse) {
+  fp_kernels const *__pyx_v_k;
+  PyObject *__pyx_v_W = NULL;
+  PyObject *__pyx_v_B = NULL;
+  PyArrayObject *__pyx_v_v = 0;
+  int __pyx_v_n_out;
+  int __pyx_v_n_in;
+  PyObject *__pyx_v_dims = NULL;
+  PyObject *__pyx_v_acts = NULL;
+  PyArrayObject *__pyx_v_wt = 0;
+  PyArrayObject *__pyx_v_bt = 0;
+  PyArrayObject *__pyx_v_dt = 0;
+  PyArrayObject *__pyx_v_at = 0;
+  float const *__pyx_v_wp;
+  float const *__pyx_v_bp;
+  fp_mlp __pyx_v_m;
+  float *__pyx_v_y;
+  int __pyx_v_ok;
+  PyObject *__pyx_v_out = NULL;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  fp_kernels const *__pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_t_3;
+  PyObject *__pyx_t_4 = NULL;
+  PyObject *__pyx_t_5 = NULL;
+  PyObject *__pyx_t_6 = NULL;
+  PyObject *__pyx_t_7 = NULL;
+  PyObject *__pyx_t_8 = NULL;
+  PyObject *__pyx_t_9[4];
+  Py_ssize_t __pyx_t_10;
+  int __pyx_t_11;
+  size_t __pyx_t_12;
+  int __pyx_t_13;
+  PyObject *__pyx_t_14[7];
+  PyObject *__pyx_t_15 = NULL;
+  int __pyx_t_16;
+  char const *__pyx_t_17;
+  PyObject *__pyx_t_18 = NULL;
+  PyObject *__pyx_t_19 = NULL;
+  PyObject *__pyx_t_20 = NULL;
+  PyObject *__pyx_t_21 = NULL;
+  PyObject *__pyx_t_22 = NULL;
+  PyObject *__pyx_t_23 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("kernel_dense", 0);
+
+  /* "fastpath/_kernels.pyx":202
+ *     is the kernel's flag that every pre-activation was finite; reverse picks the row-group
+ *     order (the result must not depend on it)."""
+ *     cdef const fp_kernels *k = _kernels(isa)             # <<<<<<<<<<<<<<
+ *     if act not in _ACTS:
+ *         raise InputError(f"unknown activation {act!r}; expected one of {sorted(_ACTS)}")
+*/
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 202, __pyx_L1_error)
+  __pyx_v_k = __pyx_t_1;
+
+  /* "fastpath/_kernels.pyx":203
+ *     order (the result must not depend on it)."""
+ *     cdef const fp_kernels *k = _kernels(isa)
+ *     if act not in _ACTS:             # <<<<<<<<<<<<<<
+ *         raise InputError(f"unknown activation {act!r}; expected one of {sorted(_ACTS)}")
+ *     W = np.ascontiguousarray(w, dtype=np.float32)
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_ACTS); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 203, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_3 = (__Pyx_PySequence_ContainsTF(__pyx_v_act, __pyx_t_2, Py_NE)); if (unlikely((__pyx_t_3 < 0))) __PYX_ERR(0, 203, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  if (unlikely(__pyx_t_3)) {
+
+
+    /* "fastpath/_kernels.pyx":204
+ *     cdef const fp_kernels *k = _kernels(isa)
+ *     if act not in _ACTS:
+ *         raise InputError(f"unknown activation {act!r}; expected one of {sorted(_ACTS)}")             # <<<<<<<<<<<<<<
+ *     W = np.ascontiguousarray(w, dtype=np.float32)
+ *     B = np.ascontiguousarray(b, dtype=np.float32)
+*/
+    __pyx_t_4 = NULL;
+    __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 204, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __pyx_t_6 = __Pyx_PyObject_FormatSimpleAndDecref(PyObject_Repr(__pyx_v_act), __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 204, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_ACTS); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 204, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_7);
+    __pyx_t_8 = PySequence_List(__pyx_t_7); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 204, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_8);
+    __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+    if (unlikely((PyList_Sort(__pyx_t_8) < 0))) __PYX_ERR(0, 204, __pyx_L1_error)
+    __pyx_t_7 = __Pyx_PyObject_FormatSimple(__pyx_t_8, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 204, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_7);
+    __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+    __pyx_t_9[0] = __pyx_mstate_global->__pyx_kp_u_unknown_activation;
+    __pyx_t_9[1] = __pyx_t_6;
+    __pyx_t_9[2] = __pyx_mstate_global->__pyx_kp_u_expected_one_of;
+    __pyx_t_9[3] = __pyx_t_7;
+    __pyx_t_10 = 37;
+    #if __Pyx_PyUnicode_Join_CAN_USE_KIND_AND_LENGTH
+    __pyx_t_10 += __Pyx_PyUnicode_GET_LENGTH(__pyx_t_9[1]) + __Pyx_PyUnicode_GET_LENGTH(__pyx_t_9[3]);
+    #endif
+    __pyx_t_11 = 0;
+    #if __Pyx_PyUnicode_Join_CAN_USE_KIND_AND_LENGTH
+    __pyx_t_11 |= __Pyx_PyUnicode_KIND_04(__pyx_t_9[1]) | __Pyx_PyUnicode_KIND_04(__pyx_t_9[3]);
+    #endif
+    __pyx_t_8 = __Pyx_PyUnicode_Join(__pyx_t_9, 4, __pyx_t_10, __pyx_t_11);
+    if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 204, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_8);
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+    __pyx_t_12 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_5))) {
+      __pyx_t_4 = PyMethod_GET_SELF(__pyx_t_5);
+      assert(__pyx_t_4);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_5);
+      __Pyx_INCREF(__pyx_t_4);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_5, __pyx__function);
+      __pyx_t_12 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_4, __pyx_t_8};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_5, __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+      __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 204, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __PYX_ERR(0, 204, __pyx_L1_error)
+
+    /* "fastpath/_kernels.pyx":203
+ *     order (the result must not depend on it)."""
+ *     cdef const fp_kernels *k = _kernels(isa)
+ *     if act not in _ACTS:             # <<<<<<<<<<<<<<
+ *         raise InputError(f"unknown activation {act!r}; expected one of {sorted(_ACTS)}")
+ *     W = np.ascontiguousarray(w, dtype=np.float32)
+*/
+  }
+
+  /* "fastpath/_kernels.pyx":205
+ *     if act not in _ACTS:
+ *         raise InputError(f"unknown activation {act!r}; expected one of {sorted(_ACTS)}")
+ *     W = np.ascontiguousarray(w, dtype=np.float32)             # <<<<<<<<<<<<<<
+ *     B = np.ascontiguousarray(b, dtype=np.float32)
+ *     cdef cnp.ndarray v = _f32(x, "x")
+*/
+  __pyx_t_5 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 205, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 205, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+  __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 205, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 205, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_7);
+  __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_12 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_4))) {
+    __pyx_t_5 = PyMethod_GET_SELF(__pyx_t_4);
+    assert(__pyx_t_5);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_4);
+    __Pyx_INCREF(__pyx_t_5);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_4, __pyx__function);
+    __pyx_t_12 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_5, __pyx_v_w, __pyx_t_7};
+    #if CYTHON_VECTORCALL
+    __pyx_t_8 = __pyx_mstate_global->__pyx_tuple[0];
+    if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 205, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_8);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_8 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 205, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_8);
+    }
+    #endif
+    __pyx_t_2 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_8);
+    __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+    __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 205, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_v_W = __pyx_t_2;
+  __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":206
+ *         raise InputError(f"unknown activation {act!r}; expected one of {sorted(_ACTS)}")
+ *     W = np.ascontiguousarray(w, dtype=np.float32)
+ *     B = np.ascontiguousarray(b, dtype=np.float32)             # <<<<<<<<<<<<<<
+ *     cdef cnp.ndarray v = _f32(x, "x")
+ *     if W.ndim != 2 or B.shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:
+*/
+  __pyx_t_4 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 206, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 206, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_7);
+  __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+  __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 206, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 206, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_12 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_7))) {
+    __pyx_t_4 = PyMethod_GET_SELF(__pyx_t_7);
+    assert(__pyx_t_4);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_7);
+    __Pyx_INCREF(__pyx_t_4);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_7, __pyx__function);
+    __pyx_t_12 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_4, __pyx_v_b, __pyx_t_5};
+    #if CYTHON_VECTORCALL
+    __pyx_t_8 = __pyx_mstate_global->__pyx_tuple[0];
+    if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 206, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_8);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_8 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 206, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_8);
+    }
+    #endif
+    __pyx_t_2 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_7, __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_8);
+    __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+    __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 206, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_v_B = __pyx_t_2;
+  __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":207
+ *     W = np.ascontiguousarray(w, dtype=np.float32)
+ *     B = np.ascontiguousarray(b, dtype=np.float32)
+ *     cdef cnp.ndarray v = _f32(x, "x")             # <<<<<<<<<<<<<<
+ *     if W.ndim != 2 or B.shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:
+ *         raise InputError(f"w {W.shape}, b {B.shape} and x ({len(v)},) do not chain")
+*/
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_x, __pyx_mstate_global->__pyx_n_u_x)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 207, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_v_v = ((PyArrayObject *)__pyx_t_2);
+  __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":208
+ *     B = np.ascontiguousarray(b, dtype=np.float32)
+ *     cdef cnp.ndarray v = _f32(x, "x")
+ *     if W.ndim != 2 or B.shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:             # <<<<<<<<<<<<<<
+ *         raise InputError(f"w {W.shape}, b {B.shape} and x ({len(v)},) do not chain")
+ *     cdef int n_out = W.shape[0], n_in = W.shape[1]
+*/
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_W, __pyx_mstate_global->__pyx_n_u_ndim); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_13 = (__Pyx_PyLong_BoolNeObjC(__pyx_t_2, __pyx_mstate_global->__pyx_int_2, 2, 0)); if (unlikely((__pyx_t_13 < 0))) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  if (!__pyx_t_13) {
+
+  } else {
+
+    __pyx_t_3 = __pyx_t_13;
+
+    goto __pyx_L5_bool_binop_done;
+  }
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_B, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_v_W, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_7);
+  __pyx_t_8 = __Pyx_GetItemInt(__pyx_t_7, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+  __pyx_t_7 = PyTuple_New(1); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_7);
+  __Pyx_GIVEREF(__pyx_t_8);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 0, __pyx_t_8) != (0)) __PYX_ERR(0, 208, __pyx_L1_error);
+  __pyx_t_8 = 0;
+  __pyx_t_13 = __Pyx_PyObject_RichCompareBool(__pyx_t_2, __pyx_t_7, Py_NE); if (unlikely((__pyx_t_13 < 0))) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+  if (!__pyx_t_13) {
+
+  } else {
+
+    __pyx_t_3 = __pyx_t_13;
+
+    goto __pyx_L5_bool_binop_done;
+  }
+  __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_v_W, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_7);
+  __pyx_t_2 = __Pyx_GetItemInt(__pyx_t_7, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+  __pyx_t_10 = PyObject_Length(((PyObject *)__pyx_v_v)); if (unlikely(__pyx_t_10 == ((Py_ssize_t)-1))) __PYX_ERR(0, 208, __pyx_L1_error)
+  __pyx_t_7 = PyLong_FromSsize_t(__pyx_t_10); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_7);
+
+  __pyx_t_13 = __Pyx_PyObject_CompareBoolNe_object_int(__pyx_t_2, __pyx_t_7, Py_NE); if (unlikely((__pyx_t_13 < 0))) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+  if (!__pyx_t_13) {
+
+  } else {
+
+    __pyx_t_3 = __pyx_t_13;
+
+    goto __pyx_L5_bool_binop_done;
+  }
+  __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_v_W, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_7);
+  __pyx_t_2 = __Pyx_GetItemInt(__pyx_t_7, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+  __pyx_t_13 = __Pyx_PyObject_CompareBoolLt_object_int(__pyx_t_2, __pyx_mstate_global->__pyx_int_1, Py_LT); if (unlikely((__pyx_t_13 < 0))) __PYX_ERR(0, 208, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  __pyx_t_3 = __pyx_t_13;
+
+  __pyx_L5_bool_binop_done:;
+  if (unlikely(__pyx_t_3)) {
+
+
+    /* "fastpath/_kernels.pyx":209
+ *     cdef cnp.ndarray v = _f32(x, "x")
+ *     if W.ndim != 2 or B.shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:
+ *         raise InputError(f"w {W.shape}, b {B.shape} and x ({len(v)},) do not chain")             # <<<<<<<<<<<<<<
+ *     cdef int n_out = W.shape[0], n_in = W.shape[1]
+ *     dims = np.ascontiguousarray([n_in, n_out], dtype=np.intc)
+*/
+    __pyx_t_7 = NULL;
+    __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_8);
+    __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_v_W, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __pyx_t_4 = __Pyx_PyObject_FormatSimple(__pyx_t_5, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_v_B, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __pyx_t_6 = __Pyx_PyObject_FormatSimple(__pyx_t_5, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __pyx_t_10 = PyObject_Length(((PyObject *)__pyx_v_v)); if (unlikely(__pyx_t_10 == ((Py_ssize_t)-1))) __PYX_ERR(0, 209, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyUnicode_From_Py_ssize_t(__pyx_t_10, 0, ' ', 'd'); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+
+    __pyx_t_14[0] = __pyx_mstate_global->__pyx_kp_u_w_2;
+    __pyx_t_14[1] = __pyx_t_4;
+    __pyx_t_14[2] = __pyx_mstate_global->__pyx_kp_u_b_2;
+    __pyx_t_14[3] = __pyx_t_6;
+    __pyx_t_14[4] = __pyx_mstate_global->__pyx_kp_u_and_x;
+    __pyx_t_14[5] = __pyx_t_5;
+    __pyx_t_14[6] = __pyx_mstate_global->__pyx_kp_u_do_not_chain;
+    __pyx_t_10 = 29;
+    #if __Pyx_PyUnicode_Join_CAN_USE_KIND_AND_LENGTH
+    __pyx_t_10 += __Pyx_PyUnicode_GET_LENGTH(__pyx_t_14[1]) + __Pyx_PyUnicode_GET_LENGTH(__pyx_t_14[3]) + __Pyx_PyUnicode_GET_LENGTH(__pyx_t_14[5]);
+    #endif
+    __pyx_t_11 = 0;
+    #if __Pyx_PyUnicode_Join_CAN_USE_KIND_AND_LENGTH
+    __pyx_t_11 |= __Pyx_PyUnicode_KIND_04(__pyx_t_14[1]) | __Pyx_PyUnicode_KIND_04(__pyx_t_14[3]);
+    #endif
+    __pyx_t_15 = __Pyx_PyUnicode_Join(__pyx_t_14, 7, __pyx_t_10, __pyx_t_11);
+    if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 209, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_15);
+    __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __pyx_t_12 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_8))) {
+      __pyx_t_7 = PyMethod_GET_SELF(__pyx_t_8);
+      assert(__pyx_t_7);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_8);
+      __Pyx_INCREF(__pyx_t_7);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_8, __pyx__function);
+      __pyx_t_12 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_7, __pyx_t_15};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_8, __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
+      __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
+      __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 209, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __PYX_ERR(0, 209, __pyx_L1_error)
+
+    /* "fastpath/_kernels.pyx":208
+ *     B = np.ascontiguousarray(b, dtype=np.float32)
+ *     cdef cnp.ndarray v = _f32(x, "x")
+ *     if W.ndim != 2 or B.shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:             # <<<<<<<<<<<<<<
+ *         raise InputError(f"w {W.shape}, b {B.shape} and x ({len(v)},) do not chain")
+ *     cdef int n_out = W.shape[0], n_in = W.shape[1]
+*/
+  }
+
+  /* "fastpath/_kernels.pyx":210
+ *     if W.ndim != 2 or B.shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:
+ *         raise InputError(f"w {W.shape}, b {B.shape} and x ({len(v)},) do not chain")
+ *     cdef int n_out = W.shape[0], n_in = W.shape[1]             # <<<<<<<<<<<<<<
+ *     dims = np.ascontiguousarray([n_in, n_out], dtype=np.intc)
+ *     acts = np.ascontiguousarray([_ACTS[act]], dtype=np.intc)
+*/
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_W, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 210, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_8 = __Pyx_GetItemInt(__pyx_t_2, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 210, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __pyx_t_11 = __Pyx_PyLong_As_int(__pyx_t_8); if (unlikely((__pyx_t_11 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 210, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+  __pyx_v_n_out = __pyx_t_11;
+  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_v_W, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 210, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __pyx_t_2 = __Pyx_GetItemInt(__pyx_t_8, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 210, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+  __pyx_t_11 = __Pyx_PyLong_As_int(__pyx_t_2); if (unlikely((__pyx_t_11 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 210, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __pyx_v_n_in = __pyx_t_11;
+
+  /* "fastpath/_kernels.pyx":211
+ *         raise InputError(f"w {W.shape}, b {B.shape} and x ({len(v)},) do not chain")
+ *     cdef int n_out = W.shape[0], n_in = W.shape[1]
+ *     dims = np.ascontiguousarray([n_in, n_out], dtype=np.intc)             # <<<<<<<<<<<<<<
+ *     acts = np.ascontiguousarray([_ACTS[act]], dtype=np.intc)
+ *     cdef cnp.ndarray wt = W, bt = B, dt = dims, at = acts
+*/
+  __pyx_t_8 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 211, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_15);
+  __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 211, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_7);
+  __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
+  __pyx_t_15 = __Pyx_PyLong_From_int(__pyx_v_n_in); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 211, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_15);
+  __pyx_t_5 = __Pyx_PyLong_From_int(__pyx_v_n_out); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 211, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_6 = PyList_New(2); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 211, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __Pyx_GIVEREF(__pyx_t_15);
+  if (__Pyx_PyList_SET_ITEM(__pyx_t_6, 0, __pyx_t_15) != (0)) __PYX_ERR(0, 211, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyList_SET_ITEM(__pyx_t_6, 1, __pyx_t_5) != (0)) __PYX_ERR(0, 211, __pyx_L1_error);
+  __pyx_t_15 = 0;
+  __pyx_t_5 = 0;
+  __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 211, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_intc); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 211, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_15);
+  __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_12 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_7))) {
+    __pyx_t_8 = PyMethod_GET_SELF(__pyx_t_7);
+    assert(__pyx_t_8);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_7);
+    __Pyx_INCREF(__pyx_t_8);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_7, __pyx__function);
+    __pyx_t_12 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_8, __pyx_t_6, __pyx_t_15};
+    #if CYTHON_VECTORCALL
+    __pyx_t_5 = __pyx_mstate_global->__pyx_tuple[0];
+    if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 211, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_5);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_5 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 211, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_5);
+    }
+    #endif
+    __pyx_t_2 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_7, __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_5);
+    __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 211, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_v_dims = __pyx_t_2;
+  __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":212
+ *     cdef int n_out = W.shape[0], n_in = W.shape[1]
+ *     dims = np.ascontiguousarray([n_in, n_out], dtype=np.intc)
+ *     acts = np.ascontiguousarray([_ACTS[act]], dtype=np.intc)             # <<<<<<<<<<<<<<
+ *     cdef cnp.ndarray wt = W, bt = B, dt = dims, at = acts
+ *     cdef const float *wp = <const float *>cnp.PyArray_DATA(wt)
+*/
+  __pyx_t_7 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 212, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 212, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_15);
+  __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+  __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_ACTS); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 212, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_6 = __Pyx_PyObject_Dict_GetItem(__pyx_t_5, __pyx_v_act); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 212, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+  __pyx_t_5 = PyList_New(1); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 212, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __Pyx_GIVEREF(__pyx_t_6);
+  if (__Pyx_PyList_SET_ITEM(__pyx_t_5, 0, __pyx_t_6) != (0)) __PYX_ERR(0, 212, __pyx_L1_error);
+  __pyx_t_6 = 0;
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 212, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_intc); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 212, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_12 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_15))) {
+    __pyx_t_7 = PyMethod_GET_SELF(__pyx_t_15);
+    assert(__pyx_t_7);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_15);
+    __Pyx_INCREF(__pyx_t_7);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_15, __pyx__function);
+    __pyx_t_12 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[3] = {__pyx_t_7, __pyx_t_5, __pyx_t_8};
+    #if CYTHON_VECTORCALL
+    __pyx_t_6 = __pyx_mstate_global->__pyx_tuple[0];
+    if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 212, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_6);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_6 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
+      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 212, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_6);
+    }
+    #endif
+    __pyx_t_2 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_15, __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_6);
+    __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 212, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_v_acts = __pyx_t_2;
+  __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":213
+ *     dims = np.ascontiguousarray([n_in, n_out], dtype=np.intc)
+ *     acts = np.ascontiguousarray([_ACTS[act]], dtype=np.intc)
+ *     cdef cnp.ndarray wt = W, bt = B, dt = dims, at = acts             # <<<<<<<<<<<<<<
+ *     cdef const float *wp = <const float *>cnp.PyArray_DATA(wt)
+ *     cdef const float *bp = <const float *>cnp.PyArray_DATA(bt)
+*/
+  __pyx_t_2 = __pyx_v_W;
+  __Pyx_INCREF(__pyx_t_2);
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 213, __pyx_L1_error)
+  __pyx_v_wt = ((PyArrayObject *)__pyx_t_2);
+  __pyx_t_2 = 0;
+  __pyx_t_2 = __pyx_v_B;
+  __Pyx_INCREF(__pyx_t_2);
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 213, __pyx_L1_error)
+  __pyx_v_bt = ((PyArrayObject *)__pyx_t_2);
+  __pyx_t_2 = 0;
+  __pyx_t_2 = __pyx_v_dims;
+  __Pyx_INCREF(__pyx_t_2);
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 213, __pyx_L1_error)
+  __pyx_v_dt = ((PyArrayObject *)__pyx_t_2);
+  __pyx_t_2 = 0;
+  __pyx_t_2 = __pyx_v_acts;
+  __Pyx_INCREF(__pyx_t_2);
+  if (!(likely(((__pyx_t_2) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_2, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 213, __pyx_L1_error)
+  __pyx_v_at = ((PyArrayObject *)__pyx_t_2);
+  __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":214
+ *     acts = np.ascontiguousarray([_ACTS[act]], dtype=np.intc)
+ *     cdef cnp.ndarray wt = W, bt = B, dt = dims, at = acts
+ *     cdef const float *wp = <const float *>cnp.PyArray_DATA(wt)             # <<<<<<<<<<<<<<
+ *     cdef const float *bp = <const float *>cnp.PyArray_DATA(bt)
+ *     cdef fp_mlp m
+*/
+  __pyx_v_wp = ((float const *)PyArray_DATA(__pyx_v_wt));
+
+  /* "fastpath/_kernels.pyx":215
+ *     cdef cnp.ndarray wt = W, bt = B, dt = dims, at = acts
+ *     cdef const float *wp = <const float *>cnp.PyArray_DATA(wt)
+ *     cdef const float *bp = <const float *>cnp.PyArray_DATA(bt)             # <<<<<<<<<<<<<<
+ *     cdef fp_mlp m
+ *     if fp_mlp_init(&m, 1, <const int *>cnp.PyArray_DATA(dt), <const int *>cnp.PyArray_DATA(at),
+*/
+  __pyx_v_bp = ((float const *)PyArray_DATA(__pyx_v_bt));
+
+  /* "fastpath/_kernels.pyx":218
+ *     cdef fp_mlp m
+ *     if fp_mlp_init(&m, 1, <const int *>cnp.PyArray_DATA(dt), <const int *>cnp.PyArray_DATA(at),
+ *                    &wp, &bp, NULL) != 0:             # <<<<<<<<<<<<<<
+ *         raise MemoryError("cannot pack the layer")
+ *     cdef float *y = <float *>fp_aligned_alloc(sizeof(float) * m.max_width)
+*/
+  __pyx_t_3 = (fp_mlp_init((&__pyx_v_m), 1, ((int const *)PyArray_DATA(__pyx_v_dt)), ((int const *)PyArray_DATA(__pyx_v_at)), (&__pyx_v_wp), (&__pyx_v_bp), NULL) != 0);
+
+
+  /* "fastpath/_kernels.pyx":217
+ *     cdef const float *bp = <const float *>cnp.PyArray_DATA(bt)
+ *     cdef fp_mlp m
+ *     if fp_mlp_init(&m, 1, <const int *>cnp.PyArray_DATA(dt), <const int *>cnp.PyArray_DATA(at),             # <<<<<<<<<<<<<<
+ *                    &wp, &bp, NULL) != 0:
+ *         raise MemoryError("cannot pack the layer")
+*/
+  if (unlikely(__pyx_t_3)) {
+
+
+    /* "fastpath/_kernels.pyx":219
+ *     if fp_mlp_init(&m, 1, <const int *>cnp.PyArray_DATA(dt), <const int *>cnp.PyArray_DATA(at),
+ *                    &wp, &bp, NULL) != 0:
+ *         raise MemoryError("cannot pack the layer")             # <<<<<<<<<<<<<<
+ *     cdef float *y = <float *>fp_aligned_alloc(sizeof(float) * m.max_width)
+ *     cdef int ok
+*/
+    __pyx_t_15 = NULL;
+    __pyx_t_12 = 1;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_15, __pyx_mstate_global->__pyx_kp_u_cannot_pack_the_layer};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_MemoryError)), __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_15); __pyx_t_15 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 219, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __PYX_ERR(0, 219, __pyx_L1_error)
+
+    /* "fastpath/_kernels.pyx":217
+ *     cdef const float *bp = <const float *>cnp.PyArray_DATA(bt)
+ *     cdef fp_mlp m
+ *     if fp_mlp_init(&m, 1, <const int *>cnp.PyArray_DATA(dt), <const int *>cnp.PyArray_DATA(at),             # <<<<<<<<<<<<<<
+ *                    &wp, &bp, NULL) != 0:
+ *         raise MemoryError("cannot pack the layer")
+*/
+  }
+
+  /* "fastpath/_kernels.pyx":220
+ *                    &wp, &bp, NULL) != 0:
+ *         raise MemoryError("cannot pack the layer")
+ *     cdef float *y = <float *>fp_aligned_alloc(sizeof(float) * m.max_width)             # <<<<<<<<<<<<<<
+ *     cdef int ok
+ *     try:
+*/
+  __pyx_v_y = ((float *)fp_aligned_alloc(((sizeof(float)) * __pyx_v_m.max_width)));
+
+  /* "fastpath/_kernels.pyx":222
+ *     cdef float *y = <float *>fp_aligned_alloc(sizeof(float) * m.max_width)
+ *     cdef int ok
+ *     try:             # <<<<<<<<<<<<<<
+ *         if y == NULL:
+ *             raise MemoryError("cannot allocate the layer output")
+*/
+  /*try:*/ {
+
+    /* "fastpath/_kernels.pyx":223
+ *     cdef int ok
+ *     try:
+ *         if y == NULL:             # <<<<<<<<<<<<<<
+ *             raise MemoryError("cannot allocate the layer output")
+ *         ok = k.dense(&m.layers[0], <const float *>cnp.PyArray_DATA(v), y, 1 if reverse else 0)
+*/
+    __pyx_t_3 = (__pyx_v_y == NULL);
+
+    if (unlikely(__pyx_t_3)) {
+
+
+      /* "fastpath/_kernels.pyx":224
+ *     try:
+ *         if y == NULL:
+ *             raise MemoryError("cannot allocate the layer output")             # <<<<<<<<<<<<<<
+ *         ok = k.dense(&m.layers[0], <const float *>cnp.PyArray_DATA(v), y, 1 if reverse else 0)
+ *         out = np.empty(n_out, np.float32)
+*/
+      __pyx_t_15 = NULL;
+      __pyx_t_12 = 1;
+      {
+        PyObject *__pyx_callargs[2] = {__pyx_t_15, __pyx_mstate_global->__pyx_kp_u_cannot_allocate_the_layer_output};
+        __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_MemoryError)), __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+        __Pyx_XDECREF(__pyx_t_15); __pyx_t_15 = 0;
+        if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 224, __pyx_L11_error)
+        __Pyx_GOTREF(__pyx_t_2);
+      }
+      __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+      __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+      __PYX_ERR(0, 224, __pyx_L11_error)
+
+      /* "fastpath/_kernels.pyx":223
+ *     cdef int ok
+ *     try:
+ *         if y == NULL:             # <<<<<<<<<<<<<<
+ *             raise MemoryError("cannot allocate the layer output")
+ *         ok = k.dense(&m.layers[0], <const float *>cnp.PyArray_DATA(v), y, 1 if reverse else 0)
+*/
+    }
+
+    /* "fastpath/_kernels.pyx":225
+ *         if y == NULL:
+ *             raise MemoryError("cannot allocate the layer output")
+ *         ok = k.dense(&m.layers[0], <const float *>cnp.PyArray_DATA(v), y, 1 if reverse else 0)             # <<<<<<<<<<<<<<
+ *         out = np.empty(n_out, np.float32)
+ *         memcpy(cnp.PyArray_DATA(out), y, sizeof(float) * n_out)
+*/
+    if (__pyx_v_reverse) {
+
+      __pyx_t_11 = 1;
+    } else {
+
+      __pyx_t_11 = 0;
+    }
+    __pyx_v_ok = __pyx_v_k->dense((&(__pyx_v_m.layers[0])), ((float const *)PyArray_DATA(__pyx_v_v)), __pyx_v_y, __pyx_t_11);
+
+
+    /* "fastpath/_kernels.pyx":226
+ *             raise MemoryError("cannot allocate the layer output")
+ *         ok = k.dense(&m.layers[0], <const float *>cnp.PyArray_DATA(v), y, 1 if reverse else 0)
+ *         out = np.empty(n_out, np.float32)             # <<<<<<<<<<<<<<
+ *         memcpy(cnp.PyArray_DATA(out), y, sizeof(float) * n_out)
+ *     finally:
+*/
+    __pyx_t_15 = NULL;
+    __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 226, __pyx_L11_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 226, __pyx_L11_error)
+    __Pyx_GOTREF(__pyx_t_8);
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __pyx_t_6 = __Pyx_PyLong_From_int(__pyx_v_n_out); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 226, __pyx_L11_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 226, __pyx_L11_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 226, __pyx_L11_error)
+    __Pyx_GOTREF(__pyx_t_7);
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __pyx_t_12 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_8))) {
+      __pyx_t_15 = PyMethod_GET_SELF(__pyx_t_8);
+      assert(__pyx_t_15);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_8);
+      __Pyx_INCREF(__pyx_t_15);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_8, __pyx__function);
+      __pyx_t_12 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[3] = {__pyx_t_15, __pyx_t_6, __pyx_t_7};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_8, __pyx_callargs+__pyx_t_12, (3-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_15); __pyx_t_15 = 0;
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+      __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 226, __pyx_L11_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __pyx_v_out = __pyx_t_2;
+    __pyx_t_2 = 0;
+
+    /* "fastpath/_kernels.pyx":227
+ *         ok = k.dense(&m.layers[0], <const float *>cnp.PyArray_DATA(v), y, 1 if reverse else 0)
+ *         out = np.empty(n_out, np.float32)
+ *         memcpy(cnp.PyArray_DATA(out), y, sizeof(float) * n_out)             # <<<<<<<<<<<<<<
+ *     finally:
+ *         fp_aligned_free(y)
+*/
+    if (!(likely(((__pyx_v_out) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_out, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 227, __pyx_L11_error)
+    (void)(memcpy(PyArray_DATA(((PyArrayObject *)__pyx_v_out)), __pyx_v_y, ((sizeof(float)) * __pyx_v_n_out)));
+  }
+
+  /* "fastpath/_kernels.pyx":229
+ *         memcpy(cnp.PyArray_DATA(out), y, sizeof(float) * n_out)
+ *     finally:
+ *         fp_aligned_free(y)             # <<<<<<<<<<<<<<
+ *         fp_mlp_free(&m)
+ *     return out, bool(ok)
+*/
+  /*finally:*/ {
+    /*normal exit:*/{
+      fp_aligned_free(__pyx_v_y);
+
+      /* "fastpath/_kernels.pyx":230
+ *     finally:
+ *         fp_aligned_free(y)
+ *         fp_mlp_free(&m)             # <<<<<<<<<<<<<<
+ *     return out, bool(ok)
+ * 
+*/
+      fp_mlp_free((&__pyx_v_m));
+      goto __pyx_L12;
+    }
+    __pyx_L11_error:;
+    /*exception exit:*/{
+      __Pyx_PyThreadState_declare
+      __Pyx_PyThreadState_assign
+      __pyx_t_18 = 0; __pyx_t_19 = 0; __pyx_t_20 = 0; __pyx_t_21 = 0; __pyx_t_22 = 0; __pyx_t_23 = 0;
+      __Pyx_XDECREF(__pyx_t_15); __pyx_t_15 = 0;
+      __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+      __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+      __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+      __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
+      __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
+       __Pyx_ExceptionSwap(&__pyx_t_21, &__pyx_t_22, &__pyx_t_23);
+      if ( unlikely(__Pyx_GetException(&__pyx_t_18, &__pyx_t_19, &__pyx_t_20) < 0)) __Pyx_ErrFetch(&__pyx_t_18, &__pyx_t_19, &__pyx_t_20);
+      __Pyx_XGOTREF(__pyx_t_18);
+      __Pyx_XGOTREF(__pyx_t_19);
+      __Pyx_XGOTREF(__pyx_t_20);
+      __Pyx_XGOTREF(__pyx_t_21);
+      __Pyx_XGOTREF(__pyx_t_22);
+      __Pyx_XGOTREF(__pyx_t_23);
+      __pyx_t_11 = __pyx_lineno; __pyx_t_16 = __pyx_clineno; __pyx_t_17 = __pyx_filename;
+      {
+
+        /* "fastpath/_kernels.pyx":229
+ *         memcpy(cnp.PyArray_DATA(out), y, sizeof(float) * n_out)
+ *     finally:
+ *         fp_aligned_free(y)             # <<<<<<<<<<<<<<
+ *         fp_mlp_free(&m)
+ *     return out, bool(ok)
+*/
+        fp_aligned_free(__pyx_v_y);
+
+        /* "fastpath/_kernels.pyx":230
+ *     finally:
+ *         fp_aligned_free(y)
+ *         fp_mlp_free(&m)             # <<<<<<<<<<<<<<
+ *     return out, bool(ok)
+ * 
+*/
+        fp_mlp_free((&__pyx_v_m));
+      }
+      __Pyx_XGIVEREF(__pyx_t_21);
+      __Pyx_XGIVEREF(__pyx_t_22);
+      __Pyx_XGIVEREF(__pyx_t_23);
+      __Pyx_ExceptionReset(__pyx_t_21, __pyx_t_22, __pyx_t_23);
+      __Pyx_XGIVEREF(__pyx_t_18);
+      __Pyx_XGIVEREF(__pyx_t_19);
+      __Pyx_XGIVEREF(__pyx_t_20);
+      __Pyx_ErrRestore(__pyx_t_18, __pyx_t_19, __pyx_t_20);
+      __pyx_t_18 = 0; __pyx_t_19 = 0; __pyx_t_20 = 0; __pyx_t_21 = 0; __pyx_t_22 = 0; __pyx_t_23 = 0;
+      __pyx_lineno = __pyx_t_11; __pyx_clineno = __pyx_t_16; __pyx_filename = __pyx_t_17;
+      goto __pyx_L1_error;
+    }
+    __pyx_L12:;
+  }
+
+  /* "fastpath/_kernels.pyx":231
+ *         fp_aligned_free(y)
+ *         fp_mlp_free(&m)
+ *     return out, bool(ok)             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_2 = __Pyx_PyBool_FromLong((!(!(__pyx_v_ok != 0)))); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 231, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_8 = PyTuple_New(2); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 231, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_8);
+  __Pyx_INCREF(__pyx_v_out);
+  __Pyx_GIVEREF(__pyx_v_out);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_8, 0, __pyx_v_out) != (0)) __PYX_ERR(0, 231, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_2);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_8, 1, __pyx_t_2) != (0)) __PYX_ERR(0, 231, __pyx_L1_error);
+  __pyx_t_2 = 0;
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_8;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_8 = 0;
+  goto __pyx_L0;
+
+  /* "fastpath/_kernels.pyx":198
+ * 
+ * 
+ * def kernel_dense(str isa, w, b, str act, x, bint reverse=False):             # <<<<<<<<<<<<<<
+ *     """One dense layer through the named kernel set: (act(w @ x + b), finite) where finite
+ *     is the kernel's flag that every pre-activation was finite; reverse picks the row-group
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_4);
+  __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_XDECREF(__pyx_t_6);
+  __Pyx_XDECREF(__pyx_t_7);
+  __Pyx_XDECREF(__pyx_t_8);
+  __Pyx_XDECREF(__pyx_t_15);
+  __Pyx_AddTraceback("fastpath._kernels.kernel_dense", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+
+  __Pyx_XDECREF(__pyx_v_W);
+  __Pyx_XDECREF(__pyx_v_B);
+  __Pyx_XDECREF((PyObject *)__pyx_v_v);
+
+
+  __Pyx_XDECREF(__pyx_v_dims);
+  __Pyx_XDECREF(__pyx_v_acts);
+  __Pyx_XDECREF((PyObject *)__pyx_v_wt);
+  __Pyx_XDECREF((PyObject *)__pyx_v_bt);
+  __Pyx_XDECREF((PyObject *)__pyx_v_dt);
+  __Pyx_XDECREF((PyObject *)__pyx_v_at);
+
+
+
+
+
+  __Pyx_XDECREF(__pyx_v_out);
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastpath/_kernels.pyx":234
  * 
  * 
  * def kernel_head(str isa, double out0, double out1):             # <<<<<<<<<<<<<<
@@ -9855,16 +11606,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_14kernel_dot_norm2(CYTHON_UNUSED P
 */
 
 /* Python wrapper */
-static PyObject *__pyx_pw_8fastpath_8_kernels_17kernel_head(PyObject *__pyx_self, 
+static PyObject *__pyx_pw_8fastpath_8_kernels_21kernel_head(PyObject *__pyx_self, 
 #if CYTHON_VECTORCALL
 PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
 #else
 PyObject *__pyx_args, PyObject *__pyx_kwds
 #endif
 ); /*proto*/
-PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_16kernel_head, "kernel_head(str isa, double out0, double out1)\n\n(tanh(out0), sigmoid(out1)) with the named kernel set.");
-static PyMethodDef __pyx_mdef_8fastpath_8_kernels_17kernel_head = {"kernel_head", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_17kernel_head, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_16kernel_head};
-static PyObject *__pyx_pw_8fastpath_8_kernels_17kernel_head(PyObject *__pyx_self, 
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_20kernel_head, "kernel_head(str isa, double out0, double out1)\n\n(tanh(out0), sigmoid(out1)) with the named kernel set.");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_21kernel_head = {"kernel_head", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_21kernel_head, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_20kernel_head};
+static PyObject *__pyx_pw_8fastpath_8_kernels_21kernel_head(PyObject *__pyx_self, 
 #if CYTHON_VECTORCALL
 PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
 #else
@@ -9896,46 +11647,46 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_isa,&__pyx_mstate_global->__pyx_n_u_out0,&__pyx_mstate_global->__pyx_n_u_out1,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 161, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 234, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 161, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 234, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 161, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 234, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 161, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 234, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_head", 0) < (0)) __PYX_ERR(0, 161, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_head", 0) < (0)) __PYX_ERR(0, 234, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 3; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_head", 1, 3, 3, i); __PYX_ERR(0, 161, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_head", 1, 3, 3, i); __PYX_ERR(0, 234, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 3)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 161, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 234, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 161, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 234, __pyx_L3_error)
       values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 161, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 234, __pyx_L3_error)
     }
     __pyx_v_isa = ((PyObject*)values[0]);
-    __pyx_v_out0 = __Pyx_PyFloat_AsDouble(values[1]); if (unlikely((__pyx_v_out0 == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 161, __pyx_L3_error)
-    __pyx_v_out1 = __Pyx_PyFloat_AsDouble(values[2]); if (unlikely((__pyx_v_out1 == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 161, __pyx_L3_error)
+    __pyx_v_out0 = __Pyx_PyFloat_AsDouble(values[1]); if (unlikely((__pyx_v_out0 == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 234, __pyx_L3_error)
+    __pyx_v_out1 = __Pyx_PyFloat_AsDouble(values[2]); if (unlikely((__pyx_v_out1 == (double)-1) && PyErr_Occurred())) __PYX_ERR(0, 234, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("kernel_head", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 161, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("kernel_head", 1, 3, 3, __pyx_nargs); __PYX_ERR(0, 234, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -9946,8 +11697,8 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 161, __pyx_L1_error)
-  __pyx_r = __pyx_pf_8fastpath_8_kernels_16kernel_head(__pyx_self, __pyx_v_isa, __pyx_v_out0, __pyx_v_out1);
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 234, __pyx_L1_error)
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_20kernel_head(__pyx_self, __pyx_v_isa, __pyx_v_out0, __pyx_v_out1);
 
   /* function exit code */
   goto __pyx_L0;
@@ -9968,7 +11719,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   return __pyx_r;
 }
 
-static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, double __pyx_v_out0, double __pyx_v_out1) {
+static PyObject *__pyx_pf_8fastpath_8_kernels_20kernel_head(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, double __pyx_v_out0, double __pyx_v_out1) {
   fp_kernels const *__pyx_v_k;
   float __pyx_v_o[2];
   float __pyx_v_sig;
@@ -9984,17 +11735,17 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObje
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("kernel_head", 0);
 
-  /* "fastpath/_kernels.pyx":163
+  /* "fastpath/_kernels.pyx":236
  * def kernel_head(str isa, double out0, double out1):
  *     """(tanh(out0), sigmoid(out1)) with the named kernel set."""
  *     cdef const fp_kernels *k = _kernels(isa)             # <<<<<<<<<<<<<<
  *     cdef float o[2]
  *     cdef float sig = 0, conf = 0
 */
-  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 163, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 236, __pyx_L1_error)
   __pyx_v_k = __pyx_t_1;
 
-  /* "fastpath/_kernels.pyx":165
+  /* "fastpath/_kernels.pyx":238
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef float o[2]
  *     cdef float sig = 0, conf = 0             # <<<<<<<<<<<<<<
@@ -10004,7 +11755,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObje
   __pyx_v_sig = 0.0;
   __pyx_v_conf = 0.0;
 
-  /* "fastpath/_kernels.pyx":166
+  /* "fastpath/_kernels.pyx":239
  *     cdef float o[2]
  *     cdef float sig = 0, conf = 0
  *     o[0] = <float>out0             # <<<<<<<<<<<<<<
@@ -10013,7 +11764,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObje
 */
   (__pyx_v_o[0]) = ((float)__pyx_v_out0);
 
-  /* "fastpath/_kernels.pyx":167
+  /* "fastpath/_kernels.pyx":240
  *     cdef float sig = 0, conf = 0
  *     o[0] = <float>out0
  *     o[1] = <float>out1             # <<<<<<<<<<<<<<
@@ -10022,7 +11773,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObje
 */
   (__pyx_v_o[1]) = ((float)__pyx_v_out1);
 
-  /* "fastpath/_kernels.pyx":168
+  /* "fastpath/_kernels.pyx":241
  *     o[0] = <float>out0
  *     o[1] = <float>out1
  *     k.head(o, &sig, &conf)             # <<<<<<<<<<<<<<
@@ -10031,23 +11782,23 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObje
 */
   __pyx_v_k->head(__pyx_v_o, (&__pyx_v_sig), (&__pyx_v_conf));
 
-  /* "fastpath/_kernels.pyx":169
+  /* "fastpath/_kernels.pyx":242
  *     o[1] = <float>out1
  *     k.head(o, &sig, &conf)
  *     return float(sig), float(conf)             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_2 = PyFloat_FromDouble(((double)__pyx_v_sig)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 169, __pyx_L1_error)
+  __pyx_t_2 = PyFloat_FromDouble(((double)__pyx_v_sig)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 242, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_3 = PyFloat_FromDouble(((double)__pyx_v_conf)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 169, __pyx_L1_error)
+  __pyx_t_3 = PyFloat_FromDouble(((double)__pyx_v_conf)); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 242, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_4 = PyTuple_New(2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 169, __pyx_L1_error)
+  __pyx_t_4 = PyTuple_New(2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 242, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
   __Pyx_GIVEREF(__pyx_t_2);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 169, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 242, __pyx_L1_error);
   __Pyx_GIVEREF(__pyx_t_3);
-  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_t_3) != (0)) __PYX_ERR(0, 169, __pyx_L1_error);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_4, 1, __pyx_t_3) != (0)) __PYX_ERR(0, 242, __pyx_L1_error);
   __pyx_t_2 = 0;
   __pyx_t_3 = 0;
   {
@@ -10061,7 +11812,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObje
   __pyx_t_4 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":161
+  /* "fastpath/_kernels.pyx":234
  * 
  * 
  * def kernel_head(str isa, double out0, double out1):             # <<<<<<<<<<<<<<
@@ -10086,7 +11837,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObje
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":172
+/* "fastpath/_kernels.pyx":245
  * 
  * 
  * def kernel_allfinite(str isa, x):             # <<<<<<<<<<<<<<
@@ -10095,16 +11846,16 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_16kernel_head(CYTHON_UNUSED PyObje
 */
 
 /* Python wrapper */
-static PyObject *__pyx_pw_8fastpath_8_kernels_19kernel_allfinite(PyObject *__pyx_self, 
+static PyObject *__pyx_pw_8fastpath_8_kernels_23kernel_allfinite(PyObject *__pyx_self, 
 #if CYTHON_VECTORCALL
 PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
 #else
 PyObject *__pyx_args, PyObject *__pyx_kwds
 #endif
 ); /*proto*/
-PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_18kernel_allfinite, "kernel_allfinite(str isa, x)");
-static PyMethodDef __pyx_mdef_8fastpath_8_kernels_19kernel_allfinite = {"kernel_allfinite", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_19kernel_allfinite, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_18kernel_allfinite};
-static PyObject *__pyx_pw_8fastpath_8_kernels_19kernel_allfinite(PyObject *__pyx_self, 
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_22kernel_allfinite, "kernel_allfinite(str isa, x)");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_23kernel_allfinite = {"kernel_allfinite", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_23kernel_allfinite, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_22kernel_allfinite};
+static PyObject *__pyx_pw_8fastpath_8_kernels_23kernel_allfinite(PyObject *__pyx_self, 
 #if CYTHON_VECTORCALL
 PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
 #else
@@ -10135,39 +11886,39 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_isa,&__pyx_mstate_global->__pyx_n_u_x,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 172, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 245, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 172, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 245, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 172, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 245, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_allfinite", 0) < (0)) __PYX_ERR(0, 172, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "kernel_allfinite", 0) < (0)) __PYX_ERR(0, 245, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 2; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_allfinite", 1, 2, 2, i); __PYX_ERR(0, 172, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("kernel_allfinite", 1, 2, 2, i); __PYX_ERR(0, 245, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 2)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 172, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 245, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 172, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 245, __pyx_L3_error)
     }
     __pyx_v_isa = ((PyObject*)values[0]);
     __pyx_v_x = values[1];
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("kernel_allfinite", 1, 2, 2, __pyx_nargs); __PYX_ERR(0, 172, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("kernel_allfinite", 1, 2, 2, __pyx_nargs); __PYX_ERR(0, 245, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -10178,8 +11929,8 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return NULL;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 172, __pyx_L1_error)
-  __pyx_r = __pyx_pf_8fastpath_8_kernels_18kernel_allfinite(__pyx_self, __pyx_v_isa, __pyx_v_x);
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 245, __pyx_L1_error)
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_22kernel_allfinite(__pyx_self, __pyx_v_isa, __pyx_v_x);
 
   /* function exit code */
   goto __pyx_L0;
@@ -10198,7 +11949,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   return __pyx_r;
 }
 
-static PyObject *__pyx_pf_8fastpath_8_kernels_18kernel_allfinite(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_x) {
+static PyObject *__pyx_pf_8fastpath_8_kernels_22kernel_allfinite(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_isa, PyObject *__pyx_v_x) {
   fp_kernels const *__pyx_v_k;
   PyArrayObject *__pyx_v_a = 0;
   PyObject *__pyx_r = NULL;
@@ -10211,37 +11962,37 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_18kernel_allfinite(CYTHON_UNUSED P
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("kernel_allfinite", 0);
 
-  /* "fastpath/_kernels.pyx":173
+  /* "fastpath/_kernels.pyx":246
  * 
  * def kernel_allfinite(str isa, x):
  *     cdef const fp_kernels *k = _kernels(isa)             # <<<<<<<<<<<<<<
  *     cdef cnp.ndarray a = _f32(x, "x")
  *     return bool(k.allfinite(<const float *>cnp.PyArray_DATA(a), len(a)))
 */
-  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 173, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 246, __pyx_L1_error)
   __pyx_v_k = __pyx_t_1;
 
-  /* "fastpath/_kernels.pyx":174
+  /* "fastpath/_kernels.pyx":247
  * def kernel_allfinite(str isa, x):
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray a = _f32(x, "x")             # <<<<<<<<<<<<<<
  *     return bool(k.allfinite(<const float *>cnp.PyArray_DATA(a), len(a)))
  * 
 */
-  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_x, __pyx_mstate_global->__pyx_n_u_x)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 174, __pyx_L1_error)
+  __pyx_t_2 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_x, __pyx_mstate_global->__pyx_n_u_x)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 247, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   __pyx_v_a = ((PyArrayObject *)__pyx_t_2);
   __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":175
+  /* "fastpath/_kernels.pyx":248
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray a = _f32(x, "x")
  *     return bool(k.allfinite(<const float *>cnp.PyArray_DATA(a), len(a)))             # <<<<<<<<<<<<<<
  * 
  * 
 */
-  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_a)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 175, __pyx_L1_error)
-  __pyx_t_2 = __Pyx_PyBool_FromLong((!(!(__pyx_v_k->allfinite(((float const *)PyArray_DATA(__pyx_v_a)), __pyx_t_3) != 0)))); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 175, __pyx_L1_error)
+  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_a)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 248, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyBool_FromLong((!(!(__pyx_v_k->allfinite(((float const *)PyArray_DATA(__pyx_v_a)), __pyx_t_3) != 0)))); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 248, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
 
   {
@@ -10255,7 +12006,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_18kernel_allfinite(CYTHON_UNUSED P
   __pyx_t_2 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":172
+  /* "fastpath/_kernels.pyx":245
  * 
  * 
  * def kernel_allfinite(str isa, x):             # <<<<<<<<<<<<<<
@@ -10276,8 +12027,8 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_18kernel_allfinite(CYTHON_UNUSED P
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":186
- *     cdef const fp_kernels *k
+/* "fastpath/_kernels.pyx":260
+ *     cdef int parity         # row-group order of the next pass: this object's state, not the model's
  * 
  *     def __cinit__(self, weights, biases, activations, str isa="avx2"):             # <<<<<<<<<<<<<<
  *         self.k = _kernels(isa)
@@ -10325,47 +12076,47 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_weights,&__pyx_mstate_global->__pyx_n_u_biases,&__pyx_mstate_global->__pyx_n_u_activations,&__pyx_mstate_global->__pyx_n_u_isa,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL_TPNEW(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 186, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 260, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 186, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 260, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 186, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 260, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 186, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 260, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 186, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 260, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__cinit__", 0) < (0)) __PYX_ERR(0, 186, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__cinit__", 0) < (0)) __PYX_ERR(0, 260, __pyx_L3_error)
       if (!values[3]) values[3] = __Pyx_NewRef(((PyObject*)__pyx_mstate_global->__pyx_n_u_avx2));
       for (Py_ssize_t i = __pyx_nargs; i < 3; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__cinit__", 0, 3, 4, i); __PYX_ERR(0, 186, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__cinit__", 0, 3, 4, i); __PYX_ERR(0, 260, __pyx_L3_error) }
       }
     } else {
       switch (__pyx_nargs) {
         case  4:
         values[3] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 3);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 186, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 260, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  3:
         values[2] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 2);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 186, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 260, __pyx_L3_error)
         values[1] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 186, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 260, __pyx_L3_error)
         values[0] = __Pyx_ArgRef_FASTCALL_TPNEW(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 186, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 260, __pyx_L3_error)
         break;
         default: goto __pyx_L5_argtuple_error;
       }
@@ -10378,7 +12129,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("__cinit__", 0, 3, 4, __pyx_nargs); __PYX_ERR(0, 186, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("__cinit__", 0, 3, 4, __pyx_nargs); __PYX_ERR(0, 260, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -10389,7 +12140,7 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   __Pyx_RefNannyFinishContext();
   return -1;
   __pyx_L4_argument_unpacking_done:;
-  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 186, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_isa), (&PyUnicode_Type), 1, "isa", 1))) __PYX_ERR(0, 260, __pyx_L1_error)
   __pyx_r = __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(((struct __pyx_obj_8fastpath_8_kernels_PackedMLP *)__pyx_v_self), __pyx_v_weights, __pyx_v_biases, __pyx_v_activations, __pyx_v_isa);
 
   /* function exit code */
@@ -10456,39 +12207,39 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("__cinit__", 0);
 
-  /* "fastpath/_kernels.pyx":187
+  /* "fastpath/_kernels.pyx":261
  * 
  *     def __cinit__(self, weights, biases, activations, str isa="avx2"):
  *         self.k = _kernels(isa)             # <<<<<<<<<<<<<<
  *         L = len(weights)
  *         if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
 */
-  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 187, __pyx_L1_error)
+  __pyx_t_1 = __pyx_f_8fastpath_8_kernels__kernels(__pyx_v_isa); if (unlikely(__pyx_t_1 == ((void *)NULL))) __PYX_ERR(0, 261, __pyx_L1_error)
   __pyx_v_self->k = __pyx_t_1;
 
-  /* "fastpath/_kernels.pyx":188
+  /* "fastpath/_kernels.pyx":262
  *     def __cinit__(self, weights, biases, activations, str isa="avx2"):
  *         self.k = _kernels(isa)
  *         L = len(weights)             # <<<<<<<<<<<<<<
  *         if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
  *             raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
 */
-  __pyx_t_2 = PyObject_Length(__pyx_v_weights); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 188, __pyx_L1_error)
-  __pyx_t_3 = PyLong_FromSsize_t(__pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 188, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(__pyx_v_weights); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 262, __pyx_L1_error)
+  __pyx_t_3 = PyLong_FromSsize_t(__pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 262, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
 
-  if (__Pyx_PyInt_FromNumber(&__pyx_t_3, NULL, 0) < (0)) __PYX_ERR(0, 188, __pyx_L1_error)
+  if (__Pyx_PyInt_FromNumber(&__pyx_t_3, NULL, 0) < (0)) __PYX_ERR(0, 262, __pyx_L1_error)
   __pyx_v_L = ((PyObject*)__pyx_t_3);
   __pyx_t_3 = 0;
 
-  /* "fastpath/_kernels.pyx":189
+  /* "fastpath/_kernels.pyx":263
  *         self.k = _kernels(isa)
  *         L = len(weights)
  *         if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:             # <<<<<<<<<<<<<<
  *             raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
  *         ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
 */
-  __pyx_t_5 = __Pyx_PyObject_CompareBoolLt_int_int(__pyx_v_L, __pyx_mstate_global->__pyx_int_1, Py_LT); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 189, __pyx_L1_error)
+  __pyx_t_5 = __Pyx_PyObject_CompareBoolLt_int_int(__pyx_v_L, __pyx_mstate_global->__pyx_int_1, Py_LT); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 263, __pyx_L1_error)
   if (!__pyx_t_5) {
 
   } else {
@@ -10497,9 +12248,9 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 
     goto __pyx_L4_bool_binop_done;
   }
-  __pyx_t_3 = __Pyx_PyLong_From___pyx_anon_enum(FP_MAX_LAYERS); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 189, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_From___pyx_anon_enum(FP_MAX_LAYERS); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_5 = __Pyx_PyObject_CompareBoolGt_int_int(__pyx_v_L, __pyx_t_3, Py_GT); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 189, __pyx_L1_error)
+  __pyx_t_5 = __Pyx_PyObject_CompareBoolGt_int_int(__pyx_v_L, __pyx_t_3, Py_GT); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   if (!__pyx_t_5) {
 
@@ -10509,11 +12260,11 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 
     goto __pyx_L4_bool_binop_done;
   }
-  __pyx_t_2 = PyObject_Length(__pyx_v_biases); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 189, __pyx_L1_error)
-  __pyx_t_3 = PyLong_FromSsize_t(__pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 189, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(__pyx_v_biases); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 263, __pyx_L1_error)
+  __pyx_t_3 = PyLong_FromSsize_t(__pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
 
-  __pyx_t_5 = __Pyx_PyObject_CompareBoolNe_int_int(__pyx_t_3, __pyx_v_L, Py_NE); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 189, __pyx_L1_error)
+  __pyx_t_5 = __Pyx_PyObject_CompareBoolNe_int_int(__pyx_t_3, __pyx_v_L, Py_NE); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   if (!__pyx_t_5) {
 
@@ -10523,11 +12274,11 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 
     goto __pyx_L4_bool_binop_done;
   }
-  __pyx_t_2 = PyObject_Length(__pyx_v_activations); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 189, __pyx_L1_error)
-  __pyx_t_3 = PyLong_FromSsize_t(__pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 189, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(__pyx_v_activations); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 263, __pyx_L1_error)
+  __pyx_t_3 = PyLong_FromSsize_t(__pyx_t_2); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
 
-  __pyx_t_5 = __Pyx_PyObject_CompareBoolNe_int_int(__pyx_t_3, __pyx_v_L, Py_NE); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 189, __pyx_L1_error)
+  __pyx_t_5 = __Pyx_PyObject_CompareBoolNe_int_int(__pyx_t_3, __pyx_v_L, Py_NE); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 263, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
   __pyx_t_4 = __pyx_t_5;
@@ -10536,7 +12287,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
   if (unlikely(__pyx_t_4)) {
 
 
-    /* "fastpath/_kernels.pyx":190
+    /* "fastpath/_kernels.pyx":264
  *         L = len(weights)
  *         if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
  *             raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")             # <<<<<<<<<<<<<<
@@ -10544,9 +12295,9 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
  *         bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
 */
     __pyx_t_6 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 190, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 264, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
-    __pyx_t_8 = __Pyx_PyUnicode_From___pyx_anon_enum(FP_MAX_LAYERS, 0, ' ', 'd'); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 190, __pyx_L1_error)
+    __pyx_t_8 = __Pyx_PyUnicode_From___pyx_anon_enum(FP_MAX_LAYERS, 0, ' ', 'd'); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 264, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_8);
     __pyx_t_9[0] = __pyx_mstate_global->__pyx_kp_u_need_1;
     __pyx_t_9[1] = __pyx_t_8;
@@ -10557,7 +12308,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     #endif
     __pyx_t_10 = 0;
     __pyx_t_11 = __Pyx_PyUnicode_Join(__pyx_t_9, 3, __pyx_t_2, __pyx_t_10);
-    if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 190, __pyx_L1_error)
+    if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 264, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_11);
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __pyx_t_12 = 1;
@@ -10578,14 +12329,14 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
       __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
       __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 190, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 264, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(0, 190, __pyx_L1_error)
+    __PYX_ERR(0, 264, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":189
+    /* "fastpath/_kernels.pyx":263
  *         self.k = _kernels(isa)
  *         L = len(weights)
  *         if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:             # <<<<<<<<<<<<<<
@@ -10594,7 +12345,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 */
   }
 
-  /* "fastpath/_kernels.pyx":191
+  /* "fastpath/_kernels.pyx":265
  *         if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
  *             raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
  *         ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]             # <<<<<<<<<<<<<<
@@ -10602,16 +12353,16 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
  *         for i in range(L):
 */
   { /* enter inner scope */
-    __pyx_t_3 = PyList_New(0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 191, __pyx_L10_error)
+    __pyx_t_3 = PyList_New(0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 265, __pyx_L10_error)
     __Pyx_GOTREF(__pyx_t_3);
     if (likely(PyList_CheckExact(__pyx_v_weights)) || PyTuple_CheckExact(__pyx_v_weights)) {
       __pyx_t_7 = __pyx_v_weights; __Pyx_INCREF(__pyx_t_7);
       __pyx_t_2 = 0;
       __pyx_t_13 = NULL;
     } else {
-      __pyx_t_2 = -1; __pyx_t_7 = PyObject_GetIter(__pyx_v_weights); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 191, __pyx_L10_error)
+      __pyx_t_2 = -1; __pyx_t_7 = PyObject_GetIter(__pyx_v_weights); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 265, __pyx_L10_error)
       __Pyx_GOTREF(__pyx_t_7);
-      __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_7); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 191, __pyx_L10_error)
+      __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_7); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 265, __pyx_L10_error)
     }
     for (;;) {
       if (likely(!__pyx_t_13)) {
@@ -10619,7 +12370,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
           {
             Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_7);
             #if !CYTHON_ASSUME_SAFE_SIZE
-            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 191, __pyx_L10_error)
+            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 265, __pyx_L10_error)
             #endif
             if (__pyx_t_2 >= __pyx_temp) break;
           }
@@ -10629,7 +12380,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
           {
             Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_7);
             #if !CYTHON_ASSUME_SAFE_SIZE
-            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 191, __pyx_L10_error)
+            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 265, __pyx_L10_error)
             #endif
             if (__pyx_t_2 >= __pyx_temp) break;
           }
@@ -10640,13 +12391,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
           #endif
           ++__pyx_t_2;
         }
-        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 191, __pyx_L10_error)
+        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 265, __pyx_L10_error)
       } else {
         __pyx_t_11 = __pyx_t_13(__pyx_t_7);
         if (unlikely(!__pyx_t_11)) {
           PyObject* exc_type = PyErr_Occurred();
           if (exc_type) {
-            if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 191, __pyx_L10_error)
+            if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 265, __pyx_L10_error)
             PyErr_Clear();
           }
           break;
@@ -10656,14 +12407,14 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       __Pyx_XDECREF_SET(__pyx_8genexpr1__pyx_v_w, __pyx_t_11);
       __pyx_t_11 = 0;
       __pyx_t_6 = NULL;
-      __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 191, __pyx_L10_error)
+      __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 265, __pyx_L10_error)
       __Pyx_GOTREF(__pyx_t_8);
-      __pyx_t_14 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 191, __pyx_L10_error)
+      __pyx_t_14 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 265, __pyx_L10_error)
       __Pyx_GOTREF(__pyx_t_14);
       __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
-      __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 191, __pyx_L10_error)
+      __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 265, __pyx_L10_error)
       __Pyx_GOTREF(__pyx_t_8);
-      __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 191, __pyx_L10_error)
+      __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 265, __pyx_L10_error)
       __Pyx_GOTREF(__pyx_t_15);
       __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
       #if CYTHON_VECTORCALL
@@ -10684,13 +12435,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
         PyObject *__pyx_callargs[3] = {__pyx_t_6, __pyx_8genexpr1__pyx_v_w, __pyx_t_15};
         #if CYTHON_VECTORCALL
         __pyx_t_8 = __pyx_mstate_global->__pyx_tuple[0];
-        if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 191, __pyx_L10_error)
+        if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 265, __pyx_L10_error)
         __Pyx_INCREF(__pyx_t_8);
         #else
         {
           PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
           __pyx_t_8 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
-          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 191, __pyx_L10_error)
+          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 265, __pyx_L10_error)
           __Pyx_GOTREF(__pyx_t_8);
         }
         #endif
@@ -10701,11 +12452,11 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
         __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
         __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
         __Pyx_DECREF(__pyx_t_14); __pyx_t_14 = 0;
-        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 191, __pyx_L10_error)
+        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 265, __pyx_L10_error)
         __Pyx_GOTREF(__pyx_t_11);
       }
       __Pyx_GIVEREF(__pyx_t_11);
-      if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_3, __pyx_t_11))) __PYX_ERR(0, 191, __pyx_L10_error)
+      if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_3, __pyx_t_11))) __PYX_ERR(0, 265, __pyx_L10_error)
       __pyx_t_11 = 0;
     }
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
@@ -10719,7 +12470,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
   __pyx_v_ws = ((PyObject*)__pyx_t_3);
   __pyx_t_3 = 0;
 
-  /* "fastpath/_kernels.pyx":192
+  /* "fastpath/_kernels.pyx":266
  *             raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
  *         ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
  *         bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]             # <<<<<<<<<<<<<<
@@ -10727,16 +12478,16 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
  *             if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (
 */
   { /* enter inner scope */
-    __pyx_t_3 = PyList_New(0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 192, __pyx_L17_error)
+    __pyx_t_3 = PyList_New(0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 266, __pyx_L17_error)
     __Pyx_GOTREF(__pyx_t_3);
     if (likely(PyList_CheckExact(__pyx_v_biases)) || PyTuple_CheckExact(__pyx_v_biases)) {
       __pyx_t_7 = __pyx_v_biases; __Pyx_INCREF(__pyx_t_7);
       __pyx_t_2 = 0;
       __pyx_t_13 = NULL;
     } else {
-      __pyx_t_2 = -1; __pyx_t_7 = PyObject_GetIter(__pyx_v_biases); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 192, __pyx_L17_error)
+      __pyx_t_2 = -1; __pyx_t_7 = PyObject_GetIter(__pyx_v_biases); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 266, __pyx_L17_error)
       __Pyx_GOTREF(__pyx_t_7);
-      __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_7); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 192, __pyx_L17_error)
+      __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_7); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 266, __pyx_L17_error)
     }
     for (;;) {
       if (likely(!__pyx_t_13)) {
@@ -10744,7 +12495,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
           {
             Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_7);
             #if !CYTHON_ASSUME_SAFE_SIZE
-            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 192, __pyx_L17_error)
+            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 266, __pyx_L17_error)
             #endif
             if (__pyx_t_2 >= __pyx_temp) break;
           }
@@ -10754,7 +12505,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
           {
             Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_7);
             #if !CYTHON_ASSUME_SAFE_SIZE
-            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 192, __pyx_L17_error)
+            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 266, __pyx_L17_error)
             #endif
             if (__pyx_t_2 >= __pyx_temp) break;
           }
@@ -10765,13 +12516,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
           #endif
           ++__pyx_t_2;
         }
-        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 192, __pyx_L17_error)
+        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 266, __pyx_L17_error)
       } else {
         __pyx_t_11 = __pyx_t_13(__pyx_t_7);
         if (unlikely(!__pyx_t_11)) {
           PyObject* exc_type = PyErr_Occurred();
           if (exc_type) {
-            if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 192, __pyx_L17_error)
+            if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 266, __pyx_L17_error)
             PyErr_Clear();
           }
           break;
@@ -10781,14 +12532,14 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       __Pyx_XDECREF_SET(__pyx_8genexpr2__pyx_v_b, __pyx_t_11);
       __pyx_t_11 = 0;
       __pyx_t_14 = NULL;
-      __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 192, __pyx_L17_error)
+      __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 266, __pyx_L17_error)
       __Pyx_GOTREF(__pyx_t_8);
-      __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 192, __pyx_L17_error)
+      __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 266, __pyx_L17_error)
       __Pyx_GOTREF(__pyx_t_15);
       __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
-      __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 192, __pyx_L17_error)
+      __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 266, __pyx_L17_error)
       __Pyx_GOTREF(__pyx_t_8);
-      __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 192, __pyx_L17_error)
+      __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 266, __pyx_L17_error)
       __Pyx_GOTREF(__pyx_t_6);
       __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
       #if CYTHON_VECTORCALL
@@ -10809,13 +12560,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
         PyObject *__pyx_callargs[3] = {__pyx_t_14, __pyx_8genexpr2__pyx_v_b, __pyx_t_6};
         #if CYTHON_VECTORCALL
         __pyx_t_8 = __pyx_mstate_global->__pyx_tuple[0];
-        if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 192, __pyx_L17_error)
+        if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 266, __pyx_L17_error)
         __Pyx_INCREF(__pyx_t_8);
         #else
         {
           PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
           __pyx_t_8 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
-          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 192, __pyx_L17_error)
+          if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 266, __pyx_L17_error)
           __Pyx_GOTREF(__pyx_t_8);
         }
         #endif
@@ -10826,11 +12577,11 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
         __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
         __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
         __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
-        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 192, __pyx_L17_error)
+        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 266, __pyx_L17_error)
         __Pyx_GOTREF(__pyx_t_11);
       }
       __Pyx_GIVEREF(__pyx_t_11);
-      if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_3, __pyx_t_11))) __PYX_ERR(0, 192, __pyx_L17_error)
+      if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_3, __pyx_t_11))) __PYX_ERR(0, 266, __pyx_L17_error)
       __pyx_t_11 = 0;
     }
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
@@ -10844,7 +12595,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
   __pyx_v_bs = ((PyObject*)__pyx_t_3);
   __pyx_t_3 = 0;
 
-  /* "fastpath/_kernels.pyx":193
+  /* "fastpath/_kernels.pyx":267
  *         ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
  *         bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
  *         for i in range(L):             # <<<<<<<<<<<<<<
@@ -10857,12 +12608,12 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     PyObject *__pyx_callargs[2] = {__pyx_t_7, __pyx_v_L};
     __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)(&PyRange_Type), __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
     __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
-    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 193, __pyx_L1_error)
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 267, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
   }
-  __pyx_t_7 = PyObject_GetIter(__pyx_t_3); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 193, __pyx_L1_error)
+  __pyx_t_7 = PyObject_GetIter(__pyx_t_3); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 267, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_7); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 193, __pyx_L1_error)
+  __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_7); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 267, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   for (;;) {
     {
@@ -10870,30 +12621,30 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       if (unlikely(!__pyx_t_3)) {
         PyObject* exc_type = PyErr_Occurred();
         if (exc_type) {
-          if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 193, __pyx_L1_error)
+          if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 267, __pyx_L1_error)
           PyErr_Clear();
         }
         break;
       }
     }
     __Pyx_GOTREF(__pyx_t_3);
-    if (__Pyx_PyInt_FromNumber(&__pyx_t_3, NULL, 1) < (0)) __PYX_ERR(0, 193, __pyx_L1_error)
+    if (__Pyx_PyInt_FromNumber(&__pyx_t_3, NULL, 1) < (0)) __PYX_ERR(0, 267, __pyx_L1_error)
     __Pyx_XDECREF_SET(__pyx_v_i, ((PyObject*)__pyx_t_3));
     __pyx_t_3 = 0;
 
-    /* "fastpath/_kernels.pyx":194
+    /* "fastpath/_kernels.pyx":268
  *         bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
  *         for i in range(L):
  *             if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (             # <<<<<<<<<<<<<<
  *                     i and ws[i].shape[1] != ws[i - 1].shape[0]):
  *                 raise InputError(f"layer {i}: weight {ws[i].shape} / bias {bs[i].shape} do not chain")
 */
-    __pyx_t_3 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_3 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
-    __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_ndim); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_11 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_ndim); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_11);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __pyx_t_5 = (__Pyx_PyLong_BoolNeObjC(__pyx_t_11, __pyx_mstate_global->__pyx_int_2, 2, 0)); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_5 = (__Pyx_PyLong_BoolNeObjC(__pyx_t_11, __pyx_mstate_global->__pyx_int_2, 2, 0)); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
     if (!__pyx_t_5) {
 
@@ -10903,25 +12654,25 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 
       goto __pyx_L25_bool_binop_done;
     }
-    __pyx_t_11 = __Pyx_PyObject_GetItem(__pyx_v_bs, __pyx_v_i); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_11 = __Pyx_PyObject_GetItem(__pyx_v_bs, __pyx_v_i); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_11);
-    __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
-    __pyx_t_11 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_11 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_11);
-    __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_15 = __Pyx_PyObject_GetAttrStr(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_15);
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
-    __pyx_t_11 = __Pyx_GetItemInt(__pyx_t_15, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_11 = __Pyx_GetItemInt(__pyx_t_15, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_11);
     __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
-    __pyx_t_15 = PyTuple_New(1); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_15 = PyTuple_New(1); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_15);
     __Pyx_GIVEREF(__pyx_t_11);
-    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 0, __pyx_t_11) != (0)) __PYX_ERR(0, 194, __pyx_L1_error);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_15, 0, __pyx_t_11) != (0)) __PYX_ERR(0, 268, __pyx_L1_error);
     __pyx_t_11 = 0;
-    __pyx_t_5 = __Pyx_PyObject_RichCompareBool(__pyx_t_3, __pyx_t_15, Py_NE); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 194, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyObject_RichCompareBool(__pyx_t_3, __pyx_t_15, Py_NE); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 268, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
     if (!__pyx_t_5) {
@@ -10933,7 +12684,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       goto __pyx_L25_bool_binop_done;
     }
 
-    /* "fastpath/_kernels.pyx":195
+    /* "fastpath/_kernels.pyx":269
  *         for i in range(L):
  *             if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (
  *                     i and ws[i].shape[1] != ws[i - 1].shape[0]):             # <<<<<<<<<<<<<<
@@ -10942,7 +12693,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 */
     {
       Py_ssize_t __pyx_temp = __Pyx_PyLong_IsNonZero(__pyx_v_i);
-      if (unlikely(((!CYTHON_USE_PYLONG_INTERNALS) && __pyx_temp < 0))) __PYX_ERR(0, 195, __pyx_L1_error)
+      if (unlikely(((!CYTHON_USE_PYLONG_INTERNALS) && __pyx_temp < 0))) __PYX_ERR(0, 269, __pyx_L1_error)
       __pyx_t_5 = (__pyx_temp != 0);
     }
 
@@ -10954,26 +12705,26 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 
       goto __pyx_L25_bool_binop_done;
     }
-    __pyx_t_15 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 195, __pyx_L1_error)
+    __pyx_t_15 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 269, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_15);
-    __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 195, __pyx_L1_error)
+    __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 269, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
     __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
-    __pyx_t_15 = __Pyx_GetItemInt(__pyx_t_3, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 195, __pyx_L1_error)
+    __pyx_t_15 = __Pyx_GetItemInt(__pyx_t_3, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 269, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_15);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __pyx_t_3 = __Pyx_PyLong_SubtractObjC(__pyx_v_i, __pyx_mstate_global->__pyx_int_1, 1, 0, 0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 195, __pyx_L1_error)
+    __pyx_t_3 = __Pyx_PyLong_SubtractObjC(__pyx_v_i, __pyx_mstate_global->__pyx_int_1, 1, 0, 0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 269, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
-    __pyx_t_11 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_t_3); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 195, __pyx_L1_error)
+    __pyx_t_11 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_t_3); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 269, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_11);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 195, __pyx_L1_error)
+    __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 269, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_3);
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
-    __pyx_t_11 = __Pyx_GetItemInt(__pyx_t_3, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 195, __pyx_L1_error)
+    __pyx_t_11 = __Pyx_GetItemInt(__pyx_t_3, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 269, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_11);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __pyx_t_5 = __Pyx_PyObject_CompareBoolNe_object_object(__pyx_t_15, __pyx_t_11, Py_NE); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 195, __pyx_L1_error)
+    __pyx_t_5 = __Pyx_PyObject_CompareBoolNe_object_object(__pyx_t_15, __pyx_t_11, Py_NE); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 269, __pyx_L1_error)
     __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
     __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
 
@@ -10981,7 +12732,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 
     __pyx_L25_bool_binop_done:;
 
-    /* "fastpath/_kernels.pyx":194
+    /* "fastpath/_kernels.pyx":268
  *         bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
  *         for i in range(L):
  *             if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (             # <<<<<<<<<<<<<<
@@ -10991,7 +12742,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     if (unlikely(__pyx_t_4)) {
 
 
-      /* "fastpath/_kernels.pyx":196
+      /* "fastpath/_kernels.pyx":270
  *             if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (
  *                     i and ws[i].shape[1] != ws[i - 1].shape[0]):
  *                 raise InputError(f"layer {i}: weight {ws[i].shape} / bias {bs[i].shape} do not chain")             # <<<<<<<<<<<<<<
@@ -10999,24 +12750,24 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
  *         acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)
 */
       __pyx_t_15 = NULL;
-      __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 196, __pyx_L1_error)
+      __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 270, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
-      __pyx_t_8 = __Pyx_PyObject_FormatSimple(__pyx_v_i, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 196, __pyx_L1_error)
+      __pyx_t_8 = __Pyx_PyObject_FormatSimple(__pyx_v_i, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 270, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_8);
-      __pyx_t_6 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 196, __pyx_L1_error)
+      __pyx_t_6 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 270, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_6);
-      __pyx_t_14 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 196, __pyx_L1_error)
+      __pyx_t_14 = __Pyx_PyObject_GetAttrStr(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 270, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_14);
       __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-      __pyx_t_6 = __Pyx_PyObject_FormatSimple(__pyx_t_14, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 196, __pyx_L1_error)
+      __pyx_t_6 = __Pyx_PyObject_FormatSimple(__pyx_t_14, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 270, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_6);
       __Pyx_DECREF(__pyx_t_14); __pyx_t_14 = 0;
-      __pyx_t_14 = __Pyx_PyObject_GetItem(__pyx_v_bs, __pyx_v_i); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 196, __pyx_L1_error)
+      __pyx_t_14 = __Pyx_PyObject_GetItem(__pyx_v_bs, __pyx_v_i); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 270, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_14);
-      __pyx_t_16 = __Pyx_PyObject_GetAttrStr(__pyx_t_14, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 196, __pyx_L1_error)
+      __pyx_t_16 = __Pyx_PyObject_GetAttrStr(__pyx_t_14, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 270, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_16);
       __Pyx_DECREF(__pyx_t_14); __pyx_t_14 = 0;
-      __pyx_t_14 = __Pyx_PyObject_FormatSimple(__pyx_t_16, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 196, __pyx_L1_error)
+      __pyx_t_14 = __Pyx_PyObject_FormatSimple(__pyx_t_16, __pyx_mstate_global->__pyx_empty_unicode); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 270, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_14);
       __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
       __pyx_t_17[0] = __pyx_mstate_global->__pyx_kp_u_layer;
@@ -11025,7 +12776,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       __pyx_t_17[3] = __pyx_t_6;
       __pyx_t_17[4] = __pyx_mstate_global->__pyx_kp_u_bias;
       __pyx_t_17[5] = __pyx_t_14;
-      __pyx_t_17[6] = __pyx_mstate_global->__pyx_kp_u_do_not_chain;
+      __pyx_t_17[6] = __pyx_mstate_global->__pyx_kp_u_do_not_chain_2;
       __pyx_t_2 = 36;
       #if __Pyx_PyUnicode_Join_CAN_USE_KIND_AND_LENGTH
       __pyx_t_2 += __Pyx_PyUnicode_GET_LENGTH(__pyx_t_17[1]) + __Pyx_PyUnicode_GET_LENGTH(__pyx_t_17[3]) + __Pyx_PyUnicode_GET_LENGTH(__pyx_t_17[5]);
@@ -11035,7 +12786,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       __pyx_t_10 |= __Pyx_PyUnicode_KIND_04(__pyx_t_17[1]) | __Pyx_PyUnicode_KIND_04(__pyx_t_17[3]) | __Pyx_PyUnicode_KIND_04(__pyx_t_17[5]);
       #endif
       __pyx_t_16 = __Pyx_PyUnicode_Join(__pyx_t_17, 7, __pyx_t_2, __pyx_t_10);
-      if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 196, __pyx_L1_error)
+      if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 270, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_16);
       __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
       __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
@@ -11058,14 +12809,14 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
         __Pyx_XDECREF(__pyx_t_15); __pyx_t_15 = 0;
         __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
         __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 196, __pyx_L1_error)
+        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 270, __pyx_L1_error)
         __Pyx_GOTREF(__pyx_t_11);
       }
       __Pyx_Raise(__pyx_t_11, 0, 0, 0);
       __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
-      __PYX_ERR(0, 196, __pyx_L1_error)
+      __PYX_ERR(0, 270, __pyx_L1_error)
 
-      /* "fastpath/_kernels.pyx":194
+      /* "fastpath/_kernels.pyx":268
  *         bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
  *         for i in range(L):
  *             if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (             # <<<<<<<<<<<<<<
@@ -11074,7 +12825,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 */
     }
 
-    /* "fastpath/_kernels.pyx":193
+    /* "fastpath/_kernels.pyx":267
  *         ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
  *         bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
  *         for i in range(L):             # <<<<<<<<<<<<<<
@@ -11084,7 +12835,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
   }
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
 
-  /* "fastpath/_kernels.pyx":197
+  /* "fastpath/_kernels.pyx":271
  *                     i and ws[i].shape[1] != ws[i - 1].shape[0]):
  *                 raise InputError(f"layer {i}: weight {ws[i].shape} / bias {bs[i].shape} do not chain")
  *         dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)             # <<<<<<<<<<<<<<
@@ -11092,23 +12843,23 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
  *         cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
 */
   __pyx_t_11 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 197, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_16 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 197, __pyx_L1_error)
+  __pyx_t_16 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_16);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__Pyx_PyList_GET_ITEM(__pyx_v_ws, 0), __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 197, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__Pyx_PyList_GET_ITEM(__pyx_v_ws, 0), __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_15 = __Pyx_GetItemInt(__pyx_t_3, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 197, __pyx_L1_error)
+  __pyx_t_15 = __Pyx_GetItemInt(__pyx_t_3, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_15);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-  __pyx_t_3 = PyList_New(1); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 197, __pyx_L1_error)
+  __pyx_t_3 = PyList_New(1); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_GIVEREF(__pyx_t_15);
-  if (__Pyx_PyList_SET_ITEM(__pyx_t_3, 0, __pyx_t_15) != (0)) __PYX_ERR(0, 197, __pyx_L1_error);
+  if (__Pyx_PyList_SET_ITEM(__pyx_t_3, 0, __pyx_t_15) != (0)) __PYX_ERR(0, 271, __pyx_L1_error);
   __pyx_t_15 = 0;
   { /* enter inner scope */
-    __pyx_t_15 = PyList_New(0); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 197, __pyx_L32_error)
+    __pyx_t_15 = PyList_New(0); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 271, __pyx_L32_error)
     __Pyx_GOTREF(__pyx_t_15);
     __pyx_t_14 = __pyx_v_ws; __Pyx_INCREF(__pyx_t_14);
     __pyx_t_2 = 0;
@@ -11116,23 +12867,23 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       {
         Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_14);
         #if !CYTHON_ASSUME_SAFE_SIZE
-        if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 197, __pyx_L32_error)
+        if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 271, __pyx_L32_error)
         #endif
         if (__pyx_t_2 >= __pyx_temp) break;
       }
       __pyx_t_6 = __Pyx_PyList_GET_ITEM_REF(__pyx_t_14, __pyx_t_2, __Pyx_ReferenceSharing_OwnStrongReference);
       ++__pyx_t_2;
-      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 197, __pyx_L32_error)
+      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 271, __pyx_L32_error)
       __Pyx_GOTREF(__pyx_t_6);
       __Pyx_XDECREF_SET(__pyx_8genexpr3__pyx_v_w, __pyx_t_6);
       __pyx_t_6 = 0;
-      __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_8genexpr3__pyx_v_w, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 197, __pyx_L32_error)
+      __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_8genexpr3__pyx_v_w, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 271, __pyx_L32_error)
       __Pyx_GOTREF(__pyx_t_6);
-      __pyx_t_8 = __Pyx_GetItemInt(__pyx_t_6, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 197, __pyx_L32_error)
+      __pyx_t_8 = __Pyx_GetItemInt(__pyx_t_6, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 271, __pyx_L32_error)
       __Pyx_GOTREF(__pyx_t_8);
       __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
       __Pyx_GIVEREF(__pyx_t_8);
-      if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_15, __pyx_t_8))) __PYX_ERR(0, 197, __pyx_L32_error)
+      if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_15, __pyx_t_8))) __PYX_ERR(0, 271, __pyx_L32_error)
       __pyx_t_8 = 0;
     }
     __Pyx_DECREF(__pyx_t_14); __pyx_t_14 = 0;
@@ -11143,13 +12894,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     goto __pyx_L1_error;
     __pyx_L36_exit_scope:;
   } /* exit inner scope */
-  __pyx_t_14 = PyNumber_Add(__pyx_t_3, __pyx_t_15); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 197, __pyx_L1_error)
+  __pyx_t_14 = PyNumber_Add(__pyx_t_3, __pyx_t_15); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_14);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
-  __Pyx_GetModuleGlobalName(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 197, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_15);
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_intc); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 197, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_intc); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 271, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
   #if CYTHON_VECTORCALL
@@ -11170,13 +12921,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     PyObject *__pyx_callargs[3] = {__pyx_t_11, __pyx_t_14, __pyx_t_3};
     #if CYTHON_VECTORCALL
     __pyx_t_15 = __pyx_mstate_global->__pyx_tuple[0];
-    if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 197, __pyx_L1_error)
+    if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 271, __pyx_L1_error)
     __Pyx_INCREF(__pyx_t_15);
     #else
     {
       PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
       __pyx_t_15 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
-      if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 197, __pyx_L1_error)
+      if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 271, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_15);
     }
     #endif
@@ -11188,13 +12939,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
     __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
     __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
-    if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 197, __pyx_L1_error)
+    if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 271, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
   }
   __pyx_v_dims = __pyx_t_7;
   __pyx_t_7 = 0;
 
-  /* "fastpath/_kernels.pyx":198
+  /* "fastpath/_kernels.pyx":272
  *                 raise InputError(f"layer {i}: weight {ws[i].shape} / bias {bs[i].shape} do not chain")
  *         dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)
  *         acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)             # <<<<<<<<<<<<<<
@@ -11202,22 +12953,22 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
  *         cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
 */
   __pyx_t_16 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 198, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 272, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_15);
-  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 198, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_15, __pyx_mstate_global->__pyx_n_u_ascontiguousarray); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 272, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_DECREF(__pyx_t_15); __pyx_t_15 = 0;
   { /* enter inner scope */
-    __pyx_t_15 = PyList_New(0); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 198, __pyx_L39_error)
+    __pyx_t_15 = PyList_New(0); if (unlikely(!__pyx_t_15)) __PYX_ERR(0, 272, __pyx_L39_error)
     __Pyx_GOTREF(__pyx_t_15);
     if (likely(PyList_CheckExact(__pyx_v_activations)) || PyTuple_CheckExact(__pyx_v_activations)) {
       __pyx_t_14 = __pyx_v_activations; __Pyx_INCREF(__pyx_t_14);
       __pyx_t_2 = 0;
       __pyx_t_13 = NULL;
     } else {
-      __pyx_t_2 = -1; __pyx_t_14 = PyObject_GetIter(__pyx_v_activations); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 198, __pyx_L39_error)
+      __pyx_t_2 = -1; __pyx_t_14 = PyObject_GetIter(__pyx_v_activations); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 272, __pyx_L39_error)
       __Pyx_GOTREF(__pyx_t_14);
-      __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_14); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 198, __pyx_L39_error)
+      __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_14); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 272, __pyx_L39_error)
     }
     for (;;) {
       if (likely(!__pyx_t_13)) {
@@ -11225,7 +12976,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
           {
             Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_14);
             #if !CYTHON_ASSUME_SAFE_SIZE
-            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 198, __pyx_L39_error)
+            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 272, __pyx_L39_error)
             #endif
             if (__pyx_t_2 >= __pyx_temp) break;
           }
@@ -11235,7 +12986,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
           {
             Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_14);
             #if !CYTHON_ASSUME_SAFE_SIZE
-            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 198, __pyx_L39_error)
+            if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 272, __pyx_L39_error)
             #endif
             if (__pyx_t_2 >= __pyx_temp) break;
           }
@@ -11246,13 +12997,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
           #endif
           ++__pyx_t_2;
         }
-        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 198, __pyx_L39_error)
+        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 272, __pyx_L39_error)
       } else {
         __pyx_t_11 = __pyx_t_13(__pyx_t_14);
         if (unlikely(!__pyx_t_11)) {
           PyObject* exc_type = PyErr_Occurred();
           if (exc_type) {
-            if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 198, __pyx_L39_error)
+            if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 272, __pyx_L39_error)
             PyErr_Clear();
           }
           break;
@@ -11261,13 +13012,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       __Pyx_GOTREF(__pyx_t_11);
       __Pyx_XDECREF_SET(__pyx_8genexpr4__pyx_v_a, __pyx_t_11);
       __pyx_t_11 = 0;
-      __Pyx_GetModuleGlobalName(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_ACTS); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 198, __pyx_L39_error)
+      __Pyx_GetModuleGlobalName(__pyx_t_11, __pyx_mstate_global->__pyx_n_u_ACTS); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 272, __pyx_L39_error)
       __Pyx_GOTREF(__pyx_t_11);
-      __pyx_t_8 = __Pyx_PyObject_GetItem(__pyx_t_11, __pyx_8genexpr4__pyx_v_a); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 198, __pyx_L39_error)
+      __pyx_t_8 = __Pyx_PyObject_GetItem(__pyx_t_11, __pyx_8genexpr4__pyx_v_a); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 272, __pyx_L39_error)
       __Pyx_GOTREF(__pyx_t_8);
       __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
       __Pyx_GIVEREF(__pyx_t_8);
-      if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_15, __pyx_t_8))) __PYX_ERR(0, 198, __pyx_L39_error)
+      if (unlikely(__Pyx_ListComp_AppendAndDecref(__pyx_t_15, __pyx_t_8))) __PYX_ERR(0, 272, __pyx_L39_error)
       __pyx_t_8 = 0;
     }
     __Pyx_DECREF(__pyx_t_14); __pyx_t_14 = 0;
@@ -11278,9 +13029,9 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     goto __pyx_L1_error;
     __pyx_L43_exit_scope:;
   } /* exit inner scope */
-  __Pyx_GetModuleGlobalName(__pyx_t_14, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 198, __pyx_L1_error)
+  __Pyx_GetModuleGlobalName(__pyx_t_14, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 272, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_14);
-  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_14, __pyx_mstate_global->__pyx_n_u_intc); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 198, __pyx_L1_error)
+  __pyx_t_8 = __Pyx_PyObject_GetAttrStr(__pyx_t_14, __pyx_mstate_global->__pyx_n_u_intc); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 272, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
   __Pyx_DECREF(__pyx_t_14); __pyx_t_14 = 0;
   #if CYTHON_VECTORCALL
@@ -11301,13 +13052,13 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     PyObject *__pyx_callargs[3] = {__pyx_t_16, __pyx_t_15, __pyx_t_8};
     #if CYTHON_VECTORCALL
     __pyx_t_14 = __pyx_mstate_global->__pyx_tuple[0];
-    if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 198, __pyx_L1_error)
+    if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 272, __pyx_L1_error)
     __Pyx_INCREF(__pyx_t_14);
     #else
     {
       PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
       __pyx_t_14 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+2, 1);
-      if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 198, __pyx_L1_error)
+      if (unlikely(!__pyx_t_14)) __PYX_ERR(0, 272, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_14);
     }
     #endif
@@ -11319,47 +13070,47 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
     __Pyx_DECREF(__pyx_t_14); __pyx_t_14 = 0;
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 198, __pyx_L1_error)
+    if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 272, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
   }
   __pyx_v_acts = __pyx_t_7;
   __pyx_t_7 = 0;
 
-  /* "fastpath/_kernels.pyx":199
+  /* "fastpath/_kernels.pyx":273
  *         dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)
  *         acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)
  *         cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)             # <<<<<<<<<<<<<<
  *         cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
  *         cdef cnp.ndarray t
 */
-  __pyx_t_7 = __Pyx_PyLong_FromSize_t((sizeof(float *))); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 199, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyLong_FromSize_t((sizeof(float *))); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 273, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_3 = __Pyx_PyNumber_Multiply_int_int(__pyx_t_7, __pyx_v_L); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 199, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyNumber_Multiply_int_int(__pyx_t_7, __pyx_v_L); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 273, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
-  __pyx_t_12 = __Pyx_PyLong_As_size_t(__pyx_t_3); if (unlikely((__pyx_t_12 == (size_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 199, __pyx_L1_error)
+  __pyx_t_12 = __Pyx_PyLong_As_size_t(__pyx_t_3); if (unlikely((__pyx_t_12 == (size_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 273, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   __pyx_v_wp = ((float const **)PyMem_Malloc(__pyx_t_12));
 
 
-  /* "fastpath/_kernels.pyx":200
+  /* "fastpath/_kernels.pyx":274
  *         acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)
  *         cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
  *         cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)             # <<<<<<<<<<<<<<
  *         cdef cnp.ndarray t
  *         try:
 */
-  __pyx_t_3 = __Pyx_PyLong_FromSize_t((sizeof(float *))); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 200, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyLong_FromSize_t((sizeof(float *))); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 274, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_7 = __Pyx_PyNumber_Multiply_int_int(__pyx_t_3, __pyx_v_L); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 200, __pyx_L1_error)
+  __pyx_t_7 = __Pyx_PyNumber_Multiply_int_int(__pyx_t_3, __pyx_v_L); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 274, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-  __pyx_t_12 = __Pyx_PyLong_As_size_t(__pyx_t_7); if (unlikely((__pyx_t_12 == (size_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 200, __pyx_L1_error)
+  __pyx_t_12 = __Pyx_PyLong_As_size_t(__pyx_t_7); if (unlikely((__pyx_t_12 == (size_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 274, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
   __pyx_v_bp = ((float const **)PyMem_Malloc(__pyx_t_12));
 
 
-  /* "fastpath/_kernels.pyx":202
+  /* "fastpath/_kernels.pyx":276
  *         cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
  *         cdef cnp.ndarray t
  *         try:             # <<<<<<<<<<<<<<
@@ -11368,7 +13119,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 */
   /*try:*/ {
 
-    /* "fastpath/_kernels.pyx":203
+    /* "fastpath/_kernels.pyx":277
  *         cdef cnp.ndarray t
  *         try:
  *             for i in range(L):             # <<<<<<<<<<<<<<
@@ -11381,12 +13132,12 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_v_L};
       __pyx_t_7 = __Pyx_PyObject_FastCall((PyObject*)(&PyRange_Type), __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
-      if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 203, __pyx_L45_error)
+      if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 277, __pyx_L45_error)
       __Pyx_GOTREF(__pyx_t_7);
     }
-    __pyx_t_3 = PyObject_GetIter(__pyx_t_7); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 203, __pyx_L45_error)
+    __pyx_t_3 = PyObject_GetIter(__pyx_t_7); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 277, __pyx_L45_error)
     __Pyx_GOTREF(__pyx_t_3);
-    __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_3); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 203, __pyx_L45_error)
+    __pyx_t_13 = (CYTHON_COMPILING_IN_LIMITED_API) ? PyIter_Next : __Pyx_PyObject_GetIterNextFunc(__pyx_t_3); if (unlikely(!__pyx_t_13)) __PYX_ERR(0, 277, __pyx_L45_error)
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
     for (;;) {
       {
@@ -11394,66 +13145,66 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
         if (unlikely(!__pyx_t_7)) {
           PyObject* exc_type = PyErr_Occurred();
           if (exc_type) {
-            if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 203, __pyx_L45_error)
+            if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration))) __PYX_ERR(0, 277, __pyx_L45_error)
             PyErr_Clear();
           }
           break;
         }
       }
       __Pyx_GOTREF(__pyx_t_7);
-      if (__Pyx_PyInt_FromNumber(&__pyx_t_7, NULL, 1) < (0)) __PYX_ERR(0, 203, __pyx_L45_error)
+      if (__Pyx_PyInt_FromNumber(&__pyx_t_7, NULL, 1) < (0)) __PYX_ERR(0, 277, __pyx_L45_error)
       __Pyx_XDECREF_SET(__pyx_v_i, ((PyObject*)__pyx_t_7));
       __pyx_t_7 = 0;
 
-      /* "fastpath/_kernels.pyx":204
+      /* "fastpath/_kernels.pyx":278
  *         try:
  *             for i in range(L):
  *                 t = ws[i]             # <<<<<<<<<<<<<<
  *                 wp[i] = <const float *>cnp.PyArray_DATA(t)
  *                 t = bs[i]
 */
-      __pyx_t_7 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 204, __pyx_L45_error)
+      __pyx_t_7 = __Pyx_PyObject_GetItem(__pyx_v_ws, __pyx_v_i); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 278, __pyx_L45_error)
       __Pyx_GOTREF(__pyx_t_7);
-      if (!(likely(((__pyx_t_7) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_7, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 204, __pyx_L45_error)
+      if (!(likely(((__pyx_t_7) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_7, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 278, __pyx_L45_error)
       __Pyx_XDECREF_SET(__pyx_v_t, ((PyArrayObject *)__pyx_t_7));
       __pyx_t_7 = 0;
 
-      /* "fastpath/_kernels.pyx":205
+      /* "fastpath/_kernels.pyx":279
  *             for i in range(L):
  *                 t = ws[i]
  *                 wp[i] = <const float *>cnp.PyArray_DATA(t)             # <<<<<<<<<<<<<<
  *                 t = bs[i]
  *                 bp[i] = <const float *>cnp.PyArray_DATA(t)
 */
-      __pyx_t_2 = __Pyx_PyIndex_AsSsize_t(__pyx_v_i); if (unlikely((__pyx_t_2 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 205, __pyx_L45_error)
+      __pyx_t_2 = __Pyx_PyIndex_AsSsize_t(__pyx_v_i); if (unlikely((__pyx_t_2 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 279, __pyx_L45_error)
       (__pyx_v_wp[__pyx_t_2]) = ((float const *)PyArray_DATA(__pyx_v_t));
 
 
-      /* "fastpath/_kernels.pyx":206
+      /* "fastpath/_kernels.pyx":280
  *                 t = ws[i]
  *                 wp[i] = <const float *>cnp.PyArray_DATA(t)
  *                 t = bs[i]             # <<<<<<<<<<<<<<
  *                 bp[i] = <const float *>cnp.PyArray_DATA(t)
  *             rc = fp_mlp_init(&self.m, L, <const int *>cnp.PyArray_DATA(dims),
 */
-      __pyx_t_7 = __Pyx_PyObject_GetItem(__pyx_v_bs, __pyx_v_i); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 206, __pyx_L45_error)
+      __pyx_t_7 = __Pyx_PyObject_GetItem(__pyx_v_bs, __pyx_v_i); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 280, __pyx_L45_error)
       __Pyx_GOTREF(__pyx_t_7);
-      if (!(likely(((__pyx_t_7) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_7, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 206, __pyx_L45_error)
+      if (!(likely(((__pyx_t_7) == Py_None) || likely(__Pyx_TypeTest(__pyx_t_7, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 280, __pyx_L45_error)
       __Pyx_DECREF_SET(__pyx_v_t, ((PyArrayObject *)__pyx_t_7));
       __pyx_t_7 = 0;
 
-      /* "fastpath/_kernels.pyx":207
+      /* "fastpath/_kernels.pyx":281
  *                 wp[i] = <const float *>cnp.PyArray_DATA(t)
  *                 t = bs[i]
  *                 bp[i] = <const float *>cnp.PyArray_DATA(t)             # <<<<<<<<<<<<<<
  *             rc = fp_mlp_init(&self.m, L, <const int *>cnp.PyArray_DATA(dims),
  *                              <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)
 */
-      __pyx_t_2 = __Pyx_PyIndex_AsSsize_t(__pyx_v_i); if (unlikely((__pyx_t_2 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 207, __pyx_L45_error)
+      __pyx_t_2 = __Pyx_PyIndex_AsSsize_t(__pyx_v_i); if (unlikely((__pyx_t_2 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 281, __pyx_L45_error)
       (__pyx_v_bp[__pyx_t_2]) = ((float const *)PyArray_DATA(__pyx_v_t));
 
 
-      /* "fastpath/_kernels.pyx":203
+      /* "fastpath/_kernels.pyx":277
  *         cdef cnp.ndarray t
  *         try:
  *             for i in range(L):             # <<<<<<<<<<<<<<
@@ -11463,26 +13214,26 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     }
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
-    /* "fastpath/_kernels.pyx":208
+    /* "fastpath/_kernels.pyx":282
  *                 t = bs[i]
  *                 bp[i] = <const float *>cnp.PyArray_DATA(t)
  *             rc = fp_mlp_init(&self.m, L, <const int *>cnp.PyArray_DATA(dims),             # <<<<<<<<<<<<<<
  *                              <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)
  *         finally:
 */
-    __pyx_t_10 = __Pyx_PyLong_As_int(__pyx_v_L); if (unlikely((__pyx_t_10 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 208, __pyx_L45_error)
-    if (!(likely(((__pyx_v_dims) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_dims, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 208, __pyx_L45_error)
+    __pyx_t_10 = __Pyx_PyLong_As_int(__pyx_v_L); if (unlikely((__pyx_t_10 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 282, __pyx_L45_error)
+    if (!(likely(((__pyx_v_dims) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_dims, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 282, __pyx_L45_error)
 
-    /* "fastpath/_kernels.pyx":209
+    /* "fastpath/_kernels.pyx":283
  *                 bp[i] = <const float *>cnp.PyArray_DATA(t)
  *             rc = fp_mlp_init(&self.m, L, <const int *>cnp.PyArray_DATA(dims),
  *                              <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)             # <<<<<<<<<<<<<<
  *         finally:
  *             PyMem_Free(wp)
 */
-    if (!(likely(((__pyx_v_acts) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_acts, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 209, __pyx_L45_error)
+    if (!(likely(((__pyx_v_acts) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_acts, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 283, __pyx_L45_error)
 
-    /* "fastpath/_kernels.pyx":208
+    /* "fastpath/_kernels.pyx":282
  *                 t = bs[i]
  *                 bp[i] = <const float *>cnp.PyArray_DATA(t)
  *             rc = fp_mlp_init(&self.m, L, <const int *>cnp.PyArray_DATA(dims),             # <<<<<<<<<<<<<<
@@ -11493,7 +13244,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 
   }
 
-  /* "fastpath/_kernels.pyx":211
+  /* "fastpath/_kernels.pyx":285
  *                              <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)
  *         finally:
  *             PyMem_Free(wp)             # <<<<<<<<<<<<<<
@@ -11504,7 +13255,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     /*normal exit:*/{
       PyMem_Free(__pyx_v_wp);
 
-      /* "fastpath/_kernels.pyx":212
+      /* "fastpath/_kernels.pyx":286
  *         finally:
  *             PyMem_Free(wp)
  *             PyMem_Free(bp)             # <<<<<<<<<<<<<<
@@ -11538,7 +13289,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       __pyx_t_10 = __pyx_lineno; __pyx_t_18 = __pyx_clineno; __pyx_t_19 = __pyx_filename;
       {
 
-        /* "fastpath/_kernels.pyx":211
+        /* "fastpath/_kernels.pyx":285
  *                              <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)
  *         finally:
  *             PyMem_Free(wp)             # <<<<<<<<<<<<<<
@@ -11547,7 +13298,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 */
         PyMem_Free(__pyx_v_wp);
 
-        /* "fastpath/_kernels.pyx":212
+        /* "fastpath/_kernels.pyx":286
  *         finally:
  *             PyMem_Free(wp)
  *             PyMem_Free(bp)             # <<<<<<<<<<<<<<
@@ -11571,7 +13322,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
     __pyx_L46:;
   }
 
-  /* "fastpath/_kernels.pyx":213
+  /* "fastpath/_kernels.pyx":287
  *             PyMem_Free(wp)
  *             PyMem_Free(bp)
  *         if rc != 0:             # <<<<<<<<<<<<<<
@@ -11583,7 +13334,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
   if (unlikely(__pyx_t_4)) {
 
 
-    /* "fastpath/_kernels.pyx":214
+    /* "fastpath/_kernels.pyx":288
  *             PyMem_Free(bp)
  *         if rc != 0:
  *             raise MemoryError("cannot pack MLP")             # <<<<<<<<<<<<<<
@@ -11596,14 +13347,14 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       PyObject *__pyx_callargs[2] = {__pyx_t_7, __pyx_mstate_global->__pyx_kp_u_cannot_pack_MLP};
       __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_MemoryError)), __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 214, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 288, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(0, 214, __pyx_L1_error)
+    __PYX_ERR(0, 288, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":213
+    /* "fastpath/_kernels.pyx":287
  *             PyMem_Free(wp)
  *             PyMem_Free(bp)
  *         if rc != 0:             # <<<<<<<<<<<<<<
@@ -11612,33 +13363,33 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 */
   }
 
-  /* "fastpath/_kernels.pyx":215
+  /* "fastpath/_kernels.pyx":289
  *         if rc != 0:
  *             raise MemoryError("cannot pack MLP")
  *         self.n_in = dims[0]             # <<<<<<<<<<<<<<
  *         self.n_out = dims[L]
  *         self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
 */
-  __pyx_t_3 = __Pyx_GetItemInt(__pyx_v_dims, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 215, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_GetItemInt(__pyx_v_dims, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 289, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_18 = __Pyx_PyLong_As_int(__pyx_t_3); if (unlikely((__pyx_t_18 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 215, __pyx_L1_error)
+  __pyx_t_18 = __Pyx_PyLong_As_int(__pyx_t_3); if (unlikely((__pyx_t_18 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 289, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   __pyx_v_self->n_in = __pyx_t_18;
 
-  /* "fastpath/_kernels.pyx":216
+  /* "fastpath/_kernels.pyx":290
  *             raise MemoryError("cannot pack MLP")
  *         self.n_in = dims[0]
  *         self.n_out = dims[L]             # <<<<<<<<<<<<<<
  *         self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
  *         self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
 */
-  __pyx_t_3 = __Pyx_PyObject_GetItem(__pyx_v_dims, __pyx_v_L); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 216, __pyx_L1_error)
+  __pyx_t_3 = __Pyx_PyObject_GetItem(__pyx_v_dims, __pyx_v_L); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 290, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_3);
-  __pyx_t_18 = __Pyx_PyLong_As_int(__pyx_t_3); if (unlikely((__pyx_t_18 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 216, __pyx_L1_error)
+  __pyx_t_18 = __Pyx_PyLong_As_int(__pyx_t_3); if (unlikely((__pyx_t_18 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 290, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
   __pyx_v_self->n_out = __pyx_t_18;
 
-  /* "fastpath/_kernels.pyx":217
+  /* "fastpath/_kernels.pyx":291
  *         self.n_in = dims[0]
  *         self.n_out = dims[L]
  *         self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)             # <<<<<<<<<<<<<<
@@ -11647,7 +13398,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 */
   __pyx_v_self->a = ((float *)fp_aligned_alloc(((sizeof(float)) * __pyx_v_self->m.max_width)));
 
-  /* "fastpath/_kernels.pyx":218
+  /* "fastpath/_kernels.pyx":292
  *         self.n_out = dims[L]
  *         self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
  *         self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)             # <<<<<<<<<<<<<<
@@ -11656,7 +13407,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 */
   __pyx_v_self->b = ((float *)fp_aligned_alloc(((sizeof(float)) * __pyx_v_self->m.max_width)));
 
-  /* "fastpath/_kernels.pyx":219
+  /* "fastpath/_kernels.pyx":293
  *         self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
  *         self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
  *         if self.a == NULL or self.b == NULL:             # <<<<<<<<<<<<<<
@@ -11682,7 +13433,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
   if (unlikely(__pyx_t_4)) {
 
 
-    /* "fastpath/_kernels.pyx":220
+    /* "fastpath/_kernels.pyx":294
  *         self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
  *         if self.a == NULL or self.b == NULL:
  *             raise MemoryError("cannot allocate MLP scratch")             # <<<<<<<<<<<<<<
@@ -11695,14 +13446,14 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
       PyObject *__pyx_callargs[2] = {__pyx_t_7, __pyx_mstate_global->__pyx_kp_u_cannot_allocate_MLP_scratch};
       __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)(((PyTypeObject*)PyExc_MemoryError)), __pyx_callargs+__pyx_t_12, (2-__pyx_t_12) | (__pyx_t_12*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
       __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
-      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 220, __pyx_L1_error)
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 294, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_3);
     }
     __Pyx_Raise(__pyx_t_3, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
-    __PYX_ERR(0, 220, __pyx_L1_error)
+    __PYX_ERR(0, 294, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":219
+    /* "fastpath/_kernels.pyx":293
  *         self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
  *         self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
  *         if self.a == NULL or self.b == NULL:             # <<<<<<<<<<<<<<
@@ -11711,8 +13462,8 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
 */
   }
 
-  /* "fastpath/_kernels.pyx":186
- *     cdef const fp_kernels *k
+  /* "fastpath/_kernels.pyx":260
+ *     cdef int parity         # row-group order of the next pass: this object's state, not the model's
  * 
  *     def __cinit__(self, weights, biases, activations, str isa="avx2"):             # <<<<<<<<<<<<<<
  *         self.k = _kernels(isa)
@@ -11753,7 +13504,7 @@ static int __pyx_pf_8fastpath_8_kernels_9PackedMLP___cinit__(struct __pyx_obj_8f
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":222
+/* "fastpath/_kernels.pyx":296
  *             raise MemoryError("cannot allocate MLP scratch")
  * 
  *     def __dealloc__(self):             # <<<<<<<<<<<<<<
@@ -11776,7 +13527,7 @@ static void __pyx_pw_8fastpath_8_kernels_9PackedMLP_3__dealloc__(PyObject *__pyx
 
 static void __pyx_pf_8fastpath_8_kernels_9PackedMLP_2__dealloc__(struct __pyx_obj_8fastpath_8_kernels_PackedMLP *__pyx_v_self) {
 
-  /* "fastpath/_kernels.pyx":223
+  /* "fastpath/_kernels.pyx":297
  * 
  *     def __dealloc__(self):
  *         fp_mlp_free(&self.m)             # <<<<<<<<<<<<<<
@@ -11785,7 +13536,7 @@ static void __pyx_pf_8fastpath_8_kernels_9PackedMLP_2__dealloc__(struct __pyx_ob
 */
   fp_mlp_free((&__pyx_v_self->m));
 
-  /* "fastpath/_kernels.pyx":224
+  /* "fastpath/_kernels.pyx":298
  *     def __dealloc__(self):
  *         fp_mlp_free(&self.m)
  *         fp_aligned_free(self.a)             # <<<<<<<<<<<<<<
@@ -11794,7 +13545,7 @@ static void __pyx_pf_8fastpath_8_kernels_9PackedMLP_2__dealloc__(struct __pyx_ob
 */
   fp_aligned_free(__pyx_v_self->a);
 
-  /* "fastpath/_kernels.pyx":225
+  /* "fastpath/_kernels.pyx":299
  *         fp_mlp_free(&self.m)
  *         fp_aligned_free(self.a)
  *         fp_aligned_free(self.b)             # <<<<<<<<<<<<<<
@@ -11803,7 +13554,7 @@ static void __pyx_pf_8fastpath_8_kernels_9PackedMLP_2__dealloc__(struct __pyx_ob
 */
   fp_aligned_free(__pyx_v_self->b);
 
-  /* "fastpath/_kernels.pyx":222
+  /* "fastpath/_kernels.pyx":296
  *             raise MemoryError("cannot allocate MLP scratch")
  * 
  *     def __dealloc__(self):             # <<<<<<<<<<<<<<
@@ -11815,7 +13566,7 @@ static void __pyx_pf_8fastpath_8_kernels_9PackedMLP_2__dealloc__(struct __pyx_ob
 
 }
 
-/* "fastpath/_kernels.pyx":227
+/* "fastpath/_kernels.pyx":301
  *         fp_aligned_free(self.b)
  * 
  *     @property             # <<<<<<<<<<<<<<
@@ -11847,14 +13598,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4macs___get__(struct __
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("__get__", 0);
 
-  /* "fastpath/_kernels.pyx":229
+  /* "fastpath/_kernels.pyx":303
  *     @property
  *     def macs(self):
  *         return self.m.macs             # <<<<<<<<<<<<<<
  * 
  *     def forward(self, x):
 */
-  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_self->m.macs); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 229, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_self->m.macs); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 303, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   {
     PyObject *__pyx_temp;
@@ -11867,7 +13618,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4macs___get__(struct __
   __pyx_t_1 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":227
+  /* "fastpath/_kernels.pyx":301
  *         fp_aligned_free(self.b)
  * 
  *     @property             # <<<<<<<<<<<<<<
@@ -11886,12 +13637,12 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4macs___get__(struct __
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":231
+/* "fastpath/_kernels.pyx":305
  *         return self.m.macs
  * 
  *     def forward(self, x):             # <<<<<<<<<<<<<<
- *         """MLP output (no head) for one float32 input vector."""
- *         cdef cnp.ndarray v = _f32(x, "x")
+ *         """MLP output (no head) for one float32 input vector; InputError when a layer's
+ *         pre-activations are NaN/Inf (the engine refuses such a tick)."""
 */
 
 /* Python wrapper */
@@ -11902,7 +13653,7 @@ PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
 PyObject *__pyx_args, PyObject *__pyx_kwds
 #endif
 ); /*proto*/
-PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_9PackedMLP_4forward, "PackedMLP.forward(self, x)\n\nMLP output (no head) for one float32 input vector.");
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_9PackedMLP_4forward, "PackedMLP.forward(self, x)\n\nMLP output (no head) for one float32 input vector; InputError when a layer\047s\npre-activations are NaN/Inf (the engine refuses such a tick).");
 static PyMethodDef __pyx_mdef_8fastpath_8_kernels_9PackedMLP_5forward = {"forward", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_9PackedMLP_5forward, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_9PackedMLP_4forward};
 static PyObject *__pyx_pw_8fastpath_8_kernels_9PackedMLP_5forward(PyObject *__pyx_v_self, 
 #if CYTHON_VECTORCALL
@@ -11934,32 +13685,32 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_x,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 231, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 305, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 231, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 305, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward", 0) < (0)) __PYX_ERR(0, 231, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "forward", 0) < (0)) __PYX_ERR(0, 305, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward", 1, 1, 1, i); __PYX_ERR(0, 231, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("forward", 1, 1, 1, i); __PYX_ERR(0, 305, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 1)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 231, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 305, __pyx_L3_error)
     }
     __pyx_v_x = values[0];
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("forward", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 231, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("forward", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 305, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -12002,46 +13753,46 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4forward(struct __pyx_o
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("forward", 0);
 
-  /* "fastpath/_kernels.pyx":233
- *     def forward(self, x):
- *         """MLP output (no head) for one float32 input vector."""
+  /* "fastpath/_kernels.pyx":308
+ *         """MLP output (no head) for one float32 input vector; InputError when a layer's
+ *         pre-activations are NaN/Inf (the engine refuses such a tick)."""
  *         cdef cnp.ndarray v = _f32(x, "x")             # <<<<<<<<<<<<<<
  *         if len(v) != self.n_in:
  *             raise InputError(f"x must have {self.n_in} values, got {len(v)}")
 */
-  __pyx_t_1 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_x, __pyx_mstate_global->__pyx_n_u_x)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 233, __pyx_L1_error)
+  __pyx_t_1 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_x, __pyx_mstate_global->__pyx_n_u_x)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 308, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   __pyx_v_v = ((PyArrayObject *)__pyx_t_1);
   __pyx_t_1 = 0;
 
-  /* "fastpath/_kernels.pyx":234
- *         """MLP output (no head) for one float32 input vector."""
+  /* "fastpath/_kernels.pyx":309
+ *         pre-activations are NaN/Inf (the engine refuses such a tick)."""
  *         cdef cnp.ndarray v = _f32(x, "x")
  *         if len(v) != self.n_in:             # <<<<<<<<<<<<<<
  *             raise InputError(f"x must have {self.n_in} values, got {len(v)}")
- *         cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
+ *         self.parity ^= 1
 */
-  __pyx_t_2 = PyObject_Length(((PyObject *)__pyx_v_v)); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 234, __pyx_L1_error)
+  __pyx_t_2 = PyObject_Length(((PyObject *)__pyx_v_v)); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 309, __pyx_L1_error)
   __pyx_t_3 = (__pyx_t_2 != __pyx_v_self->n_in);
 
 
   if (unlikely(__pyx_t_3)) {
 
 
-    /* "fastpath/_kernels.pyx":235
+    /* "fastpath/_kernels.pyx":310
  *         cdef cnp.ndarray v = _f32(x, "x")
  *         if len(v) != self.n_in:
  *             raise InputError(f"x must have {self.n_in} values, got {len(v)}")             # <<<<<<<<<<<<<<
+ *         self.parity ^= 1
  *         cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
- *                                              self.a, self.b)
 */
     __pyx_t_4 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 235, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 310, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_5);
-    __pyx_t_6 = __Pyx_PyUnicode_From_int(__pyx_v_self->n_in, 0, ' ', 'd'); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 235, __pyx_L1_error)
+    __pyx_t_6 = __Pyx_PyUnicode_From_int(__pyx_v_self->n_in, 0, ' ', 'd'); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 310, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
-    __pyx_t_2 = PyObject_Length(((PyObject *)__pyx_v_v)); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 235, __pyx_L1_error)
-    __pyx_t_7 = __Pyx_PyUnicode_From_Py_ssize_t(__pyx_t_2, 0, ' ', 'd'); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 235, __pyx_L1_error)
+    __pyx_t_2 = PyObject_Length(((PyObject *)__pyx_v_v)); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 310, __pyx_L1_error)
+    __pyx_t_7 = __Pyx_PyUnicode_From_Py_ssize_t(__pyx_t_2, 0, ' ', 'd'); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 310, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
 
     __pyx_t_8[0] = __pyx_mstate_global->__pyx_kp_u_x_must_have;
@@ -12054,7 +13805,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4forward(struct __pyx_o
     #endif
     __pyx_t_9 = 0;
     __pyx_t_10 = __Pyx_PyUnicode_Join(__pyx_t_8, 4, __pyx_t_2, __pyx_t_9);
-    if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 235, __pyx_L1_error)
+    if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 310, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_10);
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
@@ -12076,87 +13827,151 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4forward(struct __pyx_o
       __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
       __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
       __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
-      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 235, __pyx_L1_error)
+      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 310, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
     }
     __Pyx_Raise(__pyx_t_1, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-    __PYX_ERR(0, 235, __pyx_L1_error)
+    __PYX_ERR(0, 310, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":234
- *         """MLP output (no head) for one float32 input vector."""
+    /* "fastpath/_kernels.pyx":309
+ *         pre-activations are NaN/Inf (the engine refuses such a tick)."""
  *         cdef cnp.ndarray v = _f32(x, "x")
  *         if len(v) != self.n_in:             # <<<<<<<<<<<<<<
  *             raise InputError(f"x must have {self.n_in} values, got {len(v)}")
- *         cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
+ *         self.parity ^= 1
 */
   }
 
-  /* "fastpath/_kernels.pyx":236
+  /* "fastpath/_kernels.pyx":311
  *         if len(v) != self.n_in:
  *             raise InputError(f"x must have {self.n_in} values, got {len(v)}")
+ *         self.parity ^= 1             # <<<<<<<<<<<<<<
+ *         cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
+ *                                              self.a, self.b, self.parity)
+*/
+  __pyx_v_self->parity = (__pyx_v_self->parity ^ 1);
+
+  /* "fastpath/_kernels.pyx":312
+ *             raise InputError(f"x must have {self.n_in} values, got {len(v)}")
+ *         self.parity ^= 1
  *         cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),             # <<<<<<<<<<<<<<
- *                                              self.a, self.b)
+ *                                              self.a, self.b, self.parity)
+ *         if o == NULL:
+*/
+  __pyx_v_o = fp_mlp_forward(__pyx_v_self->k, (&__pyx_v_self->m), ((float const *)PyArray_DATA(__pyx_v_v)), __pyx_v_self->a, __pyx_v_self->b, __pyx_v_self->parity);
+
+  /* "fastpath/_kernels.pyx":314
+ *         cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
+ *                                              self.a, self.b, self.parity)
+ *         if o == NULL:             # <<<<<<<<<<<<<<
+ *             raise InputError("a layer's pre-activations are NaN/Inf for this input")
  *         out = np.empty(self.n_out, np.float32)
 */
-  __pyx_v_o = fp_mlp_forward(__pyx_v_self->k, (&__pyx_v_self->m), ((float const *)PyArray_DATA(__pyx_v_v)), __pyx_v_self->a, __pyx_v_self->b);
+  __pyx_t_3 = (__pyx_v_o == NULL);
 
-  /* "fastpath/_kernels.pyx":238
+  if (unlikely(__pyx_t_3)) {
+
+
+    /* "fastpath/_kernels.pyx":315
+ *                                              self.a, self.b, self.parity)
+ *         if o == NULL:
+ *             raise InputError("a layer's pre-activations are NaN/Inf for this input")             # <<<<<<<<<<<<<<
+ *         out = np.empty(self.n_out, np.float32)
+ *         memcpy(cnp.PyArray_DATA(out), o, sizeof(float) * self.n_out)
+*/
+    __pyx_t_5 = NULL;
+    __Pyx_GetModuleGlobalName(__pyx_t_10, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 315, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_10);
+    __pyx_t_11 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_10))) {
+      __pyx_t_5 = PyMethod_GET_SELF(__pyx_t_10);
+      assert(__pyx_t_5);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_10);
+      __Pyx_INCREF(__pyx_t_5);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_10, __pyx__function);
+      __pyx_t_11 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_mstate_global->__pyx_kp_u_a_layer_s_pre_activations_are_Na};
+      __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_10, __pyx_callargs+__pyx_t_11, (2-__pyx_t_11) | (__pyx_t_11*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+      __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
+      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 315, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_1);
+    }
+    __Pyx_Raise(__pyx_t_1, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    __PYX_ERR(0, 315, __pyx_L1_error)
+
+    /* "fastpath/_kernels.pyx":314
  *         cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
- *                                              self.a, self.b)
+ *                                              self.a, self.b, self.parity)
+ *         if o == NULL:             # <<<<<<<<<<<<<<
+ *             raise InputError("a layer's pre-activations are NaN/Inf for this input")
+ *         out = np.empty(self.n_out, np.float32)
+*/
+  }
+
+  /* "fastpath/_kernels.pyx":316
+ *         if o == NULL:
+ *             raise InputError("a layer's pre-activations are NaN/Inf for this input")
  *         out = np.empty(self.n_out, np.float32)             # <<<<<<<<<<<<<<
  *         memcpy(cnp.PyArray_DATA(out), o, sizeof(float) * self.n_out)
  *         return out
 */
-  __pyx_t_5 = NULL;
-  __Pyx_GetModuleGlobalName(__pyx_t_10, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 238, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_10);
-  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_10, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 238, __pyx_L1_error)
+  __pyx_t_10 = NULL;
+  __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 316, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_empty); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 316, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
-  __pyx_t_10 = __Pyx_PyLong_From_int(__pyx_v_self->n_out); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 238, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_10);
-  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 238, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+  __pyx_t_5 = __Pyx_PyLong_From_int(__pyx_v_self->n_out); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 316, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_np); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 316, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_7);
-  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 238, __pyx_L1_error)
+  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_float32); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 316, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_6);
   __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
   __pyx_t_11 = 1;
   #if CYTHON_UNPACK_METHODS
   if (unlikely(PyMethod_Check(__pyx_t_4))) {
-    __pyx_t_5 = PyMethod_GET_SELF(__pyx_t_4);
-    assert(__pyx_t_5);
+    __pyx_t_10 = PyMethod_GET_SELF(__pyx_t_4);
+    assert(__pyx_t_10);
     PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_4);
-    __Pyx_INCREF(__pyx_t_5);
+    __Pyx_INCREF(__pyx_t_10);
     __Pyx_INCREF(__pyx__function);
     __Pyx_DECREF_SET(__pyx_t_4, __pyx__function);
     __pyx_t_11 = 0;
   }
   #endif
   {
-    PyObject *__pyx_callargs[3] = {__pyx_t_5, __pyx_t_10, __pyx_t_6};
+    PyObject *__pyx_callargs[3] = {__pyx_t_10, __pyx_t_5, __pyx_t_6};
     __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_11, (3-__pyx_t_11) | (__pyx_t_11*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
-    __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
-    __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
+    __Pyx_XDECREF(__pyx_t_10); __pyx_t_10 = 0;
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
     __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
     __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 238, __pyx_L1_error)
+    if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 316, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_1);
   }
   __pyx_v_out = __pyx_t_1;
   __pyx_t_1 = 0;
 
-  /* "fastpath/_kernels.pyx":239
- *                                              self.a, self.b)
+  /* "fastpath/_kernels.pyx":317
+ *             raise InputError("a layer's pre-activations are NaN/Inf for this input")
  *         out = np.empty(self.n_out, np.float32)
  *         memcpy(cnp.PyArray_DATA(out), o, sizeof(float) * self.n_out)             # <<<<<<<<<<<<<<
  *         return out
  * 
 */
-  if (!(likely(((__pyx_v_out) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_out, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 239, __pyx_L1_error)
+  if (!(likely(((__pyx_v_out) == Py_None) || likely(__Pyx_TypeTest(__pyx_v_out, __pyx_mstate_global->__pyx_ptype_5numpy_ndarray))))) __PYX_ERR(0, 317, __pyx_L1_error)
   (void)(memcpy(PyArray_DATA(((PyArrayObject *)__pyx_v_out)), __pyx_v_o, ((sizeof(float)) * __pyx_v_self->n_out)));
 
-  /* "fastpath/_kernels.pyx":240
+  /* "fastpath/_kernels.pyx":318
  *         out = np.empty(self.n_out, np.float32)
  *         memcpy(cnp.PyArray_DATA(out), o, sizeof(float) * self.n_out)
  *         return out             # <<<<<<<<<<<<<<
@@ -12174,12 +13989,12 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4forward(struct __pyx_o
   }
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":231
+  /* "fastpath/_kernels.pyx":305
  *         return self.m.macs
  * 
  *     def forward(self, x):             # <<<<<<<<<<<<<<
- *         """MLP output (no head) for one float32 input vector."""
- *         cdef cnp.ndarray v = _f32(x, "x")
+ *         """MLP output (no head) for one float32 input vector; InputError when a layer's
+ *         pre-activations are NaN/Inf (the engine refuses such a tick)."""
 */
 
   /* function exit code */
@@ -12201,7 +14016,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4forward(struct __pyx_o
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":242
+/* "fastpath/_kernels.pyx":320
  *         return out
  * 
  *     def time_forward(self, x, long long iters):             # <<<<<<<<<<<<<<
@@ -12250,39 +14065,39 @@ PyObject *__pyx_args, PyObject *__pyx_kwds
   {
     PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_x,&__pyx_mstate_global->__pyx_n_u_iters,0};
     const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
-    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 242, __pyx_L3_error)
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 320, __pyx_L3_error)
     if (__pyx_kwds_len > 0) {
       switch (__pyx_nargs) {
         case  2:
         values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 242, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 320, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  1:
         values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 242, __pyx_L3_error)
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 320, __pyx_L3_error)
         CYTHON_FALLTHROUGH;
         case  0: break;
         default: goto __pyx_L5_argtuple_error;
       }
       const Py_ssize_t kwd_pos_args = __pyx_nargs;
-      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "time_forward", 0) < (0)) __PYX_ERR(0, 242, __pyx_L3_error)
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "time_forward", 0) < (0)) __PYX_ERR(0, 320, __pyx_L3_error)
       for (Py_ssize_t i = __pyx_nargs; i < 2; i++) {
-        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("time_forward", 1, 2, 2, i); __PYX_ERR(0, 242, __pyx_L3_error) }
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("time_forward", 1, 2, 2, i); __PYX_ERR(0, 320, __pyx_L3_error) }
       }
     } else if (unlikely(__pyx_nargs != 2)) {
       goto __pyx_L5_argtuple_error;
     } else {
       values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 242, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 320, __pyx_L3_error)
       values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
-      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 242, __pyx_L3_error)
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 320, __pyx_L3_error)
     }
     __pyx_v_x = values[0];
-    __pyx_v_iters = __Pyx_PyLong_As_PY_LONG_LONG(values[1]); if (unlikely((__pyx_v_iters == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 242, __pyx_L3_error)
+    __pyx_v_iters = __Pyx_PyLong_As_PY_LONG_LONG(values[1]); if (unlikely((__pyx_v_iters == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 320, __pyx_L3_error)
   }
   goto __pyx_L6_skip;
   __pyx_L5_argtuple_error:;
-  __Pyx_RaiseArgtupleInvalid("time_forward", 1, 2, 2, __pyx_nargs); __PYX_ERR(0, 242, __pyx_L3_error)
+  __Pyx_RaiseArgtupleInvalid("time_forward", 1, 2, 2, __pyx_nargs); __PYX_ERR(0, 320, __pyx_L3_error)
   __pyx_L6_skip:;
   goto __pyx_L4_argument_unpacking_done;
   __pyx_L3_error:;
@@ -12311,6 +14126,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
   int64_t __pyx_v_t0;
   int64_t __pyx_v_t1;
   CYTHON_UNUSED float volatile __pyx_v_sink;
+  float const *__pyx_v_o;
   PyObject *__pyx_r = NULL;
   __Pyx_RefNannyDeclarations
   PyObject *__pyx_t_1 = NULL;
@@ -12327,31 +14143,32 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
   PY_LONG_LONG __pyx_t_12;
   PY_LONG_LONG __pyx_t_13;
   PY_LONG_LONG __pyx_t_14;
+  float __pyx_t_15;
   int __pyx_lineno = 0;
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
   __Pyx_RefNannySetupContext("time_forward", 0);
 
-  /* "fastpath/_kernels.pyx":244
+  /* "fastpath/_kernels.pyx":322
  *     def time_forward(self, x, long long iters):
  *         """Mean ns per forward pass over `iters` back-to-back calls, GIL released."""
  *         cdef cnp.ndarray v = _f32(x, "x")             # <<<<<<<<<<<<<<
  *         if len(v) != self.n_in or iters < 1:
  *             raise InputError(f"x must have {self.n_in} values and iters >= 1")
 */
-  __pyx_t_1 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_x, __pyx_mstate_global->__pyx_n_u_x)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 244, __pyx_L1_error)
+  __pyx_t_1 = ((PyObject *)__pyx_f_8fastpath_8_kernels__f32(__pyx_v_x, __pyx_mstate_global->__pyx_n_u_x)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 322, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   __pyx_v_v = ((PyArrayObject *)__pyx_t_1);
   __pyx_t_1 = 0;
 
-  /* "fastpath/_kernels.pyx":245
+  /* "fastpath/_kernels.pyx":323
  *         """Mean ns per forward pass over `iters` back-to-back calls, GIL released."""
  *         cdef cnp.ndarray v = _f32(x, "x")
  *         if len(v) != self.n_in or iters < 1:             # <<<<<<<<<<<<<<
  *             raise InputError(f"x must have {self.n_in} values and iters >= 1")
  *         cdef const float *xp = <const float *>cnp.PyArray_DATA(v)
 */
-  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_v)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 245, __pyx_L1_error)
+  __pyx_t_3 = PyObject_Length(((PyObject *)__pyx_v_v)); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 323, __pyx_L1_error)
   __pyx_t_4 = (__pyx_t_3 != __pyx_v_self->n_in);
 
 
@@ -12372,7 +14189,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
   if (unlikely(__pyx_t_2)) {
 
 
-    /* "fastpath/_kernels.pyx":246
+    /* "fastpath/_kernels.pyx":324
  *         cdef cnp.ndarray v = _f32(x, "x")
  *         if len(v) != self.n_in or iters < 1:
  *             raise InputError(f"x must have {self.n_in} values and iters >= 1")             # <<<<<<<<<<<<<<
@@ -12380,9 +14197,9 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
  *         cdef long long i
 */
     __pyx_t_5 = NULL;
-    __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 246, __pyx_L1_error)
+    __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 324, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_6);
-    __pyx_t_7 = __Pyx_PyUnicode_From_int(__pyx_v_self->n_in, 0, ' ', 'd'); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 246, __pyx_L1_error)
+    __pyx_t_7 = __Pyx_PyUnicode_From_int(__pyx_v_self->n_in, 0, ' ', 'd'); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 324, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_7);
     __pyx_t_8[0] = __pyx_mstate_global->__pyx_kp_u_x_must_have;
     __pyx_t_8[1] = __pyx_t_7;
@@ -12393,7 +14210,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
     #endif
     __pyx_t_9 = 0;
     __pyx_t_10 = __Pyx_PyUnicode_Join(__pyx_t_8, 3, __pyx_t_3, __pyx_t_9);
-    if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 246, __pyx_L1_error)
+    if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 324, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_10);
     __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
     __pyx_t_11 = 1;
@@ -12414,14 +14231,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
       __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
       __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
       __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
-      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 246, __pyx_L1_error)
+      if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 324, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_1);
     }
     __Pyx_Raise(__pyx_t_1, 0, 0, 0);
     __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
-    __PYX_ERR(0, 246, __pyx_L1_error)
+    __PYX_ERR(0, 324, __pyx_L1_error)
 
-    /* "fastpath/_kernels.pyx":245
+    /* "fastpath/_kernels.pyx":323
  *         """Mean ns per forward pass over `iters` back-to-back calls, GIL released."""
  *         cdef cnp.ndarray v = _f32(x, "x")
  *         if len(v) != self.n_in or iters < 1:             # <<<<<<<<<<<<<<
@@ -12430,7 +14247,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
 */
   }
 
-  /* "fastpath/_kernels.pyx":247
+  /* "fastpath/_kernels.pyx":325
  *         if len(v) != self.n_in or iters < 1:
  *             raise InputError(f"x must have {self.n_in} values and iters >= 1")
  *         cdef const float *xp = <const float *>cnp.PyArray_DATA(v)             # <<<<<<<<<<<<<<
@@ -12439,18 +14256,18 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
 */
   __pyx_v_xp = ((float const *)PyArray_DATA(__pyx_v_v));
 
-  /* "fastpath/_kernels.pyx":250
+  /* "fastpath/_kernels.pyx":328
  *         cdef long long i
  *         cdef int64_t t0, t1
  *         cdef volatile float sink = 0             # <<<<<<<<<<<<<<
+ *         cdef const float *o
  *         with nogil:
- *             t0 = fp_mono_ns()
 */
   __pyx_v_sink = 0.0;
 
-  /* "fastpath/_kernels.pyx":251
- *         cdef int64_t t0, t1
+  /* "fastpath/_kernels.pyx":330
  *         cdef volatile float sink = 0
+ *         cdef const float *o
  *         with nogil:             # <<<<<<<<<<<<<<
  *             t0 = fp_mono_ns()
  *             for i in range(iters):
@@ -12461,21 +14278,21 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
       __Pyx_FastGIL_Remember();
       /*try:*/ {
 
-        /* "fastpath/_kernels.pyx":252
- *         cdef volatile float sink = 0
+        /* "fastpath/_kernels.pyx":331
+ *         cdef const float *o
  *         with nogil:
  *             t0 = fp_mono_ns()             # <<<<<<<<<<<<<<
  *             for i in range(iters):
- *                 sink = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b)[0]
+ *                 self.parity ^= 1
 */
         __pyx_v_t0 = fp_mono_ns();
 
-        /* "fastpath/_kernels.pyx":253
+        /* "fastpath/_kernels.pyx":332
  *         with nogil:
  *             t0 = fp_mono_ns()
  *             for i in range(iters):             # <<<<<<<<<<<<<<
- *                 sink = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b)[0]
- *             t1 = fp_mono_ns()
+ *                 self.parity ^= 1
+ *                 o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, self.parity)
 */
 
         __pyx_t_12 = __pyx_v_iters;
@@ -12484,29 +14301,58 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
         for (__pyx_t_14 = 0; __pyx_t_14 < __pyx_t_13; __pyx_t_14+=1) {
           __pyx_v_i = __pyx_t_14;
 
-          /* "fastpath/_kernels.pyx":254
+          /* "fastpath/_kernels.pyx":333
  *             t0 = fp_mono_ns()
  *             for i in range(iters):
- *                 sink = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b)[0]             # <<<<<<<<<<<<<<
+ *                 self.parity ^= 1             # <<<<<<<<<<<<<<
+ *                 o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, self.parity)
+ *                 sink = o[0] if o != NULL else 0
+*/
+          __pyx_v_self->parity = (__pyx_v_self->parity ^ 1);
+
+          /* "fastpath/_kernels.pyx":334
+ *             for i in range(iters):
+ *                 self.parity ^= 1
+ *                 o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, self.parity)             # <<<<<<<<<<<<<<
+ *                 sink = o[0] if o != NULL else 0
+ *             t1 = fp_mono_ns()
+*/
+          __pyx_v_o = fp_mlp_forward(__pyx_v_self->k, (&__pyx_v_self->m), __pyx_v_xp, __pyx_v_self->a, __pyx_v_self->b, __pyx_v_self->parity);
+
+          /* "fastpath/_kernels.pyx":335
+ *                 self.parity ^= 1
+ *                 o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, self.parity)
+ *                 sink = o[0] if o != NULL else 0             # <<<<<<<<<<<<<<
  *             t1 = fp_mono_ns()
  *         return (t1 - t0) / iters
 */
-          __pyx_v_sink = (fp_mlp_forward(__pyx_v_self->k, (&__pyx_v_self->m), __pyx_v_xp, __pyx_v_self->a, __pyx_v_self->b)[0]);
+          __pyx_t_2 = (__pyx_v_o != NULL);
+
+          if (__pyx_t_2) {
+
+            __pyx_t_15 = (__pyx_v_o[0]);
+          } else {
+
+            __pyx_t_15 = 0.0;
+          }
+
+          __pyx_v_sink = __pyx_t_15;
         }
 
 
-        /* "fastpath/_kernels.pyx":255
- *             for i in range(iters):
- *                 sink = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b)[0]
+        /* "fastpath/_kernels.pyx":336
+ *                 o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, self.parity)
+ *                 sink = o[0] if o != NULL else 0
  *             t1 = fp_mono_ns()             # <<<<<<<<<<<<<<
  *         return (t1 - t0) / iters
+ * 
 */
         __pyx_v_t1 = fp_mono_ns();
       }
 
-      /* "fastpath/_kernels.pyx":251
- *         cdef int64_t t0, t1
+      /* "fastpath/_kernels.pyx":330
  *         cdef volatile float sink = 0
+ *         cdef const float *o
  *         with nogil:             # <<<<<<<<<<<<<<
  *             t0 = fp_mono_ns()
  *             for i in range(iters):
@@ -12521,12 +14367,14 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
       }
   }
 
-  /* "fastpath/_kernels.pyx":256
- *                 sink = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b)[0]
+  /* "fastpath/_kernels.pyx":337
+ *                 sink = o[0] if o != NULL else 0
  *             t1 = fp_mono_ns()
  *         return (t1 - t0) / iters             # <<<<<<<<<<<<<<
+ * 
+ * 
 */
-  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG((((PY_LONG_LONG)(__pyx_v_t1 - __pyx_v_t0)) / __pyx_v_iters)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 256, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_PyLong_From_PY_LONG_LONG((((PY_LONG_LONG)(__pyx_v_t1 - __pyx_v_t0)) / __pyx_v_iters)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 337, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_1);
   {
     PyObject *__pyx_temp;
@@ -12539,7 +14387,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
   __pyx_t_1 = 0;
   goto __pyx_L0;
 
-  /* "fastpath/_kernels.pyx":242
+  /* "fastpath/_kernels.pyx":320
  *         return out
  * 
  *     def time_forward(self, x, long long iters):             # <<<<<<<<<<<<<<
@@ -12563,17 +14411,18 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_6time_forward(struct __
 
 
 
+
   __Pyx_XGIVEREF(__pyx_r);
   __Pyx_RefNannyFinishContext();
   return __pyx_r;
 }
 
-/* "fastpath/_kernels.pyx":183
+/* "fastpath/_kernels.pyx":256
  *     cdef float *a
  *     cdef float *b
  *     cdef readonly int n_in, n_out             # <<<<<<<<<<<<<<
  *     cdef const fp_kernels *k
- * 
+ *     cdef int parity         # row-group order of the next pass: this object's state, not the model's
 */
 
 /* Python wrapper */
@@ -12607,7 +14456,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_4n_in___get__(struct __
       __Pyx_INCREF(__pyx_t_1);
       __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
       /*try:*/ {
-        __pyx_t_2 = __Pyx_PyLong_From_int(__pyx_v_self->n_in); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 183, __pyx_L4_error)
+        __pyx_t_2 = __Pyx_PyLong_From_int(__pyx_v_self->n_in); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 256, __pyx_L4_error)
         __Pyx_GOTREF(__pyx_t_2);
         {
           PyObject *__pyx_temp;
@@ -12681,7 +14530,7 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_5n_out___get__(struct _
       __Pyx_INCREF(__pyx_t_1);
       __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
       /*try:*/ {
-        __pyx_t_2 = __Pyx_PyLong_From_int(__pyx_v_self->n_out); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 183, __pyx_L4_error)
+        __pyx_t_2 = __Pyx_PyLong_From_int(__pyx_v_self->n_out); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 256, __pyx_L4_error)
         __Pyx_GOTREF(__pyx_t_2);
         {
           PyObject *__pyx_temp;
@@ -12925,6 +14774,1123 @@ static PyObject *__pyx_pf_8fastpath_8_kernels_9PackedMLP_10__setstate_cython__(C
   __pyx_L1_error:;
   __Pyx_AddTraceback("fastpath._kernels.PackedMLP.__setstate_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
   __pyx_r = NULL;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastpath/_kernels.pyx":340
+ * 
+ * 
+ * def clock_ticks():             # <<<<<<<<<<<<<<
+ *     """One raw timestamp of the latency clock (TSC ticks, or ns without an invariant TSC)."""
+ *     return fp_ticks()
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_8fastpath_8_kernels_25clock_ticks(PyObject *__pyx_self, CYTHON_UNUSED PyObject *unused); /*proto*/
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_24clock_ticks, "clock_ticks()\n\nOne raw timestamp of the latency clock (TSC ticks, or ns without an invariant TSC).");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_25clock_ticks = {"clock_ticks", (PyCFunction)__pyx_pw_8fastpath_8_kernels_25clock_ticks, METH_NOARGS, __pyx_doc_8fastpath_8_kernels_24clock_ticks};
+static PyObject *__pyx_pw_8fastpath_8_kernels_25clock_ticks(PyObject *__pyx_self, CYTHON_UNUSED PyObject *unused) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("clock_ticks (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_24clock_ticks(__pyx_self);
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_8fastpath_8_kernels_24clock_ticks(CYTHON_UNUSED PyObject *__pyx_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("clock_ticks", 0);
+
+  /* "fastpath/_kernels.pyx":342
+ * def clock_ticks():
+ *     """One raw timestamp of the latency clock (TSC ticks, or ns without an invariant TSC)."""
+ *     return fp_ticks()             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_1 = __Pyx_PyLong_From_uint64_t(fp_ticks()); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 342, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_1;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_1 = 0;
+  goto __pyx_L0;
+
+  /* "fastpath/_kernels.pyx":340
+ * 
+ * 
+ * def clock_ticks():             # <<<<<<<<<<<<<<
+ *     """One raw timestamp of the latency clock (TSC ticks, or ns without an invariant TSC)."""
+ *     return fp_ticks()
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_AddTraceback("fastpath._kernels.clock_ticks", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastpath/_kernels.pyx":345
+ * 
+ * 
+ * def clock_ticks_to_ns(uint64_t t0, uint64_t t1):             # <<<<<<<<<<<<<<
+ *     """ns from timestamp t0 to t1 as the engine converts a stage's duration; 0 when t1 < t0."""
+ *     return fp_ticks_to_ns(t1 - t0)
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_8fastpath_8_kernels_27clock_ticks_to_ns(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_26clock_ticks_to_ns, "clock_ticks_to_ns(uint64_t t0, uint64_t t1)\n\nns from timestamp t0 to t1 as the engine converts a stage\047s duration; 0 when t1 < t0.");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_27clock_ticks_to_ns = {"clock_ticks_to_ns", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_27clock_ticks_to_ns, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_26clock_ticks_to_ns};
+static PyObject *__pyx_pw_8fastpath_8_kernels_27clock_ticks_to_ns(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  uint64_t __pyx_v_t0;
+  uint64_t __pyx_v_t1;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[2] = {0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("clock_ticks_to_ns (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_t0,&__pyx_mstate_global->__pyx_n_u_t1,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 345, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 345, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 345, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "clock_ticks_to_ns", 0) < (0)) __PYX_ERR(0, 345, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 2; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("clock_ticks_to_ns", 1, 2, 2, i); __PYX_ERR(0, 345, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 2)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 345, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 345, __pyx_L3_error)
+    }
+    __pyx_v_t0 = __Pyx_PyLong_As_uint64_t(values[0]); if (unlikely((__pyx_v_t0 == ((uint64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 345, __pyx_L3_error)
+    __pyx_v_t1 = __Pyx_PyLong_As_uint64_t(values[1]); if (unlikely((__pyx_v_t1 == ((uint64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 345, __pyx_L3_error)
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("clock_ticks_to_ns", 1, 2, 2, __pyx_nargs); __PYX_ERR(0, 345, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastpath._kernels.clock_ticks_to_ns", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_26clock_ticks_to_ns(__pyx_self, __pyx_v_t0, __pyx_v_t1);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_8fastpath_8_kernels_26clock_ticks_to_ns(CYTHON_UNUSED PyObject *__pyx_self, uint64_t __pyx_v_t0, uint64_t __pyx_v_t1) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("clock_ticks_to_ns", 0);
+
+  /* "fastpath/_kernels.pyx":347
+ * def clock_ticks_to_ns(uint64_t t0, uint64_t t1):
+ *     """ns from timestamp t0 to t1 as the engine converts a stage's duration; 0 when t1 < t0."""
+ *     return fp_ticks_to_ns(t1 - t0)             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_1 = __Pyx_PyLong_From_int64_t(fp_ticks_to_ns((__pyx_v_t1 - __pyx_v_t0))); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 347, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_1;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_1 = 0;
+  goto __pyx_L0;
+
+  /* "fastpath/_kernels.pyx":345
+ * 
+ * 
+ * def clock_ticks_to_ns(uint64_t t0, uint64_t t1):             # <<<<<<<<<<<<<<
+ *     """ns from timestamp t0 to t1 as the engine converts a stage's duration; 0 when t1 < t0."""
+ *     return fp_ticks_to_ns(t1 - t0)
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_AddTraceback("fastpath._kernels.clock_ticks_to_ns", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastpath/_kernels.pyx":350
+ * 
+ * 
+ * def clock_ticks_to_mono_ns(uint64_t t):             # <<<<<<<<<<<<<<
+ *     """A timestamp as CLOCK_MONOTONIC ns (the engine clock), through the current anchor."""
+ *     return fp_ticks_to_mono_ns(t)
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_8fastpath_8_kernels_29clock_ticks_to_mono_ns(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_28clock_ticks_to_mono_ns, "clock_ticks_to_mono_ns(uint64_t t)\n\nA timestamp as CLOCK_MONOTONIC ns (the engine clock), through the current anchor.");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_29clock_ticks_to_mono_ns = {"clock_ticks_to_mono_ns", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_29clock_ticks_to_mono_ns, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_28clock_ticks_to_mono_ns};
+static PyObject *__pyx_pw_8fastpath_8_kernels_29clock_ticks_to_mono_ns(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  uint64_t __pyx_v_t;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[1] = {0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("clock_ticks_to_mono_ns (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_t,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 350, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 350, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "clock_ticks_to_mono_ns", 0) < (0)) __PYX_ERR(0, 350, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("clock_ticks_to_mono_ns", 1, 1, 1, i); __PYX_ERR(0, 350, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 1)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 350, __pyx_L3_error)
+    }
+    __pyx_v_t = __Pyx_PyLong_As_uint64_t(values[0]); if (unlikely((__pyx_v_t == ((uint64_t)-1)) && PyErr_Occurred())) __PYX_ERR(0, 350, __pyx_L3_error)
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("clock_ticks_to_mono_ns", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 350, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastpath._kernels.clock_ticks_to_mono_ns", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_28clock_ticks_to_mono_ns(__pyx_self, __pyx_v_t);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_8fastpath_8_kernels_28clock_ticks_to_mono_ns(CYTHON_UNUSED PyObject *__pyx_self, uint64_t __pyx_v_t) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("clock_ticks_to_mono_ns", 0);
+
+  /* "fastpath/_kernels.pyx":352
+ * def clock_ticks_to_mono_ns(uint64_t t):
+ *     """A timestamp as CLOCK_MONOTONIC ns (the engine clock), through the current anchor."""
+ *     return fp_ticks_to_mono_ns(t)             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_1 = __Pyx_PyLong_From_int64_t(fp_ticks_to_mono_ns(__pyx_v_t)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 352, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_1;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_1 = 0;
+  goto __pyx_L0;
+
+  /* "fastpath/_kernels.pyx":350
+ * 
+ * 
+ * def clock_ticks_to_mono_ns(uint64_t t):             # <<<<<<<<<<<<<<
+ *     """A timestamp as CLOCK_MONOTONIC ns (the engine clock), through the current anchor."""
+ *     return fp_ticks_to_mono_ns(t)
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_AddTraceback("fastpath._kernels.clock_ticks_to_mono_ns", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastpath/_kernels.pyx":355
+ * 
+ * 
+ * def clock_mono_ns():             # <<<<<<<<<<<<<<
+ *     """CLOCK_MONOTONIC ns, read directly."""
+ *     return fp_mono_ns()
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_8fastpath_8_kernels_31clock_mono_ns(PyObject *__pyx_self, CYTHON_UNUSED PyObject *unused); /*proto*/
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_30clock_mono_ns, "clock_mono_ns()\n\nCLOCK_MONOTONIC ns, read directly.");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_31clock_mono_ns = {"clock_mono_ns", (PyCFunction)__pyx_pw_8fastpath_8_kernels_31clock_mono_ns, METH_NOARGS, __pyx_doc_8fastpath_8_kernels_30clock_mono_ns};
+static PyObject *__pyx_pw_8fastpath_8_kernels_31clock_mono_ns(PyObject *__pyx_self, CYTHON_UNUSED PyObject *unused) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("clock_mono_ns (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_30clock_mono_ns(__pyx_self);
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_8fastpath_8_kernels_30clock_mono_ns(CYTHON_UNUSED PyObject *__pyx_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("clock_mono_ns", 0);
+
+  /* "fastpath/_kernels.pyx":357
+ * def clock_mono_ns():
+ *     """CLOCK_MONOTONIC ns, read directly."""
+ *     return fp_mono_ns()             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_1 = __Pyx_PyLong_From_int64_t(fp_mono_ns()); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 357, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_1;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_1 = 0;
+  goto __pyx_L0;
+
+  /* "fastpath/_kernels.pyx":355
+ * 
+ * 
+ * def clock_mono_ns():             # <<<<<<<<<<<<<<
+ *     """CLOCK_MONOTONIC ns, read directly."""
+ *     return fp_mono_ns()
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_AddTraceback("fastpath._kernels.clock_mono_ns", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastpath/_kernels.pyx":360
+ * 
+ * 
+ * def clock_reanchor(bint force=True):             # <<<<<<<<<<<<<<
+ *     """Re-take the clock's anchor (force) or only when it is due; True when one was published.
+ *     GIL released, safe while other threads read the clock."""
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_8fastpath_8_kernels_33clock_reanchor(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_32clock_reanchor, "clock_reanchor(bool force=True)\n\nRe-take the clock\047s anchor (force) or only when it is due; True when one was published.\nGIL released, safe while other threads read the clock.");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_33clock_reanchor = {"clock_reanchor", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_33clock_reanchor, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_32clock_reanchor};
+static PyObject *__pyx_pw_8fastpath_8_kernels_33clock_reanchor(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  int __pyx_v_force;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[1] = {0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("clock_reanchor (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_force,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 360, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 360, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "clock_reanchor", 0) < (0)) __PYX_ERR(0, 360, __pyx_L3_error)
+    } else {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 360, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+    }
+    if (values[0]) {
+      __pyx_v_force = __Pyx_PyObject_IsTrue(values[0]); if (unlikely((__pyx_v_force == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 360, __pyx_L3_error)
+    } else {
+      __pyx_v_force = ((int)((int)1));
+    }
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("clock_reanchor", 0, 0, 1, __pyx_nargs); __PYX_ERR(0, 360, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastpath._kernels.clock_reanchor", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_32clock_reanchor(__pyx_self, __pyx_v_force);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_8fastpath_8_kernels_32clock_reanchor(CYTHON_UNUSED PyObject *__pyx_self, int __pyx_v_force) {
+  int __pyx_v_f;
+  int __pyx_v_r;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("clock_reanchor", 0);
+
+  /* "fastpath/_kernels.pyx":363
+ *     """Re-take the clock's anchor (force) or only when it is due; True when one was published.
+ *     GIL released, safe while other threads read the clock."""
+ *     cdef int f = 1 if force else 0, r             # <<<<<<<<<<<<<<
+ *     with nogil:
+ *         r = fp_clock_reanchor(f)
+*/
+  if (__pyx_v_force) {
+
+    __pyx_t_1 = 1;
+  } else {
+
+    __pyx_t_1 = 0;
+  }
+  __pyx_v_f = __pyx_t_1;
+
+  /* "fastpath/_kernels.pyx":364
+ *     GIL released, safe while other threads read the clock."""
+ *     cdef int f = 1 if force else 0, r
+ *     with nogil:             # <<<<<<<<<<<<<<
+ *         r = fp_clock_reanchor(f)
+ *     return bool(r)
+*/
+  {
+      PyThreadState * _save;
+      _save = PyEval_SaveThread();
+      __Pyx_FastGIL_Remember();
+      /*try:*/ {
+
+        /* "fastpath/_kernels.pyx":365
+ *     cdef int f = 1 if force else 0, r
+ *     with nogil:
+ *         r = fp_clock_reanchor(f)             # <<<<<<<<<<<<<<
+ *     return bool(r)
+ * 
+*/
+        __pyx_v_r = fp_clock_reanchor(__pyx_v_f);
+      }
+
+      /* "fastpath/_kernels.pyx":364
+ *     GIL released, safe while other threads read the clock."""
+ *     cdef int f = 1 if force else 0, r
+ *     with nogil:             # <<<<<<<<<<<<<<
+ *         r = fp_clock_reanchor(f)
+ *     return bool(r)
+*/
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_FastGIL_Forget();
+          PyEval_RestoreThread(_save);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+  }
+
+  /* "fastpath/_kernels.pyx":366
+ *     with nogil:
+ *         r = fp_clock_reanchor(f)
+ *     return bool(r)             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_2 = __Pyx_PyBool_FromLong((!(!(__pyx_v_r != 0)))); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 366, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_2;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_2 = 0;
+  goto __pyx_L0;
+
+  /* "fastpath/_kernels.pyx":360
+ * 
+ * 
+ * def clock_reanchor(bint force=True):             # <<<<<<<<<<<<<<
+ *     """Re-take the clock's anchor (force) or only when it is due; True when one was published.
+ *     GIL released, safe while other threads read the clock."""
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("fastpath._kernels.clock_reanchor", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+
+
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastpath/_kernels.pyx":369
+ * 
+ * 
+ * def clock_info():             # <<<<<<<<<<<<<<
+ *     """This module's clock: source, ns per tick, cost of one read, calibration samples and the
+ *     widest bracket kept (ns), re-anchors published."""
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_8fastpath_8_kernels_35clock_info(PyObject *__pyx_self, CYTHON_UNUSED PyObject *unused); /*proto*/
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_34clock_info, "clock_info()\n\nThis module\047s clock: source, ns per tick, cost of one read, calibration samples and the\nwidest bracket kept (ns), re-anchors published.");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_35clock_info = {"clock_info", (PyCFunction)__pyx_pw_8fastpath_8_kernels_35clock_info, METH_NOARGS, __pyx_doc_8fastpath_8_kernels_34clock_info};
+static PyObject *__pyx_pw_8fastpath_8_kernels_35clock_info(PyObject *__pyx_self, CYTHON_UNUSED PyObject *unused) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("clock_info (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_34clock_info(__pyx_self);
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_8fastpath_8_kernels_34clock_info(CYTHON_UNUSED PyObject *__pyx_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  char const *__pyx_t_2;
+  Py_ssize_t __pyx_t_3;
+  PyObject *__pyx_t_4 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("clock_info", 0);
+
+  /* "fastpath/_kernels.pyx":372
+ *     """This module's clock: source, ns per tick, cost of one read, calibration samples and the
+ *     widest bracket kept (ns), re-anchors published."""
+ *     return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,             # <<<<<<<<<<<<<<
+ *             "read_cost_ns": fp_clock.read_cost_ns, "calibration_samples": fp_clock.cal_samples,
+ *             "calibration_bracket_ns": fp_clock.cal_bracket_ns, "reanchors": fp_clock.reanchors}
+*/
+  __pyx_t_1 = __Pyx_PyDict_NewPresized(6); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 372, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+
+  __pyx_t_2 = fp_clock_source();
+  __pyx_t_3 = __Pyx_ssize_strlen(__pyx_t_2); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 372, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_decode_c_string(__pyx_t_2, 0, __pyx_t_3, NULL, NULL, NULL); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 372, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+
+  if (!(likely(PyUnicode_CheckExact(__pyx_t_4)) || __Pyx_RaiseUnexpectedTypeError("str", __pyx_t_4))) __PYX_ERR(0, 372, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_source, __pyx_t_4) < (0)) __PYX_ERR(0, 372, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_4 = PyFloat_FromDouble(fp_clock.ns_per_tick); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 372, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_ns_per_tick, __pyx_t_4) < (0)) __PYX_ERR(0, 372, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "fastpath/_kernels.pyx":373
+ *     widest bracket kept (ns), re-anchors published."""
+ *     return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,
+ *             "read_cost_ns": fp_clock.read_cost_ns, "calibration_samples": fp_clock.cal_samples,             # <<<<<<<<<<<<<<
+ *             "calibration_bracket_ns": fp_clock.cal_bracket_ns, "reanchors": fp_clock.reanchors}
+ * 
+*/
+  __pyx_t_4 = PyFloat_FromDouble(fp_clock.read_cost_ns); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 373, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_read_cost_ns, __pyx_t_4) < (0)) __PYX_ERR(0, 372, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_4 = __Pyx_PyLong_From_int(fp_clock.cal_samples); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 373, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_calibration_samples, __pyx_t_4) < (0)) __PYX_ERR(0, 372, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "fastpath/_kernels.pyx":374
+ *     return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,
+ *             "read_cost_ns": fp_clock.read_cost_ns, "calibration_samples": fp_clock.cal_samples,
+ *             "calibration_bracket_ns": fp_clock.cal_bracket_ns, "reanchors": fp_clock.reanchors}             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_4 = PyFloat_FromDouble(fp_clock.cal_bracket_ns); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 374, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_calibration_bracket_ns, __pyx_t_4) < (0)) __PYX_ERR(0, 372, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_4 = __Pyx_PyLong_From_uint64_t(fp_clock.reanchors); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 374, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_reanchors, __pyx_t_4) < (0)) __PYX_ERR(0, 372, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_1;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_1 = 0;
+  goto __pyx_L0;
+
+  /* "fastpath/_kernels.pyx":369
+ * 
+ * 
+ * def clock_info():             # <<<<<<<<<<<<<<
+ *     """This module's clock: source, ns per tick, cost of one read, calibration samples and the
+ *     widest bracket kept (ns), re-anchors published."""
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_4);
+  __Pyx_AddTraceback("fastpath._kernels.clock_info", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "fastpath/_kernels.pyx":377
+ * 
+ * 
+ * def clock_monotonic_probe(long long n):             # <<<<<<<<<<<<<<
+ *     """Read the engine clock n times back to back (GIL released): (largest step back in ns
+ *     between consecutive readings, readings taken). Meant to run on several threads while
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_8fastpath_8_kernels_37clock_monotonic_probe(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_8fastpath_8_kernels_36clock_monotonic_probe, "clock_monotonic_probe(long long n)\n\nRead the engine clock n times back to back (GIL released): (largest step back in ns\nbetween consecutive readings, readings taken). Meant to run on several threads while\nanother re-anchors.");
+static PyMethodDef __pyx_mdef_8fastpath_8_kernels_37clock_monotonic_probe = {"clock_monotonic_probe", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_8fastpath_8_kernels_37clock_monotonic_probe, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_8fastpath_8_kernels_36clock_monotonic_probe};
+static PyObject *__pyx_pw_8fastpath_8_kernels_37clock_monotonic_probe(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PY_LONG_LONG __pyx_v_n;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[1] = {0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("clock_monotonic_probe (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_n,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 377, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 377, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "clock_monotonic_probe", 0) < (0)) __PYX_ERR(0, 377, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("clock_monotonic_probe", 1, 1, 1, i); __PYX_ERR(0, 377, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 1)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 377, __pyx_L3_error)
+    }
+    __pyx_v_n = __Pyx_PyLong_As_PY_LONG_LONG(values[0]); if (unlikely((__pyx_v_n == (PY_LONG_LONG)-1) && PyErr_Occurred())) __PYX_ERR(0, 377, __pyx_L3_error)
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("clock_monotonic_probe", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 377, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("fastpath._kernels.clock_monotonic_probe", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_8fastpath_8_kernels_36clock_monotonic_probe(__pyx_self, __pyx_v_n);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_8fastpath_8_kernels_36clock_monotonic_probe(CYTHON_UNUSED PyObject *__pyx_self, PY_LONG_LONG __pyx_v_n) {
+  CYTHON_UNUSED PY_LONG_LONG __pyx_v_i;
+  PY_LONG_LONG __pyx_v_back;
+  int64_t __pyx_v_prev;
+  int64_t __pyx_v_v;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  PyObject *__pyx_t_4 = NULL;
+  PyObject *__pyx_t_5 = NULL;
+  PyObject *__pyx_t_6 = NULL;
+  size_t __pyx_t_7;
+  PY_LONG_LONG __pyx_t_8;
+  PY_LONG_LONG __pyx_t_9;
+  PY_LONG_LONG __pyx_t_10;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("clock_monotonic_probe", 0);
+
+  /* "fastpath/_kernels.pyx":381
+ *     between consecutive readings, readings taken). Meant to run on several threads while
+ *     another re-anchors."""
+ *     if n < 1:             # <<<<<<<<<<<<<<
+ *         raise InputError(f"n must be >= 1, got {n}")
+ *     cdef long long i, back = 0
+*/
+  __pyx_t_1 = (__pyx_v_n < 1);
+
+  if (unlikely(__pyx_t_1)) {
+
+
+    /* "fastpath/_kernels.pyx":382
+ *     another re-anchors."""
+ *     if n < 1:
+ *         raise InputError(f"n must be >= 1, got {n}")             # <<<<<<<<<<<<<<
+ *     cdef long long i, back = 0
+ *     cdef int64_t prev, v
+*/
+    __pyx_t_3 = NULL;
+    __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_InputError); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 382, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+    __pyx_t_5 = __Pyx_PyUnicode_From_PY_LONG_LONG(__pyx_v_n, 0, ' ', 'd'); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 382, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __pyx_t_6 = __Pyx_PyUnicode_Concat(__pyx_mstate_global->__pyx_kp_u_n_must_be_1_got, __pyx_t_5); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 382, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __pyx_t_7 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_4))) {
+      __pyx_t_3 = PyMethod_GET_SELF(__pyx_t_4);
+      assert(__pyx_t_3);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_4);
+      __Pyx_INCREF(__pyx_t_3);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_4, __pyx__function);
+      __pyx_t_7 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_t_6};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_4, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 382, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __PYX_ERR(0, 382, __pyx_L1_error)
+
+    /* "fastpath/_kernels.pyx":381
+ *     between consecutive readings, readings taken). Meant to run on several threads while
+ *     another re-anchors."""
+ *     if n < 1:             # <<<<<<<<<<<<<<
+ *         raise InputError(f"n must be >= 1, got {n}")
+ *     cdef long long i, back = 0
+*/
+  }
+
+  /* "fastpath/_kernels.pyx":383
+ *     if n < 1:
+ *         raise InputError(f"n must be >= 1, got {n}")
+ *     cdef long long i, back = 0             # <<<<<<<<<<<<<<
+ *     cdef int64_t prev, v
+ *     with nogil:
+*/
+  __pyx_v_back = 0;
+
+  /* "fastpath/_kernels.pyx":385
+ *     cdef long long i, back = 0
+ *     cdef int64_t prev, v
+ *     with nogil:             # <<<<<<<<<<<<<<
+ *         prev = fp_ticks_to_mono_ns(fp_ticks())
+ *         for i in range(n):
+*/
+  {
+      PyThreadState * _save;
+      _save = PyEval_SaveThread();
+      __Pyx_FastGIL_Remember();
+      /*try:*/ {
+
+        /* "fastpath/_kernels.pyx":386
+ *     cdef int64_t prev, v
+ *     with nogil:
+ *         prev = fp_ticks_to_mono_ns(fp_ticks())             # <<<<<<<<<<<<<<
+ *         for i in range(n):
+ *             v = fp_ticks_to_mono_ns(fp_ticks())
+*/
+        __pyx_v_prev = fp_ticks_to_mono_ns(fp_ticks());
+
+        /* "fastpath/_kernels.pyx":387
+ *     with nogil:
+ *         prev = fp_ticks_to_mono_ns(fp_ticks())
+ *         for i in range(n):             # <<<<<<<<<<<<<<
+ *             v = fp_ticks_to_mono_ns(fp_ticks())
+ *             if prev - v > back:
+*/
+
+        __pyx_t_8 = __pyx_v_n;
+        __pyx_t_9 = __pyx_t_8;
+
+        for (__pyx_t_10 = 0; __pyx_t_10 < __pyx_t_9; __pyx_t_10+=1) {
+          __pyx_v_i = __pyx_t_10;
+
+          /* "fastpath/_kernels.pyx":388
+ *         prev = fp_ticks_to_mono_ns(fp_ticks())
+ *         for i in range(n):
+ *             v = fp_ticks_to_mono_ns(fp_ticks())             # <<<<<<<<<<<<<<
+ *             if prev - v > back:
+ *                 back = prev - v
+*/
+          __pyx_v_v = fp_ticks_to_mono_ns(fp_ticks());
+
+          /* "fastpath/_kernels.pyx":389
+ *         for i in range(n):
+ *             v = fp_ticks_to_mono_ns(fp_ticks())
+ *             if prev - v > back:             # <<<<<<<<<<<<<<
+ *                 back = prev - v
+ *             prev = v
+*/
+          __pyx_t_1 = ((__pyx_v_prev - __pyx_v_v) > __pyx_v_back);
+
+          if (__pyx_t_1) {
+
+
+            /* "fastpath/_kernels.pyx":390
+ *             v = fp_ticks_to_mono_ns(fp_ticks())
+ *             if prev - v > back:
+ *                 back = prev - v             # <<<<<<<<<<<<<<
+ *             prev = v
+ *     return back, n
+*/
+            __pyx_v_back = (__pyx_v_prev - __pyx_v_v);
+
+            /* "fastpath/_kernels.pyx":389
+ *         for i in range(n):
+ *             v = fp_ticks_to_mono_ns(fp_ticks())
+ *             if prev - v > back:             # <<<<<<<<<<<<<<
+ *                 back = prev - v
+ *             prev = v
+*/
+          }
+
+          /* "fastpath/_kernels.pyx":391
+ *             if prev - v > back:
+ *                 back = prev - v
+ *             prev = v             # <<<<<<<<<<<<<<
+ *     return back, n
+*/
+          __pyx_v_prev = __pyx_v_v;
+        }
+
+      }
+
+      /* "fastpath/_kernels.pyx":385
+ *     cdef long long i, back = 0
+ *     cdef int64_t prev, v
+ *     with nogil:             # <<<<<<<<<<<<<<
+ *         prev = fp_ticks_to_mono_ns(fp_ticks())
+ *         for i in range(n):
+*/
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_FastGIL_Forget();
+          PyEval_RestoreThread(_save);
+          goto __pyx_L6;
+        }
+        __pyx_L6:;
+      }
+  }
+
+  /* "fastpath/_kernels.pyx":392
+ *                 back = prev - v
+ *             prev = v
+ *     return back, n             # <<<<<<<<<<<<<<
+*/
+  __pyx_t_2 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_back); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 392, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_4 = __Pyx_PyLong_From_PY_LONG_LONG(__pyx_v_n); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 392, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_6 = PyTuple_New(2); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 392, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __Pyx_GIVEREF(__pyx_t_2);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 0, __pyx_t_2) != (0)) __PYX_ERR(0, 392, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_4);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 1, __pyx_t_4) != (0)) __PYX_ERR(0, 392, __pyx_L1_error);
+  __pyx_t_2 = 0;
+  __pyx_t_4 = 0;
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __pyx_r = __pyx_t_6;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  __pyx_t_6 = 0;
+  goto __pyx_L0;
+
+  /* "fastpath/_kernels.pyx":377
+ * 
+ * 
+ * def clock_monotonic_probe(long long n):             # <<<<<<<<<<<<<<
+ *     """Read the engine clock n times back to back (GIL released): (largest step back in ns
+ *     between consecutive readings, readings taken). Meant to run on several threads while
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_XDECREF(__pyx_t_4);
+  __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_XDECREF(__pyx_t_6);
+  __Pyx_AddTraceback("fastpath._kernels.clock_monotonic_probe", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+
+
+
+
   __Pyx_XGIVEREF(__pyx_r);
   __Pyx_RefNannyFinishContext();
   return __pyx_r;
@@ -13201,14 +16167,14 @@ static int __Pyx_modinit_Exttype___pyx_obj_8fastpath_8_kernels_PackedMLP(__pyx_m
   __Pyx_RefNannySetupContext("__Pyx_modinit_Exttype___pyx_obj_8fastpath_8_kernels_PackedMLP", 0);
   /*--- Exttype __pyx_obj_8fastpath_8_kernels_PackedMLP ---*/
   #if CYTHON_USE_TYPE_SPECS
-  __pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP = (PyTypeObject *) __Pyx_PyType_FromModuleAndSpec(__pyx_m, &__pyx_type_8fastpath_8_kernels_PackedMLP_spec, NULL); if (unlikely(!__pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP)) __PYX_ERR(0, 178, __pyx_L1_error)
+  __pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP = (PyTypeObject *) __Pyx_PyType_FromModuleAndSpec(__pyx_m, &__pyx_type_8fastpath_8_kernels_PackedMLP_spec, NULL); if (unlikely(!__pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP)) __PYX_ERR(0, 251, __pyx_L1_error)
   #else
   __pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP = &__pyx_type_8fastpath_8_kernels_PackedMLP;
   #endif
   #if !CYTHON_COMPILING_IN_LIMITED_API
   #endif
   #if !CYTHON_USE_TYPE_SPECS
-  if (__Pyx_PyType_Ready(__pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP) < (0)) __PYX_ERR(0, 178, __pyx_L1_error)
+  if (__Pyx_PyType_Ready(__pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP) < (0)) __PYX_ERR(0, 251, __pyx_L1_error)
   #endif
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount((PyObject*)__pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP);
@@ -13218,8 +16184,8 @@ static int __Pyx_modinit_Exttype___pyx_obj_8fastpath_8_kernels_PackedMLP(__pyx_m
     __pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP->tp_getattro = PyObject_GenericGetAttr;
   }
   #endif
-  if (PyObject_SetAttr(__pyx_m, __pyx_mstate_global->__pyx_n_u_PackedMLP, (PyObject *) __pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP) < (0)) __PYX_ERR(0, 178, __pyx_L1_error)
-  if (__Pyx_setup_reduce((PyObject *) __pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP) < (0)) __PYX_ERR(0, 178, __pyx_L1_error)
+  if (PyObject_SetAttr(__pyx_m, __pyx_mstate_global->__pyx_n_u_PackedMLP, (PyObject *) __pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP) < (0)) __PYX_ERR(0, 251, __pyx_L1_error)
+  if (__Pyx_setup_reduce((PyObject *) __pyx_mstate->__pyx_ptype_8fastpath_8_kernels_PackedMLP) < (0)) __PYX_ERR(0, 251, __pyx_L1_error)
   __Pyx_RefNannyFinishContext();
   return 0;
   __pyx_L1_error:;
@@ -13696,20 +16662,20 @@ __Pyx_RefNannySetupContext("PyInit__kernels", 0);
   if (__Pyx_InitAfterSharedUtility() < (0)) __PYX_ERR(0, 1, __pyx_L1_error)
   /*--- Execution code ---*/
 
-  /* "fastpath/_kernels.pyx":15
+  /* "fastpath/_kernels.pyx":18
  * from fastpath._csrc cimport *
  * 
  * import numpy as np             # <<<<<<<<<<<<<<
  * 
  * from fastpath._engine import _describe, supported_isas
 */
-  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_numpy, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 15, __pyx_L1_error)
+  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_numpy, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 18, __pyx_L1_error)
   __pyx_t_2 = __pyx_t_1;
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_np, __pyx_t_2) < (0)) __PYX_ERR(0, 15, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_np, __pyx_t_2) < (0)) __PYX_ERR(0, 18, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":17
+  /* "fastpath/_kernels.pyx":20
  * import numpy as np
  * 
  * from fastpath._engine import _describe, supported_isas             # <<<<<<<<<<<<<<
@@ -13718,22 +16684,22 @@ __Pyx_RefNannySetupContext("PyInit__kernels", 0);
 */
   {
     PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_describe,__pyx_mstate_global->__pyx_n_u_supported_isas};
-    __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_fastpath__engine, __pyx_imported_names, 2, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 17, __pyx_L1_error)
+    __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_fastpath__engine, __pyx_imported_names, 2, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 20, __pyx_L1_error)
   }
   __pyx_t_2 = __pyx_t_1;
   __Pyx_GOTREF(__pyx_t_2);
   {
     PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_describe,__pyx_mstate_global->__pyx_n_u_supported_isas};
     for (__pyx_t_3=0; __pyx_t_3 < 2; __pyx_t_3++) {
-      __pyx_t_4 = __Pyx_ImportFrom(__pyx_t_2, __pyx_imported_names[__pyx_t_3]); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 17, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_ImportFrom(__pyx_t_2, __pyx_imported_names[__pyx_t_3]); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 20, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_imported_names[__pyx_t_3], __pyx_t_4) < (0)) __PYX_ERR(0, 17, __pyx_L1_error)
+      if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_imported_names[__pyx_t_3], __pyx_t_4) < (0)) __PYX_ERR(0, 20, __pyx_L1_error)
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
     }
   }
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":18
+  /* "fastpath/_kernels.pyx":21
  * 
  * from fastpath._engine import _describe, supported_isas
  * from fastpath.errors import InputError             # <<<<<<<<<<<<<<
@@ -13742,32 +16708,32 @@ __Pyx_RefNannySetupContext("PyInit__kernels", 0);
 */
   {
     PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_InputError};
-    __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_fastpath_errors, __pyx_imported_names, 1, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 18, __pyx_L1_error)
+    __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_fastpath_errors, __pyx_imported_names, 1, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 21, __pyx_L1_error)
   }
   __pyx_t_2 = __pyx_t_1;
   __Pyx_GOTREF(__pyx_t_2);
   {
     PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_InputError};
     __pyx_t_3 = 0; {
-      __pyx_t_4 = __Pyx_ImportFrom(__pyx_t_2, __pyx_imported_names[__pyx_t_3]); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 18, __pyx_L1_error)
+      __pyx_t_4 = __Pyx_ImportFrom(__pyx_t_2, __pyx_imported_names[__pyx_t_3]); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 21, __pyx_L1_error)
       __Pyx_GOTREF(__pyx_t_4);
-      if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_imported_names[__pyx_t_3], __pyx_t_4) < (0)) __PYX_ERR(0, 18, __pyx_L1_error)
+      if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_imported_names[__pyx_t_3], __pyx_t_4) < (0)) __PYX_ERR(0, 21, __pyx_L1_error)
       __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
     }
   }
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":20
+  /* "fastpath/_kernels.pyx":23
  * from fastpath.errors import InputError
  * 
  * cnp.import_array()             # <<<<<<<<<<<<<<
  * 
  * fp_clock_init()
 */
-  __pyx_t_5 = __pyx_f_5numpy_import_array(); if (unlikely(__pyx_t_5 == ((int)-1))) __PYX_ERR(0, 20, __pyx_L1_error)
+  __pyx_t_5 = __pyx_f_5numpy_import_array(); if (unlikely(__pyx_t_5 == ((int)-1))) __PYX_ERR(0, 23, __pyx_L1_error)
 
 
-  /* "fastpath/_kernels.pyx":22
+  /* "fastpath/_kernels.pyx":25
  * cnp.import_array()
  * 
  * fp_clock_init()             # <<<<<<<<<<<<<<
@@ -13776,240 +16742,304 @@ __Pyx_RefNannySetupContext("PyInit__kernels", 0);
 */
   fp_clock_init();
 
-  /* "fastpath/_kernels.pyx":24
+  /* "fastpath/_kernels.pyx":27
  * fp_clock_init()
  * 
  * _ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}             # <<<<<<<<<<<<<<
  * _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
  * 
 */
-  __pyx_t_2 = __Pyx_PyDict_NewPresized(2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 24, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyDict_NewPresized(2); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 27, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  __pyx_t_4 = __Pyx_PyLong_From_fp_isa(FP_ISA_SCALAR); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyLong_From_fp_isa(FP_ISA_SCALAR); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 27, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_scalar, __pyx_t_4) < (0)) __PYX_ERR(0, 24, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_scalar, __pyx_t_4) < (0)) __PYX_ERR(0, 27, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  __pyx_t_4 = __Pyx_PyLong_From_fp_isa(FP_ISA_AVX2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 24, __pyx_L1_error)
+  __pyx_t_4 = __Pyx_PyLong_From_fp_isa(FP_ISA_AVX2); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 27, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_4);
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_avx2, __pyx_t_4) < (0)) __PYX_ERR(0, 24, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_avx2, __pyx_t_4) < (0)) __PYX_ERR(0, 27, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_ISA_BY_NAME, __pyx_t_2) < (0)) __PYX_ERR(0, 24, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_ISA_BY_NAME, __pyx_t_2) < (0)) __PYX_ERR(0, 27, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":25
+  /* "fastpath/_kernels.pyx":28
  * 
  * _ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
  * _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}             # <<<<<<<<<<<<<<
  * 
  * cdef const fp_kernels *_kernels(str isa) except NULL:
 */
-  __pyx_t_2 = __Pyx_PyDict_NewPresized(4); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 25, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyDict_NewPresized(4); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 28, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_identity, __pyx_mstate_global->__pyx_int_0) < (0)) __PYX_ERR(0, 25, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_relu, __pyx_mstate_global->__pyx_int_1) < (0)) __PYX_ERR(0, 25, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_tanh, __pyx_mstate_global->__pyx_int_2) < (0)) __PYX_ERR(0, 25, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_sigmoid, __pyx_mstate_global->__pyx_int_3) < (0)) __PYX_ERR(0, 25, __pyx_L1_error)
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_ACTS, __pyx_t_2) < (0)) __PYX_ERR(0, 25, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_identity, __pyx_mstate_global->__pyx_int_0) < (0)) __PYX_ERR(0, 28, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_relu, __pyx_mstate_global->__pyx_int_1) < (0)) __PYX_ERR(0, 28, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_tanh, __pyx_mstate_global->__pyx_int_2) < (0)) __PYX_ERR(0, 28, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_t_2, __pyx_mstate_global->__pyx_n_u_sigmoid, __pyx_mstate_global->__pyx_int_3) < (0)) __PYX_ERR(0, 28, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_ACTS, __pyx_t_2) < (0)) __PYX_ERR(0, 28, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":36
+  /* "fastpath/_kernels.pyx":39
  * 
  * 
  * def fma_ns_per_instr(long iters=20_000_000):             # <<<<<<<<<<<<<<
  *     """Measured ns per 8-lane FMA instruction at full throughput (12 chains); -1 without
  *     AVX2+FMA. Best of three runs."""
 */
-  __pyx_t_2 = __Pyx_PyLong_From_long(((long)0x1312D00)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 36, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_long(((long)0x1312D00)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 39, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   {
     PyObject* __pyx_temp[1] = {__pyx_t_2};
-    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 36, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 39, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
   }
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_1fma_ns_per_instr, 0, __pyx_mstate_global->__pyx_n_u_fma_ns_per_instr, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 36, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_1fma_ns_per_instr, 0, __pyx_mstate_global->__pyx_n_u_fma_ns_per_instr, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[0])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 39, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
   __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_2, __pyx_t_4);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_fma_ns_per_instr, __pyx_t_2) < (0)) __PYX_ERR(0, 36, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_fma_ns_per_instr, __pyx_t_2) < (0)) __PYX_ERR(0, 39, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":47
+  /* "fastpath/_kernels.pyx":50
  * 
  * 
  * def jitter_probe(double seconds, long long threshold_ns=1000):             # <<<<<<<<<<<<<<
  *     """Spin on the calling thread's core for `seconds`, reading the TSC back to back, and
  *     histogram every gap longer than threshold_ns (cyclictest-style, GIL released).
 */
-  __pyx_t_2 = __Pyx_PyLong_From_PY_LONG_LONG(((PY_LONG_LONG)0x3E8)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_PyLong_From_PY_LONG_LONG(((PY_LONG_LONG)0x3E8)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 50, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   {
     PyObject* __pyx_temp[1] = {__pyx_t_2};
-    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 47, __pyx_L1_error)
+    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 50, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_t_4);
   }
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_3jitter_probe, 0, __pyx_mstate_global->__pyx_n_u_jitter_probe, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[1])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 47, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_3jitter_probe, 0, __pyx_mstate_global->__pyx_n_u_jitter_probe, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[1])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 50, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
   __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_2, __pyx_t_4);
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_jitter_probe, __pyx_t_2) < (0)) __PYX_ERR(0, 47, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_jitter_probe, __pyx_t_2) < (0)) __PYX_ERR(0, 50, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":73
+  /* "fastpath/_kernels.pyx":76
  * 
  * 
  * def _zscore_args(raw, idx, mean, inv_std):             # <<<<<<<<<<<<<<
  *     """Checked, contiguous (raw, idx int32, mean, inv_std) for the z-score shims."""
  *     r, m, s = _f32(raw, "raw"), _f32(mean, "mean"), _f32(inv_std, "inv_std")
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_5_zscore_args, 0, __pyx_mstate_global->__pyx_n_u_zscore_args, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[2])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 73, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_5_zscore_args, 0, __pyx_mstate_global->__pyx_n_u_zscore_args, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[2])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 76, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_zscore_args, __pyx_t_2) < (0)) __PYX_ERR(0, 73, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_zscore_args, __pyx_t_2) < (0)) __PYX_ERR(0, 76, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":83
+  /* "fastpath/_kernels.pyx":86
  * 
  * 
  * def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):             # <<<<<<<<<<<<<<
  *     """(raw[idx] - mean) * inv_std with the named kernel set."""
  *     cdef const fp_kernels *k = _kernels(isa)
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_7kernel_zscore_gather, 0, __pyx_mstate_global->__pyx_n_u_kernel_zscore_gather, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[3])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 83, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_7kernel_zscore_gather, 0, __pyx_mstate_global->__pyx_n_u_kernel_zscore_gather, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[3])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 86, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_zscore_gather, __pyx_t_2) < (0)) __PYX_ERR(0, 83, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_zscore_gather, __pyx_t_2) < (0)) __PYX_ERR(0, 86, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":96
+  /* "fastpath/_kernels.pyx":99
  * 
  * 
  * def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):             # <<<<<<<<<<<<<<
  *     """(raw[idx] - mean) * inv_std through the runs kernel (idx split into consecutive runs)."""
  *     cdef const fp_kernels *k = _kernels(isa)
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9kernel_zscore_runs, 0, __pyx_mstate_global->__pyx_n_u_kernel_zscore_runs, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 96, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9kernel_zscore_runs, 0, __pyx_mstate_global->__pyx_n_u_kernel_zscore_runs, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 99, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_zscore_runs, __pyx_t_2) < (0)) __PYX_ERR(0, 96, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_zscore_runs, __pyx_t_2) < (0)) __PYX_ERR(0, 99, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":115
+  /* "fastpath/_kernels.pyx":118
  * 
  * 
  * def kernel_window_stats(str isa, raw, w_idx, sum_, sumsq, old, double inv_n):             # <<<<<<<<<<<<<<
  *     """(rolling mean, rolling std) with raw[w_idx] added to the running sums and `old`
  *     (None: nothing) removed, as the feature stage computes them."""
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_11kernel_window_stats, 0, __pyx_mstate_global->__pyx_n_u_kernel_window_stats, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[5])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 115, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_11kernel_window_stats, 0, __pyx_mstate_global->__pyx_n_u_kernel_window_stats, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[5])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 118, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_window_stats, __pyx_t_2) < (0)) __PYX_ERR(0, 115, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_window_stats, __pyx_t_2) < (0)) __PYX_ERR(0, 118, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":137
+  /* "fastpath/_kernels.pyx":140
  * 
  * 
  * def kernel_zscore(str isa, x, mean, inv_std):             # <<<<<<<<<<<<<<
  *     """(x - mean) * inv_std with the named kernel set."""
  *     cdef const fp_kernels *k = _kernels(isa)
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_13kernel_zscore, 0, __pyx_mstate_global->__pyx_n_u_kernel_zscore, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[6])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 137, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_13kernel_zscore, 0, __pyx_mstate_global->__pyx_n_u_kernel_zscore, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[6])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 140, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_zscore, __pyx_t_2) < (0)) __PYX_ERR(0, 137, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_zscore, __pyx_t_2) < (0)) __PYX_ERR(0, 140, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":150
+  /* "fastpath/_kernels.pyx":153
  * 
  * 
  * def kernel_dot_norm2(str isa, a, b):             # <<<<<<<<<<<<<<
- *     """(dot(a, b), |a|^2) in one pass with the named kernel set."""
+ *     """(dot(a, b), |a|^2) in one pass with the named kernel set (summed in double)."""
  *     cdef const fp_kernels *k = _kernels(isa)
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_15kernel_dot_norm2, 0, __pyx_mstate_global->__pyx_n_u_kernel_dot_norm2, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[7])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 150, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_15kernel_dot_norm2, 0, __pyx_mstate_global->__pyx_n_u_kernel_dot_norm2, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[7])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 153, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_dot_norm2, __pyx_t_2) < (0)) __PYX_ERR(0, 150, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_dot_norm2, __pyx_t_2) < (0)) __PYX_ERR(0, 153, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":161
+  /* "fastpath/_kernels.pyx":164
+ * 
+ * 
+ * _REASONS = {FP_HIT: "hit", FP_MISS_COSINE: "cosine", FP_MISS_NORM: "norm"}             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __pyx_t_2 = __Pyx_PyDict_NewPresized(3); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_4 = __Pyx_PyLong_From___pyx_anon_enum(FP_HIT); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_t_2, __pyx_t_4, __pyx_mstate_global->__pyx_n_u_hit) < (0)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_4 = __Pyx_PyLong_From___pyx_anon_enum(FP_MISS_COSINE); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_t_2, __pyx_t_4, __pyx_mstate_global->__pyx_n_u_cosine) < (0)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_4 = __Pyx_PyLong_From___pyx_anon_enum(FP_MISS_NORM); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_t_2, __pyx_t_4, __pyx_mstate_global->__pyx_n_u_norm) < (0)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_REASONS, __pyx_t_2) < (0)) __PYX_ERR(0, 164, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":167
+ * 
+ * 
+ * def kernel_cache_decide(str isa, f, cached, double cos_threshold, double norm_tol):             # <<<<<<<<<<<<<<
+ *     """The cache's direction and magnitude guards alone, as fp_cache_lookup decides them for
+ *     features f against a slot holding `cached` (stored as the engine stores it: the features
+*/
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_17kernel_cache_decide, 0, __pyx_mstate_global->__pyx_n_u_kernel_cache_decide, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[8])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 167, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_cache_decide, __pyx_t_2) < (0)) __PYX_ERR(0, 167, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":198
+ * 
+ * 
+ * def kernel_dense(str isa, w, b, str act, x, bint reverse=False):             # <<<<<<<<<<<<<<
+ *     """One dense layer through the named kernel set: (act(w @ x + b), finite) where finite
+ *     is the kernel's flag that every pre-activation was finite; reverse picks the row-group
+*/
+  __pyx_t_2 = __Pyx_PyBool_FromLong(((int)0)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 198, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  {
+    PyObject* __pyx_temp[1] = {__pyx_t_2};
+    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 198, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+  }
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_19kernel_dense, 0, __pyx_mstate_global->__pyx_n_u_kernel_dense, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[9])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 198, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_2, __pyx_t_4);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_dense, __pyx_t_2) < (0)) __PYX_ERR(0, 198, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":234
  * 
  * 
  * def kernel_head(str isa, double out0, double out1):             # <<<<<<<<<<<<<<
  *     """(tanh(out0), sigmoid(out1)) with the named kernel set."""
  *     cdef const fp_kernels *k = _kernels(isa)
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_17kernel_head, 0, __pyx_mstate_global->__pyx_n_u_kernel_head, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[8])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 161, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_21kernel_head, 0, __pyx_mstate_global->__pyx_n_u_kernel_head, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[10])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 234, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_head, __pyx_t_2) < (0)) __PYX_ERR(0, 161, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_head, __pyx_t_2) < (0)) __PYX_ERR(0, 234, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":172
+  /* "fastpath/_kernels.pyx":245
  * 
  * 
  * def kernel_allfinite(str isa, x):             # <<<<<<<<<<<<<<
  *     cdef const fp_kernels *k = _kernels(isa)
  *     cdef cnp.ndarray a = _f32(x, "x")
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_19kernel_allfinite, 0, __pyx_mstate_global->__pyx_n_u_kernel_allfinite, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[9])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 172, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_23kernel_allfinite, 0, __pyx_mstate_global->__pyx_n_u_kernel_allfinite, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[11])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 245, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_allfinite, __pyx_t_2) < (0)) __PYX_ERR(0, 172, __pyx_L1_error)
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_kernel_allfinite, __pyx_t_2) < (0)) __PYX_ERR(0, 245, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":231
+  /* "fastpath/_kernels.pyx":305
  *         return self.m.macs
  * 
  *     def forward(self, x):             # <<<<<<<<<<<<<<
- *         """MLP output (no head) for one float32 input vector."""
- *         cdef cnp.ndarray v = _f32(x, "x")
+ *         """MLP output (no head) for one float32 input vector; InputError when a layer's
+ *         pre-activations are NaN/Inf (the engine refuses such a tick)."""
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9PackedMLP_5forward, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_PackedMLP_forward, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[10])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 231, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9PackedMLP_5forward, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_PackedMLP_forward, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[12])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 305, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_8fastpath_8_kernels_PackedMLP, __pyx_mstate_global->__pyx_n_u_forward, __pyx_t_2) < (0)) __PYX_ERR(0, 231, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_8fastpath_8_kernels_PackedMLP, __pyx_mstate_global->__pyx_n_u_forward, __pyx_t_2) < (0)) __PYX_ERR(0, 305, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
-  /* "fastpath/_kernels.pyx":242
+  /* "fastpath/_kernels.pyx":320
  *         return out
  * 
  *     def time_forward(self, x, long long iters):             # <<<<<<<<<<<<<<
  *         """Mean ns per forward pass over `iters` back-to-back calls, GIL released."""
  *         cdef cnp.ndarray v = _f32(x, "x")
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9PackedMLP_7time_forward, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_PackedMLP_time_forward, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[11])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 242, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9PackedMLP_7time_forward, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_PackedMLP_time_forward, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[13])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 320, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
   #endif
-  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_8fastpath_8_kernels_PackedMLP, __pyx_mstate_global->__pyx_n_u_time_forward, __pyx_t_2) < (0)) __PYX_ERR(0, 242, __pyx_L1_error)
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_8fastpath_8_kernels_PackedMLP, __pyx_mstate_global->__pyx_n_u_time_forward, __pyx_t_2) < (0)) __PYX_ERR(0, 320, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
   /* "(tree fragment)":1
@@ -14017,7 +17047,7 @@ __Pyx_RefNannySetupContext("PyInit__kernels", 0);
  *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
  * def __setstate_cython__(self, __pyx_state):
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9PackedMLP_9__reduce_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_PackedMLP___reduce_cython, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[12])); if (unlikely(!__pyx_t_2)) __PYX_ERR(2, 1, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9PackedMLP_9__reduce_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_PackedMLP___reduce_cython, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[14])); if (unlikely(!__pyx_t_2)) __PYX_ERR(2, 1, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
@@ -14031,7 +17061,7 @@ __Pyx_RefNannySetupContext("PyInit__kernels", 0);
  * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
  *     raise TypeError, "no default __reduce__ due to non-trivial __cinit__"
 */
-  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9PackedMLP_11__setstate_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_PackedMLP___setstate_cython, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[13])); if (unlikely(!__pyx_t_2)) __PYX_ERR(2, 3, __pyx_L1_error)
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_9PackedMLP_11__setstate_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_PackedMLP___setstate_cython, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[15])); if (unlikely(!__pyx_t_2)) __PYX_ERR(2, 3, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
   #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
   PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
@@ -14039,10 +17069,125 @@ __Pyx_RefNannySetupContext("PyInit__kernels", 0);
   if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_setstate_cython, __pyx_t_2) < (0)) __PYX_ERR(2, 3, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
 
+  /* "fastpath/_kernels.pyx":340
+ * 
+ * 
+ * def clock_ticks():             # <<<<<<<<<<<<<<
+ *     """One raw timestamp of the latency clock (TSC ticks, or ns without an invariant TSC)."""
+ *     return fp_ticks()
+*/
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_25clock_ticks, 0, __pyx_mstate_global->__pyx_n_u_clock_ticks, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[16])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 340, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_clock_ticks, __pyx_t_2) < (0)) __PYX_ERR(0, 340, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":345
+ * 
+ * 
+ * def clock_ticks_to_ns(uint64_t t0, uint64_t t1):             # <<<<<<<<<<<<<<
+ *     """ns from timestamp t0 to t1 as the engine converts a stage's duration; 0 when t1 < t0."""
+ *     return fp_ticks_to_ns(t1 - t0)
+*/
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_27clock_ticks_to_ns, 0, __pyx_mstate_global->__pyx_n_u_clock_ticks_to_ns, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[17])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 345, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_clock_ticks_to_ns, __pyx_t_2) < (0)) __PYX_ERR(0, 345, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":350
+ * 
+ * 
+ * def clock_ticks_to_mono_ns(uint64_t t):             # <<<<<<<<<<<<<<
+ *     """A timestamp as CLOCK_MONOTONIC ns (the engine clock), through the current anchor."""
+ *     return fp_ticks_to_mono_ns(t)
+*/
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_29clock_ticks_to_mono_ns, 0, __pyx_mstate_global->__pyx_n_u_clock_ticks_to_mono_ns, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[18])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 350, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_clock_ticks_to_mono_ns, __pyx_t_2) < (0)) __PYX_ERR(0, 350, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":355
+ * 
+ * 
+ * def clock_mono_ns():             # <<<<<<<<<<<<<<
+ *     """CLOCK_MONOTONIC ns, read directly."""
+ *     return fp_mono_ns()
+*/
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_31clock_mono_ns, 0, __pyx_mstate_global->__pyx_n_u_clock_mono_ns, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[19])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 355, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_clock_mono_ns, __pyx_t_2) < (0)) __PYX_ERR(0, 355, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":360
+ * 
+ * 
+ * def clock_reanchor(bint force=True):             # <<<<<<<<<<<<<<
+ *     """Re-take the clock's anchor (force) or only when it is due; True when one was published.
+ *     GIL released, safe while other threads read the clock."""
+*/
+  __pyx_t_2 = __Pyx_PyBool_FromLong(((int)1)); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 360, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  {
+    PyObject* __pyx_temp[1] = {__pyx_t_2};
+    __pyx_t_4 = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 360, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_4);
+  }
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_33clock_reanchor, 0, __pyx_mstate_global->__pyx_n_u_clock_reanchor, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[20])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 360, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  __Pyx_CyFunction_SetDefaultsTuple(__pyx_t_2, __pyx_t_4);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_clock_reanchor, __pyx_t_2) < (0)) __PYX_ERR(0, 360, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":369
+ * 
+ * 
+ * def clock_info():             # <<<<<<<<<<<<<<
+ *     """This module's clock: source, ns per tick, cost of one read, calibration samples and the
+ *     widest bracket kept (ns), re-anchors published."""
+*/
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_35clock_info, 0, __pyx_mstate_global->__pyx_n_u_clock_info, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[21])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 369, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_clock_info, __pyx_t_2) < (0)) __PYX_ERR(0, 369, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "fastpath/_kernels.pyx":377
+ * 
+ * 
+ * def clock_monotonic_probe(long long n):             # <<<<<<<<<<<<<<
+ *     """Read the engine clock n times back to back (GIL released): (largest step back in ns
+ *     between consecutive readings, readings taken). Meant to run on several threads while
+*/
+  __pyx_t_2 = __Pyx_CyFunction_New(&__pyx_mdef_8fastpath_8_kernels_37clock_monotonic_probe, 0, __pyx_mstate_global->__pyx_n_u_clock_monotonic_probe, NULL, __pyx_mstate_global->__pyx_n_u_fastpath__kernels, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[22])); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 377, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_2);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_clock_monotonic_probe, __pyx_t_2) < (0)) __PYX_ERR(0, 377, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
   /* "fastpath/_kernels.pyx":1
  * # cython: language_level=3             # <<<<<<<<<<<<<<
  * """Kernel shims for the tests and the bench: each C kernel of a named kernel set, callable
- * from Python on numpy arrays; the MLP kernel alone (PackedMLP); the FMA peak and jitter probes.
+ * from Python on numpy arrays; the cache decision alone; the MLP kernel alone (PackedMLP); the
 */
   __pyx_t_2 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 1, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_2);
@@ -14106,7 +17251,7 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
   CYTHON_UNUSED_VAR(__pyx_mstate);
   __Pyx_RefNannySetupContext("__Pyx_InitCachedConstants", 0);
 
-  /* "fastpath/_kernels.pyx":76
+  /* "fastpath/_kernels.pyx":79
  *     """Checked, contiguous (raw, idx int32, mean, inv_std) for the z-score shims."""
  *     r, m, s = _f32(raw, "raw"), _f32(mean, "mean"), _f32(inv_std, "inv_std")
  *     ix = np.ascontiguousarray(idx, dtype=np.int32)             # <<<<<<<<<<<<<<
@@ -14115,7 +17260,7 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
 */
   {
     PyObject* __pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
-    __pyx_mstate_global->__pyx_tuple[0] = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_mstate_global->__pyx_tuple[0])) __PYX_ERR(0, 76, __pyx_L1_error)
+    __pyx_mstate_global->__pyx_tuple[0] = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_mstate_global->__pyx_tuple[0])) __PYX_ERR(0, 79, __pyx_L1_error)
     __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[0]);
   }
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[0]);
@@ -14156,41 +17301,41 @@ static int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate) {
   int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   {
-    const struct { const unsigned int length: 8; } str_length_index[] = {{8},{13},{36},{41},{34},{22},{13},{15},{1},{1},{9},{18},{1},{4},{179},{28},{8},{27},{15},{7},{6},{21},{2},{65},{9},{41},{11},{6},{8},{50},{39},{34},{31},{19},{71},{12},{40},{10},{9},{27},{29},{17},{22},{1},{5},{12},{20},{12},{17},{8},{12},{8},{10},{8},{11},{12},{10},{17},{13},{12},{12},{19},{8},{9},{13},{12},{1},{11},{7},{17},{18},{4},{1},{4},{6},{18},{5},{11},{4},{1},{5},{3},{5},{16},{17},{15},{7},{7},{16},{7},{4},{4},{9},{1},{8},{3},{5},{4},{5},{7},{3},{5},{5},{2},{12},{1},{16},{16},{11},{19},{13},{20},{18},{1},{3},{10},{4},{4},{3},{2},{1},{4},{2},{2},{5},{1},{3},{3},{4},{4},{2},{3},{2},{1},{1},{3},{5},{4},{4},{1},{6},{7},{4},{10},{5},{3},{7},{4},{2},{4},{5},{14},{2},{2},{4},{12},{12},{1},{6},{5},{7},{1},{2},{1},{5}};
-    const struct { const unsigned int length: 9; } bytes_length_index[] = {{9},{50},{137},{126},{149},{119},{228},{72},{317},{133},{142},{50},{183}};
+    const struct { const unsigned int length: 8; } str_length_index[] = {{8},{8},{13},{36},{41},{34},{22},{13},{15},{1},{4},{15},{1},{9},{18},{1},{4},{179},{28},{52},{8},{27},{28},{32},{15},{21},{7},{6},{38},{21},{2},{65},{9},{41},{11},{6},{20},{8},{50},{39},{34},{31},{19},{19},{2},{71},{12},{40},{1},{10},{9},{27},{29},{17},{22},{1},{1},{5},{12},{8},{20},{12},{17},{8},{12},{8},{10},{8},{11},{12},{10},{17},{13},{12},{12},{19},{8},{9},{13},{12},{1},{3},{11},{4},{7},{17},{18},{2},{4},{1},{4},{4},{6},{2},{2},{1},{6},{22},{19},{18},{5},{10},{13},{21},{14},{11},{22},{17},{11},{4},{13},{6},{1},{4},{2},{5},{3},{5},{1},{16},{17},{15},{7},{7},{16},{5},{7},{4},{3},{4},{9},{3},{1},{8},{3},{5},{4},{5},{7},{3},{5},{5},{2},{12},{1},{16},{19},{12},{16},{11},{19},{13},{20},{18},{1},{3},{10},{4},{4},{3},{2},{1},{4},{5},{3},{4},{4},{8},{2},{2},{11},{5},{1},{2},{3},{3},{4},{4},{1},{2},{3},{4},{2},{1},{1},{3},{12},{5},{9},{6},{4},{7},{4},{1},{6},{7},{4},{10},{5},{3},{7},{4},{6},{2},{4},{5},{14},{1},{2},{2},{4},{12},{12},{1},{6},{1},{5},{7},{2},{2},{1},{2},{1},{5}};
+    const struct { const unsigned int length: 9; } bytes_length_index[] = {{9},{50},{137},{9},{9},{15},{12},{120},{149},{119},{228},{72},{53},{317},{104},{279},{166},{164},{38},{50},{183},{479}};
     #ifndef CYTHON_COMPRESS_STRINGS
       #define CYTHON_COMPRESS_STRINGS 90
     #endif
-    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (2107 bytes) */
-static const char cstring[] = "x\332\225UKW\033G\0266\006\034\214\261\007\001qb\307\217\022\020\307N\214L\003\306\036O\234\034\031\3549\236\304\034\304\303o\334.u\227\2446\375RW5H\231\223\031\226\275\354e/{\331\313^\366RK-{\251%?!?anU\013!\207\214\047\243\243G\365\255\252\373\370\356\367]\241;\250\254a\212\220j!\323bH\251a\315D\032\025\017\324\265m\313aDE\345&b5\260\256\254o\243\2335L\037 \244\343&q(\332\327X\rY&\311\334`SEXa\332\036f\232e\"\202\225\0322\\\312P\231 \214\2449\025Ut\013\263\305\005\204\035\0077o\243*\204A{XwIvYc\334\351\017\017\221\324\265fGn2\207\020Tqp\325 &\273u\253\360\000\355\023\255Zc\350o\2104l\242\360$y\026V\005\375\270\006\2135\213\021H\0313\264\322d5K\224\244\022]+\023\0073\2427\021e\216\006\267\034~\310D\353\217\327\347\226\356/\211\024\034\362\001\374Q\250\276\254\350\230R\310\014\274\226]Mg\000\rk\332\204\026\320\323\njZ.2\t\304e\026\262\341\\\377\005V#&\242\204\361\005\372\006\233\200\246@D\206\353\232Y\375\006\251\232C8N\204\337~\202uJ\nXD/gx\3250l\361\202tbV!EU\225\301\007Q\204+\204u\335R\240\016\364\354\347uD\025(I\251u\267l\254\354r\263\252Q\\\326\t1\371w\005SfcV\273#\357\022\307$:-\330\315FU\321\324\306md\020\250_@o\356\311\224\251\177\030?;\2406\262M\315TI\0039x_\243\231\177\365\203\3068\226\224(\226\251\322^\313\001\257\233\363\267\321\342\362\374\374N\326\310,\276\200F\020(CP*\024L\013\372S\301\256\316\220,;Du\025\"\313Hu\005@\246e\316A\277\3664\254\303\256\242\231\032\223e\3235\354fAV,\207\024\014\270\247\tJ\241\n\326\364\254)\232\301\331\333\177\3145\000\204\023\047X\315!\264f\351\000\361q\352\234\202Y\312\256\271kZ\373f\177\352\373\262\200\216\272\206\370\242u\201\017x\370\357\340\211+\277\203\257\321w\374\317v\342\251i\273\354\261\343X\316:t\232\250\320\352\336\242\320CN\021\244\227\345\376-H\234\002\013\377h\263b9\373\330Q\217\rL3\210\334\265\312rqekS~\272Y\224\037\275\222\327\212\317\036\303\325f\003>\253\240 y\2154\330\006\251\310r\227\345\3206h\021\327\201\\%\014\364lpC\3055\025\376[=J\002^\006\214\032\361k\251\256.,&6\304/\260S\356\036\253\273X?2\037""\321\342D\231=\003i\360\007\250\264\347\212\366\005<\201\200,3B\201J\262J@E0\034d\215r\246X.H\235\310\277P\316\032\031;U\212\217\247\032\305T0\r\303\256\311\264\252k\271G\206\246\251hV\241\347\200\342\275\306B\271\014!\370p\204\020:\367\nE3\007+\244\014h+\240\343]p\303\305l\302\007\226\025U\3453Fu\035b\330\254y$\335\202\014\355\207\353\307\317])\367\014\204\223\202v\347\253\370Y^\252\030\030H-\333\304\201\2600\362\272-\255b\233\3028\347#\235YU\007\033\232\246\302\\\325X\023H\252\231p\037\276\024NC\263\313E\230&\274\225T\314g\255\221\351]\266\035\253Lv\263Dd\030J\025\256L\322}V-\350\202\345\030\013\335\347\032\301jw\271\017\022\260\366E\213i\327\224a\375\321\203\\\205\262\210\363\261\315qMj\030\270\001o\330\267\241:XU\271t\014\3154l\323T5\303\264MG\310\336\002IB+\340=\017\037\311\006\271\3336\255C\263\366\035\310\206:Dw\271CJ\025\254c\247;\276(\321+@\225\3568\2425\014\023_\253\302\333\2604\225j\346.\265A\364\262\020~\357/\022\230\003\215\230g\022\303f\255\177\242\364Ki/\373O\023\263 \373\377\242\215\206\335\374\2058\026=\030\350\014\215z\337\371%\276\270\0364\302z\004\213K\301TP\n\2240\327\031:\347-yu\177\300\277\034H\351\225Bd$R\262\332\032lI\255\342\301\300\341\320g\007\324\233\365T?\357\337\rF\302\241\260\030>\217\376\032\257&\003\311\245V\2763t\326\233H\317]\005W$\\\216&\"\25134\342\rz\222W\354\210\233yo\321S\374\t\177\321W\202\\0\023l\206\247\303\331\260\034\rG\033\021\213\027\343rr:\231I6\022\326Zl)\355\311v\261]\352\214\\\360>\004\003\201\310l\021\"\317\360\324\017O\246~9Z\212\352\361`,\365\207\232\364\213~\277\213I\377^\000i\016\037\274\366\352\351\370t8\007W\206\322\245\047-#\335\334J\267^\246/\337\244o\336\246o\337\247\357q\212\325T%)\251\360\310w\001\221)\177;\310\007\322\047\242\237\211\215\326R\253\336>\233\2266\376g\351\003}y\215z\323\336\023\000u\321/\007\003<\277\027^1=\177=\3705*F[\251\264\322z\230\256\227\270\323#[|%\331i\347\333\313\"\3209\257?)\336$&\240\272\035\340\300\r\037G\027\243z_6\047b\275\363\245t\352Fh\304R\274\232\336\377\271\375,}\365:}""\375\246sl\373G{.}\001\340\274\352L\241\360|T\212*q\361\377\r{%x\024T\200/\033\241\003\314X\2106\343\3231\264b\302\277\023\346\322\351e@Nj=n\347:\323\363\361\371\244\224\340\303^\242\013\376\206O\203\351\240(\370\345}\357\327\001\264\311\256\273\315\350t\224\377\304\306\360\301[?\227N\314\206\317\342\\<\233.\037\225\"\247\362\373N\327\374uz\357i\373j\372\374\005\354t&\256\005F$E\305\214oe\177\340\243\032?\367_\007u\356\265t@\274{~\376w\313m\321g\354\271\202w]\336\\\364\335\240\030\000k\177;sj\030}\314\034\022\002_/\007\323\\j8\332\217+\311\243\004\363\315\211\364\2539\001\364\223d:)\366Y\252\361\363d!)q\313\227\341\024\2249\032\317\3068v\371\241?%\266\317\"\027\004;\010\272^Ihk\246U\352\214]\360\010\240\274%\260+\207\203\341B\270\025MF+\021\215\363\240\247c\232r\224\227\375\034hp\303\257\237x\034>\330\361\363\351\344\327\341\016\\[J\357\375\324~\010\224I_\275K\337\311\235\311\036\231\216\314\257;\223_\005\013\220\326h\372\355\367\311\263v\256=\333\306\235\311\214\340\333\361\355\304hK\355bw \035\024\017G\256\006[a.\234\tA\320\347\004\312\024\"oA^c\023\376\267\200\360;h\333j:\277\002DZ\001\021\202\276\256\005\246\020\313T\\\212\325d6\375a=]\337IwDBs\022\230\267\222\034/\257\354\237\361\261\317\202\373P\271\030\027\252?\027\324\3033\241\022]\213\235d\n\340\036\371\313\047\223\270\030\320\360\206`\\\17721\344p=\275.\305W\023\234\324\241\375gg\241\337\347/t\306r|\276v\306\306\375\341l\250t\306\277\360\377\025\226B5\232\005\036\260x)f\311\022\314\301\245\026\005\231KG\027F\306\375A\321\251\t\230\316\247>\367K\234R_\372Bg\303\3366\210%s?\236\216\317\204RX\354\214L\200m9\233\236p#\037\346~\033=5<\002J]\3606\274\177\3020\314\272\233^Zm\025\201\n\300\234_\375G>\356\231\037$\371D:\004\212~\027\n\316]\t_\302\260\256w\316\216rH\376-\244\276\026\337\200?\200\213I\275\005\274\036\363~\362\233\341\331\350\213x$9\223\230\320\301\261+\301Zt+\376\2615\335\372;/\345\022\3201/:\2371\215O\203^\217\022\322\272\333\036hO\2657\323u\230\310\333\351\366\363\377\000\010\202\233[";
-    PyObject *data = __Pyx_DecompressString(cstring, 2107, 1);
+    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (2963 bytes) */
+static const char cstring[] = "x\332\225VM{\323\306\026\306\220\200\201Pp\022>\313\3078\t\024J\022p\022R\312-\355\343$\320BK\232O(\037A\035Kc[\215%\331\0329\266\333\207\347f\251\245\226Zj\251\245\226Zj\251\345,\275\314O\350O\350\231\221\3558\204\366\366\346\211\355\231\243\2313g\336\363\236\367\010\335C\005\025S\204\260\256\240&\272\215\024\003\351\206\205\3442Vu\244R1\241\365j\3250-\242\240B\013Ye\260.\256l\242\333eL\037!T\301-bR\324P\25522t\222\270\343\336\260l\251;\330R\r\035\021,\227\221V\247\026*\020\204QnJA\305\212\201\255\331\031\204M\023\267&Q\t\216A;\270R\047\311f\325\342N\277}\214r\035k\262\344\266e\022\202\212&.iD\267\356\334\231D\0054y\347@\320\323\217P\203\250\245\262\205\376\203H\263Jd\0367\017\314(\242\357\226a\260lX\004n\201-\264\330\262\312\206\270\245B*j\201\230\330\"\225\026\242\226\251\302.\223/\322\321\312\223\225\251\271\207s\"*\223\374\006\376(\000R\220+\230R\010\026\274\026\352j\305\002\264\254V\225\320i\364\254\210ZF\035\351\004\316\265\014T\205u\375\033\2542\321\021%\026\037\240/\260\016\201\013\220$\330\256\352\245/\220\242\232\204CG\370\356\247\270B\3114\026\247\027\022\010\313\030\036\361\013U\210^\202\020\223\014|AQ\325$S\373\240\003\216&A\313x\371\3363\275\210\212\206\231dN\325\253u\013+\212\004\347\022Y\034\217p\245b\310pw\364\342\247\025De\200A.\177\374\010#\031\222H\020\255\030\326\307\317\370MD\020\310\250[\340\276\363\274\212\345m\356\262\177\332[\252\250\024\027*\204\350\374\273(\356\047\016P>yI\301\204\"\246V\025[\345{\32261uR\241\323\325V\263$\253Js\022i\004R%\210\243\357H\324\372\033/b\201\322L\036\252\272B\232\310\304\r\225&Q(\277\251\026O;%\262\241+\264GXH\355\355\373\223hv\376\376\375\255\204\206\311\371\"\213\311\275\365\336b\036h\262H\020 7=\255\033@\257\"\256W,$I&Q\3522\221$\244\324E~uC\237\002\272\355\250\270\002OeUW-I\322\353Z\2655-\311\206I\2465\330\247\212\"AE\254V\022N\251\032\257\307\376eu\r\2009\264\302*\233\204\226\215\nd\233~\"\302\272\276\255\033\r\275\277R\273\246\276\0336PC\022\030\323\272&\276hM\000\tn\377\036e\261\345#\234\233}\313\377m""\312\026\236q\276>1M\303\\\001\376\020\005\370\324\033L\367\360\224E%KR\377#\210\235Bi}\352!TC\003\233\312\276\301R5\"u\254\257$)\277\270\261.=[\317K\013\257\245\345\374\213\047\322\332\223\374\372\317\313\353\340\243\325\204\317\022\350\203\264L\232\326\032)JR\247\206!\253\220A^\345R\211X `\0327\024\353\272\314\177K\335h\340O\003\231\022\277\206R\257\010\213\2165\361\013\204\226:\313ju\\\351\232\273\2549t\337\236\2014\371\004\256\334sE\373\016<\004\205$Y\204\002\323$\205@\275\203\364I*\345D\202\372Uu\"\375N9\251$l\226(\006r\364\211\n\014)\246\202\217\030\026\351\226Z\252\033\365\256\241\245\313\2521\335\363C\261\205w\2323\205\002\340\\\200\363xk \264P-XrR\3532\006\3315\023\371\203_\310\006\304O\373\255\024k\325\n\304X\341a\001j\026\254\"\334\237\014\332\223|\201\271h$#\315\320\r\356\2407\261\014]\225\245\252i\024Hb4\201tr\3310\223\231\245\312\333\264o(Y\306A\037=\253\316/\313\305N\207\017\014\213\262\001\366ny\301\004\342S\024U\243\212\245\360>\240\324M\242U\255V\261+Z\323\022\360\031\026\355\317;\"\3263\020Nr\332\351\213\342g~\256\250a8Z\252\022\023n\t}\t(*\223\016OK\270J\201U \352\342c\224L\254\225UKU\025h\215\252\325\202\002Tup\005_2/1\275Sg \274\234\234T\264X\265\231\210^\202\321v\022\223\004\312^\344RD:s\221-\340\nhm\327\004\207\320\336\330\200\264\031\2466\323\231\227\tV:\303\006T\277\321\020\234\246\035SB\256\003\023\251\004\000\020\363\240\315\254\353T\323p\023\376\341y\025p\200Q\211\253\206\246\352ZU\327\001\022]\002\246\351xF\007\350y\004\374\003\351\252\350U\335\354\340\306S(\224\3220\266!U\260\036\376\357\303\047W\255\202HV\241k\356Ti\r\010\334\000r(P\005\224\223\220\217i\227-|@\r\335$\025H\353\016\300Fxp\2243\025\233\235vAI\245\010u\326\221zZ\306\3602\240\226\340_3T\005\350\261M\215:$\217VAA%\241\242\275\327*(> \201u\337\312YX/\367\213v\277.\355$/B\r!\255\311+\016mT\033V\263Ym\375NL\203\356\246\332\003\247\354\273\316*\037\334p\233^\315\207\301ew\324]ue/\323\0368m\317\3315\047\345\\qs\354\352\264\257\205\271p):\026\345\242\374njo\340\304.\265\047l\305""\311:\017\334\2647\340\345\275\227\376\327\301R\230\n/G\331\366\300I{\230\235\276\006\256\2107\357\017\373\271\366@\332>f\347\354|[\354\314\332\263\266\354\014;\263\216\354f\334qw\335;\352Mx\005\177\320_\363\255`6(\204G\303\361p-\264\242\331H\216G\342|\274\332N\177f\377\346\246\\\021\331,\234<\316C\337\203\311C\047\227\014\036u-\337\n\247knML\331\351\353.N\306\207\356y\305\237\363k\301\261 \327\037\327\210\223w\372\317\033u\276wa\301\340\356\033\273\306\316\215yS\260e\200\315=\2154\266\276\3016~a\277\274eo\337\261w\277\262_1\303\nS\010#E\036\346<\007\357\037\316=\036h\321\\T\213O\262\325\265\377\211P\252/\242S\366\230\375\024\260\237u\nn\212G\366\312\316\26337\334\017~\336\337`\271\305\3501[Y\345N\273\266\340j\270\025g\343yq\320i\273?(\236KK :\t0\325\275\047\376\005\277\326\027\315\241\263\336;96z\313\323\202\\\260\304\036\376\024\277`\257\337\2607o\333\373\266\347\361\024{\005\260\274n\217\"\357\214\277\352\027\203\374\377{\354Uw\301-\002\255\326<\023\0104\343\257\007G\003 \326\260s\317\313\260\261y@.\027=\2113\355\261\373\301\231p5\304{\275@g\2345\207\272cn^\320\320\376\306\251\001h#\035w\353\376Q?\373\017\017\006w\3379\0316<\341\275\0102\301\004\233\357^Eb\322\257\355\216\371&\373\352Y|\215\275|\005O\332\303\327]\315\317\371\371\204\226\005\047u\340\216\347\2357n\215{]\335%\366WN\366\243\341\246\3103\266\353\202q\340\341\001\024\334\005\247\356\346]\240\362\237\307\217\014\236\261\237;\006\200\320\360\225\340^t\t.<t\325\375\301\373\231\315>\217o\263\265\365\366\320-\257\314\246\277\013?\304?\260\215\315d\023:H7\342\001{\257\270c\274\214\261\337\010\212\341B\210\371\303a\366\371\224\310\316\323p,\314\367YJ\301\313p&\\\345\226K\336(`s*\230\010pP\347\213\376U!\237\360\353 \006\307@3\026C\032\215G\253\355\241\317l\002\251\331\020\200\027\274c\336\214\267\341\217\370\213>\r\262P~\373\334\346\251\231w2P\337kN\355\320tpw\313\311\262\221\233\336\026l\233c_\375\030?\006\236\261\327\357\331{\251=\322c`\327\374\246=\362\271;\003a\235b_~\023\276\2103\361D\214\333#IUl\006""\223\241\026\347\342|G\354\000\274\364\221\301\364\256\tGv#b\227\357A\241\002\224 f{\047O\265\323g\331\3311/\353=\004MK\017\331O\234\363\016\206\270\206\316\261s\343^\316\373\001\2100t\026\362\271\000\325r\324\315\266\317]\204l.\270\270=4\342\344\022M\310$\347\240OkB:\004S\246\243A\037a\234\270\334\207\352\202\263\315\2629`\344t\224\2122|\265i\217@j`\3056\244#\27370\310\006/8\270C\3536\237^LP|\353\244:?\2340\307\371\026\314\316\336pk\336\t\357C\220\0176\302\353\221\tlK\237\264\257\360z\237\200\022\331`w\276\0163\341D(G\031\236\323\010\363\307\227\234Qg\325\021\303\313\300\352t\306\271\341\245\274\021QR\307\330\335\307Bx\346b\312\3266\331\346K\250\232\275\364E^ym!\335s0L\003\033r^~7\277\227\276\346nx\031o\334\003\371=-*\203B\3427\334\013.\365n\211\002\035\032v\276\204\352x\017%\267\004iI\337`7r\301\265\020\2075\270\307\311\t/\267w\346\263\366P\206\013/$\305\031t6\335,\014\317\215:?B!\302\3172$o\316\263\304\376\001\340\350\000t\265\201h)\036\000\032\234\023\201\301i&\304\377\334\307]G\351s\3161\301\335a\220\363<?\350\372\247\343\314\034\210\217\335_\004\221Z\004\201Oq\256\374\010\310\247\257\273\272\320\343\321`5P\302\t\366\355\n[\331b[\202\276S90o\204\243\341\006$\023\374\316\330\353\220\245\216G\321\220\n\316q\240\233\345>\204\352\021\006\305\231\202\224\035\367d\377z`\302N0\236\205&u\004\310\306\363:\014\364\334\206f\316\211;\304\206xC\306\275\316\316\216\234wV\371\252K\216\020\336A{\023\3243\327\346\000v\350\014T\032\006\333|\322us\354H\326\313\374y\212\327\210\005\321\255\331\177\364\350\310./E\371H0\366\003\220\037\367\314\217\302l\230\333\003\371\271\353\t=\271\352\375\002M\276&B:k\377Wh\377rp\013^\034.\204\265\010X\301\201jy\047\375\213P\n\307C\035\322\002\212\267\354\337\t\276\213\306\242\357cH\353e\316mQ\325\211\212\360\366\320C4$\321\2038\025\217\306\353l\005\232\263\340\334\221I?\177\240\344x\353\341\022\334\r\022t\221\335\373>j\3048\026P\034e\247\256\002\346\353\200l\201\257?l\351{Q:\261[\263\217w*\024;\rW\001\206\315\373\031\377\246\220\266y\250\230\361p""]\2749-F\264\323\204E1\210\376\321\251f\356\r\273\177\370Y \316\317B6\005\030\220!\247\010\347\276\365S\274?\006\242jfx\253\257A\221]\360\232\376N\260\026\324\016X\317{\030\332E1X\0100\227\375\333\336m\377n\000\330\177\316\265}\213\247\243\177\314\373\360\037<\357\316\242C\331\225/\375\251\240\026\016\262\307/\342-h\352\360^\323\036\031u\226D\204/\275Y\017\367\304\205\277\027=c\327x\273\320yC\tk 7\007h{W\320-}\306^\265\213\\\316\004:\330\265\330\370\203`+\312\302\253\017\215o\306\037\330\273\255}n7\2407\244\0163;\323\025\21540{\277Y\016\360\341_\213|\026\033";
+    PyObject *data = __Pyx_DecompressString(cstring, 2963, 1);
     #define __Pyx_DecompressString_LZSS_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (2744 bytes) */
-static const char cstring[] = "\377 / bias \377 do not \377chain is\376\010\002support\377ed by th\376\023\000CPU (ha\377s:  laye\377rs with \367oneA\003and \377activati\377on each \377must be \377a 1-d fl\377oat32 ar\277ray, gq\000 \177values 9\001{itQ\001>= 1\017\004\376\035\003(tree f\377ragment)\377).: weig\377ht ; exp\363ec\241\001\202\001of ?\275N\214\000Note\260\000a\177t Cytho\316\002\377delibera\377tely str\365i3\000r!\001n PE\337P-484~\002re\375jM\000s subc\317lass\227\000S\000bu\367ilt\230 type\377s. If yo\357u ne\232 to \371p%\000%\tthen \367set\263 e \047a\351n\330 \215\"_<\000ing\337\047 dir\262\000iv\376\242\000o Falsek.a\374\002b\252#ha\030\000\376\323!lengtha\267dd_\234@ecF\002 \337alloc\305\000 M\337LP sc\320\000ch\336\024\004pack\023\001di\177sableen\002\001\377fastpath\377/_kernel\377s.pyxgci\377dx, mean~\365#nv_stdk\022\366\226Cdx\307Cinde\177x rawisZ\003\317djit\266@\357\000co\347nds\352F\310`(0,? 3600]\346Cz\003\370\226\"\274b\274#1..no\377 default\377 __reduc\277e__ du\234\"n\367on-\255@vial\376\033\000cinit__\377numpy._c_ore.m5\000i\316b\337 fail\217Cim\314\272\204\001\033\tum\202 \021\016th?reshol\340 \261\007\374\377a\231\204\003unknow\333n \260\010w_\266\"su;m,\244`msq\267\204\002?\000\310\2437.\002\260,x\341H\342\201%In\377putErrorMP\347@ed\377@\000\006.\261&\355c\360\204\002__\017\tset\277state_\013\017f\277orward?\007t\357ime_\017\004__A\377CTS_ISA_\177BY_NAMEU\000\377yx_PyDic\377t_NextRegf__\337\204\004\264@__\264\205\002\377_getitem\377____func\362\004\001g}\005\022\000main\276\030\001modul2\002n\313am:\002p\\\000\246\003_q\207ual\017\005\217e\326\016\251fe\275xi\001set_C\005s|f\010\361\016__tes\310`\377_describ\357e_is\315aout\277ine_zs\331a_\337argsa\314\210\007sa\365s\270\210\002a\033\000ntig\367uou\t\005ynci\337o.cor;\003sa\037vx2bb`\000\340\211\001`\000\371lR\001\362\000trace\177backclo\002\000\373on\311\206\001natec\337onfdd\340\207\001du\277rempty\263\206\005.\017_eng\222\000\006\007\304\206\004\030\006\345e\221as\331\211\004\342\211\00264f\377ma_ns_pe\177r""_instr\342D\177gapshis\317\212\001\377togramii\373de\311\000tyidx\337int32\002\000ci\337nv_ni\220\207\003is\265a\307As\233\212\002ix\352\206\003_\277probek\316\207\003_\257allf\226\206\001e\t\004d\275o\203@orm2\031\004h\367ead$\004wind\027ow_\213\204\001s7\004\346#\000\n\177_gather\006\013\377runsmmax\244\000\000\035\000p\333\000\n\000g\301\210\001m\377inmpnndi\337mnpnr\231\207\002oo\323ld\311@\314@0\320@1p\377mpoppsqr\357rawr\213\000sre\373luM\001sscal\367ars\374!dsse\337lfset\210\210\004sh\277apesig\000\000m\377oidsinks\377psum_sum\363sq\232\215\006\267`ast0?t1tanh\306\207\t\277\205\t\361v\344\214\003\272\207\002\272\214\003sxxp\377yzeros\200\001\177\330\004\n\210+\220Q\005\001\277\037\230x\240q\250\017\000\031\377\230\024\230Q\230c\240\021\377\330\004\013\2104\210q\220\377\001\220\032\2301\320\034.\377\250m\2701\270D\300\003\377\3001\300A\200\001\340\004\377\007\200s\210$\210d\220\377!\2205\230\010\240\004\240\377A\240V\2509\260D\270\377\001\270\031\300!\330\004\t\337\210\022\320\013\035H\000e\240\3776\250\022\2501\330\004\010\177\210\003\2101\210A\3305\002\377!\2103\210c\220\022\220\3773\220c\230\021\230#\230\377S\240\002\240$\240b\250\377\005\250R\250t\2603\260\377b\270\002\270#\270R\270\377t\3003\300c\310\023\310\377A\310Q\330\010\016\210jW\230\001\230\225\0023w\000#\267\001\373\340\004\252\016\032\2504\250q\357\260\003\2601_\t\023\220A\275\2207\t\023\2207\230\244\000\005\377\200Z\210q\320\020\"\240\375-0\000\004\3204F\300m\377\320ST\320TX\320X\377[\320[\\\320\\`\320\377`a\320ad\320de\327\320ef\220!5\217 \024\220\237U\230!\2301\203!g\024\006\377\260m\3004\300q\310\t\327\320QR\332\036\001\320\010\n\210\367\"\210F\322 3\220b\230\376\236@\005\200W\210A\320\r\377\037\230}\250A\250T\320\1771C\300=\320PQQ\001\376\014\005\260\034\270]\310!\310M6d\002\013\210\211\t\241At\346 \377d\220,\230a\230u\240\237E\250\026\250q\376([\016^\377\2201\320\024&\240m\260\3771\260D\3208L\310M\177\320YZ\320Z[\330\n\007\337J\310-\320W\232 Y\330\377\024 \240\r\250Q\250f\371\260\317@I+""\034\230B\230f\356\255`R\240r\227`2\250S\367\260\002\260\257`\022\220/\240\357\021\320\"6\267 1\300E\377\310\021\330\"0\260\r\270\337Q\270a\340\004\215%2\220\177R\220s\230\"\230A\333b\257\210<\220q\215`\023H\004S\357\250\002\250!\000\026\330\004\005\377\200\\\220\021\320\022$\240\177M\260\021\260$\3206\303\005\337_\320_`\330\020\004%\320\1777I\310\035\320VW\342\000\377\330\022\036\230m\2501\250\276\333\0023\210b\220\001\345H\340\337\004\025\220Z\230\312 \005\200?Q\200e\2107\220\307b\000\010\273U\210\337\204\001a\210u\363b\004\373\013\210\264a\026\220u\230A\377\230Q\200\001\360\006\000\005\375 \345\205\013e\2401\330\004\032\373\230\"\347\205\001a\250w\260f\377\270B\270a\330\004\031\230\357\022\320\033-\344\"F\270\"\373\270A\007\010g\260V\2702\373\270Q \001\030\240\024\240S\377\250\n\260$\260a\260u\374!\001\310\205\"\007\250u\260D\270\377\003\2701\270C\270s\300\377#\300Q\330\014\016\210e\337\2202\220T\230\321!b\240\377\003\2402\240T\250\023\250\177C\250s\260!\2601\367\205\010\377\t\210\022\2106\220\021\220\345#\217@q\210C\004\010\005\200]\177\220!\320\023%\240]4\000\3774\3207K\310=\320X\377Y\320Y^\320^_\330\371\023\330f\017\005Z\330\023\033\230\3772\230S\240\n\320*<\377\270M\310\021\310$\310a\373\330\023\357\204\003U\260,\270m\357\3101\310A\212\210\004\200A\340\377\010\035\230T\240\021\240#\377\240Q\330\010\013\2103\210\367a\210s\206\000T\230\021\330\257\014\022\220*\337 ^\264@D\377\3200C\3001\300C\300\377q\310\001\330\010\036\230n\376\275\205\001\260\024\260Q\260d\270\377$\320>P\320P]\320\355]\214\002-1\024\000T\270\021\376\335\207\001b\220\006\220a\220t\363\2308\367\000\355\207\002d\220-\230\377q\240\006\240c\250\036\260\367r\270\024\354 \010\017\210q>j\030\026\230s\240&\206\204\002\201\t\377\260\001\330\010\037\320\0371\277\260\035\270a\270q\374@\t}$\355@\r\016\330\014\021\334\211\001\337\330\014\020\220\005\317\207\003\330\020\377\027\220~\240Q\240d\250\377$\250a\250t\2604\260\377t\2704\270t\3004\300\337s\310!\3101)\005\010\020\373\220\003\245B\022\2301\320\000""\267\025\220Q\317a\030\220\332\206\002\005\177\210U\220!\2201\330[\001\377\020\320\020#\2401\240A\177\330\010\022\220!\2206\270\211\003\376/\000!\240\021\360\n\000\005\377\010\200t\2102\210R\210\367{\230!\331\211\004\320\031D\300\375A\210`\004\007\200}\220B\373\220a\016\006:\270!\2701\277\340\004\032\230+\240\357b\034\377\240X\250R\250q\330\t\353\n\330\220 \177\335\207\002N\260&\377\270\001\270\026\270q\300\001\377\330\004\014\210K\220y\240\377\t\250\027\260\010\270\006\270\375n\277@\014\034\230N\250)\277\260?\300\"\300G\307\001\031\317\230\021\230!\365B\344c\022\250\3672\250T\234E\270e\3005\377\310\001\310\024\310S\320P\177T\320TU\320UV";
-    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 2744, 3645);
+    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (3942 bytes) */
+static const char cstring[] = "\377 / bias \377 and x (\377 do not \377chain is\376\010\002support\377ed by th\376\023\000CPU (ha\377s:  laye\377rs with \347oneI\003J\001act\377ivation \377each mus\377t be a 1\377-d float\37732 array\367, gq\000 val\267ues\206\002itQ\001>\347= 1\017\004\035\003(tr\377ee fragm\377ent)), b\367 ,)\250\n.: w\377eight ; \237expec\264\001\225\001o\357f ?N\237\000Not\375e\303\000at Cyt\373ho\341\002delib\377erately \257stri3\000r!\001n\377 PEP-484\356\234\"rejM\000s s\177ubclass\252\000\276S\000built\253 t\377ypes. If\177 you ne\255 \317to p%\000%\tth\277en set\306 eO \047an\353 \240\"_<\000\377ing\047 dir\366\262\000iv\242\000o Fa_lse.a\232Bb\275#\363ha\030\000\346!leng\367tha\374#\047s p\347re-\353\047\305 re \377NaN/Inf \367for\264Cinpu\337tadd_\343@ec~z\002 alloc\371\000\177 MLP sc\204 \273ch\013\ra c\302@e\037 slot\047\r\320\000\201c\317 out\\\000P\004pa\343ckO\001\003\t\"\006dis\277ableen\002\001f\324\372b\\\002d\320\022 \206afa\377stpath/_\377kernels.\377pyxgcidx\277, mean\263cn\017v_st/\024\341\204\001,\000\205\204\003\377index ra\367wis\200\003djit|\364`\232@conds\250\204\006\377in (0, 3\017600]\244\204\003z\003\301B\372\204\002\303 n\325\204\006\257\204\001\311\204\003\374B1.\377.no defa\377ult __re\377duce__ d\275u\333Bnon-\354`v\367ial\033\000cini\377t__numpy\377._core.m\3725\000i\240\205\002 failf\316cim\214\206\001\033\tum\226 \376\021\016thresho\365l\353@s\217\020unkn\303ow\265 \240\206\007\013\005\327\010w \373w_\337\"sum, \006\002\000sq\251\207\002T\000\226S\307\207\001.\002\262\331,x\265\204\010\213\202%BI\254\204\001E\337rrorP\314`edWMLP\000\006.\307&c\305\206\002\373__\017\tsetst\357ate_\013\017for\357ward?\007tim\373e_\017\004W__AC\377TS_ISA_B\377Y_NAME_R\277EASONS^\000y\377x_PyDict\377_NextRef\263__\275\206\004\323@__\222\207\002_\377getitem_\177___func\004\001yg\206\005\022\000main\030\001\337modul2\002na\345m:\002p\\\000\257\003_qu\303al\017\005\256e\337\016\310fex^i\001set_C\005sf\010\276\372\016__tes\347`_\377describe\367_is\354aouti\337ne_zs""\370a_a\177rgsaact\312\207\010\277actsas\260\212\002a\376\"\000ntiguou\376\t\005yncio.c\373orB\003satav\377x2bbackb\374m\000\346\213\001esbpbt\375c\346\206\003calibr\254\371\210\003\005\000ck\274\001s\n\ts/ampl\241\000l\223\001\263 \337traceL\001cl\367ock\000\002_inf\375o\004\003mono_n\375s\003\007tonic_\337probe&\003re\277anchor4\003t\357icks\000\010_toa_7\n\034\002\022\001R\000on\240\211\001\377nateconf\217cos_\326\205\006\n\000\264 d\177dimsdtd\204\213\001\377durempty}f\255\210\005._eng\331 (\006\007\276\210\004\030\006e\341\204\001s\221\215\004\232\215\002\33764fma\315\000_p{er\343\000strf\267\000\275e\267\204\004gaps\346`h\373is\217\216\001togra\377mhitiide\376\224@tyidxin\367t32\002\000cinvw_ni\225\211\003isa\231\204\001Ms\336\215\002ix\357\210\003\236#k\323\211\003__allf\207\210\001e\t\004D\366\212\002\251`cY\000\034\004b\000s\027\005{do\364`orm28\004\357headC\004win/dow_\205\206\001sV\004\327c\376\000\n_gather\376\006\013runsmmaIx\000\000\035\000p\325@\n\000g\345\212\001\177minmpnn\366@\377n_outna2\305n\370 n\177\000\000\001\302@ln\037pnrns\263\"\340A\314\211\002\377ookoldou\377tout0out\3771ppmpopp\377revpsqrr[aw\232`d_\326@t\301`\362\010\001s\246e\005\001sonr\373el\324@verse\312\231\001s\246\204\001a\n\000\252\213\002se\337lfset\344\212\004sh\277apesig\000\000m\377oidsinks\377ourcesps\347um_\301\211\002\316\221\006_is\377astt0t1t\247anh\251\212\t\214\210\tv\231\221\003w\374\211\212\002\335\220\003swpwtx\377xpyzeros\377\200\001\330\004\n\210+\220\375Q\005\001\037\230x\240q\250\376\017\000\031\230\024\230Q\230c\377\240\021\330\004\013\2104\210\377q\220\001\220\032\2301\320\377\034.\250m\2701\270D\377\300\003\3001\300A\200\001\377\340\004\007\200s\210$\210\377d\220!\2205\230\010\240\377\004\240A\240V\2509\260\377D\270\001\270\031\300!\330\177\004\t\210\022\320\013\035H\000\377e\2406\250\022\2501\330\377\004\010\210\003\2101\210A\375\3305\002!\2103\210c\220\377\022\2203\220c\230\021\230\377#\230S\240\002\240$\240\377b\250\005\250R\250t\260\3773\260b\270\002""\270#\270\377R\270t\3003\300c\310\377\023\310A\310Q\330\010\016_\210j\230\001\230\225\0023w\000u#\267\001\340\244\0008\2201\216\001\327\013\210:\n\005>P\002R\230}q\023\002\320\013\036\230a\006\003\376\327\016\032\2504\250q\260\003{\2601\214\t\023\220A\220d\t\357\024\220G\230\277\000\005\200Z\177\210q\320\020\"\240-0\000\377\004\3204F\300m\320S\377T\320TX\320X[\320\377[\\\320\\`\320`a\377\320ad\320de\320e\305f\275!6\271!\252!a\024\006\260\377m\3004\300q\310\t\320\353QR\201>\001\367\010\n\210\"{\210F\371 3\220b\230\305@\377\005\200W\210A\320\r\037\377\230}\250A\250T\3201?C\300=\320PQQ\001\014\005\377\260\034\270]\310!\3106Nd\002\013\2101\212\010\310At\215@\367d\220,\244 u\240E\250\347\026\250q\245H[\016^\2201\377\320\024&\240m\2601\260\377D\3208L\310M\320Y\337Z\320Z[\330\n\007J\310\367-\320W\224 Y\330\024 \177\240\r\250Q\250f\260\366@\276I+\034\230B\230f\324`R\373\240r\276`2\250S\260\002\375\260\326`\022\220/\240\021\320\373\"6\267 1\300E\310\021\377\330\"0\260\r\270Q\270\367a\340\004\215%2\220R\220\337s\230\"\230A\202\204\002\210<\353\220q\264`\023H\004S\250\002\373\250!\000\026\330\004\005\200\\\377\220\021\320\022$\240M\260\337\021\260$\3206\303\005_\320\367_`\330\020\004%\3207I\337\310\035\320VW\342\000\330\022\277\036\230m\2501\250\333\0023\357\210b\220\001\316*\025\220Z\375\230\312 \005\200Q\200e\210g7\220!]\001\000\010U\210\206\205\001\367a\210u\355b\004\013\2105\377\220\001\220\026\220u\230A\377\230Q\200\001\360\006\000\005\377\r\210J\220o\240R\240\177w\250d\260/\300\030\356\000\377\014\034\230H\240O\3203\377J\310(\320RS\330\014\377&\240h\320.?\270}_\310H\320TU/\003 \301\206\013\377e\2401\330\004\032\230\"\376\303\206\001a\250w\260f\270B\377\270a\330\004\031\230\022\320\373\033-\231BF\270\"\270A\376\007\010g\260V\2702\270Q\376 \001\030\240\024\240S\250\n?\260$\260a\260u!\001\244\206\"\377\007\250u\260D\270\003\270\3771\270C\270s\300#\300\377Q\330\014\016\210e\2202\367\220T\230\206Ab\240\003\240\3772\240T\250\023\250C\250\337s\260!\2601\323\206\010\t\210\177""\022\2106\220\021\220#\304@\371q\275C\004\010\005\200]\220!\337\320\023%\240]4\0004\320\3777K\310=\320XY\320\177Y^\320^_\330\023\215\204\006\376\017\005Z\330\023\033\2302\230\377S\240\n\320*<\270M\377\310\021\310$\310a\330\023\376\244\205\003U\260,\270m\3101\363\310A\346\210\004\357 \010\000\005\010\363\200r\177\000\212\005\320\031/\250\377q\260\001\330\004\035\230Q\377\340\t\n\330\010\017\320\017\277\"\240!\2408\250\261\000\014\377\210E\220\025\220a\220q\377\330\014\020\320\020#\2401\333\240H\206`\014\017\315@B\220\377b\230\002\230!\330\020\027\376\313@B\230a\330\014\023\220e1\216\207\003\021b\003\226Lc\240\206\210\003\177\010\270\001\330\004\021\220\376\207\003\370\236\211\014M\003\377\210\007\026\220k\320!\3771\260\021\260.\300\001\300}\021\327\211\001r\210\023\210A\247\211\001\377k\230\021\230!\340\004\005_\320\005\026\220a\320\204\004\330\013\001\033\027\220\213\204\002[\220\263\207\002\004\000\342a\375\006\332\211\001a\320\017\037\230q\377\240\007\240}\260A\260T\377\270\036\300r\310\021\330\010\367\t\210\032\354\206\001$\240A\240\377T\320)9\270\021\270$o\270c\300\021\320A\300a\033\001\277\030\220\024\220Q\220\006\002\031\377\220!\330\010\021\220\037\240\337\001\240\023\240A\264`\003\320\373+=\364\207\0024\310s\320R\377U\320UV\320VW\340\371\010\201\000\263\210\001\013\2108\2204\357\220q\230\010\213`1\240A\377\200A\340\010\035\230T\240\377\021\240#\240Q\330\010\013\277\2103\210a\210s\205`T\277\230\026\230s\240&\265\206\002\014\377\022\220*\230A\230^\250\3671\250D\224@\010\037\320\037\3771\260\035\270a\270q\360\377\006\000\t$\2401\340\r\317\016\330\014\021\262\214\001\222@\220\005\377\220U\230!\2301\330\020_\024\220K\230q\003\001N\272@\3674\240t;\002\004\260D\270\377\004\270D\300\004\300D\310\245\004\204`\020\224\002k\000r\275\000J{\250aA\005\010\020\220\003\267\204\002_\022\2301\200Ae\001\036\222\023\373\021\330\224\t\3200C\3001\377\300C\300q\310\001\330\010\367\014\210K\245`\010\036\230n\376\240\212\001\260\024\260Q\260d\270\377$\320>P\320P]\320\355]\272\204""\002-1\024\000T\270\024s\270T\312@\375\0002\210S\243@\334\353\004\374\214\002b\220\006\354`t\230\3678\2402\237!\016\210d\220\375-\260@\006\240c\250\036\260\375r7\000Q\330\010\017\210q\363\320\000\352`\272\207\001\022\220\025\220\357k\240\021\330\265\204\001\014\320\014\372\215\216\001a\321\216\006\320\000\025\220Q\372\340\207\001\030\217a\010\210\005\210U\037\220!\2201\330\275!\310\204\004\310`\337\022\220!\2206\360\215\0031\320\277\000!\240\021\360\n\240\205\001t\377\2102\210R\210{\230!\376\221\216\004\320\031D\300A\300Q\316\333\216\001}\220B\213a\252\216\002\320\031\377:\270!\2701\340\004\032\367\230+\240\313\207\002\034\240X\250wR\250q\216\002\017\210\177\356\213\002\377N\260&\270\001\270\026\270\337q\300\001\330\004\245!y\240\377\t\250\027\260\010\270\006\270\377n\310A\330\014\034\230N\377\250)\260?\300\"\300G\037\3101\330\014\031\330\204\001\321\206\002\300\207\003\337\022\2502\250T\312%\270e\377\3005\310\001\310\024\310S\337\320PT\320T\357b\000,\277\250A\360\010\000\005\217\211\006\007\363\200t\211\212\002\316\217\003\320\031.\250\377a\320/G\300w\310a\375\310\366\214\002\002\320\n\034\230A\277\230S\240\006\240b\223\221\001\010\371\210\002\r\236\221\010\007\200q\210\006\376\310\220\004a\220w\230d\240!\277\2406\250\021\250%\326\210\0026\277\270\021\270#\270S\265\221\002C\203\300s\376\215\004\210\205\002\273\213\002\320\220\004\363\221\001a\377\230{\250!\2501\250O\370\262\211\002\210\"\237@\220f\230A\230\347[\250\001\223\216\001\205\210\001\013\2102\376\347\216\001q\240\001\240\026\240x?\250v\260R\260q\252\222\001\r\006\377\025\240a\240w\250f\260\367B\260a\363\212\001(\240(\250\277+\260Q\330\004\033\352\212\001]\350\213A\000\t\307\222\001{\364A\220C\220\377s\320\032*\250-\260q\377\270\005\320=M\310]\320\375Z\324\220\001\330\023\024\220D\230\377\001\230\024\230V\2403\240\375a\324\207\006\330\004\024\220I\320\365\035\275\213\001n\315\213\001\270q\340\004\373\005\330\253\204\t+\230Q\230a\177\330\010\r\210Q\210f\317\221\001\375\220\232!a\230t\320#5\277\260]\300!\3004""\214 %\237\310}\320\\]\331\222\001\326\204\003w\247\230b\240\345\220\002\314\204\013\021\255\207\005\010\027\023\2201\243\215\007\004\246\222\001";
+    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 3942, 5270);
     #define __Pyx_DecompressString_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #else /* compression: none (3645 bytes) */
-static const char bytes[] = " / bias  do not chain is not supported by this CPU (has:  layers with one bias and activation each must be a 1-d float32 array, got  values and iters >= 1 values, got (tree fragment)).: weight ; expected one of ?NoneNote that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.a and b must have one lengthadd_notecannot allocate MLP scratchcannot pack MLPdisableenablefastpath/_kernels.pyxgcidx, mean and inv_std must have one length and idx must index rawisenabledjitter seconds must be in (0, 3600], got kernel set layer need 1..no default __reduce__ due to non-trivial __cinit__numpy._core.multiarray failed to importnumpy._core.umath failed to importthreshold_ns must be >= 1, got unknown kernel set w_idx, sum, sumsq and old must have one length and w_idx must index rawx must have x, mean and inv_std must have one lengthInputErrorPackedMLPPackedMLP.__reduce_cython__PackedMLP.__setstate_cython__PackedMLP.forwardPackedMLP.time_forward__ACTS_ISA_BY_NAME__Pyx_PyDict_NextRef__annotate____class_getitem____func____getstate____main____module____name____pyx_state__qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___describe_is_coroutine_zscore_argsaactivationsasarrayascontiguousarrayasyncio.coroutinesavx2bbestbiasescline_in_tracebackclockconcatenateconfddtypeduremptyfastpath._enginefastpath._kernelsfastpath.errorsfloat32float64fma_ns_per_instrforwardgapshisthistogramiidentityidxint32intcinv_ninv_stdisaitemsitersixjitter_probekkernel_allfinitekernel_dot_norm2kernel_headkernel_window_statskernel_zscorekernel_zscore_gatherkernel_zscore_runsmmaxmax_gap_nsmaxgmeanminmpnndimnpnrnumpyooldoutout0out1pmpoppsqrrawreadsrelurunssscalarsecondsselfsetdefaultshapesigsigmoidsinkspsum_sumsqsupported_isast0t1tanhthreshold_nstime_forwardvvaluesw_idxweightsxxpyzeros\200\001\330\004\n\210+\220Q\200\001\330\004\037\230x\240q\250""\001\330\004\031\230\024\230Q\230c\240\021\330\004\013\2104\210q\220\001\220\032\2301\320\034.\250m\2701\270D\300\003\3001\300A\200\001\340\004\007\200s\210$\210d\220!\2205\230\010\240\004\240A\240V\2509\260D\270\001\270\031\300!\330\004\t\210\022\320\013\035\230Q\230e\2406\250\022\2501\330\004\010\210\003\2101\210A\330\004\007\200s\210!\2103\210c\220\022\2203\220c\230\021\230#\230S\240\002\240$\240b\250\005\250R\250t\2603\260b\270\002\270#\270R\270t\3003\300c\310\023\310A\310Q\330\010\016\210j\230\001\230\021\330\004\013\2103\210d\220#\220Q\200\001\340\004\037\230x\240q\250\001\330\004\031\230\024\230Q\230c\240\032\2504\250q\260\003\2601\330\004\007\200s\210!\2103\210c\220\023\220A\220Q\330\010\016\210j\230\001\230\021\330\004\023\2207\230!\330\004\005\200Z\210q\320\020\"\240-\250q\260\004\3204F\300m\320ST\320TX\320X[\320[\\\320\\`\320`a\320ad\320de\320ef\330\004\013\2105\220\001\220\024\220U\230!\2301\200\001\340\004\037\230x\240q\250\001\330\004\031\230\024\230Q\230c\240\032\2504\250q\260\006\260m\3004\300q\310\t\320QR\330\004\010\210\003\2101\210A\330\004\007\200s\210!\2103\210c\220\022\2203\220c\230\021\230#\230S\240\001\330\010\016\210j\230\001\230\021\330\004\n\210\"\210F\220!\2203\220b\230\001\330\004\005\200W\210A\320\r\037\230}\250A\250T\3201C\300=\320PQ\320QR\330\r\037\230}\250A\250T\260\034\270]\310!\3106\320QR\330\004\013\2101\200\001\340\004\037\230x\240q\250\001\340\004\007\200t\2103\210d\220,\230a\230u\240E\250\026\250q\330\004\010\210\003\2101\210A\330\004\n\210\"\210F\220!\2203\220b\230\001\330\004\005\200^\2201\320\024&\240m\2601\260D\3208L\310M\320YZ\320Z[\330\024&\240m\2601\260D\3208J\310-\320WX\320XY\330\024 \240\r\250Q\250f\260A\330\004\013\2101\200\001\340\004\037\230x\240q\250\001\340\004\007\200t\2103\210d\220,\230a\230u\240E\250\026\250q\330\004\010\210\003\2101\210A\330\004\034\230B\230f\240A\240R\240r\250\022\2502\250S\260\002\260!\330\004\022\220/\240\021\320\"6\260m\3001\300E\310\021\330\"0\260\r\270Q\270a\340\004\n\210\"\210F\220!""\2202\220R\220s\230\"\230A\330\004\t\210\022\210<\220q\230\001\230\023\230B\230f\240A\240S\250\002\250!\330\004\t\210\022\210<\220q\230\001\230\023\230B\230f\240A\240S\250\002\250!\330\004\005\200\\\220\021\320\022$\240M\260\021\260$\3206J\310-\320WX\320X_\320_`\330\022$\240M\260\021\260%\3207I\310\035\320VW\320WX\330\022\036\230m\2501\250A\330\004\013\2103\210b\220\001\200\001\340\004\037\230x\240q\250\001\340\004\025\220Z\230q\330\004\005\200Q\200e\2107\220!\330\004\005\200Q\200e\2107\220!\330\004\005\200U\210!\2103\210a\210u\220A\220Q\330\004\013\2105\220\001\220\026\220u\230A\230Q\200\001\360\006\000\005 \230x\240q\250\001\330\004\031\230\024\230Q\230e\2401\330\004\032\230\"\320\034.\250a\250w\260f\270B\270a\330\004\031\230\022\320\033-\250Q\250f\260F\270\"\270A\330\004\031\230\022\320\033-\250Q\250g\260V\2702\270Q\330\004\031\230\030\240\024\240S\250\n\260$\260a\260u\270A\330\004\010\210\003\2101\210A\330\004\007\200s\210!\2103\210c\220\022\2203\220c\230\021\230#\230S\240\002\240$\240b\250\007\250u\260D\270\003\2701\270C\270s\300#\300Q\330\014\016\210e\2202\220T\230\023\230B\230b\240\003\2402\240T\250\023\250C\250s\260!\2601\330\010\016\210j\230\001\230\021\330\004\t\210\022\2106\220\021\220#\220R\220q\330\004\t\210\022\2106\220\021\220#\220R\220q\330\004\005\200]\220!\320\023%\240]\260!\2604\3207K\310=\320XY\320Y^\320^_\330\023&\240m\2601\260D\3208K\310=\320XY\320YZ\330\023\033\2302\230S\240\n\320*<\270M\310\021\310$\310a\330\023\037\230}\250A\250U\260,\270m\3101\310A\330\004\013\2104\210q\200A\340\010\035\230T\240\021\240#\240Q\330\010\013\2103\210a\210s\220#\220T\230\021\330\014\022\220*\230A\230^\2501\250D\3200C\3001\300C\300q\310\001\330\010\036\230n\250A\250T\260\024\260Q\260d\270$\320>P\320P]\320]^\320^_\330-1\260\024\260T\270\021\330\010\016\210b\220\006\220a\220t\2308\2402\240Q\330\010\016\210d\220-\230q\240\006\240c\250\036\260r\270\024\270Q\330\010\017\210q\200A\340\010\035\230T\240\021\240#\240Q\330\010\013\2103\210a\210s\220#\220T\230\026\230s\240&""\250\002\250!\330\014\022\220*\230A\230^\2501\250D\260\001\330\010\037\320\0371\260\035\270a\270q\360\006\000\t$\2401\330\r\016\330\014\021\220\032\2301\330\014\020\220\005\220U\230!\2301\330\020\027\220~\240Q\240d\250$\250a\250t\2604\260t\2704\270t\3004\300s\310!\3101\330\014\021\220\032\2301\330\010\020\220\003\2202\220T\230\022\2301\320\000\025\220Q\360\006\000\005\030\220q\330\004\010\210\005\210U\220!\2201\330\r\016\330\014\020\320\020#\2401\240A\330\010\022\220!\2206\230\021\330\004\013\2101\320\000!\240\021\360\n\000\005\010\200t\2102\210R\210{\230!\330\010\016\210j\230\001\320\031D\300A\300Q\330\004\007\200}\220B\220a\330\010\016\210j\230\001\320\031:\270!\2701\340\004\032\230+\240Q\330\004\031\230\034\240X\250R\250q\330\t\n\330\010\017\210\177\230a\230u\240N\260&\270\001\270\026\270q\300\001\330\004\014\210K\220y\240\t\250\027\260\010\270\006\270n\310A\330\014\034\230N\250)\260?\300\"\300G\3101\330\014\031\230\021\230!\2302\230S\240\003\2402\240T\250\022\2502\250T\260\024\260Q\260d\270$\270e\3005\310\001\310\024\310S\320PT\320TU\320UV";
+    #else /* compression: none (5270 bytes) */
+static const char bytes[] = " / bias  and x ( do not chain is not supported by this CPU (has:  layers with one bias and activation each must be a 1-d float32 array, got  values and iters >= 1 values, got (tree fragment)), b ,) do not chain.: weight ; expected one of ?NoneNote that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.a and b must have one lengtha layer\047s pre-activations are NaN/Inf for this inputadd_notecannot allocate MLP scratchcannot allocate a cache slotcannot allocate the layer outputcannot pack MLPcannot pack the layerdisableenablef and cached must have one length >= 1fastpath/_kernels.pyxgcidx, mean and inv_std must have one length and idx must index rawisenabledjitter seconds must be in (0, 3600], got kernel set layer n must be >= 1, got need 1..no default __reduce__ due to non-trivial __cinit__numpy._core.multiarray failed to importnumpy._core.umath failed to importthreshold_ns must be >= 1, got unknown activation unknown kernel set w w_idx, sum, sumsq and old must have one length and w_idx must index rawx must have x, mean and inv_std must have one lengthBInputErrorPackedMLPPackedMLP.__reduce_cython__PackedMLP.__setstate_cython__PackedMLP.forwardPackedMLP.time_forwardW__ACTS_ISA_BY_NAME_REASONS__Pyx_PyDict_NextRef__annotate____class_getitem____func____getstate____main____module____name____pyx_state__qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___describe_is_coroutine_zscore_argsaactactivationsactsasarrayascontiguousarrayasyncio.coroutinesatavx2bbackbestbiasesbpbtccachedcalibration_bracket_nscalibration_samplescline_in_tracebackclockclock_infoclock_mono_nsclock_monotonic_probeclock_reanchorclock_ticksclock_ticks_to_mono_nsclock_ticks_to_nsconcatenateconfcos_thresholdcosineddimsdtdtypeduremptyffastpath._enginefastpath._kernelsfastpath.errorsfloat32float64fma_ns_per_instrforceforwardgapsgethisth""istogramhitiidentityidxint32intcinv_ninv_stdisaitemsitersixjitter_probekkernel_allfinitekernel_cache_decidekernel_densekernel_dot_norm2kernel_headkernel_window_statskernel_zscorekernel_zscore_gatherkernel_zscore_runsmmaxmax_gap_nsmaxgmeanminmpnn_inn_outna2ndimnormnorm_tolnpnrns_per_ticknumpyookoldoutout0out1ppmpopprevpsqrrawread_cost_nsreadsreanchorsreasonrelureverserunssscalarsecondsselfsetdefaultshapesigsigmoidsinksourcespsum_sumsqsupported_isastt0t1tanhthreshold_nstime_forwardvvaluesww_idxweightswpwtxxpyzeros\200\001\330\004\n\210+\220Q\200\001\330\004\037\230x\240q\250\001\330\004\031\230\024\230Q\230c\240\021\330\004\013\2104\210q\220\001\220\032\2301\320\034.\250m\2701\270D\300\003\3001\300A\200\001\340\004\007\200s\210$\210d\220!\2205\230\010\240\004\240A\240V\2509\260D\270\001\270\031\300!\330\004\t\210\022\320\013\035\230Q\230e\2406\250\022\2501\330\004\010\210\003\2101\210A\330\004\007\200s\210!\2103\210c\220\022\2203\220c\230\021\230#\230S\240\002\240$\240b\250\005\250R\250t\2603\260b\270\002\270#\270R\270t\3003\300c\310\023\310A\310Q\330\010\016\210j\230\001\230\021\330\004\013\2103\210d\220#\220Q\200\001\340\004\013\2108\2201\200\001\340\004\013\210:\220Q\200\001\340\004\013\210>\230\021\230#\230R\230q\200\001\340\004\013\320\013\036\230a\230q\200\001\340\004\037\230x\240q\250\001\330\004\031\230\024\230Q\230c\240\032\2504\250q\260\003\2601\330\004\007\200s\210!\2103\210c\220\023\220A\220Q\330\010\016\210j\230\001\230\021\330\004\024\220G\2301\330\004\005\200Z\210q\320\020\"\240-\250q\260\004\3204F\300m\320ST\320TX\320X[\320[\\\320\\`\320`a\320ad\320de\320ef\330\004\013\2106\220\032\2301\200\001\340\004\037\230x\240q\250\001\330\004\031\230\024\230Q\230c\240\032\2504\250q\260\006\260m\3004\300q\310\t\320QR\330\004\010\210\003\2101\210A\330\004\007\200s\210!\2103\210c\220\022\2203\220c\230\021\230#\230S\240\001\330\010\016\210j\230\001\230\021\330\004\n\210\"\210F\220!\2203\220b\230\001\330\004\005\200W\210A\320\r\037\230}\250A\250T\3201C\300=\320PQ\320Q""R\330\r\037\230}\250A\250T\260\034\270]\310!\3106\320QR\330\004\013\2101\200\001\340\004\037\230x\240q\250\001\340\004\007\200t\2103\210d\220,\230a\230u\240E\250\026\250q\330\004\010\210\003\2101\210A\330\004\n\210\"\210F\220!\2203\220b\230\001\330\004\005\200^\2201\320\024&\240m\2601\260D\3208L\310M\320YZ\320Z[\330\024&\240m\2601\260D\3208J\310-\320WX\320XY\330\024 \240\r\250Q\250f\260A\330\004\013\2101\200\001\340\004\037\230x\240q\250\001\340\004\007\200t\2103\210d\220,\230a\230u\240E\250\026\250q\330\004\010\210\003\2101\210A\330\004\034\230B\230f\240A\240R\240r\250\022\2502\250S\260\002\260!\330\004\022\220/\240\021\320\"6\260m\3001\300E\310\021\330\"0\260\r\270Q\270a\340\004\n\210\"\210F\220!\2202\220R\220s\230\"\230A\330\004\t\210\022\210<\220q\230\001\230\023\230B\230f\240A\240S\250\002\250!\330\004\t\210\022\210<\220q\230\001\230\023\230B\230f\240A\240S\250\002\250!\330\004\005\200\\\220\021\320\022$\240M\260\021\260$\3206J\310-\320WX\320X_\320_`\330\022$\240M\260\021\260%\3207I\310\035\320VW\320WX\330\022\036\230m\2501\250A\330\004\013\2103\210b\220\001\200\001\340\004\037\230x\240q\250\001\340\004\025\220Z\230q\330\004\005\200Q\200e\2107\220!\330\004\005\200Q\200e\2107\220!\330\004\005\200U\210!\2103\210a\210u\220A\220Q\330\004\013\2105\220\001\220\026\220u\230A\230Q\200\001\360\006\000\005\r\210J\220o\240R\240w\250d\260/\300\030\310\021\330\014\034\230H\240O\3203J\310(\320RS\330\014&\240h\320.?\270}\310H\320TU\200\001\360\006\000\005 \230x\240q\250\001\330\004\031\230\024\230Q\230e\2401\330\004\032\230\"\320\034.\250a\250w\260f\270B\270a\330\004\031\230\022\320\033-\250Q\250f\260F\270\"\270A\330\004\031\230\022\320\033-\250Q\250g\260V\2702\270Q\330\004\031\230\030\240\024\240S\250\n\260$\260a\260u\270A\330\004\010\210\003\2101\210A\330\004\007\200s\210!\2103\210c\220\022\2203\220c\230\021\230#\230S\240\002\240$\240b\250\007\250u\260D\270\003\2701\270C\270s\300#\300Q\330\014\016\210e\2202\220T\230\023\230B\230b\240\003\2402\240T\250\023\250C\250s\260!""\2601\330\010\016\210j\230\001\230\021\330\004\t\210\022\2106\220\021\220#\220R\220q\330\004\t\210\022\2106\220\021\220#\220R\220q\330\004\005\200]\220!\320\023%\240]\260!\2604\3207K\310=\320XY\320Y^\320^_\330\023&\240m\2601\260D\3208K\310=\320XY\320YZ\330\023\033\2302\230S\240\n\320*<\270M\310\021\310$\310a\330\023\037\230}\250A\250U\260,\270m\3101\310A\330\004\013\2104\210q\200\001\360\010\000\005\010\200r\210\022\2101\330\010\016\210j\230\001\320\031/\250q\260\001\330\004\035\230Q\340\t\n\330\010\017\320\017\"\240!\2408\2501\330\010\014\210E\220\025\220a\220q\330\014\020\320\020#\2401\240H\250A\330\014\017\210u\220B\220b\230\002\230!\330\020\027\220u\230B\230a\330\014\023\2201\330\004\013\2106\220\021\200\001\360\010\000\005 \230x\240q\250\001\330\004\031\230\024\230Q\230c\240\032\2504\250q\260\010\270\001\330\004\021\220\023\220A\220Q\330\004\007\200s\210!\2103\210c\220\022\2203\220b\230\002\230!\330\010\016\210j\230\001\230\021\330\004\026\220k\320!1\260\021\260.\300\001\300\021\330\004\007\200r\210\023\210A\330\010\016\210k\230\021\230!\340\004\005\320\005\026\220a\330\004\005\200\\\220\021\330\004\005\320\005\027\220q\330\004\005\200[\220\001\330\004\005\200[\220\001\360\006\000\005\006\330\010\016\210a\320\017\037\230q\240\007\240}\260A\260T\270\036\300r\310\021\330\010\t\210\032\2201\320\024$\240A\240T\320)9\270\021\270$\270c\300\021\300#\300Q\300a\330\010\t\210\030\220\024\220Q\220a\330\010\t\210\031\220!\330\010\021\220\037\240\001\240\023\240A\240S\250\003\320+=\270]\310!\3104\310s\320RU\320UV\320VW\340\010\027\220q\230\001\330\004\013\2108\2204\220q\230\010\240\003\2401\240A\200A\340\010\035\230T\240\021\240#\240Q\330\010\013\2103\210a\210s\220#\220T\230\026\230s\240&\250\002\250!\330\014\022\220*\230A\230^\2501\250D\260\001\330\010\037\320\0371\260\035\270a\270q\360\006\000\t$\2401\340\r\016\330\014\021\220\032\2301\330\014\020\220\005\220U\230!\2301\330\020\024\220K\230q\330\020\024\220N\240!\2404\240t\2501\250D\260\004\260D\270\004\270D\300\004\300D""\310\004\310A\330\020\027\220q\230\001\230\026\230r\240\023\240J\250a\330\014\021\220\032\2301\330\010\020\220\003\2202\220T\230\022\2301\200A\360\006\000\t\036\230T\240\021\240#\240Q\330\010\013\2103\210a\210s\220#\220T\230\021\330\014\022\220*\230A\230^\2501\250D\3200C\3001\300C\300q\310\001\330\010\014\210K\220q\330\010\036\230n\250A\250T\260\024\260Q\260d\270$\320>P\320P]\320]^\320^_\330-1\260\024\260T\270\024\270T\300\021\330\010\013\2102\210S\220\001\330\014\022\220*\230A\230Q\330\010\016\210b\220\006\220a\220t\2308\2402\240Q\330\010\016\210d\220-\230q\240\006\240c\250\036\260r\270\024\270Q\330\010\017\210q\320\000\023\2201\360\006\000\005\022\220\025\220k\240\021\330\t\n\330\010\014\320\014\035\230Q\230a\330\004\013\2104\210q\220\001\320\000\025\220Q\360\006\000\005\030\220q\330\004\010\210\005\210U\220!\2201\330\r\016\330\014\020\320\020#\2401\240A\330\010\022\220!\2206\230\021\330\004\013\2101\320\000!\240\021\360\n\000\005\010\200t\2102\210R\210{\230!\330\010\016\210j\230\001\320\031D\300A\300Q\330\004\007\200}\220B\220a\330\010\016\210j\230\001\320\031:\270!\2701\340\004\032\230+\240Q\330\004\031\230\034\240X\250R\250q\330\t\n\330\010\017\210\177\230a\230u\240N\260&\270\001\270\026\270q\300\001\330\004\014\210K\220y\240\t\250\027\260\010\270\006\270n\310A\330\014\034\230N\250)\260?\300\"\300G\3101\330\014\031\230\021\230!\2302\230S\240\003\2402\240T\250\022\2502\250T\260\024\260Q\260d\270$\270e\3005\310\001\310\024\310S\320PT\320TU\320UV\320\000,\250A\360\010\000\005 \230x\240q\250\001\330\004\007\200t\2107\220!\330\010\016\210j\230\001\320\031.\250a\320/G\300w\310a\310q\330\004\010\210\002\320\n\034\230A\230S\240\006\240b\250\001\330\004\010\210\002\320\n\034\230A\230S\240\006\240b\250\001\330\004\031\230\024\230Q\230c\240\021\330\004\007\200q\210\006\210c\220\022\2203\220a\220w\230d\240!\2406\250\021\250%\250s\260!\2606\270\021\270#\270S\300\003\3001\300C\300s\310!\3106\320QR\320RU\320UW\320WX\330\010\016\210j\230\001\230\024\230Q\230a\230{\250!\2501""\250O\2701\270C\270q\300\001\330\004\025\220Q\220f\230A\230[\250\001\250\026\250q\260\001\330\004\013\2102\320\r\037\230q\240\001\240\026\240x\250v\260R\260q\330\004\013\2102\320\r\037\230q\240\001\240\025\240a\240w\250f\260B\260a\330\004\032\230(\240(\250+\260Q\330\004\033\320\033-\250]\270!\2701\330\004\033\320\033-\250]\270!\2701\340\004\007\200{\220!\2201\220C\220s\320\032*\250-\260q\270\005\320=M\310]\320Z[\320[\\\330\023\024\220D\230\001\230\024\230V\2403\240a\330\010\016\210k\230\021\230!\330\004\024\220I\320\035-\250Q\250n\270B\270a\270q\340\004\005\330\010\013\2102\210S\220\001\330\014\022\220+\230Q\230a\330\010\r\210Q\210f\220A\220Q\220a\220w\230a\230t\320#5\260]\300!\3004\300s\310%\310}\320\\]\330\010\016\210b\220\006\220a\220w\230b\240\001\330\010\016\210d\220-\230q\240\006\240c\250\036\260r\270\021\340\010\027\220q\230\001\330\010\023\2201\220A\220Q\330\004\013\2105\220\004\220A\220Q";
     PyObject *data = NULL;
     #define __Pyx_DecompressString_UNUSED
     #define __Pyx_DecompressString_LZSS_UNUSED
     #endif
     PyObject **stringtab = __pyx_mstate->__pyx_string_tab;
     Py_ssize_t pos = 0;
-    for (int i = 0; i < 165; i++) {
+    for (int i = 0; i < 224; i++) {
       Py_ssize_t bytes_length = str_length_index[i].length;
       PyObject *string = PyUnicode_DecodeUTF8(bytes + pos, bytes_length, NULL);
-      if (likely(string) && i >= 37) PyUnicode_InternInPlace(&string);
+      if (likely(string) && i >= 48) PyUnicode_InternInPlace(&string);
       if (unlikely(!string)) {
         Py_XDECREF(data);
         __PYX_ERR(0, 1, __pyx_L1_error)
@@ -14198,8 +17343,8 @@ static const char bytes[] = " / bias  do not chain is not supported by this CPU 
       stringtab[i] = string;
       pos += bytes_length;
     }
-    for (int i = 165; i < 178; i++) {
-      Py_ssize_t bytes_length = bytes_length_index[i-165].length;
+    for (int i = 224; i < 246; i++) {
+      Py_ssize_t bytes_length = bytes_length_index[i-224].length;
       PyObject *string = PyBytes_FromStringAndSize(bytes + pos, bytes_length);
       stringtab[i] = string;
       pos += bytes_length;
@@ -14209,15 +17354,15 @@ static const char bytes[] = " / bias  do not chain is not supported by this CPU 
       }
     }
     Py_XDECREF(data);
-    for (Py_ssize_t i = 0; i < 178; i++) {
+    for (Py_ssize_t i = 0; i < 246; i++) {
       if (unlikely(PyObject_Hash(stringtab[i]) == -1)) {
         __PYX_ERR(0, 1, __pyx_L1_error)
       }
     }
     #if CYTHON_IMMORTAL_CONSTANTS
     {
-      PyObject **table = stringtab + 165;
-      for (Py_ssize_t i=0; i<13; ++i) {
+      PyObject **table = stringtab + 224;
+      for (Py_ssize_t i=0; i<22; ++i) {
         #if PY_VERSION_HEX >= 0x030F0000
         PyUnstable_SetImmortal(table[i]);
         #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
@@ -14283,7 +17428,7 @@ typedef struct {
     unsigned int num_kwonly_args : 1;
     unsigned int nlocals : 5;
     unsigned int flags : 10;
-    unsigned int first_line : 8;
+    unsigned int first_line : 9;
 } __Pyx_PyCode_New_function_description;
 #ifdef __cplusplus
 } /* anonymous namespace */
@@ -14303,74 +17448,119 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
   PyObject* tuple_dedup_map = PyDict_New();
   if (unlikely(!tuple_dedup_map)) return -1;
   {
-    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 36};
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 39};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_iters, __pyx_mstate->__pyx_n_u_best, __pyx_mstate->__pyx_n_u_v, __pyx_mstate->__pyx_n_u__4};
     __pyx_mstate_global->__pyx_codeobj_tab[0] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_fma_ns_per_instr, __pyx_mstate->__pyx_kp_b_iso88591_Q_q_U_1_1A_6_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[0])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 8, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 47};
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 8, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 50};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_seconds, __pyx_mstate->__pyx_n_u_threshold_ns, __pyx_mstate->__pyx_n_u_hist, __pyx_mstate->__pyx_n_u_maxg, __pyx_mstate->__pyx_n_u_reads, __pyx_mstate->__pyx_n_u_gaps, __pyx_mstate->__pyx_n_u_dur, __pyx_mstate->__pyx_n_u_k};
     __pyx_mstate_global->__pyx_codeobj_tab[1] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_jitter_probe, __pyx_mstate->__pyx_kp_b_iso88591_t2R_j_DAQ_Ba_j_1_Q_XRq_auN_q_Ky, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[1])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 9, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 73};
+    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 9, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 76};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_raw, __pyx_mstate->__pyx_n_u_idx, __pyx_mstate->__pyx_n_u_mean, __pyx_mstate->__pyx_n_u_inv_std, __pyx_mstate->__pyx_n_u_r, __pyx_mstate->__pyx_n_u_m, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_ix, __pyx_mstate->__pyx_n_u_n};
     __pyx_mstate_global->__pyx_codeobj_tab[2] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_zscore_args, __pyx_mstate->__pyx_kp_b_iso88591_s_d_5_AV9D_Qe6_1_1A_s_3c_3c_S_b, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[2])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {5, 0, 0, 12, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 83};
+    const __Pyx_PyCode_New_function_description descr = {5, 0, 0, 12, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 86};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_isa, __pyx_mstate->__pyx_n_u_raw, __pyx_mstate->__pyx_n_u_idx, __pyx_mstate->__pyx_n_u_mean, __pyx_mstate->__pyx_n_u_inv_std, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_r, __pyx_mstate->__pyx_n_u_ix, __pyx_mstate->__pyx_n_u_m, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_out};
     __pyx_mstate_global->__pyx_codeobj_tab[3] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_zscore_gather, __pyx_mstate->__pyx_kp_b_iso88591_xq_t3d_auE_q_1A_F_3b_1_m1D8LMYZ, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[3])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {5, 0, 0, 16, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 96};
+    const __Pyx_PyCode_New_function_description descr = {5, 0, 0, 16, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 99};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_isa, __pyx_mstate->__pyx_n_u_raw, __pyx_mstate->__pyx_n_u_idx, __pyx_mstate->__pyx_n_u_mean, __pyx_mstate->__pyx_n_u_inv_std, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_r, __pyx_mstate->__pyx_n_u_ix, __pyx_mstate->__pyx_n_u_m, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_runs, __pyx_mstate->__pyx_n_u_nr, __pyx_mstate->__pyx_n_u_out, __pyx_mstate->__pyx_n_u_mp, __pyx_mstate->__pyx_n_u_sp};
     __pyx_mstate_global->__pyx_codeobj_tab[4] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_zscore_runs, __pyx_mstate->__pyx_kp_b_iso88591_xq_t3d_auE_q_1A_BfARr_2S_6m1E_0, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[4])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {7, 0, 0, 16, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 115};
+    const __Pyx_PyCode_New_function_description descr = {7, 0, 0, 16, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 118};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_isa, __pyx_mstate->__pyx_n_u_raw, __pyx_mstate->__pyx_n_u_w_idx, __pyx_mstate->__pyx_n_u_sum, __pyx_mstate->__pyx_n_u_sumsq, __pyx_mstate->__pyx_n_u_old, __pyx_mstate->__pyx_n_u_inv_n, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_r, __pyx_mstate->__pyx_n_u_ix, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_q, __pyx_mstate->__pyx_n_u_o, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_pm, __pyx_mstate->__pyx_n_u_ps};
     __pyx_mstate_global->__pyx_codeobj_tab[5] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_window_stats, __pyx_mstate->__pyx_kp_b_iso88591_xq_Qe1_awfBa_QfF_A_QgV2Q_S_auA, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[5])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 10, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 137};
+    const __Pyx_PyCode_New_function_description descr = {4, 0, 0, 10, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 140};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_isa, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_mean, __pyx_mstate->__pyx_n_u_inv_std, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_m, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_out};
     __pyx_mstate_global->__pyx_codeobj_tab[6] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_zscore, __pyx_mstate->__pyx_kp_b_iso88591_xq_Qc_4q_m4q_QR_1A_s_3c_3c_S_j, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[6])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 8, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 150};
+    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 8, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 153};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_isa, __pyx_mstate->__pyx_n_u_a, __pyx_mstate->__pyx_n_u_b, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_d, __pyx_mstate->__pyx_n_u_s};
-    __pyx_mstate_global->__pyx_codeobj_tab[7] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_dot_norm2, __pyx_mstate->__pyx_kp_b_iso88591_xq_Qc_4q_1_s_3c_AQ_j_7_Zq_q_4Fm, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[7])) goto bad;
+    __pyx_mstate_global->__pyx_codeobj_tab[7] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_dot_norm2, __pyx_mstate->__pyx_kp_b_iso88591_xq_Qc_4q_1_s_3c_AQ_j_G1_Zq_q_4F, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[7])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 7, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 161};
+    const __Pyx_PyCode_New_function_description descr = {5, 0, 0, 15, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 167};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_isa, __pyx_mstate->__pyx_n_u_f, __pyx_mstate->__pyx_n_u_cached, __pyx_mstate->__pyx_n_u_cos_threshold, __pyx_mstate->__pyx_n_u_norm_tol, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_c, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_s, __pyx_mstate->__pyx_n_u_p, __pyx_mstate->__pyx_n_u_d, __pyx_mstate->__pyx_n_u_na2, __pyx_mstate->__pyx_n_u_norm, __pyx_mstate->__pyx_n_u_reason};
+    __pyx_mstate_global->__pyx_codeobj_tab[8] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_cache_decide, __pyx_mstate->__pyx_kp_b_iso88591_xq_Qc_4q_AQ_s_3c_3b_j_k_1_r_A_k, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[8])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {6, 0, 0, 24, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 198};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_isa, __pyx_mstate->__pyx_n_u_w, __pyx_mstate->__pyx_n_u_b, __pyx_mstate->__pyx_n_u_act, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_reverse, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_W, __pyx_mstate->__pyx_n_u_B, __pyx_mstate->__pyx_n_u_v, __pyx_mstate->__pyx_n_u_n_out, __pyx_mstate->__pyx_n_u_n_in, __pyx_mstate->__pyx_n_u_dims, __pyx_mstate->__pyx_n_u_acts, __pyx_mstate->__pyx_n_u_wt, __pyx_mstate->__pyx_n_u_bt, __pyx_mstate->__pyx_n_u_dt, __pyx_mstate->__pyx_n_u_at, __pyx_mstate->__pyx_n_u_wp, __pyx_mstate->__pyx_n_u_bp, __pyx_mstate->__pyx_n_u_m, __pyx_mstate->__pyx_n_u_y, __pyx_mstate->__pyx_n_u_ok, __pyx_mstate->__pyx_n_u_out};
+    __pyx_mstate_global->__pyx_codeobj_tab[9] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_dense, __pyx_mstate->__pyx_kp_b_iso88591_A_xq_t7_j_a_Gwaq_AS_b_AS_b_Qc_q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[9])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 7, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 234};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_isa, __pyx_mstate->__pyx_n_u_out0, __pyx_mstate->__pyx_n_u_out1, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_o, __pyx_mstate->__pyx_n_u_sig, __pyx_mstate->__pyx_n_u_conf};
-    __pyx_mstate_global->__pyx_codeobj_tab[8] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_head, __pyx_mstate->__pyx_kp_b_iso88591_xq_Zq_Qe7_Qe7_U_3auAQ_5_uAQ, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[8])) goto bad;
+    __pyx_mstate_global->__pyx_codeobj_tab[10] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_head, __pyx_mstate->__pyx_kp_b_iso88591_xq_Zq_Qe7_Qe7_U_3auAQ_5_uAQ, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[10])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 172};
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 245};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_isa, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_a};
-    __pyx_mstate_global->__pyx_codeobj_tab[9] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_allfinite, __pyx_mstate->__pyx_kp_b_iso88591_xq_Qc_4q_1_m1D_1A, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[9])) goto bad;
+    __pyx_mstate_global->__pyx_codeobj_tab[11] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_kernel_allfinite, __pyx_mstate->__pyx_kp_b_iso88591_xq_Qc_4q_1_m1D_1A, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[11])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 5, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 231};
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 5, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 305};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_v, __pyx_mstate->__pyx_n_u_o, __pyx_mstate->__pyx_n_u_out};
-    __pyx_mstate_global->__pyx_codeobj_tab[10] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_forward, __pyx_mstate->__pyx_kp_b_iso88591_A_T_Q_3as_T_A_1D0C1Cq_nAT_Qd_PP, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[10])) goto bad;
+    __pyx_mstate_global->__pyx_codeobj_tab[12] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_forward, __pyx_mstate->__pyx_kp_b_iso88591_A_T_Q_3as_T_A_1D0C1Cq_Kq_nAT_Qd, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[12])) goto bad;
   }
   {
-    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 9, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 242};
-    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_iters, __pyx_mstate->__pyx_n_u_v, __pyx_mstate->__pyx_n_u_xp, __pyx_mstate->__pyx_n_u_i, __pyx_mstate->__pyx_n_u_t0, __pyx_mstate->__pyx_n_u_t1, __pyx_mstate->__pyx_n_u_sink};
-    __pyx_mstate_global->__pyx_codeobj_tab[11] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_time_forward, __pyx_mstate->__pyx_kp_b_iso88591_A_T_Q_3as_T_s_A_1D_1_aq_1_1_U_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[11])) goto bad;
+    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 10, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 320};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_iters, __pyx_mstate->__pyx_n_u_v, __pyx_mstate->__pyx_n_u_xp, __pyx_mstate->__pyx_n_u_i, __pyx_mstate->__pyx_n_u_t0, __pyx_mstate->__pyx_n_u_t1, __pyx_mstate->__pyx_n_u_sink, __pyx_mstate->__pyx_n_u_o};
+    __pyx_mstate_global->__pyx_codeobj_tab[13] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_time_forward, __pyx_mstate->__pyx_kp_b_iso88591_A_T_Q_3as_T_s_A_1D_1_aq_1_1_U_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[13])) goto bad;
   }
   {
     const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 1};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self};
-    __pyx_mstate_global->__pyx_codeobj_tab[12] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_reduce_cython, __pyx_mstate->__pyx_kp_b_iso88591_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[12])) goto bad;
+    __pyx_mstate_global->__pyx_codeobj_tab[14] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_reduce_cython, __pyx_mstate->__pyx_kp_b_iso88591_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[14])) goto bad;
   }
   {
     const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 3};
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_pyx_state};
-    __pyx_mstate_global->__pyx_codeobj_tab[13] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_setstate_cython, __pyx_mstate->__pyx_kp_b_iso88591_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[13])) goto bad;
+    __pyx_mstate_global->__pyx_codeobj_tab[15] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_setstate_cython, __pyx_mstate->__pyx_kp_b_iso88591_Q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[15])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {0, 0, 0, 0, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 340};
+    PyObject* const varnames[] = {0};
+    __pyx_mstate_global->__pyx_codeobj_tab[16] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_clock_ticks, __pyx_mstate->__pyx_kp_b_iso88591_81, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[16])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 345};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_t0, __pyx_mstate->__pyx_n_u_t1};
+    __pyx_mstate_global->__pyx_codeobj_tab[17] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_clock_ticks_to_ns, __pyx_mstate->__pyx_kp_b_iso88591_Rq, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[17])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 1, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 350};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_t};
+    __pyx_mstate_global->__pyx_codeobj_tab[18] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_clock_ticks_to_mono_ns, __pyx_mstate->__pyx_kp_b_iso88591_aq, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[18])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {0, 0, 0, 0, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 355};
+    PyObject* const varnames[] = {0};
+    __pyx_mstate_global->__pyx_codeobj_tab[19] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_clock_mono_ns, __pyx_mstate->__pyx_kp_b_iso88591_Q_2, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[19])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 3, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 360};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_force, __pyx_mstate->__pyx_n_u_f, __pyx_mstate->__pyx_n_u_r};
+    __pyx_mstate_global->__pyx_codeobj_tab[20] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_clock_reanchor, __pyx_mstate->__pyx_kp_b_iso88591_1_k_Qa_4q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[20])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {0, 0, 0, 0, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 369};
+    PyObject* const varnames[] = {0};
+    __pyx_mstate_global->__pyx_codeobj_tab[21] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_clock_info, __pyx_mstate->__pyx_kp_b_iso88591_JoRwd_HO3J_RS_h_HTU, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[21])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 5, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 377};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_i, __pyx_mstate->__pyx_n_u_back, __pyx_mstate->__pyx_n_u_prev, __pyx_mstate->__pyx_n_u_v};
+    __pyx_mstate_global->__pyx_codeobj_tab[22] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_fastpath__kernels_pyx, __pyx_mstate->__pyx_n_u_clock_monotonic_probe, __pyx_mstate->__pyx_kp_b_iso88591_r_1_j_q_Q_81_E_aq_1HA_uBb_uBa_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[22])) goto bad;
   }
   Py_DECREF(tuple_dedup_map);
   return 0;
@@ -17751,6 +20941,453 @@ bad:
     return NULL;
 }
 
+/* GettItemInt_wraparound (used by GetItemInt) */
+#if CYTHON_USE_TYPE_SLOTS && !CYTHON_COMPILING_IN_PYPY
+static int __Pyx_GetItemInt_wraparound(PyObject *o, PySequenceMethods *sm, Py_ssize_t *i) {
+    assert(*i < 0);
+    if (likely(sm->sq_length)) {
+        Py_ssize_t l = sm->sq_length(o);
+        if (likely(l >= 0)) {
+            *i += l;
+        } else {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();
+        }
+    }
+    return 0;
+}
+#endif
+
+/* GetItemInt */
+static PyObject *__Pyx_GetItemInt_Generic(PyObject *o, PyObject* j) {
+    PyObject *r;
+    if (unlikely(!j)) return NULL;
+    r = PyObject_GetItem(o, j);
+    Py_DECREF(j);
+    return r;
+}
+static PyObject *__Pyx_GetItemInt_Generic_size(PyObject *o, Py_ssize_t i) {
+    return __Pyx_GetItemInt_Generic(o, PyLong_FromSsize_t(i));
+}
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_List_Fast(PyObject *o, Py_ssize_t i,
+                                                              int wraparound, int boundscheck, int unsafe_shared) {
+    CYTHON_MAYBE_UNUSED_VAR(unsafe_shared);
+#if CYTHON_AVOID_BORROWED_REFS
+    CYTHON_UNUSED_VAR(boundscheck);
+    Py_ssize_t wrapped_i = i;
+    if (wraparound & unlikely(i < 0)) {
+        Py_ssize_t size = __Pyx_PyList_GET_SIZE(o);
+        #if !CYTHON_ASSUME_SAFE_SIZE
+        if (unlikely(size < 0)) return NULL;
+        #endif
+        wrapped_i += size;
+    }
+    return __Pyx_PyList_GetItemRef(o, wrapped_i);
+#elif CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
+    Py_ssize_t wrapped_i = i;
+    Py_ssize_t size = (wraparound | boundscheck) ? PyList_GET_SIZE(o) : -1;
+    if (wraparound & unlikely(i < 0)) {
+        wrapped_i += size;
+    }
+    if ((!boundscheck) || likely(__Pyx_is_valid_index(wrapped_i, size))) {
+        return __Pyx_PyList_GET_ITEM_REF(o, wrapped_i, unsafe_shared);
+    }
+    return __Pyx_GetItemInt_Generic_size(o, i);
+#else
+    (void)wraparound;
+    (void)boundscheck;
+    return PySequence_GetItem(o, i);
+#endif
+}
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Tuple_Fast(PyObject *o, Py_ssize_t i,
+                                                              int wraparound, int boundscheck, int unsafe_shared) {
+    CYTHON_MAYBE_UNUSED_VAR(unsafe_shared);
+#if CYTHON_AVOID_BORROWED_REFS
+    CYTHON_UNUSED_VAR(boundscheck);
+    Py_ssize_t wrapped_i = i;
+    if (wraparound & unlikely(i < 0)) {
+        Py_ssize_t size = __Pyx_PyTuple_GET_SIZE(o);
+        #if !CYTHON_ASSUME_SAFE_SIZE
+        if (unlikely(size < 0)) return NULL;
+        #endif
+        wrapped_i += size;
+    }
+    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_COMPILING_IN_LIMITED_API
+    return PySequence_ITEM(o, wrapped_i);
+    #else
+    if (unlikely(wrapped_i < 0)) {
+        PyErr_SetString(PyExc_IndexError, "tuple index out of range");
+        return NULL;
+    }
+    return PySequence_GetItem(o, wrapped_i);
+    #endif
+#elif CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
+    Py_ssize_t wrapped_i = i;
+    Py_ssize_t size = (wraparound | boundscheck) ? PyTuple_GET_SIZE(o) : -1;
+    if (wraparound & unlikely(i < 0)) {
+        wrapped_i += size;
+    }
+    if ((!boundscheck) || likely(__Pyx_is_valid_index(wrapped_i, size))) {
+        return __Pyx_NewRef(__Pyx_PyTuple_GET_ITEM(o, wrapped_i));
+    }
+    return __Pyx_GetItemInt_Generic_size(o, i);
+#else
+    (void)wraparound;
+    (void)boundscheck;
+    return PySequence_GetItem(o, i);
+#endif
+}
+#if CYTHON_USE_TYPE_SLOTS && !CYTHON_COMPILING_IN_PYPY
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast_mapping(PyObject *o, binaryfunc getitem, Py_ssize_t i) {
+    PyObject *r, *key = PyLong_FromSsize_t(i);
+    if (unlikely(!key)) return NULL;
+    r = getitem(o, key);
+    Py_DECREF(key);
+    return r;
+}
+#endif
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast(PyObject *o, Py_ssize_t i,
+                                                     int wraparound, int boundscheck, int unsafe_shared) {
+    CYTHON_MAYBE_UNUSED_VAR(unsafe_shared);
+#if CYTHON_ASSUME_SAFE_SIZE
+    if (PyList_CheckExact(o)) {
+        return __Pyx_GetItemInt_List_Fast(o, i, wraparound, boundscheck, unsafe_shared);
+    } else
+    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+    if (PyTuple_CheckExact(o)) {
+        return __Pyx_GetItemInt_Tuple_Fast(o, i, wraparound, boundscheck, unsafe_shared);
+    } else
+    #endif
+#else
+    if ((!wraparound || i >= 0) & PyList_CheckExact(o)) {
+        return boundscheck ? __Pyx_PyList_GetItemRef(o, i) : __Pyx_PyList_GET_ITEM_REF(o, i, unsafe_shared);
+    } else
+#endif
+#if CYTHON_USE_TYPE_SLOTS && !CYTHON_COMPILING_IN_PYPY
+    if (PyDict_CheckExact(o)) {
+        return __Pyx_GetItemInt_Fast_mapping(o, PyDict_Type.tp_as_mapping->mp_subscript, i);
+    #if defined(PyFrozenDict_CheckExact)
+    } else if (PyFrozenDict_CheckExact(o)) {
+        return __Pyx_GetItemInt_Fast_mapping(o, PyFrozenDict_Type.tp_as_mapping->mp_subscript, i);
+    #endif
+    } else
+    {
+        PyTypeObject *obj_type = Py_TYPE(o);
+        int seq_or_mapping = __Pyx_PyType_GetFlags(obj_type) & (Py_TPFLAGS_SEQUENCE|Py_TPFLAGS_MAPPING);
+        if (seq_or_mapping != Py_TPFLAGS_SEQUENCE) {
+            PyMappingMethods *mm = obj_type->tp_as_mapping;
+            if (mm && mm->mp_subscript)
+                return __Pyx_GetItemInt_Fast_mapping(o, mm->mp_subscript, i);
+        }
+        PySequenceMethods *sm = obj_type->tp_as_sequence;
+        if (likely(sm && sm->sq_item)) {
+            if (wraparound && (i < 0) && unlikely(__Pyx_GetItemInt_wraparound(o, sm, &i) == -1))
+                return NULL;
+            return sm->sq_item(o, i);
+        }
+        if (seq_or_mapping == Py_TPFLAGS_SEQUENCE) {
+            PyMappingMethods *mm = obj_type->tp_as_mapping;
+            if (likely(mm && mm->mp_subscript))
+                return __Pyx_GetItemInt_Fast_mapping(o, mm->mp_subscript, i);
+        }
+    }
+#else
+    if (!PyMapping_Check(o)) {
+        return PySequence_GetItem(o, i);
+    }
+#endif
+    (void)wraparound;
+    (void)boundscheck;
+    return __Pyx_GetItemInt_Generic_size(o, i);
+}
+
+/* PyObjectCompare */
+#ifndef __Pyx_DEFINED_PyObject_CompareFloatIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareFloatIntBoolNe
+static int __Pyx_PyObject_CompareFloatIntBoolNe(PyObject *op1, PyObject *op2) {
+    double float_op1 = __Pyx_PyFloat_AS_DOUBLE(op1);
+    #if !CYTHON_ASSUME_SAFE_MACROS
+    if (unlikely(float_op1 == -1. && PyErr_Occurred())) return -1;
+    #endif
+    #if CYTHON_USE_PYLONG_INTERNALS
+    if (__Pyx_PyLong_IsCompact(op2)) {
+        Py_ssize_t iop2 = __Pyx_PyLong_CompactValue(op2);
+        if (float_op1 != ((double)iop2)) goto __pyx_return_true; else goto __pyx_return_false;
+    }
+    if (unlikely(!__Pyx_isfinite(float_op1))) {
+        if (float_op1 != 0.0) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int sign2 = __Pyx_PyLong_Sign(op2);
+        if (float_op1 >= 0.) {
+            if (sign2 < 0) goto __pyx_return_true;
+            if (float_op1 < (double) (1L << PyLong_SHIFT)) goto __pyx_return_true;
+        } else {
+            if (sign2 > 0) goto __pyx_return_true;
+            if (float_op1 > -(double) (1L << PyLong_SHIFT)) goto __pyx_return_true;
+        }
+    }
+    #else
+    if (unlikely(!__Pyx_isfinite(float_op1))) {
+        if (float_op1 != 0.0) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int overflow2;
+        long iop2 = PyLong_AsLongAndOverflow(op2, &overflow2);
+        if (likely(!overflow2)) {
+            if ((long long) iop2 >= (1LL << 53)) {
+                overflow2 = 1;
+            } else if ((long long) iop2 <= - (1LL << 53)) {
+                overflow2 = -1;
+            } else {
+                if (float_op1 != ((double) iop2)) goto __pyx_return_true; else goto __pyx_return_false;
+            }
+        }
+        if (overflow2 > 0) {
+            if (float_op1 < ((double) (1LL << 53))) goto __pyx_return_true;
+        } else {
+            if (float_op1 > - ((double) (1LL << 53))) goto __pyx_return_true;
+        }
+    }
+    #endif
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#if CYTHON_USE_PYLONG_INTERNALS
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+static int __Pyx_PyObject_CompareIntIntBoolNe(PyObject *op1, PyObject *op2) {
+    Py_ssize_t cmp = __Pyx_PyLong_CompareSignAndSize(op1, op2);
+    if (cmp == 0) {
+        Py_ssize_t size = __Pyx_PyLong_DigitCount(op1);
+        if (size > 0) {
+            const digit* digits1 = __Pyx_PyLong_Digits(op1);
+            const digit* digits2 = __Pyx_PyLong_Digits(op2);
+            if (size == 1) {
+                cmp = (Py_ssize_t) digits1[0] - (Py_ssize_t) digits2[0];
+            } else if ((size == 2) && (8 * sizeof(Py_ssize_t) >= 2 * PyLong_SHIFT)) {
+                cmp = (Py_ssize_t) (((((size_t)digits1[1]) << PyLong_SHIFT) | (size_t)digits1[0])) - (Py_ssize_t) (((((size_t)digits2[1]) << PyLong_SHIFT) | (size_t)digits2[0]));
+            } else {
+                for (Py_ssize_t i=size-1; i >= 0 && !cmp; --i) {
+                    cmp = (Py_ssize_t) digits1[i] - (Py_ssize_t) digits2[i];
+                }
+            }
+        }
+        if (cmp == 0) return 0;
+        if (__Pyx_PyLong_IsNeg(op1)) cmp = -cmp;
+    }
+    return 1;
+}
+#endif
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CompareIntIntNe(PyObject *op1, PyObject *op2) {
+    int result = __Pyx_PyObject_CompareIntIntBoolNe(op1, op2);
+    if (unlikely(result == -1)) return NULL;
+    return __Pyx_NewRef(result ? Py_True : Py_False);
+}
+#endif
+#else
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+static int __Pyx_PyObject_CompareIntIntBoolNe(PyObject *op1, PyObject *op2) {
+    int overflow1, overflow2;
+    long long iop1 = PyLong_AsLongLongAndOverflow(op1, &overflow1);
+    long long iop2 = PyLong_AsLongLongAndOverflow(op2, &overflow2);
+    if (likely(!(overflow1 | overflow2))) {
+        if (iop1 != iop2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else if (overflow1 != overflow2) {
+        if (overflow1 != overflow2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+    }
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#endif
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolNe_object_int(PyObject *op1, PyObject *op2, int pyop) {
+    CYTHON_UNUSED_VAR(pyop);
+    if (unlikely(op2 == Py_None)) {
+        if (op1 == Py_None) goto __pyx_return_false; else goto __pyx_richcmp;
+    }
+    if (op1 == op2) goto __pyx_return_false;
+    if (PyFloat_CheckExact(op1)) {
+        if (likely(op2 != Py_None)) {
+            return __Pyx_PyObject_CompareFloatIntBoolNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    if (likely(PyLong_CheckExact(op1))) {
+        if (op1 == op2) goto __pyx_return_false;
+        if (likely(op2 != Py_None)) {
+            return __Pyx_PyObject_CompareIntIntBoolNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    if ((0)) goto __pyx_richcmp;
+    if ((0)) goto __pyx_return_true;
+    if ((0)) goto __pyx_return_false;
+__pyx_richcmp:
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+
+/* CIntToPyUnicode */
+static CYTHON_INLINE PyObject* __Pyx_uchar___Pyx_PyUnicode_From_Py_ssize_t(Py_ssize_t value, Py_ssize_t width, char padding_char) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const Py_ssize_t neg_one = (Py_ssize_t) -1, const_zero = (Py_ssize_t) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (unlikely(!(is_unsigned || value == 0 || value > 0) ||
+                    !(sizeof(value) <= 2 || value & ~ (Py_ssize_t) 0x01fffff || __Pyx_CheckUnicodeValue((int) value)))) {
+        PyErr_SetString(PyExc_OverflowError, "%c arg not in range(0x110000)");
+        return NULL;
+    }
+    if (width <= 1) {
+        return PyUnicode_FromOrdinal((int) value);
+    }
+    return __Pyx_PyUnicode_FromOrdinal_Padded((int) value, width, padding_char);
+}
+static CYTHON_INLINE PyObject* __Pyx____Pyx_PyUnicode_From_Py_ssize_t(Py_ssize_t value, Py_ssize_t width, char padding_char, char format_char) {
+    char digits[sizeof(Py_ssize_t)*3+2];
+    char *dpos, *end = digits + sizeof(Py_ssize_t)*3+2;
+    const char *hex_digits = DIGITS_HEX;
+    Py_ssize_t length, ulength;
+    int prepend_sign, last_one_off;
+    Py_ssize_t remaining;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const Py_ssize_t neg_one = (Py_ssize_t) -1, const_zero = (Py_ssize_t) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (format_char == 'X') {
+        hex_digits += 16;
+        format_char = 'x';
+    }
+    remaining = value;
+    last_one_off = 0;
+    dpos = end;
+    do {
+        int digit_pos;
+        switch (format_char) {
+        case 'o':
+            digit_pos = abs((int)(remaining % (8*8)));
+            remaining = (Py_ssize_t) (remaining / (8*8));
+            dpos -= 2;
+            memcpy(dpos, DIGIT_PAIRS_8 + digit_pos * 2, 2);
+            last_one_off = (digit_pos < 8);
+            break;
+        case 'd':
+            digit_pos = abs((int)(remaining % (10*10)));
+            remaining = (Py_ssize_t) (remaining / (10*10));
+            dpos -= 2;
+            memcpy(dpos, DIGIT_PAIRS_10 + digit_pos * 2, 2);
+            last_one_off = (digit_pos < 10);
+            break;
+        case 'x':
+            *(--dpos) = hex_digits[abs((int)(remaining % 16))];
+            remaining = (Py_ssize_t) (remaining / 16);
+            break;
+        default:
+            assert(0);
+            break;
+        }
+    } while (unlikely(remaining != 0));
+    assert(!last_one_off || *dpos == '0');
+    dpos += last_one_off;
+    length = end - dpos;
+    ulength = length;
+    prepend_sign = 0;
+    if (!is_unsigned && value <= neg_one) {
+        if (padding_char == ' ' || width <= length + 1) {
+            *(--dpos) = '-';
+            ++length;
+        } else {
+            prepend_sign = 1;
+        }
+        ++ulength;
+    }
+    if (width > ulength) {
+        ulength = width;
+    }
+    if (ulength == 1) {
+        return PyUnicode_FromOrdinal(*dpos);
+    }
+    return __Pyx_PyUnicode_BuildFromAscii(ulength, dpos, (int) length, prepend_sign, padding_char);
+}
+
+/* SwapException */
+#if CYTHON_FAST_THREAD_STATE
+static CYTHON_INLINE void __Pyx__ExceptionSwap(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb) {
+    PyObject *tmp_type, *tmp_value, *tmp_tb;
+  #if CYTHON_USE_EXC_INFO_STACK && PY_VERSION_HEX >= 0x030B00a4
+    _PyErr_StackItem *exc_info = tstate->exc_info;
+    tmp_value = exc_info->exc_value;
+    exc_info->exc_value = *value;
+    if (tmp_value == NULL || tmp_value == Py_None) {
+        Py_XDECREF(tmp_value);
+        tmp_value = NULL;
+        tmp_type = NULL;
+        tmp_tb = NULL;
+    } else {
+        tmp_type = (PyObject*) Py_TYPE(tmp_value);
+        Py_INCREF(tmp_type);
+        #if CYTHON_COMPILING_IN_CPYTHON
+        tmp_tb = ((PyBaseExceptionObject*) tmp_value)->traceback;
+        Py_XINCREF(tmp_tb);
+        #else
+        tmp_tb = PyException_GetTraceback(tmp_value);
+        #endif
+    }
+  #elif CYTHON_USE_EXC_INFO_STACK
+    _PyErr_StackItem *exc_info = tstate->exc_info;
+    tmp_type = exc_info->exc_type;
+    tmp_value = exc_info->exc_value;
+    tmp_tb = exc_info->exc_traceback;
+    exc_info->exc_type = *type;
+    exc_info->exc_value = *value;
+    exc_info->exc_traceback = *tb;
+  #else
+    tmp_type = tstate->exc_type;
+    tmp_value = tstate->exc_value;
+    tmp_tb = tstate->exc_traceback;
+    tstate->exc_type = *type;
+    tstate->exc_value = *value;
+    tstate->exc_traceback = *tb;
+  #endif
+    *type = tmp_type;
+    *value = tmp_value;
+    *tb = tmp_tb;
+}
+#else
+static CYTHON_INLINE void __Pyx_ExceptionSwap(PyObject **type, PyObject **value, PyObject **tb) {
+    PyObject *tmp_type, *tmp_value, *tmp_tb;
+    PyErr_GetExcInfo(&tmp_type, &tmp_value, &tmp_tb);
+    PyErr_SetExcInfo(*type, *value, *tb);
+    *type = tmp_type;
+    *value = tmp_value;
+    *tb = tmp_tb;
+}
+#endif
+
 /* PyObjectCompare */
 #if CYTHON_USE_PYLONG_INTERNALS
 #ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolLt
@@ -18093,167 +21730,6 @@ static CYTHON_INLINE PyObject* __Pyx____Pyx_PyUnicode_From___pyx_anon_enum(int v
     return __Pyx_PyUnicode_BuildFromAscii(ulength, dpos, (int) length, prepend_sign, padding_char);
 }
 
-/* GettItemInt_wraparound (used by GetItemInt) */
-#if CYTHON_USE_TYPE_SLOTS && !CYTHON_COMPILING_IN_PYPY
-static int __Pyx_GetItemInt_wraparound(PyObject *o, PySequenceMethods *sm, Py_ssize_t *i) {
-    assert(*i < 0);
-    if (likely(sm->sq_length)) {
-        Py_ssize_t l = sm->sq_length(o);
-        if (likely(l >= 0)) {
-            *i += l;
-        } else {
-            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-                return -1;
-            PyErr_Clear();
-        }
-    }
-    return 0;
-}
-#endif
-
-/* GetItemInt */
-static PyObject *__Pyx_GetItemInt_Generic(PyObject *o, PyObject* j) {
-    PyObject *r;
-    if (unlikely(!j)) return NULL;
-    r = PyObject_GetItem(o, j);
-    Py_DECREF(j);
-    return r;
-}
-static PyObject *__Pyx_GetItemInt_Generic_size(PyObject *o, Py_ssize_t i) {
-    return __Pyx_GetItemInt_Generic(o, PyLong_FromSsize_t(i));
-}
-static CYTHON_INLINE PyObject *__Pyx_GetItemInt_List_Fast(PyObject *o, Py_ssize_t i,
-                                                              int wraparound, int boundscheck, int unsafe_shared) {
-    CYTHON_MAYBE_UNUSED_VAR(unsafe_shared);
-#if CYTHON_AVOID_BORROWED_REFS
-    CYTHON_UNUSED_VAR(boundscheck);
-    Py_ssize_t wrapped_i = i;
-    if (wraparound & unlikely(i < 0)) {
-        Py_ssize_t size = __Pyx_PyList_GET_SIZE(o);
-        #if !CYTHON_ASSUME_SAFE_SIZE
-        if (unlikely(size < 0)) return NULL;
-        #endif
-        wrapped_i += size;
-    }
-    return __Pyx_PyList_GetItemRef(o, wrapped_i);
-#elif CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
-    Py_ssize_t wrapped_i = i;
-    Py_ssize_t size = (wraparound | boundscheck) ? PyList_GET_SIZE(o) : -1;
-    if (wraparound & unlikely(i < 0)) {
-        wrapped_i += size;
-    }
-    if ((!boundscheck) || likely(__Pyx_is_valid_index(wrapped_i, size))) {
-        return __Pyx_PyList_GET_ITEM_REF(o, wrapped_i, unsafe_shared);
-    }
-    return __Pyx_GetItemInt_Generic_size(o, i);
-#else
-    (void)wraparound;
-    (void)boundscheck;
-    return PySequence_GetItem(o, i);
-#endif
-}
-static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Tuple_Fast(PyObject *o, Py_ssize_t i,
-                                                              int wraparound, int boundscheck, int unsafe_shared) {
-    CYTHON_MAYBE_UNUSED_VAR(unsafe_shared);
-#if CYTHON_AVOID_BORROWED_REFS
-    CYTHON_UNUSED_VAR(boundscheck);
-    Py_ssize_t wrapped_i = i;
-    if (wraparound & unlikely(i < 0)) {
-        Py_ssize_t size = __Pyx_PyTuple_GET_SIZE(o);
-        #if !CYTHON_ASSUME_SAFE_SIZE
-        if (unlikely(size < 0)) return NULL;
-        #endif
-        wrapped_i += size;
-    }
-    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_COMPILING_IN_LIMITED_API
-    return PySequence_ITEM(o, wrapped_i);
-    #else
-    if (unlikely(wrapped_i < 0)) {
-        PyErr_SetString(PyExc_IndexError, "tuple index out of range");
-        return NULL;
-    }
-    return PySequence_GetItem(o, wrapped_i);
-    #endif
-#elif CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
-    Py_ssize_t wrapped_i = i;
-    Py_ssize_t size = (wraparound | boundscheck) ? PyTuple_GET_SIZE(o) : -1;
-    if (wraparound & unlikely(i < 0)) {
-        wrapped_i += size;
-    }
-    if ((!boundscheck) || likely(__Pyx_is_valid_index(wrapped_i, size))) {
-        return __Pyx_NewRef(__Pyx_PyTuple_GET_ITEM(o, wrapped_i));
-    }
-    return __Pyx_GetItemInt_Generic_size(o, i);
-#else
-    (void)wraparound;
-    (void)boundscheck;
-    return PySequence_GetItem(o, i);
-#endif
-}
-#if CYTHON_USE_TYPE_SLOTS && !CYTHON_COMPILING_IN_PYPY
-static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast_mapping(PyObject *o, binaryfunc getitem, Py_ssize_t i) {
-    PyObject *r, *key = PyLong_FromSsize_t(i);
-    if (unlikely(!key)) return NULL;
-    r = getitem(o, key);
-    Py_DECREF(key);
-    return r;
-}
-#endif
-static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast(PyObject *o, Py_ssize_t i,
-                                                     int wraparound, int boundscheck, int unsafe_shared) {
-    CYTHON_MAYBE_UNUSED_VAR(unsafe_shared);
-#if CYTHON_ASSUME_SAFE_SIZE
-    if (PyList_CheckExact(o)) {
-        return __Pyx_GetItemInt_List_Fast(o, i, wraparound, boundscheck, unsafe_shared);
-    } else
-    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
-    if (PyTuple_CheckExact(o)) {
-        return __Pyx_GetItemInt_Tuple_Fast(o, i, wraparound, boundscheck, unsafe_shared);
-    } else
-    #endif
-#else
-    if ((!wraparound || i >= 0) & PyList_CheckExact(o)) {
-        return boundscheck ? __Pyx_PyList_GetItemRef(o, i) : __Pyx_PyList_GET_ITEM_REF(o, i, unsafe_shared);
-    } else
-#endif
-#if CYTHON_USE_TYPE_SLOTS && !CYTHON_COMPILING_IN_PYPY
-    if (PyDict_CheckExact(o)) {
-        return __Pyx_GetItemInt_Fast_mapping(o, PyDict_Type.tp_as_mapping->mp_subscript, i);
-    #if defined(PyFrozenDict_CheckExact)
-    } else if (PyFrozenDict_CheckExact(o)) {
-        return __Pyx_GetItemInt_Fast_mapping(o, PyFrozenDict_Type.tp_as_mapping->mp_subscript, i);
-    #endif
-    } else
-    {
-        PyTypeObject *obj_type = Py_TYPE(o);
-        int seq_or_mapping = __Pyx_PyType_GetFlags(obj_type) & (Py_TPFLAGS_SEQUENCE|Py_TPFLAGS_MAPPING);
-        if (seq_or_mapping != Py_TPFLAGS_SEQUENCE) {
-            PyMappingMethods *mm = obj_type->tp_as_mapping;
-            if (mm && mm->mp_subscript)
-                return __Pyx_GetItemInt_Fast_mapping(o, mm->mp_subscript, i);
-        }
-        PySequenceMethods *sm = obj_type->tp_as_sequence;
-        if (likely(sm && sm->sq_item)) {
-            if (wraparound && (i < 0) && unlikely(__Pyx_GetItemInt_wraparound(o, sm, &i) == -1))
-                return NULL;
-            return sm->sq_item(o, i);
-        }
-        if (seq_or_mapping == Py_TPFLAGS_SEQUENCE) {
-            PyMappingMethods *mm = obj_type->tp_as_mapping;
-            if (likely(mm && mm->mp_subscript))
-                return __Pyx_GetItemInt_Fast_mapping(o, mm->mp_subscript, i);
-        }
-    }
-#else
-    if (!PyMapping_Check(o)) {
-        return PySequence_GetItem(o, i);
-    }
-#endif
-    (void)wraparound;
-    (void)boundscheck;
-    return __Pyx_GetItemInt_Generic_size(o, i);
-}
-
 /* ObjectGetItem */
 #if CYTHON_USE_TYPE_SLOTS
 static PyObject *__Pyx_PyObject_GetIndex(PyObject *obj, PyObject *index) {
@@ -18477,60 +21953,6 @@ static CYTHON_INLINE PyObject* __Pyx__PyNumber_Multiply_int_int(PyObject *op1, P
 }
 #endif
 
-/* SwapException */
-#if CYTHON_FAST_THREAD_STATE
-static CYTHON_INLINE void __Pyx__ExceptionSwap(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb) {
-    PyObject *tmp_type, *tmp_value, *tmp_tb;
-  #if CYTHON_USE_EXC_INFO_STACK && PY_VERSION_HEX >= 0x030B00a4
-    _PyErr_StackItem *exc_info = tstate->exc_info;
-    tmp_value = exc_info->exc_value;
-    exc_info->exc_value = *value;
-    if (tmp_value == NULL || tmp_value == Py_None) {
-        Py_XDECREF(tmp_value);
-        tmp_value = NULL;
-        tmp_type = NULL;
-        tmp_tb = NULL;
-    } else {
-        tmp_type = (PyObject*) Py_TYPE(tmp_value);
-        Py_INCREF(tmp_type);
-        #if CYTHON_COMPILING_IN_CPYTHON
-        tmp_tb = ((PyBaseExceptionObject*) tmp_value)->traceback;
-        Py_XINCREF(tmp_tb);
-        #else
-        tmp_tb = PyException_GetTraceback(tmp_value);
-        #endif
-    }
-  #elif CYTHON_USE_EXC_INFO_STACK
-    _PyErr_StackItem *exc_info = tstate->exc_info;
-    tmp_type = exc_info->exc_type;
-    tmp_value = exc_info->exc_value;
-    tmp_tb = exc_info->exc_traceback;
-    exc_info->exc_type = *type;
-    exc_info->exc_value = *value;
-    exc_info->exc_traceback = *tb;
-  #else
-    tmp_type = tstate->exc_type;
-    tmp_value = tstate->exc_value;
-    tmp_tb = tstate->exc_traceback;
-    tstate->exc_type = *type;
-    tstate->exc_value = *value;
-    tstate->exc_traceback = *tb;
-  #endif
-    *type = tmp_type;
-    *value = tmp_value;
-    *tb = tmp_tb;
-}
-#else
-static CYTHON_INLINE void __Pyx_ExceptionSwap(PyObject **type, PyObject **value, PyObject **tb) {
-    PyObject *tmp_type, *tmp_value, *tmp_tb;
-    PyErr_GetExcInfo(&tmp_type, &tmp_value, &tmp_tb);
-    PyErr_SetExcInfo(*type, *value, *tb);
-    *type = tmp_type;
-    *value = tmp_value;
-    *tb = tmp_tb;
-}
-#endif
-
 /* CIntToPyUnicode */
 static CYTHON_INLINE PyObject* __Pyx_uchar___Pyx_PyUnicode_From_int(int value, Py_ssize_t width, char padding_char) {
 #ifdef __Pyx_HAS_GCC_DIAGNOSTIC
@@ -18595,99 +22017,6 @@ static CYTHON_INLINE PyObject* __Pyx____Pyx_PyUnicode_From_int(int value, Py_ssi
         case 'x':
             *(--dpos) = hex_digits[abs((int)(remaining % 16))];
             remaining = (int) (remaining / 16);
-            break;
-        default:
-            assert(0);
-            break;
-        }
-    } while (unlikely(remaining != 0));
-    assert(!last_one_off || *dpos == '0');
-    dpos += last_one_off;
-    length = end - dpos;
-    ulength = length;
-    prepend_sign = 0;
-    if (!is_unsigned && value <= neg_one) {
-        if (padding_char == ' ' || width <= length + 1) {
-            *(--dpos) = '-';
-            ++length;
-        } else {
-            prepend_sign = 1;
-        }
-        ++ulength;
-    }
-    if (width > ulength) {
-        ulength = width;
-    }
-    if (ulength == 1) {
-        return PyUnicode_FromOrdinal(*dpos);
-    }
-    return __Pyx_PyUnicode_BuildFromAscii(ulength, dpos, (int) length, prepend_sign, padding_char);
-}
-
-/* CIntToPyUnicode */
-static CYTHON_INLINE PyObject* __Pyx_uchar___Pyx_PyUnicode_From_Py_ssize_t(Py_ssize_t value, Py_ssize_t width, char padding_char) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const Py_ssize_t neg_one = (Py_ssize_t) -1, const_zero = (Py_ssize_t) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (unlikely(!(is_unsigned || value == 0 || value > 0) ||
-                    !(sizeof(value) <= 2 || value & ~ (Py_ssize_t) 0x01fffff || __Pyx_CheckUnicodeValue((int) value)))) {
-        PyErr_SetString(PyExc_OverflowError, "%c arg not in range(0x110000)");
-        return NULL;
-    }
-    if (width <= 1) {
-        return PyUnicode_FromOrdinal((int) value);
-    }
-    return __Pyx_PyUnicode_FromOrdinal_Padded((int) value, width, padding_char);
-}
-static CYTHON_INLINE PyObject* __Pyx____Pyx_PyUnicode_From_Py_ssize_t(Py_ssize_t value, Py_ssize_t width, char padding_char, char format_char) {
-    char digits[sizeof(Py_ssize_t)*3+2];
-    char *dpos, *end = digits + sizeof(Py_ssize_t)*3+2;
-    const char *hex_digits = DIGITS_HEX;
-    Py_ssize_t length, ulength;
-    int prepend_sign, last_one_off;
-    Py_ssize_t remaining;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const Py_ssize_t neg_one = (Py_ssize_t) -1, const_zero = (Py_ssize_t) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (format_char == 'X') {
-        hex_digits += 16;
-        format_char = 'x';
-    }
-    remaining = value;
-    last_one_off = 0;
-    dpos = end;
-    do {
-        int digit_pos;
-        switch (format_char) {
-        case 'o':
-            digit_pos = abs((int)(remaining % (8*8)));
-            remaining = (Py_ssize_t) (remaining / (8*8));
-            dpos -= 2;
-            memcpy(dpos, DIGIT_PAIRS_8 + digit_pos * 2, 2);
-            last_one_off = (digit_pos < 8);
-            break;
-        case 'd':
-            digit_pos = abs((int)(remaining % (10*10)));
-            remaining = (Py_ssize_t) (remaining / (10*10));
-            dpos -= 2;
-            memcpy(dpos, DIGIT_PAIRS_10 + digit_pos * 2, 2);
-            last_one_off = (digit_pos < 10);
-            break;
-        case 'x':
-            *(--dpos) = hex_digits[abs((int)(remaining % 16))];
-            remaining = (Py_ssize_t) (remaining / 16);
             break;
         default:
             assert(0);
@@ -22709,6 +26038,386 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_PY_LONG_LONG(PY_LONG_LONG value
     }
 }
 
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From___pyx_anon_enum(int value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const int neg_one = (int) -1, const_zero = (int) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(int) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(int) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(int) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(int),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(int));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
+    }
+}
+
+/* CIntFromPy */
+static uint64_t __Pyx_LargePyLong___Pyx_PyLong_As_uint64_t(PyObject *x);
+static uint64_t __Pyx_raise_neg_overflow___Pyx_PyLong_As_uint64_t(void) {
+    const char* type_name = "uint64_t";
+    PyErr_Format(PyExc_OverflowError,
+        "can't convert negative value to %.200s", type_name);
+    return (uint64_t) -1;
+}
+static uint64_t __Pyx_raise_overflow___Pyx_PyLong_As_uint64_t(void) {
+    const char* type_name = "uint64_t";
+    PyErr_Format(PyExc_OverflowError,
+        "value too large to convert to %.200s", type_name);
+    return (uint64_t) -1;
+}
+static CYTHON_INLINE uint64_t __Pyx_PyULong___Pyx_PyLong_As_uint64_t(PyObject *x) {
+    const int is_unsigned = 1;
+#if CYTHON_USE_PYLONG_INTERNALS
+    {
+        const digit* digits = __Pyx_PyLong_Digits(x);
+        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
+        if (size == 2 && (8 * sizeof(uint64_t) > 1 * PyLong_SHIFT)) {
+            if ((8 * sizeof(unsigned long) > 2 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(uint64_t, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(uint64_t) >= 2 * PyLong_SHIFT)) {
+                return (uint64_t) (((((uint64_t)digits[1]) << PyLong_SHIFT) | (uint64_t)digits[0]));
+            }
+        } else
+        if (size == 3 && (8 * sizeof(uint64_t) > 2 * PyLong_SHIFT)) {
+            if ((8 * sizeof(unsigned long) > 3 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(uint64_t, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(uint64_t) >= 3 * PyLong_SHIFT)) {
+                return (uint64_t) (((((((uint64_t)digits[2]) << PyLong_SHIFT) | (uint64_t)digits[1]) << PyLong_SHIFT) | (uint64_t)digits[0]));
+            }
+        } else
+        if (size == 4 && (8 * sizeof(uint64_t) > 3 * PyLong_SHIFT)) {
+            if ((8 * sizeof(unsigned long) > 4 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(uint64_t, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(uint64_t) >= 4 * PyLong_SHIFT)) {
+                return (uint64_t) (((((((((uint64_t)digits[3]) << PyLong_SHIFT) | (uint64_t)digits[2]) << PyLong_SHIFT) | (uint64_t)digits[1]) << PyLong_SHIFT) | (uint64_t)digits[0]));
+            }
+        } else
+        {}
+    }
+#elif CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030C00A7
+    if (unlikely(Py_SIZE(x) < 0)) {
+        goto raise_neg_overflow;
+    }
+#else
+    {
+        int result = PyObject_RichCompareBool(x, Py_False, Py_LT);
+        if (unlikely(result < 0))
+            return (uint64_t) -1;
+        if (unlikely(result == 1))
+            goto raise_neg_overflow;
+    }
+#endif
+    if ((sizeof(uint64_t) <= sizeof(unsigned long))) {
+        __PYX_VERIFY_RETURN_INT_EXC(uint64_t, unsigned long, PyLong_AsUnsignedLong(x))
+    } else if ((sizeof(uint64_t) <= sizeof(unsigned PY_LONG_LONG))) {
+        __PYX_VERIFY_RETURN_INT_EXC(uint64_t, unsigned PY_LONG_LONG, PyLong_AsUnsignedLongLong(x))
+    }
+    return __Pyx_LargePyLong___Pyx_PyLong_As_uint64_t(x);
+raise_neg_overflow:
+    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_uint64_t();
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_uint64_t();
+}
+static CYTHON_INLINE uint64_t __Pyx_PySLong___Pyx_PyLong_As_uint64_t(PyObject *x) {
+    const int is_unsigned = 0;
+#if CYTHON_USE_PYLONG_INTERNALS
+    if (__Pyx_PyLong_IsNeg(x)) {
+        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
+        const digit* digits = __Pyx_PyLong_Digits(x);
+        if (size == 2 && (8 * sizeof(uint64_t) > 1 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
+                long ival = - (long) (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
+                __PYX_VERIFY_RETURN_INT(uint64_t, long, ival)
+            } else if ((8 * sizeof(uint64_t) - 1 > 2 * PyLong_SHIFT)) {
+                return (uint64_t) (((uint64_t) -1) * (((((uint64_t)digits[1]) << PyLong_SHIFT) | (uint64_t)digits[0])));
+            }
+        } else
+        if (size == 3 && (8 * sizeof(uint64_t) > 2 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
+                long ival = - (long) (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
+                __PYX_VERIFY_RETURN_INT(uint64_t, long, ival)
+            } else if ((8 * sizeof(uint64_t) - 1 > 3 * PyLong_SHIFT)) {
+                return (uint64_t) (((uint64_t) -1) * (((((((uint64_t)digits[2]) << PyLong_SHIFT) | (uint64_t)digits[1]) << PyLong_SHIFT) | (uint64_t)digits[0])));
+            }
+        } else
+        if (size == 4 && (8 * sizeof(uint64_t) > 3 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
+                long ival = - (long) (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
+                __PYX_VERIFY_RETURN_INT(uint64_t, long, ival)
+            } else if ((8 * sizeof(uint64_t) - 1 > 4 * PyLong_SHIFT)) {
+                return (uint64_t) (((uint64_t) -1) * (((((((((uint64_t)digits[3]) << PyLong_SHIFT) | (uint64_t)digits[2]) << PyLong_SHIFT) | (uint64_t)digits[1]) << PyLong_SHIFT) | (uint64_t)digits[0])));
+            }
+        } else
+        {}
+    } else {
+        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
+        const digit* digits = __Pyx_PyLong_Digits(x);
+        if (size == 2 && (8 * sizeof(uint64_t) > 1 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(uint64_t, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(uint64_t) - 1 > 2 * PyLong_SHIFT)) {
+                return (uint64_t) (((((uint64_t)digits[1]) << PyLong_SHIFT) | (uint64_t)digits[0]));
+            }
+        } else
+        if (size == 3 && (8 * sizeof(uint64_t) > 2 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(uint64_t, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(uint64_t) - 1 > 3 * PyLong_SHIFT)) {
+                return (uint64_t) (((((((uint64_t)digits[2]) << PyLong_SHIFT) | (uint64_t)digits[1]) << PyLong_SHIFT) | (uint64_t)digits[0]));
+            }
+        } else
+        if (size == 4 && (8 * sizeof(uint64_t) > 3 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(uint64_t, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(uint64_t) - 1 > 4 * PyLong_SHIFT)) {
+                return (uint64_t) (((((((((uint64_t)digits[3]) << PyLong_SHIFT) | (uint64_t)digits[2]) << PyLong_SHIFT) | (uint64_t)digits[1]) << PyLong_SHIFT) | (uint64_t)digits[0]));
+            }
+        } else
+        {}
+    }
+#endif
+    #if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
+    if ((sizeof(uint64_t) <= sizeof(int)) && (sizeof(int) < sizeof(long))) {
+        __PYX_VERIFY_RETURN_INT_EXC(uint64_t, int, PyLong_AsInt(x))
+    } else
+    #endif
+    if ((sizeof(uint64_t) <= sizeof(long))) {
+        __PYX_VERIFY_RETURN_INT_EXC(uint64_t, long, PyLong_AsLong(x))
+    } else if ((sizeof(uint64_t) <= sizeof(PY_LONG_LONG))) {
+        __PYX_VERIFY_RETURN_INT_EXC(uint64_t, PY_LONG_LONG, PyLong_AsLongLong(x))
+    }
+    return __Pyx_LargePyLong___Pyx_PyLong_As_uint64_t(x);
+raise_neg_overflow:
+    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_uint64_t();
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_uint64_t();
+}
+static uint64_t __Pyx_LargePyLong___Pyx_PyLong_As_uint64_t(PyObject *x) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const uint64_t neg_one = (uint64_t) -1, const_zero = (uint64_t) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    uint64_t val;
+    int ret = -1;
+#if PY_VERSION_HEX >= 0x030d00A6 && !CYTHON_COMPILING_IN_LIMITED_API
+    Py_ssize_t bytes_copied = PyLong_AsNativeBytes(
+        x, &val, sizeof(val), Py_ASNATIVEBYTES_NATIVE_ENDIAN | (is_unsigned ? Py_ASNATIVEBYTES_UNSIGNED_BUFFER | Py_ASNATIVEBYTES_REJECT_NEGATIVE : 0));
+    if (unlikely(bytes_copied == -1)) {
+    } else if (unlikely(bytes_copied > (Py_ssize_t) sizeof(val))) {
+        goto raise_overflow;
+    } else {
+        ret = 0;
+    }
+#elif PY_VERSION_HEX < 0x030d0000 && !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API) || defined(_PyLong_AsByteArray)
+    int one = 1; int is_little = (int)*(unsigned char *)&one;
+    unsigned char *bytes = (unsigned char *)&val;
+    ret = _PyLong_AsByteArray((PyLongObject *)x,
+                                bytes, sizeof(val),
+                                is_little, !is_unsigned);
+    if ((0)) goto raise_overflow;
+#else
+    PyObject *v;
+    PyObject *stepval = NULL, *mask = NULL, *shift = NULL;
+    int bits, remaining_bits, is_negative = 0;
+    int chunk_size = (sizeof(long) < 8) ? 30 : 62;
+    if (likely(PyLong_CheckExact(x))) {
+        v = __Pyx_NewRef(x);
+    } else {
+        v = PyNumber_Long(x);
+        if (unlikely(!v)) return (uint64_t) -1;
+        assert(PyLong_CheckExact(v));
+    }
+    {
+        int result = PyObject_RichCompareBool(v, Py_False, Py_LT);
+        if (unlikely(result < 0)) {
+            Py_DECREF(v);
+            return (uint64_t) -1;
+        }
+        is_negative = result == 1;
+    }
+    if (is_unsigned && unlikely(is_negative)) {
+        Py_DECREF(v);
+        PyErr_SetString(PyExc_OverflowError,
+            "can't convert negative value to uint64_t");
+        return (uint64_t) -1;
+    } else if (is_negative) {
+        stepval = PyNumber_Invert(v);
+        Py_DECREF(v);
+        if (unlikely(!stepval))
+            return (uint64_t) -1;
+    } else {
+        stepval = v;
+    }
+    v = NULL;
+    val = (uint64_t) 0;
+    mask = PyLong_FromLong((1L << chunk_size) - 1); if (unlikely(!mask)) goto done;
+    shift = PyLong_FromLong(chunk_size); if (unlikely(!shift)) goto done;
+    for (bits = 0; bits < (int) sizeof(uint64_t) * 8 - chunk_size; bits += chunk_size) {
+        PyObject *tmp, *digit;
+        long idigit;
+        digit = PyNumber_And(stepval, mask);
+        if (unlikely(!digit)) goto done;
+        idigit = PyLong_AsLong(digit);
+        Py_DECREF(digit);
+        if (unlikely(idigit < 0)) goto done;
+        val |= ((uint64_t) idigit) << bits;
+        tmp = PyNumber_Rshift(stepval, shift);
+        if (unlikely(!tmp)) goto done;
+        Py_DECREF(stepval); stepval = tmp;
+    }
+    Py_DECREF(shift); shift = NULL;
+    Py_DECREF(mask); mask = NULL;
+    {
+        long idigit = PyLong_AsLong(stepval);
+        if (unlikely(idigit < 0)) goto done;
+        remaining_bits = ((int) sizeof(uint64_t) * 8) - bits - (is_unsigned ? 0 : 1);
+        if (unlikely(idigit >= (1L << remaining_bits)))
+            goto raise_overflow;
+        val |= ((uint64_t) idigit) << bits;
+    }
+    if (!is_unsigned) {
+        if (unlikely(val & (((uint64_t) 1) << (sizeof(uint64_t) * 8 - 1))))
+            goto raise_overflow;
+        if (is_negative)
+            val = ~val;
+    }
+    ret = 0;
+done:
+    Py_XDECREF(shift);
+    Py_XDECREF(mask);
+    Py_XDECREF(stepval);
+#endif
+    if (unlikely(ret))
+        return (uint64_t) -1;
+    return val;
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_uint64_t();
+}
+static CYTHON_INLINE uint64_t __Pyx_PyLong___Pyx_PyLong_As_uint64_t(PyObject *x) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const uint64_t neg_one = (uint64_t) -1, const_zero = (uint64_t) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        #if CYTHON_USE_PYLONG_INTERNALS
+        if (unlikely(__Pyx_PyLong_IsNeg(x))) {
+            goto raise_neg_overflow;
+        } else if (__Pyx_PyLong_IsCompact(x)) {
+            __PYX_VERIFY_RETURN_INT(uint64_t, __Pyx_compact_upylong, __Pyx_PyLong_CompactValueUnsigned(x))
+        } else
+        #endif
+        {
+            return __Pyx_PyULong___Pyx_PyLong_As_uint64_t(x);
+        }
+    } else {
+        #if CYTHON_USE_PYLONG_INTERNALS
+        if (__Pyx_PyLong_IsCompact(x)) {
+            __PYX_VERIFY_RETURN_INT(uint64_t, __Pyx_compact_pylong, __Pyx_PyLong_CompactValue(x))
+        } else
+        #endif
+        {
+            return __Pyx_PySLong___Pyx_PyLong_As_uint64_t(x);
+        }
+    }
+#if CYTHON_USE_PYLONG_INTERNALS
+raise_neg_overflow:
+    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_uint64_t();
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_uint64_t();
+#endif
+}
+static uint64_t __Pyx_NonPyLong___Pyx_PyLong_As_uint64_t(PyObject *x) {
+    uint64_t val;
+    PyObject *tmp = __Pyx_PyNumber_Long(x);
+    if (!tmp) return (uint64_t) -1;
+    val = __Pyx_PyLong_As_uint64_t(tmp);
+    Py_DECREF(tmp);
+    return val;
+}
+static CYTHON_INLINE uint64_t __Pyx_PyLong_As_uint64_t(PyObject *x) {
+    if (likely(PyLong_Check(x))) {
+        return __Pyx_PyLong___Pyx_PyLong_As_uint64_t(x);
+    } else {
+        return __Pyx_NonPyLong___Pyx_PyLong_As_uint64_t(x);
+    }
+}
+
 /* CIntFromPy */
 static fp_isa __Pyx_LargePyLong___Pyx_PyLong_As_fp_isa(PyObject *x);
 static fp_isa __Pyx_raise_neg_overflow___Pyx_PyLong_As_fp_isa(void) {
@@ -23325,85 +27034,6 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value) {
     }
 }
 
-/* CIntToPy */
-static CYTHON_INLINE PyObject* __Pyx_PyLong_From___pyx_anon_enum(int value) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const int neg_one = (int) -1, const_zero = (int) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (is_unsigned) {
-        if (sizeof(int) < sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(int) <= sizeof(unsigned long)) {
-            return PyLong_FromUnsignedLong((unsigned long) value);
-#if !CYTHON_COMPILING_IN_PYPY
-        } else if (sizeof(int) <= sizeof(unsigned PY_LONG_LONG)) {
-            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
-#endif
-        }
-    } else {
-        if (sizeof(int) <= sizeof(long)) {
-            return PyLong_FromLong((long) value);
-        } else if (sizeof(int) <= sizeof(PY_LONG_LONG)) {
-            return PyLong_FromLongLong((PY_LONG_LONG) value);
-        }
-    }
-    {
-        unsigned char *bytes = (unsigned char *)&value;
-#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
-        if (is_unsigned) {
-            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
-        } else {
-            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
-        }
-#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        return _PyLong_FromByteArray(bytes, sizeof(int),
-                                     little, !is_unsigned);
-#else
-        int one = 1; int little = (int)*(unsigned char *)&one;
-        PyObject *result = NULL, *kwds = NULL;
-        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
-        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(int));
-        if (!py_bytes) goto limited_bad;
-        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
-        if (!from_bytes_str) goto limited_bad;
-        order_str = PyUnicode_FromString(little ? "little" : "big");
-        if (!order_str) goto limited_bad;
-        {
-            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
-            if (!is_unsigned) {
-                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
-                if (!signed_str) goto limited_bad;
-#if CYTHON_VECTORCALL
-                kwds = PyTuple_Pack(1, signed_str);
-#else
-                {
-                    PyObject *keys[] = {signed_str};
-                    PyObject *values[] = {Py_True};
-                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
-                }
-#endif
-                Py_DECREF(signed_str);
-                if (unlikely(!kwds)) goto limited_bad;
-            }
-            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
-        }
-        limited_bad:
-        Py_XDECREF(kwds);
-        Py_XDECREF(order_str);
-        Py_XDECREF(py_bytes);
-        Py_XDECREF(from_bytes_str);
-        return result;
-#endif
-    }
-}
-
 /* CIntFromPy */
 static size_t __Pyx_LargePyLong___Pyx_PyLong_As_size_t(PyObject *x);
 static size_t __Pyx_raise_neg_overflow___Pyx_PyLong_As_size_t(void) {
@@ -23702,6 +27332,164 @@ static CYTHON_INLINE size_t __Pyx_PyLong_As_size_t(PyObject *x) {
         return __Pyx_PyLong___Pyx_PyLong_As_size_t(x);
     } else {
         return __Pyx_NonPyLong___Pyx_PyLong_As_size_t(x);
+    }
+}
+
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_uint64_t(uint64_t value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const uint64_t neg_one = (uint64_t) -1, const_zero = (uint64_t) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(uint64_t) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(uint64_t) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(uint64_t) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(uint64_t) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(uint64_t) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(uint64_t),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(uint64_t));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
+    }
+}
+
+/* CIntToPy */
+static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int64_t(int64_t value) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const int64_t neg_one = (int64_t) -1, const_zero = (int64_t) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        if (sizeof(int64_t) < sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int64_t) <= sizeof(unsigned long)) {
+            return PyLong_FromUnsignedLong((unsigned long) value);
+#if !CYTHON_COMPILING_IN_PYPY
+        } else if (sizeof(int64_t) <= sizeof(unsigned PY_LONG_LONG)) {
+            return PyLong_FromUnsignedLongLong((unsigned PY_LONG_LONG) value);
+#endif
+        }
+    } else {
+        if (sizeof(int64_t) <= sizeof(long)) {
+            return PyLong_FromLong((long) value);
+        } else if (sizeof(int64_t) <= sizeof(PY_LONG_LONG)) {
+            return PyLong_FromLongLong((PY_LONG_LONG) value);
+        }
+    }
+    {
+        unsigned char *bytes = (unsigned char *)&value;
+#if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030d00A4
+        if (is_unsigned) {
+            return PyLong_FromUnsignedNativeBytes(bytes, sizeof(value), -1);
+        } else {
+            return PyLong_FromNativeBytes(bytes, sizeof(value), -1);
+        }
+#elif !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX < 0x030d0000
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        return _PyLong_FromByteArray(bytes, sizeof(int64_t),
+                                     little, !is_unsigned);
+#else
+        int one = 1; int little = (int)*(unsigned char *)&one;
+        PyObject *result = NULL, *kwds = NULL;
+        PyObject *py_bytes = NULL, *order_str = NULL, *from_bytes_str = NULL;;
+        py_bytes = PyBytes_FromStringAndSize((char*)bytes, sizeof(int64_t));
+        if (!py_bytes) goto limited_bad;
+        from_bytes_str = PyUnicode_FromStringAndSize("from_bytes", 10);
+        if (!from_bytes_str) goto limited_bad;
+        order_str = PyUnicode_FromString(little ? "little" : "big");
+        if (!order_str) goto limited_bad;
+        {
+            PyObject *args[] = { (PyObject*)&PyLong_Type, py_bytes, order_str, Py_True };
+            if (!is_unsigned) {
+                PyObject *signed_str = PyUnicode_FromStringAndSize("signed", 6);
+                if (!signed_str) goto limited_bad;
+#if CYTHON_VECTORCALL
+                kwds = PyTuple_Pack(1, signed_str);
+#else
+                {
+                    PyObject *keys[] = {signed_str};
+                    PyObject *values[] = {Py_True};
+                    kwds = __Pyx_MakeKwargDict(keys, values, 1);
+                }
+#endif
+                Py_DECREF(signed_str);
+                if (unlikely(!kwds)) goto limited_bad;
+            }
+            result = __Pyx_Object_VectorcallMethodKwds(from_bytes_str, args, 3 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET, kwds);
+        }
+        limited_bad:
+        Py_XDECREF(kwds);
+        Py_XDECREF(order_str);
+        Py_XDECREF(py_bytes);
+        Py_XDECREF(from_bytes_str);
+        return result;
+#endif
     }
 }
 
