@@ -20,6 +20,7 @@
 #define FP_CACHE_H
 
 #include "fp_simd.h"
+#include <float.h>
 #include <math.h>
 
 typedef struct {
@@ -63,6 +64,10 @@ static inline int fp_cache_lookup(const fp_kernels *k, const fp_cache_policy *p,
     if (s->run >= p->max_run) return FP_MISS_RUN;
     double dot, na2;
     k->dot_norm2(f, fp_slot_features_c(s), n, &dot, &na2);
+    /* finite float features cannot overflow a double sum of squares, so this is exactly
+     * "f has a NaN/Inf": such a key matches nothing (NaN would fail no comparison below and
+     * hit), and the model stage then refuses the tick */
+    if (!(na2 <= DBL_MAX)) return FP_MISS_COSINE;
     const double na = sqrt(na2);
     *norm = na;
     const double nb = s->norm;

@@ -151,9 +151,13 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
     p->raw = raw;
     p->symbol = symbol;
     p->now = now;
+    /* A finite raw can still overflow (x - mean) * inv_std or the window's stats. No pass
+     * over the features checks that here: loading them right after the feature kernels'
+     * overlapping stores stalls store forwarding (measured ~50 ns a tick). Instead the
+     * lookup treats a non-finite |f|^2 as a miss and the model refuses the tick: every
+     * dense row sums w * x over all inputs, and 0 * Inf and w * NaN are NaN, so the first
+     * layer's finiteness flag sees any bad feature; fp_step_finish names the cause. */
     fp_features_compute(e->k, &e->fs, e->wins + e->win_stride * (size_t)symbol, raw, e->pre, e->feat);
-    /* a finite raw can still overflow (x - mean) * inv_std or the window's sums */
-    if (!e->k->allfinite(e->feat, e->fs.n_feat)) return FP_ERR_NONFINITE_FEATURE;
     p->t1 = fp_ticks();
     p->reason = fp_cache_lookup(e->k, &e->policy, s, e->feat, e->fs.n_feat, now, &p->norm);
     p->t2 = fp_ticks();
@@ -179,7 +183,9 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         e->hits++;
     } else {
         /* refused before anything is written: no slot, no window, no counter */
-        if (!out2 || !e->k->allfinite(out2, 2)) return FP_ERR_NONFINITE_OUTPUT;
+        if (!out2 || !e->k->allfinite(out2, 2))
+            return e->k->allfinite(e->feat, e->fs.n_feat) ? FP_ERR_NONFINITE_OUTPUT
+                                                           : FP_ERR_NONFINITE_FEATURE;
         if (extern_infer_ns >= 0) th = fp_ticks();
         float sig, conf;
         e->k->head(out2, &sig, &conf);

@@ -95,13 +95,15 @@ void fp_engine_reset(fp_engine *e);          /* empty every slot, window and cou
 void fp_engine_reset_symbol(fp_engine *e, int32_t symbol);
 
 /* ts_ns < 0: use the engine clock (CLOCK_MONOTONIC ns). Refuses NaN/Inf in the raw tick
- * and in the features computed from it, before anything is written. */
+ * before anything is written; NaN/Inf features (from a finite raw) make the lookup miss
+ * and the tick is refused by the model stage (FP_ERR_NONFINITE_FEATURE). */
 int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p);
 /* out[2] = model(e->feat); returns the raw last-layer output, or NULL when a layer's
  * pre-activations were NaN/Inf (fp_step_finish then refuses the tick) */
 const float *fp_infer_cpu(fp_engine *e);
 /* out2: the model output for a miss (NULL on a hit, or from a failed fp_infer_cpu: the tick
- * is refused with FP_ERR_NONFINITE_OUTPUT and nothing is written, as for a NaN/Inf out2);
+ * is refused and nothing is written, as for a NaN/Inf out2: FP_ERR_NONFINITE_FEATURE when
+ * the features were NaN/Inf, else FP_ERR_NONFINITE_OUTPUT);
  * extern_infer_ns: time an external backend spent, or -1 to measure since fp_step_begin
  * returned. infer_ns includes the head (tanh/sigmoid), cache_ns only lookup and store. */
 int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
