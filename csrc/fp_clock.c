@@ -1,11 +1,16 @@
-/* fp_clock.c: TSC detection and calibration against CLOCK_MONOTONIC. */
+/* fp_clock.c: TSC detection, bracketed calibration against CLOCK_MONOTONIC, re-anchoring
+ * (see fp_clock.h for the decisions). */
 #include "fp_clock.h"
 #if FP_CLOCK_HAVE_TSC
 #include <cpuid.h>
 #endif
 
-fp_clock_t fp_clock = {0, 1.0, 0, 0, 0.0};
+fp_clock_t fp_clock = {0, 1.0, 0.0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, 1.0};
 static int g_clock_ready = 0;
+
+#define FP_CLOCK_TRIES 16        /* brackets per calibration sample */
+#define FP_CLOCK_REANCHOR_TRIES 3
+#define FP_CLOCK_BASELINE_NS 10000000LL
 
 static int fp_tsc_invariant(void) {
 #if FP_CLOCK_HAVE_TSC
@@ -18,20 +23,51 @@ static int fp_tsc_invariant(void) {
 #endif
 }
 
+typedef struct {
+    uint64_t tick;   /* middle of the bracket */
+    int64_t ns;      /* CLOCK_MONOTONIC read inside it */
+    uint64_t width;  /* ticks between the two TSC reads; UINT64_MAX: no good sample */
+} fp_clock_sample;
+
+/* the tightest of `tries` (TSC, CLOCK_MONOTONIC, TSC) brackets */
+static fp_clock_sample fp_clock_bracket(int tries) {
+    fp_clock_sample best = {0, 0, UINT64_MAX};
+#if FP_CLOCK_HAVE_TSC
+    for (int i = 0; i < tries; i++) {
+        const uint64_t a = __rdtsc();
+        const int64_t n = fp_mono_ns();
+        const uint64_t b = __rdtsc();
+        if (b > a && b - a < best.width) {
+            best.tick = a + (b - a) / 2;
+            best.ns = n;
+            best.width = b - a;
+        }
+    }
+#else
+    (void)tries;
+#endif
+    return best;
+}
+
 void fp_clock_init(void) {
     if (g_clock_ready) return;
     fp_clock.use_tsc = 0;
 #if FP_CLOCK_HAVE_TSC
     if (fp_tsc_invariant()) {
-        int64_t n0 = fp_mono_ns();
-        uint64_t t0 = __rdtsc();
-        int64_t n1;
-        do { n1 = fp_mono_ns(); } while (n1 - n0 < 5000000);   /* 5 ms */
-        uint64_t t1 = __rdtsc();
-        if (t1 > t0) {
-            fp_clock.ns_per_tick = (double)(n1 - n0) / (double)(t1 - t0);
-            fp_clock.base_tick = t1;
-            fp_clock.base_ns = n1;
+        const fp_clock_sample p0 = fp_clock_bracket(FP_CLOCK_TRIES);
+        while (fp_mono_ns() - p0.ns < FP_CLOCK_BASELINE_NS) {}
+        const fp_clock_sample p1 = fp_clock_bracket(FP_CLOCK_TRIES);
+        if (p0.width != UINT64_MAX && p1.width != UINT64_MAX && p1.tick > p0.tick && p1.ns > p0.ns) {
+            const double k = (double)(p1.ns - p0.ns) / (double)(p1.tick - p0.tick);
+            fp_clock.ns_per_tick = k;
+            fp_clock.map_ns_per_tick = k;
+            fp_clock.cal_samples = 2 * FP_CLOCK_TRIES;
+            fp_clock.cal_bracket_ns = (double)(p0.width > p1.width ? p0.width : p1.width) * k;
+            fp_clock.fit_tick = p0.tick;
+            fp_clock.fit_ns = p0.ns;
+            fp_clock.base_tick = p1.tick;
+            fp_clock.base_ns = p1.ns;
+            fp_clock.reanchor_ticks = (uint64_t)((double)FP_CLOCK_REANCHOR_NS / k);
             fp_clock.use_tsc = 1;
         }
     }
@@ -41,6 +77,54 @@ void fp_clock_init(void) {
     for (int i = 0; i < 1000; i++) b = fp_ticks();
     fp_clock.read_cost_ns = (double)fp_ticks_to_ns(b - a) / 1000.0;
     g_clock_ready = 1;
+}
+
+__attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
+    if (!fp_clock.use_tsc) return 0;
+    uint32_t s = __atomic_load_n(&fp_clock.seq, __ATOMIC_RELAXED);
+    if (s & 1u) return 0;   /* another thread is publishing */
+    const uint64_t old_tick = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
+    const fp_clock_sample p = fp_clock_bracket(FP_CLOCK_REANCHOR_TRIES);
+    /* a preempted sample would make a worse anchor than the one we have: wait for the
+     * next chance (a bracket as wide as 2 us against the calibration's tens of ns) */
+    if (p.width == UINT64_MAX || p.tick <= fp_clock.fit_tick) return 0;
+    const double k_fit = fp_clock_slope();
+    if ((double)p.width * k_fit > 2000.0 + fp_clock.cal_bracket_ns) return 0;
+    if (!force && (int64_t)(p.tick - old_tick) <= (int64_t)fp_clock.reanchor_ticks) return 0;
+    if (!__atomic_compare_exchange_n(&fp_clock.seq, &s, s + 1u, 0, __ATOMIC_ACQUIRE,
+                                     __ATOMIC_RELAXED))
+        return 0;
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    const uint64_t bt = fp_clock.base_tick;
+    const int64_t bn = fp_clock.base_ns;
+    const double k_map = fp_clock.map_ns_per_tick;
+    int published = 0;
+    if (bt == old_tick && p.tick > bt) {
+        /* the rate over the whole baseline since calibration: its error shrinks as the
+         * baseline grows (two tight brackets over seconds, not 10 ms) */
+        double k = (double)(p.ns - fp_clock.fit_ns) / (double)(p.tick - fp_clock.fit_tick);
+        if (!(k > 0.5 * k_fit && k < 2.0 * k_fit)) k = k_fit;   /* a clock step: keep the rate */
+        const int64_t old_map = bn + (int64_t)((double)(int64_t)(p.tick - bt) * k_map);
+        int64_t ns = p.ns;
+        double km = k;
+        if (old_map > p.ns) {
+            /* the old mapping is ahead: start where it is, and map at a slower rate for one
+             * period so the gap closes by the next re-anchor (at most 0.1% slower; durations
+             * keep the fitted rate) */
+            double gap = (double)(old_map - p.ns) / (double)FP_CLOCK_REANCHOR_NS;
+            if (gap > 1e-3) gap = 1e-3;
+            ns = old_map;
+            km = k * (1.0 - gap);
+        }
+        __atomic_store_n(&fp_clock.base_tick, p.tick, __ATOMIC_RELAXED);
+        __atomic_store_n(&fp_clock.base_ns, ns, __ATOMIC_RELAXED);
+        __atomic_store(&fp_clock.map_ns_per_tick, &km, __ATOMIC_RELAXED);
+        __atomic_store(&fp_clock.ns_per_tick, &k, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&fp_clock.reanchors, 1, __ATOMIC_RELAXED);
+        published = 1;
+    }
+    __atomic_store_n(&fp_clock.seq, s + 2u, __ATOMIC_RELEASE);
+    return published;
 }
 
 const char *fp_clock_source(void) {

@@ -4,11 +4,26 @@
  * (cpuid 0x80000007 EDX bit 8: constant rate, runs in every C/P-state). One
  * read costs about 8-25 cycles (a few ns; fp_clock_read_cost_ns() measures it
  * at init), against 20-30 ns for clock_gettime(CLOCK_MONOTONIC) through the
- * vDSO, and a tick is timed at four points. Ticks are turned into ns with a
- * factor calibrated once against CLOCK_MONOTONIC. Without an invariant TSC
- * the clock falls back to clock_gettime and says so (fp_clock_source()).
+ * vDSO, and a tick is timed at four points. Without an invariant TSC the clock
+ * falls back to clock_gettime and says so (fp_clock_source()).
  * RDTSC is not serialising: a stage boundary may be off by the few cycles
  * the CPU reorders across it, which is below the resolution we report.
+ *
+ * Calibration: every sample of the two clocks is bracketed (TSC, CLOCK_MONOTONIC, TSC) and
+ * only the tightest of several brackets is kept, so a preemption or an interrupt inside
+ * one shows up as a wide bracket and is thrown away instead of skewing every figure for
+ * the life of the process. ns_per_tick is fitted between two such samples ~10 ms apart,
+ * then refitted over the whole baseline (import to now) at each re-anchor.
+ * Re-anchoring: fp_ticks_to_mono_ns() maps ticks to CLOCK_MONOTONIC from an anchor that is
+ * re-taken when it is older than ~1 s, so the mapping cannot drift away from
+ * CLOCK_MONOTONIC. Engines on several threads share this clock: the anchor is published
+ * under a seqlock (readers retry on a torn read, never block), and a re-anchor never moves
+ * the mapping back: when the old mapping runs ahead of CLOCK_MONOTONIC the new one starts
+ * where the old one is and slews (a slightly slower rate for the next period) instead of
+ * jumping back. Readers racing a re-anchor can still differ by rounding, well under
+ * FP_CLOCK_SLACK_NS.
+ * Deltas are clamped: a negative TSC difference (t1 read before t0, e.g. across cores on a
+ * broken TSC) converts to 0, never to a wrapped uint64.
  */
 #ifndef FP_CLOCK_H
 #define FP_CLOCK_H
@@ -23,19 +38,37 @@
 #define FP_CLOCK_HAVE_TSC 0
 #endif
 
+/* how far back two engine-clock readings may disagree and still count as the same moment */
+#define FP_CLOCK_SLACK_NS 1000
+/* anchor age after which fp_ticks_to_mono_ns() re-anchors */
+#define FP_CLOCK_REANCHOR_NS 1000000000LL
+
 typedef struct {
     int use_tsc;
-    double ns_per_tick;    /* TSC ticks -> ns */
-    uint64_t base_tick;    /* TSC at calibration */
-    int64_t base_ns;       /* CLOCK_MONOTONIC at calibration */
-    double read_cost_ns;   /* measured cost of one fp_ticks() */
+    double ns_per_tick;      /* TSC ticks -> ns for durations: the fitted rate */
+    double read_cost_ns;     /* measured cost of one fp_ticks() */
+    int cal_samples;         /* bracketed samples taken at calibration */
+    double cal_bracket_ns;   /* width of the widest bracket kept (the calibration's error) */
+    uint64_t reanchors;      /* re-anchors published since init */
+    uint64_t reanchor_ticks; /* FP_CLOCK_REANCHOR_NS in ticks */
+    uint64_t fit_tick;       /* first calibration sample: the slope is fitted from here */
+    int64_t fit_ns;
+    /* the anchor, under the seqlock: odd seq while a writer is publishing */
+    uint32_t seq;
+    uint64_t base_tick;
+    int64_t base_ns;
+    double map_ns_per_tick;  /* the rate from the anchor on: ns_per_tick, or slewing */
 } fp_clock_t;
 
 extern fp_clock_t fp_clock;
 
-/* Calibrate once (about 5 ms); safe to call again, later calls do nothing. */
+/* Calibrate once (about 10 ms); safe to call again, later calls do nothing. */
 void fp_clock_init(void);
 const char *fp_clock_source(void);
+/* Re-take the anchor now (force) or only when it is older than FP_CLOCK_REANCHOR_NS.
+ * Returns 1 when this call published a new anchor, 0 when it was not due, another thread
+ * was publishing, or no sample had a tight enough bracket. Thread-safe. */
+int fp_clock_reanchor(int force);
 
 static inline int64_t fp_mono_ns(void) {
     struct timespec ts;
@@ -51,14 +84,42 @@ static inline uint64_t fp_ticks(void) {
     return (uint64_t)fp_mono_ns();
 }
 
+static inline double fp_clock_slope(void) {
+    double k;
+    __atomic_load(&fp_clock.ns_per_tick, &k, __ATOMIC_RELAXED);
+    return k;
+}
+
+/* ns in a difference of two fp_ticks() values, t1 - t0; 0 when t1 is before t0 */
 static inline int64_t fp_ticks_to_ns(uint64_t dt) {
-    return fp_clock.use_tsc ? (int64_t)((double)dt * fp_clock.ns_per_tick) : (int64_t)dt;
+    const int64_t d = (int64_t)dt;
+    if (d <= 0) return 0;
+    return fp_clock.use_tsc ? (int64_t)((double)d * fp_clock_slope()) : d;
 }
 
 /* CLOCK_MONOTONIC-compatible ns from a raw timestamp (no second clock read). */
 static inline int64_t fp_ticks_to_mono_ns(uint64_t t) {
     if (!fp_clock.use_tsc) return (int64_t)t;
-    return fp_clock.base_ns + (int64_t)((double)(int64_t)(t - fp_clock.base_tick) * fp_clock.ns_per_tick);
+    uint32_t s0, s1;
+    uint64_t bt;
+    int64_t bn;
+    double k;
+    for (;;) {
+        s0 = __atomic_load_n(&fp_clock.seq, __ATOMIC_ACQUIRE);
+        bt = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
+        bn = __atomic_load_n(&fp_clock.base_ns, __ATOMIC_RELAXED);
+        __atomic_load(&fp_clock.map_ns_per_tick, &k, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        s1 = __atomic_load_n(&fp_clock.seq, __ATOMIC_RELAXED);
+        if (s0 == s1 && !(s0 & 1u)) break;
+#if FP_CLOCK_HAVE_TSC
+        _mm_pause();
+#endif
+    }
+    const int64_t d = (int64_t)(t - bt);
+    /* this reading uses the current anchor; the next ones get the fresh one */
+    if (d > (int64_t)fp_clock.reanchor_ticks) fp_clock_reanchor(0);
+    return bn + (int64_t)((double)d * k);
 }
 
 #endif

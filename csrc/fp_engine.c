@@ -1,6 +1,7 @@
 /* fp_engine.c: engine construction and the per-tick stages (see fp_engine.h). */
 #include "fp_engine.h"
 #include "fp_math.h"
+#include <math.h>
 #include <string.h>
 
 /* a copy with FP_SLACK floats of zeroed slack after it */
@@ -112,6 +113,12 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     return e;
 }
 
+void fp_engine_reset_symbol(fp_engine *e, int32_t symbol) {
+    if (symbol < 0 || symbol >= e->n_symbols) return;
+    memset(e->slots + e->slot_stride * (size_t)symbol, 0, e->slot_stride);
+    memset(e->wins + e->win_stride * (size_t)symbol, 0, e->win_stride);
+}
+
 void fp_engine_reset(fp_engine *e) {
     memset(e->slots, 0, e->slot_stride * e->n_symbols);
     memset(e->wins, 0, e->win_stride * e->n_symbols);
@@ -134,11 +141,22 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
     if (symbol < 0 || symbol >= e->n_symbols) return FP_ERR_SYMBOL;
     if (!e->k->allfinite(raw, e->fs.raw_len)) return FP_ERR_NONFINITE_INPUT;
     fp_slot *s = fp_slot_at(e, symbol);
-    const int64_t now = ts_ns >= 0 ? ts_ns : fp_ticks_to_mono_ns(p->t0);
-    if (now < s->last_ns) return FP_ERR_TIME_BACKWARDS;
+    int64_t now = ts_ns >= 0 ? ts_ns : fp_ticks_to_mono_ns(p->t0);
+    if (now < s->last_ns) {
+        /* the engine clock is monotonic up to a re-anchor's rounding (fp_clock.h): that is
+         * clock noise, not a tick out of order */
+        if (ts_ns >= 0 || s->last_ns - now > FP_CLOCK_SLACK_NS) return FP_ERR_TIME_BACKWARDS;
+        now = s->last_ns;
+    }
     p->raw = raw;
     p->symbol = symbol;
     p->now = now;
+    /* A finite raw can still overflow (x - mean) * inv_std or the window's stats. No pass
+     * over the features checks that here: loading them right after the feature kernels'
+     * overlapping stores stalls store forwarding (measured ~50 ns a tick). Instead the
+     * lookup treats a non-finite |f|^2 as a miss and the model refuses the tick: every
+     * dense row sums w * x over all inputs, and 0 * Inf and w * NaN are NaN, so the first
+     * layer's finiteness flag sees any bad feature; fp_step_finish names the cause. */
     fp_features_compute(e->k, &e->fs, e->wins + e->win_stride * (size_t)symbol, raw, e->pre, e->feat);
     p->t1 = fp_ticks();
     p->reason = fp_cache_lookup(e->k, &e->policy, s, e->feat, e->fs.n_feat, now, &p->norm);
@@ -147,14 +165,16 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
 }
 
 const float *fp_infer_cpu(fp_engine *e) {
-    return fp_mlp_forward(e->k, &e->mlp, e->feat, e->buf_a, e->buf_b);
+    e->mlp_parity ^= 1u;
+    return fp_mlp_forward(e->k, &e->mlp, e->feat, e->buf_a, e->buf_b, (int)e->mlp_parity);
 }
 
 int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
                    fp_result *r) {
     fp_slot *s = fp_slot_at(e, p->symbol);
-    /* on a hit nothing ran since t2: one clock read saved */
-    const uint64_t t3 = p->reason == FP_HIT ? p->t2 : fp_ticks();
+    /* t3: end of inference, head included. On a hit nothing ran since t2: one clock read
+     * saved. An external backend's time comes in extern_infer_ns, the head's is added. */
+    uint64_t t3 = p->t2, th = p->t2;
     if (p->reason == FP_HIT) {
         r->signal = s->signal;
         r->confidence = s->confidence;
@@ -162,15 +182,21 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         s->run++;
         e->hits++;
     } else {
+        /* refused before anything is written: no slot, no window, no counter */
+        if (!out2 || !e->k->allfinite(out2, 2))
+            return e->k->allfinite(e->feat, e->fs.n_feat) ? FP_ERR_NONFINITE_OUTPUT
+                                                           : FP_ERR_NONFINITE_FEATURE;
+        if (extern_infer_ns >= 0) th = fp_ticks();
         float sig, conf;
         e->k->head(out2, &sig, &conf);
+        t3 = fp_ticks();
         if (!(sig == sig) || !(conf == conf)) return FP_ERR_NONFINITE_OUTPUT;
         if (e->policy.enabled) {
-            float na = p->norm;
-            if (na < 0.0f) {
-                float d;
+            double na = p->norm;
+            if (na < 0.0) {
+                double d;
                 e->k->dot_norm2(e->feat, e->feat, e->fs.n_feat, &d, &na);
-                na = sqrtf(na);
+                na = sqrt(na);
             }
             memcpy(fp_slot_features(s), e->feat, sizeof(float) * e->fs.n_feat);
             s->norm = na;
@@ -192,9 +218,10 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
     const uint64_t t4 = fp_ticks();
     r->reason = p->reason;
     r->feature_ns = fp_ticks_to_ns(p->t1 - p->t0);
-    r->cache_ns = fp_ticks_to_ns((p->t2 - p->t1) + (t4 - t3));
+    r->cache_ns = fp_ticks_to_ns(p->t2 - p->t1) + fp_ticks_to_ns(t4 - t3);
     if (p->reason == FP_HIT) r->infer_ns = 0;
-    else r->infer_ns = extern_infer_ns >= 0 ? extern_infer_ns : fp_ticks_to_ns(t3 - p->t2);
+    else if (extern_infer_ns >= 0) r->infer_ns = extern_infer_ns + fp_ticks_to_ns(t3 - th);
+    else r->infer_ns = fp_ticks_to_ns(t3 - p->t2);
     r->total_ns = fp_ticks_to_ns(t4 - p->t0);
     fp_lat *L = &e->lat[(e->ticks - 1) & e->lat_mask];
     L->feature = fp_sat32(r->feature_ns);
@@ -227,8 +254,12 @@ int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const
             *err = FP_ERR_NONFINITE_INPUT;
             return i;
         }
-        const int64_t t = ts ? ts[i] : now0;
-        if (t < e->ts_scratch[s]) { *err = FP_ERR_TIME_BACKWARDS; return i; }
+        int64_t t = ts ? ts[i] : now0;
+        if (t < e->ts_scratch[s]) {
+            /* engine clock: tolerate a re-anchor's rounding, as fp_step_begin does */
+            if (ts || e->ts_scratch[s] - t > FP_CLOCK_SLACK_NS) { *err = FP_ERR_TIME_BACKWARDS; return i; }
+            t = e->ts_scratch[s];
+        }
         e->ts_scratch[s] = t;
     }
     /* pass 2 */

@@ -24,9 +24,10 @@ enum {
     FP_ERR_SYMBOL = -1,           /* symbol outside [0, n_symbols) */
     FP_ERR_NONFINITE_INPUT = -2,  /* NaN or Inf in the raw tick */
     FP_ERR_TIME_BACKWARDS = -3,   /* ts earlier than this symbol's last tick */
-    FP_ERR_NONFINITE_OUTPUT = -4, /* the model produced NaN/Inf (input too large) */
+    FP_ERR_NONFINITE_OUTPUT = -4, /* a hidden layer or the output was NaN/Inf (input too large) */
     FP_ERR_NOMEM = -5,
     FP_ERR_PARAM = -6,
+    FP_ERR_NONFINITE_FEATURE = -7,/* finite raw, but a feature overflowed (z-score or window stats) */
 };
 
 typedef struct {
@@ -60,7 +61,7 @@ typedef struct {
     const float *raw;
     int32_t symbol;
     int64_t now;
-    float norm;
+    double norm;
     int reason;
     uint64_t t0, t1, t2;
 } fp_pending;
@@ -76,6 +77,7 @@ typedef struct fp_engine {
     unsigned char *wins; size_t win_stride;
     int state_external;               /* slots/wins live in caller memory: do not free */
     float *pre, *feat, *buf_a, *buf_b;
+    uint32_t mlp_parity;              /* row-group order of the next forward pass (fp_mlp_forward) */
     int64_t *ts_scratch;              /* n_symbols, for batch validation */
     /* counters */
     uint64_t ticks, hits, misses, miss_reason[FP_MISS_NREASONS];
@@ -88,13 +90,22 @@ void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state);
 fp_engine *fp_engine_create(const fp_engine_params *p, int *err);
 void fp_engine_free(fp_engine *e);
 void fp_engine_reset(fp_engine *e);          /* empty every slot, window and counter */
+/* empty one symbol's cache slot and window (a halt, a feed gap); counters untouched.
+ * The symbol's last-tick time goes too, so its next tick may carry any timestamp. */
+void fp_engine_reset_symbol(fp_engine *e, int32_t symbol);
 
-/* ts_ns < 0: use the engine clock (CLOCK_MONOTONIC ns). */
+/* ts_ns < 0: use the engine clock (CLOCK_MONOTONIC ns). Refuses NaN/Inf in the raw tick
+ * before anything is written; NaN/Inf features (from a finite raw) make the lookup miss
+ * and the tick is refused by the model stage (FP_ERR_NONFINITE_FEATURE). */
 int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p);
-/* out[2] = model(e->feat); returns the raw last-layer output */
+/* out[2] = model(e->feat); returns the raw last-layer output, or NULL when a layer's
+ * pre-activations were NaN/Inf (fp_step_finish then refuses the tick) */
 const float *fp_infer_cpu(fp_engine *e);
-/* out2: the model output for a miss (NULL on a hit); extern_infer_ns: time an
- * external backend spent, or -1 to measure since fp_step_begin returned. */
+/* out2: the model output for a miss (NULL on a hit, or from a failed fp_infer_cpu: the tick
+ * is refused and nothing is written, as for a NaN/Inf out2: FP_ERR_NONFINITE_FEATURE when
+ * the features were NaN/Inf, else FP_ERR_NONFINITE_OUTPUT);
+ * extern_infer_ns: time an external backend spent, or -1 to measure since fp_step_begin
+ * returned. infer_ns includes the head (tanh/sigmoid), cache_ns only lookup and store. */
 int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
                    fp_result *r);
 int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r);

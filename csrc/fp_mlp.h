@@ -34,14 +34,17 @@ int fp_mlp_init(fp_mlp *m, int n_layers, const int *dims, const int *acts,
 void fp_mlp_free(fp_mlp *m);
 
 /* out = mlp(x); a and b are scratch of max_width floats, 32-byte aligned.
- * Returns a pointer to the last layer's output (a or b). */
-static inline const float *fp_mlp_forward(const fp_kernels *k, fp_mlp *m, const float *x,
-                                          float *a, float *b) {
+ * Returns a pointer to the last layer's output (a or b), or NULL when a layer's
+ * pre-activations are NaN/Inf (the activations would hide it: relu maps NaN to 0, tanh
+ * maps Inf to 1), so no finite-looking answer comes out of an overflowed model.
+ * reverse: the row-group order for this call (see fp_kernels.dense); callers keep the
+ * alternation in their own state, the model is read-only here and may be shared. */
+static inline const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, const float *x,
+                                          float *a, float *b, int reverse) {
     const float *in = x;
     float *out = a;
     for (int l = 0; l < m->n_layers; l++) {
-        m->layers[l].reverse ^= 1;
-        k->dense(&m->layers[l], in, out);
+        if (!k->dense(&m->layers[l], in, out, reverse)) return NULL;
         in = out;
         out = (out == a) ? b : a;
     }

@@ -4,7 +4,8 @@
  * chosen once at run time by cpuid + xgetbv; nothing is built with -mavx2 or
  * -march=native, so the same binary runs (scalar) on a CPU without AVX2
  * instead of dying with SIGILL. Every kernel has a scalar twin with the same
- * signature; a kernel set is a table of function pointers.
+ * signature; a kernel set is a table of function pointers. Each set lives in its own
+ * source, csrc/kernels/<isa>.c, with functions named fp_<what>_<isa>.
  */
 #ifndef FP_SIMD_H
 #define FP_SIMD_H
@@ -33,7 +34,6 @@ enum { FP_ACT_IDENTITY = 0, FP_ACT_RELU = 1, FP_ACT_TANH = 2, FP_ACT_SIGMOID = 3
  * `out` are zero. Bias is padded to nb*8 with zeros. */
 typedef struct {
     int in, out, nb, act;
-    int reverse;        /* walk row groups last to first (same result, see fp_dense_avx2) */
     const float *w;     /* nb * in * 8 floats, 64-byte aligned */
     const float *bias;  /* nb * 8 floats, 64-byte aligned */
 } fp_dense_layer;
@@ -56,10 +56,13 @@ typedef struct {
                          float *ps);
     /* out[i] = (x[i] - mean[i]) * inv_std[i],  i < n */
     void (*zscore)(const float *x, const float *mean, const float *inv_std, float *out, int n);
-    /* *dot = sum a[i]*b[i], *na2 = sum a[i]^2, one pass */
-    void (*dot_norm2)(const float *a, const float *b, int n, float *dot, float *na2);
-    /* y[o] = act(bias[o] + sum_i w[o][i] * x[i]); y padded to nb*8 */
-    void (*dense)(const fp_dense_layer *L, const float *x, float *y);
+    /* *dot = sum a[i]*b[i], *na2 = sum a[i]^2, one pass, summed in double (cache decisions
+     * at cosine thresholds like 0.999999 need more than float32's ~1e-7) */
+    void (*dot_norm2)(const float *a, const float *b, int n, double *dot, double *na2);
+    /* y[o] = act(bias[o] + sum_i w[o][i] * x[i]); y padded to nb*8. Returns 1 when every
+     * pre-activation is finite, 0 when one is NaN/Inf (y is written either way). reverse:
+     * walk the row groups last to first (same result; the caller alternates it per call) */
+    int (*dense)(const fp_dense_layer *L, const float *x, float *y, int reverse);
     /* 1 if every x[i] is finite, else 0 */
     int (*allfinite)(const float *x, int n);
     /* *signal = tanh(out[0]), *confidence = sigmoid(out[1]) */

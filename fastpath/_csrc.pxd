@@ -20,8 +20,8 @@ cdef extern from "fp_simd.h" nogil:
                              const double *sumsq, const float *old, double inv_n, float *pm,
                              float *ps)
         void (*zscore)(const float *x, const float *mean, const float *inv_std, float *out, int n)
-        void (*dot_norm2)(const float *a, const float *b, int n, float *dot, float *na2)
-        void (*dense)(const fp_dense_layer *L, const float *x, float *y)
+        void (*dot_norm2)(const float *a, const float *b, int n, double *dot, double *na2)
+        int (*dense)(const fp_dense_layer *L, const float *x, float *y, int reverse)
         int (*allfinite)(const float *x, int n)
         void (*head)(const float *out, float *signal, float *confidence)
     int fp_cpu_has_avx2()
@@ -39,15 +39,22 @@ cdef extern from "fp_clock.h" nogil:
         int use_tsc
         double ns_per_tick
         double read_cost_ns
+        int cal_samples
+        double cal_bracket_ns
+        uint64_t reanchors
     fp_clock_t fp_clock
     void fp_clock_init()
     const char *fp_clock_source()
+    int fp_clock_reanchor(int force)
     int64_t fp_mono_ns()
+    uint64_t fp_ticks()
+    int64_t fp_ticks_to_ns(uint64_t dt)
+    int64_t fp_ticks_to_mono_ns(uint64_t t)
 
 cdef extern from "fp_cache.h" nogil:
     ctypedef struct fp_cache_policy:
-        float cos_threshold
-        float norm_tol
+        double cos_threshold
+        double norm_tol
         int64_t max_age_ns
         uint32_t max_run
         int enabled
@@ -60,6 +67,15 @@ cdef extern from "fp_cache.h" nogil:
         FP_MISS_NORM
         FP_MISS_DISABLED
         FP_MISS_NREASONS
+    ctypedef struct fp_slot:
+        double norm
+        float signal, confidence
+        uint32_t run, valid
+        int64_t computed_ns, last_ns
+    size_t fp_slot_stride(int n_feat)
+    float *fp_slot_features(fp_slot *s)
+    int fp_cache_lookup(const fp_kernels *k, const fp_cache_policy *p, const fp_slot *s,
+                        const float *f, int n, int64_t now, double *norm)
 
 cdef extern from "fp_mlp.h" nogil:
     enum:
@@ -75,8 +91,8 @@ cdef extern from "fp_mlp.h" nogil:
     int fp_mlp_init(fp_mlp *m, int n_layers, const int *dims, const int *acts,
                     const float *const *weights, const float *const *biases, void *mem)
     void fp_mlp_free(fp_mlp *m)
-    const float *fp_mlp_forward(const fp_kernels *k, fp_mlp *m, const float *x,
-                                float *a, float *b)
+    const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, const float *x,
+                                float *a, float *b, int reverse)
 
 cdef extern from "fp_features.h" nogil:
     ctypedef struct fp_feature_spec:
@@ -92,6 +108,7 @@ cdef extern from "fp_engine.h" nogil:
         FP_ERR_NONFINITE_OUTPUT
         FP_ERR_NOMEM
         FP_ERR_PARAM
+        FP_ERR_NONFINITE_FEATURE
     ctypedef struct fp_engine_params:
         int raw_len, n_z, n_w, window
         const int32_t *z_idx
@@ -135,6 +152,7 @@ cdef extern from "fp_engine.h" nogil:
     fp_engine *fp_engine_create(const fp_engine_params *p, int *err)
     void fp_engine_free(fp_engine *e)
     void fp_engine_reset(fp_engine *e)
+    void fp_engine_reset_symbol(fp_engine *e, int32_t symbol)
     int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p)
     const float *fp_infer_cpu(fp_engine *e)
     int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,

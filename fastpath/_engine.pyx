@@ -365,9 +365,15 @@ cdef class Engine:
             raise InputError(f"{where}{when} is earlier than the last tick of symbol {symbol}; "
                              f"timestamps must not go backwards per symbol (mixing ts_ns with the "
                              f"engine clock also trips this)")
+        if rc == FP_ERR_NONFINITE_FEATURE:
+            raise InputError(f"{where}the raw tick is finite but its features overflowed to "
+                             f"NaN/Inf (a value too large for the feature spec's mean/std or "
+                             f"rolling window); the tick was not applied (engine state "
+                             f"unchanged): check the feed for a corrupt value")
         if rc == FP_ERR_NONFINITE_OUTPUT:
-            raise InputError(f"{where}the model produced NaN for this tick (raw values too large "
-                             f"for the model); the tick was not applied")
+            raise InputError(f"{where}the model produced NaN/Inf for this tick (a hidden layer "
+                             f"or the output overflowed: raw values too large for the model); "
+                             f"the tick was not applied (engine state unchanged)")
         raise FastpathError(f"fp_step failed with code {rc}")
 
     cdef inline int _check_free(self) except -1:

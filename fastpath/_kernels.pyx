@@ -1,13 +1,16 @@
 # cython: language_level=3
 """Kernel shims for the tests and the bench: each C kernel of a named kernel set, callable
-from Python on numpy arrays; the MLP kernel alone (PackedMLP); the FMA peak and jitter probes.
+from Python on numpy arrays; the cache decision alone; the MLP kernel alone (PackedMLP); the
+clock (this module's copy of it, calibrated at import like the engine's); the FMA peak and
+jitter probes.
 
 Design: nothing here is on the hot path, so every shim copies and checks its inputs and
 allocates its outputs; the tests compare each against a numpy reference, per kernel set.
 """
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t
+from libc.math cimport sqrt
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 
 from fastpath._csrc cimport *
@@ -148,14 +151,84 @@ def kernel_zscore(str isa, x, mean, inv_std):
 
 
 def kernel_dot_norm2(str isa, a, b):
-    """(dot(a, b), |a|^2) in one pass with the named kernel set."""
+    """(dot(a, b), |a|^2) in one pass with the named kernel set (summed in double)."""
     cdef const fp_kernels *k = _kernels(isa)
     cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
     if len(x) != len(y):
         raise InputError("a and b must have one length")
-    cdef float d = 0, s = 0
+    cdef double d = 0, s = 0
     k.dot_norm2(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y), len(x), &d, &s)
     return float(d), float(s)
+
+
+_REASONS = {FP_HIT: "hit", FP_MISS_COSINE: "cosine", FP_MISS_NORM: "norm"}
+
+
+def kernel_cache_decide(str isa, f, cached, double cos_threshold, double norm_tol):
+    """The cache's direction and magnitude guards alone, as fp_cache_lookup decides them for
+    features f against a slot holding `cached` (stored as the engine stores it: the features
+    and their norm from this kernel set). Returns "hit", "cosine" or "norm"."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray x = _f32(f, "f"), c = _f32(cached, "cached")
+    cdef int n = len(x)
+    if len(c) != n or n < 1:
+        raise InputError("f and cached must have one length >= 1")
+    cdef fp_slot *s = <fp_slot *>fp_aligned_alloc(fp_slot_stride(n))
+    if s == NULL:
+        raise MemoryError("cannot allocate a cache slot")
+    cdef fp_cache_policy p
+    p.cos_threshold = cos_threshold
+    p.norm_tol = norm_tol
+    p.max_age_ns = 1LL << 62
+    p.max_run = 0xFFFFFFFF
+    p.enabled = 1
+    cdef double d, na2, norm
+    cdef int reason
+    try:
+        memcpy(fp_slot_features(s), cnp.PyArray_DATA(c), sizeof(float) * n)
+        k.dot_norm2(fp_slot_features(s), fp_slot_features(s), n, &d, &na2)
+        s.norm = sqrt(na2)
+        s.valid = 1
+        reason = fp_cache_lookup(k, &p, s, <const float *>cnp.PyArray_DATA(x), n, 0, &norm)
+    finally:
+        fp_aligned_free(s)
+    return _REASONS.get(reason, str(reason))
+
+
+def kernel_dense(str isa, w, b, str act, x, bint reverse=False):
+    """One dense layer through the named kernel set: (act(w @ x + b), finite) where finite
+    is the kernel's flag that every pre-activation was finite; reverse picks the row-group
+    order (the result must not depend on it)."""
+    cdef const fp_kernels *k = _kernels(isa)
+    if act not in _ACTS:
+        raise InputError(f"unknown activation {act!r}; expected one of {sorted(_ACTS)}")
+    W = np.ascontiguousarray(w, dtype=np.float32)
+    B = np.ascontiguousarray(b, dtype=np.float32)
+    cdef cnp.ndarray v = _f32(x, "x")
+    if W.ndim != 2 or B.shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:
+        raise InputError(f"w {W.shape}, b {B.shape} and x ({len(v)},) do not chain")
+    cdef int n_out = W.shape[0], n_in = W.shape[1]
+    dims = np.ascontiguousarray([n_in, n_out], dtype=np.intc)
+    acts = np.ascontiguousarray([_ACTS[act]], dtype=np.intc)
+    cdef cnp.ndarray wt = W, bt = B, dt = dims, at = acts
+    cdef const float *wp = <const float *>cnp.PyArray_DATA(wt)
+    cdef const float *bp = <const float *>cnp.PyArray_DATA(bt)
+    cdef fp_mlp m
+    if fp_mlp_init(&m, 1, <const int *>cnp.PyArray_DATA(dt), <const int *>cnp.PyArray_DATA(at),
+                   &wp, &bp, NULL) != 0:
+        raise MemoryError("cannot pack the layer")
+    cdef float *y = <float *>fp_aligned_alloc(sizeof(float) * m.max_width)
+    cdef int ok
+    try:
+        if y == NULL:
+            raise MemoryError("cannot allocate the layer output")
+        ok = k.dense(&m.layers[0], <const float *>cnp.PyArray_DATA(v), y, 1 if reverse else 0)
+        out = np.empty(n_out, np.float32)
+        memcpy(cnp.PyArray_DATA(out), y, sizeof(float) * n_out)
+    finally:
+        fp_aligned_free(y)
+        fp_mlp_free(&m)
+    return out, bool(ok)
 
 
 def kernel_head(str isa, double out0, double out1):
@@ -182,6 +255,7 @@ cdef class PackedMLP:
     cdef float *b
     cdef readonly int n_in, n_out
     cdef const fp_kernels *k
+    cdef int parity         # row-group order of the next pass: this object's state, not the model's
 
     def __cinit__(self, weights, biases, activations, str isa="avx2"):
         self.k = _kernels(isa)
@@ -229,12 +303,16 @@ cdef class PackedMLP:
         return self.m.macs
 
     def forward(self, x):
-        """MLP output (no head) for one float32 input vector."""
+        """MLP output (no head) for one float32 input vector; InputError when a layer's
+        pre-activations are NaN/Inf (the engine refuses such a tick)."""
         cdef cnp.ndarray v = _f32(x, "x")
         if len(v) != self.n_in:
             raise InputError(f"x must have {self.n_in} values, got {len(v)}")
+        self.parity ^= 1
         cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
-                                             self.a, self.b)
+                                             self.a, self.b, self.parity)
+        if o == NULL:
+            raise InputError("a layer's pre-activations are NaN/Inf for this input")
         out = np.empty(self.n_out, np.float32)
         memcpy(cnp.PyArray_DATA(out), o, sizeof(float) * self.n_out)
         return out
@@ -248,9 +326,67 @@ cdef class PackedMLP:
         cdef long long i
         cdef int64_t t0, t1
         cdef volatile float sink = 0
+        cdef const float *o
         with nogil:
             t0 = fp_mono_ns()
             for i in range(iters):
-                sink = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b)[0]
+                self.parity ^= 1
+                o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, self.parity)
+                sink = o[0] if o != NULL else 0
             t1 = fp_mono_ns()
         return (t1 - t0) / iters
+
+
+def clock_ticks():
+    """One raw timestamp of the latency clock (TSC ticks, or ns without an invariant TSC)."""
+    return fp_ticks()
+
+
+def clock_ticks_to_ns(uint64_t t0, uint64_t t1):
+    """ns from timestamp t0 to t1 as the engine converts a stage's duration; 0 when t1 < t0."""
+    return fp_ticks_to_ns(t1 - t0)
+
+
+def clock_ticks_to_mono_ns(uint64_t t):
+    """A timestamp as CLOCK_MONOTONIC ns (the engine clock), through the current anchor."""
+    return fp_ticks_to_mono_ns(t)
+
+
+def clock_mono_ns():
+    """CLOCK_MONOTONIC ns, read directly."""
+    return fp_mono_ns()
+
+
+def clock_reanchor(bint force=True):
+    """Re-take the clock's anchor (force) or only when it is due; True when one was published.
+    GIL released, safe while other threads read the clock."""
+    cdef int f = 1 if force else 0, r
+    with nogil:
+        r = fp_clock_reanchor(f)
+    return bool(r)
+
+
+def clock_info():
+    """This module's clock: source, ns per tick, cost of one read, calibration samples and the
+    widest bracket kept (ns), re-anchors published."""
+    return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,
+            "read_cost_ns": fp_clock.read_cost_ns, "calibration_samples": fp_clock.cal_samples,
+            "calibration_bracket_ns": fp_clock.cal_bracket_ns, "reanchors": fp_clock.reanchors}
+
+
+def clock_monotonic_probe(long long n):
+    """Read the engine clock n times back to back (GIL released): (largest step back in ns
+    between consecutive readings, readings taken). Meant to run on several threads while
+    another re-anchors."""
+    if n < 1:
+        raise InputError(f"n must be >= 1, got {n}")
+    cdef long long i, back = 0
+    cdef int64_t prev, v
+    with nogil:
+        prev = fp_ticks_to_mono_ns(fp_ticks())
+        for i in range(n):
+            v = fp_ticks_to_mono_ns(fp_ticks())
+            if prev - v > back:
+                back = prev - v
+            prev = v
+    return back, n

@@ -1,0 +1,18 @@
+/* kernels.h: what the per-ISA kernel sources (scalar.c, avx2.c) share.
+ *
+ * Decision: one source file per kernel set, each function named fp_<what>_<isa>, as numpy
+ * lays out its dispatch sources; fp_simd.c only holds the table choice. The scalar twins
+ * are exported here because the vector sets reuse them for tails, and so a new set can be
+ * written against the same reference.
+ */
+#ifndef FP_KERNELS_H
+#define FP_KERNELS_H
+
+#include "fp_simd.h"
+
+void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
+                            const double *sumsq, const float *old, double inv_n, float *pm,
+                            float *ps);
+void fp_dot_norm2_scalar(const float *a, const float *b, int n, double *dot, double *na2);
+
+#endif

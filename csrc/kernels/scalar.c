@@ -1,0 +1,104 @@
+/* scalar.c: the portable kernel set, and the reference every vector set is tested against.
+ *
+ * Sums keep their declared types (float for the dense layer, double for the cache's cosine,
+ * see fp_cache.h) so a vector twin can only differ from these by summation order.
+ */
+#include "kernels.h"
+#include "fp_math.h"
+#include <math.h>
+#include <string.h>
+
+/* out[i] = (raw[idx[i]] - mean[i]) * inv_std[i] */
+static void fp_zscore_gather_scalar(const float *raw, const int32_t *idx, const float *mean,
+                                    const float *inv_std, float *out, int n) {
+    for (int i = 0; i < n; i++) out[i] = (raw[idx[i]] - mean[i]) * inv_std[i];
+}
+
+/* out[o + j] = (raw[r + j] - mean[o + j]) * inv_std[o + j] over each run (r, o, len) */
+static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_runs,
+                                  const float *mean, const float *inv_std, float *out) {
+    for (int k = 0; k < n_runs; k++) {
+        const float *x = raw + runs[3 * k];
+        const int o = runs[3 * k + 1], len = runs[3 * k + 2];
+        for (int j = 0; j < len; j++) out[o + j] = (x[j] - mean[o + j]) * inv_std[o + j];
+    }
+}
+
+/* rolling mean/std over the window with the new tick in (and `old` out) */
+void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
+                            const double *sumsq, const float *old, double inv_n, float *pm,
+                            float *ps) {
+    for (int j = 0; j < n_w; j++) {
+        const double x = raw[w_idx[j]];
+        double s = sum[j] + x, q = sumsq[j] + x * x;
+        if (old) { s -= old[j]; q -= (double)old[j] * old[j]; }
+        const double m = s * inv_n, v = q * inv_n - m * m;
+        pm[j] = (float)m;
+        ps[j] = v > 0.0 ? sqrtf((float)v) : 0.0f;
+    }
+}
+
+/* out[i] = (x[i] - mean[i]) * inv_std[i] */
+static void fp_zscore_scalar(const float *x, const float *mean, const float *inv_std, float *out,
+                             int n) {
+    for (int i = 0; i < n; i++) out[i] = (x[i] - mean[i]) * inv_std[i];
+}
+
+/* dot = sum a*b, na2 = sum a*a in double: a product of two floats is exact in double, so
+ * the only error is the double sum's (~n * 1e-16 relative), far below any cosine threshold */
+void fp_dot_norm2_scalar(const float *a, const float *b, int n, double *dot, double *na2) {
+    double d = 0.0, s = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double x = a[i];
+        d += x * (double)b[i];
+        s += x * x;
+    }
+    *dot = d;
+    *na2 = s;
+}
+
+/* y[o] = act(bias[o] + sum_i w[o][i] x[i]) over the blocked layout; 0 when a pre-activation
+ * is NaN/Inf (checked before the activation: relu would turn NaN into 0, tanh Inf into 1) */
+static int fp_dense_scalar(const fp_dense_layer *L, const float *x, float *y, int reverse) {
+    (void)reverse;   /* the row-group order only matters for the vector set's L1 reuse */
+    const int in = L->in;
+    int ok = 1;
+    for (int b = 0; b < L->nb; b++) {
+        const float *wb = L->w + (size_t)b * in * 8;
+        float acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = 0.0f;
+        for (int i = 0; i < in; i++) {
+            const float xi = x[i];
+            for (int r = 0; r < 8; r++) acc[r] += wb[i * 8 + r] * xi;
+        }
+        for (int r = 0; r < 8; r++) {
+            const float v = acc[r] + L->bias[b * 8 + r];
+            ok &= isfinite(v) != 0;
+            y[b * 8 + r] = fp_actf(v, L->act);
+        }
+    }
+    return ok;
+}
+
+static int fp_allfinite_scalar(const float *x, int n) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+/* signal = tanh(out0), confidence = sigmoid(out1), libm (fp_math.h, shared with CUDA) */
+static void fp_head_scalar(const float *out, float *signal, float *confidence) {
+    fp_head(out, signal, confidence);
+}
+
+const fp_kernels fp_kernels_scalar = {
+    "scalar",
+    fp_zscore_gather_scalar,
+    fp_zscore_runs_scalar,
+    fp_window_stats_scalar,
+    fp_zscore_scalar,
+    fp_dot_norm2_scalar,
+    fp_dense_scalar,
+    fp_allfinite_scalar,
+    fp_head_scalar,
+};
