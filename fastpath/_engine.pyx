@@ -53,9 +53,14 @@ def supported_isas():
 
 
 def clock_info():
-    """The clock behind the latency figures: source, ns per tick, cost of one read in ns."""
+    """The clock behind the latency figures: source, ns per tick, cost of one read in ns, and
+    how the TSC rate was calibrated (bracketed samples kept, tightest bracket in ns, how many
+    times it has re-anchored to CLOCK_MONOTONIC since import)."""
     return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,
-            "read_cost_ns": fp_clock.read_cost_ns}
+            "read_cost_ns": fp_clock.read_cost_ns,
+            "calibration_samples": fp_clock.cal_samples,
+            "calibration_bracket_ns": fp_clock.cal_bracket_ns,
+            "reanchors": fp_clock.reanchors}
 
 
 def monotonic_ns():
@@ -509,10 +514,18 @@ cdef class Engine:
             t += <long long>self._e.mlp.layers[i].nb * 8 * self._e.mlp.layers[i].in_
         return t
 
-    def reset(self):
-        """Empty every cache slot, window and counter."""
+    def reset(self, symbol=None):
+        """reset(): empty every cache slot, window and counter. reset(symbol): forget one
+        symbol (a trading halt, a feed gap): its cached result, its rolling window and its last
+        timestamp, so the next tick starts it cold; counters and other symbols are untouched."""
+        cdef Py_ssize_t sym
+        if symbol is None:
+            self._check_free()
+            fp_engine_reset(self._e)
+            return
+        sym = _symbol_arg(symbol, self.n_symbols)
         self._check_free()
-        fp_engine_reset(self._e)
+        fp_engine_reset_symbol(self._e, <int32_t>sym)
 
     @property
     def ticks(self):

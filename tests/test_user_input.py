@@ -166,3 +166,42 @@ def test_stats_say_which_cache_policy_is_in_force():
                 config={"cache": {"enabled": True, "cos_threshold": 0.9999}})
     st = on.stats()["cache_policy"]
     assert st["enabled"] and st["origin"] == "config" and st["cos_threshold"] == 0.9999
+
+
+def test_reset_one_symbol_forgets_only_that_symbol(isa):
+    """A halt or feed gap on one instrument: reset(symbol) empties its slot, window and last
+    timestamp; the other symbols and the counters are untouched."""
+    rng = np.random.default_rng(9)
+    m = windowed_model(rng)
+    a = Engine(m, config=engine_cfg(isa, max_run=1000, max_age_ns=10**12))
+    fresh = Engine(m, config=engine_cfg(isa, max_run=1000, max_age_ns=10**12))
+    same = Engine(m, config=engine_cfg(isa, max_run=1000, max_age_ns=10**12))
+    ticks = rng.standard_normal((20, m.raw_len)).astype(np.float32)
+    for i, x in enumerate(ticks):
+        for s in (0, 1):
+            a.step(x, s, ts_ns=1000 + i)
+            same.step(x, s, ts_ns=1000 + i)
+        fresh.step(x, 0, ts_ns=1000 + i)    # symbol 0 only: what symbol 1 looks like never seen
+    before = a.stats()
+    a.reset(np.int64(1))
+    after = a.stats()
+    assert {k: after[k] for k in ("ticks", "hits", "misses")} == \
+        {k: before[k] for k in ("ticks", "hits", "misses")}
+    # symbol 1 starts cold: its window holds only the new tick, its slot is empty, and a
+    # timestamp earlier than its old last tick is accepted again
+    y = ticks[3]
+    r1 = a.step(y, 1, ts_ns=5)
+    assert r1.miss_reason == "cold"
+    cold = Engine(m, config=engine_cfg(isa)).step(y, 1, ts_ns=5)
+    assert r1.signal == cold.signal
+    np.testing.assert_array_equal(a.features(y, 1), Engine(m, config=engine_cfg(isa)).features(y, 1))
+    # symbol 0 kept everything: same features and the same cache decision as an engine that
+    # was never reset
+    np.testing.assert_array_equal(a.features(y, 0), same.features(y, 0))
+    r0a, r0b = a.step(ticks[-1], 0, ts_ns=2000), same.step(ticks[-1], 0, ts_ns=2000)
+    assert (r0a.signal, r0a.cached, r0a.miss_reason) == (r0b.signal, r0b.cached, r0b.miss_reason)
+    assert r0a.miss_reason != "cold"
+    with pytest.raises(InputError, match="symbol 99 out of range"):
+        a.reset(99)
+    with pytest.raises(InputError, match="symbol must be an integer"):
+        a.reset("BTC")
