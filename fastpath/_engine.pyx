@@ -406,6 +406,29 @@ cdef class Engine:
         the engine clock (CLOCK_MONOTONIC ns). Anything else is an InputError, state unchanged."""
         return self._step(raw, symbol, ts_ns)
 
+    def _step_external(self, raw, symbol, outputs, long long infer_ns, ts_ns=None):
+        """One tick whose model outputs come from outside the engine (another backend): the
+        engine's own validation, features, cache lookup, head, store and window commit around
+        `outputs` (float32 (2,), used only on a miss), with `infer_ns` reported as the time the
+        outside inference took (the head's time is added to it). The path a GPU backend takes."""
+        cdef fp_result r
+        cdef fp_pending pend
+        cdef const float *p = self._raw_ptr(raw)
+        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
+        cdef long long ts = _ts_arg(ts_ns)
+        out = np.ascontiguousarray(outputs, dtype=np.float32)
+        if out.shape != (2,):
+            raise InputError(f"outputs must hold the model's 2 outputs, got shape {out.shape}")
+        if infer_ns < 0:
+            raise InputError(f"infer_ns must be >= 0, got {infer_ns}")
+        self._check_free()
+        cdef int rc = fp_step_begin(self._e, p, <int32_t>sym, ts, &pend)
+        if rc == FP_OK:
+            rc = fp_step_finish(self._e, &pend, <const float *>cnp.PyArray_DATA(out), infer_ns, &r)
+        if rc != FP_OK:
+            self._raise(rc, raw, sym, ts)
+        return _make_result(&r)
+
     def step_batch(self, raws, symbols, ts_ns=None):
         """Many ticks in one call, in order, GIL released: raws float32 (n, raw_len), symbols
         int (n,), ts_ns optional int64 (n,). Every row is validated before any is applied.

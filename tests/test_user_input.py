@@ -205,3 +205,24 @@ def test_reset_one_symbol_forgets_only_that_symbol(isa):
         a.reset(99)
     with pytest.raises(InputError, match="symbol must be an integer"):
         a.reset("BTC")
+
+
+def test_step_with_outside_outputs_matches_step(isa):
+    """The path another backend (a GPU) takes: the engine validates, extracts features, looks
+    up the cache, and applies the head, store and window commit around outputs computed
+    elsewhere; the answer equals the engine's own step, and bad outputs are refused."""
+    rng = np.random.default_rng(4)
+    m = windowed_model(rng)
+    eng = Engine(m, config=engine_cfg(isa, enabled=False))
+    ref = Engine(m, config=engine_cfg(isa, enabled=False))
+    for i in range(50):
+        x = rng.standard_normal(m.raw_len).astype(np.float32)
+        want = ref.step(x, 0, ts_ns=i)
+        r = eng._step_external(x, 0, m.forward(eng.features(x, 0)), 0, ts_ns=i)
+        assert abs(r.signal - want.signal) < 1e-5 and r.latency.infer_ns >= 0
+    before = eng.stats()["ticks"]
+    with pytest.raises(InputError, match="2 outputs"):
+        eng._step_external(x, 0, np.zeros(3, np.float32), 0, ts_ns=100)
+    with pytest.raises(InputError, match="not applied"):
+        eng._step_external(x, 0, np.array([np.nan, 0], np.float32), 0, ts_ns=100)
+    assert eng.stats()["ticks"] == before
