@@ -446,19 +446,24 @@ class Model:
         to_onnx(self, path, opset)
 
     @classmethod
-    def from_onnx(cls, path: str | os.PathLike) -> "Model":
-        """Import an MLP from ONNX (torch.onnx.export or skl2onnx): Gemm, MatMul+Add, Relu, Tanh,
-        Sigmoid, Flatten, Identity. Gets the identity feature spec (raw = model input) and the
-        cache off: fit a policy (fit_cache_policy) or enable one in the config to cache."""
-        from fastpath.model.onnx_import import layers_from_onnx
+    def from_onnx(cls, path: str | os.PathLike, head: "Head | None" = None) -> "Model":
+        """Import an MLP or linear model from ONNX as torch.onnx.export and skl2onnx write it
+        (see fastpath.model.onnx_import for the ops). Gets the identity feature spec (raw =
+        model input), the cache off (fit a policy with fit_cache_policy or enable one in the
+        config) and `head`, or the default head for its outputs (Head.default_for)."""
+        from fastpath.model.onnx_import import read_onnx
         name = os.fspath(path)
-        raw_layers = layers_from_onnx(name)
+        g = read_onnx(name)
         try:
-            layers = tuple(Layer(w, b, act) for w, b, act in raw_layers)
+            layers = tuple(Layer(w, b, act) for w, b, act in g["layers"])
+            n_out = 2 if g["post"] == "logistic2" else layers[-1].weight.shape[0]
+            if head is None and g["classifier"] and n_out in (2, 3):
+                head = Head("classifier2" if n_out == 2 else "classifier3")
+            return cls(layers, None, CachePolicy(enabled=False),
+                       {"source": os.path.basename(name), "onnx_output": g["output"]}, g["post"],
+                       head)
         except ModelError as exc:
             raise ModelError(f"{name}: {exc}") from None
-        return cls(layers, None, CachePolicy(enabled=False),
-                   {"source": os.path.basename(name)})
 
     def fit_cache_policy(self, raws: np.ndarray, symbols: np.ndarray | None = None,
                          max_error: float = 0.01, ts_ns: np.ndarray | None = None, **kw):
