@@ -55,16 +55,19 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     if (p->post < FP_POST_NONE || p->post > FP_POST_LOGISTIC2 || (p->post == FP_POST_LOGISTIC2 && width != 1))
         return NULL;
     const int n_out = p->post == FP_POST_LOGISTIC2 ? 2 : width;
-    /* the head's indices must be outputs: a wrong index would read past the model */
+    /* the head's indices must be distinct outputs: a wrong index would read past the model,
+     * and a zeroed params struct (head_idx {0, 0}) must be refused, not read as
+     * tanh(out0) / sigmoid(out0) */
     if (p->head == FP_HEAD_TANH_SIGMOID) {
         if (n_out < 2 || p->head_idx[0] < 0 || p->head_idx[0] >= n_out || p->head_idx[1] < 0 ||
-            p->head_idx[1] >= n_out) return NULL;
+            p->head_idx[1] >= n_out || p->head_idx[0] == p->head_idx[1]) return NULL;
     } else if (p->head == FP_HEAD_REGRESSION) {
         if (p->head_idx[0] < 0 || p->head_idx[0] >= n_out || !(p->head_scale > 0.0f) ||
             !isfinite(p->head_scale)) return NULL;
     } else if (p->head == FP_HEAD_CLASSIFIER) {
         if (n_out < 2 || p->head_idx[0] < 0 || p->head_idx[0] >= n_out || p->head_idx[2] < 0 ||
-            p->head_idx[2] >= n_out || p->head_idx[1] < -1 || p->head_idx[1] >= n_out) return NULL;
+            p->head_idx[2] >= n_out || p->head_idx[1] < -1 || p->head_idx[1] >= n_out ||
+            p->head_idx[0] == p->head_idx[2]) return NULL;
     } else {
         return NULL;
     }
