@@ -27,6 +27,8 @@ void fp_engine_free(fp_engine *e) {
     fp_aligned_free(e->feat);
     fp_aligned_free(e->buf_a);
     fp_aligned_free(e->buf_b);
+    fp_aligned_free(e->out);
+    fp_aligned_free(e->xin);
     fp_aligned_free(e->ts_scratch);
     fp_aligned_free(e->lat);
     fp_aligned_free(e);
@@ -46,9 +48,29 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     const int n_feat = p->n_z + 2 * p->n_w;
     if (p->raw_len < 1 || p->n_z < 0 || p->n_w < 0 || n_feat < 1 || p->n_symbols < 1 ||
         (p->n_w > 0 && p->window < 1) || p->n_layers < 1 || p->n_layers > FP_MAX_LAYERS ||
-        p->dims[0] != n_feat || p->dims[p->n_layers] != 2 || p->lat_capacity < 1 ||
+        p->dims[0] != n_feat || p->dims[p->n_layers] < 1 || p->lat_capacity < 1 ||
         (p->lat_capacity & (p->lat_capacity - 1)))
         return NULL;
+    const int width = p->dims[p->n_layers];
+    if (p->post < FP_POST_NONE || p->post > FP_POST_LOGISTIC2 || (p->post == FP_POST_LOGISTIC2 && width != 1))
+        return NULL;
+    const int n_out = p->post == FP_POST_LOGISTIC2 ? 2 : width;
+    /* the head's indices must be distinct outputs: a wrong index would read past the model,
+     * and a zeroed params struct (head_idx {0, 0}) must be refused, not read as
+     * tanh(out0) / sigmoid(out0) */
+    if (p->head == FP_HEAD_TANH_SIGMOID) {
+        if (n_out < 2 || p->head_idx[0] < 0 || p->head_idx[0] >= n_out || p->head_idx[1] < 0 ||
+            p->head_idx[1] >= n_out || p->head_idx[0] == p->head_idx[1]) return NULL;
+    } else if (p->head == FP_HEAD_REGRESSION) {
+        if (p->head_idx[0] < 0 || p->head_idx[0] >= n_out || !(p->head_scale > 0.0f) ||
+            !isfinite(p->head_scale)) return NULL;
+    } else if (p->head == FP_HEAD_CLASSIFIER) {
+        if (n_out < 2 || p->head_idx[0] < 0 || p->head_idx[0] >= n_out || p->head_idx[2] < 0 ||
+            p->head_idx[2] >= n_out || p->head_idx[1] < -1 || p->head_idx[1] >= n_out ||
+            p->head_idx[0] == p->head_idx[2]) return NULL;
+    } else {
+        return NULL;
+    }
     for (int i = 0; i < p->n_z; i++)
         if (p->z_idx[i] < 0 || p->z_idx[i] >= p->raw_len) return NULL;
     for (int i = 0; i < p->n_w; i++)
@@ -65,6 +87,11 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     e->isa = p->isa;
     e->policy = p->policy;
     e->n_symbols = p->n_symbols;
+    e->n_out = n_out;
+    e->post = p->post;
+    e->head = p->head;
+    e->head_scale = p->head_scale;
+    memcpy(e->head_idx, p->head_idx, sizeof(e->head_idx));
     fp_feature_spec *fs = &e->fs;
     fs->raw_len = p->raw_len; fs->n_z = p->n_z; fs->n_w = p->n_w;
     fs->window = p->n_w > 0 ? p->window : 1;
@@ -100,11 +127,13 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     e->feat = (float *)fp_aligned_alloc(sizeof(float) * w);
     e->buf_a = (float *)fp_aligned_alloc(sizeof(float) * w);
     e->buf_b = (float *)fp_aligned_alloc(sizeof(float) * w);
+    e->out = (float *)fp_aligned_alloc(sizeof(float) * (FP_ROUND_UP((size_t)n_out, 16) + FP_SLACK));
+    e->xin = (float *)fp_aligned_alloc(sizeof(float) * w);
     e->ts_scratch = (int64_t *)fp_aligned_alloc(sizeof(int64_t) * p->n_symbols);
     e->lat = (fp_lat *)fp_aligned_alloc(sizeof(fp_lat) * (size_t)p->lat_capacity);
     e->lat_mask = (uint64_t)p->lat_capacity - 1;
     if (!fs->z_idx || !fs->w_idx || !fs->mean || !fs->inv_std || !fs->runs || !e->slots || !e->wins || !e->pre ||
-        !e->feat || !e->buf_a || !e->buf_b || !e->ts_scratch || !e->lat) {
+        !e->feat || !e->buf_a || !e->buf_b || !e->out || !e->xin || !e->ts_scratch || !e->lat) {
         fp_engine_free(e);
         return NULL;
     }
@@ -164,9 +193,52 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
     return FP_OK;
 }
 
-const float *fp_infer_cpu(fp_engine *e) {
+/* the model on x: the MLP, then the post transform into e->out (NULL: a layer overflowed) */
+static inline const float *fp_model_eval(fp_engine *e, const float *x) {
     e->mlp_parity ^= 1u;
-    return fp_mlp_forward(e->k, &e->mlp, e->feat, e->buf_a, e->buf_b, (int)e->mlp_parity);
+    const float *y = fp_mlp_forward(e->k, &e->mlp, x, e->buf_a, e->buf_b, (int)e->mlp_parity);
+    if (!y || e->post == FP_POST_NONE) return y;
+    float *o = e->out;
+    if (e->post == FP_POST_SOFTMAX) {
+        memcpy(o, y, sizeof(float) * e->n_out);
+        fp_softmaxf(o, e->n_out);
+    } else {                                  /* FP_POST_LOGISTIC2, as skl2onnx writes it */
+        const float p1 = fp_sigmoidf(y[0]);
+        o[0] = 1.0f - p1;
+        o[1] = p1;
+    }
+    return o;
+}
+
+const float *fp_infer_cpu(fp_engine *e) { return fp_model_eval(e, e->feat); }
+
+int fp_predict(fp_engine *e, const float *x, float *out) {
+    /* a private copy: the kernels may read the slack past n_feat, the caller's array has none */
+    memcpy(e->xin, x, sizeof(float) * e->fs.n_feat);
+    const float *y = fp_model_eval(e, e->xin);
+    if (!y) {
+        /* the overflowed layer's values are in the scratch; report them all as non-finite */
+        for (int i = 0; i < e->n_out; i++) out[i] = NAN;
+        return FP_ERR_NONFINITE_OUTPUT;
+    }
+    memcpy(out, y, sizeof(float) * e->n_out);
+    return e->k->allfinite(out, e->n_out) ? FP_OK : FP_ERR_NONFINITE_OUTPUT;
+}
+
+/* outputs -> (signal, confidence) by the engine's head */
+static inline void fp_apply_head(const fp_engine *e, const float *out, float *sig, float *conf) {
+    if (e->head == FP_HEAD_TANH_SIGMOID) {
+        if (e->head_idx[0] == 0 && e->head_idx[1] == 1) {
+            e->k->head(out, sig, conf);
+        } else {
+            const float o2[2] = {out[e->head_idx[0]], out[e->head_idx[1]]};
+            e->k->head(o2, sig, conf);
+        }
+    } else if (e->head == FP_HEAD_REGRESSION) {
+        fp_head_regression(out[e->head_idx[0]], e->head_scale, sig, conf);
+    } else {
+        fp_head_classifier(out, e->n_out, e->head_idx[0], e->head_idx[2], sig, conf);
+    }
 }
 
 int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
@@ -183,12 +255,12 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         e->hits++;
     } else {
         /* refused before anything is written: no slot, no window, no counter */
-        if (!out2 || !e->k->allfinite(out2, 2))
+        if (!out2 || !e->k->allfinite(out2, e->n_out))
             return e->k->allfinite(e->feat, e->fs.n_feat) ? FP_ERR_NONFINITE_OUTPUT
                                                            : FP_ERR_NONFINITE_FEATURE;
         if (extern_infer_ns >= 0) th = fp_ticks();
         float sig, conf;
-        e->k->head(out2, &sig, &conf);
+        fp_apply_head(e, out2, &sig, &conf);
         t3 = fp_ticks();
         if (!(sig == sig) || !(conf == conf)) return FP_ERR_NONFINITE_OUTPUT;
         if (e->policy.enabled) {

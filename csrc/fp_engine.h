@@ -35,11 +35,15 @@ typedef struct {
     int raw_len, n_z, n_w, window;
     const int32_t *z_idx, *w_idx;
     const float *mean, *inv_std;      /* n_z + 2 n_w */
-    /* model: dims[0] == n_z + 2 n_w, dims[n_layers] == 2 */
+    /* model: dims[0] == n_z + 2 n_w, dims[n_layers] = the last layer's width (1..) */
     int n_layers;
     const int *dims, *acts;
     const float *const *weights;      /* row-major dims[l+1] x dims[l] */
     const float *const *biases;
+    int post;                         /* FP_POST_*: applied to the last layer's output */
+    int head;                         /* FP_HEAD_*: outputs -> signal, confidence */
+    float head_scale;                 /* FP_HEAD_REGRESSION: signal = tanh(out / scale), > 0 */
+    int head_idx[3];                  /* output indices the head reads (see FP_HEAD_*) */
     void *arena_mem;                  /* optional weights arena, 64-byte aligned, see fp_engine_sizes */
     void *state_mem;                  /* optional cache slots + windows, 64-byte aligned */
     /* cache */
@@ -48,6 +52,18 @@ typedef struct {
     fp_isa isa;
     int lat_capacity;                 /* per-tick latency records kept for stats, power of 2 */
 } fp_engine_params;
+
+/* What follows the last dense layer, as the exporters write it: nothing, a softmax over the
+ * outputs (classifier probabilities), or one logit z -> [1 - sigmoid(z), sigmoid(z)] (a
+ * binary classifier's two probabilities). */
+enum { FP_POST_NONE = 0, FP_POST_SOFTMAX = 1, FP_POST_LOGISTIC2 = 2 };
+
+/* Heads (fp_math.h has the formulas):
+ *   TANH_SIGMOID  signal = tanh(out[i0]), confidence = sigmoid(out[i1])
+ *   REGRESSION    signal = tanh(out[i0] / scale), confidence = |signal|
+ *   CLASSIFIER    signal = p[up = i2] - p[down = i0], confidence = max over all outputs
+ *                 (i1: the flat class, or -1 for a two-class model) */
+enum { FP_HEAD_TANH_SIGMOID = 0, FP_HEAD_REGRESSION = 1, FP_HEAD_CLASSIFIER = 2 };
 
 typedef struct {
     float signal, confidence;
@@ -71,6 +87,10 @@ typedef struct fp_engine {
     fp_isa isa;
     fp_feature_spec fs;
     fp_mlp mlp;
+    int n_out;                        /* model outputs after the post transform */
+    int post, head, head_idx[3];
+    float head_scale;
+    float *out, *xin;                 /* post-transform outputs; predict()'s input copy */
     fp_cache_policy policy;
     int n_symbols;
     unsigned char *slots; size_t slot_stride;
@@ -98,14 +118,18 @@ void fp_engine_reset_symbol(fp_engine *e, int32_t symbol);
  * before anything is written; NaN/Inf features (from a finite raw) make the lookup miss
  * and the tick is refused by the model stage (FP_ERR_NONFINITE_FEATURE). */
 int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p);
-/* out[2] = model(e->feat); returns the raw last-layer output, or NULL when a layer's
- * pre-activations were NaN/Inf (fp_step_finish then refuses the tick) */
+/* out[n_out] = model(e->feat) (post transform included); returns the outputs, or NULL when
+ * a layer's pre-activations were NaN/Inf (fp_step_finish then refuses the tick) */
 const float *fp_infer_cpu(fp_engine *e);
-/* out2: the model output for a miss (NULL on a hit, or from a failed fp_infer_cpu: the tick
+/* out[n_out] = model(x) for one feature vector (n_feat floats), no features, no cache, no
+ * state touched. FP_OK, or FP_ERR_NONFINITE_OUTPUT when the model overflowed (out is written
+ * either way, so the caller can show what came out). */
+int fp_predict(fp_engine *e, const float *x, float *out);
+/* out2: the model output (n_out floats) for a miss (NULL on a hit, or from a failed fp_infer_cpu: the tick
  * is refused and nothing is written, as for a NaN/Inf out2: FP_ERR_NONFINITE_FEATURE when
  * the features were NaN/Inf, else FP_ERR_NONFINITE_OUTPUT);
  * extern_infer_ns: time an external backend spent, or -1 to measure since fp_step_begin
- * returned. infer_ns includes the head (tanh/sigmoid), cache_ns only lookup and store. */
+ * returned. infer_ns includes the head, cache_ns only lookup and store. */
 int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
                    fp_result *r);
 int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r);

@@ -38,4 +38,30 @@ FP_HD void fp_head(const float *out, float *signal, float *confidence) {
     *confidence = fp_sigmoidf(out[1]);
 }
 
+/* regression head: signal = tanh(out / scale), confidence = |signal| (how far the
+ * prediction is from "no view", on the same scale) */
+FP_HD void fp_head_regression(float out, float scale, float *signal, float *confidence) {
+    const float s = tanhf(out / scale);
+    *signal = s;
+    *confidence = fabsf(s);
+}
+
+/* classifier head over probabilities p[0..n): signal = p[up] - p[down] in [-1, 1],
+ * confidence = the largest probability (the model's belief in its own answer) */
+FP_HD void fp_head_classifier(const float *p, int n, int down, int up, float *signal,
+                              float *confidence) {
+    float m = p[0];
+    for (int i = 1; i < n; i++) m = p[i] > m ? p[i] : m;
+    *signal = p[up] - p[down];
+    *confidence = m;
+}
+
+/* softmax in place, as onnxruntime's Softmax: subtract the max, exp, divide by the sum */
+FP_HD void fp_softmaxf(float *x, int n) {
+    float m = x[0], s = 0.0f;
+    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - m); s += x[i]; }
+    for (int i = 0; i < n; i++) x[i] = x[i] / s;
+}
+
 #endif

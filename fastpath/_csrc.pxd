@@ -109,6 +109,14 @@ cdef extern from "fp_engine.h" nogil:
         FP_ERR_NOMEM
         FP_ERR_PARAM
         FP_ERR_NONFINITE_FEATURE
+    enum:
+        FP_POST_NONE
+        FP_POST_SOFTMAX
+        FP_POST_LOGISTIC2
+    enum:
+        FP_HEAD_TANH_SIGMOID
+        FP_HEAD_REGRESSION
+        FP_HEAD_CLASSIFIER
     ctypedef struct fp_engine_params:
         int raw_len, n_z, n_w, window
         const int32_t *z_idx
@@ -120,6 +128,10 @@ cdef extern from "fp_engine.h" nogil:
         const int *acts
         const float *const *weights
         const float *const *biases
+        int post
+        int head
+        float head_scale
+        int head_idx[3]
         void *arena_mem
         void *state_mem
         int n_symbols
@@ -140,6 +152,7 @@ cdef extern from "fp_engine.h" nogil:
         const fp_kernels *k
         fp_feature_spec fs
         fp_mlp mlp
+        int n_out
         fp_cache_policy policy
         int n_symbols
         float *pre
@@ -155,6 +168,7 @@ cdef extern from "fp_engine.h" nogil:
     void fp_engine_reset_symbol(fp_engine *e, int32_t symbol)
     int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p)
     const float *fp_infer_cpu(fp_engine *e)
+    int fp_predict(fp_engine *e, const float *x, float *out)
     int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
                        fp_result *r)
     int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r)

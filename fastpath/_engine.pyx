@@ -18,7 +18,7 @@ cdef extern from "Python.h":
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport int32_t, int64_t, uint8_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from fastpath._csrc cimport *
 
@@ -35,6 +35,7 @@ fp_clock_init()
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
 _ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
 _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
+_POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
 
 
 def cpu_features():
@@ -243,7 +244,7 @@ cdef class Engine:
     .fpm bundle) or a fastpath.Model; config is None, a dict, a TOML path or
     a fastpath.control.config.EngineConfig."""
     cdef fp_engine *_e
-    cdef readonly int raw_len, n_features, n_symbols
+    cdef readonly int raw_len, n_features, n_outputs, n_symbols
     cdef readonly str simd, backend, backend_reason
     cdef readonly object model, config
     cdef readonly object memory        # fastpath.control.memory.MemoryReport, or None
@@ -282,6 +283,21 @@ cdef class Engine:
         cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
         cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
         cdef cnp.ndarray a
+        memset(&p, 0, sizeof(p))
+        head = m.head_spec
+        p.post = _POSTS[m.post]
+        p.head_scale = head.scale
+        if head.kind == "tanh_sigmoid":
+            p.head = FP_HEAD_TANH_SIGMOID
+            p.head_idx[0], p.head_idx[1] = head.outputs
+        elif head.kind == "regression":
+            p.head = FP_HEAD_REGRESSION
+            p.head_idx[0] = head.outputs[0]
+        else:
+            p.head = FP_HEAD_CLASSIFIER
+            p.head_idx[0] = head.outputs[0]
+            p.head_idx[1] = head.outputs[1] if head.kind == "classifier3" else -1
+            p.head_idx[2] = head.outputs[len(head.outputs) - 1]
         if wp == NULL or bp == NULL:
             PyMem_Free(wp)
             PyMem_Free(bp)
@@ -335,6 +351,7 @@ cdef class Engine:
                                 "config were validated in Python)")
         self.raw_len = fs.raw_len
         self.n_features = fs.n_feat
+        self.n_outputs = self._e.n_out
         self.n_symbols = self.config.n_symbols
 
     def __dealloc__(self):
@@ -417,8 +434,9 @@ cdef class Engine:
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         cdef long long ts = _ts_arg(ts_ns)
         out = np.ascontiguousarray(outputs, dtype=np.float32)
-        if out.shape != (2,):
-            raise InputError(f"outputs must hold the model's 2 outputs, got shape {out.shape}")
+        if out.shape != (self.n_outputs,):
+            raise InputError(f"outputs must hold the model's {self.n_outputs} outputs, got "
+                             f"shape {out.shape}")
         if infer_ns < 0:
             raise InputError(f"infer_ns must be >= 0, got {infer_ns}")
         self._check_free()
@@ -500,6 +518,33 @@ cdef class Engine:
             return raws
         raise InputError(f"raws must be a float32 C-contiguous numpy array of shape "
                          f"(n, {self.raw_len}), got {_describe(raws)}{_conversion_hint(raws)}")
+
+    def predict(self, x):
+        """The model's outputs for one feature vector x (n_features values), as onnxruntime
+        returns them for the same model (regressors: the values; classifiers: the class
+        probabilities), before the head. No feature stage, no cache, no state touched.
+        x must be finite (InputError otherwise); a model that overflows on x is an InputError."""
+        try:
+            a = np.asarray(x)
+        except Exception:
+            raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
+                             f"{_describe(x)}") from None
+        if a.ndim != 1 or a.shape[0] != self.n_features or a.dtype.kind not in "fiub":
+            raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
+                             f"{_describe(x)}")
+        cdef cnp.ndarray xa = np.ascontiguousarray(a, dtype=np.float32)
+        if not np.all(np.isfinite(xa)):
+            i = int(np.flatnonzero(~np.isfinite(xa))[0])
+            raise InputError(f"x contains non-finite values, first at index {i} ({xa[i]}); "
+                             f"predict takes finite feature vectors, as step() does")
+        self._check_free()
+        cdef cnp.ndarray out = np.empty(self.n_outputs, np.float32)
+        cdef int rc = fp_predict(self._e, <const float *>cnp.PyArray_DATA(xa),
+                                 <float *>cnp.PyArray_DATA(out))
+        if rc != FP_OK:
+            raise InputError("the model produced NaN/Inf for this input (a layer overflowed: "
+                             "values too large for the model)")
+        return out
 
     def features(self, raw, symbol=0):
         """The feature vector this tick would get (windows include it), without applying it."""

@@ -40,6 +40,8 @@ def _load_npy(path: str, what: str):
 
 
 def cmd_calibrate(args) -> int:
+    import numpy as np
+
     from fastpath import lob
     from fastpath._build import load_model
     from fastpath.tuning import calibrate
@@ -71,6 +73,13 @@ def cmd_calibrate(args) -> int:
     fs = out.feature_spec
     print(f"feature spec: raw_len {fs.raw_len}, {len(z)} z-scored fields, {len(w)} windowed "
           f"fields over {args.window} ticks, fitted on {len(raws)} ticks")
+    h = out.head_spec
+    if h.kind == "regression":
+        print(f"head: regression, signal = tanh(out / {h.scale:.6g}) (scale fitted: the "
+              f"{out.meta['head_fit']['quantile']:.0%} quantile of |prediction| maps to "
+              f"{np.tanh(out.meta['head_fit']['target']):.2f})")
+    else:
+        print(f"head: {h.kind} (outputs {list(h.outputs)})")
     if args.max_error is None:
         cache = ("cache: off (no --max-error given; fit a policy with --max-error E, the largest "
                  "|signal error| a cache hit may cost, or enable one in the engine config)")
@@ -159,8 +168,8 @@ def main(argv=None) -> int:
     d.add_argument("--gpu", action="store_true", help="checks as for the GPU backend")
     d.add_argument("--root", default="/", help=argparse.SUPPRESS)
     sub.add_parser("bench", help="the latency bench (same as python bench/run.py; --help there)")
-    c = sub.add_parser("calibrate", help="fit a model's feature spec (and, with --max-error, its "
-                       "cache policy) from recorded raw ticks")
+    c = sub.add_parser("calibrate", help="fit a model's feature spec, a regression head's scale "
+                       "(and, with --max-error, its cache policy) from recorded raw ticks")
     c.add_argument("--ticks", required=True, help=".npy of recorded raw ticks, shape (n, raw_len)")
     c.add_argument("--symbols", help=".npy of each tick's symbol (windows are per symbol)")
     c.add_argument("--model", required=True, help="model to calibrate (.fpm or .onnx)")

@@ -17,23 +17,62 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from fastpath.errors import InputError, ModelError
-from fastpath.model import CachePolicy, FeatureSpec, Model
+from fastpath.model import CachePolicy, FeatureSpec, Head, Model
 
 COS_GRID = (0.999, 0.9995, 0.9998, 0.9999, 0.99995, 0.99998, 0.99999, 0.999995, 0.999999)
 NORM_GRID = (0.02, 0.01, 0.005, 0.002, 0.001)
 DEFAULT_TICK_NS = 1_000_000
 
 
+# the regression head maps this quantile of |prediction| on the calibration ticks to
+# signal tanh(HEAD_TARGET) ~ 0.96: typical predictions spread over the signal range instead
+# of sitting near 0 (scale too large) or saturating at +-1 (too small)
+HEAD_QUANTILE = 0.95
+HEAD_TARGET = 2.0
+
+
 def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Iterable[int] = (),
               window: int = 32, symbols: np.ndarray | None = None,
               field_names: Sequence[str] = ()) -> Model:
-    """The model with a feature spec fitted to recorded raw ticks and its cache OFF: a cache
-    policy fitted to other features says nothing about these (fit one with fit_cache_policy)."""
+    """The model with a feature spec fitted to recorded raw ticks, a regression head's scale
+    fitted to its predictions on them (fit_head_scale), and its cache OFF: a cache policy
+    fitted to other features says nothing about these (fit one with fit_cache_policy)."""
     fs = FeatureSpec.fit(raws, z_idx, w_idx, window, symbols, field_names)
     base = model.cache_policy
     meta = {k: v for k, v in model.meta.items() if k != "cache_policy_fit"}
-    return replace(model, feature_spec=fs, meta=meta,
-                   cache_policy=replace(base, enabled=False, fitted_max_error=None))
+    out = replace(model, feature_spec=fs, meta=meta,
+                  cache_policy=replace(base, enabled=False, fitted_max_error=None))
+    if out.head_spec.kind == "regression":
+        out = fit_head_scale(out, raws, symbols)
+    return out
+
+
+def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = None,
+                   quantile: float = HEAD_QUANTILE, target: float = HEAD_TARGET) -> Model:
+    """The model with its regression head's scale fitted to recorded raw ticks: scale =
+    quantile(|prediction|) / target, so a prediction at that quantile gets signal
+    tanh(target). Predictions come from the numpy reference (feature spec + forward), the
+    same function the engine computes. ModelError when the head is not a regression, or
+    the predictions are all 0 (no scale makes them a signal)."""
+    h = model.head_spec
+    if h.kind != "regression":
+        raise ModelError(f"fit_head_scale fits a regression head; this model's head is {h.kind!r}")
+    if not 0.0 < quantile <= 1.0 or not target > 0.0:
+        raise ModelError(f"quantile must be in (0, 1] and target > 0, got {quantile}, {target}")
+    r = np.asarray(raws, dtype=np.float32)
+    if r.ndim != 2 or r.shape[1] != model.raw_len or len(r) < 1:
+        raise InputError(f"raws must have shape (n, {model.raw_len}) with n >= 1, got {r.shape}")
+    pred = model.forward(model.feature_spec.apply(r, symbols))[:, h.outputs[0]].astype(np.float64)
+    if not np.all(np.isfinite(pred)):
+        raise ModelError("the model's predictions on the calibration ticks contain NaN/Inf")
+    q = float(np.quantile(np.abs(pred), quantile))
+    if not q > 0.0:
+        raise ModelError(f"the model predicts 0 on {quantile:.0%} of the calibration ticks; no "
+                         f"regression scale makes that a signal")
+    meta = dict(model.meta)
+    meta["head_fit"] = {"quantile": quantile, "target": target, "abs_prediction_q": q,
+                        "ticks": int(len(r))}
+    return replace(model, head_spec=Head("regression", q / target, h.outputs), meta=meta)
 
 
 @dataclass

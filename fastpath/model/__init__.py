@@ -2,11 +2,12 @@
 from and goes to ONNX (onnx_import, onnx_export). Fitting a cache policy to data lives in
 fastpath.tuning, since it replays ticks through the engine.
 
-    from fastpath.model import Model, Layer, FeatureSpec, CachePolicy
+    from fastpath.model import Model, Layer, FeatureSpec, CachePolicy, Head
 """
-from fastpath.model.types import (ACTIVATIONS, CACHE_KEYS, MAX_LAYERS, MAX_WIDTH, CachePolicy,
-                                  FeatureSpec, Layer, Model, validate_cache_policy,
+from fastpath.model.types import (ACTIVATIONS, CACHE_KEYS, HEAD_KINDS, MAX_LAYERS, MAX_WIDTH,
+                                  POSTS, CachePolicy, FeatureSpec, Head, Layer, Model, validate_cache_policy,
                                   window_pre_features)
 
-__all__ = ["Model", "Layer", "FeatureSpec", "CachePolicy", "CACHE_KEYS", "ACTIVATIONS",
+__all__ = ["Model", "Layer", "FeatureSpec", "CachePolicy", "Head", "HEAD_KINDS", "POSTS",
+           "CACHE_KEYS", "ACTIVATIONS",
            "MAX_LAYERS", "MAX_WIDTH", "validate_cache_policy", "window_pre_features"]

@@ -5,6 +5,10 @@ single weight is used.
 Layout: a magic, the format version and a JSON header describing every array, the arrays
 (64-byte aligned offsets), then a CRC32 of everything before it and an end marker.
 
+Output transform and head in the header: "post" (none / softmax / logistic2) and "head"
+(kind, scale, outputs); a bundle without them is read with no post transform and the default
+head for its outputs (two outputs: tanh / sigmoid, what every such bundle was written for).
+
 Cache policy in the header: since the cache is off unless a policy was fitted, the header
 records `fitted_max_error` (null when not fitted). Bundles written before that key existed
 (still version 1) are read as follows: the policy stays enabled only when the bundle's meta
@@ -22,7 +26,7 @@ import zlib
 import numpy as np
 
 from fastpath.errors import ModelError
-from fastpath.model.types import CachePolicy, FeatureSpec, Layer, Model
+from fastpath.model.types import CachePolicy, FeatureSpec, Head, Layer, Model
 
 MAGIC = b"FPMODEL\x01"
 END = b"FPEND\x00\x00\x00"
@@ -55,6 +59,7 @@ def to_bytes(model: Model) -> bytes:
         "cache_policy": {"enabled": pol.enabled, "cos_threshold": pol.cos_threshold,
                          "norm_tol": pol.norm_tol, "max_age_ns": pol.max_age_ns,
                          "max_run": pol.max_run, "fitted_max_error": pol.fitted_max_error},
+        "post": model.post, "head": model.head_spec.to_json(),
         "meta": model.meta, "arrays": table,
     }
     hb = json.dumps(header, sort_keys=True).encode()
@@ -133,7 +138,12 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
         fs = FeatureSpec(f["raw_len"], arrays["fs.z_idx"], arrays["fs.w_idx"], f["window"],
                          arrays["fs.mean"], arrays["fs.inv_std"], tuple(f["field_names"]))
         meta = header.get("meta", {})
-        return Model(layers, fs, _policy(header["cache_policy"], meta), meta)
+        # bundles written before heads were stored have two outputs and no "post" / "head":
+        # the defaults (no post transform, tanh / sigmoid) are what they always ran with
+        h = header.get("head")
+        head = None if h is None else Head(h["kind"], h["scale"], tuple(h["outputs"]))
+        return Model(layers, fs, _policy(header["cache_policy"], meta), meta,
+                     header.get("post", "none"), head)
     except ModelError as exc:
         raise ModelError(f"{name}: {exc}") from None
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as exc:

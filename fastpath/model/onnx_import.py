@@ -1,11 +1,19 @@
-"""ONNX -> the dense layers of an MLP, as (weight, bias, activation). Needs the optional `onnx` package (pip install 'fastpath[onnx]').
+"""ONNX -> the dense layers of an MLP or linear model, as (weight, bias, activation), plus
+the post transform of its outputs. Needs the optional `onnx` package (pip install
+'fastpath[onnx]').
 
-Design: walk the graph's nodes in order (ONNX requires topological order),
-following the single activation tensor from the graph input to the graph
-output; weights must be initializers or Constant nodes. Anything that is not
-one dense layer after another with an optional activation is refused with the
-op and node named, never approximated. It returns plain arrays, not Layer objects, so
-it depends on nothing in fastpath but the errors (Model.from_onnx builds the Layers).
+Design: pick the graph output the engine serves (the only one, or, for a classifier that
+writes `label` and `probabilities`, the float probabilities), keep only the nodes it depends
+on, and walk them in order (ONNX requires topological order), following the single
+activation tensor from the graph input; weights must be initializers or Constant nodes.
+What the exporters write around the layers is folded, never approximated by a different
+function: Cast to float, Reshape to (batch, n), Flatten and Identity are no-ops; a Scaler
+(ai.onnx.ml), an elementwise Mul / Add / Sub / Div by a constant and a BatchNormalization are
+affine maps folded into the dense layer before or after them; LinearRegressor and
+LinearClassifier (ai.onnx.ml) are dense layers; a final Softmax, or Sigmoid -> 1 - p ->
+Concat (skl2onnx's binary classifier), is the post transform. Anything else is refused with
+the op and node named and what to export instead. It returns plain arrays, not Layer objects,
+so it depends on nothing in fastpath but the errors (Model.from_onnx builds the Layers).
 """
 from __future__ import annotations
 
@@ -15,10 +23,25 @@ import numpy as np
 
 from fastpath.errors import ModelError
 
-SUPPORTED = ("Gemm", "MatMul", "Add", "Relu", "Tanh", "Sigmoid", "Flatten", "Identity", "Constant")
+SUPPORTED = ("Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Tanh", "Sigmoid", "Softmax",
+             "Flatten", "Identity", "Cast", "Reshape", "BatchNormalization", "Scaler",
+             "LinearRegressor", "LinearClassifier", "Normalizer", "Concat", "Constant")
 _ACT = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
-
-
+# what to do instead, for ops people meet in exported models
+_INSTEAD = {
+    "TreeEnsembleRegressor": "tree ensembles are not served yet; export a linear model or MLP",
+    "TreeEnsembleClassifier": "tree ensembles are not served yet; export a linear model or MLP",
+    "ZipMap": "export the classifier with zipmap=False (skl2onnx: options={id(model): "
+              "{'zipmap': False}})",
+    "Conv": "fastpath serves dense (fully connected) models; flatten the input and use Linear",
+    "LeakyRelu": "use ReLU, Tanh or Sigmoid activations",
+    "Gelu": "use ReLU, Tanh or Sigmoid activations",
+    "Elu": "use ReLU, Tanh or Sigmoid activations",
+    "Dropout": "export the model in eval mode (model.eval()), which drops Dropout",
+    "SVMRegressor": "export a linear model or MLP instead of an SVM",
+    "SVMClassifier": "export a linear model or MLP instead of an SVM",
+}
+_FLOAT = 1   # TensorProto.FLOAT
 def _attrs(node) -> dict:
     from onnx import helper
     try:
@@ -47,8 +70,58 @@ def _tensor(t, what: str) -> np.ndarray:
         raise ModelError(f"{what} is not a readable tensor ({type(exc).__name__}: {exc})") from None
 
 
+def _fold_out(layer: list, scale: np.ndarray, shift: np.ndarray) -> None:
+    """layer's outputs y -> y * scale + shift, folded into its weight and bias."""
+    n = layer[0].shape[0]
+    sc = np.broadcast_to(scale, (n,)).astype(np.float64)
+    sh = np.broadcast_to(shift, (n,)).astype(np.float64)
+    layer[0] = layer[0] * sc[:, None]
+    layer[1] = layer[1] * sc + sh
+
+
+def _fold_in(W: np.ndarray, b: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> tuple:
+    """A dense layer fed x * scale + shift instead of x: the same map of x."""
+    n = W.shape[1]
+    sc = np.broadcast_to(scale, (n,)).astype(np.float64)
+    sh = np.broadcast_to(shift, (n,)).astype(np.float64)
+    return W * sc[None, :], b + W @ sh
+
+
+def _pick_output(g, name: str):
+    outs = list(g.output)
+    if len(outs) == 1:
+        return outs[0].name
+    # a classifier: label (int64) + probabilities (float); the engine serves probabilities
+    floats = [o.name for o in outs if o.type.tensor_type.elem_type == _FLOAT]
+    if len(floats) == 1:
+        return floats[0]
+    if any(o.type.HasField("map_type") or o.type.HasField("sequence_type") for o in outs):
+        raise ModelError(f"{name}: the classifier's outputs are a ZipMap (a list of dicts); "
+                         f"{_INSTEAD['ZipMap']}")
+    raise ModelError(f"{name}: expected one float graph output (a classifier's probabilities "
+                     f"beside its label), found {[o.name for o in outs]}")
+
+
+def _slice(g, target: str) -> list:
+    """The nodes the target output depends on, in graph order (a classifier's label branch,
+    ArgMax and friends, is dropped)."""
+    need, keep = {target}, []
+    for node in reversed(list(g.node)):
+        if any(o in need for o in node.output):
+            keep.append(node)
+            need.update(i for i in node.input if i)
+    return keep[::-1]
+
+
 def layers_from_onnx(path: str | os.PathLike) -> tuple:
     """((weight (out, in) float64, bias (out,), activation name), ...) in graph order."""
+    return read_onnx(path)["layers"]
+
+
+def read_onnx(path: str | os.PathLike) -> dict:
+    """{"layers": ((weight, bias, activation), ...), "post": "none" | "softmax" | "logistic2",
+    "output": the graph output served, "classifier": whether it holds class probabilities,
+    "producer": who wrote the file}."""
     try:
         import onnx
     except ImportError:
@@ -66,28 +139,23 @@ def layers_from_onnx(path: str | os.PathLike) -> tuple:
     inputs = [i.name for i in g.input if i.name not in consts]
     if len(inputs) != 1:
         raise ModelError(f"{name}: expected one graph input, found {inputs}")
-    if len(g.output) != 1:
-        raise ModelError(f"{name}: expected one graph output, found {[o.name for o in g.output]}")
-    cur = inputs[0]
-    # pending layers: [weight (out, in), bias (out,), activation]
-    layers: list = []
-
-    def const(tname: str, node) -> np.ndarray:
-        if tname not in consts:
-            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) needs {tname!r} to be a "
-                             f"constant weight; fastpath imports MLPs with constant weights only")
-        return np.asarray(consts[tname], dtype=np.float64)
-
+    if not g.output:
+        raise ModelError(f"{name}: the graph has no output")
+    # every node of the file is checked, not only the served output's: a malformed node is a
+    # malformed file, whichever branch it sits on
     for node in g.node:
         op = node.op_type
         if op not in SUPPORTED:
-            raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); fastpath "
-                             f"imports MLPs built from {', '.join(SUPPORTED[:-1])}")
-        n_in = {"Gemm": (2, 3), "MatMul": (2, 2), "Add": (2, 2), "Constant": (0, 0)}.get(op, (1, 1))
-        if not n_in[0] <= len(node.input) <= n_in[1] or len(node.output) != 1 or not node.output[0]:
+            continue
+        n_in = {"Gemm": (2, 3), "MatMul": (2, 2), "Add": (2, 2), "Sub": (2, 2), "Mul": (2, 2),
+                "Div": (2, 2), "Reshape": (2, 2), "Constant": (0, 0),
+                "BatchNormalization": (5, 5), "Concat": (1, 64)}.get(op, (1, 1))
+        n_out = (1, 2) if op in ("LinearClassifier", "BatchNormalization") else (1, 1)
+        if not n_in[0] <= len(node.input) <= n_in[1] or not n_out[0] <= len(node.output) <= n_out[1] \
+                or not node.output[-1]:
             raise ModelError(f"{name}: node {node.name!r} ({op}) has {len(node.input)} inputs and "
                              f"{len(node.output)} outputs; expected {n_in[0]}-{n_in[1]} inputs and "
-                             f"one output")
+                             f"{'one output' if n_out[1] == 1 else '1-2 outputs'}")
         if op == "Constant":
             try:
                 a = _attrs(node)
@@ -97,16 +165,127 @@ def layers_from_onnx(path: str | os.PathLike) -> tuple:
                 raise ModelError(f"{name}: Constant node {node.name!r} without a tensor value")
             consts[node.output[0]] = _tensor(a["value"], f"{name}: Constant node {node.name!r}")
             continue
-        if not node.input or node.input[0] != cur and not (op in ("Add", "MatMul") and cur in node.input):
+    target = _pick_output(g, name)
+    nodes = _slice(g, target)
+    cur = inputs[0]
+    # pending layers: [weight (out, in), bias (out,), activation, activation_set]
+    layers: list = []
+    pending = None          # (scale, shift) an elementwise affine waiting for the next layer
+    post = "none"
+    skip: set = set()
+
+    def const(tname: str, node) -> np.ndarray:
+        if tname not in consts:
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) needs {tname!r} to be a "
+                             f"constant weight; fastpath imports models with constant weights only")
+        return np.asarray(consts[tname], dtype=np.float64)
+
+    def affine(scale, shift, node) -> None:
+        """x -> x * scale + shift on the current tensor: into the last layer's outputs while
+        no activation follows it, else held for the next layer's inputs."""
+        nonlocal pending
+        scale, shift = np.asarray(scale, np.float64), np.asarray(shift, np.float64)
+        if scale.ndim > 1 or shift.ndim > 1:
+            sq = [a.reshape(-1) if a.ndim > 1 and a.size == max(a.shape) else a for a in (scale, shift)]
+            if any(a.ndim > 1 for a in sq):
+                raise ModelError(f"{name}: {node.op_type} node {node.name!r} is not elementwise "
+                                 f"over the features (constant shape {scale.shape} / {shift.shape})")
+            scale, shift = sq
+        if post != "none":
+            raise ModelError(f"{name}: {node.op_type} node {node.name!r} after the output's "
+                             f"{post} is not supported; the probabilities must be the output")
+        try:
+            if layers and not layers[-1][3] and pending is None:
+                _fold_out(layers[-1], scale, shift)
+            elif pending is None:
+                pending = (scale, shift)
+            else:
+                pending = (pending[0] * scale, pending[1] * scale + shift)
+        except ValueError:
+            raise ModelError(f"{name}: {node.op_type} node {node.name!r} constant does not match "
+                             f"the width of its input") from None
+
+    def dense(W: np.ndarray, b: np.ndarray, node) -> None:
+        nonlocal pending
+        if post != "none":
+            raise ModelError(f"{name}: {node.op_type} node {node.name!r} after the {post} output "
+                             f"transform; fastpath serves models whose softmax comes last")
+        if pending is not None:
+            try:
+                W, b = _fold_in(W, b, *pending)
+            except ValueError:
+                raise ModelError(f"{name}: the elementwise ops before node {node.name!r} do not "
+                                 f"match its {W.shape[1]} inputs") from None
+            pending = None
+        layers.append([W, b, "identity", False])
+
+    for idx, node in enumerate(nodes):
+        op = node.op_type
+        if id(node) in skip or op == "Constant":
+            continue
+        if op not in SUPPORTED:
+            hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
+                                    "models) built from " + ", ".join(SUPPORTED[:-1]))
+            raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); {hint}")
+        binary = op in ("Add", "Sub", "Mul", "Div", "MatMul")
+        if not node.input or node.input[0] != cur and not (binary and cur in node.input):
             raise ModelError(f"{name}: node {node.name!r} ({op}) does not continue the chain from "
-                             f"{cur!r}; fastpath imports sequential MLPs only")
+                             f"{cur!r}; fastpath imports sequential models only")
         try:
             attrs = _attrs(node)
         except ModelError as exc:
             raise ModelError(f"{name}: {exc}") from None
+        out_name = node.output[0]
         if op in ("Flatten", "Identity"):
             if op == "Flatten" and _num(attrs, "axis", 1, node, name) != 1:
                 raise ModelError(f"{name}: Flatten node {node.name!r} with axis != 1")
+        elif op == "Cast":
+            if attrs.get("to") != _FLOAT:
+                raise ModelError(f"{name}: Cast node {node.name!r} casts to type {attrs.get('to')}; "
+                                 f"fastpath computes in float32: export with float inputs")
+        elif op == "Reshape":
+            shape = const(node.input[1], node).astype(np.int64).reshape(-1)
+            width = layers[-1][0].shape[0] if layers else None
+            if len(shape) != 2 or not (shape[0] in (-1, 0, 1) or shape[1] in (-1,)) or (
+                    width is not None and shape[1] not in (-1, width)):
+                raise ModelError(f"{name}: Reshape node {node.name!r} to {shape.tolist()} is not a "
+                                 f"(batch, features) no-op")
+        elif op == "Normalizer":
+            if post != "softmax" or attrs.get("norm") not in (b"L1", "L1"):
+                raise ModelError(f"{name}: Normalizer node {node.name!r} is supported only as "
+                                 f"the L1 norm right after a softmax (probabilities that already "
+                                 f"sum to 1)")
+        elif op == "Scaler":
+            off = np.asarray(attrs.get("offset", [0.0]), np.float64)
+            sc = np.asarray(attrs.get("scale", [1.0]), np.float64)
+            affine(sc, -off * sc, node)
+        elif op in ("Add", "Sub", "Mul", "Div"):
+            first = node.input[0] == cur
+            other = node.input[1] if first else node.input[0]
+            c = const(other, node)
+            if op == "Sub" and not first and c.size == 1 and float(c.reshape(-1)[0]) == 1.0:
+                # skl2onnx's binary classifier: p = sigmoid(z); [1 - p, p] via Sub + Concat
+                cat = next((n for n in nodes[idx + 1:] if n.op_type == "Concat"
+                            and list(n.input) == [out_name, cur]), None)
+                if cat is not None and layers and layers[-1][2] == "sigmoid" and \
+                        layers[-1][0].shape[0] == 1 and pending is None and post == "none":
+                    if _num(_attrs(cat), "axis", 1, cat, name) not in (1, -1):
+                        raise ModelError(f"{name}: Concat node {cat.name!r} not over axis 1")
+                    layers[-1][2] = "identity"
+                    post = "logistic2"
+                    skip.add(id(cat))
+                    cur = cat.output[0]
+                    continue
+            if op == "Add":
+                affine(1.0, c, node)
+            elif op == "Mul":
+                affine(c, 0.0, node)
+            elif op == "Div":
+                if not first or np.any(c == 0):
+                    raise ModelError(f"{name}: Div node {node.name!r} is not x / nonzero constant")
+                affine(1.0 / c, 0.0, node)
+            else:
+                affine(1.0 if first else -1.0, -c if first else c, node)
         elif op == "Gemm":
             a = attrs
             if _num(a, "transA", 0, node, name):
@@ -124,38 +303,100 @@ def layers_from_onnx(path: str | os.PathLike) -> tuple:
                 except ValueError:
                     raise ModelError(f"{name}: Gemm node {node.name!r} bias shape {C.shape} does "
                                      f"not match {W.shape[0]} outputs") from None
-            layers.append([W, b, "identity", False])
+            dense(W, b, node)
         elif op == "MatMul":
-            other = node.input[1] if node.input[0] == cur else None
-            if other is None:
+            if node.input[0] != cur:
                 raise ModelError(f"{name}: MatMul node {node.name!r} multiplies from the left; "
                                  f"expected x @ W")
-            B = const(other, node)
+            B = const(node.input[1], node)
             if B.ndim != 2:
                 raise ModelError(f"{name}: MatMul node {node.name!r} weight has shape {B.shape}")
-            layers.append([B.T.copy(), np.zeros(B.shape[1]), "identity", False])
-        elif op == "Add":
-            other = node.input[1] if node.input[0] == cur else node.input[0]
-            if not layers or layers[-1][2] != "identity" or layers[-1][3]:
-                raise ModelError(f"{name}: Add node {node.name!r} is not a bias after a MatMul/Gemm")
-            C = const(other, node)
-            out = layers[-1][0].shape[0]
-            try:
-                layers[-1][1] = layers[-1][1] + np.broadcast_to(C.reshape(-1) if C.size != 1
-                                                                else C.reshape(()), (out,))
-            except ValueError:
-                raise ModelError(f"{name}: Add node {node.name!r} bias shape {C.shape} does not "
-                                 f"match {out} outputs") from None
+            dense(B.T.copy(), np.zeros(B.shape[1]), node)
+        elif op == "LinearRegressor":
+            if attrs.get("post_transform", b"NONE") not in (b"NONE", "NONE"):
+                raise ModelError(f"{name}: LinearRegressor node {node.name!r} with post_transform "
+                                 f"{attrs['post_transform']!r}; export it without one")
+            t = int(_num(attrs, "targets", 1, node, name))
+            coef = np.asarray(attrs.get("coefficients", []), np.float64)
+            if t < 1 or coef.size == 0 or coef.size % t:
+                raise ModelError(f"{name}: LinearRegressor node {node.name!r} has {coef.size} "
+                                 f"coefficients for {t} targets")
+            W = coef.reshape(t, -1)
+            b = np.asarray(attrs.get("intercepts", [0.0] * t), np.float64)
+            if b.size != t:
+                raise ModelError(f"{name}: LinearRegressor node {node.name!r} has {b.size} "
+                                 f"intercepts for {t} targets")
+            dense(W, b, node)
+        elif op == "LinearClassifier":
+            if len(node.output) != 2:
+                raise ModelError(f"{name}: LinearClassifier node {node.name!r} without its scores "
+                                 f"output")
+            labels = attrs.get("classlabels_ints", attrs.get("classlabels_strings", []))
+            coef = np.asarray(attrs.get("coefficients", []), np.float64)
+            b = np.asarray(attrs.get("intercepts", []), np.float64)
+            n_cls = len(labels)
+            rows = b.size
+            if rows < 1 or coef.size == 0 or coef.size % rows:
+                raise ModelError(f"{name}: LinearClassifier node {node.name!r} has {coef.size} "
+                                 f"coefficients for {rows} intercepts")
+            if rows != n_cls:
+                # onnxruntime's one-row binary case writes scores fastpath does not reproduce
+                raise ModelError(f"{name}: LinearClassifier node {node.name!r} has {rows} rows of "
+                                 f"coefficients for {n_cls} classes; export one row per class "
+                                 f"(skl2onnx does)")
+            dense(coef.reshape(rows, -1), b, node)
+            pt = attrs.get("post_transform", b"NONE")
+            pt = pt.decode() if isinstance(pt, bytes) else str(pt)
+            if pt == "LOGISTIC":
+                layers[-1][2] = "sigmoid"
+                layers[-1][3] = True
+            elif pt == "SOFTMAX":
+                post = "softmax"
+            elif pt != "NONE":
+                raise ModelError(f"{name}: LinearClassifier node {node.name!r} post_transform "
+                                 f"{pt} is not supported (NONE, LOGISTIC, SOFTMAX are)")
+            out_name = node.output[1]
+        elif op == "BatchNormalization":
+            gamma, beta, mean, var = (const(node.input[i], node).reshape(-1) for i in range(1, 5))
+            eps = float(_num(attrs, "epsilon", 1e-5, node, name))
+            if _num(attrs, "training_mode", 0, node, name):
+                raise ModelError(f"{name}: BatchNormalization node {node.name!r} in training mode; "
+                                 f"export the model in eval mode (model.eval())")
+            sc = gamma / np.sqrt(var + eps)
+            affine(sc, beta - mean * sc, node)
+            out_name = node.output[0]
+        elif op == "Softmax":
+            ax = _num(attrs, "axis", -1 if model.opset_import and max(
+                (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                default=13) >= 13 else 1, node, name)
+            if ax not in (1, -1) or not layers or layers[-1][3] or pending is not None:
+                raise ModelError(f"{name}: Softmax node {node.name!r} must come right after the "
+                                 f"last dense layer, over axis 1")
+            if any(n.op_type in ("Gemm", "MatMul", "LinearRegressor", "LinearClassifier")
+                   for n in nodes[idx + 1:]):
+                raise ModelError(f"{name}: unsupported ONNX op 'Softmax' (node {node.name!r}) "
+                                 f"between layers; fastpath supports a softmax only as the "
+                                 f"model's last step (classifier probabilities)")
+            layers[-1][3] = True
+            post = "softmax"
+        elif op == "Concat":
+            raise ModelError(f"{name}: Concat node {node.name!r} is supported only as the "
+                             f"[1 - p, p] of a binary classifier")
         else:  # activation
-            if not layers or layers[-1][3]:
+            if not layers or layers[-1][3] or pending is not None or post != "none":
                 raise ModelError(f"{name}: {op} node {node.name!r} must follow a dense layer "
                                  f"(Gemm or MatMul), and only one activation per layer")
             layers[-1][2] = _ACT[op]
             layers[-1][3] = True
-        cur = node.output[0]
-    if cur != g.output[0].name:
-        raise ModelError(f"{name}: the chain ends at {cur!r}, not at the graph output "
-                         f"{g.output[0].name!r}")
+        cur = out_name
+    if cur != target:
+        raise ModelError(f"{name}: the chain ends at {cur!r}, not at the graph output {target!r}")
     if not layers:
         raise ModelError(f"{name}: no Gemm or MatMul layer found")
-    return tuple((w, b, act) for w, b, act, _ in layers)
+    if pending is not None:
+        raise ModelError(f"{name}: elementwise ops after the last layer's activation cannot be "
+                         f"folded into a dense layer")
+    # class probabilities: a softmax / logistic2 output, or a LinearClassifier's scores
+    classifier = post != "none" or any(n.op_type == "LinearClassifier" for n in nodes)
+    return {"layers": tuple((w, b, act) for w, b, act, _ in layers), "post": post,
+            "output": target, "classifier": classifier, "producer": model.producer_name}

@@ -18,6 +18,12 @@ from fastpath._checks import check_value
 from fastpath.errors import ConfigError, ModelError
 
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
+# what follows the last dense layer, as exporters write it: nothing, a softmax (classifier
+# probabilities), or one logit z -> [1 - sigmoid(z), sigmoid(z)] (a binary classifier)
+POSTS = ("none", "softmax", "logistic2")
+# head kind -> the output indices it reads, in order, by default
+HEAD_KINDS = {"tanh_sigmoid": (0, 1), "regression": (0,), "classifier3": (0, 1, 2),
+              "classifier2": (0, 1)}
 MAX_LAYERS = 16
 MAX_WIDTH = 1 << 16
 
@@ -221,12 +227,96 @@ class CachePolicy:
 
 
 @dataclass(frozen=True)
+class Head:
+    """How step() turns the model's outputs into (signal in [-1, 1], confidence in [0, 1]).
+
+    kind:
+      "tanh_sigmoid"  two raw outputs: signal = tanh(out[a]), confidence = sigmoid(out[b]);
+                      outputs = (a, b), default (0, 1)
+      "regression"    one predicted value: signal = tanh(out[a] / scale), confidence =
+                      |signal|; outputs = (a,), default (0,); scale is fitted by calibrate
+                      (fastpath.tuning.fit_head_scale) so typical predictions use the range
+      "classifier3"   down / flat / up probabilities: signal = p(up) - p(down), confidence =
+                      the largest probability; outputs = (down, flat, up), default (0, 1, 2)
+      "classifier2"   down / up probabilities, the same formulas; outputs = (down, up)
+    """
+    kind: str = "tanh_sigmoid"
+    scale: float = 1.0
+    outputs: tuple = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise ModelError(f"head kind {self.kind!r} not supported; expected one of "
+                             f"{tuple(HEAD_KINDS)}")
+        s = self.scale
+        if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) or \
+                not (np.isfinite(s) and s > 0):
+            raise ModelError(f"head scale must be a finite number > 0, got {s!r}")
+        outs = tuple(self.outputs) or HEAD_KINDS[self.kind]
+        if len(outs) != len(HEAD_KINDS[self.kind]) or not all(
+                isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0
+                for i in outs):
+            raise ModelError(f"head {self.kind!r} reads {len(HEAD_KINDS[self.kind])} output "
+                             f"indices (>= 0), got {self.outputs!r}")
+        object.__setattr__(self, "scale", float(s))
+        object.__setattr__(self, "outputs", tuple(int(i) for i in outs))
+
+    @classmethod
+    def default_for(cls, n_outputs: int, post: str) -> "Head":
+        """The head a model gets when none is given: probabilities (softmax / logistic2) of
+        2 or 3 classes are a classifier, one output is a regression, two raw outputs are
+        tanh / sigmoid; anything else must name its head."""
+        if post in ("softmax", "logistic2"):
+            if n_outputs in (2, 3):
+                return cls("classifier2" if n_outputs == 2 else "classifier3")
+        elif n_outputs == 1:
+            return cls("regression")
+        elif n_outputs == 2:
+            return cls("tanh_sigmoid")
+        raise ModelError(f"the last layer has {n_outputs} outputs and no head was given: without "
+                         f"one the last layer must have 2 outputs (tanh / sigmoid head), 1 "
+                         f"(regression head) or, after a softmax / logistic2 post transform, 2 or "
+                         f"3 class probabilities (classifier head); give a head, e.g. "
+                         f"Head('classifier3', outputs=(down, flat, up)) or "
+                         f"Head('regression', outputs=(i,))")
+
+    def check(self, n_outputs: int) -> None:
+        bad = [i for i in self.outputs if i >= n_outputs]
+        if bad:
+            raise ModelError(f"head {self.kind!r} reads output(s) {bad} but the model has "
+                             f"{n_outputs} output(s)")
+        if len(set(self.outputs)) != len(self.outputs):
+            raise ModelError(f"head {self.kind!r} reads the same output twice: {self.outputs}")
+
+    def apply(self, out: np.ndarray) -> tuple:
+        """(signal, confidence) for outputs (..., n_outputs), in float64 numpy (the reference
+        of the C heads)."""
+        o = np.asarray(out, dtype=np.float64)
+        i = self.outputs
+        if self.kind == "tanh_sigmoid":
+            return np.tanh(o[..., i[0]]), 1.0 / (1.0 + np.exp(-o[..., i[1]]))
+        if self.kind == "regression":
+            s = np.tanh(o[..., i[0]] / self.scale)
+            return s, np.abs(s)
+        return o[..., i[-1]] - o[..., i[0]], o.max(axis=-1)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "scale": self.scale, "outputs": list(self.outputs)}
+
+
+@dataclass(frozen=True)
 class Model:
-    """An MLP with its feature spec and cache policy; output width must be 2 (signal, confidence)."""
+    """An MLP with its feature spec, cache policy, output transform and head.
+
+    The last layer has any width; `post` transforms it into the model's outputs (what
+    onnxruntime returns: "softmax" and "logistic2" give class probabilities) and `head_spec`
+    maps the outputs to (signal, confidence); None picks Head.default_for(n_outputs, post)."""
     layers: tuple
     feature_spec: FeatureSpec | None = None
     cache_policy: CachePolicy = field(default_factory=CachePolicy)
     meta: dict = field(default_factory=dict)
+    post: str = "none"
+    head_spec: Head | None = None
 
     def __post_init__(self) -> None:
         layers = tuple(self.layers)
@@ -238,9 +328,19 @@ class Model:
             if i and l.weight.shape[1] != layers[i - 1].weight.shape[0]:
                 raise ModelError(f"layer {i} takes {l.weight.shape[1]} inputs but layer {i - 1} "
                                  f"gives {layers[i - 1].weight.shape[0]}")
-        if layers[-1].weight.shape[0] != 2:
-            raise ModelError(f"the last layer must have 2 outputs (signal, confidence logits), got "
-                             f"{layers[-1].weight.shape[0]}")
+        if self.post not in POSTS:
+            raise ModelError(f"post transform {self.post!r} not supported; expected one of {POSTS}")
+        width = layers[-1].weight.shape[0]
+        if self.post == "logistic2" and width != 1:
+            raise ModelError(f"post 'logistic2' turns one logit into two probabilities; the last "
+                             f"layer has {width} outputs")
+        if self.post == "softmax" and width < 2:
+            raise ModelError("post 'softmax' needs at least 2 outputs")
+        n_out = 2 if self.post == "logistic2" else width
+        head = self.head_spec if self.head_spec is not None else Head.default_for(n_out, self.post)
+        if not isinstance(head, Head):
+            raise ModelError(f"head_spec must be a fastpath.model.Head, got {type(head).__name__}")
+        head.check(n_out)
         fs = self.feature_spec
         if fs is None:
             fs = FeatureSpec.identity(layers[0].weight.shape[1])
@@ -253,6 +353,7 @@ class Model:
             raise ModelError(f"cache_policy must be a CachePolicy, got "
                              f"{type(self.cache_policy).__name__}")
         object.__setattr__(self, "layers", layers)
+        object.__setattr__(self, "head_spec", head)
         object.__setattr__(self, "feature_spec", fs)
         object.__setattr__(self, "meta", dict(self.meta))
 
@@ -260,6 +361,11 @@ class Model:
     @property
     def dims(self) -> list:
         return [self.layers[0].weight.shape[1]] + [l.weight.shape[0] for l in self.layers]
+
+    @property
+    def n_outputs(self) -> int:
+        """Outputs after the post transform (what predict() and onnxruntime return)."""
+        return 2 if self.post == "logistic2" else self.layers[-1].weight.shape[0]
 
     @property
     def raw_len(self) -> int:
@@ -271,9 +377,18 @@ class Model:
     def with_cache_policy(self, policy: CachePolicy) -> "Model":
         return replace(self, cache_policy=policy)
 
+    def with_head(self, head: Head) -> "Model":
+        """This model with another head (the outputs are unchanged; the cache's stored signals
+        depend on the head, so a fitted cache policy is dropped)."""
+        pol = self.cache_policy
+        if pol.fitted:
+            pol = replace(pol, enabled=False, fitted_max_error=None)
+        return replace(self, head_spec=head, cache_policy=pol)
+
     # --------------------------------------------------- numpy reference
     def forward(self, features: np.ndarray) -> np.ndarray:
-        """MLP output (no head) for features (n_feat,) or (n, n_feat), in float32 numpy."""
+        """Model outputs (post transform, no head) for features (n_feat,) or (n, n_feat), in
+        float32 numpy."""
         x = np.asarray(features, dtype=np.float32)
         for l in self.layers:
             x = x @ l.weight.T + l.bias
@@ -283,13 +398,25 @@ class Model:
                 x = np.tanh(x)
             elif l.activation == "sigmoid":
                 x = 1.0 / (1.0 + np.exp(-x))
+        x = x.astype(np.float32)
+        if self.post == "softmax":
+            e = np.exp(x - x.max(axis=-1, keepdims=True))
+            x = e / e.sum(axis=-1, keepdims=True)
+        elif self.post == "logistic2":
+            p = (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+            x = np.concatenate([1.0 - p, p], axis=-1)
         return x.astype(np.float32)
 
     @staticmethod
     def head(out: np.ndarray) -> tuple:
-        """(signal, confidence) = (tanh(out0), sigmoid(out1))."""
+        """(signal, confidence) = (tanh(out0), sigmoid(out1)): the two-output head. A model's
+        own head (any kind) is self.head_spec.apply(out)."""
         out = np.asarray(out, dtype=np.float64)
         return np.tanh(out[..., 0]), 1.0 / (1.0 + np.exp(-out[..., 1]))
+
+    def signal(self, out: np.ndarray) -> tuple:
+        """(signal, confidence) for model outputs by this model's head (numpy reference)."""
+        return self.head_spec.apply(out)
 
     # ------------------------------------------------- formats and fitting
     def save(self, path: str | os.PathLike) -> None:
@@ -319,19 +446,24 @@ class Model:
         to_onnx(self, path, opset)
 
     @classmethod
-    def from_onnx(cls, path: str | os.PathLike) -> "Model":
-        """Import an MLP from ONNX (torch.onnx.export or skl2onnx): Gemm, MatMul+Add, Relu, Tanh,
-        Sigmoid, Flatten, Identity. Gets the identity feature spec (raw = model input) and the
-        cache off: fit a policy (fit_cache_policy) or enable one in the config to cache."""
-        from fastpath.model.onnx_import import layers_from_onnx
+    def from_onnx(cls, path: str | os.PathLike, head: "Head | None" = None) -> "Model":
+        """Import an MLP or linear model from ONNX as torch.onnx.export and skl2onnx write it
+        (see fastpath.model.onnx_import for the ops). Gets the identity feature spec (raw =
+        model input), the cache off (fit a policy with fit_cache_policy or enable one in the
+        config) and `head`, or the default head for its outputs (Head.default_for)."""
+        from fastpath.model.onnx_import import read_onnx
         name = os.fspath(path)
-        raw_layers = layers_from_onnx(name)
+        g = read_onnx(name)
         try:
-            layers = tuple(Layer(w, b, act) for w, b, act in raw_layers)
+            layers = tuple(Layer(w, b, act) for w, b, act in g["layers"])
+            n_out = 2 if g["post"] == "logistic2" else layers[-1].weight.shape[0]
+            if head is None and g["classifier"] and n_out in (2, 3):
+                head = Head("classifier2" if n_out == 2 else "classifier3")
+            return cls(layers, None, CachePolicy(enabled=False),
+                       {"source": os.path.basename(name), "onnx_output": g["output"]}, g["post"],
+                       head)
         except ModelError as exc:
             raise ModelError(f"{name}: {exc}") from None
-        return cls(layers, None, CachePolicy(enabled=False),
-                   {"source": os.path.basename(name)})
 
     def fit_cache_policy(self, raws: np.ndarray, symbols: np.ndarray | None = None,
                          max_error: float = 0.01, ts_ns: np.ndarray | None = None, **kw):
