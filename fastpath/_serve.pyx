@@ -29,7 +29,7 @@ fp_clock_init()
 
 cdef extern from "Python.h":
     Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object o)
-from cpython.exc cimport PyErr_Clear
+from cpython.exc cimport PyErr_Clear, PyErr_CheckSignals
 
 cdef extern from "fp_ring.h" nogil:
     enum:
@@ -638,6 +638,7 @@ cdef class Client:
                 self._stash.append(self._as_item(&rep))
             spins += 1
             if (spins & 1023) == 0:
+                PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep
                 self._check_server()
             FP_RING_PAUSE()
 
@@ -681,6 +682,7 @@ cdef class Client:
                 continue
             spins += 1
             if (spins & 1023) == 0:
+                PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep
                 self._check_server()
             FP_RING_PAUSE()
 
