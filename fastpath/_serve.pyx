@@ -459,15 +459,19 @@ cdef class Worker:
         return _header_stats(self._h)
 
     def latency_records(self):
-        """(n, 4) uint32 in-C ns of the last ticks served (feature, cache, infer, total), in
-        ring order, copied while the loop runs: a record being written may mix two ticks."""
+        """(n, 4) uint32 in-C ns of the last ticks served (feature, cache, infer, total),
+        oldest first, copied while the loop runs: a record being written may mix two ticks."""
         if self._e == NULL:
             raise ServeError(f"server {self.name!r} is closed")
         cdef size_t cap = self._e.lat_mask + 1
-        cdef size_t n = min(<size_t>self._e.ticks, cap)
+        cdef uint64_t ticks = fp_atomic_load_u64(&self._e.ticks)
+        cdef size_t n = min(<size_t>ticks, cap)
         lat = np.empty((cap, 4), np.uint32)
         fp_copy_lat(<const uint32_t *>self._e.lat, <uint32_t *>cnp.PyArray_DATA(lat), cap * 4)
-        return lat[:n]
+        if ticks <= cap:
+            return lat[:n]
+        start = ticks % cap
+        return np.vstack([lat[start:], lat[:start]])
 
     def close(self):
         """Unmap and remove the segment, free the engine (the loop must have returned)."""

@@ -30,6 +30,7 @@ class Server:
         self._worker = Worker(name, m, rc, self.serve_config)
         self.replaced = self._worker.replaced
         self.placement: dict | None = None
+        self.final_stats: dict | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"fastpath-serve:{name}",
                                         daemon=True)
@@ -93,6 +94,7 @@ class Server:
         if self._thread.is_alive():
             from fastpath.errors import ServeError
             raise ServeError(f"server {self.name!r} did not stop within {timeout} s")
+        self.final_stats = self._worker.stats()
         self._worker.close()
         self._worker = None
         _live.discard(self)
@@ -123,3 +125,61 @@ def _stop_all() -> None:
             srv.stop(timeout=2.0)
         except Exception:
             pass
+
+
+def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
+    import numpy as np
+    st = srv.stats()
+    n = st["served"] - prev.get("served", 0)
+    parts = [f"{n / dt:10.0f} req/s", f"queue {st['queue_depth']:4d}",
+             f"clients {len(st['clients'])}", f"errors {st['errors']}",
+             f"rejected {st['rejected_full']}"]
+    if n:
+        lat = srv.latency_records()[-n:]
+        for j, stage in enumerate(("feature", "cache", "infer", "total")):
+            col = lat[:, j] if stage != "infer" else lat[lat[:, 2] > 0, 2]
+            if len(col):
+                p50, p99 = np.percentile(col, [50, 99])
+                parts.append(f"{stage} p50/p99 {p50:.0f}/{p99:.0f} ns")
+    return "  ".join(parts), st
+
+
+def run_foreground(name: str, model=None, config=None, stats: bool = False, out=None) -> int:
+    """`fastpath serve`: serve until SIGINT or SIGTERM, then drain, remove the segment and
+    return 0; with stats, a line a second: throughput, queue depth, per-stage p50/p99."""
+    import signal
+    import sys
+    import time
+    out = out or sys.stdout
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        srv = Server(name, model, config)
+        try:
+            print(f"serving {name!r} at {srv.path} (pid {__import__('os').getpid()}); "
+                  f"SIGINT or SIGTERM stops it", file=out, flush=True)
+            for line in (srv.placement or {}).get("lines", []) or [srv.placement.get("why", "")]:
+                print(f"placement: {line}", file=out, flush=True)
+            prev, t_prev = {}, time.monotonic()
+            while not stop.wait(1.0 if stats else 0.2):
+                if not srv.running:
+                    print("fastpath serve: the worker loop ended", file=sys.stderr)
+                    return 1
+                if stats:
+                    now = time.monotonic()
+                    line, prev = _stats_line(srv, prev, now - t_prev)
+                    t_prev = now
+                    print(line, file=out, flush=True)
+        finally:
+            srv.stop()
+        st = srv.final_stats
+        print(f"stopped {name!r}" + (f": {st['served']} served, {st['errors']} errors" if st
+                                     else ""), file=out, flush=True)
+        return 0
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
