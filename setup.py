@@ -48,6 +48,7 @@ def extension(name: str, pyx: str) -> Extension:
 
 # _engine: Engine, Result, step (the hot path); _kernels: kernel shims for tests and bench
 exts = [extension("fastpath._engine", "fastpath/_engine.pyx"),
-        extension("fastpath._kernels", "fastpath/_kernels.pyx")]
+        extension("fastpath._kernels", "fastpath/_kernels.pyx"),
+        extension("fastpath._serve", "fastpath/_serve.pyx")]
 
 setup(ext_modules=cythonize(exts, compiler_directives=directives))

@@ -37,6 +37,19 @@ _PLACEMENT_KEYS = {
     "priority": (int, 0, 99, None),
     "allow_priority_above_80": (bool, None, None, None),
 }
+_SERVE_KEYS = {
+    "ring_slots": (int, 2, 1 << 16, None),
+    "max_clients": (int, 1, 64, None),
+    "on_full": (str, None, None, ("spin", "reject")),
+    "idle": (str, None, None, ("spin", "yield", "sleep")),
+    "idle_spin_ns": (int, 0, 10_000_000_000, None),
+    "idle_sleep_ns": (int, 1_000, 10_000_000, None),
+    "mode": (int, 0o400, 0o777, None),
+    "heartbeat_ms": (int, 1, 1000, None),
+    "dead_after_ms": (int, 2, 60_000, None),
+    "drain_timeout_ms": (int, 0, 60_000, None),
+    "place": (bool, None, None, None),
+}
 _MEMORY_KEYS = {
     "huge_pages": (str, None, None, ("auto", "1g", "2m", "thp", "none")),
     "mlock": (bool, None, None, None),
@@ -93,6 +106,36 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True)
+class ServeConfig:
+    """The serving loop (fastpath.serve, `fastpath serve`): rings, backpressure, idling,
+    liveness and who may open the segment."""
+    ring_slots: int = 1024           # requests in flight per client; a power of two
+    max_clients: int = 8
+    on_full: str = "spin"            # a full request ring: "spin" waits, "reject" raises RingFull
+    idle: str = "spin"               # after idle_spin_ns with no request: "spin" | "yield" | "sleep"
+    idle_spin_ns: int = 100_000
+    idle_sleep_ns: int = 50_000
+    mode: int = 0o600                # segment file permissions
+    heartbeat_ms: int = 1
+    dead_after_ms: int = 50          # a heartbeat older than this makes clients check the pid
+    drain_timeout_ms: int = 1000     # how long a stop waits for clients to take their answers
+    place: bool = True               # place the worker thread with [placement]
+
+    def __post_init__(self) -> None:
+        for k, (typ, lo, hi, ch) in _SERVE_KEYS.items():
+            _check(f"serve.{k}", getattr(self, k), typ, lo, hi, ch)
+        if self.ring_slots & (self.ring_slots - 1):
+            raise ConfigError(f"serve.ring_slots must be a power of two, got {self.ring_slots}")
+        if self.mode & 0o600 != 0o600:
+            raise ConfigError(f"serve.mode must give the serving user read and write (0o600 "
+                              f"bits), got {oct(self.mode)}")
+        if self.dead_after_ms <= self.heartbeat_ms:
+            raise ConfigError(f"serve.dead_after_ms ({self.dead_after_ms}) must exceed "
+                              f"serve.heartbeat_ms ({self.heartbeat_ms}): clients would call a "
+                              f"healthy worker dead between two beats")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     n_symbols: int = 4096
     simd: str = "auto"
@@ -101,6 +144,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     source: str = "<defaults>"
 
     def __post_init__(self) -> None:
@@ -119,7 +163,7 @@ class EngineConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(f"config must be a mapping of sections, got {type(d).__name__}")
         sections = {"engine": _ENGINE_KEYS, "cache": _CACHE_KEYS, "placement": _PLACEMENT_KEYS,
-                    "memory": _MEMORY_KEYS}
+                    "memory": _MEMORY_KEYS, "serve": _SERVE_KEYS}
         for sec, body in d.items():
             if sec not in sections:
                 raise ConfigError(f"unknown config section [{sec}]; allowed: {sorted(sections)}")
@@ -132,7 +176,8 @@ class EngineConfig:
         # values are checked once, by each section's dataclass
         return cls(**dict(d.get("engine", {})), cache=CacheConfig(**d.get("cache", {})),
                    placement=PlacementConfig(**d.get("placement", {})),
-                   memory=MemoryConfig(**d.get("memory", {})), source=source)
+                   memory=MemoryConfig(**d.get("memory", {})),
+                   serve=ServeConfig(**d.get("serve", {})), source=source)
 
 
 def load_config(cfg: Any = None) -> EngineConfig:

@@ -14,6 +14,8 @@ from fastpath._build import BatchResult
 from fastpath.errors import (BackendError, ConfigError, EngineBusyError, FastpathError,
                              InputError, ModelError)
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+from fastpath.errors import RingFull, ServeError, ServerGone
+from fastpath.serving import Server, connect, serve
 
 __version__ = "0.1.0"
 
@@ -21,7 +23,14 @@ __all__ = [
     "Engine", "Result", "Latency", "BatchResult", "step", "simd", "configure", "clock_info",
     "cpu_features", "Model", "Layer", "FeatureSpec", "CachePolicy", "FastpathError", "InputError",
     "ModelError", "ConfigError", "BackendError", "EngineBusyError", "__version__",
+    "serve", "connect", "Server", "get_include", "ServeError", "ServerGone", "RingFull",
 ]
+
+
+def get_include() -> str:
+    """The directory holding fp_ring.h, for C/C++ clients of a server: cc -I$(python -c
+    'import fastpath; print(fastpath.get_include())')."""
+    return _os.path.join(_os.path.dirname(__file__), "include")
 
 
 def simd() -> str:

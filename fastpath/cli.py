@@ -1,4 +1,4 @@
-"""The `fastpath` command: info, doctor, calibrate, example-config, bench."""
+"""The `fastpath` command: info, doctor, calibrate, example-config, bench, serve."""
 from __future__ import annotations
 
 import argparse
@@ -145,6 +145,11 @@ def cmd_example_config(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from fastpath.serving.server import run_foreground
+    return run_foreground(args.name, args.model, args.config, stats=args.stats)
+
+
 def cmd_bench(argv) -> int:
     from fastpath.bench.run import main
     return main(argv)
@@ -185,11 +190,18 @@ def main(argv=None) -> int:
                         "bundle's cache is off)")
     c.add_argument("--ts", help=".npy of each tick's int64 ns timestamp, for the cache age guard "
                    "in the fit (default: ticks 1 ms apart)")
+    s = sub.add_parser("serve", help="serve one pinned engine to other processes over shared "
+                       "memory (fastpath.connect), in the foreground until SIGINT/SIGTERM")
+    s.add_argument("--name", required=True, help="the name clients connect to")
+    s.add_argument("--config", help="TOML config ([serve], [placement], [engine], ...)")
+    s.add_argument("--model", help="model (.fpm or .onnx; default: the demo model)")
+    s.add_argument("--stats", action="store_true", help="print throughput, queue depth and "
+                   "per-stage latency percentiles every second")
     args = ap.parse_args(argv)
     from fastpath.errors import FastpathError
     try:
         return {"info": cmd_info, "calibrate": cmd_calibrate, "doctor": cmd_doctor,
-                "example-config": cmd_example_config}[args.cmd](args)
+                "example-config": cmd_example_config, "serve": cmd_serve}[args.cmd](args)
     except FastpathError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
         return 2

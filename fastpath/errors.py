@@ -23,3 +23,17 @@ class BackendError(FastpathError, RuntimeError):
 
 class EngineBusyError(FastpathError, RuntimeError):
     """The engine is being stepped by another thread (engines are single-writer)."""
+
+
+class ServeError(FastpathError, RuntimeError):
+    """A serving segment cannot be created or reached (a name nobody serves, one already
+    served, every client slot taken)."""
+
+
+class ServerGone(ServeError):
+    """The server stopped, died (even kill -9: found by its heartbeat) or stopped beating; the
+    request in flight has no answer."""
+
+
+class RingFull(ServeError):
+    """The request ring is full and [serve] on_full = "reject": the tick was not sent."""

@@ -1,0 +1,224 @@
+"""fastpath serving bench: client -> worker -> client round trip through the shared-memory
+rings, from Python and from a C client, beside an in-process Engine.step; and a soak.
+
+    python bench/serve.py               # round trips + 10,000,000-request soak from 2 clients
+    python bench/serve.py --quick       # smaller (seconds)
+    python bench/serve.py --soak 1000000
+
+Method (printed with the results):
+- The worker runs fastpath.serve() in a thread of this process (GIL released), pinned by the
+  control plane to the last allowed core ([placement] core); the client (this thread, or the C
+  client process) is pinned to another one. With fewer than 2 allowed cores both share one and
+  the figures say so.
+- "from Python" = time.perf_counter_ns() around one client.step() (submit, spin for the
+  reply), minus the median cost of an empty timed region; "in-process step" = the same around
+  Engine.step() on the same ticks, same model, same config. "from C" = clock_gettime
+  (CLOCK_MONOTONIC) around one submit + spin in tests/c/client.c built with cc -O2 against
+  fastpath.get_include().
+- The soak: 2 client processes, each owning its symbols, pipeline submit()/poll(); every reply
+  must come back once, in order, and equal what a local Engine gives for the same ticks
+  (checked chunk by chunk with Engine.step_batch). Ticks cycle through a pool of 4096 raw rows.
+Writes bench/results/serve-latest.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+POOL = 4096
+
+
+def pct(x) -> dict:
+    x = np.asarray(x, dtype=np.float64)
+    q = np.percentile(x, [50, 90, 99, 99.9])
+    return {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]), "p999": float(q[3]),
+            "max": float(x.max()), "n": int(len(x))}
+
+
+def pool(raw_len: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((16, raw_len)).astype(np.float32)
+    return np.ascontiguousarray(base[rng.integers(0, 16, POOL)]
+                                + 0.01 * rng.standard_normal((POOL, raw_len)).astype(np.float32))
+
+
+def timer_overhead() -> float:
+    t = time.perf_counter_ns
+    d = [0] * 20000
+    for i in range(20000):
+        a = t()
+        d[i] = t() - a
+    return float(np.median(d))
+
+
+def timed_calls(fn, raws, n, overhead):
+    t = time.perf_counter_ns
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        raw = raws[i % POOL]
+        a = t()
+        fn(raw)
+        out[i] = t() - a
+    return np.maximum(out - overhead, 0)
+
+
+SOAK_CLIENT = textwrap.dedent("""
+    import sys, numpy as np, fastpath
+    name, pool_path, sym0, n, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    raws = np.load(pool_path); P = len(raws)
+    c = fastpath.connect(name, timeout=10)
+    seqs_ok = True; expect = 1
+    sig = np.empty(n, np.float32); conf = np.empty(n, np.float32)
+    k = 0
+    for i in range(n):
+        c.submit(raws[i % P], sym0 + i % 4, 1000 * (i + 1))
+        if i % 128 == 127 or i == n - 1:
+            for s, r in c.poll():
+                if s != expect: seqs_ok = False
+                expect += 1; sig[k] = r.signal; conf[k] = r.confidence; k += 1
+    while k < n:
+        for s, r in c.poll():
+            if s != expect: seqs_ok = False
+            expect += 1; sig[k] = r.signal; conf[k] = r.confidence; k += 1
+    c.close()
+    np.savez(out, sig=sig, conf=conf, seqs_ok=seqs_ok, received=k)
+""")
+
+
+def soak(name, model_cfg, raws, n_total, tmp):
+    import fastpath
+    from fastpath._build import DEMO_MODEL
+    n = n_total // 2
+    pool_path = os.path.join(tmp, "pool.npy")
+    np.save(pool_path, raws)
+    script = os.path.join(tmp, "soak_client.py")
+    with open(script, "w") as f:
+        f.write(SOAK_CLIENT)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    t0 = time.perf_counter()
+    # symbols 8.. : 0 was stepped on the engine clock by the round-trip rows
+    procs = [subprocess.Popen([sys.executable, script, name, pool_path, str(8 + 4 * k), str(n),
+                               os.path.join(tmp, f"soak{k}.npz")], env=env) for k in range(2)]
+    rcs = [p.wait() for p in procs]
+    wall = time.perf_counter() - t0
+    res = {"requests": 2 * n, "clients": 2, "wall_s": wall, "req_per_s": 2 * n / wall,
+           "exit_codes": rcs}
+    ok_order, equal, received = True, True, 0
+    for k in range(2):
+        out = np.load(os.path.join(tmp, f"soak{k}.npz"))
+        ok_order &= bool(out["seqs_ok"])
+        received += int(out["received"])
+        eng = fastpath.Engine(DEMO_MODEL, config=model_cfg)
+        for a in range(0, n, 65536):
+            b = min(n, a + 65536)
+            idx = np.arange(a, b)
+            ref = eng.step_batch(raws[idx % POOL], 8 + 4 * k + idx % 4, 1000 * (idx + 1))
+            equal &= bool(np.array_equal(out["sig"][a:b], ref.signal)
+                          and np.array_equal(out["conf"][a:b], ref.confidence))
+    res.update({"received": received, "lost": 2 * n - received, "in_order_no_duplicates": ok_order,
+                "equal_to_local_engine": equal})
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer calls and a 200,000-request soak")
+    ap.add_argument("--calls", type=int, help="timed round trips per row")
+    ap.add_argument("--soak", type=int, help="soak requests over 2 clients (default 10,000,000)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "serve-latest.json"))
+    args = ap.parse_args(argv)
+    calls = args.calls or (20_000 if args.quick else 200_000)
+    n_soak = args.soak if args.soak is not None else (200_000 if args.quick else 10_000_000)
+
+    import fastpath
+    from fastpath._build import DEMO_MODEL
+    cores = sorted(os.sched_getaffinity(0))
+    worker_core, client_core = cores[-1], cores[0]
+    shared = worker_core == client_core
+    cfg = {"placement": {"core": worker_core, "policy": "other", "priority": 0},
+           "serve": {"idle": "spin", "place": True}}
+    local_cfg = {"placement": {"core": worker_core, "policy": "other", "priority": 0}}
+    name = f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    eng = fastpath.Engine(DEMO_MODEL, config=local_cfg)
+    raws = pool(eng.raw_len)
+    overhead = timer_overhead()
+    out = {"host": {"cpu": platform.processor() or platform.machine(), "cores_allowed": cores,
+                    "worker_core": worker_core, "client_core": client_core,
+                    "shared_core": shared, "simd": eng.simd},
+           "timer_overhead_ns": overhead, "calls": calls}
+    print(f"worker on core {worker_core}, client on core {client_core}"
+          + (" (one core: both share it)" if shared else "") + f"; {calls} calls per row")
+
+    # the worker thread is placed from this thread's affinity: pin this one after it started
+    with fastpath.serve(name, None, cfg) as srv:
+        os.sched_setaffinity(0, {client_core})
+        out["placement"] = srv.placement.get("lines", srv.placement)
+        # in-process Engine.step on the client's core: the baseline the rings add to
+        timed_calls(lambda r: eng.step(r, 0), raws, min(calls, 5000), overhead)
+        out["in_process_step_ns"] = pct(timed_calls(lambda r: eng.step(r, 0), raws, calls,
+                                                    overhead))
+        with fastpath.connect(name) as c:
+            timed_calls(lambda r: c.step(r, 0), raws, min(calls, 5000), overhead)
+            out["round_trip_python_ns"] = pct(timed_calls(lambda r: c.step(r, 0), raws, calls,
+                                                          overhead))
+            lat = srv.latency_records()[-calls:]
+            out["worker_in_c_total_ns"] = pct(lat[:, 3])
+        cc = shutil.which("cc")
+        with tempfile.TemporaryDirectory() as tmp:
+            if cc:
+                exe = os.path.join(tmp, "client")
+                subprocess.run([cc, "-O2", f"-I{fastpath.get_include()}",
+                                os.path.join(REPO, "tests", "c", "client.c"), "-o", exe], check=True)
+                raws.tofile(os.path.join(tmp, "in.f32"))
+                dts = []
+                for rep in range(max(1, calls // POOL)):
+                    subprocess.run([exe, name, "bench", os.path.join(tmp, "in.f32"), str(POOL),
+                                    os.path.join(tmp, "rt.i64")], check=True,
+                                   preexec_fn=lambda: os.sched_setaffinity(0, {client_core}))
+                    dts.append(np.fromfile(os.path.join(tmp, "rt.i64"), np.int64))
+                out["round_trip_c_ns"] = pct(np.concatenate(dts)[POOL // 4:])
+            else:
+                out["round_trip_c_ns"] = None
+                print("no cc on PATH: the C client row is skipped")
+            if n_soak:
+                os.sched_setaffinity(0, set(cores))
+                out["soak"] = soak(name, cfg, raws, n_soak, tmp)
+        out["server_stats"] = srv.stats()
+
+    rows = [("in-process Engine.step()", out["in_process_step_ns"]),
+            ("round trip from Python", out["round_trip_python_ns"]),
+            ("round trip from C", out["round_trip_c_ns"]),
+            ("  worker fp_step in C", out["worker_in_c_total_ns"])]
+    print(f"{'':28s} {'p50 ns':>9s} {'p90 ns':>9s} {'p99 ns':>9s} {'p99.9 ns':>9s}")
+    for label, r in rows:
+        if r:
+            print(f"{label:28s} {r['p50']:9.0f} {r['p90']:9.0f} {r['p99']:9.0f} {r['p999']:9.0f}")
+    if n_soak:
+        s = out["soak"]
+        print(f"soak: {s['requests']} requests from 2 clients in {s['wall_s']:.1f} s "
+              f"({s['req_per_s']:.0f}/s): lost {s['lost']}, in order and no duplicates "
+              f"{s['in_order_no_duplicates']}, equal to a local Engine {s['equal_to_local_engine']}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    print(f"wrote {args.out}")
+    ok = not n_soak or (out["soak"]["lost"] == 0 and out["soak"]["in_order_no_duplicates"]
+                        and out["soak"]["equal_to_local_engine"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+/* fp_worker.c: the serving loop over the rings of fp_ring.h (see fp_worker.h). */
+#include "fp_worker.h"
+
+#include <sched.h>
+
+_Static_assert((int)FP_REP_ERR_SYMBOL == (int)FP_ERR_SYMBOL, "reply codes mirror the engine's");
+_Static_assert((int)FP_REP_ERR_NONFINITE_INPUT == (int)FP_ERR_NONFINITE_INPUT, "reply codes");
+_Static_assert((int)FP_REP_ERR_TIME_BACKWARDS == (int)FP_ERR_TIME_BACKWARDS, "reply codes");
+_Static_assert((int)FP_REP_ERR_NONFINITE_OUTPUT == (int)FP_ERR_NONFINITE_OUTPUT, "reply codes");
+_Static_assert((int)FP_REP_ERR_NONFINITE_FEATURE == (int)FP_ERR_NONFINITE_FEATURE, "reply codes");
+_Static_assert(sizeof(fp_rep) == 64, "a reply is one cache line");
+_Static_assert(sizeof(fp_seg_header) <= FP_SEG_HEADER_BYTES, "header fits its reserved bytes");
+
+uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients) {
+    return FP_SEG_HEADER_BYTES + (uint64_t)max_clients * fp_ring_client_region_bytes(raw_len, slots);
+}
+
+void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
+                 uint32_t max_clients, int32_t server_pid, uint32_t on_full,
+                 uint32_t heartbeat_ms, uint32_t dead_after_ms) {
+    h->version = FP_SEG_VERSION;
+    h->header_bytes = FP_SEG_HEADER_BYTES;
+    h->raw_len = raw_len;
+    h->n_symbols = n_symbols;
+    h->slots = slots;
+    h->max_clients = max_clients;
+    h->req_slot_bytes = fp_ring_req_slot_bytes(raw_len);
+    h->rep_slot_bytes = sizeof(fp_rep);
+    h->client_region_bytes = fp_ring_client_region_bytes(raw_len, slots);
+    h->total_bytes = fp_seg_bytes(raw_len, slots, max_clients);
+    h->server_pid = server_pid;
+    h->on_full = on_full;
+    h->heartbeat_ms = heartbeat_ms;
+    h->dead_after_ms = dead_after_ms;
+    FP_STORE_REL(&h->heartbeat_ns, (uint64_t)fp_ring_now_ns());
+    FP_STORE_REL(&h->state, FP_SRV_STARTING);
+    /* magic last: a client attaching mid-init sees no segment rather than half a header */
+    FP_STORE_REL(&h->magic, FP_SEG_MAGIC);
+}
+
+static void free_slot(fp_seg_header *h, int i) {
+    fp_ring_ctl *ctl = fp_seg_ctl(h, i);
+    /* the owner is gone: what it left in its rings is dropped with it */
+    FP_STORE_REL(&ctl->req_head.v, 0);
+    FP_STORE_REL(&ctl->req_tail.v, 0);
+    FP_STORE_REL(&ctl->rep_head.v, 0);
+    FP_STORE_REL(&ctl->rep_tail.v, 0);
+    h->clients[i].pid = 0;
+    __atomic_add_fetch(&h->clients[i].generation, 1, __ATOMIC_RELEASE);
+    FP_STORE_REL(&h->clients[i].state, FP_CL_FREE);
+}
+
+int fp_worker_reap(fp_seg_header *h) {
+    int n = 0;
+    for (uint32_t i = 0; i < h->max_clients; i++) {
+        uint32_t st = FP_LOAD_ACQ(&h->clients[i].state);
+        if (st == FP_CL_CLOSING ||
+            ((st == FP_CL_ACTIVE || st == FP_CL_CLAIMED) && h->clients[i].pid > 0 &&
+             fp_ring_pid_dead(h->clients[i].pid))) {
+            free_slot(h, (int)i);
+            n++;
+        }
+    }
+    if (n)
+        __atomic_add_fetch(&h->clients_reaped, (uint64_t)n, __ATOMIC_RELAXED);
+    return n;
+}
+
+/* Serve what client i has published, at most `budget` requests (so one busy client cannot
+ * starve the others); returns how many were served. Stops early when the client's reply
+ * ring is full: it has not taken its replies, and its requests wait in its own ring. */
+static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget) {
+    fp_ring_ctl *ctl = fp_seg_ctl(h, i);
+    uint64_t head = FP_LOAD_ACQ(&ctl->req_head.v);
+    uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
+    if (head == tail)
+        return 0;
+    uint64_t rep_head = FP_LOAD_RLX(&ctl->rep_head.v);
+    uint64_t rep_tail = FP_LOAD_ACQ(&ctl->rep_tail.v);
+    int n = 0;
+    uint64_t errors = 0;
+    int64_t busy = 0;
+    while (tail != head && n < budget) {
+        if (rep_head - rep_tail >= h->slots) {
+            rep_tail = FP_LOAD_ACQ(&ctl->rep_tail.v);
+            if (rep_head - rep_tail >= h->slots)
+                break;
+        }
+        const fp_req *q = fp_seg_req(h, ctl, tail);
+        fp_rep *r = fp_seg_rep(h, ctl, rep_head);
+        int64_t t0 = fp_ring_now_ns();
+        fp_result res;
+        int rc;
+        /* the client validated these; the worker still refuses what would corrupt it */
+        if (q->symbol < 0 || (uint32_t)q->symbol >= h->n_symbols)
+            rc = FP_ERR_SYMBOL;
+        else if (q->ts_ns < -1)
+            rc = FP_REP_ERR_BAD_REQUEST;
+        else
+            rc = fp_step(e, q->raw, q->symbol, q->ts_ns, &res);
+        r->seq = q->seq;
+        r->err = rc;
+        r->wait_ns = t0 - q->sent_ns > 0 ? t0 - q->sent_ns : 0;
+        if (rc == FP_OK) {
+            r->signal = res.signal;
+            r->confidence = res.confidence;
+            r->cached = (uint8_t)res.cached;
+            r->reason = (uint8_t)res.reason;
+            r->feature_ns = res.feature_ns;
+            r->cache_ns = res.cache_ns;
+            r->infer_ns = res.infer_ns;
+            r->total_ns = res.total_ns;
+            busy += res.total_ns;
+        } else {
+            r->signal = r->confidence = 0.0f;
+            r->cached = r->reason = 0;
+            r->feature_ns = r->cache_ns = r->infer_ns = r->total_ns = 0;
+            errors++;
+        }
+        tail++;
+        rep_head++;
+        n++;
+        /* publish each reply at once: the client is spinning on it */
+        FP_STORE_REL(&ctl->req_tail.v, tail);
+        FP_STORE_REL(&ctl->rep_head.v, rep_head);
+    }
+    if (n) {
+        h->clients[i].served += (uint64_t)n;
+        __atomic_add_fetch(&h->served, (uint64_t)n, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&h->busy_ns, (uint64_t)busy, __ATOMIC_RELAXED);
+        if (errors)
+            __atomic_add_fetch(&h->errors, errors, __ATOMIC_RELAXED);
+    }
+    return n;
+}
+
+static int serve_all(fp_seg_header *h, fp_engine *e, int budget) {
+    int n = 0;
+    for (uint32_t i = 0; i < h->max_clients; i++)
+        if (FP_LOAD_ACQ(&h->clients[i].state) == FP_CL_ACTIVE)
+            n += serve_client(h, e, (int)i, budget);
+    return n;
+}
+
+static void idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now) {
+    if (o->idle == FP_IDLE_SPIN || now - idle_since < o->idle_spin_ns) {
+        FP_RING_PAUSE();
+        return;
+    }
+    if (o->idle == FP_IDLE_YIELD) {
+        sched_yield();
+    } else {
+        struct timespec ts = {0, (long)o->idle_sleep_ns};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
+    const int64_t beat_ns = (int64_t)h->heartbeat_ms * 1000000LL;
+    int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
+    int idle = 0;
+    uint64_t idle_polls = 0, loops = 0;
+    FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
+    FP_STORE_REL(&h->state, FP_SRV_RUNNING);
+    for (;;) {
+        int n = serve_all(h, e, 64);
+        loops++;
+        /* the clock is read when idle and every 64 busy rounds, not per request */
+        if (n == 0 || (loops & 63) == 0)
+            now = fp_ring_now_ns();
+        if (n) {
+            idle = 0;
+        } else {
+            idle_polls++;
+            if (!idle) {
+                idle = 1;
+                idle_since = now;
+            }
+        }
+        if (now - last_beat >= beat_ns) {
+            last_beat = now;
+            FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
+            __atomic_store_n(&h->idle_polls, idle_polls, __ATOMIC_RELAXED);
+            __atomic_store_n(&h->loops, loops, __ATOMIC_RELAXED);
+            fp_worker_reap(h);
+            if (FP_LOAD_ACQ(&h->stop))
+                break;
+        }
+        if (n == 0)
+            idle_wait(o, idle_since, now);
+    }
+    /* stop: refuse new submissions, then answer what was accepted. A client that stops taking
+     * its replies holds its own requests back; drain_timeout_ns bounds the wait for it. */
+    FP_STORE_REL(&h->state, FP_SRV_STOPPING);
+    int64_t until = fp_ring_now_ns() + o->drain_timeout_ns;
+    for (;;) {
+        int n = serve_all(h, e, 1 << 30);
+        now = fp_ring_now_ns();
+        if (now - last_beat >= beat_ns) {
+            last_beat = now;
+            FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
+            fp_worker_reap(h);
+        }
+        int pending = 0;
+        for (uint32_t i = 0; i < h->max_clients; i++) {
+            if (FP_LOAD_ACQ(&h->clients[i].state) != FP_CL_ACTIVE)
+                continue;
+            fp_ring_ctl *ctl = fp_seg_ctl(h, (int)i);
+            if (FP_LOAD_ACQ(&ctl->req_head.v) != FP_LOAD_RLX(&ctl->req_tail.v))
+                pending = 1;
+        }
+        if (!pending || now > until)
+            break;
+        if (n == 0)
+            FP_RING_PAUSE();
+    }
+    __atomic_store_n(&h->idle_polls, idle_polls, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->loops, loops, __ATOMIC_RELAXED);
+    FP_STORE_REL(&h->heartbeat_ns, (uint64_t)fp_ring_now_ns());
+    FP_STORE_REL(&h->state, FP_SRV_STOPPED);
+}

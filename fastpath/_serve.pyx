@@ -1,0 +1,791 @@
+# cython: language_level=3
+"""The serving loop's bindings: the worker (segment owner + its own fp_engine + the C loop run
+without the GIL) and the client (validation, submit, spin for the reply) over fp_ring.h.
+
+Design: everything per request is C: the client validates exactly as Engine.step does (type,
+dtype, shape, contiguity, symbol range, ts_ns, finiteness) before a byte reaches the ring,
+then one inline call publishes it; the worker never holds the GIL. The worker builds its own
+fp_engine from the Model with the same parameter preparation as Engine (fastpath._engine keeps
+its pointer private), so a served tick and a local Engine.step give the same answer.
+"""
+cimport cython
+cimport numpy as cnp
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memset
+
+from fastpath._csrc cimport *
+
+import json
+import operator
+import os
+
+import numpy as np
+
+from fastpath.errors import FastpathError, InputError, ServerGone, RingFull, ServeError
+
+cnp.import_array()
+fp_clock_init()
+
+cdef extern from "Python.h":
+    Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object o)
+from cpython.exc cimport PyErr_Clear, PyErr_CheckSignals
+
+cdef extern from "fp_ring.h" nogil:
+    enum:
+        FP_SEG_HEADER_BYTES
+        FP_SEG_MAX_CLIENTS
+        FP_SEG_PLACEMENT_BYTES
+        FP_SRV_STARTING
+        FP_SRV_RUNNING
+        FP_SRV_STOPPING
+        FP_SRV_STOPPED
+        FP_CL_FREE
+        FP_CL_ACTIVE
+        FP_REP_OK
+        FP_REP_ERR_BAD_REQUEST
+        FP_RING_OK
+        FP_RING_FULL
+        FP_RING_ERR_NOENT
+        FP_RING_ERR_OPEN
+        FP_RING_ERR_MAGIC
+        FP_RING_ERR_NOSLOT
+        FP_RING_ERR_GONE
+        FP_ON_FULL_SPIN
+        FP_ON_FULL_REJECT
+        FP_SRV_ALIVE
+        FP_SRV_GONE_STOPPED
+        FP_SRV_GONE_DEAD
+        FP_SRV_GONE_STALLED
+    ctypedef struct fp_rep:
+        uint64_t seq
+        float signal, confidence
+        int32_t err
+        uint8_t cached, reason
+        int64_t feature_ns, cache_ns, infer_ns, total_ns, wait_ns
+    ctypedef struct fp_client_entry:
+        uint32_t state
+        int32_t pid
+        uint64_t generation, served, rejected_full
+    ctypedef struct fp_seg_header:
+        uint64_t magic
+        uint32_t version, header_bytes, raw_len, n_symbols, slots, max_clients
+        uint32_t req_slot_bytes, rep_slot_bytes
+        uint64_t client_region_bytes, total_bytes
+        int32_t server_pid
+        uint32_t on_full, heartbeat_ms, dead_after_ms
+        uint64_t heartbeat_ns
+        uint32_t state, stop
+        uint64_t served, errors, idle_polls, clients_reaped, loops, busy_ns, rejected_full
+        uint32_t placement_len
+        char placement[1]
+        fp_client_entry clients[1]
+    ctypedef struct fp_seg:
+        fp_seg_header *h
+        size_t size
+    ctypedef struct fp_ring_ctl:
+        pass
+    ctypedef struct fp_client:
+        fp_seg_header *h
+        int idx
+        uint64_t req_head, rep_tail, next_seq
+    int64_t fp_ring_now_ns()
+    int fp_seg_path(const char *name, char *out, size_t n)
+    int fp_seg_attach(const char *name, fp_seg *s)
+    void fp_seg_detach(fp_seg *s)
+    int fp_ring_pid_dead(int32_t pid)
+    int fp_seg_server_check(const fp_seg_header *h, int64_t now, int64_t stall_ns)
+    fp_ring_ctl *fp_seg_ctl(const fp_seg_header *h, int idx)
+    int fp_client_open(fp_seg *s, fp_client *c)
+    int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol, int64_t ts_ns,
+                             uint64_t *seq)
+    int fp_client_poll(fp_client *c, fp_rep *out)
+    uint64_t fp_client_outstanding(const fp_client *c)
+    void fp_client_close(fp_client *c)
+    void FP_RING_PAUSE()
+
+cdef extern from "fp_worker.h" nogil:
+    enum:
+        FP_IDLE_SPIN
+        FP_IDLE_YIELD
+        FP_IDLE_SLEEP
+    ctypedef struct fp_worker_opts:
+        int idle
+        int64_t idle_spin_ns, idle_sleep_ns, drain_timeout_ns
+    uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients)
+    void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
+                     uint32_t max_clients, int32_t server_pid, uint32_t on_full,
+                     uint32_t heartbeat_ms, uint32_t dead_after_ms)
+    void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o)
+    int fp_worker_reap(fp_seg_header *h)
+
+cdef extern from "<sys/mman.h>" nogil:
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void *addr, size_t length)
+    int PROT_READ, PROT_WRITE, MAP_SHARED
+    void *MAP_FAILED
+
+cdef extern from *:
+    """
+    static inline void fp_atomic_store_u32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline uint32_t fp_atomic_load_u32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline uint64_t fp_atomic_load_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void fp_atomic_add_u64(uint64_t *p, uint64_t v) { __atomic_add_fetch(p, v, __ATOMIC_RELAXED); }
+    /* the worker writes latency records while a monitor copies them: word by word, relaxed */
+    static inline void fp_copy_lat(const uint32_t *src, uint32_t *dst, size_t n) {
+        for (size_t i = 0; i < n; i++) dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+    }
+    /* index of the first NaN/Inf (exponent bits all ones), or -1: no libm call, no FP compare */
+    static inline int fp_first_nonfinite(const float *x, int n) {
+        const uint32_t *u = (const uint32_t *)x;
+        uint32_t acc = 0;
+        for (int i = 0; i < n; i++)
+            acc |= ((u[i] & 0x7f800000u) == 0x7f800000u);
+        if (!acc) return -1;
+        for (int i = 0; i < n; i++)
+            if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
+        return -1;
+    }
+    """
+    void fp_atomic_store_u32(uint32_t *p, uint32_t v) nogil
+    uint32_t fp_atomic_load_u32(const uint32_t *p) nogil
+    uint64_t fp_atomic_load_u64(const uint64_t *p) nogil
+    void fp_atomic_add_u64(uint64_t *p, uint64_t v) nogil
+    void fp_copy_lat(const uint32_t *src, uint32_t *dst, size_t n) nogil
+    int fp_first_nonfinite(const float *x, int n) nogil
+
+_REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
+_ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
+_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
+_IDLE = {"spin": FP_IDLE_SPIN, "yield": FP_IDLE_YIELD, "sleep": FP_IDLE_SLEEP}
+# a live server pid whose loop has not beaten for this long is reported gone (SIGSTOP, debugger)
+STALL_NS = 2_000_000_000
+
+
+def segment_path(name):
+    """The file under /dev/shm that holds the segment for `name`."""
+    cdef char buf[512]
+    b = _name_bytes(name)
+    fp_seg_path(b, buf, sizeof(buf))
+    return buf.decode()
+
+
+def _name_bytes(name):
+    if not isinstance(name, str) or not name or "/" in name or len(name.encode()) > 200 \
+            or "\0" in name:
+        raise InputError(f"server name must be a non-empty str of at most 200 bytes without '/', "
+                         f"got {name!r}")
+    return name.encode()
+
+
+# --------------------------------------------------------------------------- results
+@cython.final
+@cython.freelist(32)
+cdef class ServeLatency:
+    """Nanoseconds per stage of one served tick, as fastpath.Latency (h2d/d2h are 0 on the CPU),
+    plus wait_ns: from submit to the worker picking the request up."""
+    cdef readonly long long feature_ns, cache_ns, infer_ns, h2d_ns, d2h_ns, total_ns, wait_ns
+
+    def __repr__(self):
+        return (f"Latency(feature_ns={self.feature_ns}, cache_ns={self.cache_ns}, "
+                f"infer_ns={self.infer_ns}, h2d_ns={self.h2d_ns}, d2h_ns={self.d2h_ns}, "
+                f"total_ns={self.total_ns}, wait_ns={self.wait_ns})")
+
+
+@cython.final
+@cython.freelist(64)
+cdef class ServeResult:
+    """A served tick's answer with the attributes of fastpath.Result (signal, confidence, cached,
+    miss_reason, latency) plus seq and wait_ns."""
+    cdef readonly double signal, confidence
+    cdef readonly bint cached
+    cdef readonly unsigned long long seq
+    cdef readonly long long wait_ns
+    cdef int _reason
+    cdef long long _f, _c, _i, _t
+
+    @property
+    def miss_reason(self):
+        """'hit', or why the cache missed: cold, age, run, cosine, norm, disabled."""
+        return _REASONS[self._reason] if 0 <= self._reason < len(_REASONS) else "?"
+
+    @property
+    def latency(self):
+        cdef ServeLatency L = ServeLatency.__new__(ServeLatency)
+        L.feature_ns = self._f
+        L.cache_ns = self._c
+        L.infer_ns = self._i
+        L.total_ns = self._t
+        L.wait_ns = self.wait_ns
+        return L
+
+    def __repr__(self):
+        return (f"Result(signal={self.signal:.6f}, confidence={self.confidence:.6f}, "
+                f"cached={bool(self.cached)}, total_ns={self._t}, wait_ns={self.wait_ns})")
+
+
+cdef inline ServeResult _make(const fp_rep *r):
+    cdef ServeResult res = ServeResult.__new__(ServeResult)
+    res.seq = r.seq
+    res.signal = r.signal
+    res.confidence = r.confidence
+    res.cached = r.cached
+    res._reason = r.reason
+    res._f = r.feature_ns
+    res._c = r.cache_ns
+    res._i = r.infer_ns
+    res._t = r.total_ns
+    res.wait_ns = r.wait_ns
+    return res
+
+
+def _reply_error(int err, unsigned long long seq, long long symbol, long long ts):
+    """The InputError Engine.step raises for the same code (the worker's engine refused it)."""
+    if err == FP_ERR_SYMBOL:
+        return InputError(f"symbol {symbol} out of range for the server's engine (request {seq})")
+    if err == FP_ERR_NONFINITE_INPUT:
+        return InputError(f"raw contains non-finite values (request {seq}); ticks must be finite")
+    if err == FP_ERR_TIME_BACKWARDS:
+        when = f"ts_ns {ts}" if ts >= 0 else "the engine clock (no ts_ns given)"
+        return InputError(f"{when} is earlier than the last tick of symbol {symbol} (request "
+                          f"{seq}); timestamps must not go backwards per symbol (another client "
+                          f"stepping the same symbol counts too)")
+    if err == FP_ERR_NONFINITE_FEATURE:
+        return InputError(f"the raw tick is finite but its features overflowed to NaN/Inf "
+                          f"(request {seq}); the tick was not applied (engine state unchanged): "
+                          f"check the feed for a corrupt value")
+    if err == FP_ERR_NONFINITE_OUTPUT:
+        return InputError(f"the model produced NaN/Inf for this tick (request {seq}); the tick "
+                          f"was not applied (engine state unchanged)")
+    if err == FP_REP_ERR_BAD_REQUEST:
+        return InputError(f"the server refused request {seq}: ts_ns below -1")
+    return FastpathError(f"the server answered request {seq} with error code {err}")
+
+
+# --------------------------------------------------------------------------- worker side
+cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
+    """fp_engine_create with the parameters Engine._create prepares (same arrays, same policy,
+    same kernel set), so answers match a local Engine tick for tick. `keep` holds what must
+    outlive the engine (the control plane's memory region)."""
+    fs = model.feature_spec
+    pol = cfg.cache
+    layers = model.layers
+    cdef int L = len(layers), err = 0
+    cdef fp_engine_params p
+    cdef size_t wbytes = 0, sbytes = 0
+    cdef fp_engine *e = NULL
+    z_idx = np.ascontiguousarray(fs.z_idx, dtype=np.int32)
+    w_idx = np.ascontiguousarray(fs.w_idx, dtype=np.int32)
+    mean = np.ascontiguousarray(fs.mean, dtype=np.float32)
+    inv_std = np.ascontiguousarray(fs.inv_std, dtype=np.float32)
+    dims = np.ascontiguousarray([layers[0].weight.shape[1]] + [l.weight.shape[0] for l in layers],
+                                dtype=np.intc)
+    acts = np.ascontiguousarray([_ACTS[l.activation] for l in layers], dtype=np.intc)
+    ws = [np.ascontiguousarray(l.weight, dtype=np.float32) for l in layers]
+    bs = [np.ascontiguousarray(l.bias, dtype=np.float32) for l in layers]
+    cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+    cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+    cdef cnp.ndarray a
+    if wp == NULL or bp == NULL:
+        PyMem_Free(wp)
+        PyMem_Free(bp)
+        raise MemoryError()
+    try:
+        for i in range(L):
+            a = ws[i]
+            wp[i] = <const float *>cnp.PyArray_DATA(a)
+            a = bs[i]
+            bp[i] = <const float *>cnp.PyArray_DATA(a)
+        p.raw_len = fs.raw_len
+        p.n_z = len(z_idx)
+        p.n_w = len(w_idx)
+        p.window = fs.window
+        p.z_idx = <const int32_t *>cnp.PyArray_DATA(z_idx)
+        p.w_idx = <const int32_t *>cnp.PyArray_DATA(w_idx)
+        p.mean = <const float *>cnp.PyArray_DATA(mean)
+        p.inv_std = <const float *>cnp.PyArray_DATA(inv_std)
+        p.n_layers = L
+        p.dims = <const int *>cnp.PyArray_DATA(dims)
+        p.acts = <const int *>cnp.PyArray_DATA(acts)
+        p.weights = wp
+        p.biases = bp
+        p.arena_mem = NULL
+        p.state_mem = NULL
+        p.n_symbols = cfg.n_symbols
+        p.policy.enabled = 1 if pol.enabled else 0
+        p.policy.cos_threshold = pol.cos_threshold
+        p.policy.norm_tol = pol.norm_tol
+        p.policy.max_age_ns = pol.max_age_ns
+        p.policy.max_run = pol.max_run
+        p.isa = _ISA_BY_NAME[cfg.simd_resolved]
+        p.lat_capacity = cfg.latency_records
+        if cfg.memory is not None:
+            from fastpath.control.memory import allocate
+            fp_engine_sizes(&p, &wbytes, &sbytes)
+            region = allocate(wbytes + sbytes, cfg.memory.huge_pages, cfg.memory.mlock)
+            keep.append(region)
+            p.arena_mem = <void *><size_t>region.addr
+            p.state_mem = <void *>(<size_t>region.addr + wbytes)
+        e = fp_engine_create(&p, &err)
+    finally:
+        PyMem_Free(wp)
+        PyMem_Free(bp)
+    if e == NULL:
+        if err == FP_ERR_NOMEM:
+            raise MemoryError(f"cannot allocate an engine for {cfg.n_symbols} symbols")
+        raise FastpathError("engine parameters rejected by the C core")
+    return e
+
+
+cdef class Worker:
+    """The segment `name` (created, or replacing a stale one) and an engine to serve it with.
+    run() blocks in the C loop without the GIL until stop() is called from anywhere."""
+    cdef fp_seg_header *_h
+    cdef size_t _size
+    cdef fp_engine *_e
+    cdef fp_worker_opts _o
+    cdef readonly str name, path
+    cdef readonly int raw_len, n_symbols
+    cdef readonly object model, config, replaced
+    cdef list _keep
+    cdef bint _running, _closed
+
+    def __cinit__(self, name, model, config, serve_cfg):
+        """model, config: what fastpath._build.resolve returned; serve_cfg: ServeConfig."""
+        self._h = NULL
+        self._e = NULL
+        self._keep = []
+        self.name = name
+        self.path = segment_path(name)
+        self.model = model
+        self.config = config
+        self.raw_len = model.feature_spec.raw_len
+        self.n_symbols = config.n_symbols
+        self.replaced = self._check_existing(serve_cfg)
+        self._e = _make_engine(model, config, self._keep)
+        self._o.idle = _IDLE[serve_cfg.idle]
+        self._o.idle_spin_ns = serve_cfg.idle_spin_ns
+        self._o.idle_sleep_ns = serve_cfg.idle_sleep_ns
+        self._o.drain_timeout_ns = <int64_t>serve_cfg.drain_timeout_ms * 1000000
+        self._create(serve_cfg)
+
+    cdef object _check_existing(self, scfg):
+        """None, or the pid of the crashed server whose segment is being replaced; a live
+        server under the same name is a ServeError."""
+        cdef fp_seg s
+        b = self.name.encode()
+        rc = fp_seg_attach(b, &s)
+        if rc == FP_RING_ERR_NOENT:
+            return None
+        if rc != FP_RING_OK:
+            # not ours to judge (another version, a truncated file): a crashed run's leftovers
+            os.unlink(self.path)
+            return "unreadable"
+        pid = s.h.server_pid
+        alive = fp_seg_server_check(s.h, fp_ring_now_ns(), STALL_NS) == FP_SRV_ALIVE \
+            and not fp_ring_pid_dead(pid)
+        fp_seg_detach(&s)
+        if alive:
+            raise ServeError(f"{self.name!r} is already served by pid {pid} ({self.path}); stop "
+                             f"it first or pick another name")
+        os.unlink(self.path)
+        return pid
+
+    cdef _create(self, scfg):
+        cdef uint64_t size = fp_seg_bytes(self.raw_len, scfg.ring_slots, scfg.max_clients)
+        cdef void *p
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, scfg.mode)
+        try:
+            os.fchmod(fd, scfg.mode)          # exactly the mode asked, whatever the umask
+            os.ftruncate(fd, size)
+            p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+            if p == MAP_FAILED:
+                raise OSError(f"mmap of {size} bytes for {self.path} failed")
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.path)
+            raise
+        os.close(fd)
+        self._h = <fp_seg_header *>p
+        self._size = size
+        # pre-fault every page now, not on the first request that lands on it
+        memset(p, 0, size)
+        fp_seg_init(self._h, self.raw_len, self.n_symbols, scfg.ring_slots, scfg.max_clients,
+                    os.getpid(), FP_ON_FULL_REJECT if scfg.on_full == "reject" else FP_ON_FULL_SPIN,
+                    scfg.heartbeat_ms, scfg.dead_after_ms)
+
+    def set_placement(self, report: dict):
+        """Publish the placement report (JSON) for clients; call before run()."""
+        self._need_open()
+        b = json.dumps(report, default=str).encode()
+        if len(b) >= FP_SEG_PLACEMENT_BYTES:
+            b = json.dumps({"truncated": True, "core": report.get("core")}).encode()
+        cdef char *dst = self._h.placement
+        for i in range(len(b)):
+            dst[i] = b[i]
+        dst[len(b)] = 0
+        fp_atomic_store_u32(&self._h.placement_len, len(b))
+
+    cdef _need_open(self):
+        if self._h == NULL:
+            raise ServeError(f"server {self.name!r} is closed")
+
+    def run(self):
+        """The serving loop, in the calling thread, GIL released; returns after stop() once
+        what clients had published is answered."""
+        self._need_open()
+        if self._running:
+            raise ServeError("the worker loop is already running")
+        self._running = True
+        try:
+            with nogil:
+                fp_worker_run(self._h, self._e, &self._o)
+        finally:
+            self._running = False
+
+    def stop(self):
+        """Ask the loop to drain and return (from any thread or process)."""
+        if self._h != NULL:
+            fp_atomic_store_u32(&self._h.stop, 1)
+
+    @property
+    def state(self):
+        self._need_open()
+        return ("starting", "running", "stopping", "stopped")[fp_atomic_load_u32(&self._h.state)]
+
+    def stats(self):
+        """Counters from the segment: served, errors, rejected_full, clients, queue depth."""
+        self._need_open()
+        return _header_stats(self._h)
+
+    def latency_records(self):
+        """(n, 4) uint32 in-C ns of the last ticks served (feature, cache, infer, total),
+        oldest first, copied while the loop runs: a record being written may mix two ticks."""
+        if self._e == NULL:
+            raise ServeError(f"server {self.name!r} is closed")
+        cdef size_t cap = self._e.lat_mask + 1
+        cdef uint64_t ticks = fp_atomic_load_u64(&self._e.ticks)
+        cdef size_t n = min(<size_t>ticks, cap)
+        lat = np.empty((cap, 4), np.uint32)
+        fp_copy_lat(<const uint32_t *>self._e.lat, <uint32_t *>cnp.PyArray_DATA(lat), cap * 4)
+        if ticks <= cap:
+            return lat[:n]
+        start = ticks % cap
+        return np.vstack([lat[start:], lat[:start]])
+
+    def close(self):
+        """Unmap and remove the segment, free the engine (the loop must have returned)."""
+        if self._running:
+            raise ServeError("stop() the worker and wait for run() to return before close()")
+        if self._h != NULL:
+            # a client still attached sees STOPPED and raises ServerGone
+            fp_atomic_store_u32(&self._h.state, FP_SRV_STOPPED)
+            munmap(self._h, self._size)
+            self._h = NULL
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        if self._e != NULL:
+            fp_engine_free(self._e)
+            self._e = NULL
+
+    def __dealloc__(self):
+        if self._h != NULL and not self._running:
+            fp_atomic_store_u32(&self._h.state, FP_SRV_STOPPED)
+            munmap(self._h, self._size)
+            self._h = NULL
+        if self._e != NULL and not self._running:
+            fp_engine_free(self._e)
+            self._e = NULL
+
+
+cdef dict _header_stats(fp_seg_header *h):
+    cdef fp_ring_ctl *ctl
+    clients = []
+    depth = 0
+    for i in range(h.max_clients):
+        st = fp_atomic_load_u32(&h.clients[i].state)
+        if st == FP_CL_ACTIVE:
+            clients.append({"slot": i, "pid": h.clients[i].pid,
+                            "served": h.clients[i].served})
+    # queue depth: requests published and not yet taken, over all clients
+    cdef uint64_t *cur
+    for c in clients:
+        cur = <uint64_t *>fp_seg_ctl(h, c["slot"])
+        d = fp_atomic_load_u64(&cur[0]) - fp_atomic_load_u64(&cur[8])
+        c["queued"] = int(d)
+        depth += d
+    return {"state": ("starting", "running", "stopping", "stopped")[fp_atomic_load_u32(&h.state)],
+            "served": int(fp_atomic_load_u64(&h.served)),
+            "errors": int(fp_atomic_load_u64(&h.errors)),
+            "rejected_full": int(fp_atomic_load_u64(&h.rejected_full)),
+            "clients_reaped": int(fp_atomic_load_u64(&h.clients_reaped)),
+            "busy_ns": int(fp_atomic_load_u64(&h.busy_ns)),
+            "idle_polls": int(fp_atomic_load_u64(&h.idle_polls)),
+            "queue_depth": int(depth), "clients": clients,
+            "heartbeat_age_ns": int(fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)),
+            "server_pid": h.server_pid, "slots": h.slots, "on_full":
+                "reject" if h.on_full == FP_ON_FULL_REJECT else "spin"}
+
+
+# --------------------------------------------------------------------------- client side
+cdef class Client:
+    """A connection to a served engine (fastpath.connect). Single-threaded: one thread per
+    Client (each Client owns one SPSC ring pair)."""
+    cdef fp_seg _s
+    cdef fp_client _c
+    cdef readonly str name
+    cdef readonly int raw_len, n_symbols
+    cdef int64_t _stall_ns
+    cdef list _stash
+    cdef bint _open
+
+    def __cinit__(self, name, double timeout=1.0):
+        cdef int rc
+        cdef int64_t deadline
+        self._open = False
+        self._stash = []
+        self._stall_ns = STALL_NS
+        self.name = name
+        b = _name_bytes(name)
+        path = segment_path(name)
+        deadline = fp_ring_now_ns() + <int64_t>(timeout * 1e9)
+        # a server being started may not have published its segment yet: retry until timeout
+        while True:
+            rc = fp_seg_attach(b, &self._s)
+            if rc == FP_RING_OK:
+                st = fp_atomic_load_u32(&self._s.h.state)
+                chk = fp_seg_server_check(self._s.h, fp_ring_now_ns(), self._stall_ns)
+                if chk != FP_SRV_ALIVE:
+                    fp_seg_detach(&self._s)
+                    raise ServerGone(f"no server is serving {name!r}: {path} is left from a "
+                                     f"server that is {_gone_why(chk)}")
+                if st == FP_SRV_RUNNING:
+                    break
+                fp_seg_detach(&self._s)
+                rc = FP_RING_ERR_NOENT
+            if fp_ring_now_ns() > deadline:
+                if rc == FP_RING_ERR_NOENT:
+                    raise ServeError(f"no server is serving {name!r} (no running segment at "
+                                     f"{path}); start one with `fastpath serve --name {name}` "
+                                     f"or fastpath.serve({name!r})")
+                if rc == FP_RING_ERR_MAGIC:
+                    raise ServeError(f"{path} is not a fastpath serving segment of this version")
+                raise ServeError(f"cannot open {path}: {os.strerror(_errno())}")
+            import time
+            time.sleep(0.002)
+        rc = fp_client_open(&self._s, &self._c)
+        if rc != FP_RING_OK:
+            fp_seg_detach(&self._s)
+            if rc == FP_RING_ERR_NOSLOT:
+                raise ServeError(f"server {name!r} has all its {self._s.h.max_clients if self._s.h else ''}"
+                                 f" client slots taken; raise serve.max_clients")
+            raise ServerGone(f"server {name!r} is stopping")
+        self.raw_len = self._s.h.raw_len
+        self.n_symbols = self._s.h.n_symbols
+        self._open = True
+
+    cdef inline int _need(self) except -1:
+        if not self._open:
+            raise ServeError(f"client of {self.name!r} is closed")
+        return 0
+
+    cdef int _check_server(self) except -1:
+        cdef int chk = fp_seg_server_check(self._s.h, fp_ring_now_ns(), self._stall_ns)
+        if chk != FP_SRV_ALIVE:
+            raise ServerGone(f"server {self.name!r} (pid {self._s.h.server_pid}) is "
+                             f"{_gone_why(chk)}")
+        return 0
+
+    cdef inline const float *_raw_ptr(self, object raw) except NULL:
+        cdef cnp.ndarray a
+        if cnp.PyArray_Check(raw):
+            a = <cnp.ndarray>raw
+            if (cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32 and cnp.PyArray_NDIM(a) == 1
+                    and cnp.PyArray_DIM(a, 0) == self.raw_len and cnp.PyArray_ISCARRAY_RO(a)
+                    and cnp.PyArray_ISNOTSWAPPED(a)):
+                return <const float *>cnp.PyArray_DATA(a)
+        from fastpath._engine import _bad_raw
+        raise _bad_raw(raw, self.raw_len)
+
+    cdef uint64_t _submit(self, object raw, object symbol, object ts_ns) except 0:
+        cdef const float *p = self._raw_ptr(raw)
+        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
+        cdef long long ts = _ts_arg(ts_ns)
+        cdef int bad = fp_first_nonfinite(p, self.raw_len)
+        cdef uint64_t seq = 0
+        cdef fp_rep rep
+        cdef long spins = 0
+        if bad >= 0:
+            arr = np.asarray(raw)
+            n = int(np.count_nonzero(~np.isfinite(arr)))
+            raise InputError(f"raw contains {n} non-finite value(s), first at index {bad} "
+                             f"({arr[bad]}); ticks must be finite: repair or drop the tick "
+                             f"(nothing was sent)")
+        self._need()
+        if fp_atomic_load_u32(&self._s.h.state) != FP_SRV_RUNNING:
+            self._check_server()
+            raise ServerGone(f"server {self.name!r} is stopping: request not sent")
+        while True:
+            rc = fp_client_try_submit(&self._c, p, <int32_t>sym, ts, &seq)
+            if rc == FP_RING_OK:
+                return seq
+            if self._s.h.on_full == FP_ON_FULL_REJECT:
+                fp_atomic_add_u64(&self._s.h.rejected_full, 1)
+                self._s.h.clients[self._c.idx].rejected_full += 1
+                raise RingFull(f"request ring of server {self.name!r} is full ({self._s.h.slots} "
+                               f"requests waiting; [serve] on_full = \"reject\"): the tick was "
+                               f"not sent; take replies with poll() or slow down")
+            # spin: take replies meanwhile (a full reply ring holds the worker back)
+            while fp_client_poll(&self._c, &rep):
+                self._stash.append(self._as_item(&rep))
+            spins += 1
+            if (spins & 1023) == 0:
+                PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep
+                self._check_server()
+            FP_RING_PAUSE()
+
+    cdef object _as_item(self, fp_rep *r):
+        if r.err == FP_REP_OK:
+            return (r.seq, _make(r))
+        return (r.seq, _reply_error(r.err, r.seq, -1, -1))
+
+    def submit(self, raw, symbol=0, ts_ns=None):
+        """Send one tick (validated as Engine.step validates it) -> its seq; take the answer
+        with poll(). A full ring: RingFull (on_full = "reject") or wait (on_full = "spin")."""
+        return self._submit(raw, symbol, ts_ns)
+
+    def poll(self):
+        """Answers that have arrived, in submission order: [(seq, Result)], where a tick the
+        server's engine refused carries the InputError instead of a Result."""
+        cdef fp_rep rep
+        self._need()
+        out = self._stash
+        self._stash = []
+        while fp_client_poll(&self._c, &rep):
+            out.append(self._as_item(&rep))
+        if not out and fp_client_outstanding(&self._c):
+            self._check_server()
+        return out
+
+    def step(self, raw, symbol=0, ts_ns=None):
+        """Submit one tick and spin for its answer -> Result (with seq and wait_ns). Answers to
+        earlier submit() calls that arrive meanwhile are kept for poll(). A dead or stopped
+        server raises ServerGone (found by its heartbeat within ~dead_after_ms)."""
+        cdef uint64_t seq = self._submit(raw, symbol, ts_ns)
+        cdef fp_rep rep
+        cdef long spins = 0
+        while True:
+            if fp_client_poll(&self._c, &rep):
+                if rep.seq == seq:
+                    if rep.err == FP_REP_OK:
+                        return _make(&rep)
+                    raise _reply_error(rep.err, seq, int(symbol), -1 if ts_ns is None else ts_ns)
+                self._stash.append(self._as_item(&rep))
+                continue
+            spins += 1
+            if (spins & 1023) == 0:
+                PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep
+                self._check_server()
+            FP_RING_PAUSE()
+
+    @property
+    def outstanding(self):
+        """Requests submitted whose answers have not been taken by poll() or step()."""
+        return int(fp_client_outstanding(&self._c)) + len(self._stash)
+
+    @property
+    def placement(self):
+        """The worker's placement report (dict), as the server published it."""
+        self._need()
+        n = fp_atomic_load_u32(&self._s.h.placement_len)
+        if n == 0:
+            return None
+        return json.loads(self._s.h.placement[:n].decode())
+
+    @property
+    def server_pid(self):
+        self._need()
+        return self._s.h.server_pid
+
+    def server_stats(self):
+        """The server's counters (served, errors, rejected_full, queue_depth, clients, ...)."""
+        self._need()
+        return _header_stats(self._s.h)
+
+    def close(self):
+        """Give the ring pair back; answers not yet taken are dropped."""
+        if self._open:
+            self._open = False
+            fp_client_close(&self._c)
+            fp_seg_detach(&self._s)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __dealloc__(self):
+        if self._open:
+            fp_client_close(&self._c)
+            fp_seg_detach(&self._s)
+
+
+cdef extern from "<errno.h>":
+    int errno
+
+cdef int _errno():
+    return errno
+
+
+def _gone_why(int chk):
+    if chk == FP_SRV_GONE_STOPPED:
+        return "stopped"
+    if chk == FP_SRV_GONE_DEAD:
+        return "dead (its process is gone: killed or crashed)"
+    if chk == FP_SRV_GONE_STALLED:
+        return (f"not responding (its process lives but its loop has not beaten for over "
+                f"{STALL_NS // 1_000_000_000} s: stopped by a signal or a debugger?)")
+    return "alive"
+
+
+# ------------------------------------------------ argument checks, as Engine.step makes them
+cdef inline Py_ssize_t _symbol_arg(object symbol, Py_ssize_t n) except -1:
+    cdef Py_ssize_t v
+    if type(symbol) is int:
+        v = _long_as_ssize(symbol)
+        if 0 <= v < n:
+            return v
+        PyErr_Clear()
+        from fastpath._engine import _bad_symbol
+        raise _bad_symbol(symbol, n)
+    if isinstance(symbol, (bool, np.bool_, float, np.floating, str)) or not hasattr(symbol, "__index__"):
+        from fastpath._engine import _bad_symbol
+        raise _bad_symbol(symbol, n)
+    try:
+        as_int = operator.index(symbol)
+    except TypeError:
+        from fastpath._engine import _bad_symbol
+        raise _bad_symbol(symbol, n) from None
+    if type(as_int) is not int:
+        from fastpath._engine import _bad_symbol
+        raise _bad_symbol(symbol, n)
+    return _symbol_arg(as_int, n)
+
+
+cdef inline long long _ts_arg(object ts) except -2:
+    cdef long long v
+    if ts is None:
+        return -1
+    if type(ts) is int or (isinstance(ts, np.integer) and not isinstance(ts, np.bool_)):
+        try:
+            v = ts
+        except OverflowError:
+            raise InputError(f"ts_ns {ts} does not fit a signed 64-bit int of ns") from None
+        if v < 0:
+            raise InputError(f"ts_ns must be >= 0 (ns), got {ts}")
+        return v
+    from fastpath._engine import _bad_ts
+    raise _bad_ts(ts)

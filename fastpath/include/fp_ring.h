@@ -1,0 +1,336 @@
+/* fp_ring.h: the shared-memory segment a fastpath server polls, and the client side of it.
+ *
+ * Plain C99 + GCC/Clang atomic builtins, no fastpath internals, so a C or C++ feed handler can
+ * include it alone (fastpath.get_include()) and talk to `fastpath serve` without Python.
+ *
+ * Decision: one single-producer single-consumer ring pair per client (a request ring the
+ * client writes and the worker reads, a reply ring the worker writes and the client reads),
+ * so no slot is ever written by two parties and a cursor needs nothing stronger than a
+ * release store / acquire load. Each cursor sits on its own cache line; slots are fixed and
+ * 64-byte aligned. The worker proves it is alive by a heartbeat it stores about every
+ * millisecond even when idle; a client that sees it stale asks the kernel whether the
+ * server pid still exists (or is a zombie), which turns a kill -9 into an error, never a hang.
+ *
+ * Segment layout (one file under /dev/shm, FP_SEG_PREFIX + name):
+ *   fp_seg_header (FP_SEG_HEADER_BYTES, includes the client table and the placement report)
+ *   then max_clients client regions, each: fp_ring_ctl (4 cache lines: req head, req tail,
+ *   rep head, rep tail), `slots` request slots of req_slot_bytes, `slots` reply slots of 64 B.
+ */
+#ifndef FP_RING_H
+#define FP_RING_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define FP_RING_PAUSE() _mm_pause()
+#else
+#define FP_RING_PAUSE() __asm__ __volatile__("" ::: "memory")
+#endif
+
+#define FP_SEG_MAGIC 0x31474e4952535046ULL /* "FPSRING1" little-endian */
+#define FP_SEG_VERSION 1u
+#define FP_SEG_DIR "/dev/shm/"
+#define FP_SEG_PREFIX "fastpath."
+#define FP_SEG_HEADER_BYTES 16384u
+#define FP_SEG_MAX_CLIENTS 64
+#define FP_SEG_PLACEMENT_BYTES 8192u
+#define FP_SEG_NAME_MAX 200
+
+/* server state (fp_seg_header.state) */
+enum { FP_SRV_STARTING = 0, FP_SRV_RUNNING = 1, FP_SRV_STOPPING = 2, FP_SRV_STOPPED = 3 };
+/* client table entry state */
+enum { FP_CL_FREE = 0, FP_CL_CLAIMED = 1, FP_CL_ACTIVE = 2, FP_CL_CLOSING = 3 };
+/* reply error codes: 0, the engine's own codes (fp_engine.h FP_ERR_*, same values), or the
+ * worker's refusal of a request the client should never have sent */
+enum {
+    FP_REP_OK = 0,
+    FP_REP_ERR_SYMBOL = -1,
+    FP_REP_ERR_NONFINITE_INPUT = -2,
+    FP_REP_ERR_TIME_BACKWARDS = -3,
+    FP_REP_ERR_NONFINITE_OUTPUT = -4,
+    FP_REP_ERR_NONFINITE_FEATURE = -7,
+    FP_REP_ERR_BAD_REQUEST = -100,     /* ts_ns below -1: refused by the worker */
+};
+/* client call results */
+enum {
+    FP_RING_OK = 0,
+    FP_RING_FULL = 1,          /* request ring full (on_full = "reject": counted in rejected_full) */
+    FP_RING_ERR_NOENT = -1,    /* no segment by that name */
+    FP_RING_ERR_OPEN = -2,     /* open/mmap failed (errno kept) */
+    FP_RING_ERR_MAGIC = -3,    /* not a fastpath segment, or another version */
+    FP_RING_ERR_NOSLOT = -4,   /* every client slot taken */
+    FP_RING_ERR_GONE = -5,     /* server dead, stopping or stopped */
+};
+/* on_full policy (fp_seg_header.on_full) */
+enum { FP_ON_FULL_SPIN = 0, FP_ON_FULL_REJECT = 1 };
+/* fp_seg_server_check() */
+enum { FP_SRV_ALIVE = 0, FP_SRV_GONE_STOPPED = 1, FP_SRV_GONE_DEAD = 2, FP_SRV_GONE_STALLED = 3 };
+
+typedef struct { uint64_t v; char _pad[56]; } __attribute__((aligned(64))) fp_ring_cursor;
+
+typedef struct {
+    fp_ring_cursor req_head;   /* written by the client: requests published */
+    fp_ring_cursor req_tail;   /* written by the worker: requests consumed */
+    fp_ring_cursor rep_head;   /* written by the worker: replies published */
+    fp_ring_cursor rep_tail;   /* written by the client: replies consumed */
+} fp_ring_ctl;
+
+typedef struct {
+    uint64_t seq;              /* the client's own count, from 1 */
+    int64_t ts_ns;             /* tick time (ns >= 0), or -1 for the server's engine clock */
+    int64_t sent_ns;           /* CLOCK_MONOTONIC when submitted: the reply's wait_ns starts here */
+    int32_t symbol;
+    uint32_t _pad;
+    float raw[];               /* raw_len values, slot padded to a multiple of 64 bytes */
+} fp_req;
+
+typedef struct {
+    uint64_t seq;
+    float signal, confidence;
+    int32_t err;               /* FP_REP_* */
+    uint8_t cached, reason;    /* reason: 0 hit, 1 cold, 2 age, 3 run, 4 cosine, 5 norm, 6 disabled */
+    uint16_t _pad;
+    int64_t feature_ns, cache_ns, infer_ns, total_ns;
+    int64_t wait_ns;           /* submit (sent_ns) to the worker picking it up */
+} __attribute__((aligned(64))) fp_rep;
+
+typedef struct {
+    uint32_t state;            /* FP_CL_* */
+    int32_t pid;
+    uint64_t generation;       /* bumped each time the worker frees the slot */
+    uint64_t served, rejected_full;
+    char _pad[32];
+} __attribute__((aligned(64))) fp_client_entry;
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version, header_bytes;
+    uint32_t raw_len, n_symbols, slots, max_clients;
+    uint32_t req_slot_bytes, rep_slot_bytes;
+    uint64_t client_region_bytes, total_bytes;
+    int32_t server_pid;
+    uint32_t on_full;          /* FP_ON_FULL_* */
+    uint32_t heartbeat_ms, dead_after_ms;
+    /* written by the worker loop, on its own cache lines */
+    uint64_t heartbeat_ns __attribute__((aligned(64)));  /* CLOCK_MONOTONIC of the last beat */
+    uint32_t state;            /* FP_SRV_* */
+    uint32_t stop;             /* set by anyone to ask the worker to drain and stop */
+    uint64_t served, errors, idle_polls, clients_reaped, loops;
+    uint64_t busy_ns;          /* time in fp_step, for the utilisation figure */
+    uint64_t rejected_full __attribute__((aligned(64)));  /* counted by clients (atomic add) */
+    uint32_t placement_len __attribute__((aligned(64)));
+    char placement[FP_SEG_PLACEMENT_BYTES];   /* JSON, written once before RUNNING */
+    fp_client_entry clients[FP_SEG_MAX_CLIENTS] __attribute__((aligned(64)));
+} fp_seg_header;
+
+#define FP_LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define FP_STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define FP_LOAD_RLX(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+
+static inline int64_t fp_ring_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static inline uint32_t fp_ring_req_slot_bytes(uint32_t raw_len) {
+    return (uint32_t)((sizeof(fp_req) + 4u * raw_len + 63u) & ~63u);
+}
+
+static inline uint64_t fp_ring_client_region_bytes(uint32_t raw_len, uint32_t slots) {
+    return sizeof(fp_ring_ctl) + (uint64_t)slots * (fp_ring_req_slot_bytes(raw_len) + sizeof(fp_rep));
+}
+
+/* "/dev/shm/fastpath.<name>" into out; -1 when the name is empty, too long or has a '/' */
+static inline int fp_seg_path(const char *name, char *out, size_t n) {
+    size_t len = strlen(name);
+    if (len == 0 || len > FP_SEG_NAME_MAX || strchr(name, '/'))
+        return -1;
+    snprintf(out, n, "%s%s%s", FP_SEG_DIR, FP_SEG_PREFIX, name);
+    return 0;
+}
+
+typedef struct {
+    fp_seg_header *h;
+    size_t size;
+} fp_seg;
+
+/* Map an existing segment read-write. Returns FP_RING_OK or FP_RING_ERR_* (errno kept). */
+static inline int fp_seg_attach(const char *name, fp_seg *s) {
+    char path[512];
+    struct stat st;
+    s->h = NULL;
+    s->size = 0;
+    if (fp_seg_path(name, path, sizeof path))
+        return FP_RING_ERR_NOENT;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? FP_RING_ERR_NOENT : FP_RING_ERR_OPEN;
+    if (fstat(fd, &st) || (size_t)st.st_size < sizeof(fp_seg_header)) {
+        close(fd);
+        return FP_RING_ERR_MAGIC;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return FP_RING_ERR_OPEN;
+    fp_seg_header *h = (fp_seg_header *)p;
+    if (h->magic != FP_SEG_MAGIC || h->version != FP_SEG_VERSION ||
+        h->total_bytes != (uint64_t)st.st_size || h->header_bytes != FP_SEG_HEADER_BYTES) {
+        munmap(p, (size_t)st.st_size);
+        return FP_RING_ERR_MAGIC;
+    }
+    s->h = h;
+    s->size = (size_t)st.st_size;
+    return FP_RING_OK;
+}
+
+static inline void fp_seg_detach(fp_seg *s) {
+    if (s->h)
+        munmap((void *)s->h, s->size);
+    s->h = NULL;
+}
+
+/* 1 when pid does not exist or is a zombie (killed, not yet reaped) */
+static inline int fp_ring_pid_dead(int32_t pid) {
+    char path[64], buf[256];
+    if (pid <= 0)
+        return 1;
+    if (kill(pid, 0) == -1 && errno == ESRCH)
+        return 1;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')');   /* the command name may hold spaces and ')' */
+    return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+/* Is the server there? FP_SRV_ALIVE, or why not. A stale heartbeat alone is not death (the
+ * worker may be descheduled on a busy host): the pid decides, and a live pid whose loop has
+ * not beaten for stall_ns counts as stalled. */
+static inline int fp_seg_server_check(const fp_seg_header *h, int64_t now, int64_t stall_ns) {
+    uint32_t st = FP_LOAD_ACQ(&h->state);
+    if (st == FP_SRV_STOPPED)
+        return FP_SRV_GONE_STOPPED;
+    int64_t beat = (int64_t)FP_LOAD_ACQ(&h->heartbeat_ns);
+    int64_t age = now - beat;
+    if (age <= (int64_t)h->dead_after_ms * 1000000LL)
+        return FP_SRV_ALIVE;
+    if (fp_ring_pid_dead(h->server_pid))
+        return FP_SRV_GONE_DEAD;
+    if (st == FP_SRV_STARTING)
+        return FP_SRV_ALIVE;
+    return age > stall_ns ? FP_SRV_GONE_STALLED : FP_SRV_ALIVE;
+}
+
+static inline fp_ring_ctl *fp_seg_ctl(const fp_seg_header *h, int idx) {
+    return (fp_ring_ctl *)((char *)h + h->header_bytes + (uint64_t)idx * h->client_region_bytes);
+}
+
+static inline fp_req *fp_seg_req(const fp_seg_header *h, fp_ring_ctl *ctl, uint64_t i) {
+    return (fp_req *)((char *)ctl + sizeof(fp_ring_ctl) + (i & (h->slots - 1)) * h->req_slot_bytes);
+}
+
+static inline fp_rep *fp_seg_rep(const fp_seg_header *h, fp_ring_ctl *ctl, uint64_t i) {
+    return (fp_rep *)((char *)ctl + sizeof(fp_ring_ctl) + (uint64_t)h->slots * h->req_slot_bytes +
+                      (i & (h->slots - 1)) * sizeof(fp_rep));
+}
+
+/* ------------------------------------------------------------------ client side */
+typedef struct {
+    fp_seg_header *h;
+    fp_ring_ctl *ctl;
+    int idx;
+    uint64_t req_head, req_tail_seen;   /* own head; the worker's tail as last read */
+    uint64_t rep_tail;
+    uint64_t next_seq;
+} fp_client;
+
+/* Claim a free client slot for this process. FP_RING_OK, FP_RING_ERR_NOSLOT or _GONE. */
+static inline int fp_client_open(fp_seg *s, fp_client *c) {
+    fp_seg_header *h = s->h;
+    if (FP_LOAD_ACQ(&h->state) >= FP_SRV_STOPPING)
+        return FP_RING_ERR_GONE;
+    for (uint32_t i = 0; i < h->max_clients; i++) {
+        fp_client_entry *e = &h->clients[i];
+        uint32_t want = FP_CL_FREE;
+        if (!__atomic_compare_exchange_n(&e->state, &want, FP_CL_CLAIMED, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_RELAXED))
+            continue;
+        /* the worker zeroed the cursors before it freed the slot */
+        e->pid = (int32_t)getpid();
+        e->served = 0;
+        e->rejected_full = 0;
+        c->h = h;
+        c->idx = (int)i;
+        c->ctl = fp_seg_ctl(h, (int)i);
+        c->req_head = FP_LOAD_ACQ(&c->ctl->req_head.v);
+        c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
+        c->rep_tail = FP_LOAD_ACQ(&c->ctl->rep_tail.v);
+        c->next_seq = 1;
+        FP_STORE_REL(&e->state, FP_CL_ACTIVE);
+        return FP_RING_OK;
+    }
+    return FP_RING_ERR_NOSLOT;
+}
+
+/* Publish one request (raw must hold raw_len finite floats; the caller validated it).
+ * FP_RING_OK with *seq set, or FP_RING_FULL (nothing written). */
+static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol,
+                                       int64_t ts_ns, uint64_t *seq) {
+    fp_seg_header *h = c->h;
+    if (c->req_head - c->req_tail_seen >= h->slots) {
+        c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
+        if (c->req_head - c->req_tail_seen >= h->slots)
+            return FP_RING_FULL;
+    }
+    fp_req *r = fp_seg_req(h, c->ctl, c->req_head);
+    r->seq = c->next_seq;
+    r->ts_ns = ts_ns;
+    r->symbol = symbol;
+    memcpy(r->raw, raw, sizeof(float) * h->raw_len);
+    r->sent_ns = fp_ring_now_ns();
+    c->req_head++;
+    FP_STORE_REL(&c->ctl->req_head.v, c->req_head);
+    *seq = c->next_seq++;
+    return FP_RING_OK;
+}
+
+/* Take the next reply if there is one: 1 (copied to *out) or 0. */
+static inline int fp_client_poll(fp_client *c, fp_rep *out) {
+    if (FP_LOAD_ACQ(&c->ctl->rep_head.v) == c->rep_tail)
+        return 0;
+    *out = *fp_seg_rep(c->h, c->ctl, c->rep_tail);
+    c->rep_tail++;
+    FP_STORE_REL(&c->ctl->rep_tail.v, c->rep_tail);
+    return 1;
+}
+
+/* Requests submitted whose replies have not been taken yet */
+static inline uint64_t fp_client_outstanding(const fp_client *c) {
+    return c->req_head - c->rep_tail;
+}
+
+/* Give the slot back; the worker drops what is left in the rings and frees it. */
+static inline void fp_client_close(fp_client *c) {
+    if (c->h)
+        FP_STORE_REL(&c->h->clients[c->idx].state, FP_CL_CLOSING);
+    c->h = NULL;
+}
+
+#endif

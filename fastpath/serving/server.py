@@ -1,0 +1,185 @@
+"""fastpath.serve / `fastpath serve`: the worker thread, its placement and its lifetime.
+
+Design: the Worker (fastpath._serve) owns the segment and its own engine; this module only
+starts its C loop in a thread, places that thread with the control plane first (pinning must
+happen in the thread that spins), publishes the placement report in the segment for clients,
+and makes sure the segment is removed however the process ends short of kill -9 (a new server
+replaces what kill -9 leaves).
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+
+_live: "weakref.WeakSet[Server]" = weakref.WeakSet()
+
+
+class Server:
+    """A running serving loop (see fastpath.serve). Context manager; stop() drains and removes
+    the segment."""
+
+    def __init__(self, name: str, model=None, config=None, start_timeout: float = 10.0):
+        from fastpath._build import DEMO_MODEL, resolve
+        from fastpath._serve import Worker
+        from fastpath.errors import ServeError
+        m, rc, _backend, _why = resolve(model if model is not None else DEMO_MODEL, "cpu", config)
+        self.name = name
+        self.config = rc
+        self.serve_config = rc.source.serve
+        self._worker = Worker(name, m, rc, self.serve_config)
+        self.replaced = self._worker.replaced
+        self.placement: dict | None = None
+        self.final_stats: dict | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"fastpath-serve:{name}",
+                                        daemon=True)
+        self._thread.start()
+        import time
+        deadline = time.monotonic() + start_timeout
+        while self._worker.state == "starting" and self._thread.is_alive():
+            if time.monotonic() > deadline:
+                self._worker.stop()
+                raise ServeError(f"server {name!r} did not start within {start_timeout} s")
+            time.sleep(0.001)
+        if self._error is not None:
+            self._thread.join()
+            self._worker.close()
+            raise self._error
+        _live.add(self)
+
+    def _run(self) -> None:
+        try:
+            self.placement = self._place()
+            self._worker.set_placement(self.placement)
+        except BaseException as exc:      # reported by __init__, in the caller's thread
+            self._error = exc
+            return
+        self._worker.run()
+
+    def _place(self) -> dict:
+        if not self.serve_config.place:
+            return {"placed": False, "why": "serve.place = false"}
+        from fastpath.control.placement import place
+        try:
+            rep = place(self.config.source)
+        except OSError as exc:
+            return {"placed": False, "why": f"placement failed: {exc}"}
+        out = rep.to_dict()
+        out["placed"] = rep.affinity_applied
+        out["lines"] = rep.lines()
+        return out
+
+    @property
+    def path(self) -> str:
+        return self._worker.path
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stats(self) -> dict:
+        """Segment counters: served, errors, rejected_full, queue_depth, clients, ..."""
+        return self._worker.stats()
+
+    def latency_records(self):
+        return self._worker.latency_records()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, answer what was accepted, end the loop, remove the segment."""
+        if self._worker is None:
+            return
+        self._worker.stop()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            from fastpath.errors import ServeError
+            raise ServeError(f"server {self.name!r} did not stop within {timeout} s")
+        self.final_stats = self._worker.stats()
+        self._worker.close()
+        self._worker = None
+        _live.discard(self)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = self._worker.state if self._worker is not None else "closed"
+        return f"Server(name={self.name!r}, state={state!r})"
+
+
+def serve(name: str, model=None, config=None) -> Server:
+    """Serve `model` (default: the demo model) under `name`: the C loop runs in a new thread
+    of this process, GIL released, placed by config [placement]; clients connect with
+    fastpath.connect(name). A stale segment from a crashed server is replaced; a live one is a
+    ServeError."""
+    return Server(name, model, config)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for srv in list(_live):
+        try:
+            srv.stop(timeout=2.0)
+        except Exception:
+            pass
+
+
+def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
+    import numpy as np
+    st = srv.stats()
+    n = st["served"] - prev.get("served", 0)
+    parts = [f"{n / dt:10.0f} req/s", f"queue {st['queue_depth']:4d}",
+             f"clients {len(st['clients'])}", f"errors {st['errors']}",
+             f"rejected {st['rejected_full']}"]
+    if n:
+        lat = srv.latency_records()[-n:]
+        for j, stage in enumerate(("feature", "cache", "infer", "total")):
+            col = lat[:, j] if stage != "infer" else lat[lat[:, 2] > 0, 2]
+            if len(col):
+                p50, p99 = np.percentile(col, [50, 99])
+                parts.append(f"{stage} p50/p99 {p50:.0f}/{p99:.0f} ns")
+    return "  ".join(parts), st
+
+
+def run_foreground(name: str, model=None, config=None, stats: bool = False, out=None) -> int:
+    """`fastpath serve`: serve until SIGINT or SIGTERM, then drain, remove the segment and
+    return 0; with stats, a line a second: throughput, queue depth, per-stage p50/p99."""
+    import signal
+    import sys
+    import time
+    out = out or sys.stdout
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        srv = Server(name, model, config)
+        try:
+            print(f"serving {name!r} at {srv.path} (pid {__import__('os').getpid()}); "
+                  f"SIGINT or SIGTERM stops it", file=out, flush=True)
+            for line in (srv.placement or {}).get("lines", []) or [srv.placement.get("why", "")]:
+                print(f"placement: {line}", file=out, flush=True)
+            prev, t_prev = {}, time.monotonic()
+            while not stop.wait(1.0 if stats else 0.2):
+                if not srv.running:
+                    print("fastpath serve: the worker loop ended", file=sys.stderr)
+                    return 1
+                if stats:
+                    now = time.monotonic()
+                    line, prev = _stats_line(srv, prev, now - t_prev)
+                    t_prev = now
+                    print(line, file=out, flush=True)
+        finally:
+            srv.stop()
+        st = srv.final_stats
+        print(f"stopped {name!r}" + (f": {st['served']} served, {st['errors']} errors" if st
+                                     else ""), file=out, flush=True)
+        return 0
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

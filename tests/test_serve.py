@@ -1,0 +1,437 @@
+"""The serving loop: answers equal to a local Engine, ordering under load from several
+processes, and every fault (worker killed, client killed, full ring, stale segment, unknown
+name) ending in a clear error within a bounded time, never a hang.
+
+Each test bounds itself: clients in other processes run under subprocess timeouts, and a wait
+in this process runs under an alarm (a client's spin loop checks for signals), so a hang
+fails the test instead of stalling the suite. Nothing asserts on wall-clock time.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath import ConfigError, InputError, RingFull, ServeError, ServerGone
+from fastpath._build import DEMO_MODEL
+from fastpath._serve import segment_path
+from fastpath.model import CachePolicy
+from conftest import windowed_model
+
+# kind to a shared 2-core host: the worker yields once idle for 50 us; no pinning in tests
+BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
+                                                "idle_spin_ns": 50_000}}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cfg(**serve):
+    return {"engine": dict(BASE["engine"]), "serve": {**BASE["serve"], **serve}}
+
+
+def uname():
+    return f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def deadline(seconds):
+    """Raise TimeoutError in this thread if the block runs longer than `seconds`."""
+    def boom(*_):
+        raise TimeoutError(f"took longer than {seconds} s")
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def ticks(n, raw_len, seed=0):
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((8, raw_len)).astype(np.float32)
+    # small moves around a few levels, so a cached model gets hits as well as misses
+    return np.ascontiguousarray(base[rng.integers(0, 8, n)]
+                                + 0.01 * rng.standard_normal((n, raw_len)).astype(np.float32))
+
+
+@pytest.fixture
+def model():
+    return windowed_model(np.random.default_rng(7))
+
+
+def local_results(model, raws, syms, ts, config):
+    eng = fastpath.Engine(model, config=config)
+    out = [eng.step(raws[i], int(syms[i]), int(ts[i])) for i in range(len(raws))]
+    return (np.array([r.signal for r in out]), np.array([r.confidence for r in out]),
+            np.array([r.cached for r in out]))
+
+
+def test_round_trip_equals_local_engine(model, isa):
+    config = cfg()
+    config["engine"]["simd"] = isa
+    n = 400
+    raws = ticks(n, model.feature_spec.raw_len)
+    syms = np.arange(n) % 5
+    ts = 1_000_000 * (np.arange(n) + 1)
+    sig, conf, cached = local_results(model, raws, syms, ts, config)
+    name = uname()
+    with fastpath.serve(name, model, config), fastpath.connect(name) as c:
+        got = [c.step(raws[i], int(syms[i]), int(ts[i])) for i in range(n)]
+    assert [r.seq for r in got] == list(range(1, n + 1))
+    np.testing.assert_array_equal([r.signal for r in got], sig)
+    np.testing.assert_array_equal([r.confidence for r in got], conf)
+    np.testing.assert_array_equal([r.cached for r in got], cached)
+    assert cached.any() and not cached.all()          # both paths were exercised
+    r = got[-1]
+    assert r.miss_reason in ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
+    lat = r.latency
+    assert lat.total_ns > 0 and lat.wait_ns >= 0 and lat.h2d_ns == 0
+
+
+def test_pipelined_submit_poll_in_order(model):
+    name = uname()
+    raws = ticks(300, model.feature_spec.raw_len, seed=1)
+    with fastpath.serve(name, model, cfg()), fastpath.connect(name) as c:
+        seqs = [c.submit(raws[i], i % 3, 1000 * (i + 1)) for i in range(300)]
+        got = []
+        with deadline(10):
+            while len(got) < 300:
+                got += c.poll()
+    assert seqs == list(range(1, 301))
+    assert [s for s, _ in got] == seqs
+
+
+SOAK_CLIENT = textwrap.dedent("""
+    import sys, numpy as np, fastpath
+    name, raws_path, sym0, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    raws = np.load(raws_path)
+    n = len(raws)
+    c = fastpath.connect(name, timeout=5)
+    seqs = np.zeros(n, np.int64); sig = np.zeros(n); conf = np.zeros(n)
+    k = 0
+    for i in range(n):
+        c.submit(raws[i], sym0 + i % 4, 1000 * (i + 1))
+        if i % 64 == 63 or i == n - 1:
+            for s, r in c.poll():
+                seqs[k] = s; sig[k] = r.signal; conf[k] = r.confidence; k += 1
+    while k < n:
+        for s, r in c.poll():
+            seqs[k] = s; sig[k] = r.signal; conf[k] = r.confidence; k += 1
+    c.close()
+    np.savez(out, seqs=seqs, sig=sig, conf=conf)
+""")
+
+
+def test_soak_two_client_processes(model, tmp_path):
+    """100,000 requests from 2 processes: every answer arrives once, in order, and equals a
+    local Engine's for the same ticks (each client owns its symbols: per-symbol state is
+    independent, so the interleaving cannot change an answer)."""
+    n = 50_000
+    raw_len = model.feature_spec.raw_len
+    name = uname()
+    config = cfg()
+    script = tmp_path / "client.py"
+    script.write_text(SOAK_CLIENT)
+    paths = []
+    for k in range(2):
+        p = tmp_path / f"raws{k}.npy"
+        np.save(p, ticks(n, raw_len, seed=10 + k))
+        paths.append(p)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    with fastpath.serve(name, model, config):
+        procs = [subprocess.Popen([sys.executable, str(script), name, str(paths[k]), str(4 * k),
+                                   str(tmp_path / f"out{k}.npz")], env=env) for k in range(2)]
+        for p in procs:
+            assert p.wait(timeout=120) == 0
+    for k in range(2):
+        out = np.load(tmp_path / f"out{k}.npz")
+        assert np.array_equal(out["seqs"], np.arange(1, n + 1))   # none lost, doubled, reordered
+        raws = np.load(paths[k])
+        syms = 4 * k + np.arange(n) % 4
+        eng = fastpath.Engine(model, config=config)
+        ts = 1000 * (np.arange(n, dtype=np.int64) + 1)
+        ref = eng.step_batch(raws, syms, ts)
+        np.testing.assert_array_equal(out["sig"], ref.signal.astype(np.float64))
+        np.testing.assert_array_equal(out["conf"], ref.confidence.astype(np.float64))
+
+
+def test_bad_input_refused_at_the_client(model):
+    name = uname()
+    raw_len = model.feature_spec.raw_len
+    good = ticks(1, raw_len)[0]
+    with fastpath.serve(name, model, cfg()) as srv, fastpath.connect(name) as c:
+        bad_raw = [good.astype(np.float64), good[:-1], np.ascontiguousarray(np.stack([good] * 2).T)[:, 0],
+                   list(good)]
+        for raw in bad_raw:
+            with pytest.raises(InputError, match="float32 C-contiguous"):
+                c.step(raw, 0)
+        for sym in (-1, 16, 2.0, "BTC", True):
+            with pytest.raises(InputError, match="symbol"):
+                c.submit(good, sym)
+        for ts in (-5, 1.5):
+            with pytest.raises(InputError, match="ts_ns"):
+                c.submit(good, 0, ts)
+        nan = good.copy()
+        nan[3] = np.nan
+        with pytest.raises(InputError, match="non-finite value.*index 3"):
+            c.step(nan, 0)
+        assert srv.stats()["served"] == 0             # nothing reached the ring
+        c.step(good, 1, 5000)
+        # only the worker knows a symbol's last tick: it refuses, and the client says why
+        with pytest.raises(InputError, match="earlier than the last tick of symbol 1"):
+            c.step(good, 1, 4000)
+        st = srv.stats()
+        assert st["served"] == 2 and st["errors"] == 1
+        assert c.step(good, 1, 6000).seq == 3      # ticks refused at the client took no seq
+
+
+def test_unknown_name_is_a_clear_error():
+    name = uname()
+    with deadline(5), pytest.raises(ServeError, match=f"no server is serving '{name}'"):
+        fastpath.connect(name, timeout=0.05)
+    with pytest.raises(InputError, match="server name"):
+        fastpath.connect("a/b")
+
+
+def test_segment_mode_and_removal(model):
+    name = uname()
+    with fastpath.serve(name, model, cfg()) as srv:
+        assert os.stat(srv.path).st_mode & 0o777 == 0o600
+        assert srv.path == segment_path(name)
+    assert not os.path.exists(segment_path(name))     # removed on stop
+    with fastpath.serve(name, model, cfg(mode=0o640)) as srv:
+        assert os.stat(srv.path).st_mode & 0o777 == 0o640
+
+
+def test_second_server_on_a_live_name_is_refused(model):
+    name = uname()
+    with fastpath.serve(name, model, cfg()):
+        with pytest.raises(ServeError, match="already served by pid"):
+            fastpath.serve(name, model, cfg())
+
+
+def test_ring_full_reject_raises_and_counts(model):
+    name = uname()
+    raw = ticks(1, model.feature_spec.raw_len)[0]
+    with fastpath.serve(name, model, cfg(ring_slots=4, on_full="reject")) as srv, \
+            fastpath.connect(name) as c:
+        accepted = []
+        with pytest.raises(RingFull, match="full"), deadline(10):
+            for i in range(100):
+                accepted.append(c.submit(raw, 0, 1000 * (i + 1)))
+        # 4 answers waiting to be taken, 4 requests behind them: nothing more fits
+        assert len(accepted) <= 8
+        assert srv.stats()["rejected_full"] == 1
+        got = []
+        with deadline(10):
+            while len(got) < len(accepted):
+                got += c.poll()
+        assert [s for s, _ in got] == accepted        # the refused tick took no seq
+        assert c.step(raw, 0, 10**9).seq == accepted[-1] + 1
+
+
+def test_ring_full_spin_waits_without_deadlock(model):
+    """on_full = "spin" with a client that never polls: submit keeps taking answers aside
+    while it waits, so the worker is never held back by the client's own reply ring."""
+    name = uname()
+    raw = ticks(1, model.feature_spec.raw_len)[0]
+    with fastpath.serve(name, model, cfg(ring_slots=4, on_full="spin")) as srv, \
+            fastpath.connect(name) as c:
+        with deadline(10):
+            seqs = [c.submit(raw, 0, 1000 * (i + 1)) for i in range(200)]
+            got = []
+            while len(got) < 200:
+                got += c.poll()
+        assert [s for s, _ in got] == seqs
+        assert srv.stats()["rejected_full"] == 0
+
+
+def test_stop_drains_accepted_requests(model):
+    name = uname()
+    raws = ticks(200, model.feature_spec.raw_len)
+    srv = fastpath.serve(name, model, cfg())
+    c = fastpath.connect(name)
+    seqs = [c.submit(raws[i], 0, 1000 * (i + 1)) for i in range(200)]
+    with deadline(10):
+        srv.stop()
+    got = c.poll()
+    assert [s for s, _ in got] == seqs
+    with deadline(5), pytest.raises(ServerGone, match="stop"):
+        c.step(raws[0], 0, 10**9)
+    c.close()
+
+
+SERVER = textwrap.dedent("""
+    import sys, fastpath
+    srv = fastpath.serve(sys.argv[1], config={"serve": {"place": False, "idle": "yield",
+                                                         "idle_spin_ns": 50000}})
+    print("ready", flush=True)
+    sys.stdin.read()
+""")
+
+
+@contextmanager
+def server_process(name):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    p = subprocess.Popen([sys.executable, "-c", SERVER, name], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+        if os.path.exists(segment_path(name)):
+            os.unlink(segment_path(name))
+
+
+@pytest.mark.parametrize("reap", [True, False], ids=["reaped", "zombie"])
+def test_worker_killed_is_server_gone_then_replaced(reap):
+    name = uname()
+    raw = np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+    with server_process(name) as p:
+        c = fastpath.connect(name, timeout=5)
+        c.step(raw, 0)
+        assert c.server_pid == p.pid
+        p.kill()
+        if reap:
+            p.wait(timeout=10)
+        # the heartbeat goes stale and the pid is gone (or a zombie): an error, not a hang
+        with deadline(5), pytest.raises(ServerGone, match="dead"):
+            c.step(raw, 0)
+        c.close()
+        p.wait(timeout=10)
+        # kill -9 left the segment behind: connecting says so, a new server replaces it
+        assert os.path.exists(segment_path(name))
+        with pytest.raises(ServerGone, match="left from a server"):
+            fastpath.connect(name, timeout=0.05)
+        with fastpath.serve(name, None, cfg()) as srv:
+            assert srv.replaced == p.pid
+            with fastpath.connect(name) as c2:
+                assert c2.step(raw, 0).signal == fastpath.Engine(DEMO_MODEL, config=cfg()).step(raw, 0).signal
+
+
+KILLED_CLIENT = textwrap.dedent("""
+    import sys, numpy as np, fastpath
+    c = fastpath.connect(sys.argv[1], timeout=5)
+    raw = np.zeros(c.raw_len, np.float32)
+    for i in range(3):                      # mid-stream: answers left untaken in its ring
+        c.submit(raw, 0)
+    print("submitted", flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_killed_client_frees_its_slot():
+    """max_clients = 1: the next client can only connect once the worker has noticed the dead
+    one and freed its rings."""
+    name = uname()
+    raw = np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    with fastpath.serve(name, None, cfg(max_clients=1)) as srv:
+        p = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, name], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env=env, text=True)
+        assert p.stdout.readline().strip() == "submitted"
+        with pytest.raises(ServeError, match="client slots taken"):
+            fastpath.connect(name, timeout=0)
+        p.kill()
+        p.wait(timeout=10)
+        with deadline(10):
+            while srv.stats()["clients_reaped"] == 0:
+                time.sleep(0.001)
+        with fastpath.connect(name) as c:
+            r = c.step(raw, 1)
+            assert r.seq == 1
+        assert srv.stats()["clients_reaped"] == 1
+
+
+def test_placement_report_reaches_clients(model):
+    name = uname()
+    with fastpath.serve(name, model, cfg(place=True)) as srv, fastpath.connect(name) as c:
+        rep = c.placement
+        assert rep == srv.placement
+        assert "core" in rep and "policy_granted" in rep and "placed" in rep
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+def test_c_client_round_trip(tmp_path):
+    exe = tmp_path / "client"
+    subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{fastpath.get_include()}",
+                    os.path.join(REPO, "tests", "c", "client.c"), "-o", str(exe)], check=True,
+                   timeout=60)
+    eng_cfg = cfg()
+    local = fastpath.Engine(DEMO_MODEL, config=eng_cfg)
+    n = 2000
+    raws = ticks(n, local.raw_len, seed=3)
+    raws.tofile(tmp_path / "in.f32")
+    name = uname()
+    with fastpath.serve(name, None, eng_cfg) as srv:
+        out = subprocess.run([str(exe), name, "check", str(tmp_path / "in.f32"), str(n), "2", "3",
+                              str(tmp_path / "out.f32")], timeout=60)
+        assert out.returncode == 0
+        assert srv.stats()["served"] == n
+    got = np.fromfile(tmp_path / "out.f32", np.float32).reshape(n, 2)
+    syms = 2 + np.arange(n) % 3
+    ref = local.step_batch(raws, syms, 1000 * (np.arange(n, dtype=np.int64) + 1))
+    np.testing.assert_array_equal(got[:, 0], ref.signal)
+    np.testing.assert_array_equal(got[:, 1], ref.confidence)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("on_full", "drop", "serve.on_full must be one of"),
+    ("ring_slots", 1000, "serve.ring_slots must be a power of two"),
+    ("ring_slots", 1, r"serve.ring_slots must be in"),
+    ("mode", 0o400, "serve.mode must give the serving user read and write"),
+    ("mode", "0600", "serve.mode must be int"),
+    ("idle", "nap", "serve.idle must be one of"),
+    ("heartbeat_ms", 0, r"serve.heartbeat_ms must be in"),
+    ("dead_after_ms", 1, r"serve.dead_after_ms"),
+    ("bogus", 1, "unknown key serve.bogus"),
+])
+def test_serve_config_keys_are_checked(key, value, match):
+    from fastpath.control.config import load_config
+    with pytest.raises(ConfigError, match=match):
+        load_config({"serve": {key: value}})
+
+
+def test_example_config_serve_section_parses():
+    import tomllib
+    from fastpath._build import EXAMPLE_CONFIG
+    from fastpath.control.config import load_config
+    with open(EXAMPLE_CONFIG, "rb") as f:
+        assert "serve" in tomllib.load(f)
+    assert load_config(EXAMPLE_CONFIG).serve.mode == 0o600
+
+
+def test_cli_serve_stops_cleanly_on_sigterm(tmp_path):
+    conf = tmp_path / "serve.toml"
+    conf.write_text('[serve]\nplace = false\nidle = "yield"\n')
+    name = uname()
+    env = dict(os.environ, PYTHONPATH=REPO)
+    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
+                          "--config", str(conf), "--stats"], stdout=subprocess.PIPE, env=env,
+                         text=True)
+    try:
+        assert p.stdout.readline().startswith(f"serving '{name}'")
+        with fastpath.connect(name, timeout=5) as c:
+            raw = np.zeros(c.raw_len, np.float32)
+            for i in range(10):
+                c.step(raw, 0, 1000 * (i + 1))
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    assert p.returncode == 0
+    assert f"stopped '{name}': 10 served, 0 errors" in out
+    assert not os.path.exists(segment_path(name))
