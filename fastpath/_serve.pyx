@@ -157,6 +157,7 @@ cdef extern from *:
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
 _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
 _ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
+_POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
 _IDLE = {"spin": FP_IDLE_SPIN, "yield": FP_IDLE_YIELD, "sleep": FP_IDLE_SLEEP}
 # a live server pid whose loop has not beaten for this long is reported gone (SIGSTOP, debugger)
 STALL_NS = 2_000_000_000
@@ -263,78 +264,7 @@ def _reply_error(int err, unsigned long long seq, long long symbol, long long ts
 
 
 # --------------------------------------------------------------------------- worker side
-cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
-    """fp_engine_create with the parameters Engine._create prepares (same arrays, same policy,
-    same kernel set), so answers match a local Engine tick for tick. `keep` holds what must
-    outlive the engine (the control plane's memory region)."""
-    fs = model.feature_spec
-    pol = cfg.cache
-    layers = model.layers
-    cdef int L = len(layers), err = 0
-    cdef fp_engine_params p
-    cdef size_t wbytes = 0, sbytes = 0
-    cdef fp_engine *e = NULL
-    z_idx = np.ascontiguousarray(fs.z_idx, dtype=np.int32)
-    w_idx = np.ascontiguousarray(fs.w_idx, dtype=np.int32)
-    mean = np.ascontiguousarray(fs.mean, dtype=np.float32)
-    inv_std = np.ascontiguousarray(fs.inv_std, dtype=np.float32)
-    dims = np.ascontiguousarray([layers[0].weight.shape[1]] + [l.weight.shape[0] for l in layers],
-                                dtype=np.intc)
-    acts = np.ascontiguousarray([_ACTS[l.activation] for l in layers], dtype=np.intc)
-    ws = [np.ascontiguousarray(l.weight, dtype=np.float32) for l in layers]
-    bs = [np.ascontiguousarray(l.bias, dtype=np.float32) for l in layers]
-    cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-    cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-    cdef cnp.ndarray a
-    if wp == NULL or bp == NULL:
-        PyMem_Free(wp)
-        PyMem_Free(bp)
-        raise MemoryError()
-    try:
-        for i in range(L):
-            a = ws[i]
-            wp[i] = <const float *>cnp.PyArray_DATA(a)
-            a = bs[i]
-            bp[i] = <const float *>cnp.PyArray_DATA(a)
-        p.raw_len = fs.raw_len
-        p.n_z = len(z_idx)
-        p.n_w = len(w_idx)
-        p.window = fs.window
-        p.z_idx = <const int32_t *>cnp.PyArray_DATA(z_idx)
-        p.w_idx = <const int32_t *>cnp.PyArray_DATA(w_idx)
-        p.mean = <const float *>cnp.PyArray_DATA(mean)
-        p.inv_std = <const float *>cnp.PyArray_DATA(inv_std)
-        p.n_layers = L
-        p.dims = <const int *>cnp.PyArray_DATA(dims)
-        p.acts = <const int *>cnp.PyArray_DATA(acts)
-        p.weights = wp
-        p.biases = bp
-        p.arena_mem = NULL
-        p.state_mem = NULL
-        p.n_symbols = cfg.n_symbols
-        p.policy.enabled = 1 if pol.enabled else 0
-        p.policy.cos_threshold = pol.cos_threshold
-        p.policy.norm_tol = pol.norm_tol
-        p.policy.max_age_ns = pol.max_age_ns
-        p.policy.max_run = pol.max_run
-        p.isa = _ISA_BY_NAME[cfg.simd_resolved]
-        p.lat_capacity = cfg.latency_records
-        if cfg.memory is not None:
-            from fastpath.control.memory import allocate
-            fp_engine_sizes(&p, &wbytes, &sbytes)
-            region = allocate(wbytes + sbytes, cfg.memory.huge_pages, cfg.memory.mlock)
-            keep.append(region)
-            p.arena_mem = <void *><size_t>region.addr
-            p.state_mem = <void *>(<size_t>region.addr + wbytes)
-        e = fp_engine_create(&p, &err)
-    finally:
-        PyMem_Free(wp)
-        PyMem_Free(bp)
-    if e == NULL:
-        if err == FP_ERR_NOMEM:
-            raise MemoryError(f"cannot allocate an engine for {cfg.n_symbols} symbols")
-        raise FastpathError("engine parameters rejected by the C core")
-    return e
+include "_make_engine.pxi"
 
 
 cdef class Worker:

@@ -10,7 +10,7 @@ import os
 import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-COMPILED = {"fastpath._engine", "fastpath._kernels"}      # Cython, not parsed here
+COMPILED = {"fastpath._engine", "fastpath._kernels", "fastpath._serve"}      # Cython, not parsed here
 
 
 def _modules() -> dict:

@@ -62,7 +62,7 @@ def test_sdist_has_every_source_and_no_generated_file(tmp_path):
     need = {"setup.py", "pyproject.toml", "README.md", "MANIFEST.in",
             "fastpath/_csrc.pxd", "fastpath/py.typed", "fastpath/data/demo.fpm",
             "fastpath/data/fastpath.example.toml", "bench/schema.json"}
-    need |= _tree("fastpath", (".py", ".pyx", ".pxd", ".pyi"))
+    need |= _tree("fastpath", (".py", ".pyx", ".pxd", ".pxi", ".pyi", ".h"))
     need |= _tree("csrc", (".c", ".h"))                 # csrc/*.c and csrc/kernels/*.c: setup.py's glob
     need |= _tree("control", (".py",)) | _tree("bench", (".py",)) | _tree("tests", (".py",))
     need -= _generated_c()
@@ -80,6 +80,7 @@ def test_wheel_python_part_has_every_module_and_data_file(tmp_path):
     _setup(tmp_path, "build_py", "-d", str(lib))
     have = {str(p.relative_to(lib)) for p in lib.rglob("*") if p.is_file()}
     need = {"fastpath/py.typed", "fastpath/_engine.pyi", "fastpath/_kernels.pyi",
+            "fastpath/_serve.pyi", "fastpath/include/fp_ring.h",
             "fastpath/data/demo.fpm", "fastpath/data/fastpath.example.toml",
             "fastpath/bench/schema.json", "fastpath/control/__init__.py", "fastpath/control/doctor.py"}
     # every module of the source tree lands under its package name
@@ -88,5 +89,7 @@ def test_wheel_python_part_has_every_module_and_data_file(tmp_path):
     need |= {"fastpath/bench/" + p.split("/", 1)[1] for p in _tree("bench", (".py",))}
     missing = sorted(need - have)
     assert not missing, f"the wheel would lack {missing}"
-    stray = sorted(n for n in have if n.endswith((".c", ".pyx", ".pxd", ".h")))
+    # fastpath/include/ is the public header for C producers (fastpath.get_include())
+    stray = sorted(n for n in have if n.endswith((".c", ".pyx", ".pxd", ".pxi", ".h"))
+                   and not n.startswith("fastpath/include/"))
     assert not stray, f"build sources would be installed as package data: {stray}"
