@@ -30,6 +30,9 @@ from conftest import windowed_model
 BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
                                                 "idle_spin_ns": 50_000}}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# where the imported fastpath lives (site-packages, or the checkout for an editable install):
+# child processes must import the same build, not the source tree beside the tests
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
 
 
 def cfg(**serve):
@@ -145,10 +148,10 @@ def test_soak_two_client_processes(model, tmp_path):
         p = tmp_path / f"raws{k}.npy"
         np.save(p, ticks(n, raw_len, seed=10 + k))
         paths.append(p)
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
     with fastpath.serve(name, model, config):
         procs = [subprocess.Popen([sys.executable, str(script), name, str(paths[k]), str(4 * k),
-                                   str(tmp_path / f"out{k}.npz")], env=env) for k in range(2)]
+                                   str(tmp_path / f"out{k}.npz")], env=env, cwd=PKG_ROOT) for k in range(2)]
         for p in procs:
             assert p.wait(timeout=120) == 0
     for k in range(2):
@@ -280,9 +283,9 @@ SERVER = textwrap.dedent("""
 
 @contextmanager
 def server_process(name):
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
     p = subprocess.Popen([sys.executable, "-c", SERVER, name], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, env=env, text=True)
+                         stdout=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
     try:
         assert p.stdout.readline().strip() == "ready"
         yield p
@@ -336,10 +339,10 @@ def test_killed_client_frees_its_slot():
     one and freed its rings."""
     name = uname()
     raw = np.zeros(fastpath.get_default_engine().raw_len, np.float32)
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
     with fastpath.serve(name, None, cfg(max_clients=1)) as srv:
         p = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, name], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, env=env, text=True)
+                             stdout=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
         assert p.stdout.readline().strip() == "submitted"
         with pytest.raises(ServeError, match="client slots taken"):
             fastpath.connect(name, timeout=0)
@@ -416,10 +419,10 @@ def test_cli_serve_stops_cleanly_on_sigterm(tmp_path):
     conf = tmp_path / "serve.toml"
     conf.write_text('[serve]\nplace = false\nidle = "yield"\n')
     name = uname()
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
     p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
                           "--config", str(conf), "--stats"], stdout=subprocess.PIPE, env=env,
-                         text=True)
+                         text=True, cwd=PKG_ROOT)
     try:
         assert p.stdout.readline().startswith(f"serving '{name}'")
         with fastpath.connect(name, timeout=5) as c:
