@@ -53,7 +53,9 @@ exts = [extension("fastpath._engine", "fastpath/_engine.pyx"),
 # --- GPU stage: fastpath.gpu._protocol (the persistent path's slot protocol, plain C) and the
 # CUDA kernels compiled to a fatbin (sm_80, sm_90 + compute_90 PTX) when nvcc exists. Without
 # nvcc the build goes on and fastpath.gpu compiles csrc/cuda/*.cu with pycuda at first use.
-exts.append(extension("fastpath.gpu._protocol", "fastpath/gpu/_protocol.pyx"))
+# cythonized here into build/ (pruned from the sdist), so no generated .c sits in the package
+exts.append(cythonize([extension("fastpath.gpu._protocol", "fastpath/gpu/_protocol.pyx")],
+                      compiler_directives=directives, build_dir="build/cython")[0])
 
 
 def gpu_build_ext():
@@ -82,7 +84,7 @@ def gpu_build_ext():
                 return
             for cu in sorted(glob.glob("csrc/cuda/*.cu")):
                 out = os.path.join(dest, os.path.splitext(os.path.basename(cu))[0] + ".fatbin")
-                cmd = [nvcc, "-fatbin", *arches, "-o", out, cu]
+                cmd = [nvcc, "-fatbin", *arches, "-Icsrc", "-o", out, cu]
                 print(" ".join(cmd))
                 subprocess.run(cmd, check=True)
 

@@ -7,6 +7,7 @@
  */
 #include "fp_gpu.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,6 +20,10 @@
 #endif
 
 #define FP_GPU_CLOCK_EVERY 32
+
+/* the kernel (csrc/cuda/fp_mlp.cu) asserts the same offsets */
+_Static_assert(offsetof(fp_gpu_slot, resp_seq) == 64 && offsetof(fp_gpu_slot, stop) == 128 &&
+               sizeof(fp_gpu_slot) == FP_GPU_HDR_BYTES, "fp_gpu_slot layout");
 
 static int64_t fp_gpu_now_ns(void) {
     struct timespec t;

@@ -10,8 +10,10 @@
  * csrc/fp_math.h, the same code the CPU kernels run; a non-finite pre-activation marks the
  * sample refused, as the CPU's dense kernels do.
  */
-#include "../fp_math.h"
-#include "../fp_gpu.h"
+#include <stddef.h>
+
+#include "fp_math.h"   /* csrc/ on the include path (setup.py, the tests, SourceModule) */
+#include "fp_gpu.h"
 
 #define FP_GPU_MAX_LAYERS 16
 #define FP_WARP 32
@@ -27,6 +29,13 @@ struct fp_gpu_net {
     int n_layers, n_in, n_out, max_width;
     fp_gpu_layer layers[FP_GPU_MAX_LAYERS];
 };
+
+/* the host packs these with numpy (fastpath/gpu/_pack.py) and the slot with C (fp_gpu.c) */
+static_assert(sizeof(fp_gpu_layer) == 32, "fp_gpu_layer layout");
+static_assert(offsetof(fp_gpu_net, layers) == 16 && sizeof(fp_gpu_net) == 16 + 32 * 16,
+              "fp_gpu_net layout");
+static_assert(offsetof(fp_gpu_slot, resp_seq) == 64 && offsetof(fp_gpu_slot, stop) == 128 &&
+              sizeof(fp_gpu_slot) == FP_GPU_HDR_BYTES, "fp_gpu_slot layout");
 
 __device__ __forceinline__ unsigned long long fp_ld_acquire_sys(const uint64_t *p) {
     unsigned long long v;
