@@ -90,7 +90,8 @@ int fp_gpu_wait_ready(fp_gpu_slot *s, uint32_t want, int64_t timeout_ns);
  * with forward(ctx, x, out) (returns 1 if every pre-activation was finite), each after
  * spinning `delay_ns` (a slow device, so answers can arrive late), stop after
  * `max_answers` answers (then stay silent until stopped, as a hung kernel would), return
- * when stopped or after `idle_timeout_ns` without a request. Returns the answers given (-1: out of memory). */
+ * when stopped or after `idle_timeout_ns` without a request. Returns the answers given
+ * (-1: out of memory). */
 typedef int (*fp_gpu_forward_fn)(void *ctx, const float *x, float *out);
 int64_t fp_gpu_emulate_device(fp_gpu_slot *s, fp_gpu_forward_fn forward, void *ctx,
                               int64_t max_answers, int64_t delay_ns, int64_t idle_timeout_ns);

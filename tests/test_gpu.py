@@ -378,7 +378,7 @@ class FakeFunction:
         cu = self.cuda
         cu._check_ctx()
         assert len(args) == len(self.fmt), (self.fmt, args)
-        assert grid[0] <= cu.sm and block == (B.BLOCK, 1, 1)
+        assert 1 <= grid[0] <= cu.sm and block == (B.BLOCK, 1, 1)
         cu.launches.append((self.name, grid, args))
         if self.name == "fp_mlp_batch":
             d_net, d_w, d_x, d_a, d_b, d_y, d_st, tag, n, d_bar = args
@@ -453,9 +453,11 @@ def test_load_module_prefers_fatbin_then_sourcemodule(tmp_path, monkeypatch, fak
 
 
 def test_grid_never_exceeds_sms():
-    assert B.grid_for(132, 1) == 1
-    assert B.grid_for(132, 9) == 2
-    assert B.grid_for(132, 10**6) == 132
+    big = B.SMALL_MACS + 1
+    assert B.grid_for(132, 1, big) == 1
+    assert B.grid_for(132, 9, big) == 2
+    assert B.grid_for(132, 10**6, big) == 132
+    assert B.grid_for(132, 10**6, B.SMALL_MACS) == 1     # small models: one block, no atomics
 
 
 @pytest.mark.parametrize("act", ACTS)

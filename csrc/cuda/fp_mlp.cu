@@ -167,6 +167,8 @@ extern "C" __global__ void fp_mlp_persistent(const fp_gpu_net *net, const float 
         if (blockIdx.x == 0) {
             for (int i = threadIdx.x; i < n_out; i += blockDim.x)
                 ((volatile float *)outp)[i] = ((volatile float *)y)[i];
+            /* each writer fences its own stores at system scope before thread 0 publishes */
+            __threadfence_system();
             __syncthreads();
             if (threadIdx.x == 0) {
                 const int st = (*(volatile int *)status == tag) ? FP_GPU_ST_NONFINITE

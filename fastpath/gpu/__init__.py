@@ -25,7 +25,8 @@ def gpu_status() -> tuple:
     try:
         import pycuda.driver as cuda
     except ImportError as exc:
-        return False, f"pycuda not importable ({exc}); install fastpath[gpu] on a host with a driver"
+        return False, (f"pycuda not importable ({exc}); install fastpath[gpu] on a host with a "
+                       f"driver")
     try:
         cuda.init()
         n = cuda.Device.count()

@@ -123,9 +123,17 @@ class DeviceContext:
         self.ctx.detach()
 
 
-def grid_for(sm_count: int, items: int) -> int:
+SMALL_MACS = 1 << 16
+
+
+def grid_for(sm_count: int, items: int, macs: int) -> int:
     """Blocks for `items` warp-sized work items: enough warps for all, never more blocks than
-    SMs (the kernels' grid barrier needs every block resident at once)."""
+    SMs (the kernels' grid barrier needs every block resident at once). A model of at most
+    SMALL_MACS multiply-adds per row runs in one block: its barriers are then __syncthreads
+    (tens of ns) instead of grid barriers through L2 atomics (about a microsecond each),
+    which cost more than the warps they would add."""
+    if macs <= SMALL_MACS:
+        return 1
     want = -(-max(items, 1) // WARPS_PER_BLOCK)
     return max(1, min(sm_count, want))
 
@@ -182,7 +190,7 @@ class LaunchPath:
             cuda.memcpy_htod_async(int(self.d_x), self.h_x[:n], s)
             ev[1].record(s)
             self._fn.prepared_async_call(
-                (grid_for(self.dc.sm_count, items), 1), (BLOCK, 1, 1), s,
+                (grid_for(self.dc.sm_count, items, self.p.macs * n), 1), (BLOCK, 1, 1), s,
                 int(self.d_net), int(self.d_w), int(self.d_x), int(self.d_a), int(self.d_b),
                 int(self.d_y), int(self.d_st), self._next_tag(), n, int(self.d_bar))
             ev[2].record(s)
@@ -274,11 +282,11 @@ class PersistentPath:
             return
         P = self.P
         with self.dc.current():
+            grid = grid_for(self.dc.sm_count, max(self.p.dims[1:]), self.p.macs)
             self._fn.prepared_async_call(
-                (grid_for(self.dc.sm_count, max(self.p.dims[1:])), 1), (BLOCK, 1, 1),
-                self.stream, int(self.d_net), int(self.d_w), int(self.d_slot), int(self.d_x),
-                int(self.d_a), int(self.d_b), int(self.d_y), int(self.d_st), int(self.d_bar),
-                int(self.d_ctl))
+                (grid, 1), (BLOCK, 1, 1), self.stream, int(self.d_net), int(self.d_w),
+                int(self.d_slot), int(self.d_x), int(self.d_a), int(self.d_b), int(self.d_y),
+                int(self.d_st), int(self.d_bar), int(self.d_ctl))
             self.done.record(self.stream)
         self.running = True
         if self.slot.wait_ready(P.READY_RUNNING, timeout_ns or self.timeout_ns) != P.OK:
