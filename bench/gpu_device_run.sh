@@ -48,7 +48,7 @@ export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 step "pycuda: configure against $CUDA_ROOT"
 rm -rf "$WORK/pycuda" && mkdir -p "$WORK/pycuda"
 tar xzf "$CARRY"/pycuda-*.tar.gz -C "$WORK/pycuda" --strip-components=1 || die "bad sdist"
-# -lcuda: the toolkit's stub when it has one, else the driver's own libcuda.so.1 (linked
+# curand is not needed (and not in every toolkit). -lcuda: the toolkit's stub when it has one, else the driver's own libcuda.so.1 (linked
 # through a libcuda.so link in a folder of ours: the driver ships no unversioned name)
 LIBDIR="${CUDA_LIBDIR:-$CUDA_ROOT/lib64/stubs}"
 if [ ! -e "$LIBDIR/libcuda.so" ]; then
@@ -57,13 +57,15 @@ if [ ! -e "$LIBDIR/libcuda.so" ]; then
     [ -n "$real" ] || die "no libcuda.so to link pycuda against"
     LIBDIR="$WORK/cudalib"; mkdir -p "$LIBDIR"; ln -sf "$real" "$LIBDIR/libcuda.so"
 fi
-(cd "$WORK/pycuda" && $PY configure.py --cuda-root="$CUDA_ROOT" --cudadrv-lib-dir="$LIBDIR" \
+(cd "$WORK/pycuda" && $PY configure.py --cuda-root="$CUDA_ROOT" --cudadrv-lib-dir="$LIBDIR" --no-cuda-enable-curand \
     >>"$BUILD_LOG" 2>&1) || die "pycuda configure failed"
 
 step "pycuda: build_ext in place, $JOBS compiles at a time"
 # setuptools compiles one file at a time; pycuda's _driver is ~40 C++ files (boost.python
 # included): compile them concurrently, link as usual
-(cd "$WORK/pycuda" && $PY - "$JOBS" >>"$BUILD_LOG" 2>&1 <<'PYEOF'
+# --no-as-needed: keep libcuda.so.1 as a dependency even where -lcuda resolved against a stub
+# without symbols (this gcc drops a library nothing was resolved from)
+(cd "$WORK/pycuda" && LDFLAGS="-Wl,--no-as-needed" $PY - "$JOBS" >>"$BUILD_LOG" 2>&1 <<'PYEOF'
 import sys
 from multiprocessing.pool import ThreadPool
 from setuptools._distutils import ccompiler

@@ -521,6 +521,20 @@ def test_persistent_path_host_logic(fake_fatbin):
     assert be.path is None
 
 
+def test_stopped_persistent_path_is_not_restarted(fake_fatbin):
+    m = random_model(np.random.default_rng(14), [4, 2])
+    cu = FakeCuda()
+    be = GpuBackend(m, "persistent", cuda=cu, timeout_ns=5 * 10**9)
+    path = be.path
+    path.stop()
+    with pytest.raises(BackendError, match="stopped"):
+        path.start()
+    with pytest.raises(BackendError, match="not running"):
+        be.infer(np.zeros(4, np.float32))
+    be.close()
+    assert len(cu.launches) == 1
+
+
 def test_persistent_kernel_that_never_starts_is_an_error(fake_fatbin):
     m = random_model(np.random.default_rng(9), [4, 2])
     cu = FakeCuda(kernel_mode="never_starts")
@@ -559,6 +573,16 @@ def test_gpu_engine_matches_cpu_engine(fake_fatbin, mode, isa):
         r = getattr(g, "result", g)
         assert abs(r.signal - w.signal) < 1e-5 and abs(r.confidence - w.confidence) < 1e-5
     assert ge.engine.ticks == 40
+
+
+def test_gpu_engine_mode_from_config(fake_fatbin):
+    m = random_model(np.random.default_rng(15), [4, 2])
+    cu = FakeCuda()
+    with GpuEngine(m, {"gpu": {"mode": "persistent"}, "engine": {"n_symbols": 2}},
+                   cuda=cu, timeout_ns=5 * 10**9) as ge:
+        assert ge.mode == "persistent" and ge.engine.n_symbols == 2
+        ge.step(np.ones(4, np.float32), 1)
+    assert cu.launches[0][0] == "fp_mlp_persistent"
 
 
 def test_gpu_engine_refuses_nonfinite_like_cpu(fake_fatbin):

@@ -138,8 +138,11 @@ class GpuEngine:
     def __init__(self, model, config: Any = None, mode: str | None = None, device: int = 0,
                  backend: GpuBackend | None = None, **kw):
         import fastpath
-        self.engine = fastpath.Engine(model, backend="cpu", config=config)
         self.mode = mode or gpu_mode(config)
+        # the control plane's config has no [gpu] section yet: the engine gets the rest
+        cpu_cfg = ({k: v for k, v in config.items() if k != "gpu"} if isinstance(config, dict)
+                   else config)
+        self.engine = fastpath.Engine(model, backend="cpu", config=cpu_cfg)
         self.backend = backend or GpuBackend(self.engine.model, self.mode, device, **kw)
 
     def step(self, raw, symbol: int = 0, ts_ns=None) -> GpuTick:

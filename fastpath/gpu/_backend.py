@@ -280,6 +280,9 @@ class PersistentPath:
     def start(self, timeout_ns: int | None = None) -> None:
         if self.running:
             return
+        if self.slot.state["stop"]:
+            # the slot's stop flag stays set: a kernel launched on it would return at once
+            raise BackendError("this persistent path was stopped; make a new GpuBackend")
         P = self.P
         with self.dc.current():
             grid = grid_for(self.dc.sm_count, max(self.p.dims[1:]), self.p.macs)
