@@ -304,13 +304,11 @@ class FakeCuda:
             def record(self, stream=None):
                 self.thread = fake.threads[-1] if stream is not None and fake.threads else None
 
-            def synchronize(self):
-                if fake.kernel_mode == "fault":
-                    raise FakeError("an illegal memory access was encountered")
-
             def query(self):
                 if fake.kernel_mode == "fault":
                     raise FakeError("an illegal memory access was encountered")
+                if fake.kernel_mode == "launch_never_ends":
+                    return False
                 return self.thread is None or not self.thread.is_alive()
 
             def time_since(self, other):
@@ -502,6 +500,15 @@ def test_launch_path_fault_pops_context(fake_fatbin):
     assert cu.depth == 0
 
 
+def test_launch_that_never_completes_is_an_error(fake_fatbin):
+    m = random_model(np.random.default_rng(16), [4, 2])
+    cu = FakeCuda(kernel_mode="launch_never_ends")
+    be = GpuBackend(m, "launch", cuda=cu, timeout_ns=2 * 10**6)
+    with pytest.raises(BackendError, match="did not complete"):
+        be.infer(np.zeros(4, np.float32))
+    assert cu.depth == 0 and be.path._inflight == 0
+
+
 def test_persistent_path_host_logic(fake_fatbin):
     rng = np.random.default_rng(8)
     m = random_model(rng, [9, 16, 2], ["tanh", "identity"])
@@ -657,3 +664,21 @@ def test_gpu_check_report_on_stand_in(tmp_path, monkeypatch, fake_fatbin):
     assert r["max_abs_err"] < 1e-4 and r["targets"]["largest_model_rel_within_1e-4"]
     assert r["demo_end_to_end"]["persistent"]["signal_max_abs_err"] < 1e-5
     assert cu.depth == 0
+
+
+def test_gpu_check_records_a_broken_path_and_goes_on(tmp_path, monkeypatch, fake_fatbin):
+    cu = FakeCuda(kernel_mode="never_starts")      # the persistent kernel never comes up
+    _fake_pycuda(monkeypatch, cu)
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: None)
+    gc = _gpu_check()
+    monkeypatch.setattr(gc, "MODELS", [(256, 256, 2)])
+    try:
+        assert gc.main(["--out", str(tmp_path), "--iters", "10", "--quick"]) == 1
+    finally:
+        gpu_status.cache_clear()
+    import json
+    r = json.loads(next(tmp_path.glob("gpu-*.json")).read_text())
+    assert r["persistent"] is None and r["launch"]["p50_ns"] > 0
+    assert any("persistent" in f and "did not start" in f for f in r["failures"])
+    assert r["targets"]["persistent_p50_le_5us"] is None and r["targets"]["no_failures"] is False
+    assert r["crossover"][1]["launch_p50_ns"] is not None

@@ -75,7 +75,7 @@ class GpuBackend:
             module, self.module_origin = B.load_module(cuda)
         self.info = self.dc.info()
         if mode == "launch":
-            self.path = B.LaunchPath(self.dc, module, self.packed, max_batch)
+            self.path = B.LaunchPath(self.dc, module, self.packed, max_batch, timeout_ns)
         else:
             self.path = B.PersistentPath(self.dc, module, self.packed, timeout_ns)
             self.path.start()

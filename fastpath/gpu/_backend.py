@@ -141,9 +141,11 @@ def grid_for(sm_count: int, items: int, macs: int) -> int:
 class LaunchPath:
     """One launch per call: pinned H2D, the kernel, pinned D2H on one stream, with events."""
 
-    def __init__(self, dc: DeviceContext, module, p: PackedNet, max_batch: int = 1024):
+    def __init__(self, dc: DeviceContext, module, p: PackedNet, max_batch: int = 1024,
+                 timeout_ns: int = DEFAULT_TIMEOUT_NS):
         cuda = self.cuda = dc.cuda
         self.dc, self.p, self.max_batch = dc, p, int(max_batch)
+        self.timeout_ns = int(timeout_ns)
         n, w = self.max_batch, p.max_width
         with dc.current():
             self._fn = module.get_function("fp_mlp_batch")
@@ -205,9 +207,14 @@ class LaunchPath:
         if not n:
             raise BackendError("no batch in flight")
         ev = self.ev
+        deadline = time.monotonic_ns() + self.timeout_ns
         with self.dc.current():
+            # polled, not Event.synchronize(): a kernel that never ends is an error, not a hang
             try:
-                ev[3].synchronize()
+                while not ev[3].query():
+                    if time.monotonic_ns() > deadline:
+                        raise BackendError(f"the launch did not complete within "
+                                           f"{self.timeout_ns / 1e9:g} s")
             except self.cuda.Error as exc:
                 raise BackendError(f"GPU kernel failed ({type(exc).__name__}: {exc}); the "
                                    f"context may be unusable") from None
