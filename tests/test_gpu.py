@@ -7,6 +7,7 @@ the tests that need one skip with gpu_status()'s reason.
 """
 import glob
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -65,6 +66,21 @@ def test_cuda_source_compiles_to_sm80_sm90_fatbin(cu, tmp_path):
     if os.path.exists(dump):
         elf = subprocess.run([dump, "--list-elf", str(out)], capture_output=True, text=True)
         assert "sm_80" in elf.stdout and "sm_90" in elf.stdout, elf.stdout
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found: the CUDA sources are not compiled here")
+@pytest.mark.parametrize("sm", ["sm_80", "sm_90"])
+def test_kernels_fit_one_block_per_sm(sm, tmp_path):
+    # the grid barrier needs every block resident: one BLOCK-thread block must fit an SM's
+    # 64k registers, and nothing may spill to local memory on the tick's path
+    r = subprocess.run([NVCC, "-cubin", f"-arch={sm}", "-Xptxas", "-v", "-I",
+                        os.path.join(ROOT, "csrc"), "-o", str(tmp_path / "k.cubin"), CU[0]],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    regs = [int(n) for n in re.findall(r"Used (\d+) registers", r.stderr)]
+    assert len(regs) == 2 and max(regs) * B.BLOCK <= 65536, r.stderr
+    assert "0 bytes spill stores" in r.stderr and " spill stores" not in r.stderr.replace(
+        "0 bytes spill stores", "")
 
 
 def test_there_are_cuda_sources():
