@@ -563,7 +563,7 @@ def test_persistent_kernel_that_never_starts_is_an_error(fake_fatbin):
     cu = FakeCuda(kernel_mode="never_starts")
     with pytest.raises(BackendError, match="did not start"):
         GpuBackend(m, "persistent", cuda=cu, timeout_ns=2 * 10**6)
-    assert cu.depth == 0
+    assert cu.depth == 0 and cu.detached
 
 
 def test_persistent_kernel_that_stops_answering_times_out(fake_fatbin):

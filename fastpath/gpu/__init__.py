@@ -78,7 +78,14 @@ class GpuBackend:
             self.path = B.LaunchPath(self.dc, module, self.packed, max_batch, timeout_ns)
         else:
             self.path = B.PersistentPath(self.dc, module, self.packed, timeout_ns)
-            self.path.start()
+            try:
+                self.path.start()
+            except BackendError:
+                # the last reference to the primary context goes: a kernel left running dies
+                # with it instead of spinning on for the life of the process
+                self.path = None
+                self.dc.release()
+                raise
         self._module = module
 
     @property
