@@ -104,6 +104,33 @@ rm -rf "$WORK/fp"
 export PYTHONPATH="$WORK/fp:$PYTHONPATH"
 ls "$WORK/fp/fastpath/gpu" | tee -a "$BUILD_LOG"
 
+step "the SourceModule fallback (what a build without nvcc loads)"
+(cd "$WORK" && FASTPATH_CUDA_CACHE="$WORK/cuda-cache" timeout 120 $PY - 2>&1 <<'PYEOF' | tee -a "$BUILD_LOG"
+import numpy as np
+import pycuda.driver as cuda
+from fastpath.gpu import _backend as B
+from fastpath.gpu._pack import pack, packed_forward
+from fastpath.model import Layer
+
+rng = np.random.default_rng(0)
+layers = [Layer(rng.standard_normal((64, 40)).astype(np.float32) / 7, np.zeros(64, np.float32),
+                "tanh"), Layer(rng.standard_normal((2, 64)).astype(np.float32) / 8,
+                               np.zeros(2, np.float32), "identity")]
+p = pack(layers)
+dc = B.DeviceContext(cuda, 0)
+with dc.current():
+    mod, how = B.load_module(cuda, fatbin="/nonexistent.fatbin")
+print("loaded:", how)
+path = B.LaunchPath(dc, mod, p, 4)
+x = rng.standard_normal(40).astype(np.float32)
+y, bad, t = path.infer(x)
+err = float(np.abs(y - packed_forward(p, x)[0][0]).max())
+print("max abs err vs numpy:", err, "refused:", bad, t)
+path.close()
+dc.release()
+PYEOF
+)
+
 step "GPU tests"
 (cd "$WORK" && timeout 180 $PY -m pytest -q -p no:cacheprovider "$ROOT/tests/test_gpu.py" \
     "$ROOT/tests/test_gpu_protocol.py" 2>&1 | tee "$OUT/pytest.log" | tail -15)
