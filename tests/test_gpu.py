@@ -21,7 +21,7 @@ import pytest
 
 import fastpath
 from fastpath.errors import BackendError, ConfigError
-from fastpath.gpu import GpuBackend, GpuEngine, gpu_mode, gpu_status
+from fastpath.gpu import GpuBackend, GpuEngine, auto_choice, gpu_mode, gpu_status
 from fastpath.gpu import _backend as B
 from fastpath.gpu import _protocol as P
 from fastpath.gpu._pack import NET_DTYPE, pack, packed_forward
@@ -196,6 +196,26 @@ def test_gpu_mode_from_config():
     assert gpu_mode({"gpu": {"mode": "persistent"}}) == "persistent"
     with pytest.raises(ConfigError, match="gpu.mode"):
         gpu_mode({"gpu": {"mode": "zero-copy"}})
+
+
+def test_auto_choice_without_gpu_picks_cpu_and_says_why():
+    ok, why = gpu_status()
+    if ok:
+        pytest.skip("a GPU is usable here")
+    m = random_model(np.random.default_rng(0), [8, 4, 2])
+    c = auto_choice(m, iters=5)
+    assert c["backend"] == "cpu" and c["gpu_p50_ns"] is None and why in c["reason"]
+    assert c["cpu_p50_ns"] > 0
+
+
+def test_auto_choice_measures_both(fake_fatbin):
+    m = random_model(np.random.default_rng(0), [8, 4, 2])
+    c = auto_choice(m, "launch", iters=5, cuda=FakeCuda())
+    # the stand-in's launch costs far more host time than an 8->4->2 forward on the CPU
+    assert c["backend"] == "cpu" and c["gpu_p50_ns"] > c["cpu_p50_ns"] > 0
+    assert "gpu launch" in c["reason"] and str(c["cpu_p50_ns"]) in c["reason"]
+    bad = auto_choice(m, "launch", iters=5, cuda=FakeCuda(kernel_mode="fault"))
+    assert bad["backend"] == "cpu" and "failed" in bad["reason"]
 
 
 def test_backend_without_gpu_is_clear():

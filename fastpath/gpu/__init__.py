@@ -126,6 +126,43 @@ class GpuBackend:
         self.close()
 
 
+def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None = None,
+                cuda=None) -> dict:
+    """What backend="auto" should run: the model's forward timed on this CPU (the engine's
+    kernel set) and, when a GPU is usable, on the GPU in `mode`; the faster at p50 wins.
+    Returns {"backend", "reason", "cpu_p50_ns", "gpu_p50_ns", "mode"}; the reason names
+    both figures, or why the GPU was not measured."""
+    from fastpath._engine import best_isa
+    from fastpath._kernels import PackedMLP
+    layers = getattr(model, "layers", model)
+    m = PackedMLP([L.weight for L in layers], [L.bias for L in layers],
+                  [L.activation for L in layers], isa or best_isa())
+    x = np.zeros(m.n_in, np.float32)
+    for _ in range(min(iters, 50)):
+        m.time_forward(x, 1)
+    cpu = int(np.median([m.time_forward(x, 1) for _ in range(iters)]))
+    out = {"backend": "cpu", "mode": mode, "cpu_p50_ns": cpu, "gpu_p50_ns": None}
+    if cuda is None:
+        ok, why = gpu_status()
+        if not ok:
+            out["reason"] = f"auto: cpu chosen ({why})"
+            return out
+    try:
+        with GpuBackend(layers, mode, cuda=cuda) as be:
+            for _ in range(min(iters, 50)):
+                be.infer(x)
+            gpu = int(np.median([be.infer(x)[2].total_ns for _ in range(iters)]))
+    except BackendError as exc:
+        out["reason"] = f"auto: cpu chosen (the GPU {mode} path failed: {exc})"
+        return out
+    out["gpu_p50_ns"] = gpu
+    won = "gpu" if gpu < cpu else "cpu"
+    out["backend"] = won
+    out["reason"] = (f"auto: {won} chosen (forward p50: cpu {cpu} ns, gpu {mode} {gpu} ns, "
+                     f"{sum(L.weight.size for L in layers)} multiply-adds)")
+    return out
+
+
 class GpuTick(NamedTuple):
     """One tick through GpuEngine: the engine's Result (its latency.infer_ns is the whole GPU
     call, h2d + kernel + d2h) and the GPU stages; cpu_ns is the host time outside the GPU
