@@ -7,8 +7,7 @@
 # markupsafe present; no pycuda, pytools, platformdirs, siphash24 or mako; no network.
 # Carry, in the repo root's .whl/ (ignored by git: `echo /.whl/ >> .git/info/exclude`):
 #
-#   pycuda-2026.1.tar.gz                      pip download --no-deps --no-binary :all: \
-#                                                 pycuda==2026.1 -d .whl
+#   pycuda-2026.1.tar.gz (it has no wheel):  python3 -m pip download --no-deps pycuda==2026.1 -d .whl
 #   pytools, platformdirs, mako (py3-none-any), siphash24 (cp312 manylinux), setuptools and
 #   Cython (so the build does not depend on the host's versions):
 #       python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -18,6 +17,9 @@
 #
 # and call the device tool with carry [".whl"], e.g.
 #   command: bash bench/gpu_device_run.sh        timeout_s: 560
+# Tried where no GPU is (Python 3.12.1, CUDA 13.0 headers, pycuda 2026.1): every step up to
+# the first import of pycuda.driver, which needs the driver. The versions above are the ones
+# tried; pins newer than these have not been.
 # Everything lands in $OUT (default ./gpu-out): gpu-<device>.json, gpu_check.log,
 # pytest.log, build.log. Each step prints a line first, so a cut-off log says where it was.
 set -uo pipefail
