@@ -100,7 +100,8 @@ export PYTHONPATH="$WORK/pycuda:$PYTHONPATH"
     || die "pycuda does not import"
 
 step "fastpath: build (C, Cython, fatbin) and install into $WORK/fp"
-rm -rf "$WORK/fp"
+# C that Cython generated for another Cython/numpy pair does not compile against this one
+rm -rf "$WORK/fp" "$ROOT/build" "$ROOT"/fastpath/_engine.c "$ROOT"/fastpath/_kernels.c
 (cd "$ROOT" && $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
     --target "$WORK/fp" . >>"$BUILD_LOG" 2>&1) || die "fastpath build failed"
 export PYTHONPATH="$WORK/fp:$PYTHONPATH"
