@@ -16,13 +16,14 @@ from fastpath.errors import (BackendError, ConfigError, EngineBusyError, Fastpat
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
 from fastpath.errors import RingFull, ServeError, ServerGone
 from fastpath.serving import Server, connect, serve
+from fastpath.gpu import gpu_status
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Engine", "Result", "Latency", "BatchResult", "step", "simd", "configure", "clock_info",
     "cpu_features", "Model", "Layer", "FeatureSpec", "CachePolicy", "FastpathError", "InputError",
-    "ModelError", "ConfigError", "BackendError", "EngineBusyError", "__version__",
+    "ModelError", "ConfigError", "BackendError", "EngineBusyError", "__version__", "gpu_status",
     "serve", "connect", "Server", "get_include", "ServeError", "ServerGone", "RingFull",
 ]
 

@@ -63,7 +63,7 @@ def test_sdist_has_every_source_and_no_generated_file(tmp_path):
             "fastpath/_csrc.pxd", "fastpath/py.typed", "fastpath/data/demo.fpm",
             "fastpath/data/fastpath.example.toml", "bench/schema.json"}
     need |= _tree("fastpath", (".py", ".pyx", ".pxd", ".pxi", ".pyi", ".h"))
-    need |= _tree("csrc", (".c", ".h"))                 # csrc/*.c and csrc/kernels/*.c: setup.py's glob
+    need |= _tree("csrc", (".c", ".h", ".cu"))               # csrc/*.c and csrc/kernels/*.c: setup.py's glob
     need |= _tree("control", (".py",)) | _tree("bench", (".py",)) | _tree("tests", (".py",))
     need -= _generated_c()
     assert {"fastpath/_engine.pyx", "fastpath/_kernels.pyx"} <= need

@@ -1,0 +1,257 @@
+"""The GPU stage: the model's forward pass on an NVIDIA GPU through pycuda, features and the
+cache staying on the CPU. `import fastpath` (and this package) never imports pycuda.
+
+Design: gpu_status() is one cached probe, (ok, reason). Without a driver `import
+pycuda.driver` raises ImportError (it links libcuda.so.1); with a driver and no device,
+cuda.init() raises a pycuda.driver.Error subclass; both become (False, reason).
+GpuBackend runs the model (the launch path or the persistent path, fastpath.gpu._backend);
+GpuEngine puts it behind a CPU Engine's validation, features, cache, head and store.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fastpath.errors import BackendError, ConfigError
+
+MODES = ("launch", "persistent")
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_status() -> tuple:
+    try:
+        import pycuda.driver as cuda
+    except ImportError as exc:
+        return False, (f"pycuda not importable ({exc}); install fastpath[gpu] on a host with a "
+                       f"driver")
+    try:
+        cuda.init()
+        n = cuda.Device.count()
+        name = cuda.Device(0).name() if n else ""
+    except Exception as exc:  # noqa: BLE001 - pycuda.driver.Error and subclasses
+        return False, f"CUDA init failed ({type(exc).__name__}: {exc})"
+    if n < 1:
+        return False, "no CUDA device"
+    return True, f"{n} CUDA device(s), device 0: {name}"
+
+
+def gpu_mode(config: Any) -> str:
+    """The GPU mode a config asks for ({"gpu": {"mode": ...}}, default "launch")."""
+    sec = (config or {}).get("gpu", {}) if isinstance(config, dict) else {}
+    mode = sec.get("mode", "launch") if isinstance(sec, dict) else None
+    if mode not in MODES:
+        raise ConfigError(f"gpu.mode must be one of {list(MODES)}, got {mode!r}")
+    return mode
+
+
+class GpuBackend:
+    """The model on device `device`: weights uploaded once, buffers allocated once.
+
+    mode "launch": per call pinned H2D -> one kernel launch -> pinned D2H on one stream,
+    each stage timed with CUDA events; infer_batch sends up to max_batch rows per launch.
+    mode "persistent": a kernel launched at construction serves a slot in mapped host memory;
+    infer is one C call (write features, publish, spin for the answer, with a deadline).
+    close() (or the context manager) stops the kernel and frees the device memory."""
+
+    def __init__(self, model, mode: str = "launch", device: int = 0, max_batch: int = 1024,
+                 timeout_ns: int = 1_000_000_000, cuda=None):
+        from fastpath.gpu import _backend as B
+        from fastpath.gpu._pack import pack
+        if mode not in MODES:
+            raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
+        if cuda is None:
+            ok, why = gpu_status()
+            if not ok:
+                raise BackendError(f"no usable GPU: {why}")
+            import pycuda.driver as cuda
+        layers = getattr(model, "layers", model)
+        self.packed = pack(layers)
+        self.mode = mode
+        self.dc = B.DeviceContext(cuda, device)
+        with self.dc.current():
+            module, self.module_origin = B.load_module(cuda)
+        self.info = self.dc.info()
+        if mode == "launch":
+            self.path = B.LaunchPath(self.dc, module, self.packed, max_batch, timeout_ns)
+        else:
+            self.path = B.PersistentPath(self.dc, module, self.packed, timeout_ns)
+            try:
+                self.path.start()
+            except BackendError:
+                # the last reference to the primary context goes: a kernel left running dies
+                # with it instead of spinning on for the life of the process
+                self.path = None
+                self.dc.release()
+                raise
+        self._module = module
+
+    @property
+    def macs(self) -> int:
+        return self.packed.macs
+
+    def infer(self, x: np.ndarray) -> tuple:
+        """features (n_in,) float32 -> (outputs (n_out,), nonfinite: bool, Timing)."""
+        return self.path.infer(np.ascontiguousarray(x, np.float32))
+
+    def infer_batch(self, X: np.ndarray) -> tuple:
+        """rows (n, n_in) -> (outputs (n, n_out), nonfinite (n,), [Timing per launch]);
+        launch mode sends max_batch rows per launch, persistent mode one request per row."""
+        X = np.ascontiguousarray(X, np.float32)
+        if self.mode == "persistent":
+            outs = [self.path.infer(x) for x in X]
+            return (np.array([o[0] for o in outs]).reshape(len(X), -1),
+                    np.array([o[1] for o in outs], bool), [o[2] for o in outs])
+        ys, bads, ts = [], [], []
+        for i in range(0, len(X), self.path.max_batch):
+            self.path.submit(X[i:i + self.path.max_batch])
+            y, bad, t = self.path.collect()
+            ys.append(y), bads.append(bad), ts.append(t)
+        return np.concatenate(ys), np.concatenate(bads), ts
+
+    def close(self) -> None:
+        if self.path is not None:
+            try:
+                self.path.close()
+            finally:
+                self.path = None
+                self.dc.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None = None,
+                cuda=None) -> dict:
+    """What backend="auto" should run: the model's forward timed on this CPU (the engine's
+    kernel set) and, when a GPU is usable, on the GPU in `mode`; the faster at p50 wins.
+    Returns {"backend", "reason", "cpu_p50_ns", "gpu_p50_ns", "mode"}; the reason names
+    both figures, or why the GPU was not measured."""
+    from fastpath._engine import best_isa
+    from fastpath._kernels import PackedMLP
+    layers = getattr(model, "layers", model)
+    m = PackedMLP([L.weight for L in layers], [L.bias for L in layers],
+                  [L.activation for L in layers], isa or best_isa())
+    x = np.zeros(m.n_in, np.float32)
+    for _ in range(min(iters, 50)):
+        m.time_forward(x, 1)
+    cpu = int(np.median([m.time_forward(x, 1) for _ in range(iters)]))
+    out = {"backend": "cpu", "mode": mode, "cpu_p50_ns": cpu, "gpu_p50_ns": None}
+    if cuda is None:
+        ok, why = gpu_status()
+        if not ok:
+            out["reason"] = f"auto: cpu chosen ({why})"
+            return out
+    try:
+        with GpuBackend(layers, mode, cuda=cuda) as be:
+            for _ in range(min(iters, 50)):
+                be.infer(x)
+            gpu = int(np.median([be.infer(x)[2].total_ns for _ in range(iters)]))
+    except BackendError as exc:
+        out["reason"] = f"auto: cpu chosen (the GPU {mode} path failed: {exc})"
+        return out
+    out["gpu_p50_ns"] = gpu
+    won = "gpu" if gpu < cpu else "cpu"
+    out["backend"] = won
+    out["reason"] = (f"auto: {won} chosen (forward p50: cpu {cpu} ns, gpu {mode} {gpu} ns, "
+                     f"{sum(L.weight.size for L in layers)} multiply-adds)")
+    return out
+
+
+class GpuTick(NamedTuple):
+    """One tick through GpuEngine: the engine's Result (its latency.infer_ns is the whole GPU
+    call, h2d + kernel + d2h) and the GPU stages; cpu_ns is the host time outside the GPU
+    call (features, cache, head, store, Python)."""
+    result: Any
+    h2d_ns: int
+    infer_ns: int
+    d2h_ns: int
+    total_ns: int
+
+
+class GpuEngine:
+    """A CPU Engine whose model runs on the GPU: features on the CPU, the MLP on the GPU, then
+    the engine's cache, head and store (Engine._step_external). On a cache hit the GPU answer
+    is not used: the same ticks get the same signals as backend="cpu" within float error."""
+
+    def __init__(self, model, config: Any = None, mode: str | None = None, device: int = 0,
+                 backend: GpuBackend | None = None, **kw):
+        import fastpath
+        self.mode = mode or gpu_mode(config)
+        # the control plane's config has no [gpu] section yet: the engine gets the rest
+        cpu_cfg = ({k: v for k, v in config.items() if k != "gpu"} if isinstance(config, dict)
+                   else config)
+        self.engine = fastpath.Engine(model, backend="cpu", config=cpu_cfg)
+        self.backend = backend or GpuBackend(self.engine.model, self.mode, device, **kw)
+
+    def step(self, raw, symbol: int = 0, ts_ns=None) -> GpuTick:
+        t0 = time.perf_counter_ns()
+        feats = self.engine.features(raw, symbol)
+        out, bad, t = self.backend.infer(feats)
+        if bad:
+            # NaN outputs make the engine refuse the tick exactly as the CPU path does
+            out = np.full(len(out), np.nan, np.float32)
+        gpu_ns = t.h2d_ns + t.infer_ns + t.d2h_ns
+        res = self.engine._step_external(raw, symbol, out[:2], gpu_ns, ts_ns)
+        return GpuTick(res, t.h2d_ns, t.infer_ns, t.d2h_ns, time.perf_counter_ns() - t0)
+
+    def step_batch(self, raws: np.ndarray, symbols: np.ndarray, ts_ns=None) -> list:
+        """Ticks in order, the GPU work in launches of many rows. A tick's features depend on
+        its symbol's earlier ticks (the rolling windows), so a launch holds at most one tick
+        per symbol; with stateless features (no window fields) the features of the next
+        launch are computed while the GPU works on this one (launch mode)."""
+        raws = np.asarray(raws)
+        symbols = np.asarray(symbols)
+        n = len(raws)
+        fs = self.engine.model.feature_spec
+        stateless = fs is None or len(fs.w_idx) == 0
+        cap = self.backend.path.max_batch if self.mode == "launch" else 1
+        chunks, cur, seen = [], [], set()
+        for i in range(n):
+            s = int(symbols[i])
+            if len(cur) == cap or (not stateless and s in seen):
+                chunks.append(cur)
+                cur, seen = [], set()
+            cur.append(i)
+            seen.add(s)
+        if cur:
+            chunks.append(cur)
+        ts = None if ts_ns is None else np.asarray(ts_ns)
+        out = []
+        feats = self._features(raws, symbols, chunks[0]) if chunks else None
+        for k, idx in enumerate(chunks):
+            if self.mode == "launch":
+                self.backend.path.submit(feats)
+                # overlap: only stateless features may be computed before this chunk applies
+                nxt = (self._features(raws, symbols, chunks[k + 1])
+                       if stateless and k + 1 < len(chunks) else None)
+                y, bad, t = self.backend.path.collect()
+            else:
+                y, bad, tl = self.backend.infer_batch(feats)
+                t = tl[0]
+                nxt = None
+            gpu_ns = (t.h2d_ns + t.infer_ns + t.d2h_ns) // len(idx)
+            for j, i in enumerate(idx):
+                o = np.full(2, np.nan, np.float32) if bad[j] else y[j, :2]
+                out.append(self.engine._step_external(
+                    raws[i], int(symbols[i]), o, gpu_ns, None if ts is None else int(ts[i])))
+            if k + 1 < len(chunks):
+                feats = nxt if nxt is not None else self._features(raws, symbols, chunks[k + 1])
+        return out
+
+    def _features(self, raws, symbols, idx) -> np.ndarray:
+        return np.stack([self.engine.features(raws[i], int(symbols[i])) for i in idx])
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
