@@ -185,10 +185,14 @@ def test_import_fastpath_never_imports_pycuda():
             "import fastpath.gpu._backend; "
             "assert 'pycuda.compiler' not in sys.modules, 'compiler imported'; "
             "import fastpath as f; print(sorted(m for m in sys.modules if m.startswith('pycuda')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    # run where the imported (built) fastpath lives, not beside the source tree, which a
+    # "-c" child would import first from its working directory
+    here = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=here)
     assert out.returncode == 0, out.stderr
     code2 = "import sys, fastpath; assert not any(m.startswith('pycuda') for m in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code2], timeout=60).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code2], timeout=60, cwd=here).returncode == 0
 
 
 def test_gpu_mode_from_config():
