@@ -15,11 +15,14 @@ class Latency:
     h2d_ns: int
     d2h_ns: int
     total_ns: int
+    wait_ns: int
 
 class Result:
     signal: float
     confidence: float
     cached: bool
+    seq: int
+    wait_ns: int
     @property
     def miss_reason(self) -> str: ...
     @property

@@ -12,9 +12,6 @@ the GIL) makes a second thread's call fail cleanly instead of racing.
 cimport cython
 from cpython.exc cimport PyErr_Clear
 
-cdef extern from "Python.h":
-    # declared without an exception spec: the caller checks the range (and clears the error)
-    Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object o)
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport int32_t, int64_t, uint8_t
@@ -78,28 +75,25 @@ cdef class Latency:
 
     Measured inside the C call with the TSC (see fastpath.clock_info()):
     total_ns covers validation, features, cache, inference and store, not the
-    Python call around them."""
-    cdef readonly long long feature_ns, cache_ns, infer_ns, h2d_ns, d2h_ns, total_ns
+    Python call around them. wait_ns: for an answer served through fastpath.connect(), from
+    submit to the worker picking the request up (0 in-process). Fields: fastpath/_engine.pxd."""
 
     def __repr__(self):
         return (f"Latency(feature_ns={self.feature_ns}, cache_ns={self.cache_ns}, "
                 f"infer_ns={self.infer_ns}, h2d_ns={self.h2d_ns}, d2h_ns={self.d2h_ns}, "
-                f"total_ns={self.total_ns})")
+                f"total_ns={self.total_ns}, wait_ns={self.wait_ns})")
 
 
 @cython.final
 @cython.freelist(32)
 cdef class Result:
-    """One tick's answer: signal in [-1, 1], confidence in [0, 1], whether it came from the cache."""
-    cdef readonly double signal, confidence
-    cdef readonly bint cached
-    cdef int _reason
-    cdef long long _f, _c, _i, _h, _d, _t
+    """One tick's answer: signal in [-1, 1], confidence in [0, 1], whether it came from the cache
+    (and, for a served answer, its seq and wait_ns). Fields: fastpath/_engine.pxd."""
 
     @property
     def miss_reason(self):
         """'hit', or why the cache missed: cold, age, run, cosine, norm, disabled."""
-        return _REASONS[self._reason]
+        return _REASONS[self._reason] if 0 <= self._reason < len(_REASONS) else "?"
 
     @property
     def latency(self):
@@ -110,11 +104,13 @@ cdef class Result:
         L.h2d_ns = self._h
         L.d2h_ns = self._d
         L.total_ns = self._t
+        L.wait_ns = self.wait_ns
         return L
 
     def __repr__(self):
+        wait = f", seq={self.seq}, wait_ns={self.wait_ns}" if self.seq else ""
         return (f"Result(signal={self.signal:.6f}, confidence={self.confidence:.6f}, "
-                f"cached={bool(self.cached)}, total_ns={self._t})")
+                f"cached={bool(self.cached)}, total_ns={self._t}{wait})")
 
 
 cdef inline Result _make_result(const fp_result *r):
@@ -130,113 +126,7 @@ cdef inline Result _make_result(const fp_result *r):
     return res
 
 
-def _describe(obj):
-    """dtype/shape/layout of an object for error messages."""
-    if isinstance(obj, np.ndarray):
-        flags = []
-        if not obj.flags.c_contiguous:
-            flags.append("non-contiguous")
-        if not obj.flags.aligned:
-            flags.append("unaligned")
-        if not obj.dtype.isnative:
-            flags.append("byte-swapped")
-        extra = (" " + " ".join(flags)) if flags else ""
-        return f"{obj.dtype} shape {obj.shape}{extra}"
-    return f"{type(obj).__name__}"
-
-
-_TO_F32 = "np.ascontiguousarray(x, dtype=np.float32)"
-
-
-def _conversion_hint(obj):
-    """How to turn what the caller passed into the float32 C-contiguous array step() takes."""
-    if type(obj).__module__.split(".")[0] == "pandas":
-        return "; convert with np.ascontiguousarray(x.to_numpy(), dtype=np.float32)"
-    if isinstance(obj, np.ndarray):
-        if (obj.dtype != np.float32 or not obj.dtype.isnative or not obj.flags.c_contiguous
-                or not obj.flags.aligned):
-            return f"; convert with {_TO_F32} (one copy)"
-        return ""
-    if isinstance(obj, (list, tuple)) or hasattr(obj, "__array__"):
-        return f"; convert with {_TO_F32}"
-    return ""
-
-
-def _bad_raw(obj, Py_ssize_t raw_len):
-    return InputError(f"raw must be a float32 C-contiguous numpy array with {raw_len} values, "
-                      f"got {_describe(obj)}{_conversion_hint(obj)}")
-
-
-def _bad_symbol(symbol, Py_ssize_t n):
-    """InputError for a symbol that is not an integer in [0, n) (called only on the error path)."""
-    rng = f"an integer in 0..{n - 1}"
-    if isinstance(symbol, (bool, np.bool_)):
-        return InputError(f"symbol must be {rng}, got bool {symbol!r}")
-    if isinstance(symbol, str):
-        return InputError(f"symbol must be {rng}, got str {symbol!r}: fastpath identifies "
-                          f"instruments by index; map names to indices once, outside the tick loop")
-    if isinstance(symbol, (float, np.floating)):
-        return InputError(f"symbol must be {rng}, got {type(symbol).__name__} {symbol!r}; pass "
-                          f"int(symbol) if it holds a whole number")
-    try:
-        v = operator.index(symbol)
-    except TypeError:
-        return InputError(f"symbol must be {rng}, got {type(symbol).__name__} {symbol!r}")
-    return InputError(f"symbol {v} out of range: this engine has {n} symbols (0..{n - 1}); raise "
-                      f"engine.n_symbols in the config for more")
-
-
-cdef inline Py_ssize_t _symbol_arg(object symbol, Py_ssize_t n) except -1:
-    """symbol as an index in [0, n): a Python int (fast path) or any integer type with
-    __index__ (numpy integers); anything else, or out of range, is an InputError."""
-    cdef Py_ssize_t v
-    if type(symbol) is int:
-        v = _long_as_ssize(symbol)        # -1 with OverflowError set when it does not fit
-        if 0 <= v < n:
-            return v
-        PyErr_Clear()
-        raise _bad_symbol(symbol, n)
-    if isinstance(symbol, (bool, np.bool_, float, np.floating, str)) or not hasattr(symbol, "__index__"):
-        raise _bad_symbol(symbol, n)
-    try:
-        as_int = operator.index(symbol)
-    except TypeError:
-        raise _bad_symbol(symbol, n) from None
-    if type(as_int) is not int:     # a broken __index__; never loop
-        raise _bad_symbol(symbol, n)
-    return _symbol_arg(as_int, n)
-
-
-def _bad_ts(ts):
-    t = type(ts).__name__
-    mod = type(ts).__module__.split(".")[0]
-    if mod == "pandas" and hasattr(ts, "value"):
-        hint = "pass ts.value (ns since the epoch, an int)"
-    elif isinstance(ts, np.datetime64):
-        hint = "pass int(ts.astype('datetime64[ns]').astype(np.int64))"
-    elif t == "datetime":
-        hint = "pass an int of ns, e.g. int(ts.timestamp() * 1e9) or a monotonic clock in ns"
-    elif isinstance(ts, (float, np.floating)):
-        hint = "pass an int (ns); floats lose precision beyond 2**53 ns (~104 days since the epoch)"
-    else:
-        hint = "pass an int (ns) or None for the engine clock"
-    return InputError(f"ts_ns must be an int >= 0 (ns) or None, got {t} {ts!r}; {hint}")
-
-
-cdef inline long long _ts_arg(object ts) except -2:
-    """ts_ns as ns >= 0, or -1 for None (the engine clock); InputError for anything else."""
-    cdef long long v
-    if ts is None:
-        return -1
-    if type(ts) is int or (isinstance(ts, np.integer) and not isinstance(ts, np.bool_)):
-        try:
-            v = ts
-        except OverflowError:
-            raise InputError(f"ts_ns {ts} does not fit a signed 64-bit int of ns") from None
-        if v < 0:
-            raise InputError(f"ts_ns must be >= 0 (ns), got {ts}")
-        return v
-    raise _bad_ts(ts)
+include "_args.pxi"
 
 
 cdef class Engine:

@@ -248,6 +248,9 @@ def kernel_allfinite(str isa, x):
     return bool(k.allfinite(<const float *>cnp.PyArray_DATA(a), len(a)))
 
 
+include "_pack_mlp.pxi"
+
+
 cdef class PackedMLP:
     """An MLP packed into the blocked arena, for testing and timing the MLP kernel alone."""
     cdef fp_mlp m
@@ -259,35 +262,9 @@ cdef class PackedMLP:
 
     def __cinit__(self, weights, biases, activations, str isa="avx2"):
         self.k = _kernels(isa)
-        L = len(weights)
-        if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
-            raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
-        ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
-        bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
-        for i in range(L):
-            if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (
-                    i and ws[i].shape[1] != ws[i - 1].shape[0]):
-                raise InputError(f"layer {i}: weight {ws[i].shape} / bias {bs[i].shape} do not chain")
-        dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)
-        acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)
-        cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-        cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-        cdef cnp.ndarray t
-        try:
-            for i in range(L):
-                t = ws[i]
-                wp[i] = <const float *>cnp.PyArray_DATA(t)
-                t = bs[i]
-                bp[i] = <const float *>cnp.PyArray_DATA(t)
-            rc = fp_mlp_init(&self.m, L, <const int *>cnp.PyArray_DATA(dims),
-                             <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)
-        finally:
-            PyMem_Free(wp)
-            PyMem_Free(bp)
-        if rc != 0:
-            raise MemoryError("cannot pack MLP")
-        self.n_in = dims[0]
-        self.n_out = dims[L]
+        _pack_mlp(&self.m, weights, biases, activations)
+        self.n_in = self.m.layers[0].in_
+        self.n_out = self.m.layers[self.m.n_layers - 1].out
         self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
         self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
         if self.a == NULL or self.b == NULL:

@@ -1,31 +1,13 @@
 # Stubs for fastpath._serve (the serving loop's compiled bindings).
 from typing import Any
 
+from fastpath._engine import Result
+
 import numpy as np
 
 STALL_NS: int
 
 def segment_path(name: str) -> str: ...
-
-class ServeLatency:
-    feature_ns: int
-    cache_ns: int
-    infer_ns: int
-    h2d_ns: int
-    d2h_ns: int
-    total_ns: int
-    wait_ns: int
-
-class ServeResult:
-    signal: float
-    confidence: float
-    cached: bool
-    seq: int
-    wait_ns: int
-    @property
-    def miss_reason(self) -> str: ...
-    @property
-    def latency(self) -> ServeLatency: ...
 
 class Worker:
     name: str
@@ -51,8 +33,8 @@ class Client:
     n_symbols: int
     def __init__(self, name: str, timeout: float = 1.0) -> None: ...
     def submit(self, raw: np.ndarray, symbol: int = 0, ts_ns: int | None = None) -> int: ...
-    def poll(self) -> list[tuple[int, ServeResult | Exception]]: ...
-    def step(self, raw: np.ndarray, symbol: int = 0, ts_ns: int | None = None) -> ServeResult: ...
+    def poll(self) -> list[tuple[int, Result | Exception]]: ...
+    def step(self, raw: np.ndarray, symbol: int = 0, ts_ns: int | None = None) -> Result: ...
     @property
     def outstanding(self) -> int: ...
     @property

@@ -15,6 +15,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from fastpath._csrc cimport *
+from fastpath._engine cimport Result
 
 import json
 import operator
@@ -27,8 +28,6 @@ from fastpath.errors import FastpathError, InputError, ServerGone, RingFull, Ser
 cnp.import_array()
 fp_clock_init()
 
-cdef extern from "Python.h":
-    Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object o)
 from cpython.exc cimport PyErr_Clear, PyErr_CheckSignals
 
 cdef extern from "fp_ring.h" nogil:
@@ -180,53 +179,9 @@ def _name_bytes(name):
 
 
 # --------------------------------------------------------------------------- results
-@cython.final
-@cython.freelist(32)
-cdef class ServeLatency:
-    """Nanoseconds per stage of one served tick, as fastpath.Latency (h2d/d2h are 0 on the CPU),
-    plus wait_ns: from submit to the worker picking the request up."""
-    cdef readonly long long feature_ns, cache_ns, infer_ns, h2d_ns, d2h_ns, total_ns, wait_ns
-
-    def __repr__(self):
-        return (f"Latency(feature_ns={self.feature_ns}, cache_ns={self.cache_ns}, "
-                f"infer_ns={self.infer_ns}, h2d_ns={self.h2d_ns}, d2h_ns={self.d2h_ns}, "
-                f"total_ns={self.total_ns}, wait_ns={self.wait_ns})")
-
-
-@cython.final
-@cython.freelist(64)
-cdef class ServeResult:
-    """A served tick's answer with the attributes of fastpath.Result (signal, confidence, cached,
-    miss_reason, latency) plus seq and wait_ns."""
-    cdef readonly double signal, confidence
-    cdef readonly bint cached
-    cdef readonly unsigned long long seq
-    cdef readonly long long wait_ns
-    cdef int _reason
-    cdef long long _f, _c, _i, _t
-
-    @property
-    def miss_reason(self):
-        """'hit', or why the cache missed: cold, age, run, cosine, norm, disabled."""
-        return _REASONS[self._reason] if 0 <= self._reason < len(_REASONS) else "?"
-
-    @property
-    def latency(self):
-        cdef ServeLatency L = ServeLatency.__new__(ServeLatency)
-        L.feature_ns = self._f
-        L.cache_ns = self._c
-        L.infer_ns = self._i
-        L.total_ns = self._t
-        L.wait_ns = self.wait_ns
-        return L
-
-    def __repr__(self):
-        return (f"Result(signal={self.signal:.6f}, confidence={self.confidence:.6f}, "
-                f"cached={bool(self.cached)}, total_ns={self._t}, wait_ns={self.wait_ns})")
-
-
-cdef inline ServeResult _make(const fp_rep *r):
-    cdef ServeResult res = ServeResult.__new__(ServeResult)
+cdef inline Result _make(const fp_rep *r):
+    """the reply as the fastpath.Result an in-process Engine.step returns, plus seq and wait_ns"""
+    cdef Result res = Result.__new__(Result)
     res.seq = r.seq
     res.signal = r.signal
     res.confidence = r.confidence
@@ -536,7 +491,6 @@ cdef class Client:
                     and cnp.PyArray_DIM(a, 0) == self.raw_len and cnp.PyArray_ISCARRAY_RO(a)
                     and cnp.PyArray_ISNOTSWAPPED(a)):
                 return <const float *>cnp.PyArray_DATA(a)
-        from fastpath._engine import _bad_raw
         raise _bad_raw(raw, self.raw_len)
 
     cdef uint64_t _submit(self, object raw, object symbol, object ts_ns) except 0:
@@ -682,40 +636,4 @@ def _gone_why(int chk):
 
 
 # ------------------------------------------------ argument checks, as Engine.step makes them
-cdef inline Py_ssize_t _symbol_arg(object symbol, Py_ssize_t n) except -1:
-    cdef Py_ssize_t v
-    if type(symbol) is int:
-        v = _long_as_ssize(symbol)
-        if 0 <= v < n:
-            return v
-        PyErr_Clear()
-        from fastpath._engine import _bad_symbol
-        raise _bad_symbol(symbol, n)
-    if isinstance(symbol, (bool, np.bool_, float, np.floating, str)) or not hasattr(symbol, "__index__"):
-        from fastpath._engine import _bad_symbol
-        raise _bad_symbol(symbol, n)
-    try:
-        as_int = operator.index(symbol)
-    except TypeError:
-        from fastpath._engine import _bad_symbol
-        raise _bad_symbol(symbol, n) from None
-    if type(as_int) is not int:
-        from fastpath._engine import _bad_symbol
-        raise _bad_symbol(symbol, n)
-    return _symbol_arg(as_int, n)
-
-
-cdef inline long long _ts_arg(object ts) except -2:
-    cdef long long v
-    if ts is None:
-        return -1
-    if type(ts) is int or (isinstance(ts, np.integer) and not isinstance(ts, np.bool_)):
-        try:
-            v = ts
-        except OverflowError:
-            raise InputError(f"ts_ns {ts} does not fit a signed 64-bit int of ns") from None
-        if v < 0:
-            raise InputError(f"ts_ns must be >= 0 (ns), got {ts}")
-        return v
-    from fastpath._engine import _bad_ts
-    raise _bad_ts(ts)
+include "_args.pxi"

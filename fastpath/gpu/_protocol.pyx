@@ -61,6 +61,9 @@ cdef cnp.ndarray _f32_vec(object a, int n, str what, bint writable):
     return <cnp.ndarray>a
 
 
+include "../_pack_mlp.pxi"
+
+
 cdef class Slot:
     """A request/response slot at `address` (64-byte aligned, slot_bytes(n_in, n_out) long),
     kept alive by `owner` (anything with .nbytes covering it). init=True zeroes it first."""
@@ -152,35 +155,13 @@ cdef class CpuDevice:
     cdef readonly int n_in, n_out
 
     def __cinit__(self, weights, biases, activations, str isa="scalar"):
-        cdef int L = len(weights)
-        if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
-            raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
-        ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
-        bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
-        dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)
-        acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)
-        cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-        cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-        cdef cnp.ndarray t
-        try:
-            for i in range(L):
-                t = ws[i]
-                wp[i] = <const float *>cnp.PyArray_DATA(t)
-                t = bs[i]
-                bp[i] = <const float *>cnp.PyArray_DATA(t)
-            rc = fp_mlp_init(&self.m, L, <const int *>cnp.PyArray_DATA(dims),
-                             <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)
-        finally:
-            PyMem_Free(wp)
-            PyMem_Free(bp)
-        if rc != 0:
-            raise MemoryError("cannot pack MLP")
+        _pack_mlp(&self.m, weights, biases, activations)
         self.a = <float *>fp_aligned_alloc(sizeof(float) * (self.m.max_width + 8))
         self.b = <float *>fp_aligned_alloc(sizeof(float) * (self.m.max_width + 8))
         if self.a == NULL or self.b == NULL:
             raise MemoryError("cannot allocate MLP scratch")
-        self.n_in = dims[0]
-        self.n_out = dims[L]
+        self.n_in = self.m.layers[0].in_
+        self.n_out = self.m.layers[self.m.n_layers - 1].out
         self.ctx.k = fp_kernels_for(FP_ISA_AVX2 if isa == "avx2" else FP_ISA_SCALAR)
         if self.ctx.k == NULL:
             raise InputError(f"kernel set {isa!r} is not supported by this CPU")

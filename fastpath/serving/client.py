@@ -1,11 +1,12 @@
 """fastpath.connect: a client of a served engine (the ring work is in fastpath._serve.Client).
 
-Answers are fastpath._serve.ServeResult: the attributes of fastpath.Result (signal, confidence,
-cached, miss_reason, latency.*_ns) plus seq and wait_ns (submit to the worker picking it up).
+Answers are fastpath.Result, as an in-process Engine.step returns, with seq and wait_ns (submit
+to the worker picking it up) filled in.
 """
 from __future__ import annotations
 
-from fastpath._serve import Client, ServeResult
+from fastpath._engine import Result
+from fastpath._serve import Client
 
 
 def connect(name: str, timeout: float = 1.0) -> Client:
@@ -17,4 +18,4 @@ def connect(name: str, timeout: float = 1.0) -> Client:
     return Client(name, float(timeout))
 
 
-__all__ = ["connect", "Client", "ServeResult"]
+__all__ = ["connect", "Client", "Result"]

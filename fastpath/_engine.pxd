@@ -1,0 +1,15 @@
+# The result types of the compiled hot path, declared for other Cython modules (the serving
+# client builds the same fastpath.Result from a worker's reply): nothing but declarations.
+
+cdef class Latency:
+    cdef readonly long long feature_ns, cache_ns, infer_ns, h2d_ns, d2h_ns, total_ns, wait_ns
+
+
+cdef class Result:
+    cdef readonly double signal, confidence
+    cdef readonly bint cached
+    # seq and wait_ns: set for answers served through fastpath.connect(), 0 in-process
+    cdef readonly unsigned long long seq
+    cdef readonly long long wait_ns
+    cdef int _reason
+    cdef long long _f, _c, _i, _h, _d, _t
