@@ -12,6 +12,7 @@
 #include <cpuid.h>
 
 static int g_cpu_checked = 0, g_avx2 = 0, g_fma = 0;
+static int g_avx512 = 0, g_avx512_bf16 = 0, g_avx512_vnni = 0, g_avx_vnni = 0;
 
 static unsigned long long fp_xgetbv0(void) {
     unsigned int eax, edx;
@@ -30,17 +31,40 @@ static void fp_cpu_check(void) {
     }
     /* XCR0 bits 1 (SSE) and 2 (AVX) must both be enabled by the OS. */
     int ymm_ok = osxsave && avx && ((fp_xgetbv0() & 6) == 6);
+    unsigned long long xcr0 = osxsave ? fp_xgetbv0() : 0;
+    /* ZMM needs XCR0 bits 5 (opmask), 6 (ZMM0-15 upper halves) and 7 (ZMM16-31) as well:
+     * an OS (or hypervisor) that does not save them would corrupt the registers on a
+     * context switch, so the cpuid bits alone are not enough. */
+    int zmm_ok = ymm_ok && ((xcr0 & 0xe0) == 0xe0);
     if (ymm_ok && __get_cpuid_max(0, 0) >= 7) {
         __cpuid_count(7, 0, a, b, c, d);
         g_avx2 = (b >> 5) & 1;
+        /* the set the kernels use: F, DQ (16), BW (30), VL (31) */
+        int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+        g_avx512 = zmm_ok && f && dq && bw && vl;
+        g_avx512_vnni = g_avx512 && ((c >> 11) & 1);
+        if (__get_cpuid_max(0, 0) >= 7) {
+            unsigned int a1, b1, c1, d1;
+            __cpuid_count(7, 1, a1, b1, c1, d1);
+            g_avx512_bf16 = g_avx512 && ((a1 >> 5) & 1);
+            g_avx_vnni = (a1 >> 4) & 1;
+        }
     }
-    if (!ymm_ok) { g_avx2 = 0; g_fma = 0; }
+    if (!ymm_ok) { g_avx2 = 0; g_fma = 0; g_avx_vnni = 0; }
     g_cpu_checked = 1;
 }
 
 int fp_cpu_has_avx2(void) { fp_cpu_check(); return g_avx2; }
 int fp_cpu_has_fma(void) { fp_cpu_check(); return g_fma; }
+int fp_cpu_has_avx512(void) { fp_cpu_check(); return g_avx512 && g_fma; }
+int fp_cpu_has_avx512_bf16(void) { fp_cpu_check(); return g_avx512_bf16 && g_fma; }
+int fp_cpu_has_avx512_vnni(void) { fp_cpu_check(); return g_avx512_vnni && g_fma; }
+int fp_cpu_has_avx_vnni(void) { fp_cpu_check(); return g_avx_vnni && g_avx2; }
 #else
+int fp_cpu_has_avx512(void) { return 0; }
+int fp_cpu_has_avx512_bf16(void) { return 0; }
+int fp_cpu_has_avx512_vnni(void) { return 0; }
+int fp_cpu_has_avx_vnni(void) { return 0; }
 int fp_cpu_has_avx2(void) { return 0; }
 int fp_cpu_has_fma(void) { return 0; }
 #endif

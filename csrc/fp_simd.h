@@ -72,6 +72,11 @@ typedef struct {
 /* CPU feature bits, read once (cpuid + xgetbv for the OS's YMM state). */
 int fp_cpu_has_avx2(void);
 int fp_cpu_has_fma(void);
+/* AVX-512 F+DQ+BW+VL with the OS saving opmask and ZMM state (XCR0 bits 5-7), and FMA */
+int fp_cpu_has_avx512(void);
+int fp_cpu_has_avx512_bf16(void);  /* vdpbf16ps (implies fp_cpu_has_avx512) */
+int fp_cpu_has_avx512_vnni(void);  /* vpdpbusd on ZMM (implies fp_cpu_has_avx512) */
+int fp_cpu_has_avx_vnni(void);     /* vpdpbusd on YMM (VEX), implies AVX2 */
 /* Best set this CPU supports. */
 fp_isa fp_isa_best(void);
 /* Kernel table for an ISA; NULL when this CPU cannot run it. */

@@ -38,8 +38,10 @@ include "_make_engine.pxi"
 
 
 def cpu_features():
-    """CPU bits the dispatcher read: {'avx2': bool, 'fma': bool}."""
-    return {"avx2": bool(fp_cpu_has_avx2()), "fma": bool(fp_cpu_has_fma())}
+    """CPU bits the dispatcher read (cpuid and the OS's saved register state): avx2, fma, avx512 (F+DQ+BW+VL), avx512_bf16, avx512_vnni, avx_vnni."""
+    return {"avx2": bool(fp_cpu_has_avx2()), "fma": bool(fp_cpu_has_fma()),
+            "avx512": bool(fp_cpu_has_avx512()), "avx512_bf16": bool(fp_cpu_has_avx512_bf16()),
+            "avx512_vnni": bool(fp_cpu_has_avx512_vnni()), "avx_vnni": bool(fp_cpu_has_avx_vnni())}
 
 
 def best_isa():
