@@ -16,7 +16,9 @@
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define FP_HAVE_X86 1
 #define FP_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define FP_TARGET_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")))
 #else
+#define FP_TARGET_AVX512
 #define FP_HAVE_X86 0
 #define FP_TARGET_AVX2
 #endif
@@ -25,7 +27,9 @@
 #define FP_SLACK 8   /* floats of slack after buffers that 8-lane kernels may overrun */
 #define FP_ROUND_UP(n, m) ((((n) + (m) - 1) / (m)) * (m))
 
-typedef enum { FP_ISA_SCALAR = 0, FP_ISA_AVX2 = 1 } fp_isa;
+/* FP_ISA_AVX512: F+DQ+BW+VL (fp_cpu_has_avx512); no table until its kernel set exists, so
+ * fp_kernels_for() answers NULL for it for now. */
+typedef enum { FP_ISA_SCALAR = 0, FP_ISA_AVX2 = 1, FP_ISA_AVX512 = 2 } fp_isa;
 
 enum { FP_ACT_IDENTITY = 0, FP_ACT_RELU = 1, FP_ACT_TANH = 2, FP_ACT_SIGMOID = 3 };
 

@@ -5,6 +5,7 @@ cdef extern from "fp_simd.h" nogil:
     ctypedef enum fp_isa:
         FP_ISA_SCALAR
         FP_ISA_AVX2
+        FP_ISA_AVX512
     ctypedef struct fp_dense_layer:
         int in_ "in"
         int out, nb, act
