@@ -123,31 +123,6 @@ def test_not_onnx_and_truncated(tmp_path):
         Model.from_onnx(str(tmp_path / "missing.onnx"))
 
 
-@pytest.mark.parametrize("dynamo", [False, True])
-def test_torch_export_when_installed(tmp_path, dynamo):
-    """torch.onnx.export, TorchScript and dynamo exporters, on a torch MLP with every activation."""
-    torch = pytest.importorskip("torch")
-    if dynamo:
-        pytest.importorskip("onnxscript")
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 9),
-                              torch.nn.Tanh(), torch.nn.Linear(9, 5), torch.nn.Sigmoid(),
-                              torch.nn.Linear(5, 2)).eval()
-    p = str(tmp_path / "t.onnx")
-    try:
-        torch.onnx.export(net, (torch.zeros(1, 12),), p, dynamo=dynamo)
-    except Exception as exc:  # noqa: BLE001 - exporter dependencies vary by torch version
-        pytest.skip(f"torch.onnx.export(dynamo={dynamo}) unavailable here: {exc}")
-    x = np.random.default_rng(0).standard_normal((10, 12)).astype(np.float32)
-    with torch.no_grad():
-        out = net(torch.from_numpy(x)).numpy()
-    eng = Engine(p, config=engine_cfg("scalar", enabled=False))
-    for i in range(10):
-        r = eng.step(x[i])
-        assert r.signal == pytest.approx(np.tanh(out[i, 0]), abs=2e-5)
-        assert r.confidence == pytest.approx(1 / (1 + np.exp(-out[i, 1])), abs=2e-5)
-
-
 def test_to_onnx_roundtrip_matches_onnxruntime(tmp_path, isa):
     import fastpath
     m = Model.load(fastpath._build.DEMO_MODEL)
