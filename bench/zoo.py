@@ -1,0 +1,332 @@
+"""The model zoo: each kind of model traders deploy, as its exporter writes it, one sample from
+Python, fastpath next to onnxruntime (one thread) and, for tree ensembles, tl2cgen's compiled
+model through its Python predictor, all in the same run.
+
+    python bench/zoo.py            # every model (trains the tree ensembles first: 1-3 min)
+    python bench/zoo.py --quick    # small models and fewer calls (< 1 min)
+    python bench/zoo.py --only lightgbm
+
+Method: each model is trained on synthetic data with the model's real library, exported to ONNX
+with the real exporter (skl2onnx, onnxmltools), imported with fastpath.Model.from_onnx and run
+with Engine.predict (the raw outputs for one feature vector, no cache: the same question each
+peer answers). Each call is timed with time.perf_counter_ns() around it, minus the median cost
+of an empty timed region; the input is copied into one reused buffer before each call. Before
+timing, fastpath's outputs are compared with onnxruntime's on the timed inputs (max relative
+difference, printed): a fast wrong answer is not a row. Ratios are the peer's p50 / fastpath's
+p50 (and p99 / p99).
+"""
+from __future__ import annotations
+
+import os
+
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import fastpath  # noqa: E402
+from fastpath import Engine, Model  # noqa: E402
+
+from _report import Dist  # noqa: E402
+
+N_FEAT = 128
+# the performance bar of the issue that asked for trees (bench, never a test): p50 ns
+TARGETS = {"lightgbm-100x6": 1000, "lightgbm-500x8": 5500}
+
+
+def _data(n_rows: int, n_feat: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n_rows, n_feat)).astype(np.float32)
+    w = rng.standard_normal(n_feat) / np.sqrt(n_feat)
+    y = X @ w + 0.5 * np.sin(3 * X[:, 0]) * X[:, 1] + 0.1 * rng.standard_normal(n_rows)
+    return X, y.astype(np.float32)
+
+
+def _classes(y, k):
+    return np.digitize(y, np.quantile(y, np.linspace(0, 1, k + 1)[1:-1])).astype(np.int64)
+
+
+def _skl(est, X, path):
+    from skl2onnx import to_onnx
+    opts = {id(est): {"zipmap": False}} if hasattr(est, "predict_proba") else None
+    m = to_onnx(est, X[:1], options=opts, target_opset={"": 17, "ai.onnx.ml": 3})
+    with open(path, "wb") as f:
+        f.write(m.SerializeToString())
+
+
+def _onnxmltools(model, kind, path):
+    import onnxmltools
+    from onnxmltools.convert.common.data_types import FloatTensorType
+    conv = {"lightgbm": onnxmltools.convert_lightgbm, "xgboost": onnxmltools.convert_xgboost}[kind]
+    kw = {"zipmap": False} if kind == "lightgbm" else {}
+    m = conv(model, initial_types=[("input", FloatTensorType([None, N_FEAT]))], target_opset=15, **kw)
+    with open(path, "wb") as f:
+        f.write(m.SerializeToString())
+
+
+def _tl2cgen(native, kind, workdir):
+    """tl2cgen's compiled C model and its Python predictor, or (None, reason)."""
+    try:
+        import tl2cgen
+        import treelite
+    except ImportError as exc:
+        return None, f"tl2cgen not installed ({exc}); pip install tl2cgen"
+    if kind == "lightgbm":
+        tm = treelite.frontend.from_lightgbm(native.booster_)
+    elif kind == "xgboost":
+        tm = treelite.frontend.from_xgboost(native.get_booster())
+    else:
+        tm = treelite.sklearn.import_model(native)
+    lib = os.path.join(workdir, f"tl2cgen-{kind}-{id(native)}.so")
+    tl2cgen.export_lib(tm, toolchain="gcc", libpath=lib, params={"parallel_comp": 8})
+    pred = tl2cgen.Predictor(lib, nthread=1)
+    DM = tl2cgen.DMatrix
+
+    def fn(x):
+        return pred.predict(DM(x[None, :]))
+    return fn, tl2cgen.__version__
+
+
+def zoo(quick: bool):
+    """(name, kind, size text, builder) for each model; builder(path) -> native model or None."""
+    from sklearn.ensemble import (GradientBoostingRegressor, HistGradientBoostingRegressor,
+                                  RandomForestRegressor)
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.neural_network import MLPRegressor
+    n_rows = 4000 if quick else 20000
+    X, y = _data(n_rows, N_FEAT)
+    scale = 0.2 if quick else 1.0
+
+    def sk(est, target):
+        def build(path):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                est.fit(X, target)
+            _skl(est, X, path)
+            return est
+        return build
+
+    def lgb(n_trees, depth):
+        def build(path):
+            import lightgbm
+            est = lightgbm.LGBMRegressor(n_estimators=n_trees, max_depth=depth,
+                                         num_leaves=2 ** depth - 1, min_child_samples=5,
+                                         learning_rate=0.05, verbose=-1, n_jobs=1)
+            est.fit(X, y)
+            _onnxmltools(est, "lightgbm", path)
+            return est
+        return build
+
+    def xgb(n_trees, depth):
+        def build(path):
+            import xgboost
+            est = xgboost.XGBRegressor(n_estimators=n_trees, max_depth=depth, learning_rate=0.05,
+                                       n_jobs=1, tree_method="hist")
+            est.fit(X, y)
+            _onnxmltools(est, "xgboost", path)
+            return est
+        return build
+
+    t = lambda n: max(10, int(n * scale))  # noqa: E731
+    models = [
+        ("ridge", "linear", f"{N_FEAT} -> 1", sk(Ridge(alpha=1.0), y), None),
+        ("logistic-3", "linear classifier", f"{N_FEAT} -> 3 classes",
+         sk(LogisticRegression(max_iter=300), _classes(y, 3)), None),
+        ("mlp-skl", "MLP (skl2onnx)", f"{N_FEAT}x64x32x1",
+         sk(MLPRegressor(hidden_layer_sizes=(64, 32), max_iter=30, random_state=0), y), None),
+        ("lightgbm-100x6", "LightGBM", f"{t(100)} trees, depth 6", lgb(t(100), 6), "lightgbm"),
+        ("lightgbm-500x8", "LightGBM", f"{t(500)} trees, depth 8", lgb(t(500), 8), "lightgbm"),
+        ("xgboost-100x6", "XGBoost", f"{t(100)} trees, depth 6", xgb(t(100), 6), "xgboost"),
+        ("gbr-100x4", "sklearn GradientBoosting", f"{t(100)} trees, depth 4",
+         sk(GradientBoostingRegressor(n_estimators=t(100), max_depth=4, random_state=0), y), None),
+        ("rf-50x10", "sklearn RandomForest", f"{t(50)} trees, depth 10",
+         sk(RandomForestRegressor(n_estimators=t(50), max_depth=10, random_state=0, n_jobs=1), y),
+         "sklearn"),
+        ("hgb-100x6", "sklearn HistGradientBoosting", f"{t(100)} iters, depth 6",
+         sk(HistGradientBoostingRegressor(max_iter=t(100), max_depth=6, random_state=0), y), None),
+    ]
+    return models, X
+
+
+def timer_overhead(n: int) -> int:
+    pc = time.perf_counter_ns
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        t0 = pc()
+        out[i] = pc() - t0
+    return int(np.median(out))
+
+
+def time_fn(fn, X, n: int, overhead: int) -> np.ndarray:
+    pc = time.perf_counter_ns
+    buf = np.empty(X.shape[1], np.float32)
+    out = np.empty(n, np.int64)
+    m = len(X)
+    for i in range(min(n, 200)):        # warm-up: code, branch predictors, the model in cache
+        buf[:] = X[i % m]
+        fn(buf)
+    for i in range(n):
+        buf[:] = X[i % m]
+        t0 = pc()
+        fn(buf)
+        out[i] = pc() - t0
+    return np.maximum(out - overhead, 0)
+
+
+def _ort(path):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    outs = [o.name for o in sess.get_outputs()]
+    # classifiers: the probabilities output (what Engine.predict returns), not the label
+    pick = next((o for o in outs if "prob" in o), outs[-1] if len(outs) > 1 else outs[0])
+    run = sess.run
+
+    def fn(x):
+        return run([pick], {name: x[None, :]})[0]
+    return fn, ort.__version__
+
+
+def _row_stats(d: Dist) -> dict:
+    return {"p50": d.q[50.0], "p99": d.q[99.0], "n": d.n}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="fastpath model zoo bench",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--quick", action="store_true", help="smaller models, fewer calls (< 1 min)")
+    ap.add_argument("--only", help="comma-separated names or kinds to run (substring match)")
+    ap.add_argument("--calls", type=int, help="timed calls per row (default 20000, 3000 with --quick)")
+    ap.add_argument("--cpu", type=int, help="pin this process to one CPU")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "zoo-latest.json"))
+    args = ap.parse_args(argv)
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    n_calls = args.calls or (3000 if args.quick else 20000)
+    models, X = zoo(args.quick)
+    if args.only:
+        keys = [k.strip().lower() for k in args.only.split(",")]
+        models = [m for m in models if any(k in m[0] or k in m[1].lower() for k in keys)]
+    Xt = np.ascontiguousarray(X[:2048])
+    # a few rows exactly on the model's inputs' grid edges are not needed for timing; the
+    # agreement check below uses the same rows that are timed
+    overhead = timer_overhead(20000)
+    work = tempfile.mkdtemp(prefix="fastpath-zoo-")
+    rows = []
+    print(f"fastpath {fastpath.__version__}, kernel set {fastpath.simd()}, {n_calls} calls per row, "
+          f"timer overhead {overhead} ns subtracted")
+    for name, kind, size, build, tl_kind in models:
+        path = os.path.join(work, f"{name}.onnx")
+        t0 = time.time()
+        try:
+            native = build(path)
+        except Exception as exc:  # noqa: BLE001 - an exporter bug is not fastpath's to hide
+            msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            rows.append({"name": name, "kind": kind, "size": size, "export_error": msg})
+            print(f"{name:16s} the exporter failed, row skipped: {msg}")
+            continue
+        train_s = time.time() - t0
+        row = {"name": name, "kind": kind, "size": size, "train_export_s": round(train_s, 1)}
+        ort_fn, ort_ver = _ort(path)
+        try:
+            model = Model.from_onnx(path)
+            eng = Engine(model, config={"engine": {"n_symbols": 1}})
+        except Exception as exc:  # noqa: BLE001 - the zoo says what fastpath refused, and goes on
+            row["fastpath_error"] = f"{type(exc).__name__}: {exc}"
+            eng = None
+        if eng is not None:
+            got = np.stack([eng.predict(Xt[i]) for i in range(256)])
+            ref = np.stack([np.asarray(ort_fn(Xt[i]), np.float32).reshape(-1) for i in range(256)])
+            rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-3)
+            row["max_rel_diff_vs_onnxruntime"] = float(rel.max())
+            fp = Dist(time_fn(eng.predict, Xt, n_calls, overhead))
+            row["fastpath"] = _row_stats(fp)
+            if name in TARGETS and not args.quick:
+                row["target_p50_ns"] = TARGETS[name]
+                row["target_met"] = fp.q[50.0] <= TARGETS[name]
+        orr = Dist(time_fn(ort_fn, Xt, n_calls, overhead))
+        row["onnxruntime"] = _row_stats(orr) | {"version": ort_ver}
+        if tl_kind:
+            try:
+                tl_fn, tl_ver = _tl2cgen(native, tl_kind, work)
+            except Exception as exc:  # noqa: BLE001
+                tl_fn, tl_ver = None, f"{type(exc).__name__}: {exc}"
+            if tl_fn is not None:
+                tl = Dist(time_fn(tl_fn, Xt, n_calls, overhead))
+                row["tl2cgen"] = _row_stats(tl) | {"version": tl_ver}
+            else:
+                row["tl2cgen"] = {"skipped": tl_ver}
+        rows.append(row)
+        print(_line(row), flush=True)
+    res = {"bench": "zoo", "quick": args.quick, "calls": n_calls, "timer_overhead_ns": overhead,
+           "simd": fastpath.simd(), "fastpath": fastpath.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print()
+    print(render_table(res))
+    print(f"\nwritten {args.out}")
+    return 0
+
+
+def _line(row) -> str:
+    o = row["onnxruntime"]
+    fp = row.get("fastpath")
+    ref = fp["p50"] if fp else None
+    s = f"{row['name']:16s} "
+    s += (f"fastpath {fp['p50']:>8.0f} / {fp['p99']:>8.0f} ns   " if fp else
+          f"fastpath refused it ({row['fastpath_error'][:80]})   ")
+    s += f"onnxruntime {o['p50']:>8.0f} / {o['p99']:>8.0f} ns"
+    s += f" ({o['p50'] / max(ref, 1):.1f}x)" if ref else ""
+    tl = row.get("tl2cgen")
+    if tl and "p50" in tl:
+        s += f"   tl2cgen {tl['p50']:>8.0f} / {tl['p99']:>8.0f} ns"
+        s += f" ({tl['p50'] / max(ref, 1):.1f}x)" if ref else ""
+    elif tl:
+        s += f"   tl2cgen skipped: {tl['skipped']}"
+    if fp:
+        s += f"   max rel diff {row['max_rel_diff_vs_onnxruntime']:.1e}"
+    return s
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1000:.2f} us" if ns >= 1000 else f"{ns:.0f} ns"
+
+
+def render_table(res) -> str:
+    """The README's model-zoo table (markdown) from a zoo JSON."""
+    out = ["| model | kind | size | fastpath p50 / p99 | onnxruntime 1 thread p50 / p99 | "
+           "tl2cgen p50 / p99 | vs onnxruntime (p50) | max rel diff |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        if "export_error" in r:
+            out.append(f"| {r['name']} | {r['kind']} | {r['size']} | exporter failed: "
+                       f"{r['export_error'][:60]} | | | | |")
+            continue
+        fp, o, tl = r.get("fastpath"), r["onnxruntime"], r.get("tl2cgen") or {}
+        tls = f"{_us(tl['p50'])} / {_us(tl['p99'])}" if "p50" in tl else ("n/a" if not tl else "skipped")
+        fps = f"{_us(fp['p50'])} / {_us(fp['p99'])}" if fp else "refused"
+        ratio = f"{o['p50'] / max(fp['p50'], 1):.1f}x" if fp else ""
+        diff = f"{r['max_rel_diff_vs_onnxruntime']:.1e}" if fp else ""
+        out.append(f"| {r['name']} | {r['kind']} | {r['size']} | {fps} | "
+                   f"{_us(o['p50'])} / {_us(o['p99'])} | {tls} | {ratio} | {diff} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
