@@ -153,3 +153,21 @@ def test_committed_results_validate():
     validate(res)
     assert not res["quick"]
     check_rows(res)
+
+
+def test_zoo_quick_rows(tmp_path):
+    """bench/zoo.py end to end on its two smallest models: each row timed fastpath and
+    onnxruntime and checked their agreement first (a fast wrong answer is not a row)."""
+    pytest.importorskip("skl2onnx")
+    pytest.importorskip("onnxruntime")
+    out_json = tmp_path / "zoo.json"
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "zoo.py"), "--quick", "--calls", "300",
+                          "--only", "ridge,logistic", "--out", str(out_json)],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out_json.read_text())
+    assert [r["name"] for r in res["rows"]] == ["ridge", "logistic-3"]
+    for r in res["rows"]:
+        assert r["fastpath"]["n"] == 300 and r["onnxruntime"]["n"] == 300
+        assert r["max_rel_diff_vs_onnxruntime"] < 1e-4
+    assert "| ridge | linear |" in out.stdout
