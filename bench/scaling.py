@@ -10,7 +10,9 @@ identity output, identity features, cache off), one tick at a time. Per model an
 - the MLP kernel's bound: the FMA bound (multiply-adds of the 8-row blocked layout / the
   measured FMA rate) where the weights fit L2, else the streaming-read bound (weight bytes /
   the bandwidth measured over a buffer of the weights' size); `x_bound` = kernel ns / bound ns
-  (1.0 is at the bound);
+  (1.0 is at the bound). `x_read` is the kernel against the read bound at every size: a GEMV
+  uses each weight once, so weights that fit L2 but not L1 stream at L2's bandwidth, which
+  binds before the FMA rate does;
 - onnxruntime with one thread; numpy with one BLAS thread and with every core (each in a fresh
   subprocess, as a BLAS pool's size is fixed when it starts).
 The JSON goes to bench/results/scaling-latest.json.
@@ -135,26 +137,40 @@ def ort_peer(model, n: int, overhead: int) -> dict:
     return dict(time_fn(fn, x, n, overhead), version=ver)
 
 
-def kernel_ns(model, isa: str) -> float:
-    """The MLP kernel alone: best mean ns of a few back-to-back runs (fp32 weights)."""
+def kernel_ns(model, isa: str, samples: int) -> float:
+    """The MLP kernel alone: p50 over `samples` timings of k back-to-back passes (k sized so a
+    timing lasts ~2 us, well above the clock's cost), in ns per pass (fp32 weights). A p50,
+    not a mean: on a shared host a mean carries every preemption."""
     from fastpath._kernels import PackedMLP
     P = PackedMLP([l.weight for l in model.layers], [l.bias for l in model.layers],
                   [l.activation for l in model.layers], isa)
     x = np.random.default_rng(1).standard_normal(model.dims[0]).astype(np.float32)
-    iters = max(200, int(2e8 / max(P.macs, 1)) // 50)      # ~0.05-0.1 s a run
-    P.time_forward(x, max(iters // 5, 20))
-    return min(P.time_forward(x, iters) for _ in range(3))
+    est = min(P.time_forward(x, 50) for _ in range(3))
+    k = max(1, int(2000 / max(est, 1.0)))
+    return float(np.median([P.time_forward(x, k) for _ in range(samples)]))
+
+
+def fma_rates(isas, tries=10) -> dict:
+    """MACs per ns at each vector set's FMA bound: best of `tries` short probes, so one quiet
+    moment on a shared host is enough (a long probe averages the neighbours in)."""
+    from fastpath._kernels import fma512_ns_per_instr, fma_ns_per_instr
+    out = {}
+    for isa, probe, lanes in (("avx2", fma_ns_per_instr, 8), ("avx512", fma512_ns_per_instr, 16)):
+        if isa in isas:
+            ns = min(probe(1_000_000) for _ in range(tries))
+            out[isa] = lanes / ns if ns > 0 else 0.0
+    return out
 
 
 def run(args) -> dict:
     import fastpath
     from fastpath import Engine
     from fastpath._engine import supported_isas
-    from fastpath._kernels import fma_macs_per_ns, read_gbps
+    from fastpath._kernels import read_gbps
     isas = supported_isas()
     ov = timer_overhead()
-    fma = {isa: fma_macs_per_ns(isa) for isa in isas}
-    fma_rate = max(fma.values())              # the core's FMA bound, whichever set reaches it
+    fma = fma_rates(isas)
+    fma_rate = max(fma.values(), default=0.0)   # the core's FMA bound, whichever set reaches it
     l2 = l2_bytes()
     ncpu = os.cpu_count() or 1
     res = {"machine": {"cpu": platform.processor() or platform.machine(),
@@ -173,15 +189,15 @@ def run(args) -> dict:
         npall = numpy_peer(dims, ncpu, args.calls, ov)
         for wt in args.weights:
             wbytes = pm * BYTES_PER_WEIGHT[wt]
-            if wbytes <= l2:
-                kind, bound_ns = "fma", pm / fma_rate if fma_rate > 0 else float("nan")
-            else:
-                if wbytes not in bw_cache:
-                    bw_cache[wbytes] = read_gbps(wbytes, 5)
-                kind, bound_ns = "read", wbytes / bw_cache[wbytes]
+            if wbytes not in bw_cache:
+                bw_cache[wbytes] = read_gbps(wbytes, 5)
+            fma_ns = pm / fma_rate if fma_rate > 0 else float("nan")
+            read_ns = wbytes / bw_cache[wbytes]
+            kind, bound_ns = ("fma", fma_ns) if wbytes <= l2 else ("read", read_ns)
             row = {"dims": list(dims), "weights": wt, "macs": macs, "padded_macs": pm,
                    "weight_bytes": wbytes, "bound": kind, "bound_ns": bound_ns,
-                   "read_gbps": bw_cache.get(wbytes), "fastpath": {},
+                   "fma_bound_ns": fma_ns, "read_bound_ns": read_ns,
+                   "read_gbps": bw_cache[wbytes], "fastpath": {},
                    "onnxruntime_1t": ort, "numpy_1t": np1, f"numpy_{ncpu}t": npall}
             for isa in isas:
                 try:
@@ -192,8 +208,10 @@ def run(args) -> dict:
                 step = time_fn(lambda v: eng.step(v, 0), x, args.calls, ov)
                 d = {"step": step}
                 if wt == "fp32":
-                    k = kernel_ns(model, isa)
-                    d.update({"mlp_ns": k, "x_bound": k / bound_ns})
+                    k = kernel_ns(model, isa, max(args.calls // 10, 50))
+                    # x_read: against the read bound at the weights' size even where they fit
+                    # L2 (a GEMV uses each weight once, so L2's bandwidth binds before FMA)
+                    d.update({"mlp_ns": k, "x_bound": k / bound_ns, "x_read": k / read_ns})
                 row["fastpath"][isa] = d
             res["rows"].append(row)
             print_row(row, isas, ncpu, file=sys.stderr)
@@ -217,12 +235,14 @@ def print_row(row, isas, ncpu, file=sys.stdout):
         d = row["fastpath"].get(isa, {})
         if "step" in d:
             cells.append(f"{isa} {_p50(d['step'])}/{fmt_ns(d['step']['p99'])}"
-                         + (f" mlp {fmt_ns(d['mlp_ns'])} {d['x_bound']:.2f}x" if "mlp_ns" in d else ""))
+                         + (f" mlp {fmt_ns(d['mlp_ns'])} {d['x_bound']:.2f}x"
+                            f" ({d['x_read']:.2f}x read)" if "mlp_ns" in d else ""))
         else:
             cells.append(f"{isa} skipped")
     cells += [f"ort1 {_p50(row['onnxruntime_1t'])}", f"np1 {_p50(row['numpy_1t'])}",
               f"np{ncpu} {_p50(row[f'numpy_{ncpu}t'])}",
-              f"bound {row['bound']} {fmt_ns(row['bound_ns'])}"]
+              f"bound {row['bound']} {fmt_ns(row['bound_ns'])} (read {fmt_ns(row['read_bound_ns'])}"
+              f" at {row['read_gbps']:.0f} GB/s)"]
     print(" | ".join(cells), file=file, flush=True)
 
 
@@ -230,7 +250,8 @@ def print_table(res):
     isas, ncpu = res["kernel_sets"], res["machine"]["cores"]
     print(f"scaling: one tick, cache off, identity features; p50/p99 of Engine.step from Python; "
           f"mlp = kernel alone, Nx = mlp / bound (FMA bound if the weights fit L2 "
-          f"({res['machine']['l2_bytes'] >> 10} KiB), else streaming-read bound); "
+          f"({res['machine']['l2_bytes'] >> 10} KiB), else streaming-read bound), "
+          f"(Nx read) = mlp / read bound at the weights' size; "
           f"FMA MACs/ns {res['machine']['fma_macs_per_ns']}")
     hdr = ["model", "weights", "MACs"] + [f"fastpath {i} p50/p99 (mlp, x bound)" for i in isas] + [
         "onnxruntime 1t p50", "numpy 1t p50", f"numpy {ncpu}t p50", "bound"]
