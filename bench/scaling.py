@@ -137,14 +137,15 @@ def ort_peer(model, n: int, overhead: int) -> dict:
     return dict(time_fn(fn, x, n, overhead), version=ver)
 
 
-def kernel_ns(model, isa: str, samples: int) -> float:
-    """The MLP kernel alone: p50 over `samples` timings of k back-to-back passes (k sized so a
-    timing lasts ~2 us, well above the clock's cost), in ns per pass (fp32 weights). A p50,
-    not a mean: on a shared host a mean carries every preemption."""
+def kernel_ns(model, isa: str, samples: int, layers=None) -> float:
+    """The MLP kernel alone (or the given slice of its layers): p50 over `samples` timings of
+    k back-to-back passes (k sized so a timing lasts ~2 us, well above the clock's cost), in
+    ns per pass (fp32 weights). A p50, not a mean: on a shared host a mean carries every
+    preemption."""
     from fastpath._kernels import PackedMLP
-    P = PackedMLP([l.weight for l in model.layers], [l.bias for l in model.layers],
-                  [l.activation for l in model.layers], isa)
-    x = np.random.default_rng(1).standard_normal(model.dims[0]).astype(np.float32)
+    ls = model.layers if layers is None else layers
+    P = PackedMLP([l.weight for l in ls], [l.bias for l in ls], [l.activation for l in ls], isa)
+    x = np.random.default_rng(1).standard_normal(ls[0].weight.shape[1]).astype(np.float32)
     est = min(P.time_forward(x, 50) for _ in range(3))
     k = max(1, int(2000 / max(est, 1.0)))
     return float(np.median([P.time_forward(x, k) for _ in range(samples)]))
@@ -160,6 +161,28 @@ def fma_rates(isas, tries=10) -> dict:
             ns = min(probe(1_000_000) for _ in range(tries))
             out[isa] = lanes / ns if ns > 0 else 0.0
     return out
+
+
+def layer_rows(model, isa, fma_rate, l2, bw_cache, samples) -> list:
+    out = []
+    for L in model.layers:
+        o, i = L.weight.shape
+        pm = (o + 7) // 8 * 8 * i
+        wb = pm * 4
+        if wb not in bw_cache:
+            bw_cache[wb] = max(read_probe(wb) for _ in range(5))
+        fma_ns, read_ns = pm / fma_rate if fma_rate > 0 else float("nan"), wb / bw_cache[wb]
+        kind, bound = ("fma", fma_ns) if wb <= l2 else ("read", read_ns)
+        ns = kernel_ns(model, isa, samples, layers=[L])
+        out.append({"shape": [i, o], "kernel_set": isa, "weight_bytes": wb, "ns": ns,
+                     "bound": kind, "bound_ns": bound, "x_bound": ns / bound,
+                     "read_bound_ns": read_ns, "x_read": ns / read_ns})
+    return out
+
+
+def read_probe(nbytes: int) -> float:
+    from fastpath._kernels import read_gbps
+    return read_gbps(nbytes, 3)
 
 
 def run(args) -> dict:
@@ -213,6 +236,10 @@ def run(args) -> dict:
                     # L2 (a GEMV uses each weight once, so L2's bandwidth binds before FMA)
                     d.update({"mlp_ns": k, "x_bound": k / bound_ns, "x_read": k / read_ns})
                 row["fastpath"][isa] = d
+            if wt == "fp32" and isas[-1] != "scalar":
+                # each layer alone on the widest set, against its own bound
+                row["layers"] = layer_rows(model, isas[-1], fma_rate, l2, bw_cache,
+                                           max(args.calls // 10, 50))
             res["rows"].append(row)
             print_row(row, isas, ncpu, file=sys.stderr)
     return res
@@ -244,6 +271,15 @@ def print_row(row, isas, ncpu, file=sys.stdout):
               f"bound {row['bound']} {fmt_ns(row['bound_ns'])} (read {fmt_ns(row['read_bound_ns'])}"
               f" at {row['read_gbps']:.0f} GB/s)"]
     print(" | ".join(cells), file=file, flush=True)
+
+
+def print_layers(res):
+    print("layers alone (widest set): in x out, ns, x bound (x read bound)")
+    for row in res["rows"]:
+        cells = [f"{L['shape'][0]}x{L['shape'][1]} {fmt_ns(L['ns'])} {L['x_bound']:.2f}x "
+                 f"{L['bound']} ({L['x_read']:.2f}x read)" for L in row.get("layers", [])]
+        if cells:
+            print(f"{'x'.join(map(str, row['dims'])):<18} | " + " | ".join(cells))
 
 
 def print_table(res):
@@ -279,6 +315,7 @@ def main(argv=None) -> int:
         ap.error(f"--weights takes {sorted(BYTES_PER_WEIGHT)}, got {bad or args.weights}")
     res = run(args)
     print_table(res)
+    print_layers(res)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "scaling-latest.json")
     with open(path, "w") as f:

@@ -205,7 +205,8 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
 #define FP_PF_AHEAD 1024
 
 /* G blocks of 8 rows at once, U accumulators per block over pairs of inputs (pair p goes to
- * chain p mod U): G*U independent zmm chains cover FMA latency; one permute of the x chunk
+ * chain p mod U): G*U independent zmm chains cover FMA latency (a lone block keeps U = 4, as
+ * in avx2.c: U = 8 measured 2-3x slower there); one permute of the x chunk
  * serves G weight loads. Per 16 inputs: one x load, 8 permutes, 8*G FMAs with the weights
  * as memory operands. Inputs past the last multiple of 16 run through a masked x chunk
  * (lanes past `in` are 0 and their weight loads are masked off, nothing read past the block).
@@ -268,10 +269,10 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
             /* fold even/odd inputs: v = [block k rows 0-7 | block k+1 rows 0-7] */             \
             const __m512 lo = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(1, 0, 1, 0));            \
             const __m512 hi = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(3, 2, 3, 2));            \
-            const __m512 bb = k + 1 < G ? _mm512_loadu_ps(bias + k * 8)                          \
-                                        : _mm512_castps256_ps512(_mm256_loadu_ps(bias + k * 8)); \
-            __m512 v = _mm512_add_ps(bb, _mm512_add_ps(lo, hi));                                \
-            if (k + 1 >= G) v = _mm512_insertf32x8(v, _mm512_castps512_ps256(v), 1);            \
+            /* a lone block's upper half is zero, not a cast's undefined lanes: junk there   \
+             * could be a subnormal (a microcode assist in the add and the activation) */     \
+            const __m512 bb = _mm512_maskz_loadu_ps(k + 1 < G ? 0xffff : 0x00ff, bias + k * 8); \
+            const __m512 v = _mm512_add_ps(bb, _mm512_add_ps(lo, hi));                          \
             const __m512 d = _mm512_sub_ps(v, v);                                               \
             bad = _mm256_or_ps(bad, _mm256_or_ps(_mm512_castps512_ps256(d),                     \
                                                  _mm512_extractf32x8_ps(d, 1)));                \
@@ -286,7 +287,7 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
  * whose weights are streamed (same sums in the same order, so the same bits either way) */
 FP_DENSE512_GROUP(fp_dense512_g4, 4, 2, 0)
 FP_DENSE512_GROUP(fp_dense512_g2, 2, 4, 0)
-FP_DENSE512_GROUP(fp_dense512_g1, 1, 8, 0)
+FP_DENSE512_GROUP(fp_dense512_g1, 1, 4, 0)
 FP_DENSE512_GROUP(fp_dense512_pf_g4, 4, 2, 1)
 
 /* A layer whose weights outgrow L2's share streams them: prefetching ahead pays there
