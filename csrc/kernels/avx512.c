@@ -198,10 +198,11 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
                                          2 * (p), 2 * (p), 2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1, \
                                          2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1)
 
-/* How far ahead (bytes) each block's weight stream is prefetched. Weights that fit L1/L2
- * gain nothing and lose little (one prefetch per 64-byte line already loaded); weights
- * streamed from L3 or memory need the request out before the hardware prefetcher, which
- * follows G streams at once and ramps up per 4 KB page, would issue it. */
+/* How far ahead (bytes) each block's weight stream is prefetched, in layers past
+ * FP_STREAM_BYTES only: weights streamed from L3 or memory need the request out before the
+ * hardware prefetcher, which follows G streams at once and ramps up per 4 KB page, would
+ * issue it; weights in L2 do not (a 256x256 layer measured ~5% slower with it at 256 to
+ * 2048 bytes ahead). */
 #define FP_PF_AHEAD 1024
 
 /* G blocks of 8 rows at once, U accumulators per block over pairs of inputs (pair p goes to
@@ -212,9 +213,8 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
  * (lanes past `in` are 0 and their weight loads are masked off, nothing read past the block).
  * Returns the OR of v - v over the pre-activations (zero bits iff all finite, as avx2.c). */
 #define FP_DENSE512_GROUP(NAME, G, U, PF)                                                      \
-    FP_TARGET_AVX512 static inline __m256 NAME(const float *w, int in,                          \
-                                                          const float *x, const float *bias,   \
-                                                          int act, float *y) {                  \
+    FP_TARGET_AVX512 static inline __m256 NAME(const float *w, int in, const float *x,          \
+                                               const float *bias, int act, float *y) {         \
         __m512 acc[U][G];                                                                       \
         for (int u = 0; u < U; u++)                                                             \
             for (int k = 0; k < G; k++) acc[u][k] = _mm512_setzero_ps();                        \
@@ -292,8 +292,7 @@ FP_DENSE512_GROUP(fp_dense512_pf_g4, 4, 2, 1)
 
 /* A layer whose weights outgrow L2's share streams them: prefetching ahead pays there
  * (measured 75-80 -> 73-74 us on the 1024x1024x1024x2 model, at the read probe's bandwidth),
- * and is pure overhead (one more instruction per line) for a layer that sits in cache
- * (measured: no gain on the 256x256 layer, whose 256 KB stream from L2). */
+ * and costs in cache (see FP_PF_AHEAD). */
 #define FP_STREAM_BYTES (512u * 1024u)
 
 /* y = act(W x + b) over the blocked layout, groups of 4 blocks (32 rows), then a pair, then
