@@ -18,7 +18,7 @@ from fastpath._checks import check_value as _check
 from fastpath.errors import ConfigError
 from fastpath.model import CACHE_KEYS as _CACHE_KEYS
 
-SIMD_CHOICES = ("auto", "avx2", "scalar")     # fastpath._build reads it for FASTPATH_SIMD
+SIMD_CHOICES = ("auto", "avx512", "avx2", "scalar")     # fastpath._build reads it for FASTPATH_SIMD
 BACKENDS = ("cpu", "gpu", "auto")
 
 

@@ -1,9 +1,14 @@
-/* fp_bench.c: the FMA throughput of this core, measured, so the bench can state how far
- * the MLP kernel is from the bound for its multiply-adds instead of assuming a clock.
+/* fp_bench.c: the two bounds of a GEMV on this core, measured, so the bench can state how far
+ * the MLP kernel is from the bound for its size instead of assuming a clock: the FMA
+ * throughput (8-lane and 16-lane) for weights in cache, and the streaming-read bandwidth
+ * for weights that are not.
  * Decision: 12 independent accumulator chains, enough to cover FMA latency (4-5 cycles)
- * times two FMA ports on current x86 cores; the loop is pure register work. */
+ * times two FMA ports on current x86 cores; the loop is pure register work. The read probe
+ * sums a buffer of the size asked (the weights' size), read over and over, so it measures
+ * the cache level (or memory) those weights actually stream from. */
 #include "fp_simd.h"
 #include "fp_clock.h"
+#include <stdlib.h>
 
 #include "fp_bench.h"
 
@@ -32,15 +37,104 @@ FP_TARGET_AVX2 static double fp_fma_ns_avx2(long iters) {
     (void)sink;
     return (double)(t1 - t0) / ((double)iters * 12.0);
 }
+
+/* the same 12 chains on 16 lanes (Zen 4 splits a zmm FMA in two 256-bit halves, so there
+ * this is about twice the 8-lane time: the probe says so instead of assuming either) */
+FP_TARGET_AVX512 static double fp_fma_ns_avx512(long iters) {
+    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    __m512 a[12];
+    for (int k = 0; k < 12; k++) a[k] = _mm512_set1_ps((float)k);
+    const int64_t t0 = fp_mono_ns();
+    for (long i = 0; i < iters; i++) {
+        _Pragma("GCC unroll 12")
+        for (int k = 0; k < 12; k++) a[k] = _mm512_fmadd_ps(a[k], m, c);
+    }
+    const int64_t t1 = fp_mono_ns();
+    __m512 s = a[0];
+    for (int k = 1; k < 12; k++) s = _mm512_add_ps(s, a[k]);
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return (double)(t1 - t0) / ((double)iters * 12.0);
+}
+
+/* one pass over n floats (n a multiple of 64), 4 loads of 64 bytes an iteration into 4 sums */
+FP_TARGET_AVX512 static float fp_read_pass_avx512(const float *p, size_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n; i += 64) {
+        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
+        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+FP_TARGET_AVX2 static float fp_read_pass_avx2(const float *p, size_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
+        s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
+    }
+    s0 = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    float t[8];
+    _mm256_storeu_ps(t, s0);
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
 #endif
+
+static float fp_read_pass_scalar(const float *p, size_t n) {
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i < n; i += 4) { s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3]; }
+    return s0 + s1 + s2 + s3;
+}
 
 /* ns per 8-lane FMA instruction at full throughput; < 0 where AVX2+FMA is missing */
 double fp_fma_ns_per_instr(long iters) {
 #if FP_HAVE_X86
-    if (fp_isa_best() == FP_ISA_AVX2) return fp_fma_ns_avx2(iters);
+    if (fp_isa_supported(FP_ISA_AVX2)) return fp_fma_ns_avx2(iters);
 #endif
     (void)iters;
     return -1.0;
+}
+
+/* ns per 16-lane FMA instruction at full throughput; < 0 where the AVX-512 set cannot run */
+double fp_fma512_ns_per_instr(long iters) {
+#if FP_HAVE_X86
+    if (fp_isa_supported(FP_ISA_AVX512)) return fp_fma_ns_avx512(iters);
+#endif
+    (void)iters;
+    return -1.0;
+}
+
+/* Streaming-read bandwidth in GB/s (1e9 bytes/s) over a buffer of `bytes` (rounded up to 256),
+ * read `passes` times after one warm-up pass with the widest loads the CPU has; the best
+ * pass counts. < 0 when the buffer cannot be allocated. */
+double fp_read_gbps(size_t bytes, int passes) {
+    bytes = FP_ROUND_UP(bytes < 256 ? 256 : bytes, 256);
+    const size_t n = bytes / sizeof(float);
+    float *p = (float *)fp_aligned_alloc(bytes);
+    if (!p) return -1.0;
+    for (size_t i = 0; i < n; i++) p[i] = (float)(i & 7);
+    float (*pass)(const float *, size_t) = fp_read_pass_scalar;
+#if FP_HAVE_X86
+    if (fp_isa_supported(FP_ISA_AVX512)) pass = fp_read_pass_avx512;
+    else if (fp_isa_supported(FP_ISA_AVX2)) pass = fp_read_pass_avx2;
+#endif
+    volatile float sink = pass(p, n);
+    /* small buffers: repeat within a timed pass so one pass lasts well over the clock's cost */
+    const int inner = bytes >= (1u << 22) ? 1 : (int)((1u << 22) / bytes);
+    int64_t best = INT64_MAX;
+    for (int r = 0; r < (passes < 1 ? 1 : passes); r++) {
+        const int64_t t0 = fp_mono_ns();
+        for (int k = 0; k < inner; k++) sink += pass(p, n);
+        const int64_t dt = fp_mono_ns() - t0;
+        if (dt < best) best = dt;
+    }
+    (void)sink;
+    fp_aligned_free(p);
+    return best > 0 ? (double)bytes * inner / (double)best : -1.0;
 }
 
 /* Spin for duration_ns reading the clock back to back; every gap between two reads longer

@@ -1,8 +1,13 @@
 /* fp_bench.h: measurements the bench needs from C (not used on the hot path). */
 #ifndef FP_BENCH_H
 #define FP_BENCH_H
+#include <stddef.h>
 /* ns per 8-lane FMA instruction at full throughput; < 0 where AVX2+FMA is missing */
 double fp_fma_ns_per_instr(long iters);
+/* ns per 16-lane FMA instruction at full throughput; < 0 where the AVX-512 set cannot run */
+double fp_fma512_ns_per_instr(long iters);
+/* streaming-read GB/s over a buffer of `bytes`, best of `passes`; < 0 on allocation failure */
+double fp_read_gbps(size_t bytes, int passes);
 /* spin on this core for duration_ns; histogram (40 log2 buckets) of clock gaps above
  * threshold_ns; returns the number of gaps */
 long long fp_jitter_probe(long long duration_ns, long long threshold_ns, long long *hist,

@@ -69,13 +69,26 @@ int fp_cpu_has_avx2(void) { return 0; }
 int fp_cpu_has_fma(void) { return 0; }
 #endif
 
+int fp_isa_supported(fp_isa isa) {
+    switch (isa) {
+    case FP_ISA_SCALAR: return 1;
+    case FP_ISA_AVX2: return fp_cpu_has_avx2() && fp_cpu_has_fma();
+    /* the AVX-512 set also uses AVX2 instructions (ymm folds, gathers), so it needs both */
+    case FP_ISA_AVX512: return fp_cpu_has_avx512() && fp_cpu_has_avx2();
+    }
+    return 0;
+}
+
 fp_isa fp_isa_best(void) {
-    return (fp_cpu_has_avx2() && fp_cpu_has_fma()) ? FP_ISA_AVX2 : FP_ISA_SCALAR;
+    if (fp_isa_supported(FP_ISA_AVX512)) return FP_ISA_AVX512;
+    return fp_isa_supported(FP_ISA_AVX2) ? FP_ISA_AVX2 : FP_ISA_SCALAR;
 }
 
 const fp_kernels *fp_kernels_for(fp_isa isa) {
+    if (!fp_isa_supported(isa)) return NULL;
 #if FP_HAVE_X86
-    if (isa == FP_ISA_AVX2) return fp_isa_best() == FP_ISA_AVX2 ? &fp_kernels_avx2 : NULL;
+    if (isa == FP_ISA_AVX512) return &fp_kernels_avx512;
+    if (isa == FP_ISA_AVX2) return &fp_kernels_avx2;
 #endif
     if (isa == FP_ISA_SCALAR) return &fp_kernels_scalar;
     return NULL;

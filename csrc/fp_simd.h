@@ -5,7 +5,8 @@
  * -march=native, so the same binary runs (scalar) on a CPU without AVX2
  * instead of dying with SIGILL. Every kernel has a scalar twin with the same
  * signature; a kernel set is a table of function pointers. Each set lives in its own
- * source, csrc/kernels/<isa>.c, with functions named fp_<what>_<isa>.
+ * source, csrc/kernels/<isa>.c, with functions named fp_<what>_<isa>. AVX-512 code is
+ * compiled the same way (FP_TARGET_AVX512), never with a global -mavx512f.
  */
 #ifndef FP_SIMD_H
 #define FP_SIMD_H
@@ -27,8 +28,8 @@
 #define FP_SLACK 8   /* floats of slack after buffers that 8-lane kernels may overrun */
 #define FP_ROUND_UP(n, m) ((((n) + (m) - 1) / (m)) * (m))
 
-/* FP_ISA_AVX512: F+DQ+BW+VL (fp_cpu_has_avx512); no table until its kernel set exists, so
- * fp_kernels_for() answers NULL for it for now. */
+/* Kernel sets, in increasing order of what they need: FP_ISA_AVX512 needs F+DQ+BW+VL with the
+ * OS saving ZMM state (fp_cpu_has_avx512), FP_ISA_AVX2 needs AVX2+FMA with YMM state. */
 typedef enum { FP_ISA_SCALAR = 0, FP_ISA_AVX2 = 1, FP_ISA_AVX512 = 2 } fp_isa;
 
 enum { FP_ACT_IDENTITY = 0, FP_ACT_RELU = 1, FP_ACT_TANH = 2, FP_ACT_SIGMOID = 3 };
@@ -81,8 +82,10 @@ int fp_cpu_has_avx512(void);
 int fp_cpu_has_avx512_bf16(void);  /* vdpbf16ps (implies fp_cpu_has_avx512) */
 int fp_cpu_has_avx512_vnni(void);  /* vpdpbusd on ZMM (implies fp_cpu_has_avx512) */
 int fp_cpu_has_avx_vnni(void);     /* vpdpbusd on YMM (VEX), implies AVX2 */
-/* Best set this CPU supports. */
+/* Best set this CPU supports (avx512 over avx2 over scalar). */
 fp_isa fp_isa_best(void);
+/* 1 when this CPU can run the set */
+int fp_isa_supported(fp_isa isa);
 /* Kernel table for an ISA; NULL when this CPU cannot run it. */
 const fp_kernels *fp_kernels_for(fp_isa isa);
 
@@ -90,6 +93,7 @@ const fp_kernels *fp_kernels_for(fp_isa isa);
 extern const fp_kernels fp_kernels_scalar;
 #if FP_HAVE_X86
 extern const fp_kernels fp_kernels_avx2;
+extern const fp_kernels fp_kernels_avx512;
 #endif
 
 /* Aligned allocation behind one wrapper; memory is zeroed. */

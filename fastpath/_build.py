@@ -42,21 +42,26 @@ class ResolvedConfig:
 
 
 def resolve_simd(simd: str = "auto") -> str:
-    """The kernel set engines run: FASTPATH_SIMD=scalar forces scalar, FASTPATH_SIMD=avx2 asks
-    for AVX2 when the config says "auto"; "auto" takes the best this CPU has; a set the CPU
-    lacks is a ConfigError naming what it has."""
+    """The kernel set engines run (avx512, avx2 or scalar). FASTPATH_SIMD=scalar forces scalar
+    whatever the config says (the escape hatch); FASTPATH_SIMD=avx512|avx2 is taken where the
+    config says "auto"; "auto" takes the best set this CPU and OS run. Asking for a set the CPU
+    cannot run is a ConfigError naming who asked and what the CPU has: a silent fallback would
+    leave a host believed to run one set running another."""
     from fastpath._engine import best_isa, supported_isas
     from fastpath.control.config import SIMD_CHOICES
     from fastpath.errors import ConfigError
     env = os.environ.get("FASTPATH_SIMD", "").strip().lower()
     if env and env not in SIMD_CHOICES:
         raise ConfigError(f"FASTPATH_SIMD must be one of {list(SIMD_CHOICES)}, got {env!r}")
-    want = "scalar" if env == "scalar" else (env if env and simd == "auto" else simd)
+    if env == "scalar" or (env and simd == "auto"):
+        want, who = env, f"FASTPATH_SIMD={env}"
+    else:
+        want, who = simd, f"engine.simd = {simd!r}"
     if want == "auto":
         return best_isa()
     if want not in supported_isas():
-        raise ConfigError(f"engine.simd = {want!r} but this CPU supports only "
-                          f"{supported_isas()}")
+        raise ConfigError(f"{who} but this CPU (or its OS) cannot run the {want} kernel set; "
+                          f"it supports {supported_isas()} (best: {best_isa()!r})")
     return want
 
 

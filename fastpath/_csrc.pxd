@@ -32,6 +32,7 @@ cdef extern from "fp_simd.h" nogil:
     int fp_cpu_has_avx512_vnni()
     int fp_cpu_has_avx_vnni()
     fp_isa fp_isa_best()
+    int fp_isa_supported(fp_isa isa)
     const fp_kernels *fp_kernels_for(fp_isa isa)
     void *fp_aligned_alloc(size_t nbytes)
     void fp_aligned_free(void *p)
@@ -184,5 +185,7 @@ cdef extern from "fp_engine.h" nogil:
 
 cdef extern from "fp_bench.h" nogil:
     double fp_fma_ns_per_instr(long iters)
+    double fp_fma512_ns_per_instr(long iters)
+    double fp_read_gbps(size_t nbytes, int passes)
     long long fp_jitter_probe(long long duration_ns, long long threshold_ns, long long *hist,
                               long long *max_gap_ns, long long *reads)

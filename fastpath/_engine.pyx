@@ -30,7 +30,8 @@ cnp.import_array()
 fp_clock_init()
 
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
-_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
+# every kernel set this build has, in order of what it needs from the CPU (scalar: nothing)
+_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
 _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
 _POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
 
@@ -44,14 +45,24 @@ def cpu_features():
             "avx512_vnni": bool(fp_cpu_has_avx512_vnni()), "avx_vnni": bool(fp_cpu_has_avx_vnni())}
 
 
+def all_isas():
+    """Every kernel set this build has, scalar first, whether or not this CPU runs it."""
+    return list(_ISA_BY_NAME)
+
+
 def best_isa():
-    """Best kernel set this CPU can run ('avx2' needs AVX2 and FMA and OS YMM support)."""
-    return "avx2" if fp_isa_best() == FP_ISA_AVX2 else "scalar"
+    """Best kernel set this CPU can run: 'avx512' (F+DQ+BW+VL, FMA, OS ZMM and opmask state),
+    else 'avx2' (AVX2 and FMA with OS YMM state), else 'scalar'."""
+    cdef fp_isa b = fp_isa_best()
+    for name, v in _ISA_BY_NAME.items():
+        if v == b:
+            return name
+    return "scalar"
 
 
 def supported_isas():
     """Every kernel set this CPU can run, scalar first."""
-    return ["scalar"] + (["avx2"] if fp_isa_best() == FP_ISA_AVX2 else [])
+    return [name for name, v in _ISA_BY_NAME.items() if fp_isa_supported(v)]
 
 
 def clock_info():

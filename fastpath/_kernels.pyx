@@ -1,8 +1,8 @@
 # cython: language_level=3
 """Kernel shims for the tests and the bench: each C kernel of a named kernel set, callable
 from Python on numpy arrays; the cache decision alone; the MLP kernel alone (PackedMLP); the
-clock (this module's copy of it, calibrated at import like the engine's); the FMA peak and
-jitter probes.
+clock (this module's copy of it, calibrated at import like the engine's); the FMA peak,
+streaming-read bandwidth and jitter probes.
 
 Design: nothing here is on the hot path, so every shim copies and checks its inputs and
 allocates its outputs; the tests compare each against a numpy reference, per kernel set.
@@ -24,7 +24,7 @@ cnp.import_array()
 
 fp_clock_init()
 
-_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
+_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
 _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
 
 cdef const fp_kernels *_kernels(str isa) except NULL:
@@ -45,6 +45,48 @@ def fma_ns_per_instr(long iters=20_000_000):
             v = fp_fma_ns_per_instr(iters)
         best = min(best, v)
     return best
+
+
+def fma512_ns_per_instr(long iters=10_000_000):
+    """Measured ns per 16-lane FMA instruction at full throughput (12 chains); -1 where the
+    avx512 kernel set cannot run. Best of three runs."""
+    cdef double best = 1e30, v
+    for _ in range(3):
+        with nogil:
+            v = fp_fma512_ns_per_instr(iters)
+        best = min(best, v)
+    return best
+
+
+def fma_macs_per_ns(str isa):
+    """Multiply-adds per ns at the FMA bound of the named kernel set (lanes / ns per FMA
+    instruction, measured now); 0.0 for scalar, which has no vector FMA to measure."""
+    if isa not in _ISA_BY_NAME:
+        raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_ISA_BY_NAME)}")
+    if isa == "avx512":
+        ns = fma512_ns_per_instr()
+        return 16.0 / ns if ns > 0 else 0.0
+    if isa == "avx2":
+        ns = fma_ns_per_instr()
+        return 8.0 / ns if ns > 0 else 0.0
+    return 0.0
+
+
+def read_gbps(long long nbytes, int passes=5):
+    """Streaming-read bandwidth in GB/s (1e9 bytes/s) over a buffer of nbytes, read `passes`
+    times after a warm-up with the widest loads this CPU has (GIL released); best pass.
+    Size the buffer as the weights: it measures the cache level (or memory) they stream from."""
+    if not 256 <= nbytes <= (1 << 34):
+        raise InputError(f"nbytes must be in [256, 2**34], got {nbytes}")
+    if not 1 <= passes <= 1000:
+        raise InputError(f"passes must be in [1, 1000], got {passes}")
+    cdef double g
+    cdef size_t n = <size_t>nbytes
+    with nogil:
+        g = fp_read_gbps(n, passes)
+    if g < 0:
+        raise MemoryError(f"cannot allocate {nbytes} bytes for the read probe")
+    return g
 
 
 def jitter_probe(double seconds, long long threshold_ns=1000):

@@ -155,7 +155,7 @@ cdef extern from *:
 
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
 _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
-_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
+_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
 _POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
 _IDLE = {"spin": FP_IDLE_SPIN, "yield": FP_IDLE_YIELD, "sleep": FP_IDLE_SLEEP}
 # a live server pid whose loop has not beaten for this long is reported gone (SIGSTOP, debugger)

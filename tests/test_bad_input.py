@@ -298,7 +298,7 @@ CONFIG_CASES = [
     ({"engine": {"n_symbols": "4096"}}, "engine.n_symbols"),
     ({"engine": {"n_symbols": 4.0}}, "engine.n_symbols"),
     ({"engine": {"n_symbols": True}}, "engine.n_symbols"),
-    ({"engine": {"simd": "avx512"}}, "engine.simd"),
+    ({"engine": {"simd": "avx1024"}}, "engine.simd"),
     ({"engine": {"simd": 1}}, "engine.simd"),
     ({"engine": {"backend": "tpu"}}, "engine.backend"),
     ({"engine": {"latency_records": 1000}}, "engine.latency_records"),

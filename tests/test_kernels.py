@@ -66,7 +66,8 @@ def test_allfinite(isa, n):
 
 
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("n_in,n_out", [(1, 1), (7, 3), (37, 9), (129, 64), (300, 37), (16, 33)])
+@pytest.mark.parametrize("n_in,n_out", [(1, 1), (7, 3), (37, 9), (129, 64), (300, 37), (16, 33),
+                                        (33, 40), (300, 600)])
 def test_dense_layer(isa, act, n_in, n_out):
     rng = np.random.default_rng(n_in * 1000 + n_out)
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
@@ -142,9 +143,103 @@ def test_mlp_property(dims, acts, seed):
 
 
 def test_dispatch_reports_cpu():
+    """best_isa() is the widest set cpuid + XCR0 allow, and it is one supported_isas() lists."""
     f = E.cpu_features()
-    assert E.best_isa() == ("avx2" if f["avx2"] and f["fma"] else "scalar")
+    avx2 = f["avx2"] and f["fma"]
+    want = "avx512" if avx2 and f["avx512"] else "avx2" if avx2 else "scalar"
+    assert E.best_isa() == want
     assert E.supported_isas()[0] == "scalar"
+    assert E.best_isa() in E.supported_isas()
+    assert E.supported_isas() == [s for s in E.all_isas() if s in E.supported_isas()]
+    assert set(E.all_isas()) == {"scalar", "avx2", "avx512"}
+    assert ("avx512" in E.supported_isas()) == bool(f["avx512"] and avx2)
+
+
+@pytest.mark.parametrize("n_in", [1, 2, 3, 15, 16, 17, 31, 33])
+def test_dense_nonfinite_row_does_not_leak(isa, n_in):
+    """An Inf weight in one 8-row block must not touch the rows of another: the AVX-512 set
+    reads a block two inputs at a time, and a tail that read the next block's first weights
+    (0 * Inf = NaN) would poison finite rows. The flag says non-finite; the finite rows stay
+    exact."""
+    rng = np.random.default_rng(n_in)
+    w = rng.standard_normal((24, n_in)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    x = rng.standard_normal(n_in).astype(np.float32)
+    w[8:16, 0] = np.inf            # block 1's first weights: what block 0's tail would reach
+    for reverse in (False, True):
+        got, ok = K.kernel_dense(isa, w, b, "identity", x, reverse)
+        assert not ok
+        fin = np.r_[0:8, 16:24]
+        want = w[fin].astype(np.float64) @ x + b[fin]
+        bound = np.abs(w[fin].astype(np.float64)) @ np.abs(x) + np.abs(b[fin])
+        np.testing.assert_array_less(np.abs(got[fin] - want), 1e-5 * bound + 1e-6)
+
+
+@pytest.mark.parametrize("n_in,n_out", [(16, 64), (1024, 136), (256, 520)])
+def test_dense_sets_agree_on_wide_layers(n_in, n_out):
+    """Every set against scalar on layers wide enough to take the vector sets' main loops and
+    (1024x136: 557 KB of weights) the AVX-512 set's streaming path with prefetch."""
+    rng = np.random.default_rng(n_in + n_out)
+    w = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    b = rng.standard_normal(n_out).astype(np.float32)
+    x = rng.standard_normal(n_in).astype(np.float32)
+    ref, _ = K.kernel_dense("scalar", w, b, "relu", x)
+    bound = np.abs(w.astype(np.float64)) @ np.abs(x) + np.abs(b)
+    for isa in ISAS:
+        for reverse in (False, True):
+            got, ok = K.kernel_dense(isa, w, b, "relu", x, reverse)
+            assert ok
+            np.testing.assert_array_less(np.abs(got - ref), 2e-6 * bound + 1e-7)
+
+
+def test_engines_agree_on_every_set():
+    """The whole fused step (features, cache, MLP, head) gives the same signals and the same
+    cache decisions on every set this CPU runs."""
+    from fastpath import Engine
+    from conftest import engine_cfg, windowed_model
+    rng = np.random.default_rng(12)
+    m = windowed_model(rng, raw_len=70, n_z=37, hidden=(64, 33))
+    raws = rng.standard_normal((300, m.raw_len)).astype(np.float32)
+    raws[100:140] = raws[99]           # repeated ticks so the cache decides hits as well
+    syms = rng.integers(0, 4, 300)
+    ts = np.arange(300) * 1000
+    ref = Engine(m, config=engine_cfg("scalar")).step_batch(raws, syms, ts)
+    assert ref.cached.any() and not ref.cached.all()
+    for isa in ISAS:
+        got = Engine(m, config=engine_cfg(isa)).step_batch(raws, syms, ts)
+        np.testing.assert_allclose(got.signal, ref.signal, atol=1e-5)
+        np.testing.assert_allclose(got.confidence, ref.confidence, atol=1e-5)
+        np.testing.assert_array_equal(got.cached, ref.cached)
+
+
+def test_fastpath_simd_env(monkeypatch):
+    """FASTPATH_SIMD names any set of the build; one this CPU cannot run is a ConfigError
+    that names the variable and what the CPU has, never a silent fallback."""
+    from fastpath import ConfigError
+    from fastpath._build import resolve_simd
+    for name in E.supported_isas():
+        monkeypatch.setenv("FASTPATH_SIMD", name)
+        assert resolve_simd("auto") == name
+    monkeypatch.setenv("FASTPATH_SIMD", "avx512")
+    monkeypatch.setattr(E, "supported_isas", lambda: ["scalar", "avx2"])
+    with pytest.raises(ConfigError, match="FASTPATH_SIMD=avx512.*cannot run"):
+        resolve_simd("auto")
+    monkeypatch.delenv("FASTPATH_SIMD")
+    with pytest.raises(ConfigError, match="engine.simd = 'avx512'.*cannot run"):
+        resolve_simd("avx512")
+
+
+def test_bound_probes():
+    """The bench's bounds: FMA rate of each vector set (0 for scalar, none to measure) and the
+    streaming-read bandwidth; checked for sign and arguments, never for speed."""
+    for isa in E.all_isas():
+        r = K.fma_macs_per_ns(isa)
+        assert (r > 0) == (isa in ISAS and isa != "scalar")
+    assert K.read_gbps(1 << 16, 2) > 0
+    with pytest.raises(ValueError, match="nbytes"):
+        K.read_gbps(10)
+    with pytest.raises(ValueError, match="unknown kernel set"):
+        K.fma_macs_per_ns("sse9")
 
 
 @pytest.mark.parametrize("n", WIDTHS)

@@ -94,7 +94,7 @@ def test_cli_info():
     out = _cli("info")
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
-    assert info["simd"] in ("avx2", "scalar") and info["default_model"]["dims"] == [128, 64, 32, 2]
+    assert info["simd"] in ("avx512", "avx2", "scalar") and info["default_model"]["dims"] == [128, 64, 32, 2]
 
 
 def test_cli_calibrate(tmp_path):

@@ -1,4 +1,4 @@
-/* kernels.h: what the per-ISA kernel sources (scalar.c, avx2.c) share.
+/* kernels.h: what the per-ISA kernel sources (scalar.c, avx2.c, avx512.c) share.
  *
  * Decision: one source file per kernel set, each function named fp_<what>_<isa>, as numpy
  * lays out its dispatch sources; fp_simd.c only holds the table choice. The scalar twins

@@ -1,0 +1,328 @@
+"""How fastpath's latency scales with model size, against its peers, and how far the MLP
+kernel is from the hardware bound at each size.
+
+    python bench/scaling.py [--quick] [--calls N] [--weights fp32[,...]] [--out DIR]
+
+Models: 32x16x2, 128x64x32x2, 256x256x2, 512x512x256x2, 1024x1024x1024x2 (ReLU hidden layers,
+identity output, identity features, cache off), one tick at a time. Per model and weight type:
+- fastpath Engine.step p50/p99 from Python for every kernel set this CPU runs (timer overhead
+  removed), and the MLP kernel alone (PackedMLP, best mean of a few runs);
+- the MLP kernel's bound: the FMA bound (multiply-adds of the 8-row blocked layout / the
+  measured FMA rate) where the weights fit L2, else the streaming-read bound (weight bytes /
+  the bandwidth measured over a buffer of the weights' size); `x_bound` = kernel ns / bound ns
+  (1.0 is at the bound). `x_read` is the kernel against the read bound at every size: a GEMV
+  uses each weight once, so weights that fit L2 but not L1 stream at L2's bandwidth, which
+  binds before the FMA rate does;
+- onnxruntime with one thread; numpy with one BLAS thread and with every core (each in a fresh
+  subprocess, as a BLAS pool's size is fixed when it starts).
+The JSON goes to bench/results/scaling-latest.json.
+
+Weight types: the `weights` axis is a hook; "fp32" is what the engine has. A type the engine
+does not accept (yet) is reported as skipped with the engine's error, not left out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = ((32, 16, 2), (128, 64, 32, 2), (256, 256, 2), (512, 512, 256, 2), (1024, 1024, 1024, 2))
+BYTES_PER_WEIGHT = {"fp32": 4, "bf16": 2, "int8": 1}
+
+
+def build_model(dims, seed=0):
+    """ReLU MLP with identity features and the cache off: every step is a miss through the MLP."""
+    from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+    rng = np.random.default_rng(seed)
+    layers = []
+    for i in range(len(dims) - 1):
+        w = (rng.standard_normal((dims[i + 1], dims[i])) / np.sqrt(dims[i])).astype(np.float32)
+        b = (rng.standard_normal(dims[i + 1]) * 0.1).astype(np.float32)
+        layers.append(Layer(w, b, "relu" if i < len(dims) - 2 else "identity"))
+    return Model(tuple(layers), FeatureSpec.identity(dims[0]), CachePolicy(enabled=False))
+
+
+def engine_config(isa: str, weights: str) -> dict:
+    eng = {"simd": isa, "n_symbols": 1}
+    if weights != "fp32":
+        eng["weights"] = weights        # the engine's reduced-precision option, where it exists
+    return {"engine": eng, "cache": {"enabled": False}}
+
+
+def padded_macs(dims) -> int:
+    return sum((o + 7) // 8 * 8 * i for i, o in zip(dims[:-1], dims[1:]))
+
+
+def l2_bytes() -> int:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
+            s = f.read().strip()
+        return int(s[:-1]) * {"K": 1024, "M": 1 << 20}[s[-1]] if s[-1] in "KM" else int(s)
+    except (OSError, ValueError, KeyError):
+        return 1 << 20
+
+
+def pct(ns: np.ndarray) -> dict:
+    return {"p50": float(np.percentile(ns, 50)), "p99": float(np.percentile(ns, 99)),
+            "n": int(len(ns))}
+
+
+def timer_overhead(n=20000) -> int:
+    pc = time.perf_counter_ns
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        t0 = pc()
+        out[i] = pc() - t0
+    return int(np.median(out))
+
+
+def time_fn(fn, x, n: int, overhead: int) -> dict:
+    pc = time.perf_counter_ns
+    for _ in range(max(n // 10, 50)):
+        fn(x)
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        t0 = pc()
+        fn(x)
+        out[i] = pc() - t0
+    return pct(np.maximum(out - overhead, 0))
+
+
+NUMPY_CHILD = r"""
+import sys, time, json
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from scaling import build_model, time_fn
+dims, n, overhead = json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+m = build_model(dims)
+layers = [(l.weight.T.copy(), l.bias, l.activation) for l in m.layers]
+def fn(x):
+    h = x[None, :]
+    for w, b, act in layers:
+        h = h @ w + b
+        if act == "relu":
+            h = np.maximum(h, 0)
+    return h
+x = np.random.default_rng(1).standard_normal(dims[0]).astype(np.float32)
+print(json.dumps(time_fn(fn, x, n, overhead)))
+"""
+
+
+def numpy_peer(dims, threads: int, n: int, overhead: int) -> dict:
+    env = dict(os.environ)
+    for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[v] = str(threads)
+    out = subprocess.run([sys.executable, "-c", NUMPY_CHILD, HERE, json.dumps(list(dims)),
+                          str(n), str(overhead)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    if out.returncode != 0:
+        return {"skipped": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
+    return json.loads(out.stdout)
+
+
+def ort_peer(model, n: int, overhead: int) -> dict:
+    sys.path.insert(0, HERE)
+    from peers import onnxruntime_peer
+    fn, ver = onnxruntime_peer(model)
+    if fn is None:
+        return {"skipped": ver}
+    x = np.random.default_rng(1).standard_normal(model.dims[0]).astype(np.float32)
+    return dict(time_fn(fn, x, n, overhead), version=ver)
+
+
+def kernel_ns(model, isa: str, samples: int, layers=None) -> float:
+    """The MLP kernel alone (or the given slice of its layers): p50 over `samples` timings of
+    k back-to-back passes (k sized so a timing lasts ~2 us, well above the clock's cost), in
+    ns per pass (fp32 weights). A p50, not a mean: on a shared host a mean carries every
+    preemption."""
+    from fastpath._kernels import PackedMLP
+    ls = model.layers if layers is None else layers
+    P = PackedMLP([l.weight for l in ls], [l.bias for l in ls], [l.activation for l in ls], isa)
+    x = np.random.default_rng(1).standard_normal(ls[0].weight.shape[1]).astype(np.float32)
+    est = min(P.time_forward(x, 50) for _ in range(3))
+    k = max(1, int(2000 / max(est, 1.0)))
+    return float(np.median([P.time_forward(x, k) for _ in range(samples)]))
+
+
+def fma_rates(isas, tries=10) -> dict:
+    """MACs per ns at each vector set's FMA bound: best of `tries` short probes, so one quiet
+    moment on a shared host is enough (a long probe averages the neighbours in)."""
+    from fastpath._kernels import fma512_ns_per_instr, fma_ns_per_instr
+    out = {}
+    for isa, probe, lanes in (("avx2", fma_ns_per_instr, 8), ("avx512", fma512_ns_per_instr, 16)):
+        if isa in isas:
+            ns = min(probe(1_000_000) for _ in range(tries))
+            out[isa] = lanes / ns if ns > 0 else 0.0
+    return out
+
+
+def layer_rows(model, isa, fma_rate, l2, bw_cache, samples) -> list:
+    out = []
+    for L in model.layers:
+        o, i = L.weight.shape
+        pm = (o + 7) // 8 * 8 * i
+        wb = pm * 4
+        if wb not in bw_cache:
+            bw_cache[wb] = max(read_probe(wb) for _ in range(5))
+        fma_ns, read_ns = pm / fma_rate if fma_rate > 0 else float("nan"), wb / bw_cache[wb]
+        kind, bound = ("fma", fma_ns) if wb <= l2 else ("read", read_ns)
+        ns = kernel_ns(model, isa, samples, layers=[L])
+        out.append({"shape": [i, o], "kernel_set": isa, "weight_bytes": wb, "ns": ns,
+                     "bound": kind, "bound_ns": bound, "x_bound": ns / bound,
+                     "read_bound_ns": read_ns, "x_read": ns / read_ns})
+    return out
+
+
+def read_probe(nbytes: int) -> float:
+    from fastpath._kernels import read_gbps
+    return read_gbps(nbytes, 3)
+
+
+def run(args) -> dict:
+    import fastpath
+    from fastpath import Engine
+    from fastpath._engine import supported_isas
+    from fastpath._kernels import read_gbps
+    isas = supported_isas()
+    ov = timer_overhead()
+    fma = fma_rates(isas)
+    fma_rate = max(fma.values(), default=0.0)   # the core's FMA bound, whichever set reaches it
+    l2 = l2_bytes()
+    ncpu = os.cpu_count() or 1
+    res = {"machine": {"cpu": platform.processor() or platform.machine(),
+                       "cpu_features": fastpath.cpu_features(), "cores": ncpu, "l2_bytes": l2,
+                       "fma_macs_per_ns": fma, "timer_overhead_ns": ov},
+           "kernel_sets": isas, "weights": args.weights, "calls": args.calls,
+           "fastpath_version": fastpath.__version__, "rows": []}
+    bw_cache = {}
+    for dims in MODELS:
+        model = build_model(dims)
+        x = np.random.default_rng(1).standard_normal(dims[0]).astype(np.float32)
+        macs = sum(i * o for i, o in zip(dims[:-1], dims[1:]))
+        pm = padded_macs(dims)
+        ort = ort_peer(model, args.calls, ov)
+        np1 = numpy_peer(dims, 1, args.calls, ov)
+        npall = numpy_peer(dims, ncpu, args.calls, ov)
+        for wt in args.weights:
+            wbytes = pm * BYTES_PER_WEIGHT[wt]
+            if wbytes not in bw_cache:
+                bw_cache[wbytes] = read_gbps(wbytes, 5)
+            fma_ns = pm / fma_rate if fma_rate > 0 else float("nan")
+            read_ns = wbytes / bw_cache[wbytes]
+            kind, bound_ns = ("fma", fma_ns) if wbytes <= l2 else ("read", read_ns)
+            row = {"dims": list(dims), "weights": wt, "macs": macs, "padded_macs": pm,
+                   "weight_bytes": wbytes, "bound": kind, "bound_ns": bound_ns,
+                   "fma_bound_ns": fma_ns, "read_bound_ns": read_ns,
+                   "read_gbps": bw_cache[wbytes], "fastpath": {},
+                   "onnxruntime_1t": ort, "numpy_1t": np1, f"numpy_{ncpu}t": npall}
+            for isa in isas:
+                try:
+                    eng = Engine(model, config=engine_config(isa, wt))
+                except fastpath.FastpathError as exc:
+                    row["fastpath"][isa] = {"skipped": str(exc)}
+                    continue
+                step = time_fn(lambda v: eng.step(v, 0), x, args.calls, ov)
+                d = {"step": step}
+                if wt == "fp32":
+                    k = kernel_ns(model, isa, max(args.calls // 10, 50))
+                    # x_read: against the read bound at the weights' size even where they fit
+                    # L2 (a GEMV uses each weight once, so L2's bandwidth binds before FMA)
+                    d.update({"mlp_ns": k, "x_bound": k / bound_ns, "x_read": k / read_ns})
+                row["fastpath"][isa] = d
+            if wt == "fp32" and isas[-1] != "scalar":
+                # each layer alone on the widest set, against its own bound
+                row["layers"] = layer_rows(model, isas[-1], fma_rate, l2, bw_cache,
+                                           max(args.calls // 10, 50))
+            res["rows"].append(row)
+            print_row(row, isas, ncpu, file=sys.stderr)
+    return res
+
+
+def fmt_ns(v) -> str:
+    if v is None or v != v:
+        return "-"
+    return f"{v:.0f} ns" if v < 1000 else f"{v / 1000:.2f} us"
+
+
+def _p50(d) -> str:
+    return fmt_ns(d["p50"]) if "p50" in d else "skipped"
+
+
+def print_row(row, isas, ncpu, file=sys.stdout):
+    name = "x".join(map(str, row["dims"]))
+    cells = [f"{name:<18}", f"{row['weights']:<5}", f"{row['macs']:>10,}"]
+    for isa in isas:
+        d = row["fastpath"].get(isa, {})
+        if "step" in d:
+            cells.append(f"{isa} {_p50(d['step'])}/{fmt_ns(d['step']['p99'])}"
+                         + (f" mlp {fmt_ns(d['mlp_ns'])} {d['x_bound']:.2f}x"
+                            f" ({d['x_read']:.2f}x read)" if "mlp_ns" in d else ""))
+        else:
+            cells.append(f"{isa} skipped")
+    cells += [f"ort1 {_p50(row['onnxruntime_1t'])}", f"np1 {_p50(row['numpy_1t'])}",
+              f"np{ncpu} {_p50(row[f'numpy_{ncpu}t'])}",
+              f"bound {row['bound']} {fmt_ns(row['bound_ns'])} (read {fmt_ns(row['read_bound_ns'])}"
+              f" at {row['read_gbps']:.0f} GB/s)"]
+    print(" | ".join(cells), file=file, flush=True)
+
+
+def print_layers(res):
+    print("layers alone (widest set): in x out, ns, x bound (x read bound)")
+    for row in res["rows"]:
+        cells = [f"{L['shape'][0]}x{L['shape'][1]} {fmt_ns(L['ns'])} {L['x_bound']:.2f}x "
+                 f"{L['bound']} ({L['x_read']:.2f}x read)" for L in row.get("layers", [])]
+        if cells:
+            print(f"{'x'.join(map(str, row['dims'])):<18} | " + " | ".join(cells))
+
+
+def print_table(res):
+    isas, ncpu = res["kernel_sets"], res["machine"]["cores"]
+    print(f"scaling: one tick, cache off, identity features; p50/p99 of Engine.step from Python; "
+          f"mlp = kernel alone, Nx = mlp / bound (FMA bound if the weights fit L2 "
+          f"({res['machine']['l2_bytes'] >> 10} KiB), else streaming-read bound), "
+          f"(Nx read) = mlp / read bound at the weights' size; "
+          f"FMA MACs/ns {res['machine']['fma_macs_per_ns']}")
+    hdr = ["model", "weights", "MACs"] + [f"fastpath {i} p50/p99 (mlp, x bound)" for i in isas] + [
+        "onnxruntime 1t p50", "numpy 1t p50", f"numpy {ncpu}t p50", "bound"]
+    print(" | ".join(hdr))
+    for row in res["rows"]:
+        print_row(row, isas, ncpu)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="fastpath scaling bench",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__)
+    ap.add_argument("--quick", action="store_true", help="fewer calls per figure")
+    ap.add_argument("--calls", type=int, help="timed calls per figure (default 5000, 1000 quick)")
+    ap.add_argument("--weights", default="fp32",
+                    help=f"comma-separated weight types of {sorted(BYTES_PER_WEIGHT)}")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="folder of the JSON")
+    args = ap.parse_args(argv)
+    args.calls = args.calls or (1000 if args.quick else 5000)
+    if args.calls < 100:
+        ap.error("--calls must be >= 100")
+    args.weights = [w.strip() for w in args.weights.split(",") if w.strip()]
+    bad = [w for w in args.weights if w not in BYTES_PER_WEIGHT]
+    if bad or not args.weights:
+        ap.error(f"--weights takes {sorted(BYTES_PER_WEIGHT)}, got {bad or args.weights}")
+    res = run(args)
+    print_table(res)
+    print_layers(res)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "scaling-latest.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

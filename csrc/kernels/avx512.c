@@ -1,0 +1,367 @@
+/* avx512.c: the AVX-512 kernel set (F+DQ+BW+VL, with FMA).
+ *
+ * Decision: as avx2.c, every function carries a target attribute (FP_TARGET_AVX512) instead
+ * of a global -mavx512f, so the object loads on any x86-64 and fp_kernels_for() hands this
+ * table out only where cpuid and XCR0 say ZMM state is saved. Tails use opmask loads and
+ * stores (cheap on AVX-512, unlike AVX2's vmaskmov), so nothing past a caller's buffer is read.
+ * The dense kernel keeps the blocked layout of fp_dense_layer (blocks of 8 rows): one 64-byte
+ * load covers inputs i and i+1 of an 8-row block, so a zmm accumulator holds the even inputs'
+ * partial sums in its low half and the odd inputs' in its high half, folded at the end.
+ * Every function has a twin in scalar.c with the same contract.
+ */
+#include "kernels.h"
+#include <math.h>
+#include <string.h>
+
+#if FP_HAVE_X86
+#include <immintrin.h>
+
+/* lanes [0, n) of 16, n in 0..16 */
+static inline __mmask16 fp_mask16(int n) { return (__mmask16)((1u << n) - 1u); }
+
+/* out = (raw[idx] - mean) * inv_std, gathered 16 at a time; the tail gathers masked */
+FP_TARGET_AVX512 static void fp_zscore_gather_avx512(const float *raw, const int32_t *idx,
+                                                     const float *mean, const float *inv_std,
+                                                     float *out, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i ix = _mm512_loadu_si512((const void *)(idx + i));
+        __m512 v = _mm512_i32gather_ps(ix, raw, 4);
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_sub_ps(v, _mm512_loadu_ps(mean + i)),
+                                                _mm512_loadu_ps(inv_std + i)));
+    }
+    if (i < n) {
+        const __mmask16 m = fp_mask16(n - i);
+        __m512i ix = _mm512_maskz_loadu_epi32(m, idx + i);
+        __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, ix, raw, 4);
+        __m512 z = _mm512_mul_ps(_mm512_sub_ps(v, _mm512_maskz_loadu_ps(m, mean + i)),
+                                 _mm512_maskz_loadu_ps(m, inv_std + i));
+        _mm512_mask_storeu_ps(out + i, m, z);
+    }
+}
+
+/* out[o + j] = (raw[r + j] - mean[o + j]) * inv_std[o + j] over each run, 16 lanes a step;
+ * the last step of a run is masked on load and store (writes nothing past the run) */
+FP_TARGET_AVX512 static void fp_zscore_runs_avx512(const float *raw, const int32_t *runs,
+                                                   int n_runs, const float *mean,
+                                                   const float *inv_std, float *out) {
+    for (int k = 0; k < n_runs; k++) {
+        const float *x = raw + runs[3 * k];
+        const int o = runs[3 * k + 1], len = runs[3 * k + 2];
+        int j = 0;
+        for (; j + 16 <= len; j += 16) {
+            __m512 z = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j),
+                                                   _mm512_loadu_ps(mean + o + j)),
+                                     _mm512_loadu_ps(inv_std + o + j));
+            _mm512_storeu_ps(out + o + j, z);
+        }
+        if (j < len) {
+            const __mmask16 m = fp_mask16(len - j);
+            __m512 z = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j),
+                                                   _mm512_maskz_loadu_ps(m, mean + o + j)),
+                                     _mm512_maskz_loadu_ps(m, inv_std + o + j));
+            _mm512_mask_storeu_ps(out + o + j, m, z);
+        }
+    }
+}
+
+/* rolling mean/std, 8 fields a step in double (the same operations as the scalar twin, so
+ * the result is bit-identical to it) */
+FP_TARGET_AVX512 static void fp_window_stats_avx512(const float *raw, const int32_t *w_idx,
+                                                    int n_w, const double *sum,
+                                                    const double *sumsq, const float *old,
+                                                    double inv_n, float *pm, float *ps) {
+    const __m512d vn = _mm512_set1_pd(inv_n), zero = _mm512_setzero_pd();
+    for (int j = 0; j < n_w; j += 8) {
+        const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xff : (1u << (n_w - j)) - 1u);
+        __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
+        __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
+        __m512d x = _mm512_cvtps_pd(xf);
+        __m512d s = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sum + j), x);
+        __m512d q = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sumsq + j), _mm512_mul_pd(x, x));
+        if (old) {
+            __m512d o = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, old + j));
+            s = _mm512_sub_pd(s, o);
+            q = _mm512_sub_pd(q, _mm512_mul_pd(o, o));
+        }
+        __m512d mu = _mm512_mul_pd(s, vn);
+        __m512d v = _mm512_max_pd(_mm512_sub_pd(_mm512_mul_pd(q, vn), _mm512_mul_pd(mu, mu)), zero);
+        _mm256_mask_storeu_ps(pm + j, m, _mm512_cvtpd_ps(mu));
+        _mm256_mask_storeu_ps(ps + j, m, _mm256_sqrt_ps(_mm512_cvtpd_ps(v)));
+    }
+}
+
+/* out = (x - mean) * inv_std */
+FP_TARGET_AVX512 static void fp_zscore_avx512(const float *x, const float *mean,
+                                              const float *inv_std, float *out, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i),
+                                                              _mm512_loadu_ps(mean + i)),
+                                                _mm512_loadu_ps(inv_std + i)));
+    if (i < n) {
+        const __mmask16 m = fp_mask16(n - i);
+        _mm512_mask_storeu_ps(out + i, m,
+                              _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i),
+                                                          _mm512_maskz_loadu_ps(m, mean + i)),
+                                            _mm512_maskz_loadu_ps(m, inv_std + i)));
+    }
+}
+
+/* 16 floats of a and b into the double accumulators: d += a*b, s += a*a (low / high halves) */
+FP_TARGET_AVX512 static inline void fp_dot_norm2_step16(__m512 av, __m512 bv, __m512d *d0,
+                                                        __m512d *d1, __m512d *s0, __m512d *s1) {
+    const __m512d alo = _mm512_cvtps_pd(_mm512_castps512_ps256(av));
+    const __m512d ahi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(av, 1));
+    *d0 = _mm512_fmadd_pd(alo, _mm512_cvtps_pd(_mm512_castps512_ps256(bv)), *d0);
+    *d1 = _mm512_fmadd_pd(ahi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(bv, 1)), *d1);
+    *s0 = _mm512_fmadd_pd(alo, alo, *s0);
+    *s1 = _mm512_fmadd_pd(ahi, ahi, *s1);
+}
+
+/* dot = sum a*b, na2 = sum a*a in double (see fp_dot_norm2_scalar): products of floats are
+ * exact in double, so this differs from the scalar and AVX2 twins only by the order of a
+ * double sum (~1e-16 relative), far below any cosine threshold the cache uses */
+FP_TARGET_AVX512 static void fp_dot_norm2_avx512(const float *a, const float *b, int n,
+                                                 double *dot, double *na2) {
+    __m512d d0 = _mm512_setzero_pd(), d1 = d0, s0 = d0, s1 = d0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        fp_dot_norm2_step16(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), &d0, &d1, &s0, &s1);
+    if (i < n) {
+        /* masked lanes load as 0.0 and add nothing */
+        const __mmask16 m = fp_mask16(n - i);
+        fp_dot_norm2_step16(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
+                            &d0, &d1, &s0, &s1);
+    }
+    *dot = _mm512_reduce_add_pd(_mm512_add_pd(d0, d1));
+    *na2 = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+}
+
+/* e^x for 16 lanes, the same Cephes expf as fp_exp256 (avx2.c), operation for operation, so
+ * the two sets agree bit for bit: |rel err| < 2e-7 on [-87, 88]; the clamp keeps x second so
+ * a NaN lane stays NaN (vmaxps/vminps return the second operand on NaN), +-Inf clamp. */
+FP_TARGET_AVX512 static inline __m512 fp_exp512(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(88.3f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512i n = _mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127));
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(n, 23)));
+}
+
+/* tanh as fp_tanh256: sign(x) (1 - e^-2|x|) / (1 + e^-2|x|), small |x| by its series;
+ * +-Inf gives +-1, NaN gives NaN */
+FP_TARGET_AVX512 static inline __m512 fp_tanh512(__m512 x) {
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512 ax = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x)));
+    __m512 e = fp_exp512(_mm512_mul_ps(ax, _mm512_set1_ps(-2.0f)));
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    __m512 x2 = _mm512_mul_ps(ax, ax);
+    __m512 p = _mm512_fmadd_ps(x2, _mm512_set1_ps(2.0f / 15.0f), _mm512_set1_ps(-1.0f / 3.0f));
+    p = _mm512_fmadd_ps(p, x2, one);
+    p = _mm512_fmadd_ps(_mm512_set1_ps(-17.0f / 315.0f), _mm512_mul_ps(x2, _mm512_mul_ps(x2, x2)), p);
+    __m512 small = _mm512_mul_ps(ax, p);
+    t = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.0625f), _CMP_LT_OQ), t, small);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t),
+                                               _mm512_and_si512(_mm512_castps_si512(x), sign)));
+}
+
+/* sigmoid as fp_sigmoid256: 1 / (1 + e^-x); +Inf gives 1, -Inf gives 0, NaN gives NaN */
+FP_TARGET_AVX512 static inline __m512 fp_sigmoid512(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 r = _mm512_div_ps(one, _mm512_add_ps(one, fp_exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    return _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), r);
+}
+
+FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
+    switch (act) {
+    case FP_ACT_RELU: return _mm512_max_ps(v, _mm512_setzero_ps());
+    case FP_ACT_TANH: return fp_tanh512(v);
+    case FP_ACT_SIGMOID: return fp_sigmoid512(v);
+    default: return v;
+    }
+}
+
+/* broadcast pair p of a 16-float x chunk: lanes 0-7 = x[2p], lanes 8-15 = x[2p+1], which is
+ * what one 64-byte load of an 8-row block holds (inputs 2p and 2p+1, rows 0-7) */
+#define FP_PAIR_IDX(p) _mm512_setr_epi32(2 * (p), 2 * (p), 2 * (p), 2 * (p), 2 * (p), 2 * (p), \
+                                         2 * (p), 2 * (p), 2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1, \
+                                         2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1)
+
+/* How far ahead (bytes) each block's weight stream is prefetched, in layers past
+ * FP_STREAM_BYTES only: weights streamed from L3 or memory need the request out before the
+ * hardware prefetcher, which follows G streams at once and ramps up per 4 KB page, would
+ * issue it; weights in L2 do not (a 256x256 layer measured ~5% slower with it at 256 to
+ * 2048 bytes ahead). */
+#define FP_PF_AHEAD 1024
+
+/* G blocks of 8 rows at once, U accumulators per block over pairs of inputs (pair p goes to
+ * chain p mod U): G*U independent zmm chains cover FMA latency (a lone block keeps U = 4, as
+ * in avx2.c: U = 8 measured 2-3x slower there); one permute of the x chunk
+ * serves G weight loads. Per 16 inputs: one x load, 8 permutes, 8*G FMAs with the weights
+ * as memory operands. Inputs past the last multiple of 16 run through a masked x chunk
+ * (lanes past `in` are 0 and their weight loads are masked off, nothing read past the block).
+ * Returns the OR of v - v over the pre-activations (zero bits iff all finite, as avx2.c). */
+#define FP_DENSE512_GROUP(NAME, G, U, PF)                                                      \
+    FP_TARGET_AVX512 static inline __m256 NAME(const float *w, int in, const float *x,          \
+                                               const float *bias, int act, float *y) {         \
+        __m512 acc[U][G];                                                                       \
+        for (int u = 0; u < U; u++)                                                             \
+            for (int k = 0; k < G; k++) acc[u][k] = _mm512_setzero_ps();                        \
+        const size_t bs = (size_t)in * 8;                                                       \
+        int i = 0;                                                                              \
+        for (; i + 16 <= in; i += 16) {                                                         \
+            const __m512 xc = _mm512_loadu_ps(x + i);                                           \
+            if (PF) {                                                                           \
+                for (int k = 0; k < G; k++) {                                                   \
+                    const char *pf = (const char *)(w + k * bs + i * 8) + FP_PF_AHEAD;          \
+                    _mm_prefetch(pf, _MM_HINT_T0);                                              \
+                    _mm_prefetch(pf + 64, _MM_HINT_T0);                                         \
+                    _mm_prefetch(pf + 128, _MM_HINT_T0);                                        \
+                    _mm_prefetch(pf + 192, _MM_HINT_T0);                                        \
+                    _mm_prefetch(pf + 256, _MM_HINT_T0);                                        \
+                    _mm_prefetch(pf + 320, _MM_HINT_T0);                                        \
+                    _mm_prefetch(pf + 384, _MM_HINT_T0);                                        \
+                    _mm_prefetch(pf + 448, _MM_HINT_T0);                                        \
+                }                                                                               \
+            }                                                                                   \
+            _Pragma("GCC unroll 8")                                                             \
+            for (int p = 0; p < 8; p++) {                                                       \
+                const __m512 xp = _mm512_permutexvar_ps(FP_PAIR_IDX(p), xc);                    \
+                _Pragma("GCC unroll 8")                                                         \
+                for (int k = 0; k < G; k++)                                                     \
+                    acc[p % U][k] = _mm512_fmadd_ps(                                            \
+                        xp, _mm512_loadu_ps(w + k * bs + (i + 2 * p) * 8), acc[p % U][k]);      \
+            }                                                                                   \
+        }                                                                                       \
+        if (i < in) {                                                                           \
+            const int rest = in - i;                                                            \
+            const __m512 xc = _mm512_maskz_loadu_ps(fp_mask16(rest), x + i);                   \
+            for (int p = 0; 2 * p < rest; p++) {                                                \
+                /* an odd last input: its pair's high half (input `in`) is masked off */        \
+                const __mmask16 wm = 2 * p + 1 < rest ? 0xffff : 0x00ff;                        \
+                const __m512 xp = _mm512_permutexvar_ps(FP_PAIR_IDX(p), xc);                    \
+                _Pragma("GCC unroll 8")                                                         \
+                for (int k = 0; k < G; k++)                                                     \
+                    acc[0][k] = _mm512_fmadd_ps(                                                \
+                        xp, _mm512_maskz_loadu_ps(wm, w + k * bs + (i + 2 * p) * 8), acc[0][k]); \
+            }                                                                                   \
+        }                                                                                       \
+        __m256 bad = _mm256_setzero_ps();                                                       \
+        _Pragma("GCC unroll 8")                                                                 \
+        for (int k = 0; k < G; k += 2) {                                                        \
+            __m512 s0 = acc[0][k], s1 = k + 1 < G ? acc[0][k + 1] : _mm512_setzero_ps();        \
+            _Pragma("GCC unroll 8")                                                             \
+            for (int u = 1; u < U; u++) {                                                       \
+                s0 = _mm512_add_ps(s0, acc[u][k]);                                              \
+                if (k + 1 < G) s1 = _mm512_add_ps(s1, acc[u][k + 1]);                           \
+            }                                                                                   \
+            /* fold even/odd inputs: v = [block k rows 0-7 | block k+1 rows 0-7] */             \
+            const __m512 lo = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(1, 0, 1, 0));            \
+            const __m512 hi = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(3, 2, 3, 2));            \
+            /* a lone block's upper half is zero, not a cast's undefined lanes: junk there   \
+             * could be a subnormal (a microcode assist in the add and the activation) */     \
+            const __m512 bb = _mm512_maskz_loadu_ps(k + 1 < G ? 0xffff : 0x00ff, bias + k * 8); \
+            const __m512 v = _mm512_add_ps(bb, _mm512_add_ps(lo, hi));                          \
+            const __m512 d = _mm512_sub_ps(v, v);                                               \
+            bad = _mm256_or_ps(bad, _mm256_or_ps(_mm512_castps512_ps256(d),                     \
+                                                 _mm512_extractf32x8_ps(d, 1)));                \
+            const __m512 a = fp_act512(v, act);                                                 \
+            if (k + 1 < G) _mm512_storeu_ps(y + k * 8, a);                                       \
+            else _mm256_storeu_ps(y + k * 8, _mm512_castps512_ps256(a));                         \
+        }                                                                                       \
+        return bad;                                                                             \
+    }
+
+/* in-cache shapes without software prefetch; the 4-block group also with it, for layers
+ * whose weights are streamed (same sums in the same order, so the same bits either way) */
+FP_DENSE512_GROUP(fp_dense512_g4, 4, 2, 0)
+FP_DENSE512_GROUP(fp_dense512_g2, 2, 4, 0)
+FP_DENSE512_GROUP(fp_dense512_g1, 1, 4, 0)
+FP_DENSE512_GROUP(fp_dense512_pf_g4, 4, 2, 1)
+
+/* A layer whose weights outgrow L2's share streams them: prefetching ahead pays there
+ * (measured 75-80 -> 73-74 us on the 1024x1024x1024x2 model, at the read probe's bandwidth),
+ * and costs in cache (see FP_PF_AHEAD). */
+#define FP_STREAM_BYTES (512u * 1024u)
+
+/* y = act(W x + b) over the blocked layout, groups of 4 blocks (32 rows), then a pair, then
+ * a lone block; `reverse` walks the groups last to first (bit-identical result, see
+ * fp_dense_avx2). Returns 0 when a pre-activation is NaN/Inf (y is written either way). */
+FP_TARGET_AVX512 static int fp_dense_avx512(const fp_dense_layer *L, const float *x, float *y,
+                                            int reverse) {
+    const size_t bs = (size_t)L->in * 8;
+    const int full = L->nb / 4 * 4;
+    const int stream = bs * (size_t)L->nb * sizeof(float) > FP_STREAM_BYTES;
+    __m256 bad = _mm256_setzero_ps();
+#define FP_G4(b) (stream ? fp_dense512_pf_g4(L->w + (b) * bs, L->in, x, L->bias + (b) * 8, L->act, y + (b) * 8) \
+                         : fp_dense512_g4(L->w + (b) * bs, L->in, x, L->bias + (b) * 8, L->act, y + (b) * 8))
+    if (reverse) {
+        if ((L->nb - full) & 1) {
+            const int b = L->nb - 1;
+            bad = _mm256_or_ps(bad, fp_dense512_g1(L->w + b * bs, L->in, x, L->bias + b * 8, L->act, y + b * 8));
+        }
+        if (L->nb - full >= 2)
+            bad = _mm256_or_ps(bad, fp_dense512_g2(L->w + full * bs, L->in, x, L->bias + full * 8, L->act, y + full * 8));
+        for (int b = full - 4; b >= 0; b -= 4) bad = _mm256_or_ps(bad, FP_G4(b));
+    } else {
+        int b = 0;
+        for (; b + 4 <= L->nb; b += 4) bad = _mm256_or_ps(bad, FP_G4(b));
+        if (b + 2 <= L->nb) {
+            bad = _mm256_or_ps(bad, fp_dense512_g2(L->w + b * bs, L->in, x, L->bias + b * 8, L->act, y + b * 8));
+            b += 2;
+        }
+        if (b < L->nb)
+            bad = _mm256_or_ps(bad, fp_dense512_g1(L->w + b * bs, L->in, x, L->bias + b * 8, L->act, y + b * 8));
+    }
+#undef FP_G4
+    const __m256i bi = _mm256_castps_si256(bad);
+    return _mm256_testz_si256(bi, bi);
+}
+
+/* 1 if all finite: an IEEE float is finite iff its exponent bits are not all 1 */
+FP_TARGET_AVX512 static int fp_allfinite_avx512(const float *x, int n) {
+    const __m512i em = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0, b1 = 0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512((const void *)(x + i)), em), em);
+        b1 |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512((const void *)(x + i + 16)), em), em);
+    }
+    for (; i < n; i += 16) {
+        /* masked-off lanes load as 0, which is finite */
+        const __mmask16 m = n - i >= 16 ? 0xffff : fp_mask16(n - i);
+        bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_maskz_loadu_epi32(m, x + i), em), em);
+    }
+    return (bad | b1) == 0;
+}
+
+/* signal = tanh(out0), confidence = sigmoid(out1) with the 16-lane polynomials (the same as
+ * the AVX2 set's, so both sets give the same head) */
+FP_TARGET_AVX512 static void fp_head_avx512(const float *out, float *signal, float *confidence) {
+    *signal = _mm512_cvtss_f32(fp_tanh512(_mm512_set1_ps(out[0])));
+    *confidence = _mm512_cvtss_f32(fp_sigmoid512(_mm512_set1_ps(out[1])));
+}
+
+const fp_kernels fp_kernels_avx512 = {
+    "avx512",
+    fp_zscore_gather_avx512,
+    fp_zscore_runs_avx512,
+    fp_window_stats_avx512,
+    fp_zscore_avx512,
+    fp_dot_norm2_avx512,
+    fp_dense_avx512,
+    fp_allfinite_avx512,
+    fp_head_avx512,
+};
+#endif
