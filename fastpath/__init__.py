@@ -35,7 +35,8 @@ def get_include() -> str:
 
 
 def simd() -> str:
-    """The kernel set engines use by default: 'avx2' or 'scalar' (FASTPATH_SIMD=scalar forces it)."""
+    """The kernel set engines use by default: 'avx512', 'avx2' or 'scalar', the best this CPU and
+    OS run (FASTPATH_SIMD=avx512|avx2|scalar asks for one; a set the CPU cannot run is an error)."""
     from fastpath._build import resolve_simd
     return resolve_simd("auto")
 

@@ -13,7 +13,7 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 
-from fastpath._csrc cimport (FP_ISA_AVX2, FP_ISA_SCALAR, fp_aligned_alloc, fp_aligned_free,
+from fastpath._csrc cimport (FP_ISA_AVX2, FP_ISA_AVX512, FP_ISA_SCALAR, fp_aligned_alloc, fp_aligned_free,
                              fp_kernels, fp_kernels_for, fp_mlp, fp_mlp_forward, fp_mlp_free,
                              fp_mlp_init, FP_MAX_LAYERS)
 from fastpath.gpu._fp_gpu cimport *
@@ -162,7 +162,10 @@ cdef class CpuDevice:
             raise MemoryError("cannot allocate MLP scratch")
         self.n_in = self.m.layers[0].in_
         self.n_out = self.m.layers[self.m.n_layers - 1].out
-        self.ctx.k = fp_kernels_for(FP_ISA_AVX2 if isa == "avx2" else FP_ISA_SCALAR)
+        isas = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
+        if isa not in isas:
+            raise InputError(f"kernel set must be one of {sorted(isas)}, got {isa!r}")
+        self.ctx.k = fp_kernels_for(isas[isa])
         if self.ctx.k == NULL:
             raise InputError(f"kernel set {isa!r} is not supported by this CPU")
         self.ctx.m = &self.m
