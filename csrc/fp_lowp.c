@@ -4,8 +4,8 @@
 #include <string.h>
 
 size_t fp_lowp_scratch_floats(int in) {
-    /* int8: s8 and u8 copies of x, each round_up(in, 64) bytes; bf16: hi and lo bf16 copies,
-     * each 2 * round_up(in, 32) bytes: round_up(in, 64) floats covers both */
+    /* int8: four byte copies of x (two steps, s8 and u8 each), round_up(in, 64) bytes each;
+     * bf16: hi and lo bf16 copies, 2 * round_up(in, 32) bytes each: round_up(in, 64) floats */
     return FP_ROUND_UP((size_t)in, 64);
 }
 

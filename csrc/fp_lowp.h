@@ -6,13 +6,16 @@
  * the operand layout of vdpbf16ps / vpdpbusd, so one 64-byte line is one ZMM load (two YMM)
  * and a layer is one linear stream (prefetch-friendly).
  *
- * int8: symmetric per-row weight scales, q = rint(w / s_w) in [-127, 127]; the layer input
- * is quantized per call, symmetric s8 in [-127, 127] (s_x = max|x| / 127). s8 rather than
- * an asymmetric u8 because vpmaddubsw (AVX2) sums pairs of u8*s8 in int16 with saturation:
- * with |x| <= 127 and |q| <= 127 a pair is at most 32258, so the AVX2 path gets the exact
- * integer dot (x's sign moved onto w with vpsignb); VNNI uses u = x + 128 and subtracts
- * 128 * sum(q) per row. Every set therefore computes the same int32 dot and the same
- * rounding after it (one fmaf), bit for bit.
+ * int8: symmetric per-row weight scales, q = rint(w / s_w) in [-127, 127]. The layer input is
+ * quantized per call in two int8 steps, x ~ s1 * x1 + s2 * x2 (x1 = rint(x / s1) with
+ * s1 = max|x| / 127, x2 = the residual in steps of s2 = s1 / 254): one int8 step alone cost
+ * the demo model 0.13 of signal (z-scored features have outliers, so s1 is coarse for the
+ * rest), two cost no more than the int8 weights do (~14 bits of x), and the bytes streamed,
+ * the reason for int8, do not change. Symmetric s8 rather than an asymmetric u8 because
+ * vpmaddubsw (AVX2) sums pairs of u8*s8 in int16 with saturation: with |x|, |q| <= 127 a pair
+ * is at most 32258, so the AVX2 path gets the exact integer dot (x's sign moved onto q);
+ * VNNI uses u = x + 128 and subtracts 128 * sum(q) per row. Every set computes the same
+ * int32 dots and the same fmaf chain after them, bit for bit.
  * bf16: weights rounded to nearest-even bf16, activations stay fp32: widened weights + FMA,
  * or vdpbf16ps over x split into two bf16 (hi + lo, ~16 mantissa bits) so the native path
  * stays within a tight tolerance of the widening one.
@@ -77,12 +80,30 @@ static inline uint16_t fp_bf16_rne(float f) {
 /* activations below this max |x| quantize to all zeros (127 / max|x| would overflow) */
 #define FP_LOWP_TINY 1e-30f
 
-/* the per-call activation scale from max|x|'s bits (shared so every set divides alike) */
-static inline void fp_lowp_xscale(uint32_t maxbits, float *inv, float *sx) {
+/* the per-call activation scales (steps s1, s2 and their inverses) from max|x|'s bits,
+ * shared so every set divides alike */
+typedef struct { float inv1, inv2, s1, s2; } fp_lowp_xq;
+static inline void fp_lowp_xscale(uint32_t maxbits, fp_lowp_xq *q) {
     union { uint32_t u; float f; } m = {maxbits};
-    if (m.f < FP_LOWP_TINY) { *inv = 0.0f; *sx = 0.0f; return; }
-    *inv = 127.0f / m.f;
-    *sx = m.f / 127.0f;
+    if (m.f < FP_LOWP_TINY) { q->inv1 = q->inv2 = q->s1 = q->s2 = 0.0f; return; }
+    q->inv1 = 127.0f / m.f;
+    q->s1 = m.f / 127.0f;
+    q->inv2 = q->inv1 * 254.0f;
+    q->s2 = q->s1 / 254.0f;
+}
+
+static inline long fp_lowp_clamp127(long v) { return v > 127 ? 127 : (v < -127 ? -127 : v); }
+
+/* one input: x1 = rint(x * inv1), x2 = rint(fmaf(-x1, s1, x) * inv2), both in [-127, 127] */
+static inline void fp_lowp_q2(float x, const fp_lowp_xq *q, long *x1, long *x2) {
+    *x1 = fp_lowp_clamp127(lrintf(x * q->inv1));
+    *x2 = fp_lowp_clamp127(lrintf(fmaf((float)-*x1, q->s1, x) * q->inv2));
+}
+
+/* the int8 pre-activation of one row from its two dots: one fmaf chain in every set */
+static inline float fp_lowp_int8_pre(int32_t d1, int32_t d2, const fp_lowp_xq *q, float sw,
+                                     float bias) {
+    return fmaf((float)d1, q->s1 * sw, fmaf((float)d2, q->s2 * sw, bias));
 }
 
 /* NaN over the padded output: a refused layer leaves nothing finite-looking behind */
@@ -101,11 +122,11 @@ static inline void fp_lowp_act_tail(int act, float *y16) {
 /* scalar twins, exported for the vector files' tails and the variant table */
 int fp_lowp_bf16_scalar(const fp_lowp_layer *L, const float *x, float *y, void *scratch);
 int fp_lowp_int8_scalar(const fp_lowp_layer *L, const float *x, float *y, void *scratch);
-/* x -> xs (s8) and xu (u8 = xs + 128), both padded with zero (128) to npad bytes; *sx the
- * scale. Returns 0 when x holds a NaN/Inf. The AVX2 one is shared by the AVX-512 file. */
-int fp_lowp_quant_scalar(const float *x, int in, int npad, int8_t *xs, uint8_t *xu, float *sx);
+/* x -> buf = [x1 s8 | x1 + 128 u8 | x2 s8 | x2 + 128 u8], npad bytes each, padded with 0
+ * (128); *q the scales. Returns 0 when x holds a NaN/Inf. The AVX2 one serves AVX-512 too. */
+int fp_lowp_quant_scalar(const float *x, int in, int npad, unsigned char *buf, fp_lowp_xq *q);
 #if FP_HAVE_X86
-int fp_lowp_quant_avx2(const float *x, int in, int npad, int8_t *xs, uint8_t *xu, float *sx);
+int fp_lowp_quant_avx2(const float *x, int in, int npad, unsigned char *buf, fp_lowp_xq *q);
 int fp_lowp_bf16_avx2(const fp_lowp_layer *L, const float *x, float *y, void *scratch);
 int fp_lowp_int8_avx2(const fp_lowp_layer *L, const float *x, float *y, void *scratch);
 int fp_lowp_int8_avx2_vnni(const fp_lowp_layer *L, const float *x, float *y, void *scratch);

@@ -19,9 +19,19 @@ FP_TARGET_AVX2 static inline uint32_t fp_hmax_epu31(__m256i m) {
     return (uint32_t)_mm_cvtsi128_si32(h);
 }
 
-/* the scalar twin's quantization, 8 at a time (same max bits, same x * inv, same rint) */
-FP_TARGET_AVX2 int fp_lowp_quant_avx2(const float *x, int in, int npad, int8_t *xs, uint8_t *xu,
-                                      float *sx) {
+FP_TARGET_AVX2 static inline void fp_store_s8x8(__m256i q, int8_t *s, uint8_t *u) {
+    const __m256i perm = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+    __m256i t = _mm256_packs_epi32(q, q);
+    t = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(t, t), perm);
+    const __m128i b = _mm256_castsi256_si128(t);
+    _mm_storel_epi64((__m128i *)s, b);
+    _mm_storel_epi64((__m128i *)u, _mm_xor_si128(b, _mm_set1_epi8((char)0x80)));
+}
+
+/* the scalar twin's quantization (fp_lowp_q2), 8 at a time: same max bits, same products,
+ * same fused residual, same rint */
+FP_TARGET_AVX2 int fp_lowp_quant_avx2(const float *x, int in, int npad, unsigned char *buf,
+                                      fp_lowp_xq *q) {
     const __m256i am = _mm256_set1_epi32(0x7fffffff);
     __m256i m0 = _mm256_setzero_si256(), m1 = m0;
     int i = 0;
@@ -39,37 +49,44 @@ FP_TARGET_AVX2 int fp_lowp_quant_avx2(const float *x, int in, int npad, int8_t *
         mb = u > mb ? u : mb;
     }
     if (mb >= 0x7f800000u) return 0;
-    float inv;
-    fp_lowp_xscale(mb, &inv, sx);
-    const __m256 vi = _mm256_set1_ps(inv);
-    const __m256i perm = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
-    const __m128i flip = _mm_set1_epi8((char)0x80);
+    fp_lowp_xscale(mb, q);
+    int8_t *x1 = (int8_t *)buf, *x2 = (int8_t *)buf + 2 * npad;
+    uint8_t *u1 = buf + npad, *u2 = buf + 3 * npad;
+    const __m256 vi1 = _mm256_set1_ps(q->inv1), vi2 = _mm256_set1_ps(q->inv2), vs1 = _mm256_set1_ps(q->s1);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
     i = 0;
     for (; i + 8 <= in; i += 8) {
-        const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vi));
-        __m256i t = _mm256_packs_epi32(q, q);
-        t = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(t, t), perm);
-        const __m128i b = _mm256_castsi256_si128(t);
-        _mm_storel_epi64((__m128i *)(xs + i), b);
-        _mm_storel_epi64((__m128i *)(xu + i), _mm_xor_si128(b, flip));
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256i a = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, vi1)), lo), hi);
+        const __m256 r = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(a), vs1, v);
+        const __m256i c = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(r, vi2)), lo), hi);
+        fp_store_s8x8(a, x1 + i, u1 + i);
+        fp_store_s8x8(c, x2 + i, u2 + i);
     }
     for (; i < in; i++) {
-        long q = lrintf(x[i] * inv);
-        q = q > 127 ? 127 : (q < -127 ? -127 : q);
-        xs[i] = (int8_t)q;
-        xu[i] = (uint8_t)(q + 128);
+        long a, c;
+        fp_lowp_q2(x[i], q, &a, &c);
+        x1[i] = (int8_t)a;
+        u1[i] = (uint8_t)(a + 128);
+        x2[i] = (int8_t)c;
+        u2[i] = (uint8_t)(c + 128);
     }
-    memset(xs + in, 0, (size_t)(npad - in));
-    memset(xu + in, 0x80, (size_t)(npad - in));
+    memset(x1 + in, 0, (size_t)(npad - in));
+    memset(u1 + in, 0x80, (size_t)(npad - in));
+    memset(x2 + in, 0, (size_t)(npad - in));
+    memset(u2 + in, 0x80, (size_t)(npad - in));
     return 1;
 }
 
-/* 8 rows: v = fma(float(dot), s_x * s_w, bias); relu in registers; returns v - v (NaN bits
- * iff v is NaN/Inf) */
-FP_TARGET_AVX2 static inline __m256 fp_lowp_rows_int8(__m256i dot, __m256 vsx, const float *scale,
-                                                     const float *bias, int act, float *y) {
-    __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(vsx, _mm256_load_ps(scale)),
-                               _mm256_load_ps(bias));
+/* 8 rows: v = fp_lowp_int8_pre over the two dots; relu in registers; returns v - v (NaN
+ * bits iff v is NaN/Inf) */
+FP_TARGET_AVX2 static inline __m256 fp_lowp_rows_int8(__m256i d1, __m256i d2, const fp_lowp_xq *q,
+                                                     const float *scale, const float *bias, int act,
+                                                     float *y) {
+    const __m256 sw = _mm256_load_ps(scale);
+    const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d2), _mm256_mul_ps(_mm256_set1_ps(q->s2), sw),
+                                     _mm256_load_ps(bias));
+    __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(_mm256_set1_ps(q->s1), sw), t);
     const __m256 bad = _mm256_sub_ps(v, v);
     if (act == FP_ACT_RELU) v = _mm256_max_ps(v, _mm256_setzero_ps());
     _mm256_store_ps(y, v);
@@ -99,79 +116,73 @@ FP_TARGET_AVX2 static inline __m256i fp_dot4_avx2(__m256i acc, __m256i xa, __m25
 
 FP_TARGET_AVX2 int fp_lowp_int8_avx2(const fp_lowp_layer *L, const float *x, float *y, void *scratch) {
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
-    int8_t *xs = (int8_t *)scratch;
-    float sx;
-    if (!fp_lowp_quant_avx2(x, L->in, npad, xs, (uint8_t *)scratch + npad, &sx))
-        return fp_lowp_fail(L, y);
-    const int32_t *x4 = (const int32_t *)xs;
+    fp_lowp_xq q;
+    if (!fp_lowp_quant_avx2(x, L->in, npad, (unsigned char *)scratch, &q)) return fp_lowp_fail(L, y);
+    const int32_t *x1 = (const int32_t *)scratch, *x2 = (const int32_t *)((const char *)scratch + 2 * npad);
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256 vsx = _mm256_set1_ps(sx);
     __m256 bad = _mm256_setzero_ps();
     for (int b = 0; b < L->nb; b++) {
         const __m256i *wb = (const __m256i *)((const char *)L->w + (size_t)b * ng * 64);
-        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-        int g = 0;
-        for (; g + 2 <= ng; g += 2) {
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, c0 = a0, c1 = a0;
+        for (int g = 0; g < ng; g++) {
             _mm_prefetch((const char *)(wb + 2 * g) + FP_LOWP_PF, _MM_HINT_T0);
-            _mm_prefetch((const char *)(wb + 2 * g) + FP_LOWP_PF + 64, _MM_HINT_T0);
-            __m256i xb = _mm256_set1_epi32(x4[g]), xa = _mm256_abs_epi8(xb);
-            a0 = fp_dot4_avx2(a0, xa, xb, _mm256_load_si256(wb + 2 * g), ones);
-            a2 = fp_dot4_avx2(a2, xa, xb, _mm256_load_si256(wb + 2 * g + 1), ones);
-            xb = _mm256_set1_epi32(x4[g + 1]);
+            const __m256i w0 = _mm256_load_si256(wb + 2 * g), w1 = _mm256_load_si256(wb + 2 * g + 1);
+            __m256i xb = _mm256_set1_epi32(x1[g]), xa = _mm256_abs_epi8(xb);
+            a0 = fp_dot4_avx2(a0, xa, xb, w0, ones);
+            a1 = fp_dot4_avx2(a1, xa, xb, w1, ones);
+            xb = _mm256_set1_epi32(x2[g]);
             xa = _mm256_abs_epi8(xb);
-            a1 = fp_dot4_avx2(a1, xa, xb, _mm256_load_si256(wb + 2 * g + 2), ones);
-            a3 = fp_dot4_avx2(a3, xa, xb, _mm256_load_si256(wb + 2 * g + 3), ones);
-        }
-        if (g < ng) {
-            const __m256i xb = _mm256_set1_epi32(x4[g]), xa = _mm256_abs_epi8(xb);
-            a0 = fp_dot4_avx2(a0, xa, xb, _mm256_load_si256(wb + 2 * g), ones);
-            a2 = fp_dot4_avx2(a2, xa, xb, _mm256_load_si256(wb + 2 * g + 1), ones);
+            c0 = fp_dot4_avx2(c0, xa, xb, w0, ones);
+            c1 = fp_dot4_avx2(c1, xa, xb, w1, ones);
         }
         const int o = b * FP_LOWP_ROWS;
-        bad = _mm256_or_ps(bad, fp_lowp_rows_int8(_mm256_add_epi32(a0, a1), vsx, L->scale + o,
-                                                  L->bias + o, L->act, y + o));
-        bad = _mm256_or_ps(bad, fp_lowp_rows_int8(_mm256_add_epi32(a2, a3), vsx, L->scale + o + 8,
-                                                  L->bias + o + 8, L->act, y + o + 8));
+        bad = _mm256_or_ps(bad, fp_lowp_rows_int8(a0, c0, &q, L->scale + o, L->bias + o, L->act, y + o));
+        bad = _mm256_or_ps(bad, fp_lowp_rows_int8(a1, c1, &q, L->scale + o + 8, L->bias + o + 8, L->act, y + o + 8));
         fp_lowp_act_tail(L->act, y + o);
     }
     return fp_lowp_ok256(bad);
 }
 
-/* vpdpbusd (VEX) over u = x + 128: dot = acc - 128 * rowsum; 4 groups in flight so the
- * instruction's latency is covered */
+/* vpdpbusd (VEX) over u = x + 128: dot = acc - 128 * rowsum; two groups in flight (8 chains)
+ * so the instruction's latency is covered */
 FP_TARGET_AVXVNNI int fp_lowp_int8_avx2_vnni(const fp_lowp_layer *L, const float *x, float *y,
                                              void *scratch) {
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
-    uint8_t *xu = (uint8_t *)scratch + npad;
-    float sx;
-    if (!fp_lowp_quant_avx2(x, L->in, npad, (int8_t *)scratch, xu, &sx)) return fp_lowp_fail(L, y);
-    const int32_t *x4 = (const int32_t *)xu;
-    const __m256 vsx = _mm256_set1_ps(sx);
+    fp_lowp_xq q;
+    if (!fp_lowp_quant_avx2(x, L->in, npad, (unsigned char *)scratch, &q)) return fp_lowp_fail(L, y);
+    const int32_t *u1 = (const int32_t *)((const char *)scratch + npad);
+    const int32_t *u2 = (const int32_t *)((const char *)scratch + 3 * npad);
     __m256 bad = _mm256_setzero_ps();
     for (int b = 0; b < L->nb; b++) {
         const __m256i *wb = (const __m256i *)((const char *)L->w + (size_t)b * ng * 64);
-        __m256i a[4][2];
-        for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_si256();
+        __m256i a[2][2][2];   /* [group parity][step][half] */
+        for (int u = 0; u < 2; u++)
+            for (int k = 0; k < 2; k++) a[u][k][0] = a[u][k][1] = _mm256_setzero_si256();
         int g = 0;
-        for (; g + 4 <= ng; g += 4) {
-            for (int u = 0; u < 4; u++) {
+        for (; g + 2 <= ng; g += 2)
+            for (int u = 0; u < 2; u++) {
                 _mm_prefetch((const char *)(wb + 2 * (g + u)) + FP_LOWP_PF, _MM_HINT_T0);
-                const __m256i xb = _mm256_set1_epi32(x4[g + u]);
-                a[u][0] = _mm256_dpbusd_avx_epi32(a[u][0], xb, _mm256_load_si256(wb + 2 * (g + u)));
-                a[u][1] = _mm256_dpbusd_avx_epi32(a[u][1], xb, _mm256_load_si256(wb + 2 * (g + u) + 1));
+                const __m256i w0 = _mm256_load_si256(wb + 2 * (g + u)), w1 = _mm256_load_si256(wb + 2 * (g + u) + 1);
+                const __m256i b1 = _mm256_set1_epi32(u1[g + u]), b2 = _mm256_set1_epi32(u2[g + u]);
+                a[u][0][0] = _mm256_dpbusd_avx_epi32(a[u][0][0], b1, w0);
+                a[u][0][1] = _mm256_dpbusd_avx_epi32(a[u][0][1], b1, w1);
+                a[u][1][0] = _mm256_dpbusd_avx_epi32(a[u][1][0], b2, w0);
+                a[u][1][1] = _mm256_dpbusd_avx_epi32(a[u][1][1], b2, w1);
             }
-        }
-        for (; g < ng; g++) {
-            const __m256i xb = _mm256_set1_epi32(x4[g]);
-            a[0][0] = _mm256_dpbusd_avx_epi32(a[0][0], xb, _mm256_load_si256(wb + 2 * g));
-            a[0][1] = _mm256_dpbusd_avx_epi32(a[0][1], xb, _mm256_load_si256(wb + 2 * g + 1));
+        if (g < ng) {
+            const __m256i w0 = _mm256_load_si256(wb + 2 * g), w1 = _mm256_load_si256(wb + 2 * g + 1);
+            const __m256i b1 = _mm256_set1_epi32(u1[g]), b2 = _mm256_set1_epi32(u2[g]);
+            a[0][0][0] = _mm256_dpbusd_avx_epi32(a[0][0][0], b1, w0);
+            a[0][0][1] = _mm256_dpbusd_avx_epi32(a[0][0][1], b1, w1);
+            a[0][1][0] = _mm256_dpbusd_avx_epi32(a[0][1][0], b2, w0);
+            a[0][1][1] = _mm256_dpbusd_avx_epi32(a[0][1][1], b2, w1);
         }
         const int o = b * FP_LOWP_ROWS;
         for (int h = 0; h < 2; h++) {
-            __m256i s = _mm256_add_epi32(_mm256_add_epi32(a[0][h], a[1][h]),
-                                         _mm256_add_epi32(a[2][h], a[3][h]));
-            s = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_load_si256((const __m256i *)(L->rowsum + o + 8 * h)), 7));
-            bad = _mm256_or_ps(bad, fp_lowp_rows_int8(s, vsx, L->scale + o + 8 * h,
+            const __m256i zp = _mm256_slli_epi32(_mm256_load_si256((const __m256i *)(L->rowsum + o + 8 * h)), 7);
+            const __m256i d1 = _mm256_sub_epi32(_mm256_add_epi32(a[0][0][h], a[1][0][h]), zp);
+            const __m256i d2 = _mm256_sub_epi32(_mm256_add_epi32(a[0][1][h], a[1][1][h]), zp);
+            bad = _mm256_or_ps(bad, fp_lowp_rows_int8(d1, d2, &q, L->scale + o + 8 * h,
                                                       L->bias + o + 8 * h, L->act, y + o + 8 * h));
         }
         fp_lowp_act_tail(L->act, y + o);
