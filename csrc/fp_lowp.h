@@ -32,7 +32,9 @@ enum { FP_WEIGHTS_FP32 = 0, FP_WEIGHTS_BF16 = 1, FP_WEIGHTS_INT8 = 2 };
 #define FP_LOWP_ROWS 16
 /* software prefetch distance in bytes: ~ the lines in flight one core needs to keep its
  * share of L3/DRAM bandwidth busy */
+#ifndef FP_LOWP_PF
 #define FP_LOWP_PF 2048
+#endif
 
 /* One packed reduced-precision layer. Block b (rows 16b..16b+15), group g: 64 bytes at
  * w + (b * ng + g) * 64; lane r holds row 16b+r's inputs k*g .. k*g+k-1 (k = 2 bf16 or
