@@ -30,6 +30,9 @@
 enum { FP_WEIGHTS_FP32 = 0, FP_WEIGHTS_BF16 = 1, FP_WEIGHTS_INT8 = 2 };
 
 #define FP_LOWP_ROWS 16
+/* an int8 layer's widest input: its dots (in * 127 * 127 at most) must fit int32 (a Model's
+ * layers are at most 65536 wide, so only a direct C caller can reach it) */
+#define FP_LOWP_INT8_MAX_IN 130000
 /* software prefetch distance in bytes: ~ the lines in flight one core needs to keep its
  * share of L3/DRAM bandwidth busy */
 #ifndef FP_LOWP_PF

@@ -43,9 +43,8 @@ int fp_mlp_init_ex(fp_mlp *m, int n_layers, const int *dims, const int *acts,
     if (wtype != FP_WEIGHTS_FP32) {
         m->lk = fp_lowp_for(isa);
         if (!m->lk) return -1;
-        /* the int8 dot is an int32 sum of in * 127 * 127 at most */
         for (int l = 0; l < n_layers - 1; l++)
-            if (wtype == FP_WEIGHTS_INT8 && dims[l] > 130000) return -1;
+            if (wtype == FP_WEIGHTS_INT8 && dims[l] > FP_LOWP_INT8_MAX_IN) return -1;
     }
     m->weights = wtype;
     m->arena_bytes = fp_mlp_arena_bytes_ex(n_layers, dims, wtype);

@@ -374,3 +374,12 @@ def test_accuracy_1024_model_on_stream_inputs(stream):
     ref = W.predict_signals(big, "fp32", x)
     assert W.signal_errors(W.predict_signals(big, "bf16", x), ref)["max_abs"] <= 0.01
     assert W.signal_errors(W.predict_signals(big, "int8", x), ref)["max_abs"] <= 0.03
+
+
+def test_bench_weights_runs_end_to_end(capsys):
+    import weights as W
+    assert W.main(["--quick", "--ticks", "2000"]) == 0
+    out = capsys.readouterr().out
+    for what in ("demo bf16", "1024x1024x1024x2 int8", "MLP stage alone", "targets:"):
+        assert what in out
+
