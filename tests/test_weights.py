@@ -268,7 +268,8 @@ def test_config_weights_overrides_the_model(isa):
     cfg = engine_cfg(isa)
     cfg["engine"]["weights"] = "int8"
     a = Engine(m, config=cfg).predict(x)
-    np.testing.assert_array_equal(a, Engine(m.with_weights("int8"), config=engine_cfg(isa)).predict(x))
+    b = Engine(m.with_weights("int8"), config=engine_cfg(isa)).predict(x)
+    np.testing.assert_array_equal(a, b)
     cfg["engine"]["weights"] = "fp32"
     np.testing.assert_array_equal(Engine(m.with_weights("bf16"), config=cfg).predict(x),
                                   Engine(m, config=engine_cfg(isa)).predict(x))
@@ -287,7 +288,8 @@ def test_bad_config_weights_names_key_and_choices(bad):
 def test_bad_config_weights_in_toml(tmp_path):
     p = tmp_path / "c.toml"
     p.write_text('[engine]\nweights = "int4"\n')
-    with pytest.raises(ConfigError, match=r"engine\.weights must be one of \['fp32', 'bf16', 'int8'\]"):
+    want = r"engine\.weights must be one of \['fp32', 'bf16', 'int8'\]"
+    with pytest.raises(ConfigError, match=want):
         Engine(random_model(np.random.default_rng(0), [4, 2]), config=str(p))
 
 
