@@ -20,6 +20,8 @@ from fastpath.model import CACHE_KEYS as _CACHE_KEYS
 
 SIMD_CHOICES = ("auto", "avx512", "avx2", "scalar")     # fastpath._build reads it for FASTPATH_SIMD
 BACKENDS = ("cpu", "gpu", "auto")
+# hidden layers' weight format; unset (None) keeps the model's own choice (fp32 by default)
+WEIGHTS = ("fp32", "bf16", "int8")
 
 
 # key -> (type, lo, hi, choices)
@@ -28,6 +30,7 @@ _ENGINE_KEYS = {
     "simd": (str, None, None, SIMD_CHOICES),
     "backend": (str, None, None, BACKENDS),
     "latency_records": (int, 1, 1 << 24, None),
+    "weights": (str, None, None, WEIGHTS),
 }
 
 
@@ -141,6 +144,7 @@ class EngineConfig:
     simd: str = "auto"
     backend: str = "cpu"
     latency_records: int = 65536
+    weights: str | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
@@ -149,6 +153,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for k, (typ, lo, hi, ch) in _ENGINE_KEYS.items():
+            if k == "weights" and self.weights is None:
+                continue
             _check(f"engine.{k}", getattr(self, k), typ, lo, hi, ch)
         if self.latency_records & (self.latency_records - 1):
             raise ConfigError(f"engine.latency_records must be a power of two, got "

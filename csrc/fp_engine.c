@@ -39,7 +39,7 @@ void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state) 
     memset(&fs, 0, sizeof(fs));
     fs.n_w = p->n_w;
     fs.window = p->n_w > 0 ? p->window : 1;
-    *weights = fp_mlp_arena_bytes(p->n_layers, p->dims);
+    *weights = fp_mlp_arena_bytes_ex(p->n_layers, p->dims, p->weight_type);
     *state = (fp_slot_stride(p->n_z + 2 * p->n_w) + fp_window_stride(&fs)) * (size_t)p->n_symbols;
 }
 
@@ -79,6 +79,9 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
         if (p->acts[l] < FP_ACT_IDENTITY || p->acts[l] > FP_ACT_SIGMOID) return NULL;
     const fp_kernels *k = fp_kernels_for(p->isa);
     if (!k) return NULL;
+    if (p->weight_type < FP_WEIGHTS_FP32 || p->weight_type > FP_WEIGHTS_INT8 ||
+        (p->weight_type != FP_WEIGHTS_FP32 && !fp_lowp_for(p->isa)))
+        return NULL;
 
     *err = FP_ERR_NOMEM;
     fp_engine *e = (fp_engine *)fp_aligned_alloc(sizeof(fp_engine));
@@ -105,7 +108,8 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
         fs->n_runs = fp_feature_runs(p->z_idx, p->n_z, fs->runs);
         if (fs->n_runs * 4 > p->n_z) fs->n_runs = 0;
     }
-    if (fp_mlp_init(&e->mlp, p->n_layers, p->dims, p->acts, p->weights, p->biases, p->arena_mem)) {
+    if (fp_mlp_init_ex(&e->mlp, p->n_layers, p->dims, p->acts, p->weights, p->biases, p->arena_mem,
+                       p->weight_type, p->isa)) {
         e->mlp.arena = NULL;
         fp_engine_free(e);
         return NULL;

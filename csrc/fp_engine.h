@@ -44,6 +44,7 @@ typedef struct {
     int head;                         /* FP_HEAD_*: outputs -> signal, confidence */
     float head_scale;                 /* FP_HEAD_REGRESSION: signal = tanh(out / scale), > 0 */
     int head_idx[3];                  /* output indices the head reads (see FP_HEAD_*) */
+    int weight_type;                  /* FP_WEIGHTS_* (fp_lowp.h) of the hidden layers; 0: fp32 */
     void *arena_mem;                  /* optional weights arena, 64-byte aligned, see fp_engine_sizes */
     void *state_mem;                  /* optional cache slots + windows, 64-byte aligned */
     /* cache */

@@ -10,30 +10,46 @@
 #define FP_MLP_H
 
 #include "fp_simd.h"
+#include "fp_lowp.h"
 
 #define FP_MAX_LAYERS 16
 
+/* Reduced-precision weights (FP_WEIGHTS_BF16 / INT8) apply to the hidden layers; the output
+ * layer stays fp32: it is a few outputs wide, so it costs nothing to stream, and the signal
+ * is read straight from it, so it keeps no quantization error of its own. */
 typedef struct {
     int n_layers;
     fp_dense_layer layers[FP_MAX_LAYERS];
+    fp_lowp_layer lowp[FP_MAX_LAYERS];  /* used where lowp_on[l] */
+    int lowp_on[FP_MAX_LAYERS];
+    int weights;           /* FP_WEIGHTS_* asked for */
+    const fp_lowp_kernels *lk;          /* the reduced-precision kernels for the engine's set */
     float *arena;          /* owned unless arena_external */
     size_t arena_bytes;
     int arena_external;
-    int max_width;         /* widest padded activation, floats */
+    int act_width;         /* widest padded activation, floats (a multiple of 16) */
+    int max_width;         /* floats each forward buffer needs: act_width + lowp scratch */
     long long macs;        /* multiply-adds per forward pass (unpadded) */
 } fp_mlp;
 
 /* bytes the arena needs for these dims */
 size_t fp_mlp_arena_bytes(int n_layers, const int *dims);
+size_t fp_mlp_arena_bytes_ex(int n_layers, const int *dims, int weights);
 
 /* Pack row-major weights[l] (dims[l+1] x dims[l]) and biases into `mem`
  * (64-byte aligned, fp_mlp_arena_bytes long) or, when mem is NULL, into a
  * fresh allocation. Returns 0, or -1 when out of memory / bad dims. */
 int fp_mlp_init(fp_mlp *m, int n_layers, const int *dims, const int *acts,
                 const float *const *weights, const float *const *biases, void *mem);
+/* the same with a weight format (FP_WEIGHTS_*) for the hidden layers, run by isa's kernels;
+ * -1 as well when isa has no reduced-precision kernels on this CPU */
+int fp_mlp_init_ex(fp_mlp *m, int n_layers, const int *dims, const int *acts,
+                   const float *const *weights, const float *const *biases, void *mem,
+                   int wtype, fp_isa isa);
 void fp_mlp_free(fp_mlp *m);
 
-/* out = mlp(x); a and b are scratch of max_width floats, 32-byte aligned.
+/* out = mlp(x); a and b are scratch of max_width floats, 64-byte aligned (a reduced-precision
+ * layer keeps its quantized input past act_width in its output buffer).
  * Returns a pointer to the last layer's output (a or b), or NULL when a layer's
  * pre-activations are NaN/Inf (the activations would hide it: relu maps NaN to 0, tanh
  * maps Inf to 1), so no finite-looking answer comes out of an overflowed model.
@@ -44,7 +60,13 @@ static inline const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, 
     const float *in = x;
     float *out = a;
     for (int l = 0; l < m->n_layers; l++) {
-        if (!k->dense(&m->layers[l], in, out, reverse)) return NULL;
+        if (m->lowp_on[l]) {
+            const fp_lowp_layer *L = &m->lowp[l];
+            const fp_lowp_dense_fn f = L->wtype == FP_WEIGHTS_BF16 ? m->lk->bf16 : m->lk->int8;
+            if (!f(L, in, out, out + m->act_width)) return NULL;
+        } else if (!k->dense(&m->layers[l], in, out, reverse)) {
+            return NULL;
+        }
         in = out;
         out = (out == a) ? b : a;
     }

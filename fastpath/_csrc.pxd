@@ -83,19 +83,49 @@ cdef extern from "fp_cache.h" nogil:
     int fp_cache_lookup(const fp_kernels *k, const fp_cache_policy *p, const fp_slot *s,
                         const float *f, int n, int64_t now, double *norm)
 
+cdef extern from "fp_lowp.h" nogil:
+    enum:
+        FP_WEIGHTS_FP32
+        FP_WEIGHTS_BF16
+        FP_WEIGHTS_INT8
+    ctypedef struct fp_lowp_layer:
+        int wtype
+        int in_ "in"
+        int out, nb, ng, act
+    ctypedef int (*fp_lowp_dense_fn)(const fp_lowp_layer *L, const float *x, float *y,
+                                     void *scratch) noexcept nogil
+    ctypedef struct fp_lowp_kernels:
+        const char *bf16_name
+        const char *int8_name
+    const fp_lowp_kernels *fp_lowp_for(fp_isa isa)
+    fp_lowp_dense_fn fp_lowp_variant(int wtype, const char *name)
+    size_t fp_lowp_scratch_floats(int n_in)
+    size_t fp_lowp_layer_bytes(int wtype, int n_in, int out)
+    void fp_lowp_pack(fp_lowp_layer *L, int wtype, int n_in, int out, int act, const float *w,
+                      const float *bias, void *mem)
+
 cdef extern from "fp_mlp.h" nogil:
     enum:
         FP_MAX_LAYERS
     ctypedef struct fp_mlp:
         int n_layers
         fp_dense_layer layers[16]
+        fp_lowp_layer lowp[16]
+        int lowp_on[16]
+        int weights
+        const fp_lowp_kernels *lk
         float *arena
         size_t arena_bytes
+        int act_width
         int max_width
         long long macs
     size_t fp_mlp_arena_bytes(int n_layers, const int *dims)
+    size_t fp_mlp_arena_bytes_ex(int n_layers, const int *dims, int weights)
     int fp_mlp_init(fp_mlp *m, int n_layers, const int *dims, const int *acts,
                     const float *const *weights, const float *const *biases, void *mem)
+    int fp_mlp_init_ex(fp_mlp *m, int n_layers, const int *dims, const int *acts,
+                       const float *const *weights, const float *const *biases, void *mem,
+                       int wtype, fp_isa isa)
     void fp_mlp_free(fp_mlp *m)
     const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, const float *x,
                                 float *a, float *b, int reverse)
@@ -138,6 +168,7 @@ cdef extern from "fp_engine.h" nogil:
         int head
         float head_scale
         int head_idx[3]
+        int weight_type
         void *arena_mem
         void *state_mem
         int n_symbols

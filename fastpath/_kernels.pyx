@@ -409,3 +409,187 @@ def clock_monotonic_probe(long long n):
                 back = prev - v
             prev = v
     return back, n
+
+
+# ---------------------------------------------------------------- reduced-precision weights
+# Shims for the bf16 / int8 layer kernels (csrc/fp_lowp.h): every variant by name (the engine
+# picks one per kernel set by CPU bits, so the fallbacks are reachable only from here), and an
+# MLP packed with reduced-precision hidden layers for tests and bench/weights.py.
+
+_LOWP_TYPES = {"bf16": FP_WEIGHTS_BF16, "int8": FP_WEIGHTS_INT8}
+_LOWP_VARIANTS = {"bf16": ("scalar", "avx2", "avx512", "avx512_bf16"),
+                  "int8": ("scalar", "avx2", "avx2_vnni", "avx512", "avx512_vnni")}
+_LOWP_ISAS = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
+
+
+def _lowp_type(str weights):
+    if weights not in _LOWP_TYPES:
+        raise InputError(f"weights must be one of {sorted(_LOWP_TYPES)}, got {weights!r}")
+    return _LOWP_TYPES[weights]
+
+
+def lowp_variants(str weights):
+    """(every variant name of this weight type, the ones this CPU runs)."""
+    cdef int wt = _lowp_type(weights)
+    names = _LOWP_VARIANTS[weights]
+    return names, tuple(n for n in names if fp_lowp_variant(wt, n.encode()) != NULL)
+
+
+def lowp_kernels(str isa):
+    """(bf16 variant, int8 variant) an engine on kernel set `isa` runs, or None when this CPU
+    cannot run that set."""
+    if isa not in _LOWP_ISAS:
+        raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_LOWP_ISAS)}")
+    cdef const fp_lowp_kernels *lk = fp_lowp_for(_LOWP_ISAS[isa])
+    if lk == NULL:
+        return None
+    return lk.bf16_name.decode(), lk.int8_name.decode()
+
+
+def kernel_lowp_dense(str weights, str variant, w, b, str act, x):
+    """One dense layer packed as `weights` ("bf16" / "int8") through the named variant:
+    (act(W x + b) as that format computes it, finite flag)."""
+    cdef int wt = _lowp_type(weights)
+    if variant not in _LOWP_VARIANTS[weights]:
+        raise InputError(f"unknown {weights} variant {variant!r}; expected one of "
+                         f"{list(_LOWP_VARIANTS[weights])}")
+    cdef fp_lowp_dense_fn f = fp_lowp_variant(wt, variant.encode())
+    if f == NULL:
+        raise InputError(f"this CPU cannot run the {variant} {weights} kernel")
+    if act not in _ACTS:
+        raise InputError(f"unknown activation {act!r}; expected one of {sorted(_ACTS)}")
+    cdef cnp.ndarray W = np.ascontiguousarray(w, dtype=np.float32)
+    cdef cnp.ndarray B = np.ascontiguousarray(b, dtype=np.float32)
+    cdef cnp.ndarray v = _f32(x, "x")
+    if W.ndim != 2 or (<object>B).shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:
+        raise InputError(f"w {(<object>W).shape}, b {(<object>B).shape} and x ({len(v)},) do not chain")
+    cdef int n_out = W.shape[0], n_in = W.shape[1]
+    cdef fp_lowp_layer L
+    cdef size_t ybytes = sizeof(float) * ((n_out + 15) // 16 * 16)
+    cdef void *mem = fp_aligned_alloc(fp_lowp_layer_bytes(wt, n_in, n_out))
+    cdef float *y = <float *>fp_aligned_alloc(ybytes)
+    cdef void *scratch = fp_aligned_alloc(sizeof(float) * fp_lowp_scratch_floats(n_in))
+    # x in its own buffer with NaN past the end: a kernel that reads past x[in) shows it
+    cdef int xn = (n_in + 63) // 64 * 64 + 64
+    cdef float *xp = <float *>fp_aligned_alloc(sizeof(float) * xn)
+    cdef int ok, i
+    try:
+        if mem == NULL or y == NULL or scratch == NULL or xp == NULL:
+            raise MemoryError("cannot allocate the layer")
+        for i in range(xn):
+            xp[i] = float("nan")
+        memcpy(xp, cnp.PyArray_DATA(v), sizeof(float) * n_in)
+        fp_lowp_pack(&L, wt, n_in, n_out, _ACTS[act], <const float *>cnp.PyArray_DATA(W),
+                     <const float *>cnp.PyArray_DATA(B), mem)
+        with nogil:
+            ok = f(&L, xp, y, scratch)
+        out = np.empty(n_out, np.float32)
+        memcpy(cnp.PyArray_DATA(out), y, sizeof(float) * n_out)
+    finally:
+        fp_aligned_free(mem)
+        fp_aligned_free(y)
+        fp_aligned_free(scratch)
+        fp_aligned_free(xp)
+    return out, bool(ok)
+
+
+cdef class LowpMLP:
+    """An MLP whose hidden layers are packed as bf16 / int8 (the output layer stays fp32), run
+    as an engine on kernel set `isa` runs it: for testing and timing the MLP stage alone."""
+    cdef fp_mlp m
+    cdef float *a
+    cdef float *b
+    cdef readonly int n_in, n_out
+    cdef readonly str weights, variant
+    cdef const fp_kernels *k
+
+    def __cinit__(self, weights, biases, activations, str weight_type="int8", str isa="avx2"):
+        if weight_type not in ("fp32", "bf16", "int8"):
+            raise InputError(f"weight_type must be one of ['fp32', 'bf16', 'int8'], got {weight_type!r}")
+        if isa not in _LOWP_ISAS:
+            raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_LOWP_ISAS)}")
+        self.k = fp_kernels_for(_LOWP_ISAS[isa])
+        if self.k == NULL and isa == "avx512" and fp_cpu_has_avx512():
+            # a build without the AVX-512 fp32 set: the fp32 output layer (a few rows) runs on
+            # the best fp32 set, the reduced-precision layers on the AVX-512 ones
+            self.k = fp_kernels_for(fp_isa_best())
+        if self.k == NULL:
+            raise InputError(f"this CPU (or build) cannot run kernel set {isa!r}")
+        cdef int wt = FP_WEIGHTS_FP32 if weight_type == "fp32" else _LOWP_TYPES[weight_type]
+        ws, bs, dims, acts = _mlp_arrays(weights, biases, activations)
+        cdef int L = len(ws), i, rc
+        cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+        cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+        cdef cnp.ndarray t
+        if wp == NULL or bp == NULL:
+            PyMem_Free(wp)
+            PyMem_Free(bp)
+            raise MemoryError()
+        try:
+            for i in range(L):
+                t = ws[i]
+                wp[i] = <const float *>cnp.PyArray_DATA(t)
+                t = bs[i]
+                bp[i] = <const float *>cnp.PyArray_DATA(t)
+            t = dims
+            rc = fp_mlp_init_ex(&self.m, L, <const int *>cnp.PyArray_DATA(t),
+                                <const int *>cnp.PyArray_DATA(<cnp.ndarray>acts), wp, bp, NULL,
+                                wt, _LOWP_ISAS[isa])
+        finally:
+            PyMem_Free(wp)
+            PyMem_Free(bp)
+        if rc != 0:
+            raise MemoryError("cannot pack the MLP")
+        self.weights = weight_type
+        names = lowp_kernels(isa)
+        self.variant = ("fp32" if weight_type == "fp32" else
+                        names[0] if weight_type == "bf16" else names[1])
+        self.n_in = self.m.layers[0].in_
+        self.n_out = self.m.layers[self.m.n_layers - 1].out
+        self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
+        self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
+        if self.a == NULL or self.b == NULL:
+            raise MemoryError("cannot allocate MLP scratch")
+
+    def __dealloc__(self):
+        fp_mlp_free(&self.m)
+        fp_aligned_free(self.a)
+        fp_aligned_free(self.b)
+
+    @property
+    def arena_bytes(self):
+        return self.m.arena_bytes
+
+    def forward(self, x):
+        """MLP output for one float32 input; InputError when a layer's pre-activations are
+        NaN/Inf (the engine refuses such a tick)."""
+        cdef cnp.ndarray v = _f32(x, "x")
+        if len(v) != self.n_in:
+            raise InputError(f"x must have {self.n_in} values, got {len(v)}")
+        cdef const float *o = fp_mlp_forward(self.k, &self.m, <const float *>cnp.PyArray_DATA(v),
+                                             self.a, self.b, 0)
+        if o == NULL:
+            raise InputError("a layer's pre-activations are NaN/Inf for this input")
+        out = np.empty(self.n_out, np.float32)
+        memcpy(cnp.PyArray_DATA(out), o, sizeof(float) * self.n_out)
+        return out
+
+    def time_forward(self, x, long long iters):
+        """Per-call ns of `iters` back-to-back forward passes (GIL released), as an array."""
+        cdef cnp.ndarray v = _f32(x, "x")
+        if len(v) != self.n_in or iters < 1:
+            raise InputError(f"x must have {self.n_in} values and iters >= 1")
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(v)
+        cdef cnp.ndarray ts = np.empty(iters, np.int64)
+        cdef int64_t *t = <int64_t *>cnp.PyArray_DATA(ts)
+        cdef long long i
+        cdef int64_t t0
+        cdef volatile float sink = 0
+        cdef const float *o
+        with nogil:
+            for i in range(iters):
+                t0 = fp_mono_ns()
+                o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, 0)
+                sink = o[0] if o != NULL else 0
+                t[i] = fp_mono_ns() - t0
+        return ts

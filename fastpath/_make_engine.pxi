@@ -2,6 +2,9 @@
 # config into an fp_engine, so an in-process Engine and a serving worker built from the same
 # model answer tick for tick alike. (Each extension links its own copy of the C core.)
 
+_WEIGHT_TYPES = {"fp32": FP_WEIGHTS_FP32, "bf16": FP_WEIGHTS_BF16, "int8": FP_WEIGHTS_INT8}
+
+
 cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
     """fp_engine_create from a fastpath.Model and a fastpath._build.ResolvedConfig. The
     control plane's memory region (weights arena + per-symbol state), when the config asks
@@ -74,6 +77,9 @@ cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
         p.policy.max_age_ns = pol.max_age_ns
         p.policy.max_run = pol.max_run
         p.isa = _ISA_BY_NAME[cfg.simd_resolved]
+        # [engine] weights, when set, overrides the model's own choice (fp32 unless set)
+        wt = getattr(cfg.source, "weights", None) or m.weights
+        p.weight_type = _WEIGHT_TYPES[wt]
         p.lat_capacity = cfg.latency_records
         mem_cfg = cfg.memory
         if mem_cfg is not None:

@@ -1,8 +1,9 @@
 # Included by _kernels.pyx and gpu/_protocol.pyx: one way to pack an MLP given as Python lists
 # (weights (out, in), biases, activation names) into an fp_mlp for the shims and test devices.
 
-cdef int _pack_mlp(fp_mlp *m, weights, biases, activations) except -1:
-    """fp_mlp_init over float32 copies of the layers; InputError when they do not chain."""
+def _mlp_arrays(weights, biases, activations):
+    """(float32 weights, biases, dims, activation codes) of an MLP given as lists; InputError
+    when they do not chain. Shared with the reduced-precision shim (fastpath._kernels)."""
     cdef int L = len(weights)
     if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
         raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
@@ -14,6 +15,13 @@ cdef int _pack_mlp(fp_mlp *m, weights, biases, activations) except -1:
             raise InputError(f"layer {i}: weight {ws[i].shape} / bias {bs[i].shape} do not chain")
     dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)
     acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)
+    return ws, bs, dims, acts
+
+
+cdef int _pack_mlp(fp_mlp *m, weights, biases, activations) except -1:
+    """fp_mlp_init over float32 copies of the layers; InputError when they do not chain."""
+    ws, bs, dims, acts = _mlp_arrays(weights, biases, activations)
+    cdef int L = len(ws)
     cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
     cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
     cdef cnp.ndarray t

@@ -59,7 +59,7 @@ def to_bytes(model: Model) -> bytes:
         "cache_policy": {"enabled": pol.enabled, "cos_threshold": pol.cos_threshold,
                          "norm_tol": pol.norm_tol, "max_age_ns": pol.max_age_ns,
                          "max_run": pol.max_run, "fitted_max_error": pol.fitted_max_error},
-        "post": model.post, "head": model.head_spec.to_json(),
+        "post": model.post, "head": model.head_spec.to_json(), "weights": model.weights,
         "meta": model.meta, "arrays": table,
     }
     hb = json.dumps(header, sort_keys=True).encode()
@@ -142,8 +142,9 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
         # the defaults (no post transform, tanh / sigmoid) are what they always ran with
         h = header.get("head")
         head = None if h is None else Head(h["kind"], h["scale"], tuple(h["outputs"]))
+        # bundles written before weight formats existed ran fp32
         return Model(layers, fs, _policy(header["cache_policy"], meta), meta,
-                     header.get("post", "none"), head)
+                     header.get("post", "none"), head, header.get("weights", "fp32"))
     except ModelError as exc:
         raise ModelError(f"{name}: {exc}") from None
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as exc:

@@ -21,6 +21,9 @@ ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
 # what follows the last dense layer, as exporters write it: nothing, a softmax (classifier
 # probabilities), or one logit z -> [1 - sigmoid(z), sigmoid(z)] (a binary classifier)
 POSTS = ("none", "softmax", "logistic2")
+# the hidden layers' weight format in the engine (the output layer stays fp32); the model
+# always holds fp32 weights, the engine rounds or quantizes them when it packs them
+WEIGHT_TYPES = ("fp32", "bf16", "int8")
 # head kind -> the output indices it reads, in order, by default
 HEAD_KINDS = {"tanh_sigmoid": (0, 1), "regression": (0,), "classifier3": (0, 1, 2),
               "classifier2": (0, 1)}
@@ -317,8 +320,12 @@ class Model:
     meta: dict = field(default_factory=dict)
     post: str = "none"
     head_spec: Head | None = None
+    weights: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_TYPES:
+            raise ModelError(f"weights {self.weights!r} not supported; expected one of "
+                             f"{list(WEIGHT_TYPES)}")
         layers = tuple(self.layers)
         if not 1 <= len(layers) <= MAX_LAYERS:
             raise ModelError(f"a model needs 1..{MAX_LAYERS} layers, got {len(layers)}")
@@ -376,6 +383,14 @@ class Model:
 
     def with_cache_policy(self, policy: CachePolicy) -> "Model":
         return replace(self, cache_policy=policy)
+
+    def with_weights(self, weights: str) -> "Model":
+        """This model run with "fp32", "bf16" or "int8" hidden-layer weights. The outputs move
+        (within the bounds the bench measures), so a fitted cache policy is dropped."""
+        pol = self.cache_policy
+        if pol.fitted and weights != self.weights:
+            pol = replace(pol, enabled=False, fitted_max_error=None)
+        return replace(self, weights=weights, cache_policy=pol)
 
     def with_head(self, head: Head) -> "Model":
         """This model with another head (the outputs are unchanged; the cache's stored signals
