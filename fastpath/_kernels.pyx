@@ -509,10 +509,6 @@ cdef class LowpMLP:
         if isa not in _LOWP_ISAS:
             raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_LOWP_ISAS)}")
         self.k = fp_kernels_for(_LOWP_ISAS[isa])
-        if self.k == NULL and isa == "avx512" and fp_cpu_has_avx512():
-            # a build without the AVX-512 fp32 set: the fp32 output layer (a few rows) runs on
-            # the best fp32 set, the reduced-precision layers on the AVX-512 ones
-            self.k = fp_kernels_for(fp_isa_best())
         if self.k == NULL:
             raise InputError(f"this CPU (or build) cannot run kernel set {isa!r}")
         cdef int wt = FP_WEIGHTS_FP32 if weight_type == "fp32" else _LOWP_TYPES[weight_type]
