@@ -99,6 +99,7 @@ cdef extern from "fp_ring.h" nogil:
     int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol, int64_t ts_ns,
                              uint64_t *seq)
     int fp_client_poll(fp_client *c, fp_rep *out)
+    int fp_client_poll_spin(fp_client *c, fp_rep *out)
     uint64_t fp_client_outstanding(const fp_client *c)
     void fp_client_close(fp_client *c)
     void FP_RING_PAUSE()
@@ -561,7 +562,7 @@ cdef class Client:
         cdef fp_rep rep
         cdef long spins = 0
         while True:
-            if fp_client_poll(&self._c, &rep):
+            if fp_client_poll_spin(&self._c, &rep):
                 if rep.seq == seq:
                     if rep.err == FP_REP_OK:
                         return _make(&rep)
@@ -572,7 +573,6 @@ cdef class Client:
             if (spins & 1023) == 0:
                 PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep
                 self._check_server()
-            FP_RING_PAUSE()
 
     @property
     def outstanding(self):
