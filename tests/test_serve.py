@@ -351,10 +351,18 @@ def test_killed_client_frees_its_slot():
         with deadline(10):
             while srv.stats()["clients_reaped"] == 0:
                 time.sleep(0.001)
+        # the next owner of the rings starts at position 0 again: what the dead client left
+        # there (requests served, answers never taken) must read as neither a new request to
+        # the worker nor an answer to the new client
+        tick = ticks(1, raw.size, seed=5)[0]
         with fastpath.connect(name) as c:
-            r = c.step(raw, 1)
+            r = c.step(tick, 1, 7000)
             assert r.seq == 1
-        assert srv.stats()["clients_reaped"] == 1
+            st = srv.stats()       # before close(): a closed client is reaped (and counted) too
+        ref = fastpath.Engine(DEMO_MODEL, config=cfg()).step(tick, 1, 7000)
+        assert (r.signal, r.confidence) == (ref.signal, ref.confidence)
+        assert st["clients_reaped"] == 1
+        assert st["served"] == 3 + 1
 
 
 def test_placement_report_reaches_clients(model):
