@@ -21,7 +21,7 @@ uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients) {
 
 void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                  uint32_t max_clients, int32_t server_pid, uint32_t on_full,
-                 uint32_t heartbeat_ms, uint32_t dead_after_ms) {
+                 uint32_t heartbeat_ms, uint32_t dead_after_ms, uint32_t stall_ms) {
     h->version = FP_SEG_VERSION;
     h->header_bytes = FP_SEG_HEADER_BYTES;
     h->raw_len = raw_len;
@@ -36,6 +36,7 @@ void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_
     h->on_full = on_full;
     h->heartbeat_ms = heartbeat_ms;
     h->dead_after_ms = dead_after_ms;
+    h->stall_ms = stall_ms;
     /* clients stamp requests with the TSC when the engine clock is the TSC: wait_ns is then a
      * tick difference converted at the calibrated rate (the TSC is invariant and shared) */
     h->sent_clock = fp_clock.use_tsc ? FP_CLOCK_TSC : FP_CLOCK_MONO;

@@ -27,7 +27,7 @@ uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients);
 /* Fill a zeroed segment's header (state STARTING); the caller mapped total_bytes. */
 void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                  uint32_t max_clients, int32_t server_pid, uint32_t on_full,
-                 uint32_t heartbeat_ms, uint32_t dead_after_ms);
+                 uint32_t heartbeat_ms, uint32_t dead_after_ms, uint32_t stall_ms);
 /* Run until h->stop is set, then drain what clients had published and return with
  * state STOPPED. One thread only; e is stepped by nobody else meanwhile. */
 void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o);

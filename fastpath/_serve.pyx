@@ -72,7 +72,7 @@ cdef extern from "fp_ring.h" nogil:
         uint32_t req_slot_bytes, rep_slot_bytes
         uint64_t client_region_bytes, total_bytes
         int32_t server_pid
-        uint32_t on_full, heartbeat_ms, dead_after_ms
+        uint32_t on_full, heartbeat_ms, dead_after_ms, sent_clock, seg_flags, stall_ms
         uint64_t heartbeat_ns
         uint32_t state, stop
         uint64_t served, errors, idle_polls, clients_reaped, loops, busy_ns, rejected_full
@@ -115,7 +115,7 @@ cdef extern from "fp_worker.h" nogil:
     uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients)
     void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                      uint32_t max_clients, int32_t server_pid, uint32_t on_full,
-                     uint32_t heartbeat_ms, uint32_t dead_after_ms)
+                     uint32_t heartbeat_ms, uint32_t dead_after_ms, uint32_t stall_ms)
     void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o)
     int fp_worker_reap(fp_seg_header *h)
 
@@ -159,8 +159,6 @@ _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
 _ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2}
 _POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
 _IDLE = {"spin": FP_IDLE_SPIN, "yield": FP_IDLE_YIELD, "sleep": FP_IDLE_SLEEP}
-# a live server pid whose loop has not beaten for this long is reported gone (SIGSTOP, debugger)
-STALL_NS = 2_000_000_000
 
 
 def segment_path(name):
@@ -268,7 +266,8 @@ cdef class Worker:
             os.unlink(self.path)
             return "unreadable"
         pid = s.h.server_pid
-        alive = fp_seg_server_check(s.h, fp_ring_now_ns(), STALL_NS) == FP_SRV_ALIVE \
+        alive = fp_seg_server_check(s.h, fp_ring_now_ns(),
+                                    <int64_t>scfg.stall_timeout_ms * 1000000) == FP_SRV_ALIVE \
             and not fp_ring_pid_dead(pid)
         fp_seg_detach(&s)
         if alive:
@@ -298,7 +297,7 @@ cdef class Worker:
         memset(p, 0, size)
         fp_seg_init(self._h, self.raw_len, self.n_symbols, scfg.ring_slots, scfg.max_clients,
                     os.getpid(), FP_ON_FULL_REJECT if scfg.on_full == "reject" else FP_ON_FULL_SPIN,
-                    scfg.heartbeat_ms, scfg.dead_after_ms)
+                    scfg.heartbeat_ms, scfg.dead_after_ms, scfg.stall_timeout_ms)
 
     def set_placement(self, report: dict):
         """Publish the placement report (JSON) for clients; call before run()."""
@@ -427,12 +426,14 @@ cdef class Client:
     cdef list _stash
     cdef bint _open
 
-    def __cinit__(self, name, double timeout=1.0):
+    def __cinit__(self, name, double timeout=1.0, stall_timeout=None):
+        """stall_timeout: seconds a live server's loop may go without a heartbeat before
+        calls raise ServerGone; None takes the server's [serve] stall_timeout_ms."""
         cdef int rc
         cdef int64_t deadline
         self._open = False
         self._stash = []
-        self._stall_ns = STALL_NS
+        self._stall_ns = -1 if stall_timeout is None else <int64_t>(float(stall_timeout) * 1e9)
         self.name = name
         b = _name_bytes(name)
         path = segment_path(name)
@@ -442,11 +443,13 @@ cdef class Client:
             rc = fp_seg_attach(b, &self._s)
             if rc == FP_RING_OK:
                 st = fp_atomic_load_u32(&self._s.h.state)
+                if stall_timeout is None:
+                    self._stall_ns = <int64_t>self._s.h.stall_ms * 1000000
                 chk = fp_seg_server_check(self._s.h, fp_ring_now_ns(), self._stall_ns)
                 if chk != FP_SRV_ALIVE:
                     fp_seg_detach(&self._s)
                     raise ServerGone(f"no server is serving {name!r}: {path} is left from a "
-                                     f"server that is {_gone_why(chk)}")
+                                     f"server that is {_gone_why(chk, self._stall_ns)}")
                 if st == FP_SRV_RUNNING:
                     break
                 fp_seg_detach(&self._s)
@@ -481,7 +484,7 @@ cdef class Client:
         cdef int chk = fp_seg_server_check(self._s.h, fp_ring_now_ns(), self._stall_ns)
         if chk != FP_SRV_ALIVE:
             raise ServerGone(f"server {self.name!r} (pid {self._s.h.server_pid}) is "
-                             f"{_gone_why(chk)}")
+                             f"{_gone_why(chk, self._stall_ns)}")
         return 0
 
     cdef inline const float *_raw_ptr(self, object raw) except NULL:
@@ -589,6 +592,12 @@ cdef class Client:
         return json.loads(self._s.h.placement[:n].decode())
 
     @property
+    def stall_timeout(self):
+        """Seconds a live server's loop may go without a heartbeat before calls raise
+        ServerGone (connect(stall_timeout=), else the server's [serve] stall_timeout_ms)."""
+        return self._stall_ns / 1e9
+
+    @property
     def server_pid(self):
         self._need()
         return self._s.h.server_pid
@@ -624,14 +633,14 @@ cdef int _errno():
     return errno
 
 
-def _gone_why(int chk):
+def _gone_why(int chk, int64_t stall_ns):
     if chk == FP_SRV_GONE_STOPPED:
         return "stopped"
     if chk == FP_SRV_GONE_DEAD:
         return "dead (its process is gone: killed or crashed)"
     if chk == FP_SRV_GONE_STALLED:
         return (f"not responding (its process lives but its loop has not beaten for over "
-                f"{STALL_NS // 1_000_000_000} s: stopped by a signal or a debugger?)")
+                f"{stall_ns / 1e9:g} s: stopped by a signal or a debugger?)")
     return "alive"
 
 

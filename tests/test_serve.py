@@ -273,18 +273,19 @@ def test_stop_drains_accepted_requests(model):
 
 
 SERVER = textwrap.dedent("""
-    import sys, fastpath
-    srv = fastpath.serve(sys.argv[1], config={"serve": {"place": False, "idle": "yield",
-                                                         "idle_spin_ns": 50000}})
+    import json, sys, fastpath
+    serve = {"place": False, "idle": "yield", "idle_spin_ns": 50000, **json.loads(sys.argv[2])}
+    srv = fastpath.serve(sys.argv[1], config={"serve": serve})
     print("ready", flush=True)
     sys.stdin.read()
 """)
 
 
 @contextmanager
-def server_process(name):
+def server_process(name, **serve):
+    import json
     env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    p = subprocess.Popen([sys.executable, "-c", SERVER, name], stdin=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-c", SERVER, name, json.dumps(serve)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
     try:
         assert p.stdout.readline().strip() == "ready"
@@ -321,6 +322,34 @@ def test_worker_killed_is_server_gone_then_replaced(reap):
             assert srv.replaced == p.pid
             with fastpath.connect(name) as c2:
                 assert c2.step(raw, 0).signal == fastpath.Engine(DEMO_MODEL, config=cfg()).step(raw, 0).signal
+
+
+def test_stalled_worker_is_server_gone_after_the_stall_timeout():
+    """A server stopped by a signal (alive, not beating): ServerGone after the stall timeout,
+    the server's [serve] stall_timeout_ms by default, connect(stall_timeout=) per client."""
+    name = uname()
+    raw = np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+    with server_process(name, stall_timeout_ms=300) as p:
+        c = fastpath.connect(name, timeout=5)
+        c2 = fastpath.connect(name, timeout=5, stall_timeout=0.1)
+        assert (c.stall_timeout, c2.stall_timeout) == (0.3, 0.1)
+        c.step(raw, 0)
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            with deadline(5), pytest.raises(ServerGone, match=r"not responding.*over 0.3 s"):
+                c.step(raw, 0)
+            with deadline(5), pytest.raises(ServerGone, match=r"not responding.*over 0.1 s"):
+                c2.step(raw, 0)
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+        c.close()
+        c2.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, 4000, float("nan"), True, "1"])
+def test_connect_stall_timeout_is_checked(value):
+    with pytest.raises(InputError, match="stall_timeout must be a number of seconds"):
+        fastpath.connect(uname(), timeout=0, stall_timeout=value)
 
 
 KILLED_CLIENT = textwrap.dedent("""
@@ -407,6 +436,9 @@ def test_c_client_round_trip(tmp_path):
     ("heartbeat_ms", 0, r"serve.heartbeat_ms must be in"),
     ("dead_after_ms", 1, r"serve.dead_after_ms"),
     ("bogus", 1, "unknown key serve.bogus"),
+    ("stall_timeout_ms", 1, r"serve.stall_timeout_ms must be in"),
+    ("stall_timeout_ms", 2.5, r"serve.stall_timeout_ms must be int"),
+    ("stall_timeout_ms", 40, r"serve.stall_timeout_ms \(40\) must exceed serve.dead_after_ms \(50\)"),
 ])
 def test_serve_config_keys_are_checked(key, value, match):
     from fastpath.control.config import load_config

@@ -146,6 +146,8 @@ typedef struct {
     uint32_t heartbeat_ms, dead_after_ms;
     uint32_t sent_clock;       /* FP_CLOCK_*: what fp_req.sent counts in */
     uint32_t seg_flags;        /* FP_SEG_HUGE_*: what backs the segment (reported) */
+    uint32_t stall_ms;         /* the server's [serve] stall_timeout_ms: clients' default */
+    uint32_t _pad0;
     /* read by clients on every submit: written about once per heartbeat only */
     uint64_t heartbeat_ns __attribute__((aligned(64)));  /* CLOCK_MONOTONIC of the last beat */
     uint32_t state;            /* FP_SRV_* */

@@ -38,7 +38,7 @@ static int step(fp_client *c, const float *raw, int32_t sym, int64_t ts, fp_rep 
             continue;
         }
         if ((++spins & 1023) == 0 &&
-            fp_seg_server_check(c->h, fp_ring_now_ns(), 2000000000LL) != FP_SRV_ALIVE)
+            fp_seg_server_check(c->h, fp_ring_now_ns(), (int64_t)c->h->stall_ms * 1000000LL) != FP_SRV_ALIVE)
             return 4;
     }
 }
