@@ -90,7 +90,33 @@ static inline const fp_req *published(const fp_seg_header *h, fp_ring_ctl *ctl, 
 /* Serve what client i has published, at most `budget` requests (so one busy client cannot
  * starve the others); returns how many were served. Stops early when the client's reply
  * ring is full: it has not taken its replies, and its requests wait in its own ring. */
-static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget) {
+static inline uint32_t sat32(int64_t v) {
+    return v <= 0 ? 0u : v >= (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+}
+
+size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
+    const uint64_t end = __atomic_load_n(&L->count, __ATOMIC_ACQUIRE);
+    const uint64_t cap = L->mask + 1;
+    size_t n = 0;
+    for (uint64_t k = end > cap ? end - cap : 0; k < end; k++) {
+        const fp_lat_rec *r = &L->rec[k & L->mask];
+        const uint64_t want = 2 * k + 2;
+        if (__atomic_load_n(&r->stamp, __ATOMIC_ACQUIRE) != want)
+            continue;                       /* already overwritten by a later tick */
+        uint32_t v[FP_LAT_FIELDS];
+        for (int j = 0; j < FP_LAT_FIELDS; j++)
+            v[j] = __atomic_load_n(&r->v[j], __ATOMIC_RELAXED);
+        /* the field loads complete before the stamp is read again */
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&r->stamp, __ATOMIC_RELAXED) != want)
+            continue;                       /* overwritten during the copy */
+        memcpy(out + n * FP_LAT_FIELDS, v, sizeof v);
+        n++;
+    }
+    return n;
+}
+
+static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget, fp_lat_ring *lat) {
     fp_ring_ctl *ctl = fp_seg_ctl(h, i);
     uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
     const fp_req *q = published(h, ctl, tail);
@@ -137,6 +163,12 @@ static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget) {
             r->infer_ns = res.infer_ns;
             r->total_ns = res.total_ns;
             busy += res.total_ns;
+            if (lat) {
+                const uint32_t v[FP_LAT_FIELDS] = {sat32(res.feature_ns), sat32(res.cache_ns),
+                                                   sat32(res.infer_ns), sat32(res.total_ns),
+                                                   sat32(r->wait_ns)};
+                fp_lat_put(lat, v);
+            }
         } else {
             r->signal = r->confidence = 0.0f;
             r->cached = r->reason = 0;
@@ -166,11 +198,11 @@ static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget) {
     return n;
 }
 
-static int serve_all(fp_seg_header *h, fp_engine *e, int budget) {
+static int serve_all(fp_seg_header *h, fp_engine *e, int budget, fp_lat_ring *lat) {
     int n = 0;
     for (uint32_t i = 0; i < h->max_clients; i++)
         if (FP_LOAD_ACQ(&h->clients[i].state) == FP_CL_ACTIVE)
-            n += serve_client(h, e, (int)i, budget);
+            n += serve_client(h, e, (int)i, budget, lat);
     return n;
 }
 
@@ -199,7 +231,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
     FP_STORE_REL(&h->state, FP_SRV_RUNNING);
     for (;;) {
-        int n = serve_all(h, e, 64);
+        int n = serve_all(h, e, 64, o->lat);
         loops++;
         /* clock_gettime costs about a poll's worth of time: read it every 64 rounds, busy or
          * idle (a round is well under 1 us, the heartbeat is 1 ms) */
@@ -229,7 +261,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
     FP_STORE_REL(&h->state, FP_SRV_STOPPING);
     int64_t until = fp_ring_now_ns() + o->drain_timeout_ns;
     for (;;) {
-        int n = serve_all(h, e, 1 << 30);
+        int n = serve_all(h, e, 1 << 30, o->lat);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {
             last_beat = now;

@@ -109,9 +109,21 @@ cdef extern from "fp_worker.h" nogil:
         FP_IDLE_SPIN
         FP_IDLE_YIELD
         FP_IDLE_SLEEP
+    enum:
+        FP_LAT_FIELDS
+    ctypedef struct fp_lat_rec:
+        uint64_t stamp
+    ctypedef struct fp_lat_ring:
+        fp_lat_rec *rec
+        uint64_t mask, count
+    void fp_lat_begin(fp_lat_ring *L, fp_lat_rec **r, uint64_t *k)
+    void fp_lat_end(fp_lat_ring *L, fp_lat_rec *r, uint64_t k)
+    void fp_lat_put(fp_lat_ring *L, const uint32_t *v)
+    size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out)
     ctypedef struct fp_worker_opts:
         int idle
         int64_t idle_spin_ns, idle_sleep_ns, drain_timeout_ns
+        fp_lat_ring *lat
     uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients)
     void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                      uint32_t max_clients, int32_t server_pid, uint32_t on_full,
@@ -131,10 +143,6 @@ cdef extern from *:
     static inline uint32_t fp_atomic_load_u32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline uint64_t fp_atomic_load_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void fp_atomic_add_u64(uint64_t *p, uint64_t v) { __atomic_add_fetch(p, v, __ATOMIC_RELAXED); }
-    /* the worker writes latency records while a monitor copies them: word by word, relaxed */
-    static inline void fp_copy_lat(const uint32_t *src, uint32_t *dst, size_t n) {
-        for (size_t i = 0; i < n; i++) dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
-    }
     /* index of the first NaN/Inf (exponent bits all ones), or -1: no libm call, no FP compare */
     static inline int fp_first_nonfinite(const float *x, int n) {
         const uint32_t *u = (const uint32_t *)x;
@@ -151,7 +159,6 @@ cdef extern from *:
     uint32_t fp_atomic_load_u32(const uint32_t *p) nogil
     uint64_t fp_atomic_load_u64(const uint64_t *p) nogil
     void fp_atomic_add_u64(uint64_t *p, uint64_t v) nogil
-    void fp_copy_lat(const uint32_t *src, uint32_t *dst, size_t n) nogil
     int fp_first_nonfinite(const float *x, int n) nogil
 
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
@@ -228,6 +235,7 @@ cdef class Worker:
     cdef size_t _size
     cdef fp_engine *_e
     cdef fp_worker_opts _o
+    cdef fp_lat_ring _lat
     cdef readonly str name, path
     cdef readonly int raw_len, n_symbols
     cdef readonly object model, config, replaced
@@ -238,6 +246,7 @@ cdef class Worker:
         """model, config: what fastpath._build.resolve returned; serve_cfg: ServeConfig."""
         self._h = NULL
         self._e = NULL
+        self._lat.rec = NULL
         self._keep = []
         self.name = name
         self.path = segment_path(name)
@@ -251,6 +260,8 @@ cdef class Worker:
         self._o.idle_spin_ns = serve_cfg.idle_spin_ns
         self._o.idle_sleep_ns = serve_cfg.idle_sleep_ns
         self._o.drain_timeout_ns = <int64_t>serve_cfg.drain_timeout_ms * 1000000
+        _lat_ring_alloc(&self._lat, config.latency_records)
+        self._o.lat = &self._lat
         self._create(serve_cfg)
 
     cdef object _check_existing(self, scfg):
@@ -344,19 +355,12 @@ cdef class Worker:
         return _header_stats(self._h)
 
     def latency_records(self):
-        """(n, 4) uint32 in-C ns of the last ticks served (feature, cache, infer, total),
-        oldest first, copied while the loop runs: a record being written may mix two ticks."""
-        if self._e == NULL:
+        """(n, 5) uint32 ns of the last ticks served, oldest first: feature, cache, infer,
+        total (in C, as Result.latency) and wait (submit to pickup). Copied while the loop
+        runs, each record whole: one being written or overwritten meanwhile is left out."""
+        if self._lat.rec == NULL:
             raise ServeError(f"server {self.name!r} is closed")
-        cdef size_t cap = self._e.lat_mask + 1
-        cdef uint64_t ticks = fp_atomic_load_u64(&self._e.ticks)
-        cdef size_t n = min(<size_t>ticks, cap)
-        lat = np.empty((cap, 4), np.uint32)
-        fp_copy_lat(<const uint32_t *>self._e.lat, <uint32_t *>cnp.PyArray_DATA(lat), cap * 4)
-        if ticks <= cap:
-            return lat[:n]
-        start = ticks % cap
-        return np.vstack([lat[start:], lat[:start]])
+        return _lat_snapshot(&self._lat)
 
     def close(self):
         """Unmap and remove the segment, free the engine (the loop must have returned)."""
@@ -374,6 +378,8 @@ cdef class Worker:
         if self._e != NULL:
             fp_engine_free(self._e)
             self._e = NULL
+        PyMem_Free(self._lat.rec)
+        self._lat.rec = NULL
 
     def __dealloc__(self):
         if self._h != NULL and not self._running:
@@ -383,6 +389,69 @@ cdef class Worker:
         if self._e != NULL and not self._running:
             fp_engine_free(self._e)
             self._e = NULL
+        if not self._running:
+            PyMem_Free(self._lat.rec)
+            self._lat.rec = NULL
+
+
+cdef int _lat_ring_alloc(fp_lat_ring *L, size_t cap) except -1:
+    L.rec = <fp_lat_rec *>PyMem_Malloc(cap * sizeof(fp_lat_rec))
+    if L.rec == NULL:
+        raise MemoryError(f"latency records: {cap} x {sizeof(fp_lat_rec)} bytes")
+    memset(L.rec, 0, cap * sizeof(fp_lat_rec))
+    L.mask = cap - 1
+    L.count = 0
+    return 0
+
+
+cdef object _lat_snapshot(const fp_lat_ring *L):
+    cdef size_t n
+    cdef cnp.ndarray out = np.empty((L.mask + 1, FP_LAT_FIELDS), np.uint32)
+    cdef uint32_t *dst = <uint32_t *>cnp.PyArray_DATA(out)
+    with nogil:
+        n = fp_lat_snapshot(L, dst)
+    return out[:n]
+
+
+cdef class _LatRing:
+    """Test shim of the worker's latency records: a writer that can run in another thread
+    without the GIL, and the snapshot the monitor takes."""
+    cdef fp_lat_ring _L
+
+    def __cinit__(self, size_t cap):
+        self._L.rec = NULL
+        if cap == 0 or cap & (cap - 1):
+            raise ValueError("cap must be a power of two")
+        _lat_ring_alloc(&self._L, cap)
+
+    def write(self, uint64_t n):
+        """n records, tick k with every field = k (low 32 bits), GIL released."""
+        cdef uint32_t v[5]
+        cdef uint64_t i
+        cdef int j
+        with nogil:
+            for i in range(n):
+                for j in range(FP_LAT_FIELDS):
+                    v[j] = <uint32_t>self._L.count
+                fp_lat_put(&self._L, v)
+
+    def begin_only(self, uint32_t value):
+        """Start the next record and change its first field, as a writer stopped mid-record
+        leaves it."""
+        cdef fp_lat_rec *r
+        cdef uint64_t k
+        fp_lat_begin(&self._L, &r, &k)
+        (<uint32_t *>(<char *>r + 8))[0] = value
+
+    @property
+    def count(self):
+        return self._L.count
+
+    def snapshot(self):
+        return _lat_snapshot(&self._L)
+
+    def __dealloc__(self):
+        PyMem_Free(self._L.rec)
 
 
 cdef dict _header_stats(fp_seg_header *h):

@@ -478,3 +478,47 @@ def test_cli_serve_stops_cleanly_on_sigterm(tmp_path):
     assert p.returncode == 0
     assert f"stopped '{name}': 10 served, 0 errors" in out
     assert not os.path.exists(segment_path(name))
+
+
+def test_latency_snapshot_leaves_out_a_record_being_written():
+    """A monitor copying the records while the loop writes one must not return that one
+    half old, half new: a record is copied whole or left out."""
+    from fastpath._serve import _LatRing
+    ring = _LatRing(8)
+    ring.write(5)
+    ring.begin_only(999)          # the writer is inside record 5: its first field changed
+    snap = ring.snapshot()
+    assert snap.shape == (5, 5)
+    assert (snap == np.arange(5, dtype=np.uint32)[:, None]).all()
+    ring.write(20)                # lapped: only the last 8 ticks, oldest first
+    np.testing.assert_array_equal(ring.snapshot()[:, 0], np.arange(17, 25))
+
+
+def test_latency_snapshot_is_consistent_under_a_running_writer():
+    """Every field of tick k is k: a snapshot taken while another thread writes (GIL
+    released) holds no row that mixes two ticks, in tick order."""
+    import threading
+    from fastpath._serve import _LatRing
+    ring = _LatRing(64)
+    writer = threading.Thread(target=ring.write, args=(20_000_000,))
+    writer.start()
+    snaps = 0
+    with deadline(60):
+        while writer.is_alive() or snaps == 0:
+            s = ring.snapshot()
+            assert (s == s[:, :1]).all(), "a row mixes two ticks"
+            assert (np.diff(s[:, 0].astype(np.int64)) > 0).all()
+            snaps += 1
+        writer.join()
+    assert ring.count == 20_000_000 and snaps > 1
+
+
+def test_server_latency_records(model):
+    name = uname()
+    raws = ticks(50, model.feature_spec.raw_len)
+    with fastpath.serve(name, model, cfg()) as srv, fastpath.connect(name) as c:
+        got = [c.step(raws[i], i % 3, 1000 * (i + 1)) for i in range(50)]
+        lat = srv.latency_records()
+    assert lat.shape == (50, 5) and lat.dtype == np.uint32
+    np.testing.assert_array_equal(lat[:, 3], [r.latency.total_ns for r in got])
+    np.testing.assert_array_equal(lat[:, 4], [r.latency.wait_ns for r in got])

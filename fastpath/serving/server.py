@@ -83,6 +83,8 @@ class Server:
         return self._worker.stats()
 
     def latency_records(self):
+        """(n, 5) uint32 ns of the last ticks served, oldest first: feature, cache, infer,
+        total, wait (submit to pickup); each record whole (see fastpath._serve.Worker)."""
         return self._worker.latency_records()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -136,7 +138,7 @@ def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
              f"rejected {st['rejected_full']}"]
     if n:
         lat = srv.latency_records()[-n:]
-        for j, stage in enumerate(("feature", "cache", "infer", "total")):
+        for j, stage in enumerate(("feature", "cache", "infer", "total", "wait")):
             col = lat[:, j] if stage != "infer" else lat[lat[:, 2] > 0, 2]
             if len(col):
                 p50, p99 = np.percentile(col, [50, 99])
