@@ -52,6 +52,9 @@ cdef extern from "fp_ring.h" nogil:
         FP_RING_ERR_GONE
         FP_ON_FULL_SPIN
         FP_ON_FULL_REJECT
+        FP_SEG_HUGE_NONE
+        FP_SEG_HUGE_TLB
+        FP_SEG_HUGE_THP
         FP_SRV_ALIVE
         FP_SRV_GONE_STOPPED
         FP_SRV_GONE_DEAD
@@ -134,7 +137,9 @@ cdef extern from "fp_worker.h" nogil:
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void *addr, size_t length)
-    int PROT_READ, PROT_WRITE, MAP_SHARED
+    int madvise(void *addr, size_t length, int advice)
+    int mlock(const void *addr, size_t length)
+    int PROT_READ, PROT_WRITE, MAP_SHARED, MADV_HUGEPAGE
     void *MAP_FAILED
 
 cdef extern from *:
@@ -238,12 +243,14 @@ cdef class Worker:
     cdef fp_lat_ring _lat
     cdef readonly str name, path
     cdef readonly int raw_len, n_symbols
-    cdef readonly object model, config, replaced
+    cdef readonly object model, config, replaced, segment
     cdef list _keep
     cdef bint _running, _closed
 
-    def __cinit__(self, name, model, config, serve_cfg):
-        """model, config: what fastpath._build.resolve returned; serve_cfg: ServeConfig."""
+    def __cinit__(self, name, model, config, serve_cfg, memory_cfg=None):
+        """model, config: what fastpath._build.resolve returned; serve_cfg: ServeConfig;
+        memory_cfg: MemoryConfig (huge pages and mlock for the segment; None: defaults
+        without mlock)."""
         self._h = NULL
         self._e = NULL
         self._lat.rec = NULL
@@ -262,19 +269,23 @@ cdef class Worker:
         self._o.drain_timeout_ns = <int64_t>serve_cfg.drain_timeout_ms * 1000000
         _lat_ring_alloc(&self._lat, config.latency_records)
         self._o.lat = &self._lat
-        self._create(serve_cfg)
+        self._create(serve_cfg, memory_cfg)
 
     cdef object _check_existing(self, scfg):
         """None, or the pid of the crashed server whose segment is being replaced; a live
         server under the same name is a ServeError."""
         cdef fp_seg s
         b = self.name.encode()
+        from fastpath.serving.segment import remove
         rc = fp_seg_attach(b, &s)
         if rc == FP_RING_ERR_NOENT:
+            if os.path.islink(self.path):
+                remove(self.path)     # a link to a hugetlbfs file that is gone
+                return "dangling"
             return None
         if rc != FP_RING_OK:
             # not ours to judge (another version, a truncated file): a crashed run's leftovers
-            os.unlink(self.path)
+            remove(self.path)
             return "unreadable"
         pid = s.h.server_pid
         alive = fp_seg_server_check(s.h, fp_ring_now_ns(),
@@ -284,31 +295,45 @@ cdef class Worker:
         if alive:
             raise ServeError(f"{self.name!r} is already served by pid {pid} ({self.path}); stop "
                              f"it first or pick another name")
-        os.unlink(self.path)
+        remove(self.path)
         return pid
 
-    cdef _create(self, scfg):
+    cdef _create(self, scfg, memory_cfg):
+        from fastpath.serving import segment as seg
         cdef uint64_t size = fp_seg_bytes(self.raw_len, scfg.ring_slots, scfg.max_clients)
+        cdef size_t map_bytes
         cdef void *p
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, scfg.mode)
+        huge = memory_cfg.huge_pages if memory_cfg is not None else "auto"
+        fd, map_bytes, method, tried = seg.create(self.path, size, scfg.mode, huge)
         try:
-            os.fchmod(fd, scfg.mode)          # exactly the mode asked, whatever the umask
-            os.ftruncate(fd, size)
-            p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+            p = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
             if p == MAP_FAILED:
-                raise OSError(f"mmap of {size} bytes for {self.path} failed")
+                raise OSError(_errno(), f"mmap of {map_bytes} bytes for {self.path} failed: "
+                                        f"{os.strerror(_errno())}")
         except BaseException:
             os.close(fd)
-            os.unlink(self.path)
+            seg.remove(self.path)
             raise
         os.close(fd)
         self._h = <fp_seg_header *>p
-        self._size = size
+        self._size = map_bytes
+        if method == "thp" and madvise(p, map_bytes, MADV_HUGEPAGE) != 0:
+            tried[-1] = ["thp", f"madvise(MADV_HUGEPAGE): {os.strerror(_errno())}"]
+            tried.append(["normal", "ok"])
+            method = "normal"
         # pre-fault every page now, not on the first request that lands on it
-        memset(p, 0, size)
+        memset(p, 0, map_bytes)
         fp_seg_init(self._h, self.raw_len, self.n_symbols, scfg.ring_slots, scfg.max_clients,
                     os.getpid(), FP_ON_FULL_REJECT if scfg.on_full == "reject" else FP_ON_FULL_SPIN,
                     scfg.heartbeat_ms, scfg.dead_after_ms, scfg.stall_timeout_ms)
+        self._h.seg_flags = (FP_SEG_HUGE_TLB if method.startswith("hugetlb") else
+                             FP_SEG_HUGE_THP if method == "thp" else FP_SEG_HUGE_NONE)
+        from fastpath.control.memory import smaps_entry
+        self.segment = {"bytes": int(map_bytes), "asked": huge, "tried": tried,
+                        **seg.backing(smaps_entry(<size_t>p), method)}
+        if memory_cfg is not None and memory_cfg.mlock:
+            self.segment["mlock"] = "ok" if mlock(p, map_bytes) == 0 else \
+                f"{os.strerror(_errno())} (the segment may be paged out under memory pressure)"
 
     def set_placement(self, report: dict):
         """Publish the placement report (JSON) for clients; call before run()."""
@@ -371,10 +396,8 @@ cdef class Worker:
             fp_atomic_store_u32(&self._h.state, FP_SRV_STOPPED)
             munmap(self._h, self._size)
             self._h = NULL
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            from fastpath.serving.segment import remove
+            remove(self.path)
         if self._e != NULL:
             fp_engine_free(self._e)
             self._e = NULL
@@ -480,7 +503,9 @@ cdef dict _header_stats(fp_seg_header *h):
             "queue_depth": int(depth), "clients": clients,
             "heartbeat_age_ns": int(fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)),
             "server_pid": h.server_pid, "slots": h.slots, "on_full":
-                "reject" if h.on_full == FP_ON_FULL_REJECT else "spin"}
+                "reject" if h.on_full == FP_ON_FULL_REJECT else "spin",
+            "segment_pages": ("hugetlb" if h.seg_flags == FP_SEG_HUGE_TLB else
+                              "thp" if h.seg_flags == FP_SEG_HUGE_THP else "normal")}
 
 
 # --------------------------------------------------------------------------- client side

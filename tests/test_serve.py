@@ -522,3 +522,53 @@ def test_server_latency_records(model):
     assert lat.shape == (50, 5) and lat.dtype == np.uint32
     np.testing.assert_array_equal(lat[:, 3], [r.latency.total_ns for r in got])
     np.testing.assert_array_equal(lat[:, 4], [r.latency.wait_ns for r in got])
+
+
+def test_segment_backing_is_reported_with_the_reasons(model):
+    """What backs the segment is read back from smaps; each better backing not used says why
+    (on a host without a hugetlb pool or shmem THP that is every one of them)."""
+    name = uname()
+    with fastpath.serve(name, model, cfg()) as srv, fastpath.connect(name) as c:
+        seg = c.placement["segment"]
+        pages = srv.stats()["segment_pages"]
+    assert seg == srv.placement["segment"]
+    assert seg["tried"][-1] == [seg["method"], "ok"]
+    assert all(why and why != "ok" for _, why in seg["tried"][:-1])
+    assert seg["bytes"] >= os.sysconf("SC_PAGE_SIZE") and seg["kernel_page_kb"]
+    assert pages == {"hugetlb-2m": "hugetlb", "hugetlb-1g": "hugetlb", "thp": "thp",
+                     "normal": "normal"}[seg["method"]]
+    assert any(line.startswith("segment: ") for line in srv.placement["lines"])
+    with fastpath.serve(name, model, {**cfg(), "memory": {"huge_pages": "none"}}) as srv:
+        assert srv.placement["segment"]["tried"] == [["normal", "ok"]]
+
+
+def test_segment_in_a_hugetlbfs_mount_is_reached_through_the_usual_path(model, tmp_path,
+                                                                       monkeypatch):
+    """A hugetlbfs segment lives in the mount, with a symlink at /dev/shm/fastpath.<name>:
+    clients (Python and C alike) open the usual path; stop removes both; a link left by a
+    crash is replaced. The mount is stood in for by a directory: the report still says what
+    smaps saw (ordinary pages), not what was asked."""
+    from fastpath.serving import segment
+    monkeypatch.setattr(segment, "hugetlbfs_mounts", lambda: {segment.MB2: str(tmp_path)})
+    name = uname()
+    path = segment_path(name)
+    raw = ticks(1, model.feature_spec.raw_len)[0]
+    with fastpath.serve(name, model, cfg()) as srv:
+        assert os.path.islink(path)
+        real = os.path.realpath(path)
+        assert os.path.dirname(real) == str(tmp_path)
+        assert os.stat(real).st_size % segment.MB2 == 0
+        assert os.stat(real).st_mode & 0o777 == 0o600
+        seg = srv.placement["segment"]
+        assert seg["method"] == "hugetlb-2m" and seg["pages"] == "4K"
+        with fastpath.connect(name) as c:
+            r = c.step(raw, 2, 1000)
+            assert c.server_stats()["segment_pages"] == "hugetlb"
+        ref = fastpath.Engine(model, config=cfg()).step(raw, 2, 1000)
+        assert (r.signal, r.confidence) == (ref.signal, ref.confidence)
+    assert not os.path.lexists(path) and not os.path.exists(real)
+    # a crash leaves the link and the file: the next server replaces both
+    os.symlink(str(tmp_path / "gone"), path)
+    with fastpath.serve(name, model, cfg()) as srv:
+        assert srv.replaced == "dangling"
+    assert not os.path.lexists(path)

@@ -27,7 +27,7 @@ class Server:
         self.name = name
         self.config = rc
         self.serve_config = rc.source.serve
-        self._worker = Worker(name, m, rc, self.serve_config)
+        self._worker = Worker(name, m, rc, self.serve_config, rc.source.memory)
         self.replaced = self._worker.replaced
         self.placement: dict | None = None
         self.final_stats: dict | None = None
@@ -51,6 +51,9 @@ class Server:
     def _run(self) -> None:
         try:
             self.placement = self._place()
+            seg = self._worker.segment
+            self.placement["segment"] = seg
+            self.placement.setdefault("lines", []).append(segment_line(seg))
             self._worker.set_placement(self.placement)
         except BaseException as exc:      # reported by __init__, in the caller's thread
             self._error = exc
@@ -112,6 +115,17 @@ class Server:
         return f"Server(name={self.name!r}, state={state!r})"
 
 
+def segment_line(seg: dict) -> str:
+    """One line on what backs the segment and why not something better."""
+    refused = "; ".join(f"{m}: {why}" for m, why in seg["tried"] if why != "ok")
+    line = f"segment: {seg['bytes']} bytes on {seg['pages']} pages ({seg['method']})"
+    if refused:
+        line += f"; not used: {refused}"
+    if "mlock" in seg and seg["mlock"] != "ok":
+        line += f"; mlock: {seg['mlock']}"
+    return line
+
+
 def serve(name: str, model=None, config=None) -> Server:
     """Serve `model` (default: the demo model) under `name`: the C loop runs in a new thread
     of this process, GIL released, placed by config [placement]; clients connect with
@@ -164,7 +178,8 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
         try:
             print(f"serving {name!r} at {srv.path} (pid {__import__('os').getpid()}); "
                   f"SIGINT or SIGTERM stops it", file=out, flush=True)
-            for line in (srv.placement or {}).get("lines", []) or [srv.placement.get("why", "")]:
+            pl = srv.placement or {}
+            for line in ([pl["why"]] if "why" in pl else []) + pl.get("lines", []):
                 print(f"placement: {line}", file=out, flush=True)
             prev, t_prev = {}, time.monotonic()
             while not stop.wait(1.0 if stats else 0.2):
