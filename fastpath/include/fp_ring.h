@@ -22,7 +22,11 @@
  * millisecond even when idle; a client that sees it stale asks the kernel whether the
  * server pid still exists (or is a zombie), which turns a kill -9 into an error, never a hang.
  *
- * Segment layout (one file under /dev/shm, FP_SEG_PREFIX + name):
+ * The segment is one file, /dev/shm/fastpath.<name>; where the server got huge pages from a
+ * hugetlbfs mount that path is a symlink to the file in the mount (open() follows it), and
+ * the file may be longer than total_bytes (rounded up to the page size): map st_size.
+ *
+ * Segment layout (FP_SEG_PREFIX + name):
  *   fp_seg_header (FP_SEG_HEADER_BYTES, includes the client table and the placement report)
  *   then max_clients client regions, each: fp_ring_ctl (4 cache lines: req head, req tail,
  *   rep head, rep tail), `slots` request slots of req_slot_bytes, `slots` reply slots of 64 B.
@@ -51,8 +55,11 @@
 #endif
 /* Polls of a reply slot between two pause instructions. A pause costs ~25 ns on recent x86
  * (Zen 4/5, Skylake+ ~40 ns), longer than the poll it throttles: waiting on pause alone
- * adds half of that to every hand-off. Plain loads first, a pause now and then. */
+ * adds half of that to every hand-off. Plain loads first, a pause now and then. A C client
+ * may define its own count before including this header. */
+#ifndef FP_RING_SPIN_LOADS
 #define FP_RING_SPIN_LOADS 32
+#endif
 
 #define FP_SEG_MAGIC 0x31474e4952535046ULL /* "FPSRING1" little-endian */
 #define FP_SEG_VERSION 2u
