@@ -405,7 +405,8 @@ def test_placement_report_reaches_clients(model):
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 def test_c_client_round_trip(tmp_path):
     exe = tmp_path / "client"
-    subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{fastpath.get_include()}",
+    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
+                    f"-I{fastpath.get_include()}",
                     os.path.join(REPO, "tests", "c", "client.c"), "-o", str(exe)], check=True,
                    timeout=60)
     eng_cfg = cfg()
@@ -424,6 +425,17 @@ def test_c_client_round_trip(tmp_path):
     ref = local.step_batch(raws, syms, 1000 * (np.arange(n, dtype=np.int64) + 1))
     np.testing.assert_array_equal(got[:, 0], ref.signal)
     np.testing.assert_array_equal(got[:, 1], ref.confidence)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler (c++) on PATH")
+def test_ring_header_compiles_as_cpp(tmp_path):
+    """fp_ring.h is for C and C++ feed handlers alike."""
+    src = tmp_path / "h.cpp"
+    src.write_text('#include "fp_ring.h"\nint main() { fp_seg s; fp_client c; fp_rep r; '
+                   '(void)s; (void)c; (void)r; return 0; }\n')
+    subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-Werror",
+                    f"-I{fastpath.get_include()}", str(src), "-o", str(tmp_path / "h")],
+                   check=True, timeout=60)
 
 
 @pytest.mark.parametrize("key,value,match", [

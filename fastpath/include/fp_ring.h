@@ -34,6 +34,15 @@
 #ifndef FP_RING_H
 #define FP_RING_H
 
+/* clock_gettime, kill, O_CLOEXEC are POSIX 2008: a strict -std=c99/c11 build hides them
+ * unless asked (effective when this header comes before the system headers). Only there:
+ * in the GNU modes everything is visible, and defining it would hide the BSD/GNU names
+ * that the includer's own code may use. */
+#if defined(__STRICT_ANSI__) && !defined(__cplusplus) && !defined(_GNU_SOURCE) && \
+    !defined(_DEFAULT_SOURCE) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>

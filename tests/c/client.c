@@ -8,11 +8,11 @@
  *        COUNT timed ones (rows of IN in turn; COUNT defaults to N), write each round trip in ns
  * Exit status: 0, 2 usage, 3 cannot connect, 4 server gone, 5 an error reply.
  */
+#include "fp_ring.h"   /* first: it asks for POSIX 2008 under a strict -std */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "fp_ring.h"
 
 /* Round trips are timed with the TSC where there is one (~9 ns a read against ~22 ns for
  * clock_gettime, and the read sits inside the interval it measures), converted at the rate
