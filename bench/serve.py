@@ -10,6 +10,9 @@ Method (printed with the results):
   control plane to the last allowed core ([placement] core); the client (this thread, or the C
   client process) is pinned to another one. With fewer than 2 allowed cores both share one and
   the figures say so.
+- "request hand-off" = the reply's wait_ns: from the client's TSC stamp at submit to the
+  worker picking the request up (the rest of a round trip is the worker's step, the reply's
+  way back and the client's own work).
 - "from Python" = time.perf_counter_ns() around one client.step() (submit, spin for the
   reply), minus the median cost of an empty timed region; "in-process step" = the same around
   Engine.step() on the same ticks, same model, same config. "from C" = the TSC (lfence;
@@ -211,6 +214,8 @@ def main(argv=None) -> int:
                                                           overhead))
             lat = srv.latency_records()[-calls:]
             out["worker_in_c_total_ns"] = pct(lat[:, 3])
+            # submit (the client's TSC stamp) to the worker picking the request up
+            out["request_handoff_python_ns"] = pct(lat[:, 4])
         cc = shutil.which("cc")
         with tempfile.TemporaryDirectory() as tmp:
             if cc:
@@ -223,6 +228,9 @@ def main(argv=None) -> int:
                                 os.path.join(tmp, "rt.i64"), str(calls), str(POOL)], check=True,
                                preexec_fn=lambda: os.sched_setaffinity(0, {client_core}))
                 out["round_trip_c_ns"] = pct(np.fromfile(os.path.join(tmp, "rt.i64"), np.int64))
+                lat = srv.latency_records()[-calls:]
+                out["worker_in_c_total_c_run_ns"] = pct(lat[:, 3])
+                out["request_handoff_c_ns"] = pct(lat[:, 4])
             else:
                 out["round_trip_c_ns"] = None
                 print("no cc on PATH: the C client row is skipped")
@@ -233,8 +241,11 @@ def main(argv=None) -> int:
 
     rows = [("in-process Engine.step()", out["in_process_step_ns"]),
             ("round trip from Python", out["round_trip_python_ns"]),
+            ("  request hand-off", out["request_handoff_python_ns"]),
+            ("  worker fp_step in C", out["worker_in_c_total_ns"]),
             ("round trip from C", out["round_trip_c_ns"]),
-            ("  worker fp_step in C", out["worker_in_c_total_ns"])]
+            ("  request hand-off", out.get("request_handoff_c_ns")),
+            ("  worker fp_step in C", out.get("worker_in_c_total_c_run_ns"))]
     print(f"{'':28s} {'p50 ns':>9s} {'p90 ns':>9s} {'p99 ns':>9s} {'p99.9 ns':>9s}")
     for label, r in rows:
         if r:
