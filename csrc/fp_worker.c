@@ -87,9 +87,6 @@ static inline const fp_req *published(const fp_seg_header *h, fp_ring_ctl *ctl, 
     return FP_LOAD_ACQ(&q->seq) == tail + 1 ? q : NULL;
 }
 
-/* Serve what client i has published, at most `budget` requests (so one busy client cannot
- * starve the others); returns how many were served. Stops early when the client's reply
- * ring is full: it has not taken its replies, and its requests wait in its own ring. */
 static inline uint32_t sat32(int64_t v) {
     return v <= 0 ? 0u : v >= (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)v;
 }
@@ -116,6 +113,9 @@ size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
     return n;
 }
 
+/* Serve what client i has published, at most `budget` requests (so one busy client cannot
+ * starve the others); returns how many were served. Stops early when the client's reply
+ * ring is full: it has not taken its replies, and its requests wait in its own ring. */
 static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget, fp_lat_ring *lat) {
     fp_ring_ctl *ctl = fp_seg_ctl(h, i);
     uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);

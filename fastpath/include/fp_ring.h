@@ -16,7 +16,7 @@
  * its own line) still count what was published and consumed, for flow control (read only
  * when a ring looks full), the drain on stop and the queue depth in the stats.
  * The submit time is a TSC reading where the worker's clock is the TSC (sent_clock), a
- * third of the cost of clock_gettime on the client's critical path.
+ * read costing under half of a clock_gettime on the client's critical path.
  *
  * The worker proves it is alive by a heartbeat it stores about every
  * millisecond even when idle; a client that sees it stale asks the kernel whether the
