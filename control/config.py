@@ -51,6 +51,7 @@ _SERVE_KEYS = {
     "heartbeat_ms": (int, 1, 1000, None),
     "dead_after_ms": (int, 2, 60_000, None),
     "drain_timeout_ms": (int, 0, 60_000, None),
+    "stall_timeout_ms": (int, 2, 3_600_000, None),
     "place": (bool, None, None, None),
 }
 _MEMORY_KEYS = {
@@ -122,6 +123,9 @@ class ServeConfig:
     heartbeat_ms: int = 1
     dead_after_ms: int = 50          # a heartbeat older than this makes clients check the pid
     drain_timeout_ms: int = 1000     # how long a stop waits for clients to take their answers
+    # a live server pid whose loop has not beaten for this long is reported gone to clients
+    # (stopped by a signal, a debugger); connect(stall_timeout=) overrides it per client
+    stall_timeout_ms: int = 2000
     place: bool = True               # place the worker thread with [placement]
 
     def __post_init__(self) -> None:
@@ -136,6 +140,10 @@ class ServeConfig:
             raise ConfigError(f"serve.dead_after_ms ({self.dead_after_ms}) must exceed "
                               f"serve.heartbeat_ms ({self.heartbeat_ms}): clients would call a "
                               f"healthy worker dead between two beats")
+        if self.stall_timeout_ms <= self.dead_after_ms:
+            raise ConfigError(f"serve.stall_timeout_ms ({self.stall_timeout_ms}) must exceed "
+                              f"serve.dead_after_ms ({self.dead_after_ms}): a loop is only "
+                              f"judged stalled once its heartbeat is older than dead_after_ms")
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,16 @@
 
 #include <sched.h>
 
+/* idle polls without a pause after the last request (a few us at ~10 ns a poll) */
+#define FP_WORKER_HOT_POLLS 256
+
 _Static_assert((int)FP_REP_ERR_SYMBOL == (int)FP_ERR_SYMBOL, "reply codes mirror the engine's");
 _Static_assert((int)FP_REP_ERR_NONFINITE_INPUT == (int)FP_ERR_NONFINITE_INPUT, "reply codes");
 _Static_assert((int)FP_REP_ERR_TIME_BACKWARDS == (int)FP_ERR_TIME_BACKWARDS, "reply codes");
 _Static_assert((int)FP_REP_ERR_NONFINITE_OUTPUT == (int)FP_ERR_NONFINITE_OUTPUT, "reply codes");
 _Static_assert((int)FP_REP_ERR_NONFINITE_FEATURE == (int)FP_ERR_NONFINITE_FEATURE, "reply codes");
 _Static_assert(sizeof(fp_rep) == 64, "a reply is one cache line");
+_Static_assert(sizeof(fp_req) == 64, "a request's header is one line, its raw values start on the next");
 _Static_assert(sizeof(fp_seg_header) <= FP_SEG_HEADER_BYTES, "header fits its reserved bytes");
 
 uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients) {
@@ -17,7 +21,7 @@ uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients) {
 
 void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                  uint32_t max_clients, int32_t server_pid, uint32_t on_full,
-                 uint32_t heartbeat_ms, uint32_t dead_after_ms) {
+                 uint32_t heartbeat_ms, uint32_t dead_after_ms, uint32_t stall_ms) {
     h->version = FP_SEG_VERSION;
     h->header_bytes = FP_SEG_HEADER_BYTES;
     h->raw_len = raw_len;
@@ -32,6 +36,10 @@ void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_
     h->on_full = on_full;
     h->heartbeat_ms = heartbeat_ms;
     h->dead_after_ms = dead_after_ms;
+    h->stall_ms = stall_ms;
+    /* clients stamp requests with the TSC when the engine clock is the TSC: wait_ns is then a
+     * tick difference converted at the calibrated rate (the TSC is invariant and shared) */
+    h->sent_clock = fp_clock.use_tsc ? FP_CLOCK_TSC : FP_CLOCK_MONO;
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)fp_ring_now_ns());
     FP_STORE_REL(&h->state, FP_SRV_STARTING);
     /* magic last: a client attaching mid-init sees no segment rather than half a header */
@@ -40,7 +48,13 @@ void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_
 
 static void free_slot(fp_seg_header *h, int i) {
     fp_ring_ctl *ctl = fp_seg_ctl(h, i);
-    /* the owner is gone: what it left in its rings is dropped with it */
+    /* the owner is gone: what it left in its rings is dropped with it. A slot's seq is how a
+     * waiting party knows it was written (position + 1): the next owner starts at position 0
+     * again, so every old seq is cleared or it would read as a fresh request or reply */
+    for (uint64_t k = 0; k < h->slots; k++) {
+        FP_STORE_REL(&fp_seg_req(h, ctl, k)->seq, 0);
+        FP_STORE_REL(&fp_seg_rep(h, ctl, k)->seq, 0);
+    }
     FP_STORE_REL(&ctl->req_head.v, 0);
     FP_STORE_REL(&ctl->req_tail.v, 0);
     FP_STORE_REL(&ctl->rep_head.v, 0);
@@ -66,29 +80,66 @@ int fp_worker_reap(fp_seg_header *h) {
     return n;
 }
 
+/* A request published at position `tail` of this ring, or NULL: the worker polls the slot's
+ * header line, the line the client writes last. */
+static inline const fp_req *published(const fp_seg_header *h, fp_ring_ctl *ctl, uint64_t tail) {
+    const fp_req *q = fp_seg_req(h, ctl, tail);
+    return FP_LOAD_ACQ(&q->seq) == tail + 1 ? q : NULL;
+}
+
+static inline uint32_t sat32(int64_t v) {
+    return v <= 0 ? 0u : v >= (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+}
+
+size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
+    const uint64_t end = __atomic_load_n(&L->count, __ATOMIC_ACQUIRE);
+    const uint64_t cap = L->mask + 1;
+    size_t n = 0;
+    for (uint64_t k = end > cap ? end - cap : 0; k < end; k++) {
+        const fp_lat_rec *r = &L->rec[k & L->mask];
+        const uint64_t want = 2 * k + 2;
+        if (__atomic_load_n(&r->stamp, __ATOMIC_ACQUIRE) != want)
+            continue;                       /* already overwritten by a later tick */
+        uint32_t v[FP_LAT_FIELDS];
+        for (int j = 0; j < FP_LAT_FIELDS; j++)
+            v[j] = __atomic_load_n(&r->v[j], __ATOMIC_RELAXED);
+        /* the field loads complete before the stamp is read again */
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&r->stamp, __ATOMIC_RELAXED) != want)
+            continue;                       /* overwritten during the copy */
+        memcpy(out + n * FP_LAT_FIELDS, v, sizeof v);
+        n++;
+    }
+    return n;
+}
+
 /* Serve what client i has published, at most `budget` requests (so one busy client cannot
  * starve the others); returns how many were served. Stops early when the client's reply
  * ring is full: it has not taken its replies, and its requests wait in its own ring. */
-static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget) {
+static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget, fp_lat_ring *lat) {
     fp_ring_ctl *ctl = fp_seg_ctl(h, i);
-    uint64_t head = FP_LOAD_ACQ(&ctl->req_head.v);
     uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
-    if (head == tail)
+    const fp_req *q = published(h, ctl, tail);
+    if (!q)
         return 0;
     uint64_t rep_head = FP_LOAD_RLX(&ctl->rep_head.v);
     uint64_t rep_tail = FP_LOAD_ACQ(&ctl->rep_tail.v);
+    const uint32_t raw_lines = (h->raw_len * 4u + 63u) / 64u;
     int n = 0;
     uint64_t errors = 0;
     int64_t busy = 0;
-    while (tail != head && n < budget) {
+    while (q && n < budget) {
         if (rep_head - rep_tail >= h->slots) {
             rep_tail = FP_LOAD_ACQ(&ctl->rep_tail.v);
             if (rep_head - rep_tail >= h->slots)
                 break;
         }
-        const fp_req *q = fp_seg_req(h, ctl, tail);
+        /* every raw line at once, before the first load of the z-score stalls on line 0 */
+        for (uint32_t k = 0; k < raw_lines; k++)
+            __builtin_prefetch((const char *)q->raw + 64u * k, 0, 3);
         fp_rep *r = fp_seg_rep(h, ctl, rep_head);
-        int64_t t0 = fp_ring_now_ns();
+        const uint64_t t0 = fp_ticks();
+        const uint64_t seq = q->seq;
         fp_result res;
         int rc;
         /* the client validated these; the worker still refuses what would corrupt it */
@@ -98,9 +149,10 @@ static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget) {
             rc = FP_REP_ERR_BAD_REQUEST;
         else
             rc = fp_step(e, q->raw, q->symbol, q->ts_ns, &res);
-        r->seq = q->seq;
+        /* sent is in the unit fp_seg_init announced: TSC ticks with a TSC engine clock */
+        r->wait_ns = fp_clock.use_tsc ? fp_ticks_to_ns(t0 - (uint64_t)q->sent)
+                                      : ((int64_t)t0 - q->sent > 0 ? (int64_t)t0 - q->sent : 0);
         r->err = rc;
-        r->wait_ns = t0 - q->sent_ns > 0 ? t0 - q->sent_ns : 0;
         if (rc == FP_OK) {
             r->signal = res.signal;
             r->confidence = res.confidence;
@@ -111,40 +163,57 @@ static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget) {
             r->infer_ns = res.infer_ns;
             r->total_ns = res.total_ns;
             busy += res.total_ns;
+            if (lat) {
+                const uint32_t v[FP_LAT_FIELDS] = {sat32(res.feature_ns), sat32(res.cache_ns),
+                                                   sat32(res.infer_ns), sat32(res.total_ns),
+                                                   sat32(r->wait_ns)};
+                fp_lat_put(lat, v);
+            }
         } else {
             r->signal = r->confidence = 0.0f;
             r->cached = r->reason = 0;
             r->feature_ns = r->cache_ns = r->infer_ns = r->total_ns = 0;
             errors++;
         }
+        /* the client spins on this line: seq last, with release, publishes the whole reply */
+        FP_STORE_REL(&r->seq, seq);
         tail++;
         rep_head++;
         n++;
-        /* publish each reply at once: the client is spinning on it */
+        /* the request slot may be reused from here on (the client reads req_tail only when
+         * its ring looks full) */
         FP_STORE_REL(&ctl->req_tail.v, tail);
         FP_STORE_REL(&ctl->rep_head.v, rep_head);
+        q = published(h, ctl, tail);
     }
     if (n) {
-        h->clients[i].served += (uint64_t)n;
-        __atomic_add_fetch(&h->served, (uint64_t)n, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&h->busy_ns, (uint64_t)busy, __ATOMIC_RELAXED);
+        /* single writer: plain stores, no locked add on the loop's path */
+        fp_client_entry *ce = &h->clients[i];
+        __atomic_store_n(&ce->served, ce->served + (uint64_t)n, __ATOMIC_RELAXED);
+        __atomic_store_n(&h->served, h->served + (uint64_t)n, __ATOMIC_RELAXED);
+        __atomic_store_n(&h->busy_ns, h->busy_ns + (uint64_t)busy, __ATOMIC_RELAXED);
         if (errors)
-            __atomic_add_fetch(&h->errors, errors, __ATOMIC_RELAXED);
+            __atomic_store_n(&h->errors, h->errors + errors, __ATOMIC_RELAXED);
     }
     return n;
 }
 
-static int serve_all(fp_seg_header *h, fp_engine *e, int budget) {
+static int serve_all(fp_seg_header *h, fp_engine *e, int budget, fp_lat_ring *lat) {
     int n = 0;
     for (uint32_t i = 0; i < h->max_clients; i++)
         if (FP_LOAD_ACQ(&h->clients[i].state) == FP_CL_ACTIVE)
-            n += serve_client(h, e, (int)i, budget);
+            n += serve_client(h, e, (int)i, budget, lat);
     return n;
 }
 
-static void idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now) {
+static void idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
+                      uint64_t idle_run) {
     if (o->idle == FP_IDLE_SPIN || now - idle_since < o->idle_spin_ns) {
-        FP_RING_PAUSE();
+        /* right after work, poll with plain loads: the next request of a client in a
+         * request/reply loop comes within a few hundred ns, and a pause (~25 ns) per poll
+         * would add half of itself to each hand-off. Then throttle with pause. */
+        if (idle_run > FP_WORKER_HOT_POLLS)
+            FP_RING_PAUSE();
         return;
     }
     if (o->idle == FP_IDLE_YIELD) {
@@ -158,24 +227,22 @@ static void idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now) 
 void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
     const int64_t beat_ns = (int64_t)h->heartbeat_ms * 1000000LL;
     int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
-    int idle = 0;
-    uint64_t idle_polls = 0, loops = 0;
+    uint64_t idle_run = 0, idle_polls = 0, loops = 0;
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
     FP_STORE_REL(&h->state, FP_SRV_RUNNING);
     for (;;) {
-        int n = serve_all(h, e, 64);
+        int n = serve_all(h, e, 64, o->lat);
         loops++;
-        /* the clock is read when idle and every 64 busy rounds, not per request */
-        if (n == 0 || (loops & 63) == 0)
+        /* clock_gettime costs about a poll's worth of time: read it every 64 rounds, busy or
+         * idle (a round is well under 1 us, the heartbeat is 1 ms) */
+        if ((loops & 63) == 0)
             now = fp_ring_now_ns();
         if (n) {
-            idle = 0;
+            idle_run = 0;
         } else {
             idle_polls++;
-            if (!idle) {
-                idle = 1;
+            if (idle_run++ == 0)
                 idle_since = now;
-            }
         }
         if (now - last_beat >= beat_ns) {
             last_beat = now;
@@ -187,14 +254,14 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
                 break;
         }
         if (n == 0)
-            idle_wait(o, idle_since, now);
+            idle_wait(o, idle_since, now, idle_run);
     }
     /* stop: refuse new submissions, then answer what was accepted. A client that stops taking
      * its replies holds its own requests back; drain_timeout_ns bounds the wait for it. */
     FP_STORE_REL(&h->state, FP_SRV_STOPPING);
     int64_t until = fp_ring_now_ns() + o->drain_timeout_ns;
     for (;;) {
-        int n = serve_all(h, e, 1 << 30);
+        int n = serve_all(h, e, 1 << 30, o->lat);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {
             last_beat = now;
@@ -206,7 +273,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
             if (FP_LOAD_ACQ(&h->clients[i].state) != FP_CL_ACTIVE)
                 continue;
             fp_ring_ctl *ctl = fp_seg_ctl(h, (int)i);
-            if (FP_LOAD_ACQ(&ctl->req_head.v) != FP_LOAD_RLX(&ctl->req_tail.v))
+            if (published(h, ctl, FP_LOAD_RLX(&ctl->req_tail.v)))
                 pending = 1;
         }
         if (!pending || now > until)

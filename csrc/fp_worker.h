@@ -15,11 +15,58 @@
 
 enum { FP_IDLE_SPIN = 0, FP_IDLE_YIELD = 1, FP_IDLE_SLEEP = 2 };
 
+/* Latency records of served ticks, read by a monitor (`fastpath serve --stats`) while the
+ * loop writes them. A per-record seqlock: the stamp is 2k+1 while the record of tick k is
+ * written and 2k+2 once it is complete, so a reader keeps a record only when the stamp it
+ * saw before and after the copy is the one tick k must have: a record half written, or
+ * overwritten by a later tick during the copy, is left out instead of mixing two ticks. */
+enum { FP_LAT_FEATURE, FP_LAT_CACHE, FP_LAT_INFER, FP_LAT_TOTAL, FP_LAT_WAIT, FP_LAT_FIELDS };
+typedef struct {
+    uint64_t stamp;
+    uint32_t v[FP_LAT_FIELDS];  /* ns, saturated to 32 bits */
+    uint32_t _pad;
+} fp_lat_rec;
+
+typedef struct {
+    fp_lat_rec *rec;            /* mask + 1 records */
+    uint64_t mask;
+    uint64_t count;             /* records completed; written by the one writer */
+} fp_lat_ring;
+
+static inline void fp_lat_begin(fp_lat_ring *L, fp_lat_rec **r, uint64_t *k) {
+    *k = L->count;
+    *r = &L->rec[*k & L->mask];
+    __atomic_store_n(&(*r)->stamp, 2 * *k + 1, __ATOMIC_RELAXED);
+    /* the odd stamp is visible before any field changes */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static inline void fp_lat_end(fp_lat_ring *L, fp_lat_rec *r, uint64_t k) {
+    __atomic_store_n(&r->stamp, 2 * k + 2, __ATOMIC_RELEASE);
+    __atomic_store_n(&L->count, k + 1, __ATOMIC_RELEASE);
+}
+
+/* One record (the writer alone calls this). */
+static inline void fp_lat_put(fp_lat_ring *L, const uint32_t v[FP_LAT_FIELDS]) {
+    fp_lat_rec *r;
+    uint64_t k;
+    fp_lat_begin(L, &r, &k);
+    for (int j = 0; j < FP_LAT_FIELDS; j++)
+        __atomic_store_n(&r->v[j], v[j], __ATOMIC_RELAXED);
+    fp_lat_end(L, r, k);
+}
+
+/* Copy the complete records of the last mask + 1 ticks, oldest first, FP_LAT_FIELDS values
+ * each, into out (room for (mask + 1) * FP_LAT_FIELDS); returns how many. Any thread, any
+ * time, never blocks the writer. */
+size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out);
+
 typedef struct {
     int idle;                  /* FP_IDLE_* once idle_spin_ns of idleness has passed */
     int64_t idle_spin_ns;
     int64_t idle_sleep_ns;
     int64_t drain_timeout_ns;  /* how long a stop waits for clients to take their replies */
+    fp_lat_ring *lat;          /* records of served ticks, or NULL */
 } fp_worker_opts;
 
 /* Sizes of a segment for these parameters (header + client regions). */
@@ -27,7 +74,7 @@ uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients);
 /* Fill a zeroed segment's header (state STARTING); the caller mapped total_bytes. */
 void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                  uint32_t max_clients, int32_t server_pid, uint32_t on_full,
-                 uint32_t heartbeat_ms, uint32_t dead_after_ms);
+                 uint32_t heartbeat_ms, uint32_t dead_after_ms, uint32_t stall_ms);
 /* Run until h->stop is set, then drain what clients had published and return with
  * state STOPPED. One thread only; e is stepped by nobody else meanwhile. */
 void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o);

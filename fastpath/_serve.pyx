@@ -52,6 +52,9 @@ cdef extern from "fp_ring.h" nogil:
         FP_RING_ERR_GONE
         FP_ON_FULL_SPIN
         FP_ON_FULL_REJECT
+        FP_SEG_HUGE_NONE
+        FP_SEG_HUGE_TLB
+        FP_SEG_HUGE_THP
         FP_SRV_ALIVE
         FP_SRV_GONE_STOPPED
         FP_SRV_GONE_DEAD
@@ -72,7 +75,7 @@ cdef extern from "fp_ring.h" nogil:
         uint32_t req_slot_bytes, rep_slot_bytes
         uint64_t client_region_bytes, total_bytes
         int32_t server_pid
-        uint32_t on_full, heartbeat_ms, dead_after_ms
+        uint32_t on_full, heartbeat_ms, dead_after_ms, sent_clock, seg_flags, stall_ms
         uint64_t heartbeat_ns
         uint32_t state, stop
         uint64_t served, errors, idle_polls, clients_reaped, loops, busy_ns, rejected_full
@@ -99,6 +102,7 @@ cdef extern from "fp_ring.h" nogil:
     int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol, int64_t ts_ns,
                              uint64_t *seq)
     int fp_client_poll(fp_client *c, fp_rep *out)
+    int fp_client_poll_spin(fp_client *c, fp_rep *out)
     uint64_t fp_client_outstanding(const fp_client *c)
     void fp_client_close(fp_client *c)
     void FP_RING_PAUSE()
@@ -108,20 +112,34 @@ cdef extern from "fp_worker.h" nogil:
         FP_IDLE_SPIN
         FP_IDLE_YIELD
         FP_IDLE_SLEEP
+    enum:
+        FP_LAT_FIELDS
+    ctypedef struct fp_lat_rec:
+        uint64_t stamp
+    ctypedef struct fp_lat_ring:
+        fp_lat_rec *rec
+        uint64_t mask, count
+    void fp_lat_begin(fp_lat_ring *L, fp_lat_rec **r, uint64_t *k)
+    void fp_lat_end(fp_lat_ring *L, fp_lat_rec *r, uint64_t k)
+    void fp_lat_put(fp_lat_ring *L, const uint32_t *v)
+    size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out)
     ctypedef struct fp_worker_opts:
         int idle
         int64_t idle_spin_ns, idle_sleep_ns, drain_timeout_ns
+        fp_lat_ring *lat
     uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients)
     void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                      uint32_t max_clients, int32_t server_pid, uint32_t on_full,
-                     uint32_t heartbeat_ms, uint32_t dead_after_ms)
+                     uint32_t heartbeat_ms, uint32_t dead_after_ms, uint32_t stall_ms)
     void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o)
     int fp_worker_reap(fp_seg_header *h)
 
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void *addr, size_t length)
-    int PROT_READ, PROT_WRITE, MAP_SHARED
+    int madvise(void *addr, size_t length, int advice)
+    int mlock(const void *addr, size_t length)
+    int PROT_READ, PROT_WRITE, MAP_SHARED, MADV_HUGEPAGE
     void *MAP_FAILED
 
 cdef extern from *:
@@ -130,10 +148,6 @@ cdef extern from *:
     static inline uint32_t fp_atomic_load_u32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline uint64_t fp_atomic_load_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void fp_atomic_add_u64(uint64_t *p, uint64_t v) { __atomic_add_fetch(p, v, __ATOMIC_RELAXED); }
-    /* the worker writes latency records while a monitor copies them: word by word, relaxed */
-    static inline void fp_copy_lat(const uint32_t *src, uint32_t *dst, size_t n) {
-        for (size_t i = 0; i < n; i++) dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
-    }
     /* index of the first NaN/Inf (exponent bits all ones), or -1: no libm call, no FP compare */
     static inline int fp_first_nonfinite(const float *x, int n) {
         const uint32_t *u = (const uint32_t *)x;
@@ -150,7 +164,6 @@ cdef extern from *:
     uint32_t fp_atomic_load_u32(const uint32_t *p) nogil
     uint64_t fp_atomic_load_u64(const uint64_t *p) nogil
     void fp_atomic_add_u64(uint64_t *p, uint64_t v) nogil
-    void fp_copy_lat(const uint32_t *src, uint32_t *dst, size_t n) nogil
     int fp_first_nonfinite(const float *x, int n) nogil
 
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
@@ -158,8 +171,6 @@ _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
 _ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
 _POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
 _IDLE = {"spin": FP_IDLE_SPIN, "yield": FP_IDLE_YIELD, "sleep": FP_IDLE_SLEEP}
-# a live server pid whose loop has not beaten for this long is reported gone (SIGSTOP, debugger)
-STALL_NS = 2_000_000_000
 
 
 def segment_path(name):
@@ -229,16 +240,20 @@ cdef class Worker:
     cdef size_t _size
     cdef fp_engine *_e
     cdef fp_worker_opts _o
+    cdef fp_lat_ring _lat
     cdef readonly str name, path
     cdef readonly int raw_len, n_symbols
-    cdef readonly object model, config, replaced
+    cdef readonly object model, config, replaced, segment
     cdef list _keep
     cdef bint _running, _closed
 
-    def __cinit__(self, name, model, config, serve_cfg):
-        """model, config: what fastpath._build.resolve returned; serve_cfg: ServeConfig."""
+    def __cinit__(self, name, model, config, serve_cfg, memory_cfg=None):
+        """model, config: what fastpath._build.resolve returned; serve_cfg: ServeConfig;
+        memory_cfg: MemoryConfig (huge pages and mlock for the segment; None: defaults
+        without mlock)."""
         self._h = NULL
         self._e = NULL
+        self._lat.rec = NULL
         self._keep = []
         self.name = name
         self.path = segment_path(name)
@@ -252,52 +267,73 @@ cdef class Worker:
         self._o.idle_spin_ns = serve_cfg.idle_spin_ns
         self._o.idle_sleep_ns = serve_cfg.idle_sleep_ns
         self._o.drain_timeout_ns = <int64_t>serve_cfg.drain_timeout_ms * 1000000
-        self._create(serve_cfg)
+        _lat_ring_alloc(&self._lat, config.latency_records)
+        self._o.lat = &self._lat
+        self._create(serve_cfg, memory_cfg)
 
     cdef object _check_existing(self, scfg):
         """None, or the pid of the crashed server whose segment is being replaced; a live
         server under the same name is a ServeError."""
         cdef fp_seg s
         b = self.name.encode()
+        from fastpath.serving.segment import remove
         rc = fp_seg_attach(b, &s)
         if rc == FP_RING_ERR_NOENT:
+            if os.path.islink(self.path):
+                remove(self.path)     # a link to a hugetlbfs file that is gone
+                return "dangling"
             return None
         if rc != FP_RING_OK:
             # not ours to judge (another version, a truncated file): a crashed run's leftovers
-            os.unlink(self.path)
+            remove(self.path)
             return "unreadable"
         pid = s.h.server_pid
-        alive = fp_seg_server_check(s.h, fp_ring_now_ns(), STALL_NS) == FP_SRV_ALIVE \
+        alive = fp_seg_server_check(s.h, fp_ring_now_ns(),
+                                    <int64_t>scfg.stall_timeout_ms * 1000000) == FP_SRV_ALIVE \
             and not fp_ring_pid_dead(pid)
         fp_seg_detach(&s)
         if alive:
             raise ServeError(f"{self.name!r} is already served by pid {pid} ({self.path}); stop "
                              f"it first or pick another name")
-        os.unlink(self.path)
+        remove(self.path)
         return pid
 
-    cdef _create(self, scfg):
+    cdef _create(self, scfg, memory_cfg):
+        from fastpath.serving import segment as seg
         cdef uint64_t size = fp_seg_bytes(self.raw_len, scfg.ring_slots, scfg.max_clients)
+        cdef size_t map_bytes
         cdef void *p
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, scfg.mode)
+        huge = memory_cfg.huge_pages if memory_cfg is not None else "auto"
+        fd, map_bytes, method, tried = seg.create(self.path, size, scfg.mode, huge)
         try:
-            os.fchmod(fd, scfg.mode)          # exactly the mode asked, whatever the umask
-            os.ftruncate(fd, size)
-            p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+            p = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
             if p == MAP_FAILED:
-                raise OSError(f"mmap of {size} bytes for {self.path} failed")
+                raise OSError(_errno(), f"mmap of {map_bytes} bytes for {self.path} failed: "
+                                        f"{os.strerror(_errno())}")
         except BaseException:
             os.close(fd)
-            os.unlink(self.path)
+            seg.remove(self.path)
             raise
         os.close(fd)
         self._h = <fp_seg_header *>p
-        self._size = size
+        self._size = map_bytes
+        if method == "thp" and madvise(p, map_bytes, MADV_HUGEPAGE) != 0:
+            tried[-1] = ["thp", f"madvise(MADV_HUGEPAGE): {os.strerror(_errno())}"]
+            tried.append(["normal", "ok"])
+            method = "normal"
         # pre-fault every page now, not on the first request that lands on it
-        memset(p, 0, size)
+        memset(p, 0, map_bytes)
         fp_seg_init(self._h, self.raw_len, self.n_symbols, scfg.ring_slots, scfg.max_clients,
                     os.getpid(), FP_ON_FULL_REJECT if scfg.on_full == "reject" else FP_ON_FULL_SPIN,
-                    scfg.heartbeat_ms, scfg.dead_after_ms)
+                    scfg.heartbeat_ms, scfg.dead_after_ms, scfg.stall_timeout_ms)
+        self._h.seg_flags = (FP_SEG_HUGE_TLB if method.startswith("hugetlb") else
+                             FP_SEG_HUGE_THP if method == "thp" else FP_SEG_HUGE_NONE)
+        from fastpath.control.memory import smaps_entry
+        self.segment = {"bytes": int(map_bytes), "asked": huge, "tried": tried,
+                        **seg.backing(smaps_entry(<size_t>p), method)}
+        if memory_cfg is not None and memory_cfg.mlock:
+            self.segment["mlock"] = "ok" if mlock(p, map_bytes) == 0 else \
+                f"{os.strerror(_errno())} (the segment may be paged out under memory pressure)"
 
     def set_placement(self, report: dict):
         """Publish the placement report (JSON) for clients; call before run()."""
@@ -344,19 +380,12 @@ cdef class Worker:
         return _header_stats(self._h)
 
     def latency_records(self):
-        """(n, 4) uint32 in-C ns of the last ticks served (feature, cache, infer, total),
-        oldest first, copied while the loop runs: a record being written may mix two ticks."""
-        if self._e == NULL:
+        """(n, 5) uint32 ns of the last ticks served, oldest first: feature, cache, infer,
+        total (in C, as Result.latency) and wait (submit to pickup). Copied while the loop
+        runs, each record whole: one being written or overwritten meanwhile is left out."""
+        if self._lat.rec == NULL:
             raise ServeError(f"server {self.name!r} is closed")
-        cdef size_t cap = self._e.lat_mask + 1
-        cdef uint64_t ticks = fp_atomic_load_u64(&self._e.ticks)
-        cdef size_t n = min(<size_t>ticks, cap)
-        lat = np.empty((cap, 4), np.uint32)
-        fp_copy_lat(<const uint32_t *>self._e.lat, <uint32_t *>cnp.PyArray_DATA(lat), cap * 4)
-        if ticks <= cap:
-            return lat[:n]
-        start = ticks % cap
-        return np.vstack([lat[start:], lat[:start]])
+        return _lat_snapshot(&self._lat)
 
     def close(self):
         """Unmap and remove the segment, free the engine (the loop must have returned)."""
@@ -367,13 +396,13 @@ cdef class Worker:
             fp_atomic_store_u32(&self._h.state, FP_SRV_STOPPED)
             munmap(self._h, self._size)
             self._h = NULL
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            from fastpath.serving.segment import remove
+            remove(self.path)
         if self._e != NULL:
             fp_engine_free(self._e)
             self._e = NULL
+        PyMem_Free(self._lat.rec)
+        self._lat.rec = NULL
 
     def __dealloc__(self):
         if self._h != NULL and not self._running:
@@ -383,6 +412,69 @@ cdef class Worker:
         if self._e != NULL and not self._running:
             fp_engine_free(self._e)
             self._e = NULL
+        if not self._running:
+            PyMem_Free(self._lat.rec)
+            self._lat.rec = NULL
+
+
+cdef int _lat_ring_alloc(fp_lat_ring *L, size_t cap) except -1:
+    L.rec = <fp_lat_rec *>PyMem_Malloc(cap * sizeof(fp_lat_rec))
+    if L.rec == NULL:
+        raise MemoryError(f"latency records: {cap} x {sizeof(fp_lat_rec)} bytes")
+    memset(L.rec, 0, cap * sizeof(fp_lat_rec))
+    L.mask = cap - 1
+    L.count = 0
+    return 0
+
+
+cdef object _lat_snapshot(const fp_lat_ring *L):
+    cdef size_t n
+    cdef cnp.ndarray out = np.empty((L.mask + 1, FP_LAT_FIELDS), np.uint32)
+    cdef uint32_t *dst = <uint32_t *>cnp.PyArray_DATA(out)
+    with nogil:
+        n = fp_lat_snapshot(L, dst)
+    return out[:n]
+
+
+cdef class _LatRing:
+    """Test shim of the worker's latency records: a writer that can run in another thread
+    without the GIL, and the snapshot the monitor takes."""
+    cdef fp_lat_ring _L
+
+    def __cinit__(self, size_t cap):
+        self._L.rec = NULL
+        if cap == 0 or cap & (cap - 1):
+            raise ValueError("cap must be a power of two")
+        _lat_ring_alloc(&self._L, cap)
+
+    def write(self, uint64_t n):
+        """n records, tick k with every field = k (low 32 bits), GIL released."""
+        cdef uint32_t v[5]
+        cdef uint64_t i
+        cdef int j
+        with nogil:
+            for i in range(n):
+                for j in range(FP_LAT_FIELDS):
+                    v[j] = <uint32_t>self._L.count
+                fp_lat_put(&self._L, v)
+
+    def begin_only(self, uint32_t value):
+        """Start the next record and change its first field, as a writer stopped mid-record
+        leaves it."""
+        cdef fp_lat_rec *r
+        cdef uint64_t k
+        fp_lat_begin(&self._L, &r, &k)
+        (<uint32_t *>(<char *>r + 8))[0] = value
+
+    @property
+    def count(self):
+        return self._L.count
+
+    def snapshot(self):
+        return _lat_snapshot(&self._L)
+
+    def __dealloc__(self):
+        PyMem_Free(self._L.rec)
 
 
 cdef dict _header_stats(fp_seg_header *h):
@@ -411,7 +503,9 @@ cdef dict _header_stats(fp_seg_header *h):
             "queue_depth": int(depth), "clients": clients,
             "heartbeat_age_ns": int(fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)),
             "server_pid": h.server_pid, "slots": h.slots, "on_full":
-                "reject" if h.on_full == FP_ON_FULL_REJECT else "spin"}
+                "reject" if h.on_full == FP_ON_FULL_REJECT else "spin",
+            "segment_pages": ("hugetlb" if h.seg_flags == FP_SEG_HUGE_TLB else
+                              "thp" if h.seg_flags == FP_SEG_HUGE_THP else "normal")}
 
 
 # --------------------------------------------------------------------------- client side
@@ -426,12 +520,14 @@ cdef class Client:
     cdef list _stash
     cdef bint _open
 
-    def __cinit__(self, name, double timeout=1.0):
+    def __cinit__(self, name, double timeout=1.0, stall_timeout=None):
+        """stall_timeout: seconds a live server's loop may go without a heartbeat before
+        calls raise ServerGone; None takes the server's [serve] stall_timeout_ms."""
         cdef int rc
         cdef int64_t deadline
         self._open = False
         self._stash = []
-        self._stall_ns = STALL_NS
+        self._stall_ns = -1 if stall_timeout is None else <int64_t>(float(stall_timeout) * 1e9)
         self.name = name
         b = _name_bytes(name)
         path = segment_path(name)
@@ -441,11 +537,13 @@ cdef class Client:
             rc = fp_seg_attach(b, &self._s)
             if rc == FP_RING_OK:
                 st = fp_atomic_load_u32(&self._s.h.state)
+                if stall_timeout is None:
+                    self._stall_ns = <int64_t>self._s.h.stall_ms * 1000000
                 chk = fp_seg_server_check(self._s.h, fp_ring_now_ns(), self._stall_ns)
                 if chk != FP_SRV_ALIVE:
                     fp_seg_detach(&self._s)
                     raise ServerGone(f"no server is serving {name!r}: {path} is left from a "
-                                     f"server that is {_gone_why(chk)}")
+                                     f"server that is {_gone_why(chk, self._stall_ns)}")
                 if st == FP_SRV_RUNNING:
                     break
                 fp_seg_detach(&self._s)
@@ -480,7 +578,7 @@ cdef class Client:
         cdef int chk = fp_seg_server_check(self._s.h, fp_ring_now_ns(), self._stall_ns)
         if chk != FP_SRV_ALIVE:
             raise ServerGone(f"server {self.name!r} (pid {self._s.h.server_pid}) is "
-                             f"{_gone_why(chk)}")
+                             f"{_gone_why(chk, self._stall_ns)}")
         return 0
 
     cdef inline const float *_raw_ptr(self, object raw) except NULL:
@@ -561,7 +659,7 @@ cdef class Client:
         cdef fp_rep rep
         cdef long spins = 0
         while True:
-            if fp_client_poll(&self._c, &rep):
+            if fp_client_poll_spin(&self._c, &rep):
                 if rep.seq == seq:
                     if rep.err == FP_REP_OK:
                         return _make(&rep)
@@ -572,7 +670,6 @@ cdef class Client:
             if (spins & 1023) == 0:
                 PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep
                 self._check_server()
-            FP_RING_PAUSE()
 
     @property
     def outstanding(self):
@@ -587,6 +684,12 @@ cdef class Client:
         if n == 0:
             return None
         return json.loads(self._s.h.placement[:n].decode())
+
+    @property
+    def stall_timeout(self):
+        """Seconds a live server's loop may go without a heartbeat before calls raise
+        ServerGone (connect(stall_timeout=), else the server's [serve] stall_timeout_ms)."""
+        return self._stall_ns / 1e9
 
     @property
     def server_pid(self):
@@ -624,14 +727,14 @@ cdef int _errno():
     return errno
 
 
-def _gone_why(int chk):
+def _gone_why(int chk, int64_t stall_ns):
     if chk == FP_SRV_GONE_STOPPED:
         return "stopped"
     if chk == FP_SRV_GONE_DEAD:
         return "dead (its process is gone: killed or crashed)"
     if chk == FP_SRV_GONE_STALLED:
         return (f"not responding (its process lives but its loop has not beaten for over "
-                f"{STALL_NS // 1_000_000_000} s: stopped by a signal or a debugger?)")
+                f"{stall_ns / 1e9:g} s: stopped by a signal or a debugger?)")
     return "alive"
 
 

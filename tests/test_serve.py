@@ -273,18 +273,19 @@ def test_stop_drains_accepted_requests(model):
 
 
 SERVER = textwrap.dedent("""
-    import sys, fastpath
-    srv = fastpath.serve(sys.argv[1], config={"serve": {"place": False, "idle": "yield",
-                                                         "idle_spin_ns": 50000}})
+    import json, sys, fastpath
+    serve = {"place": False, "idle": "yield", "idle_spin_ns": 50000, **json.loads(sys.argv[2])}
+    srv = fastpath.serve(sys.argv[1], config={"serve": serve})
     print("ready", flush=True)
     sys.stdin.read()
 """)
 
 
 @contextmanager
-def server_process(name):
+def server_process(name, **serve):
+    import json
     env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    p = subprocess.Popen([sys.executable, "-c", SERVER, name], stdin=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-c", SERVER, name, json.dumps(serve)], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
     try:
         assert p.stdout.readline().strip() == "ready"
@@ -323,6 +324,34 @@ def test_worker_killed_is_server_gone_then_replaced(reap):
                 assert c2.step(raw, 0).signal == fastpath.Engine(DEMO_MODEL, config=cfg()).step(raw, 0).signal
 
 
+def test_stalled_worker_is_server_gone_after_the_stall_timeout():
+    """A server stopped by a signal (alive, not beating): ServerGone after the stall timeout,
+    the server's [serve] stall_timeout_ms by default, connect(stall_timeout=) per client."""
+    name = uname()
+    raw = np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+    with server_process(name, stall_timeout_ms=300) as p:
+        c = fastpath.connect(name, timeout=5)
+        c2 = fastpath.connect(name, timeout=5, stall_timeout=0.1)
+        assert (c.stall_timeout, c2.stall_timeout) == (0.3, 0.1)
+        c.step(raw, 0)
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            with deadline(5), pytest.raises(ServerGone, match=r"not responding.*over 0.3 s"):
+                c.step(raw, 0)
+            with deadline(5), pytest.raises(ServerGone, match=r"not responding.*over 0.1 s"):
+                c2.step(raw, 0)
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+        c.close()
+        c2.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, 4000, float("nan"), True, "1"])
+def test_connect_stall_timeout_is_checked(value):
+    with pytest.raises(InputError, match="stall_timeout must be a number of seconds"):
+        fastpath.connect(uname(), timeout=0, stall_timeout=value)
+
+
 KILLED_CLIENT = textwrap.dedent("""
     import sys, numpy as np, fastpath
     c = fastpath.connect(sys.argv[1], timeout=5)
@@ -351,10 +380,18 @@ def test_killed_client_frees_its_slot():
         with deadline(10):
             while srv.stats()["clients_reaped"] == 0:
                 time.sleep(0.001)
+        # the next owner of the rings starts at position 0 again: what the dead client left
+        # there (requests served, answers never taken) must read as neither a new request to
+        # the worker nor an answer to the new client
+        tick = ticks(1, raw.size, seed=5)[0]
         with fastpath.connect(name) as c:
-            r = c.step(raw, 1)
+            r = c.step(tick, 1, 7000)
             assert r.seq == 1
-        assert srv.stats()["clients_reaped"] == 1
+            st = srv.stats()       # before close(): a closed client is reaped (and counted) too
+        ref = fastpath.Engine(DEMO_MODEL, config=cfg()).step(tick, 1, 7000)
+        assert (r.signal, r.confidence) == (ref.signal, ref.confidence)
+        assert st["clients_reaped"] == 1
+        assert st["served"] == 3 + 1
 
 
 def test_placement_report_reaches_clients(model):
@@ -368,7 +405,8 @@ def test_placement_report_reaches_clients(model):
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 def test_c_client_round_trip(tmp_path):
     exe = tmp_path / "client"
-    subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{fastpath.get_include()}",
+    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
+                    f"-I{fastpath.get_include()}",
                     os.path.join(REPO, "tests", "c", "client.c"), "-o", str(exe)], check=True,
                    timeout=60)
     eng_cfg = cfg()
@@ -389,6 +427,17 @@ def test_c_client_round_trip(tmp_path):
     np.testing.assert_array_equal(got[:, 1], ref.confidence)
 
 
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler (c++) on PATH")
+def test_ring_header_compiles_as_cpp(tmp_path):
+    """fp_ring.h is for C and C++ feed handlers alike."""
+    src = tmp_path / "h.cpp"
+    src.write_text('#include "fp_ring.h"\nint main() { fp_seg s; fp_client c; fp_rep r; '
+                   '(void)s; (void)c; (void)r; return 0; }\n')
+    subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-Werror",
+                    f"-I{fastpath.get_include()}", str(src), "-o", str(tmp_path / "h")],
+                   check=True, timeout=60)
+
+
 @pytest.mark.parametrize("key,value,match", [
     ("on_full", "drop", "serve.on_full must be one of"),
     ("ring_slots", 1000, "serve.ring_slots must be a power of two"),
@@ -399,6 +448,9 @@ def test_c_client_round_trip(tmp_path):
     ("heartbeat_ms", 0, r"serve.heartbeat_ms must be in"),
     ("dead_after_ms", 1, r"serve.dead_after_ms"),
     ("bogus", 1, "unknown key serve.bogus"),
+    ("stall_timeout_ms", 1, r"serve.stall_timeout_ms must be in"),
+    ("stall_timeout_ms", 2.5, r"serve.stall_timeout_ms must be int"),
+    ("stall_timeout_ms", 40, r"serve.stall_timeout_ms \(40\) must exceed serve.dead_after_ms \(50\)"),
 ])
 def test_serve_config_keys_are_checked(key, value, match):
     from fastpath.control.config import load_config
@@ -438,3 +490,97 @@ def test_cli_serve_stops_cleanly_on_sigterm(tmp_path):
     assert p.returncode == 0
     assert f"stopped '{name}': 10 served, 0 errors" in out
     assert not os.path.exists(segment_path(name))
+
+
+def test_latency_snapshot_leaves_out_a_record_being_written():
+    """A monitor copying the records while the loop writes one must not return that one
+    half old, half new: a record is copied whole or left out."""
+    from fastpath._serve import _LatRing
+    ring = _LatRing(8)
+    ring.write(5)
+    ring.begin_only(999)          # the writer is inside record 5: its first field changed
+    snap = ring.snapshot()
+    assert snap.shape == (5, 5)
+    assert (snap == np.arange(5, dtype=np.uint32)[:, None]).all()
+    ring.write(20)                # lapped: only the last 8 ticks, oldest first
+    np.testing.assert_array_equal(ring.snapshot()[:, 0], np.arange(17, 25))
+
+
+def test_latency_snapshot_is_consistent_under_a_running_writer():
+    """Every field of tick k is k: a snapshot taken while another thread writes (GIL
+    released) holds no row that mixes two ticks, in tick order."""
+    import threading
+    from fastpath._serve import _LatRing
+    ring = _LatRing(64)
+    writer = threading.Thread(target=ring.write, args=(20_000_000,))
+    writer.start()
+    snaps = 0
+    with deadline(60):
+        while writer.is_alive() or snaps == 0:
+            s = ring.snapshot()
+            assert (s == s[:, :1]).all(), "a row mixes two ticks"
+            assert (np.diff(s[:, 0].astype(np.int64)) > 0).all()
+            snaps += 1
+        writer.join()
+    assert ring.count == 20_000_000 and snaps > 1
+
+
+def test_server_latency_records(model):
+    name = uname()
+    raws = ticks(50, model.feature_spec.raw_len)
+    with fastpath.serve(name, model, cfg()) as srv, fastpath.connect(name) as c:
+        got = [c.step(raws[i], i % 3, 1000 * (i + 1)) for i in range(50)]
+        lat = srv.latency_records()
+    assert lat.shape == (50, 5) and lat.dtype == np.uint32
+    np.testing.assert_array_equal(lat[:, 3], [r.latency.total_ns for r in got])
+    np.testing.assert_array_equal(lat[:, 4], [r.latency.wait_ns for r in got])
+
+
+def test_segment_backing_is_reported_with_the_reasons(model):
+    """What backs the segment is read back from smaps; each better backing not used says why
+    (on a host without a hugetlb pool or shmem THP that is every one of them)."""
+    name = uname()
+    with fastpath.serve(name, model, cfg()) as srv, fastpath.connect(name) as c:
+        seg = c.placement["segment"]
+        pages = srv.stats()["segment_pages"]
+    assert seg == srv.placement["segment"]
+    assert seg["tried"][-1] == [seg["method"], "ok"]
+    assert all(why and why != "ok" for _, why in seg["tried"][:-1])
+    assert seg["bytes"] >= os.sysconf("SC_PAGE_SIZE") and seg["kernel_page_kb"]
+    assert pages == {"hugetlb-2m": "hugetlb", "hugetlb-1g": "hugetlb", "thp": "thp",
+                     "normal": "normal"}[seg["method"]]
+    assert any(line.startswith("segment: ") for line in srv.placement["lines"])
+    with fastpath.serve(name, model, {**cfg(), "memory": {"huge_pages": "none"}}) as srv:
+        assert srv.placement["segment"]["tried"] == [["normal", "ok"]]
+
+
+def test_segment_in_a_hugetlbfs_mount_is_reached_through_the_usual_path(model, tmp_path,
+                                                                       monkeypatch):
+    """A hugetlbfs segment lives in the mount, with a symlink at /dev/shm/fastpath.<name>:
+    clients (Python and C alike) open the usual path; stop removes both; a link left by a
+    crash is replaced. The mount is stood in for by a directory: the report still says what
+    smaps saw (ordinary pages), not what was asked."""
+    from fastpath.serving import segment
+    monkeypatch.setattr(segment, "hugetlbfs_mounts", lambda: {segment.MB2: str(tmp_path)})
+    name = uname()
+    path = segment_path(name)
+    raw = ticks(1, model.feature_spec.raw_len)[0]
+    with fastpath.serve(name, model, cfg()) as srv:
+        assert os.path.islink(path)
+        real = os.path.realpath(path)
+        assert os.path.dirname(real) == str(tmp_path)
+        assert os.stat(real).st_size % segment.MB2 == 0
+        assert os.stat(real).st_mode & 0o777 == 0o600
+        seg = srv.placement["segment"]
+        assert seg["method"] == "hugetlb-2m" and seg["pages"] == "4K"
+        with fastpath.connect(name) as c:
+            r = c.step(raw, 2, 1000)
+            assert c.server_stats()["segment_pages"] == "hugetlb"
+        ref = fastpath.Engine(model, config=cfg()).step(raw, 2, 1000)
+        assert (r.signal, r.confidence) == (ref.signal, ref.confidence)
+    assert not os.path.lexists(path) and not os.path.exists(real)
+    # a crash leaves the link and the file: the next server replaces both
+    os.symlink(str(tmp_path / "gone"), path)
+    with fastpath.serve(name, model, cfg()) as srv:
+        assert srv.replaced == "dangling"
+    assert not os.path.lexists(path)

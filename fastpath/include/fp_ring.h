@@ -6,18 +6,42 @@
  * Decision: one single-producer single-consumer ring pair per client (a request ring the
  * client writes and the worker reads, a reply ring the worker writes and the client reads),
  * so no slot is ever written by two parties and a cursor needs nothing stronger than a
- * release store / acquire load. Each cursor sits on its own cache line; slots are fixed and
- * 64-byte aligned. The worker proves it is alive by a heartbeat it stores about every
+ * release store / acquire load. Slots are fixed and 64-byte aligned.
+ *
+ * The hot path polls the slot, not a cursor: a slot's `seq` is its position + 1 and is stored
+ * last, with release, so the party waiting for it spins on the one cache line that carries
+ * the data (a request's first line holds its header, its raw values start on the next line;
+ * a reply is one line). A round trip then moves the request lines, one reply line and
+ * nothing else: no cursor line bounces between the cores per request. The cursors (each on
+ * its own line) still count what was published and consumed, for flow control (read only
+ * when a ring looks full), the drain on stop and the queue depth in the stats.
+ * The submit time is a TSC reading where the worker's clock is the TSC (sent_clock), a
+ * read costing under half of a clock_gettime on the client's critical path.
+ *
+ * The worker proves it is alive by a heartbeat it stores about every
  * millisecond even when idle; a client that sees it stale asks the kernel whether the
  * server pid still exists (or is a zombie), which turns a kill -9 into an error, never a hang.
  *
- * Segment layout (one file under /dev/shm, FP_SEG_PREFIX + name):
+ * The segment is one file, /dev/shm/fastpath.<name>; where the server got huge pages from a
+ * hugetlbfs mount that path is a symlink to the file in the mount (open() follows it), and
+ * the file may be longer than total_bytes (rounded up to the page size): map st_size.
+ *
+ * Segment layout (FP_SEG_PREFIX + name):
  *   fp_seg_header (FP_SEG_HEADER_BYTES, includes the client table and the placement report)
  *   then max_clients client regions, each: fp_ring_ctl (4 cache lines: req head, req tail,
  *   rep head, rep tail), `slots` request slots of req_slot_bytes, `slots` reply slots of 64 B.
  */
 #ifndef FP_RING_H
 #define FP_RING_H
+
+/* clock_gettime, kill, O_CLOEXEC are POSIX 2008: a strict -std=c99/c11 build hides them
+ * unless asked (effective when this header comes before the system headers). Only there:
+ * in the GNU modes everything is visible, and defining it would hide the BSD/GNU names
+ * that the includer's own code may use. */
+#if defined(__STRICT_ANSI__) && !defined(__cplusplus) && !defined(_GNU_SOURCE) && \
+    !defined(_DEFAULT_SOURCE) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,13 +55,23 @@
 #include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <x86intrin.h>
 #define FP_RING_PAUSE() _mm_pause()
+#define FP_RING_HAVE_TSC 1
 #else
 #define FP_RING_PAUSE() __asm__ __volatile__("" ::: "memory")
+#define FP_RING_HAVE_TSC 0
+#endif
+/* Polls of a reply slot between two pause instructions. A pause costs ~25 ns on recent x86
+ * (Zen 4/5, Skylake+ ~40 ns), longer than the poll it throttles: waiting on pause alone
+ * adds half of that to every hand-off. Plain loads first, a pause now and then. A C client
+ * may define its own count before including this header. */
+#ifndef FP_RING_SPIN_LOADS
+#define FP_RING_SPIN_LOADS 32
 #endif
 
 #define FP_SEG_MAGIC 0x31474e4952535046ULL /* "FPSRING1" little-endian */
-#define FP_SEG_VERSION 1u
+#define FP_SEG_VERSION 2u
 #define FP_SEG_DIR "/dev/shm/"
 #define FP_SEG_PREFIX "fastpath."
 #define FP_SEG_HEADER_BYTES 16384u
@@ -72,6 +106,10 @@ enum {
 };
 /* on_full policy (fp_seg_header.on_full) */
 enum { FP_ON_FULL_SPIN = 0, FP_ON_FULL_REJECT = 1 };
+/* fp_seg_header.sent_clock */
+enum { FP_CLOCK_MONO = 0, FP_CLOCK_TSC = 1 };
+/* fp_seg_header.seg_flags */
+enum { FP_SEG_HUGE_NONE = 0, FP_SEG_HUGE_TLB = 1, FP_SEG_HUGE_THP = 2 };
 /* fp_seg_server_check() */
 enum { FP_SRV_ALIVE = 0, FP_SRV_GONE_STOPPED = 1, FP_SRV_GONE_DEAD = 2, FP_SRV_GONE_STALLED = 3 };
 
@@ -84,23 +122,25 @@ typedef struct {
     fp_ring_cursor rep_tail;   /* written by the client: replies consumed */
 } fp_ring_ctl;
 
+/* One request: the header line, then raw_len values from the next line on. */
 typedef struct {
-    uint64_t seq;              /* the client's own count, from 1 */
+    uint64_t seq;              /* the client's own count, from 1 = ring position + 1; stored last */
     int64_t ts_ns;             /* tick time (ns >= 0), or -1 for the server's engine clock */
-    int64_t sent_ns;           /* CLOCK_MONOTONIC when submitted: the reply's wait_ns starts here */
+    int64_t sent;              /* submit time: TSC ticks or CLOCK_MONOTONIC ns (sent_clock) */
     int32_t symbol;
     uint32_t _pad;
+    char _line[32];
     float raw[];               /* raw_len values, slot padded to a multiple of 64 bytes */
-} fp_req;
+} __attribute__((aligned(64))) fp_req;
 
 typedef struct {
-    uint64_t seq;
+    uint64_t seq;              /* the request's seq = ring position + 1; stored last */
     float signal, confidence;
     int32_t err;               /* FP_REP_* */
     uint8_t cached, reason;    /* reason: 0 hit, 1 cold, 2 age, 3 run, 4 cosine, 5 norm, 6 disabled */
     uint16_t _pad;
     int64_t feature_ns, cache_ns, infer_ns, total_ns;
-    int64_t wait_ns;           /* submit (sent_ns) to the worker picking it up */
+    int64_t wait_ns;           /* submit (sent) to the worker picking it up */
 } __attribute__((aligned(64))) fp_rep;
 
 typedef struct {
@@ -120,11 +160,18 @@ typedef struct {
     int32_t server_pid;
     uint32_t on_full;          /* FP_ON_FULL_* */
     uint32_t heartbeat_ms, dead_after_ms;
-    /* written by the worker loop, on its own cache lines */
+    uint32_t sent_clock;       /* FP_CLOCK_*: what fp_req.sent counts in */
+    uint32_t seg_flags;        /* FP_SEG_HUGE_*: what backs the segment (reported) */
+    uint32_t stall_ms;         /* the server's [serve] stall_timeout_ms: clients' default */
+    uint32_t _pad0;
+    /* read by clients on every submit: written about once per heartbeat only */
     uint64_t heartbeat_ns __attribute__((aligned(64)));  /* CLOCK_MONOTONIC of the last beat */
     uint32_t state;            /* FP_SRV_* */
     uint32_t stop;             /* set by anyone to ask the worker to drain and stop */
-    uint64_t served, errors, idle_polls, clients_reaped, loops;
+    /* written by the worker per batch: a line of their own, so that a client reading the
+     * state does not pull a line the worker has just dirtied */
+    uint64_t served __attribute__((aligned(64)));
+    uint64_t errors, idle_polls, clients_reaped, loops;
     uint64_t busy_ns;          /* time in fp_step, for the utilisation figure */
     uint64_t rejected_full __attribute__((aligned(64)));  /* counted by clients (atomic add) */
     uint32_t placement_len __attribute__((aligned(64)));
@@ -140,6 +187,16 @@ static inline int64_t fp_ring_now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* The client's submit stamp in the unit the worker asked for. */
+static inline int64_t fp_ring_sent_stamp(uint32_t sent_clock) {
+#if FP_RING_HAVE_TSC
+    if (sent_clock == FP_CLOCK_TSC)
+        return (int64_t)__rdtsc();
+#endif
+    (void)sent_clock;
+    return fp_ring_now_ns();
 }
 
 static inline uint32_t fp_ring_req_slot_bytes(uint32_t raw_len) {
@@ -185,7 +242,7 @@ static inline int fp_seg_attach(const char *name, fp_seg *s) {
         return FP_RING_ERR_OPEN;
     fp_seg_header *h = (fp_seg_header *)p;
     if (h->magic != FP_SEG_MAGIC || h->version != FP_SEG_VERSION ||
-        h->total_bytes != (uint64_t)st.st_size || h->header_bytes != FP_SEG_HEADER_BYTES) {
+        h->total_bytes > (uint64_t)st.st_size || h->header_bytes != FP_SEG_HEADER_BYTES) {
         munmap(p, (size_t)st.st_size);
         return FP_RING_ERR_MAGIC;
     }
@@ -259,6 +316,7 @@ typedef struct {
     uint64_t req_head, req_tail_seen;   /* own head; the worker's tail as last read */
     uint64_t rep_tail;
     uint64_t next_seq;
+    uint32_t sent_clock;
 } fp_client;
 
 /* Claim a free client slot for this process. FP_RING_OK, FP_RING_ERR_NOSLOT or _GONE. */
@@ -282,7 +340,8 @@ static inline int fp_client_open(fp_seg *s, fp_client *c) {
         c->req_head = FP_LOAD_ACQ(&c->ctl->req_head.v);
         c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
         c->rep_tail = FP_LOAD_ACQ(&c->ctl->rep_tail.v);
-        c->next_seq = 1;
+        c->next_seq = c->req_head + 1;    /* seq = ring position + 1, from 1 */
+        c->sent_clock = h->sent_clock;
         FP_STORE_REL(&e->state, FP_CL_ACTIVE);
         return FP_RING_OK;
     }
@@ -300,12 +359,15 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
             return FP_RING_FULL;
     }
     fp_req *r = fp_seg_req(h, c->ctl, c->req_head);
-    r->seq = c->next_seq;
+    /* the raw lines first (nobody polls them), then the header line in one go: the worker
+     * spins on that line, so it is written once, ending with the release store of seq */
+    memcpy(r->raw, raw, sizeof(float) * h->raw_len);
     r->ts_ns = ts_ns;
     r->symbol = symbol;
-    memcpy(r->raw, raw, sizeof(float) * h->raw_len);
-    r->sent_ns = fp_ring_now_ns();
+    r->sent = fp_ring_sent_stamp(c->sent_clock);
+    FP_STORE_REL(&r->seq, c->next_seq);
     c->req_head++;
+    /* for the stats and the drain; the worker does not read it per request */
     FP_STORE_REL(&c->ctl->req_head.v, c->req_head);
     *seq = c->next_seq++;
     return FP_RING_OK;
@@ -313,12 +375,25 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
 
 /* Take the next reply if there is one: 1 (copied to *out) or 0. */
 static inline int fp_client_poll(fp_client *c, fp_rep *out) {
-    if (FP_LOAD_ACQ(&c->ctl->rep_head.v) == c->rep_tail)
+    const fp_rep *r = fp_seg_rep(c->h, c->ctl, c->rep_tail);
+    if (FP_LOAD_ACQ(&r->seq) != c->rep_tail + 1)
         return 0;
-    *out = *fp_seg_rep(c->h, c->ctl, c->rep_tail);
+    *out = *r;
     c->rep_tail++;
     FP_STORE_REL(&c->ctl->rep_tail.v, c->rep_tail);
     return 1;
+}
+
+/* fp_client_poll up to FP_RING_SPIN_LOADS times, then one pause: 1 (a reply in *out) or 0.
+ * The wait loop of a caller that spins for its answer. */
+static inline int fp_client_poll_spin(fp_client *c, fp_rep *out) {
+    const fp_rep *r = fp_seg_rep(c->h, c->ctl, c->rep_tail);
+    const uint64_t want = c->rep_tail + 1;
+    for (int i = 0; i < FP_RING_SPIN_LOADS; i++)
+        if (FP_LOAD_RLX(&r->seq) == want)
+            return fp_client_poll(c, out);
+    FP_RING_PAUSE();
+    return fp_client_poll(c, out);
 }
 
 /* Requests submitted whose replies have not been taken yet */

@@ -9,13 +9,25 @@ from fastpath._engine import Result
 from fastpath._serve import Client
 
 
-def connect(name: str, timeout: float = 1.0) -> Client:
-    """Connect to the server called `name`, waiting up to `timeout` s for it to come up;
-    ServeError names the name when nobody serves it."""
+def _seconds(what: str, v, lo_open: bool) -> float:
     from fastpath.errors import InputError
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= 3600:
-        raise InputError(f"timeout must be a number of seconds in [0, 3600], got {timeout!r}")
-    return Client(name, float(timeout))
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and v == v \
+        and (0 < v if lo_open else 0 <= v) and v <= 3600
+    if not ok:
+        rng = "(0, 3600]" if lo_open else "[0, 3600]"
+        raise InputError(f"{what} must be a number of seconds in {rng}, got {v!r}")
+    return float(v)
+
+
+def connect(name: str, timeout: float = 1.0, stall_timeout: float | None = None) -> Client:
+    """Connect to the server called `name`, waiting up to `timeout` s for it to come up;
+    ServeError names the name when nobody serves it. `stall_timeout` (s): how long the
+    server's loop may go without a heartbeat, its process alive, before a call raises
+    ServerGone; None takes the server's [serve] stall_timeout_ms (default 2 s). A dead
+    server process is reported after dead_after_ms whatever this says."""
+    t = _seconds("timeout", timeout, lo_open=False)
+    st = None if stall_timeout is None else _seconds("stall_timeout", stall_timeout, lo_open=True)
+    return Client(name, t, st)
 
 
 __all__ = ["connect", "Client", "Result"]

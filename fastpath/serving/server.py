@@ -27,7 +27,7 @@ class Server:
         self.name = name
         self.config = rc
         self.serve_config = rc.source.serve
-        self._worker = Worker(name, m, rc, self.serve_config)
+        self._worker = Worker(name, m, rc, self.serve_config, rc.source.memory)
         self.replaced = self._worker.replaced
         self.placement: dict | None = None
         self.final_stats: dict | None = None
@@ -51,6 +51,9 @@ class Server:
     def _run(self) -> None:
         try:
             self.placement = self._place()
+            seg = self._worker.segment
+            self.placement["segment"] = seg
+            self.placement.setdefault("lines", []).append(segment_line(seg))
             self._worker.set_placement(self.placement)
         except BaseException as exc:      # reported by __init__, in the caller's thread
             self._error = exc
@@ -83,6 +86,8 @@ class Server:
         return self._worker.stats()
 
     def latency_records(self):
+        """(n, 5) uint32 ns of the last ticks served, oldest first: feature, cache, infer,
+        total, wait (submit to pickup); each record whole (see fastpath._serve.Worker)."""
         return self._worker.latency_records()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -108,6 +113,17 @@ class Server:
     def __repr__(self) -> str:
         state = self._worker.state if self._worker is not None else "closed"
         return f"Server(name={self.name!r}, state={state!r})"
+
+
+def segment_line(seg: dict) -> str:
+    """One line on what backs the segment and why not something better."""
+    refused = "; ".join(f"{m}: {why}" for m, why in seg["tried"] if why != "ok")
+    line = f"segment: {seg['bytes']} bytes on {seg['pages']} pages ({seg['method']})"
+    if refused:
+        line += f"; not used: {refused}"
+    if "mlock" in seg and seg["mlock"] != "ok":
+        line += f"; mlock: {seg['mlock']}"
+    return line
 
 
 def serve(name: str, model=None, config=None) -> Server:
@@ -136,7 +152,7 @@ def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
              f"rejected {st['rejected_full']}"]
     if n:
         lat = srv.latency_records()[-n:]
-        for j, stage in enumerate(("feature", "cache", "infer", "total")):
+        for j, stage in enumerate(("feature", "cache", "infer", "total", "wait")):
             col = lat[:, j] if stage != "infer" else lat[lat[:, 2] > 0, 2]
             if len(col):
                 p50, p99 = np.percentile(col, [50, 99])
@@ -162,7 +178,8 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
         try:
             print(f"serving {name!r} at {srv.path} (pid {__import__('os').getpid()}); "
                   f"SIGINT or SIGTERM stops it", file=out, flush=True)
-            for line in (srv.placement or {}).get("lines", []) or [srv.placement.get("why", "")]:
+            pl = srv.placement or {}
+            for line in ([pl["why"]] if "why" in pl else []) + pl.get("lines", []):
                 print(f"placement: {line}", file=out, flush=True)
             prev, t_prev = {}, time.monotonic()
             while not stop.wait(1.0 if stats else 0.2):
