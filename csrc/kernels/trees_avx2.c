@@ -1,0 +1,85 @@
+/* trees_avx2.c: the tree-ensemble evaluator with AVX2 gathers. A group of 16 perfect trees
+ * is two vectors of 8 lanes; four such vectors (two groups) walk level by level together so
+ * one vector's gathers overlap the others' (a gather's latency is ~20 cycles, its
+ * throughput a few). The root level is the same node for every lane: a plain load. */
+#include "../fp_trees.h"
+#if FP_HAVE_X86
+#include <immintrin.h>
+
+#define FP_TV 4   /* vectors of 8 lanes walked together */
+
+FP_TARGET_AVX2 static inline float fp_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* walk n (<= FP_TV) half-groups: half h of group gs[k] */
+FP_TARGET_AVX2 static inline void fp_walk8(const fp_trees *t, const float *x, const int *gs,
+                                           const int *hs, int n, __m256 *v) {
+    const int D = t->depth;
+    const size_t inner = ((size_t)1 << D) - 1, leaves = (size_t)1 << D;
+    const int32_t *pf[FP_TV];
+    const float *pt[FP_TV], *pl[FP_TV];
+    __m256i idx[FP_TV], lane[FP_TV];
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int k = 0; k < n; k++) {
+        pf[k] = t->pfeat + (size_t)gs[k] * inner * FP_TREES_LANES;
+        pt[k] = t->pthr + (size_t)gs[k] * inner * FP_TREES_LANES;
+        pl[k] = t->pleaf + (size_t)gs[k] * leaves * FP_TREES_LANES;
+        lane[k] = _mm256_add_epi32(iota, _mm256_set1_epi32(hs[k] * 8));
+        idx[k] = _mm256_setzero_si256();
+    }
+    const __m256i two = _mm256_set1_epi32(2);
+    if (D > 0) {
+        for (int k = 0; k < n; k++) {
+            const __m256i f = _mm256_loadu_si256((const __m256i *)(pf[k] + hs[k] * 8));
+            const __m256 xv = _mm256_i32gather_ps(x, f, 4);
+            const __m256 tv = _mm256_loadu_ps(pt[k] + hs[k] * 8);
+            const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(xv, tv, _CMP_LE_OQ));
+            idx[k] = _mm256_add_epi32(two, c);
+        }
+    }
+    for (int l = 1; l < D; l++) {
+        for (int k = 0; k < n; k++) {
+            const __m256i o = _mm256_add_epi32(_mm256_slli_epi32(idx[k], 4), lane[k]);
+            const __m256i f = _mm256_i32gather_epi32((const int *)pf[k], o, 4);
+            const __m256 tv = _mm256_i32gather_ps(pt[k], o, 4);
+            const __m256 xv = _mm256_i32gather_ps(x, f, 4);
+            const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(xv, tv, _CMP_LE_OQ));
+            idx[k] = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(idx[k], idx[k]), two), c);
+        }
+    }
+    const __m256i in = _mm256_set1_epi32((int)inner);
+    for (int k = 0; k < n; k++) {
+        const __m256i o = _mm256_add_epi32(_mm256_slli_epi32(_mm256_sub_epi32(idx[k], in), 4), lane[k]);
+        v[k] = _mm256_i32gather_ps(pl[k], o, 4);
+    }
+}
+
+FP_TARGET_AVX2 void fp_trees_eval_avx2(const fp_trees *t, const float *x, float *out) {
+    double acc[FP_TREES_MAX_TARGETS];
+    fp_trees_acc_init(t, acc);
+    if (fp_trees_has_nan(x, t->n_feat)) {
+        for (int i = 0; i < t->n_trees; i++) fp_trees_walk_compact(t, i, x, acc);
+        fp_trees_finalize(t, acc, out);
+        return;
+    }
+    int g = 0;
+    __m256 v[FP_TV];
+    for (; g + 2 <= t->n_groups; g += 2) {
+        const int gs[FP_TV] = {g, g, g + 1, g + 1}, hs[FP_TV] = {0, 1, 0, 1};
+        fp_walk8(t, x, gs, hs, FP_TV, v);
+        acc[t->ptarget[g]] += fp_hsum8(_mm256_add_ps(v[0], v[1]));
+        acc[t->ptarget[g + 1]] += fp_hsum8(_mm256_add_ps(v[2], v[3]));
+    }
+    if (g < t->n_groups) {
+        const int gs[FP_TV] = {g, g, 0, 0}, hs[FP_TV] = {0, 1, 0, 0};
+        fp_walk8(t, x, gs, hs, 2, v);
+        acc[t->ptarget[g]] += fp_hsum8(_mm256_add_ps(v[0], v[1]));
+    }
+    for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
+    fp_trees_finalize(t, acc, out);
+}
+#endif
