@@ -16,7 +16,7 @@ typedef struct {
     int *wcount;      /* per node: weights on it */
     size_t n_leafv;
     int D, n_groups;
-    size_t bytes, o_nodes, o_leafv, o_trees, o_rest, o_pfeat, o_pthr, o_pleaf, o_ptarget, o_base;
+    size_t bytes, o_nodes, o_leafv, o_trees, o_rest, o_pfeat, o_pthr, o_pleaf, o_ptarget, o_base, o_has;
     int n_rest;
 } fp_plan;
 
@@ -57,7 +57,8 @@ static int fp_plan_make(const fp_trees_desc *d, fp_plan *pl) {
     if (d->n_feat < 1 || d->n_targets < 1 || d->n_targets > FP_TREES_MAX_TARGETS || d->n_trees < 1 ||
         d->n_nodes < d->n_trees || d->n_weights < 0 || d->aggregate < FP_TAGG_SUM ||
         d->aggregate > FP_TAGG_MAX || d->post < FP_TPOST_NONE || d->post > FP_TPOST_PROBIT ||
-        !(d->n_base == 0 || d->n_base == 1 || d->n_base == d->n_targets) ||
+        !(d->n_base == 0 || d->n_base == d->n_targets ||
+          (d->classifier && d->n_targets == 2 && d->n_base == 1)) ||
         (d->classifier && (d->n_targets < 2 || d->aggregate != FP_TAGG_SUM)))
         return -1;
     if (d->tree_off[0] != 0 || d->tree_off[d->n_trees] != d->n_nodes) return -1;
@@ -154,6 +155,7 @@ static int fp_plan_make(const fp_trees_desc *d, fp_plan *pl) {
     pl->o_trees = off; off = fp_al(off + sizeof(fp_ttree) * (size_t)T);
     pl->o_rest = off; off = fp_al(off + sizeof(int32_t) * ((size_t)rest + 1));
     pl->o_base = off; off = fp_al(off + sizeof(float) * ((size_t)d->n_base + 1));
+    pl->o_has = off; off = fp_al(off + (size_t)d->n_targets);
     pl->o_ptarget = off; off = fp_al(off + sizeof(int32_t) * ((size_t)groups + 1));
     pl->o_pfeat = off; off = fp_al(off + sizeof(int32_t) * (size_t)groups * inner * FP_TREES_LANES);
     pl->o_pthr = off; off = fp_al(off + sizeof(float) * (size_t)groups * inner * FP_TREES_LANES);
@@ -349,40 +351,71 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     t->pfeat = pfeat; t->pthr = pthr; t->pleaf = pleaf; t->ptarget = ptarget;
     t->nodes = nodes; t->leafv = leafv; t->trees = trees;
     t->rest = rest; t->n_rest = pl.n_rest;
-    if (d->classifier && d->n_targets == 2) {
-        /* which classes the weights name, and whether class 1 gets a value on every path
-         * (onnxruntime tracks "has a score" per class; a class named on some leaves only
-         * would make that depend on the input: refused) */
-        int named0 = 0, named1 = 0, positive = 1;
+    /* "has a score" per target, as onnxruntime tracks it: a target gets one when a leaf on
+     * the path carries a weight for it, and an output without one is written as 0 (base
+     * value or not). Decided once here: a target is scored on every path when some tree has
+     * a weight for it on every leaf; where a target is scored on some paths only and that
+     * changes an output (sums with base values, the two-class rules), the model is refused.
+     * MIN / MAX track it per input instead (NaN: no value yet). */
+    {
+        const int n = d->n_targets;
+        unsigned char *has = (unsigned char *)(a + pl.o_has);
+        int *cnt = (int *)calloc((size_t)n, sizeof(int));
+        int *mark = (int *)malloc(sizeof(int) * (size_t)n);
+        int *woff = (int *)calloc((size_t)N + 1, sizeof(int));
+        int *wl = (int *)malloc(sizeof(int) * ((size_t)d->n_weights + 1));
+        unsigned char *named = (unsigned char *)calloc((size_t)n, 1);
+        int bad = 0, positive = 1;
+        if (!cnt || !mark || !woff || !wl || !named) {
+            free(cnt); free(mark); free(woff); free(wl); free(named);
+            fp_plan_free(&pl); fp_trees_free(t);
+            return -2;
+        }
         for (int k = 0; k < d->n_weights; k++) {
-            named0 |= d->w_target[k] == 0;
-            named1 |= d->w_target[k] == 1;
+            woff[d->w_node[k] + 1]++;
+            named[d->w_target[k]] = 1;
             if (d->w_value[k] < 0) positive = 0;
         }
-        int has1 = 0, partial = 0;
-        if (named1) {
-            unsigned char *h1 = (unsigned char *)calloc((size_t)N, 1);
-            if (!h1) { fp_plan_free(&pl); fp_trees_free(t); return -2; }
-            for (int k = 0; k < d->n_weights; k++)
-                if (d->w_target[k] == 1) h1[d->w_node[k]] = 1;
-            for (int tr = 0; tr < T; tr++) {
-                int all = 1;
-                for (int g = d->tree_off[tr]; g < d->tree_off[tr + 1]; g++)
-                    if (fp_is_leaf(d, g) && !h1[g]) all = 0;
-                if (all) has1 = 1; else partial = 1;
+        for (int g = 0; g < N; g++) woff[g + 1] += woff[g];
+        {
+            int *fill = (int *)malloc(sizeof(int) * ((size_t)N + 1));
+            if (!fill) {
+                free(cnt); free(mark); free(woff); free(wl); free(named);
+                fp_plan_free(&pl); fp_trees_free(t);
+                return -2;
             }
-            free(h1);
-            if (!has1 && partial) { fp_plan_free(&pl); fp_trees_free(t); return -1; }
+            memcpy(fill, woff, sizeof(int) * ((size_t)N + 1));
+            for (int k = 0; k < d->n_weights; k++) wl[fill[d->w_node[k]]++] = k;
+            free(fill);
         }
-        t->bin_has1 = has1;
-        t->bin_single = named0 + named1 == 1;
-        t->bin_positive = positive;
-        /* one score left and no rule for the second (or a probit of it): onnxruntime writes
-         * one column of two */
-        const int one = !has1 && d->n_base != 2;
-        if (one && (d->post == FP_TPOST_PROBIT || (!t->bin_single && d->n_base != 0))) {
-            fp_plan_free(&pl); fp_trees_free(t); return -1;
+        for (int tr = 0; tr < T; tr++) {
+            int leaves = 0;
+            for (int j = 0; j < n; j++) { cnt[j] = 0; mark[j] = -1; }
+            for (int g = d->tree_off[tr]; g < d->tree_off[tr + 1]; g++) {
+                if (!fp_is_leaf(d, g)) continue;
+                leaves++;
+                for (int q = woff[g]; q < woff[g + 1]; q++) {
+                    const int j = d->w_target[wl[q]];
+                    if (mark[j] != g) { mark[j] = g; cnt[j]++; }
+                }
+            }
+            for (int j = 0; j < n; j++)
+                if (cnt[j] == leaves) has[j] = 1;
         }
+        const int sums = d->aggregate == FP_TAGG_SUM || d->aggregate == FP_TAGG_AVERAGE;
+        const int matters = d->classifier ? n == 2 : (n >= 2 && sums && d->n_base == n);
+        for (int j = 0; j < n; j++)
+            if (matters && named[j] && !has[j]) bad = 1;
+        free(cnt); free(mark); free(woff); free(wl);
+        if (d->classifier && n == 2) {
+            t->bin_single = named[0] + named[1] == 1;
+            t->bin_positive = positive;
+            /* one score left and a probit of it: onnxruntime writes one column of two */
+            if (!has[1] && d->n_base != 2 && d->post == FP_TPOST_PROBIT) bad = 1;
+        }
+        free(named);
+        t->has = has;
+        if (bad) { fp_plan_free(&pl); fp_trees_free(t); return -1; }
     }
     fp_plan_free(&pl);
     return 0;
@@ -439,7 +472,7 @@ static float fp_ort_erfinv(float x) {
     const float sgn = x < 0 ? -1.0f : 1.0f;
     x = (1 - x) * (1 + x);
     const float lg = logf(x);
-    const float v = 2 / (3.14159f * 0.147f) + 0.5f * lg;
+    const float v = 2 / (3.14159265358979323846f * 0.147f) + 0.5f * lg;   /* (float)M_PI, as onnxruntime 1.2x writes it */
     const float v2 = 1 / (0.147f) * lg;
     const float v3 = -v + sqrtf(v * v - v2);
     return sgn * sqrtf(v3);
@@ -476,6 +509,7 @@ void fp_trees_finalize(const fp_trees *t, const double *acc, float *out) {
     const float nt = (float)t->n_trees;
     if (!t->classifier) {
         if (n == 1) {
+            /* onnxruntime's one-target path writes the score itself, scored or not */
             const float origin = t->n_base == 1 ? t->base[0] : 0.0f;
             float s = minmax ? (acc[0] == acc[0] ? (float)acc[0] : 0.0f) : (float)acc[0];
             if (t->aggregate == FP_TAGG_AVERAGE) s /= nt;
@@ -486,13 +520,17 @@ void fp_trees_finalize(const fp_trees *t, const double *acc, float *out) {
         const int use_base = t->n_base == n;
         for (int j = 0; j < n; j++) {
             float s;
-            if (minmax) s = (use_base ? t->base[j] : 0.0f) + (acc[j] == acc[j] ? (float)acc[j] : 0.0f);
-            else {
+            int has;
+            if (minmax) {
+                has = acc[j] == acc[j];
+                s = (use_base ? t->base[j] : 0.0f) + (has ? (float)acc[j] : 0.0f);
+            } else {
+                has = t->has[j];
                 s = (float)acc[j];
                 if (t->aggregate == FP_TAGG_AVERAGE) s /= nt;
                 if (use_base) s += t->base[j];
             }
-            out[j] = s;
+            out[j] = has ? s : 0.0f;
         }
         fp_ort_write_scores(out, n, t->post);
         return;
@@ -503,8 +541,10 @@ void fp_trees_finalize(const fp_trees *t, const double *acc, float *out) {
         fp_ort_write_scores(out, n, t->post);
         return;
     }
-    /* two classes: onnxruntime's TreeAggregatorClassifier::FinalizeScores */
-    int has1 = t->bin_has1, size = 2, w = -1;
+    /* two classes: onnxruntime's TreeAggregatorClassifier::FinalizeScores, then its
+     * write_scores, where a class without a score reads as 0 */
+    const int has0 = t->has[0], has1 = t->has[1];
+    int size = 2, w = -1;
     if (t->n_base == 2) {
         if (has1) {
             out[1] = t->base[1] + out[0];
@@ -521,18 +561,21 @@ void fp_trees_finalize(const fp_trees *t, const double *acc, float *out) {
         if (!has1) size = 1;
     }
     if (t->bin_single) {
-        const float pos = has1 ? out[1] : out[0];
+        const float pos = has1 ? out[1] : (has0 ? out[0] : 0.0f);
         if (t->bin_positive) w = pos > 0.5f ? 0 : 1;
         else w = pos > 0 ? 2 : 3;
     }
     if (size == 2) {
+        out[0] = has0 ? out[0] : 0.0f;
+        out[1] = has1 ? out[1] : 0.0f;
         fp_ort_write_scores(out, 2, t->post);
         return;
     }
-    const float s = out[0];
+    const float s = has0 ? out[0] : 0.0f;
     if (w == 0 || w == 1) {
-        out[0] = 1.0f - s;
-        out[1] = s;
+        const float p = t->post == FP_TPOST_LOGISTIC ? fp_ort_logistic(s) : s;
+        out[0] = 1.0f - p;
+        out[1] = p;
     } else if (t->post == FP_TPOST_LOGISTIC) {
         out[0] = fp_ort_logistic(-s);
         out[1] = fp_ort_logistic(s);

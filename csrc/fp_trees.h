@@ -80,7 +80,7 @@ typedef struct fp_trees {
     int n_feat, n_targets, n_trees, n_out;
     int aggregate, post, classifier;
     int n_base;
-    int bin_has1;         /* binary classifier: class 1 gets a leaf value from every tree path */
+    const uint8_t *has;   /* per target: every path scores it (onnxruntime's has_score) */
     int bin_single;       /* binary classifier whose weights name one class (ORT's binary_case) */
     int bin_positive;     /* ... and all weights >= 0 */
     const float *base;

@@ -359,6 +359,10 @@ cdef class Engine:
         cdef int rc = fp_predict(self._e, <const float *>cnp.PyArray_DATA(xa),
                                  <float *>cnp.PyArray_DATA(out))
         if rc != FP_OK:
+            if self.model.trees is not None:
+                raise InputError("the model produced NaN/Inf for this input (the tree "
+                                 "ensemble's post transform left its range, e.g. a PROBIT of a "
+                                 "score outside (0, 1))")
             raise InputError("the model produced NaN/Inf for this input (a layer overflowed: "
                              "values too large for the model)")
         return out

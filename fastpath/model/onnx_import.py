@@ -168,7 +168,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
     target = _pick_output(g, name)
     nodes = _slice(g, target)
     if any(n.op_type in _TREE_OPS for n in nodes):
-        trees = _read_trees(nodes, inputs[0], target, name, _input_width(g, inputs[0]))
+        trees = _read_trees(nodes, inputs[0], target, name, _input_width(g, inputs[0]), consts)
         return {"trees": trees, "post": "none", "output": target,
                 "classifier": trees.classifier, "producer": model.producer_name}
     cur = inputs[0]
@@ -418,7 +418,7 @@ def _s(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int):
+def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts: dict):
     """The chain input -> no-ops -> one tree ensemble -> no-ops -> target, read into a
     TreeEnsemble by onnxruntime's reading of the attributes: a tree is the nodes sharing a
     tree id, its root the first of them; children and leaf weights are (tree id, node id)."""
@@ -437,6 +437,15 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int):
             if op == "TreeEnsembleClassifier" and len(node.output) < 2:
                 raise ModelError(f"{name}: {op} node {node.name!r} has no probabilities output")
             continue
+        if op in ("Mul", "Div") and len(node.input) == 2 and cur in node.input and ens is not None:
+            # onnxmltools multiplies LightGBM's probabilities by a constant 1
+            other = node.input[1] if node.input[0] == cur else node.input[0]
+            c = consts.get(other)
+            if op == "Div" and other != node.input[1]:
+                c = None
+            if c is not None and np.asarray(c).size and np.all(np.asarray(c, np.float64) == 1.0):
+                cur = node.output[0]
+                continue
         if op not in _TREE_NOOPS or not node.input or node.input[0] != cur:
             hint = f"; {_INSTEAD[op]}" if op in _INSTEAD else ""
             raise ModelError(f"{name}: op {op} (node {node.name!r}) next to a tree ensemble is "
@@ -470,7 +479,13 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int):
             return np.asarray(list(a[key]), dtype=np.float64)
         tkey = key + "_as_tensor"
         if tkey in a:
-            return np.asarray(_tensor(a[tkey], f"{what} attribute {tkey}"), np.float64).reshape(-1)
+            t = _tensor(a[tkey], f"{what} attribute {tkey}")
+            if t.dtype != np.float32:
+                # onnxruntime refuses a double tensor here for a float input, and rounding one
+                # to float would move splits: the thresholds must be what the runtime reads
+                raise ModelError(f"{what}: {tkey} holds {t.dtype}; fastpath serves float32 "
+                                 f"models, export the ensemble for float inputs")
+            return np.asarray(t, np.float64).reshape(-1)
         return None
 
     treeids, nodeids = ints("nodes_treeids"), ints("nodes_nodeids")

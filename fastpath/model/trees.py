@@ -117,9 +117,11 @@ class TreeEnsemble:
             raise ModelError("tree ensemble leaf weights contain NaN/Inf")
         if not np.all(np.isfinite(base)):
             raise ModelError("tree ensemble base values contain NaN/Inf")
-        if base.size not in (0, 1, self.n_targets):
-            raise ModelError(f"tree ensemble has {base.size} base values; expected 0, 1 or "
-                             f"one per target ({self.n_targets})")
+        two = bool(self.classifier) and self.n_targets == 2
+        if base.size not in ((0, 1, 2) if two else (0, self.n_targets)):
+            # what onnxruntime accepts: 0 or one per target, and for two classes also one
+            raise ModelError(f"tree ensemble has {base.size} base values; expected 0 or one "
+                             f"per target ({self.n_targets})")
         if wn.size and (wn.min() < 0 or wn.max() >= n):
             raise ModelError(f"a leaf weight names node {int(wn.max()) if wn.max() >= n else int(wn.min())}, "
                              f"outside the ensemble's {n} nodes")
@@ -166,8 +168,7 @@ class TreeEnsemble:
                      ("base_values", base)):
             object.__setattr__(self, k, v)
         object.__setattr__(self, "classifier", bool(self.classifier))
-        if self.classifier and self.n_targets == 2:
-            self._binary_rule()
+        self._binary_rule()
 
     @staticmethod
     def _where(off: np.ndarray, g: int) -> tuple:
@@ -207,35 +208,43 @@ class TreeEnsemble:
         inner = np.flatnonzero(self.mode != LEAF)
         return list(zip(self.feature[inner].tolist(), self.threshold[inner].tolist()))
 
+    def _scored(self) -> tuple:
+        """(named, always) per target: whether any leaf weight names it, and whether some
+        tree names it on every leaf (then every input path gives it a score)."""
+        T = self.n_targets
+        named = np.zeros(T, bool)
+        named[self.weight_target] = True
+        always = np.zeros(T, bool)
+        leafhas = np.zeros((self.n_nodes, T), bool)
+        leafhas[self.weight_node, self.weight_target] = True
+        for t in range(self.n_trees):
+            lo, hi = int(self.tree_offsets[t]), int(self.tree_offsets[t + 1])
+            leaves = lo + np.flatnonzero(self.mode[lo:hi] == LEAF)
+            always |= leafhas[leaves].all(axis=0)
+        return named, always
+
     def _binary_rule(self) -> dict:
-        """onnxruntime's two-class bookkeeping, decided once: whether class 1 gets a value on
-        every path (it tracks 'has a score' per class), whether the weights name one class
-        only, and whether they are all >= 0."""
-        wt, wn = self.weight_target, self.weight_node
-        named = set(np.unique(wt).tolist())
-        has1 = False
-        if 1 in named:
-            leaf_has1 = np.zeros(self.n_nodes, bool)
-            leaf_has1[wn[wt == 1]] = True
-            full = []
-            for t in range(self.n_trees):
-                lo, hi = int(self.tree_offsets[t]), int(self.tree_offsets[t + 1])
-                leaves = np.flatnonzero(self.mode[lo:hi] == LEAF) + lo
-                full.append(bool(leaf_has1[leaves].all()))
-            has1 = any(full)
-            if not has1:
-                raise ModelError("a two-class tree classifier whose class-1 weights sit on some "
-                                 "leaves only: onnxruntime's output would depend on the path "
-                                 "taken in a way fastpath does not reproduce; export weights "
-                                 "for class 1 on every leaf of a tree, or for one class only")
-        single = len(named) == 1
-        one = not has1 and self.base_values.size != 2
-        if one and (self.post_transform == "PROBIT" or (not single and self.base_values.size)):
+        """What onnxruntime decides once for a model: which targets are scored on every path
+        (it tracks 'has a score' per target and writes an unscored output as 0, base value or
+        not), whether the weights name one class only and whether they are all >= 0. A target
+        scored on some paths only is refused where that changes an output (sums with a base
+        value per target; the two-class rules)."""
+        named, always = self._scored()
+        sums = self.aggregate in ("SUM", "AVERAGE")
+        T = self.n_targets
+        matters = T == 2 if self.classifier else (T >= 2 and sums and self.base_values.size == T)
+        if matters and np.any(named & ~always):
+            j = int(np.flatnonzero(named & ~always)[0])
+            raise ModelError(f"{'class' if self.classifier else 'target'} {j} has leaf weights on "
+                             f"some paths only: onnxruntime's output then depends on the path "
+                             f"in a way fastpath does not reproduce; export a weight for it on "
+                             f"every leaf of a tree")
+        if self.classifier and T == 2 and not always[1] and self.base_values.size != 2 \
+                and self.post_transform == "PROBIT":
             raise ModelError("a two-class tree classifier with one score and a PROBIT post "
-                             "transform (or no rule for the second class): onnxruntime writes "
-                             "one of the two probability columns; export both classes' weights")
-        return {"has1": has1, "single": single,
-                "positive": bool(np.all(self.weight_value >= 0))}
+                             "transform: onnxruntime writes one of the two probability columns; "
+                             "export both classes' weights")
+        return {"single": int(named.sum()) == 1, "positive": bool(np.all(self.weight_value >= 0))}
 
     # --------------------------------------------------- numpy reference
     def forward(self, x: np.ndarray) -> np.ndarray:
@@ -258,6 +267,9 @@ class TreeEnsemble:
                 vals[g, j] = np.fmax(vals[g, j], v)
             else:
                 vals[g, j] += np.float32(v)
+        leafhas = np.zeros((self.n_nodes, T), bool)
+        leafhas[self.weight_node, self.weight_target] = True
+        has = np.zeros((n, T), bool)
         rows = np.arange(n)
         for t in range(self.n_trees):
             lo = int(self.tree_offsets[t])
@@ -277,16 +289,21 @@ class TreeEnsemble:
                 nxt = lo + np.where(res, self.true_child[idx], self.false_child[idx])
                 idx = np.where(live, nxt, idx)
             lv = vals[idx]
+            has |= leafhas[idx]
             if self.aggregate == "MIN":
                 acc = np.fmin(acc, lv)
             elif self.aggregate == "MAX":
                 acc = np.fmax(acc, lv)
             else:
                 acc += lv
-        out = np.stack([self._finalize(a) for a in acc]) if n else np.zeros((0, T), np.float32)
+        rule = self._binary_rule()
+        out = np.stack([self._finalize(a, h, rule) for a, h in zip(acc, has)]) if n else \
+            np.zeros((0, T), np.float32)
         return out[0] if one else out
 
-    def _finalize(self, acc: np.ndarray) -> np.ndarray:
+    def _finalize(self, acc: np.ndarray, has: np.ndarray, rule: dict) -> np.ndarray:
+        """onnxruntime's finishing stage for one row: per-target sums (or min / max), which
+        targets were scored on the path, the model's two-class rule."""
         f = np.float32
         T = self.n_targets
         base = self.base_values
@@ -305,13 +322,13 @@ class TreeEnsemble:
                 s = (s / nt).astype(f)
             if use:
                 s = (s + base).astype(f)
-            return _write_scores(s, self.post_transform)
+            return _write_scores(np.where(has, s, f(0)).astype(f), self.post_transform)
         s = acc.astype(f)
         if T > 2:
             s[:base.size] += base
             return _write_scores(s, self.post_transform)
-        rule = self._binary_rule()
-        has1, size, w = rule["has1"], 2, -1
+        has0, has1 = bool(has[0]), bool(has[1])
+        size, w = 2, -1
         if base.size == 2:
             if has1:
                 s[1] = f(base[1] + s[0])
@@ -326,13 +343,15 @@ class TreeEnsemble:
             w = 3
             size = 2 if has1 else 1
         if rule["single"]:
-            pos = s[1] if has1 else s[0]
+            pos = s[1] if has1 else (s[0] if has0 else f(0))
             w = (0 if pos > 0.5 else 1) if rule["positive"] else (2 if pos > 0 else 3)
         if size == 2:
-            return _write_scores(s, self.post_transform)
-        v = s[0]
+            return _write_scores(np.array([s[0] if has0 else 0, s[1] if has1 else 0], f),
+                                 self.post_transform)
+        v = s[0] if has0 else f(0)
         if w in (0, 1):
-            return np.array([f(1) - v, v], f)
+            p = _logistic(v) if self.post_transform == "LOGISTIC" else v
+            return np.array([f(1) - p, p], f)
         if self.post_transform == "LOGISTIC":
             return np.array([_logistic(-v), _logistic(v)], f)
         return np.array([-v, v], f)
@@ -349,10 +368,12 @@ def _probit(v) -> np.float32:
     x = f(2) * f(v) - f(1)
     sgn = f(-1) if x < 0 else f(1)
     x = (f(1) - x) * (f(1) + x)
-    lg = np.log(x)
-    a = f(2) / (f(3.14159) * f(0.147)) + f(0.5) * lg
+    with np.errstate(invalid="ignore", divide="ignore"):   # outside (0, 1): NaN/Inf as in ORT
+        lg = np.log(x)
+    a = f(2) / (f(np.pi) * f(0.147)) + f(0.5) * lg
     b = f(1) / f(0.147) * lg
-    return f(f(1.41421356) * sgn * np.sqrt(-a + np.sqrt(a * a - b)))
+    with np.errstate(invalid="ignore"):
+        return f(f(1.41421356) * sgn * np.sqrt(-a + np.sqrt(a * a - b)))
 
 
 def _write_scores(s: np.ndarray, post: str) -> np.ndarray:

@@ -377,8 +377,13 @@ class Model:
         if head is None:
             if t.classifier and n_out in (2, 3):
                 head = Head("classifier2" if n_out == 2 else "classifier3")
-            else:
+            elif not t.classifier and n_out in (1, 2):
                 head = Head.default_for(n_out, "none")
+            else:
+                raise ModelError(f"the tree ensemble has {n_out} outputs "
+                                 f"({'classes' if t.classifier else 'targets'}) and no head was "
+                                 f"given; give one, e.g. Head('classifier3', outputs=(down, flat, "
+                                 f"up)) or Head('regression', outputs=(i,))")
         if not isinstance(head, Head):
             raise ModelError(f"head_spec must be a fastpath.model.Head, got {type(head).__name__}")
         head.check(n_out)
