@@ -625,3 +625,38 @@ def test_tree_model_cannot_be_written_as_onnx(exported, tmp_path):
     m = Model.from_onnx(exported["GradientBoostingRegressor"][1])
     with pytest.raises(ModelError, match="tree ensemble as ONNX"):
         m.to_onnx(tmp_path / "x.onnx")
+
+
+def test_arena_in_the_control_plane_region_and_cache(exported):
+    """The packed ensemble in the control plane's memory region answers as the heap copy; with
+    the cache on, a repeated tick is a hit carrying the fresh answer."""
+    m = Model.from_onnx(exported["HistGradientBoostingRegressor"][1])
+    m = m.with_cache_policy(CachePolicy(enabled=True, cos_threshold=0.9999, norm_tol=0.01))
+    a = Engine(m, config={"engine": {"n_symbols": 4}})
+    b = Engine(m, config={"engine": {"n_symbols": 4}, "memory": {"huge_pages": "none"}})
+    assert b.memory is not None
+    X = _inputs(m.trees)[:60]
+    s = np.arange(len(X)) % 4
+    ra, rb = a.step_batch(X, s), b.step_batch(X, s)
+    np.testing.assert_array_equal(ra.signal, rb.signal)
+    r1 = a.step(X[0], 3)
+    r2 = a.step(X[0], 3)
+    assert not r1.cached and r2.cached and r2.signal == r1.signal
+
+
+def test_served_tree_model_equals_local_engine(exported):
+    import os
+    import uuid
+
+    import fastpath
+    m = Model.from_onnx(exported["GradientBoostingClassifier-3"][1])
+    cfg = {"engine": {"n_symbols": 2}, "serve": {"place": False, "idle": "yield",
+                                                 "idle_spin_ns": 50_000}}
+    X = _inputs(m.trees)[:40]
+    local = Engine(m, config=cfg)
+    want = [local.step(x, 1, 1000 * (i + 1)) for i, x in enumerate(X)]
+    name = f"test-trees-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with fastpath.serve(name, m, cfg), fastpath.connect(name) as c:
+        got = [c.step(x, 1, 1000 * (i + 1)) for i, x in enumerate(X)]
+    assert [g.signal for g in got] == [w.signal for w in want]
+    assert [g.confidence for g in got] == [w.confidence for w in want]

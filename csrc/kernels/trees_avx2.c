@@ -1,12 +1,13 @@
 /* trees_avx2.c: the tree-ensemble evaluator with AVX2 gathers. A group of 16 perfect trees
- * is two vectors of 8 lanes; four such vectors (two groups) walk level by level together so
- * one vector's gathers overlap the others' (a gather's latency is ~20 cycles, its
- * throughput a few). The root level is the same node for every lane: a plain load. */
+ * is two vectors of 8 lanes; up to 8 such vectors (4 groups) walk level by level together:
+ * a level is a chain of two dependent gathers (feature index, then the feature), ~40+
+ * cycles, so many independent chains in flight keep the gather unit busy instead of
+ * waiting. The root level is the same node for every lane: a plain load. */
 #include "../fp_trees.h"
 #if FP_HAVE_X86
 #include <immintrin.h>
 
-#define FP_TV 4   /* vectors of 8 lanes walked together */
+#define FP_TV 8   /* vectors of 8 lanes walked together (4 groups) */
 
 FP_TARGET_AVX2 static inline float fp_hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -66,18 +67,14 @@ FP_TARGET_AVX2 void fp_trees_eval_avx2(const fp_trees *t, const float *x, float 
         fp_trees_finalize(t, acc, out);
         return;
     }
-    int g = 0;
     __m256 v[FP_TV];
-    for (; g + 2 <= t->n_groups; g += 2) {
-        const int gs[FP_TV] = {g, g, g + 1, g + 1}, hs[FP_TV] = {0, 1, 0, 1};
-        fp_walk8(t, x, gs, hs, FP_TV, v);
-        acc[t->ptarget[g]] += fp_hsum8(_mm256_add_ps(v[0], v[1]));
-        acc[t->ptarget[g + 1]] += fp_hsum8(_mm256_add_ps(v[2], v[3]));
-    }
-    if (g < t->n_groups) {
-        const int gs[FP_TV] = {g, g, 0, 0}, hs[FP_TV] = {0, 1, 0, 0};
-        fp_walk8(t, x, gs, hs, 2, v);
-        acc[t->ptarget[g]] += fp_hsum8(_mm256_add_ps(v[0], v[1]));
+    int gs[FP_TV], hs[FP_TV];
+    for (int g = 0; g < t->n_groups; g += FP_TV / 2) {
+        const int ng = t->n_groups - g < FP_TV / 2 ? t->n_groups - g : FP_TV / 2;
+        for (int k = 0; k < 2 * ng; k++) { gs[k] = g + k / 2; hs[k] = k & 1; }
+        fp_walk8(t, x, gs, hs, 2 * ng, v);
+        for (int k = 0; k < ng; k++)
+            acc[t->ptarget[g + k]] += fp_hsum8(_mm256_add_ps(v[2 * k], v[2 * k + 1]));
     }
     for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
     fp_trees_finalize(t, acc, out);
