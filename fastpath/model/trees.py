@@ -297,9 +297,36 @@ class TreeEnsemble:
             else:
                 acc += lv
         rule = self._binary_rule()
-        out = np.stack([self._finalize(a, h, rule) for a, h in zip(acc, has)]) if n else \
-            np.zeros((0, T), np.float32)
+        if not n:
+            out = np.zeros((0, T), np.float32)
+        elif not self.classifier and self.post_transform in ("NONE", "SOFTMAX", "SOFTMAX_ZERO") \
+                or (not self.classifier and T == 1):
+            out = self._finalize_regressor(acc, has)
+        else:
+            out = np.stack([self._finalize(a, h, rule) for a, h in zip(acc, has)])
         return out[0] if one else out
+
+    def _finalize_regressor(self, acc: np.ndarray, has: np.ndarray) -> np.ndarray:
+        """_finalize for every row of a regressor at once (the calibration path runs the
+        reference over many ticks); the per-row element functions are the same."""
+        f = np.float32
+        T = self.n_targets
+        base = self.base_values
+        nt = f(self.n_trees)
+        minmax = self.aggregate in ("MIN", "MAX")
+        s = np.where(np.isnan(acc), 0.0, acc).astype(f)
+        if not minmax and self.aggregate == "AVERAGE":
+            s = (s / nt).astype(f)
+        if T == 1:
+            s = (s + (base[0] if base.size == 1 else f(0))).astype(f)
+            if self.post_transform == "PROBIT":
+                return np.array([[_probit(v)] for v in s[:, 0]], f).reshape(-1, 1)
+            return s
+        if base.size == T:
+            s = (s + base).astype(f)
+        s = np.where(has, s, f(0)).astype(f)
+        return np.stack([_write_scores(r, self.post_transform) for r in s]) \
+            if self.post_transform != "NONE" else s
 
     def _finalize(self, acc: np.ndarray, has: np.ndarray, rule: dict) -> np.ndarray:
         """onnxruntime's finishing stage for one row: per-target sums (or min / max), which
