@@ -660,3 +660,30 @@ def test_served_tree_model_equals_local_engine(exported):
         got = [c.step(x, 1, 1000 * (i + 1)) for i, x in enumerate(X)]
     assert [g.signal for g in got] == [w.signal for w in want]
     assert [g.confidence for g in got] == [w.confidence for w in want]
+
+
+def test_c_packer_refuses_what_validation_would(exported):
+    """The C packer re-checks the description (a model whose arrays were swapped after
+    validation must be refused, not walked out of bounds or in a loop)."""
+    import dataclasses
+
+    from fastpath import FastpathError
+    m = Model.from_onnx(exported["GradientBoostingRegressor"][1])
+    t = m.trees
+    with pytest.raises(ValueError):
+        t.feature[0] = 99                      # validated arrays are read-only
+    for field, edit in (("feature", lambda a: a.__setitem__(0, t.n_features + 5)),
+                        ("true_child", lambda a: a.__setitem__(0, 0)),       # a cycle
+                        ("false_child", lambda a: a.__setitem__(0, 10**6)),
+                        ("weight_target", lambda a: a.__setitem__(0, 7)),
+                        ("weight_node", lambda a: a.__setitem__(0, 0))):    # weight on a split
+        bad = dataclasses.replace(t)
+        arr = np.array(getattr(t, field))
+        edit(arr)
+        object.__setattr__(bad, field, arr)
+        with pytest.raises(InputError, match="refused"):
+            PackedTrees(bad, "scalar")
+        mm = dataclasses.replace(m)
+        object.__setattr__(mm, "trees", bad)
+        with pytest.raises(FastpathError, match="rejected by the C core"):
+            Engine(mm)

@@ -40,7 +40,8 @@ def _arr(a, dtype, what: str, n: int | None = None) -> np.ndarray:
     if np.dtype(dtype).kind in "iu" and x.size and x.dtype.kind == "f":
         if not np.all(np.isfinite(x)) or np.any(x != np.round(x)):
             raise ModelError(f"tree ensemble {what} must hold integers")
-    return np.ascontiguousarray(x, dtype=dtype)
+    # a copy: the ensemble freezes its arrays, and the caller's must stay writable
+    return np.array(x, dtype=dtype, order="C", copy=True)
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class TreeEnsemble:
                      ("true_child", tc), ("false_child", fc), ("nan_true", nt),
                      ("weight_node", wn), ("weight_target", wt), ("weight_value", wv),
                      ("base_values", base)):
+            v.setflags(write=False)     # validated once: no later write may bypass it
             object.__setattr__(self, k, v)
         object.__setattr__(self, "classifier", bool(self.classifier))
         self._binary_rule()
