@@ -347,6 +347,42 @@ def test_each_split_mode_and_missing_track(tmp_path, mode, miss, isa):
     _check_graph(path, _grid(), isa)
 
 
+@pytest.mark.parametrize("depth", [0, 1, 2, 3, 4])
+def test_perfect_trees_of_each_small_depth(tmp_path, depth):
+    """Each depth the vector kernels special-case (levels 0-2 by blends) and one past it;
+    trees of mixed depth in one ensemble (the short ones padded)."""
+    rng = np.random.default_rng(depth)
+    a = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_modes",
+                         "nodes_values", "nodes_truenodeids", "nodes_falsenodeids", "target_ids",
+                         "target_nodeids", "target_treeids", "target_weights")}
+    for t in range(21):                         # two groups of 16 lanes, the second partial
+        d = depth if t % 3 else max(depth - 1, 0)
+        inner, leaves = 2 ** d - 1, 2 ** d
+        for i in range(inner + leaves):
+            a["nodes_treeids"].append(t)
+            a["nodes_nodeids"].append(i)
+            leaf = i >= inner
+            a["nodes_featureids"].append(0 if leaf else int(rng.integers(3)))
+            a["nodes_modes"].append("LEAF" if leaf else ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GT",
+                                                         "BRANCH_GTE"][int(rng.integers(4))])
+            a["nodes_values"].append(0.0 if leaf else float(rng.standard_normal()))
+            a["nodes_truenodeids"].append(0 if leaf else 2 * i + 1)
+            a["nodes_falsenodeids"].append(0 if leaf else 2 * i + 2)
+            if leaf:
+                a["target_ids"].append(0)
+                a["target_nodeids"].append(i)
+                a["target_treeids"].append(t)
+                a["target_weights"].append(float(rng.standard_normal()))
+    a["n_targets"] = 1
+    path = _graph(tmp_path / "d.onnx", "TreeEnsembleRegressor", a, 3, 1)
+    m = Model.from_onnx(path)
+    lay = PackedTrees(m.trees, "scalar").layout
+    assert lay["depth"] == depth and lay["groups"] == 2 and lay["compact"] == 0
+    X = rng.standard_normal((80, 3)).astype(np.float32)
+    X[::4, :] = np.asarray(m.trees.threshold[:3], np.float32)     # on the first thresholds
+    _check_graph(path, X)
+
+
 def test_thresholds_at_infinity(tmp_path):
     for mode in ("BRANCH_LT", "BRANCH_GTE", "BRANCH_LEQ", "BRANCH_GT"):
         a = _two_level(mode)

@@ -2,7 +2,8 @@
  * is two vectors of 8 lanes; up to 8 such vectors (4 groups) walk level by level together:
  * a level is a chain of two dependent gathers (feature index, then the feature), ~40+
  * cycles, so many independent chains in flight keep the gather unit busy instead of
- * waiting. The root level is the same node for every lane: a plain load. */
+ * waiting. The first three levels hold 1, 2 and 4 nodes: plain loads picked by blends on the
+ * lanes' earlier comparisons replace the feature and threshold gathers there. */
 #include "../fp_trees.h"
 #if FP_HAVE_X86
 #include <immintrin.h>
@@ -33,16 +34,44 @@ FP_TARGET_AVX2 static inline void fp_walk8(const fp_trees *t, const float *x, co
         idx[k] = _mm256_setzero_si256();
     }
     const __m256i two = _mm256_set1_epi32(2);
+    /* levels 0-2 hold 1, 2 and 4 nodes: their feature and threshold are plain loads picked
+     * by the lanes' earlier comparisons (blends), not gathers; only x[f] is gathered */
+    __m256 c0[FP_TV], c1[FP_TV];
+#define FP_NODE_F(k, i) _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(pf[k] + (i) * FP_TREES_LANES + hs[k] * 8)))
+#define FP_NODE_T(k, i) _mm256_loadu_ps(pt[k] + (i) * FP_TREES_LANES + hs[k] * 8)
     if (D > 0) {
         for (int k = 0; k < n; k++) {
-            const __m256i f = _mm256_loadu_si256((const __m256i *)(pf[k] + hs[k] * 8));
-            const __m256 xv = _mm256_i32gather_ps(x, f, 4);
-            const __m256 tv = _mm256_loadu_ps(pt[k] + hs[k] * 8);
-            const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(xv, tv, _CMP_LE_OQ));
-            idx[k] = _mm256_add_epi32(two, c);
+            const __m256 xv = _mm256_i32gather_ps(x, _mm256_castps_si256(FP_NODE_F(k, 0)), 4);
+            c0[k] = _mm256_cmp_ps(xv, FP_NODE_T(k, 0), _CMP_LE_OQ);
+            idx[k] = _mm256_add_epi32(two, _mm256_castps_si256(c0[k]));
         }
     }
-    for (int l = 1; l < D; l++) {
+    if (D > 1) {
+        for (int k = 0; k < n; k++) {
+            const __m256 f = _mm256_blendv_ps(FP_NODE_F(k, 2), FP_NODE_F(k, 1), c0[k]);
+            const __m256 tv = _mm256_blendv_ps(FP_NODE_T(k, 2), FP_NODE_T(k, 1), c0[k]);
+            const __m256 xv = _mm256_i32gather_ps(x, _mm256_castps_si256(f), 4);
+            c1[k] = _mm256_cmp_ps(xv, tv, _CMP_LE_OQ);
+            idx[k] = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(idx[k], idx[k]), two),
+                                      _mm256_castps_si256(c1[k]));
+        }
+    }
+    if (D > 2) {
+        for (int k = 0; k < n; k++) {
+            const __m256 f = _mm256_blendv_ps(
+                _mm256_blendv_ps(FP_NODE_F(k, 6), FP_NODE_F(k, 5), c1[k]),
+                _mm256_blendv_ps(FP_NODE_F(k, 4), FP_NODE_F(k, 3), c1[k]), c0[k]);
+            const __m256 tv = _mm256_blendv_ps(
+                _mm256_blendv_ps(FP_NODE_T(k, 6), FP_NODE_T(k, 5), c1[k]),
+                _mm256_blendv_ps(FP_NODE_T(k, 4), FP_NODE_T(k, 3), c1[k]), c0[k]);
+            const __m256 xv = _mm256_i32gather_ps(x, _mm256_castps_si256(f), 4);
+            const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(xv, tv, _CMP_LE_OQ));
+            idx[k] = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(idx[k], idx[k]), two), c);
+        }
+    }
+#undef FP_NODE_F
+#undef FP_NODE_T
+    for (int l = 3; l < D; l++) {
         for (int k = 0; k < n; k++) {
             const __m256i o = _mm256_add_epi32(_mm256_slli_epi32(idx[k], 4), lane[k]);
             const __m256i f = _mm256_i32gather_epi32((const int *)pf[k], o, 4);
