@@ -1,5 +1,6 @@
-"""Model types: an MLP (Layer), the feature spec that feeds it and the cache policy that
-guards it, each validated completely when built, so an Engine is never made from half a model.
+"""Model types: an MLP (Layer) or a tree ensemble (fastpath.model.trees), the feature spec
+that feeds it and the cache policy that guards it, each validated completely when built, so
+an Engine is never made from half a model.
 
 The file formats live beside this one (bundle.py: .fpm; onnx_import.py / onnx_export.py);
 the Model methods that read and write them, and fit_cache_policy (fastpath.tuning, which
@@ -306,7 +307,8 @@ class Head:
 
 @dataclass(frozen=True)
 class Model:
-    """An MLP with its feature spec, cache policy, output transform and head.
+    """An MLP (layers) or a tree ensemble (trees, layers empty) with its feature spec, cache
+    policy, output transform and head.
 
     The last layer has any width; `post` transforms it into the model's outputs (what
     onnxruntime returns: "softmax" and "logistic2" give class probabilities) and `head_spec`
@@ -505,8 +507,8 @@ class Model:
 
     @classmethod
     def from_onnx(cls, path: str | os.PathLike, head: "Head | None" = None) -> "Model":
-        """Import an MLP or linear model from ONNX as torch.onnx.export and skl2onnx write it
-        (see fastpath.model.onnx_import for the ops). Gets the identity feature spec (raw =
+        """Import an MLP, linear model or tree ensemble from ONNX as torch.onnx.export,
+        skl2onnx and onnxmltools write it (see fastpath.model.onnx_import for the ops). Gets the identity feature spec (raw =
         model input), the cache off (fit a policy with fit_cache_policy or enable one in the
         config) and `head`, or the default head for its outputs (Head.default_for)."""
         from fastpath.model.onnx_import import read_onnx
