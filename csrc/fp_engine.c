@@ -14,6 +14,7 @@ static void *fp_copy_aligned(const void *src, size_t bytes) {
 void fp_engine_free(fp_engine *e) {
     if (!e) return;
     fp_mlp_free(&e->mlp);
+    fp_trees_free(&e->trees);
     fp_aligned_free(e->fs.z_idx);
     fp_aligned_free(e->fs.w_idx);
     fp_aligned_free(e->fs.runs);
@@ -39,19 +40,25 @@ void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state) 
     memset(&fs, 0, sizeof(fs));
     fs.n_w = p->n_w;
     fs.window = p->n_w > 0 ? p->window : 1;
-    *weights = fp_mlp_arena_bytes_ex(p->n_layers, p->dims, p->weight_type);
+    *weights = p->model_kind == FP_MODEL_TREES ? fp_trees_arena_bytes(p->trees)
+                                               : fp_mlp_arena_bytes_ex(p->n_layers, p->dims, p->weight_type);
     *state = (fp_slot_stride(p->n_z + 2 * p->n_w) + fp_window_stride(&fs)) * (size_t)p->n_symbols;
 }
 
 fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     *err = FP_ERR_PARAM;
     const int n_feat = p->n_z + 2 * p->n_w;
-    if (p->raw_len < 1 || p->n_z < 0 || p->n_w < 0 || n_feat < 1 || p->n_symbols < 1 ||
-        (p->n_w > 0 && p->window < 1) || p->n_layers < 1 || p->n_layers > FP_MAX_LAYERS ||
-        p->dims[0] != n_feat || p->dims[p->n_layers] < 1 || p->lat_capacity < 1 ||
-        (p->lat_capacity & (p->lat_capacity - 1)))
+    const int trees = p->model_kind == FP_MODEL_TREES;
+    if (p->model_kind != FP_MODEL_MLP && !trees) return NULL;
+    if (trees && (!p->trees || p->trees->n_feat != n_feat || p->post != FP_POST_NONE))
         return NULL;
-    const int width = p->dims[p->n_layers];
+    if (p->raw_len < 1 || p->n_z < 0 || p->n_w < 0 || n_feat < 1 || p->n_symbols < 1 ||
+        (p->n_w > 0 && p->window < 1) ||
+        (!trees && (p->n_layers < 1 || p->n_layers > FP_MAX_LAYERS || p->dims[0] != n_feat ||
+                    p->dims[p->n_layers] < 1)) ||
+        p->lat_capacity < 1 || (p->lat_capacity & (p->lat_capacity - 1)))
+        return NULL;
+    const int width = trees ? p->trees->n_targets : p->dims[p->n_layers];
     if (p->post < FP_POST_NONE || p->post > FP_POST_LOGISTIC2 || (p->post == FP_POST_LOGISTIC2 && width != 1))
         return NULL;
     const int n_out = p->post == FP_POST_LOGISTIC2 ? 2 : width;
@@ -75,13 +82,15 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
         if (p->z_idx[i] < 0 || p->z_idx[i] >= p->raw_len) return NULL;
     for (int i = 0; i < p->n_w; i++)
         if (p->w_idx[i] < 0 || p->w_idx[i] >= p->raw_len) return NULL;
-    for (int l = 0; l < p->n_layers; l++)
+    for (int l = 0; !trees && l < p->n_layers; l++)
         if (p->acts[l] < FP_ACT_IDENTITY || p->acts[l] > FP_ACT_SIGMOID) return NULL;
     const fp_kernels *k = fp_kernels_for(p->isa);
     if (!k) return NULL;
     if (p->weight_type < FP_WEIGHTS_FP32 || p->weight_type > FP_WEIGHTS_INT8 ||
         (p->weight_type != FP_WEIGHTS_FP32 && !fp_lowp_for(p->isa)))
         return NULL;
+    const fp_trees_eval_fn tev = trees ? fp_trees_eval_for(p->isa) : NULL;
+    if (trees && !tev) return NULL;
 
     *err = FP_ERR_NOMEM;
     fp_engine *e = (fp_engine *)fp_aligned_alloc(sizeof(fp_engine));
@@ -108,8 +117,17 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
         fs->n_runs = fp_feature_runs(p->z_idx, p->n_z, fs->runs);
         if (fs->n_runs * 4 > p->n_z) fs->n_runs = 0;
     }
-    if (fp_mlp_init_ex(&e->mlp, p->n_layers, p->dims, p->acts, p->weights, p->biases, p->arena_mem,
-                       p->weight_type, p->isa)) {
+    e->model_kind = p->model_kind;
+    if (trees) {
+        const int rc = fp_trees_init(&e->trees, p->trees, p->arena_mem);
+        if (rc) {
+            *err = rc == -2 ? FP_ERR_NOMEM : FP_ERR_PARAM;
+            fp_engine_free(e);
+            return NULL;
+        }
+        e->trees_eval = tev;
+    } else if (fp_mlp_init_ex(&e->mlp, p->n_layers, p->dims, p->acts, p->weights, p->biases, p->arena_mem,
+                              p->weight_type, p->isa)) {
         e->mlp.arena = NULL;
         fp_engine_free(e);
         return NULL;
@@ -197,8 +215,15 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
     return FP_OK;
 }
 
-/* the model on x: the MLP, then the post transform into e->out (NULL: a layer overflowed) */
+/* the model on x: the MLP, then the post transform into e->out (NULL: a layer overflowed);
+ * a tree ensemble maps any feature to a finite leaf, so a NaN/Inf feature (an overflowed
+ * z-score) is refused here instead of being read as a missing value */
 static inline const float *fp_model_eval(fp_engine *e, const float *x) {
+    if (e->model_kind == FP_MODEL_TREES) {
+        if (!e->k->allfinite(x, e->fs.n_feat)) return NULL;
+        e->trees_eval(&e->trees, x, e->out);
+        return e->out;
+    }
     e->mlp_parity ^= 1u;
     const float *y = fp_mlp_forward(e->k, &e->mlp, x, e->buf_a, e->buf_b, (int)e->mlp_parity);
     if (!y || e->post == FP_POST_NONE) return y;
@@ -219,6 +244,11 @@ const float *fp_infer_cpu(fp_engine *e) { return fp_model_eval(e, e->feat); }
 int fp_predict(fp_engine *e, const float *x, float *out) {
     /* a private copy: the kernels may read the slack past n_feat, the caller's array has none */
     memcpy(e->xin, x, sizeof(float) * e->fs.n_feat);
+    if (e->model_kind == FP_MODEL_TREES) {
+        /* here a NaN feature is a missing value, as the ONNX spec reads it */
+        e->trees_eval(&e->trees, e->xin, out);
+        return e->k->allfinite(out, e->n_out) ? FP_OK : FP_ERR_NONFINITE_OUTPUT;
+    }
     const float *y = fp_model_eval(e, e->xin);
     if (!y) {
         /* the overflowed layer's values are in the scratch; report them all as non-finite */

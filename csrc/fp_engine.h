@@ -17,6 +17,7 @@
 #include "fp_features.h"
 #include "fp_cache.h"
 #include "fp_mlp.h"
+#include "fp_trees.h"
 #include "fp_clock.h"
 
 enum {
@@ -52,7 +53,13 @@ typedef struct {
     fp_cache_policy policy;
     fp_isa isa;
     int lat_capacity;                 /* per-tick latency records kept for stats, power of 2 */
+    /* FP_MODEL_TREES: the model is `trees` (the MLP fields are ignored, post must be NONE:
+     * the ensemble's own post transform is in the description) */
+    int model_kind;
+    const fp_trees_desc *trees;
 } fp_engine_params;
+
+enum { FP_MODEL_MLP = 0, FP_MODEL_TREES = 1 };
 
 /* What follows the last dense layer, as the exporters write it: nothing, a softmax over the
  * outputs (classifier probabilities), or one logit z -> [1 - sigmoid(z), sigmoid(z)] (a
@@ -103,6 +110,9 @@ typedef struct fp_engine {
     /* counters */
     uint64_t ticks, hits, misses, miss_reason[FP_MISS_NREASONS];
     fp_lat *lat; uint64_t lat_mask;
+    int model_kind;
+    fp_trees trees;
+    fp_trees_eval_fn trees_eval;
 } fp_engine;
 
 /* Bytes the weights arena and the per-symbol state (slots, windows) need for these

@@ -13,7 +13,7 @@ from fastpath._engine import (Engine, Latency, Result, clock_info, cpu_features,
 from fastpath._build import BatchResult
 from fastpath.errors import (BackendError, ConfigError, EngineBusyError, FastpathError,
                              InputError, ModelError)
-from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+from fastpath.model import CachePolicy, FeatureSpec, Layer, Model, TreeEnsemble
 from fastpath.errors import RingFull, ServeError, ServerGone
 from fastpath.serving import Server, connect, serve
 from fastpath.gpu import gpu_status
@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine", "Result", "Latency", "BatchResult", "step", "simd", "configure", "clock_info",
-    "cpu_features", "Model", "Layer", "FeatureSpec", "CachePolicy", "FastpathError", "InputError",
+    "cpu_features", "Model", "Layer", "TreeEnsemble", "FeatureSpec", "CachePolicy", "FastpathError", "InputError",
     "ModelError", "ConfigError", "BackendError", "EngineBusyError", "__version__", "gpu_status",
     "serve", "connect", "Server", "get_include", "ServeError", "ServerGone", "RingFull",
 ]

@@ -135,6 +135,34 @@ cdef extern from "fp_features.h" nogil:
         int raw_len, n_z, n_w, window, n_feat, n_runs
     int fp_feature_runs(const int32_t *z_idx, int n_z, int32_t *runs)
 
+cdef extern from "fp_trees.h" nogil:
+    enum:
+        FP_TREES_PERFECT_DEPTH
+        FP_TREES_MAX_TARGETS
+    ctypedef struct fp_trees_desc:
+        int n_feat, n_targets, n_trees, n_nodes, n_weights, n_base
+        int aggregate, post, classifier
+        const int32_t *tree_off
+        const int32_t *feat
+        const int32_t *mode
+        const int32_t *true_child
+        const int32_t *false_child
+        const uint8_t *nan_true
+        const float *thr
+        const int32_t *w_node
+        const int32_t *w_target
+        const float *w_value
+        const float *base
+    ctypedef struct fp_trees:
+        int n_feat, n_targets, n_trees, n_out
+        int depth, n_groups, n_rest
+        size_t arena_bytes
+    ctypedef void (*fp_trees_eval_fn)(const fp_trees *t, const float *x, float *out)
+    size_t fp_trees_arena_bytes(const fp_trees_desc *d)
+    int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem)
+    void fp_trees_free(fp_trees *t)
+    fp_trees_eval_fn fp_trees_eval_for(fp_isa isa)
+
 cdef extern from "fp_engine.h" nogil:
     enum:
         FP_OK
@@ -175,6 +203,11 @@ cdef extern from "fp_engine.h" nogil:
         fp_cache_policy policy
         fp_isa isa
         int lat_capacity
+        int model_kind
+        const fp_trees_desc *trees
+    enum:
+        FP_MODEL_MLP
+        FP_MODEL_TREES
     ctypedef struct fp_result:
         float signal, confidence
         int cached, reason
@@ -198,6 +231,8 @@ cdef extern from "fp_engine.h" nogil:
         uint64_t miss_reason[7]
         fp_lat *lat
         uint64_t lat_mask
+        int model_kind
+        fp_trees trees
     void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state)
     fp_engine *fp_engine_create(const fp_engine_params *p, int *err)
     void fp_engine_free(fp_engine *e)

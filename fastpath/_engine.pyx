@@ -348,7 +348,9 @@ cdef class Engine:
         """The model's outputs for one feature vector x (n_features values), as onnxruntime
         returns them for the same model (regressors: the values; classifiers: the class
         probabilities), before the head. No feature stage, no cache, no state touched.
-        x must be finite (InputError otherwise); a model that overflows on x is an InputError."""
+        x must be finite (InputError otherwise), except for a tree ensemble, which reads a NaN
+        as a missing value as the ONNX spec does; a model that overflows on x is an
+        InputError."""
         try:
             a = np.asarray(x)
         except Exception:
@@ -358,7 +360,8 @@ cdef class Engine:
             raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
                              f"{_describe(x)}")
         cdef cnp.ndarray xa = np.ascontiguousarray(a, dtype=np.float32)
-        if not np.all(np.isfinite(xa)):
+        # a tree ensemble reads NaN as a missing value (ONNX's missing-value tracks)
+        if self.model.trees is None and not np.all(np.isfinite(xa)):
             i = int(np.flatnonzero(~np.isfinite(xa))[0])
             raise InputError(f"x contains non-finite values, first at index {i} ({xa[i]}); "
                              f"predict takes finite feature vectors, as step() does")
@@ -367,6 +370,10 @@ cdef class Engine:
         cdef int rc = fp_predict(self._e, <const float *>cnp.PyArray_DATA(xa),
                                  <float *>cnp.PyArray_DATA(out))
         if rc != FP_OK:
+            if self.model.trees is not None:
+                raise InputError("the model produced NaN/Inf for this input (the tree "
+                                 "ensemble's post transform left its range, e.g. a PROBIT of a "
+                                 "score outside (0, 1))")
             raise InputError("the model produced NaN/Inf for this input (a layer overflowed: "
                              "values too large for the model)")
         return out

@@ -11,7 +11,7 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 cimport numpy as cnp
 from libc.math cimport sqrt
 from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from fastpath._csrc cimport *
 
@@ -26,6 +26,8 @@ fp_clock_init()
 
 _ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
 _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
+
+include "_trees.pxi"
 
 cdef const fp_kernels *_kernels(str isa) except NULL:
     if isa not in _ISA_BY_NAME:
@@ -589,3 +591,91 @@ cdef class LowpMLP:
                 sink = o[0] if o != NULL else 0
                 t[i] = fp_mono_ns() - t0
         return ts
+
+
+_TREE_ISAS = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
+
+
+def tree_isas():
+    """The tree-ensemble kernel sets this CPU can run, scalar first."""
+    return [n for n, i in _TREE_ISAS.items() if fp_trees_eval_for(i) != NULL]
+
+
+cdef class PackedTrees:
+    """A fastpath.model.TreeEnsemble packed by the C core (csrc/fp_trees.c), evaluated by one
+    named tree kernel set (scalar, avx2, avx512), one feature vector at a time."""
+    cdef fp_trees t
+    cdef fp_trees_eval_fn ev
+    cdef readonly int n_features, n_outputs
+    cdef readonly str isa
+
+    def __cinit__(self, trees, str isa="scalar"):
+        memset(&self.t, 0, sizeof(fp_trees))
+        if isa not in _TREE_ISAS:
+            raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_TREE_ISAS)}")
+        self.ev = fp_trees_eval_for(_TREE_ISAS[isa])
+        if self.ev == NULL:
+            raise InputError(f"kernel set {isa!r} is not supported by this CPU (has: {tree_isas()})")
+        cdef fp_trees_desc d
+        keep = []
+        _trees_desc(trees, &d, keep)
+        cdef int rc = fp_trees_init(&self.t, &d, NULL)
+        if rc == -2:
+            raise MemoryError("cannot allocate the tree arena")
+        if rc != 0:
+            raise InputError("the C packer refused the tree ensemble description")
+        self.isa = isa
+        self.n_features = self.t.n_feat
+        self.n_outputs = self.t.n_out
+
+    def __dealloc__(self):
+        fp_trees_free(&self.t)
+
+    @property
+    def layout(self):
+        """How the trees were laid out: perfect depth, groups of 16, trees walked compactly."""
+        return {"depth": self.t.depth, "groups": self.t.n_groups, "compact": self.t.n_rest,
+                "arena_bytes": self.t.arena_bytes}
+
+    def eval(self, x):
+        """Outputs for one feature vector (NaN: a missing value) or each row of a 2-d array."""
+        a = np.ascontiguousarray(x, dtype=np.float32)
+        if a.ndim == 1:
+            a = a[None, :]
+            one = True
+        else:
+            one = False
+        if a.ndim != 2 or a.shape[1] != self.n_features:
+            raise InputError(f"x must have {self.n_features} features per row, got {_describe(x)}")
+        out = np.empty((a.shape[0], self.n_outputs), np.float32)
+        cdef cnp.ndarray row
+        cdef cnp.ndarray o = out
+        cdef Py_ssize_t i
+        for i in range(a.shape[0]):
+            row = np.ascontiguousarray(a[i])
+            self.ev(&self.t, <const float *>cnp.PyArray_DATA(row),
+                    <float *>cnp.PyArray_DATA(o) + i * self.n_outputs)
+        return out[0] if one else out
+
+    def time_eval(self, x, long long iters):
+        """Median over 5 runs of the mean ns per evaluation over `iters` back-to-back calls
+        (GIL released), for the bench."""
+        a = np.ascontiguousarray(x, dtype=np.float32)
+        if a.ndim != 1 or a.shape[0] != self.n_features or iters < 1:
+            raise InputError(f"x must have {self.n_features} values and iters >= 1")
+        cdef cnp.ndarray v = a
+        cdef cnp.ndarray o = np.empty(max(self.n_outputs, 1), np.float32)
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(v)
+        cdef float *op = <float *>cnp.PyArray_DATA(o)
+        cdef long long i
+        cdef int64_t t0, t1
+        runs = []
+        for _ in range(5):
+            with nogil:
+                t0 = fp_mono_ns()
+                for i in range(iters):
+                    self.ev(&self.t, xp, op)
+                t1 = fp_mono_ns()
+            runs.append((t1 - t0) / iters)
+        return sorted(runs)[2]
+

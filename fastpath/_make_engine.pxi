@@ -3,6 +3,7 @@
 # model answer tick for tick alike. (Each extension links its own copy of the C core.)
 
 _WEIGHT_TYPES = {"fp32": FP_WEIGHTS_FP32, "bf16": FP_WEIGHTS_BF16, "int8": FP_WEIGHTS_INT8}
+include "_trees.pxi"
 
 
 cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
@@ -16,19 +17,26 @@ cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
     layers = m.layers
     cdef int L = len(layers)
     cdef fp_engine_params p
+    cdef fp_trees_desc td
     cdef int err = 0
     cdef size_t wbytes = 0, sbytes = 0
     z_idx = np.ascontiguousarray(fs.z_idx, dtype=np.int32)
     w_idx = np.ascontiguousarray(fs.w_idx, dtype=np.int32)
     mean = np.ascontiguousarray(fs.mean, dtype=np.float32)
     inv_std = np.ascontiguousarray(fs.inv_std, dtype=np.float32)
-    dims = np.ascontiguousarray([layers[0].weight.shape[1]] + [l.weight.shape[0] for l in layers],
-                                dtype=np.intc)
+    tree_keep = []
+    if m.trees is not None:
+        # the C core packs its own copy; these arrays only live through fp_engine_create
+        _trees_desc(m.trees, &td, tree_keep)
+        dims = np.ones(2, dtype=np.intc)
+    else:
+        dims = np.ascontiguousarray([layers[0].weight.shape[1]] + [l.weight.shape[0] for l in layers],
+                                    dtype=np.intc)
     acts = np.ascontiguousarray([_ACTS[l.activation] for l in layers], dtype=np.intc)
     ws = [np.ascontiguousarray(l.weight, dtype=np.float32) for l in layers]
     bs = [np.ascontiguousarray(l.bias, dtype=np.float32) for l in layers]
-    cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-    cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
+    cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * max(L, 1))
+    cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * max(L, 1))
     cdef cnp.ndarray a
     memset(&p, 0, sizeof(p))
     head = m.head_spec
@@ -63,6 +71,9 @@ cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
         p.w_idx = <const int32_t *>cnp.PyArray_DATA(w_idx)
         p.mean = <const float *>cnp.PyArray_DATA(mean)
         p.inv_std = <const float *>cnp.PyArray_DATA(inv_std)
+        if m.trees is not None:
+            p.model_kind = FP_MODEL_TREES
+            p.trees = &td
         p.n_layers = L
         p.dims = <const int *>cnp.PyArray_DATA(dims)
         p.acts = <const int *>cnp.PyArray_DATA(acts)
@@ -79,6 +90,11 @@ cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
         p.isa = _ISA_BY_NAME[cfg.simd_resolved]
         # [engine] weights, when set, overrides the model's own choice (fp32 unless set)
         wt = getattr(cfg.source, "weights", None) or m.weights
+        if m.trees is not None and wt != "fp32":
+            from fastpath.errors import ConfigError
+            raise ConfigError(f"engine.weights = {wt!r} applies to an MLP's layers; this model is a "
+                              f"tree ensemble, which runs its float32 thresholds (leave "
+                              f"engine.weights unset or 'fp32')")
         p.weight_type = _WEIGHT_TYPES[wt]
         p.lat_capacity = cfg.latency_records
         mem_cfg = cfg.memory

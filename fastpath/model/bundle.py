@@ -5,6 +5,10 @@ single weight is used.
 Layout: a magic, the format version and a JSON header describing every array, the arrays
 (64-byte aligned offsets), then a CRC32 of everything before it and an end marker.
 
+A tree ensemble (fastpath.model.trees) is stored as its arrays ("trees.<name>") with
+"trees" in the header (n_features, n_targets, aggregate, post_transform, classifier); such a
+bundle has no layers.
+
 Output transform and head in the header: "post" (none / softmax / logistic2) and "head"
 (kind, scale, outputs); a bundle without them is read with no post transform and the default
 head for its outputs (two outputs: tanh / sigmoid, what every such bundle was written for).
@@ -33,10 +37,17 @@ END = b"FPEND\x00\x00\x00"
 VERSION = 1
 
 
+_TREE_ARRAYS = ("tree_offsets", "mode", "feature", "threshold", "true_child", "false_child",
+                "nan_true", "weight_node", "weight_target", "weight_value", "base_values")
+
+
 def to_bytes(model: Model) -> bytes:
     arrays: list = []
     for i, l in enumerate(model.layers):
         arrays += [(f"layer{i}.weight", l.weight), (f"layer{i}.bias", l.bias)]
+    t = model.trees
+    if t is not None:
+        arrays += [(f"trees.{k}", getattr(t, k)) for k in _TREE_ARRAYS]
     fs = model.feature_spec
     arrays += [("fs.z_idx", fs.z_idx), ("fs.w_idx", fs.w_idx), ("fs.mean", fs.mean),
                ("fs.inv_std", fs.inv_std)]
@@ -60,6 +71,9 @@ def to_bytes(model: Model) -> bytes:
                          "norm_tol": pol.norm_tol, "max_age_ns": pol.max_age_ns,
                          "max_run": pol.max_run, "fitted_max_error": pol.fitted_max_error},
         "post": model.post, "head": model.head_spec.to_json(), "weights": model.weights,
+        **({} if t is None else {"trees": {
+            "n_features": t.n_features, "n_targets": t.n_targets, "aggregate": t.aggregate,
+            "post_transform": t.post_transform, "classifier": t.classifier}}),
         "meta": model.meta, "arrays": table,
     }
     hb = json.dumps(header, sort_keys=True).encode()
@@ -142,9 +156,18 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
         # the defaults (no post transform, tanh / sigmoid) are what they always ran with
         h = header.get("head")
         head = None if h is None else Head(h["kind"], h["scale"], tuple(h["outputs"]))
+        trees = None
+        tj = header.get("trees")
+        if tj is not None:
+            from fastpath.model.trees import TreeEnsemble
+            trees = TreeEnsemble(int(tj["n_features"]), int(tj["n_targets"]),
+                                 *[arrays[f"trees.{k}"] for k in _TREE_ARRAYS[:10]],
+                                 arrays["trees.base_values"], str(tj["aggregate"]),
+                                 str(tj["post_transform"]), bool(tj["classifier"]))
         # bundles written before weight formats existed ran fp32
         return Model(layers, fs, _policy(header["cache_policy"], meta), meta,
-                     header.get("post", "none"), head, header.get("weights", "fp32"))
+                     header.get("post", "none"), head, weights=header.get("weights", "fp32"),
+                     trees=trees)
     except ModelError as exc:
         raise ModelError(f"{name}: {exc}") from None
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as exc:

@@ -11,7 +11,9 @@ function: Cast to float, Reshape to (batch, n), Flatten and Identity are no-ops;
 (ai.onnx.ml), an elementwise Mul / Add / Sub / Div by a constant and a BatchNormalization are
 affine maps folded into the dense layer before or after them; LinearRegressor and
 LinearClassifier (ai.onnx.ml) are dense layers; a final Softmax, or Sigmoid -> 1 - p ->
-Concat (skl2onnx's binary classifier), is the post transform. Anything else is refused with
+Concat (skl2onnx's binary classifier), is the post transform. A TreeEnsembleRegressor /
+TreeEnsembleClassifier (ai.onnx.ml) between such no-ops is read into a
+fastpath.model.TreeEnsemble (_read_trees). Anything else is refused with
 the op and node named and what to export instead. It returns plain arrays, not Layer objects,
 so it depends on nothing in fastpath but the errors (Model.from_onnx builds the Layers).
 """
@@ -29,8 +31,6 @@ SUPPORTED = ("Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Tanh", "Sigm
 _ACT = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 # what to do instead, for ops people meet in exported models
 _INSTEAD = {
-    "TreeEnsembleRegressor": "tree ensembles are not served yet; export a linear model or MLP",
-    "TreeEnsembleClassifier": "tree ensembles are not served yet; export a linear model or MLP",
     "ZipMap": "export the classifier with zipmap=False (skl2onnx: options={id(model): "
               "{'zipmap': False}})",
     "Conv": "fastpath serves dense (fully connected) models; flatten the input and use Linear",
@@ -167,6 +167,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
             continue
     target = _pick_output(g, name)
     nodes = _slice(g, target)
+    if any(n.op_type in _TREE_OPS for n in nodes):
+        trees = _read_trees(nodes, inputs[0], target, name, _input_width(g, inputs[0]), consts)
+        return {"trees": trees, "post": "none", "output": target,
+                "classifier": trees.classifier, "producer": model.producer_name}
     cur = inputs[0]
     # pending layers: [weight (out, in), bias (out,), activation, activation_set]
     layers: list = []
@@ -400,3 +404,189 @@ def read_onnx(path: str | os.PathLike) -> dict:
     classifier = post != "none" or any(n.op_type == "LinearClassifier" for n in nodes)
     return {"layers": tuple((w, b, act) for w, b, act, _ in layers), "post": post,
             "output": target, "classifier": classifier, "producer": model.producer_name}
+
+
+_TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier")
+# what may stand before or after a tree ensemble without changing a float: the exporters
+# write these around it
+_TREE_NOOPS = ("Cast", "Identity", "Reshape", "Flatten")
+_MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4,
+          "BRANCH_NEQ": 5, "LEAF": 6}
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts: dict):
+    """The chain input -> no-ops -> one tree ensemble -> no-ops -> target, read into a
+    TreeEnsemble by onnxruntime's reading of the attributes: a tree is the nodes sharing a
+    tree id, its root the first of them; children and leaf weights are (tree id, node id)."""
+    from fastpath.model.trees import TreeEnsemble
+    cur, ens = inp, None
+    for node in nodes:
+        op = node.op_type
+        if op in _TREE_OPS:
+            if ens is not None:
+                raise ModelError(f"{name}: more than one tree ensemble on the output's path; "
+                                 f"fastpath serves one ensemble per model")
+            if not node.input or node.input[0] != cur:
+                raise ModelError(f"{name}: {op} node {node.name!r} does not read the model input")
+            ens = node
+            cur = node.output[-1] if op == "TreeEnsembleClassifier" else node.output[0]
+            if op == "TreeEnsembleClassifier" and len(node.output) < 2:
+                raise ModelError(f"{name}: {op} node {node.name!r} has no probabilities output")
+            continue
+        if op in ("Mul", "Div") and len(node.input) == 2 and cur in node.input and ens is not None:
+            # onnxmltools multiplies LightGBM's probabilities by a constant 1
+            other = node.input[1] if node.input[0] == cur else node.input[0]
+            c = consts.get(other)
+            if op == "Div" and other != node.input[1]:
+                c = None
+            if c is not None and np.asarray(c).size and np.all(np.asarray(c, np.float64) == 1.0):
+                cur = node.output[0]
+                continue
+        if op not in _TREE_NOOPS or not node.input or node.input[0] != cur:
+            hint = f"; {_INSTEAD[op]}" if op in _INSTEAD else ""
+            raise ModelError(f"{name}: op {op} (node {node.name!r}) next to a tree ensemble is "
+                             f"not supported; fastpath reads a tree ensemble with only Cast / "
+                             f"Identity / Reshape / Flatten around it{hint}")
+        if op == "Cast":
+            to = _attrs(node).get("to")
+            if to not in (_FLOAT, 11):      # float, double: the values pass unchanged
+                raise ModelError(f"{name}: Cast node {node.name!r} to type {to} next to a tree "
+                                 f"ensemble; only casts to float / double are no-ops")
+        cur = node.output[0]
+    if ens is None or cur != target:
+        raise ModelError(f"{name}: the tree ensemble's chain ends at {cur!r}, not at the graph "
+                         f"output {target!r}")
+    try:
+        a = _attrs(ens)
+    except ModelError as exc:
+        raise ModelError(f"{name}: {exc}") from None
+    what = f"{name}: {ens.op_type} node {ens.name!r}"
+
+    def ints(key, required=True):
+        v = a.get(key)
+        if v is None:
+            if required:
+                raise ModelError(f"{what} has no {key} attribute")
+            return None
+        return np.asarray(list(v), dtype=np.int64)
+
+    def floats(key):
+        if key in a:
+            return np.asarray(list(a[key]), dtype=np.float64)
+        tkey = key + "_as_tensor"
+        if tkey in a:
+            t = _tensor(a[tkey], f"{what} attribute {tkey}")
+            if t.dtype != np.float32:
+                # onnxruntime refuses a double tensor here for a float input, and rounding one
+                # to float would move splits: the thresholds must be what the runtime reads
+                raise ModelError(f"{what}: {tkey} holds {t.dtype}; fastpath serves float32 "
+                                 f"models, export the ensemble for float inputs")
+            return np.asarray(t, np.float64).reshape(-1)
+        return None
+
+    treeids, nodeids = ints("nodes_treeids"), ints("nodes_nodeids")
+    feats, tids, fids = ints("nodes_featureids"), ints("nodes_truenodeids"), ints("nodes_falsenodeids")
+    modes = [_s(m) for m in a.get("nodes_modes", [])]
+    vals = floats("nodes_values")
+    n = treeids.size
+    if vals is None:
+        vals = np.zeros(n)
+    miss = ints("nodes_missing_value_tracks_true", required=False)
+    if miss is None or miss.size == 0:
+        miss = np.zeros(n, np.int64)
+    for k, arr in (("nodes_nodeids", nodeids), ("nodes_featureids", feats),
+                   ("nodes_truenodeids", tids), ("nodes_falsenodeids", fids),
+                   ("nodes_modes", modes), ("nodes_values", vals),
+                   ("nodes_missing_value_tracks_true", miss)):
+        if len(arr) != n:
+            raise ModelError(f"{what}: {k} has {len(arr)} values, nodes_treeids {n}")
+    bad = [m for m in modes if m not in _MODES]
+    if bad:
+        raise ModelError(f"{what}: node mode {bad[0]!r} unknown; expected one of {tuple(_MODES)}")
+    clf = ens.op_type == "TreeEnsembleClassifier"
+    pre = "class" if clf else "target"
+    wt_tree, wt_node, wt_id = ints(f"{pre}_treeids"), ints(f"{pre}_nodeids"), ints(f"{pre}_ids")
+    wv = floats(f"{pre}_weights")
+    if wv is None or not (wt_tree.size == wt_node.size == wt_id.size == wv.size):
+        raise ModelError(f"{what}: the {pre}_treeids / _nodeids / _ids / _weights attributes "
+                         f"are missing or of different lengths")
+    if clf:
+        labels = a.get("classlabels_int64s") or a.get("classlabels_strings")
+        if not labels:
+            raise ModelError(f"{what} has no class labels")
+        n_targets = len(labels)
+    else:
+        n_targets = int(_num(a, "n_targets", 1, ens, name))
+    base = floats("base_values")
+    base = np.zeros(0) if base is None else base
+    agg = _s(a.get("aggregate_function", "SUM"))
+    post = _s(a.get("post_transform", "NONE"))
+    # trees in order of first appearance, nodes re-indexed per tree
+    order: dict = {}
+    for i, t in enumerate(treeids.tolist()):
+        order.setdefault(t, []).append(i)
+    tree_list = list(order)
+    perm = np.concatenate([np.asarray(order[t], np.int64) for t in tree_list]) if n else \
+        np.zeros(0, np.int64)
+    offsets = np.zeros(len(tree_list) + 1, np.int64)
+    local: dict = {}
+    for k, t in enumerate(tree_list):
+        idx = order[t]
+        offsets[k + 1] = offsets[k] + len(idx)
+        loc = {}
+        for j, i in enumerate(idx):
+            nid = int(nodeids[i])
+            if nid in loc:
+                raise ModelError(f"{what}: tree {t} has node id {nid} twice")
+            loc[nid] = j
+        local[t] = loc
+    mode_a = np.asarray([_MODES[modes[i]] for i in perm], np.int32)
+    tc = np.zeros(n, np.int64)
+    fc = np.zeros(n, np.int64)
+    for g, i in enumerate(perm.tolist()):
+        if mode_a[g] == 6:
+            tc[g] = fc[g] = -1
+            continue
+        loc = local[int(treeids[i])]
+        for arr, ref, which in ((tc, tids, "true"), (fc, fids, "false")):
+            r = int(ref[i])
+            if r not in loc:
+                raise ModelError(f"{what}: tree {int(treeids[i])} node {int(nodeids[i])} has "
+                                 f"{which} child {r}, which is not a node of that tree")
+            arr[g] = loc[r]
+    gidx = {}
+    for k, t in enumerate(tree_list):
+        for nid, j in local[t].items():
+            gidx[(t, nid)] = int(offsets[k]) + j
+    w_node = np.zeros(wv.size, np.int64)
+    for k, (t, nid) in enumerate(zip(wt_tree.tolist(), wt_node.tolist())):
+        g = gidx.get((t, nid))
+        if g is None:
+            raise ModelError(f"{what}: a leaf weight names tree {t} node {nid}, which does not "
+                             f"exist")
+        w_node[k] = g
+    try:
+        return TreeEnsemble(n_in if n_in else _n_features(feats, mode_a, perm), n_targets, offsets, mode_a, feats[perm], vals[perm].astype(np.float32),
+                            tc, fc, (miss[perm] != 0).astype(np.uint8), w_node, wt_id,
+                            wv.astype(np.float32), base.astype(np.float32), agg, post, clf)
+    except ModelError as exc:
+        raise ModelError(f"{what}: {exc}") from None
+
+
+def _n_features(feats: np.ndarray, mode: np.ndarray, perm: np.ndarray) -> int:
+    f = feats[perm][mode != 6]
+    return int(f.max()) + 1 if f.size else 1
+
+
+def _input_width(g, inp: str) -> int:
+    """The graph input's feature count (its last dimension), 0 when the file leaves it open."""
+    for i in g.input:
+        if i.name == inp:
+            dims = i.type.tensor_type.shape.dim
+            if len(dims) and dims[-1].HasField("dim_value") and dims[-1].dim_value > 0:
+                return int(dims[-1].dim_value)
+    return 0

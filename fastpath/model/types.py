@@ -1,5 +1,6 @@
-"""Model types: an MLP (Layer), the feature spec that feeds it and the cache policy that
-guards it, each validated completely when built, so an Engine is never made from half a model.
+"""Model types: an MLP (Layer) or a tree ensemble (fastpath.model.trees), the feature spec
+that feeds it and the cache policy that guards it, each validated completely when built, so
+an Engine is never made from half a model.
 
 The file formats live beside this one (bundle.py: .fpm; onnx_import.py / onnx_export.py);
 the Model methods that read and write them, and fit_cache_policy (fastpath.tuning, which
@@ -309,7 +310,8 @@ class Head:
 
 @dataclass(frozen=True)
 class Model:
-    """An MLP with its feature spec, cache policy, output transform and head.
+    """An MLP (layers) or a tree ensemble (trees, layers empty) with its feature spec, cache
+    policy, output transform and head.
 
     The last layer has any width; `post` transforms it into the model's outputs (what
     onnxruntime returns: "softmax" and "logistic2" give class probabilities) and `head_spec`
@@ -321,11 +323,20 @@ class Model:
     post: str = "none"
     head_spec: Head | None = None
     weights: str = "fp32"
+    # a tree ensemble instead of layers (layers empty, post "none": the ensemble carries its
+    # own post transform); see fastpath.model.trees
+    trees: Any = None
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_TYPES:
             raise ModelError(f"weights {self.weights!r} not supported; expected one of "
                              f"{list(WEIGHT_TYPES)}")
+        if self.trees is not None:
+            if self.weights != "fp32":
+                raise ModelError(f"weights {self.weights!r} apply to an MLP's layers; a tree "
+                                 f"ensemble keeps its float32 thresholds and leaf values (use 'fp32')")
+            self._init_trees()
+            return
         layers = tuple(self.layers)
         if not 1 <= len(layers) <= MAX_LAYERS:
             raise ModelError(f"a model needs 1..{MAX_LAYERS} layers, got {len(layers)}")
@@ -364,14 +375,61 @@ class Model:
         object.__setattr__(self, "feature_spec", fs)
         object.__setattr__(self, "meta", dict(self.meta))
 
+    def _init_trees(self) -> None:
+        from fastpath.model.trees import TreeEnsemble
+        t = self.trees
+        if not isinstance(t, TreeEnsemble):
+            raise ModelError(f"trees must be a fastpath.model.TreeEnsemble, got {type(t).__name__}")
+        if tuple(self.layers):
+            raise ModelError("a model is either layers or a tree ensemble, not both")
+        if self.post != "none":
+            raise ModelError("a tree ensemble carries its own post transform; post must be 'none'")
+        n_out = t.n_outputs
+        head = self.head_spec
+        if head is None:
+            if t.classifier and n_out in (2, 3):
+                head = Head("classifier2" if n_out == 2 else "classifier3")
+            elif not t.classifier and n_out in (1, 2):
+                head = Head.default_for(n_out, "none")
+            else:
+                raise ModelError(f"the tree ensemble has {n_out} outputs "
+                                 f"({'classes' if t.classifier else 'targets'}) and no head was "
+                                 f"given; give one, e.g. Head('classifier3', outputs=(down, flat, "
+                                 f"up)) or Head('regression', outputs=(i,))")
+        if not isinstance(head, Head):
+            raise ModelError(f"head_spec must be a fastpath.model.Head, got {type(head).__name__}")
+        head.check(n_out)
+        fs = self.feature_spec if self.feature_spec is not None else FeatureSpec.identity(t.n_features)
+        if not isinstance(fs, FeatureSpec):
+            raise ModelError(f"feature_spec must be a FeatureSpec, got {type(fs).__name__}")
+        if fs.n_feat != t.n_features:
+            raise ModelError(f"the feature spec makes {fs.n_feat} features but the tree ensemble "
+                             f"takes {t.n_features} inputs")
+        if not isinstance(self.cache_policy, CachePolicy):
+            raise ModelError(f"cache_policy must be a CachePolicy, got "
+                             f"{type(self.cache_policy).__name__}")
+        object.__setattr__(self, "layers", ())
+        object.__setattr__(self, "head_spec", head)
+        object.__setattr__(self, "feature_spec", fs)
+        object.__setattr__(self, "meta", dict(self.meta))
+
     # -------------------------------------------------------------- shapes
     @property
+    def kind(self) -> str:
+        """'mlp' (dense layers) or 'trees' (a tree ensemble)."""
+        return "mlp" if self.trees is None else "trees"
+
+    @property
     def dims(self) -> list:
+        if self.trees is not None:
+            return [self.trees.n_features, self.trees.n_outputs]
         return [self.layers[0].weight.shape[1]] + [l.weight.shape[0] for l in self.layers]
 
     @property
     def n_outputs(self) -> int:
         """Outputs after the post transform (what predict() and onnxruntime return)."""
+        if self.trees is not None:
+            return self.trees.n_outputs
         return 2 if self.post == "logistic2" else self.layers[-1].weight.shape[0]
 
     @property
@@ -405,6 +463,8 @@ class Model:
         """Model outputs (post transform, no head) for features (n_feat,) or (n, n_feat), in
         float32 numpy."""
         x = np.asarray(features, dtype=np.float32)
+        if self.trees is not None:
+            return self.trees.forward(x)
         for l in self.layers:
             x = x @ l.weight.T + l.bias
             if l.activation == "relu":
@@ -457,18 +517,25 @@ class Model:
     def to_onnx(self, path: str | os.PathLike, opset: int = 17) -> None:
         """Write the MLP (not the feature stage or head) as ONNX: Gemm (transB=1) + activation
         per layer, input "features" [N, n_feat], output "out" [N, 2]. Needs the onnx package."""
+        if self.trees is not None:
+            raise ModelError("writing a tree ensemble as ONNX is not supported; keep the ONNX "
+                             "file it came from, or save the model as a bundle (Model.save)")
         from fastpath.model.onnx_export import to_onnx
         to_onnx(self, path, opset)
 
     @classmethod
     def from_onnx(cls, path: str | os.PathLike, head: "Head | None" = None) -> "Model":
-        """Import an MLP or linear model from ONNX as torch.onnx.export and skl2onnx write it
-        (see fastpath.model.onnx_import for the ops). Gets the identity feature spec (raw =
+        """Import an MLP, linear model or tree ensemble from ONNX as torch.onnx.export,
+        skl2onnx and onnxmltools write it (see fastpath.model.onnx_import for the ops). Gets the identity feature spec (raw =
         model input), the cache off (fit a policy with fit_cache_policy or enable one in the
         config) and `head`, or the default head for its outputs (Head.default_for)."""
         from fastpath.model.onnx_import import read_onnx
         name = os.fspath(path)
         g = read_onnx(name)
+        if "trees" in g:
+            return cls((), None, CachePolicy(enabled=False),
+                       {"source": os.path.basename(name), "onnx_output": g["output"]},
+                       "none", head, trees=g["trees"])
         try:
             layers = tuple(Layer(w, b, act) for w, b, act in g["layers"])
             n_out = 2 if g["post"] == "logistic2" else layers[-1].weight.shape[0]

@@ -1,0 +1,129 @@
+/* fp_trees.h: tree ensembles (ONNX ai.onnx.ml TreeEnsembleRegressor / TreeEnsembleClassifier)
+ * packed into one 64-byte aligned arena and evaluated for one feature vector.
+ *
+ * Decisions:
+ * - Every split is normalized to one comparison at load: LT becomes LEQ against the float
+ *   just below the threshold (x < t <=> x <= nextafter(t, -inf) for every float x), GT and
+ *   GTE become LEQ / LT with the children swapped, NEQ becomes EQ with the children swapped.
+ *   Where a NaN goes is decided at load too (the missing-value track, else where the
+ *   original comparison sends a NaN: the false branch, the true one for NEQ) and kept as a
+ *   per-node flag, so swapping children never changes where a NaN lands.
+ * - Trees of depth <= FP_TREES_PERFECT_DEPTH with only LEQ splits and one target per tree
+ *   (regressors, boosted classifiers) under SUM / AVERAGE are also expanded to perfect
+ *   trees of the ensemble's largest such depth (a short branch is padded with splits that
+ *   always go left, its leaf value repeated), 16 trees per group stored lane-interleaved
+ *   ([group][node][lane]), all trees of a group adding to one target. A vector lane then
+ *   walks one tree with no branch: idx = 2 idx + 1 + !(x[f] <= t), gathers for the feature,
+ *   the threshold and the leaf; AVX2 takes a group as two halves of 8 lanes, AVX-512 as one
+ *   vector of 16. Lane-interleaving makes the root level a plain load.
+ * - Every tree also lives in a compact node array (16-byte nodes in preorder, the true
+ *   child next, the false child by index) walked one tree at a time: for deeper trees, EQ
+ *   splits, multi-target leaves, MIN / MAX, and for any input holding a NaN (the perfect
+ *   layout assumes ordered comparisons, so a missing value takes the exact path).
+ * - Leaves add per target in double; the post stage (base values, aggregate, post
+ *   transform, the binary classifier rule) is computed in float as onnxruntime does
+ *   (core/providers/cpu/ml/tree_ensemble_aggregator.h, ml_common.h), so the outputs are what
+ *   it returns: regressors' values, classifiers' class probabilities.
+ */
+#ifndef FP_TREES_H
+#define FP_TREES_H
+
+#include "fp_simd.h"
+
+#define FP_TREES_PERFECT_DEPTH 10
+#define FP_TREES_LANES 16
+#define FP_TREES_MAX_TARGETS 4096
+#define FP_TREES_MAX_DEPTH 4096
+
+/* split modes as ONNX names them; LEAF marks a leaf */
+enum { FP_TMODE_LEQ = 0, FP_TMODE_LT = 1, FP_TMODE_GTE = 2, FP_TMODE_GT = 3, FP_TMODE_EQ = 4,
+       FP_TMODE_NEQ = 5, FP_TMODE_LEAF = 6 };
+enum { FP_TAGG_SUM = 0, FP_TAGG_AVERAGE = 1, FP_TAGG_MIN = 2, FP_TAGG_MAX = 3 };
+enum { FP_TPOST_NONE = 0, FP_TPOST_LOGISTIC = 1, FP_TPOST_SOFTMAX = 2, FP_TPOST_SOFTMAX_ZERO = 3,
+       FP_TPOST_PROBIT = 4 };
+
+/* A validated ensemble as flat arrays (fastpath.model.trees.TreeEnsemble checks it; the
+ * packer re-checks bounds and shape so a bad description is refused, never walked).
+ * Tree t owns nodes [tree_off[t], tree_off[t + 1]); its first node is its root; children
+ * are node indices local to the tree. Leaf weights are (node, target, value) triples, the
+ * node a global index. */
+typedef struct {
+    int n_feat, n_targets, n_trees, n_nodes, n_weights, n_base;
+    int aggregate, post, classifier;
+    const int32_t *tree_off;          /* n_trees + 1 */
+    const int32_t *feat, *mode, *true_child, *false_child;
+    const uint8_t *nan_true;          /* missing_value_tracks_true per node */
+    const float *thr;
+    const int32_t *w_node, *w_target;
+    const float *w_value;
+    const float *base;                /* n_base: 0, 1 or n_targets values */
+} fp_trees_desc;
+
+/* compact node: leaf when flags & FP_TN_LEAF (then `other` is its offset in the leaf
+ * values); else true child = this + 1, false child = other (tree-local index) */
+typedef struct {
+    float thr;
+    int32_t feat;
+    int32_t other;
+    int32_t flags;
+} fp_tnode;
+enum { FP_TN_LEAF = 1, FP_TN_EQ = 2, FP_TN_NAN_TRUE = 4 };
+
+typedef struct {
+    int32_t root;         /* first node in nodes[] */
+    int32_t width;        /* leaf values per leaf: 1 (all to `target`) or n_targets */
+    int32_t target;
+    int32_t pad;
+} fp_ttree;
+
+typedef struct fp_trees {
+    int n_feat, n_targets, n_trees, n_out;
+    int aggregate, post, classifier;
+    int n_base;
+    const uint8_t *has;   /* per target: every path scores it (onnxruntime's has_score) */
+    int bin_single;       /* binary classifier whose weights name one class (ORT's binary_case) */
+    int bin_positive;     /* ... and all weights >= 0 */
+    const float *base;
+    /* perfect part: n_groups groups of 16 lanes, `depth` levels */
+    int depth, n_groups;
+    const int32_t *pfeat;   /* [g][2^depth - 1][16] */
+    const float *pthr;      /* [g][2^depth - 1][16] */
+    const float *pleaf;     /* [g][2^depth][16] */
+    const int32_t *ptarget; /* [g] */
+    /* compact part: every tree; `rest` lists the trees the perfect part does not hold */
+    const fp_tnode *nodes;
+    const float *leafv;
+    const fp_ttree *trees;
+    const int32_t *rest;
+    int n_rest;
+    void *arena;
+    size_t arena_bytes;
+    int arena_external;
+} fp_trees;
+
+/* bytes of the arena for this description (0 when it is malformed) */
+size_t fp_trees_arena_bytes(const fp_trees_desc *d);
+/* pack d into mem (64-byte aligned, fp_trees_arena_bytes long) or a fresh allocation when
+ * mem is NULL. 0, -1 on a malformed description, -2 when out of memory. */
+int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem);
+void fp_trees_free(fp_trees *t);
+
+/* out[n_out] = the ensemble at x (n_feat floats; NaN is a missing value) */
+typedef void (*fp_trees_eval_fn)(const fp_trees *t, const float *x, float *out);
+void fp_trees_eval_scalar(const fp_trees *t, const float *x, float *out);
+#if FP_HAVE_X86
+void fp_trees_eval_avx2(const fp_trees *t, const float *x, float *out);
+void fp_trees_eval_avx512(const fp_trees *t, const float *x, float *out);
+#endif
+/* the evaluator for an ISA, NULL when this CPU cannot run it */
+fp_trees_eval_fn fp_trees_eval_for(fp_isa isa);
+
+/* shared by the kernel sets: acc[n_targets] (+)= the compact walk of tree i; the
+ * finishing stage (base values, aggregate, post transform) from the per-target sums */
+void fp_trees_walk_compact(const fp_trees *t, int i, const float *x, double *acc);
+void fp_trees_acc_init(const fp_trees *t, double *acc);
+void fp_trees_finalize(const fp_trees *t, const double *acc, float *out);
+/* 1 when some x[i] is NaN */
+int fp_trees_has_nan(const float *x, int n);
+
+#endif

@@ -1,0 +1,111 @@
+/* trees_avx2.c: the tree-ensemble evaluator with AVX2 gathers. A group of 16 perfect trees
+ * is two vectors of 8 lanes; up to 8 such vectors (4 groups) walk level by level together:
+ * a level is a chain of two dependent gathers (feature index, then the feature), ~40+
+ * cycles, so many independent chains in flight keep the gather unit busy instead of
+ * waiting. The first three levels hold 1, 2 and 4 nodes: plain loads picked by blends on the
+ * lanes' earlier comparisons replace the feature and threshold gathers there. */
+#include "../fp_trees.h"
+#if FP_HAVE_X86
+#include <immintrin.h>
+
+#define FP_TV 8   /* vectors of 8 lanes walked together (4 groups) */
+
+FP_TARGET_AVX2 static inline float fp_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* walk n (<= FP_TV) half-groups: half h of group gs[k] */
+FP_TARGET_AVX2 static inline void fp_walk8(const fp_trees *t, const float *x, const int *gs,
+                                           const int *hs, int n, __m256 *v) {
+    const int D = t->depth;
+    const size_t inner = ((size_t)1 << D) - 1, leaves = (size_t)1 << D;
+    const int32_t *pf[FP_TV];
+    const float *pt[FP_TV], *pl[FP_TV];
+    __m256i idx[FP_TV], lane[FP_TV];
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int k = 0; k < n; k++) {
+        pf[k] = t->pfeat + (size_t)gs[k] * inner * FP_TREES_LANES;
+        pt[k] = t->pthr + (size_t)gs[k] * inner * FP_TREES_LANES;
+        pl[k] = t->pleaf + (size_t)gs[k] * leaves * FP_TREES_LANES;
+        lane[k] = _mm256_add_epi32(iota, _mm256_set1_epi32(hs[k] * 8));
+        idx[k] = _mm256_setzero_si256();
+    }
+    const __m256i two = _mm256_set1_epi32(2);
+    /* levels 0-2 hold 1, 2 and 4 nodes: their feature and threshold are plain loads picked
+     * by the lanes' earlier comparisons (blends), not gathers; only x[f] is gathered */
+    __m256 c0[FP_TV], c1[FP_TV];
+#define FP_NODE_F(k, i) _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(pf[k] + (i) * FP_TREES_LANES + hs[k] * 8)))
+#define FP_NODE_T(k, i) _mm256_loadu_ps(pt[k] + (i) * FP_TREES_LANES + hs[k] * 8)
+    if (D > 0) {
+        for (int k = 0; k < n; k++) {
+            const __m256 xv = _mm256_i32gather_ps(x, _mm256_castps_si256(FP_NODE_F(k, 0)), 4);
+            c0[k] = _mm256_cmp_ps(xv, FP_NODE_T(k, 0), _CMP_LE_OQ);
+            idx[k] = _mm256_add_epi32(two, _mm256_castps_si256(c0[k]));
+        }
+    }
+    if (D > 1) {
+        for (int k = 0; k < n; k++) {
+            const __m256 f = _mm256_blendv_ps(FP_NODE_F(k, 2), FP_NODE_F(k, 1), c0[k]);
+            const __m256 tv = _mm256_blendv_ps(FP_NODE_T(k, 2), FP_NODE_T(k, 1), c0[k]);
+            const __m256 xv = _mm256_i32gather_ps(x, _mm256_castps_si256(f), 4);
+            c1[k] = _mm256_cmp_ps(xv, tv, _CMP_LE_OQ);
+            idx[k] = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(idx[k], idx[k]), two),
+                                      _mm256_castps_si256(c1[k]));
+        }
+    }
+    if (D > 2) {
+        for (int k = 0; k < n; k++) {
+            const __m256 f = _mm256_blendv_ps(
+                _mm256_blendv_ps(FP_NODE_F(k, 6), FP_NODE_F(k, 5), c1[k]),
+                _mm256_blendv_ps(FP_NODE_F(k, 4), FP_NODE_F(k, 3), c1[k]), c0[k]);
+            const __m256 tv = _mm256_blendv_ps(
+                _mm256_blendv_ps(FP_NODE_T(k, 6), FP_NODE_T(k, 5), c1[k]),
+                _mm256_blendv_ps(FP_NODE_T(k, 4), FP_NODE_T(k, 3), c1[k]), c0[k]);
+            const __m256 xv = _mm256_i32gather_ps(x, _mm256_castps_si256(f), 4);
+            const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(xv, tv, _CMP_LE_OQ));
+            idx[k] = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(idx[k], idx[k]), two), c);
+        }
+    }
+#undef FP_NODE_F
+#undef FP_NODE_T
+    for (int l = 3; l < D; l++) {
+        for (int k = 0; k < n; k++) {
+            const __m256i o = _mm256_add_epi32(_mm256_slli_epi32(idx[k], 4), lane[k]);
+            const __m256i f = _mm256_i32gather_epi32((const int *)pf[k], o, 4);
+            const __m256 tv = _mm256_i32gather_ps(pt[k], o, 4);
+            const __m256 xv = _mm256_i32gather_ps(x, f, 4);
+            const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(xv, tv, _CMP_LE_OQ));
+            idx[k] = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(idx[k], idx[k]), two), c);
+        }
+    }
+    const __m256i in = _mm256_set1_epi32((int)inner);
+    for (int k = 0; k < n; k++) {
+        const __m256i o = _mm256_add_epi32(_mm256_slli_epi32(_mm256_sub_epi32(idx[k], in), 4), lane[k]);
+        v[k] = _mm256_i32gather_ps(pl[k], o, 4);
+    }
+}
+
+FP_TARGET_AVX2 void fp_trees_eval_avx2(const fp_trees *t, const float *x, float *out) {
+    double acc[FP_TREES_MAX_TARGETS];
+    fp_trees_acc_init(t, acc);
+    if (fp_trees_has_nan(x, t->n_feat)) {
+        for (int i = 0; i < t->n_trees; i++) fp_trees_walk_compact(t, i, x, acc);
+        fp_trees_finalize(t, acc, out);
+        return;
+    }
+    __m256 v[FP_TV];
+    int gs[FP_TV], hs[FP_TV];
+    for (int g = 0; g < t->n_groups; g += FP_TV / 2) {
+        const int ng = t->n_groups - g < FP_TV / 2 ? t->n_groups - g : FP_TV / 2;
+        for (int k = 0; k < 2 * ng; k++) { gs[k] = g + k / 2; hs[k] = k & 1; }
+        fp_walk8(t, x, gs, hs, 2 * ng, v);
+        for (int k = 0; k < ng; k++)
+            acc[t->ptarget[g + k]] += fp_hsum8(_mm256_add_ps(v[2 * k], v[2 * k + 1]));
+    }
+    for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
+    fp_trees_finalize(t, acc, out);
+}
+#endif

@@ -1,0 +1,34 @@
+/* trees_scalar.c: the tree-ensemble evaluator without vector instructions (the reference
+ * the vector sets are tested against, and what a CPU without AVX2 runs). The perfect part
+ * is walked lane by lane in the same layout the vector sets gather from. */
+#include "../fp_trees.h"
+
+void fp_trees_eval_scalar(const fp_trees *t, const float *x, float *out) {
+    double acc[FP_TREES_MAX_TARGETS];
+    fp_trees_acc_init(t, acc);
+    if (fp_trees_has_nan(x, t->n_feat)) {
+        /* the perfect layout has no missing-value flags: a NaN takes the exact walk */
+        for (int i = 0; i < t->n_trees; i++) fp_trees_walk_compact(t, i, x, acc);
+        fp_trees_finalize(t, acc, out);
+        return;
+    }
+    const int D = t->depth;
+    const size_t inner = ((size_t)1 << D) - 1, leaves = (size_t)1 << D;
+    for (int g = 0; g < t->n_groups; g++) {
+        const int32_t *pf = t->pfeat + (size_t)g * inner * FP_TREES_LANES;
+        const float *pt = t->pthr + (size_t)g * inner * FP_TREES_LANES;
+        const float *pl = t->pleaf + (size_t)g * leaves * FP_TREES_LANES;
+        float s = 0.0f;
+        for (int lane = 0; lane < FP_TREES_LANES; lane++) {
+            size_t idx = 0;
+            for (int l = 0; l < D; l++) {
+                const size_t o = idx * FP_TREES_LANES + lane;
+                idx = 2 * idx + 2 - (size_t)(x[pf[o]] <= pt[o]);
+            }
+            s += pl[(idx - inner) * FP_TREES_LANES + lane];
+        }
+        acc[t->ptarget[g]] += s;
+    }
+    for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
+    fp_trees_finalize(t, acc, out);
+}

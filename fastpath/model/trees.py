@@ -1,0 +1,423 @@
+"""TreeEnsemble: a tree-ensemble model (what ONNX's ai.onnx.ml TreeEnsembleRegressor and
+TreeEnsembleClassifier describe), validated completely when built, with a numpy reference of
+what onnxruntime computes from it.
+
+Design: the arrays keep the ONNX meaning (split modes as named, children as indices local to
+each tree, leaf weights as (node, target, value) triples), so an import is a re-indexing and
+the reference below reads the spec directly; the C packer (csrc/fp_trees.c) does the
+normalization to one comparison per node. Everything the C side would refuse is refused here
+first, with a ModelError that names the tree and node. The finishing stage (base values,
+aggregate, post transform, the two-class rules) follows onnxruntime's
+tree_ensemble_aggregator.h and ml_common.h, in float32 as it computes them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastpath.errors import ModelError
+
+MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ", "LEAF")
+LEAF = 6
+AGGREGATES = ("SUM", "AVERAGE", "MIN", "MAX")
+POST_TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT")
+MAX_TARGETS = 4096
+MAX_DEPTH = 4096
+
+
+def _arr(a, dtype, what: str, n: int | None = None) -> np.ndarray:
+    try:
+        x = np.asarray(a)
+    except Exception as exc:  # noqa: BLE001 - any conversion failure is a model error
+        raise ModelError(f"tree ensemble {what} is not an array: {exc}") from None
+    if x.ndim != 1 or (x.size and x.dtype.kind not in "fiub"):
+        raise ModelError(f"tree ensemble {what} must be a 1-d numeric array, got {x.dtype} "
+                         f"shape {x.shape}")
+    if n is not None and x.shape[0] != n:
+        raise ModelError(f"tree ensemble {what} has {x.shape[0]} values, expected {n}")
+    if np.dtype(dtype).kind in "iu" and x.size and x.dtype.kind == "f":
+        if not np.all(np.isfinite(x)) or np.any(x != np.round(x)):
+            raise ModelError(f"tree ensemble {what} must hold integers")
+    # a copy: the ensemble freezes its arrays, and the caller's must stay writable
+    return np.array(x, dtype=dtype, order="C", copy=True)
+
+
+@dataclass(frozen=True)
+class TreeEnsemble:
+    """A tree ensemble over n_features inputs with n_targets outputs (regressor targets or
+    classifier classes).
+
+    Tree t owns nodes [tree_offsets[t], tree_offsets[t+1]); its first node is its root.
+    Per node: mode (index into MODES; LEAF = 6), feature, threshold, true_child /
+    false_child (indices local to the tree, ignored on leaves) and nan_true (the
+    missing-value track: a NaN feature takes the true branch). A split sends x to the true
+    child when x[feature] <mode> threshold holds. Leaf weights: weight_node (global node
+    index, a leaf), weight_target, weight_value. Outputs are what onnxruntime returns:
+    regressor values, or the class probabilities of a classifier."""
+    n_features: int
+    n_targets: int
+    tree_offsets: np.ndarray
+    mode: np.ndarray
+    feature: np.ndarray
+    threshold: np.ndarray
+    true_child: np.ndarray
+    false_child: np.ndarray
+    nan_true: np.ndarray
+    weight_node: np.ndarray
+    weight_target: np.ndarray
+    weight_value: np.ndarray
+    base_values: Any = ()
+    aggregate: str = "SUM"
+    post_transform: str = "NONE"
+    classifier: bool = False
+
+    def __post_init__(self) -> None:
+        for k in ("n_features", "n_targets"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ModelError(f"tree ensemble {k} must be an int >= 1, got {v!r}")
+            object.__setattr__(self, k, int(v))
+        if self.n_targets > MAX_TARGETS:
+            raise ModelError(f"tree ensemble has {self.n_targets} targets, at most {MAX_TARGETS}")
+        if self.aggregate not in AGGREGATES:
+            raise ModelError(f"tree ensemble aggregate {self.aggregate!r} not supported; "
+                             f"expected one of {AGGREGATES}")
+        if self.post_transform not in POST_TRANSFORMS:
+            raise ModelError(f"tree ensemble post transform {self.post_transform!r} not "
+                             f"supported; expected one of {POST_TRANSFORMS}")
+        off = _arr(self.tree_offsets, np.int32, "tree_offsets")
+        if off.size < 2 or off[0] != 0 or np.any(np.diff(off) < 1):
+            raise ModelError("tree ensemble tree_offsets must start at 0 and grow by at least "
+                             "one node per tree")
+        n = int(off[-1])
+        mode = _arr(self.mode, np.int32, "mode", n)
+        feat = _arr(self.feature, np.int32, "feature", n)
+        thr = _arr(self.threshold, np.float32, "threshold", n)
+        tc = _arr(self.true_child, np.int32, "true_child", n)
+        fc = _arr(self.false_child, np.int32, "false_child", n)
+        nt = _arr(self.nan_true, np.uint8, "nan_true", n)
+        wn = _arr(self.weight_node, np.int32, "weight_node")
+        wt = _arr(self.weight_target, np.int32, "weight_target", wn.size)
+        wv = _arr(self.weight_value, np.float32, "weight_value", wn.size)
+        base = _arr(self.base_values, np.float32, "base_values")
+        if np.any((mode < 0) | (mode > LEAF)):
+            raise ModelError(f"tree ensemble node modes must be indices into {MODES}")
+        inner = mode != LEAF
+        bad = np.flatnonzero(inner & ((feat < 0) | (feat >= self.n_features)))
+        if bad.size:
+            t, i = self._where(off, bad[0])
+            raise ModelError(f"tree {t} node {i} splits on feature {feat[bad[0]]}, outside the "
+                             f"model's {self.n_features} inputs")
+        bad = np.flatnonzero(inner & np.isnan(thr))
+        if bad.size:
+            t, i = self._where(off, bad[0])
+            raise ModelError(f"tree {t} node {i} has a NaN threshold")
+        if not np.all(np.isfinite(wv)):
+            raise ModelError("tree ensemble leaf weights contain NaN/Inf")
+        if not np.all(np.isfinite(base)):
+            raise ModelError("tree ensemble base values contain NaN/Inf")
+        two = bool(self.classifier) and self.n_targets == 2
+        if base.size not in ((0, 1, 2) if two else (0, self.n_targets)):
+            # what onnxruntime accepts: 0 or one per target, and for two classes also one
+            raise ModelError(f"tree ensemble has {base.size} base values; expected 0 or one "
+                             f"per target ({self.n_targets})")
+        if wn.size and (wn.min() < 0 or wn.max() >= n):
+            raise ModelError(f"a leaf weight names node {int(wn.max()) if wn.max() >= n else int(wn.min())}, "
+                             f"outside the ensemble's {n} nodes")
+        if wt.size and (wt.min() < 0 or wt.max() >= self.n_targets):
+            raise ModelError(f"a leaf weight names target/class {int(wt.max())}, the model has "
+                             f"{self.n_targets}")
+        if wn.size and np.any(inner[wn]):
+            t, i = self._where(off, int(wn[np.flatnonzero(inner[wn])[0]]))
+            raise ModelError(f"tree {t} node {i} is a split but carries a leaf weight")
+        # shape: from each root every node exactly once, children inside the tree
+        for t in range(off.size - 1):
+            lo, hi = int(off[t]), int(off[t + 1])
+            seen = np.zeros(hi - lo, bool)
+            stack = [(0, 0)]
+            while stack:
+                i, d = stack.pop()
+                if i < 0 or i >= hi - lo:
+                    raise ModelError(f"tree {t}: a child index {i} is outside the tree's "
+                                     f"{hi - lo} nodes (a missing node)")
+                if seen[i]:
+                    raise ModelError(f"tree {t}: node {i} is reached twice (a cycle or a shared "
+                                     f"child); a tree needs one path to each node")
+                seen[i] = True
+                if d > MAX_DEPTH:
+                    raise ModelError(f"tree {t} is deeper than {MAX_DEPTH}")
+                if inner[lo + i]:
+                    stack.append((int(fc[lo + i]), d + 1))
+                    stack.append((int(tc[lo + i]), d + 1))
+            if not seen.all():
+                raise ModelError(f"tree {t}: node {int(np.flatnonzero(~seen)[0])} cannot be "
+                                 f"reached from the root")
+        if self.classifier:
+            if self.n_targets < 2:
+                raise ModelError("a tree classifier needs at least 2 classes")
+            if self.aggregate != "SUM":
+                raise ModelError("a tree classifier adds its trees (aggregate SUM)")
+        tc = np.where(inner, tc, -1).astype(np.int32)
+        fc = np.where(inner, fc, -1).astype(np.int32)
+        feat = np.where(inner, feat, 0).astype(np.int32)
+        thr = np.where(inner, thr, 0).astype(np.float32)
+        for k, v in (("tree_offsets", off), ("mode", mode), ("feature", feat), ("threshold", thr),
+                     ("true_child", tc), ("false_child", fc), ("nan_true", nt),
+                     ("weight_node", wn), ("weight_target", wt), ("weight_value", wv),
+                     ("base_values", base)):
+            v.setflags(write=False)     # validated once: no later write may bypass it
+            object.__setattr__(self, k, v)
+        object.__setattr__(self, "classifier", bool(self.classifier))
+        self._binary_rule()
+
+    @staticmethod
+    def _where(off: np.ndarray, g: int) -> tuple:
+        t = int(np.searchsorted(off, g, side="right") - 1)
+        return t, int(g - off[t])
+
+    # ------------------------------------------------------------- shapes
+    @property
+    def n_trees(self) -> int:
+        return self.tree_offsets.size - 1
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.tree_offsets[-1])
+
+    @property
+    def n_outputs(self) -> int:
+        return self.n_targets
+
+    def depths(self) -> np.ndarray:
+        """Depth of each tree (a lone leaf: 0)."""
+        out = np.zeros(self.n_trees, np.int64)
+        for t in range(self.n_trees):
+            lo = int(self.tree_offsets[t])
+            stack, best = [(0, 0)], 0
+            while stack:
+                i, d = stack.pop()
+                best = max(best, d)
+                if self.mode[lo + i] != LEAF:
+                    stack += [(int(self.true_child[lo + i]), d + 1),
+                              (int(self.false_child[lo + i]), d + 1)]
+            out[t] = best
+        return out
+
+    def split_thresholds(self) -> list:
+        """[(feature, threshold)] of every split: inputs placed on them test the boundaries."""
+        inner = np.flatnonzero(self.mode != LEAF)
+        return list(zip(self.feature[inner].tolist(), self.threshold[inner].tolist()))
+
+    def _scored(self) -> tuple:
+        """(named, always) per target: whether any leaf weight names it, and whether some
+        tree names it on every leaf (then every input path gives it a score)."""
+        T = self.n_targets
+        named = np.zeros(T, bool)
+        named[self.weight_target] = True
+        always = np.zeros(T, bool)
+        leafhas = np.zeros((self.n_nodes, T), bool)
+        leafhas[self.weight_node, self.weight_target] = True
+        for t in range(self.n_trees):
+            lo, hi = int(self.tree_offsets[t]), int(self.tree_offsets[t + 1])
+            leaves = lo + np.flatnonzero(self.mode[lo:hi] == LEAF)
+            always |= leafhas[leaves].all(axis=0)
+        return named, always
+
+    def _binary_rule(self) -> dict:
+        """What onnxruntime decides once for a model: which targets are scored on every path
+        (it tracks 'has a score' per target and writes an unscored output as 0, base value or
+        not), whether the weights name one class only and whether they are all >= 0. A target
+        scored on some paths only is refused where that changes an output (sums with a base
+        value per target; the two-class rules)."""
+        named, always = self._scored()
+        sums = self.aggregate in ("SUM", "AVERAGE")
+        T = self.n_targets
+        matters = T == 2 if self.classifier else (T >= 2 and sums and self.base_values.size == T)
+        if matters and np.any(named & ~always):
+            j = int(np.flatnonzero(named & ~always)[0])
+            raise ModelError(f"{'class' if self.classifier else 'target'} {j} has leaf weights on "
+                             f"some paths only: onnxruntime's output then depends on the path "
+                             f"in a way fastpath does not reproduce; export a weight for it on "
+                             f"every leaf of a tree")
+        if self.classifier and T == 2 and not always[1] and self.base_values.size != 2 \
+                and self.post_transform == "PROBIT":
+            raise ModelError("a two-class tree classifier with one score and a PROBIT post "
+                             "transform: onnxruntime writes one of the two probability columns; "
+                             "export both classes' weights")
+        return {"single": int(named.sum()) == 1, "positive": bool(np.all(self.weight_value >= 0))}
+
+    # --------------------------------------------------- numpy reference
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Outputs for x (n_features,) or (n, n_features), float32, by the ONNX spec read
+        directly (NaN is a missing value)."""
+        x = np.asarray(x, dtype=np.float32)
+        one = x.ndim == 1
+        X = x[None, :] if one else x
+        n = X.shape[0]
+        minmax = self.aggregate in ("MIN", "MAX")
+        T = self.n_targets
+        acc = np.full((n, T), np.nan if minmax else 0.0, np.float64)
+        # per-node leaf tables: weights summed (SUM / AVERAGE), or combined by min / max
+        vals = np.full((self.n_nodes, T), np.nan if minmax else 0.0, np.float64)
+        for g, j, v in zip(self.weight_node.tolist(), self.weight_target.tolist(),
+                           self.weight_value.tolist()):
+            if self.aggregate == "MIN":
+                vals[g, j] = np.fmin(vals[g, j], v)
+            elif self.aggregate == "MAX":
+                vals[g, j] = np.fmax(vals[g, j], v)
+            else:
+                vals[g, j] += np.float32(v)
+        leafhas = np.zeros((self.n_nodes, T), bool)
+        leafhas[self.weight_node, self.weight_target] = True
+        has = np.zeros((n, T), bool)
+        rows = np.arange(n)
+        for t in range(self.n_trees):
+            lo = int(self.tree_offsets[t])
+            idx = np.full(n, lo, np.int64)
+            while True:
+                m = self.mode[idx]
+                live = m != LEAF
+                if not live.any():
+                    break
+                xv = X[rows, self.feature[idx]]
+                th = self.threshold[idx]
+                with np.errstate(invalid="ignore"):
+                    res = np.select([m == 0, m == 1, m == 2, m == 3, m == 4, m == 5],
+                                    [xv <= th, xv < th, xv >= th, xv > th, xv == th, xv != th],
+                                    False)
+                res |= (self.nan_true[idx] == 1) & np.isnan(xv)
+                nxt = lo + np.where(res, self.true_child[idx], self.false_child[idx])
+                idx = np.where(live, nxt, idx)
+            lv = vals[idx]
+            has |= leafhas[idx]
+            if self.aggregate == "MIN":
+                acc = np.fmin(acc, lv)
+            elif self.aggregate == "MAX":
+                acc = np.fmax(acc, lv)
+            else:
+                acc += lv
+        rule = self._binary_rule()
+        if not n:
+            out = np.zeros((0, T), np.float32)
+        elif not self.classifier and self.post_transform in ("NONE", "SOFTMAX", "SOFTMAX_ZERO") \
+                or (not self.classifier and T == 1):
+            out = self._finalize_regressor(acc, has)
+        else:
+            out = np.stack([self._finalize(a, h, rule) for a, h in zip(acc, has)])
+        return out[0] if one else out
+
+    def _finalize_regressor(self, acc: np.ndarray, has: np.ndarray) -> np.ndarray:
+        """_finalize for every row of a regressor at once (the calibration path runs the
+        reference over many ticks); the per-row element functions are the same."""
+        f = np.float32
+        T = self.n_targets
+        base = self.base_values
+        nt = f(self.n_trees)
+        minmax = self.aggregate in ("MIN", "MAX")
+        s = np.where(np.isnan(acc), 0.0, acc).astype(f)
+        if not minmax and self.aggregate == "AVERAGE":
+            s = (s / nt).astype(f)
+        if T == 1:
+            s = (s + (base[0] if base.size == 1 else f(0))).astype(f)
+            if self.post_transform == "PROBIT":
+                return np.array([[_probit(v)] for v in s[:, 0]], f).reshape(-1, 1)
+            return s
+        if base.size == T:
+            s = (s + base).astype(f)
+        s = np.where(has, s, f(0)).astype(f)
+        return np.stack([_write_scores(r, self.post_transform) for r in s]) \
+            if self.post_transform != "NONE" else s
+
+    def _finalize(self, acc: np.ndarray, has: np.ndarray, rule: dict) -> np.ndarray:
+        """onnxruntime's finishing stage for one row: per-target sums (or min / max), which
+        targets were scored on the path, the model's two-class rule."""
+        f = np.float32
+        T = self.n_targets
+        base = self.base_values
+        nt = f(self.n_trees)
+        minmax = self.aggregate in ("MIN", "MAX")
+        if not self.classifier:
+            if T == 1:
+                s = f(0.0) if np.isnan(acc[0]) else f(acc[0])
+                if self.aggregate == "AVERAGE":
+                    s = f(s / nt)
+                s = f(s + (base[0] if base.size == 1 else f(0)))
+                return np.array([_probit(s) if self.post_transform == "PROBIT" else s], f)
+            use = base.size == T
+            s = np.where(np.isnan(acc), 0.0, acc).astype(f)
+            if not minmax and self.aggregate == "AVERAGE":
+                s = (s / nt).astype(f)
+            if use:
+                s = (s + base).astype(f)
+            return _write_scores(np.where(has, s, f(0)).astype(f), self.post_transform)
+        s = acc.astype(f)
+        if T > 2:
+            s[:base.size] += base
+            return _write_scores(s, self.post_transform)
+        has0, has1 = bool(has[0]), bool(has[1])
+        size, w = 2, -1
+        if base.size == 2:
+            if has1:
+                s[1] = f(base[1] + s[0])
+                s[0] = -s[1]
+            else:
+                s[1] += base[1]
+                s[0] += base[0]
+        elif base.size == 1:
+            s[0] += base[0]
+            size = 2 if has1 else 1
+        else:
+            w = 3
+            size = 2 if has1 else 1
+        if rule["single"]:
+            pos = s[1] if has1 else (s[0] if has0 else f(0))
+            w = (0 if pos > 0.5 else 1) if rule["positive"] else (2 if pos > 0 else 3)
+        if size == 2:
+            return _write_scores(np.array([s[0] if has0 else 0, s[1] if has1 else 0], f),
+                                 self.post_transform)
+        v = s[0] if has0 else f(0)
+        if w in (0, 1):
+            p = _logistic(v) if self.post_transform == "LOGISTIC" else v
+            return np.array([f(1) - p, p], f)
+        if self.post_transform == "LOGISTIC":
+            return np.array([_logistic(-v), _logistic(v)], f)
+        return np.array([-v, v], f)
+
+
+def _logistic(v) -> np.float32:
+    v = np.float32(v)
+    e = np.float32(1) / (np.float32(1) + np.exp(-np.abs(v)))
+    return np.float32(1 - e) if v < 0 else np.float32(e)
+
+
+def _probit(v) -> np.float32:
+    f = np.float32
+    x = f(2) * f(v) - f(1)
+    sgn = f(-1) if x < 0 else f(1)
+    x = (f(1) - x) * (f(1) + x)
+    with np.errstate(invalid="ignore", divide="ignore"):   # outside (0, 1): NaN/Inf as in ORT
+        lg = np.log(x)
+    a = f(2) / (f(np.pi) * f(0.147)) + f(0.5) * lg
+    b = f(1) / f(0.147) * lg
+    with np.errstate(invalid="ignore"):
+        return f(f(1.41421356) * sgn * np.sqrt(-a + np.sqrt(a * a - b)))
+
+
+def _write_scores(s: np.ndarray, post: str) -> np.ndarray:
+    f = np.float32
+    s = s.astype(f)
+    if post == "PROBIT":
+        return np.array([_probit(v) for v in s], f)
+    if post == "LOGISTIC":
+        return np.array([_logistic(v) for v in s], f)
+    if post == "SOFTMAX":
+        e = np.exp(s - s.max())
+        return (e / e.sum(dtype=f)).astype(f)
+    if post == "SOFTMAX_ZERO":
+        mx = s.max()
+        nz = (s > f(1e-7)) | (s < f(-1e-7))
+        e = np.where(nz, np.exp(s - mx), s * np.exp(-mx)).astype(f)
+        return (e / e[nz].sum(dtype=f)).astype(f)
+    return s
