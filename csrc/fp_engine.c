@@ -186,10 +186,12 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
      * lookup treats a non-finite |f|^2 as a miss and the model refuses the tick: every
      * dense row sums w * x over all inputs, and 0 * Inf and w * NaN are NaN, so the first
      * layer's finiteness flag sees any bad feature; fp_step_finish names the cause. */
-    fp_features_compute(e->k, &e->fs, e->wins + e->win_stride * (size_t)symbol, raw, e->pre, e->feat);
+    fp_features_compute(e->k, &e->fs, e->wins + e->win_stride * (size_t)symbol, raw, e->feat);
     p->t1 = fp_ticks();
     p->reason = fp_cache_lookup(e->k, &e->policy, s, e->feat, e->fs.n_feat, now, &p->norm);
-    p->t2 = fp_ticks();
+    /* a hit's lookup and store are one stage, timed from t1 to the end: one clock read (~9 ns
+     * on this EPYC, a tenth of a hit) saved */
+    p->t2 = p->reason == FP_HIT ? p->t1 : fp_ticks();
     return FP_OK;
 }
 
@@ -264,14 +266,10 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         t3 = fp_ticks();
         if (!(sig == sig) || !(conf == conf)) return FP_ERR_NONFINITE_OUTPUT;
         if (e->policy.enabled) {
-            double na = p->norm;
-            if (na < 0.0) {
-                double d;
-                e->k->dot_norm2(e->feat, e->feat, e->fs.n_feat, &d, &na);
-                na = sqrt(na);
-            }
+            /* the key alone: a lookup's float32 pass sums |cached| with the dot product, and
+             * the double path computes it only when it needs it (fp_slot_norm) */
             memcpy(fp_slot_features(s), e->feat, sizeof(float) * e->fs.n_feat);
-            s->norm = na;
+            s->norm = -1.0;
             s->signal = sig;
             s->confidence = conf;
             s->run = 0;
