@@ -33,7 +33,8 @@ typedef struct {
     uint32_t valid;
     int64_t computed_ns;  /* when the cached result was computed */
     int64_t last_ns;      /* last tick seen for this symbol */
-    uint32_t pad[6];
+    uint32_t near;        /* the last lookup hit: the next one goes straight to the double sums */
+    uint32_t pad[5];
 } fp_slot;               /* 64 bytes, features follow */
 
 typedef char fp_slot_is_64_bytes[sizeof(fp_slot) == 64 ? 1 : -1];
@@ -101,27 +102,23 @@ static inline int fp_cache_decide_f32(const fp_cache_policy *p, int n, float d, 
     return FP_CACHE_UNDECIDED;
 }
 
-/* |cached| in double, summed as the slot would have kept it (dot_norm2's |a|^2 depends on
- * a alone, in a fixed order); computed once per stored key, on its first close call */
-static inline double fp_slot_norm(const fp_kernels *k, fp_slot *s, int n) {
-    if (!(s->norm >= 0.0)) {
-        double unused, nb2;
-        k->dot_norm2(fp_slot_features_c(s), fp_slot_features_c(s), n, &unused, &nb2);
-        s->norm = sqrt(nb2);
-    }
-    return s->norm;
-}
-
-/* The guards decided in double: the reference the float32 look must agree with. */
+/* The guards decided in double: the reference the float32 look must agree with. |cached|
+ * is summed as dot_norm2 sums |a| (bit-identical either way), once per stored key: in the
+ * same pass as the dot product on the first lookup that needs it, kept in the slot. */
 static inline int fp_cache_decide_f64(const fp_kernels *k, const fp_cache_policy *p, fp_slot *s,
                                       const float *f, int n, double *norm) {
-    double dot, na2;
-    k->dot_norm2(f, fp_slot_features_c(s), n, &dot, &na2);
+    double dot, na2, nb2;
+    if (s->norm >= 0.0) {
+        k->dot_norm2(f, fp_slot_features_c(s), n, &dot, &na2);
+    } else {
+        k->dot_norms_f64(f, fp_slot_features_c(s), n, &dot, &na2, &nb2);
+        s->norm = sqrt(nb2);
+    }
     /* finite float features cannot overflow a double sum of squares, so this is exactly
      * "f has a NaN/Inf": such a key matches nothing (NaN would fail no comparison below and
      * hit), and the model stage then refuses the tick */
     if (!(na2 <= DBL_MAX)) return FP_MISS_COSINE;
-    const double na = sqrt(na2), nb = fp_slot_norm(k, s, n);
+    const double na = sqrt(na2), nb = s->norm;
     *norm = na;
     if (na == 0.0 || nb == 0.0) {
         /* direction undefined: only an exact zero vector matches another one */
@@ -135,9 +132,11 @@ static inline int fp_cache_decide_f64(const fp_kernels *k, const fp_cache_policy
 /* Check the guards, cheapest first; fills *norm with |f| when the double path computed it
  * (else -1). The vectors are compared with float32 sums first (one pass, about half the
  * double pass's cost) and in double only when that cannot settle a guard: on the bench
- * stream about 1% of lookups, and every hit at a threshold within ~3e-6 of 1. A decision
- * is always the double one. The slot is written only to keep |cached| once computed (a
- * function of the stored key, so a tick refused later changes nothing observable). */
+ * stream about 1% of lookups, and every hit at a threshold within ~3e-6 of 1 (float32 sums
+ * cannot tell such a hit from a miss). Ticks next to a hit are alike, so the lookup after
+ * a hit skips the float32 pass. A decision is always the double one. The slot is written
+ * only to keep |cached| once computed and the last lookup's outcome (neither changes a
+ * decision, so a tick refused later changes nothing observable). */
 static inline int fp_cache_lookup(const fp_kernels *k, const fp_cache_policy *p, fp_slot *s,
                                   const float *f, int n, int64_t now, double *norm) {
     *norm = -1.0;
@@ -145,10 +144,15 @@ static inline int fp_cache_lookup(const fp_kernels *k, const fp_cache_policy *p,
     if (!s->valid) return FP_MISS_COLD;
     if (now - s->computed_ns > p->max_age_ns) return FP_MISS_AGE;
     if (s->run >= p->max_run) return FP_MISS_RUN;
-    float d, a2, b2;
-    k->dot_norms_f32(f, fp_slot_features_c(s), n, &d, &a2, &b2);
-    const int r = fp_cache_decide_f32(p, n, d, a2, b2);
-    return r != FP_CACHE_UNDECIDED ? r : fp_cache_decide_f64(k, p, s, f, n, norm);
+    if (!s->near) {
+        float d, a2, b2;
+        k->dot_norms_f32(f, fp_slot_features_c(s), n, &d, &a2, &b2);
+        const int r = fp_cache_decide_f32(p, n, d, a2, b2);
+        if (r != FP_CACHE_UNDECIDED) return r;
+    }
+    const int r = fp_cache_decide_f64(k, p, s, f, n, norm);
+    s->near = r == FP_HIT;
+    return r;
 }
 
 #endif

@@ -266,10 +266,12 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         t3 = fp_ticks();
         if (!(sig == sig) || !(conf == conf)) return FP_ERR_NONFINITE_OUTPUT;
         if (e->policy.enabled) {
-            /* the key alone: a lookup's float32 pass sums |cached| with the dot product, and
-             * the double path computes it only when it needs it (fp_slot_norm) */
+            /* the key and |key| in double when the lookup's double path computed it (else
+             * unknown: the float32 look sums |cached| itself, and the double path computes it
+             * once when it needs it); a new key starts with the float32 look */
             memcpy(fp_slot_features(s), e->feat, sizeof(float) * e->fs.n_feat);
-            s->norm = -1.0;
+            s->norm = p->norm;
+            s->near = 0;
             s->signal = sig;
             s->confidence = conf;
             s->run = 0;

@@ -84,6 +84,10 @@ typedef struct {
     void (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
                           const double *sumsq, const float *old, double inv_n,
                           const float *mean, const float *inv_std, float *feat);
+    /* dot_norm2 with sum b[i]^2 as a third output, in the same pass: *dot and *na2 are
+     * bit-identical to dot_norm2's, *nb2 to dot_norm2(b, b, ...)'s *na2 */
+    void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
+                          double *nb2);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet: a chain of at most ceil(n/16) steps,

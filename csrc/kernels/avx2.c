@@ -310,6 +310,8 @@ FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t
                                                  const float *old, double inv_n,
                                                  const float *mean, const float *inv_std,
                                                  float *feat);
+FP_TARGET_AVX2 static void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
+                                                  double *dot, double *na2, double *nb2);
 
 const fp_kernels fp_kernels_avx2 = {
     "avx2",
@@ -323,6 +325,7 @@ const fp_kernels fp_kernels_avx2 = {
     fp_head_avx2,
     fp_dot_norms_f32_avx2,
     fp_window_zscore_avx2,
+    fp_dot_norms_f64_avx2,
 };
 
 FP_TARGET_AVX2 static inline float fp_hsum256(__m256 v) {
@@ -406,5 +409,34 @@ FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t
         feat[j] = (pm - mean[j]) * inv_std[j];
         feat[n_w + j] = (ps - mean[n_w + j]) * inv_std[n_w + j];
     }
+}
+
+/* fp_dot_norm2_step's chains for dot and |a|^2, and two more for |b|^2 (low / high halves),
+ * each summed and reduced as fp_dot_norm2_avx2 sums and reduces its own */
+FP_TARGET_AVX2 static inline void fp_dot_norms3_step(__m256 av, __m256 bv, __m256d *d0,
+                                                     __m256d *d1, __m256d *s0, __m256d *s1,
+                                                     __m256d *t0, __m256d *t1) {
+    const __m256d blo = _mm256_cvtps_pd(_mm256_castps256_ps128(bv));
+    const __m256d bhi = _mm256_cvtps_pd(_mm256_extractf128_ps(bv, 1));
+    fp_dot_norm2_step(av, bv, d0, d1, s0, s1);
+    *t0 = _mm256_fmadd_pd(blo, blo, *t0);
+    *t1 = _mm256_fmadd_pd(bhi, bhi, *t1);
+}
+
+FP_TARGET_AVX2 static void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
+                                                  double *dot, double *na2, double *nb2) {
+    __m256d d0 = _mm256_setzero_pd(), d1 = d0, s0 = d0, s1 = d0, t0 = d0, t1 = d0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        fp_dot_norms3_step(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), &d0, &d1, &s0, &s1,
+                           &t0, &t1);
+    if (i < n) {
+        const __m256i m = fp_tailmask(n - i);
+        fp_dot_norms3_step(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m),
+                           &d0, &d1, &s0, &s1, &t0, &t1);
+    }
+    *dot = fp_hsum256d(_mm256_add_pd(d0, d1));
+    *na2 = fp_hsum256d(_mm256_add_pd(s0, s1));
+    *nb2 = fp_hsum256d(_mm256_add_pd(t0, t1));
 }
 #endif

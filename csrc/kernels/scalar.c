@@ -97,6 +97,8 @@ static void fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int 
                                     const double *sum, const double *sumsq, const float *old,
                                     double inv_n, const float *mean, const float *inv_std,
                                     float *feat);
+static void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
+                                    double *na2, double *nb2);
 
 const fp_kernels fp_kernels_scalar = {
     "scalar",
@@ -110,6 +112,7 @@ const fp_kernels fp_kernels_scalar = {
     fp_head_scalar,
     fp_dot_norms_f32_scalar,
     fp_window_zscore_scalar,
+    fp_dot_norms_f64_scalar,
 };
 
 /* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 16 chains (term i in chain i mod 16),
@@ -154,4 +157,19 @@ static void fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int 
         feat[j] = (pm - mean[j]) * inv_std[j];
         feat[n_w + j] = (ps - mean[n_w + j]) * inv_std[n_w + j];
     }
+}
+
+/* fp_dot_norm2_scalar's two sums and sum b*b beside them, each in the same order */
+static void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
+                                    double *na2, double *nb2) {
+    double d = 0.0, s = 0.0, t = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double x = a[i], y = b[i];
+        d += x * y;
+        s += x * x;
+        t += y * y;
+    }
+    *dot = d;
+    *na2 = s;
+    *nb2 = t;
 }
