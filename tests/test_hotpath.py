@@ -62,3 +62,37 @@ def test_window_features_bit_identical_to_the_two_kernel_path(isa, n_w):
             ring[pos, j] = raw[fs.w_idx[j]]
         count = min(count + 1, W)
         pos = (pos + 1) % W
+
+
+@pytest.fixture(scope="module")
+def plain_engine():
+    rng = np.random.default_rng(3)
+    return Engine(random_model(rng, [16, 8, 2]), config={"engine": {"n_symbols": 4}})
+
+
+@pytest.mark.parametrize("ts, pattern", [
+    (-1, r"ts_ns must be >= 0 \(ns\), got -1"),
+    (-(2**70), r"does not fit a signed 64-bit int"),
+    (2**63, r"ts_ns 9223372036854775808 does not fit a signed 64-bit int of ns"),
+    (2**64 + 5, r"does not fit a signed 64-bit int"),
+    (np.uint64(2**63), r"does not fit a signed 64-bit int"),
+    (np.int64(-3), r"ts_ns must be >= 0 \(ns\), got -3"),
+    (True, r"ts_ns must be an int >= 0 \(ns\) or None, got bool True"),
+    (1.0, r"got float 1.0; pass an int \(ns\)"),
+])
+def test_ts_fast_path_refuses_what_the_full_check_refuses(plain_engine, ts, pattern):
+    """A Python int takes a shortcut (no try block); ints that do not fit or are negative
+    fall through to the full check and get its message; state unchanged."""
+    raw = np.zeros(16, np.float32)
+    before = plain_engine.ticks
+    with pytest.raises(InputError, match=pattern):
+        plain_engine.step(raw, 0, ts_ns=ts)
+    assert plain_engine.ticks == before
+
+
+@pytest.mark.parametrize("ts", [0, 1, 2**62, 2**63 - 1, np.int64(7), np.uint32(9)])
+def test_ts_accepted_at_the_edges(ts):
+    rng = np.random.default_rng(4)
+    eng = Engine(random_model(rng, [16, 8, 2]), config={"engine": {"n_symbols": 2}})
+    r = eng.step(np.zeros(16, np.float32), 1, ts_ns=ts)
+    assert -1.0 <= r.signal <= 1.0 and eng.ticks == 1
