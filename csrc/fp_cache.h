@@ -16,8 +16,8 @@
  * thresholds match a float64 reference whenever the true cosine is more than ~1e-12 from
  * the threshold. Most lookups are nowhere near a threshold, so the vectors are first
  * compared with float32 sums and a rigorous bound on their error; only a pair within that
- * bound (~3e-6 in cosine for 128 features) is summed again in double, and |cached| in
- * double is computed then, once per stored key, instead of on every store.
+ * bound (~2e-6 either side, in cosine, for 128 features) is summed again in double, and
+ * |cached| in double is computed then, once per stored key, instead of on every store.
  */
 #ifndef FP_CACHE_H
 #define FP_CACHE_H

@@ -72,10 +72,10 @@ typedef struct {
     /* *signal = tanh(out[0]), *confidence = sigmoid(out[1]) */
     void (*head)(const float *out, float *signal, float *confidence);
     /* *dot = sum a[i]*b[i], *na2 = sum a[i]^2, *nb2 = sum b[i]^2 in float32, one pass. The
-     * cache's first, cheap look (fp_cache.h): its error bound assumes each sum runs in at
-     * least 16 interleaved chains (term i in chain i mod C, C a multiple of 16, each chain a
-     * running sum of rounded or fused products) reduced pairwise, so no term meets more
-     * than FP_DOTF_ROUNDINGS(n) roundings. Lanes past n contribute nothing. */
+     * cache's first, cheap look (fp_cache.h): its error bound assumes each sum runs in C
+     * interleaved chains (term i in chain i mod C, 16 <= C <= 64, each chain a running sum
+     * of rounded or fused products) reduced pairwise, so no term meets more than
+     * FP_DOTF_ROUNDINGS(n) roundings. Lanes past n contribute nothing. */
     void (*dot_norms_f32)(const float *a, const float *b, int n, float *dot, float *na2,
                           float *nb2);
     /* window_stats then zscore of its 2 n_w outputs in one pass, bit-identical to the two
@@ -91,8 +91,9 @@ typedef struct {
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet: a chain of at most ceil(n/16) steps,
- * a product rounding when it is not fused, and at most 5 pairwise levels (32 chains -> 1). */
-#define FP_DOTF_ROUNDINGS(n) (((n) + 15) / 16 + 6)
+ * a product rounding when it is not fused, and at most 6 pairwise levels (up to 64 chains,
+ * e.g. 4 ZMM accumulators of 16 lanes, reduced to 1). */
+#define FP_DOTF_ROUNDINGS(n) (((n) + 15) / 16 + 7)
 
 /* CPU feature bits, read once (cpuid + xgetbv for the OS's YMM state). */
 int fp_cpu_has_avx2(void);

@@ -159,9 +159,9 @@ def test_decision_property(seed, thr, log_off, sign, scale):
 # rigorous bound on their error keeps the threshold out of reach; otherwise it sums again in
 # double. BAND is that bound in cosine units for N features (fp_cache.h: the direction
 # guard is undecided for a float cosine within about 2 g of the threshold, g = m 2^-24,
-# m = FP_DOTF_ROUNDINGS(N) = ceil(N / 16) + 6). Pairs are placed inside it (the double path
+# m = FP_DOTF_ROUNDINGS(N) = ceil(N / 16) + 7). Pairs are placed inside it (the double path
 # decides), at its edges, and just outside it (the float path decides).
-BAND = 2.0 * ((N + 15) // 16 + 6) * 2.0 ** -24
+BAND = 2.0 * ((N + 15) // 16 + 7) * 2.0 ** -24
 BAND_STEPS = (0.01, 0.02, 0.05, 0.2, 0.5, 0.8, 0.95, 1.0, 1.05, 1.3, 2.0, 4.0, 30.0, 300.0)
 
 
