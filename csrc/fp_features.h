@@ -86,15 +86,26 @@ static inline void fp_window_commit(const fp_feature_spec *fs, unsigned char *wi
     double *sum = (double *)(win + sizeof(fp_window_hdr));
     double *sumsq = sum + fs->n_w;
     float *row = (float *)(sumsq + fs->n_w) + (size_t)h->pos * fs->n_w;
-    const int full = h->count >= (uint32_t)fs->window;
-    for (int j = 0; j < fs->n_w; j++) {
-        double x = raw[fs->w_idx[j]];
-        if (full) { sum[j] -= row[j]; sumsq[j] -= (double)row[j] * row[j]; }
-        sum[j] += x;
-        sumsq[j] += x * x;
-        row[j] = (float)x;
+    const int32_t *w_idx = fs->w_idx;
+    const int n_w = fs->n_w;
+    /* one loop per case, without a branch inside, so the compiler can pair the double
+     * updates; each sum still sees "minus the old value, plus the new one" in that order */
+    if (h->count >= (uint32_t)fs->window) {
+        for (int j = 0; j < n_w; j++) {
+            const double x = raw[w_idx[j]], o = row[j];
+            sum[j] = (sum[j] - o) + x;
+            sumsq[j] = (sumsq[j] - o * o) + x * x;
+            row[j] = (float)x;
+        }
+    } else {
+        for (int j = 0; j < n_w; j++) {
+            const double x = raw[w_idx[j]];
+            sum[j] += x;
+            sumsq[j] += x * x;
+            row[j] = (float)x;
+        }
+        h->count++;
     }
-    if (!full) h->count++;
     h->pos = (h->pos + 1 == (uint32_t)fs->window) ? 0 : h->pos + 1;
 }
 
