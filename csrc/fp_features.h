@@ -59,10 +59,11 @@ static inline size_t fp_window_stride(const fp_feature_spec *fs) {
     return FP_ROUND_UP(b, FP_ALIGN);
 }
 
-/* pre (scratch, n_feat) and feat (n_feat) for one tick; reads state only */
+/* feat (n_feat) for one tick; reads state only. The window features go straight from the
+ * running sums to z-scores (one kernel): a scratch row of means and stds in between cost a
+ * failed store-to-load forward on every tick. */
 static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spec *fs,
-                                       const unsigned char *win, const float *raw, float *pre,
-                                       float *feat) {
+                                       const unsigned char *win, const float *raw, float *feat) {
     /* contiguous loads beat a gather once runs average 4+ fields */
     if (fs->n_runs) k->zscore_runs(raw, fs->runs, fs->n_runs, fs->mean, fs->inv_std, feat);
     else k->zscore_gather(raw, fs->z_idx, fs->mean, fs->inv_std, feat, fs->n_z);
@@ -73,10 +74,9 @@ static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spe
     const float *ring = (const float *)(sumsq + fs->n_w);
     const int full = h->count >= (uint32_t)fs->window;
     const double inv_n = 1.0 / (full ? (double)fs->window : (double)(h->count + 1));
-    float *pm = pre + fs->n_z, *ps = pm + fs->n_w;
-    k->window_stats(raw, fs->w_idx, fs->n_w, sum, sumsq,
-                    full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n, pm, ps);
-    k->zscore(pm, fs->mean + fs->n_z, fs->inv_std + fs->n_z, feat + fs->n_z, 2 * fs->n_w);
+    k->window_zscore(raw, fs->w_idx, fs->n_w, sum, sumsq,
+                     full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n, fs->mean + fs->n_z,
+                     fs->inv_std + fs->n_z, feat + fs->n_z);
 }
 
 /* push raw's windowed fields into the symbol's ring */
@@ -86,15 +86,26 @@ static inline void fp_window_commit(const fp_feature_spec *fs, unsigned char *wi
     double *sum = (double *)(win + sizeof(fp_window_hdr));
     double *sumsq = sum + fs->n_w;
     float *row = (float *)(sumsq + fs->n_w) + (size_t)h->pos * fs->n_w;
-    const int full = h->count >= (uint32_t)fs->window;
-    for (int j = 0; j < fs->n_w; j++) {
-        double x = raw[fs->w_idx[j]];
-        if (full) { sum[j] -= row[j]; sumsq[j] -= (double)row[j] * row[j]; }
-        sum[j] += x;
-        sumsq[j] += x * x;
-        row[j] = (float)x;
+    const int32_t *w_idx = fs->w_idx;
+    const int n_w = fs->n_w;
+    /* one loop per case, without a branch inside, so the compiler can pair the double
+     * updates; each sum still sees "minus the old value, plus the new one" in that order */
+    if (h->count >= (uint32_t)fs->window) {
+        for (int j = 0; j < n_w; j++) {
+            const double x = raw[w_idx[j]], o = row[j];
+            sum[j] = (sum[j] - o) + x;
+            sumsq[j] = (sumsq[j] - o * o) + x * x;
+            row[j] = (float)x;
+        }
+    } else {
+        for (int j = 0; j < n_w; j++) {
+            const double x = raw[w_idx[j]];
+            sum[j] += x;
+            sumsq[j] += x * x;
+            row[j] = (float)x;
+        }
+        h->count++;
     }
-    if (!full) h->count++;
     h->pos = (h->pos + 1 == (uint32_t)fs->window) ? 0 : h->pos + 1;
 }
 

@@ -72,7 +72,29 @@ typedef struct {
     int (*allfinite)(const float *x, int n);
     /* *signal = tanh(out[0]), *confidence = sigmoid(out[1]) */
     void (*head)(const float *out, float *signal, float *confidence);
+    /* *dot = sum a[i]*b[i], *na2 = sum a[i]^2, *nb2 = sum b[i]^2 in float32, one pass. The
+     * cache's first, cheap look (fp_cache.h): its error bound assumes each sum runs in C
+     * interleaved chains (term i in chain i mod C, 16 <= C <= 64, each chain a running sum
+     * of rounded or fused products) reduced pairwise, so no term meets more than
+     * FP_DOTF_ROUNDINGS(n) roundings. Lanes past n contribute nothing. */
+    void (*dot_norms_f32)(const float *a, const float *b, int n, float *dot, float *na2,
+                          float *nb2);
+    /* window_stats then zscore of its 2 n_w outputs in one pass, bit-identical to the two
+     * calls (pm, ps rounded to float, then (x - mean) * inv_std): feat[j] from pm[j],
+     * feat[n_w + j] from ps[j], j < n_w; mean and inv_std are the window features' own */
+    void (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
+                          const double *sumsq, const float *old, double inv_n,
+                          const float *mean, const float *inv_std, float *feat);
+    /* dot_norm2 with sum b[i]^2 as a third output, in the same pass: *dot and *na2 are
+     * bit-identical to dot_norm2's, *nb2 to dot_norm2(b, b, ...)'s *na2 */
+    void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
+                          double *nb2);
 } fp_kernels;
+
+/* Roundings any term of a dot_norms_f32 sum can meet: a chain of at most ceil(n/16) steps,
+ * a product rounding when it is not fused, and at most 6 pairwise levels (up to 64 chains,
+ * e.g. 4 ZMM accumulators of 16 lanes, reduced to 1). */
+#define FP_DOTF_ROUNDINGS(n) (((n) + 15) / 16 + 7)
 
 /* CPU feature bits, read once (cpuid + xgetbv for the OS's YMM state). */
 int fp_cpu_has_avx2(void);

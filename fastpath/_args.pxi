@@ -5,6 +5,8 @@
 cdef extern from "Python.h":
     # declared without an exception spec: the caller checks the range (and clears the error)
     Py_ssize_t _long_as_ssize "PyLong_AsSsize_t"(object o)
+    # no exception for an int (overflow is reported in *overflow), so no try block around it
+    long long _long_as_ll_ovf "PyLong_AsLongLongAndOverflow"(object o, int *overflow)
 
 
 def _describe(obj):
@@ -103,8 +105,15 @@ def _bad_ts(ts):
 cdef inline long long _ts_arg(object ts) except -2:
     """ts_ns as ns >= 0, or -1 for None (the engine clock); InputError for anything else."""
     cdef long long v
+    cdef int overflow = 0
     if ts is None:
         return -1
+    if type(ts) is int:
+        # the common call, without the try block below (saving and restoring the thread's
+        # exception state on every tick)
+        v = _long_as_ll_ovf(ts, &overflow)
+        if overflow == 0 and v >= 0:
+            return v
     if type(ts) is int or (isinstance(ts, np.integer) and not isinstance(ts, np.bool_)):
         try:
             v = ts

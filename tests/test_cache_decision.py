@@ -152,3 +152,152 @@ def test_decision_property(seed, thr, log_off, sign, scale):
     want = "hit" if c >= thr else "cosine"
     for isa in ISAS:
         assert K.kernel_cache_decide(isa, b, a, thr, 0.5) == want, (isa, c - thr)
+
+
+# ---- the float32 first look and its fallback band ------------------------------------------
+# The lookup compares the vectors with float32 sums first and decides there only when a
+# rigorous bound on their error keeps the threshold out of reach; otherwise it sums again in
+# double. BAND is that bound in cosine units for N features (fp_cache.h: the direction
+# guard is undecided for a float cosine within about 2 g of the threshold, g = m 2^-24,
+# m = FP_DOTF_ROUNDINGS(N) = ceil(N / 16) + 7). Pairs are placed inside it (the double path
+# decides), at its edges, and just outside it (the float path decides).
+BAND = 2.0 * ((N + 15) // 16 + 7) * 2.0 ** -24
+BAND_STEPS = (0.01, 0.02, 0.05, 0.2, 0.5, 0.8, 0.95, 1.0, 1.05, 1.3, 2.0, 4.0, 30.0, 300.0)
+
+
+def band_pairs(seed, scales=(1e-3, 1.0, 30.0, 1e3)):
+    rng = np.random.default_rng(seed)
+    out = []
+    for thr in THRESHOLDS:
+        for k in BAND_STEPS:
+            for sign in (-1.0, 1.0, -1.0, 1.0):
+                target = thr + sign * k * BAND
+                if target >= 1.0:
+                    continue
+                a, b = pair(rng, target, float(rng.choice(scales)))
+                out.append((thr, a, b, cos64(a, b)))
+    return out
+
+
+BAND_PAIRS = band_pairs(2024) + band_pairs(7, scales=(1e-12, 1e12))
+
+
+def cos32(a, b):
+    """The cosine from float32 sums in 16 chains, as the float32 first look sums it."""
+    def s(x, y):
+        return np.float32((x * y).reshape(-1, 16).sum(0, dtype=np.float32).sum(dtype=np.float32))
+    return float(s(a, b)) / np.sqrt(float(s(a, a)) * float(s(b, b)))
+
+
+def test_band_pairs_need_the_fallback():
+    """The band is real: inside it a float32 decision gets some pairs wrong (so a lookup that
+    trusted its float sums there would differ from float64), and the pairs cover both sides
+    of every threshold inside and outside the band."""
+    inside = [(t, a, b, c) for t, a, b, c in BAND_PAIRS if MARGIN < abs(c - t) < BAND]
+    wrong32 = sum((cos32(a, b) >= t) != (c >= t) for t, a, b, c in inside)
+    assert wrong32 > 0
+    for thr in THRESHOLDS:
+        d = np.array([c - t for t, _, _, c in BAND_PAIRS if t == thr])
+        assert (d > BAND).any() or thr + BAND >= 1.0
+        assert (d < -BAND).any() and ((-BAND < d) & (d < -MARGIN)).any()
+        assert ((MARGIN < d) & (d < BAND)).any() or thr + MARGIN >= 1.0
+
+
+@pytest.mark.parametrize("thr", THRESHOLDS)
+def test_direction_guard_in_and_around_the_float_band(isa, thr):
+    wrong = []
+    for t, a, b, c in BAND_PAIRS:
+        if t != thr or abs(c - thr) <= MARGIN:
+            continue
+        got = K.kernel_cache_decide(isa, b, a, thr, 0.5)
+        if got != ("hit" if c >= thr else "cosine"):
+            wrong.append(((c - thr) / BAND, got))
+    assert not wrong, f"{len(wrong)} decisions differ from float64 (offset in bands): {wrong[:5]}"
+
+
+@pytest.mark.parametrize("tol", [0.002, 0.02, 0.3])
+def test_norm_guard_in_and_around_the_float_band(isa, tol):
+    """|b| / |a| - 1 placed within a few float32 bounds of +-tol, on both sides: the float
+    look decides the clear ones, the double path the others, and all as float64 does."""
+    rng = np.random.default_rng(int(tol * 1e4))
+    wrong, checked = [], 0
+    for k in BAND_STEPS:
+        for side in (1.0, -1.0):
+            for inside in (1.0, -1.0):
+                ratio = 1.0 + side * (tol - inside * k * BAND)
+                a = (rng.standard_t(3, N) * rng.choice([1e-3, 1.0, 1e3])).astype(np.float32)
+                b = (a.astype(np.float64) * ratio).astype(np.float32)
+                a64, b64 = a.astype(np.float64), b.astype(np.float64)
+                rel = abs(np.sqrt((b64 @ b64) / (a64 @ a64)) - 1.0)
+                if abs(rel - tol) <= MARGIN:
+                    continue
+                checked += 1
+                got = K.kernel_cache_decide(isa, b, a, 0.99, tol)
+                if got != ("hit" if rel <= tol else "norm"):
+                    wrong.append(((rel - tol) / BAND, got))
+    assert checked > 40 and not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-19, 3e17, 1e19])
+def test_extreme_magnitudes_decide_as_float64(isa, scale):
+    """Squares that underflow float32 (|f| ~ 1e-19 and below) or overflow it (1e19) leave the
+    float look without a bound: the double path decides, as float64 does, far from and near
+    the threshold."""
+    rng = np.random.default_rng(int(np.log10(scale)) + 40)
+    for thr in (0.999, 0.999999):
+        for off in (-1e-2, -3e-6, -5e-7, 5e-7, 3e-6):
+            if thr + off >= 1.0:
+                continue
+            a, b = pair(rng, thr + off, scale)
+            c = cos64(a, b)
+            if abs(c - thr) <= MARGIN:
+                continue
+            assert K.kernel_cache_decide(isa, b, a, thr, 0.5) == ("hit" if c >= thr else "cosine"), \
+                (scale, thr, c - thr)
+
+
+@pytest.mark.parametrize("thr", [0.9999, 0.999999])
+def test_engine_decides_band_pairs_as_float64(isa, thr):
+    """End to end through an Engine's lookup, for pairs in and around the float32 band."""
+    pol = CachePolicy(enabled=True, cos_threshold=thr, norm_tol=0.5, max_age_ns=10**15,
+                      max_run=10**6)
+    eng = Engine(_identity_model(pol), config=engine_cfg(isa))
+    t = 0
+    wrong = []
+    for _, a, b, c in (p for p in BAND_PAIRS if p[0] == thr and abs(p[3] - thr) > MARGIN):
+        t += 10
+        assert not eng.step(a, 0, ts_ns=t).cached
+        if eng.step(b, 0, ts_ns=t + 1).cached != (c >= thr):
+            wrong.append((c - thr) / BAND)
+    assert not wrong, f"{len(wrong)} engine decisions differ from float64: {wrong[:5]}"
+
+
+def test_engine_recomputes_the_cached_norm_for_each_new_key(isa):
+    """|cached| in double is computed on the first lookup that needs it and kept with the
+    key; a new key (a miss stores it) must not be judged with the previous key's norm. Keys
+    alternate between one direction at norms 1 and 3; each is followed by lookups of its own
+    size inside the float32 band (so the double path, and the kept norm, decide), which must
+    hit; with the previous key's norm kept, the norm guard (tol 0.5) would refuse them."""
+    thr = 0.999999
+    pol = CachePolicy(enabled=True, cos_threshold=thr, norm_tol=0.5, max_age_ns=10**15,
+                      max_run=10**6)
+    eng = Engine(_identity_model(pol), config=engine_cfg(isa))
+    rng = np.random.default_rng(5)
+    base = rng.standard_t(3, N)
+    t = 0
+    for scale in (1.0, 3.0, 1.0, 3.0):
+        key = (base * scale).astype(np.float32)
+        t += 10
+        eng.step(pair(rng, 0.5)[1], 0, ts_ns=t)      # unrelated to any key: a miss
+        t += 10
+        assert not eng.step(key, 0, ts_ns=t).cached  # 1 : 3 from the last key: a miss, stored
+        k64 = key.astype(np.float64)
+        for _ in range(4):
+            u = rng.standard_normal(N)
+            u -= (u @ k64) / (k64 @ k64) * k64
+            u *= np.linalg.norm(k64) / np.linalg.norm(u)
+            target = thr + 0.25 * BAND
+            near = (target * k64 + np.sqrt(1.0 - target ** 2) * u).astype(np.float32)
+            assert thr + MARGIN < cos64(key, near) < thr + BAND
+            t += 1
+            assert eng.step(near, 0, ts_ns=t).cached, scale

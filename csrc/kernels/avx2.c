@@ -321,6 +321,16 @@ FP_TARGET_AVX2 static void fp_head_avx2(const float *out, float *signal, float *
     *confidence = _mm256_cvtss_f32(fp_sigmoid256(_mm256_set1_ps(out[1])));
 }
 
+FP_TARGET_AVX2 static void fp_dot_norms_f32_avx2(const float *a, const float *b, int n,
+                                                  float *dot, float *na2, float *nb2);
+FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t *w_idx, int n_w,
+                                                 const double *sum, const double *sumsq,
+                                                 const float *old, double inv_n,
+                                                 const float *mean, const float *inv_std,
+                                                 float *feat);
+FP_TARGET_AVX2 static void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
+                                                  double *dot, double *na2, double *nb2);
+
 const fp_kernels fp_kernels_avx2 = {
     "avx2",
     fp_zscore_gather_avx2,
@@ -331,5 +341,120 @@ const fp_kernels fp_kernels_avx2 = {
     fp_dense_avx2,
     fp_allfinite_avx2,
     fp_head_avx2,
+    fp_dot_norms_f32_avx2,
+    fp_window_zscore_avx2,
+    fp_dot_norms_f64_avx2,
 };
+
+FP_TARGET_AVX2 static inline float fp_hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* 8 lanes (the first `len` of them, 1..8) of a and b into one chain set: d += a*b, sa += a*a,
+ * sb += b*b; masked lanes load as 0.0 and add nothing */
+FP_TARGET_AVX2 static inline void fp_dot_norms_tail(const float *a, const float *b, int len,
+                                                    __m256 *d, __m256 *sa, __m256 *sb) {
+    const __m256i m = fp_tailmask(len < 8 ? len : 8);
+    const __m256 x = _mm256_maskload_ps(a, m), y = _mm256_maskload_ps(b, m);
+    *d = _mm256_fmadd_ps(x, y, *d);
+    *sa = _mm256_fmadd_ps(x, x, *sa);
+    *sb = _mm256_fmadd_ps(y, y, *sb);
+}
+
+/* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 4 accumulators of 8 lanes per sum
+ * (32 chains, term i in chain i mod 32), 4 -> 1 then 8 lanes -> 1, pairwise: at most
+ * ceil(n/32) + 5 roundings a term, inside FP_DOTF_ROUNDINGS(n). Named accumulators, not an
+ * array: an array indexed in the tail loop would live on the stack (every FMA through
+ * memory, measured 36 ns against 6 on 128 floats). */
+FP_TARGET_AVX2 static void fp_dot_norms_f32_avx2(const float *a, const float *b, int n,
+                                                  float *dot, float *na2, float *nb2) {
+    __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+    __m256 a0 = d0, a1 = d0, a2 = d0, a3 = d0, b0 = d0, b1 = d0, b2 = d0, b3 = d0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 x = _mm256_loadu_ps(a + i), y = _mm256_loadu_ps(b + i);
+        d0 = _mm256_fmadd_ps(x, y, d0); a0 = _mm256_fmadd_ps(x, x, a0); b0 = _mm256_fmadd_ps(y, y, b0);
+        x = _mm256_loadu_ps(a + i + 8); y = _mm256_loadu_ps(b + i + 8);
+        d1 = _mm256_fmadd_ps(x, y, d1); a1 = _mm256_fmadd_ps(x, x, a1); b1 = _mm256_fmadd_ps(y, y, b1);
+        x = _mm256_loadu_ps(a + i + 16); y = _mm256_loadu_ps(b + i + 16);
+        d2 = _mm256_fmadd_ps(x, y, d2); a2 = _mm256_fmadd_ps(x, x, a2); b2 = _mm256_fmadd_ps(y, y, b2);
+        x = _mm256_loadu_ps(a + i + 24); y = _mm256_loadu_ps(b + i + 24);
+        d3 = _mm256_fmadd_ps(x, y, d3); a3 = _mm256_fmadd_ps(x, x, a3); b3 = _mm256_fmadd_ps(y, y, b3);
+    }
+    /* the tail keeps each term's chain (i mod 32) */
+    if (i < n) fp_dot_norms_tail(a + i, b + i, n - i, &d0, &a0, &b0);
+    if (i + 8 < n) fp_dot_norms_tail(a + i + 8, b + i + 8, n - i - 8, &d1, &a1, &b1);
+    if (i + 16 < n) fp_dot_norms_tail(a + i + 16, b + i + 16, n - i - 16, &d2, &a2, &b2);
+    if (i + 24 < n) fp_dot_norms_tail(a + i + 24, b + i + 24, n - i - 24, &d3, &a3, &b3);
+    *dot = fp_hsum256(_mm256_add_ps(_mm256_add_ps(d0, d1), _mm256_add_ps(d2, d3)));
+    *na2 = fp_hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    *nb2 = fp_hsum256(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+}
+
+/* fp_window_stats_avx2 and fp_zscore_avx2 in one pass, the same operations in the same
+ * order (so bit-identical to the two calls): pm and ps stay in registers instead of going
+ * through a scratch buffer whose 16-byte stores the 32-byte z-score loads could not forward */
+FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t *w_idx, int n_w,
+                                                 const double *sum, const double *sumsq,
+                                                 const float *old, double inv_n,
+                                                 const float *mean, const float *inv_std,
+                                                 float *feat) {
+    const __m256d vn = _mm256_set1_pd(inv_n), zero = _mm256_setzero_pd();
+    int j = 0;
+    for (; j + 4 <= n_w; j += 4) {
+        __m256d x = _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4));
+        __m256d s = _mm256_add_pd(_mm256_loadu_pd(sum + j), x);
+        __m256d q = _mm256_add_pd(_mm256_loadu_pd(sumsq + j), _mm256_mul_pd(x, x));
+        if (old) {
+            __m256d o = _mm256_cvtps_pd(_mm_loadu_ps(old + j));
+            s = _mm256_sub_pd(s, o);
+            q = _mm256_sub_pd(q, _mm256_mul_pd(o, o));
+        }
+        __m256d m = _mm256_mul_pd(s, vn);
+        __m256d v = _mm256_max_pd(_mm256_sub_pd(_mm256_mul_pd(q, vn), _mm256_mul_pd(m, m)), zero);
+        const __m128 pm = _mm256_cvtpd_ps(m), ps = _mm_sqrt_ps(_mm256_cvtpd_ps(v));
+        _mm_storeu_ps(feat + j, _mm_mul_ps(_mm_sub_ps(pm, _mm_loadu_ps(mean + j)),
+                                           _mm_loadu_ps(inv_std + j)));
+        _mm_storeu_ps(feat + n_w + j, _mm_mul_ps(_mm_sub_ps(ps, _mm_loadu_ps(mean + n_w + j)),
+                                                 _mm_loadu_ps(inv_std + n_w + j)));
+    }
+    for (; j < n_w; j++) {
+        float pm, ps;
+        fp_window_stats_scalar(raw, w_idx + j, 1, sum + j, sumsq + j, old ? old + j : NULL, inv_n,
+                               &pm, &ps);
+        feat[j] = (pm - mean[j]) * inv_std[j];
+        feat[n_w + j] = (ps - mean[n_w + j]) * inv_std[n_w + j];
+    }
+}
+
+/* fp_dot_norm2_step's chains for dot and |a|^2, and two more for |b|^2 (low / high halves),
+ * each summed and reduced as fp_dot_norm2_avx2 sums and reduces its own */
+FP_TARGET_AVX2 static inline void fp_dot_norms3_step(__m256 av, __m256 bv, __m256d *d0,
+                                                     __m256d *d1, __m256d *s0, __m256d *s1,
+                                                     __m256d *t0, __m256d *t1) {
+    const __m256d blo = _mm256_cvtps_pd(_mm256_castps256_ps128(bv));
+    const __m256d bhi = _mm256_cvtps_pd(_mm256_extractf128_ps(bv, 1));
+    fp_dot_norm2_step(av, bv, d0, d1, s0, s1);
+    *t0 = _mm256_fmadd_pd(blo, blo, *t0);
+    *t1 = _mm256_fmadd_pd(bhi, bhi, *t1);
+}
+
+FP_TARGET_AVX2 static void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
+                                                  double *dot, double *na2, double *nb2) {
+    __m256d d0 = _mm256_setzero_pd(), d1 = d0, s0 = d0, s1 = d0, t0 = d0, t1 = d0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        fp_dot_norms3_step(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), &d0, &d1, &s0, &s1,
+                           &t0, &t1);
+    if (i < n) {
+        const __m256i m = fp_tailmask(n - i);
+        fp_dot_norms3_step(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m),
+                           &d0, &d1, &s0, &s1, &t0, &t1);
+    }
+    *dot = fp_hsum256d(_mm256_add_pd(d0, d1));
+    *na2 = fp_hsum256d(_mm256_add_pd(s0, s1));
+    *nb2 = fp_hsum256d(_mm256_add_pd(t0, t1));
+}
 #endif

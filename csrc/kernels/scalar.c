@@ -91,6 +91,15 @@ static void fp_head_scalar(const float *out, float *signal, float *confidence) {
     fp_head(out, signal, confidence);
 }
 
+static void fp_dot_norms_f32_scalar(const float *a, const float *b, int n, float *dot, float *na2,
+                                    float *nb2);
+static void fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w,
+                                    const double *sum, const double *sumsq, const float *old,
+                                    double inv_n, const float *mean, const float *inv_std,
+                                    float *feat);
+static void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
+                                    double *na2, double *nb2);
+
 const fp_kernels fp_kernels_scalar = {
     "scalar",
     fp_zscore_gather_scalar,
@@ -101,4 +110,66 @@ const fp_kernels fp_kernels_scalar = {
     fp_dense_scalar,
     fp_allfinite_scalar,
     fp_head_scalar,
+    fp_dot_norms_f32_scalar,
+    fp_window_zscore_scalar,
+    fp_dot_norms_f64_scalar,
 };
+
+/* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 16 chains (term i in chain i mod 16),
+ * then pairwise 16 -> 1, the order FP_DOTF_ROUNDINGS bounds (fp_simd.h) */
+static void fp_dot_norms_f32_scalar(const float *a, const float *b, int n,
+                                    float *dot, float *na2, float *nb2) {
+    float d[16] = {0}, sa[16] = {0}, sb[16] = {0};
+    int i = 0;
+    /* a fixed 16-wide body the compiler keeps in registers (SSE2), same chains as the tail */
+    for (; i + 16 <= n; i += 16)
+        for (int c = 0; c < 16; c++) {
+            d[c] += a[i + c] * b[i + c];
+            sa[c] += a[i + c] * a[i + c];
+            sb[c] += b[i + c] * b[i + c];
+        }
+    for (int c = 0; i + c < n; c++) {
+        d[c] += a[i + c] * b[i + c];
+        sa[c] += a[i + c] * a[i + c];
+        sb[c] += b[i + c] * b[i + c];
+    }
+    for (int w = 8; w >= 1; w /= 2)
+        for (int c = 0; c < w; c++) {
+            d[c] += d[c + w];
+            sa[c] += sa[c + w];
+            sb[c] += sb[c + w];
+        }
+    *dot = d[0];
+    *na2 = sa[0];
+    *nb2 = sb[0];
+}
+
+/* fp_window_stats_scalar then fp_zscore_scalar's (x - mean) * inv_std on pm and ps, without
+ * the round trip through a scratch buffer */
+static void fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w,
+                                    const double *sum, const double *sumsq, const float *old,
+                                    double inv_n, const float *mean, const float *inv_std,
+                                    float *feat) {
+    for (int j = 0; j < n_w; j++) {
+        float pm, ps;
+        fp_window_stats_scalar(raw, w_idx + j, 1, sum + j, sumsq + j, old ? old + j : NULL, inv_n,
+                               &pm, &ps);
+        feat[j] = (pm - mean[j]) * inv_std[j];
+        feat[n_w + j] = (ps - mean[n_w + j]) * inv_std[n_w + j];
+    }
+}
+
+/* fp_dot_norm2_scalar's two sums and sum b*b beside them, each in the same order */
+static void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
+                                    double *na2, double *nb2) {
+    double d = 0.0, s = 0.0, t = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double x = a[i], y = b[i];
+        d += x * y;
+        s += x * x;
+        t += y * y;
+    }
+    *dot = d;
+    *na2 = s;
+    *nb2 = t;
+}
