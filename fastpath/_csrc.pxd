@@ -25,6 +25,13 @@ cdef extern from "fp_simd.h" nogil:
         int (*dense)(const fp_dense_layer *L, const float *x, float *y, int reverse)
         int (*allfinite)(const float *x, int n)
         void (*head)(const float *out, float *signal, float *confidence)
+        void (*dot_norms_f32)(const float *a, const float *b, int n, float *dot, float *na2,
+                              float *nb2)
+        void (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
+                              const double *sumsq, const float *old, double inv_n,
+                              const float *mean, const float *inv_std, float *feat)
+        void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
+                              double *nb2)
     int fp_cpu_has_avx2()
     int fp_cpu_has_fma()
     int fp_cpu_has_avx512()

@@ -205,6 +205,55 @@ def kernel_dot_norm2(str isa, a, b):
     return float(d), float(s)
 
 
+def kernel_dot_norms_f32(str isa, a, b):
+    """(dot(a, b), |a|^2, |b|^2) summed in float32 with the named kernel set: the cache's
+    first look, whose rounding count fp_cache.h's error bound assumes."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
+    if len(x) != len(y):
+        raise InputError("a and b must have one length")
+    cdef float d = 0, s = 0, t = 0
+    k.dot_norms_f32(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y),
+                    len(x), &d, &s, &t)
+    return float(d), float(s), float(t)
+
+
+def kernel_dot_norms_f64(str isa, a, b):
+    """(dot(a, b), |a|^2, |b|^2) summed in double with the named kernel set, in one pass."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
+    if len(x) != len(y):
+        raise InputError("a and b must have one length")
+    cdef double d = 0, s = 0, t = 0
+    k.dot_norms_f64(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y),
+                    len(x), &d, &s, &t)
+    return float(d), float(s), float(t)
+
+
+def kernel_window_zscore(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, mean, inv_std):
+    """Window features in one pass: z-scores of the rolling means (first n_w) and of the
+    rolling stds (next n_w); mean and inv_std hold 2 n_w values."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray r = _f32(raw, "raw")
+    cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
+    cdef cnp.ndarray s = np.ascontiguousarray(sum_, dtype=np.float64)
+    cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)
+    cdef cnp.ndarray o = None if old is None else _f32(old, "old")
+    cdef cnp.ndarray m = _f32(mean, "mean"), sd = _f32(inv_std, "inv_std")
+    n = len(ix)
+    if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (
+            n and (ix.min() < 0 or ix.max() >= len(r))) or len(m) != 2 * n or len(sd) != 2 * n:
+        raise InputError("w_idx, sum, sumsq and old must have one length n, mean and inv_std "
+                         "2n, and w_idx must index raw")
+    out = np.empty(2 * n, np.float32)
+    k.window_zscore(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
+                    <const double *>cnp.PyArray_DATA(s), <const double *>cnp.PyArray_DATA(q),
+                    NULL if o is None else <const float *>cnp.PyArray_DATA(o), inv_n,
+                    <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(sd),
+                    <float *>cnp.PyArray_DATA(out))
+    return out
+
+
 _REASONS = {FP_HIT: "hit", FP_MISS_COSINE: "cosine", FP_MISS_NORM: "norm"}
 
 

@@ -316,3 +316,50 @@ def test_head_property(o0, o1):
         assert abs(s - np.tanh(np.float64(o0))) <= 1e-6
         assert abs(c - 1 / (1 + np.exp(-np.float64(o1)))) <= 1e-6
         assert -1 <= s <= 1 and 0 <= c <= 1
+
+
+# -------------------------------------------- the cache's float32 first look, fused passes
+@pytest.mark.parametrize("n", [1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 100, 128, 257])
+def test_dot_norms_f32_within_its_rounding_bound(isa, n):
+    # the float32 sums must stay inside the error bound fp_cache.h assumes
+    # (FP_DOTF_ROUNDINGS(n) = ceil(n/16) + 7 roundings per term, relative to sum |terms|)
+    rng = np.random.default_rng(n)
+    for scale in (1e-3, 1.0, 1e6):
+        a = (rng.standard_normal(n) * scale).astype(np.float32)
+        b = (rng.standard_normal(n) * scale).astype(np.float32)
+        d, sa, sb = K.kernel_dot_norms_f32(isa, a, b)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        m = -(-n // 16) + 7
+        gam = m * 2.0**-24 / (1 - m * 2.0**-24)
+        for got, terms in ((d, a64 * b64), (sa, a64 * a64), (sb, b64 * b64)):
+            assert abs(got - terms.sum()) <= gam * np.abs(terms).sum() * 1.0001 + 1e-30
+
+
+@pytest.mark.parametrize("n", [1, 8, 15, 16, 17, 100, 128, 257])
+def test_dot_norms_f64_equals_dot_norm2_bit_for_bit(isa, n):
+    # the cache keeps |b|^2 from one kernel and compares with the other: they must agree exactly
+    rng = np.random.default_rng(100 + n)
+    a = rng.standard_normal(n).astype(np.float32) * 3
+    b = rng.standard_normal(n).astype(np.float32) * 0.5
+    d, sa, sb = K.kernel_dot_norms_f64(isa, a, b)
+    assert (d, sa) == K.kernel_dot_norm2(isa, a, b)
+    assert sb == K.kernel_dot_norm2(isa, b, b)[1]
+    np.testing.assert_allclose([d, sa, sb], [a.astype(np.float64) @ b, a.astype(np.float64) @ a,
+                                            b.astype(np.float64) @ b], rtol=1e-12)
+
+
+@pytest.mark.parametrize("n_w", [1, 3, 4, 7, 8, 9, 17, 40])
+@pytest.mark.parametrize("with_old", [False, True])
+def test_window_zscore_equals_stats_then_zscore(isa, n_w, with_old):
+    rng = np.random.default_rng(n_w)
+    raw = rng.standard_normal(64).astype(np.float32)
+    w_idx = rng.integers(0, 64, n_w).astype(np.int32)
+    s = rng.standard_normal(n_w) * 20
+    q = np.abs(rng.standard_normal(n_w)) * 400 + s * s / 20
+    old = rng.standard_normal(n_w).astype(np.float32) if with_old else None
+    mean = rng.standard_normal(2 * n_w).astype(np.float32)
+    inv_std = (rng.random(2 * n_w) + 0.5).astype(np.float32)
+    pm, ps = K.kernel_window_stats(isa, raw, w_idx, s, q, old, 1 / 20)
+    ref = K.kernel_zscore(isa, np.concatenate([pm, ps]), mean, inv_std)
+    got = K.kernel_window_zscore(isa, raw, w_idx, s, q, old, 1 / 20, mean, inv_std)
+    np.testing.assert_array_equal(got, ref)

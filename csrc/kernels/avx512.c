@@ -353,6 +353,105 @@ FP_TARGET_AVX512 static void fp_head_avx512(const float *out, float *signal, flo
     *confidence = _mm512_cvtss_f32(fp_sigmoid512(_mm512_set1_ps(out[1])));
 }
 
+/* fp_window_stats_avx512 and fp_zscore_avx512 in one pass, the same operations in the same
+ * order (bit-identical to the two calls; both are elementwise): pm and ps stay in registers */
+FP_TARGET_AVX512 static void fp_window_zscore_avx512(const float *raw, const int32_t *w_idx,
+                                                     int n_w, const double *sum,
+                                                     const double *sumsq, const float *old,
+                                                     double inv_n, const float *mean,
+                                                     const float *inv_std, float *feat) {
+    const __m512d vn = _mm512_set1_pd(inv_n), zero = _mm512_setzero_pd();
+    for (int j = 0; j < n_w; j += 8) {
+        const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xff : (1u << (n_w - j)) - 1u);
+        __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
+        __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
+        __m512d x = _mm512_cvtps_pd(xf);
+        __m512d s = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sum + j), x);
+        __m512d q = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sumsq + j), _mm512_mul_pd(x, x));
+        if (old) {
+            __m512d o = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, old + j));
+            s = _mm512_sub_pd(s, o);
+            q = _mm512_sub_pd(q, _mm512_mul_pd(o, o));
+        }
+        __m512d mu = _mm512_mul_pd(s, vn);
+        __m512d v = _mm512_max_pd(_mm512_sub_pd(_mm512_mul_pd(q, vn), _mm512_mul_pd(mu, mu)), zero);
+        const __m256 pm = _mm512_cvtpd_ps(mu), ps = _mm256_sqrt_ps(_mm512_cvtpd_ps(v));
+        _mm256_mask_storeu_ps(feat + j, m,
+                              _mm256_mul_ps(_mm256_sub_ps(pm, _mm256_maskz_loadu_ps(m, mean + j)),
+                                            _mm256_maskz_loadu_ps(m, inv_std + j)));
+        _mm256_mask_storeu_ps(feat + n_w + j, m,
+                              _mm256_mul_ps(_mm256_sub_ps(ps, _mm256_maskz_loadu_ps(m, mean + n_w + j)),
+                                            _mm256_maskz_loadu_ps(m, inv_std + n_w + j)));
+    }
+}
+
+/* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 2 accumulators of 16 lanes per sum
+ * (32 chains, term i in chain i mod 32, the tail keeping each term's chain), 2 -> 1 then
+ * 16 lanes -> 1 pairwise: at most ceil(n/32) + 5 roundings a term, inside
+ * FP_DOTF_ROUNDINGS(n) (fp_cache.h's error bound relies on it) */
+FP_TARGET_AVX512 static inline float fp_hsum512_pairwise(__m512 v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+FP_TARGET_AVX512 static void fp_dot_norms_f32_avx512(const float *a, const float *b, int n,
+                                                     float *dot, float *na2, float *nb2) {
+    __m512 d0 = _mm512_setzero_ps(), d1 = d0, a0 = d0, a1 = d0, b0 = d0, b1 = d0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 x = _mm512_loadu_ps(a + i), y = _mm512_loadu_ps(b + i);
+        d0 = _mm512_fmadd_ps(x, y, d0); a0 = _mm512_fmadd_ps(x, x, a0); b0 = _mm512_fmadd_ps(y, y, b0);
+        x = _mm512_loadu_ps(a + i + 16); y = _mm512_loadu_ps(b + i + 16);
+        d1 = _mm512_fmadd_ps(x, y, d1); a1 = _mm512_fmadd_ps(x, x, a1); b1 = _mm512_fmadd_ps(y, y, b1);
+    }
+    if (i < n) {
+        /* masked lanes load as 0.0 and add nothing */
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : fp_mask16(n - i);
+        const __m512 x = _mm512_maskz_loadu_ps(m, a + i), y = _mm512_maskz_loadu_ps(m, b + i);
+        d0 = _mm512_fmadd_ps(x, y, d0); a0 = _mm512_fmadd_ps(x, x, a0); b0 = _mm512_fmadd_ps(y, y, b0);
+    }
+    if (i + 16 < n) {
+        const __mmask16 m = fp_mask16(n - i - 16);
+        const __m512 x = _mm512_maskz_loadu_ps(m, a + i + 16), y = _mm512_maskz_loadu_ps(m, b + i + 16);
+        d1 = _mm512_fmadd_ps(x, y, d1); a1 = _mm512_fmadd_ps(x, x, a1); b1 = _mm512_fmadd_ps(y, y, b1);
+    }
+    *dot = fp_hsum512_pairwise(_mm512_add_ps(d0, d1));
+    *na2 = fp_hsum512_pairwise(_mm512_add_ps(a0, a1));
+    *nb2 = fp_hsum512_pairwise(_mm512_add_ps(b0, b1));
+}
+
+/* fp_dot_norm2_avx512's chains for dot and |a|^2, and two more for |b|^2 in the same order
+ * and reduction, so *dot and *na2 equal dot_norm2(a, b) and *nb2 equals dot_norm2(b, b)'s
+ * na2 bit for bit (the cache keeps |b|^2 from one and compares with the other) */
+FP_TARGET_AVX512 static inline void fp_dot_norms3_step16(__m512 av, __m512 bv, __m512d *d0,
+                                                         __m512d *d1, __m512d *s0, __m512d *s1,
+                                                         __m512d *t0, __m512d *t1) {
+    const __m512d blo = _mm512_cvtps_pd(_mm512_castps512_ps256(bv));
+    const __m512d bhi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(bv, 1));
+    fp_dot_norm2_step16(av, bv, d0, d1, s0, s1);
+    *t0 = _mm512_fmadd_pd(blo, blo, *t0);
+    *t1 = _mm512_fmadd_pd(bhi, bhi, *t1);
+}
+
+FP_TARGET_AVX512 static void fp_dot_norms_f64_avx512(const float *a, const float *b, int n,
+                                                     double *dot, double *na2, double *nb2) {
+    __m512d d0 = _mm512_setzero_pd(), d1 = d0, s0 = d0, s1 = d0, t0 = d0, t1 = d0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        fp_dot_norms3_step16(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), &d0, &d1, &s0, &s1,
+                             &t0, &t1);
+    if (i < n) {
+        const __mmask16 m = fp_mask16(n - i);
+        fp_dot_norms3_step16(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
+                             &d0, &d1, &s0, &s1, &t0, &t1);
+    }
+    *dot = _mm512_reduce_add_pd(_mm512_add_pd(d0, d1));
+    *na2 = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    *nb2 = _mm512_reduce_add_pd(_mm512_add_pd(t0, t1));
+}
+
 const fp_kernels fp_kernels_avx512 = {
     "avx512",
     fp_zscore_gather_avx512,
@@ -363,5 +462,8 @@ const fp_kernels fp_kernels_avx512 = {
     fp_dense_avx512,
     fp_allfinite_avx512,
     fp_head_avx512,
+    fp_dot_norms_f32_avx512,
+    fp_window_zscore_avx512,
+    fp_dot_norms_f64_avx512,
 };
 #endif
