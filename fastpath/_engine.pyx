@@ -351,26 +351,38 @@ cdef class Engine:
         x must be finite (InputError otherwise), except for a tree ensemble, which reads a NaN
         as a missing value as the ONNX spec does; a model that overflows on x is an
         InputError."""
-        try:
-            a = np.asarray(x)
-        except Exception:
-            raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
-                             f"{_describe(x)}") from None
-        if a.ndim != 1 or a.shape[0] != self.n_features or a.dtype.kind not in "fiub":
-            raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
-                             f"{_describe(x)}")
-        cdef cnp.ndarray xa = np.ascontiguousarray(a, dtype=np.float32)
+        cdef cnp.ndarray xa
+        cdef bint trees = self._e.model_kind == FP_MODEL_TREES
+        # the common case (what a strategy holds: a float32 vector of the right length) is
+        # checked with a few C tests and used in place; anything else goes through numpy
+        if (type(x) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_FLOAT32
+                and cnp.PyArray_NDIM(<cnp.ndarray>x) == 1
+                and cnp.PyArray_DIM(<cnp.ndarray>x, 0) == self.n_features
+                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)):
+            xa = <cnp.ndarray>x
+        else:
+            try:
+                a = np.asarray(x)
+            except Exception:
+                raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
+                                 f"{_describe(x)}") from None
+            if a.ndim != 1 or a.shape[0] != self.n_features or a.dtype.kind not in "fiub":
+                raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
+                                 f"{_describe(x)}")
+            xa = np.ascontiguousarray(a, dtype=np.float32)
         # a tree ensemble reads NaN as a missing value (ONNX's missing-value tracks)
-        if self.model.trees is None and not np.all(np.isfinite(xa)):
+        if not trees and not self._e.k.allfinite(<const float *>cnp.PyArray_DATA(xa),
+                                                 <int>self.n_features):
             i = int(np.flatnonzero(~np.isfinite(xa))[0])
             raise InputError(f"x contains non-finite values, first at index {i} ({xa[i]}); "
                              f"predict takes finite feature vectors, as step() does")
         self._check_free()
-        cdef cnp.ndarray out = np.empty(self.n_outputs, np.float32)
+        cdef cnp.npy_intp n_out = self.n_outputs
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)
         cdef int rc = fp_predict(self._e, <const float *>cnp.PyArray_DATA(xa),
                                  <float *>cnp.PyArray_DATA(out))
         if rc != FP_OK:
-            if self.model.trees is not None:
+            if trees:
                 raise InputError("the model produced NaN/Inf for this input (the tree "
                                  "ensemble's post transform left its range, e.g. a PROBIT of a "
                                  "score outside (0, 1))")

@@ -132,3 +132,31 @@ def test_cli_calibrate_writes_the_fitted_head(tmp_path, capsys):
     assert out.head_spec.kind == "regression" and out.head_spec.scale != 1.0
     assert "signal = tanh(out / " in capsys.readouterr().out
     assert isinstance(out.feature_spec, FeatureSpec) and out.meta["head_fit"]["ticks"] == 300
+
+
+def test_predict_takes_every_layout_alike(isa):
+    """predict's in-place path (contiguous float32 of the right length) and its numpy path
+    (other dtypes, strides, lists) give the same outputs; a NaN or Inf is refused on both,
+    by the kernel set's own finiteness check on the fast path."""
+    from fastpath import InputError
+    rng = np.random.default_rng(9)
+    m = Model(_layers(rng, [12, 8, 3]), post="softmax")
+    eng = Engine(m, config=engine_cfg(isa, enabled=False))
+    x = rng.standard_normal(12).astype(np.float32)
+    ref = m.forward(x[None, :])[0]
+    wide = np.zeros(24, np.float32)
+    wide[::2] = x
+    for v in (x, x.astype(np.float64), list(map(float, x)), wide[::2], x.reshape(1, 12)[0]):
+        np.testing.assert_allclose(eng.predict(v), ref, rtol=1e-5, atol=1e-6)
+    for bad in (np.nan, np.inf, -np.inf):
+        for pos in (0, 7, 11):
+            y = x.copy()
+            y[pos] = bad
+            with pytest.raises(InputError, match=f"first at index {pos}"):
+                eng.predict(y)
+            with pytest.raises(InputError, match=f"first at index {pos}"):
+                eng.predict(y.astype(np.float64))
+    with pytest.raises(InputError, match="12 values"):
+        eng.predict(np.zeros(13, np.float32))
+    with pytest.raises(InputError, match="12 values"):
+        eng.predict(np.zeros((2, 12), np.float32))
