@@ -11,8 +11,8 @@ with the real exporter (skl2onnx, onnxmltools), imported with fastpath.Model.fro
 with Engine.predict (the raw outputs for one feature vector, no cache: the same question each
 peer answers). Each call is timed with time.perf_counter_ns() around it, minus the median cost
 of an empty timed region; the input is copied into one reused buffer before each call. Before
-timing, fastpath's outputs are compared with onnxruntime's on the timed inputs (max relative
-difference, printed): a fast wrong answer is not a row. Ratios are the peer's p50 / fastpath's
+timing, fastpath's outputs are compared with onnxruntime's on the timed inputs (printed: max
+|difference| / max(|onnxruntime's value|, 1e-3)): a fast wrong answer is not a row. Ratios are the peer's p50 / fastpath's
 p50 (and p99 / p99).
 """
 from __future__ import annotations
@@ -57,9 +57,22 @@ def _classes(y, k):
 
 
 def _skl(est, X, path):
+    from onnx import helper
     from skl2onnx import to_onnx
     opts = {id(est): {"zipmap": False}} if hasattr(est, "predict_proba") else None
-    m = to_onnx(est, X[:1], options=opts, target_opset={"": 17, "ai.onnx.ml": 3})
+    # skl2onnx 1.20 hands HistGradientBoosting's missing-value tracks to onnx as Python bools,
+    # which onnx 1.2x refuses in an int list: convert them, as the exporter meant to
+    real = helper.make_attribute
+
+    def fixed(key, value, *a, **k):
+        if isinstance(value, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in value):
+            value = [int(v) for v in value]
+        return real(key, value, *a, **k)
+    helper.make_attribute = fixed
+    try:
+        m = to_onnx(est, X[:1], options=opts, target_opset={"": 17, "ai.onnx.ml": 3})
+    finally:
+        helper.make_attribute = real
     with open(path, "wb") as f:
         f.write(m.SerializeToString())
 
