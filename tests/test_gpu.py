@@ -895,6 +895,24 @@ def test_real_gpu_matches_cpu(mode):
         assert not bad.any()
 
 
+@pytest.mark.skipif(not gpu_status()[0], reason=gpu_status()[1])
+@pytest.mark.parametrize("kind", ["regression", "tanh_sigmoid", "classifier3"])
+@pytest.mark.parametrize("mode", ["launch", "persistent"])
+def test_real_gpu_engine_equals_cpu_engine(kind, mode):
+    rng = np.random.default_rng(28)
+    m = _head_model(rng, kind)
+    raws, syms = _stream(rng)
+    cfg = {"engine": {"n_symbols": 3}, "cache": HIT_CACHE}
+    cpu = fastpath.Engine(m, backend="cpu", config=cfg)
+    want = [cpu.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(len(raws))]
+    with fastpath.Engine(m, backend="gpu", config=dict(cfg, gpu={"mode": mode})) as ge:
+        got = [ge.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(len(raws))]
+    for w, g in zip(want, got):
+        assert g.cached == w.cached
+        assert abs(g.signal - w.signal) < 1e-5 and abs(g.confidence - w.confidence) < 1e-5
+        assert (g.latency.infer_ns > 0) == (not g.cached)
+
+
 # --- bench/gpu_check.py ----------------------------------------------------------------------
 
 def _gpu_check():
@@ -940,6 +958,12 @@ def test_gpu_check_report_on_stand_in(tmp_path, monkeypatch, fake_fatbin):
         r["crossover"][0])
     assert r["max_abs_err"] < 1e-4 and r["targets"]["largest_model_rel_within_1e-4"]
     assert r["demo_end_to_end"]["persistent"]["signal_max_abs_err"] < 1e-5
+    # Engine(backend="gpu") on a stream with cache hits decides as the CPU engine does
+    hits = r["demo_end_to_end"]["cache_hits"]
+    assert 0 < hits["hits"] < hits["ticks"] and hits["same_decisions"], hits
+    assert hits["signal_max_abs_err"] < 1e-5
+    assert r["auto"]["backend"] in ("cpu", "gpu") and "measured" in r["auto"]
+    assert r["batch"]["engine_step_batch_persistent_ticks_per_s"] > 0
     assert cu.depth == 0
 
 
