@@ -800,6 +800,29 @@ def test_gpu_engine_refuses_nonfinite_like_cpu(fake_gpu):
     assert str(gpu_err.value) == str(cpu_err.value)
 
 
+def test_gpu_fault_mid_tick_leaves_the_engine_unchanged(fake_gpu, isa):
+    # the GPU fails between fp_step_begin and fp_step_finish: BackendError, the tick is not
+    # applied (no window, slot or counter moves), and the engine goes on as if it never came
+    rng = np.random.default_rng(29)
+    m = _head_model(rng, "tanh_sigmoid")
+    raws, syms = _stream(rng, 40)
+    cfg = {"engine": {"simd": isa, "n_symbols": 3}, "cache": HIT_CACHE}
+    cpu = fastpath.Engine(m, backend="cpu", config=cfg)
+    with fastpath.Engine(m, backend="gpu", config=cfg) as ge:
+        for i in range(10):
+            cpu.step(raws[i], int(syms[i]), ts_ns=i)
+            ge.step(raws[i], int(syms[i]), ts_ns=i)
+        fake_gpu.kernel_mode = "fault"
+        with pytest.raises(BackendError, match="illegal memory access"):
+            ge.step(raws[10] + np.float32(5), int(syms[10]), ts_ns=10)
+        assert ge.ticks == 10 and ge.stats()["misses"] == cpu.stats()["misses"]
+        fake_gpu.kernel_mode = "ok"
+        for i in range(10, len(raws)):
+            w = cpu.step(raws[i], int(syms[i]), ts_ns=i)
+            g = ge.step(raws[i], int(syms[i]), ts_ns=i)
+            assert g.cached == w.cached and abs(g.signal - w.signal) < 1e-5, i
+
+
 def _tree_model():
     from fastpath import TreeEnsemble
     from fastpath.model import Model
