@@ -413,7 +413,10 @@ int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
         }
         int64_t t = ts ? ts[i] : now0;
         if (t < e->ts_scratch[s]) {
-            if (ts || e->ts_scratch[s] - t > FP_CLOCK_SLACK_NS) { *err = FP_ERR_TIME_BACKWARDS; return i; }
+            if (ts || e->ts_scratch[s] - t > FP_CLOCK_SLACK_NS) {
+                *err = FP_ERR_TIME_BACKWARDS;
+                return i;
+            }
             t = e->ts_scratch[s];
         }
         e->ts_scratch[s] = t;

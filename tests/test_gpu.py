@@ -773,6 +773,14 @@ def test_gpu_engine_mode_from_config(fake_gpu):
         assert ge.mode == "persistent" and ge.engine.n_symbols == 2
         ge.step(np.ones(4, np.float32), 1)
     assert fake_gpu.launches[0][0] == "fp_mlp_persistent"
+    # a TOML path or an EngineConfig works too; the keyword arguments override its [gpu]
+    from fastpath._build import EXAMPLE_CONFIG
+    from fastpath.control.config import load_config
+    for cfg in (EXAMPLE_CONFIG, load_config({"gpu": {"mode": "persistent", "max_batch": 8}})):
+        with GpuEngine(m, cfg, mode="launch", max_batch=4) as ge:
+            assert ge.mode == "launch" and ge.backend.path.max_batch == 4
+    with pytest.raises(ConfigError, match="gpu.max_batch"):
+        GpuEngine(m, None, max_batch=0)
     with fastpath.Engine(m, backend="gpu", config={"gpu": {"mode": "persistent",
                                                            "timeout_ms": 5000}}) as e:
         r = e.backend_report

@@ -175,24 +175,13 @@ class GpuTick(NamedTuple):
     total_ns: int
 
 
-def _with_gpu(config: Any, **over) -> dict:
-    """config (None, dict, TOML path or EngineConfig) as a dict whose [gpu] section has
-    `over` (the keys given, not None) on top."""
-    from dataclasses import asdict
+def _with_gpu(config: Any, **over):
+    """config (None, dict, TOML path or EngineConfig) as an EngineConfig whose [gpu] keys
+    given in `over` (not None) replace the config's; replace() validates them again."""
+    from dataclasses import replace
     from fastpath.control.config import load_config
-    over = {k: v for k, v in over.items() if v is not None}
-    if isinstance(config, dict):
-        d = {k: dict(v) for k, v in config.items()}
-    else:
-        c = load_config(config)
-        d = {"engine": {k: getattr(c, k) for k in ("n_symbols", "simd", "latency_records")},
-             "cache": c.cache.overrides(), "placement": asdict(c.placement),
-             "memory": asdict(c.memory), "serve": asdict(c.serve), "gpu": asdict(c.gpu)}
-        if c.weights is not None:
-            d["engine"]["weights"] = c.weights
-    d.setdefault("gpu", {}).update(over)
-    d.setdefault("engine", {}).pop("backend", None)
-    return d
+    c = load_config(config)
+    return replace(c, gpu=replace(c.gpu, **{k: v for k, v in over.items() if v is not None}))
 
 
 class GpuEngine:
@@ -200,8 +189,9 @@ class GpuEngine:
     GpuTick, step_batch() sends many rows per launch (launch mode). mode, device, max_batch and
     timeout_ns override the config's [gpu] keys. New code can use the Engine directly."""
 
-    def __init__(self, model, config: Any = None, mode: str | None = None, device: int | None = None,
-                 max_batch: int | None = None, timeout_ns: int | None = None):
+    def __init__(self, model, config: Any = None, mode: str | None = None,
+                 device: int | None = None, max_batch: int | None = None,
+                 timeout_ns: int | None = None):
         import fastpath
         if mode is not None and mode not in MODES:
             raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
