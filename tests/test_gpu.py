@@ -861,7 +861,7 @@ def test_gpu_refuses_what_it_does_not_serve_and_auto_falls_back(fake_gpu, what):
     assert not fake_gpu.launches
 
 
-def test_auto_rule(fake_gpu):
+def test_auto_rule(fake_gpu, monkeypatch):
     m = random_model(np.random.default_rng(26), [8, 4, 2])
     # gpu.auto = "gpu": a usable GPU and an fp32 MLP are enough
     with fastpath.Engine(m, backend="auto", config={"gpu": {"auto": "gpu"}}) as e:
@@ -873,6 +873,20 @@ def test_auto_rule(fake_gpu):
         meas = e.backend_report["measured"]
         assert meas["gpu_p50_ns"] > meas["cpu_p50_ns"] > 0
         assert str(meas["cpu_p50_ns"]) in e.backend_reason
+    # where the GPU measures faster, auto runs on it and reports both figures
+    import fastpath.gpu as G
+    real = G.auto_choice
+
+    def gpu_wins(*a, **k):
+        c = real(*a, **k)
+        return dict(c, backend="gpu", gpu_p50_ns=1, reason="auto: gpu chosen (stand-in)")
+    monkeypatch.setattr(G, "auto_choice", gpu_wins)
+    with fastpath.Engine(m, backend="auto") as e:
+        assert e.backend == "gpu" and e.gpu_backend is not None
+        assert e.backend_report["measured"]["gpu_p50_ns"] == 1
+        assert e.backend_report["gpu"]["device"] == "Fake GPU"
+        e.step(np.ones(8, np.float32), 0)
+    monkeypatch.setattr(G, "auto_choice", real)
     # the config's backend key is honoured too
     e = fastpath.Engine(m, backend=None, config={"engine": {"backend": "gpu"}})
     assert e.backend == "gpu"
