@@ -4,7 +4,9 @@
 
 1. Correctness: the launch path and the persistent path against the CPU kernels on the same
    inputs, for the demo model and every model below, and the demo model end to end
-   (GpuEngine vs Engine(backend="cpu") on the same ticks: signal and confidence).
+   (Engine(backend="gpu") vs Engine(backend="cpu") on the same ticks: signal, confidence and
+   the cache's decisions, with the cache off and with a loose policy that hits), and what
+   Engine(backend="auto") picks for the demo model.
 2. Timing: CPU MLP kernel (one core), launch path, persistent path: p50 / p99 / max of the
    whole call and the p50 of each stage (h2d, infer, d2h), per model: the demo model and MLPs
    of about 10k to 4M multiply-adds; step_batch throughput of the launch path.
@@ -148,15 +150,43 @@ def run(args) -> dict:
     e2e = {}
 
     def end_to_end(mode):
-        with GpuEngine(demo, cfg, mode=mode) as ge:
-            report["module"] = ge.backend.module_origin
+        with fastpath.Engine(demo, backend="gpu", config=dict(cfg, gpu={"mode": mode})) as ge:
+            report["module"] = ge.backend_report["gpu"]["module"]
             got = [ge.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(n_ticks)]
-        sig = _err([g.result.signal for g in got], [w.signal for w in want])[0]
-        conf = _err([g.result.confidence for g in got], [w.confidence for w in want])[0]
+        sig = _err([g.signal for g in got], [w.signal for w in want])[0]
+        conf = _err([g.confidence for g in got], [w.confidence for w in want])[0]
+        lat = [g.latency for g in got]
         return {"signal_max_abs_err": sig, "confidence_max_abs_err": conf,
-                "tick": _pct([g.total_ns for g in got])}
+                "tick": _pct([L.total_ns for L in lat]),
+                "h2d_p50_ns": int(np.median([L.h2d_ns for L in lat])),
+                "infer_p50_ns": int(np.median([L.infer_ns for L in lat])),
+                "d2h_p50_ns": int(np.median([L.d2h_ns for L in lat]))}
     for mode in ("launch", "persistent"):
         e2e[mode] = attempt(f"end to end, {mode}", lambda: end_to_end(mode))
+
+    # the same with a loose cache policy: hits skip the GPU, and both backends must decide alike
+    hcfg = {"engine": {"n_symbols": 8},
+            "cache": {"enabled": True, "cos_threshold": 0.9, "norm_tol": 0.5,
+                      "max_age_ns": 10**12, "max_run": 8}}
+    hraws = np.repeat(raws[: n_ticks // 4], 4, axis=0)
+    hraws += np.float32(1e-3) * rng.standard_normal(hraws.shape).astype(np.float32)
+    hcpu = fastpath.Engine(demo, backend="cpu", config=hcfg)
+    hwant = [hcpu.step(hraws[i], int(syms[i]), ts_ns=i * 1000) for i in range(len(hraws))]
+
+    def with_hits():
+        with fastpath.Engine(demo, backend="gpu", config=dict(hcfg, gpu={"mode": "launch"})) as ge:
+            got = [ge.step(hraws[i], int(syms[i]), ts_ns=i * 1000) for i in range(len(hraws))]
+        return {"ticks": len(hraws), "hits": int(sum(g.cached for g in got)),
+                "same_decisions": all(g.cached == w.cached for g, w in zip(got, hwant)),
+                "signal_max_abs_err": _err([g.signal for g in got], [w.signal for w in hwant])[0],
+                "hit_tick": _pct([g.latency.total_ns for g in got if g.cached] or [0]),
+                "miss_tick": _pct([g.latency.total_ns for g in got if not g.cached] or [0])}
+    e2e["cache_hits"] = attempt("end to end with cache hits", with_hits)
+
+    def auto():
+        with fastpath.Engine(demo, backend="auto", config=cfg) as ae:
+            return ae.backend_report
+    report["auto"] = attempt("backend auto", auto)
     report["demo_end_to_end"] = {"ticks": n_ticks, "cpu_tick": cpu_tick, **e2e}
 
     # --- per model: outputs against the CPU kernels, then timings --------------------------
@@ -219,9 +249,19 @@ def run(args) -> dict:
             ge.step_batch(braws, bsyms)
             return time.perf_counter_ns() - t0
     gpu_dt = attempt("step_batch, launch", batch)
+
+    def engine_batch():
+        pcfg = dict(cfg, gpu={"mode": "persistent"})
+        with fastpath.Engine(demo, backend="gpu", config=pcfg) as ge:
+            t0 = time.perf_counter_ns()
+            ge.step_batch(braws, bsyms)
+            return time.perf_counter_ns() - t0
+    eng_dt = attempt("Engine.step_batch, persistent", engine_batch)
     report.setdefault("batch", {}).update({
         "step_batch_ticks": nb, "cpu_step_batch_ticks_per_s": round(nb / (cpu_dt / 1e9)),
-        "gpu_step_batch_ticks_per_s": round(nb / (gpu_dt / 1e9)) if gpu_dt else None})
+        "gpu_step_batch_ticks_per_s": round(nb / (gpu_dt / 1e9)) if gpu_dt else None,
+        "engine_step_batch_persistent_ticks_per_s": (round(nb / (eng_dt / 1e9)) if eng_dt
+                                                     else None)})
 
     report["max_abs_err"] = max((e["max_abs_err"] for m in errs.values() for e in m),
                                 default=None)

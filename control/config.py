@@ -54,6 +54,16 @@ _SERVE_KEYS = {
     "stall_timeout_ms": (int, 2, 3_600_000, None),
     "place": (bool, None, None, None),
 }
+# [gpu]: what backend="gpu" runs and how backend="auto" decides (fastpath.gpu, fastpath._build)
+GPU_MODES = ("launch", "persistent")
+GPU_AUTO = ("measure", "gpu")
+_GPU_KEYS = {
+    "mode": (str, None, None, GPU_MODES),
+    "device": (int, 0, 63, None),
+    "max_batch": (int, 1, 1 << 16, None),
+    "timeout_ms": (int, 1, 3_600_000, None),
+    "auto": (str, None, None, GPU_AUTO),
+}
 _MEMORY_KEYS = {
     "huge_pages": (str, None, None, ("auto", "1g", "2m", "thp", "none")),
     "mlock": (bool, None, None, None),
@@ -147,6 +157,24 @@ class ServeConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    """The GPU stage: the model's forward pass on an NVIDIA GPU, features and cache on the CPU.
+    mode "launch": one kernel launch per miss (pinned H2D, kernel, D2H); "persistent": a kernel
+    launched once polls a slot in mapped host memory. auto: how backend="auto" decides where a
+    GPU is usable and serves the model: "measure" times the forward on both and keeps the
+    faster at p50, "gpu" takes the GPU without measuring."""
+    mode: str = "launch"
+    device: int = 0                  # CUDA device ordinal
+    max_batch: int = 1024            # rows per launch (launch mode's batch path)
+    timeout_ms: int = 1000           # a GPU answer later than this is a BackendError, not a wait
+    auto: str = "measure"
+
+    def __post_init__(self) -> None:
+        for k, (typ, lo, hi, ch) in _GPU_KEYS.items():
+            _check(f"gpu.{k}", getattr(self, k), typ, lo, hi, ch)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     n_symbols: int = 4096
     simd: str = "auto"
@@ -157,6 +185,7 @@ class EngineConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     source: str = "<defaults>"
 
     def __post_init__(self) -> None:
@@ -177,7 +206,7 @@ class EngineConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(f"config must be a mapping of sections, got {type(d).__name__}")
         sections = {"engine": _ENGINE_KEYS, "cache": _CACHE_KEYS, "placement": _PLACEMENT_KEYS,
-                    "memory": _MEMORY_KEYS, "serve": _SERVE_KEYS}
+                    "memory": _MEMORY_KEYS, "serve": _SERVE_KEYS, "gpu": _GPU_KEYS}
         for sec, body in d.items():
             if sec not in sections:
                 raise ConfigError(f"unknown config section [{sec}]; allowed: {sorted(sections)}")
@@ -191,7 +220,8 @@ class EngineConfig:
         return cls(**dict(d.get("engine", {})), cache=CacheConfig(**d.get("cache", {})),
                    placement=PlacementConfig(**d.get("placement", {})),
                    memory=MemoryConfig(**d.get("memory", {})),
-                   serve=ServeConfig(**d.get("serve", {})), source=source)
+                   serve=ServeConfig(**d.get("serve", {})), gpu=GpuConfig(**d.get("gpu", {})),
+                   source=source)
 
 
 def load_config(cfg: Any = None) -> EngineConfig:

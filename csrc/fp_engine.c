@@ -384,3 +384,43 @@ int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const
     *applied = n;
     return -1;
 }
+
+const float *fp_post_apply(fp_engine *e, const float *y) {
+    if (e->post == FP_POST_NONE) return y;
+    float *o = e->out;
+    /* the same formulas as fp_model_eval's tail, so a GPU tick equals a CPU one */
+    if (e->post == FP_POST_SOFTMAX) {
+        memcpy(o, y, sizeof(float) * e->n_out);
+        fp_softmaxf(o, e->n_out);
+    } else {
+        const float p1 = fp_sigmoidf(y[0]);
+        o[0] = 1.0f - p1;
+        o[1] = p1;
+    }
+    return o;
+}
+
+int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
+                       const int32_t *symbols, const int64_t *ts, int64_t n, int *err) {
+    const int64_t now0 = fp_ticks_to_mono_ns(fp_ticks());
+    for (int32_t s = 0; s < e->n_symbols; s++) e->ts_scratch[s] = fp_slot_at(e, s)->last_ns;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t s = symbols[i];
+        if (s < 0 || s >= e->n_symbols) { *err = FP_ERR_SYMBOL; return i; }
+        if (!e->k->allfinite(raws + i * row_stride, e->fs.raw_len)) {
+            *err = FP_ERR_NONFINITE_INPUT;
+            return i;
+        }
+        int64_t t = ts ? ts[i] : now0;
+        if (t < e->ts_scratch[s]) {
+            if (ts || e->ts_scratch[s] - t > FP_CLOCK_SLACK_NS) {
+                *err = FP_ERR_TIME_BACKWARDS;
+                return i;
+            }
+            t = e->ts_scratch[s];
+        }
+        e->ts_scratch[s] = t;
+    }
+    *err = FP_OK;
+    return -1;
+}

@@ -154,4 +154,14 @@ int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const
                       const int64_t *ts, int64_t n, float *signal, float *confidence,
                       uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied);
 
+/* An external backend's seam (the GPU stage, fastpath.gpu). y: the last dense layer's outputs
+ * (its width, activations applied, no post transform: what the GPU kernel writes) -> the
+ * model's outputs (n_out floats) as fp_infer_cpu gives them: y itself when the model has no
+ * post transform, else e->out (softmax / logistic2 on the CPU). Only for an MLP model. */
+const float *fp_post_apply(fp_engine *e, const float *y);
+/* fp_step_batch's first pass alone: every row valid (symbol, finite raw, time order) before
+ * a caller that steps rows itself applies any. -1 when all are, else the bad row with *err. */
+int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
+                       const int32_t *symbols, const int64_t *ts, int64_t n, int *err);
+
 #endif

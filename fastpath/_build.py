@@ -92,29 +92,73 @@ def load_model(model: Any):
                      f"{type(model).__name__}")
 
 
-def resolve(model: Any, backend: Any, config: Any):
+def gpu_refusal(m: Any, cfg: Any) -> str | None:
+    """Why the GPU stage cannot serve model `m` under config `cfg`, or None: its kernels run
+    fp32 dense layers only (fastpath.gpu._pack), so a tree ensemble, bf16/int8 weights or a
+    network deeper than the kernels' layer table stay on the CPU."""
+    from fastpath.gpu._pack import MAX_LAYERS
+    if m.trees is not None:
+        return ("the model is a tree ensemble; the GPU stage serves fp32 MLPs only (run it with "
+                "backend='cpu')")
+    wt = cfg.weights or m.weights
+    if wt != "fp32":
+        who = "engine.weights" if cfg.weights else "the model's weights"
+        return (f"{who} = {wt!r}; the GPU stage serves fp32 MLPs only (set engine.weights = "
+                f"'fp32' for the GPU, or backend='cpu' for {wt})")
+    if not 1 <= len(m.layers) <= MAX_LAYERS:
+        return (f"the model has {len(m.layers)} layers; the GPU kernels take 1..{MAX_LAYERS} "
+                f"(run it with backend='cpu')")
+    return None
+
+
+def resolve_backend(m: Any, cfg: Any, backend: str, simd: str) -> tuple:
+    """(backend that runs: "cpu" | "gpu", reason in words, auto's measurement or None).
+
+    backend="gpu": the GPU or an error (BackendError: no usable GPU, or a model the GPU stage
+    does not serve). backend="auto" takes the GPU only where all hold: gpu_status() is ok,
+    the model is an fp32 MLP, and [gpu] auto says so: auto = "gpu" takes it without measuring,
+    auto = "measure" (the default) times the model's forward on this CPU's kernel set and on
+    the GPU in [gpu] mode and keeps the faster at p50. Anything else: the CPU, and the reason
+    says which condition failed (Engine.backend_reason, Engine.backend_report)."""
+    from fastpath.gpu import auto_choice, gpu_status
+    if backend == "cpu":
+        return "cpu", "cpu requested", None
+    refusal = gpu_refusal(m, cfg)
+    ok, why = gpu_status()
+    if backend == "gpu":
+        if refusal:
+            raise BackendError(f"backend='gpu': {refusal}")
+        if not ok:
+            raise BackendError(f"backend='gpu' is not available: {why}")
+        return "gpu", f"gpu requested ({why}; mode {cfg.gpu.mode})", None
+    if not ok:
+        return "cpu", f"auto: cpu chosen ({why})", None
+    if refusal:
+        return "cpu", f"auto: cpu chosen ({refusal})", None
+    if cfg.gpu.auto == "gpu":
+        return "gpu", f"auto: gpu chosen (gpu.auto = 'gpu'; {why}; mode {cfg.gpu.mode})", None
+    c = auto_choice(m, cfg.gpu.mode, isa=simd, device=cfg.gpu.device)
+    return c["backend"], c["reason"], c
+
+
+def resolve(model: Any, backend: Any, config: Any, report: bool = False):
+    """(model, ResolvedConfig, backend that runs, reason); with report=True a fifth item:
+    backend="auto"'s measurement (fastpath.gpu.auto_choice's dict) or None."""
     from fastpath.control.config import load_config
     from fastpath.errors import ConfigError
-    from fastpath.gpu import gpu_status
     m = load_model(model)
     cfg = load_config(config)
     if backend is None:
         backend = cfg.backend
     if backend not in ("cpu", "gpu", "auto"):
         raise ConfigError(f"backend must be 'cpu', 'gpu' or 'auto', got {backend!r}")
-    if backend == "cpu":
-        reason = "cpu requested"
-    else:
-        ok, why = gpu_status()
-        if backend == "gpu":
-            raise BackendError(f"backend='gpu' is not available: {why}")
-        reason = f"auto: cpu chosen ({why})"
-        backend = "cpu"
+    simd = resolve_simd(cfg.simd)
+    backend, reason, measured = resolve_backend(m, cfg, backend, simd)
     # cfg.cache.apply goes through dataclasses.replace, so CachePolicy validates the merge
     pol = cfg.cache.apply(m.cache_policy)
-    rc = ResolvedConfig(cfg.n_symbols, cfg.latency_records, resolve_simd(cfg.simd), pol,
+    rc = ResolvedConfig(cfg.n_symbols, cfg.latency_records, simd, pol,
                         cfg.memory, cfg, cache_origin(cfg.cache.overrides(), pol))
-    return m, rc, backend, reason
+    return (m, rc, backend, reason, measured) if report else (m, rc, backend, reason)
 
 
 def default_engine():

@@ -14,16 +14,21 @@ from cpython.exc cimport PyErr_Clear
 
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from fastpath._csrc cimport *
+
+cdef extern from "fp_engine.h" nogil:
+    const float *fp_post_apply(fp_engine *e, const float *y)
+    int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
+                           const int32_t *symbols, const int64_t *ts, int64_t n, int *err)
 
 import operator
 
 import numpy as np
 
-from fastpath.errors import InputError, EngineBusyError, FastpathError
+from fastpath.errors import InputError, EngineBusyError, FastpathError, BackendError
 
 cnp.import_array()
 
@@ -155,17 +160,24 @@ cdef class Engine:
     cdef readonly object memory        # fastpath.control.memory.MemoryReport, or None
     cdef object _region                 # keeps the control plane's mapping alive
     cdef bint _busy
+    cdef object _gpu                    # fastpath.gpu.GpuBackend when backend == "gpu"
+    cdef object _gfeat                  # the engine's feature buffer as an array, for _gpu
+    cdef object _auto                   # backend="auto"'s measurement, or None
+    cdef int _gpu_width                 # the last dense layer's width (what the GPU returns)
+    cdef bint _on_gpu                   # backend == "gpu": stays set after close()
 
     def __cinit__(self, model, backend="cpu", config=None):
         self._e = NULL
         from fastpath._build import resolve
-        model, cfg, backend, reason = resolve(model, backend, config)
+        model, cfg, backend, reason, self._auto = resolve(model, backend, config, report=True)
         self.model = model
         self.config = cfg
         self.backend = backend
         self.backend_reason = reason
         self.simd = cfg.simd_resolved
         self._create()
+        if backend == "gpu":
+            self._gpu_open()
 
     cdef _create(self):
         keep = []
@@ -180,6 +192,13 @@ cdef class Engine:
         self.n_symbols = self.config.n_symbols
 
     def __dealloc__(self):
+        if self._gpu is not None:
+            # a persistent kernel must not outlive its engine; close() is the clean way
+            try:
+                self._gpu.close()
+            except Exception:
+                pass
+            self._gpu = None
         if self._e != NULL:
             fp_engine_free(self._e)
             self._e = NULL
@@ -246,6 +265,7 @@ cdef class Engine:
         """One tick -> Result. raw: float32 C-contiguous (raw_len,); symbol: int in
         [0, n_symbols); ts_ns: int >= 0 (ns) drives the cache age, as in a replay, None uses
         the engine clock (CLOCK_MONOTONIC ns). Anything else is an InputError, state unchanged."""
+        if self._on_gpu: return self._step_gpu(raw, symbol, ts_ns)
         return self._step(raw, symbol, ts_ns)
 
     def _step_external(self, raw, symbol, outputs, long long infer_ns, ts_ns=None):
@@ -276,6 +296,7 @@ cdef class Engine:
         """Many ticks in one call, in order, GIL released: raws float32 (n, raw_len), symbols
         int (n,), ts_ns optional int64 (n,). Every row is validated before any is applied.
         Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
+        if self._on_gpu: return self._step_batch_gpu(raws, symbols, ts_ns)
         from fastpath._build import BatchResult
         cdef cnp.ndarray R = self._batch_raws(raws)
         cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
@@ -492,6 +513,166 @@ cdef class Engine:
                                            "p99": float(q[2]), "p999": float(q[3]),
                                            "max": int(col.max()), "n": int(len(col))}
         return out
+
+
+    # ------------------------------------------------------------ GPU backend
+    # backend == "gpu": features and the cache stay here (fp_step_begin / fp_step_finish), the
+    # MLP runs on the GPU (fastpath.gpu.GpuBackend) on a miss only. The kernel writes the last
+    # dense layer's outputs (activations applied); the post transform (softmax, logistic2) and
+    # the head run here, in C, exactly as on the CPU backend. Result.latency: infer_ns is the
+    # GPU's kernel time plus the post transform and head, h2d_ns / d2h_ns the copies (launch
+    # mode: CUDA events; persistent mode: the round trip outside the kernel is in h2d_ns).
+
+    def _gpu_open(self):
+        from fastpath.gpu import GpuBackend
+        g = self.config.source.gpu
+        layers = self.model.layers
+        # (this module is compiled without wraparound: no negative indices)
+        self._gpu_width = int(layers[len(layers) - 1].weight.shape[0])
+        # a view of the engine's own feature buffer: the features fp_step_begin wrote go to
+        # the GPU without a copy or a second computation. Private: it dies with the engine.
+        self._gfeat = np.asarray(<float[:self.n_features]> self._e.feat)
+        self._gpu = GpuBackend(self.model, g.mode, g.device, max_batch=g.max_batch,
+                               timeout_ns=g.timeout_ms * 1_000_000)
+        self._on_gpu = True
+
+    @property
+    def gpu_backend(self):
+        """The fastpath.gpu.GpuBackend running the model (backend == "gpu"), else None."""
+        return self._gpu
+
+    @property
+    def backend_report(self):
+        """What runs the model and why: backend, reason, and for the GPU its mode, device,
+        driver, NUMA node and which kernel module loaded; for backend="auto" what was measured
+        (forward p50 on the CPU and the GPU, ns)."""
+        out = {"backend": self.backend, "reason": self.backend_reason}
+        if self._auto is not None:
+            out["measured"] = {k: self._auto[k] for k in ("cpu_p50_ns", "gpu_p50_ns", "mode")}
+        if self._gpu is not None:
+            out["gpu"] = dict(self._gpu.info, mode=self._gpu.mode,
+                              module=self._gpu.module_origin, macs=self._gpu.macs)
+        return out
+
+    def close(self):
+        """Release what the engine holds outside this process's memory: the GPU backend's
+        device memory and, in persistent mode, its running kernel. A CPU engine has nothing
+        to release. Stepping a closed GPU engine is a BackendError."""
+        if self._gpu is not None:
+            g, self._gpu = self._gpu, None
+            g.close()
+        self._gfeat = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _post_apply(self, y):
+        """The GPU kernel's outputs for one row (the last dense layer's width) -> the model's
+        outputs, the post transform applied as the CPU backend applies it."""
+        cdef cnp.ndarray ya = np.ascontiguousarray(y, dtype=np.float32)
+        if ya.ndim != 1 or ya.shape[0] != self._gpu_width:
+            raise InputError(f"y must hold the last layer's {self._gpu_width} outputs, got "
+                             f"shape {np.shape(y)}")
+        self._check_free()
+        out = np.empty(self.n_outputs, np.float32)
+        memcpy(cnp.PyArray_DATA(out), fp_post_apply(self._e, <const float *>cnp.PyArray_DATA(ya)),
+               sizeof(float) * self.n_outputs)
+        return out
+
+    cdef Result _gpu_tick(self, object raw, const float *p, int32_t sym, long long ts,
+                          Py_ssize_t row=-1):
+        cdef fp_result r
+        cdef fp_pending pend
+        cdef const float *out = NULL
+        cdef cnp.ndarray ya
+        cdef long long h2d = 0, d2h = 0, kern = -1
+        cdef uint64_t t0
+        if self._gpu is None:
+            raise BackendError("this GPU engine was closed; make a new Engine")
+        cdef int rc = fp_step_begin(self._e, p, sym, ts, &pend)
+        if rc == FP_OK:
+            if pend.reason != FP_HIT:
+                # a BackendError here leaves the tick unapplied: fp_step_begin wrote no state
+                y, bad, t = self._gpu.infer(self._gfeat)
+                h2d, kern, d2h = t.h2d_ns, t.infer_ns, t.d2h_ns
+                t0 = fp_ticks()
+                if not bad:
+                    ya = np.ascontiguousarray(y, dtype=np.float32)
+                    if ya.shape[0] != self._gpu_width:
+                        raise BackendError(f"the GPU returned {ya.shape[0]} outputs, the model "
+                                           f"has {self._gpu_width}")
+                    out = fp_post_apply(self._e, <const float *>cnp.PyArray_DATA(ya))
+                kern += fp_ticks_to_ns(fp_ticks() - t0)
+            # out NULL on a miss: refused as the CPU refuses a layer that overflowed
+            rc = fp_step_finish(self._e, &pend, out, kern, &r)
+        if rc != FP_OK:
+            self._raise(rc, raw, sym, ts, row)
+        res = _make_result(&r)
+        res._h = h2d
+        res._d = d2h
+        return res
+
+    cdef Result _step_gpu(self, object raw, object symbol, object ts_ns):
+        cdef const float *p = self._raw_ptr(raw)
+        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
+        cdef long long ts = _ts_arg(ts_ns)
+        self._check_free()
+        return self._gpu_tick(raw, p, <int32_t>sym, ts)
+
+    def _step_batch_gpu(self, raws, symbols, ts_ns=None):
+        """step_batch on the GPU backend: every row validated first (as the CPU's step_batch),
+        then each row through the GPU tick in order, one GPU call per miss. A row's features
+        and lookup depend on the rows of its symbol before it, so rows are not batched into
+        one launch here (fastpath.gpu.GpuEngine.step_batch does that where it is safe)."""
+        from fastpath._build import BatchResult
+        cdef cnp.ndarray R = self._batch_raws(raws)
+        cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
+        sy = np.asarray(symbols)
+        if sy.ndim != 1 or sy.shape[0] != n or sy.dtype.kind not in "iu":
+            raise InputError(f"symbols must be an integer array of shape ({n},), got "
+                             f"{_describe(sy)}")
+        if n and (sy.min() < 0 or sy.max() >= self.n_symbols):
+            row = int(np.flatnonzero((sy < 0) | (sy >= self.n_symbols))[0])
+            self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
+        cdef cnp.ndarray S = np.ascontiguousarray(sy, dtype=np.int32)
+        cdef cnp.ndarray T = None
+        cdef const int64_t *tp = NULL
+        if ts_ns is not None:
+            ts = np.asarray(ts_ns)
+            if (ts.ndim != 1 or ts.shape[0] != n or ts.dtype.kind not in "iu"
+                    or (n and (ts.min() < 0 or ts.max() > np.iinfo(np.int64).max))):
+                raise InputError(f"ts_ns must be an integer array of shape ({n},) of ns >= 0 "
+                                 f"that fit int64, got {_describe(ts)}")
+            T = np.ascontiguousarray(ts, dtype=np.int64)
+            tp = <const int64_t *>cnp.PyArray_DATA(T)
+        cdef const float *rp = <const float *>cnp.PyArray_DATA(R)
+        cdef const int32_t *yp = <const int32_t *>cnp.PyArray_DATA(S)
+        cdef int err = 0
+        self._check_free()
+        cdef int64_t bad = fp_batch_check(self._e, rp, self.raw_len, yp, tp, n, &err)
+        if bad >= 0:
+            self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
+        sig = np.empty(n, np.float32)
+        conf = np.empty(n, np.float32)
+        cached = np.empty(n, np.bool_)
+        tot = np.empty(n, np.int64)
+        cdef Result res
+        cdef Py_ssize_t i
+        for i in range(n):
+            try:
+                res = self._gpu_tick(R[i], rp + i * self.raw_len, yp[i],
+                                     tp[i] if tp != NULL else -1, i)
+            except FastpathError as exc:
+                note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
+                raise type(exc)(str(exc) + note) from None
+            sig[i] = res.signal
+            conf[i] = res.confidence
+            cached[i] = res.cached
+            tot[i] = res._t
+        return BatchResult(sig, conf, cached, tot)
 
 
 # ------------------------------------------------------------ module-level step

@@ -604,8 +604,138 @@ def test_persistent_kernel_that_stops_answering_times_out(fake_fatbin):
     assert not cu.threads[0].is_alive()
 
 
+# --- Engine(backend="gpu" | "auto") on the stand-in driver ---------------------------------
+
+@pytest.fixture
+def fake_gpu(monkeypatch, fake_fatbin):
+    """pycuda.driver is the stand-in: gpu_status() says a GPU is usable, Engine builds its
+    GpuBackend on it (the kernels are packed_forward / the CPU device thread)."""
+    cu = FakeCuda()
+    _fake_pycuda(monkeypatch, cu)
+    yield cu
+    gpu_status.cache_clear()
+
+
+# a loose policy so the stream below gives hits and misses; repeated raws with small noise
+HIT_CACHE = {"enabled": True, "cos_threshold": 0.95, "norm_tol": 0.5, "max_age_ns": 10**12,
+             "max_run": 3}
+
+
+def _head_model(rng, kind):
+    """A windowed model whose last layer and head are `kind`: 1 output (regression), 2
+    (tanh_sigmoid), 3 with a softmax (classifier3), 1 logit with logistic2 (classifier2)."""
+    from fastpath.model import Head, Model
+    base = windowed_model(rng, hidden=(24,))
+    nf = base.feature_spec.n_feat
+    width, post, head = {"regression": (1, "none", Head("regression", 0.5, (0,))),
+                         "tanh_sigmoid": (2, "none", None),
+                         "classifier3": (3, "softmax", None),
+                         "logistic2": (1, "logistic2", None)}[kind]
+    from fastpath.model import Layer
+    layers = tuple(Layer(rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i),
+                         rng.standard_normal(o).astype(np.float32) * 0.1, a)
+                   for i, o, a in ((nf, 24, "tanh"), (24, width, "identity")))
+    return Model(layers, base.feature_spec, base.cache_policy, post=post, head_spec=head)
+
+
+def _stream(rng, n=120, raw_len=40, n_sym=3):
+    base = rng.standard_normal((n // 4, raw_len)).astype(np.float32)
+    raws = np.repeat(base, 4, axis=0)
+    raws += np.float32(1e-3) * rng.standard_normal(raws.shape).astype(np.float32)
+    return np.ascontiguousarray(raws), rng.integers(0, n_sym, len(raws))
+
+
+@pytest.mark.parametrize("kind", ["regression", "tanh_sigmoid", "classifier3", "logistic2"])
 @pytest.mark.parametrize("mode", ["launch", "persistent"])
-def test_gpu_engine_matches_cpu_engine(fake_fatbin, mode, isa):
+def test_gpu_engine_equals_cpu_engine_tick_for_tick(fake_gpu, kind, mode, isa):
+    rng = np.random.default_rng(21)
+    m = _head_model(rng, kind)
+    raws, syms = _stream(rng)
+    cfg = {"engine": {"simd": isa, "n_symbols": 3}, "cache": HIT_CACHE}
+    cpu = fastpath.Engine(m, backend="cpu", config=cfg)
+    want = [cpu.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(len(raws))]
+    gcfg = dict(cfg, gpu={"mode": mode, "timeout_ms": 5000})
+    with fastpath.Engine(m, backend="gpu", config=gcfg) as ge:
+        assert ge.backend == "gpu" and ge.n_outputs == cpu.n_outputs
+        be = ge.gpu_backend
+        calls = []
+        real = be.infer
+
+        def counted(x):
+            calls.append(1)
+            return real(x)
+        be.infer = counted
+        got = [ge.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(len(raws))]
+        assert ge.ticks == len(raws)
+    hits = sum(w.cached for w in want)
+    assert 0 < hits < len(raws), "the stream must give both hits and misses"
+    for i, (w, g) in enumerate(zip(want, got)):
+        assert g.cached == w.cached and g.miss_reason == w.miss_reason, i
+        assert abs(g.signal - w.signal) < 1e-5 and abs(g.confidence - w.confidence) < 1e-5, i
+    # the GPU runs on misses only, once each
+    assert len(calls) == len(raws) - hits
+    if mode == "launch":
+        assert sum(1 for L in fake_gpu.launches if L[0] == "fp_mlp_batch") == len(calls)
+    # GPU stages in the Result: the stand-in's events say 1 us a stage; a hit has none
+    for g in got:
+        L = g.latency
+        if g.cached:
+            assert L.h2d_ns == L.d2h_ns == L.infer_ns == 0
+        elif mode == "launch":
+            assert L.h2d_ns == 1000 and L.d2h_ns == 1000 and L.infer_ns >= 1000
+
+
+def test_gpu_gets_the_features_of_this_tick_from_the_engine_buffer(fake_gpu, isa):
+    # features are computed once a tick (by fp_step_begin) and handed over without a copy:
+    # every GPU call reads the same buffer, and it holds what a CPU engine's features() gives
+    rng = np.random.default_rng(22)
+    m = _head_model(rng, "tanh_sigmoid")
+    raws, syms = _stream(rng, 40)
+    cfg = {"engine": {"simd": isa, "n_symbols": 3}, "cache": {"enabled": False}}
+    cpu = fastpath.Engine(m, backend="cpu", config=cfg)
+    with fastpath.Engine(m, backend="gpu", config=cfg) as ge:
+        be = ge.gpu_backend
+        seen = []
+        real = be.infer
+
+        def spy(x):
+            seen.append((x.ctypes.data, x.copy()))
+            return real(x)
+        be.infer = spy
+        for i in range(len(raws)):
+            f = cpu.features(raws[i], int(syms[i]))
+            cpu.step(raws[i], int(syms[i]), ts_ns=i)
+            ge.step(raws[i], int(syms[i]), ts_ns=i)
+            assert len(seen) == i + 1
+            np.testing.assert_array_equal(seen[-1][1], f)
+    assert len({a for a, _ in seen}) == 1
+
+
+def test_gpu_engine_step_batch_equals_cpu(fake_gpu, isa):
+    rng = np.random.default_rng(23)
+    m = _head_model(rng, "classifier3")
+    raws, syms = _stream(rng)
+    ts = np.arange(len(raws), dtype=np.int64) * 1000
+    cfg = {"engine": {"simd": isa, "n_symbols": 3}, "cache": HIT_CACHE}
+    want = fastpath.Engine(m, backend="cpu", config=cfg).step_batch(raws, syms, ts)
+    with fastpath.Engine(m, backend="gpu", config=cfg) as ge:
+        got = ge.step_batch(raws, syms, ts)
+        assert ge.ticks == len(raws)
+    np.testing.assert_array_equal(got.cached, want.cached)
+    np.testing.assert_allclose(got.signal, want.signal, atol=1e-5)
+    np.testing.assert_allclose(got.confidence, want.confidence, atol=1e-5)
+    # every row is checked before any is applied, as on the CPU
+    bad = raws.copy()
+    bad[7, 3] = np.nan
+    with fastpath.Engine(m, backend="gpu", config=cfg) as ge:
+        n_launches = len(fake_gpu.launches)
+        with pytest.raises(fastpath.InputError, match="row 7"):
+            ge.step_batch(bad, syms, ts)
+        assert ge.ticks == 0 and len(fake_gpu.launches) == n_launches
+
+
+@pytest.mark.parametrize("mode", ["launch", "persistent"])
+def test_gpu_engine_wrapper_matches_cpu_engine(fake_gpu, mode, isa):
     rng = np.random.default_rng(11)
     m = windowed_model(rng, hidden=(24,))
     cfg = {"engine": {"simd": isa, "n_symbols": 4}, "cache": {"enabled": False}}
@@ -613,7 +743,7 @@ def test_gpu_engine_matches_cpu_engine(fake_fatbin, mode, isa):
     syms = rng.integers(0, 4, 40)
     cpu = fastpath.Engine(m, backend="cpu", config=cfg)
     want = [cpu.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(40)]
-    with GpuEngine(m, cfg, mode=mode, cuda=FakeCuda(), timeout_ns=5 * 10**9) as ge:
+    with GpuEngine(m, cfg, mode=mode, timeout_ns=5 * 10**9) as ge:
         got = [ge.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(20)]
         got += [g for g in ge.step_batch(raws[20:], syms[20:], np.arange(20, 40) * 1000)]
     for w, g in zip(want, got):
@@ -622,28 +752,180 @@ def test_gpu_engine_matches_cpu_engine(fake_fatbin, mode, isa):
     assert ge.engine.ticks == 40
 
 
-def test_gpu_engine_mode_from_config(fake_fatbin):
+def test_gpu_engine_wrapper_batch_applies_post_transform(fake_gpu):
+    # the batched launch hands the engine the model's outputs after softmax, not the raw
+    # last layer (a 3-output classifier got only 2 raw outputs before)
+    rng = np.random.default_rng(24)
+    m = _head_model(rng, "classifier3")
+    raws, syms = _stream(rng, 40)
+    cfg = {"engine": {"n_symbols": 3}, "cache": {"enabled": False}}
+    want = fastpath.Engine(m, backend="cpu", config=cfg).step_batch(raws, syms)
+    with GpuEngine(m, cfg, mode="launch") as ge:
+        got = ge.step_batch(raws, syms)
+    np.testing.assert_allclose([g.signal for g in got], want.signal, atol=1e-5)
+    np.testing.assert_allclose([g.confidence for g in got], want.confidence, atol=1e-5)
+
+
+def test_gpu_engine_mode_from_config(fake_gpu):
     m = random_model(np.random.default_rng(15), [4, 2])
-    cu = FakeCuda()
     with GpuEngine(m, {"gpu": {"mode": "persistent"}, "engine": {"n_symbols": 2}},
-                   cuda=cu, timeout_ns=5 * 10**9) as ge:
+                   timeout_ns=5 * 10**9) as ge:
         assert ge.mode == "persistent" and ge.engine.n_symbols == 2
         ge.step(np.ones(4, np.float32), 1)
-    assert cu.launches[0][0] == "fp_mlp_persistent"
+    assert fake_gpu.launches[0][0] == "fp_mlp_persistent"
+    # a TOML path or an EngineConfig works too; the keyword arguments override its [gpu]
+    from fastpath._build import EXAMPLE_CONFIG
+    from fastpath.control.config import load_config
+    for cfg in (EXAMPLE_CONFIG, load_config({"gpu": {"mode": "persistent", "max_batch": 8}})):
+        with GpuEngine(m, cfg, mode="launch", max_batch=4) as ge:
+            assert ge.mode == "launch" and ge.backend.path.max_batch == 4
+    with pytest.raises(ConfigError, match="gpu.max_batch"):
+        GpuEngine(m, None, max_batch=0)
+    with fastpath.Engine(m, backend="gpu", config={"gpu": {"mode": "persistent",
+                                                           "timeout_ms": 5000}}) as e:
+        r = e.backend_report
+        assert r["backend"] == "gpu" and r["gpu"]["mode"] == "persistent"
+        assert r["gpu"]["device"] == "Fake GPU" and "fatbin" in r["gpu"]["module"]
+        e.step(np.ones(4, np.float32), 0)
+    with pytest.raises(BackendError, match="closed"):
+        e.step(np.ones(4, np.float32), 0)
 
 
-def test_gpu_engine_refuses_nonfinite_like_cpu(fake_fatbin):
+def test_gpu_engine_refuses_nonfinite_like_cpu(fake_gpu):
     rng = np.random.default_rng(12)
     m = random_model(rng, [6, 4, 2], ["relu", "identity"])
     m.layers[0].weight[:] = 3e38
     cfg = {"engine": {"n_symbols": 2}, "cache": {"enabled": False}}
-    with GpuEngine(m, cfg, mode="launch", cuda=FakeCuda()) as ge:
+    for mk in (lambda: GpuEngine(m, cfg, mode="launch").engine,
+               lambda: fastpath.Engine(m, backend="gpu", config=cfg)):
+        ge = mk()
         with pytest.raises(fastpath.InputError) as gpu_err:
             ge.step(np.ones(6, np.float32), 0)
-        assert ge.engine.ticks == 0
+        assert ge.ticks == 0
+        ge.close()
     with pytest.raises(fastpath.InputError) as cpu_err:
         fastpath.Engine(m, backend="cpu", config=cfg).step(np.ones(6, np.float32), 0)
     assert str(gpu_err.value) == str(cpu_err.value)
+
+
+def test_gpu_fault_mid_tick_leaves_the_engine_unchanged(fake_gpu, isa):
+    # the GPU fails between fp_step_begin and fp_step_finish: BackendError, the tick is not
+    # applied (no window, slot or counter moves), and the engine goes on as if it never came
+    rng = np.random.default_rng(29)
+    m = _head_model(rng, "tanh_sigmoid")
+    raws, syms = _stream(rng, 40)
+    cfg = {"engine": {"simd": isa, "n_symbols": 3}, "cache": HIT_CACHE}
+    cpu = fastpath.Engine(m, backend="cpu", config=cfg)
+    with fastpath.Engine(m, backend="gpu", config=cfg) as ge:
+        for i in range(10):
+            cpu.step(raws[i], int(syms[i]), ts_ns=i)
+            ge.step(raws[i], int(syms[i]), ts_ns=i)
+        fake_gpu.kernel_mode = "fault"
+        with pytest.raises(BackendError, match="illegal memory access"):
+            ge.step(raws[10] + np.float32(5), int(syms[10]), ts_ns=10)
+        assert ge.ticks == 10 and ge.stats()["misses"] == cpu.stats()["misses"]
+        fake_gpu.kernel_mode = "ok"
+        for i in range(10, len(raws)):
+            w = cpu.step(raws[i], int(syms[i]), ts_ns=i)
+            g = ge.step(raws[i], int(syms[i]), ts_ns=i)
+            assert g.cached == w.cached and abs(g.signal - w.signal) < 1e-5, i
+
+
+def _tree_model():
+    from fastpath import TreeEnsemble
+    from fastpath.model import Model
+    t = TreeEnsemble(n_features=2, n_targets=2, tree_offsets=[0, 3], mode=[0, 6, 6],
+                     feature=[0, 0, 0], threshold=[0.5, 0, 0], true_child=[1, -1, -1],
+                     false_child=[2, -1, -1], nan_true=[0, 0, 0], weight_node=[1, 2, 1, 2],
+                     weight_target=[0, 0, 1, 1], weight_value=[1.0, 2.0, 0.5, -0.5])
+    return Model((), trees=t)
+
+
+@pytest.mark.parametrize("what", ["trees", "bf16 model", "int8 config"])
+def test_gpu_refuses_what_it_does_not_serve_and_auto_falls_back(fake_gpu, what):
+    rng = np.random.default_rng(25)
+    cfg = {"engine": {"n_symbols": 2}, "gpu": {"auto": "gpu"}}
+    if what == "trees":
+        m = _tree_model()
+    elif what == "bf16 model":
+        m = random_model(rng, [16, 16, 2]).with_weights("bf16")
+    else:
+        m = random_model(rng, [16, 16, 2])
+        cfg["engine"]["weights"] = "int8"
+    with pytest.raises(BackendError, match="the GPU stage serves fp32 MLPs only"):
+        fastpath.Engine(m, backend="gpu", config=cfg)
+    # auto with gpu.auto = "gpu" would take a usable GPU: the model keeps it on the CPU
+    e = fastpath.Engine(m, backend="auto", config=cfg)
+    assert e.backend == "cpu" and e.gpu_backend is None
+    assert e.backend_reason.startswith("auto: cpu chosen") and "fp32 MLPs" in e.backend_reason
+    assert not fake_gpu.launches
+
+
+def test_auto_rule(fake_gpu, monkeypatch):
+    m = random_model(np.random.default_rng(26), [8, 4, 2])
+    # gpu.auto = "gpu": a usable GPU and an fp32 MLP are enough
+    with fastpath.Engine(m, backend="auto", config={"gpu": {"auto": "gpu"}}) as e:
+        assert e.backend == "gpu" and e.gpu_backend is not None
+        assert "auto: gpu chosen" in e.backend_reason
+    # "measure" (default): the stand-in's launch costs far more than an 8->4->2 forward
+    with fastpath.Engine(m, backend="auto") as e:
+        assert e.backend == "cpu" and e.gpu_backend is None
+        meas = e.backend_report["measured"]
+        assert meas["gpu_p50_ns"] > meas["cpu_p50_ns"] > 0
+        assert str(meas["cpu_p50_ns"]) in e.backend_reason
+    # where the GPU measures faster, auto runs on it and reports both figures
+    import fastpath.gpu as G
+    real = G.auto_choice
+
+    def gpu_wins(*a, **k):
+        c = real(*a, **k)
+        return dict(c, backend="gpu", gpu_p50_ns=1, reason="auto: gpu chosen (stand-in)")
+    monkeypatch.setattr(G, "auto_choice", gpu_wins)
+    with fastpath.Engine(m, backend="auto") as e:
+        assert e.backend == "gpu" and e.gpu_backend is not None
+        assert e.backend_report["measured"]["gpu_p50_ns"] == 1
+        assert e.backend_report["gpu"]["device"] == "Fake GPU"
+        e.step(np.ones(8, np.float32), 0)
+    monkeypatch.setattr(G, "auto_choice", real)
+    # the config's backend key is honoured too
+    e = fastpath.Engine(m, backend=None, config={"engine": {"backend": "gpu"}})
+    assert e.backend == "gpu"
+    e.close()
+
+
+def test_gpu_and_auto_without_a_gpu():
+    ok, why = gpu_status()
+    if ok:
+        pytest.skip("a GPU is usable here")
+    m = random_model(np.random.default_rng(27), [4, 2])
+    with pytest.raises(BackendError, match="backend='gpu' is not available"):
+        fastpath.Engine(m, backend="gpu")
+    e = fastpath.Engine(m, backend="auto")
+    assert e.backend == "cpu" and e.backend_reason == f"auto: cpu chosen ({why})"
+    assert e.backend_report == {"backend": "cpu", "reason": e.backend_reason}
+    e.close()      # nothing to release on the CPU
+    e.step(np.ones(4, np.float32), 0)
+
+
+def test_gpu_config_section():
+    from fastpath._build import EXAMPLE_CONFIG
+    from fastpath.control.config import load_config
+    c = load_config({"gpu": {"mode": "persistent", "device": 1, "max_batch": 64,
+                             "timeout_ms": 20, "auto": "gpu"}})
+    assert (c.gpu.mode, c.gpu.device, c.gpu.max_batch, c.gpu.timeout_ms, c.gpu.auto) == (
+        "persistent", 1, 64, 20, "gpu")
+    assert load_config(None).gpu.mode == "launch" and load_config(None).gpu.auto == "measure"
+    assert load_config(EXAMPLE_CONFIG).gpu == load_config(None).gpu
+    for bad, msg in (({"mod": "launch"}, "unknown key gpu.mod"),
+                     ({"mode": "zero-copy"}, "gpu.mode"),
+                     ({"device": -1}, "gpu.device"),
+                     ({"max_batch": 0}, "gpu.max_batch"),
+                     ({"timeout_ms": "1s"}, "gpu.timeout_ms"),
+                     ({"auto": "always"}, "gpu.auto")):
+        with pytest.raises(ConfigError, match=msg):
+            load_config({"gpu": bad})
+    with pytest.raises(ConfigError, match=r"\[gpu\] must be a table"):
+        load_config({"gpu": "launch"})
 
 
 @pytest.mark.skipif(not gpu_status()[0], reason=gpu_status()[1])
@@ -656,6 +938,24 @@ def test_real_gpu_matches_cpu(mode):
         Y, bad, _ = be.infer_batch(X)
         np.testing.assert_allclose(Y, packed_forward(be.packed, X)[0], rtol=1e-4, atol=1e-5)
         assert not bad.any()
+
+
+@pytest.mark.skipif(not gpu_status()[0], reason=gpu_status()[1])
+@pytest.mark.parametrize("kind", ["regression", "tanh_sigmoid", "classifier3"])
+@pytest.mark.parametrize("mode", ["launch", "persistent"])
+def test_real_gpu_engine_equals_cpu_engine(kind, mode):
+    rng = np.random.default_rng(28)
+    m = _head_model(rng, kind)
+    raws, syms = _stream(rng)
+    cfg = {"engine": {"n_symbols": 3}, "cache": HIT_CACHE}
+    cpu = fastpath.Engine(m, backend="cpu", config=cfg)
+    want = [cpu.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(len(raws))]
+    with fastpath.Engine(m, backend="gpu", config=dict(cfg, gpu={"mode": mode})) as ge:
+        got = [ge.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(len(raws))]
+    for w, g in zip(want, got):
+        assert g.cached == w.cached
+        assert abs(g.signal - w.signal) < 1e-5 and abs(g.confidence - w.confidence) < 1e-5
+        assert (g.latency.infer_ns > 0) == (not g.cached)
 
 
 # --- bench/gpu_check.py ----------------------------------------------------------------------
@@ -703,6 +1003,12 @@ def test_gpu_check_report_on_stand_in(tmp_path, monkeypatch, fake_fatbin):
         r["crossover"][0])
     assert r["max_abs_err"] < 1e-4 and r["targets"]["largest_model_rel_within_1e-4"]
     assert r["demo_end_to_end"]["persistent"]["signal_max_abs_err"] < 1e-5
+    # Engine(backend="gpu") on a stream with cache hits decides as the CPU engine does
+    hits = r["demo_end_to_end"]["cache_hits"]
+    assert 0 < hits["hits"] < hits["ticks"] and hits["same_decisions"], hits
+    assert hits["signal_max_abs_err"] < 1e-5
+    assert r["auto"]["backend"] in ("cpu", "gpu") and "measured" in r["auto"]
+    assert r["batch"]["engine_step_batch_persistent_ticks_per_s"] > 0
     assert cu.depth == 0
 
 

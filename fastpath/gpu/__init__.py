@@ -4,8 +4,10 @@ cache staying on the CPU. `import fastpath` (and this package) never imports pyc
 Design: gpu_status() is one cached probe, (ok, reason). Without a driver `import
 pycuda.driver` raises ImportError (it links libcuda.so.1); with a driver and no device,
 cuda.init() raises a pycuda.driver.Error subclass; both become (False, reason).
-GpuBackend runs the model (the launch path or the persistent path, fastpath.gpu._backend);
-GpuEngine puts it behind a CPU Engine's validation, features, cache, head and store.
+GpuBackend runs the model (the launch path or the persistent path, fastpath.gpu._backend).
+fastpath.Engine(model, backend="gpu" | "auto") puts it behind the engine's validation,
+features, cache, post transform, head and store (the seam is fp_step_begin/fp_step_finish);
+GpuEngine is a compatibility wrapper over that engine, plus a batched-launch step_batch.
 """
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ class GpuBackend:
 
 
 def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None = None,
-                cuda=None) -> dict:
+                cuda=None, device: int = 0) -> dict:
     """What backend="auto" should run: the model's forward timed on this CPU (the engine's
     kernel set) and, when a GPU is usable, on the GPU in `mode`; the faster at p50 wins.
     Returns {"backend", "reason", "cpu_p50_ns", "gpu_p50_ns", "mode"}; the reason names
@@ -148,7 +150,7 @@ def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None =
             out["reason"] = f"auto: cpu chosen ({why})"
             return out
     try:
-        with GpuBackend(layers, mode, cuda=cuda) as be:
+        with GpuBackend(layers, mode, device, cuda=cuda) as be:
             for _ in range(min(iters, 50)):
                 be.infer(x)
             gpu = int(np.median([be.infer(x)[2].total_ns for _ in range(iters)]))
@@ -164,9 +166,8 @@ def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None =
 
 
 class GpuTick(NamedTuple):
-    """One tick through GpuEngine: the engine's Result (its latency.infer_ns is the whole GPU
-    call, h2d + kernel + d2h) and the GPU stages; cpu_ns is the host time outside the GPU
-    call (features, cache, head, store, Python)."""
+    """One tick through GpuEngine: the engine's Result and its GPU stages (0 on a cache hit:
+    the GPU was not called); total_ns is the host time of the whole call, Python included."""
     result: Any
     h2d_ns: int
     infer_ns: int
@@ -174,41 +175,53 @@ class GpuTick(NamedTuple):
     total_ns: int
 
 
-class GpuEngine:
-    """A CPU Engine whose model runs on the GPU: features on the CPU, the MLP on the GPU, then
-    the engine's cache, head and store (Engine._step_external). On a cache hit the GPU answer
-    is not used: the same ticks get the same signals as backend="cpu" within float error."""
+def _with_gpu(config: Any, **over):
+    """config (None, dict, TOML path or EngineConfig) as an EngineConfig whose [gpu] keys
+    given in `over` (not None) replace the config's; replace() validates them again."""
+    from dataclasses import replace
+    from fastpath.control.config import load_config
+    c = load_config(config)
+    return replace(c, gpu=replace(c.gpu, **{k: v for k, v in over.items() if v is not None}))
 
-    def __init__(self, model, config: Any = None, mode: str | None = None, device: int = 0,
-                 backend: GpuBackend | None = None, **kw):
+
+class GpuEngine:
+    """fastpath.Engine(model, backend="gpu") behind the older interface: step() returns a
+    GpuTick, step_batch() sends many rows per launch (launch mode). mode, device, max_batch and
+    timeout_ns override the config's [gpu] keys. New code can use the Engine directly."""
+
+    def __init__(self, model, config: Any = None, mode: str | None = None,
+                 device: int | None = None, max_batch: int | None = None,
+                 timeout_ns: int | None = None):
         import fastpath
-        self.mode = mode or gpu_mode(config)
-        # the control plane's config has no [gpu] section yet: the engine gets the rest
-        cpu_cfg = ({k: v for k, v in config.items() if k != "gpu"} if isinstance(config, dict)
-                   else config)
-        self.engine = fastpath.Engine(model, backend="cpu", config=cpu_cfg)
-        self.backend = backend or GpuBackend(self.engine.model, self.mode, device, **kw)
+        if mode is not None and mode not in MODES:
+            raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
+        tmo = None if timeout_ns is None else max(1, -(-int(timeout_ns) // 1_000_000))
+        cfg = _with_gpu(config, mode=mode, device=device, max_batch=max_batch, timeout_ms=tmo)
+        self.engine = fastpath.Engine(model, backend="gpu", config=cfg)
+        self.backend = self.engine.gpu_backend
+        self.mode = self.backend.mode
 
     def step(self, raw, symbol: int = 0, ts_ns=None) -> GpuTick:
         t0 = time.perf_counter_ns()
-        feats = self.engine.features(raw, symbol)
-        out, bad, t = self.backend.infer(feats)
-        if bad:
-            # NaN outputs make the engine refuse the tick exactly as the CPU path does
-            out = np.full(len(out), np.nan, np.float32)
-        gpu_ns = t.h2d_ns + t.infer_ns + t.d2h_ns
-        res = self.engine._step_external(raw, symbol, out[:2], gpu_ns, ts_ns)
-        return GpuTick(res, t.h2d_ns, t.infer_ns, t.d2h_ns, time.perf_counter_ns() - t0)
+        res = self.engine.step(raw, symbol, ts_ns)
+        lat = res.latency
+        kern = lat.infer_ns if not res.cached else 0
+        return GpuTick(res, lat.h2d_ns, kern, lat.d2h_ns, time.perf_counter_ns() - t0)
 
     def step_batch(self, raws: np.ndarray, symbols: np.ndarray, ts_ns=None) -> list:
         """Ticks in order, the GPU work in launches of many rows. A tick's features depend on
-        its symbol's earlier ticks (the rolling windows), so a launch holds at most one tick
-        per symbol; with stateless features (no window fields) the features of the next
-        launch are computed while the GPU works on this one (launch mode)."""
+        its symbol's earlier ticks (the rolling windows), so with windows a launch holds at
+        most one tick per symbol (the cache lookup is the engine's, done when the row is
+        applied: a GPU answer for a row that hits is not used); with stateless features (no window
+        fields) the features of the next launch are computed while the GPU works on this one
+        (launch mode). The features are computed twice per row here (once for the launch,
+        once when the row is applied): the price of sending rows before any is applied;
+        Engine.step_batch computes them once and calls the GPU per miss."""
+        eng = self.engine
         raws = np.asarray(raws)
         symbols = np.asarray(symbols)
         n = len(raws)
-        fs = self.engine.model.feature_spec
+        fs = eng.model.feature_spec
         stateless = fs is None or len(fs.w_idx) == 0
         cap = self.backend.path.max_batch if self.mode == "launch" else 1
         chunks, cur, seen = [], [], set()
@@ -222,6 +235,7 @@ class GpuEngine:
         if cur:
             chunks.append(cur)
         ts = None if ts_ns is None else np.asarray(ts_ns)
+        nan = np.full(eng.n_outputs, np.nan, np.float32)
         out = []
         feats = self._features(raws, symbols, chunks[0]) if chunks else None
         for k, idx in enumerate(chunks):
@@ -237,8 +251,9 @@ class GpuEngine:
                 nxt = None
             gpu_ns = (t.h2d_ns + t.infer_ns + t.d2h_ns) // len(idx)
             for j, i in enumerate(idx):
-                o = np.full(2, np.nan, np.float32) if bad[j] else y[j, :2]
-                out.append(self.engine._step_external(
+                # NaN outputs make the engine refuse the tick exactly as the CPU path does
+                o = nan if bad[j] else eng._post_apply(y[j])
+                out.append(eng._step_external(
                     raws[i], int(symbols[i]), o, gpu_ns, None if ts is None else int(ts[i])))
             if k + 1 < len(chunks):
                 feats = nxt if nxt is not None else self._features(raws, symbols, chunks[k + 1])
@@ -248,7 +263,7 @@ class GpuEngine:
         return np.stack([self.engine.features(raws[i], int(symbols[i])) for i in idx])
 
     def close(self) -> None:
-        self.backend.close()
+        self.engine.close()
 
     def __enter__(self):
         return self
