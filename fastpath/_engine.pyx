@@ -271,7 +271,7 @@ cdef class Engine:
     def _step_external(self, raw, symbol, outputs, long long infer_ns, ts_ns=None):
         """One tick whose model outputs come from outside the engine (another backend): the
         engine's own validation, features, cache lookup, head, store and window commit around
-        `outputs` (float32 (2,), used only on a miss), with `infer_ns` reported as the time the
+        `outputs` (float32 (n_outputs,), after the post transform, used only on a miss), with `infer_ns` reported as the time the
         outside inference took (the head's time is added to it). The path a GPU backend takes."""
         cdef fp_result r
         cdef fp_pending pend
@@ -491,7 +491,7 @@ cdef class Engine:
             "hit_rate": (<double>e.hits / e.ticks) if e.ticks else 0.0,
             "miss_reasons": reasons,
             "forced_refreshes": reasons["age"] + reasons["run"],
-            "simd": self.simd, "backend": self.backend,
+            "simd": self.simd, "backend": self.backend, "backend_reason": self.backend_reason,
             # the policy in force and where it came from: fitted to an error budget, set in the
             # config, or off because nothing was fitted
             "cache_policy": {"enabled": bool(self.config.cache.enabled),
