@@ -31,6 +31,7 @@ _ENGINE_KEYS = {
     "backend": (str, None, None, BACKENDS),
     "latency_records": (int, 1, 1 << 24, None),
     "weights": (str, None, None, WEIGHTS),
+    "stage_times": (bool, None, None, None),
 }
 
 
@@ -181,6 +182,8 @@ class EngineConfig:
     backend: str = "cpu"
     latency_records: int = 65536
     weights: str | None = None
+    # time each stage of a tick (up to five TSC reads a miss); false: only total_ns
+    stage_times: bool = True
     cache: CacheConfig = field(default_factory=CacheConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)

@@ -98,11 +98,13 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     e->k = k;
     e->isa = p->isa;
     e->policy = p->policy;
+    fp_cache_plan_init(&e->cache_plan, &p->policy, n_feat);
     e->n_symbols = p->n_symbols;
     e->n_out = n_out;
     e->post = p->post;
     e->head = p->head;
     e->head_scale = p->head_scale;
+    e->stage_times = 1;
     memcpy(e->head_idx, p->head_idx, sizeof(e->head_idx));
     fp_feature_spec *fs = &e->fs;
     fs->raw_len = p->raw_len; fs->n_z = p->n_z; fs->n_w = p->n_w;
@@ -115,7 +117,11 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     fs->runs = (int32_t *)fp_aligned_alloc(sizeof(int32_t) * 3 * (size_t)(p->n_z + 1));
     if (fs->runs) {
         fs->n_runs = fp_feature_runs(p->z_idx, p->n_z, fs->runs);
-        if (fs->n_runs * 4 > p->n_z) fs->n_runs = 0;
+        /* runs pay off once they average 4+ fields, except on AVX-512: its runs kernel ends
+         * each run with a masked 512-bit store, slow on the CPUs measured (Zen 4: the demo
+         * spec's 112 fields in 22 runs, features 70 -> 50 ns a tick with the 7 gathers);
+         * both paths compute the same (x - mean) * inv_std per field */
+        if (fs->n_runs * 4 > p->n_z || p->isa == FP_ISA_AVX512) fs->n_runs = 0;
     }
     e->model_kind = p->model_kind;
     if (trees) {
@@ -187,6 +193,9 @@ static inline fp_slot *fp_slot_at(fp_engine *e, int32_t s) {
     return (fp_slot *)(e->slots + e->slot_stride * (size_t)s);
 }
 
+void fp_engine_set_stage_times(fp_engine *e, int on) { e->stage_times = on ? 1 : 0; }
+int fp_engine_stage_times(const fp_engine *e) { return e->stage_times; }
+
 int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p) {
     p->t0 = fp_ticks();
     if (symbol < 0 || symbol >= e->n_symbols) return FP_ERR_SYMBOL;
@@ -209,13 +218,15 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
      * dense row sums w * x over all inputs, and 0 * Inf and w * NaN are NaN, so the first
      * layer's finiteness flag sees any bad feature; fp_step_finish names the cause. */
     fp_features_compute(e->k, &e->fs, e->wins + e->win_stride * (size_t)symbol, raw, e->feat);
-    p->t1 = fp_ticks();
-    p->reason = fp_cache_lookup(e->k, &e->policy, s, e->feat, e->fs.n_feat, now, &p->norm);
+    /* without stage times only t0 and the end are read (fp_step_finish) */
+    const int st = e->stage_times;
+    p->t1 = st ? fp_ticks() : p->t0;
+    p->reason = fp_cache_lookup_plan(e->k, &e->cache_plan, s, e->feat, e->fs.n_feat, now, &p->norm);
     /* The clock is read here only after a lookup that compared vectors and missed (~9 ns a
      * read on this EPYC, a tenth of a hit). A hit's lookup and store are one stage, timed
      * from t1 to the end; a lookup refused by a flag or a counter (cache off, cold slot,
      * age, run: a few loads and compares, ~1 ns) is counted into the inference after it. */
-    p->t2 = (p->reason == FP_MISS_COSINE || p->reason == FP_MISS_NORM) ? fp_ticks() : p->t1;
+    p->t2 = (st && (p->reason == FP_MISS_COSINE || p->reason == FP_MISS_NORM)) ? fp_ticks() : p->t1;
     return FP_OK;
 }
 
@@ -284,6 +295,7 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
     fp_slot *s = fp_slot_at(e, p->symbol);
     /* t3: end of inference, head included. On a hit nothing ran since t2: one clock read
      * saved. An external backend's time comes in extern_infer_ns, the head's is added. */
+    const int st = e->stage_times;
     uint64_t t3 = p->t2, th = p->t2;
     if (p->reason == FP_HIT) {
         r->signal = s->signal;
@@ -296,10 +308,10 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         if (!out2 || !e->k->allfinite(out2, e->n_out))
             return e->k->allfinite(e->feat, e->fs.n_feat) ? FP_ERR_NONFINITE_OUTPUT
                                                            : FP_ERR_NONFINITE_FEATURE;
-        if (extern_infer_ns >= 0) th = fp_ticks();
+        if (st && extern_infer_ns >= 0) th = fp_ticks();
         float sig, conf;
         fp_apply_head(e, out2, &sig, &conf);
-        t3 = fp_ticks();
+        if (st) t3 = fp_ticks();
         if (!(sig == sig) || !(conf == conf)) return FP_ERR_NONFINITE_OUTPUT;
         if (e->policy.enabled) {
             /* the key and |key| in double when the lookup's double path computed it (else
@@ -307,7 +319,9 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
              * once when it needs it); a new key starts with the float32 look */
             memcpy(fp_slot_features(s), e->feat, sizeof(float) * e->fs.n_feat);
             s->norm = p->norm;
-            s->near = 0;
+            /* a pair the double sums found close (fp_cache_plan) predicts the next one is
+             * close to this key too; any other new key starts with the float32 look */
+            if (p->reason != FP_MISS_COSINE && p->reason != FP_MISS_NORM) s->near = 0;
             s->signal = sig;
             s->confidence = conf;
             s->run = 0;
@@ -325,17 +339,23 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
     e->ticks++;
     const uint64_t t4 = fp_ticks();
     r->reason = p->reason;
+    r->total_ns = fp_ticks_to_ns(t4 - p->t0);
+    fp_lat *L = &e->lat[(e->ticks - 1) & e->lat_mask];
+    L->total = fp_sat32(r->total_ns);
+    if (!st) {
+        /* not measured: -1 in the result, 0 in the record (fp_engine_set_stage_times) */
+        r->feature_ns = r->cache_ns = r->infer_ns = -1;
+        L->feature = L->cache = L->infer = 0;
+        return FP_OK;
+    }
     r->feature_ns = fp_ticks_to_ns(p->t1 - p->t0);
     r->cache_ns = fp_ticks_to_ns(p->t2 - p->t1) + fp_ticks_to_ns(t4 - t3);
     if (p->reason == FP_HIT) r->infer_ns = 0;
     else if (extern_infer_ns >= 0) r->infer_ns = extern_infer_ns + fp_ticks_to_ns(t3 - th);
     else r->infer_ns = fp_ticks_to_ns(t3 - p->t2);
-    r->total_ns = fp_ticks_to_ns(t4 - p->t0);
-    fp_lat *L = &e->lat[(e->ticks - 1) & e->lat_mask];
     L->feature = fp_sat32(r->feature_ns);
     L->cache = fp_sat32(r->cache_ns);
     L->infer = fp_sat32(r->infer_ns);
-    L->total = fp_sat32(r->total_ns);
     return FP_OK;
 }
 

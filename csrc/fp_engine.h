@@ -100,6 +100,7 @@ typedef struct fp_engine {
     float head_scale;
     float *out, *xin;                 /* post-transform outputs; predict()'s input copy */
     fp_cache_policy policy;
+    fp_cache_plan cache_plan;         /* the policy's float32-look constants (fp_cache.h) */
     int n_symbols;
     unsigned char *slots; size_t slot_stride;
     unsigned char *wins; size_t win_stride;
@@ -113,6 +114,7 @@ typedef struct fp_engine {
     int model_kind;
     fp_trees trees;
     fp_trees_eval_fn trees_eval;
+    int stage_times;                  /* 1 (default): time each stage; 0: only the total */
 } fp_engine;
 
 /* Bytes the weights arena and the per-symbol state (slots, windows) need for these
@@ -120,6 +122,12 @@ typedef struct fp_engine {
 void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state);
 fp_engine *fp_engine_create(const fp_engine_params *p, int *err);
 void fp_engine_free(fp_engine *e);
+/* Per-stage times on (the default) or off. A stage boundary costs a TSC read (~9 ns here),
+ * up to five a miss; off, a tick reads the clock twice (its start and end): total_ns is
+ * measured as before, fp_result's feature_ns, cache_ns and infer_ns are -1 (not measured)
+ * and the latency records' stage columns 0. */
+void fp_engine_set_stage_times(fp_engine *e, int on);
+int fp_engine_stage_times(const fp_engine *e);
 void fp_engine_reset(fp_engine *e);          /* empty every slot, window and counter */
 /* empty one symbol's cache slot and window (a halt, a feed gap); counters untouched.
  * The symbol's last-tick time goes too, so its next tick may carry any timestamp. */

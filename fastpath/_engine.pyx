@@ -93,7 +93,9 @@ cdef class Latency:
 
     Measured inside the C call with the TSC (see fastpath.clock_info()):
     total_ns covers validation, features, cache, inference and store, not the
-    Python call around them. wait_ns: for an answer served through fastpath.connect(), from
+    Python call around them. With [engine] stage_times = false only total_ns is measured
+    (two clock reads a tick instead of up to five) and feature_ns, cache_ns and infer_ns
+    are -1. wait_ns: for an answer served through fastpath.connect(), from
     submit to the worker picking the request up (0 in-process). Fields: fastpath/_engine.pxd."""
 
     def __repr__(self):
@@ -146,7 +148,14 @@ cdef inline Result _make_result(const fp_result *r):
 
 include "_args.pxi"
 
+cdef extern from "fp_engine.h":
+    void fp_engine_set_stage_times(fp_engine *e, int on)
+    int fp_engine_stage_times(const fp_engine *e)
 
+
+# final: nothing subclasses Engine, and its cdef methods (_step, _raw_ptr, _check_free) are
+# then direct calls the C compiler can inline instead of vtable calls
+@cython.final
 cdef class Engine:
     """A model, its feature spec and cache, ready to step ticks.
 
@@ -190,6 +199,12 @@ cdef class Engine:
         self.n_features = fs.n_feat
         self.n_outputs = self._e.n_out
         self.n_symbols = self.config.n_symbols
+        fp_engine_set_stage_times(self._e, 1 if self.config.source.stage_times else 0)
+
+    @property
+    def stage_times(self):
+        """Whether each tick's stages are timed ([engine] stage_times); off, only total_ns."""
+        return bool(fp_engine_stage_times(self._e))
 
     def __dealloc__(self):
         if self._gpu is not None:
@@ -427,7 +442,8 @@ cdef class Engine:
 
     def latency_records(self):
         """(n, 4) uint32 in-C ns per tick, oldest first: feature, cache, infer, total, for the
-        last min(ticks, latency_records) ticks."""
+        last min(ticks, latency_records) ticks. With stage_times off the first three columns
+        are 0 (not measured)."""
         self._check_free()
         cdef fp_engine *e = self._e
         cdef Py_ssize_t cap = e.lat_mask + 1
@@ -478,7 +494,8 @@ cdef class Engine:
         return self._e.mlp.macs
 
     def stats(self):
-        """Counters and per-stage latency percentiles over the last latency_records ticks.
+        """Counters and per-stage latency percentiles over the last latency_records ticks
+        (with stage_times off, only "total": stages, hits and misses are not told apart).
         Raises EngineBusyError while step_batch runs on another thread (the counters and
         records are being written without the GIL; a copy taken then would be torn)."""
         self._check_free()
@@ -502,10 +519,15 @@ cdef class Engine:
                              "origin": self.config.cache_origin},
             "latency_ns": {},
             "latency_window": int(n),
+            "stage_times": bool(fp_engine_stage_times(e)),
         }
         missed = lat[:, 2] > 0
-        for j, name, sel in ((0, "feature", None), (1, "cache", None), (2, "infer", missed),
-                             (3, "total", None), (3, "total_hit", ~missed), (3, "total_miss", missed)):
+        cols = ((0, "feature", None), (1, "cache", None), (2, "infer", missed),
+                (3, "total", None), (3, "total_hit", ~missed), (3, "total_miss", missed))
+        if not fp_engine_stage_times(e):
+            # a record holds no stage, so nothing tells a hit's total from a miss's
+            cols = ((3, "total", None),)
+        for j, name, sel in cols:
             col = lat[:, j] if sel is None else lat[sel, j]
             if len(col):
                 q = np.percentile(col, [50, 90, 99, 99.9])
@@ -695,6 +717,9 @@ def get_default_engine():
     return _default_engine
 
 
+# binding=False: a builtin function (PyCFunction vectorcall) instead of a cyfunction, a few
+# ns less a call on the hottest entry point
+@cython.binding(False)
 def step(raw, symbol=0, ts_ns=None):
     """fastpath.step(raw, symbol=0, ts_ns=None): one tick through the default engine
     (embedded demo model); the arguments are those of Engine.step."""

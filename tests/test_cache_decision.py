@@ -301,3 +301,56 @@ def test_engine_recomputes_the_cached_norm_for_each_new_key(isa):
             assert thr + MARGIN < cos64(key, near) < thr + BAND
             t += 1
             assert eng.step(near, 0, ts_ns=t).cached, scale
+
+
+def _toward(rng, key, target, norm_ratio=1.0):
+    """float32 vector whose float64 cosine with `key` is close to `target`, |v| ~ norm_ratio |key|."""
+    k64 = key.astype(np.float64)
+    u = rng.standard_normal(N)
+    u -= (u @ k64) / (k64 @ k64) * k64
+    u *= np.linalg.norm(k64) / np.linalg.norm(u)
+    s = np.sqrt(max(0.0, 1.0 - target * target))
+    return ((target * k64 + s * u) * norm_ratio).astype(np.float32)
+
+
+@pytest.mark.parametrize("thr", [0.9999, 0.999999])
+def test_engine_decides_drifting_ticks_as_float64(isa, thr):
+    """A symbol's ticks drift: each one is close to the key the slot holds, so lookups follow
+    close pairs and hits, and at 0.999999 (where float32 sums cannot prove a hit) go straight
+    to the double sums after a close pair. Mixed in: far jumps and norm misses right after
+    close pairs, where that shortcut must still refuse. Every decision farther than MARGIN
+    from the threshold must be the float64 one; the key is tracked as the engine keeps it
+    (a miss stores the tick, a hit leaves the key)."""
+    tol = 0.5
+    pol = CachePolicy(enabled=True, cos_threshold=thr, norm_tol=tol, max_age_ns=10**15,
+                      max_run=10**6)
+    eng = Engine(_identity_model(pol), config=engine_cfg(isa))
+    rng = np.random.default_rng(int(thr * 1e6) + 7)
+    key = rng.standard_t(3, N).astype(np.float32)
+    t = 1
+    assert not eng.step(key, 0, ts_ns=t).cached
+    wrong, checked, kinds = [], 0, {"hit": 0, "cosine": 0, "norm": 0}
+    for i in range(600):
+        u = rng.random()
+        if u < 0.08:
+            x = _toward(rng, key, 0.5)                       # far jump
+        elif u < 0.16:
+            x = _toward(rng, key, thr + 1e-6, norm_ratio=1.8)  # aligned, too large: norm miss
+        else:
+            off = 10.0 ** rng.uniform(-8, -5.5) * rng.choice([-1.0, 1.0])
+            x = _toward(rng, key, min(thr + off, 1.0 - 1e-9), norm_ratio=1.0 + rng.uniform(-0.01, 0.01))
+        t += 1
+        r = eng.step(x, 0, ts_ns=t)
+        c = cos64(x, key)
+        ratio = np.linalg.norm(x.astype(np.float64)) / np.linalg.norm(key.astype(np.float64))
+        if abs(c - thr) > MARGIN and abs(abs(ratio - 1.0) - tol) > 1e-9:
+            want = "hit" if (c >= thr and abs(ratio - 1.0) <= tol) else (
+                "cosine" if c < thr else "norm")
+            checked += 1
+            kinds[want] += 1
+            if r.miss_reason != want:
+                wrong.append((i, want, r.miss_reason, c - thr))
+        if not r.cached:
+            key = x
+    assert checked > 500 and min(kinds.values()) > 20, kinds
+    assert not wrong, f"{len(wrong)} engine decisions differ from float64: {wrong[:5]}"

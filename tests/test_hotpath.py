@@ -96,3 +96,29 @@ def test_ts_accepted_at_the_edges(ts):
     eng = Engine(random_model(rng, [16, 8, 2]), config={"engine": {"n_symbols": 2}})
     r = eng.step(np.zeros(16, np.float32), 1, ts_ns=ts)
     assert -1.0 <= r.signal <= 1.0 and eng.ticks == 1
+
+
+def test_zscore_features_bit_identical_on_every_feature_path(isa):
+    """The z-scored fields come out bit for bit as numpy's float32 (x - mean) * inv_std, on
+    every kernel set, whichever path the engine picked for them (runs of consecutive fields,
+    or one gather per 16 fields, which AVX-512 always takes): the demo model's own spec (22
+    runs) and a scattered one."""
+    import fastpath
+    from fastpath.model import Model
+    demo = Model.load(fastpath._build.DEMO_MODEL)
+    rng = np.random.default_rng(21)
+    scattered = FeatureSpec(64, rng.permutation(64)[:30].astype(np.int32), np.array([3], np.int32), 4,
+                            rng.standard_normal(32).astype(np.float32),
+                            (rng.random(32) + 0.5).astype(np.float32))
+    for fs, model in ((demo.feature_spec, demo),
+                      (scattered, random_model(rng, [32, 8, 2], fs=scattered))):
+        eng = Engine(model, config=engine_cfg(isa, enabled=False))
+        if isa == "avx512":
+            assert eng.feature_path == "gather"
+        n_z = len(fs.z_idx)
+        for i in range(20):
+            raw = (rng.standard_normal(fs.raw_len) * 10.0 ** rng.integers(-3, 4)).astype(np.float32)
+            want = (raw[fs.z_idx] - fs.mean[:n_z]) * fs.inv_std[:n_z]
+            got = eng.features(raw, 0)[:n_z]
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"tick {i}")
+            eng.step(raw, 0, ts_ns=i + 1)
