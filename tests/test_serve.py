@@ -324,6 +324,23 @@ def test_worker_killed_is_server_gone_then_replaced(reap):
                 assert c2.step(raw, 0).signal == fastpath.Engine(DEMO_MODEL, config=cfg()).step(raw, 0).signal
 
 
+def _wait_stopped(pid, limit_s=5.0):
+    """Until every thread of pid is in state T (stopped) in /proc."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue
+        if states and all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not stop within {limit_s} s")
+
+
 def test_stalled_worker_is_server_gone_after_the_stall_timeout():
     """A server stopped by a signal (alive, not beating): ServerGone after the stall timeout,
     the server's [serve] stall_timeout_ms by default, connect(stall_timeout=) per client."""
@@ -336,6 +353,10 @@ def test_stalled_worker_is_server_gone_after_the_stall_timeout():
         c.step(raw, 0)
         os.kill(p.pid, signal.SIGSTOP)
         try:
+            # kill() returns before every thread of the target has stopped (a spinning worker
+            # stops at its next kernel entry): wait until /proc says so, or a request sent in
+            # between is still answered
+            _wait_stopped(p.pid)
             with deadline(5), pytest.raises(ServerGone, match=r"not responding.*over 0.3 s"):
                 c.step(raw, 0)
             with deadline(5), pytest.raises(ServerGone, match=r"not responding.*over 0.1 s"):
