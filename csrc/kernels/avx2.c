@@ -269,6 +269,14 @@ FP_TARGET_AVX2 static int fp_dense_avx2(const fp_dense_layer *L, const float *x,
                                         int reverse) {
     const size_t bs = (size_t)L->in * 8;
     const int nb = L->nb, in = L->in, act = L->act;
+    if (nb <= 2) {
+        /* one group, no order to walk: the narrow layers (the 2-output head of every model)
+         * skip the split's arithmetic, ~2 ns of a ~10 ns call */
+        const __m256 b1 = nb == 1 ? fp_dense_g1(L->w, in, x, L->bias, act, y)
+                                  : fp_dense_g2(L->w, in, x, L->bias, act, y);
+        const __m256i bi = _mm256_castps_si256(b1);
+        return _mm256_testz_si256(bi, bi);
+    }
     const int stream = bs * (size_t)nb * sizeof(float) > FP_STREAM_BYTES;
     const int lg = stream ? 2 : 3, big = 1 << lg;
     const int n_big = nb >> lg;
