@@ -286,9 +286,9 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
 /* in-cache shapes without software prefetch; the 4-block group also with it, for layers
  * whose weights are streamed (same sums in the same order, so the same bits either way).
  * In-cache layers run 8 blocks (64 rows) at once where they have them: 16 chains and one
- * permute per 8 weight loads instead of 4 (measured on this Zen core: 128x64 81 -> 72 ns,
- * the default 128x64x32x2 model 117 -> 105 ns); streamed layers keep 4 streams, which the
- * prefetch distance was tuned for. */
+ * permute per 8 weight loads instead of 4 (measured on this Zen core, kernel alone: 128x64
+ * 81 -> 73-77 ns, 512x256 3.0 -> 2.4 us, the default 128x64x32x2 model 117-121 -> 110-115 ns);
+ * streamed layers keep 4 streams, which the prefetch distance was tuned for. */
 FP_DENSE512_GROUP(fp_dense512_g8, 8, 2, 0)
 FP_DENSE512_GROUP(fp_dense512_g4, 4, 2, 0)
 FP_DENSE512_GROUP(fp_dense512_g2, 2, 4, 0)
