@@ -363,3 +363,54 @@ def test_window_zscore_equals_stats_then_zscore(isa, n_w, with_old):
     ref = K.kernel_zscore(isa, np.concatenate([pm, ps]), mean, inv_std)
     got = K.kernel_window_zscore(isa, raw, w_idx, s, q, old, 1 / 20, mean, inv_std)
     np.testing.assert_array_equal(got, ref)
+
+
+# Widths at every boundary of the vector sets' dense loops: 16 inputs per AVX-512 step (8 pairs),
+# an odd last input, and output counts that take each group the sets split a layer into
+# (AVX-512: 8 blocks of 8 rows in cache, then 4, 2, 1; AVX2: 4, 2, 1), with a short last block.
+GROUP_INS = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 256]
+GROUP_OUTS = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 120, 127, 256]
+
+
+@pytest.mark.parametrize("n_in", GROUP_INS)
+def test_dense_every_group_split_matches_reference(isa, n_in):
+    """Every split of a layer into row groups, both row orders: the float64 reference within
+    the sum's rounding bound, and the same bits either way round."""
+    for n_out in GROUP_OUTS:
+        rng = np.random.default_rng(n_in * 1000 + n_out)
+        w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+        b = rng.standard_normal(n_out).astype(np.float32)
+        x = rng.standard_normal(n_in).astype(np.float32)
+        want = w.astype(np.float64) @ x + b
+        bound = np.abs(w.astype(np.float64)) @ np.abs(x) + np.abs(b)
+        fwd, ok_f = K.kernel_dense(isa, w, b, "identity", x, False)
+        rev, ok_r = K.kernel_dense(isa, w, b, "identity", x, True)
+        assert ok_f and ok_r, (n_in, n_out)
+        assert fwd.shape == (n_out,)
+        np.testing.assert_array_less(np.abs(fwd - want), 1e-5 * bound + 1e-6)
+        np.testing.assert_array_equal(fwd, rev)
+
+
+@pytest.mark.parametrize("n_in", [1, 9, 33, 64])
+@pytest.mark.parametrize("n_out", [65, 120, 127, 136])
+def test_dense_nonfinite_in_every_block_is_flagged(isa, n_in, n_out):
+    """A NaN/Inf pre-activation in any block of any group (first, middle or last row of it)
+    is flagged in both row orders, and stays in its own row: every other row is exact. ReLU
+    would map the NaN to 0, so the flag is the only trace of it."""
+    rng = np.random.default_rng(n_in + n_out)
+    w0 = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    b = rng.standard_normal(n_out).astype(np.float32)
+    x = rng.standard_normal(n_in).astype(np.float32)
+    nb = (n_out + 7) // 8
+    for blk in range(nb):
+        for row in {blk * 8, min(blk * 8 + 3, n_out - 1), min(blk * 8 + 7, n_out - 1)}:
+            for bad in (np.inf, np.nan):
+                w = w0.copy()
+                w[row, (blk * 5) % n_in] = bad
+                keep = np.r_[0:row, row + 1:n_out]
+                want = np.maximum(w[keep].astype(np.float64) @ x + b[keep], 0)
+                bound = np.abs(w[keep].astype(np.float64)) @ np.abs(x) + np.abs(b[keep])
+                for reverse in (False, True):
+                    got, ok = K.kernel_dense(isa, w, b, "relu", x, reverse)
+                    assert not ok, (blk, row, bad, reverse)
+                    np.testing.assert_array_less(np.abs(got[keep] - want), 1e-5 * bound + 1e-6)

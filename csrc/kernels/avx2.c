@@ -247,6 +247,10 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
         return bad;                                                                         \
     }
 
+/* in-cache layers run 8 blocks (64 rows) at once: one broadcast per 8 FMAs and 8 chains
+ * of one accumulator each (16 YMM registers leave no room for 2 each); measured on this Zen
+ * core: 128x64 175 -> 156 ns. Streamed layers keep 4 blocks, as tuned for the prefetch. */
+FP_DENSE_GROUP(fp_dense_g8, 8, 1, 0)
 FP_DENSE_GROUP(fp_dense_g4, 4, 2, 0)
 FP_DENSE_GROUP(fp_dense_g2, 2, 4, 0)
 FP_DENSE_GROUP(fp_dense_g1, 1, 4, 0)
@@ -254,7 +258,9 @@ FP_DENSE_GROUP(fp_dense_pf_g4, 4, 2, 1)
 
 /* y = act(W x + b) over the blocked layout; y is 32-byte aligned. Returns 0 when a
  * pre-activation is NaN/Inf (y is written either way).
- * `reverse` walks the groups of 32 rows last to first. Each row's sum runs in the same
+ * Groups of 8 blocks (64 rows; 4 in streamed layers), then at most one group each of 4, 2
+ * and 1 blocks for the rest; `reverse` walks the same groups last to first (the split by
+ * shifts: an idiv by a variable group size cost ~4 ns a call). Each row's sum runs in the same
  * order either way, so the result is bit-identical; callers alternate it per forward pass
  * (their own parity, never state in the shared model) so the rows touched last (still in
  * L1) are the first ones read next time, which matters once the weights outgrow L1 (the
@@ -262,31 +268,38 @@ FP_DENSE_GROUP(fp_dense_pf_g4, 4, 2, 1)
 FP_TARGET_AVX2 static int fp_dense_avx2(const fp_dense_layer *L, const float *x, float *y,
                                         int reverse) {
     const size_t bs = (size_t)L->in * 8;
-    const int full = L->nb / 4 * 4;
-    const int stream = bs * (size_t)L->nb * sizeof(float) > FP_STREAM_BYTES;
-    __m256 bad = _mm256_setzero_ps();
-#define FP_G4(b) (stream ? fp_dense_pf_g4(L->w + (b) * bs, L->in, x, L->bias + (b) * 8, L->act, y + (b) * 8) \
-                         : fp_dense_g4(L->w + (b) * bs, L->in, x, L->bias + (b) * 8, L->act, y + (b) * 8))
-    if (reverse) {
-        /* the forward order's tail first (a lone block, then a pair), then groups of four */
-        if ((L->nb - full) & 1) {
-            const int b = L->nb - 1;
-            bad = _mm256_or_ps(bad, fp_dense_g1(L->w + b * bs, L->in, x, L->bias + b * 8, L->act, y + b * 8));
-        }
-        if (L->nb - full >= 2)
-            bad = _mm256_or_ps(bad, fp_dense_g2(L->w + full * bs, L->in, x, L->bias + full * 8, L->act, y + full * 8));
-        for (int b = full - 4; b >= 0; b -= 4) bad = _mm256_or_ps(bad, FP_G4(b));
-    } else {
-        int b = 0;
-        for (; b + 4 <= L->nb; b += 4) bad = _mm256_or_ps(bad, FP_G4(b));
-        if (b + 2 <= L->nb) {
-            bad = _mm256_or_ps(bad, fp_dense_g2(L->w + b * bs, L->in, x, L->bias + b * 8, L->act, y + b * 8));
-            b += 2;
-        }
-        if (b < L->nb)
-            bad = _mm256_or_ps(bad, fp_dense_g1(L->w + b * bs, L->in, x, L->bias + b * 8, L->act, y + b * 8));
+    const int nb = L->nb, in = L->in, act = L->act;
+    if (nb <= 2) {
+        /* one group, no order to walk: the narrow layers (the 2-output head of every model)
+         * skip the split's arithmetic, ~2 ns of a ~10 ns call */
+        const __m256 b1 = nb == 1 ? fp_dense_g1(L->w, in, x, L->bias, act, y)
+                                  : fp_dense_g2(L->w, in, x, L->bias, act, y);
+        const __m256i bi = _mm256_castps_si256(b1);
+        return _mm256_testz_si256(bi, bi);
     }
-#undef FP_G4
+    const int stream = bs * (size_t)nb * sizeof(float) > FP_STREAM_BYTES;
+    const int lg = stream ? 2 : 3, big = 1 << lg;
+    const int n_big = nb >> lg;
+    const int tail0 = n_big * big, rest = nb - tail0;
+    const int t4 = rest & 4 ? tail0 : -1;
+    const int t2 = rest & 2 ? tail0 + (rest & 4) : -1;
+    const int t1 = rest & 1 ? nb - 1 : -1;
+    __m256 bad = _mm256_setzero_ps();
+#define FP_AT(fn, b) fn(L->w + (size_t)(b) * bs, in, x, L->bias + (b) * 8, act, y + (b) * 8)
+#define FP_BIG(b) (stream ? FP_AT(fp_dense_pf_g4, b) : FP_AT(fp_dense_g8, b))
+    if (reverse) {
+        if (t1 >= 0) bad = _mm256_or_ps(bad, FP_AT(fp_dense_g1, t1));
+        if (t2 >= 0) bad = _mm256_or_ps(bad, FP_AT(fp_dense_g2, t2));
+        if (t4 >= 0) bad = _mm256_or_ps(bad, FP_AT(fp_dense_g4, t4));
+        for (int g = n_big - 1; g >= 0; g--) bad = _mm256_or_ps(bad, FP_BIG(g * big));
+    } else {
+        for (int g = 0; g < n_big; g++) bad = _mm256_or_ps(bad, FP_BIG(g * big));
+        if (t4 >= 0) bad = _mm256_or_ps(bad, FP_AT(fp_dense_g4, t4));
+        if (t2 >= 0) bad = _mm256_or_ps(bad, FP_AT(fp_dense_g2, t2));
+        if (t1 >= 0) bad = _mm256_or_ps(bad, FP_AT(fp_dense_g1, t1));
+    }
+#undef FP_BIG
+#undef FP_AT
     const __m256i bi = _mm256_castps_si256(bad);
     return _mm256_testz_si256(bi, bi);
 }
