@@ -307,14 +307,13 @@ cdef class Engine:
             self._raise(rc, raw, sym, ts)
         return _make_result(&r)
 
-    def step_batch(self, raws, symbols, ts_ns=None):
-        """Many ticks in one call, in order, GIL released: raws float32 (n, raw_len), symbols
-        int (n,), ts_ns optional int64 (n,). Every row is validated before any is applied.
-        Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
-        if self._on_gpu: return self._step_batch_gpu(raws, symbols, ts_ns)
-        from fastpath._build import BatchResult
-        cdef cnp.ndarray R = self._batch_raws(raws)
-        cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
+    cdef tuple _batch_args(self, raws, symbols, ts_ns):
+        """step_batch's arguments checked and made contiguous: (raws float32 (n, raw_len),
+        symbols int32 (n,), ts_ns int64 (n,) or None), with the errors a user reads."""
+        cdef cnp.ndarray R, S, T
+        cdef Py_ssize_t n
+        R = self._batch_raws(raws)
+        n = cnp.PyArray_DIM(R, 0)
         sy = np.asarray(symbols)
         if sy.ndim != 1 or sy.shape[0] != n or sy.dtype.kind not in "iu":
             hint = ("; symbols are indices 0..n_symbols-1: map names to indices once"
@@ -324,9 +323,8 @@ cdef class Engine:
         if n and (sy.min() < 0 or sy.max() >= self.n_symbols):
             row = int(np.flatnonzero((sy < 0) | (sy >= self.n_symbols))[0])
             self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
-        cdef cnp.ndarray S = np.ascontiguousarray(sy, dtype=np.int32)
-        cdef cnp.ndarray T = None
-        cdef const int64_t *tp = NULL
+        S = np.ascontiguousarray(sy, dtype=np.int32)
+        T = None
         if ts_ns is not None:
             ts = np.asarray(ts_ns)
             if ts.ndim != 1 or ts.shape[0] != n or ts.dtype.kind not in "iu":
@@ -343,7 +341,18 @@ cdef class Engine:
                 raise InputError(f"ts_ns row {int(np.argmax(ts))} is {ts.max()}, which does not "
                                  f"fit a signed 64-bit int of ns")
             T = np.ascontiguousarray(ts, dtype=np.int64)
-            tp = <const int64_t *>cnp.PyArray_DATA(T)
+        return R, S, T
+
+    def step_batch(self, raws, symbols, ts_ns=None):
+        """Many ticks in one call, in order, GIL released: raws float32 (n, raw_len), symbols
+        int (n,), ts_ns optional int64 (n,). Every row is validated before any is applied.
+        Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
+        if self._on_gpu: return self._step_batch_gpu(raws, symbols, ts_ns)
+        from fastpath._build import BatchResult
+        cdef cnp.ndarray R, S, T
+        R, S, T = self._batch_args(raws, symbols, ts_ns)
+        cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
+        cdef const int64_t *tp = NULL if T is None else <const int64_t *>cnp.PyArray_DATA(T)
         sig = np.empty(n, np.float32)
         conf = np.empty(n, np.float32)
         cached = np.empty(n, np.bool_)
@@ -650,26 +659,10 @@ cdef class Engine:
         and lookup depend on the rows of its symbol before it, so rows are not batched into
         one launch here (fastpath.gpu.GpuEngine.step_batch does that where it is safe)."""
         from fastpath._build import BatchResult
-        cdef cnp.ndarray R = self._batch_raws(raws)
+        cdef cnp.ndarray R, S, T
+        R, S, T = self._batch_args(raws, symbols, ts_ns)
         cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
-        sy = np.asarray(symbols)
-        if sy.ndim != 1 or sy.shape[0] != n or sy.dtype.kind not in "iu":
-            raise InputError(f"symbols must be an integer array of shape ({n},), got "
-                             f"{_describe(sy)}")
-        if n and (sy.min() < 0 or sy.max() >= self.n_symbols):
-            row = int(np.flatnonzero((sy < 0) | (sy >= self.n_symbols))[0])
-            self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
-        cdef cnp.ndarray S = np.ascontiguousarray(sy, dtype=np.int32)
-        cdef cnp.ndarray T = None
-        cdef const int64_t *tp = NULL
-        if ts_ns is not None:
-            ts = np.asarray(ts_ns)
-            if (ts.ndim != 1 or ts.shape[0] != n or ts.dtype.kind not in "iu"
-                    or (n and (ts.min() < 0 or ts.max() > np.iinfo(np.int64).max))):
-                raise InputError(f"ts_ns must be an integer array of shape ({n},) of ns >= 0 "
-                                 f"that fit int64, got {_describe(ts)}")
-            T = np.ascontiguousarray(ts, dtype=np.int64)
-            tp = <const int64_t *>cnp.PyArray_DATA(T)
+        cdef const int64_t *tp = NULL if T is None else <const int64_t *>cnp.PyArray_DATA(T)
         cdef const float *rp = <const float *>cnp.PyArray_DATA(R)
         cdef const int32_t *yp = <const int32_t *>cnp.PyArray_DATA(S)
         cdef int err = 0
