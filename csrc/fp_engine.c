@@ -233,15 +233,10 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
 /* the model on x: the MLP, then the post transform into e->out (NULL: a layer overflowed);
  * a tree ensemble maps any feature to a finite leaf, so a NaN/Inf feature (an overflowed
  * z-score) is refused here instead of being read as a missing value */
-static inline const float *fp_model_eval(fp_engine *e, const float *x) {
-    if (e->model_kind == FP_MODEL_TREES) {
-        if (!e->k->allfinite(x, e->fs.n_feat)) return NULL;
-        e->trees_eval(&e->trees, x, e->out);
-        return e->out;
-    }
-    e->mlp_parity ^= 1u;
-    const float *y = fp_mlp_forward(e->k, &e->mlp, x, e->buf_a, e->buf_b, (int)e->mlp_parity);
-    if (!y || e->post == FP_POST_NONE) return y;
+/* the last layer's outputs -> the model's outputs (e->out), or y itself without a post
+ * transform; the CPU model stage and a GPU backend's tick both go through here */
+const float *fp_post_apply(fp_engine *e, const float *y) {
+    if (e->post == FP_POST_NONE) return y;
     float *o = e->out;
     if (e->post == FP_POST_SOFTMAX) {
         memcpy(o, y, sizeof(float) * e->n_out);
@@ -252,6 +247,17 @@ static inline const float *fp_model_eval(fp_engine *e, const float *x) {
         o[1] = p1;
     }
     return o;
+}
+
+static inline const float *fp_model_eval(fp_engine *e, const float *x) {
+    if (e->model_kind == FP_MODEL_TREES) {
+        if (!e->k->allfinite(x, e->fs.n_feat)) return NULL;
+        e->trees_eval(&e->trees, x, e->out);
+        return e->out;
+    }
+    e->mlp_parity ^= 1u;
+    const float *y = fp_mlp_forward(e->k, &e->mlp, x, e->buf_a, e->buf_b, (int)e->mlp_parity);
+    return y ? fp_post_apply(e, y) : NULL;
 }
 
 const float *fp_infer_cpu(fp_engine *e) { return fp_model_eval(e, e->feat); }
@@ -370,26 +376,10 @@ int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_re
 int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
                       const int64_t *ts, int64_t n, float *signal, float *confidence,
                       uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied) {
-    /* pass 1: every row valid before anything is written. Without ts the engine clock only
-     * moves forward, so checking it once against each symbol's last tick is enough. */
+    /* pass 1: every row valid before anything is written (fp_batch_check) */
     *applied = 0;
-    const int64_t now0 = fp_ticks_to_mono_ns(fp_ticks());
-    for (int32_t s = 0; s < e->n_symbols; s++) e->ts_scratch[s] = fp_slot_at(e, s)->last_ns;
-    for (int64_t i = 0; i < n; i++) {
-        const int32_t s = symbols[i];
-        if (s < 0 || s >= e->n_symbols) { *err = FP_ERR_SYMBOL; return i; }
-        if (!e->k->allfinite(raws + i * row_stride, e->fs.raw_len)) {
-            *err = FP_ERR_NONFINITE_INPUT;
-            return i;
-        }
-        int64_t t = ts ? ts[i] : now0;
-        if (t < e->ts_scratch[s]) {
-            /* engine clock: tolerate a re-anchor's rounding, as fp_step_begin does */
-            if (ts || e->ts_scratch[s] - t > FP_CLOCK_SLACK_NS) { *err = FP_ERR_TIME_BACKWARDS; return i; }
-            t = e->ts_scratch[s];
-        }
-        e->ts_scratch[s] = t;
-    }
+    const int64_t bad = fp_batch_check(e, raws, row_stride, symbols, ts, n, err);
+    if (bad >= 0) return bad;
     /* pass 2 */
     for (int64_t i = 0; i < n; i++) {
         fp_result r;
@@ -405,21 +395,8 @@ int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const
     return -1;
 }
 
-const float *fp_post_apply(fp_engine *e, const float *y) {
-    if (e->post == FP_POST_NONE) return y;
-    float *o = e->out;
-    /* the same formulas as fp_model_eval's tail, so a GPU tick equals a CPU one */
-    if (e->post == FP_POST_SOFTMAX) {
-        memcpy(o, y, sizeof(float) * e->n_out);
-        fp_softmaxf(o, e->n_out);
-    } else {
-        const float p1 = fp_sigmoidf(y[0]);
-        o[0] = 1.0f - p1;
-        o[1] = p1;
-    }
-    return o;
-}
-
+/* Without ts the engine clock only moves forward, so checking it once against each
+ * symbol's last tick is enough. */
 int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
                        const int32_t *symbols, const int64_t *ts, int64_t n, int *err) {
     const int64_t now0 = fp_ticks_to_mono_ns(fp_ticks());
@@ -433,6 +410,7 @@ int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
         }
         int64_t t = ts ? ts[i] : now0;
         if (t < e->ts_scratch[s]) {
+            /* engine clock: tolerate a re-anchor's rounding, as fp_step_begin does */
             if (ts || e->ts_scratch[s] - t > FP_CLOCK_SLACK_NS) {
                 *err = FP_ERR_TIME_BACKWARDS;
                 return i;

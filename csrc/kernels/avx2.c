@@ -60,26 +60,39 @@ FP_TARGET_AVX2 static void fp_zscore_runs_avx2(const float *raw, const int32_t *
     }
 }
 
-/* rolling mean/std, 4 fields a step in double (running sums are double, see fp_features.h) */
+/* rolling mean and std of fields j..j+3 in double (running sums are double, see
+ * fp_features.h); window_stats and window_zscore share it so they stay bit-identical */
+FP_TARGET_AVX2 static inline void fp_wstats4_avx2(const float *raw, const int32_t *w_idx,
+                                                  const double *sum, const double *sumsq,
+                                                  const float *old, __m256d vn, int j,
+                                                  __m128 *pm, __m128 *ps) {
+    __m256d x = _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4));
+    __m256d s = _mm256_add_pd(_mm256_loadu_pd(sum + j), x);
+    __m256d q = _mm256_add_pd(_mm256_loadu_pd(sumsq + j), _mm256_mul_pd(x, x));
+    if (old) {
+        __m256d o = _mm256_cvtps_pd(_mm_loadu_ps(old + j));
+        s = _mm256_sub_pd(s, o);
+        q = _mm256_sub_pd(q, _mm256_mul_pd(o, o));
+    }
+    __m256d m = _mm256_mul_pd(s, vn);
+    __m256d v = _mm256_max_pd(_mm256_sub_pd(_mm256_mul_pd(q, vn), _mm256_mul_pd(m, m)),
+                              _mm256_setzero_pd());
+    *pm = _mm256_cvtpd_ps(m);
+    *ps = _mm_sqrt_ps(_mm256_cvtpd_ps(v));
+}
+
+/* rolling mean/std, 4 fields a step */
 FP_TARGET_AVX2 static void fp_window_stats_avx2(const float *raw, const int32_t *w_idx, int n_w,
                                                 const double *sum, const double *sumsq,
                                                 const float *old, double inv_n, float *pm,
                                                 float *ps) {
-    const __m256d vn = _mm256_set1_pd(inv_n), zero = _mm256_setzero_pd();
+    const __m256d vn = _mm256_set1_pd(inv_n);
     int j = 0;
     for (; j + 4 <= n_w; j += 4) {
-        __m256d x = _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4));
-        __m256d s = _mm256_add_pd(_mm256_loadu_pd(sum + j), x);
-        __m256d q = _mm256_add_pd(_mm256_loadu_pd(sumsq + j), _mm256_mul_pd(x, x));
-        if (old) {
-            __m256d o = _mm256_cvtps_pd(_mm_loadu_ps(old + j));
-            s = _mm256_sub_pd(s, o);
-            q = _mm256_sub_pd(q, _mm256_mul_pd(o, o));
-        }
-        __m256d m = _mm256_mul_pd(s, vn);
-        __m256d v = _mm256_max_pd(_mm256_sub_pd(_mm256_mul_pd(q, vn), _mm256_mul_pd(m, m)), zero);
-        _mm_storeu_ps(pm + j, _mm256_cvtpd_ps(m));
-        _mm_storeu_ps(ps + j, _mm_sqrt_ps(_mm256_cvtpd_ps(v)));
+        __m128 m, d;
+        fp_wstats4_avx2(raw, w_idx, sum, sumsq, old, vn, j, &m, &d);
+        _mm_storeu_ps(pm + j, m);
+        _mm_storeu_ps(ps + j, d);
     }
     if (j < n_w)
         fp_window_stats_scalar(raw, w_idx + j, n_w - j, sum + j, sumsq + j, old ? old + j : NULL,
@@ -414,20 +427,11 @@ FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t
                                                  const float *old, double inv_n,
                                                  const float *mean, const float *inv_std,
                                                  float *feat) {
-    const __m256d vn = _mm256_set1_pd(inv_n), zero = _mm256_setzero_pd();
+    const __m256d vn = _mm256_set1_pd(inv_n);
     int j = 0;
     for (; j + 4 <= n_w; j += 4) {
-        __m256d x = _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4));
-        __m256d s = _mm256_add_pd(_mm256_loadu_pd(sum + j), x);
-        __m256d q = _mm256_add_pd(_mm256_loadu_pd(sumsq + j), _mm256_mul_pd(x, x));
-        if (old) {
-            __m256d o = _mm256_cvtps_pd(_mm_loadu_ps(old + j));
-            s = _mm256_sub_pd(s, o);
-            q = _mm256_sub_pd(q, _mm256_mul_pd(o, o));
-        }
-        __m256d m = _mm256_mul_pd(s, vn);
-        __m256d v = _mm256_max_pd(_mm256_sub_pd(_mm256_mul_pd(q, vn), _mm256_mul_pd(m, m)), zero);
-        const __m128 pm = _mm256_cvtpd_ps(m), ps = _mm_sqrt_ps(_mm256_cvtpd_ps(v));
+        __m128 pm, ps;
+        fp_wstats4_avx2(raw, w_idx, sum, sumsq, old, vn, j, &pm, &ps);
         _mm_storeu_ps(feat + j, _mm_mul_ps(_mm_sub_ps(pm, _mm_loadu_ps(mean + j)),
                                            _mm_loadu_ps(inv_std + j)));
         _mm_storeu_ps(feat + n_w + j, _mm_mul_ps(_mm_sub_ps(ps, _mm_loadu_ps(mean + n_w + j)),

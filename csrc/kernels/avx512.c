@@ -65,29 +65,46 @@ FP_TARGET_AVX512 static void fp_zscore_runs_avx512(const float *raw, const int32
     }
 }
 
-/* rolling mean/std, 8 fields a step in double (the same operations as the scalar twin, so
- * the result is bit-identical to it) */
+/* rolling mean and std of fields j..j+7 (lanes past n_w masked off) in double, the same
+ * operations as the scalar twin (so bit-identical to it); window_stats and window_zscore
+ * share it */
+FP_TARGET_AVX512 static inline void fp_wstats8_avx512(const float *raw, const int32_t *w_idx,
+                                                      const double *sum, const double *sumsq,
+                                                      const float *old, __m512d vn, int j,
+                                                      __mmask8 m, __m256 *pm, __m256 *ps) {
+    __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
+    __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
+    __m512d x = _mm512_cvtps_pd(xf);
+    __m512d s = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sum + j), x);
+    __m512d q = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sumsq + j), _mm512_mul_pd(x, x));
+    if (old) {
+        __m512d o = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, old + j));
+        s = _mm512_sub_pd(s, o);
+        q = _mm512_sub_pd(q, _mm512_mul_pd(o, o));
+    }
+    __m512d mu = _mm512_mul_pd(s, vn);
+    __m512d v = _mm512_max_pd(_mm512_sub_pd(_mm512_mul_pd(q, vn), _mm512_mul_pd(mu, mu)),
+                              _mm512_setzero_pd());
+    *pm = _mm512_cvtpd_ps(mu);
+    *ps = _mm256_sqrt_ps(_mm512_cvtpd_ps(v));
+}
+
+static inline __mmask8 fp_mask8_from(int left) {
+    return (__mmask8)(left >= 8 ? 0xff : (1u << left) - 1u);
+}
+
+/* rolling mean/std, 8 fields a step */
 FP_TARGET_AVX512 static void fp_window_stats_avx512(const float *raw, const int32_t *w_idx,
                                                     int n_w, const double *sum,
                                                     const double *sumsq, const float *old,
                                                     double inv_n, float *pm, float *ps) {
-    const __m512d vn = _mm512_set1_pd(inv_n), zero = _mm512_setzero_pd();
+    const __m512d vn = _mm512_set1_pd(inv_n);
     for (int j = 0; j < n_w; j += 8) {
-        const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xff : (1u << (n_w - j)) - 1u);
-        __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
-        __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
-        __m512d x = _mm512_cvtps_pd(xf);
-        __m512d s = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sum + j), x);
-        __m512d q = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sumsq + j), _mm512_mul_pd(x, x));
-        if (old) {
-            __m512d o = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, old + j));
-            s = _mm512_sub_pd(s, o);
-            q = _mm512_sub_pd(q, _mm512_mul_pd(o, o));
-        }
-        __m512d mu = _mm512_mul_pd(s, vn);
-        __m512d v = _mm512_max_pd(_mm512_sub_pd(_mm512_mul_pd(q, vn), _mm512_mul_pd(mu, mu)), zero);
-        _mm256_mask_storeu_ps(pm + j, m, _mm512_cvtpd_ps(mu));
-        _mm256_mask_storeu_ps(ps + j, m, _mm256_sqrt_ps(_mm512_cvtpd_ps(v)));
+        const __mmask8 m = fp_mask8_from(n_w - j);
+        __m256 a, d;
+        fp_wstats8_avx512(raw, w_idx, sum, sumsq, old, vn, j, m, &a, &d);
+        _mm256_mask_storeu_ps(pm + j, m, a);
+        _mm256_mask_storeu_ps(ps + j, m, d);
     }
 }
 
@@ -376,22 +393,11 @@ FP_TARGET_AVX512 static void fp_window_zscore_avx512(const float *raw, const int
                                                      const double *sumsq, const float *old,
                                                      double inv_n, const float *mean,
                                                      const float *inv_std, float *feat) {
-    const __m512d vn = _mm512_set1_pd(inv_n), zero = _mm512_setzero_pd();
+    const __m512d vn = _mm512_set1_pd(inv_n);
     for (int j = 0; j < n_w; j += 8) {
-        const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xff : (1u << (n_w - j)) - 1u);
-        __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
-        __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
-        __m512d x = _mm512_cvtps_pd(xf);
-        __m512d s = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sum + j), x);
-        __m512d q = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sumsq + j), _mm512_mul_pd(x, x));
-        if (old) {
-            __m512d o = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, old + j));
-            s = _mm512_sub_pd(s, o);
-            q = _mm512_sub_pd(q, _mm512_mul_pd(o, o));
-        }
-        __m512d mu = _mm512_mul_pd(s, vn);
-        __m512d v = _mm512_max_pd(_mm512_sub_pd(_mm512_mul_pd(q, vn), _mm512_mul_pd(mu, mu)), zero);
-        const __m256 pm = _mm512_cvtpd_ps(mu), ps = _mm256_sqrt_ps(_mm512_cvtpd_ps(v));
+        const __mmask8 m = fp_mask8_from(n_w - j);
+        __m256 pm, ps;
+        fp_wstats8_avx512(raw, w_idx, sum, sumsq, old, vn, j, m, &pm, &ps);
         _mm256_mask_storeu_ps(feat + j, m,
                               _mm256_mul_ps(_mm256_sub_ps(pm, _mm256_maskz_loadu_ps(m, mean + j)),
                                             _mm256_maskz_loadu_ps(m, inv_std + j)));
