@@ -16,6 +16,7 @@
 
 #include "fp_simd.h"
 #include <math.h>
+#include <string.h>
 
 typedef struct {
     int raw_len;      /* values per tick */
@@ -29,6 +30,8 @@ typedef struct {
     float *inv_std;   /* n_feat */
     int32_t *runs;    /* z_idx as runs of consecutive indices: (raw start, out start, length) */
     int n_runs;       /* 0: gather index by index instead */
+    fp_zstep *zsteps; /* z_idx as a permute plan (fp_zperm_build), or NULL */
+    int n_zsteps;     /* > 0: compute the z-scores through the plan (before runs or gather) */
 } fp_feature_spec;
 
 /* Split z_idx into runs of consecutive indices; returns the count (runs has room for n_z). */
@@ -41,6 +44,40 @@ static inline int fp_feature_runs(const int32_t *z_idx, int n_z, int32_t *runs) 
             runs[3 * n] = z_idx[i]; runs[3 * n + 1] = i; runs[3 * n + 2] = 1;
             n++;
         }
+    }
+    return n;
+}
+
+/* The permute plan for z_idx over a raw of raw_len floats (see fp_zstep): outputs in groups
+ * of 16, each group one step per 32-float window of raw it reads, windows in increasing
+ * order. Returns the step count; steps has room for ceil(n_z / 16) * ceil(raw_len / 32). */
+static inline int fp_zperm_build(const int32_t *z_idx, int n_z, int raw_len, fp_zstep *steps) {
+    int n = 0;
+    const int n_win = (raw_len + 31) / 32;
+    for (int g = 0; g * 16 < n_z; g++) {
+        const int lanes = n_z - g * 16 < 16 ? n_z - g * 16 : 16;
+        int first = n;
+        for (int w = 0; w < n_win; w++) {
+            fp_zstep st;
+            memset(&st, 0, sizeof(st));
+            for (int j = 0; j < lanes; j++) {
+                const int32_t x = z_idx[g * 16 + j];
+                if (x / 32 == w) {
+                    st.take |= (uint16_t)(1u << j);
+                    st.p[j] = (uint8_t)(x % 32);
+                }
+            }
+            if (!st.take) continue;
+            st.win = 32 * w;
+            for (int j = 0; j < 16; j++) {
+                if (st.win + j < raw_len) st.ld_lo |= (uint16_t)(1u << j);
+                if (st.win + 16 + j < raw_len) st.ld_hi |= (uint16_t)(1u << j);
+            }
+            st.out = g * 16;
+            steps[n++] = st;
+        }
+        /* every lane of a group has an index in some window, so a group has >= 1 step */
+        if (n > first) steps[n - 1].store = (uint16_t)((1u << lanes) - 1u);
     }
     return n;
 }
@@ -65,7 +102,8 @@ static inline size_t fp_window_stride(const fp_feature_spec *fs) {
 static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spec *fs,
                                        const unsigned char *win, const float *raw, float *feat) {
     /* contiguous loads beat a gather once runs average 4+ fields */
-    if (fs->n_runs) k->zscore_runs(raw, fs->runs, fs->n_runs, fs->mean, fs->inv_std, feat);
+    if (fs->n_zsteps) k->zscore_perm(raw, fs->zsteps, fs->n_zsteps, fs->mean, fs->inv_std, feat);
+    else if (fs->n_runs) k->zscore_runs(raw, fs->runs, fs->n_runs, fs->mean, fs->inv_std, feat);
     else k->zscore_gather(raw, fs->z_idx, fs->mean, fs->inv_std, feat, fs->n_z);
     if (fs->n_w == 0) return;
     const fp_window_hdr *h = (const fp_window_hdr *)win;

@@ -43,6 +43,18 @@ typedef struct {
     const float *bias;  /* nb * 8 floats, 64-byte aligned */
 } fp_dense_layer;
 
+/* One step of a z-score permute plan (fp_zperm_build, fp_features.h): the 32 floats of raw
+ * from `win` (the lanes of each 16-float half that lie inside raw: ld_lo, ld_hi) feed lanes
+ * `take` of an output group, lane j from raw[win + p[j]]. `store` != 0 marks the group's last
+ * step: its lanes (of 16, from output `out`) are then written as (x - mean) * inv_std. */
+typedef struct {
+    uint8_t p[16];
+    uint16_t take, ld_lo, ld_hi, store;
+    int32_t win, out;
+} fp_zstep;
+
+typedef char fp_zstep_is_32_bytes[sizeof(fp_zstep) == 32 ? 1 : -1];
+
 typedef struct {
     const char *name;
     /* out[i] = (raw[idx[i]] - mean[i]) * inv_std[i],  i < n */
@@ -89,6 +101,12 @@ typedef struct {
      * bit-identical to dot_norm2's, *nb2 to dot_norm2(b, b, ...)'s *na2 */
     void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
                           double *nb2);
+    /* zscore_gather's out through a permute plan (n steps, fp_zperm_build): the same values,
+     * bit for bit; only the steps' lanes of out are written and nothing outside raw's
+     * raw_len floats is read. On AVX-512 a plan step is two loads, one two-table permute
+     * and a blend, where a 16-lane gather is microcoded (~3x the time, measured). */
+    void (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
+                        const float *inv_std, float *out);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet: a chain of at most ceil(n/16) steps,

@@ -11,6 +11,8 @@ cdef extern from "fp_simd.h" nogil:
         int out, nb, act
         const float *w
         const float *bias
+    ctypedef struct fp_zstep:
+        pass
     ctypedef struct fp_kernels:
         const char *name
         void (*zscore_gather)(const float *raw, const int32_t *idx, const float *mean,
@@ -32,6 +34,8 @@ cdef extern from "fp_simd.h" nogil:
                               const float *mean, const float *inv_std, float *feat)
         void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
                               double *nb2)
+        void (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
+                            const float *inv_std, float *out)
     int fp_cpu_has_avx2()
     int fp_cpu_has_fma()
     int fp_cpu_has_avx512()
@@ -139,8 +143,9 @@ cdef extern from "fp_mlp.h" nogil:
 
 cdef extern from "fp_features.h" nogil:
     ctypedef struct fp_feature_spec:
-        int raw_len, n_z, n_w, window, n_feat, n_runs
+        int raw_len, n_z, n_w, window, n_feat, n_runs, n_zsteps
     int fp_feature_runs(const int32_t *z_idx, int n_z, int32_t *runs)
+    int fp_zperm_build(const int32_t *z_idx, int n_z, int raw_len, fp_zstep *steps)
 
 cdef extern from "fp_trees.h" nogil:
     enum:

@@ -140,6 +140,34 @@ def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):
     return out
 
 
+def kernel_zscore_perm(str isa, raw, idx, mean, inv_std, bint steps=False):
+    """(raw[idx] - mean) * inv_std through a permute plan (what an AVX-512 engine runs);
+    steps=True: (out, number of plan steps)."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray r, ix, m, s
+    r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
+    cdef int n = len(ix)
+    cdef int raw_len = len(r)
+    cdef int cap = ((n + 15) // 16) * ((raw_len + 31) // 32)
+    cdef fp_zstep *plan = <fp_zstep *>fp_aligned_alloc(32 * (cap if cap > 0 else 1))
+    if plan == NULL:
+        raise MemoryError()
+    # the raw array exactly as long as raw_len (no slack: the kernel must not read past it),
+    # out with a guard after the last output (the kernel must not write past it either)
+    out = np.full(n + 16, np.float32(-7.0))
+    cdef int ns
+    try:
+        ns = fp_zperm_build(<const int32_t *>cnp.PyArray_DATA(ix), n, raw_len, plan)
+        k.zscore_perm(<const float *>cnp.PyArray_DATA(r), plan, ns,
+                      <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
+                      <float *>cnp.PyArray_DATA(out))
+    finally:
+        fp_aligned_free(plan)
+    if (out[n:] != np.float32(-7.0)).any():
+        raise AssertionError("zscore_perm wrote past its last output")
+    return (out[:n], ns) if steps else out[:n]
+
+
 def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):
     """(raw[idx] - mean) * inv_std through the runs kernel (idx split into consecutive runs)."""
     cdef const fp_kernels *k = _kernels(isa)

@@ -7,7 +7,7 @@ dot/norm sums in double (exact float products), so it is held to 1e-13 of the su
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fastpath import _engine as E
@@ -414,3 +414,64 @@ def test_dense_nonfinite_in_every_block_is_flagged(isa, n_in, n_out):
                     got, ok = K.kernel_dense(isa, w, b, "relu", x, reverse)
                     assert not ok, (blk, row, bad, reverse)
                     np.testing.assert_array_less(np.abs(got[keep] - want), 1e-5 * bound + 1e-6)
+
+
+def _at_page_end(values):
+    """values copied to the very end of a readable page followed by an unreadable one: a kernel
+    that reads one float past the array faults (SIGSEGV) instead of passing by luck."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    nbytes = values.nbytes
+    size = (nbytes + page - 1) // page * page + page
+    m = mmap.mmap(-1, size, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(ctypes.c_void_p(base + size - page), page, 0) == 0
+    arr = np.frombuffer(m, np.float32, count=len(values), offset=size - page - nbytes)
+    arr[:] = values
+    return arr, m
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw_len=st.integers(1, 700), n=st.integers(1, 200), seed=st.integers(0, 2**31))
+def test_zscore_perm(isa, raw_len, n, seed):
+    """The permute plan (the AVX-512 engine's z-score path) against numpy: any raw length
+    (windows cut by raw's end), indices in any order with repeats, any group tail; nothing
+    read past raw (it ends at an unreadable page) or written past the outputs."""
+    rng = np.random.default_rng(seed)
+    vals = (rng.standard_normal(raw_len) * 100).astype(np.float32)
+    vals[rng.random(raw_len) < 0.05] = np.float32(3e38)      # huge values stay exact
+    raw, keep = _at_page_end(vals)
+    kind = seed % 3
+    if kind == 0:
+        idx = rng.integers(0, raw_len, n)
+    elif kind == 1:      # sorted, clustered like an order-book spec
+        idx = np.sort(rng.integers(max(0, raw_len - 40), raw_len, n))
+    else:
+        idx = rng.permutation(np.arange(raw_len))[:n] if raw_len >= n else rng.integers(0, raw_len, n)
+    idx = idx.astype(np.int32)
+    mean = rng.standard_normal(len(idx)).astype(np.float32)
+    inv = (rng.random(len(idx)) + 0.1).astype(np.float32)
+    got, steps = K.kernel_zscore_perm(isa, raw, idx, mean, inv, steps=True)
+    with np.errstate(over="ignore"):
+        want = (vals[idx] - mean) * inv
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(K.kernel_zscore_gather(isa, vals, idx, mean, inv), got)
+    groups = (len(idx) + 15) // 16
+    assert groups <= steps <= groups * ((raw_len + 31) // 32)
+    del raw
+    keep.close()
+
+
+def test_zscore_perm_demo_spec(isa):
+    """The embedded demo spec: 112 fields of a 256-float tick in 13 plan steps (7 groups)."""
+    from fastpath.model import Model
+    from fastpath._build import DEMO_MODEL
+    fs = Model.load(DEMO_MODEL).feature_spec
+    n_z = len(fs.z_idx)
+    raw = (np.random.default_rng(0).standard_normal(fs.raw_len) * 10).astype(np.float32)
+    got, steps = K.kernel_zscore_perm(isa, raw, fs.z_idx, fs.mean[:n_z], fs.inv_std[:n_z], steps=True)
+    np.testing.assert_array_equal(got, (raw[fs.z_idx] - fs.mean[:n_z]) * fs.inv_std[:n_z])
+    assert steps == 13

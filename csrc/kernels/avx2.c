@@ -370,6 +370,9 @@ const fp_kernels fp_kernels_avx2 = {
     fp_dot_norms_f32_avx2,
     fp_window_zscore_avx2,
     fp_dot_norms_f64_avx2,
+    /* AVX2 has no two-table permute (a 32-float window would take 4 vpermps and 3 blends
+     * per 8 lanes), so the engine keeps runs or gathers there; the entry is the twin */
+    fp_zscore_perm_scalar,
 };
 
 FP_TARGET_AVX2 static inline float fp_hsum256(__m256 v) {

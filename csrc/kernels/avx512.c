@@ -40,6 +40,36 @@ FP_TARGET_AVX512 static void fp_zscore_gather_avx512(const float *raw, const int
     }
 }
 
+/* a permute plan (fp_zstep): each step loads its 32-float window of raw (masked at raw's
+ * end), picks lanes with one vpermt2ps and blends them into the group; a group's last step
+ * stores it, masked only when the group is partial (a full store is what the lookup's
+ * loads of the features can forward from) */
+FP_TARGET_AVX512 static void fp_zscore_perm_avx512(const float *raw, const fp_zstep *steps, int n,
+                                                   const float *mean, const float *inv_std,
+                                                   float *out) {
+    __m512 v = _mm512_setzero_ps();
+    for (int t = 0; t < n; t++) {
+        const fp_zstep *s = &steps[t];
+        const float *b = raw + s->win;
+        const __m512i ix = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s->p));
+        const __m512 x = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(s->ld_lo, b), ix,
+                                                _mm512_maskz_loadu_ps(s->ld_hi, b + 16));
+        v = _mm512_mask_mov_ps(v, s->take, x);
+        if (s->store) {
+            const int o = s->out;
+            if (s->store == 0xFFFFu) {
+                _mm512_storeu_ps(out + o, _mm512_mul_ps(_mm512_sub_ps(v, _mm512_loadu_ps(mean + o)),
+                                                        _mm512_loadu_ps(inv_std + o)));
+            } else {
+                const __mmask16 m = s->store;
+                const __m512 z = _mm512_mul_ps(_mm512_sub_ps(v, _mm512_maskz_loadu_ps(m, mean + o)),
+                                               _mm512_maskz_loadu_ps(m, inv_std + o));
+                _mm512_mask_storeu_ps(out + o, m, z);
+            }
+        }
+    }
+}
+
 /* out[o + j] = (raw[r + j] - mean[o + j]) * inv_std[o + j] over each run, 16 lanes a step;
  * the last step of a run is masked on load and store (writes nothing past the run) */
 FP_TARGET_AVX512 static void fp_zscore_runs_avx512(const float *raw, const int32_t *runs,
@@ -487,5 +517,6 @@ const fp_kernels fp_kernels_avx512 = {
     fp_dot_norms_f32_avx512,
     fp_window_zscore_avx512,
     fp_dot_norms_f64_avx512,
+    fp_zscore_perm_avx512,
 };
 #endif

@@ -24,6 +24,20 @@ static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_r
     }
 }
 
+/* a permute plan (fp_zstep) lane by lane: the reference the AVX-512 permutes must match */
+void fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
+                           const float *inv_std, float *out) {
+    float v[16] = {0};
+    for (int t = 0; t < n; t++) {
+        const fp_zstep *s = &steps[t];
+        for (int j = 0; j < 16; j++)
+            if (s->take >> j & 1u) v[j] = raw[s->win + s->p[j]];
+        if (s->store)
+            for (int j = 0; j < 16; j++)
+                if (s->store >> j & 1u) out[s->out + j] = (v[j] - mean[s->out + j]) * inv_std[s->out + j];
+    }
+}
+
 /* rolling mean/std over the window with the new tick in (and `old` out) */
 void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
                             const double *sumsq, const float *old, double inv_n, float *pm,
@@ -113,6 +127,7 @@ const fp_kernels fp_kernels_scalar = {
     fp_dot_norms_f32_scalar,
     fp_window_zscore_scalar,
     fp_dot_norms_f64_scalar,
+    fp_zscore_perm_scalar,
 };
 
 /* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 16 chains (term i in chain i mod 16),
