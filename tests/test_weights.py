@@ -385,3 +385,25 @@ def test_bench_weights_runs_end_to_end(capsys):
     for what in ("demo bf16", "1024x1024x1024x2 int8", "MLP stage alone", "targets:"):
         assert what in out
 
+
+
+# ------------------------------------------------------------------ bf16 layers past L2's share
+@pytest.mark.parametrize("variant", ALL_BF16)
+@pytest.mark.parametrize("shape", [(1024, 272), (1025, 288), (8193, 48)])
+def test_bf16_streamed_layer_equals_reference(variant, shape):
+    # past 512 KB of weights the vector variants prefetch each block's stream, and AVX2 walks
+    # two 16-row blocks per pass: 17 and 3 blocks leave a lone block, 18 do not; odd widths
+    # leave a half pair; 8193 inputs make chains of 4096 terms. The widths above are all in
+    # cache, so none of them reaches this path.
+    need(variant, HAVE_BF16, "bf16")
+    rng = np.random.default_rng(shape[0] + shape[1])
+    w, b, x = layer(rng, *shape)
+    tol_k = 3e-5 if variant == "avx512_bf16" else 2e-6
+    for act in ("identity", "relu", "tanh"):
+        y, ok = kernel_lowp_dense("bf16", variant, w, b, act, x)
+        ys, _ = kernel_lowp_dense("bf16", "scalar", w, b, act, x)
+        ref, mag = ref_bf16(w, b, x, act)
+        assert ok
+        tol = tol_k * mag + 1e-6     # |tanh'| <= 1: the pre-activation's bound holds after it
+        assert np.all(np.abs(y - ref) <= tol), (variant, act, np.abs(y - ref).max())
+        assert np.all(np.abs(ys - ref) <= 2e-6 * mag + 1e-6), (act, np.abs(ys - ref).max())

@@ -3,8 +3,9 @@
  * A 16-row block is two YMM per 64-byte line. bf16 is widened in registers (a shift for
  * the pair's first input, a mask for its second) and fed to FMA; int8 uses vpmaddubsw +
  * vpmaddwd over |x| and sign(x)*q (exact: see fp_lowp.h), or vpdpbusd over x + 128.
- * Each block's line stream is prefetched FP_LOWP_PF bytes ahead: the layer is one linear
- * stream, and weights beyond L2 arrive late without it.
+ * Each block's line stream is prefetched ahead (int8: FP_LOWP_PF bytes; bf16: in streamed
+ * layers, see fp_lowp_bf16_avx2): the layer is one linear stream per block, and weights
+ * beyond L2 arrive late without it.
  */
 #include "fp_lowp.h"
 #include <immintrin.h>
@@ -190,50 +191,132 @@ FP_TARGET_AVXVNNI int fp_lowp_int8_avx2_vnni(const fp_lowp_layer *L, const float
     return fp_lowp_ok256(bad);
 }
 
-/* widened bf16: a lane's low half (input 2p) is v << 16, its high half (input 2p+1) v & ~0xffff */
+/* bf16 by widening: a lane holds one row's pair (inputs 2p, 2p+1); v << 16 is input 2p's
+ * weight as fp32 and v & 0xffff0000 input 2p+1's, one single-uop op each (no unpack or
+ * cross-lane shuffle). Per 8 rows x 2 inputs that is 1 load, 1 shift, 1 and and 2 FMAs, so
+ * the loop is bound by the FP pipes and the 6-wide dispatch, not by the bytes it streams;
+ * what follows is tuned to that (1024x1024x1024x2 model, this Zen 4, same process A/B:
+ * 50 -> 40 us for the two bf16 layers):
+ * - two blocks (32 rows) per pass: one broadcast pair of x serves 8 FMAs, and 8 independent
+ *   chains ([block][half][even/odd input]) cover FMA latency x 2 FMA pipes;
+ * - the weight vector is pinned in a register (FP_PIN): left alone GCC folds the same 32
+ *   bytes into the vpand as a second load, and the extra loads cost ~15% (measured);
+ * - layers past FP_LOWP_STREAM_BYTES prefetch each block's stream FP_LOWP_BF16_PF bytes
+ *   ahead, one line per line read (1024 beat 2048 and 4096 with two streams; without it
+ *   +10%); in-cache layers skip it (an instruction a line for nothing).
+ * Each row sums its even inputs in one chain and its odd inputs in another, each in input
+ * order, then even + odd, then + bias: an order other than the scalar twin's, so the two
+ * agree within fp32 rounding (tests/test_weights.py), not bit for bit. A lone block (odd
+ * block count) keeps 8 chains by taking two pairs per step ([half][pair parity][even/odd]). */
+#define FP_LOWP_BF16_PF 1024
+#define FP_LOWP_STREAM_BYTES (512u * 1024u)
+#define FP_PIN(v) __asm__("" : "+x"(v))
+
+FP_TARGET_AVX2 static inline __attribute__((always_inline)) __m256
+fp_bf16_two_blocks(const __m256i *w0, size_t bstride, int in, const float *x, const float *bias,
+                   int act, float *y, const int pf) {
+    const int full = in / 2;
+    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 a[2][2][2];   /* [block][half][even / odd input] */
+    for (int k = 0; k < 2; k++)
+        for (int h = 0; h < 2; h++) a[k][h][0] = a[k][h][1] = _mm256_setzero_ps();
+    for (int p = 0; p < full; p++) {
+        const __m256 x0 = _mm256_broadcast_ss(x + 2 * p), x1 = _mm256_broadcast_ss(x + 2 * p + 1);
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_load_si256(w0 + k * bstride + 2 * p + h);
+                FP_PIN(v);
+                a[k][h][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), x0, a[k][h][0]);
+                a[k][h][1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), x1, a[k][h][1]);
+            }
+        if (pf) {
+            _mm_prefetch((const char *)(w0 + 2 * p) + FP_LOWP_BF16_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)(w0 + bstride + 2 * p) + FP_LOWP_BF16_PF, _MM_HINT_T0);
+        }
+    }
+    if (in & 1) {   /* the last pair has no second input: x[in] is not ours to read */
+        const __m256 x0 = _mm256_broadcast_ss(x + in - 1);
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < 2; h++)
+                a[k][h][0] = _mm256_fmadd_ps(
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_load_si256(w0 + k * bstride + 2 * full + h), 16)),
+                    x0, a[k][h][0]);
+    }
+    __m256 bad = _mm256_setzero_ps();
+    for (int k = 0; k < 2; k++)
+        for (int h = 0; h < 2; h++)
+            bad = _mm256_or_ps(bad, fp_lowp_rows_f32(_mm256_add_ps(a[k][h][0], a[k][h][1]),
+                                                     bias + 16 * k + 8 * h, act, y + 16 * k + 8 * h));
+    return bad;
+}
+
+FP_TARGET_AVX2 static inline __attribute__((always_inline)) __m256
+fp_bf16_one_block(const __m256i *wb, int in, const float *x, const float *bias, int act, float *y,
+                  const int pf) {
+    const int full = in / 2;
+    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 a[2][4];   /* [half][2 * pair parity + even / odd input] */
+    for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 4; c++) a[h][c] = _mm256_setzero_ps();
+    int p = 0;
+    for (; p + 2 <= full; p += 2) {
+        if (pf) {
+            _mm_prefetch((const char *)(wb + 2 * p) + FP_LOWP_BF16_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)(wb + 2 * p) + FP_LOWP_BF16_PF + 64, _MM_HINT_T0);
+        }
+        for (int u = 0; u < 2; u++) {
+            const __m256 x0 = _mm256_broadcast_ss(x + 2 * (p + u));
+            const __m256 x1 = _mm256_broadcast_ss(x + 2 * (p + u) + 1);
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_load_si256(wb + 2 * (p + u) + h);
+                FP_PIN(v);
+                a[h][2 * u] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), x0, a[h][2 * u]);
+                a[h][2 * u + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), x1, a[h][2 * u + 1]);
+            }
+        }
+    }
+    for (; p < full; p++) {
+        const __m256 x0 = _mm256_broadcast_ss(x + 2 * p), x1 = _mm256_broadcast_ss(x + 2 * p + 1);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_load_si256(wb + 2 * p + h);
+            a[h][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), x0, a[h][0]);
+            a[h][1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), x1, a[h][1]);
+        }
+    }
+    if (in & 1) {
+        const __m256 x0 = _mm256_broadcast_ss(x + in - 1);
+        for (int h = 0; h < 2; h++)
+            a[h][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_load_si256(wb + 2 * full + h), 16)), x0, a[h][0]);
+    }
+    __m256 bad = _mm256_setzero_ps();
+    for (int h = 0; h < 2; h++) {
+        const __m256 s = _mm256_add_ps(_mm256_add_ps(a[h][0], a[h][1]), _mm256_add_ps(a[h][2], a[h][3]));
+        bad = _mm256_or_ps(bad, fp_lowp_rows_f32(s, bias + 8 * h, act, y + 8 * h));
+    }
+    return bad;
+}
+
 FP_TARGET_AVX2 int fp_lowp_bf16_avx2(const fp_lowp_layer *L, const float *x, float *y, void *scratch) {
     (void)scratch;
-    const int ng = L->ng, in = L->in, full = in / 2;
-    const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+    const int ng = L->ng, in = L->in, act = L->act, nb = L->nb;
+    const size_t bstride = (size_t)ng * 2;   /* YMM per block */
+    const __m256i *w = (const __m256i *)L->w;
+    const int stream = (size_t)nb * ng * 64 > FP_LOWP_STREAM_BYTES;
     __m256 bad = _mm256_setzero_ps();
-    for (int b = 0; b < L->nb; b++) {
-        const __m256i *wb = (const __m256i *)((const char *)L->w + (size_t)b * ng * 64);
-        __m256 a[2][4];
-        for (int h = 0; h < 2; h++)
-            for (int c = 0; c < 4; c++) a[h][c] = _mm256_setzero_ps();
-        int p = 0;
-        for (; p + 2 <= full; p += 2) {
-            _mm_prefetch((const char *)(wb + 2 * p) + FP_LOWP_PF, _MM_HINT_T0);
-            _mm_prefetch((const char *)(wb + 2 * p) + FP_LOWP_PF + 64, _MM_HINT_T0);
-            for (int u = 0; u < 2; u++) {
-                const __m256 x0 = _mm256_broadcast_ss(x + 2 * (p + u));
-                const __m256 x1 = _mm256_broadcast_ss(x + 2 * (p + u) + 1);
-                for (int h = 0; h < 2; h++) {
-                    const __m256i v = _mm256_load_si256(wb + 2 * (p + u) + h);
-                    a[h][2 * u] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), x0, a[h][2 * u]);
-                    a[h][2 * u + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), x1, a[h][2 * u + 1]);
-                }
-            }
-        }
-        for (; p < full; p++) {
-            const __m256 x0 = _mm256_broadcast_ss(x + 2 * p), x1 = _mm256_broadcast_ss(x + 2 * p + 1);
-            for (int h = 0; h < 2; h++) {
-                const __m256i v = _mm256_load_si256(wb + 2 * p + h);
-                a[h][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), x0, a[h][0]);
-                a[h][1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), x1, a[h][1]);
-            }
-        }
-        if (in & 1) {   /* the last pair has no second input: x[in] is not ours to read */
-            const __m256 x0 = _mm256_broadcast_ss(x + in - 1);
-            for (int h = 0; h < 2; h++)
-                a[h][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_load_si256(wb + 2 * full + h), 16)), x0, a[h][0]);
-        }
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const __m256i *w0 = w + (size_t)b * bstride;
         const int o = b * FP_LOWP_ROWS;
-        for (int h = 0; h < 2; h++) {
-            const __m256 s = _mm256_add_ps(_mm256_add_ps(a[h][0], a[h][1]), _mm256_add_ps(a[h][2], a[h][3]));
-            bad = _mm256_or_ps(bad, fp_lowp_rows_f32(s, L->bias + o + 8 * h, L->act, y + o + 8 * h));
-        }
-        fp_lowp_act_tail(L->act, y + o);
+        bad = _mm256_or_ps(bad, stream ? fp_bf16_two_blocks(w0, bstride, in, x, L->bias + o, act, y + o, 1)
+                                       : fp_bf16_two_blocks(w0, bstride, in, x, L->bias + o, act, y + o, 0));
+        fp_lowp_act_tail(act, y + o);
+        fp_lowp_act_tail(act, y + o + FP_LOWP_ROWS);
+    }
+    if (b < nb) {
+        const int o = b * FP_LOWP_ROWS;
+        bad = _mm256_or_ps(bad, stream ? fp_bf16_one_block(w + (size_t)b * bstride, in, x, L->bias + o, act, y + o, 1)
+                                       : fp_bf16_one_block(w + (size_t)b * bstride, in, x, L->bias + o, act, y + o, 0));
+        fp_lowp_act_tail(act, y + o);
     }
     return fp_lowp_ok256(bad);
 }
