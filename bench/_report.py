@@ -10,6 +10,13 @@ import numpy as np
 PCTS = (50, 90, 99, 99.9)
 
 
+
+def _step_py(sp) -> str:
+    """'hit p50 / miss p50' of a trade-off row's step() replay, '-' where it had none."""
+    if not sp:
+        return "-"
+    return " / ".join(fmt_ns(sp[k]["p50"]) if sp[k]["p50"] is not None else "-" for k in ("hit", "miss"))
+
 def percentile_levels(n: int) -> list:
     """The percentile levels HdrHistogram's percentile iterator reports (5 ticks per halving
     of the distance to 100%: each step closes a tenth of the remaining gap), down to the
@@ -164,11 +171,14 @@ def tables(res):
             + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
             + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
                str(t["sign_flips_on_hits"]), f"{t['batch_ns_per_tick']:.0f} ns",
+               _step_py(t.get("step_python")),
                " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
             for t in rp.get("tradeoff", [])]
-    out.append(("What the cache buys and costs (step_batch replay; error on hits vs a cache-off replay)",
+    out.append(("What the cache buys and costs (step_batch replay; error on hits vs a cache-off replay; "
+                "step() p50 from Python of that policy's hits and real misses)",
                 ["policy", "hits"] + [f"hits {n}" for n in names]
-                + ["err mean", "err max", "sign flips", "ns/tick", "misses age / run / cos / norm"], rows))
+                + ["err mean", "err max", "sign flips", "ns/tick", "step() hit / miss p50",
+                   "misses age / run / cos / norm"], rows))
     b, k = res["batch"], res["mlp_kernel"]
     rows = [["step_batch, cache off", f"{b['cache_off']['ticks_per_s'] / 1e6:.2f} M ticks/s",
              f"{b['cache_off']['ns_per_tick']:.0f} ns/tick"],

@@ -19,7 +19,9 @@ Method (printed with the results):
   "real hit" = calls the cache answered, in the bundle-policy replay and in the looser-policy
   replay (the looser policy's signal error on those hits, against the cache-off replay, is
   printed next to it); "model only, cache off" = every call of the cache-off replay (no lookup,
-  so not a miss).
+  so not a miss). The trade-off table's looser policies get a step() replay each too, for what a
+  hit and a real miss cost from Python at that hit rate: a hit is dearer where hits are rare
+  (the CPU predicts a miss, runs ahead into the model and throws that work away).
 - Before each timed call the tick is copied into one reused buffer, as a feed handler would have
   just written it: the tick is in cache, as it is in production.
 - "in C" = the stage timestamps fp_step() takes itself (TSC, see fastpath.clock_info()), for the
@@ -300,6 +302,15 @@ def run(args) -> dict:
             bar(0.66)
             lo = replay_step(model, {"enabled": True, "cos_threshold": loose["cos_threshold"],
                                      "norm_tol": loose["norm_tol"]}, raws, syms, ts, overhead, warm)
+            bar(0.8)
+            # what a hit and a miss cost from Python at each trade-off policy: a hit is cheaper
+            # where hits are common (the CPU learns to predict them instead of running ahead
+            # into the model and throwing that work away)
+            step_cost = {TRADEOFF[0][0]: lo, "bundle policy": on}
+            for label, c, t in TRADEOFF[1:]:
+                step_cost[label] = replay_step(model, {"enabled": True, "cos_threshold": c,
+                                                       "norm_tol": t}, raws, syms, ts, overhead, warm)
+            step_cost = {k: _step_cost(v) for k, v in step_cost.items()}
             bar(1.0)
         res["memory"] = on["memory"]
         ref = off["signal"]
@@ -379,7 +390,7 @@ def run(args) -> dict:
 
     with progress("cache trade-off (step_batch replays)") as bar:
         res["replay"]["tradeoff"] = cache_tradeoff(model, raws, syms, ts, bs, ref,
-                                                   res["replay"]["timeline"]["edges"])
+                                                   res["replay"]["timeline"]["edges"], step_cost)
         bar()
     with progress("step_batch throughput") as bar:
         res["batch"] = batch_throughput(model, raws, syms, ts)
@@ -450,9 +461,22 @@ def replay_summary(on: dict, ref, bs, n: int) -> dict:
     return out
 
 
-def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal, edges) -> list:
+def _step_cost(rp) -> dict:
+    """p50 / p99 from Python of the hits and of the real misses (a lookup ran and a guard
+    refused) of one step() replay."""
+    looked = np.isin(rp["reason"], [REASONS.index(x) for x in ("age", "run", "cosine", "norm")])
+    out = {}
+    for key, sel in (("hit", rp["cached"]), ("miss", looked)):
+        d = Dist.of(rp["py"][sel])
+        out[key] = {"n": int(sel.sum()), "p50": d.p50 if d.n else None, "p99": d.p99 if d.n else None}
+    return out
+
+
+def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal, edges, step_cost=None) -> list:
     """What looser cache policies would buy (hit rate, ns per tick in step_batch) and cost
-    (signal error and sign flips on hits, against the cache-off replay), per regime."""
+    (signal error and sign flips on hits, against the cache-off replay), per regime; with
+    step_cost (policy label -> _step_cost of its step() replay), what a hit and a miss cost
+    from Python at that policy."""
     pol = model.cache_policy
     rows = []
     for label, c, t in (("bundle policy", pol.cos_threshold, pol.norm_tol),) + TRADEOFF:
@@ -472,6 +496,8 @@ def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal, edges) -> list:
                                     for k, n in enumerate(bs.regime_names) if (bs.regime == k).any()},
                "timeline_hit_rate": [float(r.cached[a:b].mean())
                                      for a, b in zip(edges[:-1], edges[1:]) if b > a]}
+        if step_cost and label in step_cost:
+            row["step_python"] = step_cost[label]
         rows.append(row)
     return rows
 
