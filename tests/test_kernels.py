@@ -417,13 +417,15 @@ def test_dense_nonfinite_in_every_block_is_flagged(isa, n_in, n_out):
 
 
 @pytest.mark.parametrize("n_in,n_out", [(5, 8), (33, 16), (64, 32), (17, 29), (128, 64),
-                                        (40, 57), (2100, 64), (4100, 32)])
+                                        (40, 57), (2100, 64), (4100, 32), (127, 2), (128, 2),
+                                        (301, 7), (1024, 2)])
 def test_dense_one_group_layers_flag_every_block(isa, n_in, n_out):
     """Layers of 1, 2, 4 or 8 blocks run as one group straight from the dispatcher (no row
-    order to walk); 2100x64 and 4100x32 are the same block counts with their weights past the
-    streaming threshold (>512 KB), which must still take the prefetching path. Each: the
-    float64 reference, the same bits in both row orders, and a NaN/Inf in any block flagged
-    without touching the other rows."""
+    order to walk; on AVX-512 a lone block of 128 inputs or more takes 8 chains, 4 below:
+    127/128 are either side, 301 ends in a masked odd tail); 2100x64 and 4100x32 are the
+    same block counts with their weights past the streaming threshold (>512 KB), which must
+    still take the prefetching path. Each: the float64 reference, the same bits in both row
+    orders, and a NaN/Inf in any block flagged without touching the other rows."""
     rng = np.random.default_rng(n_in * 7 + n_out)
     w0 = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
     b = rng.standard_normal(n_out).astype(np.float32)

@@ -228,12 +228,16 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
  * serves G weight loads. Per 16 inputs: one x load, 8 permutes, 8*G FMAs with the weights
  * as memory operands. Inputs past the last multiple of 16 run through a masked x chunk
  * (lanes past `in` are 0 and their weight loads are masked off, nothing read past the block).
- * Returns the OR of v - v over the pre-activations (zero bits iff all finite, as avx2.c). */
+ * Returns the OR of v - v over the pre-activations (zero bits iff all finite, as avx2.c).
+ * The accumulators' zeroing is unrolled by pragma: as a loop, GCC zeroed acc[8][1] in memory
+ * (rep stosq on the stack, every call) and the 8-chain lone block ran 3-4x slower. */
 #define FP_DENSE512_GROUP(NAME, G, U, PF)                                                      \
     FP_TARGET_AVX512 static inline __m256 NAME(const float *w, int in, const float *x,          \
                                                const float *bias, int act, float *y) {         \
         __m512 acc[U][G];                                                                       \
+        _Pragma("GCC unroll 8")                                                                 \
         for (int u = 0; u < U; u++)                                                             \
+            _Pragma("GCC unroll 8")                                                             \
             for (int k = 0; k < G; k++) acc[u][k] = _mm512_setzero_ps();                        \
         const size_t bs = (size_t)in * 8;                                                       \
         int i = 0;                                                                              \
@@ -305,11 +309,16 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
  * In-cache layers run 8 blocks (64 rows) at once where they have them: 16 chains and one
  * permute per 8 weight loads instead of 4 (measured on this Zen core, kernel alone: 128x64
  * 81 -> 73-77 ns, 512x256 3.0 -> 2.4 us, the default 128x64x32x2 model 117-121 -> 110-115 ns);
- * streamed layers keep 4 streams, which the prefetch distance was tuned for. */
+ * streamed layers keep 4 streams, which the prefetch distance was tuned for.
+ * A lone block with a long row (the 2-output head layer of a wide model, 128 inputs or more)
+ * takes 8 chains (g1w): with 4, each chain waits on its FMA's latency (4 cycles), one FMA a
+ * cycle instead of two (measured: 1024x2 121 -> 91 ns, 256x2 27 -> 24 ns); short rows keep 4,
+ * whose shorter reduction is what they wait on (16x2: 4.7 ns with 4, 5.5 with 8; 64x2 even). */
 FP_DENSE512_GROUP(fp_dense512_g8, 8, 2, 0)
 FP_DENSE512_GROUP(fp_dense512_g4, 4, 2, 0)
 FP_DENSE512_GROUP(fp_dense512_g2, 2, 4, 0)
 FP_DENSE512_GROUP(fp_dense512_g1, 1, 4, 0)
+FP_DENSE512_GROUP(fp_dense512_g1w, 1, 8, 0)
 FP_DENSE512_GROUP(fp_dense512_pf_g4, 4, 2, 1)
 
 /* A layer whose weights outgrow L2's share streams them: prefetching ahead pays there
@@ -364,7 +373,8 @@ FP_TARGET_AVX512 static int fp_dense_avx512(const fp_dense_layer *L, const float
     const size_t bytes = (size_t)in * 8 * (size_t)nb * sizeof(float);
     const int stream = bytes > FP_STREAM_BYTES;
     __m256 bad;
-    if (nb == 1) bad = fp_dense512_g1(L->w, in, x, L->bias, act, y);
+    if (nb == 1) bad = in >= 128 ? fp_dense512_g1w(L->w, in, x, L->bias, act, y)
+                                 : fp_dense512_g1(L->w, in, x, L->bias, act, y);
     else if (nb == 2) bad = fp_dense512_g2(L->w, in, x, L->bias, act, y);
     else if (nb == 4 && !stream) bad = fp_dense512_g4(L->w, in, x, L->bias, act, y);
     else if (nb == 8 && !stream) bad = fp_dense512_g8(L->w, in, x, L->bias, act, y);
