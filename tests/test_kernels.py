@@ -475,3 +475,36 @@ def test_zscore_perm_demo_spec(isa):
     got, steps = K.kernel_zscore_perm(isa, raw, fs.z_idx, fs.mean[:n_z], fs.inv_std[:n_z], steps=True)
     np.testing.assert_array_equal(got, (raw[fs.z_idx] - fs.mean[:n_z]) * fs.inv_std[:n_z])
     assert steps == 13
+
+
+@pytest.mark.parametrize("n_in,n_out", [(5, 8), (33, 16), (64, 32), (17, 29), (128, 64),
+                                        (40, 57), (2100, 64), (4100, 32), (127, 2), (128, 2),
+                                        (301, 7), (1024, 2)])
+def test_dense_one_group_layers_flag_every_block(isa, n_in, n_out):
+    """Layers of 1, 2, 4 or 8 blocks run as one group straight from the dispatcher (no row
+    order to walk; on AVX-512 a lone block of 128 inputs or more takes 8 chains, 4 below:
+    127/128 are either side, 301 ends in a masked odd tail); 2100x64 and 4100x32 are the
+    same block counts with their weights past the streaming threshold (>512 KB), which must
+    still take the prefetching path. Each: the float64 reference, the same bits in both row
+    orders, and a NaN/Inf in any block flagged without touching the other rows."""
+    rng = np.random.default_rng(n_in * 7 + n_out)
+    w0 = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    b = rng.standard_normal(n_out).astype(np.float32)
+    x = rng.standard_normal(n_in).astype(np.float32)
+    want = w0.astype(np.float64) @ x + b
+    bound = np.abs(w0.astype(np.float64)) @ np.abs(x) + np.abs(b)
+    fwd, ok_f = K.kernel_dense(isa, w0, b, "identity", x, False)
+    rev, ok_r = K.kernel_dense(isa, w0, b, "identity", x, True)
+    assert ok_f and ok_r
+    np.testing.assert_array_less(np.abs(fwd - want), 1e-5 * bound + 1e-6)
+    np.testing.assert_array_equal(fwd, rev)
+    for blk in range((n_out + 7) // 8):
+        row = min(blk * 8 + blk % 8, n_out - 1)
+        for bad in (np.inf, np.nan):
+            w = w0.copy()
+            w[row, (blk * 13) % n_in] = bad
+            keep = np.r_[0:row, row + 1:n_out]
+            for reverse in (False, True):
+                got, ok = K.kernel_dense(isa, w, b, "identity", x, reverse)
+                assert not ok, (blk, row, bad, reverse)
+                np.testing.assert_array_equal(got[keep], fwd[keep])

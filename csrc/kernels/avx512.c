@@ -258,12 +258,16 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
  * serves G weight loads. Per 16 inputs: one x load, 8 permutes, 8*G FMAs with the weights
  * as memory operands. Inputs past the last multiple of 16 run through a masked x chunk
  * (lanes past `in` are 0 and their weight loads are masked off, nothing read past the block).
- * Returns the OR of v - v over the pre-activations (zero bits iff all finite, as avx2.c). */
+ * Returns the OR of v - v over the pre-activations (zero bits iff all finite, as avx2.c).
+ * The accumulators' zeroing is unrolled by pragma: as a loop, GCC zeroed acc[8][1] in memory
+ * (rep stosq on the stack, every call) and the 8-chain lone block ran 3-4x slower. */
 #define FP_DENSE512_GROUP(NAME, G, U, PF)                                                      \
     FP_TARGET_AVX512 static inline __m256 NAME(const float *w, int in, const float *x,          \
                                                const float *bias, int act, float *y) {         \
         __m512 acc[U][G];                                                                       \
+        _Pragma("GCC unroll 8")                                                                 \
         for (int u = 0; u < U; u++)                                                             \
+            _Pragma("GCC unroll 8")                                                             \
             for (int k = 0; k < G; k++) acc[u][k] = _mm512_setzero_ps();                        \
         const size_t bs = (size_t)in * 8;                                                       \
         int i = 0;                                                                              \
@@ -335,11 +339,16 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
  * In-cache layers run 8 blocks (64 rows) at once where they have them: 16 chains and one
  * permute per 8 weight loads instead of 4 (measured on this Zen core, kernel alone: 128x64
  * 81 -> 73-77 ns, 512x256 3.0 -> 2.4 us, the default 128x64x32x2 model 117-121 -> 110-115 ns);
- * streamed layers keep 4 streams, which the prefetch distance was tuned for. */
+ * streamed layers keep 4 streams, which the prefetch distance was tuned for.
+ * A lone block with a long row (the 2-output head layer of a wide model, 128 inputs or more)
+ * takes 8 chains (g1w): with 4, each chain waits on its FMA's latency (4 cycles), one FMA a
+ * cycle instead of two (measured: 1024x2 121 -> 91 ns, 256x2 27 -> 24 ns); short rows keep 4,
+ * whose shorter reduction is what they wait on (16x2: 4.7 ns with 4, 5.5 with 8; 64x2 even). */
 FP_DENSE512_GROUP(fp_dense512_g8, 8, 2, 0)
 FP_DENSE512_GROUP(fp_dense512_g4, 4, 2, 0)
 FP_DENSE512_GROUP(fp_dense512_g2, 2, 4, 0)
 FP_DENSE512_GROUP(fp_dense512_g1, 1, 4, 0)
+FP_DENSE512_GROUP(fp_dense512_g1w, 1, 8, 0)
 FP_DENSE512_GROUP(fp_dense512_pf_g4, 4, 2, 1)
 
 /* A layer whose weights outgrow L2's share streams them: prefetching ahead pays there
@@ -347,24 +356,15 @@ FP_DENSE512_GROUP(fp_dense512_pf_g4, 4, 2, 1)
  * and costs in cache (see FP_PF_AHEAD). */
 #define FP_STREAM_BYTES (512u * 1024u)
 
-/* y = act(W x + b) over the blocked layout: groups of 8 blocks (64 rows; streamed layers:
- * groups of 4, see above), then at most one group each of 4, 2 and 1 blocks for the rest.
- * `reverse` walks the same groups last to first: each row's sum runs in the same order
- * either way, so the result is bit-identical (see fp_dense_avx2). Returns 0 when a
- * pre-activation is NaN/Inf (y is written either way). */
-FP_TARGET_AVX512 static int fp_dense_avx512(const fp_dense_layer *L, const float *x, float *y,
-                                            int reverse) {
+/* The layers of more than one group: groups of 8 blocks (64 rows; streamed layers: groups of
+ * 4, see above), then at most one group each of 4, 2 and 1 blocks for the rest. `reverse`
+ * walks the same groups last to first: each row's sum runs in the same order either way, so
+ * the result is bit-identical (see fp_dense_avx2). Kept out of line so the one-group layers
+ * of fp_dense_avx512 run without this frame's set-up. */
+FP_TARGET_AVX512 __attribute__((noinline)) static __m256 fp_dense512_groups(
+    const fp_dense_layer *L, const float *x, float *y, int reverse, int stream) {
     const size_t bs = (size_t)L->in * 8;
     const int nb = L->nb, in = L->in, act = L->act;
-    if (nb <= 2) {
-        /* one group, no order to walk: the narrow layers (the 2-output head of every model)
-         * skip the split's arithmetic, ~2 ns of a ~10 ns call */
-        const __m256 b1 = nb == 1 ? fp_dense512_g1(L->w, in, x, L->bias, act, y)
-                                  : fp_dense512_g2(L->w, in, x, L->bias, act, y);
-        const __m256i bi = _mm256_castps_si256(b1);
-        return _mm256_testz_si256(bi, bi);
-    }
-    const int stream = bs * (size_t)nb * sizeof(float) > FP_STREAM_BYTES;
     /* the decomposition, in forward order: n_big groups of `big` blocks, then the tail */
     const int lg = stream ? 2 : 3, big = 1 << lg;  /* a shift, not an idiv (~4 ns a call) */
     const int n_big = nb >> lg;
@@ -388,6 +388,27 @@ FP_TARGET_AVX512 static int fp_dense_avx512(const fp_dense_layer *L, const float
     }
 #undef FP_BIG
 #undef FP_AT
+    return bad;
+}
+
+/* y = act(W x + b) over the blocked layout. Returns 0 when a pre-activation is NaN/Inf (y is
+ * written either way). A layer that is one group (1, 2, 4 or 8 blocks in cache: the narrow
+ * layers, the head layer of every model, each layer of the default model) has no order to
+ * walk and runs inline here: through fp_dense512_groups' set-up and call it cost ~2-4 ns more
+ * a layer (measured, kernel alone: 64x32 25 -> 23 ns, 128x64 75 -> 71 ns, the default
+ * 128x64x32x2 model 107 -> 103 ns). */
+FP_TARGET_AVX512 static int fp_dense_avx512(const fp_dense_layer *L, const float *x, float *y,
+                                            int reverse) {
+    const int nb = L->nb, in = L->in, act = L->act;
+    const size_t bytes = (size_t)in * 8 * (size_t)nb * sizeof(float);
+    const int stream = bytes > FP_STREAM_BYTES;
+    __m256 bad;
+    if (nb == 1) bad = in >= 128 ? fp_dense512_g1w(L->w, in, x, L->bias, act, y)
+                                 : fp_dense512_g1(L->w, in, x, L->bias, act, y);
+    else if (nb == 2) bad = fp_dense512_g2(L->w, in, x, L->bias, act, y);
+    else if (nb == 4 && !stream) bad = fp_dense512_g4(L->w, in, x, L->bias, act, y);
+    else if (nb == 8 && !stream) bad = fp_dense512_g8(L->w, in, x, L->bias, act, y);
+    else bad = fp_dense512_groups(L, x, y, reverse, stream);
     const __m256i bi = _mm256_castps_si256(bad);
     return _mm256_testz_si256(bi, bi);
 }
