@@ -526,7 +526,7 @@ def mlp_kernel(model) -> dict:
     ns = min(runs)
     fma = fma_ns_per_instr()
     # the core's FMA rate, whichever vector set reaches it (16-lane FMAs may or may not run at
-    # twice the 8-lane rate: Zen 4 splits them, some Intel cores have two 512-bit ports)
+    # twice the 8-lane rate: Zen 4 splits them, Zen 5 and some Intel cores run them full width)
     rate = max(fma_macs_per_ns(s) for s in supported_isas())
     padded = sum(((d_out + 7) // 8 * 8) * d_in for d_in, d_out in zip(model.dims[:-1], model.dims[1:]))
     out = {"ns_per_forward": ns, "ns_median_of_runs": float(np.median(runs)),

@@ -119,7 +119,7 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     if (fs->runs) {
         fs->n_runs = fp_feature_runs(p->z_idx, p->n_z, fs->runs);
         /* runs pay off once they average 4+ fields, except on AVX-512: its runs kernel ends
-         * each run with a masked 512-bit store, slow on the CPUs measured (Zen 4: the demo
+         * each run with a masked 512-bit store, slow on the CPUs measured (Zen 5: the demo
          * spec's 112 fields in 22 runs, features 70 -> 50 ns a tick with the 7 gathers);
          * both paths compute the same (x - mean) * inv_std per field */
         if (fs->n_runs * 4 > p->n_z || p->isa == FP_ISA_AVX512) fs->n_runs = 0;

@@ -432,7 +432,7 @@ cdef class PackedMLP:
                 o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, self.parity)
                 sink = o[0] if o != NULL else 0
             t1 = fp_mono_ns()
-        return (t1 - t0) / iters
+        return (t1 - t0) / <double>iters
 
 
 def clock_ticks():
@@ -753,6 +753,6 @@ cdef class PackedTrees:
                 for i in range(iters):
                     self.ev(&self.t, xp, op)
                 t1 = fp_mono_ns()
-            runs.append((t1 - t0) / iters)
+            runs.append((t1 - t0) / <double>iters)
         return sorted(runs)[2]
 

@@ -195,7 +195,7 @@ FP_TARGET_AVXVNNI int fp_lowp_int8_avx2_vnni(const fp_lowp_layer *L, const float
  * weight as fp32 and v & 0xffff0000 input 2p+1's, one single-uop op each (no unpack or
  * cross-lane shuffle). Per 8 rows x 2 inputs that is 1 load, 1 shift, 1 and and 2 FMAs, so
  * the loop is bound by the FP pipes and the 6-wide dispatch, not by the bytes it streams;
- * what follows is tuned to that (1024x1024x1024x2 model, this Zen 4, same process A/B:
+ * what follows is tuned to that (1024x1024x1024x2 model, this Zen 5, same process A/B:
  * 50 -> 40 us for the two bf16 layers):
  * - two blocks (32 rows) per pass: one broadcast pair of x serves 8 FMAs, and 8 independent
  *   chains ([block][half][even/odd input]) cover FMA latency x 2 FMA pipes;
