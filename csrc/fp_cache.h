@@ -94,8 +94,9 @@ static inline const float *fp_slot_features_c(const fp_slot *s) { return (const 
  * (D - e0) / (1 + g),
  *   L >= kl D - E^2 / Q - 5 e0,   kl = (1 - 3 g - 8 g^2) / (1 + g).
  * Q = ca_lo (A + B + 4 A B / (A + B)) / w: 2 A B / (A + B), the harmonic mean, is <= sqrt(A B)
- * (so Q <= s^2 and s^2 / Q <= 2.01) and costs no square root; against sqrt(A B) it gives up
- * ~(|a| / |b| - 1)^4 / 128 in cosine.
+ * (so Q <= s^2 and s^2 / Q <= 2.01) and costs no square root. S (the arithmetic mean for
+ * sqrt(A B)) and Q each give up ~(|a| / |b| - 1)^4 / 8 in cosine: nothing for ticks of
+ * similar norms, 1e-9 at norms 1% apart (such a pair that close to t goes to double).
  *   Decisions. The double path (fp_cache_decide_f64) errs by less than eps2 = (n + 8) 2^-52
  * in cosine (each of a.b, |a|^2, |b|^2 summed with at most n roundings of 2^-53 a term,
  * then two square roots and two products); 1 - t in double is off by <= 2^-54 (exact for
