@@ -94,28 +94,32 @@ static inline const float *fp_slot_features_c(const fp_slot *s) { return (const 
  * (D - e0) / (1 + g),
  *   L >= kl D - E^2 / Q - 5 e0,   kl = (1 - 3 g - 8 g^2) / (1 + g).
  * Q = ca_lo (A + B + 4 A B / (A + B)) / w: 2 A B / (A + B), the harmonic mean, is <= sqrt(A B)
- * (so Q <= s^2 and s^2 / Q <= 2.01) and costs no square root. S (the arithmetic mean for
- * sqrt(A B)) and Q each give up ~(|a| / |b| - 1)^4 / 8 in cosine: nothing for ticks of
- * similar norms, 1e-9 at norms 1% apart (such a pair that close to t goes to double).
+ * (so Q <= s^2 and s^2 / Q <= 2.01) and costs no square root.
  *   Decisions. The double path (fp_cache_decide_f64) errs by less than eps2 = (n + 8) 2^-52
  * in cosine (each of a.b, |a|^2, |b|^2 summed with at most n roundings of 2^-53 a term,
  * then two square roots and two products); 1 - t in double is off by <= 2^-54 (exact for
  * t >= 1/2); and 5 e0 <= 6 x N is 3x in 1 - cos. With mg = eps2 + 3x + 2^-52, the double
- * path hits (direction) when 1 - cos <= th = 1 - t - mg, which holds when
- * kd D - E^2 / S <= 2 th ca_lo sqrt(A B), and misses when 1 - cos >= tl = 1 - t + mg, which
- * holds when kl D - E^2 / Q >= 2 tl ca_hi sqrt(A B). Multiplied through by S (hit) or by
- * P = (A + B)^2 + 4 A B (miss; Q = ca_lo P / ((A + B) w)) and squared (both sides >= 0), no
- * division or square root is left:
- *   hit:   V = hx D (A + B) - E^2 <= 0,  or  V^2 <= hr A B (A + B)^2,
- *   miss:  W = mx D P - my E^2 (A + B) > 0  and  W^2 >= mr A B P^2.
- * In double: A B is exact; D (A + B), E^2 and the other products of sums are 0 or normal
- * (A, B in [2^-96, 2^128], nonzero D, E >= 2^-149); only V^2 and W^2 can underflow, and
- * only far below the other side of their comparison (>= 2^-700: th > 2^-100, tl is taken
- * >= 2^-60). Each constant carries w^2 (w = 1 + 2^-48 covers over 30 roundings of 2^-53, more
- * than any side has) toward its safe side, and the two terms of V (W) are each bounded
- * the safe way: hx D (A + B) computed is at least its exact value, E^2 is computed as
- * E (E (1 - 2^-50)), at most E^2; W's terms the other way. The one cancellation, V = X - Y,
- * is then bounded by its computed value over (1 -+ 2^-53), which the constants cover too.
+ * path hits (direction) when 1 - cos <= th = 1 - t - mg, and misses when 1 - cos >= tl =
+ * 1 - t + mg. N is bounded without a square root too: 2 A B / (A + B) <= sqrt(A B) <=
+ * (A + B) / 2, so with N >= ca_lo 2 A B / (A + B) a hit is proved when
+ * kd D - E^2 / S <= 4 th ca_lo A B / (A + B), and with N <= ca_hi (A + B) / 2 a miss when
+ * kl D - E^2 / Q >= tl ca_hi (A + B). Multiplied through by A + B (hit) or by P =
+ * (A + B)^2 + 4 A B (miss; Q = ca_lo P / ((A + B) w)), neither needs a division:
+ *   hit:   hx D (A + B) - hy E^2 <= hr A B,          hx = kd, hy = 1 / (2 ca_hi), hr = 4 th ca_lo
+ *   miss:  P (mx D - mt (A + B)) > my E^2 (A + B),   mx = kl, mt = tl ca_hi, my = w / ca_lo
+ * (a miss is strict: with E = 0 and the bracket 0, nothing is proved). Each of these means
+ * gives up a little against sqrt(A B): in cosine, ~(|a| / |b| - 1)^2 / 2 of 1 - t (the HM
+ * and AM for N) and ~(|a| / |b| - 1)^4 / 8 (S and Q): nothing for ticks of similar norms,
+ * 2e-10 and 1e-9 at norms 1% apart and t = 0.999999 (such a pair that close to t goes to
+ * the double sums).
+ *   In double: A B is exact; with A, B in [2^-96, 2^128], nonzero D, E >= 2^-149 and th, tl
+ * >= 2^-100 when not <= 0 (1 - t is a multiple of 2^-53 near 0), every product here is 0
+ * or a normal double, and so is the miss side's bracket (a difference of doubles >= 2^-150:
+ * 0 or >= 2^-202), so each operation errs by at most 2^-53 relative. Each constant above carries w^2 (w = 1 + 2^-48 covers over 30 such roundings,
+ * more than any term has) toward the safe side of its term: on the hit side the computed
+ * hx D (A + B) is at least its exact value, hy E^2 and hr A B at most theirs; on the miss
+ * side the other way. A difference's own rounding, relative to its result, is then within
+ * the margin the other side of the comparison carries.
  *   The magnitude guard |na / nb - 1| <= tol is (1 - tol)^2 B* <= A* <= (1 + tol)^2 B*, on
  * A* in [A c_lo, A c_hi], B* likewise (c_lo, c_hi: ca_lo, ca_hi widened by eps2, which
  * covers the double path's ratio). */
@@ -126,10 +130,10 @@ enum { FP_CACHE_UNDECIDED = -1 };
 typedef struct {
     fp_cache_policy pol;
     int f32;              /* the float32 look can decide anything (t > 0, tol >= 0) */
-    int f32_hit;          /* it can prove a hit (th > 2^-100) */
+    int f32_hit;          /* it can prove a hit (th > 0) */
     int all_miss;         /* tl <= 0 (t above 1 by more than the margin): every pair misses */
     double hx, hy, hr;    /* hit test */
-    double mx, my, mr;    /* miss test */
+    double mx, mt, my;    /* miss test */
     double c_lo, c_hi, up_lo, up_hi, dn_lo, dn_hi;  /* magnitude test */
 } fp_cache_plan;
 
@@ -141,23 +145,22 @@ static inline void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *
     const double ca_lo = 1.0 / (1.0 + h), ca_hi = 1.0 / (1.0 - h);
     const double kd = (1.0 + 2.0 * g + 4.0 * g * g) / (1.0 - g);
     const double kl = (1.0 - 3.0 * g - 8.0 * g * g) / (1.0 + g);
-    /* the margin first: subtracted from 1 - t in one rounding, th and tl keep their
-     * relative accuracy however close to 0 they are */
+    /* the margin first: added to or subtracted from 1 - t in one rounding, th and tl keep
+     * their relative accuracy however close to 0 they are */
     const double mg = eps2 + 3.0 * x + 0x1p-52;
     const double th = (1.0 - t) - mg, tl = (1.0 - t) + mg;
-    const double tlc = tl > 0x1p-60 ? tl : 0x1p-60;  /* a larger tl only proves fewer misses */
     pl->pol = *p;
     /* h < 2^-10 (n up to ~250k) keeps the second-order terms inside their bounds above; a
      * NaN threshold or tolerance fails these comparisons and leaves everything to double */
     pl->f32 = t > 0.0 && tol >= 0.0 && h < 0x1p-10;
-    pl->f32_hit = th > 0x1p-100;
+    pl->f32_hit = th > 0.0;
     pl->all_miss = !(tl > 0.0);
-    pl->hx = 2.0 * ca_hi * kd * w2;
-    pl->hy = 1.0 - 0x1p-50;
-    pl->hr = 16.0 * th * th * ca_lo * ca_lo * ca_hi * ca_hi / w2;
+    pl->hx = kd * w2;
+    pl->hy = 1.0 / (2.0 * ca_hi) / w2;
+    pl->hr = 4.0 * th * ca_lo / w2;
     pl->mx = kl / w2;
-    pl->my = w2 / ca_lo;
-    pl->mr = 4.0 * tlc * tlc * ca_hi * ca_hi * w2;
+    pl->mt = tl * ca_hi * w2;
+    pl->my = w * w2 / ca_lo;
     const double gn = h * w + eps2;
     pl->c_lo = 1.0 / (1.0 + gn) / w;
     pl->c_hi = 1.0 / (1.0 - gn) * w;
@@ -169,27 +172,21 @@ static inline void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *
 }
 
 /* The direction and magnitude guards from diff_norms_f32's sums under plan pl (the bounds
- * above); FP_CACHE_UNDECIDED when they cannot settle a guard. The hit test comes first and
- * needs only four multiplications after the sums: a hit's latency is the lookup's. */
+ * above); FP_CACHE_UNDECIDED when they cannot settle a guard. A handful of multiplications
+ * after the sums, no division, square root or square of a sum: the miss test first (most
+ * lookups), the hit test in parallel. */
 static inline int fp_cache_decide_f32(const fp_cache_plan *pl, float dd, float de, float a2,
                                       float b2) {
     if (!(pl->f32 && a2 >= 0x1p-96f && a2 <= FLT_MAX && b2 >= 0x1p-96f && b2 <= FLT_MAX &&
           dd <= FLT_MAX && fabsf(de) <= FLT_MAX))
         return FP_CACHE_UNDECIDED;
     const double D = dd, E = de, A = a2, B = b2;
-    const double ab = A * B, sum = A + B;
-    int dir = FP_CACHE_UNDECIDED;
-    if (pl->f32_hit) {
-        const double v = D * sum * pl->hx - E * (E * pl->hy);
-        if (v <= 0.0 || v * v <= ab * (sum * sum) * pl->hr) dir = FP_HIT;
-    }
-    if (dir != FP_HIT) {
-        if (pl->all_miss) return FP_MISS_COSINE;
-        const double P = sum * sum + 4.0 * ab;
-        const double v = D * P * pl->mx - E * E * (sum * pl->my);
-        if (v > 0.0 && v * v >= ab * (P * P) * pl->mr) return FP_MISS_COSINE;
+    const double ab = A * B, sum = A + B, e2 = E * E;
+    if (pl->all_miss ||
+        (sum * sum + 4.0 * ab) * (D * pl->mx - sum * pl->mt) > e2 * (sum * pl->my))
+        return FP_MISS_COSINE;
+    if (!(pl->f32_hit && D * pl->hx * sum - E * (E * pl->hy) <= ab * pl->hr))
         return FP_CACHE_UNDECIDED;
-    }
     /* magnitude, on the true squares: A* in [A c_lo, A c_hi], B* likewise; up_lo = up / w,
      * up_hi = up w (dn alike) cover the rounding of these products */
     const double a_lo = A * pl->c_lo, a_hi = A * pl->c_hi, b_lo = B * pl->c_lo,
