@@ -105,21 +105,23 @@ static inline const float *fp_slot_features_c(const fp_slot *s) { return (const 
  * kd D - E^2 / S <= 4 th ca_lo A B / (A + B), and with N <= ca_hi (A + B) / 2 a miss when
  * kl D - E^2 / Q >= tl ca_hi (A + B). Multiplied through by A + B (hit) or by P =
  * (A + B)^2 + 4 A B (miss; Q = ca_lo P / ((A + B) w)), neither needs a division:
- *   hit:   hx D (A + B) - hy E^2 <= hr A B,          hx = kd, hy = 1 / (2 ca_hi), hr = 4 th ca_lo
- *   miss:  P (mx D - mt (A + B)) > my E^2 (A + B),   mx = kl, mt = tl ca_hi, my = w / ca_lo
- * (a miss is strict: with E = 0 and the bracket 0, nothing is proved). Each of these means
- * gives up a little against sqrt(A B): in cosine, ~(|a| / |b| - 1)^2 / 2 of 1 - t (the HM
- * and AM for N) and ~(|a| / |b| - 1)^4 / 8 (S and Q): nothing for ticks of similar norms,
- * 2e-10 and 1e-9 at norms 1% apart and t = 0.999999 (such a pair that close to t goes to
- * the double sums).
+ *   hit:   hx D (A + B) - hy E^2 <= hr A B,         hx = kd, hy = 1 / (2 ca_hi),
+ *                                                   hr = 4 th ca_lo;
+ *   miss:  P (mx D - mt (A + B)) > my E^2 (A + B),  mx = kl, mt = tl ca_hi, my = w / ca_lo
+ * (a miss is strict: with E = 0 and the bracket 0, nothing is proved; the constants are
+ * then widened, below). Each of these means gives up a little against sqrt(A B): in
+ * cosine, ~(|a| / |b| - 1)^2 / 2 of 1 - t (the HM and AM for N) and ~(|a| / |b| - 1)^4 / 8
+ * (S and Q): nothing for ticks of similar norms, 2e-10 and 1e-9 at norms 1% apart and
+ * t = 0.999999 (such a pair that close to t goes to the double sums).
  *   In double: A B is exact; with A, B in [2^-96, 2^128], nonzero D, E >= 2^-149 and th, tl
  * >= 2^-100 when not <= 0 (1 - t is a multiple of 2^-53 near 0), every product here is 0
  * or a normal double, and so is the miss side's bracket (a difference of doubles >= 2^-150:
- * 0 or >= 2^-202), so each operation errs by at most 2^-53 relative. Each constant above carries w^2 (w = 1 + 2^-48 covers over 30 such roundings,
- * more than any term has) toward the safe side of its term: on the hit side the computed
- * hx D (A + B) is at least its exact value, hy E^2 and hr A B at most theirs; on the miss
- * side the other way. A difference's own rounding, relative to its result, is then within
- * the margin the other side of the comparison carries.
+ * 0 or >= 2^-202), so each operation errs by at most 2^-53 relative. Each constant above
+ * carries w^2 (w = 1 + 2^-48 covers over 30 such roundings, more than any term has) toward
+ * the safe side of its term: on the hit side the computed hx D (A + B) is at least its
+ * exact value, hy E^2 and hr A B at most theirs; on the miss side the other way. A
+ * difference's own rounding, relative to its result, is then within the margin the other
+ * side of the comparison carries.
  *   The magnitude guard |na / nb - 1| <= tol is (1 - tol)^2 B* <= A* <= (1 + tol)^2 B*, on
  * A* in [A c_lo, A c_hi], B* likewise (c_lo, c_hi: ca_lo, ca_hi widened by eps2, which
  * covers the double path's ratio). */
