@@ -236,11 +236,11 @@ static inline int fp_cache_decide_f64(const fp_kernels *k, const fp_cache_policy
 
 /* Check the guards, cheapest first; fills *norm with |f| when the double path computed it
  * (else -1). The vectors are compared with float32 sums first (one pass of diff_norms_f32)
- * and in double only when that cannot settle a guard: on the bench stream none of the
- * lookups at the demo policy (cosine 0.999999), since the float32 look's band is ~1e-11
- * in cosine. (The lookup after a hit used to go straight to the double sums, when the
- * float32 look could not prove a hit at such a threshold; measured now, the float32 pass
- * first is as fast or faster.) A decision is always the double one. The slot is written
+ * and in double only when that cannot settle a guard: for none of 20,000 consecutive tick
+ * pairs of the bench stream at the demo policy (cosine 0.999999, hits included), the float32
+ * look's band being ~1e-11 in cosine. (The lookup after a hit used to go straight to the
+ * double sums, when the float32 look could not prove a hit at such a threshold; measured
+ * now, the float32 pass first is as fast or faster.) A decision is always the double one. The slot is written
  * only to keep |cached| once computed (which changes no decision, so a tick refused later
  * changes nothing observable). */
 static inline int fp_cache_lookup_plan(const fp_kernels *k, const fp_cache_plan *pl, fp_slot *s,
