@@ -240,9 +240,9 @@ static inline int fp_cache_decide_f64(const fp_kernels *k, const fp_cache_policy
  * pairs of the bench stream at the demo policy (cosine 0.999999, hits included), the float32
  * look's band being ~1e-11 in cosine. (The lookup after a hit used to go straight to the
  * double sums, when the float32 look could not prove a hit at such a threshold; measured
- * now, the float32 pass first is as fast or faster.) A decision is always the double one. The slot is written
- * only to keep |cached| once computed (which changes no decision, so a tick refused later
- * changes nothing observable). */
+ * now, the float32 pass first is as fast or faster.) A decision is always the double one.
+ * The slot is written only to keep |cached| once computed (which changes no decision, so a
+ * tick refused later changes nothing observable). */
 static inline int fp_cache_lookup_plan(const fp_kernels *k, const fp_cache_plan *pl, fp_slot *s,
                                        const float *f, int n, int64_t now, double *norm) {
     const fp_cache_policy *p = &pl->pol;
