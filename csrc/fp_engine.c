@@ -333,12 +333,9 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         if (e->policy.enabled) {
             /* the key and |key| in double when the lookup's double path computed it (else
              * unknown: the float32 look sums |cached| itself, and the double path computes it
-             * once when it needs it); a new key starts with the float32 look */
+             * once when it needs it) */
             memcpy(fp_slot_features(s), e->feat, sizeof(float) * e->fs.n_feat);
             s->norm = p->norm;
-            /* a pair the double sums found close (fp_cache_plan) predicts the next one is
-             * close to this key too; any other new key starts with the float32 look */
-            if (p->reason != FP_MISS_COSINE && p->reason != FP_MISS_NORM) s->near = 0;
             s->signal = sig;
             s->confidence = conf;
             s->run = 0;

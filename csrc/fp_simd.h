@@ -84,8 +84,8 @@ typedef struct {
     int (*allfinite)(const float *x, int n);
     /* *signal = tanh(out[0]), *confidence = sigmoid(out[1]) */
     void (*head)(const float *out, float *signal, float *confidence);
-    /* *dot = sum a[i]*b[i], *na2 = sum a[i]^2, *nb2 = sum b[i]^2 in float32, one pass. The
-     * cache's first, cheap look (fp_cache.h): its error bound assumes each sum runs in C
+    /* *dot = sum a[i]*b[i], *na2 = sum a[i]^2, *nb2 = sum b[i]^2 in float32, one pass (the
+     * cache's first look before diff_norms_f32). Its error bound assumes each sum runs in C
      * interleaved chains (term i in chain i mod C, 16 <= C <= 64, each chain a running sum
      * of rounded or fused products) reduced pairwise, so no term meets more than
      * FP_DOTF_ROUNDINGS(n) roundings. Lanes past n contribute nothing. */
@@ -107,9 +107,19 @@ typedef struct {
      * and a blend, where a 16-lane gather is microcoded (~3x the time, measured). */
     void (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
                         const float *inv_std, float *out);
+    /* *dd = sum (a[i] - b[i])^2, *de = sum (a[i] - b[i]) (a[i] + b[i]), *na2 = sum a[i]^2,
+     * *nb2 = sum b[i]^2 in float32, one pass: the cache's first look in the difference form
+     * (fp_cache.h), whose error stays relative to |a - b|^2 where dot_norms_f32's cosine
+     * cannot resolve 1e-6. Chains and reduction as dot_norms_f32 (16 <= C <= 64 chains,
+     * pairwise), so a term meets at most FP_DOTF_ROUNDINGS(n) + 2 roundings (the two more:
+     * a[i] - b[i] and a[i] + b[i], or the difference twice in the square). Lanes past n
+     * contribute nothing and are not read. */
+    void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
+                           float *na2, float *nb2);
 } fp_kernels;
 
-/* Roundings any term of a dot_norms_f32 sum can meet: a chain of at most ceil(n/16) steps,
+/* Roundings any term of a dot_norms_f32 sum can meet (diff_norms_f32: two more, for the
+ * difference and the sum its terms start from): a chain of at most ceil(n/16) steps,
  * a product rounding when it is not fused, and at most 6 pairwise levels (up to 64 chains,
  * e.g. 4 ZMM accumulators of 16 lanes, reduced to 1). */
 #define FP_DOTF_ROUNDINGS(n) (((n) + 15) / 16 + 7)

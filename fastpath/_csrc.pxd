@@ -36,6 +36,8 @@ cdef extern from "fp_simd.h" nogil:
                               double *nb2)
         void (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
                             const float *inv_std, float *out)
+        void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
+                               float *na2, float *nb2)
     int fp_cpu_has_avx2()
     int fp_cpu_has_fma()
     int fp_cpu_has_avx512()
@@ -93,6 +95,13 @@ cdef extern from "fp_cache.h" nogil:
     float *fp_slot_features(fp_slot *s)
     int fp_cache_lookup(const fp_kernels *k, const fp_cache_policy *p, const fp_slot *s,
                         const float *f, int n, int64_t now, double *norm)
+    enum:
+        FP_CACHE_UNDECIDED
+    ctypedef struct fp_cache_plan:
+        int f32, f32_hit
+    void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *p, int n)
+    int fp_cache_look_f32(const fp_kernels *k, const fp_cache_plan *pl, const float *f,
+                          const float *c, int n)
 
 cdef extern from "fp_lowp.h" nogil:
     enum:

@@ -246,6 +246,19 @@ def kernel_dot_norms_f32(str isa, a, b):
     return float(d), float(s), float(t)
 
 
+def kernel_diff_norms_f32(str isa, a, b):
+    """(|a - b|^2, sum (a - b)(a + b), |a|^2, |b|^2) summed in float32 with the named kernel
+    set in one pass: the cache's first look, whose rounding count fp_cache.h's bound assumes."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray x = _f32(a, "a"), y = _f32(b, "b")
+    if len(x) != len(y):
+        raise InputError("a and b must have one length")
+    cdef float dd = 0, de = 0, s = 0, t = 0
+    k.diff_norms_f32(<const float *>cnp.PyArray_DATA(x), <const float *>cnp.PyArray_DATA(y),
+                     len(x), &dd, &de, &s, &t)
+    return float(dd), float(de), float(s), float(t)
+
+
 def kernel_dot_norms_f64(str isa, a, b):
     """(dot(a, b), |a|^2, |b|^2) summed in double with the named kernel set, in one pass."""
     cdef const fp_kernels *k = _kernels(isa)
@@ -314,6 +327,30 @@ def kernel_cache_decide(str isa, f, cached, double cos_threshold, double norm_to
     finally:
         fp_aligned_free(s)
     return _REASONS.get(reason, str(reason))
+
+
+def kernel_cache_look_f32(str isa, f, cached, double cos_threshold, double norm_tol):
+    """The cache lookup's float32 first look alone (fp_cache_look_f32 under the plan an engine
+    makes for this policy and length): "hit", "cosine", "norm", or "undecided" where it
+    leaves the decision to the double sums."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray x = _f32(f, "f"), c = _f32(cached, "cached")
+    cdef int n = len(x)
+    if len(c) != n or n < 1:
+        raise InputError("f and cached must have one length >= 1")
+    cdef fp_cache_policy p
+    p.cos_threshold = cos_threshold
+    p.norm_tol = norm_tol
+    p.max_age_ns = 1LL << 62
+    p.max_run = 0xFFFFFFFF
+    p.enabled = 1
+    cdef fp_cache_plan pl
+    fp_cache_plan_init(&pl, &p, n)
+    cdef int r = fp_cache_look_f32(k, &pl, <const float *>cnp.PyArray_DATA(x),
+                                   <const float *>cnp.PyArray_DATA(c), n)
+    if r == FP_CACHE_UNDECIDED:
+        return "undecided"
+    return _REASONS.get(r, str(r))
 
 
 def kernel_dense(str isa, w, b, str act, x, bint reverse=False):

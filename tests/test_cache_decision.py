@@ -157,10 +157,12 @@ def test_decision_property(seed, thr, log_off, sign, scale):
 # ---- the float32 first look and its fallback band ------------------------------------------
 # The lookup compares the vectors with float32 sums first and decides there only when a
 # rigorous bound on their error keeps the threshold out of reach; otherwise it sums again in
-# double. BAND is that bound in cosine units for N features (fp_cache.h: the direction
-# guard is undecided for a float cosine within about 2 g of the threshold, g = m 2^-24,
-# m = FP_DOTF_ROUNDINGS(N) = ceil(N / 16) + 7). Pairs are placed inside it (the double path
-# decides), at its edges, and just outside it (the float path decides).
+# double. BAND is that bound for a cosine from float32 sums of a.b, |a|^2, |b|^2, in cosine
+# units for N features (about 2 g, g = m 2^-24, m = FP_DOTF_ROUNDINGS(N) = ceil(N / 16) + 7):
+# the look's first form, inside which a float32 cosine decides wrongly. Pairs are placed
+# inside it, at its edges and just outside it; the difference form (fp_cache.h) decides most
+# of them itself (its band is ~1e-11, see the tight-threshold tests below), the double path
+# the rest, all as float64 does.
 BAND = 2.0 * ((N + 15) // 16 + 7) * 2.0 ** -24
 BAND_STEPS = (0.01, 0.02, 0.05, 0.2, 0.5, 0.8, 0.95, 1.0, 1.05, 1.3, 2.0, 4.0, 30.0, 300.0)
 
@@ -275,9 +277,10 @@ def test_engine_decides_band_pairs_as_float64(isa, thr):
 def test_engine_recomputes_the_cached_norm_for_each_new_key(isa):
     """|cached| in double is computed on the first lookup that needs it and kept with the
     key; a new key (a miss stores it) must not be judged with the previous key's norm. Keys
-    alternate between one direction at norms 1 and 3; each is followed by lookups of its own
-    size inside the float32 band (so the double path, and the kept norm, decide), which must
-    hit; with the previous key's norm kept, the norm guard (tol 0.5) would refuse them."""
+    alternate between one direction at norms 1 and 3 (times 1e-17: float32 sums of squares
+    below 2^-96, which the float32 look leaves to the double path); each is followed by
+    lookups of its own size (so the double path, and the kept norm, decide), which must hit;
+    with the previous key's norm kept, the norm guard (tol 0.5) would refuse them."""
     thr = 0.999999
     pol = CachePolicy(enabled=True, cos_threshold=thr, norm_tol=0.5, max_age_ns=10**15,
                       max_run=10**6)
@@ -285,7 +288,7 @@ def test_engine_recomputes_the_cached_norm_for_each_new_key(isa):
     rng = np.random.default_rng(5)
     base = rng.standard_t(3, N)
     t = 0
-    for scale in (1.0, 3.0, 1.0, 3.0):
+    for scale in (1e-17, 3e-17, 1e-17, 3e-17):
         key = (base * scale).astype(np.float32)
         t += 10
         eng.step(pair(rng, 0.5)[1], 0, ts_ns=t)      # unrelated to any key: a miss
@@ -299,6 +302,7 @@ def test_engine_recomputes_the_cached_norm_for_each_new_key(isa):
             target = thr + 0.25 * BAND
             near = (target * k64 + np.sqrt(1.0 - target ** 2) * u).astype(np.float32)
             assert thr + MARGIN < cos64(key, near) < thr + BAND
+            assert K.kernel_cache_look_f32(isa, near, key, thr, 0.5) == "undecided"
             t += 1
             assert eng.step(near, 0, ts_ns=t).cached, scale
 
@@ -316,9 +320,8 @@ def _toward(rng, key, target, norm_ratio=1.0):
 @pytest.mark.parametrize("thr", [0.9999, 0.999999])
 def test_engine_decides_drifting_ticks_as_float64(isa, thr):
     """A symbol's ticks drift: each one is close to the key the slot holds, so lookups follow
-    close pairs and hits, and at 0.999999 (where float32 sums cannot prove a hit) go straight
-    to the double sums after a close pair. Mixed in: far jumps and norm misses right after
-    close pairs, where that shortcut must still refuse. Every decision farther than MARGIN
+    close pairs and hits (the slot's state after a hit must not change the next decision).
+    Mixed in: far jumps and norm misses right after close pairs. Every decision farther than MARGIN
     from the threshold must be the float64 one; the key is tracked as the engine keeps it
     (a miss stores the tick, a hit leaves the key)."""
     tol = 0.5
@@ -354,3 +357,166 @@ def test_engine_decides_drifting_ticks_as_float64(isa, thr):
             key = x
     assert checked > 500 and min(kinds.values()) > 20, kinds
     assert not wrong, f"{len(wrong)} engine decisions differ from float64: {wrong[:5]}"
+
+
+# ---- tight thresholds: the float32 look in the difference form ------------------------------
+# The float32 look sums |f - c|^2 and |f|^2 - |c|^2 (fp_cache.h): its error is relative to
+# |f - c|^2, so near a hit its band is ~1e-11 in cosine, not ~2e-6, and it proves hits at
+# thresholds like 0.999999 that a float32 cosine cannot. Pairs sit at exactly known offsets
+# from the threshold: the true cosine of the float32 vectors is computed in integers, and
+# one coordinate (zero in f, free in c) tunes it after rounding to well under 1e-13.
+TIGHT = (0.999999, 0.9999999, 1.0 - 1e-9)
+TIGHT_OFFSETS = (1e-13, 1e-11, 1e-9, 1e-7)
+
+
+def exact_cos(a, b):
+    """(P, A, B) = (a.b, |a|^2, |b|^2) of float32 vectors as exact integers (scaled by 2^298)."""
+    ia = [int(v) for v in np.ldexp(a.astype(np.float64), 149)]
+    ib = [int(v) for v in np.ldexp(b.astype(np.float64), 149)]
+    return (sum(x * y for x, y in zip(ia, ib)), sum(x * x for x in ia), sum(y * y for y in ib))
+
+
+def exact_side(a, b, thr):
+    """(cos(a, b) >= thr exactly, cos - thr as a Decimal to ~40 digits)."""
+    from decimal import Decimal, localcontext
+    from fractions import Fraction
+    p, sa, sb = exact_cos(a, b)
+    t = Fraction(thr)
+    hit = p >= 0 and p * p * t.denominator ** 2 >= t.numerator ** 2 * sa * sb
+    with localcontext() as ctx:
+        ctx.prec = 60
+        off = Decimal(p) / (Decimal(sa) * Decimal(sb)).sqrt() - Decimal(thr)
+    return hit, off
+
+
+def tight_pair(rng, thr, off, scale, ratio):
+    """float32 (f, c) whose exact cosine is thr + off to within ~1e-15, |f| / |c| ~ ratio."""
+    from decimal import Decimal, localcontext
+    for _ in range(20):
+        c = (rng.standard_t(3, N) * scale).astype(np.float32)
+        c[0] = 0.0
+        c64 = c.astype(np.float64)
+        u = rng.standard_normal(N)
+        u[0] = 0.0
+        u -= (u @ c64) / (c64 @ c64) * c64
+        u /= np.linalg.norm(u)
+        target = thr + off
+        start = target + min(1e-8, (1.0 - target) / 2)   # above target, below 1
+        f = ((start * c64 / np.linalg.norm(c64) + np.sqrt(1.0 - start * start) * u)
+             * np.linalg.norm(c64) * ratio).astype(np.float32)
+        f[0] = 0.0
+        p, sc, sf0 = exact_cos(c, f)
+        with localcontext() as ctx:
+            ctx.prec = 60
+            tgt = Decimal(thr) + Decimal(off)
+            # cos = p / sqrt(sc (sf0 + beta^2)) = tgt  =>  beta^2 = p^2 / (sc tgt^2) - sf0
+            beta2 = (Decimal(p) ** 2 / (Decimal(sc) * tgt * tgt) - Decimal(sf0)) / Decimal(2) ** 298
+            if p <= 0 or beta2 <= 0:
+                continue
+            f[0] = np.float32(float(beta2.sqrt()))
+        return f, c
+    raise AssertionError("could not place a pair")
+
+
+def make_tight_pairs(seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for thr in TIGHT:
+        for off in TIGHT_OFFSETS:
+            for sign in (1.0, -1.0):
+                if thr + sign * off >= 1.0:
+                    continue
+                for scale, ratio in ((1.0, 1.0), (1e-3, 1.0), (1e3, 1.001), (1.0, 0.999),
+                                     (30.0, 1.01)):
+                    f, c = tight_pair(rng, thr, sign * off, scale, ratio)
+                    hit, got_off = exact_side(f, c, thr)
+                    out.append((thr, sign * off, ratio, f, c, hit, float(got_off)))
+    return out
+
+
+TIGHT_PAIRS = make_tight_pairs(31)
+
+
+def test_tight_pairs_sit_where_intended():
+    assert len(TIGHT_PAIRS) > 100
+    for thr, off, _, _, _, hit, got in TIGHT_PAIRS:
+        assert abs(got - off) <= 0.05 * abs(off), (thr, off, got)
+        assert hit == (off > 0)
+
+
+@pytest.mark.parametrize("thr", TIGHT)
+def test_tight_thresholds_decide_exactly(isa, thr):
+    """Every pair, down to 1e-13 from the threshold, is decided as the exact cosine says (the
+    double path's error is ~2e-14 here); the float32 look never decides otherwise, and it
+    decides every pair 1e-9 or more from the threshold whose norms are within 0.1%: hits
+    included, which a float32 cosine could not prove at these thresholds."""
+    wrong, undecided = [], []
+    for t, off, ratio, f, c, hit, _ in TIGHT_PAIRS:
+        if t != thr:
+            continue
+        want = "hit" if hit else "cosine"
+        got = K.kernel_cache_decide(isa, f, c, thr, 0.5)
+        look = K.kernel_cache_look_f32(isa, f, c, thr, 0.5)
+        if got != want or look not in (want, "undecided"):
+            wrong.append((off, ratio, got, look))
+        if look == "undecided" and abs(off) >= 1e-9 and abs(ratio - 1.0) <= 1e-3:
+            undecided.append((off, ratio))
+    assert not wrong, f"{len(wrong)} decisions differ from the exact ones: {wrong[:5]}"
+    assert not undecided, f"the float32 look left {len(undecided)} pairs undecided: {undecided}"
+
+
+def test_engine_decides_tight_pairs_exactly(isa):
+    thr = 0.9999999
+    pol = CachePolicy(enabled=True, cos_threshold=thr, norm_tol=0.5, max_age_ns=10**15,
+                      max_run=10**6)
+    eng = Engine(_identity_model(pol), config=engine_cfg(isa))
+    t, wrong = 0, []
+    for _, off, _, f, c, hit, _ in (p for p in TIGHT_PAIRS if p[0] == thr):
+        t += 10
+        assert not eng.step(-c, 0, ts_ns=t).cached    # opposite to the key: a miss
+        assert not eng.step(c, 0, ts_ns=t + 1).cached  # the key, stored
+        if eng.step(f, 0, ts_ns=t + 2).cached != hit:
+            wrong.append(off)
+    assert not wrong, wrong
+
+
+def _stream_pairs(n_ticks=20000):
+    """Consecutive ticks of each symbol, as feature vectors of the demo model on the
+    synthetic book stream: what a symbol's slot compares on the bench."""
+    import os
+    import fastpath
+    from fastpath import lob
+    model = Model.load(os.path.join(os.path.dirname(fastpath.__file__), "data", "demo.fpm"))
+    bs = lob.generate_stream(n_ticks, n_symbols=8, seed=1)
+    raws = lob.raw_from_book(bs)
+    eng = Engine(model)
+    last, pairs = {}, []
+    for i in range(n_ticks):
+        s = int(bs.symbols[i])
+        f = eng.features(raws[i], s)
+        eng.step(raws[i], s, int(bs.ts_ns[i]))
+        if s in last:
+            pairs.append((f, last[s]))
+        last[s] = f
+    return model.cache_policy, pairs
+
+
+def test_float_look_decides_the_hits_of_a_real_stream(isa):
+    """At the demo bundle's policy (cosine 0.999999) the float32 look decides nearly every
+    lookup of the bench stream by itself, hits included (a float32 cosine proved none: each
+    hit paid the double sums), and each decision it makes is the double one."""
+    pol, pairs = _stream_pairs()
+    assert pol.cos_threshold == 0.999999
+    thr, tol = pol.cos_threshold, pol.norm_tol
+    hits = decided_hits = decided = 0
+    for f, c in pairs:
+        want = K.kernel_cache_decide(isa, f, c, thr, tol)
+        look = K.kernel_cache_look_f32(isa, f, c, thr, tol)
+        assert look in (want, "undecided"), (want, look)
+        decided += look != "undecided"
+        if want == "hit":
+            hits += 1
+            decided_hits += look == "hit"
+    assert hits >= 30
+    assert decided_hits >= 0.9 * hits, (decided_hits, hits)
+    assert decided >= 0.99 * len(pairs)

@@ -508,3 +508,44 @@ def test_dense_one_group_layers_flag_every_block(isa, n_in, n_out):
                 got, ok = K.kernel_dense(isa, w, b, "identity", x, reverse)
                 assert not ok, (blk, row, bad, reverse)
                 np.testing.assert_array_equal(got[keep], fwd[keep])
+
+
+# ------------------------------------------ the cache's float32 first look, difference form
+def _diff_norms_check(isa, a, b):
+    """diff_norms_f32's four sums against float64 within the bound fp_cache.h assumes: every
+    term meets at most FP_DOTF_ROUNDINGS(n) + 2 = ceil(n/16) + 9 roundings, so each sum is
+    off by at most g * sum |terms| (float64 holds a - b, a + b and their products exactly
+    for floats of similar exponents; for the rest its own error is ~1e-16 relative)."""
+    n = len(a)
+    dd, de, sa, sb = K.kernel_diff_norms_f32(isa, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    m = -(-n // 16) + 9
+    gam = m * 2.0**-24 / (1 - m * 2.0**-24)
+    for got, terms in (((dd, (a64 - b64) ** 2)), (de, (a64 - b64) * (a64 + b64)),
+                       (sa, a64 * a64), (sb, b64 * b64)):
+        assert abs(got - terms.sum()) <= gam * np.abs(terms).sum() * 1.0001 + 1e-38, (n, got)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 100, 128, 257])
+def test_diff_norms_f32_within_its_rounding_bound(isa, n):
+    rng = np.random.default_rng(1000 + n)
+    for scale in (1e-3, 1.0, 1e6):
+        a = (rng.standard_normal(n) * scale).astype(np.float32)
+        _diff_norms_check(isa, a, (rng.standard_normal(n) * scale).astype(np.float32))
+        # nearly equal vectors, as at a cache hit: |a - b|^2 ~ 1e-12 |a|^2, and its error must
+        # stay relative to that, not to |a|^2
+        near = (a.astype(np.float64) * (1 + 1e-6 * rng.standard_normal(n))).astype(np.float32)
+        _diff_norms_check(isa, a, near)
+        _diff_norms_check(isa, a, a.copy())
+        dd, de, _, _ = K.kernel_diff_norms_f32(isa, a, a.copy())
+        assert dd == 0.0 and de == 0.0
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 31, 33, 100])
+def test_diff_norms_f32_reads_nothing_past_n(isa, n):
+    """a and b end where an unreadable page begins: a lane loaded past n faults."""
+    rng = np.random.default_rng(n)
+    a, keep_a = _at_page_end(rng.standard_normal(n).astype(np.float32))
+    b, keep_b = _at_page_end(rng.standard_normal(n).astype(np.float32))
+    _diff_norms_check(isa, a, b)
+    del keep_a, keep_b

@@ -365,6 +365,8 @@ FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t
                                                  float *feat);
 FP_TARGET_AVX2 static void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
                                                   double *dot, double *na2, double *nb2);
+FP_TARGET_AVX2 static void fp_diff_norms_f32_avx2(const float *a, const float *b, int n,
+                                                   float *dd, float *de, float *na2, float *nb2);
 
 const fp_kernels fp_kernels_avx2 = {
     "avx2",
@@ -382,6 +384,7 @@ const fp_kernels fp_kernels_avx2 = {
     /* AVX2 has no two-table permute (a 32-float window would take 4 vpermps and 3 blends
      * per 8 lanes), so the engine keeps runs or gathers there; the entry is the twin */
     fp_zscore_perm_scalar,
+    fp_diff_norms_f32_avx2,
 };
 
 FP_TARGET_AVX2 static inline float fp_hsum256(__m256 v) {
@@ -429,6 +432,48 @@ FP_TARGET_AVX2 static void fp_dot_norms_f32_avx2(const float *a, const float *b,
     *dot = fp_hsum256(_mm256_add_ps(_mm256_add_ps(d0, d1), _mm256_add_ps(d2, d3)));
     *na2 = fp_hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     *nb2 = fp_hsum256(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+}
+
+/* 8 lanes (the first `len`, 1..8) into one chain set of fp_diff_norms_f32_avx2; masked lanes
+ * load as 0.0 and add nothing */
+FP_TARGET_AVX2 static inline void fp_diff_norms_step(__m256 x, __m256 y, __m256 *d, __m256 *e,
+                                                     __m256 *sa, __m256 *sb) {
+    const __m256 df = _mm256_sub_ps(x, y);
+    *d = _mm256_fmadd_ps(df, df, *d);
+    *e = _mm256_fmadd_ps(df, _mm256_add_ps(x, y), *e);
+    *sa = _mm256_fmadd_ps(x, x, *sa);
+    *sb = _mm256_fmadd_ps(y, y, *sb);
+}
+
+/* dd = sum (a-b)^2, de = sum (a-b)(a+b), na2, nb2 in float32: 2 accumulators of 8 lanes per
+ * sum (16 chains, term i in chain i mod 16; four sums of 4 accumulators each would not fit
+ * the 16 YMM registers), 2 -> 1 then 8 lanes -> 1 pairwise: at most ceil(n/16) + 5
+ * roundings a term with the product's, inside FP_DOTF_ROUNDINGS(n), plus the difference
+ * and the sum of each term */
+FP_TARGET_AVX2 static void fp_diff_norms_f32_avx2(const float *a, const float *b, int n,
+                                                   float *dd, float *de, float *na2, float *nb2) {
+    __m256 d0 = _mm256_setzero_ps(), d1 = d0, e0 = d0, e1 = d0, a0 = d0, a1 = d0, b0 = d0,
+           b1 = d0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        fp_diff_norms_step(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), &d0, &e0, &a0, &b0);
+        fp_diff_norms_step(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), &d1, &e1, &a1,
+                           &b1);
+    }
+    if (i < n) {
+        const __m256i m = fp_tailmask(n - i < 8 ? n - i : 8);
+        fp_diff_norms_step(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), &d0, &e0,
+                           &a0, &b0);
+    }
+    if (i + 8 < n) {
+        const __m256i m = fp_tailmask(n - i - 8);
+        fp_diff_norms_step(_mm256_maskload_ps(a + i + 8, m), _mm256_maskload_ps(b + i + 8, m),
+                           &d1, &e1, &a1, &b1);
+    }
+    *dd = fp_hsum256(_mm256_add_ps(d0, d1));
+    *de = fp_hsum256(_mm256_add_ps(e0, e1));
+    *na2 = fp_hsum256(_mm256_add_ps(a0, a1));
+    *nb2 = fp_hsum256(_mm256_add_ps(b0, b1));
 }
 
 /* fp_window_stats_avx2 and fp_zscore_avx2 in one pass, the same operations in the same

@@ -495,6 +495,45 @@ FP_TARGET_AVX512 static void fp_dot_norms_f32_avx512(const float *a, const float
     *nb2 = fp_hsum512_pairwise(_mm512_add_ps(b0, b1));
 }
 
+FP_TARGET_AVX512 static inline void fp_diff_norms_step16(__m512 x, __m512 y, __m512 *d,
+                                                         __m512 *e, __m512 *sa, __m512 *sb) {
+    const __m512 df = _mm512_sub_ps(x, y);
+    *d = _mm512_fmadd_ps(df, df, *d);
+    *e = _mm512_fmadd_ps(df, _mm512_add_ps(x, y), *e);
+    *sa = _mm512_fmadd_ps(x, x, *sa);
+    *sb = _mm512_fmadd_ps(y, y, *sb);
+}
+
+/* dd = sum (a-b)^2, de = sum (a-b)(a+b), na2, nb2 in float32 with fp_dot_norms_f32_avx512's
+ * chains and reduction (32 chains, 2 -> 1, 16 lanes -> 1 pairwise); masked lanes load as 0.0,
+ * add nothing and read nothing past n */
+FP_TARGET_AVX512 static void fp_diff_norms_f32_avx512(const float *a, const float *b, int n,
+                                                      float *dd, float *de, float *na2,
+                                                      float *nb2) {
+    __m512 d0 = _mm512_setzero_ps(), d1 = d0, e0 = d0, e1 = d0, a0 = d0, a1 = d0, b0 = d0,
+           b1 = d0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        fp_diff_norms_step16(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), &d0, &e0, &a0, &b0);
+        fp_diff_norms_step16(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), &d1, &e1,
+                             &a1, &b1);
+    }
+    if (i < n) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : fp_mask16(n - i);
+        fp_diff_norms_step16(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
+                             &d0, &e0, &a0, &b0);
+    }
+    if (i + 16 < n) {
+        const __mmask16 m = fp_mask16(n - i - 16);
+        fp_diff_norms_step16(_mm512_maskz_loadu_ps(m, a + i + 16),
+                             _mm512_maskz_loadu_ps(m, b + i + 16), &d1, &e1, &a1, &b1);
+    }
+    *dd = fp_hsum512_pairwise(_mm512_add_ps(d0, d1));
+    *de = fp_hsum512_pairwise(_mm512_add_ps(e0, e1));
+    *na2 = fp_hsum512_pairwise(_mm512_add_ps(a0, a1));
+    *nb2 = fp_hsum512_pairwise(_mm512_add_ps(b0, b1));
+}
+
 /* fp_dot_norm2_avx512's chains for dot and |a|^2, and two more for |b|^2 in the same order
  * and reduction, so *dot and *na2 equal dot_norm2(a, b) and *nb2 equals dot_norm2(b, b)'s
  * na2 bit for bit (the cache keeps |b|^2 from one and compares with the other) */
@@ -539,5 +578,6 @@ const fp_kernels fp_kernels_avx512 = {
     fp_window_zscore_avx512,
     fp_dot_norms_f64_avx512,
     fp_zscore_perm_avx512,
+    fp_diff_norms_f32_avx512,
 };
 #endif

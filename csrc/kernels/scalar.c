@@ -113,6 +113,8 @@ static void fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int 
                                     float *feat);
 static void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
                                     double *na2, double *nb2);
+static void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, float *dd,
+                                     float *de, float *na2, float *nb2);
 
 const fp_kernels fp_kernels_scalar = {
     "scalar",
@@ -128,6 +130,7 @@ const fp_kernels fp_kernels_scalar = {
     fp_window_zscore_scalar,
     fp_dot_norms_f64_scalar,
     fp_zscore_perm_scalar,
+    fp_diff_norms_f32_scalar,
 };
 
 /* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 16 chains (term i in chain i mod 16),
@@ -155,6 +158,40 @@ static void fp_dot_norms_f32_scalar(const float *a, const float *b, int n,
             sb[c] += sb[c + w];
         }
     *dot = d[0];
+    *na2 = sa[0];
+    *nb2 = sb[0];
+}
+
+/* dd = sum (a-b)^2, de = sum (a-b)(a+b), na2, nb2 in float32: the chains and reduction of
+ * fp_dot_norms_f32_scalar, one difference and one sum rounded per term on top */
+static void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, float *dd,
+                                     float *de, float *na2, float *nb2) {
+    float d[16] = {0}, e[16] = {0}, sa[16] = {0}, sb[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int c = 0; c < 16; c++) {
+            const float x = a[i + c], y = b[i + c], df = x - y;
+            d[c] += df * df;
+            e[c] += df * (x + y);
+            sa[c] += x * x;
+            sb[c] += y * y;
+        }
+    for (int c = 0; i + c < n; c++) {
+        const float x = a[i + c], y = b[i + c], df = x - y;
+        d[c] += df * df;
+        e[c] += df * (x + y);
+        sa[c] += x * x;
+        sb[c] += y * y;
+    }
+    for (int w = 8; w >= 1; w /= 2)
+        for (int c = 0; c < w; c++) {
+            d[c] += d[c + w];
+            e[c] += e[c + w];
+            sa[c] += sa[c + w];
+            sb[c] += sb[c + w];
+        }
+    *dd = d[0];
+    *de = e[0];
     *na2 = sa[0];
     *nb2 = sb[0];
 }
