@@ -148,6 +148,17 @@ cdef inline Result _make_result(const fp_result *r):
 
 include "_args.pxi"
 
+
+cdef extern from *:
+    # fp_step under a hidden alias (csrc/fp_engine.c): linked into this module, so the call
+    # is direct instead of through the PLT
+    """
+    extern int fp_step_local(fp_engine *, const float *, int32_t, int64_t, fp_result *)
+        __attribute__((visibility("hidden")));
+    """
+    int fp_step_local(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
+                      fp_result *r) noexcept
+
 cdef extern from "fp_engine.h":
     void fp_engine_set_stage_times(fp_engine *e, int on)
     int fp_engine_stage_times(const fp_engine *e)
@@ -271,7 +282,7 @@ cdef class Engine:
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         cdef long long ts = _ts_arg(ts_ns)
         self._check_free()
-        cdef int rc = fp_step(self._e, p, <int32_t>sym, ts, &r)
+        cdef int rc = fp_step_local(self._e, p, <int32_t>sym, ts, &r)
         if rc != FP_OK:
             self._raise(rc, raw, sym, ts)
         return _make_result(&r)
