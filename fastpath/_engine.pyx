@@ -174,16 +174,36 @@ cdef inline Result _new_result():
     return res
 
 
+cdef extern from *:
+    # A compiler barrier: the loads on either side stay separate instructions
+    """
+    #if defined(__GNUC__)
+    #define FP_SEPARATE_LOADS() __asm__ __volatile__("" ::: "memory")
+    #else
+    #define FP_SEPARATE_LOADS() ((void)0)
+    #endif
+    """
+    void _separate_loads "FP_SEPARATE_LOADS"() noexcept nogil
+
+
 cdef inline Result _make_result(const fp_result *r):
     cdef Result res = _new_result()
+    # fp_step has just stored these fields one by one; a wider load spanning two of those
+    # stores (the compiler pairs signal+confidence and feature_ns+cache_ns) cannot take its
+    # data from the store buffer and waits for both stores to reach the cache. One load per
+    # field forwards.
+    res._f = r.feature_ns
+    _separate_loads()
+    res._c = r.cache_ns
+    _separate_loads()
+    res._i = r.infer_ns
+    _separate_loads()
+    res._t = r.total_ns
     res.signal = r.signal
+    _separate_loads()
     res.confidence = r.confidence
     res.cached = r.cached
     res._reason = r.reason
-    res._f = r.feature_ns
-    res._c = r.cache_ns
-    res._i = r.infer_ns
-    res._t = r.total_ns
     return res
 
 
