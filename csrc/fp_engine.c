@@ -195,6 +195,13 @@ void fp_engine_reset(fp_engine *e) {
     memset(e->lat, 0, sizeof(fp_lat) * (e->lat_mask + 1));
 }
 
+/* fp_ticks_to_ns() with the clock source and rate read once by the caller */
+static inline int64_t fp_dt_ns(uint64_t dt, int tsc, double k) {
+    const int64_t d = (int64_t)dt;
+    if (d <= 0) return 0;
+    return tsc ? (int64_t)((double)d * k) : d;
+}
+
 /* ns into a uint32 record, saturating (a 4.3 s stall records as 4.3 s, not as a wrap) */
 static inline uint32_t fp_sat32(int64_t ns) {
     return ns <= 0 ? 0u : ns >= (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
@@ -352,34 +359,56 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
     fp_window_commit(&e->fs, e->wins + e->win_stride * (size_t)p->symbol, p->raw);
     e->ticks++;
     const uint64_t t4 = fp_ticks();
+    /* Past t4 nothing is timed, but the Python caller waits for it: the clock's rate is
+     * loaded once for every conversion (each fp_ticks_to_ns() reloads it and the clock
+     * source), and the record is built in registers and stored whole. Same values as
+     * fp_ticks_to_ns() gives: 0 for a negative or zero interval, else trunc(ticks * k). */
+    const int tsc = fp_clock.use_tsc;
+    const double k = fp_clock_slope();
+    const int64_t total = fp_dt_ns(t4 - p->t0, tsc, k);
+    fp_lat rec;
+    rec.total = fp_sat32(total);
     r->reason = p->reason;
-    r->total_ns = fp_ticks_to_ns(t4 - p->t0);
-    fp_lat *L = &e->lat[(e->ticks - 1) & e->lat_mask];
-    L->total = fp_sat32(r->total_ns);
+    r->total_ns = total;
     if (!st) {
         /* not measured: -1 in the result, 0 in the record (fp_engine_set_stage_times) */
         r->feature_ns = r->cache_ns = r->infer_ns = -1;
-        L->feature = L->cache = L->infer = 0;
-        return FP_OK;
+        rec.feature = rec.cache = rec.infer = 0;
+    } else {
+        const int64_t f = fp_dt_ns(p->t1 - p->t0, tsc, k);
+        const int64_t c = fp_dt_ns(p->t2 - p->t1, tsc, k) + fp_dt_ns(t4 - t3, tsc, k);
+        const int64_t i = p->reason == FP_HIT ? 0
+                          : extern_infer_ns >= 0 ? extern_infer_ns + fp_dt_ns(t3 - th, tsc, k)
+                          : fp_dt_ns(t3 - p->t2, tsc, k);
+        r->feature_ns = f;
+        r->cache_ns = c;
+        r->infer_ns = i;
+        rec.feature = fp_sat32(f);
+        rec.cache = fp_sat32(c);
+        rec.infer = fp_sat32(i);
     }
-    r->feature_ns = fp_ticks_to_ns(p->t1 - p->t0);
-    r->cache_ns = fp_ticks_to_ns(p->t2 - p->t1) + fp_ticks_to_ns(t4 - t3);
-    if (p->reason == FP_HIT) r->infer_ns = 0;
-    else if (extern_infer_ns >= 0) r->infer_ns = extern_infer_ns + fp_ticks_to_ns(t3 - th);
-    else r->infer_ns = fp_ticks_to_ns(t3 - p->t2);
-    L->feature = fp_sat32(r->feature_ns);
-    L->cache = fp_sat32(r->cache_ns);
-    L->infer = fp_sat32(r->infer_ns);
+    e->lat[(e->ticks - 1) & e->lat_mask] = rec;
     return FP_OK;
 }
 
+/* Local aliases of the stages: fp_step calls them directly instead of through the PLT
+ * (each is an exported symbol of a -fPIC shared object, so a plain call may be interposed
+ * and goes through the PLT), and the compiler may inline them here. fp_step_local is the
+ * same for the extension modules linked with this file (fastpath/_engine.pyx declares it
+ * hidden): their call to fp_step is then direct too. */
+static __typeof__(fp_step_begin) fp_step_begin_local __attribute__((alias("fp_step_begin")));
+static __typeof__(fp_infer_cpu) fp_infer_cpu_local __attribute__((alias("fp_infer_cpu")));
+static __typeof__(fp_step_finish) fp_step_finish_local __attribute__((alias("fp_step_finish")));
+
 int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r) {
     fp_pending p;
-    int rc = fp_step_begin(e, raw, symbol, ts_ns, &p);
+    int rc = fp_step_begin_local(e, raw, symbol, ts_ns, &p);
     if (rc != FP_OK) return rc;
-    const float *out = p.reason == FP_HIT ? NULL : fp_infer_cpu(e);
-    return fp_step_finish(e, &p, out, -1, r);
+    const float *out = p.reason == FP_HIT ? NULL : fp_infer_cpu_local(e);
+    return fp_step_finish_local(e, &p, out, -1, r);
 }
+
+extern __typeof__(fp_step) fp_step_local __attribute__((alias("fp_step"), visibility("hidden")));
 
 int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
                       const int64_t *ts, int64_t n, float *signal, float *confidence,

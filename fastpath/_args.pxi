@@ -69,8 +69,18 @@ cdef inline Py_ssize_t _symbol_arg(object symbol, Py_ssize_t n) except -1:
     """symbol as an index in [0, n): a Python int (fast path) or any integer type with
     __index__ (numpy integers); anything else, or out of range, is an InputError."""
     cdef Py_ssize_t v
+    # only the common call is inline; _symbol_slow (out of line) has the checks and messages
     if type(symbol) is int:
         v = _long_as_ssize(symbol)        # -1 with OverflowError set when it does not fit
+        if 0 <= v < n:
+            return v
+    return _symbol_slow(symbol, n)
+
+
+cdef Py_ssize_t _symbol_slow(object symbol, Py_ssize_t n) except -1:
+    cdef Py_ssize_t v
+    if type(symbol) is int:
+        v = _long_as_ssize(symbol)
         if 0 <= v < n:
             return v
         PyErr_Clear()
@@ -83,7 +93,7 @@ cdef inline Py_ssize_t _symbol_arg(object symbol, Py_ssize_t n) except -1:
         raise _bad_symbol(symbol, n) from None
     if type(as_int) is not int:     # a broken __index__; never loop
         raise _bad_symbol(symbol, n)
-    return _symbol_arg(as_int, n)
+    return _symbol_slow(as_int, n)
 
 
 def _bad_ts(ts):
@@ -106,15 +116,22 @@ cdef inline long long _ts_arg(object ts) except -2:
     """ts_ns as ns >= 0, or -1 for None (the engine clock); InputError for anything else."""
     cdef long long v
     cdef int overflow = 0
-    if ts is None:
-        return -1
+    # inline: the two common calls; _ts_slow (out of line) has the checks and messages
     if type(ts) is int:
-        # the common call, without the try block below (saving and restoring the thread's
-        # exception state on every tick)
         v = _long_as_ll_ovf(ts, &overflow)
         if overflow == 0 and v >= 0:
             return v
+    elif ts is None:
+        return -1
+    return _ts_slow(ts)
+
+
+cdef long long _ts_slow(object ts) except -2:
+    cdef long long v
+    if ts is None:
+        return -1
     if type(ts) is int or (isinstance(ts, np.integer) and not isinstance(ts, np.bool_)):
+        # the try block (saving and restoring the thread's exception state) only here
         try:
             v = ts
         except OverflowError:

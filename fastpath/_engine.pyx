@@ -4,13 +4,15 @@
 Design: Engine.step checks the raw buffer once through numpy's C API (type,
 dtype, byte order, shape, contiguity: a handful of loads, no buffer
 acquisition), then makes one C call, fp_step(), that runs every stage. The
-only Python object allocated per tick is the Result (from a freelist); its
-Latency is built only when asked for. step_batch validates the whole batch,
+only Python object a tick needs is the Result (the one from two ticks ago when
+the caller has dropped it, else from a freelist); its Latency is built only
+when asked for. step_batch validates the whole batch,
 then releases the GIL around one C loop; a busy flag (read and written under
 the GIL) makes a second thread's call fail cleanly instead of racing.
 """
 cimport cython
 from cpython.exc cimport PyErr_Clear
+from cpython.ref cimport PyObject
 
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
@@ -133,20 +135,90 @@ cdef class Result:
                 f"cached={bool(self.cached)}, total_ns={self._t}{wait})")
 
 
+cdef extern from *:
+    # Reusing a Result relies on its reference count being exact; a free-threaded build's
+    # is not (biased counts, other threads' references), so there a Result is always new.
+    """
+    #ifdef Py_GIL_DISABLED
+    #define FP_RESULT_REUSE 0
+    #else
+    #define FP_RESULT_REUSE 1
+    #endif
+    """
+    const bint FP_RESULT_REUSE
+    Py_ssize_t _refcnt "Py_REFCNT"(PyObject *o)
+
+# The last two Results _make_result handed out. In the usual loop, `r = step(...)`, the one
+# from two calls ago has been dropped by the caller by the time of the next call: only this
+# slot holds it, and it is filled again instead of allocating a new one (a freelist pop,
+# a memset and PyObject_Init, and on the caller's side its dealloc: ~8 ns a tick measured in
+# the bench's replay). A Result anything else still references is never touched.
+cdef Result _spare_old = None
+cdef Result _spare_new = None
+
+
+cdef inline Result _new_result():
+    global _spare_old, _spare_new
+    cdef Result res
+    if FP_RESULT_REUSE and _spare_old is not None and _refcnt(<PyObject *>_spare_old) == 1:
+        res = _spare_old
+        # the fields _make_result does not write, as a new Result has them
+        res.seq = 0
+        res.wait_ns = 0
+        res._h = 0
+        res._d = 0
+    else:
+        res = Result.__new__(Result)
+    _spare_old = _spare_new
+    _spare_new = res
+    return res
+
+
+cdef extern from *:
+    # A compiler barrier: the loads on either side stay separate instructions
+    """
+    #if defined(__GNUC__)
+    #define FP_SEPARATE_LOADS() __asm__ __volatile__("" ::: "memory")
+    #else
+    #define FP_SEPARATE_LOADS() ((void)0)
+    #endif
+    """
+    void _separate_loads "FP_SEPARATE_LOADS"() noexcept nogil
+
+
 cdef inline Result _make_result(const fp_result *r):
-    cdef Result res = Result.__new__(Result)
+    cdef Result res = _new_result()
+    # fp_step has just stored these fields one by one; a wider load spanning two of those
+    # stores (the compiler pairs signal+confidence and feature_ns+cache_ns) cannot take its
+    # data from the store buffer and waits for both stores to reach the cache. One load per
+    # field forwards.
+    res._f = r.feature_ns
+    _separate_loads()
+    res._c = r.cache_ns
+    _separate_loads()
+    res._i = r.infer_ns
+    _separate_loads()
+    res._t = r.total_ns
     res.signal = r.signal
+    _separate_loads()
     res.confidence = r.confidence
     res.cached = r.cached
     res._reason = r.reason
-    res._f = r.feature_ns
-    res._c = r.cache_ns
-    res._i = r.infer_ns
-    res._t = r.total_ns
     return res
 
 
 include "_args.pxi"
+
+
+cdef extern from *:
+    # fp_step under a hidden alias (csrc/fp_engine.c): linked into this module, so the call
+    # is direct instead of through the PLT
+    """
+    extern int fp_step_local(fp_engine *, const float *, int32_t, int64_t, fp_result *)
+        __attribute__((visibility("hidden")));
+    """
+    int fp_step_local(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
+                      fp_result *r) noexcept
 
 cdef extern from "fp_engine.h":
     void fp_engine_set_stage_times(fp_engine *e, int on)
@@ -271,7 +343,7 @@ cdef class Engine:
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         cdef long long ts = _ts_arg(ts_ns)
         self._check_free()
-        cdef int rc = fp_step(self._e, p, <int32_t>sym, ts, &r)
+        cdef int rc = fp_step_local(self._e, p, <int32_t>sym, ts, &r)
         if rc != FP_OK:
             self._raise(rc, raw, sym, ts)
         return _make_result(&r)
