@@ -110,6 +110,7 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     fp_feature_spec *fs = &e->fs;
     fs->raw_len = p->raw_len; fs->n_z = p->n_z; fs->n_w = p->n_w;
     fs->window = p->n_w > 0 ? p->window : 1;
+    fs->inv_window = 1.0 / (double)fs->window;
     fs->n_feat = n_feat;
     fs->z_idx = (int32_t *)fp_copy_aligned(p->z_idx, sizeof(int32_t) * p->n_z);
     fs->w_idx = (int32_t *)fp_copy_aligned(p->w_idx, sizeof(int32_t) * p->n_w);

@@ -32,6 +32,7 @@ typedef struct {
     int n_runs;       /* 0: gather index by index instead */
     fp_zstep *zsteps; /* z_idx as a permute plan (fp_zperm_build), or NULL */
     int n_zsteps;     /* > 0: compute the z-scores through the plan (before runs or gather) */
+    double inv_window;/* 1.0 / window */
 } fp_feature_spec;
 
 /* Split z_idx into runs of consecutive indices; returns the count (runs has room for n_z). */
@@ -111,7 +112,9 @@ static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spe
     const double *sumsq = sum + fs->n_w;
     const float *ring = (const float *)(sumsq + fs->n_w);
     const int full = h->count >= (uint32_t)fs->window;
-    const double inv_n = 1.0 / (full ? (double)fs->window : (double)(h->count + 1));
+    /* a full window (every tick once warm) takes 1 / W computed once: the same double, without
+     * a division on the way to the window features */
+    const double inv_n = full ? fs->inv_window : 1.0 / (double)(h->count + 1);
     k->window_zscore(raw, fs->w_idx, fs->n_w, sum, sumsq,
                      full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n, fs->mean + fs->n_z,
                      fs->inv_std + fs->n_z, feat + fs->n_z);
