@@ -278,7 +278,7 @@ def test_engine_recomputes_the_cached_norm_for_each_new_key(isa):
     """|cached| in double is computed on the first lookup that needs it and kept with the
     key; a new key (a miss stores it) must not be judged with the previous key's norm. Keys
     alternate between one direction at norms 1 and 3 (times 1e-17: float32 sums of squares
-    below 2^-96, which the float32 look leaves to the double path); each is followed by
+    below 2^-64, which the float32 look leaves to the double path); each is followed by
     lookups of its own size (so the double path, and the kept norm, decide), which must hit;
     with the previous key's norm kept, the norm guard (tol 0.5) would refuse them."""
     thr = 0.999999

@@ -6,14 +6,20 @@ cosine, so a decision the look makes is only safe where the exact cosine (or nor
 more than eps2 beyond the threshold. These tests walk each pair to the very edge of what the
 look decides (bisection on the angle or the norm ratio) and check the exact value there,
 computed in integers, on every kernel set, at feature counts from 1 to 300, thresholds from
-1e-300 to past 1, magnitudes from the 2^-96 floor of |f|^2 to near float32's overflow, with
+1e-300 to past 1, magnitudes from the 2^-64 floor of |f|^2 to near float32's overflow, with
 subnormal components, opposite directions and zero vectors. The double path's decision is
 rebuilt in Python from the kernel's own double sums (kernel_dot_norms_f64) with the same
 double operations as fp_cache_decide_f64, so it is the reference and not the lookup itself
 (kernel_cache_decide runs the float32 look first: comparing the look with it compares the
 look with itself wherever the look decides).
 """
+import contextlib
+import ctypes
+import ctypes.util
+import functools
 import math
+import platform
+import sys
 from decimal import Decimal, localcontext
 
 import numpy as np
@@ -73,24 +79,34 @@ def key_and_dir(rng, n, scale, sparse):
 CASES = [  # (n, threshold, tolerance, scale of |c|, sparse)
     (1, 0.999999, 0.5, 1.0, False),
     (2, 1 - 1e-13, 0.01, 10.0, False),
-    (3, 1 - 1e-11, 0.01, 2.0 ** -47, False),      # |c|^2 just above the 2^-96 floor
+    (3, 1 - 1e-11, 0.01, 2.0 ** -31.5, False),    # |c|^2 just above the 2^-64 floor
     (5, 0.9999999, 1e-6, 2.0 ** 60, False),        # |c|^2 near 2^120
     (17, 0.999999, 0.5, 1.0, True),
     (17, 0.3, 3.0, 1e-3, True),
     (33, 1e-300, 0.999, 1e5, False),
     (128, 0.999999, 0.05, 1.0, False),
-    (128, 1 - 1e-9, 0.5, 2.0 ** -46, True),
+    (128, 1 - 1e-9, 0.5, 2.0 ** -30, True),
     (128, 0.99, 1.0, 1e12, False),
     (129, 1.0, 0.5, 1.0, False),
     (300, 0.999, 0.002, 3.0, True),
 ]
 
 
+def _under(ftz, fn, *args):
+    """fn(*args), with MXCSR's FTZ and DAZ on for the call when ftz (the vectors are built and
+    checked outside it, so numpy's own arithmetic is not flushed)."""
+    if not ftz:
+        return fn(*args)
+    with flush_to_zero():
+        return fn(*args)
+
+
+@pytest.mark.parametrize("ftz", [False, True], ids=["ieee", "ftz"])
 @pytest.mark.parametrize("case", CASES)
-def test_float_look_edges_are_safe(isa, case):
+def test_float_look_edges_are_safe(isa, case, ftz):
     """At the angle where the look stops deciding a hit (and where it starts deciding a cosine
     miss), the exact cosine is more than eps2 on the decided side of the threshold, and the
-    decision is the double path's."""
+    decision is the double path's; with gradual underflow and with flush-to-zero (below)."""
     n, t, tol, scale, sparse = case
     rng = np.random.default_rng(n * 1000 + int(scale > 1))
     checked = 0
@@ -99,7 +115,7 @@ def test_float_look_edges_are_safe(isa, case):
         rho = 1.0 + (0.0, 1e-9, -1e-7, 1e-4)[trial] * (tol < 1)
         tau = 1.0 - t
         ang0 = math.acos(min(1.0, max(-1.0, t))) if tau > 1e-15 else 1e-7
-        look = lambda a: K.kernel_cache_look_f32(isa, rotated(c, u, a, rho), c, t, tol)
+        look = lambda a: _under(ftz, K.kernel_cache_look_f32, isa, rotated(c, u, a, rho), c, t, tol)
         for target, lo, hi in (("hit", 0.0, ang0), ("cosine", ang0, min(math.pi, 2.0 * ang0 + 1e-6))):
             decided = (lambda r: r in ("hit", "norm")) if target == "hit" else (lambda r: r == "cosine")
             if not decided(look(lo if target == "hit" else hi)):
@@ -113,7 +129,7 @@ def test_float_look_edges_are_safe(isa, case):
             f = rotated(c, u, lo if target == "hit" else hi, rho)
             r = look(lo if target == "hit" else hi)
             assert decided(r)
-            assert r == f64_decision(isa, f, c, t, tol), (target, r)
+            assert r == _under(ftz, f64_decision, isa, f, c, t, tol), (target, r)
             cos, _ = exact(f, c)
             margin = cos - Decimal(t) if target == "hit" else Decimal(t) - cos
             assert margin > eps2(n), (target, float(margin), float(eps2(n)))
@@ -122,9 +138,9 @@ def test_float_look_edges_are_safe(isa, case):
         assert checked > 0
 
 
-@pytest.mark.parametrize("n,t,tol,scale", [(3, 0.99, 0.01, 1.0), (17, 0.5, 0.3, 1e-10),
+@pytest.mark.parametrize("n,t,tol,scale", [(3, 0.99, 0.01, 1.0), (17, 0.5, 0.3, 1e-8),
                                            (128, 0.999999, 1e-4, 1.0), (128, 0.3, 0.999, 1e15),
-                                           (300, 0.9, 0.5, 2.0 ** -47)])
+                                           (300, 0.9, 0.5, 2.0 ** -31.5)])
 def test_float_look_norm_edges_are_safe(isa, n, t, tol, scale):
     """The same at the norm ratio where the look stops deciding a hit and where it starts
     deciding a norm miss, on both sides of 1."""
@@ -178,3 +194,77 @@ def test_float_look_special_inputs(isa):
                             want = f64_decision(isa, f, k, t, tol)
                         assert r == want, (t, tol, r, want)
 
+
+
+# ---- flush-to-zero ---------------------------------------------------------------------------
+# torch.set_flush_denormal(True), or loading any shared library built with -ffast-math, sets
+# MXCSR's FTZ and DAZ bits for the thread: an underflowing float32 product is then 0, not
+# within 2^-150 of its value. The look's bound must hold there too (the double path's sums
+# of float products never underflow).
+
+@functools.lru_cache(maxsize=1)
+def _libm():
+    return ctypes.CDLL(ctypes.util.find_library("m"))
+
+
+@contextlib.contextmanager
+def flush_to_zero():
+    """MXCSR FTZ + DAZ on this thread (glibc x86-64: fenv_t holds MXCSR at byte 28)."""
+    if platform.machine() not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
+        pytest.skip("sets MXCSR through glibc's x86-64 fenv_t")
+    libm = _libm()
+    saved = (ctypes.c_ubyte * 64)()
+    if libm.fegetenv(saved) != 0:
+        pytest.skip("fegetenv failed")
+    env = bytearray(bytes(saved))
+    mx = int.from_bytes(env[28:32], "little")
+    env[28:32] = (mx | 0x8040).to_bytes(4, "little")
+    libm.fesetenv((ctypes.c_ubyte * 64).from_buffer_copy(bytes(env)))
+    try:
+        tiny = np.array([2.0 ** -100], np.float32)
+        assert float((tiny * tiny)[0]) == 0.0, "FTZ did not take effect"
+        yield
+    finally:
+        libm.fesetenv(saved)
+
+
+def ftz_pair(seed, n=128):
+    """(f, c): |c|^2 ~ 2^-88, f - c of +-2^-66 in every component: each square of a
+    difference (2^-132) underflows, so under FTZ the float32 |f - c|^2 is 0, while the pair's
+    true 1 - cos is ~1e-11."""
+    rng = np.random.default_rng(seed)
+    c = (rng.standard_normal(n) * 2.0 ** -44 / math.sqrt(n)).astype(np.float32)
+    f = (c + rng.choice([-1.0, 1.0], n) * 2.0 ** -66).astype(np.float32)
+    return f, c
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float_look_under_flush_to_zero(isa, seed):
+    f, c = ftz_pair(seed)
+    t = 1.0 - 1e-12
+    cos, _ = exact(f, c)
+    assert cos < Decimal(t) - Decimal(1e-12)        # a clear miss
+    with flush_to_zero():
+        look = K.kernel_cache_look_f32(isa, f, c, t, 0.5)
+        want = double_decision(isa, f, c, t, 0.5)
+        full = K.kernel_cache_decide(isa, f, c, t, 0.5)
+    assert want == "cosine"
+    assert look in ("cosine", "undecided")
+    assert full == "cosine"
+
+
+def test_engine_under_flush_to_zero(isa):
+    """End to end: the key stored, then a tick 1e-11 off in cosine at threshold 1 - 1e-12
+    must not be answered from the cache."""
+    from fastpath import Engine
+    from fastpath.model import CachePolicy, Layer, Model
+    from conftest import engine_cfg
+    f, c = ftz_pair(7)
+    pol = CachePolicy(enabled=True, cos_threshold=1.0 - 1e-12, norm_tol=0.5,
+                      max_age_ns=10**15, max_run=10**6)
+    w = np.random.default_rng(0).standard_normal((2, len(c))).astype(np.float32)
+    eng = Engine(Model((Layer(w, np.zeros(2, np.float32), "identity"),), None, pol),
+                 config=engine_cfg(isa))
+    with flush_to_zero():
+        assert not eng.step(c, 0, ts_ns=10).cached
+        assert not eng.step(f, 0, ts_ns=11).cached
