@@ -10,12 +10,12 @@ import numpy as np
 PCTS = (50, 90, 99, 99.9)
 
 
-
 def _step_py(sp) -> str:
     """'hit p50 / miss p50' of a trade-off row's step() replay, '-' where it had none."""
     if not sp:
         return "-"
     return " / ".join(fmt_ns(sp[k]["p50"]) if sp[k]["p50"] is not None else "-" for k in ("hit", "miss"))
+
 
 def percentile_levels(n: int) -> list:
     """The percentile levels HdrHistogram's percentile iterator reports (5 ticks per halving

@@ -72,14 +72,24 @@ static inline const float *fp_slot_features_c(const fp_slot *s) { return (const 
  *
  * Error bound. D, E, A = |a|^2, B = |b|^2 as diff_norms_f32 sums them: each term meets at
  * most m = FP_DOTF_ROUNDINGS(n) + 2 roundings (the kernel's contract, fp_simd.h), each a
- * factor (1 + d), |d| <= u = 2^-24, or, where a result is subnormal, an absolute error
- * <= 2^-150 (a difference or sum of two floats is then exact, so only products and the
- * chain and reduction additions, <= 3n of them, add one). So (Higham, sec. 3.1), with
- * g = m u / (1 - m u), e0 = 3n 2^-149 and the exact values D*, E*, A*, B*:
+ * factor (1 + d), |d| <= u = 2^-24, or, where a result is below 2^-126, an absolute error
+ * < 2^-126: <= 2^-150 with gradual underflow, < 2^-126 where MXCSR flushes to zero (FTZ,
+ * which torch.set_flush_denormal or any library built with -ffast-math sets for the whole
+ * thread). A difference or sum of two floats below 2^-126 is exact, or flushed only where
+ * both are below ~2^-101, which moves its term by < 2^-225; so, but for those, only the n
+ * products (fused or not) and at most 63 reduction additions a sum add such an error. So
+ * (Higham, sec. 3.1), with g = m u / (1 - m u), e0 = (n + 64) 2^-125 (twice the errors, for
+ * their growth and the 2^-225s) and the exact values D*, E*, A*, B*:
  *   |D - D*| <= g D* + e0,   |A - A*| <= g A* + e0 (B alike),
  *   |E - E*| <= g sum |a_i - b_i||a_i + b_i| + e0 <= g r s + e0,
  * r = |a - b| = sqrt(D*), s = |a| + |b| (Cauchy-Schwarz, then |a + b| <= s). Sums below
- * 2^-96 go to the double path, so e0 <= x min(A, B), x = 3n 2^-53; then A* is in
+ * 2^-64 go to the double path, so e0 <= x min(A, B), x = 3n 2^-53 (3n 2^-117 >= (n + 64)
+ * 2^-125 for n >= 1; gradual underflow needs only 2^-96 but this is what FTZ needs, and a
+ * look is then UNDECIDED for |f| or |c| < 2^-32 only). Denormals-are-zero (DAZ, set with
+ * FTZ) reads a subnormal component as 0: the sums are then those of vectors within
+ * sqrt(n) 2^-126 of f and c, both >= 2^-32 long, which moves a cosine or a norm ratio by
+ * < sqrt(n) 2^-92: far inside the slack of the margins below (mg keeps 3 2^-54 beyond
+ * 1 - t's rounding; eps2 is about twice the double path's error). Then A* is in
  * [A ca_lo, A ca_hi], ca_lo = 1 / (1 + h), ca_hi = 1 / (1 - h), h = g + 2x (B alike),
  * N = |a||b| is in [ca_lo, ca_hi] sqrt(A B), and e0 <= x (1 + h) N.
  *   Upper bound (hit side). Take S = 2 ca_hi (A + B) >= 2 (A* + B*) >= s^2, y = |E| / sqrt(S)
@@ -111,7 +121,7 @@ static inline const float *fp_slot_features_c(const fp_slot *s) { return (const 
  * cosine, ~(|a| / |b| - 1)^2 / 2 of 1 - t (the HM and AM for N) and ~(|a| / |b| - 1)^4 / 8
  * (S and Q): nothing for ticks of similar norms, 2e-10 and 1e-9 at norms 1% apart and
  * t = 0.999999 (such a pair that close to t goes to the double sums).
- *   In double: A B is exact; with A, B in [2^-96, 2^128], nonzero D, E >= 2^-149 and th, tl
+ *   In double: A B is exact; with A, B in [2^-64, 2^128], nonzero D, E >= 2^-149 and th, tl
  * >= 2^-100 when not <= 0 (1 - t is a multiple of 2^-53 near 0), every product here is 0
  * or a normal double, and so is the miss side's bracket (a difference of doubles >= 2^-150:
  * 0 or >= 2^-202), so each operation errs by at most 2^-53 relative. Each constant above
@@ -177,7 +187,7 @@ static inline void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *
  * lookups), the hit test in parallel. */
 static inline int fp_cache_decide_f32(const fp_cache_plan *pl, float dd, float de, float a2,
                                       float b2) {
-    if (!(pl->f32 && a2 >= 0x1p-96f && a2 <= FLT_MAX && b2 >= 0x1p-96f && b2 <= FLT_MAX &&
+    if (!(pl->f32 && a2 >= 0x1p-64f && a2 <= FLT_MAX && b2 >= 0x1p-64f && b2 <= FLT_MAX &&
           dd <= FLT_MAX && fabsf(de) <= FLT_MAX))
         return FP_CACHE_UNDECIDED;
     const double D = dd, E = de, A = a2, B = b2;

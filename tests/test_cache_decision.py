@@ -278,7 +278,7 @@ def test_engine_recomputes_the_cached_norm_for_each_new_key(isa):
     """|cached| in double is computed on the first lookup that needs it and kept with the
     key; a new key (a miss stores it) must not be judged with the previous key's norm. Keys
     alternate between one direction at norms 1 and 3 (times 1e-17: float32 sums of squares
-    below 2^-96, which the float32 look leaves to the double path); each is followed by
+    below 2^-64, which the float32 look leaves to the double path); each is followed by
     lookups of its own size (so the double path, and the kept norm, decide), which must hit;
     with the previous key's norm kept, the norm guard (tol 0.5) would refuse them."""
     thr = 0.999999
@@ -480,6 +480,23 @@ def test_engine_decides_tight_pairs_exactly(isa):
     assert not wrong, wrong
 
 
+def double_decision(isa, f, c, thr, tol):
+    """fp_cache_decide_f64's decision, rebuilt from the kernel's own double sums with the same
+    double operations: the reference for the float32 look (kernel_cache_decide runs the look
+    first, so wherever the look decides it would only be compared with itself)."""
+    dot, na2, nb2 = K.kernel_dot_norms_f64(isa, f, c)
+    if not (na2 <= np.finfo(np.float64).max):
+        return "cosine"
+    na, nb = float(np.sqrt(na2)), float(np.sqrt(nb2))
+    if na == 0.0 or nb == 0.0:
+        return "hit" if (na == 0.0 and nb == 0.0) else "cosine"
+    if dot < thr * na * nb:
+        return "cosine"
+    if abs(na / nb - 1.0) > tol:
+        return "norm"
+    return "hit"
+
+
 def _stream_pairs(n_ticks=20000):
     """Consecutive ticks of each symbol, as feature vectors of the demo model on the
     synthetic book stream: what a symbol's slot compares on the bench."""
@@ -510,7 +527,8 @@ def test_float_look_decides_the_hits_of_a_real_stream(isa):
     thr, tol = pol.cos_threshold, pol.norm_tol
     hits = decided_hits = decided = 0
     for f, c in pairs:
-        want = K.kernel_cache_decide(isa, f, c, thr, tol)
+        want = double_decision(isa, f, c, thr, tol)
+        assert K.kernel_cache_decide(isa, f, c, thr, tol) == want
         look = K.kernel_cache_look_f32(isa, f, c, thr, tol)
         assert look in (want, "undecided"), (want, look)
         decided += look != "undecided"
