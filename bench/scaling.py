@@ -15,11 +15,10 @@ identity output, identity features, cache off), one tick at a time. Per model an
   bound). `x_fma` and `x_read` are the kernel against each bound alone. Where the weights fit
   L2 but not L1, L2 cannot feed the FMA rate (16 lanes x 2 FMAs x 4 bytes a cycle is 128 B,
   L2 gives at most 64), so the read bound binds there, not the FMA bound; in L1 the two are
-  close (two 64-byte loads a cycle at best). The probe reads one sequential stream; past 1 MB
+  close (two 64-byte loads a cycle at best). The probe reads one sequential stream; past 512 KB
   each pass also runs with software prefetch 1 KB ahead (as the kernels prefetch their weight
   streams past 512 KB) and the faster one counts, so the kernel is not held to a bound it
-  beats. Between 512 KB and 1 MB the probe does not prefetch while the kernel does (weights
-  in L2 there). `x_issue` keeps the original target's reading
+  beats. `x_issue` keeps the original target's reading
   (FMA bound where the weights fit L2, read bound beyond) so nothing is hidden;
 - kernel and read probe are sampled alternately (a warm-up pass before each kernel sample, so
   the probe's buffer does not leave the weights cold) and compared p50 to p50: on a shared

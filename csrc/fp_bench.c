@@ -143,7 +143,7 @@ double fp_fma512_ns_per_instr(long iters) {
 }
 
 /* Streaming-read bandwidth in GB/s (1e9 bytes/s) over a buffer of `bytes` (rounded up to 256),
- * read `passes` times after one warm-up pass with the widest loads the CPU has (past 1 MB
+ * read `passes` times after one warm-up pass with the widest loads the CPU has (past 512 KB
  * each time with and without software prefetch); the best pass counts. < 0 when the buffer cannot be allocated. */
 double fp_read_gbps(size_t bytes, int passes) {
     bytes = FP_ROUND_UP(bytes < 256 ? 256 : bytes, 256);
@@ -157,9 +157,9 @@ double fp_read_gbps(size_t bytes, int passes) {
     if (fp_isa_supported(FP_ISA_AVX512)) pass = fp_read_pass_avx512, pass_pf = fp_read_pass_pf_avx512;
     else if (fp_isa_supported(FP_ISA_AVX2)) pass = fp_read_pass_avx2, pass_pf = fp_read_pass_pf_avx2;
 #endif
-    /* beyond 1 MB (past L2 on the CPUs measured) each pass is also tried with software
+    /* beyond 512 KB (where the GEMV kernels start prefetching) each pass is also tried with software
      * prefetch, alternating, and the faster counts: the bound is what the core can read */
-    if (bytes <= (1u << 20)) pass_pf = NULL;
+    if (bytes <= (1u << 19)) pass_pf = NULL;
     volatile float sink = pass(p, n);
     if (pass_pf) sink += pass_pf(p, n);
     /* small buffers: repeat within a timed pass so one pass lasts well over the clock's cost */

@@ -6,7 +6,7 @@
 double fp_fma_ns_per_instr(long iters);
 /* ns per 16-lane FMA instruction at full throughput; < 0 where the AVX-512 set cannot run */
 double fp_fma512_ns_per_instr(long iters);
-/* streaming-read GB/s over a buffer of `bytes`, best of `passes` (past 1 MB each pass also
+/* streaming-read GB/s over a buffer of `bytes`, best of `passes` (past 512 KB each pass also
  * with software prefetch, the faster counting); < 0 on allocation failure */
 double fp_read_gbps(size_t bytes, int passes);
 /* spin on this core for duration_ns; histogram (40 log2 buckets) of clock gaps above

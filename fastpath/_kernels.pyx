@@ -77,7 +77,7 @@ def fma_macs_per_ns(str isa):
 def read_gbps(long long nbytes, int passes=5):
     """Streaming-read bandwidth in GB/s (1e9 bytes/s) over a buffer of nbytes, read `passes`
     times after a warm-up with the widest loads this CPU has (GIL released); best pass (past
-    1 MB each pass also with software prefetch, the faster counting). Size the buffer as the
+    512 KB each pass also with software prefetch, the faster counting). Size the buffer as the
     weights: it measures the cache level (or memory) they stream from."""
     if not 256 <= nbytes <= (1 << 34):
         raise InputError(f"nbytes must be in [256, 2**34], got {nbytes}")
