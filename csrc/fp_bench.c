@@ -58,63 +58,51 @@ FP_TARGET_AVX512 static double fp_fma_ns_avx512(long iters) {
     return (double)(t1 - t0) / ((double)iters * 12.0);
 }
 
-/* one pass over n floats (n a multiple of 64), 4 loads of 64 bytes an iteration into 4 sums */
+/* one pass over n floats (n a multiple of 64), 4 loads of 64 bytes an iteration into 4 sums;
+ * pf: each line also asked for 1024 bytes ahead (past L2 the GEMV kernels prefetch their
+ * weight streams, so a probe that does not would be a bound they beat) */
+FP_TARGET_AVX512 static inline __attribute__((always_inline)) float
+fp_read_pass_avx512_body(const float *p, size_t n, const int pf) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n; i += 64) {
+        if (pf)
+            for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(p + i) + 1024 + 64 * l, _MM_HINT_T0);
+        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
+        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+FP_TARGET_AVX2 static inline __attribute__((always_inline)) float
+fp_read_pass_avx2_body(const float *p, size_t n, const int pf) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n; i += 32) {
+        if (pf)
+            for (int l = 0; l < 2; l++) _mm_prefetch((const char *)(p + i) + 1024 + 64 * l, _MM_HINT_T0);
+        s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
+        s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
+    }
+    s0 = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    float t[8];
+    _mm256_storeu_ps(t, s0);
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+
 FP_TARGET_AVX512 static float fp_read_pass_avx512(const float *p, size_t n) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i < n; i += 64) {
-        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
-        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
-        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
-        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    return fp_read_pass_avx512_body(p, n, 0);
 }
-
-/* the same with each line asked for 1024 bytes ahead: past L2 the GEMV kernels prefetch their
- * weight streams, so a probe that does not would be a bound they beat */
 FP_TARGET_AVX512 static float fp_read_pass_pf_avx512(const float *p, size_t n) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i < n; i += 64) {
-        _mm_prefetch((const char *)(p + i) + 1024, _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + i) + 1088, _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + i) + 1152, _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + i) + 1216, _MM_HINT_T0);
-        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
-        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
-        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
-        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    return fp_read_pass_avx512_body(p, n, 1);
 }
-
-FP_TARGET_AVX2 static float fp_read_pass_pf_avx2(const float *p, size_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i < n; i += 32) {
-        _mm_prefetch((const char *)(p + i) + 1024, _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + i) + 1088, _MM_HINT_T0);
-        s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
-        s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
-        s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
-        s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
-    }
-    s0 = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-    float t[8];
-    _mm256_storeu_ps(t, s0);
-    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
-}
-
 FP_TARGET_AVX2 static float fp_read_pass_avx2(const float *p, size_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i < n; i += 32) {
-        s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
-        s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
-        s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
-        s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
-    }
-    s0 = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-    float t[8];
-    _mm256_storeu_ps(t, s0);
-    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+    return fp_read_pass_avx2_body(p, n, 0);
+}
+FP_TARGET_AVX2 static float fp_read_pass_pf_avx2(const float *p, size_t n) {
+    return fp_read_pass_avx2_body(p, n, 1);
 }
 #endif
 

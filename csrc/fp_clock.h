@@ -90,11 +90,17 @@ static inline double fp_clock_slope(void) {
     return k;
 }
 
-/* ns in a difference of two fp_ticks() values, t1 - t0; 0 when t1 is before t0 */
-static inline int64_t fp_ticks_to_ns(uint64_t dt) {
+/* fp_ticks_to_ns() with the clock source (tsc) and rate (k) already loaded, for a caller
+ * converting several intervals at once */
+static inline int64_t fp_ticks_to_ns_at(uint64_t dt, int tsc, double k) {
     const int64_t d = (int64_t)dt;
     if (d <= 0) return 0;
-    return fp_clock.use_tsc ? (int64_t)((double)d * fp_clock_slope()) : d;
+    return tsc ? (int64_t)((double)d * k) : d;
+}
+
+/* ns in a difference of two fp_ticks() values, t1 - t0; 0 when t1 is before t0 */
+static inline int64_t fp_ticks_to_ns(uint64_t dt) {
+    return fp_ticks_to_ns_at(dt, fp_clock.use_tsc, fp_clock_slope());
 }
 
 /* CLOCK_MONOTONIC-compatible ns from a raw timestamp (no second clock read). */

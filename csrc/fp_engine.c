@@ -196,13 +196,6 @@ void fp_engine_reset(fp_engine *e) {
     memset(e->lat, 0, sizeof(fp_lat) * (e->lat_mask + 1));
 }
 
-/* fp_ticks_to_ns() with the clock source and rate read once by the caller */
-static inline int64_t fp_dt_ns(uint64_t dt, int tsc, double k) {
-    const int64_t d = (int64_t)dt;
-    if (d <= 0) return 0;
-    return tsc ? (int64_t)((double)d * k) : d;
-}
-
 /* ns into a uint32 record, saturating (a 4.3 s stall records as 4.3 s, not as a wrap) */
 static inline uint32_t fp_sat32(int64_t ns) {
     return ns <= 0 ? 0u : ns >= (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
@@ -366,7 +359,7 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
      * fp_ticks_to_ns() gives: 0 for a negative or zero interval, else trunc(ticks * k). */
     const int tsc = fp_clock.use_tsc;
     const double k = fp_clock_slope();
-    const int64_t total = fp_dt_ns(t4 - p->t0, tsc, k);
+    const int64_t total = fp_ticks_to_ns_at(t4 - p->t0, tsc, k);
     fp_lat rec;
     rec.total = fp_sat32(total);
     r->reason = p->reason;
@@ -376,11 +369,11 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         r->feature_ns = r->cache_ns = r->infer_ns = -1;
         rec.feature = rec.cache = rec.infer = 0;
     } else {
-        const int64_t f = fp_dt_ns(p->t1 - p->t0, tsc, k);
-        const int64_t c = fp_dt_ns(p->t2 - p->t1, tsc, k) + fp_dt_ns(t4 - t3, tsc, k);
+        const int64_t f = fp_ticks_to_ns_at(p->t1 - p->t0, tsc, k);
+        const int64_t c = fp_ticks_to_ns_at(p->t2 - p->t1, tsc, k) + fp_ticks_to_ns_at(t4 - t3, tsc, k);
         const int64_t i = p->reason == FP_HIT ? 0
-                          : extern_infer_ns >= 0 ? extern_infer_ns + fp_dt_ns(t3 - th, tsc, k)
-                          : fp_dt_ns(t3 - p->t2, tsc, k);
+                          : extern_infer_ns >= 0 ? extern_infer_ns + fp_ticks_to_ns_at(t3 - th, tsc, k)
+                          : fp_ticks_to_ns_at(t3 - p->t2, tsc, k);
         r->feature_ns = f;
         r->cache_ns = c;
         r->infer_ns = i;

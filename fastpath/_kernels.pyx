@@ -299,6 +299,17 @@ def kernel_window_zscore(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, me
 _REASONS = {FP_HIT: "hit", FP_MISS_COSINE: "cosine", FP_MISS_NORM: "norm"}
 
 
+cdef fp_cache_policy _guards_only(double cos_threshold, double norm_tol):
+    """A policy whose age and run guards never refuse: only direction and magnitude decide."""
+    cdef fp_cache_policy p
+    p.cos_threshold = cos_threshold
+    p.norm_tol = norm_tol
+    p.max_age_ns = 1LL << 62
+    p.max_run = 0xFFFFFFFF
+    p.enabled = 1
+    return p
+
+
 def kernel_cache_decide(str isa, f, cached, double cos_threshold, double norm_tol):
     """The cache's direction and magnitude guards alone, as fp_cache_lookup decides them for
     features f against a slot holding `cached` (stored as the engine stores it: the features
@@ -311,12 +322,7 @@ def kernel_cache_decide(str isa, f, cached, double cos_threshold, double norm_to
     cdef fp_slot *s = <fp_slot *>fp_aligned_alloc(fp_slot_stride(n))
     if s == NULL:
         raise MemoryError("cannot allocate a cache slot")
-    cdef fp_cache_policy p
-    p.cos_threshold = cos_threshold
-    p.norm_tol = norm_tol
-    p.max_age_ns = 1LL << 62
-    p.max_run = 0xFFFFFFFF
-    p.enabled = 1
+    cdef fp_cache_policy p = _guards_only(cos_threshold, norm_tol)
     cdef double d, na2, norm
     cdef int reason
     try:
@@ -339,12 +345,7 @@ def kernel_cache_look_f32(str isa, f, cached, double cos_threshold, double norm_
     cdef int n = len(x)
     if len(c) != n or n < 1:
         raise InputError("f and cached must have one length >= 1")
-    cdef fp_cache_policy p
-    p.cos_threshold = cos_threshold
-    p.norm_tol = norm_tol
-    p.max_age_ns = 1LL << 62
-    p.max_run = 0xFFFFFFFF
-    p.enabled = 1
+    cdef fp_cache_policy p = _guards_only(cos_threshold, norm_tol)
     cdef fp_cache_plan pl
     fp_cache_plan_init(&pl, &p, n)
     cdef int r = fp_cache_look_f32(k, &pl, <const float *>cnp.PyArray_DATA(x),
