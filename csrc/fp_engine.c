@@ -350,7 +350,7 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         e->miss_reason[p->reason]++;
     }
     s->last_ns = p->now;
-    fp_window_commit(&e->fs, e->wins + e->win_stride * (size_t)p->symbol, p->raw);
+    fp_window_commit(e->k, &e->fs, e->wins + e->win_stride * (size_t)p->symbol, p->raw);
     e->ticks++;
     const uint64_t t4 = fp_ticks();
     /* Past t4 nothing is timed, but the Python caller waits for it: the clock's rate is

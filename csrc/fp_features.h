@@ -121,32 +121,16 @@ static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spe
 }
 
 /* push raw's windowed fields into the symbol's ring */
-static inline void fp_window_commit(const fp_feature_spec *fs, unsigned char *win, const float *raw) {
+static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *fs, unsigned char *win,
+                                    const float *raw) {
     if (fs->n_w == 0) return;
     fp_window_hdr *h = (fp_window_hdr *)win;
     double *sum = (double *)(win + sizeof(fp_window_hdr));
     double *sumsq = sum + fs->n_w;
     float *row = (float *)(sumsq + fs->n_w) + (size_t)h->pos * fs->n_w;
-    const int32_t *w_idx = fs->w_idx;
-    const int n_w = fs->n_w;
-    /* one loop per case, without a branch inside, so the compiler can pair the double
-     * updates; each sum still sees "minus the old value, plus the new one" in that order */
-    if (h->count >= (uint32_t)fs->window) {
-        for (int j = 0; j < n_w; j++) {
-            const double x = raw[w_idx[j]], o = row[j];
-            sum[j] = (sum[j] - o) + x;
-            sumsq[j] = (sumsq[j] - o * o) + x * x;
-            row[j] = (float)x;
-        }
-    } else {
-        for (int j = 0; j < n_w; j++) {
-            const double x = raw[w_idx[j]];
-            sum[j] += x;
-            sumsq[j] += x * x;
-            row[j] = (float)x;
-        }
-        h->count++;
-    }
+    const int full = h->count >= (uint32_t)fs->window;
+    k->window_commit(raw, fs->w_idx, fs->n_w, sum, sumsq, row, full);
+    if (!full) h->count++;
     h->pos = (h->pos + 1 == (uint32_t)fs->window) ? 0 : h->pos + 1;
 }
 

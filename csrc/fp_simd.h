@@ -116,6 +116,12 @@ typedef struct {
      * contribute nothing and are not read. */
     void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
                            float *na2, float *nb2);
+    /* a tick into a window: x = raw[w_idx[j]] as double; full (the ring row holds the oldest
+     * tick, o): sum = (sum - o) + x, sumsq = (sumsq - o*o) + x*x, else sum += x, sumsq += x*x;
+     * row[j] = x. Every set gives the scalar twin's doubles bit for bit (o*o and x*x are
+     * exact in double, so fusing them into an FMA changes nothing). */
+    void (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
+                          double *sumsq, float *row, int full);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet (diff_norms_f32: two more, for the

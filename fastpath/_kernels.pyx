@@ -169,6 +169,26 @@ def kernel_zscore_perm(str isa, raw, idx, mean, inv_std, bint steps=False):
     return (out[:n], ns) if steps else out[:n]
 
 
+def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full):
+    """One tick into a window with the named kernel set: returns the new (sum, sumsq, row)
+    (float64, float64, float32); the inputs are not modified."""
+    cdef const fp_kernels *k = _kernels(isa)
+    r = np.ascontiguousarray(raw, np.float32)
+    ix = np.ascontiguousarray(w_idx, np.int32)
+    cdef int n = len(ix)
+    if n and (ix.min() < 0 or ix.max() >= len(r)):
+        raise InputError("w_idx must index raw")
+    s = np.array(sum_, np.float64, copy=True)
+    q = np.array(sumsq, np.float64, copy=True)
+    w = np.array(row, np.float32, copy=True)
+    if not (len(s) == len(q) == len(w) == n):
+        raise InputError("sum, sumsq and row must have one value per window field")
+    k.window_commit(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
+                    <double *>cnp.PyArray_DATA(s), <double *>cnp.PyArray_DATA(q),
+                    <float *>cnp.PyArray_DATA(w), full)
+    return s, q, w
+
+
 def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):
     """(raw[idx] - mean) * inv_std through the runs kernel (idx split into consecutive runs)."""
     cdef const fp_kernels *k = _kernels(isa)

@@ -549,3 +549,27 @@ def test_diff_norms_f32_reads_nothing_past_n(isa, n):
     b, keep_b = _at_page_end(rng.standard_normal(n).astype(np.float32))
     _diff_norms_check(isa, a, b)
     del keep_a, keep_b
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_w=st.integers(1, 40), full=st.booleans(), seed=st.integers(0, 2**31))
+def test_window_commit_matches_float64_bit_for_bit(isa, n_w, full, seed):
+    """A tick into a window (the engine's commit) on every kernel set equals the float64
+    reference bit for bit: (sum - old) + x and (sumsq - old^2) + x^2 in that order, tails of
+    8 lanes masked, huge and tiny values included; nothing written past n_w."""
+    rng = np.random.default_rng(seed)
+    raw = (rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300)).astype(np.float32)
+    w_idx = rng.integers(0, 300, n_w).astype(np.int32)
+    old = (rng.standard_normal(n_w) * 1e3).astype(np.float32)
+    s0 = rng.standard_normal(n_w) * 1e6
+    q0 = np.abs(rng.standard_normal(n_w)) * 1e12
+    s, q, row = K.kernel_window_commit(isa, raw, w_idx, s0, q0, old, full)
+    x = raw[w_idx].astype(np.float64)
+    o = old.astype(np.float64)
+    want_s = (s0 - o) + x if full else s0 + x
+    want_q = (q0 - o * o) + x * x if full else q0 + x * x
+    assert s.tobytes() == want_s.tobytes()
+    assert q.tobytes() == want_q.tobytes()
+    assert row.tobytes() == raw[w_idx].tobytes()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(
+        (s, q, row), K.kernel_window_commit("scalar", raw, w_idx, s0, q0, old, full)))

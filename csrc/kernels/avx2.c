@@ -385,6 +385,7 @@ const fp_kernels fp_kernels_avx2 = {
      * per 8 lanes), so the engine keeps runs or gathers there; the entry is the twin */
     fp_zscore_perm_scalar,
     fp_diff_norms_f32_avx2,
+    fp_window_commit_scalar,
 };
 
 FP_TARGET_AVX2 static inline float fp_hsum256(__m256 v) {

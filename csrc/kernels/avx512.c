@@ -564,6 +564,32 @@ FP_TARGET_AVX512 static void fp_dot_norms_f64_avx512(const float *a, const float
     *nb2 = _mm512_reduce_add_pd(_mm512_add_pd(t0, t1));
 }
 
+/* fp_window_commit_scalar 8 fields a step: the fields gathered, widened to double, the
+ * same operations in the same order (o*o and x*x exact, so an FMA, if the compiler fuses,
+ * rounds as the scalar twin does); lanes past n_w masked on every load and store */
+FP_TARGET_AVX512 static void fp_window_commit_avx512(const float *raw, const int32_t *w_idx, int n_w,
+                                                     double *sum, double *sumsq, float *row,
+                                                     int full) {
+    for (int j = 0; j < n_w; j += 8) {
+        const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xFFu : (1u << (n_w - j)) - 1u);
+        const __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
+        const __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
+        const __m512d x = _mm512_cvtps_pd(xf);
+        __m512d s = _mm512_maskz_loadu_pd(m, sum + j), q = _mm512_maskz_loadu_pd(m, sumsq + j);
+        if (full) {
+            const __m512d o = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, row + j));
+            s = _mm512_add_pd(_mm512_sub_pd(s, o), x);
+            q = _mm512_add_pd(_mm512_sub_pd(q, _mm512_mul_pd(o, o)), _mm512_mul_pd(x, x));
+        } else {
+            s = _mm512_add_pd(s, x);
+            q = _mm512_add_pd(q, _mm512_mul_pd(x, x));
+        }
+        _mm512_mask_storeu_pd(sum + j, m, s);
+        _mm512_mask_storeu_pd(sumsq + j, m, q);
+        _mm256_mask_storeu_ps(row + j, m, xf);
+    }
+}
+
 const fp_kernels fp_kernels_avx512 = {
     "avx512",
     fp_zscore_gather_avx512,
@@ -579,5 +605,6 @@ const fp_kernels fp_kernels_avx512 = {
     fp_dot_norms_f64_avx512,
     fp_zscore_perm_avx512,
     fp_diff_norms_f32_avx512,
+    fp_window_commit_avx512,
 };
 #endif

@@ -24,6 +24,27 @@ static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_r
     }
 }
 
+/* one loop per case, without a branch inside, so the compiler can pair the double updates;
+ * each sum sees "minus the old value, plus the new one" in that order */
+void fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, double *sum,
+                             double *sumsq, float *row, int full) {
+    if (full) {
+        for (int j = 0; j < n_w; j++) {
+            const double x = raw[w_idx[j]], o = row[j];
+            sum[j] = (sum[j] - o) + x;
+            sumsq[j] = (sumsq[j] - o * o) + x * x;
+            row[j] = (float)x;
+        }
+    } else {
+        for (int j = 0; j < n_w; j++) {
+            const double x = raw[w_idx[j]];
+            sum[j] += x;
+            sumsq[j] += x * x;
+            row[j] = (float)x;
+        }
+    }
+}
+
 /* a permute plan (fp_zstep) lane by lane: the reference the AVX-512 permutes must match */
 void fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
                            const float *inv_std, float *out) {
@@ -131,6 +152,7 @@ const fp_kernels fp_kernels_scalar = {
     fp_dot_norms_f64_scalar,
     fp_zscore_perm_scalar,
     fp_diff_norms_f32_scalar,
+    fp_window_commit_scalar,
 };
 
 /* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 16 chains (term i in chain i mod 16),
