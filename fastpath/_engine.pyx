@@ -566,7 +566,11 @@ cdef class Engine:
 
     @property
     def feature_path(self):
-        """'runs' (contiguous loads over runs of consecutive fields) or 'gather'."""
+        """How the z-scored fields are read from the tick: 'permute' (a plan of two-table
+        permutes over 32-float windows, AVX-512), 'runs' (contiguous loads over runs of
+        consecutive fields) or 'gather'."""
+        if self._e.fs.n_zsteps:
+            return "permute"
         return "runs" if self._e.fs.n_runs else "gather"
 
     @property
