@@ -372,6 +372,20 @@ GROUP_INS = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 256]
 GROUP_OUTS = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 120, 127, 256]
 
 
+def _dense_both_orders(isa, w, b, x):
+    """One identity layer in both row orders: each within the float64 reference's rounding
+    bound, the same bits either way round; returns the forward result."""
+    want = w.astype(np.float64) @ x + b
+    bound = np.abs(w.astype(np.float64)) @ np.abs(x) + np.abs(b)
+    fwd, ok_f = K.kernel_dense(isa, w, b, "identity", x, False)
+    rev, ok_r = K.kernel_dense(isa, w, b, "identity", x, True)
+    assert ok_f and ok_r, w.shape
+    assert fwd.shape == (w.shape[0],)
+    np.testing.assert_array_less(np.abs(fwd - want), 1e-5 * bound + 1e-6)
+    np.testing.assert_array_equal(fwd, rev)
+    return fwd
+
+
 @pytest.mark.parametrize("n_in", GROUP_INS)
 def test_dense_every_group_split_matches_reference(isa, n_in):
     """Every split of a layer into row groups, both row orders: the float64 reference within
@@ -381,14 +395,7 @@ def test_dense_every_group_split_matches_reference(isa, n_in):
         w = rng.standard_normal((n_out, n_in)).astype(np.float32)
         b = rng.standard_normal(n_out).astype(np.float32)
         x = rng.standard_normal(n_in).astype(np.float32)
-        want = w.astype(np.float64) @ x + b
-        bound = np.abs(w.astype(np.float64)) @ np.abs(x) + np.abs(b)
-        fwd, ok_f = K.kernel_dense(isa, w, b, "identity", x, False)
-        rev, ok_r = K.kernel_dense(isa, w, b, "identity", x, True)
-        assert ok_f and ok_r, (n_in, n_out)
-        assert fwd.shape == (n_out,)
-        np.testing.assert_array_less(np.abs(fwd - want), 1e-5 * bound + 1e-6)
-        np.testing.assert_array_equal(fwd, rev)
+        _dense_both_orders(isa, w, b, x)
 
 
 @pytest.mark.parametrize("n_in", [1, 9, 33, 64])
@@ -491,13 +498,7 @@ def test_dense_one_group_layers_flag_every_block(isa, n_in, n_out):
     w0 = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
     b = rng.standard_normal(n_out).astype(np.float32)
     x = rng.standard_normal(n_in).astype(np.float32)
-    want = w0.astype(np.float64) @ x + b
-    bound = np.abs(w0.astype(np.float64)) @ np.abs(x) + np.abs(b)
-    fwd, ok_f = K.kernel_dense(isa, w0, b, "identity", x, False)
-    rev, ok_r = K.kernel_dense(isa, w0, b, "identity", x, True)
-    assert ok_f and ok_r
-    np.testing.assert_array_less(np.abs(fwd - want), 1e-5 * bound + 1e-6)
-    np.testing.assert_array_equal(fwd, rev)
+    fwd = _dense_both_orders(isa, w0, b, x)
     for blk in range((n_out + 7) // 8):
         row = min(blk * 8 + blk % 8, n_out - 1)
         for bad in (np.inf, np.nan):
