@@ -32,6 +32,7 @@ void fp_engine_free(fp_engine *e) {
     fp_aligned_free(e->out);
     fp_aligned_free(e->xin);
     fp_aligned_free(e->ts_scratch);
+    fp_aligned_free(e->undo);
     fp_aligned_free(e->lat);
     fp_aligned_free(e);
 }
@@ -169,11 +170,12 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     e->out = (float *)fp_aligned_alloc(sizeof(float) * (FP_ROUND_UP((size_t)n_out, 16) + FP_SLACK));
     e->xin = (float *)fp_aligned_alloc(sizeof(float) * w);
     e->ts_scratch = (int64_t *)fp_aligned_alloc(sizeof(int64_t) * p->n_symbols);
+    e->undo = (unsigned char *)fp_aligned_alloc(fp_window_undo_bytes(fs));
     e->lat = (fp_lat *)fp_aligned_alloc(sizeof(fp_lat) * (size_t)p->lat_capacity);
     e->lat_mask = (uint64_t)p->lat_capacity - 1;
     if (!fs->z_idx || !fs->w_idx || !fs->mean || !fs->inv_std || !fs->runs ||
         (want_plan && !fs->zsteps) || !e->slots || !e->wins || !e->pre ||
-        !e->feat || !e->buf_a || !e->buf_b || !e->out || !e->xin || !e->ts_scratch || !e->lat) {
+        !e->feat || !e->buf_a || !e->buf_b || !e->out || !e->xin || !e->ts_scratch || !e->undo || !e->lat) {
         fp_engine_free(e);
         return NULL;
     }
@@ -208,7 +210,10 @@ static inline fp_slot *fp_slot_at(fp_engine *e, int32_t s) {
 void fp_engine_set_stage_times(fp_engine *e, int on) { e->stage_times = on ? 1 : 0; }
 int fp_engine_stage_times(const fp_engine *e) { return e->stage_times; }
 
-int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p) {
+/* fp_step_begin's work; early: commit the tick's window before the lookup, keeping an undo
+ * record (fp_step's path: it restores the record when the tick is refused) */
+static inline int fp_begin_impl(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
+                                fp_pending *p, const int early) {
     p->t0 = fp_ticks();
     if (symbol < 0 || symbol >= e->n_symbols) return FP_ERR_SYMBOL;
     if (!e->k->allfinite(raw, e->fs.raw_len)) return FP_ERR_NONFINITE_INPUT;
@@ -233,6 +238,10 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
     /* without stage times only t0 and the end are read (fp_step_finish) */
     const int st = e->stage_times;
     p->t1 = st ? fp_ticks() : p->t0;
+    if (early) {
+        unsigned char *win = e->wins + e->win_stride * (size_t)symbol;
+        fp_window_commit(e->k, &e->fs, win, raw, e->undo);
+    }
     p->reason = fp_cache_lookup_plan(e->k, &e->cache_plan, s, e->feat, e->fs.n_feat, now, &p->norm);
     /* The clock is read here only after a lookup that compared vectors and missed (~9 ns a
      * read on this EPYC, a tenth of a hit). A hit's lookup and store are one stage, timed
@@ -240,6 +249,10 @@ int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
      * age, run: a few loads and compares, ~1 ns) is counted into the inference after it. */
     p->t2 = (st && (p->reason == FP_MISS_COSINE || p->reason == FP_MISS_NORM)) ? fp_ticks() : p->t1;
     return FP_OK;
+}
+
+int fp_step_begin(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_pending *p) {
+    return fp_begin_impl(e, raw, symbol, ts_ns, p, 0);
 }
 
 /* the model on x: the MLP, then the post transform into e->out (NULL: a layer overflowed);
@@ -308,8 +321,10 @@ static inline void fp_apply_head(const fp_engine *e, const float *out, float *si
     }
 }
 
-int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
-                   fp_result *r) {
+/* fp_step_finish's work; committed: fp_begin_impl committed the window early (restored here
+ * when the tick is refused, not committed again when it is applied) */
+static inline int fp_finish_impl(fp_engine *e, fp_pending *p, const float *out2,
+                                 int64_t extern_infer_ns, fp_result *r, const int committed) {
     fp_slot *s = fp_slot_at(e, p->symbol);
     /* t3: end of inference, head included. On a hit nothing ran since t2: one clock read
      * saved. An external backend's time comes in extern_infer_ns, the head's is added. */
@@ -323,14 +338,19 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         e->hits++;
     } else {
         /* refused before anything is written: no slot, no window, no counter */
-        if (!out2 || !e->k->allfinite(out2, e->n_out))
+        if (!out2 || !e->k->allfinite(out2, e->n_out)) {
+            if (committed) fp_window_restore(&e->fs, e->wins + e->win_stride * (size_t)p->symbol, e->undo);
             return e->k->allfinite(e->feat, e->fs.n_feat) ? FP_ERR_NONFINITE_OUTPUT
                                                            : FP_ERR_NONFINITE_FEATURE;
+        }
         if (st && extern_infer_ns >= 0) th = fp_ticks();
         float sig, conf;
         fp_apply_head(e, out2, &sig, &conf);
         if (st) t3 = fp_ticks();
-        if (!(sig == sig) || !(conf == conf)) return FP_ERR_NONFINITE_OUTPUT;
+        if (!(sig == sig) || !(conf == conf)) {
+            if (committed) fp_window_restore(&e->fs, e->wins + e->win_stride * (size_t)p->symbol, e->undo);
+            return FP_ERR_NONFINITE_OUTPUT;
+        }
         if (e->policy.enabled) {
             /* the key and |key| in double when the lookup's double path computed it (else
              * unknown: the float32 look sums |cached| itself, and the double path computes it
@@ -350,7 +370,7 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
         e->miss_reason[p->reason]++;
     }
     s->last_ns = p->now;
-    fp_window_commit(e->k, &e->fs, e->wins + e->win_stride * (size_t)p->symbol, p->raw);
+    if (!committed) fp_window_commit(e->k, &e->fs, e->wins + e->win_stride * (size_t)p->symbol, p->raw, NULL);
     e->ticks++;
     const uint64_t t4 = fp_ticks();
     /* Past t4 nothing is timed, but the Python caller waits for it: the clock's rate is
@@ -385,21 +405,24 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
     return FP_OK;
 }
 
+int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t extern_infer_ns,
+                   fp_result *r) {
+    return fp_finish_impl(e, p, out2, extern_infer_ns, r, 0);
+}
+
 /* Local aliases of the stages: fp_step calls them directly instead of through the PLT
  * (each is an exported symbol of a -fPIC shared object, so a plain call may be interposed
  * and goes through the PLT), and the compiler may inline them here. fp_step_local is the
  * same for the extension modules linked with this file (fastpath/_engine.pyx declares it
  * hidden): their call to fp_step is then direct too. */
-static __typeof__(fp_step_begin) fp_step_begin_local __attribute__((alias("fp_step_begin")));
 static __typeof__(fp_infer_cpu) fp_infer_cpu_local __attribute__((alias("fp_infer_cpu")));
-static __typeof__(fp_step_finish) fp_step_finish_local __attribute__((alias("fp_step_finish")));
 
 int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r) {
     fp_pending p;
-    int rc = fp_step_begin_local(e, raw, symbol, ts_ns, &p);
+    int rc = fp_begin_impl(e, raw, symbol, ts_ns, &p, 1);
     if (rc != FP_OK) return rc;
     const float *out = p.reason == FP_HIT ? NULL : fp_infer_cpu_local(e);
-    return fp_step_finish_local(e, &p, out, -1, r);
+    return fp_finish_impl(e, &p, out, -1, r, 1);
 }
 
 extern __typeof__(fp_step) fp_step_local __attribute__((alias("fp_step"), visibility("hidden")));

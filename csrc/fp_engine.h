@@ -108,6 +108,7 @@ typedef struct fp_engine {
     float *pre, *feat, *buf_a, *buf_b;
     uint32_t mlp_parity;              /* row-group order of the next forward pass (fp_mlp_forward) */
     int64_t *ts_scratch;              /* n_symbols, for batch validation */
+    unsigned char *undo;              /* fp_step's window undo record (fp_window_commit) */
     /* counters */
     uint64_t ticks, hits, misses, miss_reason[FP_MISS_NREASONS];
     fp_lat *lat; uint64_t lat_mask;

@@ -120,18 +120,50 @@ static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spe
                      fs->inv_std + fs->n_z, feat + fs->n_z);
 }
 
-/* push raw's windowed fields into the symbol's ring */
+/* push raw's windowed fields into the symbol's ring; undo (NULL: none) receives the record
+ * fp_window_restore() undoes the commit with */
 static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *fs, unsigned char *win,
-                                    const float *raw) {
+                                    const float *raw, unsigned char *undo) {
     if (fs->n_w == 0) return;
     fp_window_hdr *h = (fp_window_hdr *)win;
     double *sum = (double *)(win + sizeof(fp_window_hdr));
     double *sumsq = sum + fs->n_w;
     float *row = (float *)(sumsq + fs->n_w) + (size_t)h->pos * fs->n_w;
     const int full = h->count >= (uint32_t)fs->window;
-    k->window_commit(raw, fs->w_idx, fs->n_w, sum, sumsq, row, full);
+    if (undo) {
+        uint32_t *u = (uint32_t *)(undo + (2 * sizeof(double) + sizeof(float)) * (size_t)fs->n_w);
+        u[0] = h->pos;
+        u[1] = h->count;
+    }
+    k->window_commit(raw, fs->w_idx, fs->n_w, sum, sumsq, row, full, (double *)undo);
     if (!full) h->count++;
     h->pos = (h->pos + 1 == (uint32_t)fs->window) ? 0 : h->pos + 1;
+}
+
+/* An undo record of one commit: the window's running sums and the ring row the commit
+ * overwrites (as the commit kernel loads them: sum[n_w], sumsq[n_w] doubles, the row's
+ * n_w floats), then the window's position and count; fp_window_undo_bytes() long. fp_step
+ * commits a tick's window before the cache has decided (so that on a hit, a rarely taken
+ * branch, the decision has less work behind it) and restores the record when the model
+ * then refuses the tick: the window is then exactly as it was, bit for bit. */
+static inline size_t fp_window_undo_bytes(const fp_feature_spec *fs) {
+    return (2 * sizeof(double) + sizeof(float)) * (size_t)fs->n_w + 2 * sizeof(uint32_t);
+}
+
+static inline void fp_window_restore(const fp_feature_spec *fs, unsigned char *win,
+                                     const unsigned char *undo) {
+    const int n = fs->n_w;
+    if (n == 0) return;
+    fp_window_hdr *h = (fp_window_hdr *)win;
+    const double *us = (const double *)undo;
+    const float *ur = (const float *)(us + 2 * n);
+    const uint32_t *u = (const uint32_t *)(ur + n);
+    h->pos = u[0];
+    h->count = u[1];
+    double *sums = (double *)(win + sizeof(fp_window_hdr));
+    for (int i = 0; i < 2 * n; i++) sums[i] = us[i];
+    float *row = (float *)(sums + 2 * n) + (size_t)h->pos * n;
+    for (int i = 0; i < n; i++) row[i] = ur[i];
 }
 
 #endif

@@ -119,9 +119,11 @@ typedef struct {
     /* a tick into a window: x = raw[w_idx[j]] as double; full (the ring row holds the oldest
      * tick, o): sum = (sum - o) + x, sumsq = (sumsq - o*o) + x*x, else sum += x, sumsq += x*x;
      * row[j] = x. Every set gives the scalar twin's doubles bit for bit (o*o and x*x are
-     * exact in double, so fusing them into an FMA changes nothing). */
+     * exact in double, so fusing them into an FMA changes nothing). undo (or NULL) receives
+     * what the commit overwrites, as it loads it: sum[0..n_w), sumsq[0..n_w), then row's old
+     * n_w floats (read whether or not the window is full), 20 n_w bytes. */
     void (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
-                          double *sumsq, float *row, int full);
+                          double *sumsq, float *row, int full, double *undo);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet (diff_norms_f32: two more, for the

@@ -574,3 +574,9 @@ def test_window_commit_matches_float64_bit_for_bit(isa, n_w, full, seed):
     assert row.tobytes() == raw[w_idx].tobytes()
     assert all(a.tobytes() == b.tobytes() for a, b in zip(
         (s, q, row), K.kernel_window_commit("scalar", raw, w_idx, s0, q0, old, full)))
+    # the undo record (what fp_step restores when the model refuses the tick): the old sums
+    # and the old row exactly, whether or not the window was full, and the same commit
+    s2, q2, row2, us, uq, urow = K.kernel_window_commit(isa, raw, w_idx, s0, q0, old, full,
+                                                        undo=True)
+    assert (s2.tobytes(), q2.tobytes(), row2.tobytes()) == (s.tobytes(), q.tobytes(), row.tobytes())
+    assert (us.tobytes(), uq.tobytes(), urow.tobytes()) == (s0.tobytes(), q0.tobytes(), old.tobytes())

@@ -569,15 +569,22 @@ FP_TARGET_AVX512 static void fp_dot_norms_f64_avx512(const float *a, const float
  * rounds as the scalar twin does); lanes past n_w masked on every load and store */
 FP_TARGET_AVX512 static void fp_window_commit_avx512(const float *raw, const int32_t *w_idx, int n_w,
                                                      double *sum, double *sumsq, float *row,
-                                                     int full) {
+                                                     int full, double *undo) {
+    float *undo_row = undo ? (float *)(undo + 2 * n_w) : NULL;
     for (int j = 0; j < n_w; j += 8) {
         const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xFFu : (1u << (n_w - j)) - 1u);
         const __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
         const __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
         const __m512d x = _mm512_cvtps_pd(xf);
         __m512d s = _mm512_maskz_loadu_pd(m, sum + j), q = _mm512_maskz_loadu_pd(m, sumsq + j);
+        const __m256 of = _mm256_maskz_loadu_ps(m, row + j);
+        if (undo) {
+            _mm512_mask_storeu_pd(undo + j, m, s);
+            _mm512_mask_storeu_pd(undo + n_w + j, m, q);
+            _mm256_mask_storeu_ps(undo_row + j, m, of);
+        }
         if (full) {
-            const __m512d o = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, row + j));
+            const __m512d o = _mm512_cvtps_pd(of);
             s = _mm512_add_pd(_mm512_sub_pd(s, o), x);
             q = _mm512_add_pd(_mm512_sub_pd(q, _mm512_mul_pd(o, o)), _mm512_mul_pd(x, x));
         } else {

@@ -27,7 +27,15 @@ static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_r
 /* one loop per case, without a branch inside, so the compiler can pair the double updates;
  * each sum sees "minus the old value, plus the new one" in that order */
 void fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, double *sum,
-                             double *sumsq, float *row, int full) {
+                             double *sumsq, float *row, int full, double *undo) {
+    if (undo) {
+        float *undo_row = (float *)(undo + 2 * n_w);
+        for (int j = 0; j < n_w; j++) {
+            undo[j] = sum[j];
+            undo[n_w + j] = sumsq[j];
+            undo_row[j] = row[j];
+        }
+    }
     if (full) {
         for (int j = 0; j < n_w; j++) {
             const double x = raw[w_idx[j]], o = row[j];
