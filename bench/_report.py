@@ -17,6 +17,57 @@ def _step_py(sp) -> str:
     return " / ".join(fmt_ns(sp[k]["p50"]) if sp[k]["p50"] is not None else "-" for k in ("hit", "miss"))
 
 
+def _batch_spread(bt) -> str:
+    """'min-max' ns per tick of a step_batch figure's timed calls, with how many were taken off
+    the CPU; '-' for results written before the calls were kept."""
+    if not bt:
+        return "-"
+    cell = f"{bt['min_ns_per_tick']:.0f}-{bt['max_ns_per_tick']:.0f}"
+    if bt["descheduled_runs"]:
+        cell += f" ({bt['descheduled_runs']} of {bt['runs']} off CPU)"
+    return cell
+
+
+def _batch_cell(b) -> str:
+    """A throughput row's ns per tick: the best call, and the median and spread where kept."""
+    cell = f"{b['ns_per_tick']:.0f} ns/tick"
+    bt = b.get("batch_timing")
+    if bt:
+        cell += f" (best of {bt['runs']}; median {bt['median_ns_per_tick']:.0f}, {_batch_spread(bt)})"
+    return cell
+
+
+def timing_notes(res) -> list:
+    """Sentences on how the step_batch figures were taken and what disturbed them: a figure is
+    the median (throughput: best) of several timed calls, and a call that lost time off the CPU
+    is named with the likely cause, so a stray figure is explained rather than hidden."""
+    timed = [(f"trade-off row '{t['policy']}'", t["batch_timing"])
+             for t in res.get("replay", {}).get("tradeoff", []) if t.get("batch_timing")]
+    timed += [(f"throughput {k.replace('_', ' ')}", b["batch_timing"])
+              for k, b in res.get("batch", {}).items() if isinstance(b, dict) and b.get("batch_timing")]
+    if not timed:
+        return []
+    bt0 = timed[0][1]
+    out = [f"step_batch ns/tick: each figure is the median of {bt0['runs']} timed calls over the "
+           f"whole stream (throughput: the best, fresh engine each call; trade-off rows: one engine "
+           f"warmed on {bt0['warmup_ticks']:,} ticks, reset() before each call); every call's wall "
+           f"and thread CPU time are in the JSON (batch_timing)."]
+    hit = [(name, bt) for name, bt in timed if bt["descheduled_runs"]]
+    if hit:
+        calls = sum(bt["descheduled_runs"] for _, bt in hit)
+        worst = max(max(bt["off_cpu_ms"]) for _, bt in hit)
+        pl = res.get("placement", {})
+        rt = str(pl.get("policy_granted", "")).upper() in ("SCHED_FIFO", "SCHED_RR")
+        why = ("the thread runs SCHED_FIFO and never sleeps, so the kernel's RT throttling stops it "
+               "for up to 50 ms a second (sched_rt_runtime_us)" if rt else
+               "another task or the hypervisor ran on this core")
+        out.append(f"{calls} of {sum(bt['runs'] for _, bt in timed)} timed step_batch calls lost "
+                   f"time off the CPU (up to {worst:.1f} ms, in "
+                   f"{', '.join(name for name, _ in hit)}): {why}; the median leaves such a call "
+                   f"out unless most calls of a figure were hit.")
+    return out
+
+
 def percentile_levels(n: int) -> list:
     """The percentile levels HdrHistogram's percentile iterator reports (5 ticks per halving
     of the distance to 100%: each step closes a tenth of the remaining gap), down to the
@@ -120,6 +171,31 @@ def _dist_cells(d):
     return [fmt_ns(d["p50"]), fmt_ns(d["p90"]), fmt_ns(d["p99"]), fmt_ns(d["p999"]), fmt_ns(d["max"])]
 
 
+def tradeoff_table(res):
+    """(title, header, rows) of the cache trade-off table: per policy, hits, signal error on
+    them, step_batch ns per tick (the median of the timed calls, their min-max beside it) and
+    step() hit / miss p50."""
+    names = res["stream"]["regimes"]
+    trade = res["replay"].get("tradeoff", [])
+    rows = [[t["policy"], f"{t['hits']:,} ({100 * t['hit_rate']:.1f}%)"]
+            + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
+            + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
+               str(t["sign_flips_on_hits"]), f"{t['batch_ns_per_tick']:.0f} ns",
+               _batch_spread(t.get("batch_timing")), _step_py(t.get("step_python")),
+               " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
+            for t in trade]
+    # results written before the timed calls were kept hold one call per row
+    runs = next((t["batch_timing"]["runs"] for t in trade if t.get("batch_timing")), None)
+    title = ("What the cache buys and costs (step_batch replay"
+             + (f", ns/tick the median of {runs} timed calls" if runs else "")
+             + "; error on hits vs a cache-off replay; step() p50 from Python of that policy's "
+             "hits and real misses)")
+    header = (["policy", "hits"] + [f"hits {n}" for n in names]
+              + ["err mean", "err max", "sign flips", "ns/tick", "ns/tick min-max",
+                 "step() hit / miss p50", "misses age / run / cos / norm"])
+    return title, header, rows
+
+
 def tables(res):
     """(title, header, rows) for every table, shared by the terminal, plain text and README."""
     out = []
@@ -166,24 +242,12 @@ def tables(res):
                 f"{sh['mean_abs_signal_error']:.4f}, max {sh['max_abs_signal_error']:.4f}",
                 ["regime", "ticks", "hits", "C p50", "C p99", "py p50", "py p99",
                  "hit err mean / max", "misses cold / age / run / cosine / norm"], rows))
-    names = res["stream"]["regimes"]
-    rows = [[t["policy"], f"{t['hits']:,} ({100 * t['hit_rate']:.1f}%)"]
-            + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
-            + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
-               str(t["sign_flips_on_hits"]), f"{t['batch_ns_per_tick']:.0f} ns",
-               _step_py(t.get("step_python")),
-               " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
-            for t in rp.get("tradeoff", [])]
-    out.append(("What the cache buys and costs (step_batch replay; error on hits vs a cache-off replay; "
-                "step() p50 from Python of that policy's hits and real misses)",
-                ["policy", "hits"] + [f"hits {n}" for n in names]
-                + ["err mean", "err max", "sign flips", "ns/tick", "step() hit / miss p50",
-                   "misses age / run / cos / norm"], rows))
+    out.append(tradeoff_table(res))
     b, k = res["batch"], res["mlp_kernel"]
     rows = [["step_batch, cache off", f"{b['cache_off']['ticks_per_s'] / 1e6:.2f} M ticks/s",
-             f"{b['cache_off']['ns_per_tick']:.0f} ns/tick"],
+             _batch_cell(b["cache_off"])],
             ["step_batch, bundle cache policy", f"{b['cache_on']['ticks_per_s'] / 1e6:.2f} M ticks/s",
-             f"{b['cache_on']['ns_per_tick']:.0f} ns/tick"],
+             _batch_cell(b["cache_on"])],
             [f"MLP kernel alone ({k['kernel_set']}, {k['macs']} MACs)", f"{k['ns_per_forward']:.0f} ns",
              f"{k.get('gflops', 0):.1f} GFLOP/s"]]
     if "fma_bound_ns" in k:
@@ -209,7 +273,7 @@ def render(res) -> None:
             + (f"; arena {mem.get('method')} pages {mem.get('page_size')}, mlock {mem.get('mlock')}"
                if mem else ""))
     skipped = [f"{n}: skipped ({p['reason']})" for n, p in res["peers"].items() if not p["available"]]
-    notes = [res["step"][k]["what"] for k in STEP_ROWS]
+    notes = [res["step"][k]["what"] for k in STEP_ROWS] + timing_notes(res)
     try:
         from rich.console import Console
         from rich.table import Table
