@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 PCTS = (50, 90, 99, 99.9)
+# a timed step_batch call whose wall time exceeds its thread CPU time by more than this fraction
+# was descheduled (bench/run.py counts with the same bound)
+OFF_CPU_FRACTION = 0.01
 
 
 def _step_py(sp) -> str:
@@ -25,6 +28,14 @@ def _batch_spread(bt) -> str:
     cell = f"{bt['min_ns_per_tick']:.0f}-{bt['max_ns_per_tick']:.0f}"
     if bt["descheduled_runs"]:
         cell += f" ({bt['descheduled_runs']} of {bt['runs']} off CPU)"
+    return cell
+
+
+def _tradeoff_ns(t) -> str:
+    """A trade-off row's step_batch ns per tick: the median, with the calls' spread where kept."""
+    cell = f"{t['batch_ns_per_tick']:.0f} ns"
+    if t.get("batch_timing"):
+        cell += f" ({_batch_spread(t['batch_timing'])})"
     return cell
 
 
@@ -49,22 +60,36 @@ def timing_notes(res) -> list:
         return []
     bt0 = timed[0][1]
     out = [f"step_batch ns/tick: each figure is the median of {bt0['runs']} timed calls over the "
-           f"whole stream (throughput: the best, fresh engine each call; trade-off rows: one engine "
-           f"warmed on {bt0['warmup_ticks']:,} ticks, reset() before each call); every call's wall "
-           f"and thread CPU time are in the JSON (batch_timing)."]
+           f"whole stream (throughput: the best, fresh engine each call), each call after an "
+           f"untimed {bt0['warmup_ticks']:,}-tick warm-up, the rows of a table taken in turn; every "
+           f"call's wall and thread CPU time are in the JSON (batch_timing)."]
     hit = [(name, bt) for name, bt in timed if bt["descheduled_runs"]]
-    if hit:
-        calls = sum(bt["descheduled_runs"] for _, bt in hit)
-        worst = max(max(bt["off_cpu_ms"]) for _, bt in hit)
-        pl = res.get("placement", {})
-        rt = str(pl.get("policy_granted", "")).upper() in ("SCHED_FIFO", "SCHED_RR")
-        why = ("the thread runs SCHED_FIFO and never sleeps, so the kernel's RT throttling stops it "
-               "for up to 50 ms a second (sched_rt_runtime_us)" if rt else
-               "another task or the hypervisor ran on this core")
-        out.append(f"{calls} of {sum(bt['runs'] for _, bt in timed)} timed step_batch calls lost "
-                   f"time off the CPU (up to {worst:.1f} ms, in "
-                   f"{', '.join(name for name, _ in hit)}): {why}; the median leaves such a call "
-                   f"out unless most calls of a figure were hit.")
+    if not hit:
+        return out
+    rt = str(res.get("placement", {}).get("policy_granted", "")).upper() in ("SCHED_FIFO", "SCHED_RR")
+    why = {"throttle": "waited in the run queue while the kernel's RT throttling held the "
+                       "SCHED_FIFO thread (a real-time thread that never sleeps is stopped for up "
+                       "to 50 ms a second, sched_rt_runtime_us)",
+           "task": "waited in the run queue while another task ran on this core",
+           "outside": "were off the CPU with no wait this kernel saw (the hypervisor ran "
+                      "something else on this vCPU, or interrupts)"}
+    causes: dict = {}
+    worst = 0.0
+    for _, bt in hit:
+        waits = bt.get("runqueue_wait_ms") or [None] * bt["runs"]
+        for off, wall, wait in zip(bt["off_cpu_ms"], bt["ns_per_tick"], waits):
+            if off * 1e6 <= OFF_CPU_FRACTION * wall * bt["ticks"]:
+                continue
+            worst = max(worst, off)
+            inside = wait is None or wait >= 0.5 * off
+            key = ("throttle" if rt else "task") if inside else "outside"
+            causes[key] = causes.get(key, 0) + 1
+    calls = sum(bt["descheduled_runs"] for _, bt in hit)
+    out.append(f"{calls} of {sum(bt['runs'] for _, bt in timed)} timed step_batch calls lost over "
+               f"{100 * OFF_CPU_FRACTION:g}% of their time off the CPU (up to {worst:.1f} ms; "
+               f"{', '.join(name for name, _ in hit)}): "
+               + "; ".join(f"{k} {why[c]}" for c, k in causes.items())
+               + ". The median leaves such a call out unless most calls of a figure were hit.")
     return out
 
 
@@ -180,8 +205,7 @@ def tradeoff_table(res):
     rows = [[t["policy"], f"{t['hits']:,} ({100 * t['hit_rate']:.1f}%)"]
             + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
             + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
-               str(t["sign_flips_on_hits"]), f"{t['batch_ns_per_tick']:.0f} ns",
-               _batch_spread(t.get("batch_timing")), _step_py(t.get("step_python")),
+               str(t["sign_flips_on_hits"]), _tradeoff_ns(t), _step_py(t.get("step_python")),
                " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
             for t in trade]
     # results written before the timed calls were kept hold one call per row
@@ -191,7 +215,7 @@ def tradeoff_table(res):
              + "; error on hits vs a cache-off replay; step() p50 from Python of that policy's "
              "hits and real misses)")
     header = (["policy", "hits"] + [f"hits {n}" for n in names]
-              + ["err mean", "err max", "sign flips", "ns/tick", "ns/tick min-max",
+              + ["err mean", "err max", "sign flips", "ns/tick" + (" (min-max)" if runs else ""),
                  "step() hit / miss p50", "misses age / run / cos / norm"])
     return title, header, rows
 

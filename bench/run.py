@@ -22,14 +22,16 @@ Method (printed with the results):
   so not a miss). The trade-off table's looser policies get a step() replay each too, for what a
   hit and a real miss cost from Python at that hit rate: a hit is dearer where hits are rare
   (the CPU predicts a miss, runs ahead into the model and throws that work away).
-- step_batch figures (the trade-off table's ns/tick, the throughput table) are each the median
-  of several timed step_batch calls over the whole stream (the trade-off rows: one engine per
-  policy, warmed on the stream's first 2000 ticks, reset() before each call; throughput: a fresh
-  engine per call, best and median). One call is one wall-clock sample of ~50 ms: a single stall
-  lands in it whole (a SCHED_FIFO thread that never sleeps is stopped by the kernel's RT throttling
-  for up to 50 ms a second; a time-shared core runs other tasks). Each call's wall time, thread CPU
-  time, involuntary context switches and page faults are kept in the JSON (batch_timing); a call
-  that spent over 1% of its wall time off the CPU is counted as descheduled.
+- step_batch figures (the trade-off table's ns/tick, the throughput table) come from several
+  timed step_batch calls over the whole stream each: the trade-off rows print the median (one
+  engine per policy, which steps the stream's first 2000 ticks and is reset() before each call),
+  the throughput table the best and the median (a fresh engine per call). The calls of one table
+  go round-robin over its rows, so a drift of the machine lands on every row alike. One call is
+  one wall-clock sample of ~50 ms, and a single stall lands in it whole (a SCHED_FIFO thread that
+  never sleeps is stopped by the kernel's RT throttling for up to 50 ms a second; a time-shared
+  core runs other tasks): each call's wall time, thread CPU time, run-queue wait, involuntary
+  context switches and page faults are kept in the JSON (batch_timing), a call that spent over
+  1% of its wall time off the CPU is counted as descheduled, and the notes say what held it.
 - Before each timed call the tick is copied into one reused buffer, as a feed handler would have
   just written it: the tick is in cache, as it is in production.
 - "in C" = the stage timestamps fp_step() takes itself (TSC, see fastpath.clock_info()), for the
@@ -73,7 +75,7 @@ except ImportError:  # the bundle ships in the package's data folder either way
 from fastpath._kernels import PackedMLP, fma_macs_per_ns, fma_ns_per_instr  # noqa: E402
 from fastpath._engine import supported_isas  # noqa: E402
 
-from _report import Dist, render, write_plots  # noqa: E402
+from _report import OFF_CPU_FRACTION, Dist, render, write_plots  # noqa: E402
 from peers import make_peers  # noqa: E402
 
 SCHEMA_VERSION = 2
@@ -94,8 +96,6 @@ DEFAULT_SEED = 11
 BATCH_RUNS = 5
 # ticks a trade-off engine steps (then reset()) before its timed calls: code, slots and pages warm
 BATCH_WARM = 2000
-# a call whose wall time exceeds its thread CPU time by more than this fraction was descheduled
-OFF_CPU_FRACTION = 0.01
 PEER_NAMES = {"onnxruntime": "onnxruntime (1 thread)", "torch": "PyTorch eager"}
 
 
@@ -194,72 +194,90 @@ def time_calls(fn, raws, symbols, n: int, overhead: int, ts=None):
 
 
 def _thread_counters():
-    """(involuntary context switches, minor page faults) of this thread so far; None where the
-    OS keeps no per-thread counts."""
+    """(involuntary context switches, minor page faults, ns spent runnable but waiting for the
+    CPU) of this thread so far; None where the OS keeps no per-thread counts. The wait (Linux
+    schedstat run_delay) is what the guest's own scheduler withheld: another task, or RT
+    throttling; time off the CPU beyond it went where the kernel cannot see (a hypervisor
+    running another guest on this vCPU) or to interrupts."""
     who = getattr(resource, "RUSAGE_THREAD", None)
     if who is None:
         return None
     ru = resource.getrusage(who)
-    return ru.ru_nivcsw, ru.ru_minflt
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            wait = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        wait = None
+    return ru.ru_nivcsw, ru.ru_minflt, wait
 
 
-def time_batches(make_engine, raws, syms, ts, runs: int = BATCH_RUNS, warm: int = BATCH_WARM,
-                 fresh: bool = False):
-    """Time `runs` step_batch calls over the whole stream, each from the same starting state:
-    one engine warmed on the first `warm` ticks and reset() before each call, or (fresh) a new
-    engine per call after one untimed warm-up call on a throwaway engine. Returns the first
-    call's BatchResult, the engine of the last call and batch_runs_summary of the calls. Every
-    call must answer the same (a replay from the same state is deterministic): a difference is
-    a bug, not noise."""
+def time_batches(makers, raws, syms, ts, runs: int = BATCH_RUNS, warm: int = BATCH_WARM,
+                 fresh: bool = False) -> list:
+    """Time `runs` step_batch calls over the whole stream for each engine factory in makers,
+    round-robin (1, 2, .., 1, 2, ..) so that a drift of the machine (a neighbour's load, the
+    clock) lands on every figure alike instead of on whichever ran last. Before each call the
+    engine steps the first `warm` ticks untimed and is reset(), so code, slots and pages are warm
+    and every call replays from the same state; with fresh, each call gets a new engine (warmed
+    through a throwaway twin), as a process that starts on this stream. Returns, per factory,
+    (the first call's BatchResult, the engine of the last call, batch_runs_summary). Every call
+    of a factory must answer the same (a replay from the same state is deterministic): a
+    difference is a bug, not noise."""
     n = len(raws)
     warm = min(warm, n)
-    if fresh:
-        if warm:
-            make_engine().step_batch(raws[:warm], syms[:warm], ts[:warm])
-        eng = None
-    else:
-        eng = make_engine()
-        if warm:
-            eng.step_batch(raws[:warm], syms[:warm], ts[:warm])
+    engines = [None if fresh else mk() for mk in makers]
+    rec = [{"first": None, "wall": [], "cpu": [], "sw": [], "flt": [], "wait": []} for _ in makers]
     pc, tt = time.perf_counter_ns, time.thread_time_ns
-    wall, cpu, switches, faults = [], [], [], []
-    first = None
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
         for _ in range(runs):
-            if fresh:
-                eng = make_engine()
-            else:
-                eng.reset()
-            u0 = _thread_counters()
-            c0 = tt()
-            t0 = pc()
-            r = eng.step_batch(raws, syms, ts)
-            t1 = pc()
-            c1 = tt()
-            u1 = _thread_counters()
-            wall.append(t1 - t0)
-            cpu.append(c1 - c0)
-            switches.append(None if u0 is None else u1[0] - u0[0])
-            faults.append(None if u0 is None else u1[1] - u0[1])
-            if first is None:
-                first = r
-            elif not (np.array_equal(r.cached, first.cached)
-                      and np.array_equal(r.signal, first.signal)):
-                raise RuntimeError("two step_batch replays of the same stream from the same state "
-                                   "answered differently")
+            for k, mk in enumerate(makers):
+                if fresh:
+                    if warm:
+                        mk().step_batch(raws[:warm], syms[:warm], ts[:warm])
+                    eng = engines[k] = mk()
+                else:
+                    eng = engines[k]
+                    if warm:
+                        eng.reset()
+                        eng.step_batch(raws[:warm], syms[:warm], ts[:warm])
+                    eng.reset()
+                u0 = _thread_counters()
+                c0 = tt()
+                t0 = pc()
+                r = eng.step_batch(raws, syms, ts)
+                t1 = pc()
+                c1 = tt()
+                u1 = _thread_counters()
+                d = rec[k]
+                d["wall"].append(t1 - t0)
+                d["cpu"].append(c1 - c0)
+                d["sw"].append(None if u0 is None else u1[0] - u0[0])
+                d["flt"].append(None if u0 is None else u1[1] - u0[1])
+                d["wait"].append(None if u0 is None or u0[2] is None else u1[2] - u0[2])
+                if d["first"] is None:
+                    d["first"] = r
+                elif not (np.array_equal(r.cached, d["first"].cached)
+                          and np.array_equal(r.signal, d["first"].signal)):
+                    raise RuntimeError("two step_batch replays of the same stream from the same "
+                                       "state answered differently")
     finally:
         if gc_was_on:
             gc.enable()
-    return first, eng, batch_runs_summary(wall, cpu, switches, faults, n, warm, fresh)
+    out = []
+    for d, eng in zip(rec, engines):
+        summary = batch_runs_summary(d["wall"], d["cpu"], d["sw"], d["flt"], n, warm, fresh, d["wait"])
+        summary["round_robin_with"] = len(makers)
+        out.append((d["first"], eng, summary))
+    return out
 
 
 def batch_runs_summary(wall_ns, cpu_ns, switches, faults, ticks: int, warm: int,
-                       fresh: bool) -> dict:
+                       fresh: bool, waits=None) -> dict:
     """The timed calls of one step_batch figure: per call ns per tick of wall time and of thread
-    CPU time, time off the CPU, involuntary switches and page faults (None where the OS keeps
-    no per-thread counts), with their median, min and max."""
+    CPU time, time off the CPU (wall - CPU) and the part of it spent runnable in this kernel's
+    run queue (waits, ns), involuntary switches and page faults (None where the OS keeps no
+    per-thread counts), with their median, min and max."""
     wall = np.asarray(wall_ns, np.float64)
     cpu = np.asarray(cpu_ns, np.float64)
     off = np.maximum(wall - cpu, 0.0)
@@ -273,6 +291,8 @@ def batch_runs_summary(wall_ns, cpu_ns, switches, faults, ticks: int, warm: int,
             "cpu_ns_per_tick": [float(x) for x in cpu / ticks],
             "off_cpu_ms": [float(x) / 1e6 for x in off],
             "descheduled_runs": int((off > OFF_CPU_FRACTION * wall).sum()),
+            "runqueue_wait_ms": [None if w is None else float(w) / 1e6
+                                 for w in (waits if waits is not None else [None] * len(wall))],
             "involuntary_switches": list(switches), "minor_faults": list(faults)}
 
 
@@ -573,16 +593,17 @@ def _step_cost(rp) -> dict:
 def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal, edges, step_cost=None,
                    runs: int = BATCH_RUNS, warm: int = BATCH_WARM) -> list:
     """What looser cache policies would buy (hit rate, ns per tick in step_batch: the median of
-    `runs` timed calls, see time_batches) and cost
-    (signal error and sign flips on hits, against the cache-off replay), per regime; with
+    `runs` timed calls, the policies taken in turn, see time_batches) and cost (signal error
+    and sign flips on hits, against the cache-off replay), per regime; with
     step_cost (policy label -> _step_cost of its step() replay), what a hit and a miss cost
     from Python at that policy."""
     pol = model.cache_policy
+    policies = (("bundle policy", pol.cos_threshold, pol.norm_tol),) + TRADEOFF
+    timed = time_batches([lambda c=c, t=t: Engine(model, config={"cache": {
+        "enabled": True, "cos_threshold": c, "norm_tol": t}}) for _, c, t in policies],
+        raws, syms, ts, runs, warm)
     rows = []
-    for label, c, t in (("bundle policy", pol.cos_threshold, pol.norm_tol),) + TRADEOFF:
-        cfg = {"cache": {"enabled": True, "cos_threshold": c, "norm_tol": t}}
-        r, eng, timing = time_batches(lambda cfg=cfg: Engine(model, config=cfg), raws, syms, ts,
-                                      runs, warm)
+    for (label, c, t), (r, eng, timing) in zip(policies, timed):
         e = _errors(r.signal.astype(np.float64), fresh_signal, r.cached)
         row = {"policy": label, "cos_threshold": c, "norm_tol": t, "hits": int(r.cached.sum()),
                "hit_rate": float(r.cached.mean()), "batch_ns_per_tick": timing["median_ns_per_tick"],
@@ -602,13 +623,14 @@ def cache_tradeoff(model, raws, syms, ts, bs, fresh_signal, edges, step_cost=Non
 
 def batch_throughput(model, raws, syms, ts, runs: int = BATCH_RUNS) -> dict:
     """Ticks per second of step_batch over the whole stream on a fresh engine (cold slots, as a
-    process that starts on this stream): the best of `runs` timed calls, with the median and
-    every call in batch_timing."""
+    process that starts on this stream): the best of `runs` timed calls (cache off and on taken
+    in turn), with the median and every call in batch_timing."""
     out = {}
-    for name, cfg in (("cache_off", {"cache": {"enabled": False}}),
-                      ("cache_on", {"cache": {"enabled": True}})):     # the bundle's policy
-        _, _, timing = time_batches(lambda cfg=cfg: Engine(model, config=cfg), raws, syms, ts,
-                                    runs, BATCH_WARM, fresh=True)
+    cfgs = (("cache_off", {"cache": {"enabled": False}}),
+            ("cache_on", {"cache": {"enabled": True}}))     # the bundle's policy
+    timed = time_batches([lambda cfg=cfg: Engine(model, config=cfg) for _, cfg in cfgs],
+                         raws, syms, ts, runs, BATCH_WARM, fresh=True)
+    for (name, _), (_, _, timing) in zip(cfgs, timed):
         best = timing["min_ns_per_tick"]
         out[name] = {"ticks_per_s": 1e9 / best, "ns_per_tick": best, "ticks": len(raws),
                      "median_ns_per_tick": timing["median_ns_per_tick"],

@@ -49,7 +49,7 @@ def test_tradeoff_rows_keep_every_timed_call(bench, stream):
         bt = r["batch_timing"]
         assert bt["reported"] == "median" and bt["runs"] == 3
         assert bt["ticks"] == len(raws) and bt["warmup_ticks"] == 500
-        assert not bt["fresh_engine_per_run"]
+        assert not bt["fresh_engine_per_run"] and bt["round_robin_with"] == len(rows)
         for key in ("ns_per_tick", "cpu_ns_per_tick", "off_cpu_ms", "involuntary_switches",
                     "minor_faults"):
             assert len(bt[key]) == 3, key
@@ -67,10 +67,11 @@ def test_tradeoff_rows_keep_every_timed_call(bench, stream):
     title, header, cells = report.tradeoff_table({"stream": {"regimes": list(bs.regime_names)},
                                                   "replay": {"tradeoff": rows}})
     assert "median of 3 timed calls" in title
-    col = header.index("ns/tick min-max")
+    col = header.index("ns/tick (min-max)")
     for r, c in zip(rows, cells):
-        assert c[col].startswith(f"{r['batch_timing']['min_ns_per_tick']:.0f}-")
-        assert c[header.index("ns/tick")] == f"{r['batch_ns_per_tick']:.0f} ns"
+        bt = r["batch_timing"]
+        assert c[col].startswith(f"{r['batch_ns_per_tick']:.0f} ns ({bt['min_ns_per_tick']:.0f}-"
+                                 f"{bt['max_ns_per_tick']:.0f}")
 
 
 def test_batch_throughput_best_and_spread(bench, stream):
@@ -95,8 +96,10 @@ def test_summary_counts_a_call_taken_off_the_cpu(bench):
     ticks = 200_000
     wall = [61.2e6, 115.5e6, 62.1e6, 61.8e6, 61.5e6]
     cpu = [61.2e6, 65.5e6, 62.1e6, 61.8e6, 61.5e6]
-    s = run.batch_runs_summary(wall, cpu, [0, 2, 0, 0, 0], [0] * 5, ticks, 2000, False)
+    s = run.batch_runs_summary(wall, cpu, [0, 2, 0, 0, 0], [0] * 5, ticks, 2000, False,
+                               [0, 49.9e6, 0, 0, 0])
     assert s["descheduled_runs"] == 1
+    assert s["runqueue_wait_ms"] == pytest.approx([0, 49.9, 0, 0, 0])
     assert s["off_cpu_ms"][1] == pytest.approx(50.0)
     assert s["median_ns_per_tick"] == pytest.approx(61.8e6 / ticks)
     assert s["max_ns_per_tick"] == pytest.approx(115.5e6 / ticks)
@@ -106,7 +109,8 @@ def test_summary_counts_a_call_taken_off_the_cpu(bench):
     assert s2["descheduled_runs"] == 0 and s2["max_ns_per_tick"] == pytest.approx(90e6 / ticks)
     # per-thread counters missing (not Linux): kept as None, the rest still summarised
     s3 = run.batch_runs_summary([61e6], [61e6], [None], [None], ticks, 2000, True)
-    assert s3["involuntary_switches"] == [None] and s3["runs"] == 1
+    assert s3["involuntary_switches"] == [None] and s3["runqueue_wait_ms"] == [None]
+    assert s3["runs"] == 1
 
     row = {"policy": "cos 0.9999, norm 0.005", "batch_timing": {"reported": "median", **s}}
     for policy, cause in (("SCHED_FIFO", "RT throttling"), ("SCHED_OTHER", "another task")):
@@ -114,6 +118,12 @@ def test_summary_counts_a_call_taken_off_the_cpu(bench):
                                      "replay": {"tradeoff": [row]}, "batch": {}})
         assert len(notes) == 2 and "median of 5 timed calls" in notes[0]
         assert cause in notes[1] and "cos 0.9999, norm 0.005" in notes[1] and "50.0 ms" in notes[1]
+        assert notes[1].startswith("1 of 5 ") and "hypervisor" not in notes[1]
+    # off the CPU with no run-queue wait: the guest kernel did not hold the thread
+    s4 = run.batch_runs_summary(wall, cpu, [0] * 5, [0] * 5, ticks, 2000, False, [0] * 5)
+    notes = report.timing_notes({"placement": {"policy_granted": "SCHED_FIFO"}, "batch": {},
+                                 "replay": {"tradeoff": [{"policy": "p", "batch_timing": s4}]}})
+    assert "hypervisor" in notes[1] and "RT throttling" not in notes[1]
     # results written before the calls were kept: no notes, and the table cell says so
     assert report.timing_notes({"replay": {"tradeoff": [{"policy": "x"}]}, "batch": {}}) == []
     assert report._batch_spread(None) == "-"
@@ -141,5 +151,36 @@ def test_replays_that_answer_differently_are_refused(bench):
     syms = np.zeros(10, np.int32)
     ts = np.arange(10, dtype=np.int64)
     with pytest.raises(RuntimeError, match="answered differently"):
-        run.time_batches(Drifting, raws, syms, ts, runs=3, warm=2)
+        run.time_batches([Drifting], raws, syms, ts, runs=3, warm=2)
+
+
+def test_calls_go_round_robin_over_the_rows(bench):
+    """The rows of a table are timed in turn (A B C A B C ..), each call after its warm-up and a
+    reset(): a machine that slows down during the phase slows every row alike, instead of making
+    the last rows look dearer."""
+    run, _ = bench
+    Batch = namedtuple("Batch", "signal cached")
+    log = []
+
+    def maker(name):
+        class Fake:
+            def reset(self):
+                log.append((name, "reset"))
+
+            def step_batch(self, raws, syms, ts):
+                log.append((name, len(raws)))
+                return Batch(np.zeros(len(raws), np.float32), np.zeros(len(raws), np.bool_))
+        return Fake
+
+    raws = np.zeros((10, 4), np.float32)
+    syms = np.zeros(10, np.int32)
+    ts = np.arange(10, dtype=np.int64)
+    out = run.time_batches([maker("A"), maker("B")], raws, syms, ts, runs=2, warm=3)
+    timed = [name for name, what in log if what == 10]
+    assert timed == ["A", "B", "A", "B"]
+    # before each timed call: reset, warm-up, reset
+    for i, entry in enumerate(log):
+        if entry[1] == 10:
+            assert log[i - 3:i] == [(entry[0], "reset"), (entry[0], 3), (entry[0], "reset")]
+    assert [o[2]["runs"] for o in out] == [2, 2] and out[0][2]["round_robin_with"] == 2
 
