@@ -49,17 +49,33 @@ def _batch_cell(b) -> str:
 
 
 def timing_notes(res) -> list:
-    """Sentences on how the step_batch figures were taken and what disturbed them: a figure is
-    the median (throughput: best) of several timed calls, and a call that lost time off the CPU
-    is named with the likely cause, so a stray figure is explained rather than hidden."""
+    """Sentences on what disturbed the timings and how the step_batch figures were taken: a
+    step() row whose slowest calls sat through a stall says so (with its replay's time off the
+    CPU), a step_batch figure is the median (throughput: best) of several timed calls, and a
+    call that lost time off the CPU is named with the likely cause, so a stray figure is
+    explained rather than hidden."""
+    out = []
+    for key in STEP_ROWS:
+        r = res.get("step", {}).get(key, {})
+        st = r.get("stalls")
+        if not st or not st["calls_over_1ms"]:
+            continue
+        rp = st["replay"]
+        wait = rp.get("runqueue_wait_ms")
+        out.append(f"{r['short']}: {st['calls_over_1ms']} call(s) over 1 ms (slowest "
+                   f"{fmt_ns(r['python']['max'])}) sat through a stall, not the engine: that replay "
+                   f"spent {rp['off_cpu_ms']:.1f} ms of {rp['wall_ms']:.0f} ms off the CPU"
+                   + (f", {wait:.1f} ms of it waiting in the run queue" if wait is not None else "")
+                   + (". p99.9 and below are not moved by it." if st["calls_over_1ms"] * 1000 < r["samples"]
+                      else "."))
     timed = [(f"trade-off row '{t['policy']}'", t["batch_timing"])
              for t in res.get("replay", {}).get("tradeoff", []) if t.get("batch_timing")]
     timed += [(f"throughput {k.replace('_', ' ')}", b["batch_timing"])
               for k, b in res.get("batch", {}).items() if isinstance(b, dict) and b.get("batch_timing")]
     if not timed:
-        return []
+        return out
     bt0 = timed[0][1]
-    out = [f"step_batch ns/tick: each figure is the median of {bt0['runs']} timed calls over the "
+    out += [f"step_batch ns/tick: each figure is the median of {bt0['runs']} timed calls over the "
            f"whole stream (throughput: the best, fresh engine each call), each call after an "
            f"untimed {bt0['warmup_ticks']:,}-tick warm-up, the rows of a table taken in turn; every "
            f"call's wall and thread CPU time are in the JSON (batch_timing)."]

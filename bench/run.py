@@ -92,6 +92,9 @@ TRADEOFF = (("cos 0.99999, norm 0.002", 0.99999, 0.002), ("cos 0.9999, norm 0.00
             ("cos 0.999, norm 0.02", 0.999, 0.02))
 LOOSE = TRADEOFF[0]
 DEFAULT_SEED = 11
+# a step() call slower than this sat through something other than the engine (the replay's
+# time off the CPU is kept beside the row)
+STALL_NS = 1_000_000
 # timed step_batch calls per figure: the median of 5 survives two disturbed calls
 BATCH_RUNS = 5
 # ticks a trade-off engine steps (then reset()) before its timed calls: code, slots and pages warm
@@ -325,6 +328,7 @@ def replay_step(model, cache: dict | None, raws, syms, ts, overhead: int, warm: 
     reason = np.empty(n, np.int8)
     code = {name: k for k, name in enumerate(REASONS)}
     buf = np.empty(raws.shape[1], np.float32)
+    u0, c0, w0 = _thread_counters(), time.thread_time_ns(), pc()
     for i in range(n):
         buf[:] = raws[i]
         s, t = int(syms[i]), int(ts[i])
@@ -334,11 +338,17 @@ def replay_step(model, cache: dict | None, raws, syms, ts, overhead: int, warm: 
         sig[i] = r.signal
         cached[i] = r.cached
         reason[i] = code[r.miss_reason]
+    w1, c1, u1 = pc(), time.thread_time_ns(), _thread_counters()
+    # the replay's time off the CPU: a call that took milliseconds sat through it, and the
+    # per-call rows say so (stalls) instead of leaving a bare max
+    sched = {"wall_ms": (w1 - w0) / 1e6, "off_cpu_ms": max(w1 - w0 - (c1 - c0), 0) / 1e6,
+             "runqueue_wait_ms": None if u0 is None or u0[2] is None else (u1[2] - u0[2]) / 1e6,
+             "involuntary_switches": None if u0 is None else u1[0] - u0[0]}
     rec = eng.latency_records()
     if len(rec) != n:
         raise RuntimeError(f"expected {n} latency records, the engine kept {len(rec)}")
     out = {"py": np.maximum(py - overhead, 0), "signal": sig, "cached": cached, "reason": reason,
-           "rec": rec, "stats": _jsonable(eng.stats()), "memory": None}
+           "rec": rec, "stats": _jsonable(eng.stats()), "memory": None, "sched": sched}
     if getattr(eng, "memory", None):
         out["memory"] = eng.memory.to_dict()
         out["memory"]["page_size"] = eng.memory.page_size
@@ -356,7 +366,8 @@ def step_row(label, short, what, policy, rp, sel, ref_signal=None):
            "samples": int(sel.sum()), "cached_samples": int(rp["cached"][sel].sum()),
            "reasons": {name: int((rp["reason"][sel] == k).sum()) for k, name in enumerate(REASONS)},
            "in_c_records_with_infer": int((rec[:, 2] > 0).sum()),
-           "python": py.summary(), "in_c": {k: v.summary() for k, v in stages.items()}}
+           "python": py.summary(), "in_c": {k: v.summary() for k, v in stages.items()},
+           "stalls": {"calls_over_1ms": int((rp["py"][sel] > STALL_NS).sum()), "replay": rp["sched"]}}
     if ref_signal is not None:
         row["error_on_hits"] = _errors(rp["signal"], ref_signal, sel & rp["cached"])
     return row, py, stages

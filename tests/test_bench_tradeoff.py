@@ -184,3 +184,27 @@ def test_calls_go_round_robin_over_the_rows(bench):
             assert log[i - 3:i] == [(entry[0], "reset"), (entry[0], 3), (entry[0], "reset")]
     assert [o[2]["runs"] for o in out] == [2, 2] and out[0][2]["round_robin_with"] == 2
 
+
+
+def test_step_rows_say_which_calls_sat_through_a_stall(bench, stream):
+    """A step() replay keeps its time off the CPU, each per-call row counts its calls over 1 ms,
+    and the notes name such a row with the replay's off-CPU time (the committed results had a
+    51.9 ms real-miss max, an RT-throttling stall, with nothing saying so)."""
+    run, report = bench
+    model, bs, raws, _ = stream
+    rp = run.replay_step(model, {"enabled": True}, raws, bs.symbols, bs.ts_ns, 0, 500)
+    sc = rp["sched"]
+    assert sc["wall_ms"] > 0 and 0 <= sc["off_cpu_ms"] <= sc["wall_ms"]
+    sel = np.ones(len(raws), np.bool_)
+    rp["py"][7] = 51_937_279                       # as if call 7 had sat through the stall
+    row, _, _ = run.step_row("all", "all calls", "every call", {"enabled": True}, rp, sel)
+    assert row["stalls"]["calls_over_1ms"] == int((rp["py"] > 1_000_000).sum()) >= 1
+    assert row["stalls"]["replay"] is sc
+    notes = report.timing_notes({"step": {"miss": row}})
+    assert len(notes) == 1 and notes[0].startswith("all calls: ")
+    assert "51.94 ms" in notes[0] and f"{sc['off_cpu_ms']:.1f} ms" in notes[0]
+    # a row without slow calls, or from results written before, adds nothing
+    row["stalls"]["calls_over_1ms"] = 0
+    assert report.timing_notes({"step": {"miss": row}}) == []
+    del row["stalls"]
+    assert report.timing_notes({"step": {"miss": row}}) == []
