@@ -44,7 +44,8 @@ def _batch_cell(b) -> str:
     cell = f"{b['ns_per_tick']:.0f} ns/tick"
     bt = b.get("batch_timing")
     if bt:
-        cell += f" (best of {bt['runs']}; median {bt['median_ns_per_tick']:.0f}, {_batch_spread(bt)})"
+        cell += (f" (best of {bt['runs']}; median {bt['median_ns_per_tick']:.0f}, "
+                 f"{_batch_spread(bt)})")
     return cell
 
 
@@ -66,8 +67,8 @@ def timing_notes(res) -> list:
                    f"{fmt_ns(r['python']['max'])}) sat through a stall, not the engine: that replay "
                    f"spent {rp['off_cpu_ms']:.1f} ms of {rp['wall_ms']:.0f} ms off the CPU"
                    + (f", {wait:.1f} ms of it waiting in the run queue" if wait is not None else "")
-                   + (". p99.9 and below are not moved by it." if st["calls_over_1ms"] * 1000 < r["samples"]
-                      else "."))
+                   + (". p99.9 and below are not moved by it."
+                      if st["calls_over_1ms"] * 1000 < r["samples"] else "."))
     timed = [(f"trade-off row '{t['policy']}'", t["batch_timing"])
              for t in res.get("replay", {}).get("tradeoff", []) if t.get("batch_timing")]
     timed += [(f"throughput {k.replace('_', ' ')}", b["batch_timing"])
@@ -84,8 +85,9 @@ def timing_notes(res) -> list:
         return out
     rt = str(res.get("placement", {}).get("policy_granted", "")).upper() in ("SCHED_FIFO", "SCHED_RR")
     why = {"throttle": "waited in the run queue while the kernel's RT throttling held the "
-                       "SCHED_FIFO thread (a real-time thread that never sleeps is stopped for up "
-                       "to 50 ms a second, sched_rt_runtime_us)",
+                       "SCHED_FIFO thread (a real-time thread that never sleeps is stopped once "
+                       "it has run sched_rt_runtime_us of each sched_rt_period_us: by default up "
+                       "to 50 ms a second)",
            "task": "waited in the run queue while another task ran on this core",
            "outside": "were off the CPU with no wait this kernel saw (the hypervisor ran "
                       "something else on this vCPU, or interrupts)"}

@@ -245,12 +245,16 @@ def time_batches(makers, raws, syms, ts, runs: int = BATCH_RUNS, warm: int = BAT
                         eng.reset()
                         eng.step_batch(raws[:warm], syms[:warm], ts[:warm])
                     eng.reset()
+                # the CPU-time reads sit inside the wall-clock pair: reading a thread's CPU time
+                # updates its runtime, and so can be the moment RT throttling finds the budget
+                # spent; the stall then falls between the two clocks and shows as off-CPU time
+                # of this call instead of a run-queue wait outside every clock
                 u0 = _thread_counters()
-                c0 = tt()
                 t0 = pc()
+                c0 = tt()
                 r = eng.step_batch(raws, syms, ts)
-                t1 = pc()
                 c1 = tt()
+                t1 = pc()
                 u1 = _thread_counters()
                 d = rec[k]
                 d["wall"].append(t1 - t0)
@@ -269,7 +273,8 @@ def time_batches(makers, raws, syms, ts, runs: int = BATCH_RUNS, warm: int = BAT
             gc.enable()
     out = []
     for d, eng in zip(rec, engines):
-        summary = batch_runs_summary(d["wall"], d["cpu"], d["sw"], d["flt"], n, warm, fresh, d["wait"])
+        summary = batch_runs_summary(d["wall"], d["cpu"], d["sw"], d["flt"], n, warm, fresh,
+                                     d["wait"])
         summary["round_robin_with"] = len(makers)
         out.append((d["first"], eng, summary))
     return out
@@ -367,7 +372,8 @@ def step_row(label, short, what, policy, rp, sel, ref_signal=None):
            "reasons": {name: int((rp["reason"][sel] == k).sum()) for k, name in enumerate(REASONS)},
            "in_c_records_with_infer": int((rec[:, 2] > 0).sum()),
            "python": py.summary(), "in_c": {k: v.summary() for k, v in stages.items()},
-           "stalls": {"calls_over_1ms": int((rp["py"][sel] > STALL_NS).sum()), "replay": rp["sched"]}}
+           "stalls": {"calls_over_1ms": int((rp["py"][sel] > STALL_NS).sum()),
+                      "replay": rp["sched"]}}
     if ref_signal is not None:
         row["error_on_hits"] = _errors(rp["signal"], ref_signal, sel & rp["cached"])
     return row, py, stages
