@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 PCTS = (50, 90, 99, 99.9)
+# a timed step_batch call whose wall time exceeds its thread CPU time by more than this fraction
+# was descheduled (bench/run.py counts with the same bound)
+OFF_CPU_FRACTION = 0.01
 
 
 def _step_py(sp) -> str:
@@ -15,6 +18,97 @@ def _step_py(sp) -> str:
     if not sp:
         return "-"
     return " / ".join(fmt_ns(sp[k]["p50"]) if sp[k]["p50"] is not None else "-" for k in ("hit", "miss"))
+
+
+def _batch_spread(bt) -> str:
+    """'min-max' ns per tick of a step_batch figure's timed calls, with how many were taken off
+    the CPU; '-' for results written before the calls were kept."""
+    if not bt:
+        return "-"
+    cell = f"{bt['min_ns_per_tick']:.0f}-{bt['max_ns_per_tick']:.0f}"
+    if bt["descheduled_runs"]:
+        cell += f" ({bt['descheduled_runs']} of {bt['runs']} off CPU)"
+    return cell
+
+
+def _tradeoff_ns(t) -> str:
+    """A trade-off row's step_batch ns per tick: the median, with the calls' spread where kept."""
+    cell = f"{t['batch_ns_per_tick']:.0f} ns"
+    if t.get("batch_timing"):
+        cell += f" ({_batch_spread(t['batch_timing'])})"
+    return cell
+
+
+def _batch_cell(b) -> str:
+    """A throughput row's ns per tick: the best call, and the median and spread where kept."""
+    cell = f"{b['ns_per_tick']:.0f} ns/tick"
+    bt = b.get("batch_timing")
+    if bt:
+        cell += (f" (best of {bt['runs']}; median {bt['median_ns_per_tick']:.0f}, "
+                 f"{_batch_spread(bt)})")
+    return cell
+
+
+def timing_notes(res) -> list:
+    """Sentences on what disturbed the timings and how the step_batch figures were taken: a
+    step() row whose slowest calls sat through a stall says so (with its replay's time off the
+    CPU), a step_batch figure is the median (throughput: best) of several timed calls, and a
+    call that lost time off the CPU is named with the likely cause, so a stray figure is
+    explained rather than hidden."""
+    out = []
+    for key in STEP_ROWS:
+        r = res.get("step", {}).get(key, {})
+        st = r.get("stalls")
+        if not st or not st["calls_over_1ms"]:
+            continue
+        rp = st["replay"]
+        wait = rp.get("runqueue_wait_ms")
+        out.append(f"{r['short']}: {st['calls_over_1ms']} call(s) over 1 ms (slowest "
+                   f"{fmt_ns(r['python']['max'])}) sat through a stall, not the engine: that replay "
+                   f"spent {rp['off_cpu_ms']:.1f} ms of {rp['wall_ms']:.0f} ms off the CPU"
+                   + (f", {wait:.1f} ms of it waiting in the run queue" if wait is not None else "")
+                   + (". p99.9 and below are not moved by it."
+                      if st["calls_over_1ms"] * 1000 < r["samples"] else "."))
+    timed = [(f"trade-off row '{t['policy']}'", t["batch_timing"])
+             for t in res.get("replay", {}).get("tradeoff", []) if t.get("batch_timing")]
+    timed += [(f"throughput {k.replace('_', ' ')}", b["batch_timing"])
+              for k, b in res.get("batch", {}).items() if isinstance(b, dict) and b.get("batch_timing")]
+    if not timed:
+        return out
+    bt0 = timed[0][1]
+    out += [f"step_batch ns/tick: each figure is the median of {bt0['runs']} timed calls over the "
+           f"whole stream (throughput: the best, fresh engine each call), each call after an "
+           f"untimed {bt0['warmup_ticks']:,}-tick warm-up, the rows of a table taken in turn; every "
+           f"call's wall and thread CPU time are in the JSON (batch_timing)."]
+    hit = [(name, bt) for name, bt in timed if bt["descheduled_runs"]]
+    if not hit:
+        return out
+    rt = str(res.get("placement", {}).get("policy_granted", "")).upper() in ("SCHED_FIFO", "SCHED_RR")
+    why = {"throttle": "waited in the run queue while the kernel's RT throttling held the "
+                       "SCHED_FIFO thread (a real-time thread that never sleeps is stopped once "
+                       "it has run sched_rt_runtime_us of each sched_rt_period_us: by default up "
+                       "to 50 ms a second)",
+           "task": "waited in the run queue while another task ran on this core",
+           "outside": "were off the CPU with no wait this kernel saw (the hypervisor ran "
+                      "something else on this vCPU, or interrupts)"}
+    causes: dict = {}
+    worst = 0.0
+    for _, bt in hit:
+        waits = bt.get("runqueue_wait_ms") or [None] * bt["runs"]
+        for off, wall, wait in zip(bt["off_cpu_ms"], bt["ns_per_tick"], waits):
+            if off * 1e6 <= OFF_CPU_FRACTION * wall * bt["ticks"]:
+                continue
+            worst = max(worst, off)
+            inside = wait is None or wait >= 0.5 * off
+            key = ("throttle" if rt else "task") if inside else "outside"
+            causes[key] = causes.get(key, 0) + 1
+    calls = sum(bt["descheduled_runs"] for _, bt in hit)
+    out.append(f"{calls} of {sum(bt['runs'] for _, bt in timed)} timed step_batch calls lost over "
+               f"{100 * OFF_CPU_FRACTION:g}% of their time off the CPU (up to {worst:.1f} ms; "
+               f"{', '.join(name for name, _ in hit)}): "
+               + "; ".join(f"{k} {why[c]}" for c, k in causes.items())
+               + ". The median leaves such a call out unless most calls of a figure were hit.")
+    return out
 
 
 def percentile_levels(n: int) -> list:
@@ -120,6 +214,30 @@ def _dist_cells(d):
     return [fmt_ns(d["p50"]), fmt_ns(d["p90"]), fmt_ns(d["p99"]), fmt_ns(d["p999"]), fmt_ns(d["max"])]
 
 
+def tradeoff_table(res):
+    """(title, header, rows) of the cache trade-off table: per policy, hits, signal error on
+    them, step_batch ns per tick (the median of the timed calls, their min-max beside it) and
+    step() hit / miss p50."""
+    names = res["stream"]["regimes"]
+    trade = res["replay"].get("tradeoff", [])
+    rows = [[t["policy"], f"{t['hits']:,} ({100 * t['hit_rate']:.1f}%)"]
+            + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
+            + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
+               str(t["sign_flips_on_hits"]), _tradeoff_ns(t), _step_py(t.get("step_python")),
+               " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
+            for t in trade]
+    # results written before the timed calls were kept hold one call per row
+    runs = next((t["batch_timing"]["runs"] for t in trade if t.get("batch_timing")), None)
+    title = ("What the cache buys and costs (step_batch replay"
+             + (f", ns/tick the median of {runs} timed calls" if runs else "")
+             + "; error on hits vs a cache-off replay; step() p50 from Python of that policy's "
+             "hits and real misses)")
+    header = (["policy", "hits"] + [f"hits {n}" for n in names]
+              + ["err mean", "err max", "sign flips", "ns/tick" + (" (min-max)" if runs else ""),
+                 "step() hit / miss p50", "misses age / run / cos / norm"])
+    return title, header, rows
+
+
 def tables(res):
     """(title, header, rows) for every table, shared by the terminal, plain text and README."""
     out = []
@@ -166,24 +284,12 @@ def tables(res):
                 f"{sh['mean_abs_signal_error']:.4f}, max {sh['max_abs_signal_error']:.4f}",
                 ["regime", "ticks", "hits", "C p50", "C p99", "py p50", "py p99",
                  "hit err mean / max", "misses cold / age / run / cosine / norm"], rows))
-    names = res["stream"]["regimes"]
-    rows = [[t["policy"], f"{t['hits']:,} ({100 * t['hit_rate']:.1f}%)"]
-            + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
-            + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
-               str(t["sign_flips_on_hits"]), f"{t['batch_ns_per_tick']:.0f} ns",
-               _step_py(t.get("step_python")),
-               " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
-            for t in rp.get("tradeoff", [])]
-    out.append(("What the cache buys and costs (step_batch replay; error on hits vs a cache-off replay; "
-                "step() p50 from Python of that policy's hits and real misses)",
-                ["policy", "hits"] + [f"hits {n}" for n in names]
-                + ["err mean", "err max", "sign flips", "ns/tick", "step() hit / miss p50",
-                   "misses age / run / cos / norm"], rows))
+    out.append(tradeoff_table(res))
     b, k = res["batch"], res["mlp_kernel"]
     rows = [["step_batch, cache off", f"{b['cache_off']['ticks_per_s'] / 1e6:.2f} M ticks/s",
-             f"{b['cache_off']['ns_per_tick']:.0f} ns/tick"],
+             _batch_cell(b["cache_off"])],
             ["step_batch, bundle cache policy", f"{b['cache_on']['ticks_per_s'] / 1e6:.2f} M ticks/s",
-             f"{b['cache_on']['ns_per_tick']:.0f} ns/tick"],
+             _batch_cell(b["cache_on"])],
             [f"MLP kernel alone ({k['kernel_set']}, {k['macs']} MACs)", f"{k['ns_per_forward']:.0f} ns",
              f"{k.get('gflops', 0):.1f} GFLOP/s"]]
     if "fma_bound_ns" in k:
@@ -209,7 +315,7 @@ def render(res) -> None:
             + (f"; arena {mem.get('method')} pages {mem.get('page_size')}, mlock {mem.get('mlock')}"
                if mem else ""))
     skipped = [f"{n}: skipped ({p['reason']})" for n, p in res["peers"].items() if not p["available"]]
-    notes = [res["step"][k]["what"] for k in STEP_ROWS]
+    notes = [res["step"][k]["what"] for k in STEP_ROWS] + timing_notes(res)
     try:
         from rich.console import Console
         from rich.table import Table
