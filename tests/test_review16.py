@@ -1,0 +1,352 @@
+"""Review of the early window commit (fp_step commits a tick's rolling window before the cache
+lookup and restores an undo record when the model refuses the tick) and of the bench's
+step_batch timings (several timed calls, median / best, off-CPU accounting).
+
+Window: an engine that was handed refused ticks must stay bit-identical to a twin that never
+saw them, whatever the window shape (no window, 1..7 fields, more than one 8-lane step with a
+masked tail), the ring position, the symbol mix, the cause of the refusal (an overflowed
+layer, an overflowed z-score, an overflowed window feature), the model kind (MLP, tree
+ensemble), the entry point (step, step_batch with a refused row mid-batch, the serving worker)
+and the state memory (the engine's own, or a [memory] region); on every kernel set. The
+engine's windows are compared through Engine.features(), which reads them without applying
+anything, and through every later answer.
+
+Bench: the figures the report prints are the ones the labels name; nothing here looks at how
+fast anything ran.
+"""
+import importlib.util
+import os
+import sys
+import uuid
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fastpath
+from fastpath import Engine, InputError, TreeEnsemble
+from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+
+N_SYM = 3
+Z = [0, 1, 2]        # raw[0]: a 1e30 weight on it overflows layer 1; raw[1]: inv_std 1e30
+W0 = 3               # window fields are raw[3 .. 3 + n_w)
+BENCH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "bench"))
+
+
+def _spec(n_w: int, window: int) -> FeatureSpec:
+    n_feat = len(Z) + 2 * n_w
+    inv_std = np.ones(n_feat, np.float32)
+    inv_std[1] = 1e30
+    # the window features read ~1 for good ticks (fields ~1e-3), Inf for a field near FLT_MAX
+    inv_std[len(Z):] = 1e3
+    return FeatureSpec(W0 + max(n_w, 1), np.array(Z), np.arange(W0, W0 + n_w), window,
+                       np.zeros(n_feat, np.float32), inv_std)
+
+
+def mlp_model(n_w: int, window: int, cache: bool, seed: int = 0) -> Model:
+    fs = _spec(n_w, window)
+    n_feat = len(Z) + 2 * n_w
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((8, n_feat)) * 0.3).astype(np.float32)
+    w1[0, 0] = 1e30
+    w2 = (rng.standard_normal((2, 8)) * 0.3).astype(np.float32)
+    pol = CachePolicy(enabled=cache, cos_threshold=0.9, norm_tol=0.5, max_age_ns=10**15,
+                      max_run=3)
+    return Model((Layer(w1, np.zeros(8, np.float32), "tanh"),
+                  Layer(w2, np.zeros(2, np.float32), "identity")), fs, pol)
+
+
+def tree_model(n_w: int, window: int, cache: bool, probit: bool = False) -> Model:
+    """Per feature a chain of splits at 17 thresholds over [-2, 2] (a staircase leaf per step):
+    every feature moves the output in steps of a quarter, so a window restored wrongly changes
+    the answers, not only the features. probit: the scores stay inside (0, 1) for good ticks
+    and a stump on raw[0] >= 1 pushes them past 1, where PROBIT is NaN (the model refuses a
+    tick with finite features, the tree ensemble's way to an "out" refusal)."""
+    fs = _spec(n_w, window)
+    n_feat = len(Z) + 2 * n_w
+    thresholds = np.linspace(-2.0, 2.0, 17)
+    mode, feat, thr, tc, fc, nt, wn, wt, wv, off = [], [], [], [], [], [], [], [], [], [0]
+    for f in range(n_feat):
+        # node 2i: x < thresholds[i] ? leaf 2i+1 : node 2i+2; the last node is a leaf
+        n_split = len(thresholds)
+        for i, th in enumerate(thresholds):
+            mode += [1, 6]                      # BRANCH_LT, LEAF
+            feat += [f, 0]
+            thr += [float(th), 0.0]
+            tc += [2 * i + 1, -1]
+            fc += [2 * i + 2, -1]
+            nt += [0, 0]
+        mode += [6]
+        feat += [0]
+        thr += [0.0]
+        tc += [-1]
+        fc += [-1]
+        nt += [0]
+        base = off[-1]
+        scale = (0.3 / (n_feat * n_split)) if probit else 0.01 * (f + 1)
+        for i in range(n_split):
+            wn.append(base + 2 * i + 1)
+            wt.append(0)
+            wv.append(scale * i)
+        wn.append(base + 2 * n_split)
+        wt.append(0)
+        wv.append(scale * n_split)
+        off.append(base + 2 * n_split + 1)
+    extra = {}
+    if probit:
+        base = off[-1]
+        mode += [1, 6, 6]
+        feat += [0, 0, 0]
+        thr += [1.0, 0.0, 0.0]
+        tc += [1, -1, -1]
+        fc += [2, -1, -1]
+        nt += [0, 0, 0]
+        wn += [base + 1, base + 2]
+        wt += [0, 0]
+        wv += [0.0, 5.0]
+        off.append(base + 3)
+        extra = dict(base_values=[0.3], post_transform="PROBIT")
+    trees = TreeEnsemble(n_features=n_feat, n_targets=1, tree_offsets=off, mode=mode,
+                         feature=feat, threshold=thr, true_child=tc, false_child=fc,
+                         nan_true=nt, weight_node=wn, weight_target=wt, weight_value=wv,
+                         **extra)
+    pol = CachePolicy(enabled=cache, cos_threshold=0.9, norm_tol=0.5, max_age_ns=10**15,
+                      max_run=3)
+    return Model((), fs, pol, trees=trees)
+
+
+def good_tick(rng, n_w: int) -> np.ndarray:
+    x = rng.standard_normal(W0 + max(n_w, 1)).astype(np.float32)
+    x[0] = 0.0
+    x[1] *= np.float32(1e-31)
+    x[W0:] *= np.float32(1e-3)
+    return x
+
+
+def spoil(x: np.ndarray, how: str, n_w: int) -> np.ndarray:
+    bad = x.copy()
+    if how == "out":
+        bad[0] = 1e10                 # 1e10 * 1e30 overflows the first layer
+    elif how == "zfeat":
+        bad[1] = 1e10                 # 1e10 * 1e30 overflows the z-score
+    else:                             # "wfeat": a finite field whose window feature overflows
+        bad[W0 + (n_w - 1)] = 3e38
+    return bad
+
+
+def cfg(isa, memory=False):
+    c = {"engine": {"simd": isa, "n_symbols": N_SYM}}
+    if memory:
+        c["memory"] = {"huge_pages": "none", "mlock": False}
+    return c
+
+
+def probe_windows(eng, twin, n_w):
+    """Each symbol's window, read through features() (applies nothing): bit-identical."""
+    x = np.zeros(W0 + max(n_w, 1), np.float32)
+    x[W0:] = 0.5e-3
+    for s in range(N_SYM):
+        assert eng.features(x, s).tobytes() == twin.features(x, s).tobytes(), s
+
+
+def same(a, b):
+    return (a.signal, a.confidence, a.cached, a.miss_reason) == \
+           (b.signal, b.confidence, b.cached, b.miss_reason)
+
+
+def stats_of(eng):
+    s = eng.stats()
+    return s["ticks"], s["hits"], s["misses"], s["miss_reasons"]
+
+
+OPS = st.lists(st.tuples(st.integers(0, N_SYM - 1),
+                         st.sampled_from(["good", "good", "good", "out", "zfeat", "wfeat"])),
+               min_size=1, max_size=40)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_w=st.sampled_from([0, 1, 3, 8, 9, 17]), window=st.integers(1, 6),
+       cache=st.booleans(), trees=st.sampled_from([None, "plain", "probit"]),
+       memory=st.booleans(), ops=OPS, seed=st.integers(0, 2**16))
+def test_refused_ticks_leave_no_trace(isa, n_w, window, cache, trees, memory, ops, seed):
+    """Random interleavings of good and refused ticks over several symbols: the engine answers
+    every good tick exactly as a twin that only saw the good ones, and its windows and
+    counters end equal."""
+    if trees == "plain":
+        # a tree ensemble maps any finite feature to a leaf: only features can refuse a tick
+        ops = [(s, "zfeat" if k == "out" else k) for s, k in ops]
+        model = tree_model(n_w, window, cache)
+    elif trees == "probit":
+        model = tree_model(n_w, window, cache, probit=True)
+    else:
+        model = mlp_model(n_w, window, cache, seed)
+    if n_w == 0:
+        ops = [(s, "zfeat" if k == "wfeat" else k) for s, k in ops]
+    eng = Engine(model, config=cfg(isa, memory))
+    twin = Engine(model, config=cfg(isa))
+    rng = np.random.default_rng(seed)
+    t = 0
+    for sym, kind in ops:
+        t += 1000
+        x = good_tick(rng, n_w)
+        if kind == "good":
+            assert same(eng.step(x, sym, ts_ns=t), twin.step(x, sym, ts_ns=t)), (sym, t)
+        else:
+            with pytest.raises(InputError, match="not applied"):
+                eng.step(spoil(x, kind, n_w), sym, ts_ns=t)
+    probe_windows(eng, twin, n_w)
+    # more than a window of ticks on every symbol after the last refusal
+    for i in range(N_SYM * (window + 2)):
+        t += 1000
+        x = good_tick(rng, n_w)
+        assert same(eng.step(x, i % N_SYM, ts_ns=t), twin.step(x, i % N_SYM, ts_ns=t))
+    assert stats_of(eng) == stats_of(twin)
+    probe_windows(eng, twin, n_w)
+
+
+@pytest.mark.parametrize("n_w", [0, 2, 9])
+@pytest.mark.parametrize("trees", [False, True])
+def test_step_batch_refused_row_mid_batch(isa, n_w, trees):
+    """A batch whose row k the model refuses: rows before k applied, row k restored, and the
+    engine continues (rest of the batch) exactly as a twin that stepped only the good rows."""
+    window = 3
+    model = tree_model(n_w, window, True) if trees else mlp_model(n_w, window, True)
+    rng = np.random.default_rng(n_w)
+    n = 30
+    raws = np.stack([good_tick(rng, n_w) for _ in range(n)])
+    syms = (np.arange(n) % N_SYM).astype(np.int32)
+    ts = (1000 * (np.arange(n) + 1)).astype(np.int64)
+    kinds = ["zfeat", "wfeat"] if n_w and trees else ["zfeat"] if trees else \
+        ["out", "zfeat"] + (["wfeat"] if n_w else [])
+    for kind in kinds:
+        for k in (0, 4, 11, n - 1):
+            eng, twin = Engine(model, config=cfg(isa)), Engine(model, config=cfg(isa))
+            bad = raws.copy()
+            bad[k] = spoil(raws[k], kind, n_w)
+            with pytest.raises(InputError, match=f"row {k}:"):
+                eng.step_batch(bad, syms, ts)
+            if k + 1 < n:
+                got = eng.step_batch(bad[k + 1:], syms[k + 1:], ts[k + 1:])
+            keep = np.r_[0:k, k + 1:n]
+            want = twin.step_batch(raws[keep], syms[keep], ts[keep])
+            if k + 1 < n:
+                assert got.signal.tobytes() == want.signal[k:].tobytes(), (kind, k)
+                assert got.cached.tobytes() == want.cached[k:].tobytes(), (kind, k)
+            assert stats_of(eng) == stats_of(twin), (kind, k)
+            probe_windows(eng, twin, n_w)
+
+
+def test_reset_after_a_refusal(isa):
+    """reset(symbol) / reset() right after a refused tick: nothing of the undo record survives
+    into the emptied windows."""
+    model = mlp_model(9, 3, True)
+    rng = np.random.default_rng(3)
+    eng, twin = Engine(model, config=cfg(isa)), Engine(model, config=cfg(isa))
+    t = 0
+    for i in range(10):
+        t += 1000
+        x = good_tick(rng, 9)
+        eng.step(x, i % N_SYM, ts_ns=t)
+        twin.step(x, i % N_SYM, ts_ns=t)
+    with pytest.raises(InputError):
+        eng.step(spoil(good_tick(rng, 9), "wfeat", 9), 1, ts_ns=t + 1)
+    eng.reset(1)
+    twin.reset(1)
+    probe_windows(eng, twin, 9)
+    for i in range(10):
+        t += 1000
+        x = good_tick(rng, 9)
+        assert same(eng.step(x, i % N_SYM, ts_ns=t), twin.step(x, i % N_SYM, ts_ns=t))
+    with pytest.raises(InputError):
+        eng.step(spoil(good_tick(rng, 9), "out", 9), 2, ts_ns=t + 1)
+    eng.reset()
+    twin.reset()
+    probe_windows(eng, twin, 9)
+    t = 0
+    for i in range(10):
+        t += 1000
+        x = good_tick(rng, 9)
+        assert same(eng.step(x, i % N_SYM, ts_ns=t), twin.step(x, i % N_SYM, ts_ns=t))
+
+
+def test_serving_worker_refusal_leaves_the_window(isa):
+    """The serving worker calls fp_step too: a tick it refuses answers an error and leaves
+    the symbol's window as it was (later answers equal a local twin's that never saw it)."""
+    model = mlp_model(9, 3, True)
+    rng = np.random.default_rng(4)
+    config = {"engine": {"simd": isa, "n_symbols": N_SYM},
+              "serve": {"place": False, "idle": "yield", "idle_spin_ns": 50_000}}
+    twin = Engine(model, config=cfg(isa))
+    name = f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    t = 0
+    with fastpath.serve(name, model, config), fastpath.connect(name, timeout=5) as c:
+        for i in range(40):
+            t += 1000
+            x = good_tick(rng, 9)
+            if i in (5, 6, 17, 30):
+                with pytest.raises(InputError, match="not applied"):
+                    c.step(spoil(x, ("out", "wfeat", "zfeat", "wfeat")[i % 4], 9), i % N_SYM, t)
+                continue
+            a, b = c.step(x, i % N_SYM, t), twin.step(x, i % N_SYM, ts_ns=t)
+            assert (a.signal, a.confidence, a.cached) == (b.signal, b.confidence, b.cached), i
+
+
+# ------------------------------------------------------------------------------------ bench
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, BENCH)
+    try:
+        spec = importlib.util.spec_from_file_location("fastpath_bench_run_r16",
+                                                      os.path.join(BENCH, "run.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        import _report
+    finally:
+        sys.path.remove(BENCH)
+    return mod, _report
+
+
+def _stalled_row(off_cpu_ms: float, wait_ms):
+    """A step() row as bench/run.py writes it: 100,000 calls, one of them 51.94 ms, and the
+    replay's own time off the CPU."""
+    return {"short": "real miss", "samples": 100_000,
+            "python": {"p50": 331.0, "max": 51_937_279.0},
+            "stalls": {"calls_over_1ms": 1,
+                       "replay": {"wall_ms": 120.0, "off_cpu_ms": off_cpu_ms,
+                                  "runqueue_wait_ms": wait_ms, "involuntary_switches": 1}}}
+
+
+def test_step_row_stall_note_follows_the_evidence(bench):
+    """A step() call over 1 ms is put down to "a stall, not the engine" only when the replay
+    was off the CPU for about that long. A replay that was on the CPU the whole time (off-CPU
+    ~0: a page-fault storm, a hugepage compaction, the engine itself) must not be excused as
+    a stall: the note then says the time was spent on the CPU."""
+    _, report = bench
+    stalled = report.timing_notes({"step": {"miss": _stalled_row(50.9, 50.8)}})
+    assert len(stalled) == 1 and "not the engine" in stalled[0]
+    on_cpu = report.timing_notes({"step": {"miss": _stalled_row(0.0, 0.0)}})
+    assert len(on_cpu) == 1 and on_cpu[0].startswith("real miss: ")
+    assert "51.94 ms" in on_cpu[0] and "0.0 ms" in on_cpu[0]
+    assert "not the engine" not in on_cpu[0], on_cpu[0]
+    assert "on the CPU" in on_cpu[0], on_cpu[0]
+
+
+def test_batch_note_names_no_cause_without_a_run_queue_reading(bench):
+    """A step_batch call that lost 50 ms off the CPU where the OS gave no per-thread run-queue
+    wait (None): the note cannot know whether another task, RT throttling or the hypervisor
+    held the thread, and must not say it "waited in the run queue"."""
+    run, report = bench
+    wall = [61.2e6, 115.5e6, 62.1e6, 61.8e6, 61.5e6]
+    cpu = [61.2e6, 65.5e6, 62.1e6, 61.8e6, 61.5e6]
+    s = run.batch_runs_summary(wall, cpu, [None] * 5, [None] * 5, 200_000, 2000, False)
+    assert s["descheduled_runs"] == 1 and s["runqueue_wait_ms"] == [None] * 5
+    for policy in ("SCHED_FIFO", "SCHED_OTHER"):
+        notes = report.timing_notes({"placement": {"policy_granted": policy}, "batch": {},
+                                     "replay": {"tradeoff": [{"policy": "p",
+                                                              "batch_timing": s}]}})
+        assert len(notes) == 2 and notes[1].startswith("1 of 5 ") and "50.0 ms" in notes[1]
+        assert "run queue" not in notes[1], notes[1]
+        assert "not known" in notes[1], notes[1]
