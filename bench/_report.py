@@ -63,9 +63,15 @@ def timing_notes(res) -> list:
             continue
         rp = st["replay"]
         wait = rp.get("runqueue_wait_ms")
+        # a stall only where the replay was off the CPU for at least half of what its slowest
+        # call ran past 1 ms; otherwise that time was spent on the CPU and is not excused
+        stall = rp["off_cpu_ms"] * 1e6 >= 0.5 * (r["python"]["max"] - 1e6)
         out.append(f"{r['short']}: {st['calls_over_1ms']} call(s) over 1 ms (slowest "
-                   f"{fmt_ns(r['python']['max'])}) sat through a stall, not the engine: that replay "
-                   f"spent {rp['off_cpu_ms']:.1f} ms of {rp['wall_ms']:.0f} ms off the CPU"
+                   f"{fmt_ns(r['python']['max'])}) "
+                   + ("sat through a stall, not the engine: " if stall else
+                      "spent that time on the CPU (page faults, the engine or Python), not in a "
+                      "stall: ")
+                   + f"that replay spent {rp['off_cpu_ms']:.1f} ms of {rp['wall_ms']:.0f} ms off the CPU"
                    + (f", {wait:.1f} ms of it waiting in the run queue" if wait is not None else "")
                    + (". p99.9 and below are not moved by it."
                       if st["calls_over_1ms"] * 1000 < r["samples"] else "."))
@@ -77,8 +83,9 @@ def timing_notes(res) -> list:
         return out
     bt0 = timed[0][1]
     out += [f"step_batch ns/tick: each figure is the median of {bt0['runs']} timed calls over the "
-           f"whole stream (throughput: the best, fresh engine each call), each call after an "
-           f"untimed {bt0['warmup_ticks']:,}-tick warm-up, the rows of a table taken in turn; every "
+           f"whole stream (throughput: the best, a fresh engine each call, after an untimed "
+           f"{bt0['warmup_ticks']:,}-tick warm-up on a twin; the others: the warm-up on the timed "
+           f"engine, then reset), the rows of a table taken in turn; every "
            f"call's wall and thread CPU time are in the JSON (batch_timing)."]
     hit = [(name, bt) for name, bt in timed if bt["descheduled_runs"]]
     if not hit:
@@ -90,7 +97,9 @@ def timing_notes(res) -> list:
                        "to 50 ms a second)",
            "task": "waited in the run queue while another task ran on this core",
            "outside": "were off the CPU with no wait this kernel saw (the hypervisor ran "
-                      "something else on this vCPU, or interrupts)"}
+                      "something else on this vCPU, or interrupts)",
+           "unknown": "were off the CPU where this OS keeps no run-queue wait per thread, so "
+                      "the cause is not known"}
     causes: dict = {}
     worst = 0.0
     for _, bt in hit:
@@ -99,8 +108,10 @@ def timing_notes(res) -> list:
             if off * 1e6 <= OFF_CPU_FRACTION * wall * bt["ticks"]:
                 continue
             worst = max(worst, off)
-            inside = wait is None or wait >= 0.5 * off
-            key = ("throttle" if rt else "task") if inside else "outside"
+            if wait is None:
+                key = "unknown"
+            else:
+                key = ("throttle" if rt else "task") if wait >= 0.5 * off else "outside"
             causes[key] = causes.get(key, 0) + 1
     calls = sum(bt["descheduled_runs"] for _, bt in hit)
     out.append(f"{calls} of {sum(bt['runs'] for _, bt in timed)} timed step_batch calls lost over "

@@ -235,13 +235,17 @@ static inline int fp_begin_impl(fp_engine *e, const float *raw, int32_t symbol, 
      * dense row sums w * x over all inputs, and 0 * Inf and w * NaN are NaN, so the first
      * layer's finiteness flag sees any bad feature; fp_step_finish names the cause. */
     fp_features_compute(e->k, &e->fs, e->wins + e->win_stride * (size_t)symbol, raw, e->feat);
-    /* without stage times only t0 and the end are read (fp_step_finish) */
-    const int st = e->stage_times;
-    p->t1 = st ? fp_ticks() : p->t0;
     if (early) {
+        /* fp_step: the tick's window committed now, before the cache decides (a hit, the
+         * branch rarely taken, then has less work behind the decision), with the undo record
+         * fp_finish_impl restores when the model refuses the tick; timed with the features
+         * (on begin/finish the commit is at the end, with the store) */
         unsigned char *win = e->wins + e->win_stride * (size_t)symbol;
         fp_window_commit(e->k, &e->fs, win, raw, e->undo);
     }
+    /* without stage times only t0 and the end are read (fp_step_finish) */
+    const int st = e->stage_times;
+    p->t1 = st ? fp_ticks() : p->t0;
     p->reason = fp_cache_lookup_plan(e->k, &e->cache_plan, s, e->feat, e->fs.n_feat, now, &p->norm);
     /* The clock is read here only after a lookup that compared vectors and missed (~9 ns a
      * read on this EPYC, a tenth of a hit). A hit's lookup and store are one stage, timed
@@ -337,7 +341,8 @@ static inline int fp_finish_impl(fp_engine *e, fp_pending *p, const float *out2,
         s->run++;
         e->hits++;
     } else {
-        /* refused before anything is written: no slot, no window, no counter */
+        /* refused before anything is written (no slot, no counter) and, where fp_step
+         * committed the window early, with the window restored from its undo record */
         if (!out2 || !e->k->allfinite(out2, e->n_out)) {
             if (committed) fp_window_restore(&e->fs, e->wins + e->win_stride * (size_t)p->symbol, e->undo);
             return e->k->allfinite(e->feat, e->fs.n_feat) ? FP_ERR_NONFINITE_OUTPUT

@@ -6,8 +6,9 @@
  * Decision: the window update is split in two. fp_features_compute() reads
  * the ring and running sums and writes the features as if the new tick were
  * in the window, touching no state; fp_window_commit() writes the tick into
- * the ring afterwards, once the tick is known to be good. A tick rejected
- * anywhere in between therefore leaves every window exactly as it was.
+ * the ring afterwards: once the tick is known to be good (fp_step_finish), or
+ * right away with an undo record that fp_window_restore() puts back if the tick
+ * is then refused (fp_step). A rejected tick leaves every window exactly as it was.
  * Running sums are double so that add-new/subtract-old over millions of ticks
  * does not drift (float would lose ~1e-3 relative within 1e5 ticks).
  */
