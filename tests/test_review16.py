@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import fastpath
 from fastpath import Engine, InputError, TreeEnsemble
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+from test_window_undo import overflow_mlp
 
 N_SYM = 3
 Z = [0, 1, 2]        # raw[0]: a 1e30 weight on it overflows layer 1; raw[1]: inv_std 1e30
@@ -45,16 +46,7 @@ def _spec(n_w: int, window: int) -> FeatureSpec:
 
 
 def mlp_model(n_w: int, window: int, cache: bool, seed: int = 0) -> Model:
-    fs = _spec(n_w, window)
-    n_feat = len(Z) + 2 * n_w
-    rng = np.random.default_rng(seed)
-    w1 = (rng.standard_normal((8, n_feat)) * 0.3).astype(np.float32)
-    w1[0, 0] = 1e30
-    w2 = (rng.standard_normal((2, 8)) * 0.3).astype(np.float32)
-    pol = CachePolicy(enabled=cache, cos_threshold=0.9, norm_tol=0.5, max_age_ns=10**15,
-                      max_run=3)
-    return Model((Layer(w1, np.zeros(8, np.float32), "tanh"),
-                  Layer(w2, np.zeros(2, np.float32), "identity")), fs, pol)
+    return overflow_mlp(_spec(n_w, window), cache, seed)
 
 
 def tree_model(n_w: int, window: int, cache: bool, probit: bool = False) -> Model:
