@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import fastpath
 from fastpath import Engine, InputError, TreeEnsemble
-from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+from fastpath.model import CachePolicy, FeatureSpec, Model
 from test_window_undo import overflow_mlp
 
 N_SYM = 3
