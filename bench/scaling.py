@@ -1,7 +1,8 @@
 """How fastpath's latency scales with model size, against its peers, and how far the MLP
 kernel is from the hardware bound at each size.
 
-    python bench/scaling.py [--quick] [--calls N] [--weights fp32[,...]] [--out DIR]
+    python bench/scaling.py [--quick] [--calls N] [--weights fp32[,...]] [--models 32x16x2,...]
+                            [--sets avx512,...] [--no-peers] [--out DIR]
 
 Models: 32x16x2, 128x64x32x2, 256x256x2, 512x512x256x2, 1024x1024x1024x2 (ReLU hidden layers,
 identity output, identity features, cache off), one tick at a time. Per model and weight type:
@@ -46,6 +47,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ((32, 16, 2), (128, 64, 32, 2), (256, 256, 2), (512, 512, 256, 2), (1024, 1024, 1024, 2))
 BYTES_PER_WEIGHT = {"fp32": 4, "bf16": 2, "int8": 1}
+
+
+def _name(dims) -> str:
+    return "x".join(map(str, dims))
 
 
 def build_model(dims, seed=0):
@@ -223,9 +228,9 @@ def run(args) -> dict:
     from fastpath import Engine
     from fastpath._engine import supported_isas
     from fastpath._kernels import read_gbps
-    isas = supported_isas()
+    isas = [i for i in supported_isas() if args.sets is None or i in args.sets]
     ov = timer_overhead()
-    fma = fma_rates(isas)
+    fma = fma_rates(supported_isas())   # every set, also with --sets: the bound is the core's
     fma_rate = max(fma.values(), default=0.0)   # the core's FMA bound, whichever set reaches it
     l2 = l2_bytes()
     ncpu = os.cpu_count() or 1
@@ -235,14 +240,17 @@ def run(args) -> dict:
            "kernel_sets": isas, "weights": args.weights, "calls": args.calls,
            "fastpath_version": fastpath.__version__, "rows": []}
     bw_cache = {}
-    for dims in MODELS:
+    for dims in args.models:
         model = build_model(dims)
         x = np.random.default_rng(1).standard_normal(dims[0]).astype(np.float32)
         macs = sum(i * o for i, o in zip(dims[:-1], dims[1:]))
         pm = padded_macs(dims)
-        ort = ort_peer(model, args.calls, ov)
-        np1 = numpy_peer(dims, 1, args.calls, ov)
-        npall = numpy_peer(dims, ncpu, args.calls, ov)
+        if args.no_peers:
+            ort = np1 = npall = {"skipped": "--no-peers"}
+        else:
+            ort = ort_peer(model, args.calls, ov)
+            np1 = numpy_peer(dims, 1, args.calls, ov)
+            npall = numpy_peer(dims, ncpu, args.calls, ov)
         for wt in args.weights:
             wbytes = pm * BYTES_PER_WEIGHT[wt]
             if wbytes not in bw_cache:
@@ -348,8 +356,29 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, help="timed calls per figure (default 5000, 1000 quick)")
     ap.add_argument("--weights", default="fp32",
                     help=f"comma-separated weight types of {sorted(BYTES_PER_WEIGHT)}")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="folder of the JSON")
+    ap.add_argument("--models", help="comma-separated models to run, e.g. 32x16x2,128x64x32x2 "
+                                      "(default: all of " + ", ".join(_name(d) for d in MODELS) + ")")
+    ap.add_argument("--sets", help="comma-separated kernel sets to run (default: every set this "
+                                   "CPU runs)")
+    ap.add_argument("--no-peers", action="store_true", help="skip onnxruntime and numpy")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"),
+                    help="folder of the JSON (scaling-latest.json; a run of some models or sets "
+                         "only writes scaling-partial.json, so the full table is not replaced)")
     args = ap.parse_args(argv)
+    try:
+        args.models = (MODELS if not args.models else
+                       tuple(tuple(int(v) for v in m.strip().split("x"))
+                             for m in args.models.split(",") if m.strip()))
+    except ValueError:
+        ap.error(f"--models takes widths joined by x, e.g. 32x16x2, got {args.models!r}")
+    if not args.models or any(len(m) < 2 or min(m) < 1 for m in args.models):
+        ap.error(f"--models needs at least one model of two or more positive widths")
+    if args.sets is not None:
+        from fastpath._engine import supported_isas
+        args.sets = [v.strip() for v in args.sets.split(",") if v.strip()]
+        bad = [v for v in args.sets if v not in supported_isas()]
+        if bad or not args.sets:
+            ap.error(f"--sets takes sets this CPU runs, {supported_isas()}, got {bad or args.sets}")
     args.calls = args.calls or (1000 if args.quick else 5000)
     if args.calls < 100:
         ap.error("--calls must be >= 100")
@@ -361,7 +390,8 @@ def main(argv=None) -> int:
     print_table(res)
     print_layers(res)
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "scaling-latest.json")
+    partial = args.models != MODELS or args.sets is not None or args.no_peers
+    path = os.path.join(args.out, "scaling-partial.json" if partial else "scaling-latest.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     print(f"wrote {path}")

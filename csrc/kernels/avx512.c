@@ -302,28 +302,70 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
             for (int k = 0; k < G_; k++)                                                        \
                 acc[u][k] = _mm512_add_ps(acc[u][k], acc[(u + (H)) % U_][k]);                   \
     }
+/* acc[U][G]: chain 0 of block k starts at its bias (rows 0-7, the odd-input half at 0): one
+ * add less on the way out; the upper half is zero, not junk that could be a subnormal (a
+ * microcode assist in every FMA) */
+#define FP_D512_INIT()                                                                          \
+    __m512 acc[U_][G_];                                                                         \
+    _Pragma("GCC unroll 8")                                                                     \
+    for (int k = 0; k < G_; k++) acc[0][k] = _mm512_maskz_loadu_ps(0x00ff, bias + k * 8);      \
+    _Pragma("GCC unroll 8")                                                                     \
+    for (int u = 1; u < U_; u++)                                                                \
+        _Pragma("GCC unroll 8")                                                                 \
+        for (int k = 0; k < G_; k++) acc[u][k] = _mm512_setzero_ps();                           \
+    const size_t bs = (size_t)in * 8;
+
+/* the full register-held input chunks c0 <= c < c1 (c1 <= 4) */
+#define FP_D512_RCHUNKS(C0, C1)                                                                 \
+    _Pragma("GCC unroll 4")                                                                     \
+    for (int c = (C0); c < (C1); c++)                                                           \
+        if (16 * c + 16 <= in) { FP_D512_CHUNK(xr[c], 16 * c) }
+
+/* inputs i..in-1 (fewer than 16): lanes past `in` are 0 and their weight loads masked off.
+ * Pair p goes to chain p mod U as in a full chunk (a short layer, all tail, would otherwise
+ * run one chain rest/2 FMAs deep); spelled out, not a loop: GCC keeps acc[] in memory when
+ * a loop's index picks the chain */
+#define FP_D512_TAILS(R)                                                                        \
+    if (i < in) {                                                                               \
+        const int rest = in - i;                                                                \
+        const __m512 xc = (R) ? _mm512_maskz_mov_ps(fp_mask16(rest), fp_chunk4(xr, i >> 4))    \
+                              : _mm512_maskz_loadu_ps(fp_mask16(rest), x + i);                  \
+        FP_D512_TAIL(0) FP_D512_TAIL(1) FP_D512_TAIL(2) FP_D512_TAIL(3)                         \
+        FP_D512_TAIL(4) FP_D512_TAIL(5) FP_D512_TAIL(6) FP_D512_TAIL(7)                         \
+    }
+
+/* the chains pairwise (log2 U adds deep, not U - 1: the reduction is on the critical path of
+ * every layer, the next one waits on it), even/odd inputs folded, activation; the outputs to
+ * h[] (O) or y. ORs v - v of the pre-activations into bad. */
+#define FP_D512_FINISH(O)                                                                       \
+    FP_D512_FOLD(8) FP_D512_FOLD(4) FP_D512_FOLD(2) FP_D512_FOLD(1)                             \
+    _Pragma("GCC unroll 8")                                                                     \
+    for (int k = 0; k < G_; k += 2) {                                                           \
+        const __m512 s0 = acc[0][k];                                                            \
+        const __m512 s1 = k + 1 < G_ ? acc[0][k + 1] : _mm512_setzero_ps();                     \
+        /* fold even/odd inputs: v = [block k rows 0-7 | block k+1 rows 0-7] */                 \
+        const __m512 lo = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(1, 0, 1, 0));                \
+        const __m512 hi = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(3, 2, 3, 2));                \
+        const __m512 v = _mm512_add_ps(lo, hi);                                                 \
+        const __m512 d = _mm512_sub_ps(v, v);                                                   \
+        bad = _mm256_or_ps(bad, _mm256_or_ps(_mm512_castps512_ps256(d),                         \
+                                             _mm512_extractf32x8_ps(d, 1)));                    \
+        const __m512 a = fp_act512(v, act);                                                     \
+        if (O) h[k / 2] = a;                                                                    \
+        else if (k + 1 < G_) _mm512_storeu_ps(y + k * 8, a);                                    \
+        else _mm256_storeu_ps(y + k * 8, _mm512_castps512_ps256(a));                           \
+    }
+
 #define FP_DENSE512_GROUP(NAME, G, U, PF, R, O)                                                 \
     FP_TARGET_AVX512 static inline FP_D512_INL_##O __m256 NAME(                                 \
         const float *w, int in, const float *x, const __m512 *xr, const float *bias, int act,   \
         float *y, __m512 *h) {                                                                  \
         enum { G_ = G, U_ = U };                                                                \
         (void)x; (void)xr; (void)y; (void)h;                                                    \
-        __m512 acc[U][G];                                                                       \
-        /* chain 0 of block k starts at its bias (rows 0-7, the odd-input half at 0): one add \
-         * less on the way out; the upper half is zero, not junk that could be a subnormal  \
-         * (a microcode assist in every FMA) */                                               \
-        _Pragma("GCC unroll 8")                                                                 \
-        for (int k = 0; k < G; k++) acc[0][k] = _mm512_maskz_loadu_ps(0x00ff, bias + k * 8);    \
-        _Pragma("GCC unroll 8")                                                                 \
-        for (int u = 1; u < U; u++)                                                             \
-            _Pragma("GCC unroll 8")                                                             \
-            for (int k = 0; k < G; k++) acc[u][k] = _mm512_setzero_ps();                        \
-        const size_t bs = (size_t)in * 8;                                                       \
+        FP_D512_INIT()                                                                          \
         int i = 0;                                                                              \
         if (R) {                                                                                \
-            _Pragma("GCC unroll 4")                                                             \
-            for (int c = 0; c < 4; c++)                                                         \
-                if (16 * c + 16 <= in) { FP_D512_CHUNK(xr[c], 16 * c) }                         \
+            FP_D512_RCHUNKS(0, 4)                                                               \
             i = in & ~15;                                                                       \
         } else {                                                                                \
             for (; i + 16 <= in; i += 16) {                                                     \
@@ -344,36 +386,9 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
                 FP_D512_CHUNK(xc, i)                                                            \
             }                                                                                   \
         }                                                                                       \
-        if (i < in) {                                                                           \
-            const int rest = in - i;                                                            \
-            const __m512 xc = R ? _mm512_maskz_mov_ps(fp_mask16(rest), fp_chunk4(xr, i >> 4))   \
-                                : _mm512_maskz_loadu_ps(fp_mask16(rest), x + i);                \
-            /* pair p to chain p mod U as in a full chunk (a short layer, all tail, would    \
-             * otherwise run one chain rest/2 FMAs deep); spelled out, not a loop: GCC keeps  \
-             * acc[] in memory when a loop's index picks the chain */                          \
-            FP_D512_TAIL(0) FP_D512_TAIL(1) FP_D512_TAIL(2) FP_D512_TAIL(3)                     \
-            FP_D512_TAIL(4) FP_D512_TAIL(5) FP_D512_TAIL(6) FP_D512_TAIL(7)                     \
-        }                                                                                       \
+        FP_D512_TAILS(R)                                                                        \
         __m256 bad = _mm256_setzero_ps();                                                       \
-        /* the chains pairwise (log2 U adds deep, not U - 1: the reduction is on the        \
-         * critical path of every layer, the next one waits on it) */                         \
-        FP_D512_FOLD(8) FP_D512_FOLD(4) FP_D512_FOLD(2) FP_D512_FOLD(1)                         \
-        _Pragma("GCC unroll 8")                                                                 \
-        for (int k = 0; k < G; k += 2) {                                                        \
-            const __m512 s0 = acc[0][k];                                                        \
-            const __m512 s1 = k + 1 < G ? acc[0][k + 1] : _mm512_setzero_ps();                  \
-            /* fold even/odd inputs: v = [block k rows 0-7 | block k+1 rows 0-7] */             \
-            const __m512 lo = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(1, 0, 1, 0));            \
-            const __m512 hi = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(3, 2, 3, 2));            \
-            const __m512 v = _mm512_add_ps(lo, hi);                                             \
-            const __m512 d = _mm512_sub_ps(v, v);                                               \
-            bad = _mm256_or_ps(bad, _mm256_or_ps(_mm512_castps512_ps256(d),                     \
-                                                 _mm512_extractf32x8_ps(d, 1)));                \
-            const __m512 a = fp_act512(v, act);                                                 \
-            if (O) h[k / 2] = a;                                                                \
-            else if (k + 1 < G) _mm512_storeu_ps(y + k * 8, a);                                 \
-            else _mm256_storeu_ps(y + k * 8, _mm512_castps512_ps256(a));                       \
-        }                                                                                       \
+        FP_D512_FINISH(O)                                                                       \
         return bad;                                                                             \
     }
 
