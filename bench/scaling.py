@@ -28,12 +28,13 @@ identity output, identity features, cache off), one tick at a time. Per model an
   weights that are not special (no two equal, none a power of two), an output of a layer
   with n inputs depends on all n through their products, so every path from an input passes
   one multiply (mul or FMA, at least min(L_mul, L_fma)) and then the n products and the bias
-  must meet: an add joins two partial sums and an FMA joins one new product to one, so the
-  number of inputs a value covers at most doubles per L_add, and covering n takes
-  ceil(log2 n) of them. A relu is one more op (L_max); tanh and sigmoid at least the cheapest
-  op. Every output of a layer needs every input of it, and those are the previous layer's
-  outputs, so the layers' terms add up:
-      sum over layers of  min(L_mul, L_fma) + ceil(log2 n_in) * L_add + L_act.
+  must meet: an add joins two partial sums, an FMA one partial sum to a product or to another
+  sum times a constant, so the number of inputs a value covers at most doubles per op, each
+  at least L_join = min(L_add, L_fma), and covering n takes ceil(log2 n) of them (the bias
+  is ready from the start and joins for free). A relu is one more op (L_max); tanh and
+  sigmoid at least the cheapest op. Every output of a layer needs every input of it, and
+  those are the previous layer's outputs, so the layers' terms add up:
+      sum over layers of  min(L_mul, L_fma) + ceil(log2 n_in) * L_join + L_act.
   Lane moves (the broadcasts and folds a SIMD kernel needs), loads and the call are left out,
   which only makes the bound lower. `x_max` = kernel ns / max(binding throughput bound,
   latency bound) is the kernel against the tighter of the two; `x_latency` against the
@@ -232,7 +233,7 @@ def latency_bound_ns(layers, lat) -> float:
     layers: (n_in, activation) per layer."""
     if "skipped" in lat:
         return float("nan")
-    prod, add = min(lat["fma"], lat["mul"]), lat["add"]
+    prod, add = min(lat["fma"], lat["mul"]), min(lat["add"], lat["fma"])
     act = {"identity": 0.0, "relu": lat["max"]}
     return sum(prod + math.ceil(math.log2(n)) * add + act.get(a, min(lat.values()))
                for n, a in layers)
