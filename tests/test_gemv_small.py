@@ -136,6 +136,9 @@ def test_latency_bound_sums_each_layers_critical_path():
     assert S.latency_bound_ns([(17, "identity")], LAT) == 3 + 5 * 2       # 17 needs 5 levels
     # tanh/sigmoid: at least the cheapest op
     assert S.latency_bound_ns([(2, "tanh")], LAT) == 3 + 2 + 1.5
+    # an FMA faster than an add joins the sums instead: each level costs the cheaper one
+    fast_fma = {"fma": 1.0, "mul": 3.0, "add": 2.0, "max": 1.5}
+    assert S.latency_bound_ns([(16, "identity")], fast_fma) == 1 + 4 * 1
     m = S.build_model((32, 16, 2))
     assert S.model_latency_bound(m, LAT) == 3 + 10 + 1.5 + 3 + 8
     assert S.latency_bound_ns([(32, "relu")], {"skipped": "no probe"}) != \
