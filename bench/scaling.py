@@ -69,6 +69,8 @@ BYTES_PER_WEIGHT = {"fp32": 4, "bf16": 2, "int8": 1}
 # the read probe's smallest buffer: a tinier model (--models) is timed against the bandwidth
 # over this many bytes, which come from L1 as its weights do
 READ_MIN_BYTES = 256
+# how long one timed sample of back-to-back kernel passes lasts (see _packed)
+SAMPLE_NS = 10_000
 
 
 def _name(dims) -> str:
@@ -181,8 +183,11 @@ def _packed(layers, isa):
                   [l.activation for l in layers], isa)
     x = np.random.default_rng(1).standard_normal(layers[0].weight.shape[1]).astype(np.float32)
     est = min(P.time_forward(x, 50) for _ in range(3))
-    # k passes a sample, so one lasts ~2 us, well above the clock's cost
-    return P, x, max(1, int(2000 / max(est, 1.0)))
+    # k passes a sample, so one lasts ~10 us: a sample has a fixed cost of ~50 ns (two clock
+    # reads, the GIL released and taken back; measured as time_forward(x, 1) against (x, 2)),
+    # which at ~2 us a sample still charged the 128x64x32x2 kernel ~2.5 ns a pass (107 ns a
+    # pass at 20 passes a sample, 102.4 at 2000, same process)
+    return P, x, max(1, int(SAMPLE_NS / max(est, 1.0)))
 
 
 def kernel_ns(model, isa: str, samples: int, layers=None) -> float:
