@@ -1,7 +1,8 @@
 """How fastpath's latency scales with model size, against its peers, and how far the MLP
 kernel is from the hardware bound at each size.
 
-    python bench/scaling.py [--quick] [--calls N] [--weights fp32[,...]] [--out DIR]
+    python bench/scaling.py [--quick] [--calls N] [--weights fp32[,...]] [--models 32x16x2,...]
+                            [--sets avx512,...] [--no-peers] [--out DIR]
 
 Models: 32x16x2, 128x64x32x2, 256x256x2, 512x512x256x2, 1024x1024x1024x2 (ReLU hidden layers,
 identity output, identity features, cache off), one tick at a time. Per model and weight type:
@@ -20,6 +21,24 @@ identity output, identity features, cache off), one tick at a time. Per model an
   streams past 512 KB) and the faster one counts, so the kernel is not held to a bound it
   beats. `x_issue` keeps the original target's reading
   (FMA bound where the weights fit L2, read bound beyond) so nothing is hidden;
+- the MLP's latency bound (`latency_bound_ns`): the time its critical path needs at the
+  measured latency of each op (one dependent chain per op kind, fastpath._kernels.op_latency_ns,
+  on the widest vector set). A throughput bound assumes every op can overlap; a small model
+  cannot, as each layer waits for the previous one. Why it is a lower bound, for any code: with
+  weights that are not special (no two equal, none a power of two), an output of a layer
+  with n inputs depends on all n through their products, so every path from an input passes
+  one multiply (mul or FMA, at least min(L_mul, L_fma)) and then the n products and the bias
+  must meet: an add joins two partial sums, an FMA one partial sum to a product or to another
+  sum times a constant, so the number of inputs a value covers at most doubles per op, each
+  at least L_join = min(L_add, L_fma), and covering n takes ceil(log2 n) of them (the bias
+  is ready from the start and joins for free). A relu is one more op (L_max); tanh and
+  sigmoid at least the cheapest op. Every output of a layer needs every input of it, and
+  those are the previous layer's outputs, so the layers' terms add up:
+      sum over layers of  min(L_mul, L_fma) + ceil(log2 n_in) * L_join + L_act.
+  Lane moves (the broadcasts and folds a SIMD kernel needs), loads and the call are left out,
+  which only makes the bound lower. `x_max` = kernel ns / max(binding throughput bound,
+  latency bound) is the kernel against the tighter of the two; `x_latency` against the
+  latency bound alone. Where the build has no op-latency probe, these are reported skipped;
 - kernel and read probe are sampled alternately (a warm-up pass before each kernel sample, so
   the probe's buffer does not leave the weights cold) and compared p50 to p50: on a shared
   host both see the same neighbours, where a best-of bound against a p50 kernel would charge
@@ -35,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -46,6 +66,15 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ((32, 16, 2), (128, 64, 32, 2), (256, 256, 2), (512, 512, 256, 2), (1024, 1024, 1024, 2))
 BYTES_PER_WEIGHT = {"fp32": 4, "bf16": 2, "int8": 1}
+# the read probe's smallest buffer: a tinier model (--models) is timed against the bandwidth
+# over this many bytes, which come from L1 as its weights do
+READ_MIN_BYTES = 256
+# how long one timed sample of back-to-back kernel passes lasts (see _packed)
+SAMPLE_NS = 10_000
+
+
+def _name(dims) -> str:
+    return "x".join(map(str, dims))
 
 
 def build_model(dims, seed=0):
@@ -154,8 +183,11 @@ def _packed(layers, isa):
                   [l.activation for l in layers], isa)
     x = np.random.default_rng(1).standard_normal(layers[0].weight.shape[1]).astype(np.float32)
     est = min(P.time_forward(x, 50) for _ in range(3))
-    # k passes a sample, so one lasts ~2 us, well above the clock's cost
-    return P, x, max(1, int(2000 / max(est, 1.0)))
+    # k passes a sample, so one lasts ~10 us: a sample has a fixed cost of ~50 ns (two clock
+    # reads, the GIL released and taken back; measured as time_forward(x, 1) against (x, 2)),
+    # which at ~2 us a sample still charged the 128x64x32x2 kernel ~2.5 ns a pass (107 ns a
+    # pass at 20 passes a sample, 102.4 at 2000, same process)
+    return P, x, max(1, int(SAMPLE_NS / max(est, 1.0)))
 
 
 def kernel_ns(model, isa: str, samples: int, layers=None) -> float:
@@ -176,21 +208,61 @@ def kernel_and_read_ns(layers, isa: str, wbytes: int, samples: int) -> tuple:
     P, x, k = _packed(layers, isa)
     ks, gs = [], []
     for _ in range(samples):
-        gs.append(read_gbps(wbytes, 1))
+        gs.append(read_gbps(max(wbytes, READ_MIN_BYTES), 1))
         P.time_forward(x, 6)
         ks.append(P.time_forward(x, k))
     g = float(np.median(gs))
     return float(np.median(ks)), wbytes / g, g
 
 
-def bounds(ns: float, fma_ns: float, read_ns: float, wbytes: int, l2: int) -> dict:
-    """The kernel against the binding bound (the slower of FMA and read), each bound alone, and
-    the original target's reading (FMA where the weights fit L2, read beyond)."""
+LAT_OPS = ("fma", "mul", "add", "max")
+
+
+def op_latencies(tries=5):
+    """ns from an op's inputs to its result, per op kind of the MLP's critical path (one
+    dependent chain each, on the widest vector set), best of `tries` short probes; a dict with
+    'skipped' where this build has no such probe or the CPU has no vector set."""
+    try:
+        from fastpath._kernels import op_latency_ns
+    except ImportError:
+        return {"skipped": "this build has no op-latency probe (fastpath._kernels.op_latency_ns)"}
+    out = {op: min(op_latency_ns(op, 200_000) for _ in range(tries)) for op in LAT_OPS}
+    if not all(v > 0 for v in out.values()):
+        return {"skipped": "the op-latency probe needs AVX2+FMA"}
+    return out
+
+
+def latency_bound_ns(layers, lat) -> float:
+    """The critical path of these layers at the measured op latencies (see the module's
+    docstring for why no code can beat it); NaN where the latencies are not measured.
+    layers: (n_in, activation) per layer."""
+    if "skipped" in lat:
+        return float("nan")
+    prod, add = min(lat["fma"], lat["mul"]), min(lat["add"], lat["fma"])
+    act = {"identity": 0.0, "relu": lat["max"]}
+    return sum(prod + math.ceil(math.log2(n)) * add + act.get(a, min(lat.values()))
+               for n, a in layers)
+
+
+def model_latency_bound(model, lat) -> float:
+    return latency_bound_ns([(L.weight.shape[1], L.activation) for L in model.layers], lat)
+
+
+def bounds(ns: float, fma_ns: float, read_ns: float, wbytes: int, l2: int,
+           lat_ns: float = float("nan")) -> dict:
+    """The kernel against the binding bound (the slower of FMA and read), each bound alone, the
+    original target's reading (FMA where the weights fit L2, read beyond), and against the
+    larger of the binding throughput bound and the latency bound (x_max; NaN where the latency
+    bound is not measured)."""
     kind, bound = ("fma", fma_ns) if fma_ns >= read_ns else ("read", read_ns)
     issue_kind, issue_ns = ("fma", fma_ns) if wbytes <= l2 else ("read", read_ns)
+    top = max(bound, lat_ns) if lat_ns == lat_ns else float("nan")
     return {"ns": ns, "bound": kind, "bound_ns": bound, "x_bound": ns / bound,
             "fma_bound_ns": fma_ns, "x_fma": ns / fma_ns, "read_bound_ns": read_ns,
-            "x_read": ns / read_ns, "issue_bound": issue_kind, "x_issue": ns / issue_ns}
+            "x_read": ns / read_ns, "issue_bound": issue_kind, "x_issue": ns / issue_ns,
+            "latency_bound_ns": lat_ns, "x_latency": ns / lat_ns,
+            "max_bound": (("latency" if lat_ns > bound else kind) if top == top else None),
+            "x_max": ns / top}
 
 
 def fma_rates(isas, tries=10) -> dict:
@@ -205,7 +277,7 @@ def fma_rates(isas, tries=10) -> dict:
     return out
 
 
-def layer_rows(model, isa, fma_rate, l2, samples) -> list:
+def layer_rows(model, isa, fma_rate, l2, samples, lat) -> list:
     out = []
     for L in model.layers:
         o, i = L.weight.shape
@@ -213,7 +285,8 @@ def layer_rows(model, isa, fma_rate, l2, samples) -> list:
         wb = pm * 4
         ns, read_ns, g = kernel_and_read_ns([L], isa, wb, samples)
         fma_ns = pm / fma_rate if fma_rate > 0 else float("nan")
-        out.append(dict(bounds(ns, fma_ns, read_ns, wb, l2), shape=[i, o], kernel_set=isa,
+        lat_ns = latency_bound_ns([(i, L.activation)], lat)
+        out.append(dict(bounds(ns, fma_ns, read_ns, wb, l2, lat_ns), shape=[i, o], kernel_set=isa,
                         weight_bytes=wb, read_gbps=g))
     return out
 
@@ -223,39 +296,45 @@ def run(args) -> dict:
     from fastpath import Engine
     from fastpath._engine import supported_isas
     from fastpath._kernels import read_gbps
-    isas = supported_isas()
+    isas = [i for i in supported_isas() if args.sets is None or i in args.sets]
     ov = timer_overhead()
-    fma = fma_rates(isas)
+    fma = fma_rates(supported_isas())   # every set, also with --sets: the bound is the core's
     fma_rate = max(fma.values(), default=0.0)   # the core's FMA bound, whichever set reaches it
+    lat = op_latencies()
     l2 = l2_bytes()
     ncpu = os.cpu_count() or 1
     res = {"machine": {"cpu": platform.processor() or platform.machine(),
                        "cpu_features": fastpath.cpu_features(), "cores": ncpu, "l2_bytes": l2,
-                       "fma_macs_per_ns": fma, "timer_overhead_ns": ov},
+                       "fma_macs_per_ns": fma, "op_latency_ns": lat,
+                       "timer_overhead_ns": ov},
            "kernel_sets": isas, "weights": args.weights, "calls": args.calls,
            "fastpath_version": fastpath.__version__, "rows": []}
     bw_cache = {}
-    for dims in MODELS:
+    for dims in args.models:
         model = build_model(dims)
         x = np.random.default_rng(1).standard_normal(dims[0]).astype(np.float32)
         macs = sum(i * o for i, o in zip(dims[:-1], dims[1:]))
         pm = padded_macs(dims)
-        ort = ort_peer(model, args.calls, ov)
-        np1 = numpy_peer(dims, 1, args.calls, ov)
-        npall = numpy_peer(dims, ncpu, args.calls, ov)
+        lat_ns = model_latency_bound(model, lat)
+        if args.no_peers:
+            ort = np1 = npall = {"skipped": "--no-peers"}
+        else:
+            ort = ort_peer(model, args.calls, ov)
+            np1 = numpy_peer(dims, 1, args.calls, ov)
+            npall = numpy_peer(dims, ncpu, args.calls, ov)
         for wt in args.weights:
             wbytes = pm * BYTES_PER_WEIGHT[wt]
             if wbytes not in bw_cache:
-                bw_cache[wbytes] = read_gbps(wbytes, 5)
+                bw_cache[wbytes] = read_gbps(max(wbytes, READ_MIN_BYTES), 5)
             fma_ns = pm / fma_rate if fma_rate > 0 else float("nan")
             # the row's bounds from the best read pass; each kernel set's mlp figure below is
             # compared with read passes sampled alongside it instead (see kernel_and_read_ns)
             read_ns = wbytes / bw_cache[wbytes]
-            row = dict(bounds(float("nan"), fma_ns, read_ns, wbytes, l2), dims=list(dims),
+            row = dict(bounds(float("nan"), fma_ns, read_ns, wbytes, l2, lat_ns), dims=list(dims),
                        weights=wt, macs=macs, padded_macs=pm, weight_bytes=wbytes,
                        read_gbps=bw_cache[wbytes], fastpath={}, onnxruntime_1t=ort,
                        numpy_1t=np1, **{f"numpy_{ncpu}t": npall})
-            for key in ("ns", "x_bound", "x_fma", "x_read", "x_issue"):
+            for key in ("ns", "x_bound", "x_fma", "x_read", "x_issue", "x_latency", "x_max"):
                 del row[key]
             for isa in isas:
                 try:
@@ -268,7 +347,7 @@ def run(args) -> dict:
                 if wt == "fp32" and isa != "scalar":
                     k, rns, g = kernel_and_read_ns(model.layers, isa, wbytes,
                                                    max(args.calls // 10, 50))
-                    d["mlp"] = dict(bounds(k, fma_ns, rns, wbytes, l2), read_gbps=g)
+                    d["mlp"] = dict(bounds(k, fma_ns, rns, wbytes, l2, lat_ns), read_gbps=g)
                     d["mlp_ns"] = k
                 elif wt == "fp32":
                     d["mlp_ns"] = kernel_ns(model, isa, max(args.calls // 10, 50))
@@ -276,7 +355,7 @@ def run(args) -> dict:
             if wt == "fp32" and isas[-1] != "scalar":
                 # each layer alone on the widest set, against its own bounds
                 row["layers"] = layer_rows(model, isas[-1], fma_rate, l2,
-                                           max(args.calls // 10, 50))
+                                           max(args.calls // 10, 50), lat)
             res["rows"].append(row)
             print_row(row, isas, ncpu, file=sys.stderr)
     return res
@@ -292,9 +371,14 @@ def _p50(d) -> str:
     return fmt_ns(d["p50"]) if "p50" in d else "skipped"
 
 
+def _x(v) -> str:
+    return "-" if v is None or v != v else f"{v:.2f}x"
+
+
 def _mlp_cell(m) -> str:
     return (f"mlp {fmt_ns(m['ns'])} {m['x_bound']:.2f}x {m['bound']} "
-            f"(fma {m['x_fma']:.2f}x, read {m['x_read']:.2f}x)")
+            f"(fma {m['x_fma']:.2f}x, read {m['x_read']:.2f}x, latency {_x(m['x_latency'])}; "
+            f"max bound {_x(m['x_max'])})")
 
 
 def print_row(row, isas, ncpu, file=sys.stdout):
@@ -311,15 +395,18 @@ def print_row(row, isas, ncpu, file=sys.stdout):
     cells += [f"ort1 {_p50(row['onnxruntime_1t'])}", f"np1 {_p50(row['numpy_1t'])}",
               f"np{ncpu} {_p50(row[f'numpy_{ncpu}t'])}",
               f"bounds: fma {fmt_ns(row['fma_bound_ns'])}, read {fmt_ns(row['read_bound_ns'])} "
-              f"(best pass {row['read_gbps']:.0f} GB/s), binding {row['bound']}"]
+              f"(best pass {row['read_gbps']:.0f} GB/s), latency "
+              f"{fmt_ns(row['latency_bound_ns'])}, binding {row['bound']}"]
     print(" | ".join(cells), file=file, flush=True)
 
 
 def print_layers(res):
-    print("layers alone (widest set): in x out, ns, x binding bound (x each bound)")
+    print("layers alone (widest set): in x out, ns, x binding bound (x each bound; x the larger "
+          "of the binding and the latency bound)")
     for row in res["rows"]:
         cells = [f"{L['shape'][0]}x{L['shape'][1]} {fmt_ns(L['ns'])} {L['x_bound']:.2f}x "
-                 f"{L['bound']} (fma {L['x_fma']:.2f}x, read {L['x_read']:.2f}x)"
+                 f"{L['bound']} (fma {L['x_fma']:.2f}x, read {L['x_read']:.2f}x, latency "
+                 f"{_x(L['x_latency'])}; max bound {_x(L['x_max'])})"
                  for L in row.get("layers", [])]
         if cells:
             print(f"{'x'.join(map(str, row['dims'])):<18} | " + " | ".join(cells))
@@ -330,7 +417,9 @@ def print_table(res):
     print(f"scaling: one tick, cache off, identity features; p50/p99 of Engine.step from Python; "
           f"mlp = kernel alone (p50), Nx = mlp / the binding bound (the slower of the FMA bound "
           f"and the streaming-read bound at the weights' size, read passes sampled alongside "
-          f"the kernel), then mlp against each bound alone; the original target reads the FMA "
+          f"the kernel), then mlp against each bound alone and against the larger of the binding "
+          f"bound and the MLP's latency bound (its critical path at measured op latencies "
+          f"{res['machine']['op_latency_ns']}); the original target reads the FMA "
           f"bound where the weights fit L2 ({res['machine']['l2_bytes'] >> 10} KiB): x_issue "
           f"in the JSON; FMA MACs/ns {res['machine']['fma_macs_per_ns']}")
     hdr = ["model", "weights", "MACs"] + [f"fastpath {i} p50/p99 (mlp, x bound)" for i in isas] + [
@@ -348,8 +437,29 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, help="timed calls per figure (default 5000, 1000 quick)")
     ap.add_argument("--weights", default="fp32",
                     help=f"comma-separated weight types of {sorted(BYTES_PER_WEIGHT)}")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="folder of the JSON")
+    ap.add_argument("--models", help="comma-separated models to run, e.g. 32x16x2,128x64x32x2 "
+                                      "(default: all of " + ", ".join(_name(d) for d in MODELS) + ")")
+    ap.add_argument("--sets", help="comma-separated kernel sets to run (default: every set this "
+                                   "CPU runs)")
+    ap.add_argument("--no-peers", action="store_true", help="skip onnxruntime and numpy")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"),
+                    help="folder of the JSON (scaling-latest.json; a run of some models or sets "
+                         "only writes scaling-partial.json, so the full table is not replaced)")
     args = ap.parse_args(argv)
+    try:
+        args.models = (MODELS if not args.models else
+                       tuple(tuple(int(v) for v in m.strip().split("x"))
+                             for m in args.models.split(",") if m.strip()))
+    except ValueError:
+        ap.error(f"--models takes widths joined by x, e.g. 32x16x2, got {args.models!r}")
+    if not args.models or any(len(m) < 2 or min(m) < 1 for m in args.models):
+        ap.error(f"--models needs at least one model of two or more positive widths")
+    if args.sets is not None:
+        from fastpath._engine import supported_isas
+        args.sets = [v.strip() for v in args.sets.split(",") if v.strip()]
+        bad = [v for v in args.sets if v not in supported_isas()]
+        if bad or not args.sets:
+            ap.error(f"--sets takes sets this CPU runs, {supported_isas()}, got {bad or args.sets}")
     args.calls = args.calls or (1000 if args.quick else 5000)
     if args.calls < 100:
         ap.error("--calls must be >= 100")
@@ -361,7 +471,8 @@ def main(argv=None) -> int:
     print_table(res)
     print_layers(res)
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "scaling-latest.json")
+    partial = args.models != MODELS or args.sets is not None or args.no_peers
+    path = os.path.join(args.out, "scaling-partial.json" if partial else "scaling-latest.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     print(f"wrote {path}")

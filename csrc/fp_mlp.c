@@ -88,6 +88,11 @@ int fp_mlp_init_ex(fp_mlp *m, int n_layers, const int *dims, const int *acts,
         }
         if (L->nb * 8 > width) width = L->nb * 8;
     }
+    m->fused = wtype == FP_WEIGHTS_FP32 && n_layers >= 2 && m->arena_bytes <= FP_MLP_FUSED_BYTES;
+    for (int l = 0; l < n_layers; l++) {
+        const int nb = m->layers[l].nb;
+        if (nb != 1 && nb != 2 && nb != 4 && nb != 8) m->fused = 0;
+    }
     /* scratch past the activations must start 64-byte aligned */
     m->act_width = scratch ? FP_ROUND_UP(width, 16) : width;
     m->max_width = m->act_width + (int)scratch;
