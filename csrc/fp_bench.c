@@ -58,6 +58,51 @@ FP_TARGET_AVX512 static double fp_fma_ns_avx512(long iters) {
     return (double)(t1 - t0) / ((double)iters * 12.0);
 }
 
+/* Op latency (bench/scaling.py's latency bound of an MLP): one dependent chain, each op
+ * taking the previous one's result, 8 per loop trip so the loop's own increment and branch
+ * (other ports, off the chain) hide under it. The empty asm between ops keeps the compiler
+ * from folding or reassociating the chain (max(max(a, c), c) would otherwise be one op); it
+ * emits nothing. The operands keep the value in [1e-7, 2]: no subnormals, no overflow. */
+#define FP_LAT_CHAIN(T, OPEXPR)                                                                 \
+    const int64_t t0 = fp_mono_ns();                                                            \
+    for (long i = 0; i < iters; i++) {                                                          \
+        _Pragma("GCC unroll 8")                                                                 \
+        for (int k = 0; k < 8; k++) { a = OPEXPR; __asm__ volatile("" : "+v"(a)); }            \
+    }                                                                                           \
+    const int64_t t1 = fp_mono_ns();                                                            \
+    volatile float sink = T(a);                                                                 \
+    (void)sink;                                                                                 \
+    return (double)(t1 - t0) / ((double)iters * 8.0);
+
+FP_TARGET_AVX512 static double fp_op_latency_avx512(int op, long iters) {
+    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    __m512 a = _mm512_set1_ps(1.0f);
+#define FP_LAT512_FIRST(v) _mm512_cvtss_f32(v)
+    switch (op) {
+    case 0: { FP_LAT_CHAIN(FP_LAT512_FIRST, _mm512_fmadd_ps(a, m, c)) }
+    case 1: { FP_LAT_CHAIN(FP_LAT512_FIRST, _mm512_add_ps(a, c)) }
+    case 2: { FP_LAT_CHAIN(FP_LAT512_FIRST, _mm512_mul_ps(a, m)) }
+    case 3: { FP_LAT_CHAIN(FP_LAT512_FIRST, _mm512_max_ps(a, c)) }
+    default: return -1.0;
+    }
+#undef FP_LAT512_FIRST
+}
+
+FP_TARGET_AVX2 static double fp_op_latency_avx2(int op, long iters) {
+    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    __m256 a = _mm256_set1_ps(1.0f);
+#define FP_LAT256_FIRST(v) _mm256_cvtss_f32(v)
+    switch (op) {
+    case 0: { FP_LAT_CHAIN(FP_LAT256_FIRST, _mm256_fmadd_ps(a, m, c)) }
+    case 1: { FP_LAT_CHAIN(FP_LAT256_FIRST, _mm256_add_ps(a, c)) }
+    case 2: { FP_LAT_CHAIN(FP_LAT256_FIRST, _mm256_mul_ps(a, m)) }
+    case 3: { FP_LAT_CHAIN(FP_LAT256_FIRST, _mm256_max_ps(a, c)) }
+    default: return -1.0;
+    }
+#undef FP_LAT256_FIRST
+}
+#undef FP_LAT_CHAIN
+
 /* one pass over n floats (n a multiple of 64), 4 loads of 64 bytes an iteration into 4 sums;
  * pf: each line also asked for 1024 bytes ahead (past L2 the GEMV kernels prefetch their
  * weight streams, so a probe that does not would be a bound they beat) */
@@ -127,6 +172,17 @@ double fp_fma512_ns_per_instr(long iters) {
     if (fp_isa_supported(FP_ISA_AVX512)) return fp_fma_ns_avx512(iters);
 #endif
     (void)iters;
+    return -1.0;
+}
+
+/* latency of one op of the MLP's critical path (see fp_bench.h) */
+double fp_op_latency_ns(int op, long iters) {
+#if FP_HAVE_X86
+    if (iters < 1) iters = 1;
+    if (fp_isa_supported(FP_ISA_AVX512)) return fp_op_latency_avx512(op, iters);
+    if (fp_isa_supported(FP_ISA_AVX2)) return fp_op_latency_avx2(op, iters);
+#endif
+    (void)op; (void)iters;
     return -1.0;
 }
 

@@ -275,6 +275,7 @@ cdef extern from "fp_engine.h" nogil:
 cdef extern from "fp_bench.h" nogil:
     double fp_fma_ns_per_instr(long iters)
     double fp_fma512_ns_per_instr(long iters)
+    double fp_op_latency_ns(int op, long iters)
     double fp_read_gbps(size_t nbytes, int passes)
     long long fp_jitter_probe(long long duration_ns, long long threshold_ns, long long *hist,
                               long long *max_gap_ns, long long *reads)

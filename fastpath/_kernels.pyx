@@ -60,6 +60,24 @@ def fma512_ns_per_instr(long iters=10_000_000):
     return best
 
 
+_LAT_OPS = {"fma": 0, "add": 1, "mul": 2, "max": 3}
+
+
+def op_latency_ns(str op, long iters=2_000_000):
+    """Measured ns from one op's inputs to its result (one dependent chain) on the widest
+    vector set this CPU runs, for op in fma, add, mul, max; -1 without AVX2+FMA. Best of
+    three runs."""
+    if op not in _LAT_OPS:
+        raise ValueError(f"op must be one of {sorted(_LAT_OPS)}, got {op!r}")
+    cdef int code = _LAT_OPS[op]
+    cdef double best = 1e30, v
+    for _ in range(3):
+        with nogil:
+            v = fp_op_latency_ns(code, iters)
+        best = min(best, v)
+    return best
+
+
 def fma_macs_per_ns(str isa):
     """Multiply-adds per ns at the FMA bound of the named kernel set (lanes / ns per FMA
     instruction, measured now); 0.0 for scalar, which has no vector FMA to measure."""

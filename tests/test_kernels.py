@@ -580,3 +580,16 @@ def test_window_commit_matches_float64_bit_for_bit(isa, n_w, full, seed):
                                                         undo=True)
     assert (s2.tobytes(), q2.tobytes(), row2.tobytes()) == (s.tobytes(), q.tobytes(), row.tobytes())
     assert (us.tobytes(), uq.tobytes(), urow.tobytes()) == (s0.tobytes(), q0.tobytes(), old.tobytes())
+
+
+def test_op_latency_probe():
+    """The op-latency probe (bench/scaling.py's latency bound) names what it measures: an
+    unknown op is refused; on a CPU with AVX2+FMA every op takes a positive time, and without
+    them the probe answers -1 (no figure rather than a wrong one)."""
+    with pytest.raises(ValueError, match="op must be one of"):
+        K.op_latency_ns("div")
+    lat = {op: K.op_latency_ns(op, 20_000) for op in ("fma", "add", "mul", "max")}
+    if "avx2" in E.supported_isas():
+        assert all(v > 0 for v in lat.values()), lat
+    else:
+        assert all(v == -1.0 for v in lat.values()), lat
