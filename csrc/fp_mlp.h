@@ -34,6 +34,7 @@ typedef struct {
     int max_width;         /* floats each forward buffer needs: act_width + lowp scratch */
     long long macs;        /* multiply-adds per forward pass (unpadded) */
     int fused;             /* small fp32 model, run in one call on AVX-512 (FP_MLP_FUSED_BYTES) */
+    int fused_avx2;        /* the same on AVX2, which takes narrower models (see below) */
 } fp_mlp;
 
 /* A model runs fused (all layers in one call, activations kept in registers; see
@@ -42,6 +43,12 @@ typedef struct {
  * most FP_MLP_FUSED_BYTES: the models whose per-layer call, store and reload are a visible
  * share of the pass. Past that the per-layer pass costs the same. */
 #define FP_MLP_FUSED_BYTES (128u * 1024u)
+/* fp_mlp.fused_avx2: 0, or how the AVX2 fused pass runs the model. FP_FUSED_REGS: every layer
+ * but the last is at most 4 blocks (32 outputs), so 4 input registers, 8 accumulators and the
+ * broadcast fit the 16 ymm registers; FP_FUSED_MEM: wider hidden layers, whose 8 output
+ * registers and the next layer's 8 accumulators would not, go through a local buffer. */
+#define FP_FUSED_REGS 1
+#define FP_FUSED_MEM 2
 
 /* bytes the arena needs for these dims */
 size_t fp_mlp_arena_bytes(int n_layers, const int *dims);
@@ -63,6 +70,8 @@ void fp_mlp_free(fp_mlp *m);
 /* the fused pass of an m->fused model on the AVX-512 set: out in y (nb * 8 floats of the last
  * layer, 64-byte aligned scratch), the same bits as the per-layer pass; NULL on NaN/Inf */
 const float *fp_mlp_fused_avx512(const fp_mlp *m, const float *x, float *y);
+/* the same on the AVX2 set, for an m->fused_avx2 model */
+const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, float *y);
 #endif
 
 /* out = mlp(x); a and b are scratch of max_width floats, 64-byte aligned (a reduced-precision
@@ -77,6 +86,7 @@ static inline const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, 
                                           float *a, float *b, int reverse) {
 #if FP_HAVE_X86
     if (m->fused && k == &fp_kernels_avx512) return fp_mlp_fused_avx512(m, x, a);
+    if (m->fused_avx2 && k == &fp_kernels_avx2) return fp_mlp_fused_avx2(m, x, a);
 #endif
     const float *in = x;
     float *out = a;

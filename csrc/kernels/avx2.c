@@ -7,6 +7,7 @@
  * Every function has a twin in scalar.c with the same contract.
  */
 #include "kernels.h"
+#include "fp_mlp.h"
 #include <math.h>
 #include <string.h>
 
@@ -221,32 +222,76 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
  * block of 8 rows, tested once per layer by the caller.
  * The epilogue loops are unrolled by pragma: left as loops (GCC's heuristics gave up once the
  * check was added), acc[][] indexed by a variable k must live on the stack, and every FMA of
- * the main loop went through memory (measured 236 -> 296 ns on the default 10304-MAC model). */
-#define FP_DENSE_GROUP(NAME, G, U, PF)                                                      \
-    FP_TARGET_AVX2 static inline __m256 NAME(const float *w, int in, const float *x,          \
-                                             const float *bias, int act, float *y) {       \
+ * the main loop went through memory (measured 236 -> 296 ns on the default 10304-MAC model).
+ * R and O are for the fused small-model pass (fp_mlp_fused_avx2): R = 1 takes the inputs from
+ * registers (xr[c] = inputs 8c..8c+7, at most 8 registers, so in <= 64; each input broadcast
+ * from its lane by a vpermps) instead of x, O = 1 leaves the outputs in registers (h[k] = block
+ * k's 8 rows, as y would hold them) instead of storing them. Input i goes to the same chain in
+ * the same order either way (i mod U below the last multiple of U, chain 0 past it), so every
+ * sum, and so every bit, is the per-layer pass's. */
+#define FP_D256_NC 4
+#define FP_D256_INL_0
+#define FP_D256_INL_1 __attribute__((always_inline))
+/* lane j of the register-held input chunk XC into FMA chain CH (compile-time indices, so
+ * acc[][] stays in registers) */
+#define FP_D256_LANE(XC, J, I, CH)                                                          \
+    {                                                                                       \
+        const __m256 xu = _mm256_permutevar8x32_ps((XC), _mm256_set1_epi32(J));              \
+        _Pragma("GCC unroll 8")                                                             \
+        for (int k = 0; k < G_; k++)                                                        \
+            acc[CH][k] = _mm256_fmadd_ps(xu, _mm256_load_ps(w + k * bs + (I) * 8), acc[CH][k]); \
+    }
+/* input i + J of the tail chunk xc (i = in & ~7), if there: chain J mod U below imain */
+#define FP_D256_TAIL(J)                                                                     \
+    if (i + (J) < in) {                                                                     \
+        if (i + (J) < imain) FP_D256_LANE(xc, J, i + (J), (J) % U_)                         \
+        else FP_D256_LANE(xc, J, i + (J), 0)                                                \
+    }
+#define FP_DENSE_GROUP(NAME, G, U, PF, R, O)                                                \
+    FP_TARGET_AVX2 static inline FP_D256_INL_##O __m256 NAME(                               \
+        const float *w, int in, const float *x, const __m256 *xr, const float *bias, int act, \
+        float *y, __m256 *h) {                                                              \
+        enum { G_ = G, U_ = U };                                                            \
+        (void)x; (void)xr; (void)y; (void)h;                                                \
         __m256 acc[U][G];                                                                   \
         for (int u = 0; u < U; u++)                                                         \
             for (int k = 0; k < G; k++) acc[u][k] = _mm256_setzero_ps();                    \
         const size_t bs = (size_t)in * 8;                                                   \
         int i = 0;                                                                          \
-        for (; i + U <= in; i += U) {                                                       \
-            if (PF) {                                                                       \
-                /* U inputs = U * 32 bytes of each block: one line per stream per 2 inputs */ \
-                for (int k = 0; k < G; k++)                                                 \
-                    for (int l = 0; l < U * 32; l += 64)                                    \
-                        _mm_prefetch((const char *)(w + k * bs + i * 8) + FP_PF_AHEAD + l, _MM_HINT_T0); \
+        if (R) {                                                                            \
+            _Pragma("GCC unroll 4")                                                         \
+            for (int c = 0; c < FP_D256_NC; c++) {                                          \
+                if (8 * c + 8 <= in) {                                                      \
+                    _Pragma("GCC unroll 8")                                                 \
+                    for (int j = 0; j < 8; j++) FP_D256_LANE(xr[c], j, 8 * c + j, j % U_)   \
+                }                                                                           \
             }                                                                               \
-            for (int u = 0; u < U; u++) {                                                   \
-                const __m256 xu = _mm256_broadcast_ss(x + i + u);                           \
-                for (int k = 0; k < G; k++)                                                 \
-                    acc[u][k] = _mm256_fmadd_ps(xu, _mm256_load_ps(w + k * bs + (i + u) * 8), acc[u][k]); \
+            i = in & ~7;                                                                    \
+            if (i < in) {                                                                   \
+                const int imain = in - in % U;                                              \
+                const __m256 xc = fp_chunk4(xr, i >> 3);                                    \
+                FP_D256_TAIL(0) FP_D256_TAIL(1) FP_D256_TAIL(2) FP_D256_TAIL(3)             \
+                FP_D256_TAIL(4) FP_D256_TAIL(5) FP_D256_TAIL(6)                             \
             }                                                                               \
-        }                                                                                   \
-        for (; i < in; i++) {                                                               \
-            const __m256 xi = _mm256_broadcast_ss(x + i);                                   \
-            for (int k = 0; k < G; k++)                                                     \
-                acc[0][k] = _mm256_fmadd_ps(xi, _mm256_load_ps(w + k * bs + i * 8), acc[0][k]); \
+        } else {                                                                            \
+            for (; i + U <= in; i += U) {                                                   \
+                if (PF) {                                                                   \
+                    /* U inputs = U * 32 bytes of each block: one line per stream per 2 inputs */ \
+                    for (int k = 0; k < G; k++)                                             \
+                        for (int l = 0; l < U * 32; l += 64)                                \
+                            _mm_prefetch((const char *)(w + k * bs + i * 8) + FP_PF_AHEAD + l, _MM_HINT_T0); \
+                }                                                                           \
+                for (int u = 0; u < U; u++) {                                               \
+                    const __m256 xu = _mm256_broadcast_ss(x + i + u);                       \
+                    for (int k = 0; k < G; k++)                                             \
+                        acc[u][k] = _mm256_fmadd_ps(xu, _mm256_load_ps(w + k * bs + (i + u) * 8), acc[u][k]); \
+                }                                                                           \
+            }                                                                               \
+            for (; i < in; i++) {                                                           \
+                const __m256 xi = _mm256_broadcast_ss(x + i);                               \
+                for (int k = 0; k < G; k++)                                                 \
+                    acc[0][k] = _mm256_fmadd_ps(xi, _mm256_load_ps(w + k * bs + i * 8), acc[0][k]); \
+            }                                                                               \
         }                                                                                   \
         __m256 bad = _mm256_setzero_ps();                                                   \
         _Pragma("GCC unroll 8")                                                             \
@@ -255,19 +300,37 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
             _Pragma("GCC unroll 8")                                                         \
             for (int u = 0; u < U; u++) v = _mm256_add_ps(v, acc[u][k]);                    \
             bad = _mm256_or_ps(bad, _mm256_sub_ps(v, v));                                   \
-            _mm256_store_ps(y + k * 8, fp_act256(v, act));                                  \
+            if (O) h[k] = fp_act256(v, act);                                                \
+            else _mm256_store_ps(y + k * 8, fp_act256(v, act));                             \
         }                                                                                   \
         return bad;                                                                         \
     }
 
+/* chunk c (0..3) of a register-held input, c known only at run time (a layer's tail) */
+FP_TARGET_AVX2 static inline __m256 fp_chunk4(const __m256 *xr, int c) {
+    return c == 0 ? xr[0] : c == 1 ? xr[1] : c == 2 ? xr[2] : xr[3];
+}
+
 /* in-cache layers run 8 blocks (64 rows) at once: one broadcast per 8 FMAs and 8 chains
  * of one accumulator each (16 YMM registers leave no room for 2 each); measured on this Zen
- * core: 128x64 175 -> 156 ns. Streamed layers keep 4 blocks, as tuned for the prefetch. */
-FP_DENSE_GROUP(fp_dense_g8, 8, 1, 0)
-FP_DENSE_GROUP(fp_dense_g4, 4, 2, 0)
-FP_DENSE_GROUP(fp_dense_g2, 2, 4, 0)
-FP_DENSE_GROUP(fp_dense_g1, 1, 4, 0)
-FP_DENSE_GROUP(fp_dense_pf_g4, 4, 2, 1)
+ * core: 128x64 175 -> 156 ns. Streamed layers keep 4 blocks, as tuned for the prefetch.
+ * The _m (memory in, registers out) and _r (registers in and out) variants are the fused
+ * pass's; each has the U of its per-layer twin. */
+FP_DENSE_GROUP(fp_dense_g8, 8, 1, 0, 0, 0)
+FP_DENSE_GROUP(fp_dense_g4, 4, 2, 0, 0, 0)
+FP_DENSE_GROUP(fp_dense_g2, 2, 4, 0, 0, 0)
+FP_DENSE_GROUP(fp_dense_g1, 1, 4, 0, 0, 0)
+FP_DENSE_GROUP(fp_dense_pf_g4, 4, 2, 1, 0, 0)
+FP_DENSE_GROUP(fp_dense_g4_m, 4, 2, 0, 0, 1)
+FP_DENSE_GROUP(fp_dense_g2_m, 2, 4, 0, 0, 1)
+FP_DENSE_GROUP(fp_dense_g1_m, 1, 4, 0, 0, 1)
+FP_DENSE_GROUP(fp_dense_g4_r, 4, 2, 0, 1, 1)
+FP_DENSE_GROUP(fp_dense_g2_r, 2, 4, 0, 1, 1)
+FP_DENSE_GROUP(fp_dense_g1_r, 1, 4, 0, 1, 1)
+FP_DENSE_GROUP(fp_dense_g8_ry, 8, 1, 0, 1, 0)
+FP_DENSE_GROUP(fp_dense_g4_ry, 4, 2, 0, 1, 0)
+FP_DENSE_GROUP(fp_dense_g2_ry, 2, 4, 0, 1, 0)
+FP_DENSE_GROUP(fp_dense_g1_ry, 1, 4, 0, 1, 0)
 
 /* The layers of more than one group: groups of 8 blocks (64 rows; 4 in streamed layers), then
  * at most one group each of 4, 2 and 1 blocks for the rest; `reverse` walks the same groups
@@ -288,7 +351,8 @@ FP_TARGET_AVX2 __attribute__((noinline)) static __m256 fp_dense_groups(
     const int t2 = rest & 2 ? tail0 + (rest & 4) : -1;
     const int t1 = rest & 1 ? nb - 1 : -1;
     __m256 bad = _mm256_setzero_ps();
-#define FP_AT(fn, b) fn(L->w + (size_t)(b) * bs, in, x, L->bias + (b) * 8, act, y + (b) * 8)
+#define FP_AT(fn, b) \
+    fn(L->w + (size_t)(b) * bs, in, x, NULL, L->bias + (b) * 8, act, y + (b) * 8, NULL)
 #define FP_BIG(b) (stream ? FP_AT(fp_dense_pf_g4, b) : FP_AT(fp_dense_g8, b))
     if (reverse) {
         if (t1 >= 0) bad = _mm256_or_ps(bad, FP_AT(fp_dense_g1, t1));
@@ -317,13 +381,86 @@ FP_TARGET_AVX2 static int fp_dense_avx2(const fp_dense_layer *L, const float *x,
     const size_t bytes = (size_t)in * 8 * (size_t)nb * sizeof(float);
     const int stream = bytes > FP_STREAM_BYTES;
     __m256 bad;
-    if (nb == 1) bad = fp_dense_g1(L->w, in, x, L->bias, act, y);
-    else if (nb == 2) bad = fp_dense_g2(L->w, in, x, L->bias, act, y);
-    else if (nb == 4 && !stream) bad = fp_dense_g4(L->w, in, x, L->bias, act, y);
-    else if (nb == 8 && !stream) bad = fp_dense_g8(L->w, in, x, L->bias, act, y);
+#define FP_ONE(fn) fn(L->w, in, x, NULL, L->bias, act, y, NULL)
+    if (nb == 1) bad = FP_ONE(fp_dense_g1);
+    else if (nb == 2) bad = FP_ONE(fp_dense_g2);
+    else if (nb == 4 && !stream) bad = FP_ONE(fp_dense_g4);
+    else if (nb == 8 && !stream) bad = FP_ONE(fp_dense_g8);
     else bad = fp_dense_groups(L, x, y, reverse, stream);
+#undef FP_ONE
     const __m256i bi = _mm256_castps_si256(bad);
     return _mm256_testz_si256(bi, bi);
+}
+
+/* The whole forward pass of a small fp32 model (fp_mlp.fused_avx2: two or more layers of 1, 2,
+ * 4 or 8 blocks, so at most 64 outputs each) in one call: each layer's outputs stay in (up to
+ * eight) ymm registers and are the next layer's inputs, where the per-layer pass stores them,
+ * calls the next layer through the kernel table and broadcasts them back from memory (a
+ * store-to-load round trip and a call on the critical path of every layer). Same group
+ * kernels, same sums in the same order: the per-layer pass's bits. Returns y (the last layer's
+ * nb * 8 outputs) or NULL when any pre-activation is NaN/Inf. */
+FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, float *y) {
+    const int last = m->n_layers - 1;
+    const __m256 z = _mm256_setzero_ps();
+    __m256 h[4] = {z, z, z, z}, g[4] = {z, z, z, z};
+    float buf[2][64] __attribute__((aligned(32)));
+    __m256 bad;
+    const fp_dense_layer *L = &m->layers[0];
+#define FP_F(fn, X, XR, Y, H) fn(L->w, L->in, X, XR, L->bias, L->act, Y, H)
+    /* the first layer reads x; each hidden layer of up to 4 blocks leaves its outputs in h[] */
+    int inreg = L->nb <= 4;
+    switch (L->nb) {
+    case 1: bad = FP_F(fp_dense_g1_m, x, NULL, NULL, h); break;
+    case 2: bad = FP_F(fp_dense_g2_m, x, NULL, NULL, h); break;
+    case 4: bad = FP_F(fp_dense_g4_m, x, NULL, NULL, h); break;
+    default: bad = FP_F(fp_dense_g8, x, NULL, buf[0], NULL); break;
+    }
+    const float *in = buf[0];
+    for (int l = 1; l < last; l++) {
+        L = &m->layers[l];
+        const int nb = L->nb;
+        float *out = buf[l & 1];
+        __m256 b;
+        if (inreg) {
+            switch (nb) {
+            case 1: b = FP_F(fp_dense_g1_r, NULL, h, NULL, g); break;
+            case 2: b = FP_F(fp_dense_g2_r, NULL, h, NULL, g); break;
+            case 4: b = FP_F(fp_dense_g4_r, NULL, h, NULL, g); break;
+            default: b = FP_F(fp_dense_g8_ry, NULL, h, out, NULL); break;
+            }
+            h[0] = g[0]; h[1] = g[1]; h[2] = g[2]; h[3] = g[3];
+        } else {
+            switch (nb) {
+            case 1: b = FP_F(fp_dense_g1_m, in, NULL, NULL, h); break;
+            case 2: b = FP_F(fp_dense_g2_m, in, NULL, NULL, h); break;
+            case 4: b = FP_F(fp_dense_g4_m, in, NULL, NULL, h); break;
+            default: b = FP_F(fp_dense_g8, in, NULL, out, NULL); break;
+            }
+        }
+        bad = _mm256_or_ps(bad, b);
+        inreg = nb <= 4;
+        in = out;
+    }
+    L = &m->layers[last];
+    __m256 b;
+    if (inreg) {
+        switch (L->nb) {
+        case 1: b = FP_F(fp_dense_g1_ry, NULL, h, y, NULL); break;
+        case 2: b = FP_F(fp_dense_g2_ry, NULL, h, y, NULL); break;
+        case 4: b = FP_F(fp_dense_g4_ry, NULL, h, y, NULL); break;
+        default: b = FP_F(fp_dense_g8_ry, NULL, h, y, NULL); break;
+        }
+    } else {
+        switch (L->nb) {
+        case 1: b = FP_F(fp_dense_g1, in, NULL, y, NULL); break;
+        case 2: b = FP_F(fp_dense_g2, in, NULL, y, NULL); break;
+        case 4: b = FP_F(fp_dense_g4, in, NULL, y, NULL); break;
+        default: b = FP_F(fp_dense_g8, in, NULL, y, NULL); break;
+        }
+    }
+#undef FP_F
+    const __m256i bi = _mm256_castps_si256(_mm256_or_ps(bad, b));
+    return _mm256_testz_si256(bi, bi) ? y : NULL;
 }
 
 /* 1 if all finite: an IEEE float is finite iff its exponent bits are not all 1 */
