@@ -5,9 +5,9 @@
  * aligned loads, broadcasts one input and keeps 8 outputs per register; any
  * width works, the last block is zero-padded. All layers live in one arena so
  * the whole model is a single contiguous (huge-page friendly) allocation.
- * A small model (fp_mlp.fused) runs on AVX-512 as one call that keeps each layer's outputs
- * in registers as the next layer's inputs: at its size the per-layer call, store and reload
- * are on the critical path, which is what such a model waits on (not the FMA rate).
+ * A small model (fp_mlp.fused) runs on AVX-512 and AVX2 as one call that keeps each layer's
+ * outputs in registers as the next layer's inputs: at its size the per-layer call, store and
+ * reload are on the critical path, which is what such a model waits on (not the FMA rate).
  */
 #ifndef FP_MLP_H
 #define FP_MLP_H
@@ -33,22 +33,15 @@ typedef struct {
     int act_width;         /* widest padded activation, floats (a multiple of 16) */
     int max_width;         /* floats each forward buffer needs: act_width + lowp scratch */
     long long macs;        /* multiply-adds per forward pass (unpadded) */
-    int fused;             /* small fp32 model, run in one call on AVX-512 (FP_MLP_FUSED_BYTES) */
-    int fused_avx2;        /* the same on AVX2, which takes narrower models (see below) */
+    int fused;             /* small fp32 model, run in one call on AVX-512 and AVX2 (FP_MLP_FUSED_BYTES) */
 } fp_mlp;
 
 /* A model runs fused (all layers in one call, activations kept in registers; see
- * fp_mlp_fused_avx512) when it has 2 or more layers, all fp32, each of 1, 2, 4 or 8 blocks
+ * fp_mlp_fused_avx512 and fp_mlp_fused_avx2) when it has 2 or more layers, all fp32, each of 1, 2, 4 or 8 blocks
  * of 8 rows (so no layer gives more than 64 inputs to the next), and its weights total at
  * most FP_MLP_FUSED_BYTES: the models whose per-layer call, store and reload are a visible
  * share of the pass. Past that the per-layer pass costs the same. */
 #define FP_MLP_FUSED_BYTES (128u * 1024u)
-/* fp_mlp.fused_avx2: 0, or how the AVX2 fused pass runs the model. FP_FUSED_REGS: every layer
- * but the last is at most 4 blocks (32 outputs), so 4 input registers, 8 accumulators and the
- * broadcast fit the 16 ymm registers; FP_FUSED_MEM: wider hidden layers, whose 8 output
- * registers and the next layer's 8 accumulators would not, go through a local buffer. */
-#define FP_FUSED_REGS 1
-#define FP_FUSED_MEM 2
 
 /* bytes the arena needs for these dims */
 size_t fp_mlp_arena_bytes(int n_layers, const int *dims);
@@ -70,7 +63,7 @@ void fp_mlp_free(fp_mlp *m);
 /* the fused pass of an m->fused model on the AVX-512 set: out in y (nb * 8 floats of the last
  * layer, 64-byte aligned scratch), the same bits as the per-layer pass; NULL on NaN/Inf */
 const float *fp_mlp_fused_avx512(const fp_mlp *m, const float *x, float *y);
-/* the same on the AVX2 set, for an m->fused_avx2 model */
+/* the same on the AVX2 set */
 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, float *y);
 #endif
 
@@ -81,12 +74,12 @@ const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, float *y);
  * maps Inf to 1), so no finite-looking answer comes out of an overflowed model.
  * reverse: the row-group order for this call (see fp_kernels.dense); callers keep the
  * alternation in their own state, the model is read-only here and may be shared.
- * An m->fused model on the AVX-512 set takes the fused pass (same bits, out in a). */
+ * An m->fused model on the AVX-512 or AVX2 set takes the fused pass (same bits, out in a). */
 static inline const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, const float *x,
                                           float *a, float *b, int reverse) {
 #if FP_HAVE_X86
     if (m->fused && k == &fp_kernels_avx512) return fp_mlp_fused_avx512(m, x, a);
-    if (m->fused_avx2 && k == &fp_kernels_avx2) return fp_mlp_fused_avx2(m, x, a);
+    if (m->fused && k == &fp_kernels_avx2) return fp_mlp_fused_avx2(m, x, a);
 #endif
     const float *in = x;
     float *out = a;

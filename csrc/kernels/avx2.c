@@ -230,8 +230,12 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
  * the same order either way (i mod U below the last multiple of U, chain 0 past it), so every
  * sum, and so every bit, is the per-layer pass's. */
 #define FP_D256_NC 4
-#define FP_D256_INL_0
-#define FP_D256_INL_1 __attribute__((always_inline))
+/* the fused pass's variants (R or O) inline into it, where their h[] and xr[] can stay in
+ * registers (out of line, h[] went through the stack); the per-layer ones are left to GCC */
+#define FP_D256_INL_00
+#define FP_D256_INL_01 __attribute__((always_inline))
+#define FP_D256_INL_10 __attribute__((always_inline))
+#define FP_D256_INL_11 __attribute__((always_inline))
 /* lane j of the register-held input chunk XC into FMA chain CH (compile-time indices, so
  * acc[][] stays in registers) */
 #define FP_D256_LANE(XC, J, I, CH)                                                          \
@@ -248,7 +252,7 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
         else FP_D256_LANE(xc, J, i + (J), 0)                                                \
     }
 #define FP_DENSE_GROUP(NAME, G, U, PF, R, O)                                                \
-    FP_TARGET_AVX2 static inline FP_D256_INL_##O __m256 NAME(                               \
+    FP_TARGET_AVX2 static inline FP_D256_INL_##R##O __m256 NAME(                               \
         const float *w, int in, const float *x, const __m256 *xr, const float *bias, int act, \
         float *y, __m256 *h) {                                                              \
         enum { G_ = G, U_ = U };                                                            \
@@ -392,13 +396,17 @@ FP_TARGET_AVX2 static int fp_dense_avx2(const fp_dense_layer *L, const float *x,
     return _mm256_testz_si256(bi, bi);
 }
 
-/* The whole forward pass of a small fp32 model (fp_mlp.fused_avx2: two or more layers of 1, 2,
- * 4 or 8 blocks, so at most 64 outputs each) in one call: each layer's outputs stay in (up to
- * eight) ymm registers and are the next layer's inputs, where the per-layer pass stores them,
- * calls the next layer through the kernel table and broadcasts them back from memory (a
- * store-to-load round trip and a call on the critical path of every layer). Same group
- * kernels, same sums in the same order: the per-layer pass's bits. Returns y (the last layer's
- * nb * 8 outputs) or NULL when any pre-activation is NaN/Inf. */
+/* The whole forward pass of a small fp32 model (fp_mlp.fused: two or more layers of 1, 2, 4
+ * or 8 blocks, so at most 64 outputs each) in one call, with no call through the kernel table
+ * and no per-layer dispatch. A hidden layer of up to 4 blocks leaves its outputs in four ymm
+ * registers, the next layer's inputs (broadcast lane by lane), where the per-layer pass stores
+ * them and broadcasts them back from memory (a store-to-load round trip on the critical path
+ * of every layer). A hidden layer of 8 blocks stores its outputs to a local buffer instead:
+ * its 8 outputs as inputs, with the next layer's 8 accumulators and a broadcast, would not fit
+ * the 16 ymm registers (the spills cost what the round trip saves; AVX-512's 32 registers take
+ * them, see fp_mlp_fused_avx512). Same group kernels, same sums in the same order: the
+ * per-layer pass's bits. Returns y (the last layer's nb * 8 outputs) or NULL when any
+ * pre-activation is NaN/Inf. */
 FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, float *y) {
     const int last = m->n_layers - 1;
     const __m256 z = _mm256_setzero_ps();
