@@ -3,10 +3,14 @@ between layers) against the per-layer pass and a float64 reference, on every ker
 
 A model of two or more layers, each 1, 2, 4 or 8 blocks of 8 rows wide (1-8, 9-16, 25-32 or
 57-64 outputs) and at most 128 KB of weights, runs fused where the set has a fused pass
-(AVX-512); any other model, and every one-layer model, runs layer by layer. So a model's
+(AVX-512, AVX2); any other model, and every one-layer model, runs layer by layer. So a model's
 output must equal, bit for bit, its layers run one at a time as one-layer models: the fused
-pass runs the per-layer pass's sums in the same order. On a set without a fused pass the
-check holds trivially and still runs, so each set is held to the same answers.
+pass runs the per-layer pass's sums in the same order. On a set without a fused pass (scalar)
+the check holds trivially and still runs, so each set is held to the same answers.
+The AVX2 pass keeps a hidden layer of up to 4 blocks in registers and sends an 8-block one
+through a local buffer, so its shapes below cover each hand-over: registers to registers,
+registers to a buffer (an 8-block layer after a narrow one, in the middle or last), a buffer
+to registers and a buffer to a buffer, with input tails of every length in 1..7.
 """
 import numpy as np
 import pytest
@@ -56,7 +60,9 @@ def _check(isa, dims, acts, seed):
 @pytest.mark.parametrize("dims", [(32, 16, 2), (128, 64, 32, 2), (16, 2), (1, 1, 1),
                                   (3, 5, 7, 2), (17, 31, 2),
                                   (200, 8, 64, 1), (130, 1, 2), (129, 64, 64, 64, 8),
-                                  (64, 57, 25, 9, 1), (7, 64, 16)])
+                                  (64, 57, 25, 9, 1), (7, 64, 16),
+                                  (37, 29, 64), (37, 13, 60, 5), (20, 3, 64, 64, 27),
+                                  (16, 8, 8, 8, 2), (64, 32, 16, 2), (256, 32, 32, 2)])
 @pytest.mark.parametrize("act", ACTS)
 def test_small_mlp_matches_layer_by_layer(isa, dims, act):
     """Hidden layers with every activation (sigmoid's padding rows are 0.5, not 0: the next
@@ -70,6 +76,17 @@ def test_every_width_pair(isa):
     for i, a in enumerate(FUSED_WIDTHS):
         for b in FUSED_WIDTHS[i % 3::3]:
             _check(isa, (37, a, b, 3), ["relu", "tanh", "identity"], seed=a * 100 + b)
+
+
+def test_every_register_input_width(isa):
+    """Every width a layer can hand over in registers (1-8, 9-16, 25-32 outputs: 1, 2 or 4
+    blocks, so every tail of 0-7 inputs after 0-3 full registers) into each block count, as a
+    middle layer and as the last; sigmoid first, so the padding rows past the width are 0.5,
+    which the next layer must not read."""
+    for a in [*range(1, 17), *range(25, 33)]:
+        for b in (3, 16, 32, 64):
+            _check(isa, (11, a, b, 5), ["sigmoid", "tanh", "identity"], seed=a * 100 + b)
+            _check(isa, (11, a, b), ["sigmoid", "identity"], seed=a * 100 + b + 1)
 
 
 def test_not_fused_shapes_agree(isa):
