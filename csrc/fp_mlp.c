@@ -92,7 +92,9 @@ int fp_mlp_init_ex(fp_mlp *m, int n_layers, const int *dims, const int *acts,
     for (int l = 0; l < n_layers; l++) {
         const int nb = m->layers[l].nb;
         if (nb != 1 && nb != 2 && nb != 4 && nb != 8) m->fused = 0;
+        if (l < n_layers - 1 && nb > 4) m->fused_wide = m->fused;
     }
+    if (!m->fused) m->fused_wide = 0;
     /* scratch past the activations must start 64-byte aligned */
     m->act_width = scratch ? FP_ROUND_UP(width, 16) : width;
     m->max_width = m->act_width + (int)scratch;

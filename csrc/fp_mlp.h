@@ -34,6 +34,7 @@ typedef struct {
     int max_width;         /* floats each forward buffer needs: act_width + lowp scratch */
     long long macs;        /* multiply-adds per forward pass (unpadded) */
     int fused;             /* small fp32 model, run in one call on AVX-512 and AVX2 (FP_MLP_FUSED_BYTES) */
+    int fused_wide;        /* fused with a hidden layer of 8 blocks: AVX2 takes fp_mlp_fused_avx2_wide */
 } fp_mlp;
 
 /* A model runs fused (all layers in one call, activations kept in registers; see
@@ -63,8 +64,9 @@ void fp_mlp_free(fp_mlp *m);
 /* the fused pass of an m->fused model on the AVX-512 set: out in y (nb * 8 floats of the last
  * layer, 64-byte aligned scratch), the same bits as the per-layer pass; NULL on NaN/Inf */
 const float *fp_mlp_fused_avx512(const fp_mlp *m, const float *x, float *y);
-/* the same on the AVX2 set */
+/* the same on the AVX2 set: hidden layers of at most 4 blocks, or (m->fused_wide) wider */
 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, float *y);
+const float *fp_mlp_fused_avx2_wide(const fp_mlp *m, const float *x, float *y);
 #endif
 
 /* out = mlp(x); a and b are scratch of max_width floats, 64-byte aligned (a reduced-precision
@@ -79,7 +81,8 @@ static inline const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, 
                                           float *a, float *b, int reverse) {
 #if FP_HAVE_X86
     if (m->fused && k == &fp_kernels_avx512) return fp_mlp_fused_avx512(m, x, a);
-    if (m->fused && k == &fp_kernels_avx2) return fp_mlp_fused_avx2(m, x, a);
+    if (m->fused && k == &fp_kernels_avx2)
+        return m->fused_wide ? fp_mlp_fused_avx2_wide(m, x, a) : fp_mlp_fused_avx2(m, x, a);
 #endif
     const float *in = x;
     float *out = a;

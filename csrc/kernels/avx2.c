@@ -4,7 +4,8 @@
  * compiles to code that is safe to load on any x86-64; fp_kernels_for() hands out this table
  * only where cpuid says it runs. Unaligned loads are used for caller-owned inputs (raw
  * ticks), aligned loads only for memory we allocate (weights arena, scratch, cache slots).
- * Every function has a twin in scalar.c with the same contract.
+ * Every function has a twin in scalar.c with the same contract. A small fp32 model also has a
+ * fused pass here (fp_mlp_fused_avx2, see fp_mlp.h), the per-layer pass's bits in one call.
  */
 #include "kernels.h"
 #include "fp_mlp.h"
@@ -223,19 +224,20 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
  * The epilogue loops are unrolled by pragma: left as loops (GCC's heuristics gave up once the
  * check was added), acc[][] indexed by a variable k must live on the stack, and every FMA of
  * the main loop went through memory (measured 236 -> 296 ns on the default 10304-MAC model).
- * R and O are for the fused small-model pass (fp_mlp_fused_avx2): R = 1 takes the inputs from
- * registers (xr[c] = inputs 8c..8c+7, at most 8 registers, so in <= 64; each input broadcast
- * from its lane by a vpermps) instead of x, O = 1 leaves the outputs in registers (h[k] = block
- * k's 8 rows, as y would hold them) instead of storing them. Input i goes to the same chain in
- * the same order either way (i mod U below the last multiple of U, chain 0 past it), so every
- * sum, and so every bit, is the per-layer pass's. */
-#define FP_D256_NC 4
+ * R and O are for the fused small-model pass (fp_mlp_fused_avx2): R = 4 or 8 takes the inputs
+ * from R registers (xr[c] = inputs 8c..8c+7, so in <= 8R; each input broadcast from its lane
+ * by a vpermps) instead of x, O = 1 leaves the outputs in registers (h[k] = block k's 8 rows,
+ * as y would hold them) instead of storing them. Input i goes to the same chain in the same
+ * order either way (i mod U below the last multiple of U, chain 0 past it), so every sum, and
+ * so every bit, is the per-layer pass's. */
 /* the fused pass's variants (R or O) inline into it, where their h[] and xr[] can stay in
  * registers (out of line, h[] went through the stack); the per-layer ones are left to GCC */
 #define FP_D256_INL_00
 #define FP_D256_INL_01 __attribute__((always_inline))
-#define FP_D256_INL_10 __attribute__((always_inline))
-#define FP_D256_INL_11 __attribute__((always_inline))
+#define FP_D256_INL_40 __attribute__((always_inline))
+#define FP_D256_INL_41 __attribute__((always_inline))
+#define FP_D256_INL_80 __attribute__((always_inline))
+#define FP_D256_INL_81 __attribute__((always_inline))
 /* lane j of the register-held input chunk XC into FMA chain CH (compile-time indices, so
  * acc[][] stays in registers) */
 #define FP_D256_LANE(XC, J, I, CH)                                                          \
@@ -263,8 +265,8 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
         const size_t bs = (size_t)in * 8;                                                   \
         int i = 0;                                                                          \
         if (R) {                                                                            \
-            _Pragma("GCC unroll 4")                                                         \
-            for (int c = 0; c < FP_D256_NC; c++) {                                          \
+            _Pragma("GCC unroll 8")                                                         \
+            for (int c = 0; c < R; c++) {                                          \
                 if (8 * c + 8 <= in) {                                                      \
                     _Pragma("GCC unroll 8")                                                 \
                     for (int j = 0; j < 8; j++) FP_D256_LANE(xr[c], j, 8 * c + j, j % U_)   \
@@ -273,7 +275,7 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
             i = in & ~7;                                                                    \
             if (i < in) {                                                                   \
                 const int imain = in - in % U;                                              \
-                const __m256 xc = fp_chunk4(xr, i >> 3);                                    \
+                const __m256 xc = fp_chunk(xr, i >> 3, R);                                      \
                 FP_D256_TAIL(0) FP_D256_TAIL(1) FP_D256_TAIL(2) FP_D256_TAIL(3)             \
                 FP_D256_TAIL(4) FP_D256_TAIL(5) FP_D256_TAIL(6)                             \
             }                                                                               \
@@ -310,9 +312,11 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
         return bad;                                                                         \
     }
 
-/* chunk c (0..3) of a register-held input, c known only at run time (a layer's tail) */
-FP_TARGET_AVX2 static inline __m256 fp_chunk4(const __m256 *xr, int c) {
-    return c == 0 ? xr[0] : c == 1 ? xr[1] : c == 2 ? xr[2] : xr[3];
+/* chunk c (0..nc-1) of nc register-held inputs, c known only at run time (a layer's tail);
+ * nc is a constant (4 or 8), so with 4 nothing past xr[3] is named */
+FP_TARGET_AVX2 static inline __m256 fp_chunk(const __m256 *xr, int c, int nc) {
+    return c == 0 ? xr[0] : c == 1 ? xr[1] : c == 2 ? xr[2] : nc <= 4 || c == 3 ? xr[3]
+         : c == 4 ? xr[4] : c == 5 ? xr[5] : c == 6 ? xr[6] : xr[7];
 }
 
 /* in-cache layers run 8 blocks (64 rows) at once: one broadcast per 8 FMAs and 8 chains
@@ -325,16 +329,25 @@ FP_DENSE_GROUP(fp_dense_g4, 4, 2, 0, 0, 0)
 FP_DENSE_GROUP(fp_dense_g2, 2, 4, 0, 0, 0)
 FP_DENSE_GROUP(fp_dense_g1, 1, 4, 0, 0, 0)
 FP_DENSE_GROUP(fp_dense_pf_g4, 4, 2, 1, 0, 0)
+FP_DENSE_GROUP(fp_dense_g8_m, 8, 1, 0, 0, 1)
 FP_DENSE_GROUP(fp_dense_g4_m, 4, 2, 0, 0, 1)
 FP_DENSE_GROUP(fp_dense_g2_m, 2, 4, 0, 0, 1)
 FP_DENSE_GROUP(fp_dense_g1_m, 1, 4, 0, 0, 1)
-FP_DENSE_GROUP(fp_dense_g4_r, 4, 2, 0, 1, 1)
-FP_DENSE_GROUP(fp_dense_g2_r, 2, 4, 0, 1, 1)
-FP_DENSE_GROUP(fp_dense_g1_r, 1, 4, 0, 1, 1)
-FP_DENSE_GROUP(fp_dense_g8_ry, 8, 1, 0, 1, 0)
-FP_DENSE_GROUP(fp_dense_g4_ry, 4, 2, 0, 1, 0)
-FP_DENSE_GROUP(fp_dense_g2_ry, 2, 4, 0, 1, 0)
-FP_DENSE_GROUP(fp_dense_g1_ry, 1, 4, 0, 1, 0)
+FP_DENSE_GROUP(fp_dense_g4_r4, 4, 2, 0, 4, 1)
+FP_DENSE_GROUP(fp_dense_g2_r4, 2, 4, 0, 4, 1)
+FP_DENSE_GROUP(fp_dense_g1_r4, 1, 4, 0, 4, 1)
+FP_DENSE_GROUP(fp_dense_g8_ry4, 8, 1, 0, 4, 0)
+FP_DENSE_GROUP(fp_dense_g4_ry4, 4, 2, 0, 4, 0)
+FP_DENSE_GROUP(fp_dense_g2_ry4, 2, 4, 0, 4, 0)
+FP_DENSE_GROUP(fp_dense_g1_ry4, 1, 4, 0, 4, 0)
+FP_DENSE_GROUP(fp_dense_g8_r8, 8, 1, 0, 8, 1)
+FP_DENSE_GROUP(fp_dense_g4_r8, 4, 2, 0, 8, 1)
+FP_DENSE_GROUP(fp_dense_g2_r8, 2, 4, 0, 8, 1)
+FP_DENSE_GROUP(fp_dense_g1_r8, 1, 4, 0, 8, 1)
+FP_DENSE_GROUP(fp_dense_g8_ry8, 8, 1, 0, 8, 0)
+FP_DENSE_GROUP(fp_dense_g4_ry8, 4, 2, 0, 8, 0)
+FP_DENSE_GROUP(fp_dense_g2_ry8, 2, 4, 0, 8, 0)
+FP_DENSE_GROUP(fp_dense_g1_ry8, 1, 4, 0, 8, 0)
 
 /* The layers of more than one group: groups of 8 blocks (64 rows; 4 in streamed layers), then
  * at most one group each of 4, 2 and 1 blocks for the rest; `reverse` walks the same groups
@@ -431,10 +444,10 @@ FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, f
         __m256 b;
         if (inreg) {
             switch (nb) {
-            case 1: b = FP_F(fp_dense_g1_r, NULL, h, NULL, g); break;
-            case 2: b = FP_F(fp_dense_g2_r, NULL, h, NULL, g); break;
-            case 4: b = FP_F(fp_dense_g4_r, NULL, h, NULL, g); break;
-            default: b = FP_F(fp_dense_g8_ry, NULL, h, out, NULL); break;
+            case 1: b = FP_F(fp_dense_g1_r4, NULL, h, NULL, g); break;
+            case 2: b = FP_F(fp_dense_g2_r4, NULL, h, NULL, g); break;
+            case 4: b = FP_F(fp_dense_g4_r4, NULL, h, NULL, g); break;
+            default: b = FP_F(fp_dense_g8_ry4, NULL, h, out, NULL); break;
             }
             h[0] = g[0]; h[1] = g[1]; h[2] = g[2]; h[3] = g[3];
         } else {
@@ -453,10 +466,10 @@ FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, f
     __m256 b;
     if (inreg) {
         switch (L->nb) {
-        case 1: b = FP_F(fp_dense_g1_ry, NULL, h, y, NULL); break;
-        case 2: b = FP_F(fp_dense_g2_ry, NULL, h, y, NULL); break;
-        case 4: b = FP_F(fp_dense_g4_ry, NULL, h, y, NULL); break;
-        default: b = FP_F(fp_dense_g8_ry, NULL, h, y, NULL); break;
+        case 1: b = FP_F(fp_dense_g1_ry4, NULL, h, y, NULL); break;
+        case 2: b = FP_F(fp_dense_g2_ry4, NULL, h, y, NULL); break;
+        case 4: b = FP_F(fp_dense_g4_ry4, NULL, h, y, NULL); break;
+        default: b = FP_F(fp_dense_g8_ry4, NULL, h, y, NULL); break;
         }
     } else {
         switch (L->nb) {
@@ -465,6 +478,51 @@ FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, f
         case 4: b = FP_F(fp_dense_g4, in, NULL, y, NULL); break;
         default: b = FP_F(fp_dense_g8, in, NULL, y, NULL); break;
         }
+    }
+#undef FP_F
+    const __m256i bi = _mm256_castps_si256(_mm256_or_ps(bad, b));
+    return _mm256_testz_si256(bi, bi) ? y : NULL;
+}
+
+/* fp_mlp_fused_avx2 for a model with a hidden layer of 8 blocks (fp_mlp.fused_wide): every
+ * hidden layer's outputs stay in eight ymm registers. With the next layer's 8 accumulators
+ * that is more than the 16 ymm registers hold, and GCC spills some, but the spills are off the
+ * critical path where the store-to-load round trip of the buffer is on it (measured in one
+ * process, kernel alone: 64x64x64x64x2 284 -> 275 ns, 16x64x8x2 44 -> 40). A narrow model
+ * keeps fp_mlp_fused_avx2's four registers: eight, unused, cost it (32x16x2 17.2 -> 18.9). */
+FP_TARGET_AVX2 const float *fp_mlp_fused_avx2_wide(const fp_mlp *m, const float *x, float *y) {
+    const int last = m->n_layers - 1;
+    const __m256 z = _mm256_setzero_ps();
+    __m256 h[8] = {z, z, z, z, z, z, z, z}, g[8] = {z, z, z, z, z, z, z, z};
+    __m256 bad;
+    const fp_dense_layer *L = &m->layers[0];
+#define FP_F(fn, X, XR, Y, H) fn(L->w, L->in, X, XR, L->bias, L->act, Y, H)
+    switch (L->nb) {
+    case 1: bad = FP_F(fp_dense_g1_m, x, NULL, NULL, h); break;
+    case 2: bad = FP_F(fp_dense_g2_m, x, NULL, NULL, h); break;
+    case 4: bad = FP_F(fp_dense_g4_m, x, NULL, NULL, h); break;
+    default: bad = FP_F(fp_dense_g8_m, x, NULL, NULL, h); break;
+    }
+    for (int l = 1; l < last; l++) {
+        L = &m->layers[l];
+        __m256 b;
+        switch (L->nb) {
+        case 1: b = FP_F(fp_dense_g1_r8, NULL, h, NULL, g); break;
+        case 2: b = FP_F(fp_dense_g2_r8, NULL, h, NULL, g); break;
+        case 4: b = FP_F(fp_dense_g4_r8, NULL, h, NULL, g); break;
+        default: b = FP_F(fp_dense_g8_r8, NULL, h, NULL, g); break;
+        }
+        bad = _mm256_or_ps(bad, b);
+        _Pragma("GCC unroll 8")
+        for (int c = 0; c < 8; c++) h[c] = g[c];
+    }
+    L = &m->layers[last];
+    __m256 b;
+    switch (L->nb) {
+    case 1: b = FP_F(fp_dense_g1_ry8, NULL, h, y, NULL); break;
+    case 2: b = FP_F(fp_dense_g2_ry8, NULL, h, y, NULL); break;
+    case 4: b = FP_F(fp_dense_g4_ry8, NULL, h, y, NULL); break;
+    default: b = FP_F(fp_dense_g8_ry8, NULL, h, y, NULL); break;
     }
 #undef FP_F
     const __m256i bi = _mm256_castps_si256(_mm256_or_ps(bad, b));
