@@ -7,10 +7,10 @@ A model of two or more layers, each 1, 2, 4 or 8 blocks of 8 rows wide (1-8, 9-1
 output must equal, bit for bit, its layers run one at a time as one-layer models: the fused
 pass runs the per-layer pass's sums in the same order. On a set without a fused pass (scalar)
 the check holds trivially and still runs, so each set is held to the same answers.
-The AVX2 pass keeps a hidden layer of up to 4 blocks in registers and sends an 8-block one
-through a local buffer, so its shapes below cover each hand-over: registers to registers,
-registers to a buffer (an 8-block layer after a narrow one, in the middle or last), a buffer
-to registers and a buffer to a buffer, with input tails of every length in 1..7.
+The AVX2 pass has two forms: hidden layers of up to 4 blocks kept in four registers (8-block
+layers through a local buffer), and a model with an 8-block hidden layer kept in eight; the
+shapes below cover each: every block count after every other, in the middle and last, from
+registers and from memory, with input tails of every length in 1..7.
 """
 import numpy as np
 import pytest
@@ -79,11 +79,11 @@ def test_every_width_pair(isa):
 
 
 def test_every_register_input_width(isa):
-    """Every width a layer can hand over in registers (1-8, 9-16, 25-32 outputs: 1, 2 or 4
-    blocks, so every tail of 0-7 inputs after 0-3 full registers) into each block count, as a
-    middle layer and as the last; sigmoid first, so the padding rows past the width are 0.5,
-    which the next layer must not read."""
-    for a in [*range(1, 17), *range(25, 33)]:
+    """Every width a layer can hand over in registers (1-8, 9-16, 25-32, 57-64 outputs: 1, 2, 4
+    or 8 blocks, so every tail of 0-7 inputs after 0-3 or 7 full registers) into each block
+    count, as a middle layer and as the last; sigmoid first, so the padding rows past the width
+    are 0.5, which the next layer must not read."""
+    for a in [*range(1, 17), *range(25, 33), *range(57, 65)]:
         for b in (3, 16, 32, 64):
             _check(isa, (11, a, b, 5), ["sigmoid", "tanh", "identity"], seed=a * 100 + b)
             _check(isa, (11, a, b), ["sigmoid", "identity"], seed=a * 100 + b + 1)
