@@ -225,8 +225,8 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
  * check was added), acc[][] indexed by a variable k must live on the stack, and every FMA of
  * the main loop went through memory (measured 236 -> 296 ns on the default 10304-MAC model).
  * R and O are for the fused small-model pass (fp_mlp_fused_avx2): R = 4 or 8 takes the inputs
- * from R registers (xr[c] = inputs 8c..8c+7, so in <= 8R; each input broadcast from its lane
- * by a vpermps) instead of x, O = 1 leaves the outputs in registers (h[k] = block k's 8 rows,
+ * from R registers (xr[c] = inputs 8c..8c+7, so in <= 8R; each input broadcast from its lane,
+ * see FP_D256_LANE) instead of x, O = 1 leaves the outputs in registers (h[k] = block k's 8 rows,
  * as y would hold them) instead of storing them. Input i goes to the same chain in the same
  * order either way (i mod U below the last multiple of U, chain 0 past it), so every sum, and
  * so every bit, is the per-layer pass's. */
@@ -239,10 +239,14 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
 #define FP_D256_INL_80 __attribute__((always_inline))
 #define FP_D256_INL_81 __attribute__((always_inline))
 /* lane j of the register-held input chunk XC into FMA chain CH (compile-time indices, so
- * acc[][] stays in registers) */
+ * acc[][] stays in registers). The broadcast is a vpermilps by immediate of XC's half copied
+ * to both halves (one vperm2f128 per half, shared by its 4 lanes): a vpermps needs an index
+ * register per lane, and the fused pass measured 4-13% slower with it (16x8x8x8x2 17.1 vs
+ * 15.0 ns, 64x32x16x2 58.6 vs 54.8, 64x64x64x64x2 280 vs 267). */
 #define FP_D256_LANE(XC, J, I, CH)                                                          \
     {                                                                                       \
-        const __m256 xu = _mm256_permutevar8x32_ps((XC), _mm256_set1_epi32(J));              \
+        const __m256 xu = _mm256_permute_ps(_mm256_permute2f128_ps((XC), (XC), (J) < 4 ? 0x00 : 0x11), \
+                                            ((J) & 3) * 0x55);                              \
         _Pragma("GCC unroll 8")                                                             \
         for (int k = 0; k < G_; k++)                                                        \
             acc[CH][k] = _mm256_fmadd_ps(xu, _mm256_load_ps(w + k * bs + (I) * 8), acc[CH][k]); \
