@@ -38,10 +38,12 @@ typedef struct {
 } fp_mlp;
 
 /* A model runs fused (all layers in one call, activations kept in registers; see
- * fp_mlp_fused_avx512 and fp_mlp_fused_avx2) when it has 2 or more layers, all fp32, each of 1, 2, 4 or 8 blocks
- * of 8 rows (so no layer gives more than 64 inputs to the next), and its weights total at
- * most FP_MLP_FUSED_BYTES: the models whose per-layer call, store and reload are a visible
- * share of the pass. Past that the per-layer pass costs the same. */
+ * fp_mlp_fused_avx512 and fp_mlp_fused_avx2) when it has 2 or more layers, all fp32, each of
+ * 1, 2, 4 or 8 blocks of 8 rows (so no layer gives more than 64 inputs to the next), and its
+ * weights total at most FP_MLP_FUSED_BYTES: the models whose per-layer call, store and reload
+ * are a visible share of the pass. Past that the per-layer pass costs the same. The same
+ * models on AVX2 (measured there too: 400x64x2, ~100 KB, even): an 8-block hidden layer is 8
+ * ymm registers, half the file, so such a model (fused_wide) takes AVX2's wide form. */
 #define FP_MLP_FUSED_BYTES (128u * 1024u)
 
 /* bytes the arena needs for these dims */

@@ -421,9 +421,10 @@ FP_TARGET_AVX2 static int fp_dense_avx2(const fp_dense_layer *L, const float *x,
  * trip on the critical path of every layer). Four input registers, 8 accumulators and the
  * broadcast fit the 16 ymm registers. Same group kernels, same sums in the same order: the
  * per-layer pass's bits. Returns y (the last layer's nb * 8 outputs) or NULL when any
- * pre-activation is NaN/Inf. Measured in one process, kernel alone on this Zen 4 core:
- * 32x16x2 20.7 -> 17.2 ns, 64x32x16x2 61.4 -> 57.3, 16x8x8x8x2 22.8 -> 19.9; the same layers
- * through a local buffer instead of registers gave 20.0 and 63.3. */
+ * pre-activation is NaN/Inf. Measured in one process against the per-layer pass, kernel
+ * alone on this Zen 4 core: 32x16x2 20.8 -> 16.9 ns, 64x32x16x2 62.0 -> 52.9, 16x8x8x8x2
+ * 21.9 -> 15.1; with the layers handed over through a local buffer instead of registers (no
+ * call, no dispatch) 32x16x2 took 20.0 and 64x32x16x2 63.3. */
 FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, float *y) {
     const int last = m->n_layers - 1;
     const __m256 z = _mm256_setzero_ps();
@@ -463,9 +464,12 @@ FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, f
 /* fp_mlp_fused_avx2 for a model with a hidden layer of 8 blocks (fp_mlp.fused_wide): every
  * hidden layer's outputs stay in eight ymm registers. With the next layer's 8 accumulators
  * that is more than the 16 ymm registers hold, and GCC spills some, but the spills are off the
- * critical path where the store-to-load round trip of the buffer is on it (measured in one
- * process, kernel alone: 64x64x64x64x2 284 -> 275 ns, 16x64x8x2 44 -> 40). A narrow model
- * keeps fp_mlp_fused_avx2's four registers: eight, unused, cost it (32x16x2 17.2 -> 18.9). */
+ * critical path where a buffer's store-to-load round trip is on it. Measured in one process
+ * against the per-layer pass, kernel alone: 64x64x64x64x2 291 -> 265 ns, 16x64x8x2 44 -> 37,
+ * 64x64x2 92 -> 86, the default 128x64x32x2 196 -> 191 (its 128x64 layer's FMAs dominate),
+ * 400x64x2 566 -> 563; the 8-block layers through a buffer instead gave no gain on the first
+ * three. A narrow model keeps fp_mlp_fused_avx2's four registers: eight, unused, cost it
+ * (32x16x2 17.2 -> 18.9). */
 FP_TARGET_AVX2 const float *fp_mlp_fused_avx2_wide(const fp_mlp *m, const float *x, float *y) {
     const int last = m->n_layers - 1;
     const __m256 z = _mm256_setzero_ps();
