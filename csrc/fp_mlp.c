@@ -92,9 +92,15 @@ int fp_mlp_init_ex(fp_mlp *m, int n_layers, const int *dims, const int *acts,
     for (int l = 0; l < n_layers; l++) {
         const int nb = m->layers[l].nb;
         if (nb != 1 && nb != 2 && nb != 4 && nb != 8) m->fused = 0;
-        if (l < n_layers - 1 && nb > 4) m->fused_wide = m->fused;
     }
-    if (!m->fused) m->fused_wide = 0;
+    /* AVX2's form (see FP_FUSED_WIDE): wide where a hidden layer has 8 blocks, and then only
+     * where every layer after the first is 1 or 8 blocks */
+    int wide = 0, wide_ok = 1;
+    for (int l = 0; l < n_layers; l++) {
+        if (l < n_layers - 1 && m->layers[l].nb == 8) wide = 1;
+        if (l > 0 && m->layers[l].nb != 1 && m->layers[l].nb != 8) wide_ok = 0;
+    }
+    m->fused_avx2 = !m->fused ? 0 : !wide ? FP_FUSED_NARROW : wide_ok ? FP_FUSED_WIDE : 0;
     /* scratch past the activations must start 64-byte aligned */
     m->act_width = scratch ? FP_ROUND_UP(width, 16) : width;
     m->max_width = m->act_width + (int)scratch;

@@ -34,16 +34,23 @@ typedef struct {
     int max_width;         /* floats each forward buffer needs: act_width + lowp scratch */
     long long macs;        /* multiply-adds per forward pass (unpadded) */
     int fused;             /* small fp32 model, run in one call on AVX-512 and AVX2 (FP_MLP_FUSED_BYTES) */
-    int fused_wide;        /* fused with a hidden layer of 8 blocks: AVX2 takes fp_mlp_fused_avx2_wide */
+    int fused_avx2;        /* how AVX2 runs it: 0 per layer, FP_FUSED_NARROW or FP_FUSED_WIDE */
 } fp_mlp;
 
 /* A model runs fused (all layers in one call, activations kept in registers; see
  * fp_mlp_fused_avx512 and fp_mlp_fused_avx2) when it has 2 or more layers, all fp32, each of
  * 1, 2, 4 or 8 blocks of 8 rows (so no layer gives more than 64 inputs to the next), and its
  * weights total at most FP_MLP_FUSED_BYTES: the models whose per-layer call, store and reload
- * are a visible share of the pass. Past that the per-layer pass costs the same. The same
- * models on AVX2 (measured there too: 400x64x2, ~100 KB, even): an 8-block hidden layer is 8
- * ymm registers, half the file, so such a model (fused_wide) takes AVX2's wide form. */
+ * are a visible share of the pass. Past that the per-layer pass costs the same.
+ * AVX2 (fp_mlp.fused_avx2) has 16 registers, not 32, and an 8-block hidden layer is 8 of them:
+ * FP_FUSED_NARROW, hidden layers of at most 4 blocks, runs every fused model of those;
+ * FP_FUSED_WIDE, with an 8-block hidden layer, only where every layer after the first is 1 or
+ * 8 blocks. An 8-block layer's outputs in 8 registers feeding a 2- or 4-block layer (8
+ * accumulators besides) measured slower than the per-layer pass (64x64x16x2 106 -> 124 ns,
+ * the default 128x64x32x2 196 -> 201), and through a local buffer no faster than it, so such
+ * a model runs per layer on AVX2. */
+#define FP_FUSED_NARROW 1
+#define FP_FUSED_WIDE 2
 #define FP_MLP_FUSED_BYTES (128u * 1024u)
 
 /* bytes the arena needs for these dims */
@@ -66,7 +73,7 @@ void fp_mlp_free(fp_mlp *m);
 /* the fused pass of an m->fused model on the AVX-512 set: out in y (nb * 8 floats of the last
  * layer, 64-byte aligned scratch), the same bits as the per-layer pass; NULL on NaN/Inf */
 const float *fp_mlp_fused_avx512(const fp_mlp *m, const float *x, float *y);
-/* the same on the AVX2 set: hidden layers of at most 4 blocks, or (m->fused_wide) wider */
+/* the same on the AVX2 set, for m->fused_avx2 FP_FUSED_NARROW and FP_FUSED_WIDE models */
 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, float *y);
 const float *fp_mlp_fused_avx2_wide(const fp_mlp *m, const float *x, float *y);
 #endif
@@ -83,8 +90,9 @@ static inline const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, 
                                           float *a, float *b, int reverse) {
 #if FP_HAVE_X86
     if (m->fused && k == &fp_kernels_avx512) return fp_mlp_fused_avx512(m, x, a);
-    if (m->fused && k == &fp_kernels_avx2)
-        return m->fused_wide ? fp_mlp_fused_avx2_wide(m, x, a) : fp_mlp_fused_avx2(m, x, a);
+    if (m->fused_avx2 && k == &fp_kernels_avx2)
+        return m->fused_avx2 == FP_FUSED_WIDE ? fp_mlp_fused_avx2_wide(m, x, a)
+                                              : fp_mlp_fused_avx2(m, x, a);
 #endif
     const float *in = x;
     float *out = a;

@@ -7,10 +7,11 @@ A model of two or more layers, each 1, 2, 4 or 8 blocks of 8 rows wide (1-8, 9-1
 output must equal, bit for bit, its layers run one at a time as one-layer models: the fused
 pass runs the per-layer pass's sums in the same order. On a set without a fused pass (scalar)
 the check holds trivially and still runs, so each set is held to the same answers.
-The AVX2 pass has two forms: hidden layers of up to 4 blocks kept in four registers (8-block
-layers through a local buffer), and a model with an 8-block hidden layer kept in eight; the
-shapes below cover each: every block count after every other, in the middle and last, from
-registers and from memory, with input tails of every length in 1..7.
+The AVX2 pass has two forms: hidden layers of up to 4 blocks kept in four registers, and a
+model with an 8-block hidden layer, every layer after the first 1 or 8 blocks, kept in eight
+(other models with an 8-block hidden layer run per layer there); the shapes below cover each,
+and the models between them: every block count after every other, in the middle and last,
+with input tails of every length in 1..7.
 """
 import numpy as np
 import pytest

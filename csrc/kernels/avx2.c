@@ -345,12 +345,8 @@ FP_DENSE_GROUP(fp_dense_g4_ry4, 4, 2, 0, 4, 0)
 FP_DENSE_GROUP(fp_dense_g2_ry4, 2, 4, 0, 4, 0)
 FP_DENSE_GROUP(fp_dense_g1_ry4, 1, 4, 0, 4, 0)
 FP_DENSE_GROUP(fp_dense_g8_r8, 8, 1, 0, 8, 1)
-FP_DENSE_GROUP(fp_dense_g4_r8, 4, 2, 0, 8, 1)
-FP_DENSE_GROUP(fp_dense_g2_r8, 2, 4, 0, 8, 1)
 FP_DENSE_GROUP(fp_dense_g1_r8, 1, 4, 0, 8, 1)
 FP_DENSE_GROUP(fp_dense_g8_ry8, 8, 1, 0, 8, 0)
-FP_DENSE_GROUP(fp_dense_g4_ry8, 4, 2, 0, 8, 0)
-FP_DENSE_GROUP(fp_dense_g2_ry8, 2, 4, 0, 8, 0)
 FP_DENSE_GROUP(fp_dense_g1_ry8, 1, 4, 0, 8, 0)
 
 /* The layers of more than one group: groups of 8 blocks (64 rows; 4 in streamed layers), then
@@ -461,15 +457,15 @@ FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, f
     return _mm256_testz_si256(bi, bi) ? y : NULL;
 }
 
-/* fp_mlp_fused_avx2 for a model with a hidden layer of 8 blocks (fp_mlp.fused_wide): every
- * hidden layer's outputs stay in eight ymm registers. With the next layer's 8 accumulators
- * that is more than the 16 ymm registers hold, and GCC spills some, but the spills are off the
- * critical path where a buffer's store-to-load round trip is on it. Measured in one process
- * against the per-layer pass, kernel alone: 64x64x64x64x2 291 -> 265 ns, 16x64x8x2 44 -> 37,
- * 64x64x2 92 -> 86, the default 128x64x32x2 196 -> 191 (its 128x64 layer's FMAs dominate),
- * 400x64x2 566 -> 563; the 8-block layers through a buffer instead gave no gain on the first
- * three. A narrow model keeps fp_mlp_fused_avx2's four registers: eight, unused, cost it
- * (32x16x2 17.2 -> 18.9). */
+/* fp_mlp_fused_avx2 for a model with a hidden layer of 8 blocks (FP_FUSED_WIDE: every layer
+ * after the first is 1 or 8 blocks): every hidden layer's outputs stay in eight ymm registers.
+ * With the next layer's 8 accumulators that is more than the 16 ymm registers hold, and GCC
+ * spills some, but off the critical path, where a buffer's store-to-load round trip is on it.
+ * Measured in one process against the per-layer pass, kernel alone: 64x64x64x64x2 289 -> 266
+ * ns, 64x64x2 95 -> 88, 16x64x8x2 45 -> 42, 64x64x64 149 -> 147; the 8-block layers through a
+ * buffer instead gave no gain. A 2- or 4-block layer after 8 registers measured slower than
+ * the per-layer pass (see FP_FUSED_WIDE). A narrow model keeps fp_mlp_fused_avx2's four
+ * registers: eight, unused, cost it (32x16x2 17.2 -> 18.9). */
 FP_TARGET_AVX2 const float *fp_mlp_fused_avx2_wide(const fp_mlp *m, const float *x, float *y) {
     const int last = m->n_layers - 1;
     const __m256 z = _mm256_setzero_ps();
@@ -486,24 +482,15 @@ FP_TARGET_AVX2 const float *fp_mlp_fused_avx2_wide(const fp_mlp *m, const float 
     for (int l = 1; l < last; l++) {
         L = &m->layers[l];
         __m256 b;
-        switch (L->nb) {
-        case 1: b = FP_F(fp_dense_g1_r8, NULL, h, NULL, g); break;
-        case 2: b = FP_F(fp_dense_g2_r8, NULL, h, NULL, g); break;
-        case 4: b = FP_F(fp_dense_g4_r8, NULL, h, NULL, g); break;
-        default: b = FP_F(fp_dense_g8_r8, NULL, h, NULL, g); break;
-        }
+        b = L->nb == 1 ? FP_F(fp_dense_g1_r8, NULL, h, NULL, g)
+                       : FP_F(fp_dense_g8_r8, NULL, h, NULL, g);
         bad = _mm256_or_ps(bad, b);
         _Pragma("GCC unroll 8")
         for (int c = 0; c < 8; c++) h[c] = g[c];
     }
     L = &m->layers[last];
     __m256 b;
-    switch (L->nb) {
-    case 1: b = FP_F(fp_dense_g1_ry8, NULL, h, y, NULL); break;
-    case 2: b = FP_F(fp_dense_g2_ry8, NULL, h, y, NULL); break;
-    case 4: b = FP_F(fp_dense_g4_ry8, NULL, h, y, NULL); break;
-    default: b = FP_F(fp_dense_g8_ry8, NULL, h, y, NULL); break;
-    }
+    b = L->nb == 1 ? FP_F(fp_dense_g1_ry8, NULL, h, y, NULL) : FP_F(fp_dense_g8_ry8, NULL, h, y, NULL);
 #undef FP_F
     const __m256i bi = _mm256_castps_si256(_mm256_or_ps(bad, b));
     return _mm256_testz_si256(bi, bi) ? y : NULL;
