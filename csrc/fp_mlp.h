@@ -33,7 +33,7 @@ typedef struct {
     int act_width;         /* widest padded activation, floats (a multiple of 16) */
     int max_width;         /* floats each forward buffer needs: act_width + lowp scratch */
     long long macs;        /* multiply-adds per forward pass (unpadded) */
-    int fused;             /* small fp32 model, run in one call on AVX-512 and AVX2 (FP_MLP_FUSED_BYTES) */
+    int fused;             /* small fp32 model, run in one call on AVX-512 (FP_MLP_FUSED_BYTES) */
     int fused_avx2;        /* how AVX2 runs it: 0 per layer, FP_FUSED_NARROW or FP_FUSED_WIDE */
 } fp_mlp;
 
@@ -85,7 +85,8 @@ const float *fp_mlp_fused_avx2_wide(const fp_mlp *m, const float *x, float *y);
  * maps Inf to 1), so no finite-looking answer comes out of an overflowed model.
  * reverse: the row-group order for this call (see fp_kernels.dense); callers keep the
  * alternation in their own state, the model is read-only here and may be shared.
- * An m->fused model on the AVX-512 or AVX2 set takes the fused pass (same bits, out in a). */
+ * An m->fused model on the AVX-512 set, an m->fused_avx2 one on the AVX2 set, takes the
+ * fused pass (same bits, out in a). */
 static inline const float *fp_mlp_forward(const fp_kernels *k, const fp_mlp *m, const float *x,
                                           float *a, float *b, int reverse) {
 #if FP_HAVE_X86
