@@ -207,6 +207,10 @@ static inline fp_slot *fp_slot_at(fp_engine *e, int32_t s) {
     return (fp_slot *)(e->slots + e->slot_stride * (size_t)s);
 }
 
+static inline unsigned char *fp_win_at(fp_engine *e, int32_t s) {
+    return e->wins + e->win_stride * (size_t)s;
+}
+
 void fp_engine_set_stage_times(fp_engine *e, int on) { e->stage_times = on ? 1 : 0; }
 int fp_engine_stage_times(const fp_engine *e) { return e->stage_times; }
 
@@ -234,14 +238,13 @@ static inline int fp_begin_impl(fp_engine *e, const float *raw, int32_t symbol, 
      * lookup treats a non-finite |f|^2 as a miss and the model refuses the tick: every
      * dense row sums w * x over all inputs, and 0 * Inf and w * NaN are NaN, so the first
      * layer's finiteness flag sees any bad feature; fp_step_finish names the cause. */
-    fp_features_compute(e->k, &e->fs, e->wins + e->win_stride * (size_t)symbol, raw, e->feat);
+    fp_features_compute(e->k, &e->fs, fp_win_at(e, symbol), raw, e->feat);
     if (early) {
         /* fp_step: the tick's window committed now, before the cache decides (a hit, the
          * branch rarely taken, then has less work behind the decision), with the undo record
          * fp_finish_impl restores when the model refuses the tick; timed with the features
          * (on begin/finish the commit is at the end, with the store) */
-        unsigned char *win = e->wins + e->win_stride * (size_t)symbol;
-        fp_window_commit(e->k, &e->fs, win, raw, e->undo);
+        fp_window_commit(e->k, &e->fs, fp_win_at(e, symbol), raw, e->undo);
     }
     /* without stage times only t0 and the end are read (fp_step_finish) */
     const int st = e->stage_times;
@@ -344,7 +347,7 @@ static inline int fp_finish_impl(fp_engine *e, fp_pending *p, const float *out2,
         /* refused before anything is written (no slot, no counter) and, where fp_step
          * committed the window early, with the window restored from its undo record */
         if (!out2 || !e->k->allfinite(out2, e->n_out)) {
-            if (committed) fp_window_restore(&e->fs, e->wins + e->win_stride * (size_t)p->symbol, e->undo);
+            if (committed) fp_window_restore(&e->fs, fp_win_at(e, p->symbol), e->undo);
             return e->k->allfinite(e->feat, e->fs.n_feat) ? FP_ERR_NONFINITE_OUTPUT
                                                            : FP_ERR_NONFINITE_FEATURE;
         }
@@ -353,7 +356,7 @@ static inline int fp_finish_impl(fp_engine *e, fp_pending *p, const float *out2,
         fp_apply_head(e, out2, &sig, &conf);
         if (st) t3 = fp_ticks();
         if (!(sig == sig) || !(conf == conf)) {
-            if (committed) fp_window_restore(&e->fs, e->wins + e->win_stride * (size_t)p->symbol, e->undo);
+            if (committed) fp_window_restore(&e->fs, fp_win_at(e, p->symbol), e->undo);
             return FP_ERR_NONFINITE_OUTPUT;
         }
         if (e->policy.enabled) {
@@ -375,7 +378,7 @@ static inline int fp_finish_impl(fp_engine *e, fp_pending *p, const float *out2,
         e->miss_reason[p->reason]++;
     }
     s->last_ns = p->now;
-    if (!committed) fp_window_commit(e->k, &e->fs, e->wins + e->win_stride * (size_t)p->symbol, p->raw, NULL);
+    if (!committed) fp_window_commit(e->k, &e->fs, fp_win_at(e, p->symbol), p->raw, NULL);
     e->ticks++;
     const uint64_t t4 = fp_ticks();
     /* Past t4 nothing is timed, but the Python caller waits for it: the clock's rate is

@@ -121,6 +121,12 @@ static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spe
                      fs->inv_std + fs->n_z, feat + fs->n_z);
 }
 
+/* where an undo record (see fp_window_undo_bytes) keeps the window's position and count:
+ * after the sums and the old row the commit kernel writes */
+static inline size_t fp_window_undo_hdr(const fp_feature_spec *fs) {
+    return (2 * sizeof(double) + sizeof(float)) * (size_t)fs->n_w;
+}
+
 /* push raw's windowed fields into the symbol's ring; undo (NULL: none) receives the record
  * fp_window_restore() undoes the commit with */
 static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *fs, unsigned char *win,
@@ -132,7 +138,7 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
     float *row = (float *)(sumsq + fs->n_w) + (size_t)h->pos * fs->n_w;
     const int full = h->count >= (uint32_t)fs->window;
     if (undo) {
-        uint32_t *u = (uint32_t *)(undo + (2 * sizeof(double) + sizeof(float)) * (size_t)fs->n_w);
+        uint32_t *u = (uint32_t *)(undo + fp_window_undo_hdr(fs));
         u[0] = h->pos;
         u[1] = h->count;
     }
@@ -148,7 +154,7 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
  * branch, the decision has less work behind it) and restores the record when the model
  * then refuses the tick: the window is then exactly as it was, bit for bit. */
 static inline size_t fp_window_undo_bytes(const fp_feature_spec *fs) {
-    return (2 * sizeof(double) + sizeof(float)) * (size_t)fs->n_w + 2 * sizeof(uint32_t);
+    return fp_window_undo_hdr(fs) + 2 * sizeof(uint32_t);
 }
 
 static inline void fp_window_restore(const fp_feature_spec *fs, unsigned char *win,
@@ -158,7 +164,7 @@ static inline void fp_window_restore(const fp_feature_spec *fs, unsigned char *w
     fp_window_hdr *h = (fp_window_hdr *)win;
     const double *us = (const double *)undo;
     const float *ur = (const float *)(us + 2 * n);
-    const uint32_t *u = (const uint32_t *)(ur + n);
+    const uint32_t *u = (const uint32_t *)(undo + fp_window_undo_hdr(fs));
     h->pos = u[0];
     h->count = u[1];
     double *sums = (double *)(win + sizeof(fp_window_hdr));
