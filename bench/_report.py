@@ -49,6 +49,10 @@ def _batch_cell(b) -> str:
     return cell
 
 
+# a clock step below this is not worth a sentence: the figures are printed to the ns
+CLOCK_STEP_NOTE_NS = 2.0
+
+
 def timing_notes(res) -> list:
     """Sentences on what disturbed the timings and how the step_batch figures were taken: a
     step() row whose slowest calls sat through a stall says so (with its replay's time off the
@@ -56,6 +60,14 @@ def timing_notes(res) -> list:
     call that lost time off the CPU is named with the likely cause, so a stray figure is
     explained rather than hidden."""
     out = []
+    cs = res.get("machine", {}).get("clock_step")
+    if cs and cs["ns"] >= CLOCK_STEP_NOTE_NS:
+        out.append(f"resolution: the TSC on this host advances in steps of {cs['ns']:.1f} ns "
+                   f"({cs['ticks']} ticks; a hypervisor's clock, where bare metal counts every "
+                   f"tick): every per-call figure, from Python (time.perf_counter_ns reads the same "
+                   f"counter) and in C, and the timer overhead removed are whole numbers of such "
+                   f"steps, so a p50 moves in steps of ~{cs['ns']:.0f} ns; the means in the JSON "
+                   f"are not quantized that way")
     for key in STEP_ROWS:
         r = res.get("step", {}).get(key, {})
         st = r.get("stalls")
@@ -265,8 +277,12 @@ def tables(res):
             continue
         d = p["python"]
         rows.append([p["label"], f"{d['n']:,}"] + _dist_cells(d) + [f"{p['ratio_p50']:.1f}x"])
+    cs = res["machine"].get("clock_step")
+    step_note = (f"; the clock advances in {cs['ns']:.1f} ns steps here"
+                 if cs and cs["ns"] >= CLOCK_STEP_NOTE_NS else "")
     out.append((f"fastpath.step() per call from Python, replay of {res['stream']['source']} "
-                f"(timer overhead {res['timer_overhead_ns']['p50']:.0f} ns removed; peers run the "
+                f"(timer overhead {res['timer_overhead_ns']['p50']:.0f} ns removed{step_note}; "
+                f"peers run the "
                 f"MLP alone on precomputed features)",
                 ["", "n", "p50", "p90", "p99", "p99.9", "max", "p50 / real miss p50"], rows))
     rows = []

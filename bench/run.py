@@ -11,7 +11,10 @@ Method (printed with the results):
   hdrhistogram package is installed, else computed from the sorted samples; the JSON keeps the
   whole percentile distribution of each row (percentile_distributions) and how many samples it has.
 - "from Python" = time.perf_counter_ns() around one fastpath.step() call, minus the median cost of
-  an empty timed region (timer_overhead_ns); peers are timed the same way.
+  an empty timed region (timer_overhead_ns); peers are timed the same way. Both clocks (this one
+  and the TSC behind "in C") read the same counter, and its step is measured (machine.clock_step):
+  where a hypervisor advances it in steps of several ns, every figure is a whole number of them
+  and the notes say so.
 - The stream is replayed in order through fastpath.step() three times: with the bundle's own
   (fitted) cache policy, with a looser policy, and with the cache off. Rows are sets of calls
   selected by what the engine answered: "real miss" = calls of the bundle-policy replay where the
@@ -72,7 +75,7 @@ try:
     from fastpath._build import DEMO_MODEL  # noqa: E402
 except ImportError:  # the bundle ships in the package's data folder either way
     DEMO_MODEL = os.path.join(os.path.dirname(fastpath.__file__), "data", "demo.fpm")
-from fastpath._kernels import PackedMLP, fma_macs_per_ns, fma_ns_per_instr  # noqa: E402
+from fastpath._kernels import PackedMLP, clock_ticks, fma_macs_per_ns, fma_ns_per_instr  # noqa: E402
 from fastpath._engine import supported_isas  # noqa: E402
 
 from _report import OFF_CPU_FRACTION, Dist, render, write_plots  # noqa: E402
@@ -118,6 +121,32 @@ def placement(args) -> dict:
     return d
 
 
+def clock_step_of(ticks, max_step: int = 4096, share: float = 0.9) -> tuple[int, float]:
+    """The step a clock advances in, from readings taken at scattered moments: the largest q
+    (up to max_step) for which at least `share` of the readings fall in one residue class mod
+    q, with that fraction; (1, 1.0) where none does (a clock that counts every tick). A gcd
+    of differences does not do: a hypervisor that advances the TSC in steps keeps it strictly
+    increasing by handing a read inside a step the last value + 1, which puts a few readings
+    off the lattice (and the gcd at 1) while nearly all stay on it."""
+    a = np.asarray(ticks, dtype=np.int64)
+    a = a - a.min()
+    best, frac = 1, 1.0
+    for q in range(2, max_step + 1):
+        f = np.bincount(a % q).max() / len(a)
+        if f >= share:
+            best, frac = q, float(f)
+    return best, frac
+
+
+def clock_step(n: int = 3000) -> dict:
+    """The step of the clock behind every figure of this bench, measured now: TSC readings
+    from Python (tens of ns apart, at no fixed phase). time.perf_counter_ns reads the same
+    counter through the kernel, so its readings come in the same steps."""
+    q, frac = clock_step_of([clock_ticks() for _ in range(n)])
+    ns_per_tick = fastpath.clock_info()["ns_per_tick"]
+    return {"ticks": q, "ns": q * ns_per_tick, "readings_on_step": frac, "readings": n}
+
+
 def machine_facts() -> dict:
     model = "unknown"
     try:
@@ -144,6 +173,7 @@ def machine_facts() -> dict:
         clocksource = None
     return {"cpu_model": model, "cores": os.cpu_count(), "simd": fastpath.simd(),
             "cpu_features": fastpath.cpu_features(), "clock": fastpath.clock_info(),
+            "clock_step": clock_step(),
             "kernel_clocksource": clocksource, "commit": commit, "python": platform.python_version(),
             "numpy": np.__version__, "fastpath": fastpath.__version__,
             "platform": platform.platform()}
