@@ -53,6 +53,42 @@ def _batch_cell(b) -> str:
 CLOCK_STEP_NOTE_NS = 2.0
 
 
+# kernel clocksources that read the TSC: CLOCK_MONOTONIC, and so time.perf_counter_ns, then
+# advances in the TSC's steps (kvm-clock scales the guest's own TSC reads)
+TSC_CLOCKSOURCES = ("tsc", "kvm-clock")
+
+
+def clock_step_note(machine) -> str | None:
+    """The sentence on the clock's step where it is coarse, naming the clock this host has:
+    the TSC (stepped by a hypervisor: bare metal counts every tick) or, without an invariant
+    TSC, CLOCK_MONOTONIC; the Python figures are said to share its steps only where they read
+    the same counter."""
+    cs = machine.get("clock_step")
+    if not cs or cs["ns"] < CLOCK_STEP_NOTE_NS:
+        return None
+    tsc = machine.get("clock", {}).get("source", "tsc") == "tsc"
+    if tsc:
+        head = (f"resolution: the TSC on this host advances in steps of {cs['ns']:.1f} ns "
+                f"({cs['ticks']} ticks; a hypervisor's clock, where bare metal counts every tick)")
+        shared = machine.get("kernel_clocksource") in TSC_CLOCKSOURCES
+        why = "time.perf_counter_ns reads the same counter"
+    else:
+        head = (f"resolution: fastpath's clock on this host, CLOCK_MONOTONIC (no invariant TSC), "
+                f"advances in steps of {cs['ns']:.1f} ns")
+        shared = True
+        why = "time.perf_counter_ns reads the same clock"
+    if shared:
+        body = (f"every per-call figure, from Python ({why}) and in C, and the timer overhead "
+                f"removed are whole numbers of such steps, so a p50 moves in steps of "
+                f"~{cs['ns']:.0f} ns")
+    else:
+        body = (f"every figure in C is a whole number of such steps (the figures from Python "
+                f"read CLOCK_MONOTONIC through the kernel's "
+                f"{machine.get('kernel_clocksource') or 'unknown'} clocksource, whose steps "
+                f"were not measured), so an in-C p50 moves in steps of ~{cs['ns']:.0f} ns")
+    return f"{head}: {body}; the means in the JSON are not quantized that way"
+
+
 def timing_notes(res) -> list:
     """Sentences on what disturbed the timings and how the step_batch figures were taken: a
     step() row whose slowest calls sat through a stall says so (with its replay's time off the
@@ -60,14 +96,9 @@ def timing_notes(res) -> list:
     call that lost time off the CPU is named with the likely cause, so a stray figure is
     explained rather than hidden."""
     out = []
-    cs = res.get("machine", {}).get("clock_step")
-    if cs and cs["ns"] >= CLOCK_STEP_NOTE_NS:
-        out.append(f"resolution: the TSC on this host advances in steps of {cs['ns']:.1f} ns "
-                   f"({cs['ticks']} ticks; a hypervisor's clock, where bare metal counts every "
-                   f"tick): every per-call figure, from Python (time.perf_counter_ns reads the same "
-                   f"counter) and in C, and the timer overhead removed are whole numbers of such "
-                   f"steps, so a p50 moves in steps of ~{cs['ns']:.0f} ns; the means in the JSON "
-                   f"are not quantized that way")
+    note = clock_step_note(res.get("machine", {}))
+    if note:
+        out.append(note)
     for key in STEP_ROWS:
         r = res.get("step", {}).get(key, {})
         st = r.get("stalls")

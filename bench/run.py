@@ -11,10 +11,11 @@ Method (printed with the results):
   hdrhistogram package is installed, else computed from the sorted samples; the JSON keeps the
   whole percentile distribution of each row (percentile_distributions) and how many samples it has.
 - "from Python" = time.perf_counter_ns() around one fastpath.step() call, minus the median cost of
-  an empty timed region (timer_overhead_ns); peers are timed the same way. Both clocks (this one
-  and the TSC behind "in C") read the same counter, and its step is measured (machine.clock_step):
-  where a hypervisor advances it in steps of several ns, every figure is a whole number of them
-  and the notes say so.
+  an empty timed region (timer_overhead_ns); peers are timed the same way. Where the kernel's
+  clocksource is the TSC, both clocks (this one and the TSC behind "in C") read the same counter.
+  The step of fastpath's clock is measured (machine.clock_step): where it advances in steps of
+  several ns (a hypervisor's TSC), every figure it times is a whole number of them and the notes
+  say so.
 - The stream is replayed in order through fastpath.step() three times: with the bundle's own
   (fitted) cache policy, with a looser policy, and with the cache off. Rows are sets of calls
   selected by what the engine answered: "real miss" = calls of the bundle-policy replay where the
@@ -121,28 +122,50 @@ def placement(args) -> dict:
     return d
 
 
+# fewer distinct readings than this say nothing about a step: every q puts one value (or two)
+# in one residue class, so the search would answer its largest candidate
+CLOCK_STEP_MIN_DISTINCT = 8
+
+
 def clock_step_of(ticks, max_step: int = 4096, share: float = 0.9) -> tuple[int, float]:
     """The step a clock advances in, from readings taken at scattered moments: the largest q
     (up to max_step) for which at least `share` of the readings fall in one residue class mod
-    q, with that fraction; (1, 1.0) where none does (a clock that counts every tick). A gcd
-    of differences does not do: a hypervisor that advances the TSC in steps keeps it strictly
-    increasing by handing a read inside a step the last value + 1, which puts a few readings
-    off the lattice (and the gcd at 1) while nearly all stay on it."""
-    a = np.asarray(ticks, dtype=np.int64)
-    a = a - a.min()
-    best, frac = 1, 1.0
+    q, with that fraction; (1, 1.0) where none does: a clock that counts every tick, or one
+    whose step is not a whole number of ticks (26.5: readings drift across the classes),
+    which this cannot tell apart and so does not call coarse. A gcd of differences does not
+    do: a hypervisor that advances the TSC in steps keeps it strictly increasing by handing a
+    read inside a step the last value + 1, which puts a few readings off the lattice (and the
+    gcd at 1) while nearly all stay on it. The readings of that class then give the step
+    itself, the gcd of their differences: a multiple of q, and above max_step where the
+    clock's step is (the search alone would answer its largest divisor under max_step).
+    ValueError where the readings take fewer than CLOCK_STEP_MIN_DISTINCT values: a clock
+    not seen advancing has no measurable step."""
+    # differences taken on Python ints: fp_ticks() is a uint64, past int64 on an offset TSC
+    lo = min(int(t) for t in ticks)
+    a = np.array([int(t) - lo for t in ticks], dtype=np.int64)
+    distinct = len(np.unique(a))
+    if distinct < CLOCK_STEP_MIN_DISTINCT:
+        raise ValueError(f"{distinct} distinct clock readings of {len(a)}: at least "
+                         f"{CLOCK_STEP_MIN_DISTINCT} needed to tell the clock's step")
+    best, frac, cls = 1, 1.0, 0
     for q in range(2, max_step + 1):
-        f = np.bincount(a % q).max() / len(a)
+        counts = np.bincount(a % q)
+        f = counts.max() / len(a)
         if f >= share:
-            best, frac = q, float(f)
-    return best, frac
+            best, frac, cls = q, float(f), int(counts.argmax())
+    on = a[a % best == cls]
+    return int(np.gcd.reduce(on - on.min())) or best, frac
 
 
-def clock_step(n: int = 3000) -> dict:
-    """The step of the clock behind every figure of this bench, measured now: TSC readings
-    from Python (tens of ns apart, at no fixed phase). time.perf_counter_ns reads the same
-    counter through the kernel, so its readings come in the same steps."""
-    q, frac = clock_step_of([clock_ticks() for _ in range(n)])
+def clock_step(n: int = 3000) -> dict | None:
+    """The step of the clock behind every figure of this bench, measured now: readings of
+    fastpath's clock (TSC ticks, or CLOCK_MONOTONIC ns without an invariant TSC) from Python,
+    tens of ns apart at no fixed phase. None where the clock was not seen advancing (the
+    JSON then has no clock_step, and the notes no sentence on it)."""
+    try:
+        q, frac = clock_step_of([clock_ticks() for _ in range(n)])
+    except ValueError:
+        return None
     ns_per_tick = fastpath.clock_info()["ns_per_tick"]
     return {"ticks": q, "ns": q * ns_per_tick, "readings_on_step": frac, "readings": n}
 
@@ -171,12 +194,15 @@ def machine_facts() -> dict:
             clocksource = f.read().strip()
     except OSError:
         clocksource = None
-    return {"cpu_model": model, "cores": os.cpu_count(), "simd": fastpath.simd(),
-            "cpu_features": fastpath.cpu_features(), "clock": fastpath.clock_info(),
-            "clock_step": clock_step(),
-            "kernel_clocksource": clocksource, "commit": commit, "python": platform.python_version(),
-            "numpy": np.__version__, "fastpath": fastpath.__version__,
-            "platform": platform.platform()}
+    d = {"cpu_model": model, "cores": os.cpu_count(), "simd": fastpath.simd(),
+         "cpu_features": fastpath.cpu_features(), "clock": fastpath.clock_info(),
+         "kernel_clocksource": clocksource, "commit": commit, "python": platform.python_version(),
+         "numpy": np.__version__, "fastpath": fastpath.__version__,
+         "platform": platform.platform()}
+    cs = clock_step()
+    if cs is not None:
+        d["clock_step"] = cs
+    return d
 
 
 def load_stream(args, bar):
