@@ -227,7 +227,17 @@ static inline __attribute__((always_inline)) int fp_begin_impl(fp_engine *e, con
                                                                fp_pending *p, const int early) {
     p->t0 = fp_ticks();
     if (symbol < 0 || symbol >= e->n_symbols) return FP_ERR_SYMBOL;
-    if (!e->k->allfinite(raw, e->fs.raw_len)) return FP_ERR_NONFINITE_INPUT;
+    /* The features first, into scratch (no state changes before every check passed): they
+     * say whether raw is all finite, which the z-score permute plan checks as it loads raw
+     * instead of a pass of allfinite of its own (~7 ns a tick on AVX-512, measured in the
+     * replay). A finite raw can still overflow (x - mean) * inv_std or the window's stats.
+     * No pass over the features checks that here: loading them right after the feature
+     * kernels' overlapping stores stalls store forwarding (measured ~50 ns a tick). Instead
+     * the lookup treats a non-finite |f|^2 as a miss and the model refuses the tick: every
+     * dense row sums w * x over all inputs, and 0 * Inf and w * NaN are NaN, so the first
+     * layer's finiteness flag sees any bad feature; fp_step_finish names the cause. */
+    if (!fp_features_compute(e->k, &e->fs, fp_win_at(e, symbol), raw, e->feat))
+        return FP_ERR_NONFINITE_INPUT;
     fp_slot *s = fp_slot_at(e, symbol);
     int64_t now = ts_ns >= 0 ? ts_ns : fp_ticks_to_mono_ns(p->t0);
     if (now < s->last_ns) {
@@ -239,13 +249,6 @@ static inline __attribute__((always_inline)) int fp_begin_impl(fp_engine *e, con
     p->raw = raw;
     p->symbol = symbol;
     p->now = now;
-    /* A finite raw can still overflow (x - mean) * inv_std or the window's stats. No pass
-     * over the features checks that here: loading them right after the feature kernels'
-     * overlapping stores stalls store forwarding (measured ~50 ns a tick). Instead the
-     * lookup treats a non-finite |f|^2 as a miss and the model refuses the tick: every
-     * dense row sums w * x over all inputs, and 0 * Inf and w * NaN are NaN, so the first
-     * layer's finiteness flag sees any bad feature; fp_step_finish names the cause. */
-    fp_features_compute(e->k, &e->fs, fp_win_at(e, symbol), raw, e->feat);
     if (early) {
         /* fp_step: the tick's window committed now, before the cache decides (a hit, the
          * branch rarely taken, then has less work behind the decision), with the undo record

@@ -52,7 +52,11 @@ static inline int fp_feature_runs(const int32_t *z_idx, int n_z, int32_t *runs) 
 
 /* The permute plan for z_idx over a raw of raw_len floats (see fp_zstep): outputs in groups
  * of 16, each group one step per 32-float window of raw it reads, windows in increasing
- * order. Returns the step count; steps has room for ceil(n_z / 16) * ceil(raw_len / 32). */
+ * order; then one check-only step (no lane taken, nothing stored) per window no group reads,
+ * so the plan loads all of raw and the kernel's finiteness flag covers every value (the
+ * engine's non-finite input check, without a pass of its own: ~7 ns a tick measured).
+ * Returns the step count; steps has room for ceil(n_z / 16) * ceil(raw_len / 32) (n_z >= 1:
+ * the groups' steps plus the check-only ones are at most (groups - 1) * windows + windows). */
 static inline int fp_zperm_build(const int32_t *z_idx, int n_z, int raw_len, fp_zstep *steps) {
     int n = 0;
     const int n_win = (raw_len + 31) / 32;
@@ -81,6 +85,19 @@ static inline int fp_zperm_build(const int32_t *z_idx, int n_z, int raw_len, fp_
         /* every lane of a group has an index in some window, so a group has >= 1 step */
         if (n > first) steps[n - 1].store = (uint16_t)((1u << lanes) - 1u);
     }
+    for (int w = 0; w < n_win; w++) {
+        int read = 0;
+        for (int i = 0; i < n_z && !read; i++) read = z_idx[i] / 32 == w;
+        if (read) continue;
+        fp_zstep st;
+        memset(&st, 0, sizeof(st));
+        st.win = 32 * w;
+        for (int j = 0; j < 16; j++) {
+            if (st.win + j < raw_len) st.ld_lo |= (uint16_t)(1u << j);
+            if (st.win + 16 + j < raw_len) st.ld_hi |= (uint16_t)(1u << j);
+        }
+        steps[n++] = st;
+    }
     return n;
 }
 
@@ -98,16 +115,23 @@ static inline size_t fp_window_stride(const fp_feature_spec *fs) {
     return FP_ROUND_UP(b, FP_ALIGN);
 }
 
-/* feat (n_feat) for one tick; reads state only. The window features go straight from the
- * running sums to z-scores (one kernel): a scratch row of means and stds in between cost a
- * failed store-to-load forward on every tick. */
-static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spec *fs,
-                                       const unsigned char *win, const float *raw, float *feat) {
+/* feat (n_feat) for one tick; reads state only. Returns 1 when every value of raw is finite,
+ * else 0 (feat is then junk): the permute plan checks them as it loads, the other paths with
+ * a pass of allfinite. The window features go straight from the running sums to z-scores
+ * (one kernel): a scratch row of means and stds in between cost a failed store-to-load
+ * forward on every tick. */
+static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec *fs,
+                                      const unsigned char *win, const float *raw, float *feat) {
+    int finite;
     /* contiguous loads beat a gather once runs average 4+ fields */
-    if (fs->n_zsteps) k->zscore_perm(raw, fs->zsteps, fs->n_zsteps, fs->mean, fs->inv_std, feat);
-    else if (fs->n_runs) k->zscore_runs(raw, fs->runs, fs->n_runs, fs->mean, fs->inv_std, feat);
-    else k->zscore_gather(raw, fs->z_idx, fs->mean, fs->inv_std, feat, fs->n_z);
-    if (fs->n_w == 0) return;
+    if (fs->n_zsteps) {
+        finite = k->zscore_perm(raw, fs->zsteps, fs->n_zsteps, fs->mean, fs->inv_std, feat);
+    } else {
+        finite = k->allfinite(raw, fs->raw_len);
+        if (fs->n_runs) k->zscore_runs(raw, fs->runs, fs->n_runs, fs->mean, fs->inv_std, feat);
+        else k->zscore_gather(raw, fs->z_idx, fs->mean, fs->inv_std, feat, fs->n_z);
+    }
+    if (fs->n_w == 0) return finite;
     const fp_window_hdr *h = (const fp_window_hdr *)win;
     const double *sum = (const double *)(win + sizeof(fp_window_hdr));
     const double *sumsq = sum + fs->n_w;
@@ -119,6 +143,7 @@ static inline void fp_features_compute(const fp_kernels *k, const fp_feature_spe
     k->window_zscore(raw, fs->w_idx, fs->n_w, sum, sumsq,
                      full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n, fs->mean + fs->n_z,
                      fs->inv_std + fs->n_z, feat + fs->n_z);
+    return finite;
 }
 
 /* where an undo record (see fp_window_undo_bytes) keeps the window's position and count:

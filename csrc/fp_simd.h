@@ -104,9 +104,12 @@ typedef struct {
     /* zscore_gather's out through a permute plan (n steps, fp_zperm_build): the same values,
      * bit for bit; only the steps' lanes of out are written and nothing outside raw's
      * raw_len floats is read. On AVX-512 a plan step is two loads, one two-table permute
-     * and a blend, where a 16-lane gather is microcoded (~3x the time, measured). */
-    void (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
-                        const float *inv_std, float *out);
+     * and a blend, where a 16-lane gather is microcoded (~3x the time, measured).
+     * Returns 1 when every float the steps load (each step's 32-float window of raw, up to
+     * raw_len) is finite, else 0: a plan from fp_zperm_build loads all of raw, so this is
+     * allfinite(raw) without a pass of its own. */
+    int (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
+                       const float *inv_std, float *out);
     /* *dd = sum (a[i] - b[i])^2, *de = sum (a[i] - b[i]) (a[i] + b[i]), *na2 = sum a[i]^2,
      * *nb2 = sum b[i]^2 in float32, one pass: the cache's first look in the difference form
      * (fp_cache.h), whose error stays relative to |a - b|^2 where dot_norms_f32's cosine

@@ -34,7 +34,7 @@ cdef extern from "fp_simd.h" nogil:
                               const float *mean, const float *inv_std, float *feat)
         void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
                               double *nb2)
-        void (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
+        int (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
                             const float *inv_std, float *out)
         void (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
                               double *sumsq, float *row, int full, double *undo)

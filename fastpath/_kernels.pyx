@@ -159,9 +159,10 @@ def kernel_zscore_gather(str isa, raw, idx, mean, inv_std):
     return out
 
 
-def kernel_zscore_perm(str isa, raw, idx, mean, inv_std, bint steps=False):
+def kernel_zscore_perm(str isa, raw, idx, mean, inv_std, bint steps=False, bint finite=False):
     """(raw[idx] - mean) * inv_std through a permute plan (what an AVX-512 engine runs);
-    steps=True: (out, number of plan steps)."""
+    steps=True: (out, number of plan steps); finite=True adds the kernel's flag (True when
+    every value of raw is finite: the plan loads all of it) as the last item."""
     cdef const fp_kernels *k = _kernels(isa)
     cdef cnp.ndarray r, ix, m, s
     r, ix, m, s = _zscore_args(raw, idx, mean, inv_std)
@@ -174,17 +175,18 @@ def kernel_zscore_perm(str isa, raw, idx, mean, inv_std, bint steps=False):
     # the raw array exactly as long as raw_len (no slack: the kernel must not read past it),
     # out with a guard after the last output (the kernel must not write past it either)
     out = np.full(n + 16, np.float32(-7.0))
-    cdef int ns
+    cdef int ns, ok
     try:
         ns = fp_zperm_build(<const int32_t *>cnp.PyArray_DATA(ix), n, raw_len, plan)
-        k.zscore_perm(<const float *>cnp.PyArray_DATA(r), plan, ns,
+        ok = k.zscore_perm(<const float *>cnp.PyArray_DATA(r), plan, ns,
                       <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
                       <float *>cnp.PyArray_DATA(out))
     finally:
         fp_aligned_free(plan)
     if (out[n:] != np.float32(-7.0)).any():
         raise AssertionError("zscore_perm wrote past its last output")
-    return (out[:n], ns) if steps else out[:n]
+    res = (out[:n],) + ((ns,) if steps else ()) + ((bool(ok),) if finite else ())
+    return res if len(res) > 1 else res[0]
 
 
 def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, bint undo=False):

@@ -381,3 +381,27 @@ def test_batch_after_replay_timestamps_refuses_engine_clock(pair):
                                          ".*no row was applied"):
         a.step_batch(raws, [0, 1, 0, 5])
     assert_same_state(a, b, rng)
+
+
+def test_nonfinite_anywhere_in_a_demo_tick(isa):
+    """The demo model reads 120 of a tick's 256 values; a NaN or +-Inf in any of the 256 is
+    refused all the same, with its index, and changes nothing. On AVX-512 the check rides on
+    the z-score permute plan's loads, and raw[96:128], which no feature reads, gets loads of
+    its own for it: a plan without them would let a NaN there through."""
+    from fastpath._build import DEMO_MODEL
+    m = Model.load(DEMO_MODEL)
+    a, b = Engine(m, config=engine_cfg(isa)), Engine(m, config=engine_cfg(isa))
+    rng = np.random.default_rng(5)
+    ticks = rng.standard_normal((40, m.raw_len)).astype(np.float32)
+    for i, x in enumerate(ticks[:20]):
+        a.step(x, i % 4, ts_ns=i)
+        b.step(x, i % 4, ts_ns=i)
+    for pos in range(m.raw_len):
+        x = ticks[20 + pos % 20].copy()
+        x[pos] = (np.nan, np.inf, -np.inf)[pos % 3]
+        with pytest.raises(InputError, match=rf"non-finite value\(s\), first at index {pos}\b"):
+            a.step(x, pos % 4, ts_ns=100)
+    assert a.stats()["ticks"] == b.stats()["ticks"] == 20
+    for i, x in enumerate(ticks[20:]):
+        ra, rb = a.step(x, i % 4, ts_ns=200 + i), b.step(x, i % 4, ts_ns=200 + i)
+        assert (ra.signal, ra.confidence, ra.cached) == (rb.signal, rb.confidence, rb.cached)

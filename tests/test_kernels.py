@@ -446,7 +446,10 @@ def _at_page_end(values):
 def test_zscore_perm(isa, raw_len, n, seed):
     """The permute plan (the AVX-512 engine's z-score path) against numpy: any raw length
     (windows cut by raw's end), indices in any order with repeats, any group tail; nothing
-    read past raw (it ends at an unreadable page) or written past the outputs."""
+    read past raw (it ends at an unreadable page) or written past the outputs. Its flag is
+    the engine's non-finite input check: True for a finite raw (huge values included), False
+    for a NaN or +-Inf anywhere in raw, read by an index or not (the plan loads every
+    window, those no index reads in check-only steps)."""
     rng = np.random.default_rng(seed)
     vals = (rng.standard_normal(raw_len) * 100).astype(np.float32)
     vals[rng.random(raw_len) < 0.05] = np.float32(3e38)      # huge values stay exact
@@ -461,19 +464,28 @@ def test_zscore_perm(isa, raw_len, n, seed):
     idx = idx.astype(np.int32)
     mean = rng.standard_normal(len(idx)).astype(np.float32)
     inv = (rng.random(len(idx)) + 0.1).astype(np.float32)
-    got, steps = K.kernel_zscore_perm(isa, raw, idx, mean, inv, steps=True)
+    got, steps, finite = K.kernel_zscore_perm(isa, raw, idx, mean, inv, steps=True, finite=True)
     with np.errstate(over="ignore"):
         want = (vals[idx] - mean) * inv
     np.testing.assert_array_equal(got, want)
     assert np.array_equal(K.kernel_zscore_gather(isa, vals, idx, mean, inv), got)
+    assert finite is True
     groups = (len(idx) + 15) // 16
     assert groups <= steps <= groups * ((raw_len + 31) // 32)
+    pos = int(rng.integers(0, raw_len))
+    raw[pos] = (np.nan, np.inf, -np.inf)[seed % 3]
+    with np.errstate(invalid="ignore", over="ignore"):
+        got2, finite2 = K.kernel_zscore_perm(isa, raw, idx, mean, inv, finite=True)
+    assert finite2 is False, f"non-finite at {pos} of {raw_len} not flagged"
+    unread = ~np.isin(idx, pos)
+    np.testing.assert_array_equal(got2[unread], want[unread])
     del raw
     keep.close()
 
 
 def test_zscore_perm_demo_spec(isa):
-    """The embedded demo spec: 112 fields of a 256-float tick in 13 plan steps (7 groups)."""
+    """The embedded demo spec: 112 fields of a 256-float tick in 13 plan steps (7 groups),
+    and one check-only step for raw[96:128], which no field reads; a NaN there is flagged."""
     from fastpath.model import Model
     from fastpath._build import DEMO_MODEL
     fs = Model.load(DEMO_MODEL).feature_spec
@@ -481,7 +493,11 @@ def test_zscore_perm_demo_spec(isa):
     raw = (np.random.default_rng(0).standard_normal(fs.raw_len) * 10).astype(np.float32)
     got, steps = K.kernel_zscore_perm(isa, raw, fs.z_idx, fs.mean[:n_z], fs.inv_std[:n_z], steps=True)
     np.testing.assert_array_equal(got, (raw[fs.z_idx] - fs.mean[:n_z]) * fs.inv_std[:n_z])
-    assert steps == 13
+    assert steps == 14
+    assert not np.isin(np.arange(96, 128), fs.z_idx).any()
+    raw[100] = np.nan
+    assert K.kernel_zscore_perm(isa, raw, fs.z_idx, fs.mean[:n_z], fs.inv_std[:n_z],
+                                finite=True)[1] is False
 
 
 @pytest.mark.parametrize("n_in,n_out", [(5, 8), (33, 16), (64, 32), (17, 29), (128, 64),

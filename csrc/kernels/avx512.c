@@ -46,16 +46,20 @@ FP_TARGET_AVX512 static void fp_zscore_gather_avx512(const float *raw, const int
  * end), picks lanes with one vpermt2ps and blends them into the group; a group's last step
  * stores it, masked only when the group is partial (a full store is what the lookup's
  * loads of the features can forward from) */
-FP_TARGET_AVX512 static void fp_zscore_perm_avx512(const float *raw, const fp_zstep *steps, int n,
-                                                   const float *mean, const float *inv_std,
-                                                   float *out) {
+FP_TARGET_AVX512 static int fp_zscore_perm_avx512(const float *raw, const fp_zstep *steps, int n,
+                                                  const float *mean, const float *inv_std,
+                                                  float *out) {
     __m512 v = _mm512_setzero_ps();
+    /* NaN (quiet 0x01, signalling 0x80) or +-Inf (0x08, 0x10) in a loaded lane; masked-off
+     * lanes load as 0 */
+    __mmask16 bad = 0;
     for (int t = 0; t < n; t++) {
         const fp_zstep *s = &steps[t];
         const float *b = raw + s->win;
         const __m512i ix = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s->p));
-        const __m512 x = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(s->ld_lo, b), ix,
-                                                _mm512_maskz_loadu_ps(s->ld_hi, b + 16));
+        const __m512 lo = _mm512_maskz_loadu_ps(s->ld_lo, b), hi = _mm512_maskz_loadu_ps(s->ld_hi, b + 16);
+        bad |= (__mmask16)(_mm512_fpclass_ps_mask(lo, 0x99) | _mm512_fpclass_ps_mask(hi, 0x99));
+        const __m512 x = _mm512_permutex2var_ps(lo, ix, hi);
         v = _mm512_mask_mov_ps(v, s->take, x);
         if (s->store) {
             const int o = s->out;
@@ -70,6 +74,7 @@ FP_TARGET_AVX512 static void fp_zscore_perm_avx512(const float *raw, const fp_zs
             }
         }
     }
+    return bad == 0;
 }
 
 /* out[o + j] = (raw[r + j] - mean[o + j]) * inv_std[o + j] over each run, 16 lanes a step;

@@ -16,7 +16,7 @@ void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, con
 void fp_dot_norm2_scalar(const float *a, const float *b, int n, double *dot, double *na2);
 void fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, double *sum,
                              double *sumsq, float *row, int full, double *undo);
-void fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
-                           const float *inv_std, float *out);
+int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
+                          const float *inv_std, float *out);
 
 #endif

@@ -53,18 +53,25 @@ void fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, do
     }
 }
 
-/* a permute plan (fp_zstep) lane by lane: the reference the AVX-512 permutes must match */
-void fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
-                           const float *inv_std, float *out) {
+/* a permute plan (fp_zstep) lane by lane: the reference the AVX-512 permutes must match;
+ * 0 when a float the step loads (its window's lanes under ld_lo / ld_hi) is NaN or Inf */
+int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
+                          const float *inv_std, float *out) {
     float v[16] = {0};
+    int finite = 1;
     for (int t = 0; t < n; t++) {
         const fp_zstep *s = &steps[t];
+        for (int j = 0; j < 16; j++) {
+            if (s->ld_lo >> j & 1u) finite &= isfinite(raw[s->win + j]) != 0;
+            if (s->ld_hi >> j & 1u) finite &= isfinite(raw[s->win + 16 + j]) != 0;
+        }
         for (int j = 0; j < 16; j++)
             if (s->take >> j & 1u) v[j] = raw[s->win + s->p[j]];
         if (s->store)
             for (int j = 0; j < 16; j++)
                 if (s->store >> j & 1u) out[s->out + j] = (v[j] - mean[s->out + j]) * inv_std[s->out + j];
     }
+    return finite;
 }
 
 /* rolling mean/std over the window with the new tick in (and `old` out) */
