@@ -445,6 +445,9 @@ int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_re
 
 extern __typeof__(fp_step) fp_step_local __attribute__((alias("fp_step"), visibility("hidden")));
 
+/* how many rows ahead step_batch prefetches a row's raw (a row costs ~300 ns, memory ~100) */
+#define FP_BATCH_PF_ROWS 2
+
 int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
                       const int64_t *ts, int64_t n, float *signal, float *confidence,
                       uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied) {
@@ -452,8 +455,16 @@ int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const
     *applied = 0;
     const int64_t bad = fp_batch_check(e, raws, row_stride, symbols, ts, n, err);
     if (bad >= 0) return bad;
-    /* pass 2 */
+    /* pass 2, each row's raw prefetched FP_BATCH_PF_ROWS rows ahead: a batch bigger than the
+     * caches comes from memory, and the z-score plan loads a row's windows in its own order
+     * (each group's, then those no feature reads), which the hardware prefetcher does not
+     * follow from row to row (measured on a 200 MB replay: 270 -> 400 ns a row without this) */
+    const size_t row_bytes = (size_t)e->fs.raw_len * sizeof(float);
     for (int64_t i = 0; i < n; i++) {
+        if (i + FP_BATCH_PF_ROWS < n) {
+            const char *next = (const char *)(raws + (i + FP_BATCH_PF_ROWS) * row_stride);
+            for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(next + o);
+        }
         fp_result r;
         int rc = fp_step(e, raws + i * row_stride, symbols[i], ts ? ts[i] : -1, &r);
         if (rc != FP_OK) { *err = rc; *applied = i; return i; }
