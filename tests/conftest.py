@@ -14,6 +14,27 @@ DATA_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
                         "binance-btcusdt-2024-08-08")
 
 
+BENCH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "bench"))
+
+
+@pytest.fixture(scope="session")
+def bench():
+    """(run, _report): bench/run.py loaded as a module, with the bench/_report.py it imports
+    (bench/ is on sys.path only while it loads), for tests of the bench's own logic."""
+    import importlib.util
+    import sys
+    sys.path.insert(0, BENCH)
+    try:
+        spec = importlib.util.spec_from_file_location("fastpath_bench_run",
+                                                      os.path.join(BENCH, "run.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        import _report
+    finally:
+        sys.path.remove(BENCH)
+    return mod, _report
+
+
 @pytest.fixture(params=ALL_ISAS)
 def isa(request):
     """Each kernel set of the build; a set this CPU (or its OS) cannot run is reported as

@@ -4,28 +4,9 @@ which a reader comparing a p50 with a target needs to know. The estimator is che
 synthetic readings with a known step (and the reads-inside-a-step of such a hypervisor, which
 come back as the last value + 1), then on this host's own clock: every reading it calls on the
 step must be on one lattice of that step."""
-import importlib.util
-import os
-import sys
 
 import numpy as np
 import pytest
-
-BENCH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "bench"))
-
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, BENCH)
-    try:
-        spec = importlib.util.spec_from_file_location("fastpath_bench_run_cs",
-                                                      os.path.join(BENCH, "run.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        import _report
-    finally:
-        sys.path.remove(BENCH)
-    return mod, _report
 
 
 def _stepped(step, n=3000, off_lattice=0.05, seed=0):

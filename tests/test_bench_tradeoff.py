@@ -3,30 +3,12 @@ calls, not one: each row keeps every call's wall and thread CPU time, reports th
 throughput the best), counts the calls that lost time off the CPU, and the printed notes say why.
 A single wall-clock sample of ~50 ms swallowed a whole RT-throttling stall before. Nothing here
 looks at how fast anything ran: the figures are checked against the row's own samples only."""
-import importlib.util
-import os
-import sys
 from collections import namedtuple
 
 import numpy as np
 import pytest
 
 from fastpath import Engine, Model, lob
-
-BENCH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "bench"))
-
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, BENCH)
-    try:
-        spec = importlib.util.spec_from_file_location("fastpath_bench_run", os.path.join(BENCH, "run.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        import _report
-    finally:
-        sys.path.remove(BENCH)
-    return mod, _report
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +165,6 @@ def test_calls_go_round_robin_over_the_rows(bench):
         if entry[1] == 10:
             assert log[i - 3:i] == [(entry[0], "reset"), (entry[0], 3), (entry[0], "reset")]
     assert [o[2]["runs"] for o in out] == [2, 2] and out[0][2]["round_robin_with"] == 2
-
 
 
 def test_step_rows_say_which_calls_sat_through_a_stall(bench, stream):

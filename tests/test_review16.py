@@ -14,9 +14,7 @@ anything, and through every later answer.
 Bench: the figures the report prints are the ones the labels name; nothing here looks at how
 fast anything ran.
 """
-import importlib.util
 import os
-import sys
 import uuid
 
 import numpy as np
@@ -32,7 +30,6 @@ from test_window_undo import overflow_mlp
 N_SYM = 3
 Z = [0, 1, 2]        # raw[0]: a 1e30 weight on it overflows layer 1; raw[1]: inv_std 1e30
 W0 = 3               # window fields are raw[3 .. 3 + n_w)
-BENCH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "bench"))
 
 
 def _spec(n_w: int, window: int) -> FeatureSpec:
@@ -286,19 +283,6 @@ def test_serving_worker_refusal_leaves_the_window(isa):
 
 
 # ------------------------------------------------------------------------------------ bench
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, BENCH)
-    try:
-        spec = importlib.util.spec_from_file_location("fastpath_bench_run_r16",
-                                                      os.path.join(BENCH, "run.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        import _report
-    finally:
-        sys.path.remove(BENCH)
-    return mod, _report
 
 
 def _stalled_row(off_cpu_ms: float, wait_ms):

@@ -3,30 +3,13 @@ existed still validate, the estimator claims no step it has no evidence for (rea
 move, a step above its candidate range, TSC values past int64), and the note names the clock the
 host really has (clock_gettime without an invariant TSC; perf_counter_ns only shares the counter
 when the kernel's clocksource is TSC-based)."""
-import copy
-import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
 BENCH = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "bench"))
-
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, BENCH)
-    try:
-        spec = importlib.util.spec_from_file_location("fastpath_bench_run_r17",
-                                                      os.path.join(BENCH, "run.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        import _report
-    finally:
-        sys.path.remove(BENCH)
-    return mod, _report
 
 
 def _schema():
