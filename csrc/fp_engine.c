@@ -229,8 +229,8 @@ static inline __attribute__((always_inline)) int fp_begin_impl(fp_engine *e, con
     if (symbol < 0 || symbol >= e->n_symbols) return FP_ERR_SYMBOL;
     /* The features first, into scratch (no state changes before every check passed): they
      * say whether raw is all finite, which the z-score permute plan checks as it loads raw
-     * instead of a pass of allfinite of its own (~7 ns a tick on AVX-512, measured in the
-     * replay). A finite raw can still overflow (x - mean) * inv_std or the window's stats.
+     * instead of a pass of allfinite of its own (~10 ns a tick on AVX-512, in C and from
+     * Python, same-process A/B on the replay). A finite raw can still overflow (x - mean) * inv_std or the window's stats.
      * No pass over the features checks that here: loading them right after the feature
      * kernels' overlapping stores stalls store forwarding (measured ~50 ns a tick). Instead
      * the lookup treats a non-finite |f|^2 as a miss and the model refuses the tick: every

@@ -54,7 +54,7 @@ static inline int fp_feature_runs(const int32_t *z_idx, int n_z, int32_t *runs) 
  * of 16, each group one step per 32-float window of raw it reads, windows in increasing
  * order; then one check-only step (no lane taken, nothing stored) per window no group reads,
  * so the plan loads all of raw and the kernel's finiteness flag covers every value (the
- * engine's non-finite input check, without a pass of its own: ~7 ns a tick measured).
+ * engine's non-finite input check, without a pass of its own: ~10 ns a tick measured).
  * Returns the step count; steps has room for ceil(n_z / 16) * ceil(raw_len / 32) (n_z >= 1:
  * the groups' steps plus the check-only ones are at most (groups - 1) * windows + windows). */
 static inline int fp_zperm_build(const int32_t *z_idx, int n_z, int raw_len, fp_zstep *steps) {

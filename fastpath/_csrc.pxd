@@ -35,7 +35,7 @@ cdef extern from "fp_simd.h" nogil:
         void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
                               double *nb2)
         int (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
-                            const float *inv_std, float *out)
+                           const float *inv_std, float *out)
         void (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
                               double *sumsq, float *row, int full, double *undo)
         void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,

@@ -179,8 +179,8 @@ def kernel_zscore_perm(str isa, raw, idx, mean, inv_std, bint steps=False, bint 
     try:
         ns = fp_zperm_build(<const int32_t *>cnp.PyArray_DATA(ix), n, raw_len, plan)
         ok = k.zscore_perm(<const float *>cnp.PyArray_DATA(r), plan, ns,
-                      <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
-                      <float *>cnp.PyArray_DATA(out))
+                           <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(s),
+                           <float *>cnp.PyArray_DATA(out))
     finally:
         fp_aligned_free(plan)
     if (out[n:] != np.float32(-7.0)).any():

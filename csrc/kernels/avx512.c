@@ -57,7 +57,8 @@ FP_TARGET_AVX512 static int fp_zscore_perm_avx512(const float *raw, const fp_zst
         const fp_zstep *s = &steps[t];
         const float *b = raw + s->win;
         const __m512i ix = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s->p));
-        const __m512 lo = _mm512_maskz_loadu_ps(s->ld_lo, b), hi = _mm512_maskz_loadu_ps(s->ld_hi, b + 16);
+        const __m512 lo = _mm512_maskz_loadu_ps(s->ld_lo, b);
+        const __m512 hi = _mm512_maskz_loadu_ps(s->ld_hi, b + 16);
         bad |= (__mmask16)(_mm512_fpclass_ps_mask(lo, 0x99) | _mm512_fpclass_ps_mask(hi, 0x99));
         const __m512 x = _mm512_permutex2var_ps(lo, ix, hi);
         v = _mm512_mask_mov_ps(v, s->take, x);
