@@ -35,8 +35,14 @@ void fp_lowp_pack(fp_lowp_layer *L, int wtype, int in, int out, int act, const f
         b[o] = bias[o];
         if (wtype == FP_WEIGHTS_BF16) {
             uint16_t *d = (uint16_t *)p;
-            for (int i = 0; i < in; i++)
-                d[(((size_t)blk * ng + i / 2) * FP_LOWP_ROWS + r) * 2 + i % 2] = fp_bf16_rne(src[i]);
+            for (int i = 0; i < in; i++) {
+                uint16_t h = fp_bf16_rne(src[i]);
+                /* nearest-even takes a finite weight above bf16's largest finite (~3.3961e38)
+                 * to Inf, and an Inf weight makes every tick non-finite (Inf * 0 is NaN): such
+                 * a weight keeps the largest finite bf16 instead, within one bf16 step of it */
+                if ((h & 0x7fffu) == 0x7f80u && isfinite(src[i])) h = (uint16_t)(h - 1u);
+                d[(((size_t)blk * ng + i / 2) * FP_LOWP_ROWS + r) * 2 + i % 2] = h;
+            }
             scale[o] = 1.0f;
         } else {
             int8_t *d = (int8_t *)p;

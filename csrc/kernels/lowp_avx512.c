@@ -183,8 +183,12 @@ FP_TARGET_AVX512 int fp_lowp_bf16_avx512(const fp_lowp_layer *L, const float *x,
     return fp_lowp_ok512(bad);
 }
 
-/* vdpbf16ps over x = hi + lo (two bf16, nearest-even each): w*hi + w*lo carries ~16 bits of
- * x's mantissa, so the native path stays close to the widened one */
+/* vdpbf16ps over x = hi + lo: w*hi + w*lo carries ~16 bits of x's mantissa, so the native path
+ * stays close to the widened one. hi is x truncated to bf16 (its top 16 bits), not rounded:
+ * |hi| <= |x|, so a finite x never becomes an infinite hi (nearest-even takes every |x| above
+ * bf16's largest finite, ~3.3961e38, to Inf, which refused inputs the other sets accept) and
+ * no product w*hi overflows where w*x does not. lo = x - hi is exact in fp32 (x's low 16 bits)
+ * and rounded to nearest-even: |x - hi - lo| <= 2^-16 |x|. */
 FP_TARGET_AVX512_BF16 int fp_lowp_bf16_avx512_bf16(const fp_lowp_layer *L, const float *x, float *y,
                                                    void *scratch) {
     const int ng = L->ng, in = L->in;
@@ -192,9 +196,9 @@ FP_TARGET_AVX512_BF16 int fp_lowp_bf16_avx512_bf16(const fp_lowp_layer *L, const
     uint16_t *lo = (uint16_t *)((char *)scratch + 2 * fp_lowp_scratch_floats(in));
     for (int i = 0; i < in; i += 16) {
         const __m512 v = _mm512_maskz_loadu_ps(fp_tail16(i, in), x + i);
-        const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-        const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        _mm256_storeu_si256((__m256i *)(hi + i), h);
+        const __m512i vb = _mm512_castps_si512(v);
+        const __m512 hf = _mm512_castsi512_ps(_mm512_and_si512(vb, _mm512_set1_epi32((int)0xffff0000u)));
+        _mm256_storeu_si256((__m256i *)(hi + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(vb, 16)));
         _mm256_storeu_si256((__m256i *)(lo + i), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, hf)));
     }
     const int32_t *h2 = (const int32_t *)hi, *l2 = (const int32_t *)lo;

@@ -1,0 +1,124 @@
+"""Kernel sets against the scalar one at the numeric edges: the rolling std where q/n - mean^2
+cancels (prices ~1e5 with a small spread), bf16 inputs and weights near FLT_MAX. Every test
+runs on every kernel set the CPU has (the `isa` fixture) or every variant it runs."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import fastpath._kernels as K
+from fastpath import Engine
+from fastpath._kernels import LowpMLP, kernel_lowp_dense, lowp_variants
+from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+
+from conftest import ISAS
+
+F32 = np.float32
+FLT_MAX = float(np.finfo(F32).max)
+_, HAVE_BF16 = lowp_variants("bf16")
+
+
+def _window_args(rng, n_w, W, base, step):
+    """A ring of W ticks per field (a random walk of `step` around `base`, as float32 prices)
+    with its running sums as the commit kernel keeps them (float64, tick by tick)."""
+    walk = base + np.cumsum(rng.integers(-1, 2, (W + 1, n_w)) * step, axis=0)
+    hist = walk.astype(F32)
+    raw = np.zeros(64, F32)
+    w_idx = rng.choice(64, n_w, replace=False).astype(np.int32)
+    raw[w_idx] = hist[-1]
+    ring = hist[:W].astype(np.float64)
+    s, q = np.zeros(n_w), np.zeros(n_w)
+    for row in ring:
+        s, q = s + row, q + row * row
+    return raw, w_idx, s, q, hist[0]
+
+
+# ------------------------------------------------------------------ rolling std, cancelling
+@pytest.mark.parametrize("n_w", [1, 3, 4, 5, 7, 8, 9, 16, 17])
+@pytest.mark.parametrize("full", [False, True])
+def test_window_stats_same_bits_as_scalar_where_the_variance_cancels(isa, n_w, full):
+    # q/n and mean^2 are ~1e10 and their difference ~1e-4: the vector sets used to fuse
+    # mean*mean into the subtraction (GCC contracts the intrinsics), one rounding fewer than
+    # scalar, and gave a std ~1% away from it (AVX2 from 4 fields, AVX-512 from 1)
+    rng = np.random.default_rng(n_w * 2 + full)
+    W = 100
+    for base, step in ((1e5, 2.0 ** -7), (6.4e4, 2.0 ** -8), (3e3, 2.0 ** -13)):
+        raw, w_idx, s, q, old = _window_args(rng, n_w, W, base, step)
+        o = old if full else None
+        inv_n = 1.0 / (W if full else W + 1)
+        got = K.kernel_window_stats(isa, raw, w_idx, s, q, o, inv_n)
+        want = K.kernel_window_stats("scalar", raw, w_idx, s, q, o, inv_n)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        mean = np.zeros(2 * n_w, F32)
+        inv = np.ones(2 * n_w, F32)
+        np.testing.assert_array_equal(
+            K.kernel_window_zscore(isa, raw, w_idx, s, q, o, inv_n, mean, inv),
+            K.kernel_window_zscore("scalar", raw, w_idx, s, q, o, inv_n, mean, inv))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_w=st.integers(1, 20), base=st.floats(1.0, 1e6), log_step=st.integers(-20, -4),
+       W=st.integers(2, 300), seed=st.integers(0, 2 ** 31))
+def test_window_stats_every_set_same_bits_property(n_w, base, log_step, W, seed):
+    rng = np.random.default_rng(seed)
+    raw, w_idx, s, q, old = _window_args(rng, n_w, W, base, 2.0 ** log_step)
+    want = K.kernel_window_stats("scalar", raw, w_idx, s, q, old, 1.0 / W)
+    for isa in ISAS:
+        got = K.kernel_window_stats(isa, raw, w_idx, s, q, old, 1.0 / W)
+        np.testing.assert_array_equal(got[0], want[0], err_msg=isa)
+        np.testing.assert_array_equal(got[1], want[1], err_msg=isa)
+
+
+def test_engine_window_features_same_bits_on_every_set():
+    # the same through the engine: four price fields at ~1e5 over a long run, the window
+    # features of the next tick on each set against scalar's
+    rng = np.random.default_rng(7)
+    n_w, W, N = 4, 100, 5000
+    fs = FeatureSpec(n_w, np.array([0]), np.arange(n_w), W, np.zeros(1 + 2 * n_w, F32),
+                     np.ones(1 + 2 * n_w, F32))
+    m = Model((Layer(rng.standard_normal((2, 1 + 2 * n_w)).astype(F32) * 1e-3,
+                     np.zeros(2, F32), "identity"),), fs, CachePolicy(enabled=False))
+    raws = (1e5 + np.cumsum(rng.integers(-1, 2, (N, n_w)), axis=0) * 2.0 ** -7).astype(F32)
+    feats = {}
+    for isa in ISAS:
+        e = Engine(m, config={"engine": {"simd": isa, "n_symbols": 1}})
+        e.step_batch(raws[:-1], np.zeros(N - 1, np.int32))
+        feats[isa] = e.features(raws[-1])
+    for isa in ISAS:
+        np.testing.assert_array_equal(feats[isa], feats["scalar"], err_msg=isa)
+
+
+# ------------------------------------------------------------------ bf16 near FLT_MAX
+@pytest.mark.parametrize("variant", ["scalar", "avx2", "avx512", "avx512_bf16"])
+def test_bf16_inputs_near_flt_max_are_accepted_as_scalar_does(variant):
+    # the native AVX-512 BF16 form rounded x's high half to nearest-even bf16: every finite
+    # |x| above ~3.3961e38 became Inf, and the layer was refused where the other forms (and
+    # the fp32 model) return finite outputs
+    if variant not in HAVE_BF16:
+        pytest.skip(f"this CPU does not run the {variant} bf16 kernel")
+    w = np.full((9, 3), 0.25, F32)
+    b = np.zeros(9, F32)
+    for v in (3.3961e38, 3.3999e38, FLT_MAX, -FLT_MAX, 1.7e38):
+        x = np.array([v, 1.0, -2.0], F32)
+        y, ok = kernel_lowp_dense("bf16", variant, w, b, "identity", x)
+        ys, oks = kernel_lowp_dense("bf16", "scalar", w, b, "identity", x)
+        assert oks and ok, (variant, v)
+        np.testing.assert_allclose(y, ys, rtol=3e-5)
+
+
+@pytest.mark.parametrize("weight", [3.3961e38, 3.4e38, FLT_MAX, -FLT_MAX])
+def test_bf16_weight_near_flt_max_keeps_the_largest_finite_bf16(isa, weight):
+    # a finite fp32 weight that nearest-even bf16 takes to Inf made every tick non-finite
+    # (Inf * 0 is NaN): the packed weight is now bf16's largest finite, one bf16 step away
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_normal((9, 5)).astype(F32) * 0.1
+    w1[2, 0] = weight
+    w2 = rng.standard_normal((2, 9)).astype(F32) * 0.1
+    b1, b2 = np.zeros(9, F32), np.zeros(2, F32)
+    x = rng.standard_normal(5).astype(F32)
+    x[0] = 0.0                                           # the huge weight meets a zero input
+    ref = LowpMLP([w1, w2], [b1, b2], ["tanh", "identity"], weight_type="fp32", isa=isa)
+    m = LowpMLP([w1, w2], [b1, b2], ["tanh", "identity"], weight_type="bf16", isa=isa)
+    np.testing.assert_allclose(m.forward(x), ref.forward(x), rtol=1e-2, atol=1e-3)
+    x[0] = 1e-30                                          # and a tiny one: 3.4e8, tanh -> 1
+    np.testing.assert_allclose(m.forward(x), ref.forward(x), rtol=1e-2, atol=1e-3)
