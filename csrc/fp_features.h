@@ -10,7 +10,16 @@
  * right away with an undo record that fp_window_restore() puts back if the tick
  * is then refused (fp_step). A rejected tick leaves every window exactly as it was.
  * Running sums are double so that add-new/subtract-old over millions of ticks
- * does not drift (float would lose ~1e-3 relative within 1e5 ticks).
+ * does not drift (float would lose ~1e-3 relative within 1e5 ticks). Subtracting is still
+ * not exact: a finite outlier (a bad print of 1e18 among prices ~100) absorbs the other
+ * ticks' share of the sums when it enters, and when it leaves, the sums keep the deficit for
+ * good (measured: the mean 2.5 off and the std 0 forever after, a wrong signal on every
+ * tick of that symbol), and the residues of inexact sums at price-like offsets random-walk
+ * (~1% of the std per 1e6 ticks at 1e5 and W = 100). So the sums are renewed from sums
+ * with no subtraction in them: beside the running sums each window keeps `fresh` sums of
+ * the ticks since the ring last wrapped, which at the next wrap are exactly the window's
+ * and replace the running ones; and a field whose departing square outweighs the rest of
+ * its window (the outlier leaving) has its sums recomputed from the ring on that tick.
  */
 #ifndef FP_FEATURES_H
 #define FP_FEATURES_H
@@ -102,17 +111,22 @@ static inline int fp_zperm_build(const int32_t *z_idx, int n_z, int raw_len, fp_
 }
 
 /* Per-symbol window state, one block of `stride` bytes per symbol:
- *   fp_window_hdr | double sum[n_w] | double sumsq[n_w] | float ring[W][n_w] */
+ *   fp_window_hdr | double sum[n_w] | double sumsq[n_w] | float ring[W][n_w] |
+ *   (to 8 bytes) double fresh[2 n_w] (sum and sum of squares since the ring last wrapped) */
 typedef struct {
     uint32_t pos;     /* next ring row to overwrite */
     uint32_t count;   /* ticks in the window, <= W */
     uint32_t pad[14];
 } fp_window_hdr;
 
+static inline size_t fp_window_fresh_off(const fp_feature_spec *fs) {
+    const size_t b = sizeof(fp_window_hdr) + 2 * sizeof(double) * (size_t)fs->n_w +
+                     sizeof(float) * (size_t)fs->window * (size_t)fs->n_w;
+    return FP_ROUND_UP(b, sizeof(double));
+}
+
 static inline size_t fp_window_stride(const fp_feature_spec *fs) {
-    size_t b = sizeof(fp_window_hdr) + 2 * sizeof(double) * (size_t)fs->n_w +
-               sizeof(float) * (size_t)fs->window * (size_t)fs->n_w;
-    return FP_ROUND_UP(b, FP_ALIGN);
+    return FP_ROUND_UP(fp_window_fresh_off(fs) + 2 * sizeof(double) * (size_t)fs->n_w, FP_ALIGN);
 }
 
 /* feat (n_feat) for one tick; reads state only. Returns 1 when every value of raw is finite,
@@ -147,9 +161,13 @@ static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec
 }
 
 /* where an undo record (see fp_window_undo_bytes) keeps the window's position and count:
- * after the sums and the old row the commit kernel writes */
+ * after the sums and the old row the commit kernel writes; then (to 8 bytes) its fresh sums */
 static inline size_t fp_window_undo_hdr(const fp_feature_spec *fs) {
     return (2 * sizeof(double) + sizeof(float)) * (size_t)fs->n_w;
+}
+
+static inline size_t fp_window_undo_fresh(const fp_feature_spec *fs) {
+    return FP_ROUND_UP(fp_window_undo_hdr(fs) + 2 * sizeof(uint32_t), sizeof(double));
 }
 
 /* push raw's windowed fields into the symbol's ring; undo (NULL: none) receives the record
@@ -160,16 +178,49 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
     fp_window_hdr *h = (fp_window_hdr *)win;
     double *sum = (double *)(win + sizeof(fp_window_hdr));
     double *sumsq = sum + fs->n_w;
-    float *row = (float *)(sumsq + fs->n_w) + (size_t)h->pos * fs->n_w;
+    const int n = fs->n_w;
+    const float *ring = (const float *)(sumsq + n);
+    float *row = (float *)ring + (size_t)h->pos * n;
+    double *fresh = (double *)(win + fp_window_fresh_off(fs));
     const int full = h->count >= (uint32_t)fs->window;
     if (undo) {
         uint32_t *u = (uint32_t *)(undo + fp_window_undo_hdr(fs));
         u[0] = h->pos;
         u[1] = h->count;
+        memcpy(undo + fp_window_undo_fresh(fs), fresh, 2 * sizeof(double) * (size_t)n);
     }
-    k->window_commit(raw, fs->w_idx, fs->n_w, sum, sumsq, row, full, (double *)undo);
+    /* a field to recompute from the ring: its departing square outweighs the rest of the
+     * window (the other ticks' share of the sums may have been absorbed when it came in) */
+    int heal = 0;
+    for (int j = 0; j < n; j++) {
+        const double x = raw[fs->w_idx[j]], o = row[j];
+        fresh[j] += x;
+        fresh[n + j] += x * x;
+        heal |= full && 2.0 * o * o > sumsq[j] + x * x;
+    }
+    k->window_commit(raw, fs->w_idx, n, sum, sumsq, row, full, (double *)undo);
     if (!full) h->count++;
-    h->pos = (h->pos + 1 == (uint32_t)fs->window) ? 0 : h->pos + 1;
+    if (h->pos + 1 == (uint32_t)fs->window) {
+        /* the ring holds exactly the ticks since the last wrap: their sums, free of any
+         * subtraction, replace the running ones */
+        h->pos = 0;
+        memcpy(sum, fresh, 2 * sizeof(double) * (size_t)n);
+        memset(fresh, 0, 2 * sizeof(double) * (size_t)n);
+        return;
+    }
+    h->pos++;
+    if (heal) {
+        for (int j = 0; j < n; j++) {
+            double s = 0.0, q = 0.0;
+            for (int r = 0; r < fs->window; r++) {
+                const double v = ring[(size_t)r * n + j];
+                s += v;
+                q += v * v;
+            }
+            sum[j] = s;
+            sumsq[j] = q;
+        }
+    }
 }
 
 /* An undo record of one commit: the window's running sums and the ring row the commit
@@ -179,7 +230,7 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
  * branch, the decision has less work behind it) and restores the record when the model
  * then refuses the tick: the window is then exactly as it was, bit for bit. */
 static inline size_t fp_window_undo_bytes(const fp_feature_spec *fs) {
-    return fp_window_undo_hdr(fs) + 2 * sizeof(uint32_t);
+    return fp_window_undo_fresh(fs) + 2 * sizeof(double) * (size_t)fs->n_w;
 }
 
 static inline void fp_window_restore(const fp_feature_spec *fs, unsigned char *win,
@@ -196,6 +247,8 @@ static inline void fp_window_restore(const fp_feature_spec *fs, unsigned char *w
     for (int i = 0; i < 2 * n; i++) sums[i] = us[i];
     float *row = (float *)(sums + 2 * n) + (size_t)h->pos * n;
     for (int i = 0; i < n; i++) row[i] = ur[i];
+    memcpy(win + fp_window_fresh_off(fs), undo + fp_window_undo_fresh(fs),
+           2 * sizeof(double) * (size_t)n);
 }
 
 #endif

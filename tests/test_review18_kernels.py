@@ -122,3 +122,98 @@ def test_bf16_weight_near_flt_max_keeps_the_largest_finite_bf16(isa, weight):
     np.testing.assert_allclose(m.forward(x), ref.forward(x), rtol=1e-2, atol=1e-3)
     x[0] = 1e-30                                          # and a tiny one: 3.4e8, tanh -> 1
     np.testing.assert_allclose(m.forward(x), ref.forward(x), rtol=1e-2, atol=1e-3)
+
+
+# ------------------------------------------------------------------ window sums renewed
+def _window_model(W, n_w=1, seed=0):
+    rng = np.random.default_rng(seed)
+    fs = FeatureSpec(n_w, np.array([0]), np.arange(n_w), W, np.zeros(1 + 2 * n_w, F32),
+                     np.ones(1 + 2 * n_w, F32))
+    return Model((Layer(rng.standard_normal((2, 1 + 2 * n_w)).astype(F32) * 1e-20,
+                        np.zeros(2, F32), "identity"),), fs, CachePolicy(enabled=False))
+
+
+def _fresh_features(m, isa, ticks, nxt):
+    """The features of tick `nxt` on an engine that saw only `ticks` (no subtraction yet)."""
+    e = Engine(m, config={"engine": {"simd": isa, "n_symbols": 1}})
+    e.step_batch(np.ascontiguousarray(ticks), np.zeros(len(ticks), np.int32))
+    return e.features(nxt)
+
+
+@pytest.mark.parametrize("W", [2, 5, 20, 64])
+@pytest.mark.parametrize("by", ["step", "step_batch"])
+def test_window_heals_once_a_finite_outlier_has_left(isa, W, by):
+    # a bad print of 1e18 among prices ~100 is finite and accepted; entering, its square
+    # absorbed the other ticks' share of the running sums, and leaving, it took that share
+    # with it: the mean stayed 2.5 off and the std 0 on every later tick of the symbol
+    rng = np.random.default_rng(W)
+    m = _window_model(W, n_w=3)
+    n = 6 * W + 3
+    p = (100 + rng.standard_normal((n, 3))).astype(F32)
+    p[W // 2 + 1, 1] = 1e18
+    k = W // 2 + 2 + W                    # ticks seen by the time the outlier has just left
+    while k < n:
+        e = Engine(m, config={"engine": {"simd": isa, "n_symbols": 1}})
+        if by == "step":
+            for i in range(k):
+                e.step(p[i])
+        else:
+            e.step_batch(p[:k], np.zeros(k, np.int32))
+        got = e.features(p[k])
+        want = _fresh_features(m, isa, p[k - W + 1:k], p[k])
+        window = p[k - W + 1:k + 1].astype(np.float64)
+        np.testing.assert_allclose(got[1:4], window.mean(0), rtol=1e-6)
+        np.testing.assert_allclose(got[4:], want[4:], rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(got[4:], window.std(0), rtol=1e-3, atol=1e-4)
+        k += W // 2 + 1
+
+
+@pytest.mark.parametrize("W", [3, 100])
+def test_window_sums_renewed_at_every_wrap(isa, W):
+    # at 1e5 the squares sum past 2^53 of their granularity, so every add-new/subtract-old
+    # rounds and the residue random-walks; at each wrap the sums are now those of the window's
+    # ticks added afresh: the same bits as an engine that saw only those ticks
+    rng = np.random.default_rng(W)
+    m = _window_model(W, n_w=4)
+    N = 60 * W
+    p = (1e5 + rng.standard_normal((N + 1, 4)) * 4).astype(F32)
+    e = Engine(m, config={"engine": {"simd": isa, "n_symbols": 1}})
+    e.step_batch(p[:N], np.zeros(N, np.int32))
+    got = e.features(p[N])
+    # the fresh engine: the last W ticks, so its ring has wrapped once too
+    want = _fresh_features(m, isa, p[N - W:N], p[N])
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("W", [3, 7])
+@pytest.mark.parametrize("by", ["step", "step_batch"])
+def test_refused_ticks_leave_the_fresh_sums_as_they_were(isa, W, by):
+    # ticks the model refuses (a z-scored field of 1e10 times a weight of 1e30 overflows)
+    # between good ones: fp_step commits the window first and restores it from the undo
+    # record, the fresh sums included, so at every wrap the window is bit for bit that of an
+    # engine that never saw them
+    from fastpath import InputError
+    rng = np.random.default_rng(W)
+    n_w = 3
+    fs = FeatureSpec(n_w + 1, np.array([n_w]), np.arange(n_w), W, np.zeros(1 + 2 * n_w, F32),
+                     np.ones(1 + 2 * n_w, F32))
+    w = rng.standard_normal((2, 1 + 2 * n_w)).astype(F32) * 1e-6
+    w[:, 0] = 1e30
+    m = Model((Layer(w, np.zeros(2, F32), "identity"),), fs, CachePolicy(enabled=False))
+    good = np.zeros((8 * W + 1, n_w + 1), F32)
+    good[:, :n_w] = 1e5 + rng.standard_normal((8 * W + 1, n_w)) * 3
+    bad = good[0].copy()
+    bad[:n_w] = 7e4
+    bad[n_w] = 1e10
+    e = Engine(m, config={"engine": {"simd": isa, "n_symbols": 1}})
+    clean = Engine(m, config={"engine": {"simd": isa, "n_symbols": 1}})
+    for i in range(8 * W):
+        if i % 3 == 1:
+            with pytest.raises(InputError):
+                if by == "step":
+                    e.step(bad)
+                else:
+                    e.step_batch(bad[None, :].copy(), np.zeros(1, np.int32))
+        e.step(good[i])
+        clean.step(good[i])
+        np.testing.assert_array_equal(e.features(good[i + 1]), clean.features(good[i + 1]))
