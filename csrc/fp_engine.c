@@ -291,6 +291,83 @@ const float *fp_post_apply(fp_engine *e, const float *y) {
     return o;
 }
 
+/* One fp32 layer (fp_dense_layer's blocked layout) with its sums in double: products of two
+ * floats are exact and no sum of them leaves double's range, so this is the pre-activation
+ * to a few double roundings, whatever order a kernel set sums in. 0 when one is not finite
+ * as a float32 (or x holds a NaN/Inf). */
+static int fp_dense_f64(const fp_dense_layer *L, const float *x, float *y) {
+    int ok = 1;
+    for (int b = 0; b < L->nb; b++) {
+        const float *wb = L->w + (size_t)b * L->in * 8;
+        for (int r = 0; r < 8; r++) {
+            double acc = L->bias[b * 8 + r];
+            for (int i = 0; i < L->in; i++) acc += (double)wb[(size_t)i * 8 + r] * x[i];
+            const float v = (float)acc;
+            ok &= isfinite(v) != 0;
+            y[b * 8 + r] = fp_actf(v, L->act);
+        }
+    }
+    return ok;
+}
+
+/* fp_dense_f64 over a bf16 layer (fp_lowp_layer's blocks of 16 rows, input pairs) */
+static int fp_lowp_bf16_f64(const fp_lowp_layer *L, const float *x, float *y) {
+    const uint16_t *w = (const uint16_t *)L->w;
+    int ok = 1;
+    for (int b = 0; b < L->nb; b++)
+        for (int r = 0; r < FP_LOWP_ROWS; r++) {
+            double acc = L->bias[b * FP_LOWP_ROWS + r];
+            for (int i = 0; i < L->in; i++) {
+                union { uint32_t u; float f; } c = {
+                    (uint32_t)w[(((size_t)b * L->ng + i / 2) * FP_LOWP_ROWS + r) * 2 + i % 2] << 16};
+                acc += (double)c.f * x[i];
+            }
+            const float v = (float)acc;
+            ok &= isfinite(v) != 0;
+            y[b * FP_LOWP_ROWS + r] = fp_actf(v, L->act);
+        }
+    return ok;
+}
+
+/* The MLP on x, refused only where a layer's pre-activation itself leaves float32's range.
+ * Each set sums a row in its own order (scalar input by input, AVX2 in chains, AVX-512 in
+ * even/odd halves and chains), and terms near FLT_MAX overflow a partial sum in one order and
+ * not in another: the sets refused different ticks (measured: 1 in 10 of rows with terms of
+ * 0.2-0.6 FLT_MAX). So a pass that overflowed runs again layer by layer, and a layer whose
+ * float32 sums overflow is summed in double (fp_dense_f64), the same decision on every set.
+ * A pass that did not overflow stands: its exact sums can then be past the range only by
+ * its own rounding error (the band within ~n 2^-24 of FLT_MAX where rounding decides, on any
+ * set). int8 layers compute the same integers on every set and are not summed again. Only
+ * refused passes pay for this: the redo is out of line, off the hot path. */
+__attribute__((noinline, cold)) static const float *fp_mlp_redo(fp_engine *e, const float *x) {
+    const fp_mlp *m = &e->mlp;
+    const int rev = (int)e->mlp_parity;
+    const float *in = x;
+    float *out = e->buf_a;
+    for (int l = 0; l < m->n_layers; l++) {
+        if (m->lowp_on[l]) {
+            const fp_lowp_layer *L = &m->lowp[l];
+            if (L->wtype == FP_WEIGHTS_BF16) {
+                if (!m->lk->bf16(L, in, out, out + m->act_width) && !fp_lowp_bf16_f64(L, in, out))
+                    return NULL;
+            } else if (!m->lk->int8(L, in, out, out + m->act_width)) {
+                return NULL;
+            }
+        } else if (!e->k->dense(&m->layers[l], in, out, rev) &&
+                   !fp_dense_f64(&m->layers[l], in, out)) {
+            return NULL;
+        }
+        in = out;
+        out = (out == e->buf_a) ? e->buf_b : e->buf_a;
+    }
+    return in;
+}
+
+static inline const float *fp_mlp_forward_exact(fp_engine *e, const float *x) {
+    const float *y = fp_mlp_forward(e->k, &e->mlp, x, e->buf_a, e->buf_b, (int)e->mlp_parity);
+    return __builtin_expect(y != NULL, 1) ? y : fp_mlp_redo(e, x);
+}
+
 static inline const float *fp_model_eval(fp_engine *e, const float *x) {
     if (e->model_kind == FP_MODEL_TREES) {
         if (!e->k->allfinite(x, e->fs.n_feat)) return NULL;
@@ -298,7 +375,7 @@ static inline const float *fp_model_eval(fp_engine *e, const float *x) {
         return e->out;
     }
     e->mlp_parity ^= 1u;
-    const float *y = fp_mlp_forward(e->k, &e->mlp, x, e->buf_a, e->buf_b, (int)e->mlp_parity);
+    const float *y = fp_mlp_forward_exact(e, x);
     return y ? fp_post_apply(e, y) : NULL;
 }
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import fastpath._kernels as K
-from fastpath import Engine
+from fastpath import Engine, InputError
 from fastpath._kernels import LowpMLP, kernel_lowp_dense, lowp_variants
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
 
@@ -217,3 +217,52 @@ def test_refused_ticks_leave_the_fresh_sums_as_they_were(isa, W, by):
         e.step(good[i])
         clean.step(good[i])
         np.testing.assert_array_equal(e.features(good[i + 1]), clean.features(good[i + 1]))
+
+
+# ------------------------------------------------------------------ overflow in one order only
+def _overflow_case(rng, n, o):
+    """A layer whose float32 sums overflow in some summation orders and not in others: terms
+    of +-0.2..0.6 FLT_MAX, so a partial sum leaves the range or not by the order it is
+    summed in, while the exact pre-activation is mostly finite."""
+    w = (rng.choice([-1, 1], (o, n)) * rng.uniform(0.2, 0.6, (o, n)) * FLT_MAX).astype(F32)
+    return w, np.ones(n, F32)
+
+
+@pytest.mark.parametrize("weights", ["fp32", "bf16"])
+def test_a_layer_is_refused_by_its_exact_sum_not_by_the_order_of_a_set(weights):
+    # every set summed the row in its own order (scalar input by input, AVX2 in 4 chains,
+    # AVX-512 in even/odd halves and chains) and refused where its own partial sums overflowed:
+    # one tick in ten of these was refused by one set and answered by another. A layer whose
+    # float32 sums overflow is now summed again in double, and refused only when its exact
+    # pre-activation does not fit a float32, the same decision on every set
+    rng = np.random.default_rng(5)
+    fs = None
+    decisions = []
+    for t in range(300):
+        n = int(rng.choice([3, 4, 5, 8, 9, 16, 17, 31, 33, 64, 65]))
+        o = int(rng.choice([1, 2, 7, 9, 17]))
+        w, x = _overflow_case(rng, n, o)
+        w2 = np.full((2, o), 1e-38, F32)
+        m = Model((Layer(w, np.zeros(o, F32), "identity"), Layer(w2, np.zeros(2, F32), "identity")),
+                  fs, CachePolicy(enabled=False))
+        m = m.with_weights(weights)
+        wq = w.astype(np.float64)
+        if weights == "bf16":
+            u = w.view(np.uint32).astype(np.uint64)
+            wq = ((((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32)
+                  .view(F32).astype(np.float64))
+        exact = wq @ x.astype(np.float64)
+        if np.any(np.abs(np.abs(exact) / FLT_MAX - 1) < 1e-4):
+            continue                                  # rounding decides there: not this test
+        want_ok = bool(np.all(np.abs(exact) < FLT_MAX))
+        row = []
+        for isa in ISAS:
+            e = Engine(m, config={"engine": {"simd": isa, "n_symbols": 1}})
+            try:
+                e.predict(x)
+                row.append(True)
+            except InputError:
+                row.append(False)
+        decisions.append((row, want_ok))
+        assert row == [want_ok] * len(ISAS), (t, n, o, dict(zip(ISAS, row)), want_ok)
+    assert sum(ok for _, ok in decisions) > 20 and sum(not ok for _, ok in decisions) > 20
