@@ -266,3 +266,21 @@ def test_a_layer_is_refused_by_its_exact_sum_not_by_the_order_of_a_set(weights):
         decisions.append((row, want_ok))
         assert row == [want_ok] * len(ISAS), (t, n, o, dict(zip(ISAS, row)), want_ok)
     assert sum(ok for _, ok in decisions) > 20 and sum(not ok for _, ok in decisions) > 20
+
+
+def test_int8_row_with_one_huge_weight_is_not_refused_for_its_scale(isa):
+    # the int8 kernels scale a row's dot by s1 * s_w (x's step, max|x| / 127, times the row's,
+    # max|w| / 127): a weight near FLT_MAX under an input of 20000 made that product Inf, and
+    # the row's dot of 0 (its huge weight meets a small input) then NaN: refused, where the
+    # pre-activation (FLT_MAX * 0.5) is inside the range
+    w1 = np.zeros((3, 2), F32)
+    w1[0, 0] = FLT_MAX
+    w1[1, 1] = 1e-3
+    w1[2] = [0.0, -1e-4]
+    w2 = np.array([[1e-3, 2e-3, 3e-3], [1e-3, -1e-3, 1e-3]], F32)
+    m = Model((Layer(w1, np.zeros(3, F32), "tanh"), Layer(w2, np.zeros(2, F32), "identity")),
+              None, CachePolicy(enabled=False))
+    x = np.array([0.5, 20000.0], F32)
+    ref = Engine(m, config={"engine": {"simd": isa, "n_symbols": 1}}).predict(x)
+    got = Engine(m.with_weights("int8"), config={"engine": {"simd": isa, "n_symbols": 1}}).predict(x)
+    np.testing.assert_allclose(got, ref, rtol=1e-2, atol=1e-4)
