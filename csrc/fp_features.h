@@ -19,7 +19,7 @@
  * with no subtraction in them: beside the running sums each window keeps `fresh` sums of
  * the ticks since the ring last wrapped, which at the next wrap are exactly the window's
  * and replace the running ones; and a field whose departing square outweighs the rest of
- * its window (the outlier leaving) has its sums recomputed from the ring on that tick.
+ * its window by far (the outlier leaving) has its sums recomputed from the ring on that tick.
  */
 #ifndef FP_FEATURES_H
 #define FP_FEATURES_H
@@ -190,13 +190,16 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
         memcpy(undo + fp_window_undo_fresh(fs), fresh, 2 * sizeof(double) * (size_t)n);
     }
     /* a field to recompute from the ring: its departing square outweighs the rest of the
-     * window (the other ticks' share of the sums may have been absorbed when it came in) */
+     * window 2^16 times over (256x in magnitude). While it was in, each update of the sums
+     * rounded by up to 2^-53 of it, so below that ratio what it leaves behind is < W 2^-36 of
+     * the rest, and above it the rest may be gone. Rare by design: an outlier leaving, or the
+     * last nonzero of a sparse field (at most once per W ticks, and then O(W n_w)) */
     int heal = 0;
     for (int j = 0; j < n; j++) {
         const double x = raw[fs->w_idx[j]], o = row[j];
         fresh[j] += x;
         fresh[n + j] += x * x;
-        heal |= full && 2.0 * o * o > sumsq[j] + x * x;
+        heal |= full && o * o > 0x1p16 * ((sumsq[j] - o * o) + x * x);
     }
     k->window_commit(raw, fs->w_idx, n, sum, sumsq, row, full, (double *)undo);
     if (!full) h->count++;
