@@ -192,7 +192,6 @@ def test_refused_ticks_leave_the_fresh_sums_as_they_were(isa, W, by):
     # between good ones: fp_step commits the window first and restores it from the undo
     # record, the fresh sums included, so at every wrap the window is bit for bit that of an
     # engine that never saw them
-    from fastpath import InputError
     rng = np.random.default_rng(W)
     n_w = 3
     fs = FeatureSpec(n_w + 1, np.array([n_w]), np.arange(n_w), W, np.zeros(1 + 2 * n_w, F32),
