@@ -318,8 +318,8 @@ static int fp_lowp_bf16_f64(const fp_lowp_layer *L, const float *x, float *y) {
         for (int r = 0; r < FP_LOWP_ROWS; r++) {
             double acc = L->bias[b * FP_LOWP_ROWS + r];
             for (int i = 0; i < L->in; i++) {
-                union { uint32_t u; float f; } c = {
-                    (uint32_t)w[(((size_t)b * L->ng + i / 2) * FP_LOWP_ROWS + r) * 2 + i % 2] << 16};
+                const size_t at = (((size_t)b * L->ng + i / 2) * FP_LOWP_ROWS + r) * 2 + i % 2;
+                union { uint32_t u; float f; } c = {(uint32_t)w[at] << 16};
                 acc += (double)c.f * x[i];
             }
             const float v = (float)acc;
@@ -340,8 +340,10 @@ static int fp_lowp_int8_f64(const fp_lowp_layer *L, const float *x, float *y) {
         for (int r = 0; r < FP_LOWP_ROWS; r++) {
             const int o = b * FP_LOWP_ROWS + r;
             double acc = 0.0;
-            for (int i = 0; i < L->in; i++)
-                acc += (double)w[(((size_t)b * L->ng + i / 4) * FP_LOWP_ROWS + r) * 4 + i % 4] * x[i];
+            for (int i = 0; i < L->in; i++) {
+                const size_t at = (((size_t)b * L->ng + i / 4) * FP_LOWP_ROWS + r) * 4 + i % 4;
+                acc += (double)w[at] * x[i];
+            }
             const float v = (float)(acc * L->scale[o] + L->bias[o]);
             ok &= isfinite(v) != 0;
             y[o] = fp_actf(v, L->act);

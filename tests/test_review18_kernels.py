@@ -281,5 +281,6 @@ def test_int8_row_with_one_huge_weight_is_not_refused_for_its_scale(isa):
               None, CachePolicy(enabled=False))
     x = np.array([0.5, 20000.0], F32)
     ref = Engine(m, config={"engine": {"simd": isa, "n_symbols": 1}}).predict(x)
-    got = Engine(m.with_weights("int8"), config={"engine": {"simd": isa, "n_symbols": 1}}).predict(x)
+    cfg = {"engine": {"simd": isa, "n_symbols": 1}}
+    got = Engine(m.with_weights("int8"), config=cfg).predict(x)
     np.testing.assert_allclose(got, ref, rtol=1e-2, atol=1e-4)
