@@ -189,19 +189,14 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
         u[1] = h->count;
         memcpy(undo + fp_window_undo_fresh(fs), fresh, 2 * sizeof(double) * (size_t)n);
     }
-    /* a field to recompute from the ring: its departing square outweighs the rest of the
-     * window 2^16 times over (256x in magnitude). While it was in, each update of the sums
-     * rounded by up to 2^-53 of it, so below that ratio what it leaves behind is < W 2^-36 of
-     * the rest, and above it the rest may be gone. Rare by design: an outlier leaving, or the
-     * last nonzero of a sparse field (at most once per W ticks, and then O(W n_w)) */
-    int heal = 0;
-    for (int j = 0; j < n; j++) {
-        const double x = raw[fs->w_idx[j]], o = row[j];
-        fresh[j] += x;
-        fresh[n + j] += x * x;
-        heal |= full && o * o > 0x1p16 * ((sumsq[j] - o * o) + x * x);
-    }
-    k->window_commit(raw, fs->w_idx, n, sum, sumsq, row, full, (double *)undo);
+    /* heal: a field to recompute from the ring, its departing square outweighing the rest
+     * of the window 2^16 times over (256x in magnitude). While it was in, each update of the
+     * sums rounded by up to 2^-53 of it, so below that ratio what it leaves behind is
+     * < W 2^-36 of the rest, and above it the rest may be gone. Rare by design: an outlier
+     * leaving, or the last nonzero of a sparse field (at most once per W ticks, and then
+     * O(W n_w)) */
+    const int heal = k->window_commit(raw, fs->w_idx, n, sum, sumsq, row, full, (double *)undo,
+                                      fresh);
     if (!full) h->count++;
     if (h->pos + 1 == (uint32_t)fs->window) {
         /* the ring holds exactly the ticks since the last wrap: their sums, free of any

@@ -124,9 +124,12 @@ typedef struct {
      * row[j] = x. Every set gives the scalar twin's doubles bit for bit (o*o and x*x are
      * exact in double, so fusing them into an FMA changes nothing). undo (or NULL) receives
      * what the commit overwrites, as it loads it: sum[0..n_w), sumsq[0..n_w), then row's old
-     * n_w floats (read whether or not the window is full), 20 n_w bytes. */
-    void (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
-                          double *sumsq, float *row, int full, double *undo);
+     * n_w floats (read whether or not the window is full), 20 n_w bytes. fresh[j] += x,
+     * fresh[n_w + j] += x*x (the window's sums since its ring last wrapped, fp_features.h).
+     * Returns 1 when full and a field's departing square outweighs the rest of its window
+     * 2^16 times over, o*o > 2^16 * (the new sumsq), else 0. */
+    int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
+                         double *sumsq, float *row, int full, double *undo, double *fresh);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet (diff_norms_f32: two more, for the

@@ -36,8 +36,8 @@ cdef extern from "fp_simd.h" nogil:
                               double *nb2)
         int (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
                            const float *inv_std, float *out)
-        void (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
-                              double *sumsq, float *row, int full, double *undo)
+        int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
+                             double *sumsq, float *row, int full, double *undo, double *fresh)
         void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
                                float *na2, float *nb2)
     int fp_cpu_has_avx2()

@@ -569,18 +569,24 @@ def test_diff_norms_f32_reads_nothing_past_n(isa, n):
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n_w=st.integers(1, 40), full=st.booleans(), seed=st.integers(0, 2**31))
-def test_window_commit_matches_float64_bit_for_bit(isa, n_w, full, seed):
+@given(n_w=st.integers(1, 40), full=st.booleans(), seed=st.integers(0, 2**31),
+       outlier=st.integers(-1, 39))
+def test_window_commit_matches_float64_bit_for_bit(isa, n_w, full, seed, outlier):
     """A tick into a window (the engine's commit) on every kernel set equals the float64
-    reference bit for bit: (sum - old) + x and (sumsq - old^2) + x^2 in that order, tails of
-    8 lanes masked, huge and tiny values included; nothing written past n_w."""
+    reference bit for bit: (sum - old) + x and (sumsq - old^2) + x^2 in that order, the
+    sums since the last wrap (fresh) + x and + x^2, the heal flag (a departing square over
+    2^16 times the new sumsq; an outlier planted in old makes it fire), tails of 8 lanes
+    masked, huge and tiny values included; nothing written past n_w."""
     rng = np.random.default_rng(seed)
     raw = (rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300)).astype(np.float32)
     w_idx = rng.integers(0, 300, n_w).astype(np.int32)
     old = (rng.standard_normal(n_w) * 1e3).astype(np.float32)
+    if 0 <= outlier < n_w:
+        old[outlier] = np.float32(1e18)
     s0 = rng.standard_normal(n_w) * 1e6
     q0 = np.abs(rng.standard_normal(n_w)) * 1e12
-    s, q, row = K.kernel_window_commit(isa, raw, w_idx, s0, q0, old, full)
+    f0 = np.concatenate([rng.standard_normal(n_w) * 1e6, np.abs(rng.standard_normal(n_w)) * 1e12])
+    s, q, row, fr, heal = K.kernel_window_commit(isa, raw, w_idx, s0, q0, old, full, fresh=f0)
     x = raw[w_idx].astype(np.float64)
     o = old.astype(np.float64)
     want_s = (s0 - o) + x if full else s0 + x
@@ -588,13 +594,19 @@ def test_window_commit_matches_float64_bit_for_bit(isa, n_w, full, seed):
     assert s.tobytes() == want_s.tobytes()
     assert q.tobytes() == want_q.tobytes()
     assert row.tobytes() == raw[w_idx].tobytes()
+    assert fr.tobytes() == np.concatenate([f0[:n_w] + x, f0[n_w:] + x * x]).tobytes()
+    assert heal == bool(full and np.any(o * o > 2.0 ** 16 * want_q))
+    if full and 0 <= outlier < n_w and abs(x[outlier]) < 1e17:
+        assert heal
     assert all(a.tobytes() == b.tobytes() for a, b in zip(
-        (s, q, row), K.kernel_window_commit("scalar", raw, w_idx, s0, q0, old, full)))
+        (s, q, row, fr), K.kernel_window_commit("scalar", raw, w_idx, s0, q0, old, full,
+                                                fresh=f0)))
     # the undo record (what fp_step restores when the model refuses the tick): the old sums
     # and the old row exactly, whether or not the window was full, and the same commit
-    s2, q2, row2, us, uq, urow = K.kernel_window_commit(isa, raw, w_idx, s0, q0, old, full,
-                                                        undo=True)
-    assert (s2.tobytes(), q2.tobytes(), row2.tobytes()) == (s.tobytes(), q.tobytes(), row.tobytes())
+    s2, q2, row2, fr2, heal2, us, uq, urow = K.kernel_window_commit(isa, raw, w_idx, s0, q0, old,
+                                                                   full, undo=True, fresh=f0)
+    assert (s2.tobytes(), q2.tobytes(), row2.tobytes(), fr2.tobytes(), heal2) == (
+        s.tobytes(), q.tobytes(), row.tobytes(), fr.tobytes(), heal)
     assert (us.tobytes(), uq.tobytes(), urow.tobytes()) == (s0.tobytes(), q0.tobytes(), old.tobytes())
 
 

@@ -699,15 +699,16 @@ FP_TARGET_AVX512 static void fp_dot_norms_f64_avx512(const float *a, const float
 /* fp_window_commit_scalar 8 fields a step: the fields gathered, widened to double, the
  * same operations in the same order (o*o and x*x exact, so an FMA, if the compiler fuses,
  * rounds as the scalar twin does); lanes past n_w masked on every load and store */
-FP_TARGET_AVX512 static void fp_window_commit_avx512(const float *raw, const int32_t *w_idx, int n_w,
-                                                     double *sum, double *sumsq, float *row,
-                                                     int full, double *undo) {
+FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int32_t *w_idx, int n_w,
+                                                    double *sum, double *sumsq, float *row,
+                                                    int full, double *undo, double *fresh) {
     float *undo_row = undo ? (float *)(undo + 2 * n_w) : NULL;
+    __mmask8 heal = 0;
     for (int j = 0; j < n_w; j += 8) {
         const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xFFu : (1u << (n_w - j)) - 1u);
         const __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
         const __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
-        const __m512d x = _mm512_cvtps_pd(xf);
+        const __m512d x = _mm512_cvtps_pd(xf), xx = _mm512_mul_pd(x, x);
         __m512d s = _mm512_maskz_loadu_pd(m, sum + j), q = _mm512_maskz_loadu_pd(m, sumsq + j);
         const __m256 of = _mm256_maskz_loadu_ps(m, row + j);
         if (undo) {
@@ -716,17 +717,23 @@ FP_TARGET_AVX512 static void fp_window_commit_avx512(const float *raw, const int
             _mm256_mask_storeu_ps(undo_row + j, m, of);
         }
         if (full) {
-            const __m512d o = _mm512_cvtps_pd(of);
+            const __m512d o = _mm512_cvtps_pd(of), oo = _mm512_mul_pd(o, o);
             s = _mm512_add_pd(_mm512_sub_pd(s, o), x);
-            q = _mm512_add_pd(_mm512_sub_pd(q, _mm512_mul_pd(o, o)), _mm512_mul_pd(x, x));
+            q = _mm512_add_pd(_mm512_sub_pd(q, oo), xx);
+            heal |= _mm512_mask_cmp_pd_mask(m, oo, _mm512_mul_pd(q, _mm512_set1_pd(0x1p16)),
+                                            _CMP_GT_OQ);
         } else {
             s = _mm512_add_pd(s, x);
-            q = _mm512_add_pd(q, _mm512_mul_pd(x, x));
+            q = _mm512_add_pd(q, xx);
         }
         _mm512_mask_storeu_pd(sum + j, m, s);
         _mm512_mask_storeu_pd(sumsq + j, m, q);
         _mm256_mask_storeu_ps(row + j, m, xf);
+        _mm512_mask_storeu_pd(fresh + j, m, _mm512_add_pd(_mm512_maskz_loadu_pd(m, fresh + j), x));
+        _mm512_mask_storeu_pd(fresh + n_w + j, m,
+                              _mm512_add_pd(_mm512_maskz_loadu_pd(m, fresh + n_w + j), xx));
     }
+    return heal != 0;
 }
 
 const fp_kernels fp_kernels_avx512 = {

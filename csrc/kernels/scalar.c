@@ -26,8 +26,8 @@ static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_r
 
 /* one loop per case, without a branch inside, so the compiler can pair the double updates;
  * each sum sees "minus the old value, plus the new one" in that order */
-void fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, double *sum,
-                             double *sumsq, float *row, int full, double *undo) {
+int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, double *sum,
+                            double *sumsq, float *row, int full, double *undo, double *fresh) {
     if (undo) {
         float *undo_row = (float *)(undo + 2 * n_w);
         for (int j = 0; j < n_w; j++) {
@@ -36,11 +36,15 @@ void fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, do
             undo_row[j] = row[j];
         }
     }
+    int heal = 0;
     if (full) {
         for (int j = 0; j < n_w; j++) {
             const double x = raw[w_idx[j]], o = row[j];
             sum[j] = (sum[j] - o) + x;
             sumsq[j] = (sumsq[j] - o * o) + x * x;
+            heal |= o * o > 0x1p16 * sumsq[j];
+            fresh[j] += x;
+            fresh[n_w + j] += x * x;
             row[j] = (float)x;
         }
     } else {
@@ -48,9 +52,12 @@ void fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, do
             const double x = raw[w_idx[j]];
             sum[j] += x;
             sumsq[j] += x * x;
+            fresh[j] += x;
+            fresh[n_w + j] += x * x;
             row[j] = (float)x;
         }
     }
+    return heal;
 }
 
 /* a permute plan (fp_zstep) lane by lane: the reference the AVX-512 permutes must match;
