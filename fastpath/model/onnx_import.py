@@ -172,6 +172,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
         return {"trees": trees, "post": "none", "output": target,
                 "classifier": trees.classifier, "producer": model.producer_name}
     cur = inputs[0]
+    n_in = _declared_width(g, inputs[0])
+    need_in: list = []      # (width, Reshape node) a Reshape before the first layer needs
     # pending layers: [weight (out, in), bias (out,), activation, activation_set]
     layers: list = []
     pending = None          # (scale, shift) an elementwise affine waiting for the next layer
@@ -190,7 +192,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
         nonlocal pending
         scale, shift = np.asarray(scale, np.float64), np.asarray(shift, np.float64)
         if scale.ndim > 1 or shift.ndim > 1:
-            sq = [a.reshape(-1) if a.ndim > 1 and a.size == max(a.shape) else a for a in (scale, shift)]
+            # (1, n) is elementwise over the features; (n, 1) broadcasts against the batch
+            # axis instead and makes an (n, n) output in onnxruntime, so it is not
+            sq = [a.reshape(-1) if a.ndim > 1 and all(d == 1 for d in a.shape[:-1]) else a
+                  for a in (scale, shift)]
             if any(a.ndim > 1 for a in sq):
                 raise ModelError(f"{name}: {node.op_type} node {node.name!r} is not elementwise "
                                  f"over the features (constant shape {scale.shape} / {shift.shape})")
@@ -249,11 +254,16 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"fastpath computes in float32: export with float inputs")
         elif op == "Reshape":
             shape = const(node.input[1], node).astype(np.int64).reshape(-1)
-            width = layers[-1][0].shape[0] if layers else None
-            if len(shape) != 2 or not (shape[0] in (-1, 0, 1) or shape[1] in (-1,)) or (
-                    width is not None and shape[1] not in (-1, width)):
-                raise ModelError(f"{name}: Reshape node {node.name!r} to {shape.tolist()} is not a "
-                                 f"(batch, features) no-op")
+            width = layers[-1][0].shape[0] if layers else n_in
+            if not _reshape_noop(shape, width):
+                if width == 0 and len(shape) == 2 and shape[0] in (-1, 0, 1) and shape[1] > 0:
+                    # the input's width is not declared: a no-op only if the first layer
+                    # reads exactly shape[1] features, checked when the layers are known
+                    need_in.append((int(shape[1]), node))
+                else:
+                    raise ModelError(f"{name}: Reshape node {node.name!r} to {shape.tolist()} is "
+                                     f"not a (batch, features) no-op on a {width or '?'}-wide "
+                                     f"input; onnxruntime would change the rows")
         elif op == "Normalizer":
             if post != "softmax" or attrs.get("norm") not in (b"L1", "L1"):
                 raise ModelError(f"{name}: Normalizer node {node.name!r} is supported only as "
@@ -262,6 +272,11 @@ def read_onnx(path: str | os.PathLike) -> dict:
         elif op == "Scaler":
             off = np.asarray(attrs.get("offset", [0.0]), np.float64)
             sc = np.asarray(attrs.get("scale", [1.0]), np.float64)
+            if off.size != sc.size or not off.size:
+                # onnxruntime refuses a Scaler whose offset and scale differ in length
+                raise ModelError(f"{name}: Scaler node {node.name!r} has {off.size} offsets and "
+                                 f"{sc.size} scales; expected the same number (1 or one per "
+                                 f"feature)")
             affine(sc, -off * sc, node)
         elif op in ("Add", "Sub", "Mul", "Div"):
             first = node.input[0] == cur
@@ -301,6 +316,11 @@ def read_onnx(path: str | os.PathLike) -> dict:
             b = np.zeros(W.shape[0])
             if len(node.input) > 2 and node.input[2]:
                 C = const(node.input[2], node) * float(_num(a, "beta", 1.0, node, name))
+                if C.ndim > 2 or (C.ndim == 2 and C.shape[0] != 1):
+                    # C broadcasts to (batch, outputs): a row of C per batch row is not a bias
+                    raise ModelError(f"{name}: Gemm node {node.name!r} bias shape {C.shape} is "
+                                     f"not a bias over its {W.shape[0]} outputs (expected "
+                                     f"({W.shape[0]},) or (1, {W.shape[0]}))")
                 try:
                     b = np.broadcast_to(C.reshape(-1) if C.size != 1 else C.reshape(()),
                                         (W.shape[0],)).astype(np.float64)
@@ -373,6 +393,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
             ax = _num(attrs, "axis", -1 if model.opset_import and max(
                 (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                 default=13) >= 13 else 1, node, name)
+            if post != "none":
+                raise ModelError(f"{name}: Softmax node {node.name!r} after the output's {post} "
+                                 f"(a second softmax); fastpath serves one output transform")
             if ax not in (1, -1) or not layers or layers[-1][3] or pending is not None:
                 raise ModelError(f"{name}: Softmax node {node.name!r} must come right after the "
                                  f"last dense layer, over axis 1")
@@ -397,6 +420,14 @@ def read_onnx(path: str | os.PathLike) -> dict:
         raise ModelError(f"{name}: the chain ends at {cur!r}, not at the graph output {target!r}")
     if not layers:
         raise ModelError(f"{name}: no Gemm or MatMul layer found")
+    k = layers[0][0].shape[1]
+    if n_in and k != n_in:
+        raise ModelError(f"{name}: the graph input has {n_in} features but the first layer "
+                         f"reads {k}; onnxruntime cannot run this model on its own input")
+    for w, rn in need_in:
+        if w != k:
+            raise ModelError(f"{name}: Reshape node {rn.name!r} makes rows of {w} features but "
+                             f"the first layer reads {k}; onnxruntime would change the rows")
     if pending is not None:
         raise ModelError(f"{name}: elementwise ops after the last layer's activation cannot be "
                          f"folded into a dense layer")
@@ -424,6 +455,7 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     tree id, its root the first of them; children and leaf weights are (tree id, node id)."""
     from fastpath.model.trees import TreeEnsemble
     cur, ens = inp, None
+    reshapes: list = []     # (shape, node, after the ensemble): checked once widths are known
     for node in nodes:
         op = node.op_type
         if op in _TREE_OPS:
@@ -456,6 +488,11 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
             if to not in (_FLOAT, 11):      # float, double: the values pass unchanged
                 raise ModelError(f"{name}: Cast node {node.name!r} to type {to} next to a tree "
                                  f"ensemble; only casts to float / double are no-ops")
+        if op == "Reshape":
+            if len(node.input) != 2 or node.input[1] not in consts:
+                raise ModelError(f"{name}: Reshape node {node.name!r} needs a constant shape")
+            reshapes.append((np.asarray(consts[node.input[1]]).astype(np.int64).reshape(-1), node,
+                             ens is not None))
         cur = node.output[0]
     if ens is None or cur != target:
         raise ModelError(f"{name}: the tree ensemble's chain ends at {cur!r}, not at the graph "
@@ -569,12 +606,42 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
             raise ModelError(f"{what}: a leaf weight names tree {t} node {nid}, which does not "
                              f"exist")
         w_node[k] = g
+    n_feat = n_in if n_in else _n_features(feats, mode_a, perm)
+    for shape, rn, after in reshapes:
+        w = n_targets if after else n_in
+        if not _reshape_noop(shape, w):
+            raise ModelError(f"{name}: Reshape node {rn.name!r} to {shape.tolist()} "
+                             f"{'after' if after else 'before'} the tree ensemble is not a "
+                             f"(batch, {'outputs' if after else 'features'}) no-op on a "
+                             f"{w or '?'}-wide row; onnxruntime would change the rows")
     try:
-        return TreeEnsemble(n_in if n_in else _n_features(feats, mode_a, perm), n_targets, offsets, mode_a, feats[perm], vals[perm].astype(np.float32),
+        return TreeEnsemble(n_feat, n_targets, offsets, mode_a, feats[perm], vals[perm].astype(np.float32),
                             tc, fc, (miss[perm] != 0).astype(np.uint8), w_node, wt_id,
                             wv.astype(np.float32), base.astype(np.float32), agg, post, clf)
     except ModelError as exc:
         raise ModelError(f"{what}: {exc}") from None
+
+
+def _reshape_noop(shape: np.ndarray, width: int) -> bool:
+    """Whether Reshape to `shape` leaves one row of `width` features (0: unknown) as it is:
+    (1 | 0 | -1, width), or (1 | 0, -1); anything else moves features between rows."""
+    if len(shape) != 2:
+        return False
+    a, b = int(shape[0]), int(shape[1])
+    return (a in (0, 1) and b == -1) or (a in (-1, 0, 1) and width > 0 and b == width)
+
+
+def _declared_width(g, inp: str) -> int:
+    """The graph input's features per row (the product of its dimensions after the batch;
+    one dimension: that one), 0 when the file leaves any of them open."""
+    for i in g.input:
+        if i.name == inp:
+            dims = list(i.type.tensor_type.shape.dim)
+            dims = dims[1:] if len(dims) > 1 else dims
+            if not dims or not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+                return 0
+            return int(np.prod([d.dim_value for d in dims]))
+    return 0
 
 
 def _n_features(feats: np.ndarray, mode: np.ndarray, perm: np.ndarray) -> int:

@@ -29,6 +29,8 @@ WEIGHT_TYPES = ("fp32", "bf16", "int8")
 HEAD_KINDS = {"tanh_sigmoid": (0, 1), "regression": (0,), "classifier3": (0, 1, 2),
               "classifier2": (0, 1)}
 MAX_LAYERS = 16
+_F32_TINY = float(np.finfo(np.float32).tiny)
+_F32_MAX = float(np.finfo(np.float32).max)
 MAX_WIDTH = 1 << 16
 
 # The cache keys a config may set, key -> (type, lo, hi, choices); fastpath.control.config
@@ -101,9 +103,13 @@ class FeatureSpec:
     field_names: tuple = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.raw_len, (int, np.integer)) or not 1 <= self.raw_len <= MAX_WIDTH:
+        if isinstance(self.raw_len, bool) or not isinstance(self.raw_len, (int, np.integer)) \
+                or not 1 <= self.raw_len <= MAX_WIDTH:
             raise ModelError(f"feature spec raw_len must be an int in 1..{MAX_WIDTH}, "
                              f"got {self.raw_len!r}")
+        if isinstance(self.field_names, (str, bytes)):
+            raise ModelError(f"feature spec field_names must be a sequence of names, got the "
+                             f"string {self.field_names!r}")
         z = np.asarray(self.z_idx)
         w = np.asarray(self.w_idx)
         for name, ix in (("z_idx", z), ("w_idx", w)):
@@ -115,8 +121,8 @@ class FeatureSpec:
         n_feat = len(z) + 2 * len(w)
         if n_feat < 1:
             raise ModelError("feature spec selects no features")
-        if len(w) and (not isinstance(self.window, (int, np.integer)) or not
-                       1 <= self.window <= 1 << 16):
+        if len(w) and (isinstance(self.window, bool) or not isinstance(self.window, (int, np.integer))
+                       or not 1 <= self.window <= 1 << 16):
             raise ModelError(f"feature spec window must be an int in 1..65536, got {self.window!r}")
         mean = _f32(self.mean, "feature spec mean", 1)
         inv = _f32(self.inv_std, "feature spec inv_std", 1)
@@ -253,9 +259,12 @@ class Head:
             raise ModelError(f"head kind {self.kind!r} not supported; expected one of "
                              f"{tuple(HEAD_KINDS)}")
         s = self.scale
+        # the engine divides by the scale in float32: a scale finite in float64 only (1e39)
+        # or one that rounds to 0 there (1e-46) would be refused by the C core as a bug
         if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) or \
-                not (np.isfinite(s) and s > 0):
-            raise ModelError(f"head scale must be a finite number > 0, got {s!r}")
+                not (np.isfinite(s) and _F32_TINY <= s <= _F32_MAX):
+            raise ModelError(f"head scale must be a number in [{_F32_TINY:.3g}, {_F32_MAX:.4g}] "
+                             f"(finite and > 0 in float32), got {s!r}")
         outs = tuple(self.outputs) or HEAD_KINDS[self.kind]
         if len(outs) != len(HEAD_KINDS[self.kind]) or not all(
                 isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0
