@@ -263,8 +263,8 @@ class Head:
         # or one that rounds to 0 there (1e-46) would be refused by the C core as a bug
         if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) or \
                 not (np.isfinite(s) and _F32_TINY <= s <= _F32_MAX):
-            raise ModelError(f"head scale must be a number in [{_F32_TINY:.3g}, {_F32_MAX:.4g}] "
-                             f"(finite and > 0 in float32), got {s!r}")
+            raise ModelError(f"head scale must be a finite number > 0 that float32 holds (in "
+                             f"[{_F32_TINY:.3g}, {_F32_MAX:.4g}]), got {s!r}")
         outs = tuple(self.outputs) or HEAD_KINDS[self.kind]
         if len(outs) != len(HEAD_KINDS[self.kind]) or not all(
                 isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0
