@@ -525,7 +525,9 @@ class Model:
 
     def to_onnx(self, path: str | os.PathLike, opset: int = 17) -> None:
         """Write the MLP (not the feature stage or head) as ONNX: Gemm (transB=1) + activation
-        per layer, input "features" [N, n_feat], output "out" [N, 2]. Needs the onnx package."""
+        per layer, then the post transform (softmax, logistic2); input "features" [N, n_feat],
+        output "out" [N, n_outputs]: onnxruntime returns what forward() does. Needs the onnx
+        package."""
         if self.trees is not None:
             raise ModelError("writing a tree ensemble as ONNX is not supported; keep the ONNX "
                              "file it came from, or save the model as a bundle (Model.save)")
