@@ -1,0 +1,407 @@
+"""What a user hands fastpath as a model, damaged or unusual: hand-edited .fpm bundles (every
+header field set to values of the wrong kind, the array table pointing into other arrays),
+ONNX graphs onnxruntime computes differently from what a lenient reading would serve (a second
+softmax, (n, 1) constants, row-changing Reshapes, batch-shaped Gemm biases), ONNX written
+by to_onnx with a post transform, and Model / FeatureSpec / Head values that the engine would
+refuse only as an internal bug. Each is a ModelError naming what was wrong, or the same
+numbers as onnxruntime."""
+import copy
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastpath import Engine, Model, ModelError
+from fastpath.model import CachePolicy, FeatureSpec, Head, Layer
+from fastpath.model import bundle as B
+from conftest import engine_cfg
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _model(rng=None):
+    rng = rng or np.random.default_rng(0)
+    fs = FeatureSpec(24, np.arange(0, 20), np.array([3, 7]), 4,
+                     rng.standard_normal(24).astype(np.float32), np.ones(24, np.float32))
+    layers = (Layer(rng.standard_normal((9, 24)) * 0.3, rng.standard_normal(9), "tanh"),
+              Layer(rng.standard_normal((2, 9)), np.zeros(2), "identity"))
+    return Model(layers, fs, CachePolicy(enabled=True, max_age_ns=1000, max_run=3))
+
+
+def _split(blob):
+    hlen = struct.unpack("<I", blob[12:16])[0]
+    start = 16 + hlen + ((-(16 + hlen)) % 64)
+    return json.loads(blob[16:16 + hlen]), blob[start:-len(B.END) - 4]
+
+
+def _join(header, payload):
+    """A bundle with this header and payload and a CRC that matches: what a hand edit (or a
+    tool that rewrites the header) leaves, so only the reader's own checks stand."""
+    hb = json.dumps(header).encode()
+    body = B.MAGIC + struct.pack("<II", B.VERSION, len(hb)) + hb
+    body += b"\0" * ((-len(body)) % 64) + payload
+    return body + struct.pack("<I", zlib.crc32(body)) + B.END
+
+
+def _edit(blob, path, value):
+    h, payload = _split(blob)
+    x = h
+    for p in path[:-1]:
+        x = x[p]
+    x[path[-1]] = value
+    return _join(h, payload)
+
+
+BLOB = _model().to_bytes()
+NAMES = [e["name"] for e in _split(BLOB)[0]["arrays"]]
+W1 = NAMES.index("layer1.weight")
+
+
+# --------------------------------------------------------------- .fpm header edits
+@pytest.mark.parametrize("path,value,match", [
+    # an offset into another array: the bytes are there, the numbers are someone else's
+    (("arrays", W1, "offset"), 0, "overlap"),
+    (("arrays", W1, "offset"), 1, "aligned"),
+    (("arrays", W1, "offset"), 1.5, "integer"),
+    (("arrays", W1, "offset"), True, "integer"),
+    (("arrays", 0, "shape", 0), float("inf"), "integer"),
+    (("arrays", 0, "shape", 0), 1e308, "integer"),
+    (("arrays", 0, "shape", 0), 2 ** 70, "does not fit"),
+    (("arrays", 0, "nbytes"), float("inf"), "integer"),
+    (("arrays", 0, "offset"), float("inf"), "integer"),
+    (("arrays", 0, "dtype"), "<f4,", "numeric type string"),
+    (("arrays", 0, "dtype"), "(2,)<f4", "numeric type string"),
+    (("arrays", 0, "name"), "layer7.weight", "unknown arrays"),
+    (("extra",), {"input_transform": "log"}, "unknown header key"),
+    (("version",), 2, "version"),
+    (("version",), True, "version"),
+    (("format",), "other-model", "format"),
+    (("feature_spec", "field_names"), "bid", "field_names"),
+    (("feature_spec", "window"), True, "window"),
+    (("feature_spec", "raw_len"), True, "raw_len"),
+    (("cache_policy",), [], "cache_policy"),
+    (("head",), {"kind": "tanh_sigmoid", "scale": 1.0, "outputs": {}}, "outputs"),
+    (("head",), {"kind": "regression", "scale": 1e39, "outputs": [0]}, "scale"),
+])
+def test_edited_bundle_header_is_a_model_error(path, value, match):
+    blob = _edit(BLOB, path, value)
+    with pytest.raises(ModelError, match=match):
+        Model.from_bytes(blob)
+
+
+def test_the_array_table_is_read_only_as_written():
+    # the writer's own table is still read, byte for byte
+    m, m2 = _model(), Model.from_bytes(BLOB)
+    for a, b in zip(m.layers, m2.layers):
+        assert np.array_equal(a.weight, b.weight) and np.array_equal(a.bias, b.bias)
+    # the demo bundle, written by an earlier version, still loads
+    Model.load(os.path.join(ROOT, "fastpath", "data", "demo.fpm"))
+
+
+_FUZZ = r"""
+import copy, json, struct, sys, zlib
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_review18_models import BLOB, _split, _join
+from fastpath import Engine, Model, ModelError, ConfigError, InputError
+
+VALUES = [-1, 0, 1, 3, 2 ** 31, 2 ** 40, -2 ** 63, 1.5, 1e308, float("nan"), float("inf"),
+          True, False, None, "x", "<f8", "<i8", "|u1", ">f4", "<f2", [], [1], [0, 5], {},
+          {"a": 1}]
+
+
+def leaves(o, path=()):
+    yield path
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield from leaves(v, path + (k,))
+    elif isinstance(o, list):
+        for i, v in enumerate(o):
+            yield from leaves(v, path + (i,))
+
+
+h0, payload = _split(BLOB)
+raw = np.random.default_rng(1).standard_normal(24).astype(np.float32)
+bad = []
+for path in leaves(h0):
+    if not path or path[0] == "meta":
+        continue
+    for v in VALUES:
+        h = copy.deepcopy(h0)
+        x = h
+        for p in path[:-1]:
+            x = x[p]
+        x[path[-1]] = v
+        try:
+            m = Model.from_bytes(_join(h, payload))
+        except ModelError:
+            continue
+        except Exception as exc:
+            bad.append(f"load {path} = {v!r}: {type(exc).__name__}: {exc}")
+            continue
+        try:
+            Engine(m).step(np.resize(raw, m.raw_len), 0)
+        except (ModelError, ConfigError, InputError):
+            pass
+        except Exception as exc:
+            bad.append(f"engine {path} = {v!r}: {type(exc).__name__}: {exc}")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_every_header_field_set_to_every_kind_of_value():
+    """Each field of the header set to numbers of every size, NaN / Inf, bools, null,
+    strings, lists and objects, the CRC made to match: the bundle loads and runs, or is a
+    ModelError; never another exception, and never a crash (run in a child process)."""
+    r = subprocess.run([sys.executable, "-c", _FUZZ, HERE], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+
+# ------------------------------------------------------------- round trips and meta
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2 ** 16), weights=st.sampled_from(["fp32", "bf16", "int8"]),
+       post=st.sampled_from(["none", "softmax", "logistic2"]), fitted=st.booleans(),
+       n_w=st.integers(0, 3), window=st.integers(1, 300))
+def test_bundle_round_trip_is_exact(seed, weights, post, fitted, n_w, window):
+    rng = np.random.default_rng(seed)
+    n_z = int(rng.integers(1, 6))
+    raw_len = 12
+    fs = FeatureSpec(raw_len, rng.integers(0, raw_len, n_z), rng.integers(0, raw_len, n_w),
+                     window, rng.standard_normal(n_z + 2 * n_w), rng.random(n_z + 2 * n_w) + 0.5,
+                     tuple(f"f{i}" for i in range(raw_len)))
+    width = {"none": 2, "softmax": 3, "logistic2": 1}[post]
+    m = Model((Layer(rng.standard_normal((5, fs.n_feat)), rng.standard_normal(5), "relu"),
+               Layer(rng.standard_normal((width, 5)), rng.standard_normal(width))), fs,
+              CachePolicy(True, 0.9995, 0.01, 12345, 9, 0.0125 if fitted else None),
+              {"note": "x", "fit": {"sharpe": np.float64(1.25), "ids": np.arange(3)}}, post,
+              weights=weights)
+    m2 = Model.from_bytes(m.to_bytes())
+    assert (m2.weights, m2.post, m2.head_spec, m2.cache_policy) == \
+        (m.weights, m.post, m.head_spec, m.cache_policy)
+    for k in ("z_idx", "w_idx", "mean", "inv_std"):
+        assert np.array_equal(getattr(m2.feature_spec, k), getattr(m.feature_spec, k))
+    assert (m2.feature_spec.raw_len, m2.feature_spec.window, m2.feature_spec.field_names) == \
+        (fs.raw_len, fs.window, fs.field_names)
+    for a, b in zip(m.layers, m2.layers):
+        assert np.array_equal(a.weight, b.weight) and np.array_equal(a.bias, b.bias)
+        assert a.activation == b.activation
+    assert m2.meta == {"note": "x", "fit": {"sharpe": 1.25, "ids": [0, 1, 2]}}
+
+
+def test_meta_with_numpy_values_saves_and_bad_keys_are_named(tmp_path):
+    m = Model(_model().layers, _model().feature_spec, meta={"sharpe": np.float32(1.5),
+                                                            "n": np.int64(7)})
+    m.save(tmp_path / "m.fpm")
+    assert Model.load(tmp_path / "m.fpm").meta == {"sharpe": 1.5, "n": 7}
+    with pytest.raises(ModelError, match=r"meta\['fit'\] key 3 is a int"):
+        Model(m.layers, m.feature_spec, meta={"fit": {3: "x"}}).to_bytes()
+    with pytest.raises(ModelError, match="meta must hold JSON values"):
+        Model(m.layers, m.feature_spec, meta={"tags": {"a", "b"}}).save(tmp_path / "n.fpm")
+    assert sorted(os.listdir(tmp_path)) == ["m.fpm"]
+
+
+def test_a_failed_save_leaves_no_temp_file(tmp_path):
+    (tmp_path / "dir.fpm").mkdir()
+    with pytest.raises(OSError):
+        _model().save(tmp_path / "dir.fpm")
+    assert sorted(os.listdir(tmp_path)) == ["dir.fpm"]
+
+
+# ------------------------------------------------------- Model / FeatureSpec / Head values
+def test_bools_and_strings_are_not_counts_or_names():
+    z, m, s = np.arange(3), np.zeros(3), np.ones(3)
+    with pytest.raises(ModelError, match="raw_len"):
+        FeatureSpec(True, [0], [], 1, [0.0], [1.0])
+    with pytest.raises(ModelError, match="window"):
+        FeatureSpec(8, [], [1], True, [0.0, 0.0], [1.0, 1.0])
+    with pytest.raises(ModelError, match="field_names"):
+        FeatureSpec(8, z, [], 1, m, s, "bid")
+
+
+@pytest.mark.parametrize("scale", [1e39, 1e300, 1e-39, 1e-46])
+def test_head_scale_outside_float32_is_a_model_error(scale):
+    # the C core reads the scale as float32: 1e39 is Inf there, 1e-46 is 0
+    with pytest.raises(ModelError, match="float32"):
+        Head("regression", scale)
+
+
+def test_head_scale_at_the_float32_edges_runs(isa):
+    rng = np.random.default_rng(3)
+    for scale in (float(np.finfo(np.float32).max), float(np.finfo(np.float32).tiny)):
+        m = Model((Layer(rng.standard_normal((1, 4)), rng.standard_normal(1)),),
+                  head_spec=Head("regression", scale))
+        r = Engine(m, config=engine_cfg(isa)).step(rng.standard_normal(4).astype(np.float32))
+        assert -1.0 <= r.signal <= 1.0 and np.isfinite(r.signal)
+
+
+# ---------------------------------------------------------------- ONNX against ORT
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+RNG = np.random.default_rng(11)
+W = RNG.standard_normal((3, 4)).astype(np.float32)
+BIAS = RNG.standard_normal(3).astype(np.float32)
+W4 = RNG.standard_normal((4, 4)).astype(np.float32)
+
+
+def _graph(tmp_path, nodes, inits, n_in=4, in_shape=None, ml=False):
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape or [1, n_in])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    ops = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("ai.onnx.ml", 3)] if ml else [])
+    m = helper.make_model(g, opset_imports=ops)
+    m.ir_version = 8
+    p = str(tmp_path / "m.onnx")
+    onnx.save(m, p)
+    return p
+
+
+def _ort(path, x):
+    try:
+        return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    except Exception:  # noqa: BLE001 - a graph onnxruntime itself cannot run
+        return None
+
+
+def _gemm(out="h"):
+    return helper.make_node("Gemm", ["x", "W", "b"], [out], transB=1)
+
+
+def _tree(inp, out):
+    return helper.make_node(
+        "TreeEnsembleRegressor", [inp], [out], domain="ai.onnx.ml",
+        nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[1, 0, 0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.1, 0.0, 0.0],
+        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+        target_treeids=[0, 0, 0, 0], target_nodeids=[1, 1, 2, 2], target_ids=[0, 1, 0, 1],
+        target_weights=[1.0, 2.0, 3.0, 4.0], n_targets=2)
+
+
+LINCLF = dict(domain="ai.onnx.ml", coefficients=W.ravel().tolist(), intercepts=BIAS.tolist(),
+              classlabels_ints=[0, 1, 2])
+
+# graphs that onnxruntime computes as something other than a per-row function of the
+# features fastpath could serve (or cannot run at all): each must be refused
+REFUSED = {
+    "second softmax": ([helper.make_node("LinearClassifier", ["x"], ["lab", "s"],
+                                         post_transform="SOFTMAX", **LINCLF),
+                        helper.make_node("Softmax", ["s"], ["y"])], {}, True, "second softmax"),
+    "Add (n, 1)": ([_gemm(), helper.make_node("Add", ["h", "c"], ["y"])],
+                   {"W": W, "b": BIAS, "c": RNG.standard_normal((3, 1)).astype(np.float32)},
+                   False, "not elementwise"),
+    "Mul (n, 1)": ([_gemm(), helper.make_node("Mul", ["h", "c"], ["y"])],
+                   {"W": W, "b": BIAS, "c": RNG.standard_normal((3, 1)).astype(np.float32)},
+                   False, "not elementwise"),
+    "Reshape (2, -1) after": ([_gemm(), helper.make_node("Reshape", ["h", "s"], ["y"])],
+                              {"W": W4, "b": np.zeros(4, np.float32),
+                               "s": np.array([2, -1], np.int64)}, False, "no-op"),
+    "Reshape (-1, 2) before": ([helper.make_node("Reshape", ["x", "s"], ["h"]),
+                                helper.make_node("Gemm", ["h", "W", "b"], ["y"], transB=1)],
+                               {"W": W4[:2, :2].copy(), "b": np.zeros(2, np.float32),
+                                "s": np.array([-1, 2], np.int64)}, False, "no-op"),
+    "Gemm bias (n, 1)": ([helper.make_node("Gemm", ["x", "W", "c"], ["y"], transB=1)],
+                         {"W": W, "c": RNG.standard_normal((3, 1)).astype(np.float32)}, False,
+                         "not a bias"),
+    "Scaler sizes differ": ([helper.make_node("Scaler", ["x"], ["h"], domain="ai.onnx.ml",
+                                              offset=[0.5], scale=[2.0, 1.0, 3.0, 4.0]),
+                             helper.make_node("Gemm", ["h", "W", "b"], ["y"], transB=1)],
+                            {"W": W, "b": BIAS}, True, "Scaler"),
+    "first layer narrower than the input": ([helper.make_node("Gemm", ["x", "W", "b"], ["y"],
+                                                              transB=1)],
+                                            {"W": W[:, :2].copy(), "b": BIAS}, False,
+                                            "graph input has 4 features"),
+    "trees: Reshape (2, -1) before": ([helper.make_node("Reshape", ["x", "s"], ["h"]),
+                                       _tree("h", "y")],
+                                      {"s": np.array([2, -1], np.int64)}, True, "no-op"),
+    "trees: Reshape (-1, 1) after": ([_tree("x", "h"), helper.make_node("Reshape", ["h", "s"],
+                                                                       ["y"])],
+                                     {"s": np.array([-1, 1], np.int64)}, True, "no-op"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_graphs_onnxruntime_computes_differently_are_refused(tmp_path, case):
+    nodes, inits, ml, match = REFUSED[case]
+    path = _graph(tmp_path, nodes, inits, ml=ml)
+    x = RNG.standard_normal((1, 4)).astype(np.float32)
+    ref = _ort(path, x)
+    # the point of each case: onnxruntime gives another shape or other numbers than the
+    # lenient reading did (or cannot run the graph)
+    assert ref is None or ref.shape != (1, 3) or case == "second softmax"
+    with pytest.raises(ModelError, match=match):
+        Model.from_onnx(path, head=Head("regression"))
+
+
+# their well-formed neighbours still load, and equal onnxruntime
+ACCEPTED = {
+    "Add (1, n)": ([_gemm(), helper.make_node("Add", ["h", "c"], ["y"])],
+                   {"W": W, "b": BIAS, "c": RNG.standard_normal((1, 3)).astype(np.float32)}, False),
+    "Mul (1, 1, n)": ([_gemm(), helper.make_node("Mul", ["h", "c"], ["y"])],
+                      {"W": W, "b": BIAS, "c": RNG.standard_normal((1, 1, 3)).astype(np.float32)},
+                      False),
+    "Reshape (1, -1) after": ([_gemm(), helper.make_node("Reshape", ["h", "s"], ["y"])],
+                              {"W": W, "b": BIAS, "s": np.array([1, -1], np.int64)}, False),
+    "Reshape (-1, 4) before": ([helper.make_node("Reshape", ["x", "s"], ["h"]),
+                                helper.make_node("Gemm", ["h", "W", "b"], ["y"], transB=1)],
+                               {"W": W, "b": BIAS, "s": np.array([-1, 4], np.int64)}, False),
+    "Gemm bias (1, n)": ([helper.make_node("Gemm", ["x", "W", "c"], ["y"], transB=1)],
+                         {"W": W, "c": RNG.standard_normal((1, 3)).astype(np.float32)}, False),
+    "Scaler": ([helper.make_node("Scaler", ["x"], ["h"], domain="ai.onnx.ml",
+                                 offset=[0.5, 0.0, -1.0, 2.0], scale=[2.0, 1.0, 3.0, 4.0]),
+                helper.make_node("Gemm", ["h", "W", "b"], ["y"], transB=1)],
+               {"W": W, "b": BIAS}, True),
+    "LinearClassifier softmax": ([helper.make_node("LinearClassifier", ["x"], ["lab", "y"],
+                                                   post_transform="SOFTMAX", **LINCLF)], {}, True),
+    "trees: Reshape (1, -1) after": ([_tree("x", "h"), helper.make_node("Reshape", ["h", "s"],
+                                                                       ["y"])],
+                                     {"s": np.array([1, -1], np.int64)}, True),
+}
+
+
+@pytest.mark.parametrize("case", list(ACCEPTED))
+def test_well_formed_neighbours_equal_onnxruntime(tmp_path, isa, case):
+    nodes, inits, ml = ACCEPTED[case]
+    path = _graph(tmp_path, nodes, inits, ml=ml)
+    m = Model.from_onnx(path, head=None if "softmax" in case else Head("regression"))
+    eng = Engine(m, config=engine_cfg(isa, enabled=False))
+    for x in RNG.standard_normal((20, 4)).astype(np.float32):
+        ref = _ort(path, x[None, :])
+        np.testing.assert_allclose(eng.predict(x), ref.reshape(-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("post,width", [("softmax", 3), ("softmax", 2), ("logistic2", 1),
+                                        ("none", 1), ("none", 3)])
+def test_to_onnx_writes_the_post_transform(tmp_path, isa, post, width):
+    """to_onnx wrote the layers only: onnxruntime returned logits where the model returns
+    probabilities, and declared two outputs whatever the width."""
+    rng = np.random.default_rng(width)
+    head = Head("regression") if post == "none" and width == 3 else None
+    m = Model((Layer(rng.standard_normal((6, 5)), rng.standard_normal(6), "relu"),
+               Layer(rng.standard_normal((width, 6)) * 2, rng.standard_normal(width))),
+              post=post, head_spec=head)
+    p = str(tmp_path / "m.onnx")
+    m.to_onnx(p)
+    sess = ort.InferenceSession(p, providers=["CPUExecutionProvider"])
+    assert [d.dim_value for d in onnx.load(p).graph.output[0].type.tensor_type.shape.dim][1] \
+        == m.n_outputs
+    x = rng.standard_normal((30, 5)).astype(np.float32)
+    ref = sess.run(None, {"features": x})[0]
+    np.testing.assert_allclose(ref, m.forward(x), rtol=1e-5, atol=1e-6)
+    # and it reads back as the same model, run by each kernel set
+    back = Model.from_onnx(p, head=head)
+    assert back.post == post
+    eng = Engine(back, config=engine_cfg(isa, enabled=False))
+    for i in range(len(x)):
+        np.testing.assert_allclose(eng.predict(x[i]), ref[i], rtol=1e-5, atol=1e-5)
