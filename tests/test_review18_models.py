@@ -405,3 +405,15 @@ def test_to_onnx_writes_the_post_transform(tmp_path, isa, post, width):
     eng = Engine(back, config=engine_cfg(isa, enabled=False))
     for i in range(len(x)):
         np.testing.assert_allclose(eng.predict(x[i]), ref[i], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("weights,biases,acts,match", [
+    ([np.zeros((0, 4), np.float32)], [np.zeros(0, np.float32)], ["relu"], "outside 1..65536"),
+    ([np.zeros((2, 4), np.float32)], [np.zeros(2, np.float32)], ["gelu"], "unknown activation"),
+])
+def test_packing_entry_point_names_bad_layers(isa, weights, biases, acts, match):
+    # these were a KeyError and a MemoryError ("cannot pack MLP") for a zero-width layer
+    from fastpath import InputError
+    from fastpath._kernels import PackedMLP
+    with pytest.raises(InputError, match=match):
+        PackedMLP(weights, biases, acts, isa=isa)
