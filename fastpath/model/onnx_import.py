@@ -184,7 +184,11 @@ def read_onnx(path: str | os.PathLike) -> dict:
         if tname not in consts:
             raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) needs {tname!r} to be a "
                              f"constant weight; fastpath imports models with constant weights only")
-        return np.asarray(consts[tname], dtype=np.float64)
+        c = np.asarray(consts[tname])
+        if c.dtype.kind not in "fiub":
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) constant {tname!r} is "
+                             f"{c.dtype}, expected numbers")
+        return c.astype(np.float64)
 
     def affine(scale, shift, node) -> None:
         """x -> x * scale + shift on the current tensor: into the last layer's outputs while
@@ -369,8 +373,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"coefficients for {n_cls} classes; export one row per class "
                                  f"(skl2onnx does)")
             dense(coef.reshape(rows, -1), b, node)
-            pt = attrs.get("post_transform", b"NONE")
-            pt = pt.decode() if isinstance(pt, bytes) else str(pt)
+            try:
+                pt = _s(attrs.get("post_transform", b"NONE"))
+            except ModelError as exc:
+                raise ModelError(f"{name}: LinearClassifier node {node.name!r}: {exc}") from None
             if pt == "LOGISTIC":
                 layers[-1][2] = "sigmoid"
                 layers[-1][3] = True
@@ -446,7 +452,14 @@ _MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRA
 
 
 def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    """A string attribute (onnx hands them over as bytes); damaged bytes are a ModelError."""
+    if not isinstance(v, bytes):
+        return str(v)
+    try:
+        return v.decode()
+    except UnicodeDecodeError:
+        raise ModelError(f"a string attribute holds {v[:40]!r}, which is not UTF-8 text "
+                         f"(a damaged file?)") from None
 
 
 def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts: dict):
@@ -491,8 +504,11 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         if op == "Reshape":
             if len(node.input) != 2 or node.input[1] not in consts:
                 raise ModelError(f"{name}: Reshape node {node.name!r} needs a constant shape")
-            reshapes.append((np.asarray(consts[node.input[1]]).astype(np.int64).reshape(-1), node,
-                             ens is not None))
+            shape = np.asarray(consts[node.input[1]])
+            if shape.dtype.kind not in "iu":
+                raise ModelError(f"{name}: Reshape node {node.name!r} shape is {shape.dtype}, "
+                                 f"expected int64")
+            reshapes.append((shape.astype(np.int64).reshape(-1), node, ens is not None))
         cur = node.output[0]
     if ens is None or cur != target:
         raise ModelError(f"{name}: the tree ensemble's chain ends at {cur!r}, not at the graph "
@@ -503,17 +519,28 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         raise ModelError(f"{name}: {exc}") from None
     what = f"{name}: {ens.op_type} node {ens.name!r}"
 
+    def seq(key, kind):
+        # a damaged file can hold an attribute of another type under a known name (one
+        # float for a list of ints, a tensor for a list of strings): name it, not TypeError
+        v = a[key]
+        ok = isinstance(v, (list, tuple)) and all(
+            isinstance(x, kind) and not isinstance(x, bool) for x in v)
+        if not ok:
+            raise ModelError(f"{what}: attribute {key} is {type(v).__name__} "
+                             f"{str(v)[:60]}, expected a list of "
+                             f"{'/'.join(k.__name__ for k in kind)}")
+        return list(v)
+
     def ints(key, required=True):
-        v = a.get(key)
-        if v is None:
+        if a.get(key) is None:
             if required:
                 raise ModelError(f"{what} has no {key} attribute")
             return None
-        return np.asarray(list(v), dtype=np.int64)
+        return np.asarray(seq(key, (int,)), dtype=np.int64)
 
     def floats(key):
         if key in a:
-            return np.asarray(list(a[key]), dtype=np.float64)
+            return np.asarray(seq(key, (int, float)), dtype=np.float64)
         tkey = key + "_as_tensor"
         if tkey in a:
             t = _tensor(a[tkey], f"{what} attribute {tkey}")
@@ -527,7 +554,12 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
 
     treeids, nodeids = ints("nodes_treeids"), ints("nodes_nodeids")
     feats, tids, fids = ints("nodes_featureids"), ints("nodes_truenodeids"), ints("nodes_falsenodeids")
-    modes = [_s(m) for m in a.get("nodes_modes", [])]
+    try:
+        modes = [_s(m) for m in seq("nodes_modes", (bytes, str))] if "nodes_modes" in a else []
+        agg = _s(a.get("aggregate_function", "SUM"))
+        post = _s(a.get("post_transform", "NONE"))
+    except ModelError as exc:
+        raise ModelError(f"{what}: {exc}") from None
     vals = floats("nodes_values")
     n = treeids.size
     if vals is None:
@@ -552,7 +584,9 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         raise ModelError(f"{what}: the {pre}_treeids / _nodeids / _ids / _weights attributes "
                          f"are missing or of different lengths")
     if clf:
-        labels = a.get("classlabels_int64s") or a.get("classlabels_strings")
+        labels = [seq(k, (int, bytes, str)) for k in ("classlabels_int64s", "classlabels_strings")
+                  if a.get(k)]
+        labels = labels[0] if labels else None
         if not labels:
             raise ModelError(f"{what} has no class labels")
         n_targets = len(labels)
@@ -560,8 +594,6 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         n_targets = int(_num(a, "n_targets", 1, ens, name))
     base = floats("base_values")
     base = np.zeros(0) if base is None else base
-    agg = _s(a.get("aggregate_function", "SUM"))
-    post = _s(a.get("post_transform", "NONE"))
     # trees in order of first appearance, nodes re-indexed per tree
     order: dict = {}
     for i, t in enumerate(treeids.tolist()):
