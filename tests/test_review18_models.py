@@ -417,3 +417,54 @@ def test_packing_entry_point_names_bad_layers(isa, weights, biases, acts, match)
     from fastpath._kernels import PackedMLP
     with pytest.raises(InputError, match=match):
         PackedMLP(weights, biases, acts, isa=isa)
+
+
+_ONNX_FUZZ = r"""
+import os, sys, tempfile, warnings
+import numpy as np
+warnings.filterwarnings("ignore")
+from fastpath import Engine, Model, ModelError, InputError, ConfigError
+bad = []
+for src, seed in zip(sys.argv[1:3], (21, 22)):
+    blob = open(src, "rb").read()
+    rng = np.random.default_rng(seed)
+    p = os.path.join(tempfile.mkdtemp(), "f.onnx")
+    for it in range(1200):
+        b = bytearray(blob)
+        for _ in range(int(rng.integers(1, 4))):
+            b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+        if rng.random() < 0.1:
+            b = b[:int(rng.integers(0, len(b)))]
+        with open(p, "wb") as f:
+            f.write(b)
+        try:
+            m = Model.from_onnx(p)
+        except ModelError:
+            continue
+        except Exception as exc:
+            bad.append(f"{os.path.basename(src)} #{it}: {type(exc).__name__}: {exc}"[:300])
+            continue
+        try:
+            Engine(m).predict(np.zeros(m.dims[0], np.float32))
+        except (InputError, ModelError, ConfigError):
+            pass
+        except Exception as exc:
+            bad.append(f"{os.path.basename(src)} #{it} engine: {type(exc).__name__}: {exc}"[:300])
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_damaged_onnx_bytes_are_model_errors(tmp_path):
+    """Seeded byte edits and truncations of an MLP and a tree-ensemble file: each loads and
+    runs, or is a ModelError (a string attribute that is not UTF-8, a float where a list of
+    node ids belongs were UnicodeDecodeError / TypeError); run in a child process so that a
+    crash fails the test instead of the run."""
+    mlp = _graph(tmp_path, [_gemm("h"), helper.make_node("Relu", ["h"], ["r"]),
+                            helper.make_node("MatMul", ["r", "V"], ["y"])],
+                 {"W": W, "b": BIAS, "V": RNG.standard_normal((3, 2)).astype(np.float32)})
+    os.replace(mlp, tmp_path / "mlp.onnx")
+    tree = _graph(tmp_path, [_tree("x", "y")], {}, ml=True)
+    r = subprocess.run([sys.executable, "-c", _ONNX_FUZZ, str(tmp_path / "mlp.onnx"), tree],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
