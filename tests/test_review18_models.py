@@ -60,7 +60,17 @@ def _edit(blob, path, value):
     return _join(h, payload)
 
 
+def _tree_model():
+    """A two-target regressor over 6 features: one split, two leaves."""
+    from fastpath import TreeEnsemble
+    t = TreeEnsemble(6, 2, [0, 3], [0, 6, 6], [1, 0, 0], [0.1, 0.0, 0.0], [1, -1, -1],
+                     [2, -1, -1], [0, 0, 0], [1, 1, 2, 2], [0, 1, 0, 1], [1.0, 2.0, 3.0, 4.0],
+                     [0.5, 0.25])
+    return Model((), trees=t, head_spec=Head("tanh_sigmoid"))
+
+
 BLOB = _model().to_bytes()
+TREE_BLOB = _tree_model().to_bytes()
 NAMES = [e["name"] for e in _split(BLOB)[0]["arrays"]]
 W1 = NAMES.index("layer1.weight")
 
@@ -97,6 +107,18 @@ def test_edited_bundle_header_is_a_model_error(path, value, match):
         Model.from_bytes(blob)
 
 
+@pytest.mark.parametrize("path,value,match", [
+    (("trees", "classifier"), "false", "classifier"),
+    (("trees", "classifier"), 0, "classifier"),
+    (("trees", "n_features"), 6.5, "n_features"),
+    (("trees", "n_targets"), True, "n_targets"),
+])
+def test_edited_tree_bundle_header_is_a_model_error(path, value, match):
+    # bool("false") is True: the regressor was read back as a two-class classifier
+    with pytest.raises(ModelError, match=match):
+        Model.from_bytes(_edit(TREE_BLOB, path, value))
+
+
 def test_the_array_table_is_read_only_as_written():
     # the writer's own table is still read, byte for byte
     m, m2 = _model(), Model.from_bytes(BLOB)
@@ -110,7 +132,7 @@ _FUZZ = r"""
 import copy, json, struct, sys, zlib
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from test_review18_models import BLOB, _split, _join
+from test_review18_models import BLOB, TREE_BLOB, _split, _join
 from fastpath import Engine, Model, ModelError, ConfigError, InputError
 
 VALUES = [-1, 0, 1, 3, 2 ** 31, 2 ** 40, -2 ** 63, 1.5, 1e308, float("nan"), float("inf"),
@@ -128,10 +150,10 @@ def leaves(o, path=()):
             yield from leaves(v, path + (i,))
 
 
-h0, payload = _split(BLOB)
-raw = np.random.default_rng(1).standard_normal(24).astype(np.float32)
 bad = []
-for path in leaves(h0):
+raw = np.random.default_rng(1).standard_normal(24).astype(np.float32)
+for blob, path in ((b, p) for b in (BLOB, TREE_BLOB) for p in leaves(_split(b)[0])):
+    h0, payload = _split(blob)
     if not path or path[0] == "meta":
         continue
     for v in VALUES:

@@ -273,10 +273,15 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
         tj = header.get("trees")
         if tj is not None:
             from fastpath.model.trees import TreeEnsemble
-            trees = TreeEnsemble(int(tj["n_features"]), int(tj["n_targets"]),
+            if not isinstance(tj.get("classifier"), bool):
+                # bool("false") is True: a damaged flag would switch the finishing rules
+                raise ModelError(f"trees.classifier must be true or false, got "
+                                 f"{tj.get('classifier')!r}")
+            trees = TreeEnsemble(_int(tj["n_features"], "trees.n_features"),
+                                 _int(tj["n_targets"], "trees.n_targets"),
                                  *[arrays[f"trees.{k}"] for k in _TREE_ARRAYS[:10]],
-                                 arrays["trees.base_values"], str(tj["aggregate"]),
-                                 str(tj["post_transform"]), bool(tj["classifier"]))
+                                 arrays["trees.base_values"], tj["aggregate"],
+                                 tj["post_transform"], tj["classifier"])
         # bundles written before weight formats existed ran fp32
         return Model(layers, fs, _policy(header["cache_policy"], meta), meta,
                      header.get("post", "none"), head, weights=header.get("weights", "fp32"),
