@@ -197,9 +197,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
         scale, shift = np.asarray(scale, np.float64), np.asarray(shift, np.float64)
         if scale.ndim > 1 or shift.ndim > 1:
             # (1, n) is elementwise over the features; (n, 1) broadcasts against the batch
-            # axis instead and makes an (n, n) output in onnxruntime, so it is not
-            sq = [a.reshape(-1) if a.ndim > 1 and all(d == 1 for d in a.shape[:-1]) else a
-                  for a in (scale, shift)]
+            # axis instead and makes an (n, n) output in onnxruntime, and (1, 1, n) makes the
+            # tensor 3-d, which a following Gemm or BatchNormalization reads otherwise
+            sq = [a.reshape(-1) if a.ndim == 2 and a.shape[0] == 1 else a for a in (scale, shift)]
             if any(a.ndim > 1 for a in sq):
                 raise ModelError(f"{name}: {node.op_type} node {node.name!r} is not elementwise "
                                  f"over the features (constant shape {scale.shape} / {shift.shape})")
