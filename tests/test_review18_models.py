@@ -496,3 +496,91 @@ def test_damaged_onnx_bytes_are_model_errors(tmp_path):
     r = subprocess.run([sys.executable, "-c", _ONNX_FUZZ, str(tmp_path / "mlp.onnx"), tree],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+
+def _random_chain(rng):
+    """A random chain of the ops the importer folds, with constants in every broadcast shape
+    ONNX allows ((n,), (1, n), scalars, and the (n, 1) / (1, 1, n) shapes that change what
+    onnxruntime computes), Gemm in both layouts with alpha / beta and biases of each shape."""
+    n_in = int(rng.integers(1, 6))
+    width, cur, nodes, inits = n_in, "x", [], {}
+
+    def c(name, shape):
+        inits[name] = rng.standard_normal(shape).astype(np.float32) + (3 if "D" in name else 0)
+        return name
+    for k in range(int(rng.integers(1, 7))):
+        out = f"t{k}"
+        op = str(rng.choice(["Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Tanh",
+                             "Sigmoid", "BN", "Scaler", "Identity", "Softmax", "LinReg"]))
+        if op == "Gemm":
+            m, tb = int(rng.integers(1, 6)), int(rng.integers(0, 2))
+            args = [cur, c(f"W{k}", (m, width) if tb else (width, m))]
+            if rng.random() < 0.7:
+                args.append(c(f"C{k}", [(m,), (1, m), (), (m, 1), (1, 1)][int(rng.integers(0, 5))]))
+            nodes.append(helper.make_node("Gemm", args, [out], transB=tb,
+                                          alpha=float(rng.choice([1.0, 0.5, -2.0])),
+                                          beta=float(rng.choice([1.0, 0.25]))))
+            width = m
+        elif op == "MatMul":
+            m = int(rng.integers(1, 6))
+            nodes.append(helper.make_node("MatMul", [cur, c(f"W{k}", (width, m))], [out]))
+            width = m
+        elif op == "LinReg":
+            m = int(rng.integers(1, 4))
+            nodes.append(helper.make_node(
+                "LinearRegressor", [cur], [out], domain="ai.onnx.ml",
+                coefficients=rng.standard_normal(m * width).tolist(),
+                intercepts=rng.standard_normal(m).tolist(), targets=m))
+            width = m
+        elif op in ("Add", "Sub", "Mul", "Div"):
+            shape = [(width,), (1, width), (), (1,), (width, 1), (1, 1, width)][int(rng.integers(0, 6))]
+            k_name = c(f"{'D' if op == 'Div' else 'K'}{k}", shape)
+            nodes.append(helper.make_node(op, [cur, k_name] if rng.random() < 0.6 else [k_name, cur],
+                                          [out]))
+        elif op == "Softmax":
+            nodes.append(helper.make_node("Softmax", [cur], [out], axis=int(rng.choice([1, -1]))))
+        elif op == "BN":
+            nodes.append(helper.make_node(
+                "BatchNormalization", [cur, c(f"g{k}", width), c(f"b{k}", width),
+                                       c(f"m{k}", width), f"v{k}"], [out], epsilon=1e-3))
+            inits[f"v{k}"] = (rng.random(width) + 0.1).astype(np.float32)
+        elif op == "Scaler":
+            s = int(rng.choice([1, width]))
+            nodes.append(helper.make_node("Scaler", [cur], [out], domain="ai.onnx.ml",
+                                          offset=rng.standard_normal(s).tolist(),
+                                          scale=rng.standard_normal(s).tolist()))
+        else:
+            nodes.append(helper.make_node(op, [cur], [out]))
+        cur = out
+    nodes[-1].output[0] = "y"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     ["N", n_in])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", int(rng.choice([11, 13, 17]))),
+                                            helper.make_opsetid("ai.onnx.ml", 1)])
+    m.ir_version = 7
+    return m, n_in
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2 ** 32 - 1))
+def test_random_op_chains_are_onnxruntime_or_refused(tmp_path_factory, seed):
+    """Differential: a chain the importer accepts gives onnxruntime's numbers and shape (up to
+    a 2-d (1, n) row); onnxruntime refusing or reshaping it means the importer must refuse.
+    Before, (n, 1) constants, (1, 1, n) constants and (n, 1) Gemm biases were folded as if
+    elementwise over the features."""
+    rng = np.random.default_rng(seed)
+    m, n_in = _random_chain(rng)
+    p = str(tmp_path_factory.mktemp("chain") / "m.onnx")
+    onnx.save(m, p)
+    try:
+        model = Model.from_onnx(p, head=Head("regression", 1.0, (0,)))
+    except ModelError:
+        return
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    ref = _ort(p, x)
+    assert ref is not None, "accepted a graph onnxruntime cannot run"
+    got = model.forward(x)
+    assert ref.shape == got.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
