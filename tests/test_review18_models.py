@@ -584,3 +584,31 @@ def test_random_op_chains_are_onnxruntime_or_refused(tmp_path_factory, seed):
     got = model.forward(x)
     assert ref.shape == got.shape
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("track", [0, 1, 2, -1])
+def test_missing_value_track_is_exactly_one_as_in_onnxruntime(tmp_path, isa, track):
+    """onnxruntime sends a NaN to the true branch only where the track is 1; the importer read
+    any nonzero value (2, -1) as 1 and served the other leaf."""
+    node = helper.make_node(
+        "TreeEnsembleRegressor", ["x"], ["y"], domain="ai.onnx.ml",
+        nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[1, 0, 0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.1, 0.0, 0.0],
+        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+        nodes_missing_value_tracks_true=[track, 0, 0], target_treeids=[0, 0],
+        target_nodeids=[1, 2], target_ids=[0, 0], target_weights=[1.0, 3.0], n_targets=1)
+    path = _graph(tmp_path, [node], {}, ml=True)
+    eng = Engine(Model.from_onnx(path), config=engine_cfg(isa, enabled=False))
+    for x in ([0.0, np.nan, 0.0, 0.0], [0.0, 0.05, 0.0, 0.0], [0.0, 0.5, 0.0, 0.0]):
+        x = np.asarray(x, np.float32)
+        np.testing.assert_array_equal(eng.predict(x), _ort(path, x[None, :]).reshape(-1))
+
+
+@pytest.mark.parametrize("bad", [[2, 0, 0], [-1, 0, 0], [0.5, 0, 0]])
+def test_tree_nan_track_other_than_0_or_1_is_refused(bad):
+    # the C packer read any nonzero byte as true and the numpy reference only 1: the engine
+    # and Model.forward disagreed on a NaN input
+    from fastpath import TreeEnsemble
+    with pytest.raises(ModelError, match="nan_true"):
+        TreeEnsemble(6, 1, [0, 3], [0, 6, 6], [1, 0, 0], [0.1, 0.0, 0.0], [1, -1, -1],
+                     [2, -1, -1], bad, [1, 2], [0, 0], [1.0, 3.0])

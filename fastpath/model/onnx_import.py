@@ -564,6 +564,8 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     n = treeids.size
     if vals is None:
         vals = np.zeros(n)
+    # onnxruntime tracks a missing value to the true branch where this is exactly 1 (not any
+    # nonzero value): 2 or -1 send a NaN down the comparison like 0
     miss = ints("nodes_missing_value_tracks_true", required=False)
     if miss is None or miss.size == 0:
         miss = np.zeros(n, np.int64)
@@ -648,7 +650,7 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                              f"{w or '?'}-wide row; onnxruntime would change the rows")
     try:
         return TreeEnsemble(n_feat, n_targets, offsets, mode_a, feats[perm], vals[perm].astype(np.float32),
-                            tc, fc, (miss[perm] != 0).astype(np.uint8), w_node, wt_id,
+                            tc, fc, (miss[perm] == 1).astype(np.uint8), w_node, wt_id,
                             wv.astype(np.float32), base.astype(np.float32), agg, post, clf)
     except ModelError as exc:
         raise ModelError(f"{what}: {exc}") from None

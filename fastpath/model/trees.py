@@ -97,6 +97,12 @@ class TreeEnsemble:
         thr = _arr(self.threshold, np.float32, "threshold", n)
         tc = _arr(self.true_child, np.int32, "true_child", n)
         fc = _arr(self.false_child, np.int32, "false_child", n)
+        nt = np.asarray(self.nan_true)
+        if nt.size and (nt.ndim != 1 or nt.dtype.kind not in "biuf" or
+                        not np.all((nt == 0) | (nt == 1))):
+            # the C packer reads any nonzero byte as true, the reference only 1 (and a -1
+            # would wrap to 255 in uint8): one meaning, 0 or 1, for both
+            raise ModelError("tree ensemble nan_true must hold 0 or 1 per node")
         nt = _arr(self.nan_true, np.uint8, "nan_true", n)
         wn = _arr(self.weight_node, np.int32, "weight_node")
         wt = _arr(self.weight_target, np.int32, "weight_target", wn.size)
