@@ -612,3 +612,19 @@ def test_tree_nan_track_other_than_0_or_1_is_refused(bad):
     with pytest.raises(ModelError, match="nan_true"):
         TreeEnsemble(6, 1, [0, 3], [0, 6, 6], [1, 0, 0], [0.1, 0.0, 0.0], [1, -1, -1],
                      [2, -1, -1], bad, [1, 2], [0, 0], [1.0, 3.0])
+
+
+def test_loading_a_huge_file_that_is_no_bundle_reads_only_its_magic(tmp_path):
+    """Model.load read the whole file before looking at its magic: a wrong file handed over
+    by mistake was a MemoryError (a sparse 8 TiB file here), or a long read."""
+    p = tmp_path / "ticks.bin"
+    with open(p, "wb") as f:
+        f.write(b"NOTAFPM!")
+        try:
+            f.truncate(1 << 43)
+        except OSError:
+            pytest.skip("this filesystem has no sparse 8 TiB files")
+    with pytest.raises(ModelError, match="bad magic"):
+        Model.load(p)
+    with pytest.raises(ModelError, match="bad magic"):
+        Engine(str(p))

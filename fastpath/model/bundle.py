@@ -191,7 +191,13 @@ def save(model: Model, path: str | os.PathLike) -> None:
 def load(path: str | os.PathLike) -> Model:
     try:
         with open(path, "rb") as f:
-            blob = f.read()
+            # the magic first: a wrong file handed over by mistake (a multi-GB tick dump) is
+            # named as such, not read whole into memory (a MemoryError, or minutes of I/O)
+            head = f.read(len(MAGIC))
+            if head[:len(MAGIC) - 1] != MAGIC[:-1]:
+                raise ModelError(f"{os.fspath(path)} is not a fastpath model bundle (.fpm): bad "
+                                 f"magic {head!r}, expected {MAGIC!r}")
+            blob = head + f.read()
     except OSError as exc:
         raise ModelError(f"cannot read model file {os.fspath(path)!r}: {exc.strerror}") from None
     return from_bytes(blob, name=os.fspath(path))
