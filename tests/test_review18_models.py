@@ -628,3 +628,20 @@ def test_loading_a_huge_file_that_is_no_bundle_reads_only_its_magic(tmp_path):
         Model.load(p)
     with pytest.raises(ModelError, match="bad magic"):
         Engine(str(p))
+
+
+def test_a_model_keeps_the_arrays_it_validated(isa):
+    """Layer and FeatureSpec kept the caller's float32 arrays themselves: a later write to them
+    (an optimizer step, a NaN) changed the validated model, and every tick was then refused
+    as if the tick were at fault."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((2, 4)).astype(np.float32)
+    b = np.zeros(2, np.float32)
+    mean, inv = np.zeros(4, np.float32), np.ones(4, np.float32)
+    m = Model((Layer(w, b),), FeatureSpec(4, np.arange(4), [], 1, mean, inv))
+    raw = rng.standard_normal(4).astype(np.float32)
+    before = Engine(m, config=engine_cfg(isa, enabled=False)).step(raw).signal
+    w[0, 0], b[1], mean[2], inv[0] = np.nan, 1e30, 5.0, np.inf
+    assert np.all(np.isfinite(m.layers[0].weight)) and np.all(np.isfinite(m.feature_spec.inv_std))
+    assert Engine(m, config=engine_cfg(isa, enabled=False)).step(raw).signal == before
+    assert np.isfinite(Model.from_bytes(m.to_bytes()).layers[0].weight).all()

@@ -59,7 +59,9 @@ def _f32(a: Any, what: str, ndim: int) -> np.ndarray:
         raise ModelError(f"{what} must be numeric, got dtype {arr.dtype}")
     if arr.ndim != ndim:
         raise ModelError(f"{what} must be {ndim}-d, got shape {arr.shape}")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    # a copy even when the caller's array is already float32: the model keeps what was
+    # validated, not a view that the caller's later writes (an optimizer step, a NaN) change
+    arr = np.array(arr, dtype=np.float32, order="C", copy=True)
     if not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise ModelError(f"{what} contains NaN/Inf (first at index {tuple(int(i) for i in bad)})")
