@@ -259,6 +259,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
         elif op == "Reshape":
             shape = const(node.input[1], node).astype(np.int64).reshape(-1)
             width = layers[-1][0].shape[0] if layers else n_in
+            if _num(attrs, "allowzero", 0, node, name) and 0 in shape.tolist():
+                raise ModelError(f"{name}: Reshape node {node.name!r} with allowzero=1 to "
+                                 f"{shape.tolist()} makes an empty tensor")
             if not _reshape_noop(shape, width):
                 if width == 0 and len(shape) == 2 and shape[0] in (-1, 0, 1) and shape[1] > 0:
                     # the input's width is not declared: a no-op only if the first layer
@@ -508,7 +511,11 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
             if shape.dtype.kind not in "iu":
                 raise ModelError(f"{name}: Reshape node {node.name!r} shape is {shape.dtype}, "
                                  f"expected int64")
-            reshapes.append((shape.astype(np.int64).reshape(-1), node, ens is not None))
+            shape = shape.astype(np.int64).reshape(-1)
+            if _attrs(node).get("allowzero") and 0 in shape.tolist():
+                raise ModelError(f"{name}: Reshape node {node.name!r} with allowzero=1 to "
+                                 f"{shape.tolist()} makes an empty tensor")
+            reshapes.append((shape, node, ens is not None))
         cur = node.output[0]
     if ens is None or cur != target:
         raise ModelError(f"{name}: the tree ensemble's chain ends at {cur!r}, not at the graph "
