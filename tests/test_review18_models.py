@@ -654,3 +654,11 @@ def test_a_model_keeps_the_arrays_it_validated(isa):
     assert np.all(np.isfinite(m.layers[0].weight)) and np.all(np.isfinite(m.feature_spec.inv_std))
     assert Engine(m, config=engine_cfg(isa, enabled=False)).step(raw).signal == before
     assert np.isfinite(Model.from_bytes(m.to_bytes()).layers[0].weight).all()
+
+
+def test_save_refuses_an_onnx_name(tmp_path):
+    # Engine(path) reads a path by its suffix: a bundle saved as m.onnx went to the ONNX
+    # reader and never loaded
+    with pytest.raises(ModelError, match="to_onnx"):
+        _model().save(tmp_path / "m.ONNX")
+    assert not os.listdir(tmp_path)

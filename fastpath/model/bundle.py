@@ -173,6 +173,11 @@ def _check_meta(meta, path: str = "meta") -> None:
 
 def save(model: Model, path: str | os.PathLike) -> None:
     """Write the bundle atomically (a temp file renamed over `path`)."""
+    if os.fspath(path).lower().endswith(".onnx"):
+        # Engine(path) and fastpath.load read a path by its suffix: a bundle named .onnx
+        # would be handed to the ONNX reader and never load
+        raise ModelError(f"Model.save writes a fastpath bundle (.fpm), not ONNX: name it .fpm, "
+                         f"or write ONNX with Model.to_onnx({os.fspath(path)!r})")
     blob = to_bytes(model)
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     try:
