@@ -466,7 +466,7 @@ for src, seed in zip(sys.argv[1:3], (21, 22)):
     blob = open(src, "rb").read()
     rng = np.random.default_rng(seed)
     p = os.path.join(tempfile.mkdtemp(), "f.onnx")
-    for it in range(1200):
+    for it in range(800):
         b = bytearray(blob)
         for _ in range(int(rng.integers(1, 4))):
             b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
