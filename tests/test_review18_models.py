@@ -662,3 +662,23 @@ def test_save_refuses_an_onnx_name(tmp_path):
     with pytest.raises(ModelError, match="to_onnx"):
         _model().save(tmp_path / "m.ONNX")
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("opset", [1, 6, 10 ** 3, "17", 17.0, True])
+def test_to_onnx_refuses_an_opset_it_cannot_write(tmp_path, opset):
+    # opsets below 7 and above the onnx package's newest were written without a word, as
+    # files onnxruntime cannot load; a str / float was a TypeError
+    with pytest.raises(ModelError, match="opset"):
+        _model().to_onnx(tmp_path / "m.onnx", opset=opset)
+
+
+@pytest.mark.parametrize("opset", [7, 11, 13, 17])
+def test_to_onnx_opsets_run_in_onnxruntime(tmp_path, opset):
+    rng = np.random.default_rng(opset)
+    m = Model((Layer(rng.standard_normal((4, 5)), rng.standard_normal(4), "tanh"),
+               Layer(rng.standard_normal((3, 4)), rng.standard_normal(3))), post="softmax")
+    p = str(tmp_path / "m.onnx")
+    m.to_onnx(p, opset=opset)
+    x = rng.standard_normal((8, 5)).astype(np.float32)
+    ref = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"features": x})[0]
+    np.testing.assert_allclose(ref, m.forward(x), rtol=1e-5, atol=1e-6)

@@ -19,6 +19,12 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:
         raise ModelError("writing ONNX needs the onnx package: pip install 'fastpath[onnx]'") from None
+    top = onnx.defs.onnx_opset_version()
+    # below 7 Gemm wants a broadcast attribute (onnxruntime has no kernel for it); above what
+    # the installed onnx knows, the file would carry a number no runtime has defined
+    if isinstance(opset, bool) or not isinstance(opset, int) or not 7 <= opset <= top:
+        raise ModelError(f"opset must be an int in 7..{top} (this onnx package's newest), got "
+                         f"{opset!r}")
     ops = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
     nodes, inits, cur = [], [], "features"
     for i, l in enumerate(model.layers):
