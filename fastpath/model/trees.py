@@ -266,9 +266,17 @@ class TreeEnsemble:
         T = self.n_targets
         acc = np.full((n, T), np.nan if minmax else 0.0, np.float64)
         # per-node leaf tables: weights summed (SUM / AVERAGE), or combined by min / max
-        vals = np.full((self.n_nodes, T), np.nan if minmax else 0.0, np.float64)
-        for g, j, v in zip(self.weight_node.tolist(), self.weight_target.tolist(),
-                           self.weight_value.tolist()):
+        one_target = not self.classifier and T == 1
+        vals = np.full((self.n_nodes, T), np.nan if minmax and not one_target else 0.0,
+                       np.float64)
+        if one_target:
+            # onnxruntime's one-target regressor reads one value per leaf: the first weight
+            # listed for it, 0 (a real 0 under MIN / MAX) for a leaf without one
+            first = np.unique(self.weight_node, return_index=True)[1]
+            vals[self.weight_node[first], 0] = self.weight_value[first]
+        for g, j, v in zip(*([] if one_target else (self.weight_node.tolist(),
+                                                    self.weight_target.tolist(),
+                                                    self.weight_value.tolist()))):
             if self.aggregate == "MIN":
                 vals[g, j] = np.fmin(vals[g, j], v)
             elif self.aggregate == "MAX":
