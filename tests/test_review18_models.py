@@ -1,11 +1,11 @@
 """What a user hands fastpath as a model, damaged or unusual: hand-edited .fpm bundles (every
 header field set to values of the wrong kind, the array table pointing into other arrays),
-ONNX graphs onnxruntime computes differently from what a lenient reading would serve (a second
-softmax, (n, 1) constants, row-changing Reshapes, batch-shaped Gemm biases), ONNX written
-by to_onnx with a post transform, and Model / FeatureSpec / Head values that the engine would
-refuse only as an internal bug. Each is a ModelError naming what was wrong, or the same
-numbers as onnxruntime."""
-import copy
+damaged ONNX bytes, ONNX graphs onnxruntime computes differently from what a lenient reading
+would serve (a second softmax, (n, 1) constants, row-changing Reshapes, batch-shaped Gemm
+biases), tree ensembles with partial or doubled leaf weights and odd missing-value tracks
+(random ensembles against onnxruntime), ONNX written by to_onnx with a post transform, and
+Model / FeatureSpec / Head values that the engine would refuse only as an internal bug. Each
+is a ModelError naming what was wrong, or the same numbers as onnxruntime."""
 import json
 import os
 import struct
@@ -542,10 +542,10 @@ def _random_chain(rng):
                 intercepts=rng.standard_normal(m).tolist(), targets=m))
             width = m
         elif op in ("Add", "Sub", "Mul", "Div"):
-            shape = [(width,), (1, width), (), (1,), (width, 1), (1, 1, width)][int(rng.integers(0, 6))]
-            k_name = c(f"{'D' if op == 'Div' else 'K'}{k}", shape)
-            nodes.append(helper.make_node(op, [cur, k_name] if rng.random() < 0.6 else [k_name, cur],
-                                          [out]))
+            shapes = [(width,), (1, width), (), (1,), (width, 1), (1, 1, width)]
+            k_name = c(f"{'D' if op == 'Div' else 'K'}{k}", shapes[int(rng.integers(0, 6))])
+            ins = [cur, k_name] if rng.random() < 0.6 else [k_name, cur]
+            nodes.append(helper.make_node(op, ins, [out]))
         elif op == "Softmax":
             nodes.append(helper.make_node("Softmax", [cur], [out], axis=int(rng.choice([1, -1]))))
         elif op == "BN":

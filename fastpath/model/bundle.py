@@ -83,7 +83,8 @@ def to_bytes(model: Model) -> bytes:
         hb = json.dumps(header, sort_keys=True, default=_json_default).encode()
     except (TypeError, ValueError) as exc:
         raise ModelError(f"cannot write the model: meta must hold JSON values (str keys; "
-                         f"numbers, strings, lists, dicts, numpy scalars and arrays): {exc}") from None
+                         f"numbers, strings, lists, dicts, numpy scalars and arrays): "
+                         f"{exc}") from None
     body = MAGIC + struct.pack("<II", VERSION, len(hb)) + hb
     body += b"\0" * ((-len(body)) % 64) + bytes(payload)
     return body + struct.pack("<I", zlib.crc32(body)) + END
@@ -255,7 +256,8 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
         if header.get("format", "fastpath-model") != "fastpath-model" or \
                 isinstance(hv, bool) or hv != VERSION:
             raise ModelError(f"the header says format {header.get('format')!r} version "
-                             f"{header.get('version')!r}, expected 'fastpath-model' version {VERSION}")
+                             f"{header.get('version')!r}, expected 'fastpath-model' version "
+                             f"{VERSION}")
         start = 16 + hlen + ((-(16 + hlen)) % 64)
         arrays = _read_arrays(header["arrays"], body, start)
         want = set(_expected_arrays(header))

@@ -656,7 +656,8 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                              f"(batch, {'outputs' if after else 'features'}) no-op on a "
                              f"{w or '?'}-wide row; onnxruntime would change the rows")
     try:
-        return TreeEnsemble(n_feat, n_targets, offsets, mode_a, feats[perm], vals[perm].astype(np.float32),
+        return TreeEnsemble(n_feat, n_targets, offsets, mode_a, feats[perm],
+                            vals[perm].astype(np.float32),
                             tc, fc, (miss[perm] == 1).astype(np.uint8), w_node, wt_id,
                             wv.astype(np.float32), base.astype(np.float32), agg, post, clf)
     except ModelError as exc:

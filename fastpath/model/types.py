@@ -123,8 +123,9 @@ class FeatureSpec:
         n_feat = len(z) + 2 * len(w)
         if n_feat < 1:
             raise ModelError("feature spec selects no features")
-        if len(w) and (isinstance(self.window, bool) or not isinstance(self.window, (int, np.integer))
-                       or not 1 <= self.window <= 1 << 16):
+        win = self.window
+        if len(w) and (isinstance(win, bool) or not isinstance(win, (int, np.integer))
+                       or not 1 <= win <= 1 << 16):
             raise ModelError(f"feature spec window must be an int in 1..65536, got {self.window!r}")
         mean = _f32(self.mean, "feature spec mean", 1)
         inv = _f32(self.inv_std, "feature spec inv_std", 1)
