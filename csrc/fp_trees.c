@@ -250,11 +250,18 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     /* leaf values: a target without a weight on a leaf is 0 for sums, NaN (no value, what
      * fmin/fmax skip) for MIN / MAX; several weights of one target on a leaf combine as the
      * aggregate combines them */
+    /* onnxruntime's one-target regressor reads one value per leaf: the first weight listed
+     * for it, 0 for a leaf without one (a real 0 under MIN / MAX, not "no value"); further
+     * weights on that leaf are not read. Assigned last to first, so the first stays. */
+    const int one = !d->classifier && d->n_targets == 1;
     for (int tr = 0; tr < T; tr++)
         for (int g = d->tree_off[tr]; g < d->tree_off[tr + 1]; g++)
             if (pl.leaf_off[g] >= 0)
-                for (int j = 0; j < pl.width[tr]; j++) leafv[pl.leaf_off[g] + j] = minmax ? NAN : 0.0f;
-    for (int k = 0; k < d->n_weights; k++) {
+                for (int j = 0; j < pl.width[tr]; j++)
+                    leafv[pl.leaf_off[g] + j] = minmax && !one ? NAN : 0.0f;
+    for (int k = one ? d->n_weights - 1 : 0; one && k >= 0; k--)
+        leafv[pl.leaf_off[d->w_node[k]]] = d->w_value[k];
+    for (int k = 0; !one && k < d->n_weights; k++) {
         const int g = d->w_node[k];
         int lo = 0, hi = T - 1;
         while (lo < hi) {
@@ -520,17 +527,20 @@ void fp_trees_finalize(const fp_trees *t, const double *acc, float *out) {
         const int use_base = t->n_base == n;
         for (int j = 0; j < n; j++) {
             float s;
-            int has;
             if (minmax) {
-                has = acc[j] == acc[j];
+                const int has = acc[j] == acc[j];
                 s = (use_base ? t->base[j] : 0.0f) + (has ? (float)acc[j] : 0.0f);
+                out[j] = has ? s : 0.0f;
             } else {
-                has = t->has[j];
+                /* a target scored on this path has its sum (plus its base value); one that
+                 * is not reads 0, which is its sum: no leaf on the path named it. A target
+                 * scored on some paths only with base values was refused when packed, so a
+                 * base value is added only to a target scored on every path. */
                 s = (float)acc[j];
                 if (t->aggregate == FP_TAGG_AVERAGE) s /= nt;
-                if (use_base) s += t->base[j];
+                if (use_base && t->has[j]) s += t->base[j];
+                out[j] = s;
             }
-            out[j] = has ? s : 0.0f;
         }
         fp_ort_write_scores(out, n, t->post);
         return;

@@ -13,6 +13,12 @@ def _mlp_arrays(weights, biases, activations):
         if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (
                 i and ws[i].shape[1] != ws[i - 1].shape[0]):
             raise InputError(f"layer {i}: weight {ws[i].shape} / bias {bs[i].shape} do not chain")
+        # the C packer refuses these too, but only as a failed allocation would
+        if not (1 <= ws[i].shape[0] <= 65536 and 1 <= ws[i].shape[1] <= 65536):
+            raise InputError(f"layer {i}: weight shape {ws[i].shape} outside 1..65536")
+        if activations[i] not in _ACTS:
+            raise InputError(f"layer {i}: unknown activation {activations[i]!r}; expected one of "
+                             f"{sorted(_ACTS)}")
     dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)
     acts = np.ascontiguousarray([_ACTS[a] for a in activations], dtype=np.intc)
     return ws, bs, dims, acts

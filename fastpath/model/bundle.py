@@ -23,7 +23,9 @@ enabled policy in such a bundle was the old unfitted default and is read as off.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import struct
 import zlib
 
@@ -61,6 +63,7 @@ def to_bytes(model: Model) -> bytes:
                       "offset": off, "nbytes": a.nbytes})
         payload += a.tobytes()
         off += a.nbytes
+    _check_meta(model.meta)
     pol = model.cache_policy
     header = {
         "format": "fastpath-model", "version": VERSION,
@@ -76,31 +79,139 @@ def to_bytes(model: Model) -> bytes:
             "post_transform": t.post_transform, "classifier": t.classifier}}),
         "meta": model.meta, "arrays": table,
     }
-    hb = json.dumps(header, sort_keys=True).encode()
+    try:
+        hb = json.dumps(header, sort_keys=True, default=_json_default).encode()
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"cannot write the model: meta must hold JSON values (str keys; "
+                         f"numbers, strings, lists, dicts, numpy scalars and arrays): "
+                         f"{exc}") from None
     body = MAGIC + struct.pack("<II", VERSION, len(hb)) + hb
     body += b"\0" * ((-len(body)) % 64) + bytes(payload)
     return body + struct.pack("<I", zlib.crc32(body)) + END
 
 
+_DTYPE = re.compile(r"[<>|=]?[fiu][1248]")
+_HEADER_KEYS = frozenset(("format", "version", "layers", "feature_spec", "cache_policy", "post",
+                          "head", "weights", "trees", "meta", "arrays"))
+
+
+def _expected_arrays(header: dict) -> list:
+    """The array names the header's model needs, no more and no fewer."""
+    names = [f"layer{i}.{k}" for i in range(len(header["layers"])) for k in ("weight", "bias")]
+    if header.get("trees") is not None:
+        names += [f"trees.{k}" for k in _TREE_ARRAYS]
+    return names + ["fs.z_idx", "fs.w_idx", "fs.mean", "fs.inv_std"]
+
+
+def _int(v, what: str) -> int:
+    # a JSON float, bool or string where a count or offset belongs is damage, not a value to
+    # round: int(1.5) and int(True) would read other bytes than the writer meant
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ModelError(f"{what} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def _read_arrays(table, body: bytes, start: int) -> dict:
+    """The arrays of the table, each checked to lie inside the payload, 64-byte aligned, after
+    the one before it (as to_bytes writes them): an edited offset that points into another
+    array, or a shape that does not match its bytes, is refused, never read."""
+    if not isinstance(table, list):
+        raise ModelError(f"the array table must be a JSON list, got {type(table).__name__}")
+    arrays: dict = {}
+    end = 0
+    for e in table:
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+            raise ModelError(f"array table entry {e!r} is not an object with a name")
+        nm = e["name"]
+        if nm in arrays:
+            raise ModelError(f"array {nm} is listed twice")
+        # only the plain numeric types to_bytes writes: np.dtype parses anything else (record
+        # and comma strings through ast) and raises what it likes on a damaged one
+        if not isinstance(e.get("dtype"), str) or not _DTYPE.fullmatch(e["dtype"]):
+            raise ModelError(f"array {nm} has dtype {e.get('dtype')!r}, expected a numeric type "
+                             f"string such as '<f4' or '<i4'")
+        dt = np.dtype(e["dtype"])
+        shape = e["shape"]
+        if not isinstance(shape, list):
+            raise ModelError(f"array {nm} shape must be a list, got {shape!r}")
+        shape = tuple(_int(s, f"array {nm} shape") for s in shape)
+        nb = math.prod(shape) * dt.itemsize
+        off = _int(e["offset"], f"array {nm} offset")
+        if nb != _int(e["nbytes"], f"array {nm} nbytes") or start + off + nb > len(body):
+            raise ModelError(f"array {nm} {shape} {dt} does not fit the file")
+        if off % 64 or off < end:
+            raise ModelError(f"array {nm} offset {off} is not 64-byte aligned after the array "
+                             f"before it (which ends at {end}): arrays must not overlap")
+        end = off + nb
+        arrays[nm] = np.frombuffer(body, dt, count=nb // dt.itemsize,
+                                   offset=start + off).reshape(shape).copy()
+    return arrays
+
+
+def _json_default(o):
+    # numpy scalars and arrays (a fit's metrics, a training date's pieces) are written as
+    # the plain numbers and lists they hold; anything else is refused by json.dumps
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def _check_meta(meta, path: str = "meta") -> None:
+    """JSON turns a non-string key into a string: the model read back would not have the meta
+    it was saved with, so such a key is refused by name instead."""
+    if isinstance(meta, dict):
+        for k, v in meta.items():
+            if not isinstance(k, str):
+                raise ModelError(f"cannot write the model: {path} key {k!r} is a "
+                                 f"{type(k).__name__}; JSON keys are strings")
+            _check_meta(v, f"{path}[{k!r}]")
+    elif isinstance(meta, (list, tuple)):
+        for i, v in enumerate(meta):
+            _check_meta(v, f"{path}[{i}]")
+
+
 def save(model: Model, path: str | os.PathLike) -> None:
     """Write the bundle atomically (a temp file renamed over `path`)."""
+    if os.fspath(path).lower().endswith(".onnx"):
+        # Engine(path) and fastpath.load read a path by its suffix: a bundle named .onnx
+        # would be handed to the ONNX reader and never load
+        raise ModelError(f"Model.save writes a fastpath bundle (.fpm), not ONNX: name it .fpm, "
+                         f"or write ONNX with Model.to_onnx({os.fspath(path)!r})")
     blob = to_bytes(model)
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, path)
+    except BaseException:
+        # a failed write (disk full, a directory at `path`) leaves no half file beside it
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def load(path: str | os.PathLike) -> Model:
     try:
         with open(path, "rb") as f:
-            blob = f.read()
+            # the magic first: a wrong file handed over by mistake (a multi-GB tick dump) is
+            # named as such, not read whole into memory (a MemoryError, or minutes of I/O)
+            head = f.read(len(MAGIC))
+            if head[:len(MAGIC) - 1] != MAGIC[:-1]:
+                raise ModelError(f"{os.fspath(path)} is not a fastpath model bundle (.fpm): bad "
+                                 f"magic {head!r}, expected {MAGIC!r}")
+            blob = head + f.read()
     except OSError as exc:
         raise ModelError(f"cannot read model file {os.fspath(path)!r}: {exc.strerror}") from None
     return from_bytes(blob, name=os.fspath(path))
 
 
 def _policy(p: dict, meta: dict) -> CachePolicy:
+    if not isinstance(p, dict):
+        raise ModelError(f"cache_policy must be a JSON object, got {p!r}")
     p = dict(p)
     if "fitted_max_error" not in p:         # written before fits were recorded
         fit = meta.get("cache_policy_fit")
@@ -133,42 +244,63 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
         raise ModelError(f"{name}: bundle version {version}, this fastpath reads {VERSION}")
     try:
         header = json.loads(body[16:16 + hlen].decode())
+        if not isinstance(header, dict):
+            raise ModelError(f"the header is a JSON {type(header).__name__}, expected an object")
+        # a key this reader does not know may change what the model computes: refuse it
+        # rather than serve the model without it (a new meaning comes with a new version)
+        extra = sorted(set(header) - _HEADER_KEYS)
+        if extra:
+            raise ModelError(f"unknown header key(s) {extra}; this fastpath reads "
+                             f"{sorted(_HEADER_KEYS)} (a bundle from a newer fastpath?)")
+        hv = header.get("version", VERSION)
+        if header.get("format", "fastpath-model") != "fastpath-model" or \
+                isinstance(hv, bool) or hv != VERSION:
+            raise ModelError(f"the header says format {header.get('format')!r} version "
+                             f"{header.get('version')!r}, expected 'fastpath-model' version "
+                             f"{VERSION}")
         start = 16 + hlen + ((-(16 + hlen)) % 64)
-        arrays = {}
-        for e in header["arrays"]:
-            dt = np.dtype(e["dtype"])
-            if dt.kind not in "fiu" or dt.hasobject:
-                raise ModelError(f"{name}: array {e['name']} has dtype {dt}")
-            shape = tuple(int(s) for s in e["shape"])
-            nb = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-            lo = start + int(e["offset"])
-            if nb != int(e["nbytes"]) or lo < start or lo + nb > len(body):
-                raise ModelError(f"{name}: array {e['name']} {shape} does not fit the file")
-            arrays[e["name"]] = np.frombuffer(body, dt, count=nb // dt.itemsize,
-                                              offset=lo).reshape(shape).copy()
+        arrays = _read_arrays(header["arrays"], body, start)
+        want = set(_expected_arrays(header))
+        if set(arrays) != want:
+            extra, missing = sorted(set(arrays) - want), sorted(want - set(arrays))
+            raise ModelError(f"the array table does not match the model it describes"
+                             f"{f': unknown arrays {extra}' if extra else ''}"
+                             f"{f': missing arrays {missing}' if missing else ''}")
         layers = tuple(Layer(arrays[f"layer{i}.weight"], arrays[f"layer{i}.bias"],
                              l["activation"]) for i, l in enumerate(header["layers"]))
         f = header["feature_spec"]
+        names = f["field_names"]
+        if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+            raise ModelError(f"feature_spec.field_names must be a list of strings, got {names!r}")
         fs = FeatureSpec(f["raw_len"], arrays["fs.z_idx"], arrays["fs.w_idx"], f["window"],
-                         arrays["fs.mean"], arrays["fs.inv_std"], tuple(f["field_names"]))
+                         arrays["fs.mean"], arrays["fs.inv_std"], tuple(names))
         meta = header.get("meta", {})
         # bundles written before heads were stored have two outputs and no "post" / "head":
         # the defaults (no post transform, tanh / sigmoid) are what they always ran with
         h = header.get("head")
+        if h is not None and not isinstance(h.get("outputs"), list):
+            raise ModelError(f"head.outputs must be a list of output indices, got "
+                             f"{h.get('outputs')!r}")
         head = None if h is None else Head(h["kind"], h["scale"], tuple(h["outputs"]))
         trees = None
         tj = header.get("trees")
         if tj is not None:
             from fastpath.model.trees import TreeEnsemble
-            trees = TreeEnsemble(int(tj["n_features"]), int(tj["n_targets"]),
+            if not isinstance(tj.get("classifier"), bool):
+                # bool("false") is True: a damaged flag would switch the finishing rules
+                raise ModelError(f"trees.classifier must be true or false, got "
+                                 f"{tj.get('classifier')!r}")
+            trees = TreeEnsemble(_int(tj["n_features"], "trees.n_features"),
+                                 _int(tj["n_targets"], "trees.n_targets"),
                                  *[arrays[f"trees.{k}"] for k in _TREE_ARRAYS[:10]],
-                                 arrays["trees.base_values"], str(tj["aggregate"]),
-                                 str(tj["post_transform"]), bool(tj["classifier"]))
+                                 arrays["trees.base_values"], tj["aggregate"],
+                                 tj["post_transform"], tj["classifier"])
         # bundles written before weight formats existed ran fp32
         return Model(layers, fs, _policy(header["cache_policy"], meta), meta,
                      header.get("post", "none"), head, weights=header.get("weights", "fp32"),
                      trees=trees)
     except ModelError as exc:
         raise ModelError(f"{name}: {exc}") from None
-    except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError, OverflowError,
+            RecursionError) as exc:
         raise ModelError(f"{name}: malformed bundle header ({type(exc).__name__}: {exc})") from None

@@ -172,6 +172,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
         return {"trees": trees, "post": "none", "output": target,
                 "classifier": trees.classifier, "producer": model.producer_name}
     cur = inputs[0]
+    n_in = _declared_width(g, inputs[0])
+    need_in: list = []      # (width, Reshape node) a Reshape before the first layer needs
     # pending layers: [weight (out, in), bias (out,), activation, activation_set]
     layers: list = []
     pending = None          # (scale, shift) an elementwise affine waiting for the next layer
@@ -182,7 +184,11 @@ def read_onnx(path: str | os.PathLike) -> dict:
         if tname not in consts:
             raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) needs {tname!r} to be a "
                              f"constant weight; fastpath imports models with constant weights only")
-        return np.asarray(consts[tname], dtype=np.float64)
+        c = np.asarray(consts[tname])
+        if c.dtype.kind not in "fiub":
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) constant {tname!r} is "
+                             f"{c.dtype}, expected numbers")
+        return c.astype(np.float64)
 
     def affine(scale, shift, node) -> None:
         """x -> x * scale + shift on the current tensor: into the last layer's outputs while
@@ -190,7 +196,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
         nonlocal pending
         scale, shift = np.asarray(scale, np.float64), np.asarray(shift, np.float64)
         if scale.ndim > 1 or shift.ndim > 1:
-            sq = [a.reshape(-1) if a.ndim > 1 and a.size == max(a.shape) else a for a in (scale, shift)]
+            # (1, n) is elementwise over the features; (n, 1) broadcasts against the batch
+            # axis instead and makes an (n, n) output in onnxruntime, and (1, 1, n) makes the
+            # tensor 3-d, which a following Gemm or BatchNormalization reads otherwise
+            sq = [a.reshape(-1) if a.ndim == 2 and a.shape[0] == 1 else a for a in (scale, shift)]
             if any(a.ndim > 1 for a in sq):
                 raise ModelError(f"{name}: {node.op_type} node {node.name!r} is not elementwise "
                                  f"over the features (constant shape {scale.shape} / {shift.shape})")
@@ -249,11 +258,19 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"fastpath computes in float32: export with float inputs")
         elif op == "Reshape":
             shape = const(node.input[1], node).astype(np.int64).reshape(-1)
-            width = layers[-1][0].shape[0] if layers else None
-            if len(shape) != 2 or not (shape[0] in (-1, 0, 1) or shape[1] in (-1,)) or (
-                    width is not None and shape[1] not in (-1, width)):
-                raise ModelError(f"{name}: Reshape node {node.name!r} to {shape.tolist()} is not a "
-                                 f"(batch, features) no-op")
+            width = layers[-1][0].shape[0] if layers else n_in
+            if _num(attrs, "allowzero", 0, node, name) and 0 in shape.tolist():
+                raise ModelError(f"{name}: Reshape node {node.name!r} with allowzero=1 to "
+                                 f"{shape.tolist()} makes an empty tensor")
+            if not _reshape_noop(shape, width):
+                if width == 0 and len(shape) == 2 and shape[0] in (-1, 0, 1) and shape[1] > 0:
+                    # the input's width is not declared: a no-op only if the first layer
+                    # reads exactly shape[1] features, checked when the layers are known
+                    need_in.append((int(shape[1]), node))
+                else:
+                    raise ModelError(f"{name}: Reshape node {node.name!r} to {shape.tolist()} is "
+                                     f"not a (batch, features) no-op on a {width or '?'}-wide "
+                                     f"input; onnxruntime would change the rows")
         elif op == "Normalizer":
             if post != "softmax" or attrs.get("norm") not in (b"L1", "L1"):
                 raise ModelError(f"{name}: Normalizer node {node.name!r} is supported only as "
@@ -262,6 +279,11 @@ def read_onnx(path: str | os.PathLike) -> dict:
         elif op == "Scaler":
             off = np.asarray(attrs.get("offset", [0.0]), np.float64)
             sc = np.asarray(attrs.get("scale", [1.0]), np.float64)
+            if off.size != sc.size or not off.size:
+                # onnxruntime refuses a Scaler whose offset and scale differ in length
+                raise ModelError(f"{name}: Scaler node {node.name!r} has {off.size} offsets and "
+                                 f"{sc.size} scales; expected the same number (1 or one per "
+                                 f"feature)")
             affine(sc, -off * sc, node)
         elif op in ("Add", "Sub", "Mul", "Div"):
             first = node.input[0] == cur
@@ -301,6 +323,11 @@ def read_onnx(path: str | os.PathLike) -> dict:
             b = np.zeros(W.shape[0])
             if len(node.input) > 2 and node.input[2]:
                 C = const(node.input[2], node) * float(_num(a, "beta", 1.0, node, name))
+                if C.ndim > 2 or (C.ndim == 2 and C.shape[0] != 1):
+                    # C broadcasts to (batch, outputs): a row of C per batch row is not a bias
+                    raise ModelError(f"{name}: Gemm node {node.name!r} bias shape {C.shape} is "
+                                     f"not a bias over its {W.shape[0]} outputs (expected "
+                                     f"({W.shape[0]},) or (1, {W.shape[0]}))")
                 try:
                     b = np.broadcast_to(C.reshape(-1) if C.size != 1 else C.reshape(()),
                                         (W.shape[0],)).astype(np.float64)
@@ -349,8 +376,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"coefficients for {n_cls} classes; export one row per class "
                                  f"(skl2onnx does)")
             dense(coef.reshape(rows, -1), b, node)
-            pt = attrs.get("post_transform", b"NONE")
-            pt = pt.decode() if isinstance(pt, bytes) else str(pt)
+            try:
+                pt = _s(attrs.get("post_transform", b"NONE"))
+            except ModelError as exc:
+                raise ModelError(f"{name}: LinearClassifier node {node.name!r}: {exc}") from None
             if pt == "LOGISTIC":
                 layers[-1][2] = "sigmoid"
                 layers[-1][3] = True
@@ -373,6 +402,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
             ax = _num(attrs, "axis", -1 if model.opset_import and max(
                 (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                 default=13) >= 13 else 1, node, name)
+            if post != "none":
+                raise ModelError(f"{name}: Softmax node {node.name!r} after the output's {post} "
+                                 f"(a second softmax); fastpath serves one output transform")
             if ax not in (1, -1) or not layers or layers[-1][3] or pending is not None:
                 raise ModelError(f"{name}: Softmax node {node.name!r} must come right after the "
                                  f"last dense layer, over axis 1")
@@ -397,6 +429,14 @@ def read_onnx(path: str | os.PathLike) -> dict:
         raise ModelError(f"{name}: the chain ends at {cur!r}, not at the graph output {target!r}")
     if not layers:
         raise ModelError(f"{name}: no Gemm or MatMul layer found")
+    k = layers[0][0].shape[1]
+    if n_in and k != n_in:
+        raise ModelError(f"{name}: the graph input has {n_in} features but the first layer "
+                         f"reads {k}; onnxruntime cannot run this model on its own input")
+    for w, rn in need_in:
+        if w != k:
+            raise ModelError(f"{name}: Reshape node {rn.name!r} makes rows of {w} features but "
+                             f"the first layer reads {k}; onnxruntime would change the rows")
     if pending is not None:
         raise ModelError(f"{name}: elementwise ops after the last layer's activation cannot be "
                          f"folded into a dense layer")
@@ -415,7 +455,14 @@ _MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRA
 
 
 def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    """A string attribute (onnx hands them over as bytes); damaged bytes are a ModelError."""
+    if not isinstance(v, bytes):
+        return str(v)
+    try:
+        return v.decode()
+    except UnicodeDecodeError:
+        raise ModelError(f"a string attribute holds {v[:40]!r}, which is not UTF-8 text "
+                         f"(a damaged file?)") from None
 
 
 def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts: dict):
@@ -424,6 +471,7 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     tree id, its root the first of them; children and leaf weights are (tree id, node id)."""
     from fastpath.model.trees import TreeEnsemble
     cur, ens = inp, None
+    reshapes: list = []     # (shape, node, after the ensemble): checked once widths are known
     for node in nodes:
         op = node.op_type
         if op in _TREE_OPS:
@@ -456,6 +504,18 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
             if to not in (_FLOAT, 11):      # float, double: the values pass unchanged
                 raise ModelError(f"{name}: Cast node {node.name!r} to type {to} next to a tree "
                                  f"ensemble; only casts to float / double are no-ops")
+        if op == "Reshape":
+            if len(node.input) != 2 or node.input[1] not in consts:
+                raise ModelError(f"{name}: Reshape node {node.name!r} needs a constant shape")
+            shape = np.asarray(consts[node.input[1]])
+            if shape.dtype.kind not in "iu":
+                raise ModelError(f"{name}: Reshape node {node.name!r} shape is {shape.dtype}, "
+                                 f"expected int64")
+            shape = shape.astype(np.int64).reshape(-1)
+            if _attrs(node).get("allowzero") and 0 in shape.tolist():
+                raise ModelError(f"{name}: Reshape node {node.name!r} with allowzero=1 to "
+                                 f"{shape.tolist()} makes an empty tensor")
+            reshapes.append((shape, node, ens is not None))
         cur = node.output[0]
     if ens is None or cur != target:
         raise ModelError(f"{name}: the tree ensemble's chain ends at {cur!r}, not at the graph "
@@ -466,17 +526,28 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         raise ModelError(f"{name}: {exc}") from None
     what = f"{name}: {ens.op_type} node {ens.name!r}"
 
+    def seq(key, kind):
+        # a damaged file can hold an attribute of another type under a known name (one
+        # float for a list of ints, a tensor for a list of strings): name it, not TypeError
+        v = a[key]
+        ok = isinstance(v, (list, tuple)) and all(
+            isinstance(x, kind) and not isinstance(x, bool) for x in v)
+        if not ok:
+            raise ModelError(f"{what}: attribute {key} is {type(v).__name__} "
+                             f"{str(v)[:60]}, expected a list of "
+                             f"{'/'.join(k.__name__ for k in kind)}")
+        return list(v)
+
     def ints(key, required=True):
-        v = a.get(key)
-        if v is None:
+        if a.get(key) is None:
             if required:
                 raise ModelError(f"{what} has no {key} attribute")
             return None
-        return np.asarray(list(v), dtype=np.int64)
+        return np.asarray(seq(key, (int,)), dtype=np.int64)
 
     def floats(key):
         if key in a:
-            return np.asarray(list(a[key]), dtype=np.float64)
+            return np.asarray(seq(key, (int, float)), dtype=np.float64)
         tkey = key + "_as_tensor"
         if tkey in a:
             t = _tensor(a[tkey], f"{what} attribute {tkey}")
@@ -490,11 +561,18 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
 
     treeids, nodeids = ints("nodes_treeids"), ints("nodes_nodeids")
     feats, tids, fids = ints("nodes_featureids"), ints("nodes_truenodeids"), ints("nodes_falsenodeids")
-    modes = [_s(m) for m in a.get("nodes_modes", [])]
+    try:
+        modes = [_s(m) for m in seq("nodes_modes", (bytes, str))] if "nodes_modes" in a else []
+        agg = _s(a.get("aggregate_function", "SUM"))
+        post = _s(a.get("post_transform", "NONE"))
+    except ModelError as exc:
+        raise ModelError(f"{what}: {exc}") from None
     vals = floats("nodes_values")
     n = treeids.size
     if vals is None:
         vals = np.zeros(n)
+    # onnxruntime tracks a missing value to the true branch where this is exactly 1 (not any
+    # nonzero value): 2 or -1 send a NaN down the comparison like 0
     miss = ints("nodes_missing_value_tracks_true", required=False)
     if miss is None or miss.size == 0:
         miss = np.zeros(n, np.int64)
@@ -515,7 +593,9 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         raise ModelError(f"{what}: the {pre}_treeids / _nodeids / _ids / _weights attributes "
                          f"are missing or of different lengths")
     if clf:
-        labels = a.get("classlabels_int64s") or a.get("classlabels_strings")
+        labels = [seq(k, (int, bytes, str)) for k in ("classlabels_int64s", "classlabels_strings")
+                  if a.get(k)]
+        labels = labels[0] if labels else None
         if not labels:
             raise ModelError(f"{what} has no class labels")
         n_targets = len(labels)
@@ -523,8 +603,6 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         n_targets = int(_num(a, "n_targets", 1, ens, name))
     base = floats("base_values")
     base = np.zeros(0) if base is None else base
-    agg = _s(a.get("aggregate_function", "SUM"))
-    post = _s(a.get("post_transform", "NONE"))
     # trees in order of first appearance, nodes re-indexed per tree
     order: dict = {}
     for i, t in enumerate(treeids.tolist()):
@@ -569,12 +647,43 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
             raise ModelError(f"{what}: a leaf weight names tree {t} node {nid}, which does not "
                              f"exist")
         w_node[k] = g
+    n_feat = n_in if n_in else _n_features(feats, mode_a, perm)
+    for shape, rn, after in reshapes:
+        w = n_targets if after else n_in
+        if not _reshape_noop(shape, w):
+            raise ModelError(f"{name}: Reshape node {rn.name!r} to {shape.tolist()} "
+                             f"{'after' if after else 'before'} the tree ensemble is not a "
+                             f"(batch, {'outputs' if after else 'features'}) no-op on a "
+                             f"{w or '?'}-wide row; onnxruntime would change the rows")
     try:
-        return TreeEnsemble(n_in if n_in else _n_features(feats, mode_a, perm), n_targets, offsets, mode_a, feats[perm], vals[perm].astype(np.float32),
-                            tc, fc, (miss[perm] != 0).astype(np.uint8), w_node, wt_id,
+        return TreeEnsemble(n_feat, n_targets, offsets, mode_a, feats[perm],
+                            vals[perm].astype(np.float32),
+                            tc, fc, (miss[perm] == 1).astype(np.uint8), w_node, wt_id,
                             wv.astype(np.float32), base.astype(np.float32), agg, post, clf)
     except ModelError as exc:
         raise ModelError(f"{what}: {exc}") from None
+
+
+def _reshape_noop(shape: np.ndarray, width: int) -> bool:
+    """Whether Reshape to `shape` leaves one row of `width` features (0: unknown) as it is:
+    (1 | 0 | -1, width), or (1 | 0, -1); anything else moves features between rows."""
+    if len(shape) != 2:
+        return False
+    a, b = int(shape[0]), int(shape[1])
+    return (a in (0, 1) and b == -1) or (a in (-1, 0, 1) and width > 0 and b == width)
+
+
+def _declared_width(g, inp: str) -> int:
+    """The graph input's features per row (the product of its dimensions after the batch;
+    one dimension: that one), 0 when the file leaves any of them open."""
+    for i in g.input:
+        if i.name == inp:
+            dims = list(i.type.tensor_type.shape.dim)
+            dims = dims[1:] if len(dims) > 1 else dims
+            if not dims or not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+                return 0
+            return int(np.prod([d.dim_value for d in dims]))
+    return 0
 
 
 def _n_features(feats: np.ndarray, mode: np.ndarray, perm: np.ndarray) -> int:

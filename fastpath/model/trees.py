@@ -97,6 +97,12 @@ class TreeEnsemble:
         thr = _arr(self.threshold, np.float32, "threshold", n)
         tc = _arr(self.true_child, np.int32, "true_child", n)
         fc = _arr(self.false_child, np.int32, "false_child", n)
+        nt = np.asarray(self.nan_true)
+        if nt.size and (nt.ndim != 1 or nt.dtype.kind not in "biuf" or
+                        not np.all((nt == 0) | (nt == 1))):
+            # the C packer reads any nonzero byte as true, the reference only 1 (and a -1
+            # would wrap to 255 in uint8): one meaning, 0 or 1, for both
+            raise ModelError("tree ensemble nan_true must hold 0 or 1 per node")
         nt = _arr(self.nan_true, np.uint8, "nan_true", n)
         wn = _arr(self.weight_node, np.int32, "weight_node")
         wt = _arr(self.weight_target, np.int32, "weight_target", wn.size)
@@ -260,9 +266,17 @@ class TreeEnsemble:
         T = self.n_targets
         acc = np.full((n, T), np.nan if minmax else 0.0, np.float64)
         # per-node leaf tables: weights summed (SUM / AVERAGE), or combined by min / max
-        vals = np.full((self.n_nodes, T), np.nan if minmax else 0.0, np.float64)
-        for g, j, v in zip(self.weight_node.tolist(), self.weight_target.tolist(),
-                           self.weight_value.tolist()):
+        one_target = not self.classifier and T == 1
+        vals = np.full((self.n_nodes, T), np.nan if minmax and not one_target else 0.0,
+                       np.float64)
+        if one_target:
+            # onnxruntime's one-target regressor reads one value per leaf: the first weight
+            # listed for it, 0 (a real 0 under MIN / MAX) for a leaf without one
+            first = np.unique(self.weight_node, return_index=True)[1]
+            vals[self.weight_node[first], 0] = self.weight_value[first]
+        for g, j, v in zip(*([] if one_target else (self.weight_node.tolist(),
+                                                    self.weight_target.tolist(),
+                                                    self.weight_value.tolist()))):
             if self.aggregate == "MIN":
                 vals[g, j] = np.fmin(vals[g, j], v)
             elif self.aggregate == "MAX":

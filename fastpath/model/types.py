@@ -29,6 +29,8 @@ WEIGHT_TYPES = ("fp32", "bf16", "int8")
 HEAD_KINDS = {"tanh_sigmoid": (0, 1), "regression": (0,), "classifier3": (0, 1, 2),
               "classifier2": (0, 1)}
 MAX_LAYERS = 16
+_F32_TINY = float(np.finfo(np.float32).tiny)
+_F32_MAX = float(np.finfo(np.float32).max)
 MAX_WIDTH = 1 << 16
 
 # The cache keys a config may set, key -> (type, lo, hi, choices); fastpath.control.config
@@ -57,7 +59,9 @@ def _f32(a: Any, what: str, ndim: int) -> np.ndarray:
         raise ModelError(f"{what} must be numeric, got dtype {arr.dtype}")
     if arr.ndim != ndim:
         raise ModelError(f"{what} must be {ndim}-d, got shape {arr.shape}")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    # a copy even when the caller's array is already float32: the model keeps what was
+    # validated, not a view that the caller's later writes (an optimizer step, a NaN) change
+    arr = np.array(arr, dtype=np.float32, order="C", copy=True)
     if not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise ModelError(f"{what} contains NaN/Inf (first at index {tuple(int(i) for i in bad)})")
@@ -101,9 +105,13 @@ class FeatureSpec:
     field_names: tuple = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.raw_len, (int, np.integer)) or not 1 <= self.raw_len <= MAX_WIDTH:
+        if isinstance(self.raw_len, bool) or not isinstance(self.raw_len, (int, np.integer)) \
+                or not 1 <= self.raw_len <= MAX_WIDTH:
             raise ModelError(f"feature spec raw_len must be an int in 1..{MAX_WIDTH}, "
                              f"got {self.raw_len!r}")
+        if isinstance(self.field_names, (str, bytes)):
+            raise ModelError(f"feature spec field_names must be a sequence of names, got the "
+                             f"string {self.field_names!r}")
         z = np.asarray(self.z_idx)
         w = np.asarray(self.w_idx)
         for name, ix in (("z_idx", z), ("w_idx", w)):
@@ -115,8 +123,9 @@ class FeatureSpec:
         n_feat = len(z) + 2 * len(w)
         if n_feat < 1:
             raise ModelError("feature spec selects no features")
-        if len(w) and (not isinstance(self.window, (int, np.integer)) or not
-                       1 <= self.window <= 1 << 16):
+        win = self.window
+        if len(w) and (isinstance(win, bool) or not isinstance(win, (int, np.integer))
+                       or not 1 <= win <= 1 << 16):
             raise ModelError(f"feature spec window must be an int in 1..65536, got {self.window!r}")
         mean = _f32(self.mean, "feature spec mean", 1)
         inv = _f32(self.inv_std, "feature spec inv_std", 1)
@@ -253,9 +262,12 @@ class Head:
             raise ModelError(f"head kind {self.kind!r} not supported; expected one of "
                              f"{tuple(HEAD_KINDS)}")
         s = self.scale
+        # the engine divides by the scale in float32: a scale finite in float64 only (1e39)
+        # or one that rounds to 0 there (1e-46) would be refused by the C core as a bug
         if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) or \
-                not (np.isfinite(s) and s > 0):
-            raise ModelError(f"head scale must be a finite number > 0, got {s!r}")
+                not (np.isfinite(s) and _F32_TINY <= s <= _F32_MAX):
+            raise ModelError(f"head scale must be a finite number > 0 that float32 holds (in "
+                             f"[{_F32_TINY:.3g}, {_F32_MAX:.4g}]), got {s!r}")
         outs = tuple(self.outputs) or HEAD_KINDS[self.kind]
         if len(outs) != len(HEAD_KINDS[self.kind]) or not all(
                 isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0
@@ -516,7 +528,9 @@ class Model:
 
     def to_onnx(self, path: str | os.PathLike, opset: int = 17) -> None:
         """Write the MLP (not the feature stage or head) as ONNX: Gemm (transB=1) + activation
-        per layer, input "features" [N, n_feat], output "out" [N, 2]. Needs the onnx package."""
+        per layer, then the post transform (softmax, logistic2); input "features" [N, n_feat],
+        output "out" [N, n_outputs]: onnxruntime returns what forward() does. Needs the onnx
+        package."""
         if self.trees is not None:
             raise ModelError("writing a tree ensemble as ONNX is not supported; keep the ONNX "
                              "file it came from, or save the model as a bundle (Model.save)")
