@@ -60,7 +60,10 @@ static void free_slot(fp_seg_header *h, int i) {
     FP_STORE_REL(&ctl->rep_head.v, 0);
     FP_STORE_REL(&ctl->rep_tail.v, 0);
     h->clients[i].pid = 0;
-    __atomic_add_fetch(&h->clients[i].generation, 1, __ATOMIC_RELEASE);
+    /* a client still using the slot (its pid only looked dead) sees the new generation on
+     * its own cursor line at its next call and stops, before the slot is offered again */
+    uint64_t gen = __atomic_add_fetch(&h->clients[i].generation, 1, __ATOMIC_RELEASE);
+    FP_STORE_REL(&ctl->req_head.gen, gen);
     FP_STORE_REL(&h->clients[i].state, FP_CL_FREE);
 }
 

@@ -41,7 +41,6 @@ cdef extern from "fp_ring.h" nogil:
         FP_SRV_STOPPED
         FP_CL_FREE
         FP_CL_ACTIVE
-        FP_CL_CLOSING
         FP_REP_OK
         FP_REP_ERR_BAD_REQUEST
         FP_RING_OK
@@ -51,6 +50,7 @@ cdef extern from "fp_ring.h" nogil:
         FP_RING_ERR_MAGIC
         FP_RING_ERR_NOSLOT
         FP_RING_ERR_GONE
+        FP_RING_ERR_RECLAIMED
         FP_ON_FULL_SPIN
         FP_ON_FULL_REJECT
         FP_SEG_HUGE_NONE
@@ -105,6 +105,7 @@ cdef extern from "fp_ring.h" nogil:
     int fp_client_poll(fp_client *c, fp_rep *out)
     int fp_client_poll_spin(fp_client *c, fp_rep *out)
     uint64_t fp_client_outstanding(const fp_client *c)
+    int fp_client_owns(const fp_client *c)
     void fp_client_close(fp_client *c)
     void FP_RING_PAUSE()
 
@@ -149,9 +150,6 @@ cdef extern from *:
     static inline uint32_t fp_atomic_load_u32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline uint64_t fp_atomic_load_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void fp_atomic_add_u64(uint64_t *p, uint64_t v) { __atomic_add_fetch(p, v, __ATOMIC_RELAXED); }
-    static inline int fp_atomic_cas_u32(uint32_t *p, uint32_t expect, uint32_t want) {
-        return __atomic_compare_exchange_n(p, &expect, want, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
-    }
     /* index of the first NaN/Inf (exponent bits all ones), or -1: no libm call, no FP compare */
     static inline int fp_first_nonfinite(const float *x, int n) {
         const uint32_t *u = (const uint32_t *)x;
@@ -168,7 +166,6 @@ cdef extern from *:
     uint32_t fp_atomic_load_u32(const uint32_t *p) nogil
     uint64_t fp_atomic_load_u64(const uint64_t *p) nogil
     void fp_atomic_add_u64(uint64_t *p, uint64_t v) nogil
-    bint fp_atomic_cas_u32(uint32_t *p, uint32_t expect, uint32_t want) nogil
     int fp_first_nonfinite(const float *x, int n) nogil
 
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
@@ -547,9 +544,6 @@ cdef class Client:
     cdef int32_t *_sym_of
     cdef int64_t *_ts_of
     cdef uint64_t _req_mask
-    # the client table entry's generation when this client claimed it: the worker bumps it
-    # when it frees the slot, so a client whose rings were taken back can tell
-    cdef uint64_t _gen
     cdef int _pid
 
     def __cinit__(self, name, double timeout=1.0, stall_timeout=None):
@@ -599,7 +593,6 @@ cdef class Client:
                 raise ServeError(f"server {name!r} has all its {self._s.h.max_clients if self._s.h else ''}"
                                  f" client slots taken; raise serve.max_clients")
             raise ServerGone(f"server {name!r} is stopping")
-        self._gen = fp_atomic_load_u64(&self._s.h.clients[self._c.idx].generation)
         self._pid = os.getpid()
         cdef uint64_t n_track = 2 * <uint64_t>self._s.h.slots
         self._sym_of = <int32_t *>PyMem_Malloc(n_track * sizeof(int32_t))
@@ -613,14 +606,11 @@ cdef class Client:
         self._open = True
 
     cdef void _release(self):
-        """Give the slot back, unless the worker already took it (it may belong to another
-        client by now: writing CLOSING there would end that client's session), and unmap."""
-        cdef fp_client_entry *ce
+        """Give the slot back (fp_client_close leaves it alone when the worker already took
+        it: it may be another client's by now) and unmap."""
         if self._s.h == NULL:
             return
-        ce = &self._s.h.clients[self._c.idx]
-        if fp_atomic_load_u64(&ce.generation) == self._gen:
-            fp_atomic_cas_u32(&ce.state, FP_CL_ACTIVE, FP_CL_CLOSING)
+        fp_client_close(&self._c)
         fp_seg_detach(&self._s)
 
     cdef inline int _need(self) except -1:
@@ -631,10 +621,8 @@ cdef class Client:
     cdef int _check_server(self) except -1:
         """ServerGone when the server is dead, stopped or stalled; ServeError when it took this
         client's rings back (judged its process gone): waiting on them would never end."""
-        cdef fp_client_entry *ce = &self._s.h.clients[self._c.idx]
         cdef int chk
-        if (fp_atomic_load_u64(&ce.generation) != self._gen
-                or fp_atomic_load_u32(&ce.state) != FP_CL_ACTIVE):
+        if not fp_client_owns(&self._c):
             lost = fp_client_outstanding(&self._c)
             self._open = False
             # the slot is not ours any more: unmap without touching it
@@ -685,6 +673,8 @@ cdef class Client:
                 self._sym_of[(seq - 1) & self._req_mask] = <int32_t>sym
                 self._ts_of[(seq - 1) & self._req_mask] = ts
                 return seq
+            if rc == FP_RING_ERR_RECLAIMED:
+                self._check_server()          # raises: the slot is not this client's any more
             if self._s.h.on_full == FP_ON_FULL_REJECT:
                 fp_atomic_add_u64(&self._s.h.rejected_full, 1)
                 self._s.h.clients[self._c.idx].rejected_full += 1
