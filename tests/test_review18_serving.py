@@ -23,7 +23,7 @@ import fastpath
 from fastpath import InputError, ServeError
 from fastpath._serve import segment_path
 from fastpath.control import doctor
-from fastpath.control.host import Host, boot_cpulist, read_topology
+from fastpath.control.host import Host, read_topology
 from fastpath.serving import segment as seg
 
 BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
@@ -219,7 +219,7 @@ def test_client_whose_rings_were_taken_back_gets_an_error_not_a_hang():
             with pytest.raises(ServeError, match="closed"):
                 c.poll()
             # the slot is free again: the next client gets it
-            with fastpath.connect(name) as c2:
+            with fastpath.connect(name) as c2, deadline(10):
                 c.close()                                  # must not end c2's session
                 del c
                 r = c2.step(raw, 1)
@@ -301,6 +301,7 @@ def test_server_with_a_segment_too_big_for_shm_is_an_error_in_a_child():
     ("junk", False, []),
 ])
 def test_boot_cpulist_reads_what_the_kernel_reads(text, flags, want):
+    from fastpath.control.host import boot_cpulist
     assert boot_cpulist(text, 7, flags) == want
 
 
