@@ -319,7 +319,13 @@ cdef class Worker:
         cdef size_t map_bytes
         cdef void *p
         huge = memory_cfg.huge_pages if memory_cfg is not None else "auto"
-        fd, map_bytes, method, tried = seg.create(self.path, size, scfg.mode, huge)
+        try:
+            fd, map_bytes, method, tried = seg.create(self.path, size, scfg.mode, huge)
+        except FileExistsError:
+            # another server made it between the check for a live one and now
+            raise ServeError(f"{self.name!r}: another server created {self.path} at the same "
+                             f"time; one name, one server: stop it first or pick another "
+                             f"name") from None
         st = os.fstat(fd)
         self._ident = (st.st_dev, st.st_ino)
         try:

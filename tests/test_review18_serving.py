@@ -325,3 +325,48 @@ def test_doctor_on_a_host_booted_with_all_and_n(tmp_path):
     by = {c["name"]: c for c in res["checks"]}
     assert by["isolcpus"]["status"] == by["nohz_full"]["status"] == "pass"
     assert by["rcu_nocbs"]["status"] == "pass"
+
+
+# ------------------------------------------------------------------ EngineConfig sections
+@pytest.mark.parametrize("kw,match", [
+    ({"serve": {"ring_slots": 3}}, r"serve\.ring_slots must be a power of two, got 3"),
+    ({"serve": {"ringslots": 8}}, r"unknown key serve\.ringslots"),
+    ({"cache": {"enabled": 1}}, r"cache\.enabled must be bool, got int 1"),
+    ({"placement": None}, r"section placement must be a PlacementConfig .*got NoneType"),
+    ({"memory": "none"}, r"section memory must be a MemoryConfig .*got str"),
+])
+def test_engine_config_sections_given_as_tables_are_checked(kw, match):
+    """EngineConfig(serve={"ring_slots": 3}) was accepted unchecked (a non-power-of-two ring
+    reached the server) or failed later with an AttributeError; it is a ConfigError naming
+    the key, as the same table from a TOML file is."""
+    from fastpath.control.config import EngineConfig
+    with pytest.raises(fastpath.ConfigError, match=match):
+        EngineConfig(**kw)
+
+
+def test_engine_config_sections_given_as_tables_are_used():
+    from fastpath.control.config import EngineConfig, ServeConfig
+    c = EngineConfig(serve={"ring_slots": 8, "place": False})
+    assert isinstance(c.serve, ServeConfig) and c.serve.ring_slots == 8 and not c.serve.place
+
+
+def test_two_servers_starting_at_once_on_one_name(monkeypatch):
+    """Two servers started together both found no live segment; the one that lost the race
+    to create the file died with a bare FileExistsError. It is a ServeError naming the
+    name, as a live server there is."""
+    name = uname()
+    real_create = seg.create
+
+    def racing_create(path, *a, **kw):
+        # the other server wins: its file appears between the check and the create
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        return real_create(path, *a, **kw)
+
+    monkeypatch.setattr(seg, "create", racing_create)
+    try:
+        with pytest.raises(ServeError, match="another server created"):
+            fastpath.serve(name, None, cfg())
+    finally:
+        if os.path.exists(segment_path(name)):
+            os.unlink(segment_path(name))

@@ -362,10 +362,14 @@ static inline int fp_client_owns(const fp_client *c) {
 }
 
 /* Publish one request (raw must hold raw_len finite floats; the caller validated it).
- * FP_RING_OK with *seq set, FP_RING_FULL or FP_RING_ERR_RECLAIMED (nothing written). */
+ * FP_RING_OK with *seq set; FP_RING_FULL or FP_RING_ERR_RECLAIMED with nothing written and
+ * *seq = 0, a seq no reply carries (a loop written before RECLAIMED existed, retrying only
+ * on FULL, then waits on a reply that never comes: check fp_client_owns where it checks
+ * fp_seg_server_check). */
 static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol,
                                        int64_t ts_ns, uint64_t *seq) {
     fp_seg_header *h = c->h;
+    *seq = 0;
     if (!fp_client_owns(c))
         return FP_RING_ERR_RECLAIMED;
     if (c->req_head - c->req_tail_seen >= h->slots) {
