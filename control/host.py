@@ -156,6 +156,15 @@ def read_topology(host: Host) -> Topology:
     if not cpus:
         cpus = sorted(int(d[3:]) for d in host.listdir("/sys/devices/system/cpu")
                       if d.startswith("cpu") and d[3:].isdigit())
+    if not cpus:
+        # /sys hidden (some sandboxes and hardened containers): the CPUs this process may
+        # run on are still known, and a placement among them beats refusing to place at all
+        for line in (host.read("/proc/self/status") or "").splitlines():
+            k, _, v = line.partition(":")
+            if k == "Cpus_allowed_list":
+                cpus = boot_cpulist(v.strip(), 0)
+        if not cpus and host.root == "/":
+            cpus = sorted(os.sched_getaffinity(0))
     siblings = {}
     for c in cpus:
         sib = parse_cpulist(host.read(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"))

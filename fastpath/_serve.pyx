@@ -293,16 +293,18 @@ cdef class Worker:
         pid = s.h.server_pid
         chk = fp_seg_server_check(s.h, fp_ring_now_ns(), <int64_t>scfg.stall_timeout_ms * 1000000)
         age_s = (fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&s.h.heartbeat_ns)) / 1e9
+        fresh = age_s * 1000 <= s.h.dead_after_ms
         dead = fp_ring_pid_dead(pid)
         fp_seg_detach(&s)
-        if not dead and chk == FP_SRV_ALIVE:
+        if not dead and fresh and chk == FP_SRV_ALIVE:
             raise ServeError(f"{self.name!r} is already served by pid {pid} ({self.path}); stop "
                              f"it first or pick another name")
         if not dead and chk != FP_SRV_GONE_STOPPED:
             # a live pid whose loop stopped beating (SIGSTOP, a debugger): replacing it would
             # leave two servers under one name once it resumes, its clients on the old rings
-            # and new ones on ours. Only a pid that does not map the segment (the number
-            # reused by an unrelated process after a crash) lets go of it.
+            # and new ones on ours. Only a pid that does not map the segment lets go of it:
+            # the number reused after a crash by an unrelated process, or by this one (a
+            # container restarted: the server is pid 1 again)
             from fastpath.serving.segment import mapped_by
             if mapped_by(pid, self.path) is not False:
                 raise ServeError(

@@ -370,3 +370,47 @@ def test_two_servers_starting_at_once_on_one_name(monkeypatch):
     finally:
         if os.path.exists(segment_path(name)):
             os.unlink(segment_path(name))
+
+
+def test_stale_segment_of_a_reused_pid_is_replaced_at_once():
+    """A crashed server's pid now belongs to another process (a container restarted: the new
+    server is pid 1 again, or any unrelated process): its heartbeat is stale and that process
+    does not map the segment. The new server was refused ("already served") until the stall
+    timeout ran out; it replaces the segment at once."""
+    name = uname()
+    srv = fastpath.serve(name, None, cfg())
+    with open(srv.path, "rb") as f:
+        image = bytearray(f.read())
+    srv.stop()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                               stdin=subprocess.PIPE)
+    try:
+        # the image reads as a server that was RUNNING when it died, its pid now the sleeper's
+        struct.pack_into("<i", image, 56, sleeper.pid)
+        with open(srv.path, "wb") as f:
+            f.write(image)
+        time.sleep(0.1)                     # older than dead_after_ms, well inside the stall timeout
+        with fastpath.serve(name, None, cfg()) as srv2:
+            assert srv2.replaced == sleeper.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=10)
+        if os.path.exists(segment_path(name)):
+            os.unlink(segment_path(name))
+
+
+def test_placement_and_doctor_on_a_host_with_sys_hidden(tmp_path):
+    """With /sys hidden (a hardened container, some sandboxes) no CPU was "online": doctor
+    failed and `fastpath serve` refused to start ("no online CPU is allowed"). The CPUs the
+    process may run on (/proc/self/status) stand in."""
+    from fastpath.control.placement import place
+    p = tmp_path / "proc" / "self" / "status"
+    p.parent.mkdir(parents=True)
+    p.write_text("Name:\tpython\nCpus_allowed:\tf\nCpus_allowed_list:\t0-3\n")
+    host = Host(str(tmp_path))
+    assert read_topology(host).cpus == [0, 1, 2, 3]
+    res = doctor.run_checks(host)
+    assert res["core"] in (1, 2, 3)                   # CPU 0 last
+    rep = place({"placement": {"policy": "other", "priority": 0}}, host=host, busy={},
+                apply_now=False)
+    assert rep.core == res["core"]
