@@ -414,3 +414,24 @@ def test_placement_and_doctor_on_a_host_with_sys_hidden(tmp_path):
     rep = place({"placement": {"policy": "other", "priority": 0}}, host=host, busy={},
                 apply_now=False)
     assert rep.core == res["core"]
+
+
+# ------------------------------------------------------------------ command line
+@pytest.mark.parametrize("extra,what", [
+    (["--window", "-3"], "--window"),           # was an IndexError traceback from the fit
+    (["--window", "0"], "--window"),            # was a RuntimeWarning, then a ModelError
+    (["--max-error", "nan"], "--max-error"),    # was checked only after the whole fit
+    (["--max-error", "-1"], "--max-error"),
+])
+def test_calibrate_bad_numbers_are_usage_errors(tmp_path, capsys, extra, what):
+    from fastpath import cli
+    from fastpath._build import DEMO_MODEL
+    ticks = tmp_path / "t.npy"
+    np.save(ticks, np.zeros((50, fastpath.get_default_engine().raw_len), np.float32))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["calibrate", "--ticks", str(ticks), "--model", DEMO_MODEL,
+                  "--out", str(tmp_path / "o.fpm"), *extra])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {what}" in err and "Traceback" not in err
+    assert not (tmp_path / "o.fpm").exists()
