@@ -435,3 +435,19 @@ def test_calibrate_bad_numbers_are_usage_errors(tmp_path, capsys, extra, what):
     err = capsys.readouterr().err
     assert f"argument {what}" in err and "Traceback" not in err
     assert not (tmp_path / "o.fpm").exists()
+
+
+# ------------------------------------------------------------------ heartbeat of an idle worker
+def test_idle_sleeping_server_keeps_beating():
+    """idle = "sleep": the loop read the clock every 64 rounds only, so with idle_sleep_ns at
+    10 ms a heartbeat came every ~650 ms, and a client waiting for an answer (or connecting)
+    called the idle, healthy server "not responding" once the beat was older than
+    stall_timeout_ms."""
+    name = uname()
+    raw = raw_zero()
+    conf = cfg(idle="sleep", idle_spin_ns=0, idle_sleep_ns=10_000_000, stall_timeout_ms=300)
+    with fastpath.serve(name, None, conf):
+        for i in range(8):
+            time.sleep(0.2)
+            with deadline(10), fastpath.connect(name, timeout=2) as c:
+                c.step(raw, 0)
