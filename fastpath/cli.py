@@ -36,9 +36,9 @@ def _max_error(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a signal error in (0, 2], got {text!r}")
+        raise argparse.ArgumentTypeError(f"max_error must be a signal error in (0, 2], got {text!r}")
     if not 0 < v <= 2:              # NaN fails this too
-        raise argparse.ArgumentTypeError(f"expected a signal error in (0, 2], got {text}")
+        raise argparse.ArgumentTypeError(f"max_error must be a signal error in (0, 2], got {text}")
     return v
 
 

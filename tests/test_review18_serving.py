@@ -151,9 +151,9 @@ def test_a_stalled_live_server_is_not_replaced():
     clients on the old rings and new ones on the new, each engine seeing part of the feed."""
     name = uname()
     env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    p = subprocess.Popen([sys.executable, "-c", SERVER, name, json.dumps({"stall_timeout_ms": 200})],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
-                         cwd=PKG_ROOT)
+    p = subprocess.Popen([sys.executable, "-c", SERVER, name,
+                          json.dumps({"stall_timeout_ms": 200})], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
     try:
         assert p.stdout.readline().strip() == "ready"
         os.kill(p.pid, signal.SIGSTOP)
@@ -389,7 +389,7 @@ def test_stale_segment_of_a_reused_pid_is_replaced_at_once():
         struct.pack_into("<i", image, 56, sleeper.pid)
         with open(srv.path, "wb") as f:
             f.write(image)
-        time.sleep(0.1)                     # older than dead_after_ms, well inside the stall timeout
+        time.sleep(0.1)                     # past dead_after_ms, well inside the stall timeout
         with fastpath.serve(name, None, cfg()) as srv2:
             assert srv2.replaced == sleeper.pid
     finally:
