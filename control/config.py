@@ -192,6 +192,18 @@ class EngineConfig:
     source: str = "<defaults>"
 
     def __post_init__(self) -> None:
+        # EngineConfig(serve={...}) as well as EngineConfig(serve=ServeConfig(...)): a table is
+        # checked as from_dict checks it; anything else would only fail (AttributeError) when
+        # a server or an engine first reads it
+        for sec, (cls, keys) in _section_types().items():
+            v = getattr(self, sec)
+            if isinstance(v, cls):
+                continue
+            if not isinstance(v, Mapping):
+                raise ConfigError(f"config section {sec} must be a {cls.__name__} or a table of "
+                                  f"[{sec}] keys, got {type(v).__name__}")
+            _check_keys(sec, v, keys)
+            object.__setattr__(self, sec, cls(**v))
         for k, (typ, lo, hi, ch) in _ENGINE_KEYS.items():
             if k == "weights" and self.weights is None:
                 continue
@@ -208,23 +220,33 @@ class EngineConfig:
     def from_dict(cls, d: Mapping, source: str = "<dict>") -> "EngineConfig":
         if not isinstance(d, Mapping):
             raise ConfigError(f"config must be a mapping of sections, got {type(d).__name__}")
-        sections = {"engine": _ENGINE_KEYS, "cache": _CACHE_KEYS, "placement": _PLACEMENT_KEYS,
-                    "memory": _MEMORY_KEYS, "serve": _SERVE_KEYS, "gpu": _GPU_KEYS}
+        sections = {"engine": _ENGINE_KEYS,
+                    **{sec: keys for sec, (_cls, keys) in _section_types().items()}}
         for sec, body in d.items():
             if sec not in sections:
                 raise ConfigError(f"unknown config section [{sec}]; allowed: {sorted(sections)}")
-            if not isinstance(body, Mapping):
-                raise ConfigError(f"[{sec}] must be a table of keys, got {type(body).__name__}")
-            for k in body:
-                if k not in sections[sec]:
-                    raise ConfigError(f"unknown key {sec}.{k}; allowed in [{sec}]: "
-                                      f"{sorted(sections[sec])}")
+            _check_keys(sec, body, sections[sec])
         # values are checked once, by each section's dataclass
         return cls(**dict(d.get("engine", {})), cache=CacheConfig(**d.get("cache", {})),
                    placement=PlacementConfig(**d.get("placement", {})),
                    memory=MemoryConfig(**d.get("memory", {})),
                    serve=ServeConfig(**d.get("serve", {})), gpu=GpuConfig(**d.get("gpu", {})),
                    source=source)
+
+
+def _section_types() -> dict:
+    """[section] -> (its dataclass, its keys), for the sections below [engine]."""
+    return {"cache": (CacheConfig, _CACHE_KEYS), "placement": (PlacementConfig, _PLACEMENT_KEYS),
+            "memory": (MemoryConfig, _MEMORY_KEYS), "serve": (ServeConfig, _SERVE_KEYS),
+            "gpu": (GpuConfig, _GPU_KEYS)}
+
+
+def _check_keys(sec: str, body, keys) -> None:
+    if not isinstance(body, Mapping):
+        raise ConfigError(f"[{sec}] must be a table of keys, got {type(body).__name__}")
+    for k in body:
+        if k not in keys:
+            raise ConfigError(f"unknown key {sec}.{k}; allowed in [{sec}]: {sorted(keys)}")
 
 
 def load_config(cfg: Any = None) -> EngineConfig:

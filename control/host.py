@@ -22,6 +22,32 @@ def parse_cpulist(text: str | None) -> list:
     return sorted(set(parse_ranges(text.strip(), "cpulist")))
 
 
+def boot_cpulist(text: str | None, last: int, flags: bool = False) -> list:
+    """A cpulist from the kernel command line, as the kernel reads it: besides 'N', 'N-M' and
+    'N-M:S', "all" is every CPU and the letter N is the last one (`nohz_full=1-N`,
+    `rcu_nocbs=all`, kernels 5.13+); with flags, isolcpus' leading words (domain, nohz,
+    managed_irq) are skipped. A value the kernel would reject is read as no CPU, not an error:
+    the host booted with it, and a doctor or a server must still run there."""
+    parts = []
+    for p in (text or "").split(","):
+        p = p.strip()
+        if not p:
+            continue
+        if p.lower() == "all":
+            p = f"0-{last}"
+        elif flags and p.replace("_", "").isalpha() and p != "N":
+            continue
+        a, dash, rest = p.partition("-")
+        b, colon, step = rest.partition(":")
+        a = str(last) if a == "N" else a
+        b = str(last) if b == "N" else b
+        parts.append(a + (dash + b if dash else "") + (colon + step if colon else ""))
+    try:
+        return sorted(set(parse_ranges(",".join(parts), "cpulist")))
+    except ValueError:
+        return []
+
+
 def format_cpulist(cpus) -> str:
     cpus = sorted(set(cpus))
     parts, i = [], 0
@@ -70,6 +96,8 @@ class Host:
         """Kernel boot parameters: {'isolcpus': '2-3', 'quiet': ''}."""
         out = {}
         for tok in (self.read("/proc/cmdline") or "").split():
+            if tok == "--":
+                break               # what follows goes to init, not to the kernel
             k, _, v = tok.partition("=")
             out[k] = v
         return out
@@ -128,6 +156,15 @@ def read_topology(host: Host) -> Topology:
     if not cpus:
         cpus = sorted(int(d[3:]) for d in host.listdir("/sys/devices/system/cpu")
                       if d.startswith("cpu") and d[3:].isdigit())
+    if not cpus:
+        # /sys hidden (some sandboxes and hardened containers): the CPUs this process may
+        # run on are still known, and a placement among them beats refusing to place at all
+        for line in (host.read("/proc/self/status") or "").splitlines():
+            k, _, v = line.partition(":")
+            if k == "Cpus_allowed_list":
+                cpus = boot_cpulist(v.strip(), 0)
+        if not cpus and host.root == "/":
+            cpus = sorted(os.sched_getaffinity(0))
     siblings = {}
     for c in cpus:
         sib = parse_cpulist(host.read(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"))
@@ -138,13 +175,14 @@ def read_topology(host: Host) -> Topology:
     if not nodes:
         nodes = {0: list(cpus)}
     cmd = host.cmdline()
+    possible = parse_cpulist(host.read("/sys/devices/system/cpu/possible"))
+    last = max(possible or cpus or [0])
     # isolcpus=[flag,...,]cpulist, flags such as domain, managed_irq, nohz
-    iso_boot = parse_cpulist(",".join(p for p in cmd.get("isolcpus", "").split(",")
-                                      if p and not p.replace("_", "").isalpha()))
+    iso_boot = boot_cpulist(cmd.get("isolcpus"), last, flags=True)
     isolated = sorted(set(parse_cpulist(host.read("/sys/devices/system/cpu/isolated")) + iso_boot))
     nohz = sorted(set(parse_cpulist(host.read("/sys/devices/system/cpu/nohz_full")) +
-                      parse_cpulist(cmd.get("nohz_full"))))
-    rcu = parse_cpulist(cmd.get("rcu_nocbs"))
+                      boot_cpulist(cmd.get("nohz_full"), last)))
+    rcu = boot_cpulist(cmd.get("rcu_nocbs"), last)
     gpus = []
     for dev in host.listdir("/sys/bus/pci/devices"):
         base = f"/sys/bus/pci/devices/{dev}"

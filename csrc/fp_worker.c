@@ -60,7 +60,10 @@ static void free_slot(fp_seg_header *h, int i) {
     FP_STORE_REL(&ctl->rep_head.v, 0);
     FP_STORE_REL(&ctl->rep_tail.v, 0);
     h->clients[i].pid = 0;
-    __atomic_add_fetch(&h->clients[i].generation, 1, __ATOMIC_RELEASE);
+    /* a client still using the slot (its pid only looked dead) sees the new generation on
+     * its own cursor line at its next call and stops, before the slot is offered again */
+    uint64_t gen = __atomic_add_fetch(&h->clients[i].generation, 1, __ATOMIC_RELEASE);
+    FP_STORE_REL(&ctl->req_head.gen, gen);
     FP_STORE_REL(&h->clients[i].state, FP_CL_FREE);
 }
 
@@ -206,15 +209,16 @@ static int serve_all(fp_seg_header *h, fp_engine *e, int budget, fp_lat_ring *la
     return n;
 }
 
-static void idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
-                      uint64_t idle_run) {
+/* 1 when it gave the CPU away (sched_yield or a sleep), 0 when it only spun */
+static int idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
+                     uint64_t idle_run) {
     if (o->idle == FP_IDLE_SPIN || now - idle_since < o->idle_spin_ns) {
         /* right after work, poll with plain loads: the next request of a client in a
          * request/reply loop comes within a few hundred ns, and a pause (~25 ns) per poll
          * would add half of itself to each hand-off. Then throttle with pause. */
         if (idle_run > FP_WORKER_HOT_POLLS)
             FP_RING_PAUSE();
-        return;
+        return 0;
     }
     if (o->idle == FP_IDLE_YIELD) {
         sched_yield();
@@ -222,6 +226,7 @@ static void idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
         struct timespec ts = {0, (long)o->idle_sleep_ns};
         nanosleep(&ts, NULL);
     }
+    return 1;
 }
 
 void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
@@ -253,8 +258,11 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
             if (FP_LOAD_ACQ(&h->stop))
                 break;
         }
-        if (n == 0)
-            idle_wait(o, idle_since, now, idle_run);
+        /* after a sleep or a yield the clock moved by far more than a round: read it, or
+         * 64 rounds of idle_sleep_ns (up to 640 ms at 10 ms) pass between two heartbeats
+         * and clients call a healthy, idle server stalled */
+        if (n == 0 && idle_wait(o, idle_since, now, idle_run))
+            now = fp_ring_now_ns();
     }
     /* stop: refuse new submissions, then answer what was accepted. A client that stops taking
      * its replies holds its own requests back; drain_timeout_ns bounds the wait for it. */

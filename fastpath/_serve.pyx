@@ -50,6 +50,7 @@ cdef extern from "fp_ring.h" nogil:
         FP_RING_ERR_MAGIC
         FP_RING_ERR_NOSLOT
         FP_RING_ERR_GONE
+        FP_RING_ERR_RECLAIMED
         FP_ON_FULL_SPIN
         FP_ON_FULL_REJECT
         FP_SEG_HUGE_NONE
@@ -104,6 +105,7 @@ cdef extern from "fp_ring.h" nogil:
     int fp_client_poll(fp_client *c, fp_rep *out)
     int fp_client_poll_spin(fp_client *c, fp_rep *out)
     uint64_t fp_client_outstanding(const fp_client *c)
+    int fp_client_owns(const fp_client *c)
     void fp_client_close(fp_client *c)
     void FP_RING_PAUSE()
 
@@ -245,6 +247,7 @@ cdef class Worker:
     cdef readonly int raw_len, n_symbols
     cdef readonly object model, config, replaced, segment
     cdef list _keep
+    cdef object _ident          # (st_dev, st_ino) of the segment file this worker made
     cdef bint _running, _closed
 
     def __cinit__(self, name, model, config, serve_cfg, memory_cfg=None):
@@ -288,13 +291,27 @@ cdef class Worker:
             remove(self.path)
             return "unreadable"
         pid = s.h.server_pid
-        alive = fp_seg_server_check(s.h, fp_ring_now_ns(),
-                                    <int64_t>scfg.stall_timeout_ms * 1000000) == FP_SRV_ALIVE \
-            and not fp_ring_pid_dead(pid)
+        chk = fp_seg_server_check(s.h, fp_ring_now_ns(), <int64_t>scfg.stall_timeout_ms * 1000000)
+        age_s = (fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&s.h.heartbeat_ns)) / 1e9
+        fresh = age_s * 1000 <= s.h.dead_after_ms
+        dead = fp_ring_pid_dead(pid)
         fp_seg_detach(&s)
-        if alive:
+        if not dead and fresh and chk == FP_SRV_ALIVE:
             raise ServeError(f"{self.name!r} is already served by pid {pid} ({self.path}); stop "
                              f"it first or pick another name")
+        if not dead and chk != FP_SRV_GONE_STOPPED:
+            # a live pid whose loop stopped beating (SIGSTOP, a debugger): replacing it would
+            # leave two servers under one name once it resumes, its clients on the old rings
+            # and new ones on ours. Only a pid that does not map the segment lets go of it:
+            # the number reused after a crash by an unrelated process, or by this one (a
+            # container restarted: the server is pid 1 again)
+            from fastpath.serving.segment import mapped_by
+            if mapped_by(pid, self.path) is not False:
+                raise ServeError(
+                    f"{self.name!r} is held by pid {pid} ({self.path}), alive but its serving "
+                    f"loop has not beaten for {age_s:.1f} s (stopped by a signal or a debugger?); "
+                    f"replacing it would leave two servers under one name once it resumes: "
+                    f"stop that process first (kill {pid}) or pick another name")
         remove(self.path)
         return pid
 
@@ -304,7 +321,15 @@ cdef class Worker:
         cdef size_t map_bytes
         cdef void *p
         huge = memory_cfg.huge_pages if memory_cfg is not None else "auto"
-        fd, map_bytes, method, tried = seg.create(self.path, size, scfg.mode, huge)
+        try:
+            fd, map_bytes, method, tried = seg.create(self.path, size, scfg.mode, huge)
+        except FileExistsError:
+            # another server made it between the check for a live one and now
+            raise ServeError(f"{self.name!r}: another server created {self.path} at the same "
+                             f"time; one name, one server: stop it first or pick another "
+                             f"name") from None
+        st = os.fstat(fd)
+        self._ident = (st.st_dev, st.st_ino)
         try:
             p = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
             if p == MAP_FAILED:
@@ -397,7 +422,9 @@ cdef class Worker:
             munmap(self._h, self._size)
             self._h = NULL
             from fastpath.serving.segment import remove
-            remove(self.path)
+            # only the file this worker made: a server that replaced this one (after it was
+            # judged gone) serves under the same path now
+            remove(self.path, self._ident)
         if self._e != NULL:
             fp_engine_free(self._e)
             self._e = NULL
@@ -519,6 +546,13 @@ cdef class Client:
     cdef int64_t _stall_ns
     cdef list _stash
     cdef bint _open
+    # symbol and ts_ns of each request in flight, by (seq - 1) & _req_mask: a reply names only
+    # its seq, and an error taken by poll() must still say which tick it was about. At most
+    # 2 x slots are in flight (slots in the request ring, slots answered in the reply ring).
+    cdef int32_t *_sym_of
+    cdef int64_t *_ts_of
+    cdef uint64_t _req_mask
+    cdef int _pid
 
     def __cinit__(self, name, double timeout=1.0, stall_timeout=None):
         """stall_timeout: seconds a live server's loop may go without a heartbeat before
@@ -526,6 +560,8 @@ cdef class Client:
         cdef int rc
         cdef int64_t deadline
         self._open = False
+        self._sym_of = NULL
+        self._ts_of = NULL
         self._stash = []
         self._stall_ns = -1 if stall_timeout is None else <int64_t>(float(stall_timeout) * 1e9)
         self.name = name
@@ -565,9 +601,25 @@ cdef class Client:
                 raise ServeError(f"server {name!r} has all its {self._s.h.max_clients if self._s.h else ''}"
                                  f" client slots taken; raise serve.max_clients")
             raise ServerGone(f"server {name!r} is stopping")
+        self._pid = os.getpid()
+        cdef uint64_t n_track = 2 * <uint64_t>self._s.h.slots
+        self._sym_of = <int32_t *>PyMem_Malloc(n_track * sizeof(int32_t))
+        self._ts_of = <int64_t *>PyMem_Malloc(n_track * sizeof(int64_t))
+        if self._sym_of == NULL or self._ts_of == NULL:
+            self._release()
+            raise MemoryError(f"client of {name!r}: request records for {n_track} requests")
+        self._req_mask = n_track - 1
         self.raw_len = self._s.h.raw_len
         self.n_symbols = self._s.h.n_symbols
         self._open = True
+
+    cdef void _release(self):
+        """Give the slot back (fp_client_close leaves it alone when the worker already took
+        it: it may be another client's by now) and unmap."""
+        if self._s.h == NULL:
+            return
+        fp_client_close(&self._c)
+        fp_seg_detach(&self._s)
 
     cdef inline int _need(self) except -1:
         if not self._open:
@@ -575,7 +627,21 @@ cdef class Client:
         return 0
 
     cdef int _check_server(self) except -1:
-        cdef int chk = fp_seg_server_check(self._s.h, fp_ring_now_ns(), self._stall_ns)
+        """ServerGone when the server is dead, stopped or stalled; ServeError when it took this
+        client's rings back (judged its process gone): waiting on them would never end."""
+        cdef int chk
+        if not fp_client_owns(&self._c):
+            lost = fp_client_outstanding(&self._c)
+            self._open = False
+            # the slot is not ours any more: unmap without touching it
+            fp_seg_detach(&self._s)
+            raise ServeError(
+                f"server {self.name!r} took this client's rings back (slot {self._c.idx}): it "
+                f"judged process {self._pid} gone. {lost} request(s) in flight are lost and "
+                f"this client is closed. A client whose pid the server cannot see (another PID "
+                f"namespace: a container without --pid=host) is judged gone: run both in one "
+                f"PID namespace, then connect again")
+        chk = fp_seg_server_check(self._s.h, fp_ring_now_ns(), self._stall_ns)
         if chk != FP_SRV_ALIVE:
             raise ServerGone(f"server {self.name!r} (pid {self._s.h.server_pid}) is "
                              f"{_gone_why(chk, self._stall_ns)}")
@@ -612,7 +678,11 @@ cdef class Client:
         while True:
             rc = fp_client_try_submit(&self._c, p, <int32_t>sym, ts, &seq)
             if rc == FP_RING_OK:
+                self._sym_of[(seq - 1) & self._req_mask] = <int32_t>sym
+                self._ts_of[(seq - 1) & self._req_mask] = ts
                 return seq
+            if rc == FP_RING_ERR_RECLAIMED:
+                self._check_server()          # raises: the slot is not this client's any more
             if self._s.h.on_full == FP_ON_FULL_REJECT:
                 fp_atomic_add_u64(&self._s.h.rejected_full, 1)
                 self._s.h.clients[self._c.idx].rejected_full += 1
@@ -629,9 +699,11 @@ cdef class Client:
             FP_RING_PAUSE()
 
     cdef object _as_item(self, fp_rep *r):
+        cdef uint64_t k
         if r.err == FP_REP_OK:
             return (r.seq, _make(r))
-        return (r.seq, _reply_error(r.err, r.seq, -1, -1))
+        k = (r.seq - 1) & self._req_mask
+        return (r.seq, _reply_error(r.err, r.seq, self._sym_of[k], self._ts_of[k]))
 
     def submit(self, raw, symbol=0, ts_ns=None):
         """Send one tick (validated as Engine.step validates it) -> its seq; take the answer
@@ -705,8 +777,7 @@ cdef class Client:
         """Give the ring pair back; answers not yet taken are dropped."""
         if self._open:
             self._open = False
-            fp_client_close(&self._c)
-            fp_seg_detach(&self._s)
+            self._release()
 
     def __enter__(self):
         return self
@@ -716,8 +787,9 @@ cdef class Client:
 
     def __dealloc__(self):
         if self._open:
-            fp_client_close(&self._c)
-            fp_seg_detach(&self._s)
+            self._release()
+        PyMem_Free(self._sym_of)
+        PyMem_Free(self._ts_of)
 
 
 cdef extern from "<errno.h>":

@@ -18,6 +18,30 @@ def _parse_fields(spec: str | None, default, option: str):
         raise SystemExit(f"fastpath calibrate: {exc}") from None
 
 
+def _int_in(lo: int, hi: int):
+    """argparse type: an int in [lo, hi], else a usage error (not a traceback from deep in
+    the fit, as a window of -3 gave)."""
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{hi}, got {text!r}")
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{hi}, got {v}")
+        return v
+    return conv
+
+
+def _max_error(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"max_error must be a signal error in (0, 2], got {text!r}")
+    if not 0 < v <= 2:              # NaN fails this too
+        raise argparse.ArgumentTypeError(f"max_error must be a signal error in (0, 2], got {text}")
+    return v
+
+
 def cmd_info(args) -> int:
     import fastpath
     from fastpath._build import DEMO_MODEL
@@ -183,8 +207,9 @@ def main(argv=None) -> int:
                    "n_in - 2 x window fields)")
     c.add_argument("--window-fields", help="raw fields with rolling mean/std, e.g. '40,60,61' "
                    "(default: fastpath.lob.WINDOW_FIELDS for 256-wide ticks, else none)")
-    c.add_argument("--window", type=int, default=32, help="ticks in the rolling window")
-    c.add_argument("--max-error", type=float, metavar="E",
+    c.add_argument("--window", type=_int_in(1, 65536), default=32,
+                   help="ticks in the rolling window (1..65536)")
+    c.add_argument("--max-error", type=_max_error, metavar="E",
                    help="fit the cache policy by shadow replay of the ticks: the loosest policy "
                         "whose every hit is within E of the fresh signal (without it the "
                         "bundle's cache is off)")

@@ -103,6 +103,7 @@ enum {
     FP_RING_ERR_MAGIC = -3,    /* not a fastpath segment, or another version */
     FP_RING_ERR_NOSLOT = -4,   /* every client slot taken */
     FP_RING_ERR_GONE = -5,     /* server dead, stopping or stopped */
+    FP_RING_ERR_RECLAIMED = -6, /* the worker freed this client's slot: the client is done */
 };
 /* on_full policy (fp_seg_header.on_full) */
 enum { FP_ON_FULL_SPIN = 0, FP_ON_FULL_REJECT = 1 };
@@ -113,7 +114,12 @@ enum { FP_SEG_HUGE_NONE = 0, FP_SEG_HUGE_TLB = 1, FP_SEG_HUGE_THP = 2 };
 /* fp_seg_server_check() */
 enum { FP_SRV_ALIVE = 0, FP_SRV_GONE_STOPPED = 1, FP_SRV_GONE_DEAD = 2, FP_SRV_GONE_STALLED = 3 };
 
-typedef struct { uint64_t v; char _pad[56]; } __attribute__((aligned(64))) fp_ring_cursor;
+/* gen is used in req_head only: the worker stores the slot's generation there when it frees
+ * the slot (fp_client_entry.generation, bumped), on the line the client writes on every
+ * submit, so checking it costs the client nothing. A client whose slot was freed under it
+ * (its pid looked dead to the server: another PID namespace) then stops at its next call
+ * instead of writing into rings that may already belong to the slot's next owner. */
+typedef struct { uint64_t v; uint64_t gen; char _pad[48]; } __attribute__((aligned(64))) fp_ring_cursor;
 
 typedef struct {
     fp_ring_cursor req_head;   /* written by the client: requests published */
@@ -316,6 +322,7 @@ typedef struct {
     uint64_t req_head, req_tail_seen;   /* own head; the worker's tail as last read */
     uint64_t rep_tail;
     uint64_t next_seq;
+    uint64_t gen;                       /* the slot's generation when claimed */
     uint32_t sent_clock;
 } fp_client;
 
@@ -341,6 +348,7 @@ static inline int fp_client_open(fp_seg *s, fp_client *c) {
         c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
         c->rep_tail = FP_LOAD_ACQ(&c->ctl->rep_tail.v);
         c->next_seq = c->req_head + 1;    /* seq = ring position + 1, from 1 */
+        c->gen = FP_LOAD_ACQ(&c->ctl->req_head.gen);
         c->sent_clock = h->sent_clock;
         FP_STORE_REL(&e->state, FP_CL_ACTIVE);
         return FP_RING_OK;
@@ -348,11 +356,22 @@ static inline int fp_client_open(fp_seg *s, fp_client *c) {
     return FP_RING_ERR_NOSLOT;
 }
 
+/* 1 while the slot is still this client's (the worker has not freed it since it was claimed) */
+static inline int fp_client_owns(const fp_client *c) {
+    return FP_LOAD_ACQ(&c->ctl->req_head.gen) == c->gen;
+}
+
 /* Publish one request (raw must hold raw_len finite floats; the caller validated it).
- * FP_RING_OK with *seq set, or FP_RING_FULL (nothing written). */
+ * FP_RING_OK with *seq set; FP_RING_FULL or FP_RING_ERR_RECLAIMED with nothing written and
+ * *seq = 0, a seq no reply carries (a loop written before RECLAIMED existed, retrying only
+ * on FULL, then waits on a reply that never comes: check fp_client_owns where it checks
+ * fp_seg_server_check). */
 static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol,
                                        int64_t ts_ns, uint64_t *seq) {
     fp_seg_header *h = c->h;
+    *seq = 0;
+    if (!fp_client_owns(c))
+        return FP_RING_ERR_RECLAIMED;
     if (c->req_head - c->req_tail_seen >= h->slots) {
         c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
         if (c->req_head - c->req_tail_seen >= h->slots)
@@ -373,10 +392,11 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
     return FP_RING_OK;
 }
 
-/* Take the next reply if there is one: 1 (copied to *out) or 0. */
+/* Take the next reply if there is one: 1 (copied to *out) or 0 (none, or the slot is no
+ * longer this client's: fp_client_owns tells; a reply there would be the next owner's). */
 static inline int fp_client_poll(fp_client *c, fp_rep *out) {
     const fp_rep *r = fp_seg_rep(c->h, c->ctl, c->rep_tail);
-    if (FP_LOAD_ACQ(&r->seq) != c->rep_tail + 1)
+    if (FP_LOAD_ACQ(&r->seq) != c->rep_tail + 1 || !fp_client_owns(c))
         return 0;
     *out = *r;
     c->rep_tail++;
@@ -401,10 +421,14 @@ static inline uint64_t fp_client_outstanding(const fp_client *c) {
     return c->req_head - c->rep_tail;
 }
 
-/* Give the slot back; the worker drops what is left in the rings and frees it. */
+/* Give the slot back; the worker drops what is left in the rings and frees it. A slot the
+ * worker already freed is left alone: it may be the next client's by now. */
 static inline void fp_client_close(fp_client *c) {
-    if (c->h)
-        FP_STORE_REL(&c->h->clients[c->idx].state, FP_CL_CLOSING);
+    if (c->h && fp_client_owns(c)) {
+        uint32_t want = FP_CL_ACTIVE;
+        __atomic_compare_exchange_n(&c->h->clients[c->idx].state, &want, FP_CL_CLOSING, 0,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    }
     c->h = NULL;
 }
 

@@ -130,12 +130,24 @@ def create(path: str, size: int, mode: int, huge_pages: str = "auto"):
                                       f"{thp}; 'advise' allows them)"])
                 continue
             fd = _open_excl(path, mode)
-            os.ftruncate(fd, _round(size, MB2))
+            try:
+                os.ftruncate(fd, _round(size, MB2))
+                _reserve(fd, _round(size, MB2), path, allocate=False)
+            except OSError:
+                os.close(fd)
+                _unlink(path)
+                raise
             tried.append([method, "ok"])
             return fd, _round(size, MB2), method, tried
         fd = _open_excl(path, mode)
         n = _round(size, os.sysconf("SC_PAGE_SIZE"))
-        os.ftruncate(fd, n)
+        try:
+            os.ftruncate(fd, n)
+            _reserve(fd, n, path, allocate=True)
+        except OSError:
+            os.close(fd)
+            _unlink(path)
+            raise
         tried.append([method, "ok"])
         return fd, n, method, tried
     raise OSError(errno.ENOMEM, f"no backing for the segment: {tried}")
@@ -170,12 +182,68 @@ def _unlink(p: str) -> None:
         pass
 
 
-def remove(path: str) -> None:
+def remove(path: str, ident: tuple | None = None) -> None:
     """Remove the segment at `path`: the file, or the symlink and the hugetlbfs file it
-    points at (a dangling link from a crashed run included)."""
+    points at (a dangling link from a crashed run included). With ident (st_dev, st_ino of
+    the file its server made), only while `path` still leads to that file: a server that
+    replaced it owns the name now."""
+    if ident is not None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) != tuple(ident):
+            return
     if os.path.islink(path):
         _unlink(os.readlink(path))
     _unlink(path)
+
+
+def mapped_by(pid: int, path: str, maps: str | None = None) -> bool | None:
+    """Does process `pid` map the file at `path` (followed through a symlink)? None when
+    that cannot be told (its maps unreadable: another user's process, /proc hidden)."""
+    try:
+        st = os.stat(path)
+        with open(maps or f"/proc/{pid}/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    for line in lines:
+        f = line.split(None, 5)
+        # start-end perms offset dev inode [path]
+        if len(f) >= 5 and f[4] == str(st.st_ino) and f[3].lower() == dev:
+            return True
+    return False
+
+
+def _reserve(fd: int, n: int, path: str, allocate: bool) -> None:
+    """Make sure the file's n bytes exist before anyone touches them. tmpfs files are sparse:
+    a segment larger than what /dev/shm has left (64 MB in a default docker container) would
+    be created, and the first touch of a page past the limit kills the server with SIGBUS.
+    allocate: reserve the pages now (fallocate); else (shmem THP, where fallocate would get
+    small pages before the mapping is madvised) only check the free space."""
+    d = os.path.dirname(path) or "."
+
+    def refuse(code: int, why: str):
+        return OSError(code, f"cannot reserve {n} bytes for the segment {path} ({why}): lower "
+                             f"serve.ring_slots or serve.max_clients, or give {d} more room "
+                             f"(docker: --shm-size)")
+    try:
+        vfs = os.statvfs(d)
+    except OSError:
+        vfs = None
+    if vfs is not None and vfs.f_blocks and vfs.f_bavail * vfs.f_frsize < n:
+        raise refuse(errno.ENOSPC, f"{d} has {vfs.f_bavail * vfs.f_frsize} bytes free of "
+                                   f"{vfs.f_blocks * vfs.f_frsize}")
+    if not allocate:
+        return
+    try:
+        os.posix_fallocate(fd, 0, n)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return              # a file system without fallocate: nothing to reserve ahead
+        raise refuse(exc.errno, _why(exc)) from None
 
 
 def backing(smaps: dict, method: str) -> dict:

@@ -28,6 +28,7 @@ class Server:
         self.config = rc
         self.serve_config = rc.source.serve
         self._worker = Worker(name, m, rc, self.serve_config, rc.source.memory)
+        self._path = self._worker.path     # still known once stop() has released the worker
         self.replaced = self._worker.replaced
         self.placement: dict | None = None
         self.final_stats: dict | None = None
@@ -75,7 +76,7 @@ class Server:
 
     @property
     def path(self) -> str:
-        return self._worker.path
+        return self._path
 
     @property
     def running(self) -> bool:
