@@ -47,7 +47,8 @@ def extension(name: str, pyx: str) -> Extension:
     return Extension(name, sources=[pyx] + csrc, include_dirs=["csrc", np.get_include()],
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                      extra_compile_args=cflags, extra_link_args=ldflags,
-                     depends=sorted(glob.glob("csrc/*.h") + glob.glob("csrc/kernels/*.h")))
+                     depends=sorted(glob.glob("csrc/*.h") + glob.glob("csrc/kernels/*.h")
+                                    + glob.glob("fastpath/include/*.h")))
 
 
 # _engine: Engine, Result, step (the hot path); _kernels: kernel shims for tests and bench

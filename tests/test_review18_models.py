@@ -847,3 +847,13 @@ def test_random_ensembles_equal_onnxruntime(tmp_path_factory, isa, seed):
     np.testing.assert_allclose(m.forward(X), ref, rtol=1e-5, atol=1e-6)
     eng = Engine(m, config=engine_cfg(isa, enabled=False))
     np.testing.assert_allclose(np.stack([eng.predict(x) for x in X]), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [-3, 0, 1.5, True, 1 << 17])
+def test_calibrate_refuses_a_bad_window_before_replaying(window):
+    """FeatureSpec.fit (calibrate's first step) names a bad window: -3 was an IndexError from
+    the numpy replay, 0 warned before the spec's own check."""
+    from fastpath.model import FeatureSpec
+    raws = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    with pytest.raises(ModelError, match="window must be an int in 1..65536"):
+        FeatureSpec.fit(raws, [0, 1], [2], window=window)

@@ -162,6 +162,11 @@ class FeatureSpec:
             raise ModelError("calibration ticks contain NaN/Inf")
         z = np.asarray(list(z_idx), dtype=np.int64)
         w = np.asarray(list(w_idx), dtype=np.int64)
+        # checked here too, before the replay below indexes with it (the spec's own check
+        # comes after: a window of -3 was an IndexError from numpy)
+        if len(w) and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
+                       or not 1 <= window <= 1 << 16):
+            raise ModelError(f"feature spec window must be an int in 1..65536, got {window!r}")
         n, R = raws.shape
         if symbols is None:
             symbols = np.zeros(n, np.int64)
