@@ -161,13 +161,29 @@ static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec
 }
 
 /* where an undo record (see fp_window_undo_bytes) keeps the window's position and count:
- * after the sums and the old row the commit kernel writes; then (to 8 bytes) its fresh sums */
+ * after the sums, the fresh sums and the old row the commit kernel writes */
 static inline size_t fp_window_undo_hdr(const fp_feature_spec *fs) {
-    return (2 * sizeof(double) + sizeof(float)) * (size_t)fs->n_w;
+    return (4 * sizeof(double) + sizeof(float)) * (size_t)fs->n_w;
 }
 
-static inline size_t fp_window_undo_fresh(const fp_feature_spec *fs) {
-    return FP_ROUND_UP(fp_window_undo_hdr(fs) + 2 * sizeof(uint32_t), sizeof(double));
+/* The rare half of fp_window_commit (a field to heal, see there), out of line: every
+ * field's sums recomputed from the ring */
+__attribute__((noinline, cold)) static void fp_window_heal(const fp_feature_spec *fs,
+                                                           unsigned char *win) {
+    const int n = fs->n_w;
+    double *sum = (double *)(win + sizeof(fp_window_hdr));
+    double *sumsq = sum + n;
+    const float *ring = (const float *)(sumsq + n);
+    for (int j = 0; j < n; j++) {
+        double s = 0.0, q = 0.0;
+        for (int r = 0; r < fs->window; r++) {
+            const double v = ring[(size_t)r * n + j];
+            s += v;
+            q += v * v;
+        }
+        sum[j] = s;
+        sumsq[j] = q;
+    }
 }
 
 /* push raw's windowed fields into the symbol's ring; undo (NULL: none) receives the record
@@ -179,15 +195,13 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
     double *sum = (double *)(win + sizeof(fp_window_hdr));
     double *sumsq = sum + fs->n_w;
     const int n = fs->n_w;
-    const float *ring = (const float *)(sumsq + n);
-    float *row = (float *)ring + (size_t)h->pos * n;
+    float *row = (float *)(sumsq + n) + (size_t)h->pos * n;
     double *fresh = (double *)(win + fp_window_fresh_off(fs));
     const int full = h->count >= (uint32_t)fs->window;
     if (undo) {
         uint32_t *u = (uint32_t *)(undo + fp_window_undo_hdr(fs));
         u[0] = h->pos;
         u[1] = h->count;
-        memcpy(undo + fp_window_undo_fresh(fs), fresh, 2 * sizeof(double) * (size_t)n);
     }
     /* heal: a field to recompute from the ring, its departing square outweighing the rest
      * of the window 2^16 times over (256x in magnitude). While it was in, each update of the
@@ -200,35 +214,25 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
     if (!full) h->count++;
     if (h->pos + 1 == (uint32_t)fs->window) {
         /* the ring holds exactly the ticks since the last wrap: their sums, free of any
-         * subtraction, replace the running ones */
+         * subtraction, replace the running ones (healed or not) */
         h->pos = 0;
         memcpy(sum, fresh, 2 * sizeof(double) * (size_t)n);
         memset(fresh, 0, 2 * sizeof(double) * (size_t)n);
         return;
     }
     h->pos++;
-    if (heal) {
-        for (int j = 0; j < n; j++) {
-            double s = 0.0, q = 0.0;
-            for (int r = 0; r < fs->window; r++) {
-                const double v = ring[(size_t)r * n + j];
-                s += v;
-                q += v * v;
-            }
-            sum[j] = s;
-            sumsq[j] = q;
-        }
-    }
+    if (heal) fp_window_heal(fs, win);
 }
 
-/* An undo record of one commit: the window's running sums and the ring row the commit
- * overwrites (as the commit kernel loads them: sum[n_w], sumsq[n_w] doubles, the row's
- * n_w floats), then the window's position and count; fp_window_undo_bytes() long. fp_step
- * commits a tick's window before the cache has decided (so that on a hit, a rarely taken
- * branch, the decision has less work behind it) and restores the record when the model
- * then refuses the tick: the window is then exactly as it was, bit for bit. */
+/* An undo record of one commit: the window's running sums, its fresh sums and the ring row
+ * the commit overwrites (as the commit kernel loads them: sum[n_w], sumsq[n_w], fresh[2 n_w]
+ * doubles, the row's n_w floats), then the window's position and count;
+ * fp_window_undo_bytes() long. fp_step commits a tick's window before the cache has decided
+ * (so that on a hit, a rarely taken branch, the decision has less work behind it) and
+ * restores the record when the model then refuses the tick: the window is then exactly as
+ * it was, bit for bit. */
 static inline size_t fp_window_undo_bytes(const fp_feature_spec *fs) {
-    return fp_window_undo_fresh(fs) + 2 * sizeof(double) * (size_t)fs->n_w;
+    return fp_window_undo_hdr(fs) + 2 * sizeof(uint32_t);
 }
 
 static inline void fp_window_restore(const fp_feature_spec *fs, unsigned char *win,
@@ -237,16 +241,16 @@ static inline void fp_window_restore(const fp_feature_spec *fs, unsigned char *w
     if (n == 0) return;
     fp_window_hdr *h = (fp_window_hdr *)win;
     const double *us = (const double *)undo;
-    const float *ur = (const float *)(us + 2 * n);
+    const float *ur = (const float *)(us + 4 * n);
     const uint32_t *u = (const uint32_t *)(undo + fp_window_undo_hdr(fs));
     h->pos = u[0];
     h->count = u[1];
     double *sums = (double *)(win + sizeof(fp_window_hdr));
     for (int i = 0; i < 2 * n; i++) sums[i] = us[i];
+    double *fresh = (double *)(win + fp_window_fresh_off(fs));
+    for (int i = 0; i < 2 * n; i++) fresh[i] = us[2 * n + i];
     float *row = (float *)(sums + 2 * n) + (size_t)h->pos * n;
     for (int i = 0; i < n; i++) row[i] = ur[i];
-    memcpy(win + fp_window_fresh_off(fs), undo + fp_window_undo_fresh(fs),
-           2 * sizeof(double) * (size_t)n);
 }
 
 #endif

@@ -123,9 +123,10 @@ typedef struct {
      * tick, o): sum = (sum - o) + x, sumsq = (sumsq - o*o) + x*x, else sum += x, sumsq += x*x;
      * row[j] = x. Every set gives the scalar twin's doubles bit for bit (o*o and x*x are
      * exact in double, so fusing them into an FMA changes nothing). undo (or NULL) receives
-     * what the commit overwrites, as it loads it: sum[0..n_w), sumsq[0..n_w), then row's old
-     * n_w floats (read whether or not the window is full), 20 n_w bytes. fresh[j] += x,
-     * fresh[n_w + j] += x*x (the window's sums since its ring last wrapped, fp_features.h).
+     * what the commit overwrites, as it loads it: sum[0..n_w), sumsq[0..n_w), fresh[0..2 n_w),
+     * then row's old n_w floats (read whether or not the window is full), 36 n_w bytes.
+     * fresh[j] += x, fresh[n_w + j] += x*x (the window's sums since its ring last wrapped,
+     * fp_features.h).
      * Returns 1 when full and a field's departing square outweighs the rest of its window
      * 2^16 times over, o*o > 2^16 * (the new sumsq), else 0. */
     int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,

@@ -194,8 +194,8 @@ def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, bint 
     """One tick into a window with the named kernel set: returns the new (sum, sumsq, row,
     fresh, heal) (float64, float64, float32, float64 (2 n_w: the sums since the ring last
     wrapped; zeros when fresh is None), bool); the inputs are not modified. undo=True: the
-    kernel also writes its undo record, and (old sum, old sumsq, old row) read back from it
-    follow."""
+    kernel also writes its undo record, and (old sum, old sumsq, old fresh, old row) read
+    back from it follow."""
     cdef const fp_kernels *k = _kernels(isa)
     r = np.ascontiguousarray(raw, np.float32)
     ix = np.ascontiguousarray(w_idx, np.int32)
@@ -210,8 +210,8 @@ def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, bint 
     fr = np.zeros(2 * n, np.float64) if fresh is None else np.array(fresh, np.float64, copy=True)
     if len(fr) != 2 * n:
         raise InputError("fresh must have two values per window field")
-    # the record (20 n bytes) and 64 guard bytes after it, which must stay untouched
-    rec = np.full(2 * n + (n + 1) // 2 + 8, np.nan)
+    # the record (36 n bytes) and 64 guard bytes after it, which must stay untouched
+    rec = np.full(4 * n + (n + 1) // 2 + 8, np.nan)
     cdef double *u = <double *>cnp.PyArray_DATA(rec) if undo else NULL
     heal = k.window_commit(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix),
                            n, <double *>cnp.PyArray_DATA(s), <double *>cnp.PyArray_DATA(q),
@@ -219,10 +219,10 @@ def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, bint 
     if not undo:
         return s, q, w, fr, bool(heal)
     b = rec.view(np.uint8)
-    if (b[20 * n:] != np.full(1, np.nan).view(np.uint8)[np.arange(20 * n, b.size) % 8]).any():
+    if (b[36 * n:] != np.full(1, np.nan).view(np.uint8)[np.arange(36 * n, b.size) % 8]).any():
         raise AssertionError("window_commit wrote past its undo record")
     return (s, q, w, fr, bool(heal), rec[:n].copy(), rec[n:2 * n].copy(),
-            b[16 * n:20 * n].view(np.float32).copy())
+            rec[2 * n:4 * n].copy(), b[32 * n:36 * n].view(np.float32).copy())
 
 
 def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):

@@ -603,11 +603,12 @@ def test_window_commit_matches_float64_bit_for_bit(isa, n_w, full, seed, outlier
                                                 fresh=f0)))
     # the undo record (what fp_step restores when the model refuses the tick): the old sums
     # and the old row exactly, whether or not the window was full, and the same commit
-    s2, q2, row2, fr2, heal2, us, uq, urow = K.kernel_window_commit(isa, raw, w_idx, s0, q0, old,
-                                                                   full, undo=True, fresh=f0)
+    s2, q2, row2, fr2, heal2, us, uq, uf, urow = K.kernel_window_commit(
+        isa, raw, w_idx, s0, q0, old, full, undo=True, fresh=f0)
     assert (s2.tobytes(), q2.tobytes(), row2.tobytes(), fr2.tobytes(), heal2) == (
         s.tobytes(), q.tobytes(), row.tobytes(), fr.tobytes(), heal)
-    assert (us.tobytes(), uq.tobytes(), urow.tobytes()) == (s0.tobytes(), q0.tobytes(), old.tobytes())
+    assert (us.tobytes(), uq.tobytes(), uf.tobytes(), urow.tobytes()) == (
+        s0.tobytes(), q0.tobytes(), f0.tobytes(), old.tobytes())
 
 
 def test_op_latency_probe():

@@ -702,7 +702,7 @@ FP_TARGET_AVX512 static void fp_dot_norms_f64_avx512(const float *a, const float
 FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int32_t *w_idx, int n_w,
                                                     double *sum, double *sumsq, float *row,
                                                     int full, double *undo, double *fresh) {
-    float *undo_row = undo ? (float *)(undo + 2 * n_w) : NULL;
+    float *undo_row = undo ? (float *)(undo + 4 * n_w) : NULL;
     __mmask8 heal = 0;
     for (int j = 0; j < n_w; j += 8) {
         const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xFFu : (1u << (n_w - j)) - 1u);
@@ -711,9 +711,13 @@ FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int3
         const __m512d x = _mm512_cvtps_pd(xf), xx = _mm512_mul_pd(x, x);
         __m512d s = _mm512_maskz_loadu_pd(m, sum + j), q = _mm512_maskz_loadu_pd(m, sumsq + j);
         const __m256 of = _mm256_maskz_loadu_ps(m, row + j);
+        const __m512d fs = _mm512_maskz_loadu_pd(m, fresh + j),
+                      fq = _mm512_maskz_loadu_pd(m, fresh + n_w + j);
         if (undo) {
             _mm512_mask_storeu_pd(undo + j, m, s);
             _mm512_mask_storeu_pd(undo + n_w + j, m, q);
+            _mm512_mask_storeu_pd(undo + 2 * n_w + j, m, fs);
+            _mm512_mask_storeu_pd(undo + 3 * n_w + j, m, fq);
             _mm256_mask_storeu_ps(undo_row + j, m, of);
         }
         if (full) {
@@ -729,9 +733,8 @@ FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int3
         _mm512_mask_storeu_pd(sum + j, m, s);
         _mm512_mask_storeu_pd(sumsq + j, m, q);
         _mm256_mask_storeu_ps(row + j, m, xf);
-        _mm512_mask_storeu_pd(fresh + j, m, _mm512_add_pd(_mm512_maskz_loadu_pd(m, fresh + j), x));
-        _mm512_mask_storeu_pd(fresh + n_w + j, m,
-                              _mm512_add_pd(_mm512_maskz_loadu_pd(m, fresh + n_w + j), xx));
+        _mm512_mask_storeu_pd(fresh + j, m, _mm512_add_pd(fs, x));
+        _mm512_mask_storeu_pd(fresh + n_w + j, m, _mm512_add_pd(fq, xx));
     }
     return heal != 0;
 }

@@ -29,10 +29,12 @@ static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_r
 int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, double *sum,
                             double *sumsq, float *row, int full, double *undo, double *fresh) {
     if (undo) {
-        float *undo_row = (float *)(undo + 2 * n_w);
+        float *undo_row = (float *)(undo + 4 * n_w);
         for (int j = 0; j < n_w; j++) {
             undo[j] = sum[j];
             undo[n_w + j] = sumsq[j];
+            undo[2 * n_w + j] = fresh[j];
+            undo[3 * n_w + j] = fresh[n_w + j];
             undo_row[j] = row[j];
         }
     }
