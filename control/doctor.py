@@ -11,6 +11,7 @@ Nothing here changes the host.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from fastpath.control.host import Host, Topology, format_cpulist, parse_cpulist, read_topology
@@ -141,7 +142,7 @@ def _clocksource(host: Host) -> Check:
                  f"trap to the kernel (~1 us)", fix)
 
 
-def _privileges(priv: Privileges, policy: str, priority: int, arena_bytes: int) -> list:
+def _privileges(priv: Privileges, policy: str, priority: int, plan: dict) -> list:
     out = []
     if policy == "other":
         out.append(Check("rlimit_rtprio", PASS, "no real-time policy asked"))
@@ -151,12 +152,90 @@ def _privileges(priv: Privileges, policy: str, priority: int, arena_bytes: int) 
                    if ok else
                    Check("rlimit_rtprio", WARN, f"SCHED_{policy.upper()} {priority} will be refused "
                          f"({why}): the engine runs under SCHED_OTHER", RT_FIX.format(p=priority)))
-    ok, why = priv.memory_lock(arena_bytes)
-    out.append(Check("rlimit_memlock", PASS, f"mlock of the {arena_bytes} B arena allowed: {why}")
-               if ok else
-               Check("rlimit_memlock", WARN, f"mlock of the {arena_bytes} B arena will fail ({why}): "
-                     f"its pages can be swapped out", MEMLOCK_FIX))
+    out.append(_memlock(priv, plan))
     return out
+
+
+def _memlock(priv: Privileges, plan: dict) -> Check:
+    """Will mlock of what this config locks succeed: the engine's arena and state, plus the
+    serve segment when serving (RLIMIT_MEMLOCK bounds the process's locked total)."""
+    mb = 1 << 20
+    eng = (f"engine arena + state {plan['engine']} B ({plan['engine_asked']} B for "
+           f"{plan['n_symbols']} symbols, mapped in {_page_words(plan['huge_pages'])})")
+    seg = (f"serve segment {plan['segment_full']} B (serve.ring_slots {plan['ring_slots']} x "
+           f"serve.max_clients {plan['max_clients']})")
+    if not plan["mlock"]:
+        return Check("rlimit_memlock", PASS, "memory.mlock = false: nothing is locked (the "
+                     "arena's pages may be swapped out)")
+    total = plan["total"]
+    what = f"{eng} + {seg}" if plan["serve"] else eng
+    more = "" if plan["serve"] else (f"; `fastpath serve` with this config also locks its "
+                                     f"{seg}: {total + plan['segment_full']} B in all")
+    ok, why = priv.memory_lock(total)
+    if ok:
+        if not plan["serve"] and not priv.memory_lock(total + plan["segment_full"])[0]:
+            more += " (not allowed: raise the limit before serving)"
+        return Check("rlimit_memlock", PASS, f"mlock of {total} B ({total / mb:.1f} MB) "
+                     f"allowed: {what}; {why}{more}")
+    kb = -(-total // 1024)
+    return Check("rlimit_memlock", WARN, f"mlock of {total} B ({total / mb:.1f} MB) will fail "
+                 f"({why}): {what}; those pages can be swapped out{more}",
+                 f"allow at least {kb} KB locked (ulimit -l {kb}, or unlimited; "
+                 f"'<user> - memlock {kb}' in /etc/security/limits.conf; systemd "
+                 f"LimitMEMLOCK={total}; docker --ulimit memlock={total}), or {MEMLOCK_FIX}; "
+                 f"or lock less: fewer engine.n_symbols, serve.ring_slots, serve.max_clients")
+
+
+def _page_words(huge: str) -> str:
+    return {"none": "base pages", "1g": "1 GB pages"}.get(huge, "2 MB pages")
+
+
+def _serving_configured(config) -> bool:
+    """A [serve] table in the config (a mapping, or a TOML file): this host will serve."""
+    if isinstance(config, Mapping):
+        return "serve" in config
+    if isinstance(config, (str, os.PathLike)):
+        import tomllib
+        try:
+            with open(config, "rb") as f:
+                return "serve" in tomllib.load(f)
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+def lock_plan(host: Host, config=None, model=None, serve: bool | None = None,
+              arena_bytes: int | None = None) -> dict:
+    """memory.lock_plan for this host (1 GB pages counted only when its pool has some free),
+    with `serve` decided from the config when None and the segment's size kept for the
+    note on serving; arena_bytes, when given, stands for the engine's part."""
+    from fastpath.control.memory import lock_plan as plan_of, mapped_bytes
+    free1g = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
+    serve = _serving_configured(config) if serve is None else bool(serve)
+    if arena_bytes is None:
+        p = plan_of(model, config, True, bool(free1g))
+    else:
+        from fastpath.control.config import load_config
+        from fastpath.control.memory import serve_segment_bytes
+        cfg = load_config(config)
+        seg = serve_segment_bytes(256 if model is None else _raw_len(model),
+                                  cfg.serve.ring_slots, cfg.serve.max_clients)
+        p = {"mlock": bool(cfg.memory.mlock), "engine_asked": int(arena_bytes),
+             "engine": mapped_bytes(arena_bytes, cfg.memory.huge_pages, bool(free1g)),
+             "segment_asked": seg,
+             "segment": mapped_bytes(seg, cfg.memory.huge_pages, bool(free1g)),
+             "ring_slots": cfg.serve.ring_slots, "max_clients": cfg.serve.max_clients,
+             "n_symbols": cfg.n_symbols, "huge_pages": cfg.memory.huge_pages}
+    p["segment_full"] = p["segment"] if p["mlock"] else 0
+    p["serve"] = serve
+    p["segment"] = p["segment_full"] if serve else 0
+    p["total"] = (p["engine"] + p["segment"]) if p["mlock"] else 0
+    return p
+
+
+def _raw_len(model) -> int:
+    from fastpath._build import load_model
+    return load_model(model).feature_spec.raw_len
 
 
 def _irqs(host: Host, core: int) -> list:
@@ -256,9 +335,15 @@ def _cstates(host: Host, core: int) -> Check:
 
 
 def run_checks(host: Host | None = None, core: int | None = None, policy: str = "fifo",
-               priority: int = 50, use_gpu: bool = False, arena_bytes: int = 8 << 20,
-               topo: Topology | None = None, busy: dict | None = None) -> dict:
-    """Every check for the core the placement would choose (or `core`)."""
+               priority: int = 50, use_gpu: bool = False, arena_bytes: int | None = None,
+               topo: Topology | None = None, busy: dict | None = None, config=None,
+               model=None, serve: bool | None = None) -> dict:
+    """Every check for the core the placement would choose (or `core`).
+
+    What is locked is computed for `model` (None: the demo model fastpath.step() runs) and
+    `config` (None: defaults; a mapping, a TOML path or an EngineConfig): the engine's arena
+    and state as the engine sizes them, plus the serve segment when `serve` (None: when the
+    config has a [serve] table). arena_bytes, when given, stands for the engine's part."""
     from fastpath.control.placement import choose_core
     host = host or Host()
     topo = topo or read_topology(host)
@@ -269,13 +354,17 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     checks = [_governor(host, c)]
     checks += _isolation(host, topo, c)
     isolated = c in topo.isolated or c in topo.nohz_full
-    checks += [_thp(host), _hugetlb(host, -(-arena_bytes // (2 << 20))),
+    plan = lock_plan(host, config, model, serve, arena_bytes)
+    need = plan["engine_asked"] + (plan["segment_asked"] if plan["serve"] else 0)
+    checks += [_thp(host), _hugetlb(host, -(-need // (2 << 20))),
                _rt_runtime(host, policy, c, isolated), _swap(host), _clocksource(host)]
-    checks += _privileges(read_privileges(host), policy, priority, arena_bytes)
+    checks += _privileges(read_privileges(host), policy, priority, plan)
     checks += _irqs(host, c)
     checks.append(_smt(host, topo, c, busy))
     checks.append(_gpu_numa(topo, c, use_gpu))
     checks.append(_cstates(host, c))
     return {"core": c, "placement": rep.to_dict(), "checks": [x.to_dict() for x in checks],
             "failed": sum(x.status == FAIL for x in checks),
-            "warned": sum(x.status == WARN for x in checks)}
+            "warned": sum(x.status == WARN for x in checks),
+            "locked": {k: plan[k] for k in ("mlock", "serve", "engine", "segment", "total",
+                                            "engine_asked", "segment_asked")}}

@@ -159,3 +159,75 @@ def allocate(nbytes: int, huge_pages: str = "auto", lock: bool = True) -> Region
     rep.rss_kb = sm.get("Rss")
     rep.locked_kb = sm.get("Locked")
     return region
+
+
+# ------------------------------------------------------------- what a config will lock
+# The serve segment's layout constants (fastpath/include/fp_ring.h): the header, a client's
+# ring control block (4 cursors of one cache line), a request's fixed part and a reply slot.
+SEG_HEADER_BYTES = 16384
+_RING_CTL_BYTES = 256
+_REQ_HEAD_BYTES = 64
+_REP_BYTES = 64
+
+
+def serve_segment_bytes(raw_len: int, ring_slots: int, max_clients: int) -> int:
+    """fp_seg_bytes (csrc/fp_worker.c): the header, then per client its ring control block
+    and ring_slots request slots (64 B + the raw tick, padded to 64 B) and reply slots."""
+    req = (_REQ_HEAD_BYTES + 4 * int(raw_len) + 63) & ~63
+    return SEG_HEADER_BYTES + int(max_clients) * (_RING_CTL_BYTES + int(ring_slots) * (req + _REP_BYTES))
+
+
+def mapped_bytes(nbytes: int, huge_pages: str, one_gb_pages_free: bool = False) -> int:
+    """The length allocate() (and the segment's create) maps and mlocks for nbytes: rounded
+    to 2 MB whenever the plan starts with huge pages (a hugetlb-2m or THP mapping is 2 MB
+    rounded whichever of them the host grants), to 1 GB for "1g" when that pool has pages,
+    to the base page for "none"."""
+    n = max(int(nbytes), 64)
+    page = (GB1 if huge_pages == "1g" and one_gb_pages_free else
+            mmap.PAGESIZE if huge_pages == "none" else MB2)
+    return -(-n // page) * page
+
+
+def engine_arena_bytes(model=None, config=None) -> int:
+    """Bytes of the engine's weights arena and per-symbol state for this model and config,
+    as the engine sizes them (fp_engine_sizes): read from an engine built once with that
+    region unlocked on base pages, so nothing is locked or taken from the huge-page pool to
+    find out. model None: the embedded demo model that fastpath.step() runs."""
+    import dataclasses
+
+    from fastpath._build import DEMO_MODEL
+    from fastpath._engine import Engine
+    from fastpath.control.config import MemoryConfig, load_config
+    cfg = load_config(config)
+    probe = dataclasses.replace(cfg, memory=MemoryConfig(huge_pages="none", mlock=False),
+                                backend="cpu")
+    eng = Engine(DEMO_MODEL if model is None else model, backend="cpu", config=probe)
+    try:
+        return int(eng.memory.bytes)
+    finally:
+        eng.close()
+
+
+def lock_plan(model=None, config=None, serve: bool = False, one_gb_pages_free: bool = False,
+              raw_len: int | None = None) -> dict:
+    """What a process running this model and config mlocks, in bytes: the engine's arena and
+    state, and with serve=True the `fastpath serve` segment ([serve] ring_slots x
+    max_clients) beside the worker's engine; nothing when [memory] mlock is false.
+    {"mlock": bool, "engine": B, "segment": B, "total": B, "engine_asked": B,
+     "segment_asked": B, "ring_slots": n, "max_clients": n, "n_symbols": n}"""
+    from fastpath.control.config import load_config
+    cfg = load_config(config)
+    mem = cfg.memory
+    asked = engine_arena_bytes(model, cfg)
+    if raw_len is None:
+        from fastpath._build import DEMO_MODEL, load_model
+        raw_len = load_model(DEMO_MODEL if model is None else model).feature_spec.raw_len
+    seg = serve_segment_bytes(raw_len, cfg.serve.ring_slots, cfg.serve.max_clients) if serve else 0
+    eng_b = mapped_bytes(asked, mem.huge_pages, one_gb_pages_free)
+    seg_b = mapped_bytes(seg, mem.huge_pages, one_gb_pages_free) if serve else 0
+    locks = bool(mem.mlock)
+    return {"mlock": locks, "engine": eng_b if locks else 0, "segment": seg_b if locks else 0,
+            "total": (eng_b + seg_b) if locks else 0, "engine_asked": asked,
+            "segment_asked": seg, "ring_slots": cfg.serve.ring_slots,
+            "max_clients": cfg.serve.max_clients, "n_symbols": cfg.n_symbols,
+            "huge_pages": mem.huge_pages}
