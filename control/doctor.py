@@ -167,6 +167,8 @@ def _memlock(priv: Privileges, plan: dict) -> Check:
     if not plan["mlock"]:
         return Check("rlimit_memlock", PASS, "memory.mlock = false: nothing is locked (the "
                      "arena's pages may be swapped out)")
+    if plan["engine"] is None:
+        return _memlock_unsized(priv, plan, seg)
     total = plan["total"]
     what = f"{eng} + {seg}" if plan["serve"] else eng
     more = "" if plan["serve"] else (f"; `fastpath serve` with this config also locks its "
@@ -184,6 +186,21 @@ def _memlock(priv: Privileges, plan: dict) -> Check:
                  f"'<user> - memlock {kb}' in /etc/security/limits.conf; systemd "
                  f"LimitMEMLOCK={total}; docker --ulimit memlock={total}), or {MEMLOCK_FIX}; "
                  f"or lock less: fewer engine.n_symbols, serve.ring_slots, serve.max_clients")
+
+
+def _memlock_unsized(priv: Privileges, plan: dict, seg: str) -> Check:
+    """The engine's size was not given (it is the engine's to compute, a layer above this
+    one): "allowed" only when any size is, never on an assumed size."""
+    ok, why = priv.memory_lock(1 << 62)
+    if ok:
+        return Check("rlimit_memlock", PASS, f"mlock allowed at any size: "
+                     f"{why.split(' covers ')[0]}")
+    why = why.rsplit(" (< ", 1)[0]
+    part = (f"; the {seg} alone" if plan["serve"] else "")
+    return Check("rlimit_memlock", WARN, f"cannot tell whether mlock will succeed ({why}): the "
+                 f"engine's arena and state for {plan['n_symbols']} symbols were not sized "
+                 f"(`fastpath doctor --config FILE` sizes them){part}",
+                 MEMLOCK_FIX)
 
 
 def _page_words(huge: str) -> str:
@@ -204,38 +221,22 @@ def _serving_configured(config) -> bool:
     return False
 
 
-def lock_plan(host: Host, config=None, model=None, serve: bool | None = None,
-              arena_bytes: int | None = None) -> dict:
+def lock_plan(host: Host, config=None, serve: bool | None = None,
+              arena_bytes: int | None = None, raw_len: int = 256) -> dict:
     """memory.lock_plan for this host (1 GB pages counted only when its pool has some free),
     with `serve` decided from the config when None and the segment's size kept for the
-    note on serving; arena_bytes, when given, stands for the engine's part."""
-    from fastpath.control.memory import lock_plan as plan_of, mapped_bytes
+    note on serving."""
+    from fastpath.control.memory import lock_plan as plan_of
     free1g = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
     serve = _serving_configured(config) if serve is None else bool(serve)
-    if arena_bytes is None:
-        p = plan_of(model, config, True, bool(free1g))
-    else:
-        from fastpath.control.config import load_config
-        from fastpath.control.memory import serve_segment_bytes
-        cfg = load_config(config)
-        seg = serve_segment_bytes(256 if model is None else _raw_len(model),
-                                  cfg.serve.ring_slots, cfg.serve.max_clients)
-        p = {"mlock": bool(cfg.memory.mlock), "engine_asked": int(arena_bytes),
-             "engine": mapped_bytes(arena_bytes, cfg.memory.huge_pages, bool(free1g)),
-             "segment_asked": seg,
-             "segment": mapped_bytes(seg, cfg.memory.huge_pages, bool(free1g)),
-             "ring_slots": cfg.serve.ring_slots, "max_clients": cfg.serve.max_clients,
-             "n_symbols": cfg.n_symbols, "huge_pages": cfg.memory.huge_pages}
-    p["segment_full"] = p["segment"] if p["mlock"] else 0
+    # the note on serving needs the segment's size even when this host only steps
+    p = plan_of(arena_bytes, config, True, raw_len, bool(free1g))
+    p["segment_full"] = p["segment"]
     p["serve"] = serve
     p["segment"] = p["segment_full"] if serve else 0
-    p["total"] = (p["engine"] + p["segment"]) if p["mlock"] else 0
+    if p["mlock"] and p["engine"] is not None:
+        p["total"] = p["engine"] + p["segment"]
     return p
-
-
-def _raw_len(model) -> int:
-    from fastpath._build import load_model
-    return load_model(model).feature_spec.raw_len
 
 
 def _irqs(host: Host, core: int) -> list:
@@ -337,13 +338,14 @@ def _cstates(host: Host, core: int) -> Check:
 def run_checks(host: Host | None = None, core: int | None = None, policy: str = "fifo",
                priority: int = 50, use_gpu: bool = False, arena_bytes: int | None = None,
                topo: Topology | None = None, busy: dict | None = None, config=None,
-               model=None, serve: bool | None = None) -> dict:
+               serve: bool | None = None, raw_len: int = 256) -> dict:
     """Every check for the core the placement would choose (or `core`).
 
-    What is locked is computed for `model` (None: the demo model fastpath.step() runs) and
-    `config` (None: defaults; a mapping, a TOML path or an EngineConfig): the engine's arena
-    and state as the engine sizes them, plus the serve segment when `serve` (None: when the
-    config has a [serve] table). arena_bytes, when given, stands for the engine's part."""
+    The mlock check counts what `config` (None: defaults; a mapping, a TOML path or an
+    EngineConfig) locks: the engine's arena and state, arena_bytes as the engine asks for it
+    (its sizes are the engine's: fastpath.cli measures them; None: not known, and then the
+    check never says "allowed" on a guess), mapped in the config's page size, plus the serve
+    segment (raw_len-wide ticks) when `serve` (None: when the config has a [serve] table)."""
     from fastpath.control.placement import choose_core
     host = host or Host()
     topo = topo or read_topology(host)
@@ -354,9 +356,9 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     checks = [_governor(host, c)]
     checks += _isolation(host, topo, c)
     isolated = c in topo.isolated or c in topo.nohz_full
-    plan = lock_plan(host, config, model, serve, arena_bytes)
-    need = plan["engine_asked"] + (plan["segment_asked"] if plan["serve"] else 0)
-    checks += [_thp(host), _hugetlb(host, -(-need // (2 << 20))),
+    plan = lock_plan(host, config, serve, arena_bytes, raw_len)
+    need = (plan["engine_asked"] or 0) + (plan["segment_asked"] if plan["serve"] else 0)
+    checks += [_thp(host), _hugetlb(host, -(-need // (2 << 20)) if need else 4),
                _rt_runtime(host, policy, c, isolated), _swap(host), _clocksource(host)]
     checks += _privileges(read_privileges(host), policy, priority, plan)
     checks += _irqs(host, c)

@@ -6,7 +6,8 @@ and configured, else 2 MB), then an ordinary mapping with madvise(MADV_HUGEPAGE)
 (transparent huge pages), then ordinary pages; then mlock. What actually backs the mapping
 is read back from /proc/self/smaps (KernelPageSize, AnonHugePages, Locked), never assumed,
 and every refusal is in the report with its errno and, for mlock, the capability and rlimit
-the kernel went by.
+the kernel went by. lock_plan says beforehand what a config will lock (the engine's arena and
+state, the serve segment), for `fastpath doctor`.
 """
 from __future__ import annotations
 
@@ -188,46 +189,25 @@ def mapped_bytes(nbytes: int, huge_pages: str, one_gb_pages_free: bool = False) 
     return -(-n // page) * page
 
 
-def engine_arena_bytes(model=None, config=None) -> int:
-    """Bytes of the engine's weights arena and per-symbol state for this model and config,
-    as the engine sizes them (fp_engine_sizes): read from an engine built once with that
-    region unlocked on base pages, so nothing is locked or taken from the huge-page pool to
-    find out. model None: the embedded demo model that fastpath.step() runs."""
-    import dataclasses
-
-    from fastpath._build import DEMO_MODEL
-    from fastpath._engine import Engine
-    from fastpath.control.config import MemoryConfig, load_config
-    cfg = load_config(config)
-    probe = dataclasses.replace(cfg, memory=MemoryConfig(huge_pages="none", mlock=False),
-                                backend="cpu")
-    eng = Engine(DEMO_MODEL if model is None else model, backend="cpu", config=probe)
-    try:
-        return int(eng.memory.bytes)
-    finally:
-        eng.close()
-
-
-def lock_plan(model=None, config=None, serve: bool = False, one_gb_pages_free: bool = False,
-              raw_len: int | None = None) -> dict:
-    """What a process running this model and config mlocks, in bytes: the engine's arena and
-    state, and with serve=True the `fastpath serve` segment ([serve] ring_slots x
-    max_clients) beside the worker's engine; nothing when [memory] mlock is false.
-    {"mlock": bool, "engine": B, "segment": B, "total": B, "engine_asked": B,
-     "segment_asked": B, "ring_slots": n, "max_clients": n, "n_symbols": n}"""
+def lock_plan(engine_asked: int | None, config=None, serve: bool = False, raw_len: int = 256,
+              one_gb_pages_free: bool = False) -> dict:
+    """What a process running this config mlocks, in bytes: the engine's arena and state
+    (engine_asked: what the engine asks allocate() for, fp_engine_sizes; sized by the engine
+    layer above this one, None when not known) and with serve=True the `fastpath serve`
+    segment ([serve] ring_slots x max_clients) beside the worker's engine; nothing when
+    [memory] mlock is false. {"mlock", "engine", "segment", "total" (None when the engine's
+    part is not known), "engine_asked", "segment_asked", "ring_slots", "max_clients",
+    "n_symbols", "huge_pages"}"""
     from fastpath.control.config import load_config
     cfg = load_config(config)
     mem = cfg.memory
-    asked = engine_arena_bytes(model, cfg)
-    if raw_len is None:
-        from fastpath._build import DEMO_MODEL, load_model
-        raw_len = load_model(DEMO_MODEL if model is None else model).feature_spec.raw_len
     seg = serve_segment_bytes(raw_len, cfg.serve.ring_slots, cfg.serve.max_clients) if serve else 0
-    eng_b = mapped_bytes(asked, mem.huge_pages, one_gb_pages_free)
+    eng_b = None if engine_asked is None else mapped_bytes(engine_asked, mem.huge_pages,
+                                                           one_gb_pages_free)
     seg_b = mapped_bytes(seg, mem.huge_pages, one_gb_pages_free) if serve else 0
     locks = bool(mem.mlock)
+    total = 0 if not locks else (None if eng_b is None else eng_b + seg_b)
     return {"mlock": locks, "engine": eng_b if locks else 0, "segment": seg_b if locks else 0,
-            "total": (eng_b + seg_b) if locks else 0, "engine_asked": asked,
-            "segment_asked": seg, "ring_slots": cfg.serve.ring_slots,
-            "max_clients": cfg.serve.max_clients, "n_symbols": cfg.n_symbols,
-            "huge_pages": mem.huge_pages}
+            "total": total, "engine_asked": engine_asked, "segment_asked": seg,
+            "ring_slots": cfg.serve.ring_slots, "max_clients": cfg.serve.max_clients,
+            "n_symbols": cfg.n_symbols, "huge_pages": mem.huge_pages}

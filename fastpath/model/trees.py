@@ -6,9 +6,12 @@ Design: the arrays keep the ONNX meaning (split modes as named, children as indi
 each tree, leaf weights as (node, target, value) triples), so an import is a re-indexing and
 the reference below reads the spec directly; the C packer (csrc/fp_trees.c) does the
 normalization to one comparison per node. Everything the C side would refuse is refused here
-first, with a ModelError that names the tree and node. The finishing stage (base values,
-aggregate, post transform, the two-class rules) follows onnxruntime's
-tree_ensemble_aggregator.h and ml_common.h, in float32 as it computes them.
+first, with a ModelError that names the tree and node, and so is an ensemble whose packed
+arena would pass MAX_PACKED_BYTES (its size computed by the packer's plan from O(nodes)
+arrays, before anything of that size exists; nothing here builds a nodes x targets
+table). The finishing stage (base values, aggregate, post transform, the two-class rules)
+follows onnxruntime's tree_ensemble_aggregator.h and ml_common.h, in float32 as it computes
+them.
 """
 from __future__ import annotations
 
