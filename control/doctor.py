@@ -11,6 +11,7 @@ Nothing here changes the host.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from fastpath.control.host import Host, Topology, format_cpulist, parse_cpulist, read_topology
@@ -141,7 +142,7 @@ def _clocksource(host: Host) -> Check:
                  f"trap to the kernel (~1 us)", fix)
 
 
-def _privileges(priv: Privileges, policy: str, priority: int, arena_bytes: int) -> list:
+def _privileges(priv: Privileges, policy: str, priority: int, plan: dict) -> list:
     out = []
     if policy == "other":
         out.append(Check("rlimit_rtprio", PASS, "no real-time policy asked"))
@@ -151,12 +152,91 @@ def _privileges(priv: Privileges, policy: str, priority: int, arena_bytes: int) 
                    if ok else
                    Check("rlimit_rtprio", WARN, f"SCHED_{policy.upper()} {priority} will be refused "
                          f"({why}): the engine runs under SCHED_OTHER", RT_FIX.format(p=priority)))
-    ok, why = priv.memory_lock(arena_bytes)
-    out.append(Check("rlimit_memlock", PASS, f"mlock of the {arena_bytes} B arena allowed: {why}")
-               if ok else
-               Check("rlimit_memlock", WARN, f"mlock of the {arena_bytes} B arena will fail ({why}): "
-                     f"its pages can be swapped out", MEMLOCK_FIX))
+    out.append(_memlock(priv, plan))
     return out
+
+
+def _memlock(priv: Privileges, plan: dict) -> Check:
+    """Will mlock of what this config locks succeed: the engine's arena and state, plus the
+    serve segment when serving (RLIMIT_MEMLOCK bounds the process's locked total)."""
+    mb = 1 << 20
+    eng = (f"engine arena + state {plan['engine']} B ({plan['engine_asked']} B for "
+           f"{plan['n_symbols']} symbols, mapped in {_page_words(plan['huge_pages'])})")
+    seg = (f"serve segment {plan['segment_full']} B (serve.ring_slots {plan['ring_slots']} x "
+           f"serve.max_clients {plan['max_clients']})")
+    if not plan["mlock"]:
+        return Check("rlimit_memlock", PASS, "memory.mlock = false: nothing is locked (the "
+                     "arena's pages may be swapped out)")
+    if plan["engine"] is None:
+        return _memlock_unsized(priv, plan, seg)
+    total = plan["total"]
+    what = f"{eng} + {seg}" if plan["serve"] else eng
+    more = "" if plan["serve"] else (f"; `fastpath serve` with this config also locks its "
+                                     f"{seg}: {total + plan['segment_full']} B in all")
+    ok, why = priv.memory_lock(total)
+    if ok:
+        if not plan["serve"] and not priv.memory_lock(total + plan["segment_full"])[0]:
+            more += " (not allowed: raise the limit before serving)"
+        return Check("rlimit_memlock", PASS, f"mlock of {total} B ({total / mb:.1f} MB) "
+                     f"allowed: {what}; {why}{more}")
+    kb = -(-total // 1024)
+    return Check("rlimit_memlock", WARN, f"mlock of {total} B ({total / mb:.1f} MB) will fail "
+                 f"({why}): {what}; those pages can be swapped out{more}",
+                 f"allow at least {kb} KB locked (ulimit -l {kb}, or unlimited; "
+                 f"'<user> - memlock {kb}' in /etc/security/limits.conf; systemd "
+                 f"LimitMEMLOCK={total}; docker --ulimit memlock={total}), or {MEMLOCK_FIX}; "
+                 f"or lock less: fewer engine.n_symbols, serve.ring_slots, serve.max_clients")
+
+
+def _memlock_unsized(priv: Privileges, plan: dict, seg: str) -> Check:
+    """The engine's size was not given (it is the engine's to compute, a layer above this
+    one): "allowed" only when any size is, never on an assumed size."""
+    ok, why = priv.memory_lock(1 << 62)
+    if ok:
+        return Check("rlimit_memlock", PASS, f"mlock allowed at any size: "
+                     f"{why.split(' covers ')[0]}")
+    why = why.rsplit(" (< ", 1)[0]
+    part = (f"; the {seg} alone" if plan["serve"] else "")
+    return Check("rlimit_memlock", WARN, f"cannot tell whether mlock will succeed ({why}): the "
+                 f"engine's arena and state for {plan['n_symbols']} symbols were not sized "
+                 f"(`fastpath doctor --config FILE` sizes them){part}",
+                 MEMLOCK_FIX)
+
+
+def _page_words(huge: str) -> str:
+    return {"none": "base pages", "1g": "1 GB pages"}.get(huge, "2 MB pages")
+
+
+def _serving_configured(config) -> bool:
+    """A [serve] table in the config (a mapping, or a TOML file): this host will serve."""
+    if isinstance(config, Mapping):
+        return "serve" in config
+    if isinstance(config, (str, os.PathLike)):
+        import tomllib
+        try:
+            with open(config, "rb") as f:
+                return "serve" in tomllib.load(f)
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+def lock_plan(host: Host, config=None, serve: bool | None = None,
+              arena_bytes: int | None = None, raw_len: int = 256) -> dict:
+    """memory.lock_plan for this host (1 GB pages counted only when its pool has some free),
+    with `serve` decided from the config when None and the segment's size kept for the
+    note on serving."""
+    from fastpath.control.memory import lock_plan as plan_of
+    free1g = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
+    serve = _serving_configured(config) if serve is None else bool(serve)
+    # the note on serving needs the segment's size even when this host only steps
+    p = plan_of(arena_bytes, config, True, raw_len, bool(free1g))
+    p["segment_full"] = p["segment"]
+    p["serve"] = serve
+    p["segment"] = p["segment_full"] if serve else 0
+    if p["mlock"] and p["engine"] is not None:
+        p["total"] = p["engine"] + p["segment"]
+    return p
 
 
 def _irqs(host: Host, core: int) -> list:
@@ -256,9 +336,16 @@ def _cstates(host: Host, core: int) -> Check:
 
 
 def run_checks(host: Host | None = None, core: int | None = None, policy: str = "fifo",
-               priority: int = 50, use_gpu: bool = False, arena_bytes: int = 8 << 20,
-               topo: Topology | None = None, busy: dict | None = None) -> dict:
-    """Every check for the core the placement would choose (or `core`)."""
+               priority: int = 50, use_gpu: bool = False, arena_bytes: int | None = None,
+               topo: Topology | None = None, busy: dict | None = None, config=None,
+               serve: bool | None = None, raw_len: int = 256) -> dict:
+    """Every check for the core the placement would choose (or `core`).
+
+    The mlock check counts what `config` (None: defaults; a mapping, a TOML path or an
+    EngineConfig) locks: the engine's arena and state, arena_bytes as the engine asks for it
+    (its sizes are the engine's: fastpath.cli measures them; None: not known, and then the
+    check never says "allowed" on a guess), mapped in the config's page size, plus the serve
+    segment (raw_len-wide ticks) when `serve` (None: when the config has a [serve] table)."""
     from fastpath.control.placement import choose_core
     host = host or Host()
     topo = topo or read_topology(host)
@@ -269,13 +356,17 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     checks = [_governor(host, c)]
     checks += _isolation(host, topo, c)
     isolated = c in topo.isolated or c in topo.nohz_full
-    checks += [_thp(host), _hugetlb(host, -(-arena_bytes // (2 << 20))),
+    plan = lock_plan(host, config, serve, arena_bytes, raw_len)
+    need = (plan["engine_asked"] or 0) + (plan["segment_asked"] if plan["serve"] else 0)
+    checks += [_thp(host), _hugetlb(host, -(-need // (2 << 20)) if need else 4),
                _rt_runtime(host, policy, c, isolated), _swap(host), _clocksource(host)]
-    checks += _privileges(read_privileges(host), policy, priority, arena_bytes)
+    checks += _privileges(read_privileges(host), policy, priority, plan)
     checks += _irqs(host, c)
     checks.append(_smt(host, topo, c, busy))
     checks.append(_gpu_numa(topo, c, use_gpu))
     checks.append(_cstates(host, c))
     return {"core": c, "placement": rep.to_dict(), "checks": [x.to_dict() for x in checks],
             "failed": sum(x.status == FAIL for x in checks),
-            "warned": sum(x.status == WARN for x in checks)}
+            "warned": sum(x.status == WARN for x in checks),
+            "locked": {k: plan[k] for k in ("mlock", "serve", "engine", "segment", "total",
+                                            "engine_asked", "segment_asked")}}

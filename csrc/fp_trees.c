@@ -130,6 +130,8 @@ static int fp_plan_make(const fp_trees_desc *d, fp_plan *pl) {
         if (ok && pl->depth[t] > pl->D) pl->D = pl->depth[t];
         for (int g = d->tree_off[t]; g < d->tree_off[t + 1]; g++) {
             if (fp_is_leaf(d, g)) {
+                /* stop before the count passes the cap (and an int offset) */
+                if (sizeof(float) * (nl + (size_t)pl->width[t]) > FP_TREES_MAX_ARENA_BYTES) goto out;
                 pl->leaf_off[g] = (int)nl;
                 nl += (size_t)pl->width[t];
             } else {
@@ -161,6 +163,7 @@ static int fp_plan_make(const fp_trees_desc *d, fp_plan *pl) {
     pl->o_pthr = off; off = fp_al(off + sizeof(float) * (size_t)groups * inner * FP_TREES_LANES);
     pl->o_pleaf = off; off = fp_al(off + sizeof(float) * (size_t)groups * leaves * FP_TREES_LANES);
     pl->bytes = off;
+    if (off > FP_TREES_MAX_ARENA_BYTES) goto out;
     rc = 0;
 out:
     free(stack); free(lvl); free(seen); free(wt);

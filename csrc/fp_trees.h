@@ -34,6 +34,10 @@
 #define FP_TREES_LANES 16
 #define FP_TREES_MAX_TARGETS 4096
 #define FP_TREES_MAX_DEPTH 4096
+/* the largest arena the packer lays out (fastpath.model.trees.MAX_PACKED_BYTES, which refuses
+ * first with the numbers): a few-MB description naming thousands of targets on every leaf
+ * would otherwise ask for GBs. Checked on the plan, before the arena exists. */
+#define FP_TREES_MAX_ARENA_BYTES ((size_t)1 << 30)
 
 /* split modes as ONNX names them; LEAF marks a leaf */
 enum { FP_TMODE_LEQ = 0, FP_TMODE_LT = 1, FP_TMODE_GTE = 2, FP_TMODE_GT = 3, FP_TMODE_EQ = 4,
@@ -101,10 +105,12 @@ typedef struct fp_trees {
     int arena_external;
 } fp_trees;
 
-/* bytes of the arena for this description (0 when it is malformed) */
+/* bytes of the arena for this description (0 when it is malformed or would pass
+ * FP_TREES_MAX_ARENA_BYTES) */
 size_t fp_trees_arena_bytes(const fp_trees_desc *d);
 /* pack d into mem (64-byte aligned, fp_trees_arena_bytes long) or a fresh allocation when
- * mem is NULL. 0, -1 on a malformed description, -2 when out of memory. */
+ * mem is NULL. 0, -1 on a malformed description or one whose arena would pass
+ * FP_TREES_MAX_ARENA_BYTES, -2 when out of memory. */
 int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem);
 void fp_trees_free(fp_trees *t);
 

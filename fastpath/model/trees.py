@@ -6,9 +6,12 @@ Design: the arrays keep the ONNX meaning (split modes as named, children as indi
 each tree, leaf weights as (node, target, value) triples), so an import is a re-indexing and
 the reference below reads the spec directly; the C packer (csrc/fp_trees.c) does the
 normalization to one comparison per node. Everything the C side would refuse is refused here
-first, with a ModelError that names the tree and node. The finishing stage (base values,
-aggregate, post transform, the two-class rules) follows onnxruntime's
-tree_ensemble_aggregator.h and ml_common.h, in float32 as it computes them.
+first, with a ModelError that names the tree and node, and so is an ensemble whose packed
+arena would pass MAX_PACKED_BYTES (its size computed by the packer's plan from O(nodes)
+arrays, before anything of that size exists; nothing here builds a nodes x targets
+table). The finishing stage (base values, aggregate, post transform, the two-class rules)
+follows onnxruntime's tree_ensemble_aggregator.h and ml_common.h, in float32 as it computes
+them.
 """
 from __future__ import annotations
 
@@ -25,6 +28,16 @@ AGGREGATES = ("SUM", "AVERAGE", "MIN", "MAX")
 POST_TRANSFORMS = ("NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO", "PROBIT")
 MAX_TARGETS = 4096
 MAX_DEPTH = 4096
+# The packed arena (csrc/fp_trees.c) may not exceed this; FP_TREES_MAX_ARENA_BYTES there is the
+# same number. A large real export (5,000 trees of 255 leaves, three classes, depth <= 10:
+# ~100 MB packed) fits ten times over; a crafted file of a few MB that names thousands of
+# targets on every leaf (n_leaves x n_targets floats) does not, and is refused before
+# anything of that size is allocated.
+MAX_PACKED_BYTES = 1 << 30
+# the packer's layout constants (csrc/fp_trees.h)
+_PERFECT_DEPTH = 10
+_LANES = 16
+_ALIGN = 64
 
 
 def _arr(a, dtype, what: str, n: int | None = None) -> np.ndarray:
@@ -139,12 +152,15 @@ class TreeEnsemble:
             t, i = self._where(off, int(wn[np.flatnonzero(inner[wn])[0]]))
             raise ModelError(f"tree {t} node {i} is a split but carries a leaf weight")
         # shape: from each root every node exactly once, children inside the tree
+        depth = np.zeros(off.size - 1, np.int64)
         for t in range(off.size - 1):
             lo, hi = int(off[t]), int(off[t + 1])
             seen = np.zeros(hi - lo, bool)
             stack = [(0, 0)]
             while stack:
                 i, d = stack.pop()
+                if d > depth[t]:
+                    depth[t] = d
                 if i < 0 or i >= hi - lo:
                     raise ModelError(f"tree {t}: a child index {i} is outside the tree's "
                                      f"{hi - lo} nodes (a missing node)")
@@ -165,6 +181,7 @@ class TreeEnsemble:
                 raise ModelError("a tree classifier needs at least 2 classes")
             if self.aggregate != "SUM":
                 raise ModelError("a tree classifier adds its trees (aggregate SUM)")
+        self._check_packed_size(off, mode, wn, wt, depth, base.size)
         tc = np.where(inner, tc, -1).astype(np.int32)
         fc = np.where(inner, fc, -1).astype(np.int32)
         feat = np.where(inner, feat, 0).astype(np.int32)
@@ -177,6 +194,29 @@ class TreeEnsemble:
             object.__setattr__(self, k, v)
         object.__setattr__(self, "classifier", bool(self.classifier))
         self._binary_rule()
+
+    def _check_packed_size(self, off, mode, wn, wt, depth, n_base) -> None:
+        """Refuse, before anything of that size exists, an ensemble whose packed arena would
+        pass MAX_PACKED_BYTES. The size is the packer's own (fp_plan_make in csrc/fp_trees.c),
+        computed from O(nodes + weights) arrays."""
+        need, parts = packed_layout(off, mode, wn, wt, depth, self.n_targets, n_base,
+                                    self.aggregate)
+        if need <= MAX_PACKED_BYTES:
+            return
+        mb = 1 << 20
+        big = max(parts, key=parts.get)
+        fix = {"leaf values": "this ensemble's trees carry weights for several targets on "
+                              "their leaves, so each leaf stores one value per target "
+                              f"({self.n_targets}): export one tree per target (as LightGBM and "
+                              "XGBoost do), or fewer targets, trees or leaves",
+               "nodes": "export fewer trees or leaves",
+               "perfect trees": "the shallow trees are laid out as perfect trees of the "
+                                "deepest one's depth: export fewer trees, or a smaller maximum "
+                                "depth"}.get(big, "export a smaller ensemble")
+        raise ModelError(f"tree ensemble would pack into {need / mb:.0f} MB ({need} B; "
+                         f"{self.n_trees} trees, {int(off[-1])} nodes, {self.n_targets} "
+                         f"targets; {big}: {parts[big] / mb:.0f} MB), more than the limit of "
+                         f"{MAX_PACKED_BYTES / mb:.0f} MB fastpath packs a model into: {fix}")
 
     @staticmethod
     def _where(off: np.ndarray, g: int) -> tuple:
@@ -219,16 +259,22 @@ class TreeEnsemble:
     def _scored(self) -> tuple:
         """(named, always) per target: whether any leaf weight names it, and whether some
         tree names it on every leaf (then every input path gives it a score)."""
+        # sparse: distinct (tree, target, leaf) triples counted per (tree, target) against the
+        # tree's leaf count; a dense n_nodes x n_targets table would be GBs for a crafted file
         T = self.n_targets
         named = np.zeros(T, bool)
         named[self.weight_target] = True
         always = np.zeros(T, bool)
-        leafhas = np.zeros((self.n_nodes, T), bool)
-        leafhas[self.weight_node, self.weight_target] = True
-        for t in range(self.n_trees):
-            lo, hi = int(self.tree_offsets[t]), int(self.tree_offsets[t + 1])
-            leaves = lo + np.flatnonzero(self.mode[lo:hi] == LEAF)
-            always |= leafhas[leaves].all(axis=0)
+        if not self.weight_node.size:
+            return named, always
+        off = self.tree_offsets
+        pairs = np.unique(self.weight_node.astype(np.int64) * T + self.weight_target)
+        pnode, ptarget = pairs // T, pairs % T
+        ptree = np.searchsorted(off, pnode, side="right") - 1
+        tt, cnt = np.unique(ptree * T + ptarget, return_counts=True)
+        leaves = np.add.reduceat((self.mode == LEAF).astype(np.int64), off[:-1])
+        full = cnt == leaves[tt // T]
+        always[(tt % T)[full]] = True
         return named, always
 
     def _binary_rule(self) -> dict:
@@ -265,30 +311,40 @@ class TreeEnsemble:
         minmax = self.aggregate in ("MIN", "MAX")
         T = self.n_targets
         acc = np.full((n, T), np.nan if minmax else 0.0, np.float64)
-        # per-node leaf tables: weights summed (SUM / AVERAGE), or combined by min / max
+        # per-tree leaf tables over the targets that tree names (a dense n_nodes x n_targets
+        # table is GBs for a large ensemble): weights summed (SUM / AVERAGE), or combined by
+        # min / max; a target a tree does not name is untouched by it either way
         one_target = not self.classifier and T == 1
-        vals = np.full((self.n_nodes, T), np.nan if minmax and not one_target else 0.0,
-                       np.float64)
-        if one_target:
-            # onnxruntime's one-target regressor reads one value per leaf: the first weight
-            # listed for it, 0 (a real 0 under MIN / MAX) for a leaf without one
-            first = np.unique(self.weight_node, return_index=True)[1]
-            vals[self.weight_node[first], 0] = self.weight_value[first]
-        for g, j, v in zip(*([] if one_target else (self.weight_node.tolist(),
-                                                    self.weight_target.tolist(),
-                                                    self.weight_value.tolist()))):
-            if self.aggregate == "MIN":
-                vals[g, j] = np.fmin(vals[g, j], v)
-            elif self.aggregate == "MAX":
-                vals[g, j] = np.fmax(vals[g, j], v)
-            else:
-                vals[g, j] += np.float32(v)
-        leafhas = np.zeros((self.n_nodes, T), bool)
-        leafhas[self.weight_node, self.weight_target] = True
+        wtree = np.searchsorted(self.tree_offsets, self.weight_node, side="right") - 1
+        worder = np.argsort(wtree, kind="stable")       # listing order kept within a tree
+        wcut = np.searchsorted(wtree[worder], np.arange(self.n_trees + 1))
         has = np.zeros((n, T), bool)
         rows = np.arange(n)
         for t in range(self.n_trees):
-            lo = int(self.tree_offsets[t])
+            lo, hi = int(self.tree_offsets[t]), int(self.tree_offsets[t + 1])
+            ks = worder[wcut[t]:wcut[t + 1]]
+            gs, js, vs = self.weight_node[ks] - lo, self.weight_target[ks], self.weight_value[ks]
+            cols = np.zeros(1, np.int64) if one_target else np.unique(js)
+            if not cols.size:
+                continue
+            vals = np.full((hi - lo, cols.size), np.nan if minmax and not one_target else 0.0,
+                           np.float64)
+            leafhas = np.zeros((hi - lo, cols.size), bool)
+            if one_target:
+                # onnxruntime's one-target regressor reads one value per leaf: the first
+                # weight listed for it, 0 (a real 0 under MIN / MAX) for a leaf without one
+                first = np.unique(gs, return_index=True)[1]
+                vals[gs[first], 0] = vs[first]
+            else:
+                cj = np.searchsorted(cols, js)
+                for g, j, v in zip(gs.tolist(), cj.tolist(), vs.tolist()):
+                    if self.aggregate == "MIN":
+                        vals[g, j] = np.fmin(vals[g, j], v)
+                    elif self.aggregate == "MAX":
+                        vals[g, j] = np.fmax(vals[g, j], v)
+                    else:
+                        vals[g, j] += np.float32(v)
+            leafhas[gs, np.searchsorted(cols, js)] = True
             idx = np.full(n, lo, np.int64)
             while True:
                 m = self.mode[idx]
@@ -304,14 +360,14 @@ class TreeEnsemble:
                 res |= (self.nan_true[idx] == 1) & np.isnan(xv)
                 nxt = lo + np.where(res, self.true_child[idx], self.false_child[idx])
                 idx = np.where(live, nxt, idx)
-            lv = vals[idx]
-            has |= leafhas[idx]
+            lv = vals[idx - lo]
+            has[:, cols] |= leafhas[idx - lo]
             if self.aggregate == "MIN":
-                acc = np.fmin(acc, lv)
+                acc[:, cols] = np.fmin(acc[:, cols], lv)
             elif self.aggregate == "MAX":
-                acc = np.fmax(acc, lv)
+                acc[:, cols] = np.fmax(acc[:, cols], lv)
             else:
-                acc += lv
+                acc[:, cols] += lv
         rule = self._binary_rule()
         if not n:
             out = np.zeros((0, T), np.float32)
@@ -398,6 +454,48 @@ class TreeEnsemble:
         if self.post_transform == "LOGISTIC":
             return np.array([_logistic(-v), _logistic(v)], f)
         return np.array([-v, v], f)
+
+
+def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
+                  aggregate: str) -> tuple:
+    """(bytes, {part: bytes}) of the arena csrc/fp_trees.c packs for these arrays, by its own
+    plan: a tree is one value per leaf when its weights name one target, n_targets values per
+    leaf otherwise; the trees of depth <= 10 with one target, ordered splits and a sum are
+    also laid out as perfect trees of the largest such depth, 16 per group and target."""
+    off = np.asarray(off, np.int64)
+    mode = np.asarray(mode)
+    n_trees, n_nodes = off.size - 1, int(off[-1])
+    T = int(n_targets)
+    wn = np.asarray(wn, np.int64)
+    wt = np.asarray(wt, np.int64)
+    tree = np.searchsorted(off, wn, side="right") - 1
+    # distinct targets per tree: more than one makes the tree n_targets wide
+    pairs = np.unique(tree * T + wt)
+    ptree, ptarget = pairs // T, pairs % T
+    ntarg = np.bincount(ptree, minlength=n_trees)
+    width = np.where(ntarg > 1, T, 1).astype(np.int64)
+    target = np.zeros(n_trees, np.int64)
+    target[ptree[::-1]] = ptarget[::-1]     # width-1 trees: their one target; others unused
+    leaves = np.add.reduceat((mode == LEAF).astype(np.int64), off[:-1])
+    eqs = np.add.reduceat(((mode == 4) | (mode == 5)).astype(np.int64), off[:-1])
+    n_leafv = int(np.sum(leaves * width))
+    perfect = (aggregate in ("SUM", "AVERAGE")) & (width == 1) & \
+        (np.asarray(depth) <= _PERFECT_DEPTH) & (eqs == 0)
+    D = int(np.max(np.asarray(depth)[perfect])) if perfect.any() else 0
+    per_target = np.bincount(target[perfect], minlength=T)
+    groups = int(np.sum((per_target + _LANES - 1) // _LANES))
+    n_rest = int(n_trees - perfect.sum())
+    inner, nleaf = (1 << D) - 1, 1 << D
+
+    def al(n: int) -> int:
+        return -(-n // _ALIGN) * _ALIGN
+
+    parts = {"nodes": al(16 * n_nodes) + al(16 * n_trees) + al(4 * (n_rest + 1)),
+             "leaf values": al(4 * (n_leafv + 1)),
+             "base values": al(4 * (n_base + 1)) + al(T),
+             "perfect trees": al(4 * (groups + 1)) + 2 * al(4 * groups * inner * _LANES)
+             + al(4 * groups * nleaf * _LANES)}
+    return sum(parts.values()), parts
 
 
 def _logistic(v) -> np.float32:

@@ -1,0 +1,420 @@
+"""Resource bounds: a tree ensemble whose packed arena would pass the limit is refused with a
+ModelError that states what it asks for, the limit and the fix, before anything of that size
+is allocated (checked in a child process by its peak RSS); a large but real-sized ensemble
+still loads and equals onnxruntime; the Python size figure is the C packer's own. And
+`fastpath doctor`'s mlock check counts what a config would lock: the engine arena and state
+as the engine sizes them, plus the serve segment."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper  # noqa: E402
+
+from fastpath import Engine, Model, ModelError, TreeEnsemble  # noqa: E402
+from fastpath._kernels import PackedTrees, tree_isas  # noqa: E402
+from fastpath.model import Head  # noqa: E402
+from fastpath.model import trees as trees_mod  # noqa: E402
+from conftest import engine_cfg  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------ building ensembles
+def _random_tree(rng, n_leaves, n_feat, modes=("BRANCH_LEQ",)):
+    """(nodes, leaves) of one random binary tree with n_leaves leaves, ONNX node ids in
+    order: nodes as [mode, feature, threshold, true_id, false_id]."""
+    nodes = [["LEAF", 0, 0.0, 0, 0]]
+    leaves = [0]
+    while len(leaves) < n_leaves:
+        k = leaves.pop(int(rng.integers(len(leaves))))
+        a, b = len(nodes), len(nodes) + 1
+        nodes[k] = [str(rng.choice(modes)), int(rng.integers(n_feat)),
+                    float(np.float32(rng.standard_normal())), a, b]
+        nodes += [["LEAF", 0, 0.0, 0, 0], ["LEAF", 0, 0.0, 0, 0]]
+        leaves += [a, b]
+    return nodes, sorted(leaves)
+
+
+def _regressor_graph(path, trees, n_feat, n_targets):
+    """trees: [(nodes, [(leaf id, target, weight)])] -> a TreeEnsembleRegressor file."""
+    a = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_modes",
+                         "nodes_values", "nodes_truenodeids", "nodes_falsenodeids",
+                         "nodes_missing_value_tracks_true", "target_ids", "target_nodeids",
+                         "target_treeids", "target_weights")}
+    for t, (nodes, weights) in enumerate(trees):
+        for i, (m, f, thr, tc, fc) in enumerate(nodes):
+            a["nodes_treeids"].append(t)
+            a["nodes_nodeids"].append(i)
+            a["nodes_modes"].append(m)
+            a["nodes_featureids"].append(f)
+            a["nodes_values"].append(thr)
+            a["nodes_truenodeids"].append(tc)
+            a["nodes_falsenodeids"].append(fc)
+            a["nodes_missing_value_tracks_true"].append(0)
+        for leaf, j, w in weights:
+            a["target_treeids"].append(t)
+            a["target_nodeids"].append(leaf)
+            a["target_ids"].append(j)
+            a["target_weights"].append(w)
+    node = helper.make_node("TreeEnsembleRegressor", ["x"], ["y"], domain="ai.onnx.ml",
+                            n_targets=n_targets, aggregate_function="SUM", **a)
+    g = helper.make_graph([node], "trees",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, n_feat])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                         [None, n_targets])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.ml", 3)])
+    path.write_bytes(m.SerializeToString())
+    return str(path)
+
+
+def _hostile_graph(path, n_trees=200_000, n_targets=4096):
+    """n_trees one-leaf trees, each leaf naming two targets: every leaf then stores a value
+    per target, n_trees x n_targets floats (3.3 GB) from a file of a few MB."""
+    trees = [([["LEAF", 0, 0.0, 0, 0]], [(0, 0, 0.5), (0, 1 + t % (n_targets - 1), 0.25)])
+             for t in range(n_trees)]
+    return _regressor_graph(path, trees, 4, n_targets)
+
+
+def _run_child(code, limit_gb=3):
+    """Run code in a child with its address space capped (so the old, unbounded code fails
+    there instead of paging the host); returns its last stdout line as JSON."""
+    src = textwrap.dedent(f"""
+        import json, resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, ({limit_gb} << 30, {limit_gb} << 30))
+        out = {{}}
+        try:
+    """) + textwrap.indent(textwrap.dedent(code), "    ") + textwrap.dedent("""
+        except MemoryError as exc:
+            out["error"] = "MemoryError"
+            out["message"] = str(exc)
+        except Exception as exc:
+            out["error"] = type(exc).__name__
+            out["message"] = str(exc)
+        out["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(json.dumps(out))
+    """)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=600)
+    assert p.stdout.strip(), p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# -------------------------------------------------------------- refusals, and their cost
+def test_hostile_onnx_is_refused_before_allocating(tmp_path):
+    path = _hostile_graph(tmp_path / "hostile.onnx")
+    assert os.path.getsize(path) < 16 << 20           # a few MB asking for GBs
+    base = _run_child("import fastpath\n")
+    res = _run_child(f"""
+        from fastpath import Model, Engine
+        m = Model.from_onnx({path!r})
+        Engine(m)
+        out["error"] = None
+    """)
+    assert res["error"] == "ModelError", res
+    msg = res["message"]
+    assert "MB" in msg and "limit of 1024 MB" in msg, msg
+    assert "4096 targets" in msg and "200000 trees" in msg, msg
+    assert "leaf values" in msg and "one tree per target" in msg, msg
+    # the refusal costs what reading the file costs, not the GBs it asks for
+    assert res["maxrss_kb"] - base["maxrss_kb"] < 400 << 10, (res, base)
+
+
+def _bundle_of(trees, path):
+    """A .fpm bundle holding `trees` (any object with TreeEnsemble's fields), written
+    without validating them, as a hostile or damaged file would be."""
+    from fastpath.model import bundle
+    small = Model.from_onnx(_regressor_graph(
+        path.with_suffix(".small.onnx"), [([["LEAF", 0, 0.0, 0, 0]], [(0, 0, 1.0)])],
+        trees.n_features, 1))
+    fake = types.SimpleNamespace(layers=(), trees=trees, feature_spec=small.feature_spec,
+                                 meta={}, cache_policy=small.cache_policy, post=small.post,
+                                 head_spec=small.head_spec, weights=small.weights)
+    path.write_bytes(bundle.to_bytes(fake))
+    return str(path)
+
+
+def test_hostile_bundle_is_refused_before_allocating(tmp_path):
+    n, T = 200_000, 4096
+    t = types.SimpleNamespace(
+        n_features=4, n_targets=T, aggregate="SUM", post_transform="NONE", classifier=False,
+        tree_offsets=np.arange(n + 1, dtype=np.int32), mode=np.full(n, 6, np.int32),
+        feature=np.zeros(n, np.int32), threshold=np.zeros(n, np.float32),
+        true_child=np.full(n, -1, np.int32), false_child=np.full(n, -1, np.int32),
+        nan_true=np.zeros(n, np.uint8),
+        weight_node=np.repeat(np.arange(n, dtype=np.int32), 2),
+        weight_target=np.stack([np.zeros(n, np.int32),
+                                1 + np.arange(n, dtype=np.int32) % (T - 1)], 1).ravel(),
+        weight_value=np.full(2 * n, 0.5, np.float32), base_values=np.zeros(0, np.float32))
+    path = _bundle_of(t, tmp_path / "hostile.fpm")
+    assert os.path.getsize(path) < 16 << 20
+    base = _run_child("import fastpath\n")
+    res = _run_child(f"""
+        from fastpath import Model, Engine
+        m = Model.load({path!r})
+        Engine(m)
+        out["error"] = None
+    """)
+    assert res["error"] == "ModelError", res
+    assert "limit of 1024 MB" in res["message"] and "4096 targets" in res["message"], res
+    assert res["maxrss_kb"] - base["maxrss_kb"] < 400 << 10, (res, base)
+
+
+def test_padding_to_perfect_trees_is_counted(tmp_path):
+    """Many shallow one-target trees beside one of depth 10 are each laid out at depth 10
+    (12 KB a group lane): 100,000 three-node trees ask for ~1.2 GB and are refused, naming that."""
+    # a chain of depth 10: split i (id 2i) sends false to its leaf 2i+1, true to the next
+    # split (the last one to leaf 20)
+    chain = []
+    for i in range(10):
+        chain.append(["BRANCH_LEQ", i % 4, float(i), 2 * i + 2, 2 * i + 1])
+        chain.append(["LEAF", 0, 0.0, 0, 0])
+    chain.append(["LEAF", 0, 0.0, 0, 0])
+    shallow = [["BRANCH_LEQ", 1, 0.5, 1, 2], ["LEAF", 0, 0.0, 0, 0], ["LEAF", 0, 0.0, 0, 0]]
+    n = 100_000
+    trees = [(chain, [(k, 0, 0.1) for k in list(range(1, 21, 2)) + [20]])]
+    trees += [(shallow, [(1, 0, 0.1), (2, 0, -0.1)])] * n
+    path = _regressor_graph(tmp_path / "padded.onnx", trees, 4, 1)
+    with pytest.raises(ModelError, match=r"perfect trees: .*limit of 1024 MB") as ei:
+        Model.from_onnx(path)
+    assert f"{n + 1} trees" in str(ei.value)
+
+
+def test_c_packer_refuses_past_its_cap_too(monkeypatch):
+    """The C packer's own bound (the Python check lifted): refused, not allocated."""
+    n, T = 70_000, 4096          # 70,000 x 4096 floats: 1.07 GiB of leaf values
+    monkeypatch.setattr(trees_mod, "MAX_PACKED_BYTES", 1 << 40)
+    t = TreeEnsemble(4, T, np.arange(n + 1), np.full(n, 6), np.zeros(n), np.zeros(n),
+                     np.full(n, -1), np.full(n, -1), np.zeros(n, np.uint8),
+                     np.repeat(np.arange(n), 2),
+                     np.stack([np.zeros(n, int), 1 + np.arange(n) % (T - 1)], 1).ravel(),
+                     np.full(2 * n, 0.5, np.float32))
+    need, parts = trees_mod.packed_layout(t.tree_offsets, t.mode, t.weight_node,
+                                          t.weight_target, np.zeros(n, int), T, 0, "SUM")
+    assert need > 1 << 30 and parts["leaf values"] > 1 << 30
+    from fastpath import InputError
+    with pytest.raises(InputError, match="refused"):
+        PackedTrees(t, "scalar")
+
+
+# ------------------------------------------------ real sizes: accepted, exact, same size
+def _forest(rng, n_trees, leaves, n_feat, n_targets, per_tree_target, modes=("BRANCH_LEQ",)):
+    out = []
+    for t in range(n_trees):
+        nodes, lv = _random_tree(rng, int(rng.integers(2, leaves + 1)), n_feat, modes)
+        if per_tree_target:
+            j = t % n_targets
+            w = [(leaf, j, float(np.float32(rng.normal(0, 0.1)))) for leaf in lv]
+        else:
+            w = [(leaf, j, float(np.float32(rng.normal(0, 0.1))))
+                 for leaf in lv for j in range(n_targets)]
+        out.append((nodes, w))
+    return out
+
+
+@pytest.mark.parametrize("case", ["boosted_3class", "multi_target_leaves"])
+def test_large_real_sized_ensemble_is_accepted_and_exact(tmp_path, case):
+    rng = np.random.default_rng(7)
+    n_feat = 16
+    if case == "boosted_3class":
+        # LightGBM / XGBoost multiclass style: one target per tree, up to 64 leaves
+        n_targets, forest = 3, _forest(rng, 900, 64, n_feat, 3, True)
+    else:
+        # a random forest regressor over 8 targets: every leaf names every target
+        n_targets, forest = 8, _forest(rng, 200, 64, n_feat, 8, False)
+    path = _regressor_graph(tmp_path / f"{case}.onnx", forest, n_feat, n_targets)
+    m = Model.from_onnx(path, head=Head("regression", outputs=(0,)))
+    need, _ = trees_mod.packed_layout(m.trees.tree_offsets, m.trees.mode, m.trees.weight_node,
+                                      m.trees.weight_target, m.trees.depths(), n_targets,
+                                      m.trees.base_values.size, m.trees.aggregate)
+    assert need < trees_mod.MAX_PACKED_BYTES
+    X = rng.standard_normal((64, n_feat)).astype(np.float32)
+    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    ref = s.run(None, {"x": X})[0]
+    tol = 1e-5 * max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(m.forward(X), ref, rtol=1e-5, atol=tol)
+    for k in tree_isas():
+        pt = PackedTrees(m.trees, k)
+        assert pt.layout["arena_bytes"] == need
+        np.testing.assert_allclose(pt.eval(X), ref, rtol=1e-5, atol=tol)
+    eng = Engine(m, config=engine_cfg("scalar"))
+    for x, r in zip(X[:8], ref[:8]):
+        np.testing.assert_allclose(eng.predict(x), r, rtol=1e-5, atol=tol)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_python_size_is_the_packers(seed):
+    """packed_layout equals the C arena size over mixed ensembles: depths past the perfect
+    limit, EQ splits, one- and many-target trees, every aggregate, base values."""
+    rng = np.random.default_rng(seed)
+    T = int(rng.integers(1, 6))
+    agg = ["SUM", "AVERAGE", "MIN", "MAX"][seed % 4]
+    off, mode, feat, thr, tc, fc, wn, wt, wv = [0], [], [], [], [], [], [], [], []
+    for t in range(int(rng.integers(1, 40))):
+        modes = ("BRANCH_LEQ", "BRANCH_EQ") if rng.random() < 0.2 else ("BRANCH_LT",)
+        nodes, lv = _random_tree(rng, int(rng.integers(1, 40)), 5, modes)
+        lo = off[-1]
+        for m_, f, th, a, b in nodes:
+            mode.append(trees_mod.MODES.index(m_))
+            feat.append(f)
+            thr.append(th)
+            tc.append(a if m_ != "LEAF" else -1)
+            fc.append(b if m_ != "LEAF" else -1)
+        off.append(lo + len(nodes))
+        one = rng.random() < 0.6
+        j0 = int(rng.integers(T))
+        for leaf in lv:
+            for j in ([j0] if one else range(T)):
+                wn.append(lo + leaf)
+                wt.append(j)
+                wv.append(float(rng.normal()))
+    te = TreeEnsemble(5, T, off, mode, feat, thr, tc, fc, np.zeros(len(mode), np.uint8),
+                      wn, wt, np.asarray(wv, np.float32), aggregate=agg)
+    need, _ = trees_mod.packed_layout(te.tree_offsets, te.mode, te.weight_node,
+                                      te.weight_target, te.depths(), T, 0, agg)
+    assert PackedTrees(te, "scalar").layout["arena_bytes"] == need
+
+
+def test_validation_does_not_build_a_dense_table():
+    """Building an accepted ensemble of 4096 targets and 100,000 leaves (each tree one
+    target, so it packs small) allocates O(nodes + weights), not nodes x targets (the old
+    bool table alone was 400 MB)."""
+    import tracemalloc
+    n, T = 100_000, 4096
+    args = (4, T, np.arange(n + 1), np.full(n, 6), np.zeros(n), np.zeros(n), np.full(n, -1),
+            np.full(n, -1), np.zeros(n, np.uint8), np.arange(n), np.arange(n) % T,
+            np.full(n, 0.5, np.float32))
+    tracemalloc.start()
+    try:
+        te = TreeEnsemble(*args)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert te.n_nodes == n
+    assert peak < 64 << 20, peak
+
+
+# ------------------------------------------------------------- doctor: what is locked
+from fastpath.control import doctor  # noqa: E402
+from fastpath.control import memory  # noqa: E402
+from fastpath.control.host import Host  # noqa: E402
+from fastpath.control.placement import Privileges  # noqa: E402
+
+MB = 1 << 20
+
+
+def _limit(monkeypatch, memlock):
+    """An ordinary user without CAP_IPC_LOCK under this RLIMIT_MEMLOCK (what the default
+    distribution and container settings give: 8 MB)."""
+    monkeypatch.setattr(doctor, "read_privileges",
+                        lambda host=None: Privileges(1000, 0, 0, memlock))
+
+
+def _memlock(res):
+    return next(c for c in res["checks"] if c["name"] == "rlimit_memlock")
+
+
+def _engine_bytes(config=None, model=None):
+    """What the engine asks the control plane to map for this model and config (its weights
+    arena and per-symbol state, fp_engine_sizes), read from an engine built with that region
+    unlocked on base pages: how the command line sizes it for doctor."""
+    import dataclasses
+
+    from fastpath._build import DEMO_MODEL
+    from fastpath.control.config import MemoryConfig, load_config
+    cfg = dataclasses.replace(load_config(config), memory=MemoryConfig("none", False))
+    return int(Engine(DEMO_MODEL if model is None else model, "cpu", cfg).memory.bytes)
+
+
+def test_doctor_counts_the_serve_segment_against_the_limit(monkeypatch):
+    """Defaults under an 8 MB limit: the engine's arena and state (4096 symbols, 2 MB pages:
+    8 MB) fit, but `fastpath serve` adds its 9 MB segment (1024 slots x 8 clients): the
+    check must say it will fail, with the numbers and the fix (it said "allowed" for an
+    assumed 8 MB arena)."""
+    _limit(monkeypatch, 8 * MB)
+    eb = _engine_bytes()
+    res = doctor.run_checks(Host(), core=0, serve=True, arena_bytes=eb)
+    c = _memlock(res)
+    seg = memory.mapped_bytes(memory.serve_segment_bytes(256, 1024, 8), "auto")
+    assert res["locked"]["segment"] == seg == 10 * MB
+    assert res["locked"]["engine"] == memory.mapped_bytes(eb, "auto")
+    assert res["locked"]["total"] == res["locked"]["engine"] + seg > 8 * MB
+    assert c["status"] == "warn", c
+    assert f"mlock of {res['locked']['total']} B" in c["detail"] and "will fail" in c["detail"]
+    assert "serve.ring_slots 1024 x serve.max_clients 8" in c["detail"], c
+    assert f"engine arena + state {res['locked']['engine']} B ({eb} B for 4096 symbols" \
+        in c["detail"], c
+    assert "RLIMIT_MEMLOCK is 8388608 B" in c["detail"], c
+    kb = res["locked"]["total"] // 1024
+    assert f"ulimit -l {kb}" in c["fix"] and "limits.conf" in c["fix"], c
+    assert "IPC_LOCK" in c["fix"], c
+    # the engine alone fits, and the note says serving would not
+    res = doctor.run_checks(Host(), core=0, serve=False, arena_bytes=eb)
+    c = _memlock(res)
+    assert c["status"] == "pass" and res["locked"]["total"] == res["locked"]["engine"] <= 8 * MB
+    assert "not allowed: raise the limit before serving" in c["detail"], c
+
+
+def test_doctor_never_says_allowed_on_a_guessed_size(monkeypatch):
+    """Without the engine's size the check used to assume 8 MB and pass under an 8 MB
+    limit; now it says it cannot tell, unless any size is allowed."""
+    _limit(monkeypatch, 8 * MB)
+    c = _memlock(doctor.run_checks(Host(), core=0))
+    assert c["status"] == "warn" and "cannot tell" in c["detail"], c
+    assert "RLIMIT_MEMLOCK is 8388608 B" in c["detail"] and "4096 symbols" in c["detail"], c
+    from fastpath.control.placement import UNLIMITED
+    _limit(monkeypatch, UNLIMITED)
+    c = _memlock(doctor.run_checks(Host(), core=0, serve=True))
+    assert c["status"] == "pass" and "any size" in c["detail"], c
+
+
+def test_doctor_reads_serving_and_sizes_from_the_config(monkeypatch, tmp_path):
+    _limit(monkeypatch, 64 * MB)
+    # a [serve] table: serving is configured; its sizes are the ones counted
+    cfg = tmp_path / "fp.toml"
+    cfg.write_text("[engine]\nn_symbols = 64\n[serve]\nring_slots = 16384\nmax_clients = 8\n")
+    res = doctor.run_checks(Host(), core=0, config=str(cfg), arena_bytes=_engine_bytes(str(cfg)))
+    seg = memory.serve_segment_bytes(256, 16384, 8)
+    assert res["locked"]["serve"] and res["locked"]["segment_asked"] == seg
+    assert res["locked"]["total"] > 64 * MB and _memlock(res)["status"] == "warn"
+    assert "serve.ring_slots 16384 x serve.max_clients 8" in _memlock(res)["detail"]
+    # more symbols: a bigger engine state, as the engine sizes it
+    small_cfg, big_cfg = {"engine": {"n_symbols": 64}}, {"engine": {"n_symbols": 65536}}
+    small = doctor.run_checks(Host(), core=0, config=small_cfg,
+                              arena_bytes=_engine_bytes(small_cfg))
+    big = doctor.run_checks(Host(), core=0, config=big_cfg, arena_bytes=_engine_bytes(big_cfg))
+    assert not small["locked"]["serve"] and _memlock(small)["status"] == "pass"
+    assert big["locked"]["engine"] > 64 * MB and _memlock(big)["status"] == "warn"
+    assert "65536 symbols" in _memlock(big)["detail"]
+    # with mlock off nothing is locked, whatever the limit
+    _limit(monkeypatch, 0)
+    res = doctor.run_checks(Host(), core=0, config={"memory": {"mlock": False}}, serve=True)
+    assert res["locked"]["total"] == 0 and _memlock(res)["status"] == "pass"
+
+
+def test_segment_size_is_the_servers():
+    """serve_segment_bytes equals the size the C side writes in a live segment's header."""
+    import struct
+
+    import fastpath
+    from fastpath._serve import segment_path
+    name = f"fp-limits-{os.getpid()}"
+    cfg = {"serve": {"ring_slots": 64, "max_clients": 3},
+           "memory": {"huge_pages": "none", "mlock": False}, "engine": {"n_symbols": 8}}
+    with fastpath.serve(name, None, cfg):
+        with open(segment_path(name), "rb") as f:
+            head = f.read(64)
+    raw_len, _, slots, clients = struct.unpack_from("<4I", head, 16)
+    total = struct.unpack_from("<Q", head, 48)[0]
+    assert (raw_len, slots, clients) == (256, 64, 3)
+    assert memory.serve_segment_bytes(raw_len, slots, clients) == total
