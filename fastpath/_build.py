@@ -161,6 +161,18 @@ def resolve(model: Any, backend: Any, config: Any, report: bool = False):
     return (m, rc, backend, reason, measured) if report else (m, rc, backend, reason)
 
 
+def engine_region_bytes(model: Any = None, config: Any = None) -> int:
+    """Bytes the engine asks the control plane to map for this model and config (weights
+    arena + per-symbol state, fp_engine_sizes), read from an engine built with that region
+    unlocked on base pages: what `fastpath doctor` counts as the engine's locked part."""
+    import dataclasses
+
+    from fastpath._engine import Engine
+    from fastpath.control.config import MemoryConfig, load_config
+    cfg = dataclasses.replace(load_config(config), memory=MemoryConfig("none", False))
+    return int(Engine(DEMO_MODEL if model is None else model, "cpu", cfg).memory.bytes)
+
+
 def default_engine():
     """The engine behind fastpath.step(): the embedded demo model, CPU, default config."""
     from fastpath._engine import Engine

@@ -131,8 +131,13 @@ def cmd_doctor(args) -> int:
     host = Host(args.root)
     from fastpath.control.host import sample_busy
     busy = sample_busy(host, 0.2) if args.root == "/" else {}
+    from fastpath._build import DEMO_MODEL, engine_region_bytes, load_model
+    model = load_model(args.model or DEMO_MODEL)
     res = doctor.run_checks(host, core, cfg.placement.policy, cfg.placement.priority,
-                            use_gpu=args.gpu, busy=busy)
+                            use_gpu=args.gpu, busy=busy, config=args.config,
+                            arena_bytes=engine_region_bytes(model, cfg),
+                            serve=True if args.serve else None,
+                            raw_len=model.feature_spec.raw_len)
     if args.jitter:
         from fastpath._kernels import jitter_probe
         try:
@@ -195,6 +200,11 @@ def main(argv=None) -> int:
     d.add_argument("--core", type=int, help="check this core instead of the one placement chooses")
     d.add_argument("--config", help="TOML config (placement policy and priority)")
     d.add_argument("--gpu", action="store_true", help="checks as for the GPU backend")
+    d.add_argument("--model", help="the model the engine runs (.onnx / .fpm; default: the demo "
+                                   "model), for the size of what it locks")
+    d.add_argument("--serve", action="store_true",
+                   help="count the `fastpath serve` segment as locked too (default: when the "
+                        "config has a [serve] table)")
     d.add_argument("--root", default="/", help=argparse.SUPPRESS)
     sub.add_parser("bench", help="the latency bench (same as python bench/run.py; --help there)")
     c = sub.add_parser("calibrate", help="fit a model's feature spec, a regression head's scale "
