@@ -67,15 +67,33 @@ static void free_slot(fp_seg_header *h, int i) {
     FP_STORE_REL(&h->clients[i].state, FP_CL_FREE);
 }
 
+/* The first of two passes over the slot of an owner whose pid looks dead. That owner may be
+ * alive (its pid is only invisible here: another PID namespace) and inside a call that
+ * passed its generation check before the generation moved: the call still stores its
+ * request, its cursors, into the rings. Freed at once, those stores landed in cleared rings
+ * already offered, and the next owner read the stale cursor at open (it wrote where the
+ * worker never looked, and spun forever) or the worker served the stale request as the next
+ * owner's. So the slot is only retired here (the generation moves: the owner stops at its
+ * next call) and cleared and offered by the next pass, a heartbeat later, when a call in
+ * flight has long finished (one that stalls mid-call for longer still races; no store of the
+ * client side can be fenced off from here). */
+static void retire_slot(fp_seg_header *h, int i) {
+    uint64_t gen = __atomic_add_fetch(&h->clients[i].generation, 1, __ATOMIC_RELEASE);
+    FP_STORE_REL(&fp_seg_ctl(h, i)->req_head.gen, gen);
+    FP_STORE_REL(&h->clients[i].state, FP_CL_RETIRED);
+}
+
 int fp_worker_reap(fp_seg_header *h) {
     int n = 0;
     for (uint32_t i = 0; i < h->max_clients; i++) {
         uint32_t st = FP_LOAD_ACQ(&h->clients[i].state);
-        if (st == FP_CL_CLOSING ||
-            ((st == FP_CL_ACTIVE || st == FP_CL_CLAIMED) && h->clients[i].pid > 0 &&
-             fp_ring_pid_dead(h->clients[i].pid))) {
+        if (st == FP_CL_CLOSING || st == FP_CL_RETIRED) {
+            /* CLOSING: the owner's last store was the close itself; RETIRED: a pass ago */
             free_slot(h, (int)i);
             n++;
+        } else if ((st == FP_CL_ACTIVE || st == FP_CL_CLAIMED) && h->clients[i].pid > 0 &&
+                   fp_ring_pid_dead(h->clients[i].pid)) {
+            retire_slot(h, (int)i);
         }
     }
     if (n)

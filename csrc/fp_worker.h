@@ -78,7 +78,8 @@ void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_
 /* Run until h->stop is set, then drain what clients had published and return with
  * state STOPPED. One thread only; e is stepped by nobody else meanwhile. */
 void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o);
-/* Free the slots of clients that closed or whose process is gone; returns how many. */
+/* Free the slots of clients that closed or that an earlier call retired, and retire those
+ * whose process looks gone (freed by the next call); returns how many were freed. */
 int fp_worker_reap(fp_seg_header *h);
 
 #endif

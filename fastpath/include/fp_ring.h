@@ -81,8 +81,10 @@
 
 /* server state (fp_seg_header.state) */
 enum { FP_SRV_STARTING = 0, FP_SRV_RUNNING = 1, FP_SRV_STOPPING = 2, FP_SRV_STOPPED = 3 };
-/* client table entry state */
-enum { FP_CL_FREE = 0, FP_CL_CLAIMED = 1, FP_CL_ACTIVE = 2, FP_CL_CLOSING = 3 };
+/* client table entry state. RETIRED: the worker took the slot back from an owner whose pid
+ * looks dead (its generation moved on) and offers it again only a heartbeat later, once
+ * whatever a call of that owner still in flight has stored is cleared (fp_worker.c) */
+enum { FP_CL_FREE = 0, FP_CL_CLAIMED = 1, FP_CL_ACTIVE = 2, FP_CL_CLOSING = 3, FP_CL_RETIRED = 4 };
 /* reply error codes: 0, the engine's own codes (fp_engine.h FP_ERR_*, same values), or the
  * worker's refusal of a request the client should never have sent */
 enum {

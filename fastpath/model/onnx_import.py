@@ -647,6 +647,12 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
             raise ModelError(f"{what}: a leaf weight names tree {t} node {nid}, which does not "
                              f"exist")
         w_node[k] = g
+    if not n_in:
+        # the input's width left open: a Reshape to (batch, k) before the ensemble says it
+        # (rows of k features, checked below like a declared width); the ensemble's highest
+        # feature index is only a lower bound
+        n_in = next((int(s[1]) for s, _rn, after in reshapes
+                     if not after and len(s) == 2 and s[0] in (-1, 0, 1) and s[1] > 0), 0)
     n_feat = n_in if n_in else _n_features(feats, mode_a, perm)
     for shape, rn, after in reshapes:
         w = n_targets if after else n_in
