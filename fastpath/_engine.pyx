@@ -712,6 +712,12 @@ cdef class Engine:
                         raise BackendError(f"the GPU returned {ya.shape[0]} outputs, the model "
                                            f"has {self._gpu_width}")
                     out = fp_post_apply(self._e, <const float *>cnp.PyArray_DATA(ya))
+                else:
+                    # a layer's float32 sums overflowed on the GPU: the CPU model on the same
+                    # features (the engine's buffer), which re-sums such a layer in double and
+                    # refuses only a pre-activation past float32's range, so both backends
+                    # answer and refuse the same ticks
+                    out = fp_infer_cpu(self._e)
                 kern += fp_ticks_to_ns(fp_ticks() - t0)
             # out NULL on a miss: refused as the CPU refuses a layer that overflowed
             rc = fp_step_finish(self._e, &pend, out, kern, &r)

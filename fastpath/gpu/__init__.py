@@ -17,7 +17,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastpath.errors import BackendError, ConfigError
+from fastpath.errors import BackendError, ConfigError, InputError
+
+
+def _cpu_outputs(eng, x, nan):
+    """The CPU backend's model outputs for features x, or nan where it refuses them too."""
+    try:
+        return eng.predict(x)
+    except InputError:
+        return nan
 
 MODES = ("launch", "persistent")
 
@@ -251,8 +259,11 @@ class GpuEngine:
                 nxt = None
             gpu_ns = (t.h2d_ns + t.infer_ns + t.d2h_ns) // len(idx)
             for j, i in enumerate(idx):
-                # NaN outputs make the engine refuse the tick exactly as the CPU path does
-                o = nan if bad[j] else eng._post_apply(y[j])
+                # a row the GPU flagged (a layer's float32 sums overflowed) is answered as the
+                # CPU backend answers it: its model re-sums such a layer in double and refuses
+                # only a pre-activation past float32's range (NaN outputs: the engine refuses
+                # the tick, as on the CPU)
+                o = _cpu_outputs(eng, feats[j], nan) if bad[j] else eng._post_apply(y[j])
                 out.append(eng._step_external(
                     raws[i], int(symbols[i]), o, gpu_ns, None if ts is None else int(ts[i])))
             if k + 1 < len(chunks):

@@ -29,8 +29,13 @@ static inline uint64_t stamp(void) {
 static int step(fp_client *c, const float *raw, int32_t sym, int64_t ts, fp_rep *rep) {
     uint64_t seq;
     long spins = 0;
-    while (fp_client_try_submit(c, raw, sym, ts, &seq) == FP_RING_FULL)
+    int rc;
+    while ((rc = fp_client_try_submit(c, raw, sym, ts, &seq)) == FP_RING_FULL)
         FP_RING_PAUSE();
+    /* FP_RING_ERR_RECLAIMED: the server took this client's rings back (its pid looked dead
+     * from the server's PID namespace); nothing was submitted, no reply will come */
+    if (rc != FP_RING_OK)
+        return 4;
     for (;;) {
         if (fp_client_poll_spin(c, rep)) {
             if (rep->seq == seq)
@@ -38,7 +43,8 @@ static int step(fp_client *c, const float *raw, int32_t sym, int64_t ts, fp_rep 
             continue;
         }
         if ((++spins & 1023) == 0 &&
-            fp_seg_server_check(c->h, fp_ring_now_ns(), (int64_t)c->h->stall_ms * 1000000LL) != FP_SRV_ALIVE)
+            (!fp_client_owns(c) ||
+             fp_seg_server_check(c->h, fp_ring_now_ns(), (int64_t)c->h->stall_ms * 1000000LL) != FP_SRV_ALIVE))
             return 4;
     }
 }
