@@ -11,8 +11,6 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
-import signal
 
 import numpy as np
 import pytest
@@ -29,17 +27,7 @@ HEADER_BYTES = 16384
 CL_ACTIVE = 2
 
 
-@contextmanager
-def deadline(seconds):
-    def boom(*_):
-        raise TimeoutError(f"took longer than {seconds} s")
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+from test_serve import deadline  # noqa: E402  (the serve tests' SIGALRM deadline)
 
 
 def _uname():

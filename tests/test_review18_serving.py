@@ -13,8 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -26,30 +24,8 @@ from fastpath.control import doctor
 from fastpath.control.host import Host, read_topology
 from fastpath.serving import segment as seg
 
-BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
-                                                "idle_spin_ns": 50_000}}
-PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
-
-
-def cfg(**serve):
-    return {"engine": dict(BASE["engine"]), "serve": {**BASE["serve"], **serve}}
-
-
-def uname():
-    return f"r18-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-@contextmanager
-def deadline(seconds):
-    def boom(*_):
-        raise TimeoutError(f"took longer than {seconds} s")
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+# the serve tests' helpers: config, unique segment names, a SIGALRM deadline
+from test_serve import PKG_ROOT, cfg, deadline, uname  # noqa: E402
 
 
 def raw_zero():
