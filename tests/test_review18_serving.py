@@ -25,7 +25,7 @@ from fastpath.control.host import Host, read_topology
 from fastpath.serving import segment as seg
 
 # the serve tests' helpers: config, unique segment names, a SIGALRM deadline
-from test_serve import PKG_ROOT, cfg, deadline, uname  # noqa: E402
+from test_serve import PKG_ROOT, _wait_stopped, cfg, deadline, uname  # noqa: E402
 
 
 def raw_zero():
@@ -103,22 +103,6 @@ SERVER = textwrap.dedent("""
     print("ready", flush=True)
     sys.stdin.read()
 """)
-
-
-def _wait_stopped(pid, limit_s=5.0):
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            except OSError:
-                continue
-        if states and all(st in ("T", "t") for st in states):
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"process {pid} did not stop within {limit_s} s")
 
 
 def test_a_stalled_live_server_is_not_replaced():
