@@ -19,6 +19,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper  # noqa: E402
 
+import fastpath  # noqa: E402
 from fastpath import Engine, Model, ModelError, TreeEnsemble  # noqa: E402
 from fastpath._kernels import PackedTrees, tree_isas  # noqa: E402
 from fastpath.model import Head  # noqa: E402
@@ -26,6 +27,9 @@ from fastpath.model import trees as trees_mod  # noqa: E402
 from conftest import engine_cfg  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# where the imported fastpath lives (site-packages, or the checkout for an editable install):
+# a child started there imports the same build, not the source tree beside the tests
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
 
 
 # ------------------------------------------------------------------ building ensembles
@@ -105,7 +109,7 @@ def _run_child(code, limit_gb=3):
     """)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, env=env,
-                       cwd=ROOT, timeout=600)
+                       cwd=PKG_ROOT, timeout=600)
     assert p.stdout.strip(), p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import fastpath
 from fastpath import Engine, Model, ModelError
 from fastpath.model import CachePolicy, FeatureSpec, Head, Layer
 from fastpath.model import bundle as B
@@ -25,6 +26,9 @@ from conftest import engine_cfg
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+# where the imported fastpath lives (site-packages, or the checkout for an editable install):
+# a child started there imports the same build, not the source tree beside the tests
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
 
 
 def _model(rng=None):
@@ -185,7 +189,7 @@ def test_every_header_field_set_to_every_kind_of_value():
     strings, lists and objects, the CRC made to match: the bundle loads and runs, or is a
     ModelError; never another exception, and never a crash (run in a child process)."""
     r = subprocess.run([sys.executable, "-c", _FUZZ, HERE], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
+                       timeout=120, cwd=PKG_ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
 
@@ -503,7 +507,7 @@ def test_damaged_onnx_bytes_are_model_errors(tmp_path):
     os.replace(mlp, tmp_path / "mlp.onnx")
     tree = _graph(tmp_path, [_tree("x", "y")], {}, ml=True)
     r = subprocess.run([sys.executable, "-c", _ONNX_FUZZ, str(tmp_path / "mlp.onnx"), tree],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+                       capture_output=True, text=True, timeout=120, cwd=PKG_ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
 
