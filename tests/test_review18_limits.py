@@ -115,16 +115,22 @@ def _run_child(code, limit_gb=3):
 
 
 # -------------------------------------------------------------- refusals, and their cost
-def test_hostile_onnx_is_refused_before_allocating(tmp_path):
-    path = _hostile_graph(tmp_path / "hostile.onnx")
-    assert os.path.getsize(path) < 16 << 20           # a few MB asking for GBs
+def _engine_in_child(load):
+    """(a bare import's result, the result of an Engine built on `load` (a Model expression))
+    from _run_child: the refusal and the memory it cost, against the import alone."""
     base = _run_child("import fastpath\n")
     res = _run_child(f"""
         from fastpath import Model, Engine
-        m = Model.from_onnx({path!r})
-        Engine(m)
+        Engine({load})
         out["error"] = None
     """)
+    return base, res
+
+
+def test_hostile_onnx_is_refused_before_allocating(tmp_path):
+    path = _hostile_graph(tmp_path / "hostile.onnx")
+    assert os.path.getsize(path) < 16 << 20           # a few MB asking for GBs
+    base, res = _engine_in_child(f"Model.from_onnx({path!r})")
     assert res["error"] == "ModelError", res
     msg = res["message"]
     assert "MB" in msg and "limit of 1024 MB" in msg, msg
@@ -162,13 +168,7 @@ def test_hostile_bundle_is_refused_before_allocating(tmp_path):
         weight_value=np.full(2 * n, 0.5, np.float32), base_values=np.zeros(0, np.float32))
     path = _bundle_of(t, tmp_path / "hostile.fpm")
     assert os.path.getsize(path) < 16 << 20
-    base = _run_child("import fastpath\n")
-    res = _run_child(f"""
-        from fastpath import Model, Engine
-        m = Model.load({path!r})
-        Engine(m)
-        out["error"] = None
-    """)
+    base, res = _engine_in_child(f"Model.load({path!r})")
     assert res["error"] == "ModelError", res
     assert "limit of 1024 MB" in res["message"] and "4096 targets" in res["message"], res
     assert res["maxrss_kb"] - base["maxrss_kb"] < 400 << 10, (res, base)

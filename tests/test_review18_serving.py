@@ -157,6 +157,16 @@ def _dead_pid():
     return p.pid
 
 
+def _have_own_slot_reaped(srv, m):
+    """Slot 0 (this process's, ACTIVE: the offset is right) made to look like a process the
+    server cannot find, then until the worker has taken it back."""
+    assert _entry(m, 0) == (2, os.getpid())
+    struct.pack_into("<i", m, CLIENTS_OFF + 4, _dead_pid())
+    with deadline(10):
+        while srv.stats()["clients_reaped"] == 0:
+            time.sleep(0.001)
+
+
 def test_client_whose_rings_were_taken_back_gets_an_error_not_a_hang():
     """The worker frees the slot of a client whose pid it cannot see (dead, or in another PID
     namespace: a client in a container without --pid=host). That client then spun forever in
@@ -168,12 +178,7 @@ def test_client_whose_rings_were_taken_back_gets_an_error_not_a_hang():
         c = fastpath.connect(name)
         c.step(raw, 0)
         with open(srv.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-            assert _entry(m, 0) == (2, os.getpid())       # ACTIVE, ours: the offset is right
-            # the pid as the server sees it: a process it cannot find
-            struct.pack_into("<i", m, CLIENTS_OFF + 4, _dead_pid())
-            with deadline(10):
-                while srv.stats()["clients_reaped"] == 0:
-                    time.sleep(0.001)
+            _have_own_slot_reaped(srv, m)
             with deadline(10), pytest.raises(ServeError, match="took this client's rings back"):
                 c.step(raw, 0)
             with pytest.raises(ServeError, match="closed"):
@@ -198,11 +203,7 @@ def test_client_whose_rings_were_taken_back_errors_in_submit_spin():
         c = fastpath.connect(name)
         c.step(raw, 0)
         with open(srv.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-            assert _entry(m, 0) == (2, os.getpid())
-            struct.pack_into("<i", m, CLIENTS_OFF + 4, _dead_pid())
-            with deadline(10):
-                while srv.stats()["clients_reaped"] == 0:
-                    time.sleep(0.001)
+            _have_own_slot_reaped(srv, m)
             with deadline(10), pytest.raises(ServeError, match="rings back"):
                 for _ in range(16):
                     c.submit(raw, 0)
