@@ -20,6 +20,14 @@
  * the ticks since the ring last wrapped, which at the next wrap are exactly the window's
  * and replace the running ones; and a field whose departing square outweighs the rest of
  * its window by far (the outlier leaving) has its sums recomputed from the ring on that tick.
+ * Every sum is of x - ref, not of x: the std from q/n - mean^2 cancels where the spread is
+ * tiny beside the level (sums of raw prices at 1e5 with a std of 0.01 kept a few bits: the
+ * std a few % off; at 1e7 / 1, ~1%). ref is a tick of the window's own (the first of the
+ * period its sums began in), so the terms are the size of the window's spread and drift,
+ * and the cancellation goes with them. The fresh sums are of x - fref, fref the first tick
+ * since the last wrap; at the wrap they become the running sums and fref their ref, so a
+ * window's state after a wrap is a function of the ticks in it alone (an engine that saw
+ * only those ticks holds the same bits).
  */
 #ifndef FP_FEATURES_H
 #define FP_FEATURES_H
@@ -111,17 +119,32 @@ static inline int fp_zperm_build(const int32_t *z_idx, int n_z, int raw_len, fp_
 }
 
 /* Per-symbol window state, one block of `stride` bytes per symbol:
- *   fp_window_hdr | double sum[n_w] | double sumsq[n_w] | float ring[W][n_w] |
- *   (to 8 bytes) double fresh[2 n_w] (sum and sum of squares since the ring last wrapped) */
+ *   fp_window_hdr | double sum[n_w] | double sumsq[n_w] | float ref[n_w] | float fref[n_w] |
+ *   float ring[W][n_w] | (to 8 bytes) double fresh[2 n_w]
+ * sum and sumsq are of x - ref, fresh (sum and sum of squares since the ring last wrapped) of
+ * x - fref (see the top of this file); both refs are ticks, so float */
 typedef struct {
     uint32_t pos;     /* next ring row to overwrite */
     uint32_t count;   /* ticks in the window, <= W */
     uint32_t pad[14];
 } fp_window_hdr;
 
+static inline double *fp_window_sums(unsigned char *win) {
+    return (double *)(win + sizeof(fp_window_hdr));
+}
+
+/* ref[0..n_w), then fref[0..n_w) */
+static inline float *fp_window_ref(const fp_feature_spec *fs, unsigned char *win) {
+    return (float *)(fp_window_sums(win) + 2 * fs->n_w);
+}
+
+static inline float *fp_window_ring(const fp_feature_spec *fs, unsigned char *win) {
+    return fp_window_ref(fs, win) + 2 * fs->n_w;
+}
+
 static inline size_t fp_window_fresh_off(const fp_feature_spec *fs) {
     const size_t b = sizeof(fp_window_hdr) + 2 * sizeof(double) * (size_t)fs->n_w +
-                     sizeof(float) * (size_t)fs->window * (size_t)fs->n_w;
+                     sizeof(float) * (2 + (size_t)fs->window) * (size_t)fs->n_w;
     return FP_ROUND_UP(b, sizeof(double));
 }
 
@@ -147,14 +170,16 @@ static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec
     }
     if (fs->n_w == 0) return finite;
     const fp_window_hdr *h = (const fp_window_hdr *)win;
-    const double *sum = (const double *)(win + sizeof(fp_window_hdr));
+    unsigned char *w = (unsigned char *)win;
+    const double *sum = fp_window_sums(w);
     const double *sumsq = sum + fs->n_w;
-    const float *ring = (const float *)(sumsq + fs->n_w);
+    const float *ref = fp_window_ref(fs, w);
+    const float *ring = fp_window_ring(fs, w);
     const int full = h->count >= (uint32_t)fs->window;
     /* a full window (every tick once warm) takes 1 / W computed once: the same double, without
      * a division on the way to the window features */
     const double inv_n = full ? fs->inv_window : 1.0 / (double)(h->count + 1);
-    k->window_zscore(raw, fs->w_idx, fs->n_w, sum, sumsq,
+    k->window_zscore(raw, fs->w_idx, fs->n_w, ref, sum, sumsq,
                      full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n, fs->mean + fs->n_z,
                      fs->inv_std + fs->n_z, feat + fs->n_z);
     return finite;
@@ -166,18 +191,36 @@ static inline size_t fp_window_undo_hdr(const fp_feature_spec *fs) {
     return (4 * sizeof(double) + sizeof(float)) * (size_t)fs->n_w;
 }
 
-/* The rare half of fp_window_commit (a field to heal, see there), out of line: every
- * field's sums recomputed from the ring */
+/* and its copy of ref and fref (after position, count and a flag), written only by a
+ * commit that changes them (the flag then 1): one at ring row 0 (a new period: fref), at the
+ * wrap (ref) or one that heals (ref) */
+static inline size_t fp_window_undo_refs(const fp_feature_spec *fs) {
+    return fp_window_undo_hdr(fs) + 3 * sizeof(uint32_t);
+}
+
+static inline void fp_window_save_refs(const fp_feature_spec *fs, unsigned char *win,
+                                       unsigned char *undo) {
+    memcpy(undo + fp_window_undo_refs(fs), fp_window_ref(fs, win),
+           2 * sizeof(float) * (size_t)fs->n_w);
+    ((uint32_t *)(undo + fp_window_undo_hdr(fs)))[2] = 1;
+}
+
+/* The rare half of fp_window_commit (a field to heal, see there), out of line: the newest
+ * tick (raw, just written to the ring) becomes every field's ref and the sums are recomputed
+ * from the ring's count ticks about it */
 __attribute__((noinline, cold)) static void fp_window_heal(const fp_feature_spec *fs,
-                                                           unsigned char *win) {
+                                                           unsigned char *win, const float *raw) {
     const int n = fs->n_w;
-    double *sum = (double *)(win + sizeof(fp_window_hdr));
+    const uint32_t count = ((const fp_window_hdr *)win)->count;
+    double *sum = fp_window_sums(win);
     double *sumsq = sum + n;
-    const float *ring = (const float *)(sumsq + n);
+    float *ref = fp_window_ref(fs, win);
+    const float *ring = fp_window_ring(fs, win);
     for (int j = 0; j < n; j++) {
+        ref[j] = raw[fs->w_idx[j]];
         double s = 0.0, q = 0.0;
-        for (int r = 0; r < fs->window; r++) {
-            const double v = ring[(size_t)r * n + j];
+        for (uint32_t r = 0; r < count; r++) {
+            const double v = (double)ring[(size_t)r * n + j] - ref[j];
             s += v;
             q += v * v;
         }
@@ -186,53 +229,81 @@ __attribute__((noinline, cold)) static void fp_window_heal(const fp_feature_spec
     }
 }
 
+/* A new period (ring row 0 about to be written), out of line as it comes once per W ticks:
+ * its fresh sums start from this tick (fref = x, so the tick adds 0 to them), and an empty
+ * window's running sums too (ref = x) */
+__attribute__((noinline)) static void fp_window_new_period(const fp_feature_spec *fs,
+                                                           unsigned char *win, const float *raw,
+                                                           int empty) {
+    const int n = fs->n_w;
+    float *ref = fp_window_ref(fs, win);
+    for (int j = 0; j < n; j++) ref[n + j] = raw[fs->w_idx[j]];
+    if (empty) memcpy(ref, ref + n, sizeof(float) * (size_t)n);
+}
+
 /* push raw's windowed fields into the symbol's ring; undo (NULL: none) receives the record
  * fp_window_restore() undoes the commit with */
 static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *fs, unsigned char *win,
                                     const float *raw, unsigned char *undo) {
     if (fs->n_w == 0) return;
     fp_window_hdr *h = (fp_window_hdr *)win;
-    double *sum = (double *)(win + sizeof(fp_window_hdr));
-    double *sumsq = sum + fs->n_w;
     const int n = fs->n_w;
-    float *row = (float *)(sumsq + n) + (size_t)h->pos * n;
+    double *sum = fp_window_sums(win);
+    double *sumsq = sum + n;
+    float *ref = fp_window_ref(fs, win);
+    float *row = fp_window_ring(fs, win) + (size_t)h->pos * n;
     double *fresh = (double *)(win + fp_window_fresh_off(fs));
     const int full = h->count >= (uint32_t)fs->window;
+    const int wrap = h->pos + 1 == (uint32_t)fs->window;
     if (undo) {
         uint32_t *u = (uint32_t *)(undo + fp_window_undo_hdr(fs));
         u[0] = h->pos;
         u[1] = h->count;
+        u[2] = 0;
+        if (h->pos == 0 || wrap) fp_window_save_refs(fs, win, undo);
     }
-    /* heal: a field to recompute from the ring, its departing square outweighing the rest
-     * of the window 2^16 times over (256x in magnitude). While it was in, each update of the
-     * sums rounded by up to 2^-53 of it, so below that ratio what it leaves behind is
-     * < W 2^-36 of the rest, and above it the rest may be gone. Rare by design: an outlier
-     * leaving, or the last nonzero of a sparse field (at most once per W ticks, and then
-     * O(W n_w)) */
-    const int heal = k->window_commit(raw, fs->w_idx, n, sum, sumsq, row, full, (double *)undo,
-                                      fresh);
+    if (h->pos == 0) fp_window_new_period(fs, win, raw, h->count == 0);
+    /* heal: recompute a window's sums from its ring, about its newest tick, when
+     * - a field's departing square outweighs the rest of the window 2^16 times over (256x
+     *   in magnitude). While it was in, each update of the sums rounded by up to 2^-53 of
+     *   it, so below that ratio what it leaves behind is < W 2^-36 of the rest, and above it
+     *   the rest may be gone;
+     * - or a field's mean is 2^15 stds or more from its ref, where q/n - m^2 would cancel:
+     *   the ref an outlier that has left (the first tick of a period, or the newest tick of
+     *   a heal), or a tick from before a move into a flat run (at most once per such run:
+     *   the newest tick is then the ref, and a ref inside the window leaves m^2 <= 2 W var).
+     * Rare by design: O(W n_w) when it comes */
+    const int heal = k->window_commit(raw, fs->w_idx, n, ref, sum, sumsq, row, full,
+                                      full ? (double)fs->window : (double)(h->count + 1),
+                                      (double *)undo, fresh);
     if (!full) h->count++;
-    if (h->pos + 1 == (uint32_t)fs->window) {
+    if (wrap) {
         /* the ring holds exactly the ticks since the last wrap: their sums, free of any
-         * subtraction, replace the running ones (healed or not) */
+         * subtraction, replace the running ones (healed or not), and their ref with them */
         h->pos = 0;
         memcpy(sum, fresh, 2 * sizeof(double) * (size_t)n);
+        memcpy(ref, ref + n, sizeof(float) * (size_t)n);
         memset(fresh, 0, 2 * sizeof(double) * (size_t)n);
         return;
     }
     h->pos++;
-    if (heal) fp_window_heal(fs, win);
+    if (heal) {
+        if (undo && !((uint32_t *)(undo + fp_window_undo_hdr(fs)))[2])
+            fp_window_save_refs(fs, win, undo);
+        fp_window_heal(fs, win, raw);
+    }
 }
 
 /* An undo record of one commit: the window's running sums, its fresh sums and the ring row
  * the commit overwrites (as the commit kernel loads them: sum[n_w], sumsq[n_w], fresh[2 n_w]
- * doubles, the row's n_w floats), then the window's position and count;
- * fp_window_undo_bytes() long. fp_step commits a tick's window before the cache has decided
- * (so that on a hit, a rarely taken branch, the decision has less work behind it) and
- * restores the record when the model then refuses the tick: the window is then exactly as
- * it was, bit for bit. */
+ * doubles, the row's n_w floats), then the window's position and count and a flag, then
+ * (written by a commit at row 0, at the wrap or that heals, the flag then 1) ref[n_w] and
+ * fref[n_w] floats; fp_window_undo_bytes() long. fp_step commits a tick's window before
+ * the cache has decided (so that on a hit, a rarely taken branch, the decision has less
+ * work behind it) and restores the record when the model then refuses the tick: the window
+ * is then exactly as it was, bit for bit. */
 static inline size_t fp_window_undo_bytes(const fp_feature_spec *fs) {
-    return fp_window_undo_hdr(fs) + 2 * sizeof(uint32_t);
+    return fp_window_undo_refs(fs) + 2 * sizeof(float) * (size_t)fs->n_w;
 }
 
 static inline void fp_window_restore(const fp_feature_spec *fs, unsigned char *win,
@@ -245,12 +316,14 @@ static inline void fp_window_restore(const fp_feature_spec *fs, unsigned char *w
     const uint32_t *u = (const uint32_t *)(undo + fp_window_undo_hdr(fs));
     h->pos = u[0];
     h->count = u[1];
-    double *sums = (double *)(win + sizeof(fp_window_hdr));
+    double *sums = fp_window_sums(win);
     for (int i = 0; i < 2 * n; i++) sums[i] = us[i];
     double *fresh = (double *)(win + fp_window_fresh_off(fs));
     for (int i = 0; i < 2 * n; i++) fresh[i] = us[2 * n + i];
-    float *row = (float *)(sums + 2 * n) + (size_t)h->pos * n;
+    float *row = fp_window_ring(fs, win) + (size_t)h->pos * n;
     for (int i = 0; i < n; i++) row[i] = ur[i];
+    if (u[2]) memcpy(fp_window_ref(fs, win), undo + fp_window_undo_refs(fs),
+                     2 * sizeof(float) * (size_t)n);
 }
 
 #endif

@@ -66,11 +66,13 @@ typedef struct {
      * of slack past the last run (lanes past a run's end may be written with junk). */
     void (*zscore_runs)(const float *raw, const int32_t *runs, int n_runs, const float *mean,
                         const float *inv_std, float *out);
-    /* rolling stats with raw's window fields added (and `old` removed when non-NULL):
-     * s = sum + x - old, q = sumsq + x^2 - old^2, pm = s/n, ps = sqrt(max(q/n - pm^2, 0)) */
-    void (*window_stats)(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
-                         const double *sumsq, const float *old, double inv_n, float *pm,
-                         float *ps);
+    /* rolling stats with raw's window fields added (and `old` removed when non-NULL), the
+     * sums being of values less ref (fp_features.h): x = raw[w_idx[j]] - ref[j] and
+     * o = old[j] - ref[j] in double, s = sum + x - o, q = sumsq + x^2 - o^2, m = s/n,
+     * pm = ref + m, ps = sqrt(max(q/n - m^2, 0)); each product rounded on its own (no FMA) */
+    void (*window_stats)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                         const double *sum, const double *sumsq, const float *old,
+                         double inv_n, float *pm, float *ps);
     /* out[i] = (x[i] - mean[i]) * inv_std[i],  i < n */
     void (*zscore)(const float *x, const float *mean, const float *inv_std, float *out, int n);
     /* *dot = sum a[i]*b[i], *na2 = sum a[i]^2, one pass, summed in double (cache decisions
@@ -94,9 +96,9 @@ typedef struct {
     /* window_stats then zscore of its 2 n_w outputs in one pass, bit-identical to the two
      * calls (pm, ps rounded to float, then (x - mean) * inv_std): feat[j] from pm[j],
      * feat[n_w + j] from ps[j], j < n_w; mean and inv_std are the window features' own */
-    void (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
-                          const double *sumsq, const float *old, double inv_n,
-                          const float *mean, const float *inv_std, float *feat);
+    void (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                          const double *sum, const double *sumsq, const float *old,
+                          double inv_n, const float *mean, const float *inv_std, float *feat);
     /* dot_norm2 with sum b[i]^2 as a third output, in the same pass: *dot and *na2 are
      * bit-identical to dot_norm2's, *nb2 to dot_norm2(b, b, ...)'s *na2 */
     void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
@@ -119,18 +121,25 @@ typedef struct {
      * contribute nothing and are not read. */
     void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
                            float *na2, float *nb2);
-    /* a tick into a window: x = raw[w_idx[j]] as double; full (the ring row holds the oldest
-     * tick, o): sum = (sum - o) + x, sumsq = (sumsq - o*o) + x*x, else sum += x, sumsq += x*x;
-     * row[j] = x. Every set gives the scalar twin's doubles bit for bit (o*o and x*x are
-     * exact in double, so fusing them into an FMA changes nothing). undo (or NULL) receives
-     * what the commit overwrites, as it loads it: sum[0..n_w), sumsq[0..n_w), fresh[0..2 n_w),
-     * then row's old n_w floats (read whether or not the window is full), 36 n_w bytes.
-     * fresh[j] += x, fresh[n_w + j] += x*x (the window's sums since its ring last wrapped,
+    /* a tick into a window: x = raw[w_idx[j]] - ref[j] in double (ref: ticks, so float);
+     * full (the ring row holds
+     * the oldest tick, o = row[j] - ref[j]): sum = (sum - o) + x, sumsq = (sumsq - o*o) + x*x,
+     * else sum += x, sumsq += x*x; row[j] = raw[w_idx[j]]. Every set gives the scalar twin's
+     * doubles bit for bit (each product rounded on its own, never fused into an FMA).
+     * undo (or NULL) receives what the commit overwrites, as it loads it: sum[0..n_w),
+     * sumsq[0..n_w), fresh[0..2 n_w), then row's old n_w floats (read whether or not the
+     * window is full), 36 n_w bytes.
+     * With y = raw[w_idx[j]] - ref[n_w + j] (fref, the fresh sums' own ref: ref holds 2 n_w):
+     * fresh[j] += y, fresh[n_w + j] += y*y (the window's sums since its ring last wrapped,
      * fp_features.h).
-     * Returns 1 when full and a field's departing square outweighs the rest of its window
-     * 2^16 times over, o*o > 2^16 * (the new sumsq), else 0. */
-    int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
-                         double *sumsq, float *row, int full, double *undo, double *fresh);
+     * Returns 1 (heal: the caller recomputes the sums from the ring, fp_features.h) when
+     * full and a field's departing square outweighs the rest of its window 2^16 times over,
+     * o*o > 2^16 * (the new sumsq), or when a field's new sums have its mean 2^15 stds or
+     * more from ref, sum*sum > n (1 - 2^-30) * sumsq (n: ticks in the window with this one,
+     * so q/n - (s/n)^2 would cancel: ref no longer a tick like the window's); else 0. */
+    int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                         double *sum, double *sumsq, float *row, int full, double n,
+                         double *undo, double *fresh);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet (diff_norms_f32: two more, for the

@@ -19,9 +19,9 @@ cdef extern from "fp_simd.h" nogil:
                               const float *inv_std, float *out, int n)
         void (*zscore_runs)(const float *raw, const int32_t *runs, int n_runs, const float *mean,
                             const float *inv_std, float *out)
-        void (*window_stats)(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
-                             const double *sumsq, const float *old, double inv_n, float *pm,
-                             float *ps)
+        void (*window_stats)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                             const double *sum, const double *sumsq, const float *old,
+                             double inv_n, float *pm, float *ps)
         void (*zscore)(const float *x, const float *mean, const float *inv_std, float *out, int n)
         void (*dot_norm2)(const float *a, const float *b, int n, double *dot, double *na2)
         int (*dense)(const fp_dense_layer *L, const float *x, float *y, int reverse)
@@ -29,15 +29,16 @@ cdef extern from "fp_simd.h" nogil:
         void (*head)(const float *out, float *signal, float *confidence)
         void (*dot_norms_f32)(const float *a, const float *b, int n, float *dot, float *na2,
                               float *nb2)
-        void (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
-                              const double *sumsq, const float *old, double inv_n,
-                              const float *mean, const float *inv_std, float *feat)
+        void (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                              const double *sum, const double *sumsq, const float *old,
+                              double inv_n, const float *mean, const float *inv_std, float *feat)
         void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
                               double *nb2)
         int (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
                            const float *inv_std, float *out)
-        int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, double *sum,
-                             double *sumsq, float *row, int full, double *undo, double *fresh)
+        int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                             double *sum, double *sumsq, float *row, int full, double n,
+                             double *undo, double *fresh)
         void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
                                float *na2, float *nb2)
     int fp_cpu_has_avx2()

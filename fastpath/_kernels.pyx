@@ -189,13 +189,15 @@ def kernel_zscore_perm(str isa, raw, idx, mean, inv_std, bint steps=False, bint 
     return res if len(res) > 1 else res[0]
 
 
-def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, bint undo=False,
-                         fresh=None):
+def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, double count,
+                         bint undo=False, fresh=None, ref=None, fref=None):
     """One tick into a window with the named kernel set: returns the new (sum, sumsq, row,
     fresh, heal) (float64, float64, float32, float64 (2 n_w: the sums since the ring last
-    wrapped; zeros when fresh is None), bool); the inputs are not modified. undo=True: the
-    kernel also writes its undo record, and (old sum, old sumsq, old fresh, old row) read
-    back from it follow."""
+    wrapped; zeros when fresh is None), bool); the inputs are not modified. count: ticks in
+    the window once this one is in (the heal flag's cancellation test). ref (the running
+    sums' reference) and fref (the fresh sums'): n_w float32 each (ticks), zeros when None.
+    undo=True: the kernel also writes its undo record, and (old sum, old sumsq, old fresh,
+    old row) read back from it follow."""
     cdef const fp_kernels *k = _kernels(isa)
     r = np.ascontiguousarray(raw, np.float32)
     ix = np.ascontiguousarray(w_idx, np.int32)
@@ -210,12 +212,14 @@ def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, bint 
     fr = np.zeros(2 * n, np.float64) if fresh is None else np.array(fresh, np.float64, copy=True)
     if len(fr) != 2 * n:
         raise InputError("fresh must have two values per window field")
+    rf = np.concatenate([_refs(ref, n, "ref"), _refs(fref, n, "fref")])
     # the record (36 n bytes) and 64 guard bytes after it, which must stay untouched
     rec = np.full(4 * n + (n + 1) // 2 + 8, np.nan)
     cdef double *u = <double *>cnp.PyArray_DATA(rec) if undo else NULL
     heal = k.window_commit(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix),
-                           n, <double *>cnp.PyArray_DATA(s), <double *>cnp.PyArray_DATA(q),
-                           <float *>cnp.PyArray_DATA(w), full, u, <double *>cnp.PyArray_DATA(fr))
+                           n, <const float *>cnp.PyArray_DATA(rf),
+                           <double *>cnp.PyArray_DATA(s), <double *>cnp.PyArray_DATA(q),
+                           <float *>cnp.PyArray_DATA(w), full, count, u, <double *>cnp.PyArray_DATA(fr))
     if not undo:
         return s, q, w, fr, bool(heal)
     b = rec.view(np.uint8)
@@ -244,9 +248,18 @@ def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):
     return out[:n]
 
 
-def kernel_window_stats(str isa, raw, w_idx, sum_, sumsq, old, double inv_n):
+def _refs(v, n, name):
+    """n float32 references (ticks) for the window kernels (zeros when v is None)"""
+    r = np.zeros(n, np.float32) if v is None else np.array(v, np.float32, copy=True)
+    if r.shape != (n,):
+        raise InputError(f"{name} must have one value per window field")
+    return r
+
+
+def kernel_window_stats(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, ref=None):
     """(rolling mean, rolling std) with raw[w_idx] added to the running sums and `old`
-    (None: nothing) removed, as the feature stage computes them."""
+    (None: nothing) removed, as the feature stage computes them; the sums are of values less
+    ref (n_w float32, ticks; zeros when None)."""
     cdef const fp_kernels *k = _kernels(isa)
     cdef cnp.ndarray r = _f32(raw, "raw")
     cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
@@ -259,7 +272,9 @@ def kernel_window_stats(str isa, raw, w_idx, sum_, sumsq, old, double inv_n):
         raise InputError("w_idx, sum, sumsq and old must have one length and w_idx must index raw")
     pm = np.empty(n, np.float32)
     ps = np.empty(n, np.float32)
+    cdef cnp.ndarray rf = _refs(ref, n, "ref")
     k.window_stats(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
+                   <const float *>cnp.PyArray_DATA(rf),
                    <const double *>cnp.PyArray_DATA(s), <const double *>cnp.PyArray_DATA(q),
                    NULL if o is None else <const float *>cnp.PyArray_DATA(o), inv_n,
                    <float *>cnp.PyArray_DATA(pm), <float *>cnp.PyArray_DATA(ps))
@@ -328,9 +343,11 @@ def kernel_dot_norms_f64(str isa, a, b):
     return float(d), float(s), float(t)
 
 
-def kernel_window_zscore(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, mean, inv_std):
+def kernel_window_zscore(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, mean, inv_std,
+                         ref=None):
     """Window features in one pass: z-scores of the rolling means (first n_w) and of the
-    rolling stds (next n_w); mean and inv_std hold 2 n_w values."""
+    rolling stds (next n_w); mean and inv_std hold 2 n_w values; the sums are of values less
+    ref (n_w float32, ticks; zeros when None)."""
     cdef const fp_kernels *k = _kernels(isa)
     cdef cnp.ndarray r = _f32(raw, "raw")
     cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
@@ -344,7 +361,9 @@ def kernel_window_zscore(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, me
         raise InputError("w_idx, sum, sumsq and old must have one length n, mean and inv_std "
                          "2n, and w_idx must index raw")
     out = np.empty(2 * n, np.float32)
+    cdef cnp.ndarray rf = _refs(ref, n, "ref")
     k.window_zscore(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
+                    <const float *>cnp.PyArray_DATA(rf),
                     <const double *>cnp.PyArray_DATA(s), <const double *>cnp.PyArray_DATA(q),
                     NULL if o is None else <const float *>cnp.PyArray_DATA(o), inv_n,
                     <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(sd),

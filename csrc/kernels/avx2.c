@@ -62,47 +62,55 @@ FP_TARGET_AVX2 static void fp_zscore_runs_avx2(const float *raw, const int32_t *
     }
 }
 
-/* rolling mean and std of fields j..j+3 in double (running sums are double, see
- * fp_features.h); window_stats and window_zscore share it so they stay bit-identical */
+/* rolling mean and std of fields j..j+3 in double (running sums are double, of values less
+ * ref, see fp_features.h); window_stats and window_zscore share it so they stay
+ * bit-identical. Each product is rounded on its own, as the scalar twin's (built without
+ * FMA): GCC contracts a product into the addition or subtraction after it (one vfmadd), and
+ * q/n - m^2 cancels, so the fused form gave another std than scalar, ~1% apart; the empty
+ * asm statements keep the products apart. */
 FP_TARGET_AVX2 static inline void fp_wstats4_avx2(const float *raw, const int32_t *w_idx,
-                                                  const double *sum, const double *sumsq,
-                                                  const float *old, __m256d vn, int j,
-                                                  __m128 *pm, __m128 *ps) {
-    __m256d x = _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4));
+                                                  const float *ref, const double *sum,
+                                                  const double *sumsq, const float *old,
+                                                  __m256d vn, int j, __m128 *pm, __m128 *ps) {
+    const __m256d r = _mm256_cvtps_pd(_mm_loadu_ps(ref + j));
+    __m256d x = _mm256_sub_pd(
+        _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4)),
+        r);
+    __m256d xx = _mm256_mul_pd(x, x);
+    __asm__("" : "+x"(xx));
     __m256d s = _mm256_add_pd(_mm256_loadu_pd(sum + j), x);
-    __m256d q = _mm256_add_pd(_mm256_loadu_pd(sumsq + j), _mm256_mul_pd(x, x));
+    __m256d q = _mm256_add_pd(_mm256_loadu_pd(sumsq + j), xx);
     if (old) {
-        __m256d o = _mm256_cvtps_pd(_mm_loadu_ps(old + j));
+        __m256d o = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(old + j)), r);
+        __m256d oo = _mm256_mul_pd(o, o);
+        __asm__("" : "+x"(oo));
         s = _mm256_sub_pd(s, o);
-        q = _mm256_sub_pd(q, _mm256_mul_pd(o, o));
+        q = _mm256_sub_pd(q, oo);
     }
     __m256d m = _mm256_mul_pd(s, vn);
-    /* each product rounded on its own, as the scalar twin's: GCC contracts a product into the
-     * subtraction after it (one vfnmadd), and q/n - m^2 cancels (prices ~1e5 with a std of
-     * ~0.01 leave a few bits), so the fused form gave another std than scalar, ~1% apart */
     __m256d qn = _mm256_mul_pd(q, vn), m2 = _mm256_mul_pd(m, m);
     __asm__("" : "+x"(qn), "+x"(m2));
     __m256d v = _mm256_max_pd(_mm256_sub_pd(qn, m2), _mm256_setzero_pd());
-    *pm = _mm256_cvtpd_ps(m);
+    *pm = _mm256_cvtpd_ps(_mm256_add_pd(r, m));
     *ps = _mm_sqrt_ps(_mm256_cvtpd_ps(v));
 }
 
 /* rolling mean/std, 4 fields a step */
 FP_TARGET_AVX2 static void fp_window_stats_avx2(const float *raw, const int32_t *w_idx, int n_w,
-                                                const double *sum, const double *sumsq,
-                                                const float *old, double inv_n, float *pm,
-                                                float *ps) {
+                                                const float *ref, const double *sum,
+                                                const double *sumsq, const float *old,
+                                                double inv_n, float *pm, float *ps) {
     const __m256d vn = _mm256_set1_pd(inv_n);
     int j = 0;
     for (; j + 4 <= n_w; j += 4) {
         __m128 m, d;
-        fp_wstats4_avx2(raw, w_idx, sum, sumsq, old, vn, j, &m, &d);
+        fp_wstats4_avx2(raw, w_idx, ref, sum, sumsq, old, vn, j, &m, &d);
         _mm_storeu_ps(pm + j, m);
         _mm_storeu_ps(ps + j, d);
     }
     if (j < n_w)
-        fp_window_stats_scalar(raw, w_idx + j, n_w - j, sum + j, sumsq + j, old ? old + j : NULL,
-                               inv_n, pm + j, ps + j);
+        fp_window_stats_scalar(raw, w_idx + j, n_w - j, ref + j, sum + j, sumsq + j,
+                               old ? old + j : NULL, inv_n, pm + j, ps + j);
 }
 
 /* out = (x - mean) * inv_std */
@@ -533,10 +541,10 @@ FP_TARGET_AVX2 static void fp_head_avx2(const float *out, float *signal, float *
 FP_TARGET_AVX2 static void fp_dot_norms_f32_avx2(const float *a, const float *b, int n,
                                                   float *dot, float *na2, float *nb2);
 FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t *w_idx, int n_w,
-                                                 const double *sum, const double *sumsq,
-                                                 const float *old, double inv_n,
-                                                 const float *mean, const float *inv_std,
-                                                 float *feat);
+                                                 const float *ref, const double *sum,
+                                                 const double *sumsq, const float *old,
+                                                 double inv_n, const float *mean,
+                                                 const float *inv_std, float *feat);
 FP_TARGET_AVX2 static void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
                                                   double *dot, double *na2, double *nb2);
 FP_TARGET_AVX2 static void fp_diff_norms_f32_avx2(const float *a, const float *b, int n,
@@ -655,15 +663,15 @@ FP_TARGET_AVX2 static void fp_diff_norms_f32_avx2(const float *a, const float *b
  * order (so bit-identical to the two calls): pm and ps stay in registers instead of going
  * through a scratch buffer whose 16-byte stores the 32-byte z-score loads could not forward */
 FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t *w_idx, int n_w,
-                                                 const double *sum, const double *sumsq,
-                                                 const float *old, double inv_n,
-                                                 const float *mean, const float *inv_std,
-                                                 float *feat) {
+                                                 const float *ref, const double *sum,
+                                                 const double *sumsq, const float *old,
+                                                 double inv_n, const float *mean,
+                                                 const float *inv_std, float *feat) {
     const __m256d vn = _mm256_set1_pd(inv_n);
     int j = 0;
     for (; j + 4 <= n_w; j += 4) {
         __m128 pm, ps;
-        fp_wstats4_avx2(raw, w_idx, sum, sumsq, old, vn, j, &pm, &ps);
+        fp_wstats4_avx2(raw, w_idx, ref, sum, sumsq, old, vn, j, &pm, &ps);
         _mm_storeu_ps(feat + j, _mm_mul_ps(_mm_sub_ps(pm, _mm_loadu_ps(mean + j)),
                                            _mm_loadu_ps(inv_std + j)));
         _mm_storeu_ps(feat + n_w + j, _mm_mul_ps(_mm_sub_ps(ps, _mm_loadu_ps(mean + n_w + j)),
@@ -671,8 +679,8 @@ FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t
     }
     for (; j < n_w; j++) {
         float pm, ps;
-        fp_window_stats_scalar(raw, w_idx + j, 1, sum + j, sumsq + j, old ? old + j : NULL, inv_n,
-                               &pm, &ps);
+        fp_window_stats_scalar(raw, w_idx + j, 1, ref + j, sum + j, sumsq + j,
+                               old ? old + j : NULL, inv_n, &pm, &ps);
         feat[j] = (pm - mean[j]) * inv_std[j];
         feat[n_w + j] = (ps - mean[n_w + j]) * inv_std[n_w + j];
     }

@@ -105,29 +105,35 @@ FP_TARGET_AVX512 static void fp_zscore_runs_avx512(const float *raw, const int32
 
 /* rolling mean and std of fields j..j+7 (lanes past n_w masked off) in double, the same
  * operations as the scalar twin (so bit-identical to it); window_stats and window_zscore
- * share it */
+ * share it. Each product rounded on its own, as the scalar twin's (built without FMA): GCC
+ * contracts a product into the addition or subtraction after it (one vfmadd), and
+ * q/n - mu^2 cancels, so the fused form gave another std than scalar, ~1% apart; the empty
+ * asm statements keep the products apart. */
 FP_TARGET_AVX512 static inline void fp_wstats8_avx512(const float *raw, const int32_t *w_idx,
-                                                      const double *sum, const double *sumsq,
-                                                      const float *old, __m512d vn, int j,
-                                                      __mmask8 m, __m256 *pm, __m256 *ps) {
+                                                      const float *ref, const double *sum,
+                                                      const double *sumsq, const float *old,
+                                                      __m512d vn, int j, __mmask8 m,
+                                                      __m256 *pm, __m256 *ps) {
     __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
     __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
-    __m512d x = _mm512_cvtps_pd(xf);
+    const __m512d r = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, ref + j));
+    __m512d x = _mm512_sub_pd(_mm512_cvtps_pd(xf), r);
+    __m512d xx = _mm512_mul_pd(x, x);
+    __asm__("" : "+v"(xx));
     __m512d s = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sum + j), x);
-    __m512d q = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sumsq + j), _mm512_mul_pd(x, x));
+    __m512d q = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sumsq + j), xx);
     if (old) {
-        __m512d o = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, old + j));
+        __m512d o = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, old + j)), r);
+        __m512d oo = _mm512_mul_pd(o, o);
+        __asm__("" : "+v"(oo));
         s = _mm512_sub_pd(s, o);
-        q = _mm512_sub_pd(q, _mm512_mul_pd(o, o));
+        q = _mm512_sub_pd(q, oo);
     }
     __m512d mu = _mm512_mul_pd(s, vn);
-    /* each product rounded on its own, as the scalar twin's: GCC contracts a product into the
-     * subtraction after it (one vfnmadd), and q/n - mu^2 cancels (prices ~1e5 with a std of
-     * ~0.01 leave a few bits), so the fused form gave another std than scalar, ~1% apart */
     __m512d qn = _mm512_mul_pd(q, vn), mu2 = _mm512_mul_pd(mu, mu);
     __asm__("" : "+v"(qn), "+v"(mu2));
     __m512d v = _mm512_max_pd(_mm512_sub_pd(qn, mu2), _mm512_setzero_pd());
-    *pm = _mm512_cvtpd_ps(mu);
+    *pm = _mm512_cvtpd_ps(_mm512_add_pd(r, mu));
     *ps = _mm256_sqrt_ps(_mm512_cvtpd_ps(v));
 }
 
@@ -137,14 +143,15 @@ static inline __mmask8 fp_mask8_from(int left) {
 
 /* rolling mean/std, 8 fields a step */
 FP_TARGET_AVX512 static void fp_window_stats_avx512(const float *raw, const int32_t *w_idx,
-                                                    int n_w, const double *sum,
-                                                    const double *sumsq, const float *old,
-                                                    double inv_n, float *pm, float *ps) {
+                                                    int n_w, const float *ref,
+                                                    const double *sum, const double *sumsq,
+                                                    const float *old, double inv_n, float *pm,
+                                                    float *ps) {
     const __m512d vn = _mm512_set1_pd(inv_n);
     for (int j = 0; j < n_w; j += 8) {
         const __mmask8 m = fp_mask8_from(n_w - j);
         __m256 a, d;
-        fp_wstats8_avx512(raw, w_idx, sum, sumsq, old, vn, j, m, &a, &d);
+        fp_wstats8_avx512(raw, w_idx, ref, sum, sumsq, old, vn, j, m, &a, &d);
         _mm256_mask_storeu_ps(pm + j, m, a);
         _mm256_mask_storeu_ps(ps + j, m, d);
     }
@@ -572,15 +579,16 @@ FP_TARGET_AVX512 static void fp_head_avx512(const float *out, float *signal, flo
 /* fp_window_stats_avx512 and fp_zscore_avx512 in one pass, the same operations in the same
  * order (bit-identical to the two calls; both are elementwise): pm and ps stay in registers */
 FP_TARGET_AVX512 static void fp_window_zscore_avx512(const float *raw, const int32_t *w_idx,
-                                                     int n_w, const double *sum,
-                                                     const double *sumsq, const float *old,
-                                                     double inv_n, const float *mean,
-                                                     const float *inv_std, float *feat) {
+                                                     int n_w, const float *ref,
+                                                     const double *sum, const double *sumsq,
+                                                     const float *old, double inv_n,
+                                                     const float *mean, const float *inv_std,
+                                                     float *feat) {
     const __m512d vn = _mm512_set1_pd(inv_n);
     for (int j = 0; j < n_w; j += 8) {
         const __mmask8 m = fp_mask8_from(n_w - j);
         __m256 pm, ps;
-        fp_wstats8_avx512(raw, w_idx, sum, sumsq, old, vn, j, m, &pm, &ps);
+        fp_wstats8_avx512(raw, w_idx, ref, sum, sumsq, old, vn, j, m, &pm, &ps);
         _mm256_mask_storeu_ps(feat + j, m,
                               _mm256_mul_ps(_mm256_sub_ps(pm, _mm256_maskz_loadu_ps(m, mean + j)),
                                             _mm256_maskz_loadu_ps(m, inv_std + j)));
@@ -697,18 +705,26 @@ FP_TARGET_AVX512 static void fp_dot_norms_f64_avx512(const float *a, const float
 }
 
 /* fp_window_commit_scalar 8 fields a step: the fields gathered, widened to double, the
- * same operations in the same order (o*o and x*x exact, so an FMA, if the compiler fuses,
- * rounds as the scalar twin does); lanes past n_w masked on every load and store */
+ * same operations in the same order (each product kept apart from the sum it goes into by
+ * an empty asm statement, so never fused: the scalar twin rounds it on its own); lanes past
+ * n_w masked on every load and store */
 FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int32_t *w_idx, int n_w,
-                                                    double *sum, double *sumsq, float *row,
-                                                    int full, double *undo, double *fresh) {
+                                                    const float *ref, double *sum,
+                                                    double *sumsq, float *row, int full,
+                                                    double n, double *undo, double *fresh) {
     float *undo_row = undo ? (float *)(undo + 4 * n_w) : NULL;
+    const __m512d lim = _mm512_set1_pd(n * (1.0 - 0x1p-30));
     __mmask8 heal = 0;
     for (int j = 0; j < n_w; j += 8) {
         const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xFFu : (1u << (n_w - j)) - 1u);
         const __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
         const __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
-        const __m512d x = _mm512_cvtps_pd(xf), xx = _mm512_mul_pd(x, x);
+        const __m512d xd = _mm512_cvtps_pd(xf),
+                      r = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, ref + j));
+        const __m512d x = _mm512_sub_pd(xd, r),
+                      y = _mm512_sub_pd(xd, _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, ref + n_w + j)));
+        __m512d xx = _mm512_mul_pd(x, x), yy = _mm512_mul_pd(y, y);
+        __asm__("" : "+v"(xx), "+v"(yy));
         __m512d s = _mm512_maskz_loadu_pd(m, sum + j), q = _mm512_maskz_loadu_pd(m, sumsq + j);
         const __m256 of = _mm256_maskz_loadu_ps(m, row + j);
         const __m512d fs = _mm512_maskz_loadu_pd(m, fresh + j),
@@ -721,7 +737,9 @@ FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int3
             _mm256_mask_storeu_ps(undo_row + j, m, of);
         }
         if (full) {
-            const __m512d o = _mm512_cvtps_pd(of), oo = _mm512_mul_pd(o, o);
+            const __m512d o = _mm512_sub_pd(_mm512_cvtps_pd(of), r);
+            __m512d oo = _mm512_mul_pd(o, o);
+            __asm__("" : "+v"(oo));
             s = _mm512_add_pd(_mm512_sub_pd(s, o), x);
             q = _mm512_add_pd(_mm512_sub_pd(q, oo), xx);
             heal |= _mm512_mask_cmp_pd_mask(m, oo, _mm512_mul_pd(q, _mm512_set1_pd(0x1p16)),
@@ -730,11 +748,12 @@ FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int3
             s = _mm512_add_pd(s, x);
             q = _mm512_add_pd(q, xx);
         }
+        heal |= _mm512_mask_cmp_pd_mask(m, _mm512_mul_pd(s, s), _mm512_mul_pd(lim, q), _CMP_GT_OQ);
         _mm512_mask_storeu_pd(sum + j, m, s);
         _mm512_mask_storeu_pd(sumsq + j, m, q);
         _mm256_mask_storeu_ps(row + j, m, xf);
-        _mm512_mask_storeu_pd(fresh + j, m, _mm512_add_pd(fs, x));
-        _mm512_mask_storeu_pd(fresh + n_w + j, m, _mm512_add_pd(fq, xx));
+        _mm512_mask_storeu_pd(fresh + j, m, _mm512_add_pd(fs, y));
+        _mm512_mask_storeu_pd(fresh + n_w + j, m, _mm512_add_pd(fq, yy));
     }
     return heal != 0;
 }

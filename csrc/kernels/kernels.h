@@ -10,12 +10,13 @@
 
 #include "fp_simd.h"
 
-void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
-                            const double *sumsq, const float *old, double inv_n, float *pm,
-                            float *ps);
+void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                            const double *sum, const double *sumsq, const float *old,
+                            double inv_n, float *pm, float *ps);
 void fp_dot_norm2_scalar(const float *a, const float *b, int n, double *dot, double *na2);
-int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, double *sum,
-                            double *sumsq, float *row, int full, double *undo, double *fresh);
+int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                            double *sum, double *sumsq, float *row, int full, double n,
+                            double *undo, double *fresh);
 int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
                           const float *inv_std, float *out);
 

@@ -25,9 +25,13 @@ static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_r
 }
 
 /* one loop per case, without a branch inside, so the compiler can pair the double updates;
- * each sum sees "minus the old value, plus the new one" in that order */
-int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, double *sum,
-                            double *sumsq, float *row, int full, double *undo, double *fresh) {
+ * each sum sees "minus the old value, plus the new one" in that order. This file is built
+ * without FMA, so every product is rounded on its own (the vector sets keep them apart). */
+int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                            double *sum, double *sumsq, float *row, int full, double n,
+                            double *undo, double *fresh) {
+    const float *fref = ref + n_w;
+    const double lim = n * (1.0 - 0x1p-30);
     if (undo) {
         float *undo_row = (float *)(undo + 4 * n_w);
         for (int j = 0; j < n_w; j++) {
@@ -41,22 +45,27 @@ int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, dou
     int heal = 0;
     if (full) {
         for (int j = 0; j < n_w; j++) {
-            const double x = raw[w_idx[j]], o = row[j];
+            const float xf = raw[w_idx[j]];
+            const double x = (double)xf - (double)ref[j], o = (double)row[j] - (double)ref[j];
+            const double y = (double)xf - (double)fref[j];
             sum[j] = (sum[j] - o) + x;
             sumsq[j] = (sumsq[j] - o * o) + x * x;
             heal |= o * o > 0x1p16 * sumsq[j];
-            fresh[j] += x;
-            fresh[n_w + j] += x * x;
-            row[j] = (float)x;
+            heal |= sum[j] * sum[j] > lim * sumsq[j];
+            fresh[j] += y;
+            fresh[n_w + j] += y * y;
+            row[j] = xf;
         }
     } else {
         for (int j = 0; j < n_w; j++) {
-            const double x = raw[w_idx[j]];
+            const float xf = raw[w_idx[j]];
+            const double x = (double)xf - (double)ref[j], y = (double)xf - (double)fref[j];
             sum[j] += x;
             sumsq[j] += x * x;
-            fresh[j] += x;
-            fresh[n_w + j] += x * x;
-            row[j] = (float)x;
+            heal |= sum[j] * sum[j] > lim * sumsq[j];
+            fresh[j] += y;
+            fresh[n_w + j] += y * y;
+            row[j] = xf;
         }
     }
     return heal;
@@ -83,16 +92,21 @@ int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const 
     return finite;
 }
 
-/* rolling mean/std over the window with the new tick in (and `old` out) */
-void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const double *sum,
-                            const double *sumsq, const float *old, double inv_n, float *pm,
-                            float *ps) {
+/* rolling mean/std over the window with the new tick in (and `old` out), the sums being of
+ * values less ref (fp_features.h) */
+void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                            const double *sum, const double *sumsq, const float *old,
+                            double inv_n, float *pm, float *ps) {
     for (int j = 0; j < n_w; j++) {
-        const double x = raw[w_idx[j]];
+        const double x = (double)raw[w_idx[j]] - (double)ref[j];
         double s = sum[j] + x, q = sumsq[j] + x * x;
-        if (old) { s -= old[j]; q -= (double)old[j] * old[j]; }
+        if (old) {
+            const double o = (double)old[j] - (double)ref[j];
+            s -= o;
+            q -= o * o;
+        }
         const double m = s * inv_n, v = q * inv_n - m * m;
-        pm[j] = (float)m;
+        pm[j] = (float)((double)ref[j] + m);
         ps[j] = v > 0.0 ? sqrtf((float)v) : 0.0f;
     }
 }
@@ -153,9 +167,9 @@ static void fp_head_scalar(const float *out, float *signal, float *confidence) {
 static void fp_dot_norms_f32_scalar(const float *a, const float *b, int n, float *dot, float *na2,
                                     float *nb2);
 static void fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w,
-                                    const double *sum, const double *sumsq, const float *old,
-                                    double inv_n, const float *mean, const float *inv_std,
-                                    float *feat);
+                                    const float *ref, const double *sum, const double *sumsq,
+                                    const float *old, double inv_n, const float *mean,
+                                    const float *inv_std, float *feat);
 static void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
                                     double *na2, double *nb2);
 static void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, float *dd,
@@ -245,13 +259,13 @@ static void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, floa
 /* fp_window_stats_scalar then fp_zscore_scalar's (x - mean) * inv_std on pm and ps, without
  * the round trip through a scratch buffer */
 static void fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w,
-                                    const double *sum, const double *sumsq, const float *old,
-                                    double inv_n, const float *mean, const float *inv_std,
-                                    float *feat) {
+                                    const float *ref, const double *sum, const double *sumsq,
+                                    const float *old, double inv_n, const float *mean,
+                                    const float *inv_std, float *feat) {
     for (int j = 0; j < n_w; j++) {
         float pm, ps;
-        fp_window_stats_scalar(raw, w_idx + j, 1, sum + j, sumsq + j, old ? old + j : NULL, inv_n,
-                               &pm, &ps);
+        fp_window_stats_scalar(raw, w_idx + j, 1, ref + j, sum + j, sumsq + j,
+                               old ? old + j : NULL, inv_n, &pm, &ps);
         feat[j] = (pm - mean[j]) * inv_std[j];
         feat[n_w + j] = (ps - mean[n_w + j]) * inv_std[n_w + j];
     }
