@@ -51,7 +51,31 @@ typedef struct {
     fp_zstep *zsteps; /* z_idx as a permute plan (fp_zperm_build), or NULL */
     int n_zsteps;     /* > 0: compute the z-scores through the plan (before runs or gather) */
     double inv_window;/* 1.0 / window */
+    double *w_thr;    /* n_w + 1: when a full window heals (fp_window_thresholds) */
 } fp_feature_spec;
+
+/* When a full window's sums (of x - ref) are recomputed about its newest tick: where its
+ * mean m = sum / W is so far from ref that q/W - m^2 cancels more than the model's features
+ * can afford. The sums leave the variance off by up to ~2W 2^-53 (m^2 + var), so
+ * - relative to the variance, off by up to ~2W 2^-53 2^30 (2^-17 at W = 32) while
+ *   m^2 <= 2^30 var: sum^2 <= W (1 - 2^-30) sumsq;
+ * - and a std near 0 off by up to ~sqrt(2W 2^-53) |m|, which the feature stage multiplies by
+ *   the field's inv_std (the larger of its mean's and its std's): under ~2^-18 (4e-6) in the
+ *   features the model reads while |m| inv_std <= 2^8 / sqrt(W): sum^2 <= W 2^16 / inv_std^2.
+ * A heal comes only when both fail: thr[j] = W 2^16 / inv_std^2 per field, thr[n_w] =
+ * W (1 - 2^-30). A ref from within the window keeps |m| within the window's range and
+ * m^2 <= 2W var; a ref the window has moved far from does not (an outlier that has left:
+ * 1e18 among prices ~100 put the mean 256 off). A window that merely holds a spike (var
+ * large) or sits flat a little off its ref (|m| small) is left alone. */
+static inline void fp_window_thresholds(const fp_feature_spec *fs, double *thr) {
+    for (int j = 0; j < fs->n_w; j++) {
+        const double a = fabs((double)fs->inv_std[fs->n_z + j]),
+                     b = fabs((double)fs->inv_std[fs->n_z + fs->n_w + j]);
+        const double inv = a > b ? a : b;
+        thr[j] = inv > 0.0 ? (double)fs->window * 0x1p16 / (inv * inv) : INFINITY;
+    }
+    thr[fs->n_w] = (double)fs->window * (1.0 - 0x1p-30);
+}
 
 /* Split z_idx into runs of consecutive indices; returns the count (runs has room for n_z). */
 static inline int fp_feature_runs(const int32_t *z_idx, int n_z, int32_t *runs) {
@@ -205,27 +229,38 @@ static inline void fp_window_save_refs(const fp_feature_spec *fs, unsigned char 
     ((uint32_t *)(undo + fp_window_undo_hdr(fs)))[2] = 1;
 }
 
-/* The rare half of fp_window_commit (a field to heal, see there), out of line: the newest
+/* The rare half of fp_window_commit (a field to heal, see there), out of line (not `cold`:
+ * GCC then builds it for size, a scalar loop, ~4x the time): the newest
  * tick (raw, just written to the ring) becomes every field's ref and the sums are recomputed
  * from the ring's count ticks about it */
-__attribute__((noinline, cold)) static void fp_window_heal(const fp_feature_spec *fs,
-                                                           unsigned char *win, const float *raw) {
+__attribute__((noinline)) static void fp_window_heal(const fp_feature_spec *fs,
+                                                     unsigned char *win, const float *raw) {
     const int n = fs->n_w;
     const uint32_t count = ((const fp_window_hdr *)win)->count;
     double *sum = fp_window_sums(win);
     double *sumsq = sum + n;
     float *ref = fp_window_ref(fs, win);
     const float *ring = fp_window_ring(fs, win);
-    for (int j = 0; j < n; j++) {
-        ref[j] = raw[fs->w_idx[j]];
-        double s = 0.0, q = 0.0;
+    for (int j = 0; j < n; j++) ref[j] = raw[fs->w_idx[j]];
+    /* 8 fields at a time, rows in 4 interleaved chains: loops the compiler vectorizes,
+     * without a chain of dependent adds through memory per field (the field-by-field walk
+     * took ~0.5 us for 32 x 8 fields, this ~0.1 us) */
+    for (int j0 = 0; j0 < n; j0 += 8) {
+        const int m = n - j0 < 8 ? n - j0 : 8;
+        double s[4][8] = {{0}}, q[4][8] = {{0}};
         for (uint32_t r = 0; r < count; r++) {
-            const double v = (double)ring[(size_t)r * n + j] - ref[j];
-            s += v;
-            q += v * v;
+            const float *row = ring + (size_t)r * n + j0;
+            double *sc = s[r & 3], *qc = q[r & 3];
+            for (int j = 0; j < m; j++) {
+                const double v = (double)row[j] - (double)ref[j0 + j];
+                sc[j] += v;
+                qc[j] += v * v;
+            }
         }
-        sum[j] = s;
-        sumsq[j] = q;
+        for (int j = 0; j < m; j++) {
+            sum[j0 + j] = (s[0][j] + s[1][j]) + (s[2][j] + s[3][j]);
+            sumsq[j0 + j] = (q[0][j] + q[1][j]) + (q[2][j] + q[3][j]);
+        }
     }
 }
 
@@ -268,13 +303,12 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
      *   in magnitude). While it was in, each update of the sums rounded by up to 2^-53 of
      *   it, so below that ratio what it leaves behind is < W 2^-36 of the rest, and above it
      *   the rest may be gone;
-     * - or a field's mean is 2^15 stds or more from its ref, where q/n - m^2 would cancel:
-     *   the ref an outlier that has left (the first tick of a period, or the newest tick of
-     *   a heal), or a tick from before a move into a flat run (at most once per such run:
-     *   the newest tick is then the ref, and a ref inside the window leaves m^2 <= 2 W var).
+     * - or a full window's mean is so far from its ref that q/n - m^2 would cancel more
+     *   than the features can afford (fp_window_thresholds): the ref an outlier that has
+     *   left (the first tick of a period, or the newest tick of a heal). The newest tick is
+     *   then the ref, and while a window fills its ref is one of its ticks.
      * Rare by design: O(W n_w) when it comes */
-    const int heal = k->window_commit(raw, fs->w_idx, n, ref, sum, sumsq, row, full,
-                                      full ? (double)fs->window : (double)(h->count + 1),
+    const int heal = k->window_commit(raw, fs->w_idx, n, ref, sum, sumsq, row, full, fs->w_thr,
                                       (double *)undo, fresh);
     if (!full) h->count++;
     if (wrap) {

@@ -133,12 +133,12 @@ typedef struct {
      * fresh[j] += y, fresh[n_w + j] += y*y (the window's sums since its ring last wrapped,
      * fp_features.h).
      * Returns 1 (heal: the caller recomputes the sums from the ring, fp_features.h) when
-     * full and a field's departing square outweighs the rest of its window 2^16 times over,
-     * o*o > 2^16 * (the new sumsq), or when a field's new sums have its mean 2^15 stds or
-     * more from ref, sum*sum > n (1 - 2^-30) * sumsq (n: ticks in the window with this one,
-     * so q/n - (s/n)^2 would cancel: ref no longer a tick like the window's); else 0. */
+     * full and, for some field, the departing square outweighs the rest of its window 2^16
+     * times over, o*o > 2^16 * (the new sumsq), or the new sum has the window's mean too far
+     * from ref for q/n - (s/n)^2, sum*sum > thr[j] and sum*sum > thr[n_w] * sumsq
+     * (fp_window_thresholds: thr has n_w + 1 values); else 0. */
     int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                         double *sum, double *sumsq, float *row, int full, double n,
+                         double *sum, double *sumsq, float *row, int full, const double *thr,
                          double *undo, double *fresh);
 } fp_kernels;
 

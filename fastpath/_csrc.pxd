@@ -37,8 +37,8 @@ cdef extern from "fp_simd.h" nogil:
         int (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,
                            const float *inv_std, float *out)
         int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                             double *sum, double *sumsq, float *row, int full, double n,
-                             double *undo, double *fresh)
+                             double *sum, double *sumsq, float *row, int full,
+                             const double *thr, double *undo, double *fresh)
         void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
                                float *na2, float *nb2)
     int fp_cpu_has_avx2()

@@ -189,12 +189,13 @@ def kernel_zscore_perm(str isa, raw, idx, mean, inv_std, bint steps=False, bint 
     return res if len(res) > 1 else res[0]
 
 
-def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, double count,
-                         bint undo=False, fresh=None, ref=None, fref=None):
+def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, bint undo=False,
+                         fresh=None, ref=None, fref=None, thr=None):
     """One tick into a window with the named kernel set: returns the new (sum, sumsq, row,
     fresh, heal) (float64, float64, float32, float64 (2 n_w: the sums since the ring last
-    wrapped; zeros when fresh is None), bool); the inputs are not modified. count: ticks in
-    the window once this one is in (the heal flag's cancellation test). ref (the running
+    wrapped; zeros when fresh is None), bool); the inputs are not modified. thr: the heal
+    flag's bounds on sum^2, n_w + 1 float64 (per field, then the factor of sumsq; +inf, never,
+    when None). ref (the running
     sums' reference) and fref (the fresh sums'): n_w float32 each (ticks), zeros when None.
     undo=True: the kernel also writes its undo record, and (old sum, old sumsq, old fresh,
     old row) read back from it follow."""
@@ -213,13 +214,17 @@ def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, doubl
     if len(fr) != 2 * n:
         raise InputError("fresh must have two values per window field")
     rf = np.concatenate([_refs(ref, n, "ref"), _refs(fref, n, "fref")])
+    th = np.full(n + 1, np.inf) if thr is None else np.array(thr, np.float64, copy=True)
+    if th.shape != (n + 1,):
+        raise InputError("thr must have one value per window field and one more")
     # the record (36 n bytes) and 64 guard bytes after it, which must stay untouched
     rec = np.full(4 * n + (n + 1) // 2 + 8, np.nan)
     cdef double *u = <double *>cnp.PyArray_DATA(rec) if undo else NULL
     heal = k.window_commit(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix),
                            n, <const float *>cnp.PyArray_DATA(rf),
                            <double *>cnp.PyArray_DATA(s), <double *>cnp.PyArray_DATA(q),
-                           <float *>cnp.PyArray_DATA(w), full, count, u, <double *>cnp.PyArray_DATA(fr))
+                           <float *>cnp.PyArray_DATA(w), full,
+                           <const double *>cnp.PyArray_DATA(th), u, <double *>cnp.PyArray_DATA(fr))
     if not undo:
         return s, q, w, fr, bool(heal)
     b = rec.view(np.uint8)

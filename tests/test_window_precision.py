@@ -105,7 +105,10 @@ def test_kernel_refs_must_have_one_value_per_field():
                               ref=np.zeros(2))
     with pytest.raises(InputError, match="fref must have one value per window field"):
         K.kernel_window_commit("scalar", raw, w_idx, np.zeros(3), np.zeros(3), np.zeros(3, F32),
-                               False, 1.0, fref=np.zeros(4))
+                               False, fref=np.zeros(4))
+    with pytest.raises(InputError, match="thr must have one value per window field and one more"):
+        K.kernel_window_commit("scalar", raw, w_idx, np.zeros(3), np.zeros(3), np.zeros(3, F32),
+                               True, thr=np.zeros(3))
 
 
 # ------------------------------------------------------------------ engine

@@ -711,9 +711,10 @@ FP_TARGET_AVX512 static void fp_dot_norms_f64_avx512(const float *a, const float
 FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int32_t *w_idx, int n_w,
                                                     const float *ref, double *sum,
                                                     double *sumsq, float *row, int full,
-                                                    double n, double *undo, double *fresh) {
+                                                    const double *thr, double *undo,
+                                                    double *fresh) {
     float *undo_row = undo ? (float *)(undo + 4 * n_w) : NULL;
-    const __m512d lim = _mm512_set1_pd(n * (1.0 - 0x1p-30));
+    const __m512d lim = _mm512_set1_pd(thr[n_w]);
     __mmask8 heal = 0;
     for (int j = 0; j < n_w; j += 8) {
         const __mmask8 m = (__mmask8)(n_w - j >= 8 ? 0xFFu : (1u << (n_w - j)) - 1u);
@@ -744,11 +745,14 @@ FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int3
             q = _mm512_add_pd(_mm512_sub_pd(q, oo), xx);
             heal |= _mm512_mask_cmp_pd_mask(m, oo, _mm512_mul_pd(q, _mm512_set1_pd(0x1p16)),
                                             _CMP_GT_OQ);
+            const __m512d ss = _mm512_mul_pd(s, s);
+            heal |= _mm512_mask_cmp_pd_mask(
+                _mm512_mask_cmp_pd_mask(m, ss, _mm512_maskz_loadu_pd(m, thr + j), _CMP_GT_OQ),
+                ss, _mm512_mul_pd(lim, q), _CMP_GT_OQ);
         } else {
             s = _mm512_add_pd(s, x);
             q = _mm512_add_pd(q, xx);
         }
-        heal |= _mm512_mask_cmp_pd_mask(m, _mm512_mul_pd(s, s), _mm512_mul_pd(lim, q), _CMP_GT_OQ);
         _mm512_mask_storeu_pd(sum + j, m, s);
         _mm512_mask_storeu_pd(sumsq + j, m, q);
         _mm256_mask_storeu_ps(row + j, m, xf);

@@ -15,8 +15,8 @@ void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, con
                             double inv_n, float *pm, float *ps);
 void fp_dot_norm2_scalar(const float *a, const float *b, int n, double *dot, double *na2);
 int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                            double *sum, double *sumsq, float *row, int full, double n,
-                            double *undo, double *fresh);
+                            double *sum, double *sumsq, float *row, int full,
+                            const double *thr, double *undo, double *fresh);
 int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
                           const float *inv_std, float *out);
 

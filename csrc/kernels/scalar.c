@@ -28,10 +28,10 @@ static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_r
  * each sum sees "minus the old value, plus the new one" in that order. This file is built
  * without FMA, so every product is rounded on its own (the vector sets keep them apart). */
 int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                            double *sum, double *sumsq, float *row, int full, double n,
-                            double *undo, double *fresh) {
+                            double *sum, double *sumsq, float *row, int full,
+                            const double *thr, double *undo, double *fresh) {
     const float *fref = ref + n_w;
-    const double lim = n * (1.0 - 0x1p-30);
+    const double lim = thr[n_w];
     if (undo) {
         float *undo_row = (float *)(undo + 4 * n_w);
         for (int j = 0; j < n_w; j++) {
@@ -51,7 +51,7 @@ int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, con
             sum[j] = (sum[j] - o) + x;
             sumsq[j] = (sumsq[j] - o * o) + x * x;
             heal |= o * o > 0x1p16 * sumsq[j];
-            heal |= sum[j] * sum[j] > lim * sumsq[j];
+            heal |= sum[j] * sum[j] > thr[j] && sum[j] * sum[j] > lim * sumsq[j];
             fresh[j] += y;
             fresh[n_w + j] += y * y;
             row[j] = xf;
@@ -62,7 +62,6 @@ int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, con
             const double x = (double)xf - (double)ref[j], y = (double)xf - (double)fref[j];
             sum[j] += x;
             sumsq[j] += x * x;
-            heal |= sum[j] * sum[j] > lim * sumsq[j];
             fresh[j] += y;
             fresh[n_w + j] += y * y;
             row[j] = xf;
