@@ -229,39 +229,19 @@ static inline void fp_window_save_refs(const fp_feature_spec *fs, unsigned char 
     ((uint32_t *)(undo + fp_window_undo_hdr(fs)))[2] = 1;
 }
 
-/* The rare half of fp_window_commit (a field to heal, see there), out of line (not `cold`:
- * GCC then builds it for size, a scalar loop, ~4x the time): the newest
+/* The rare half of fp_window_commit (a field to heal, see there), out of line: the newest
  * tick (raw, just written to the ring) becomes every field's ref and the sums are recomputed
- * from the ring's count ticks about it */
-__attribute__((noinline)) static void fp_window_heal(const fp_feature_spec *fs,
+ * from the ring's count ticks about it (a kernel: fields in vectors, rows in order; the
+ * field-by-field walk in C took ~0.5 us for 32 x 8) */
+__attribute__((noinline)) static void fp_window_heal(const fp_kernels *k,
+                                                     const fp_feature_spec *fs,
                                                      unsigned char *win, const float *raw) {
     const int n = fs->n_w;
-    const uint32_t count = ((const fp_window_hdr *)win)->count;
     double *sum = fp_window_sums(win);
-    double *sumsq = sum + n;
     float *ref = fp_window_ref(fs, win);
-    const float *ring = fp_window_ring(fs, win);
     for (int j = 0; j < n; j++) ref[j] = raw[fs->w_idx[j]];
-    /* 8 fields at a time, rows in 4 interleaved chains: loops the compiler vectorizes,
-     * without a chain of dependent adds through memory per field (the field-by-field walk
-     * took ~0.5 us for 32 x 8 fields, this ~0.1 us) */
-    for (int j0 = 0; j0 < n; j0 += 8) {
-        const int m = n - j0 < 8 ? n - j0 : 8;
-        double s[4][8] = {{0}}, q[4][8] = {{0}};
-        for (uint32_t r = 0; r < count; r++) {
-            const float *row = ring + (size_t)r * n + j0;
-            double *sc = s[r & 3], *qc = q[r & 3];
-            for (int j = 0; j < m; j++) {
-                const double v = (double)row[j] - (double)ref[j0 + j];
-                sc[j] += v;
-                qc[j] += v * v;
-            }
-        }
-        for (int j = 0; j < m; j++) {
-            sum[j0 + j] = (s[0][j] + s[1][j]) + (s[2][j] + s[3][j]);
-            sumsq[j0 + j] = (q[0][j] + q[1][j]) + (q[2][j] + q[3][j]);
-        }
-    }
+    k->window_sums(fp_window_ring(fs, win), (int)((const fp_window_hdr *)win)->count, n, n, ref,
+                   sum, sum + n);
 }
 
 /* A new period (ring row 0 about to be written), out of line as it comes once per W ticks:
@@ -324,7 +304,7 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
     if (heal) {
         if (undo && !((uint32_t *)(undo + fp_window_undo_hdr(fs)))[2])
             fp_window_save_refs(fs, win, undo);
-        fp_window_heal(fs, win, raw);
+        fp_window_heal(k, fs, win, raw);
     }
 }
 

@@ -140,6 +140,12 @@ typedef struct {
     int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
                          double *sum, double *sumsq, float *row, int full, const double *thr,
                          double *undo, double *fresh);
+    /* a window's sums recomputed from its ring (fp_features.h's heal): rows rows of `stride`
+     * floats, fields 0..n: sum[j] = sum over r of (ring[r stride + j] - ref[j]), sumsq[j] of
+     * its square, in double, row after row (each set vectorizes across fields, so every set
+     * gives the scalar twin's doubles bit for bit; each product rounded on its own) */
+    void (*window_sums)(const float *ring, int rows, int stride, int n, const float *ref,
+                        double *sum, double *sumsq);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet (diff_norms_f32: two more, for the

@@ -39,6 +39,8 @@ cdef extern from "fp_simd.h" nogil:
         int (*window_commit)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
                              double *sum, double *sumsq, float *row, int full,
                              const double *thr, double *undo, double *fresh)
+        void (*window_sums)(const float *ring, int rows, int stride, int n, const float *ref,
+                            double *sum, double *sumsq)
         void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
                                float *na2, float *nb2)
     int fp_cpu_has_avx2()

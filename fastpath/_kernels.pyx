@@ -234,6 +234,24 @@ def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, bint 
             rec[2 * n:4 * n].copy(), b[32 * n:36 * n].view(np.float32).copy())
 
 
+def kernel_window_sums(str isa, ring, ref):
+    """A window's sums recomputed from its ring (rows x fields, float32) about ref (one float32
+    per field) with the named kernel set: (sum, sumsq) of ring - ref per field, float64."""
+    cdef const fp_kernels *k = _kernels(isa)
+    rg = np.ascontiguousarray(ring, np.float32)
+    if rg.ndim != 2:
+        raise InputError(f"ring must be rows x fields, got shape {rg.shape}")
+    cdef int rows = rg.shape[0], n = rg.shape[1]
+    rf = _refs(ref, n, "ref")
+    out = np.full(2 * n + 8, -7.0)
+    k.window_sums(<const float *>cnp.PyArray_DATA(rg), rows, n, n,
+                  <const float *>cnp.PyArray_DATA(rf), <double *>cnp.PyArray_DATA(out),
+                  <double *>cnp.PyArray_DATA(out) + n)
+    if (out[2 * n:] != -7.0).any():
+        raise AssertionError("window_sums wrote past its outputs")
+    return out[:n].copy(), out[n:2 * n].copy()
+
+
 def kernel_zscore_runs(str isa, raw, idx, mean, inv_std):
     """(raw[idx] - mean) * inv_std through the runs kernel (idx split into consecutive runs)."""
     cdef const fp_kernels *k = _kernels(isa)

@@ -7,6 +7,7 @@ ticks (an outlier that has left, a move into a flat run) is recomputed about its
 tick. Every test runs on every kernel set the CPU has (the `isa` fixture)."""
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastpath._kernels as K
 from fastpath import Engine, InputError
@@ -95,6 +96,26 @@ def test_kernel_std_about_a_ref_keeps_what_raw_sums_lose(isa, full):
         K.kernel_window_zscore(isa, raw, w_idx, (ring - ref).sum(0), ((ring - ref) ** 2).sum(0),
                                old, inv_n, mean, inv, ref=ref),
         (np.concatenate([pm, ps]) - mean) * inv)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(0, 130), n=st.integers(1, 40), level=st.sampled_from([0.0, 1e5, -3e7]),
+       seed=st.integers(0, 2 ** 31))
+def test_window_sums_kernel_matches_a_row_by_row_float64_sum(isa, rows, n, level, seed):
+    """The heal's kernel: every field's sums about its ref, rows in order, in float64 (each
+    square rounded on its own), bit for bit on every set, tails of 4 and 8 lanes included;
+    huge and tiny values too"""
+    rng = np.random.default_rng(seed)
+    ring = (level + rng.standard_normal((rows, n)) * 10.0 ** rng.integers(-20, 20, (rows, n)))
+    ring = ring.astype(F32)
+    ref = (level + rng.standard_normal(n)).astype(F32)
+    s, q = K.kernel_window_sums(isa, ring, ref)
+    ws, wq = np.zeros(n), np.zeros(n)
+    for r in range(rows):
+        v = ring[r].astype(np.float64) - ref.astype(np.float64)
+        ws = ws + v
+        wq = wq + v * v
+    assert s.tobytes() == ws.tobytes() and q.tobytes() == wq.tobytes()
 
 
 def test_kernel_refs_must_have_one_value_per_field():

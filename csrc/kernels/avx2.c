@@ -550,6 +550,29 @@ FP_TARGET_AVX2 static void fp_dot_norms_f64_avx2(const float *a, const float *b,
 FP_TARGET_AVX2 static void fp_diff_norms_f32_avx2(const float *a, const float *b, int n,
                                                    float *dd, float *de, float *na2, float *nb2);
 
+/* fp_window_sums_scalar 4 fields a vector, each field's rows in the same order; the
+ * squares kept out of an FMA (empty asm), as the scalar twin rounds them; fields past the
+ * last 4 by the twin */
+FP_TARGET_AVX2 static void fp_window_sums_avx2(const float *ring, int rows, int stride, int n,
+                                               const float *ref, double *sum, double *sumsq) {
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const __m256d r = _mm256_cvtps_pd(_mm_loadu_ps(ref + j));
+        __m256d s = _mm256_setzero_pd(), q = _mm256_setzero_pd();
+        for (int k = 0; k < rows; k++) {
+            const __m256d v = _mm256_sub_pd(
+                _mm256_cvtps_pd(_mm_loadu_ps(ring + (size_t)k * stride + j)), r);
+            __m256d vv = _mm256_mul_pd(v, v);
+            __asm__("" : "+x"(vv));
+            s = _mm256_add_pd(s, v);
+            q = _mm256_add_pd(q, vv);
+        }
+        _mm256_storeu_pd(sum + j, s);
+        _mm256_storeu_pd(sumsq + j, q);
+    }
+    if (j < n) fp_window_sums_scalar(ring + j, rows, stride, n - j, ref + j, sum + j, sumsq + j);
+}
+
 const fp_kernels fp_kernels_avx2 = {
     "avx2",
     fp_zscore_gather_avx2,
@@ -568,6 +591,7 @@ const fp_kernels fp_kernels_avx2 = {
     fp_zscore_perm_scalar,
     fp_diff_norms_f32_avx2,
     fp_window_commit_scalar,
+    fp_window_sums_avx2,
 };
 
 FP_TARGET_AVX2 static inline float fp_hsum256(__m256 v) {

@@ -762,6 +762,28 @@ FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int3
     return heal != 0;
 }
 
+/* fp_window_sums_scalar 8 fields a vector (lanes past n masked), each field's rows in the
+ * same order, the squares kept out of an FMA (empty asm) as the scalar twin rounds them */
+FP_TARGET_AVX512 static void fp_window_sums_avx512(const float *ring, int rows, int stride,
+                                                   int n, const float *ref, double *sum,
+                                                   double *sumsq) {
+    for (int j = 0; j < n; j += 8) {
+        const __mmask8 m = fp_mask8_from(n - j);
+        const __m512d r = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, ref + j));
+        __m512d s = _mm512_setzero_pd(), q = _mm512_setzero_pd();
+        for (int k = 0; k < rows; k++) {
+            const __m512d v = _mm512_sub_pd(
+                _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, ring + (size_t)k * stride + j)), r);
+            __m512d vv = _mm512_mul_pd(v, v);
+            __asm__("" : "+v"(vv));
+            s = _mm512_add_pd(s, v);
+            q = _mm512_add_pd(q, vv);
+        }
+        _mm512_mask_storeu_pd(sum + j, m, s);
+        _mm512_mask_storeu_pd(sumsq + j, m, q);
+    }
+}
+
 const fp_kernels fp_kernels_avx512 = {
     "avx512",
     fp_zscore_gather_avx512,
@@ -778,5 +800,6 @@ const fp_kernels fp_kernels_avx512 = {
     fp_zscore_perm_avx512,
     fp_diff_norms_f32_avx512,
     fp_window_commit_avx512,
+    fp_window_sums_avx512,
 };
 #endif

@@ -17,6 +17,8 @@ void fp_dot_norm2_scalar(const float *a, const float *b, int n, double *dot, dou
 int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
                             double *sum, double *sumsq, float *row, int full,
                             const double *thr, double *undo, double *fresh);
+void fp_window_sums_scalar(const float *ring, int rows, int stride, int n, const float *ref,
+                           double *sum, double *sumsq);
 int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
                           const float *inv_std, float *out);
 

@@ -70,6 +70,20 @@ int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, con
     return heal;
 }
 
+/* field by field within a row, row after row (built without FMA: each square rounded) */
+void fp_window_sums_scalar(const float *ring, int rows, int stride, int n, const float *ref,
+                           double *sum, double *sumsq) {
+    for (int j = 0; j < n; j++) sum[j] = sumsq[j] = 0.0;
+    for (int r = 0; r < rows; r++) {
+        const float *row = ring + (size_t)r * stride;
+        for (int j = 0; j < n; j++) {
+            const double v = (double)row[j] - (double)ref[j];
+            sum[j] += v;
+            sumsq[j] += v * v;
+        }
+    }
+}
+
 /* a permute plan (fp_zstep) lane by lane: the reference the AVX-512 permutes must match;
  * 0 when a float the step loads (its window's lanes under ld_lo / ld_hi) is NaN or Inf */
 int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
@@ -190,6 +204,7 @@ const fp_kernels fp_kernels_scalar = {
     fp_zscore_perm_scalar,
     fp_diff_norms_f32_scalar,
     fp_window_commit_scalar,
+    fp_window_sums_scalar,
 };
 
 /* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 16 chains (term i in chain i mod 16),
