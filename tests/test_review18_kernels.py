@@ -185,6 +185,17 @@ def test_window_sums_renewed_at_every_wrap(isa, W):
     np.testing.assert_array_equal(got, want)
 
 
+def refusing_model(rng, n_w, W, w_scale):
+    """A model over n_w window fields (window W) and one z field, raw = [fields, z], whose
+    first-layer weight of 1e30 on the z field makes a tick with z = 1e10 overflow: the model
+    refuses it after fp_step has committed its window. Other weights: w_scale."""
+    fs = FeatureSpec(n_w + 1, np.array([n_w]), np.arange(n_w), W, np.zeros(1 + 2 * n_w, F32),
+                     np.ones(1 + 2 * n_w, F32))
+    w = rng.standard_normal((2, 1 + 2 * n_w)).astype(F32) * w_scale
+    w[:, 0] = 1e30
+    return Model((Layer(w, np.zeros(2, F32), "identity"),), fs, CachePolicy(enabled=False))
+
+
 @pytest.mark.parametrize("W", [3, 7])
 @pytest.mark.parametrize("by", ["step", "step_batch"])
 def test_refused_ticks_leave_the_fresh_sums_as_they_were(isa, W, by):
@@ -194,11 +205,7 @@ def test_refused_ticks_leave_the_fresh_sums_as_they_were(isa, W, by):
     # engine that never saw them
     rng = np.random.default_rng(W)
     n_w = 3
-    fs = FeatureSpec(n_w + 1, np.array([n_w]), np.arange(n_w), W, np.zeros(1 + 2 * n_w, F32),
-                     np.ones(1 + 2 * n_w, F32))
-    w = rng.standard_normal((2, 1 + 2 * n_w)).astype(F32) * 1e-6
-    w[:, 0] = 1e30
-    m = Model((Layer(w, np.zeros(2, F32), "identity"),), fs, CachePolicy(enabled=False))
+    m = refusing_model(rng, n_w, W, 1e-6)
     good = np.zeros((8 * W + 1, n_w + 1), F32)
     good[:, :n_w] = 1e5 + rng.standard_normal((8 * W + 1, n_w)) * 3
     bad = good[0].copy()

@@ -13,6 +13,8 @@ import fastpath._kernels as K
 from fastpath import Engine, InputError
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model, window_pre_features
 
+from test_review18_kernels import refusing_model
+
 F32 = np.float32
 
 
@@ -198,11 +200,7 @@ def test_a_refused_tick_whose_commit_healed_restores_the_refs(isa, W, by):
     # tick's features, and every later one, bit for bit an engine's that never saw it
     rng = np.random.default_rng(W)
     n_w = 3
-    fs = FeatureSpec(n_w + 1, np.array([n_w]), np.arange(n_w), W, np.zeros(1 + 2 * n_w, F32),
-                     np.ones(1 + 2 * n_w, F32))
-    w = rng.standard_normal((2, 1 + 2 * n_w)).astype(F32) * 1e-30
-    w[:, 0] = 1e30                      # a z field of 1e10 overflows: the tick is refused
-    mdl = Model((Layer(w, np.zeros(2, F32), "identity"),), fs, CachePolicy(enabled=False))
+    mdl = refusing_model(rng, n_w, W, 1e-30)    # a z field of 1e10: the tick is refused
     n = 6 * W
     good = _walk(rng, n, n_w, 1e5, 2.0 ** -7)
     good[:, n_w] = 0.0
