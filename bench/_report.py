@@ -181,6 +181,15 @@ def percentile_levels(n: int) -> list:
     return out
 
 
+def _at_rank(s: np.ndarray, levels) -> np.ndarray:
+    """The values of sorted samples s at percentile levels by HdrHistogram's rule
+    (get_value_at_percentile): the sample of rank round-half-up(p * n / 100), at least 1, with
+    the same float operations, so both paths pick the same sample."""
+    n = len(s)
+    rank = np.floor(np.asarray(levels, np.float64) * n / 100 + 0.5).astype(np.int64)
+    return s[np.clip(rank, 1, n) - 1]
+
+
 class Dist:
     """A latency distribution in ns: HdrHistogram (3 significant digits) when available."""
     HDR = None
@@ -207,7 +216,10 @@ class Dist:
             self.mean = float(h.get_mean_value())
             Dist.HDR = True
         except ImportError:
-            self.q = dict(zip(PCTS, (float(x) for x in np.percentile(v, PCTS))))
+            # the histogram's rank rule, not np.percentile's interpolation: a p50 of two calls
+            # is one of them, never a time no call took, and a run without hdrhistogram prints
+            # the figures a run with it would (exactly, below 2048 ns)
+            self.q = dict(zip(PCTS, (float(x) for x in _at_rank(np.sort(v), PCTS))))
             self.max = int(v.max())
             self.mean = float(v.mean())
             Dist.HDR = False
@@ -240,10 +252,7 @@ class Dist:
             d = self._h.get_percentile_to_value_dict(levels)
             ns = [float(d[p]) for p in levels]
         else:
-            s = np.sort(self.values)
-            # HdrHistogram's rule: the smallest value with at least p% of samples at or below it
-            idx = np.clip(np.ceil(np.asarray(levels) / 100.0 * self.n).astype(int) - 1, 0, self.n - 1)
-            ns = [float(x) for x in s[idx]]
+            ns = [float(x) for x in _at_rank(np.sort(self.values), levels)]
         ns[-1] = float(self.max)
         return {"percentile": [round(p, 6) for p in levels], "ns": ns}
 
