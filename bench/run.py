@@ -302,17 +302,20 @@ def time_batches(makers, raws, syms, ts, runs: int = BATCH_RUNS, warm: int = BAT
                         eng.reset()
                         eng.step_batch(raws[:warm], syms[:warm], ts[:warm])
                     eng.reset()
-                # the CPU-time reads sit inside the wall-clock pair: reading a thread's CPU time
-                # updates its runtime, and so can be the moment RT throttling finds the budget
-                # spent; the stall then falls between the two clocks and shows as off-CPU time
-                # of this call instead of a run-queue wait outside every clock
-                u0 = _thread_counters()
+                # the windows nest: wall clock around the run-queue counters around the CPU
+                # clock. Reading a thread's CPU time updates its runtime, and so can be the
+                # moment RT throttling finds the budget spent; the stall then falls inside the
+                # wall-clock pair and shows as off-CPU time of this call instead of a run-queue
+                # wait outside every clock. And a wait charged at a counter read's syscall (the
+                # thread preempted on its way back) lands inside the wall-clock pair too, so a
+                # call's run-queue wait is never more than its time off the CPU
                 t0 = pc()
+                u0 = _thread_counters()
                 c0 = tt()
                 r = eng.step_batch(raws, syms, ts)
                 c1 = tt()
-                t1 = pc()
                 u1 = _thread_counters()
+                t1 = pc()
                 d = rec[k]
                 d["wall"].append(t1 - t0)
                 d["cpu"].append(c1 - c0)
@@ -390,7 +393,11 @@ def replay_step(model, cache: dict | None, raws, syms, ts, overhead: int, warm: 
     reason = np.empty(n, np.int8)
     code = {name: k for k, name in enumerate(REASONS)}
     buf = np.empty(raws.shape[1], np.float32)
-    u0, c0, w0 = _thread_counters(), time.thread_time_ns(), pc()
+    # nested windows (wall around the run-queue counters around CPU time), as in time_batches:
+    # the replay's run-queue wait is then part of its time off the CPU, never more than it
+    w0 = pc()
+    u0 = _thread_counters()
+    c0 = time.thread_time_ns()
     for i in range(n):
         buf[:] = raws[i]
         s, t = int(syms[i]), int(ts[i])
@@ -400,7 +407,9 @@ def replay_step(model, cache: dict | None, raws, syms, ts, overhead: int, warm: 
         sig[i] = r.signal
         cached[i] = r.cached
         reason[i] = code[r.miss_reason]
-    w1, c1, u1 = pc(), time.thread_time_ns(), _thread_counters()
+    c1 = time.thread_time_ns()
+    u1 = _thread_counters()
+    w1 = pc()
     # the replay's time off the CPU: a call that took milliseconds sat through it, and the
     # per-call rows say so (stalls) instead of leaving a bare max
     sched = {"wall_ms": (w1 - w0) / 1e6, "off_cpu_ms": max(w1 - w0 - (c1 - c0), 0) / 1e6,

@@ -43,3 +43,74 @@ def test_percentiles_without_hdrhistogram_are_the_histograms(bench, monkeypatch,
     assert without.series() == with_hdr.series()
     # every percentile is a time some call took
     assert set(without.q.values()) <= set(float(x) for x in v)
+
+
+class _PreemptingHost:
+    """Fake clocks of a thread that runs between reads and is preempted for 5 ms on its way
+    back from every run-queue counter read (a syscall: where a kernel reschedules), as on a
+    shared core. The wall clock and the CPU clock advance together while it runs; the wait
+    advances the wall clock and the run-queue counter only."""
+    WAIT_NS = 5_000_000
+
+    def __init__(self):
+        self.wall = self.cpu = self.wait = 0
+
+    def _run(self, ns=20):
+        self.wall += ns
+        self.cpu += ns
+
+    def perf_counter_ns(self):
+        self._run()
+        return self.wall
+
+    def thread_time_ns(self):
+        self._run()
+        return self.cpu
+
+    def counters(self):
+        self._run()
+        got = (0, 0, self.wait)
+        self.wall += self.WAIT_NS
+        self.wait += self.WAIT_NS
+        return got
+
+
+@pytest.fixture
+def host(bench, monkeypatch):
+    run, _ = bench
+    h = _PreemptingHost()
+    monkeypatch.setattr(run, "time", types.SimpleNamespace(perf_counter_ns=h.perf_counter_ns,
+                                                           thread_time_ns=h.thread_time_ns))
+    monkeypatch.setattr(run, "_thread_counters", h.counters)
+    return h
+
+
+@pytest.fixture(scope="module")
+def small(bench):
+    from fastpath import Model, lob
+    run, _ = bench
+    bs = lob.generate_stream(400, n_symbols=4, seed=run.DEFAULT_SEED)
+    return Model.load(run.DEMO_MODEL), lob.raw_from_book(bs), bs.symbols, bs.ts_ns
+
+
+def test_replay_runqueue_wait_is_part_of_its_time_off_cpu(bench, host, small):
+    """The replay's printed note reads "spent X ms off the CPU, Y ms of it waiting in the run
+    queue": Y was read over a wider window than X (counters outside the wall-clock pair), so a
+    preemption at a counter read made Y larger than X (42.5 ms "of" 35.2 ms on this host)."""
+    run, _ = bench
+    model, raws, syms, ts = small
+    sched = run.replay_step(model, {"enabled": False}, raws, syms, ts, 0, 50)["sched"]
+    assert sched["runqueue_wait_ms"] > 0
+    assert sched["runqueue_wait_ms"] <= sched["off_cpu_ms"]
+
+
+def test_batch_call_runqueue_wait_is_part_of_its_time_off_cpu(bench, host, small):
+    """The same for each timed step_batch call (batch_timing: off_cpu_ms, runqueue_wait_ms),
+    on which the notes decide what held a descheduled call."""
+    from fastpath import Engine
+    run, _ = bench
+    model, raws, syms, ts = small
+    (_, _, bt), = run.time_batches([lambda: Engine(model)], raws, syms, ts, runs=2, warm=50)
+    assert len(bt["runqueue_wait_ms"]) == 2
+    for wait, off in zip(bt["runqueue_wait_ms"], bt["off_cpu_ms"]):
+        assert 0 < wait <= off
