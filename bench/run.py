@@ -62,7 +62,6 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -80,6 +79,7 @@ except ImportError:  # the bundle ships in the package's data folder either way
 from fastpath._kernels import PackedMLP, clock_ticks, fma_macs_per_ns, fma_ns_per_instr  # noqa: E402
 from fastpath._engine import supported_isas  # noqa: E402
 
+from _commit import commit_stamp  # noqa: E402
 from _report import OFF_CPU_FRACTION, Dist, render, write_plots  # noqa: E402
 from peers import make_peers  # noqa: E402
 
@@ -181,15 +181,8 @@ def machine_facts() -> dict:
                     break
     except OSError:
         pass
-    try:
-        commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=5).stdout.strip() or None
-        # results from a tree with uncommitted changes are not the commit's: say so
-        if commit and subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--", ".."],
-                                     capture_output=True, text=True, timeout=5).stdout.strip():
-            commit += "-dirty"
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    # results from a tree with uncommitted changes are not the commit's: commit_stamp says so
+    commit = commit_stamp(HERE)
     try:
         with open("/sys/devices/system/clocksource/clocksource0/current_clocksource") as f:
             clocksource = f.read().strip()

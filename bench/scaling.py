@@ -303,7 +303,9 @@ def run(args) -> dict:
     lat = op_latencies()
     l2 = l2_bytes()
     ncpu = os.cpu_count() or 1
-    res = {"machine": {"cpu": platform.processor() or platform.machine(),
+    sys.path.insert(0, HERE)
+    from _commit import commit_stamp
+    res = {"commit": commit_stamp(HERE), "machine": {"cpu": platform.processor() or platform.machine(),
                        "cpu_features": fastpath.cpu_features(), "cores": ncpu, "l2_bytes": l2,
                        "fma_macs_per_ns": fma, "op_latency_ns": lat,
                        "timer_overhead_ns": ov},

@@ -193,7 +193,10 @@ def main(argv=None) -> int:
     eng = fastpath.Engine(DEMO_MODEL, config=local_cfg)
     raws = pool(eng.raw_len)
     overhead = timer_overhead()
-    out = {"host": {"cpu": platform.processor() or platform.machine(), "cores_allowed": cores,
+    sys.path.insert(0, HERE)
+    from _commit import commit_stamp
+    out = {"commit": commit_stamp(HERE), "fastpath": fastpath.__version__,
+           "host": {"cpu": platform.processor() or platform.machine(), "cores_allowed": cores,
                     "worker_core": worker_core, "client_core": client_core,
                     "shared_core": shared, "simd": eng.simd},
            "timer_overhead_ns": overhead, "calls": calls}

@@ -37,6 +37,7 @@ sys.path.insert(0, HERE)
 import fastpath  # noqa: E402
 from fastpath import Engine, Model  # noqa: E402
 
+from _commit import commit_stamp  # noqa: E402
 from _report import Dist  # noqa: E402
 
 N_FEAT = 128
@@ -286,7 +287,7 @@ def main(argv=None) -> int:
         rows.append(row)
         print(_line(row), flush=True)
     res = {"bench": "zoo", "quick": args.quick, "calls": n_calls, "timer_overhead_ns": overhead,
-           "simd": fastpath.simd(), "fastpath": fastpath.__version__,
+           "simd": fastpath.simd(), "fastpath": fastpath.__version__, "commit": commit_stamp(HERE),
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -114,3 +114,82 @@ def test_batch_call_runqueue_wait_is_part_of_its_time_off_cpu(bench, host, small
     assert len(bt["runqueue_wait_ms"]) == 2
     for wait, off in zip(bt["runqueue_wait_ms"], bt["off_cpu_ms"]):
         assert 0 < wait <= off
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A git checkout with the bench's layout: a source file and a tracked results file."""
+    if subprocess.run(["git", "--version"], capture_output=True).returncode:
+        pytest.skip("no git")
+    repo = tmp_path / "repo"
+    (repo / "bench" / "results").mkdir(parents=True)
+    (repo / "src.py").write_text("x = 1\n")
+    (repo / "bench" / "results" / "latest-generated.json").write_text("{}\n")
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    return repo
+
+
+def test_results_written_by_a_run_do_not_make_the_next_run_dirty(bench, monkeypatch, checkout):
+    """A full run rewrites the tracked bench/results/latest-*.json; the next run, from the
+    same code, stamped its results "<commit>-dirty". A change to the code still does."""
+    run, _ = bench
+    monkeypatch.setattr(run, "HERE", str(checkout / "bench"))
+    head = _git(checkout, "rev-parse", "--short", "HEAD")
+    assert run.machine_facts()["commit"] == head
+    (checkout / "bench" / "results" / "latest-generated.json").write_text('{"a": 1}\n')
+    (checkout / "bench" / "results" / "20990101-000000-generated.json").write_text("{}\n")
+    assert run.machine_facts()["commit"] == head
+    (checkout / "src.py").write_text("x = 2\n")
+    assert run.machine_facts()["commit"] == head + "-dirty"
+
+
+def _stamp_here():
+    sys.path.insert(0, BENCH)
+    try:
+        from _commit import commit_stamp
+    finally:
+        sys.path.remove(BENCH)
+    return commit_stamp(BENCH)
+
+
+def test_scaling_results_are_stamped_with_the_commit(tmp_path):
+    """bench/scaling.py's JSON said which fastpath version, not which commit, ran."""
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "--models", "8x2",
+                          "--calls", "100", "--no-peers", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((tmp_path / "scaling-partial.json").read_text())
+    assert "commit" in res and res["commit"] == _stamp_here()
+
+
+def test_serve_results_are_stamped_with_the_commit(tmp_path):
+    """bench/serve.py's JSON had neither the commit nor the version."""
+    path = tmp_path / "serve.json"
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "serve.py"), "--calls", "200",
+                          "--soak", "0", "--out", str(path)],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(path.read_text())
+    import fastpath
+    assert "commit" in res and res["commit"] == _stamp_here()
+    assert res["fastpath"] == fastpath.__version__
+
+
+def test_zoo_results_are_stamped_with_the_commit(tmp_path):
+    """bench/zoo.py's JSON (the README's model-zoo table) had the version, not the commit."""
+    pytest.importorskip("skl2onnx")
+    pytest.importorskip("onnxruntime")
+    path = tmp_path / "zoo.json"
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "zoo.py"), "--quick", "--calls",
+                          "100", "--only", "ridge", "--out", str(path)],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(path.read_text())
+    assert "commit" in res and res["commit"] == _stamp_here()
