@@ -52,8 +52,13 @@ from __future__ import annotations
 
 import os
 
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+# the peers' BLAS / OpenMP pools hold one thread, as the table says: set, not defaulted, so a
+# caller's OPENBLAS_NUM_THREADS=8 does not time numpy on eight threads under a one-thread label
+# (the pools size themselves from these when numpy is first imported, just below)
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                    "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+for _v in BLAS_THREAD_VARS:
+    os.environ[_v] = "1"
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -104,7 +109,20 @@ STALL_NS = 1_000_000
 BATCH_RUNS = 5
 # ticks a trade-off engine steps (then reset()) before its timed calls: code, slots and pages warm
 BATCH_WARM = 2000
-PEER_NAMES = {"onnxruntime": "onnxruntime (1 thread)", "torch": "PyTorch eager"}
+PEER_NAMES = {"numpy": "numpy (1 BLAS thread)", "onnxruntime": "onnxruntime (1 thread)",
+              "torch": "PyTorch eager (1 thread)"}
+
+
+def thread_pools() -> list:
+    """The native thread pools numpy (and torch) run on, as threadpoolctl sees them: what the
+    peers' "1 thread" rests on; the environment variables set for them where threadpoolctl
+    is not installed."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return [{"env": {v: os.environ.get(v) for v in BLAS_THREAD_VARS}}]
+    return [{k: p.get(k) for k in ("user_api", "internal_api", "num_threads", "version")}
+            for p in threadpool_info()]
 
 
 # --------------------------------------------------------------------- setup
@@ -578,6 +596,7 @@ def run(args) -> dict:
                 series[f"peer_{name}"] = {"panel": "python", "label": plabel, "n": d.n, **d.series()}
             bar()
         res["peers"] = peers
+        res["peer_thread_pools"] = thread_pools()
         res["percentile_distributions"] = series
     finally:
         gc.enable()

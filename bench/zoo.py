@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import os
 
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+# one thread for every peer's pools, whatever the caller's environment says (set, not
+# defaulted: the table reads "1 thread")
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+           "VECLIB_MAXIMUM_THREADS"):
+    os.environ[_v] = "1"
 
 import argparse  # noqa: E402
 import json  # noqa: E402

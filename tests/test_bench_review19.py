@@ -193,3 +193,45 @@ def test_zoo_results_are_stamped_with_the_commit(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(path.read_text())
     assert "commit" in res and res["commit"] == _stamp_here()
+
+
+CHILD_POOLS = r"""
+import importlib.util, json, sys
+sys.path.insert(0, sys.argv[1])
+spec = importlib.util.spec_from_file_location("bench_mod", sys.argv[2])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+import numpy as np
+a = np.ones((64, 64), np.float32)
+a @ a                                   # the BLAS pool is up
+from threadpoolctl import threadpool_info
+print(json.dumps([p["num_threads"] for p in threadpool_info()]))
+"""
+
+
+@pytest.mark.parametrize("script", ["run.py", "zoo.py"])
+def test_peers_blas_pool_holds_one_thread_whatever_the_environment(script):
+    """The bench only defaulted OPENBLAS_NUM_THREADS and its kin to 1: a caller who had set
+    them (OPENBLAS_NUM_THREADS=2 here) got numpy timed on that many threads under a table that
+    says the pools hold one."""
+    pytest.importorskip("threadpoolctl")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: a BLAS pool holds one thread whatever it is told")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2", MKL_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", CHILD_POOLS, BENCH, os.path.join(BENCH, script)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    pools = json.loads(out.stdout.strip().splitlines()[-1])
+    assert pools and all(n == 1 for n in pools), pools
+
+
+def test_the_json_says_which_thread_pools_the_peers_ran_on(bench):
+    run, _ = bench
+    pools = run.thread_pools()
+    assert pools
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        assert pools[0]["env"]["OPENBLAS_NUM_THREADS"] == "1"
+    else:
+        assert all("num_threads" in p for p in pools)
