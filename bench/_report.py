@@ -358,7 +358,7 @@ def tables(res):
             ["step_batch, bundle cache policy", f"{b['cache_on']['ticks_per_s'] / 1e6:.2f} M ticks/s",
              _batch_cell(b["cache_on"])],
             [f"MLP kernel alone ({k['kernel_set']}, {k['macs']} MACs)", f"{k['ns_per_forward']:.0f} ns",
-             f"{k.get('gflops', 0):.1f} GFLOP/s"]]
+             f"{k['gflops']:.1f} GFLOP/s" if "gflops" in k else "-"]]
     if "fma_bound_ns" in k:
         rows.append(["FMA throughput bound (measured peak)", f"{k['fma_bound_ns']:.0f} ns",
                      f"ratio {k['ratio_to_bound']:.2f}x"])

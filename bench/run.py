@@ -745,13 +745,15 @@ def mlp_kernel(model) -> dict:
     # twice the 8-lane rate: Zen 4 splits them, Zen 5 and some Intel cores run them full width)
     rate = max(fma_macs_per_ns(s) for s in supported_isas())
     padded = sum(((d_out + 7) // 8 * 8) * d_in for d_in, d_out in zip(model.dims[:-1], model.dims[1:]))
+    # GFLOP/s is the kernel's own (its multiply-adds over its time): it needs no FMA probe, and a
+    # CPU without one (no AVX2+FMA: rate 0) printed "0.0 GFLOP/s" for a kernel that ran
     out = {"ns_per_forward": ns, "ns_median_of_runs": float(np.median(runs)),
            "macs": P.macs, "padded_macs": padded, "kernel_set": fastpath.simd(),
-           "weights_bytes": padded * 4}
+           "weights_bytes": padded * 4, "gflops": 2 * P.macs / ns}
     if rate > 0:
         bound = padded / rate
-        out.update({"fma_ns_per_instr": fma, "fma_macs_per_ns": rate, "fma_bound_ns": bound, "ratio_to_bound": ns / bound,
-                    "gflops": 2 * P.macs / ns})
+        out.update({"fma_ns_per_instr": fma, "fma_macs_per_ns": rate, "fma_bound_ns": bound,
+                    "ratio_to_bound": ns / bound})
     return out
 
 

@@ -235,3 +235,28 @@ def test_the_json_says_which_thread_pools_the_peers_ran_on(bench):
         assert pools[0]["env"]["OPENBLAS_NUM_THREADS"] == "1"
     else:
         assert all("num_threads" in p for p in pools)
+
+
+def test_mlp_gflops_is_printed_where_the_cpu_has_no_fma_rate(bench, monkeypatch):
+    """Without an FMA probe result (a CPU without AVX2+FMA: rate 0) the kernel's GFLOP/s was
+    left out of the JSON and the throughput table printed "0.0 GFLOP/s" for a kernel that ran;
+    GFLOP/s is the kernel's multiply-adds over its own time and needs no bound."""
+    import fastpath
+    run, report = bench
+    monkeypatch.setattr(run, "fma_macs_per_ns", lambda isa: 0.0)
+    model = fastpath.Model.load(run.DEMO_MODEL)
+    k = run.mlp_kernel(model)
+    assert "fma_bound_ns" not in k and "ratio_to_bound" not in k
+    assert k["gflops"] == pytest.approx(2 * k["macs"] / k["ns_per_forward"])
+    with open(os.path.join(BENCH, "results", "latest-generated.json")) as f:
+        res = json.load(f)
+    res["mlp_kernel"] = k
+    (_, _, rows), = [t for t in report.tables(res) if t[0] == "Throughput"]
+    (cell,) = [r[2] for r in rows if r[0].startswith("MLP kernel alone")]
+    assert cell == f"{k['gflops']:.1f} GFLOP/s"
+    sys.path.insert(0, BENCH)
+    try:
+        import readme_figures
+    finally:
+        sys.path.remove(BENCH)
+    assert f"({k['gflops']:.0f} GFLOP/s)" in readme_figures.summary(res)
