@@ -313,19 +313,20 @@ def time_batches(makers, raws, syms, ts, runs: int = BATCH_RUNS, warm: int = BAT
                         eng.reset()
                         eng.step_batch(raws[:warm], syms[:warm], ts[:warm])
                     eng.reset()
-                # the windows nest: wall clock around the run-queue counters around the CPU
-                # clock. Reading a thread's CPU time updates its runtime, and so can be the
-                # moment RT throttling finds the budget spent; the stall then falls inside the
-                # wall-clock pair and shows as off-CPU time of this call instead of a run-queue
-                # wait outside every clock. And a wait charged at a counter read's syscall (the
-                # thread preempted on its way back) lands inside the wall-clock pair too, so a
-                # call's run-queue wait is never more than its time off the CPU
+                # the windows nest: wall clock around CPU clock around the run-queue counters.
+                # Reading a thread's CPU time updates its runtime, and so can be the moment RT
+                # throttling finds the budget spent; the stall then falls inside the wall-clock
+                # pair and shows as off-CPU time of this call instead of a run-queue wait
+                # outside every clock. A wait charged at a counter read (the thread preempted on
+                # its way back from the syscall) lands inside both pairs, so a call's run-queue
+                # wait is never more than its time off the CPU; and the reads' own cost (tens
+                # of us for the /proc file) is CPU time, not time off the CPU
                 t0 = pc()
-                u0 = _thread_counters()
                 c0 = tt()
+                u0 = _thread_counters()
                 r = eng.step_batch(raws, syms, ts)
-                c1 = tt()
                 u1 = _thread_counters()
+                c1 = tt()
                 t1 = pc()
                 d = rec[k]
                 d["wall"].append(t1 - t0)
@@ -404,11 +405,11 @@ def replay_step(model, cache: dict | None, raws, syms, ts, overhead: int, warm: 
     reason = np.empty(n, np.int8)
     code = {name: k for k, name in enumerate(REASONS)}
     buf = np.empty(raws.shape[1], np.float32)
-    # nested windows (wall around the run-queue counters around CPU time), as in time_batches:
+    # nested windows (wall around CPU time around the run-queue counters), as in time_batches:
     # the replay's run-queue wait is then part of its time off the CPU, never more than it
     w0 = pc()
-    u0 = _thread_counters()
     c0 = time.thread_time_ns()
+    u0 = _thread_counters()
     for i in range(n):
         buf[:] = raws[i]
         s, t = int(syms[i]), int(ts[i])
@@ -418,8 +419,8 @@ def replay_step(model, cache: dict | None, raws, syms, ts, overhead: int, warm: 
         sig[i] = r.signal
         cached[i] = r.cached
         reason[i] = code[r.miss_reason]
-    c1 = time.thread_time_ns()
     u1 = _thread_counters()
+    c1 = time.thread_time_ns()
     w1 = pc()
     # the replay's time off the CPU: a call that took milliseconds sat through it, and the
     # per-call rows say so (stalls) instead of leaving a bare max

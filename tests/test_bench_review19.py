@@ -46,16 +46,17 @@ def test_percentiles_without_hdrhistogram_are_the_histograms(bench, monkeypatch,
 
 
 class _PreemptingHost:
-    """Fake clocks of a thread that runs between reads and is preempted for 5 ms on its way
-    back from every run-queue counter read (a syscall: where a kernel reschedules), as on a
-    shared core. The wall clock and the CPU clock advance together while it runs; the wait
-    advances the wall clock and the run-queue counter only."""
-    WAIT_NS = 5_000_000
+    """Fake clocks (reading them is free) of a thread that is preempted for wait_ns on its
+    way back from every run-queue counter read (a syscall: where a kernel reschedules), as on
+    a shared core; a counter read itself costs read_ns of CPU (the /proc file). The wall clock
+    and the CPU clock advance together while it runs; a wait advances the wall clock and the
+    run-queue counter only."""
 
-    def __init__(self):
+    def __init__(self, wait_ns=5_000_000, read_ns=0):
         self.wall = self.cpu = self.wait = 0
+        self.WAIT_NS, self.READ_NS = wait_ns, read_ns
 
-    def _run(self, ns=20):
+    def _run(self, ns=0):
         self.wall += ns
         self.cpu += ns
 
@@ -68,17 +69,17 @@ class _PreemptingHost:
         return self.cpu
 
     def counters(self):
-        self._run()
+        self._run(self.READ_NS)
         got = (0, 0, self.wait)
         self.wall += self.WAIT_NS
         self.wait += self.WAIT_NS
         return got
 
 
-@pytest.fixture
-def host(bench, monkeypatch):
+@pytest.fixture(params=[(5_000_000, 0)])
+def host(bench, monkeypatch, request):
     run, _ = bench
-    h = _PreemptingHost()
+    h = _PreemptingHost(*request.param)
     monkeypatch.setattr(run, "time", types.SimpleNamespace(perf_counter_ns=h.perf_counter_ns,
                                                            thread_time_ns=h.thread_time_ns))
     monkeypatch.setattr(run, "_thread_counters", h.counters)
@@ -102,6 +103,21 @@ def test_replay_runqueue_wait_is_part_of_its_time_off_cpu(bench, host, small):
     sched = run.replay_step(model, {"enabled": False}, raws, syms, ts, 0, 50)["sched"]
     assert sched["runqueue_wait_ms"] > 0
     assert sched["runqueue_wait_ms"] <= sched["off_cpu_ms"]
+
+
+@pytest.mark.parametrize("host", [(0, 50_000)], indirect=True)
+def test_counter_reads_are_not_time_off_cpu(bench, host, small):
+    """The run-queue counters' own reads (a /proc file: tens of us of CPU) sit inside the CPU
+    clock's window: outside it they were time off the CPU, and every 1 ms call of a small
+    stream was counted as descheduled by a hypervisor."""
+    from fastpath import Engine
+    run, _ = bench
+    model, raws, syms, ts = small
+    sched = run.replay_step(model, {"enabled": False}, raws, syms, ts, 0, 50)["sched"]
+    assert sched["off_cpu_ms"] * 1e6 < host.READ_NS
+    (_, _, bt), = run.time_batches([lambda: Engine(model)], raws, syms, ts, runs=2, warm=50)
+    assert all(off * 1e6 < host.READ_NS for off in bt["off_cpu_ms"])
+    assert bt["descheduled_runs"] == 0
 
 
 def test_batch_call_runqueue_wait_is_part_of_its_time_off_cpu(bench, host, small):
