@@ -47,8 +47,12 @@ identity output, identity features, cache off), one tick at a time. Per model an
   subprocess, as a BLAS pool's size is fixed when it starts).
 The JSON goes to bench/results/scaling-latest.json.
 
-Weight types: the `weights` axis is a hook; "fp32" is what the engine has. A type the engine
-does not accept (yet) is reported as skipped with the engine's error, not left out.
+Weight types (`--weights fp32,bf16,int8`): the engine's `weights` option; the hidden layers
+take the type, the output layer stays fp32, and a row's weight_bytes (the read bound's bytes)
+are the engine's packing of that type (see weight_bytes). The peers (onnxruntime, numpy) run
+fp32 weights in every row: they have no such option, so a bf16 / int8 row compares fastpath on
+the reduced type with the peers on fp32 (peer_weights in the JSON, "fp32" in the table). A type
+the engine does not accept is reported as skipped with the engine's error, not left out.
 """
 from __future__ import annotations
 
@@ -98,6 +102,21 @@ def engine_config(isa: str, weights: str) -> dict:
 
 def padded_macs(dims) -> int:
     return sum((o + 7) // 8 * 8 * i for i, o in zip(dims[:-1], dims[1:]))
+
+
+def weight_bytes(model, weights: str, isas) -> int:
+    """Bytes the MLP kernel streams per forward pass: fp32, the 8-row blocked layout
+    (padded_macs x 4); bf16 / int8, the packed arena of the engine's own packing on the widest
+    of `isas` with reduced-precision kernels (fastpath._kernels.LowpMLP): the output layer
+    stays fp32 there and the blocks are padded as that set's kernels need them, so padded_macs
+    x the type's bytes understated a small model's (int8 32x16x2: 640 bytes for 1280)."""
+    if weights == "fp32":
+        return padded_macs(model.dims) * 4
+    from fastpath._kernels import LowpMLP, lowp_kernels
+    isa = next((i for i in reversed(list(isas)) if lowp_kernels(i) is not None), "scalar")
+    packed = LowpMLP([L.weight for L in model.layers], [L.bias for L in model.layers],
+                     [L.activation for L in model.layers], weights, isa)
+    return int(packed.arena_bytes)
 
 
 def l2_bytes() -> int:
@@ -325,7 +344,7 @@ def run(args) -> dict:
             np1 = numpy_peer(dims, 1, args.calls, ov)
             npall = numpy_peer(dims, ncpu, args.calls, ov)
         for wt in args.weights:
-            wbytes = pm * BYTES_PER_WEIGHT[wt]
+            wbytes = weight_bytes(model, wt, isas)
             if wbytes not in bw_cache:
                 bw_cache[wbytes] = read_gbps(max(wbytes, READ_MIN_BYTES), 5)
             fma_ns = pm / fma_rate if fma_rate > 0 else float("nan")
@@ -334,7 +353,8 @@ def run(args) -> dict:
             read_ns = wbytes / bw_cache[wbytes]
             row = dict(bounds(float("nan"), fma_ns, read_ns, wbytes, l2, lat_ns), dims=list(dims),
                        weights=wt, macs=macs, padded_macs=pm, weight_bytes=wbytes,
-                       read_gbps=bw_cache[wbytes], fastpath={}, onnxruntime_1t=ort,
+                       read_gbps=bw_cache[wbytes], fastpath={}, peer_weights="fp32",
+                       onnxruntime_1t=ort,
                        numpy_1t=np1, **{f"numpy_{ncpu}t": npall})
             for key in ("ns", "x_bound", "x_fma", "x_read", "x_issue", "x_latency", "x_max"):
                 del row[key]
@@ -394,8 +414,10 @@ def print_row(row, isas, ncpu, file=sys.stdout):
                             f" mlp {fmt_ns(d['mlp_ns'])}" if "mlp_ns" in d else ""))
         else:
             cells.append(f"{isa} skipped")
-    cells += [f"ort1 {_p50(row['onnxruntime_1t'])}", f"np1 {_p50(row['numpy_1t'])}",
-              f"np{ncpu} {_p50(row[f'numpy_{ncpu}t'])}",
+    # the peers have no reduced-precision weights: say which they ran on every row
+    pw = row.get("peer_weights", "fp32")
+    cells += [f"ort1 {pw} {_p50(row['onnxruntime_1t'])}", f"np1 {pw} {_p50(row['numpy_1t'])}",
+              f"np{ncpu} {pw} {_p50(row[f'numpy_{ncpu}t'])}",
               f"bounds: fma {fmt_ns(row['fma_bound_ns'])}, read {fmt_ns(row['read_bound_ns'])} "
               f"(best pass {row['read_gbps']:.0f} GB/s), latency "
               f"{fmt_ns(row['latency_bound_ns'])}, binding {row['bound']}"]
@@ -425,7 +447,8 @@ def print_table(res):
           f"bound where the weights fit L2 ({res['machine']['l2_bytes'] >> 10} KiB): x_issue "
           f"in the JSON; FMA MACs/ns {res['machine']['fma_macs_per_ns']}")
     hdr = ["model", "weights", "MACs"] + [f"fastpath {i} p50/p99 (mlp, x bound)" for i in isas] + [
-        "onnxruntime 1t p50", "numpy 1t p50", f"numpy {ncpu}t p50", "bounds"]
+        "onnxruntime 1t p50 (fp32 weights)", "numpy 1t p50 (fp32 weights)",
+        f"numpy {ncpu}t p50 (fp32 weights)", "bounds"]
     print(" | ".join(hdr))
     for row in res["rows"]:
         print_row(row, isas, ncpu)

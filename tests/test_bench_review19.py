@@ -276,3 +276,33 @@ def test_mlp_gflops_is_printed_where_the_cpu_has_no_fma_rate(bench, monkeypatch)
     finally:
         sys.path.remove(BENCH)
     assert f"({k['gflops']:.0f} GFLOP/s)" in readme_figures.summary(res)
+
+
+def test_scaling_reduced_weight_rows_read_the_bytes_the_engine_packs(tmp_path):
+    """bench/scaling.py's read bound for a bf16 / int8 row took padded MACs x the type's bytes,
+    though the engine keeps the output layer fp32 and pads its blocks as the reduced kernels
+    need: int8 32x16x2 was bounded on 640 bytes where the kernel streams 1280. The row also
+    says the peers ran fp32 weights, as they do on every row."""
+    from fastpath._kernels import LowpMLP, lowp_kernels
+    sys.path.insert(0, BENCH)
+    try:
+        import scaling
+    finally:
+        sys.path.remove(BENCH)
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "--models",
+                          "32x16x2", "--weights", "fp32,int8,bf16", "--calls", "100", "--no-peers",
+                          "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((tmp_path / "scaling-partial.json").read_text())
+    model = scaling.build_model((32, 16, 2))
+    isa = [i for i in res["kernel_sets"] if lowp_kernels(i) is not None][-1]
+    rows = {r["weights"]: r for r in res["rows"]}
+    assert rows["fp32"]["weight_bytes"] == scaling.padded_macs((32, 16, 2)) * 4
+    for wt in ("int8", "bf16"):
+        packed = LowpMLP([L.weight for L in model.layers], [L.bias for L in model.layers],
+                         [L.activation for L in model.layers], wt, isa)
+        r = rows[wt]
+        assert r["weight_bytes"] == packed.arena_bytes
+        assert r["read_bound_ns"] == pytest.approx(r["weight_bytes"] / r["read_gbps"])
+        assert r["peer_weights"] == "fp32"
