@@ -324,3 +324,19 @@ def test_scaling_reduced_weight_rows_read_the_bytes_the_engine_packs(tmp_path):
         assert r["weight_bytes"] == packed.arena_bytes
         assert r["read_bound_ns"] == pytest.approx(r["weight_bytes"] / r["read_gbps"])
         assert r["peer_weights"] == "fp32"
+
+
+def test_weights_sign_flips_count_changes_of_sign_only():
+    """bench/weights.py counted np.sign(sig) != np.sign(ref): a signal at exactly 0 against a
+    small one of either sign was a "sign flip", where bench/run.py (and the docstring: "ticks
+    whose signal changes sign") count + to - and - to + only."""
+    sys.path.insert(0, BENCH)
+    try:
+        import weights
+    finally:
+        sys.path.remove(BENCH)
+    ref = np.array([0.0, 0.3, -0.2, 0.4, 0.0], np.float32)
+    sig = np.array([0.01, -0.1, 0.0, 0.41, 0.0], np.float32)
+    e = weights.signal_errors(sig, ref)
+    assert e["sign_flips"] == 1
+    assert e["n"] == 5 and e["max_abs"] == pytest.approx(0.4)
