@@ -43,8 +43,9 @@ identity output, identity features, cache off), one tick at a time. Per model an
   the probe's buffer does not leave the weights cold) and compared p50 to p50: on a shared
   host both see the same neighbours, where a best-of bound against a p50 kernel would charge
   the neighbours to the kernel;
-- onnxruntime with one thread; numpy with one BLAS thread and with every core (each in a fresh
-  subprocess, as a BLAS pool's size is fixed when it starts).
+- onnxruntime with one thread; numpy with one BLAS thread and with every core this process
+  may run on (each in a fresh subprocess, as a BLAS pool's size is fixed when it starts; the
+  threads the pool holds are in the JSON, blas_threads, where threadpoolctl is installed).
 The JSON goes to bench/results/scaling-latest.json.
 
 Weight types (`--weights fp32,bf16,int8`): the engine's `weights` option; the hidden layers
@@ -170,7 +171,13 @@ def fn(x):
             h = np.maximum(h, 0)
     return h
 x = np.random.default_rng(1).standard_normal(dims[0]).astype(np.float32)
-print(json.dumps(time_fn(fn, x, n, overhead)))
+res = time_fn(fn, x, n, overhead)
+try:    # the threads the BLAS pool really holds: the row's label says how many it was asked for
+    from threadpoolctl import threadpool_info
+    res["blas_threads"] = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+except ImportError:
+    pass
+print(json.dumps(res))
 """
 
 
@@ -321,7 +328,10 @@ def run(args) -> dict:
     fma_rate = max(fma.values(), default=0.0)   # the core's FMA bound, whichever set reaches it
     lat = op_latencies()
     l2 = l2_bytes()
-    ncpu = os.cpu_count() or 1
+    # the cores this process may run on, not the machine's: a BLAS pool sizes itself to the
+    # allowed ones, so under taskset "numpy 2t" ran one thread
+    ncpu = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
     sys.path.insert(0, HERE)
     from _commit import commit_stamp
     res = {"commit": commit_stamp(HERE), "machine": {"cpu": platform.processor() or platform.machine(),
@@ -342,7 +352,9 @@ def run(args) -> dict:
         else:
             ort = ort_peer(model, args.calls, ov)
             np1 = numpy_peer(dims, 1, args.calls, ov)
-            npall = numpy_peer(dims, ncpu, args.calls, ov)
+            # on one core "every core" is the one-thread row: not timed twice (the two rows
+            # shared one JSON key, and the run died there)
+            npall = numpy_peer(dims, ncpu, args.calls, ov) if ncpu > 1 else None
         for wt in args.weights:
             wbytes = weight_bytes(model, wt, isas)
             if wbytes not in bw_cache:
@@ -355,7 +367,7 @@ def run(args) -> dict:
                        weights=wt, macs=macs, padded_macs=pm, weight_bytes=wbytes,
                        read_gbps=bw_cache[wbytes], fastpath={}, peer_weights="fp32",
                        onnxruntime_1t=ort,
-                       numpy_1t=np1, **{f"numpy_{ncpu}t": npall})
+                       numpy_1t=np1, **({f"numpy_{ncpu}t": npall} if ncpu > 1 else {}))
             for key in ("ns", "x_bound", "x_fma", "x_read", "x_issue", "x_latency", "x_max"):
                 del row[key]
             for isa in isas:
@@ -416,11 +428,12 @@ def print_row(row, isas, ncpu, file=sys.stdout):
             cells.append(f"{isa} skipped")
     # the peers have no reduced-precision weights: say which they ran on every row
     pw = row.get("peer_weights", "fp32")
-    cells += [f"ort1 {pw} {_p50(row['onnxruntime_1t'])}", f"np1 {pw} {_p50(row['numpy_1t'])}",
-              f"np{ncpu} {pw} {_p50(row[f'numpy_{ncpu}t'])}",
-              f"bounds: fma {fmt_ns(row['fma_bound_ns'])}, read {fmt_ns(row['read_bound_ns'])} "
-              f"(best pass {row['read_gbps']:.0f} GB/s), latency "
-              f"{fmt_ns(row['latency_bound_ns'])}, binding {row['bound']}"]
+    cells += [f"ort1 {pw} {_p50(row['onnxruntime_1t'])}", f"np1 {pw} {_p50(row['numpy_1t'])}"]
+    if ncpu > 1:
+        cells.append(f"np{ncpu} {pw} {_p50(row[f'numpy_{ncpu}t'])}")
+    cells.append(f"bounds: fma {fmt_ns(row['fma_bound_ns'])}, read {fmt_ns(row['read_bound_ns'])} "
+                 f"(best pass {row['read_gbps']:.0f} GB/s), latency "
+                 f"{fmt_ns(row['latency_bound_ns'])}, binding {row['bound']}")
     print(" | ".join(cells), file=file, flush=True)
 
 
@@ -447,8 +460,8 @@ def print_table(res):
           f"bound where the weights fit L2 ({res['machine']['l2_bytes'] >> 10} KiB): x_issue "
           f"in the JSON; FMA MACs/ns {res['machine']['fma_macs_per_ns']}")
     hdr = ["model", "weights", "MACs"] + [f"fastpath {i} p50/p99 (mlp, x bound)" for i in isas] + [
-        "onnxruntime 1t p50 (fp32 weights)", "numpy 1t p50 (fp32 weights)",
-        f"numpy {ncpu}t p50 (fp32 weights)", "bounds"]
+        "onnxruntime 1t p50 (fp32 weights)", "numpy 1t p50 (fp32 weights)"] + (
+        [f"numpy {ncpu}t p50 (fp32 weights)"] if ncpu > 1 else []) + ["bounds"]
     print(" | ".join(hdr))
     for row in res["rows"]:
         print_row(row, isas, ncpu)

@@ -401,3 +401,29 @@ def test_gpu_check_step_batch_times_the_call_not_the_engine_build(monkeypatch):
         return engines[-1]
     assert isinstance(gpu_check.time_step_batch(make, raws, np.zeros(300, np.int64)), int)
     assert len(engines) == 1 and engines[0].stats()["ticks"] == 300 + gpu_check.BATCH_WARM
+
+
+def test_scaling_numpy_all_cores_is_the_cores_it_may_run_on(tmp_path):
+    """bench/scaling.py labelled its numpy row "numpy {os.cpu_count()}t" and asked the BLAS
+    pool for that many threads; under an affinity of one core (taskset, a container's cpuset)
+    OpenBLAS held one, so "numpy 2t" timed one thread. The row is named after the allowed
+    cores, and the child reports the pool's threads. With one core the all-cores row and the
+    one-thread row shared a JSON key and the run died (TypeError), on any one-core host too."""
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a process allowed on two or more cores")
+    core = min(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), "--models", "8x2",
+                          "--calls", "100", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                         preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((tmp_path / "scaling-partial.json").read_text())
+    assert res["machine"]["cores"] == 1
+    (row,) = res["rows"]
+    assert "numpy_1t" in row and not any(k.startswith("numpy_") and k != "numpy_1t"
+                                         for k in row)
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        return
+    assert row["numpy_1t"]["blas_threads"] and set(row["numpy_1t"]["blas_threads"]) == {1}
