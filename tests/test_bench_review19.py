@@ -427,3 +427,27 @@ def test_scaling_numpy_all_cores_is_the_cores_it_may_run_on(tmp_path):
     except ImportError:
         return
     assert row["numpy_1t"]["blas_threads"] and set(row["numpy_1t"]["blas_threads"]) == {1}
+
+
+def test_numpy_peer_runs_the_mlp_only(monkeypatch):
+    """The numpy peer, labelled "MLP only" beside onnxruntime's graph and the torch module
+    (both end at the output layer), also computed the head, tanh and sigmoid of the two
+    outputs, and threw it away: ~10% of its figure was work the others did not do. Counted
+    here by the calls it makes to np.tanh on the demo model (ReLU, ReLU, identity: none)."""
+    import fastpath
+    sys.path.insert(0, BENCH)
+    try:
+        import peers
+    finally:
+        sys.path.remove(BENCH)
+    model = fastpath.Model.load(os.path.join(os.path.dirname(fastpath.__file__), "data",
+                                             "demo.fpm"))
+    assert all(L.activation in ("relu", "identity") for L in model.layers)
+    fn = peers.numpy_peer(model)
+    x = np.random.default_rng(0).standard_normal(model.dims[0]).astype(np.float32)
+    calls = []
+    real = np.tanh
+    monkeypatch.setattr(peers.np, "tanh", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = np.asarray(fn(x))
+    assert calls == []
+    np.testing.assert_allclose(out, model.forward(x[None, :])[0], rtol=1e-5, atol=1e-6)
