@@ -358,7 +358,9 @@ def tables(res):
              _batch_cell(b["cache_off"])],
             ["step_batch, bundle cache policy", f"{b['cache_on']['ticks_per_s'] / 1e6:.2f} M ticks/s",
              _batch_cell(b["cache_on"])],
-            [f"MLP kernel alone ({k['kernel_set']}, {k['macs']} MACs)", f"{k['ns_per_forward']:.0f} ns",
+            [f"MLP kernel alone ({k['kernel_set']}, {k['macs']} MACs"
+             + (f"; best of {k['runs']} runs, each the mean of {k['passes_per_run']:,} passes"
+                if "runs" in k else "") + ")", f"{k['ns_per_forward']:.0f} ns",
              f"{k['gflops']:.1f} GFLOP/s" if "gflops" in k else "-"]]
     if "fma_bound_ns" in k:
         rows.append(["FMA throughput bound (measured peak)", f"{k['fma_bound_ns']:.0f} ns",

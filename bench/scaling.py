@@ -7,7 +7,8 @@ kernel is from the hardware bound at each size.
 Models: 32x16x2, 128x64x32x2, 256x256x2, 512x512x256x2, 1024x1024x1024x2 (ReLU hidden layers,
 identity output, identity features, cache off), one tick at a time. Per model and weight type:
 - fastpath Engine.step p50/p99 from Python for every kernel set this CPU runs (timer overhead
-  removed), and the MLP kernel alone (PackedMLP, best mean of a few runs);
+  removed), and the MLP kernel alone (PackedMLP: the p50 of samples of back-to-back passes,
+  see kernel_ns);
 - the MLP kernel against two measured bounds: the FMA bound (multiply-adds of the 8-row
   blocked layout / the core's measured FMA rate) and the streaming-read bound (weight bytes /
   the bandwidth of a read probe over a buffer of the weights' size, so it reads from the cache
