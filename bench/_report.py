@@ -372,6 +372,11 @@ def tables(res):
     return out
 
 
+# said under the tables with or without rich (the plain branch once left it out)
+NO_HDR = ("hdrhistogram not installed: percentiles picked from the sorted samples by its rank "
+          "rule")
+
+
 def render(res) -> None:
     m = res["machine"]
     pl = res["placement"]
@@ -403,7 +408,7 @@ def render(res) -> None:
         for s in skipped:
             c.print(f"[yellow]{s}[/yellow]")
         if res.get("hdrhistogram") is False:
-            c.print("[yellow]hdrhistogram not installed: percentiles from numpy[/yellow]")
+            c.print(f"[yellow]{NO_HDR}[/yellow]")
     except ImportError:
         print(head)
         for title, header, rows in tables(res):
@@ -416,6 +421,8 @@ def render(res) -> None:
             print(f"- {s}")
         for s in skipped:
             print(s)
+        if res.get("hdrhistogram") is False:
+            print(NO_HDR)
         print("rich not installed: plain table")
 
 

@@ -474,3 +474,34 @@ def test_mlp_kernel_figure_says_it_is_the_best_run(bench):
     finally:
         sys.path.remove(BENCH)
     assert want in readme_figures.summary(res)
+
+
+NO_OPTIONAL = r"""
+import runpy, sys
+# every optional package of the bench absent, as on a bare install: an import of each fails
+for m in ("rich", "rich.console", "rich.table", "rich.progress", "matplotlib",
+          "matplotlib.pyplot", "hdrh", "hdrh.histogram", "onnxruntime", "onnx", "torch",
+          "threadpoolctl"):
+    sys.modules[m] = None
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_bench_runs_and_says_so_without_any_optional_package(tmp_path):
+    """bench/run.py with rich, matplotlib, hdrhistogram, onnxruntime, onnx, torch and
+    threadpoolctl all missing: it runs, the JSON says what was skipped and why, and the plain
+    tables say the percentiles did not come from hdrhistogram (only the rich branch said so)."""
+    out = subprocess.run([sys.executable, "-c", NO_OPTIONAL, os.path.join(BENCH, "run.py"),
+                          "--quick", "--ticks", "3000", "--no-rt", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((tmp_path / "latest-generated-custom-quick.json").read_text())
+    assert res["hdrhistogram"] is False and res["plot"] is None
+    assert res["peers"]["numpy"]["available"]
+    for name in ("onnxruntime", "torch"):
+        assert not res["peers"][name]["available"] and "not installed" in res["peers"][name]["reason"]
+    assert res["peer_thread_pools"][0]["env"]["OPENBLAS_NUM_THREADS"] == "1"
+    assert "hdrhistogram not installed" in out.stdout
+    assert "rich not installed: plain table" in out.stdout
+    assert "onnxruntime: skipped" in out.stdout
