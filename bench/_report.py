@@ -58,6 +58,13 @@ CLOCK_STEP_NOTE_NS = 2.0
 TSC_CLOCKSOURCES = ("tsc", "kvm-clock")
 
 
+def c_clock(machine) -> str:
+    """The clock of the in-C figures on the host that wrote the results: the TSC, or
+    CLOCK_MONOTONIC where fastpath found no invariant TSC (the stage table once said TSC
+    whatever the host had)."""
+    return "TSC" if machine.get("clock", {}).get("source", "tsc") == "tsc" else "CLOCK_MONOTONIC"
+
+
 def clock_step_note(machine) -> str | None:
     """The sentence on the clock's step where it is coarse, naming the clock this host has:
     the TSC (stepped by a hypervisor: bare metal counts every tick) or, without an invariant
@@ -335,7 +342,7 @@ def tables(res):
                 rows.append([f"{r['short']}: {stage}", f"{d['n']:,}"] + _dist_cells(d))
             elif r["samples"]:
                 rows.append([f"{r['short']}: {stage}", "0", "-", "-", "-", "-", "did not run"])
-    out.append(("Stages inside fp_step() (TSC), the same calls",
+    out.append((f"Stages inside fp_step() ({c_clock(res.get('machine', {}))}), the same calls",
                 ["", "n", "p50", "p90", "p99", "p99.9", "max"], rows))
     rp = res["replay"]
     rows = []
@@ -499,7 +506,7 @@ def write_plots(res, path: str):
         n_max = max(n_max, _plot_series(a2, s, label=f"{s['label']} (n={s['n']:,})", lw=1.5))
     _nines_axis(a2, n_max)
     a2.set_yscale("log")
-    a2.set_ylabel("ns inside fp_step() (TSC, log)")
+    a2.set_ylabel(f"ns inside fp_step() ({c_clock(res.get('machine', {}))}, log)")
     a2.set_title("Where do the ns go inside fp_step()\non a real miss?", fontsize=11)
     a2.grid(True, which="both", alpha=0.3)
     a2.legend(fontsize=7, loc="upper left")

@@ -40,8 +40,9 @@ Method (printed with the results):
   1% of its wall time off the CPU is counted as descheduled, and the notes say what held it.
 - Before each timed call the tick is copied into one reused buffer, as a feed handler would have
   just written it: the tick is in cache, as it is in production.
-- "in C" = the stage timestamps fp_step() takes itself (TSC, see fastpath.clock_info()), for the
-  same calls as the row.
+- "in C" = the stage timestamps fp_step() takes itself (the TSC, or CLOCK_MONOTONIC where there
+  is no invariant TSC: fastpath.clock_info(), and the stage table's title), for the same calls
+  as the row.
 - Peers (numpy, onnxruntime with one thread, PyTorch eager) run the same MLP on the same feature
   vectors, precomputed for them: they do less work than fastpath, which also extracts the features
   and consults the cache. Their ratios are against the real-miss row, percentile for percentile.

@@ -505,3 +505,17 @@ def test_bench_runs_and_says_so_without_any_optional_package(tmp_path):
     assert "hdrhistogram not installed" in out.stdout
     assert "rich not installed: plain table" in out.stdout
     assert "onnxruntime: skipped" in out.stdout
+
+
+def test_stage_table_names_the_clock_the_host_had(bench):
+    """The stage table's title said "(TSC)" on a host whose fastpath clock fell back to
+    CLOCK_MONOTONIC (no invariant TSC), where the in-C figures are clock_gettime readings."""
+    _, report = bench
+    with open(os.path.join(BENCH, "results", "latest-generated.json")) as f:
+        res = json.load(f)
+    res["machine"]["clock"]["source"] = "clock_gettime(CLOCK_MONOTONIC)"
+    (title,) = [t[0] for t in report.tables(res) if t[0].startswith("Stages inside fp_step()")]
+    assert "CLOCK_MONOTONIC" in title and "TSC" not in title
+    res["machine"]["clock"]["source"] = "tsc"
+    (title,) = [t[0] for t in report.tables(res) if t[0].startswith("Stages inside fp_step()")]
+    assert "(TSC)" in title
