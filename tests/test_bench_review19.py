@@ -519,3 +519,18 @@ def test_stage_table_names_the_clock_the_host_had(bench):
     res["machine"]["clock"]["source"] = "tsc"
     (title,) = [t[0] for t in report.tables(res) if t[0].startswith("Stages inside fp_step()")]
     assert "(TSC)" in title
+
+
+def test_zero_readings_stay_zero(bench, monkeypatch):
+    """A stage shorter than one step of a coarse clock (10 ns here) reads 0; the histogram was
+    fed max(v, 1), so a stage that read 0 on most calls printed a p50 of "1 ns", which no call
+    took and which the run without hdrhistogram did not print."""
+    pytest.importorskip("hdrh.histogram")
+    _, report = bench
+    v = np.array([0] * 60 + [10] * 40)
+    d = report.Dist.of(v)
+    assert d._h is not None
+    assert d.p50 == 0.0 and d.q[90] == 10.0 and d.series()["ns"][0] == 0.0
+    _without_hdrh(monkeypatch)
+    plain = report.Dist.of(v)
+    assert plain.summary() == d.summary() and plain.series() == d.series()
