@@ -534,3 +534,21 @@ def test_zero_readings_stay_zero(bench, monkeypatch):
     _without_hdrh(monkeypatch)
     plain = report.Dist.of(v)
     assert plain.summary() == d.summary() and plain.series() == d.series()
+
+
+def test_serve_soak_rate_is_over_the_serving_window(tmp_path):
+    """bench/serve.py's soak "requests/s" divided by a wall time that began before the two
+    client processes started Python, numpy and fastpath (about a second: most of a quick
+    soak). The rate is over the serving window (first submit to last reply, across both
+    clients); the wall time with the start is kept beside it."""
+    path = tmp_path / "serve.json"
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "serve.py"), "--calls", "200",
+                          "--soak", "4000", "--out", str(path)],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    s = json.loads(path.read_text())["soak"]
+    assert s["ok"] and s["requests"] == 4000
+    assert s["req_per_s"] == pytest.approx(s["requests"] / s["serving_s"])
+    # the serving window lies inside the parent's wall time, and each client's loop inside it
+    assert max(c["client_wall_s"] for c in s["per_client"]) <= s["serving_s"] <= s["wall_s"]
+    assert "s of serving" in out.stdout
