@@ -58,6 +58,13 @@ CLOCK_STEP_NOTE_NS = 2.0
 TSC_CLOCKSOURCES = ("tsc", "kvm-clock")
 
 
+def c_clock(machine) -> str:
+    """The clock of the in-C figures on the host that wrote the results: the TSC, or
+    CLOCK_MONOTONIC where fastpath found no invariant TSC (the stage table once said TSC
+    whatever the host had)."""
+    return "TSC" if machine.get("clock", {}).get("source", "tsc") == "tsc" else "CLOCK_MONOTONIC"
+
+
 def clock_step_note(machine) -> str | None:
     """The sentence on the clock's step where it is coarse, naming the clock this host has:
     the TSC (stepped by a hypervisor: bare metal counts every tick) or, without an invariant
@@ -181,6 +188,15 @@ def percentile_levels(n: int) -> list:
     return out
 
 
+def _at_rank(s: np.ndarray, levels) -> np.ndarray:
+    """The values of sorted samples s at percentile levels by HdrHistogram's rule
+    (get_value_at_percentile): the sample of rank round-half-up(p * n / 100), at least 1, with
+    the same float operations, so both paths pick the same sample."""
+    n = len(s)
+    rank = np.floor(np.asarray(levels, np.float64) * n / 100 + 0.5).astype(np.int64)
+    return s[np.clip(rank, 1, n) - 1]
+
+
 class Dist:
     """A latency distribution in ns: HdrHistogram (3 significant digits) when available."""
     HDR = None
@@ -198,19 +214,25 @@ class Dist:
         try:
             from hdrh.histogram import HdrHistogram
             h = HdrHistogram(1, max(int(v.max()), 2) * 2, 3)
-            vals, counts = np.unique(np.maximum(v, 1), return_counts=True)
+            # a 0 is recorded as 0 (the histogram's bucket 0): a stage shorter than one step
+            # of a coarse clock reads 0, and clamping it to 1 printed a "1 ns" p50 no call took
+            vals, counts = np.unique(np.maximum(v, 0), return_counts=True)
             for x, c in zip(vals.tolist(), counts.tolist()):
                 h.record_value(x, c)
             self._h = h
             self.q = {p: float(h.get_value_at_percentile(p)) for p in PCTS}
-            self.max = int(h.get_max_value())
-            self.mean = float(h.get_mean_value())
             Dist.HDR = True
         except ImportError:
-            self.q = dict(zip(PCTS, (float(x) for x in np.percentile(v, PCTS))))
-            self.max = int(v.max())
-            self.mean = float(v.mean())
+            # the histogram's rank rule, not np.percentile's interpolation: a p50 of two calls
+            # is one of them, never a time no call took, and a run without hdrhistogram prints
+            # the figures a run with it would (exactly, below 2048 ns)
+            self.q = dict(zip(PCTS, (float(x) for x in _at_rank(np.sort(v), PCTS))))
             Dist.HDR = False
+        # the slowest sample and the mean from the samples themselves: the histogram's max is
+        # the top of the slowest sample's bucket (4,032,511 ns for a 4,031,234 ns call) and its
+        # mean is of bucket values, where the samples are at hand
+        self.max = int(v.max())
+        self.mean = float(v.mean())
 
     @classmethod
     def of(cls, values) -> "Dist":
@@ -240,10 +262,7 @@ class Dist:
             d = self._h.get_percentile_to_value_dict(levels)
             ns = [float(d[p]) for p in levels]
         else:
-            s = np.sort(self.values)
-            # HdrHistogram's rule: the smallest value with at least p% of samples at or below it
-            idx = np.clip(np.ceil(np.asarray(levels) / 100.0 * self.n).astype(int) - 1, 0, self.n - 1)
-            ns = [float(x) for x in s[idx]]
+            ns = [float(x) for x in _at_rank(np.sort(self.values), levels)]
         ns[-1] = float(self.max)
         return {"percentile": [round(p, 6) for p in levels], "ns": ns}
 
@@ -325,7 +344,7 @@ def tables(res):
                 rows.append([f"{r['short']}: {stage}", f"{d['n']:,}"] + _dist_cells(d))
             elif r["samples"]:
                 rows.append([f"{r['short']}: {stage}", "0", "-", "-", "-", "-", "did not run"])
-    out.append(("Stages inside fp_step() (TSC), the same calls",
+    out.append((f"Stages inside fp_step() ({c_clock(res.get('machine', {}))}), the same calls",
                 ["", "n", "p50", "p90", "p99", "p99.9", "max"], rows))
     rp = res["replay"]
     rows = []
@@ -348,8 +367,10 @@ def tables(res):
              _batch_cell(b["cache_off"])],
             ["step_batch, bundle cache policy", f"{b['cache_on']['ticks_per_s'] / 1e6:.2f} M ticks/s",
              _batch_cell(b["cache_on"])],
-            [f"MLP kernel alone ({k['kernel_set']}, {k['macs']} MACs)", f"{k['ns_per_forward']:.0f} ns",
-             f"{k.get('gflops', 0):.1f} GFLOP/s"]]
+            [f"MLP kernel alone ({k['kernel_set']}, {k['macs']} MACs"
+             + (f"; best of {k['runs']} runs, each the mean of {k['passes_per_run']:,} passes"
+                if "runs" in k else "") + ")", f"{k['ns_per_forward']:.0f} ns",
+             f"{k['gflops']:.1f} GFLOP/s" if "gflops" in k else "-"]]
     if "fma_bound_ns" in k:
         rows.append(["FMA throughput bound (measured peak)", f"{k['fma_bound_ns']:.0f} ns",
                      f"ratio {k['ratio_to_bound']:.2f}x"])
@@ -358,6 +379,11 @@ def tables(res):
              "met" if t["met"] else "NOT MET"] for t in res["targets"]]
     out.append(("Targets", ["", "value", "target", ""], rows))
     return out
+
+
+# said under the tables with or without rich (the plain branch once left it out)
+NO_HDR = ("hdrhistogram not installed: percentiles picked from the sorted samples by its rank "
+          "rule")
 
 
 def render(res) -> None:
@@ -391,7 +417,7 @@ def render(res) -> None:
         for s in skipped:
             c.print(f"[yellow]{s}[/yellow]")
         if res.get("hdrhistogram") is False:
-            c.print("[yellow]hdrhistogram not installed: percentiles from numpy[/yellow]")
+            c.print(f"[yellow]{NO_HDR}[/yellow]")
     except ImportError:
         print(head)
         for title, header, rows in tables(res):
@@ -404,6 +430,8 @@ def render(res) -> None:
             print(f"- {s}")
         for s in skipped:
             print(s)
+        if res.get("hdrhistogram") is False:
+            print(NO_HDR)
         print("rich not installed: plain table")
 
 
@@ -480,7 +508,7 @@ def write_plots(res, path: str):
         n_max = max(n_max, _plot_series(a2, s, label=f"{s['label']} (n={s['n']:,})", lw=1.5))
     _nines_axis(a2, n_max)
     a2.set_yscale("log")
-    a2.set_ylabel("ns inside fp_step() (TSC, log)")
+    a2.set_ylabel(f"ns inside fp_step() ({c_clock(res.get('machine', {}))}, log)")
     a2.set_title("Where do the ns go inside fp_step()\non a real miss?", fontsize=11)
     a2.grid(True, which="both", alpha=0.3)
     a2.legend(fontsize=7, loc="upper left")

@@ -12,6 +12,9 @@ import numpy as np
 
 
 def numpy_peer(model):
+    """The MLP alone, as the other peers run it (onnxruntime's graph and the torch module end
+    at the output layer): the head (tanh / sigmoid of the two outputs) once ran here too,
+    through a second Python call, and was thrown away: ~0.6 us of the "MLP only" figure."""
     layers = [(l.weight.T.copy(), l.bias, l.activation) for l in model.layers]
 
     def fn(x):
@@ -24,8 +27,8 @@ def numpy_peer(model):
                 h = np.tanh(h)
             elif act == "sigmoid":
                 h = 0.5 * (1 + np.tanh(0.5 * h))       # the logistic, without exp overflow
-        return np.tanh(h[0, 0]), 0.5 * (1 + np.tanh(0.5 * h[0, 1])), h[0]
-    return lambda x: fn(x)[2]
+        return h[0]
+    return fn
 
 
 def onnxruntime_peer(model):

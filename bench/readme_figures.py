@@ -41,8 +41,12 @@ def summary(res) -> str:
     lines.append(f"step_batch: {b['cache_off']['ticks_per_s'] / 1e6:.2f} M ticks/s with the cache off, "
                  f"{b['cache_on']['ticks_per_s'] / 1e6:.2f} M with the bundle's policy (best of {best}).")
     line = f"The MLP kernel alone: {k['ns_per_forward']:.0f} ns for {k['macs']:,} multiply-adds"
+    if "runs" in k:
+        line += f" (best of {k['runs']} runs, each the mean of {k['passes_per_run']:,} passes)"
+    if "gflops" in k:
+        line += f" ({k['gflops']:.0f} GFLOP/s)"
     if "fma_bound_ns" in k:
-        line += (f" ({k['gflops']:.0f} GFLOP/s), {k['ratio_to_bound']:.2f}x the FMA throughput bound "
+        line += (f", {k['ratio_to_bound']:.2f}x the FMA throughput bound "
                  f"measured on this core ({k['fma_bound_ns']:.0f} ns)")
     lines.append(line + ".")
     lines += timing_notes(res)

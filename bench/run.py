@@ -8,7 +8,9 @@
 
 Method (printed with the results):
 - Every figure is a distribution recorded in an HdrHistogram (3 significant digits) when the
-  hdrhistogram package is installed, else computed from the sorted samples; the JSON keeps the
+  hdrhistogram package is installed, else picked from the sorted samples by the histogram's
+  rank rule (the same sample: no interpolated time that no call took); max and mean are the
+  samples' own (the slowest call to the ns, not the top of its bucket); the JSON keeps the
   whole percentile distribution of each row (percentile_distributions) and how many samples it has.
 - "from Python" = time.perf_counter_ns() around one fastpath.step() call, minus the median cost of
   an empty timed region (timer_overhead_ns); peers are timed the same way. Where the kernel's
@@ -38,8 +40,9 @@ Method (printed with the results):
   1% of its wall time off the CPU is counted as descheduled, and the notes say what held it.
 - Before each timed call the tick is copied into one reused buffer, as a feed handler would have
   just written it: the tick is in cache, as it is in production.
-- "in C" = the stage timestamps fp_step() takes itself (TSC, see fastpath.clock_info()), for the
-  same calls as the row.
+- "in C" = the stage timestamps fp_step() takes itself (the TSC, or CLOCK_MONOTONIC where there
+  is no invariant TSC: fastpath.clock_info(), and the stage table's title), for the same calls
+  as the row.
 - Peers (numpy, onnxruntime with one thread, PyTorch eager) run the same MLP on the same feature
   vectors, precomputed for them: they do less work than fastpath, which also extracts the features
   and consults the cache. Their ratios are against the real-miss row, percentile for percentile.
@@ -51,8 +54,13 @@ from __future__ import annotations
 
 import os
 
-for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+# the peers' BLAS / OpenMP pools hold one thread, as the table says: set, not defaulted, so a
+# caller's OPENBLAS_NUM_THREADS=8 does not time numpy on eight threads under a one-thread label
+# (the pools size themselves from these when numpy is first imported, just below)
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                    "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+for _v in BLAS_THREAD_VARS:
+    os.environ[_v] = "1"
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -61,7 +69,6 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -79,6 +86,7 @@ except ImportError:  # the bundle ships in the package's data folder either way
 from fastpath._kernels import PackedMLP, clock_ticks, fma_macs_per_ns, fma_ns_per_instr  # noqa: E402
 from fastpath._engine import supported_isas  # noqa: E402
 
+from _commit import commit_stamp  # noqa: E402
 from _report import OFF_CPU_FRACTION, Dist, render, write_plots  # noqa: E402
 from peers import make_peers  # noqa: E402
 
@@ -103,7 +111,20 @@ STALL_NS = 1_000_000
 BATCH_RUNS = 5
 # ticks a trade-off engine steps (then reset()) before its timed calls: code, slots and pages warm
 BATCH_WARM = 2000
-PEER_NAMES = {"onnxruntime": "onnxruntime (1 thread)", "torch": "PyTorch eager"}
+PEER_NAMES = {"numpy": "numpy (1 BLAS thread)", "onnxruntime": "onnxruntime (1 thread)",
+              "torch": "PyTorch eager (1 thread)"}
+
+
+def thread_pools() -> list:
+    """The native thread pools numpy (and torch) run on, as threadpoolctl sees them: what the
+    peers' "1 thread" rests on; the environment variables set for them where threadpoolctl
+    is not installed."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return [{"env": {v: os.environ.get(v) for v in BLAS_THREAD_VARS}}]
+    return [{k: p.get(k) for k in ("user_api", "internal_api", "num_threads", "version")}
+            for p in threadpool_info()]
 
 
 # --------------------------------------------------------------------- setup
@@ -180,15 +201,8 @@ def machine_facts() -> dict:
                     break
     except OSError:
         pass
-    try:
-        commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=5).stdout.strip() or None
-        # results from a tree with uncommitted changes are not the commit's: say so
-        if commit and subprocess.run(["git", "-C", HERE, "status", "--porcelain", "--", ".."],
-                                     capture_output=True, text=True, timeout=5).stdout.strip():
-            commit += "-dirty"
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    # results from a tree with uncommitted changes are not the commit's: commit_stamp says so
+    commit = commit_stamp(HERE)
     try:
         with open("/sys/devices/system/clocksource/clocksource0/current_clocksource") as f:
             clocksource = f.read().strip()
@@ -301,17 +315,21 @@ def time_batches(makers, raws, syms, ts, runs: int = BATCH_RUNS, warm: int = BAT
                         eng.reset()
                         eng.step_batch(raws[:warm], syms[:warm], ts[:warm])
                     eng.reset()
-                # the CPU-time reads sit inside the wall-clock pair: reading a thread's CPU time
-                # updates its runtime, and so can be the moment RT throttling finds the budget
-                # spent; the stall then falls between the two clocks and shows as off-CPU time
-                # of this call instead of a run-queue wait outside every clock
-                u0 = _thread_counters()
+                # the windows nest: wall clock around CPU clock around the run-queue counters.
+                # Reading a thread's CPU time updates its runtime, and so can be the moment RT
+                # throttling finds the budget spent; the stall then falls inside the wall-clock
+                # pair and shows as off-CPU time of this call instead of a run-queue wait
+                # outside every clock. A wait charged at a counter read (the thread preempted on
+                # its way back from the syscall) lands inside both pairs, so a call's run-queue
+                # wait is never more than its time off the CPU; and the reads' own cost (tens
+                # of us for the /proc file) is CPU time, not time off the CPU
                 t0 = pc()
                 c0 = tt()
+                u0 = _thread_counters()
                 r = eng.step_batch(raws, syms, ts)
+                u1 = _thread_counters()
                 c1 = tt()
                 t1 = pc()
-                u1 = _thread_counters()
                 d = rec[k]
                 d["wall"].append(t1 - t0)
                 d["cpu"].append(c1 - c0)
@@ -389,7 +407,11 @@ def replay_step(model, cache: dict | None, raws, syms, ts, overhead: int, warm: 
     reason = np.empty(n, np.int8)
     code = {name: k for k, name in enumerate(REASONS)}
     buf = np.empty(raws.shape[1], np.float32)
-    u0, c0, w0 = _thread_counters(), time.thread_time_ns(), pc()
+    # nested windows (wall around CPU time around the run-queue counters), as in time_batches:
+    # the replay's run-queue wait is then part of its time off the CPU, never more than it
+    w0 = pc()
+    c0 = time.thread_time_ns()
+    u0 = _thread_counters()
     for i in range(n):
         buf[:] = raws[i]
         s, t = int(syms[i]), int(ts[i])
@@ -399,7 +421,9 @@ def replay_step(model, cache: dict | None, raws, syms, ts, overhead: int, warm: 
         sig[i] = r.signal
         cached[i] = r.cached
         reason[i] = code[r.miss_reason]
-    w1, c1, u1 = pc(), time.thread_time_ns(), _thread_counters()
+    u1 = _thread_counters()
+    c1 = time.thread_time_ns()
+    w1 = pc()
     # the replay's time off the CPU: a call that took milliseconds sat through it, and the
     # per-call rows say so (stalls) instead of leaving a bare max
     sched = {"wall_ms": (w1 - w0) / 1e6, "off_cpu_ms": max(w1 - w0 - (c1 - c0), 0) / 1e6,
@@ -575,6 +599,7 @@ def run(args) -> dict:
                 series[f"peer_{name}"] = {"panel": "python", "label": plabel, "n": d.n, **d.series()}
             bar()
         res["peers"] = peers
+        res["peer_thread_pools"] = thread_pools()
         res["percentile_distributions"] = series
     finally:
         gc.enable()
@@ -711,25 +736,34 @@ def batch_throughput(model, raws, syms, ts, runs: int = BATCH_RUNS) -> dict:
     return out
 
 
+# the MLP kernel alone: timed runs, each the mean of this many back-to-back passes; the best
+# run is the figure (as the FMA bound is the probe's best), and the table says so
+MLP_RUNS, MLP_PASSES = 5, 200_000
+
+
 def mlp_kernel(model) -> dict:
     P = PackedMLP([l.weight for l in model.layers], [l.bias for l in model.layers],
                   [l.activation for l in model.layers], fastpath.simd())
     x = np.random.default_rng(0).standard_normal(model.dims[0]).astype(np.float32)
     P.time_forward(x, 20_000)
-    runs = [P.time_forward(x, 200_000) for _ in range(5)]
+    runs = [P.time_forward(x, MLP_PASSES) for _ in range(MLP_RUNS)]
     ns = min(runs)
     fma = fma_ns_per_instr()
     # the core's FMA rate, whichever vector set reaches it (16-lane FMAs may or may not run at
     # twice the 8-lane rate: Zen 4 splits them, Zen 5 and some Intel cores run them full width)
     rate = max(fma_macs_per_ns(s) for s in supported_isas())
     padded = sum(((d_out + 7) // 8 * 8) * d_in for d_in, d_out in zip(model.dims[:-1], model.dims[1:]))
+    # GFLOP/s is the kernel's own (its multiply-adds over its time): it needs no FMA probe, and a
+    # CPU without one (no AVX2+FMA: rate 0) printed "0.0 GFLOP/s" for a kernel that ran
     out = {"ns_per_forward": ns, "ns_median_of_runs": float(np.median(runs)),
+           "runs": MLP_RUNS, "passes_per_run": MLP_PASSES,
+           "reported": "best run (mean ns per pass of its back-to-back passes)",
            "macs": P.macs, "padded_macs": padded, "kernel_set": fastpath.simd(),
-           "weights_bytes": padded * 4}
+           "weights_bytes": padded * 4, "gflops": 2 * P.macs / ns}
     if rate > 0:
         bound = padded / rate
-        out.update({"fma_ns_per_instr": fma, "fma_macs_per_ns": rate, "fma_bound_ns": bound, "ratio_to_bound": ns / bound,
-                    "gflops": 2 * P.macs / ns})
+        out.update({"fma_ns_per_instr": fma, "fma_macs_per_ns": rate, "fma_bound_ns": bound,
+                    "ratio_to_bound": ns / bound})
     return out
 
 

@@ -7,7 +7,8 @@ kernel is from the hardware bound at each size.
 Models: 32x16x2, 128x64x32x2, 256x256x2, 512x512x256x2, 1024x1024x1024x2 (ReLU hidden layers,
 identity output, identity features, cache off), one tick at a time. Per model and weight type:
 - fastpath Engine.step p50/p99 from Python for every kernel set this CPU runs (timer overhead
-  removed), and the MLP kernel alone (PackedMLP, best mean of a few runs);
+  removed), and the MLP kernel alone (PackedMLP: the p50 of samples of back-to-back passes,
+  see kernel_ns);
 - the MLP kernel against two measured bounds: the FMA bound (multiply-adds of the 8-row
   blocked layout / the core's measured FMA rate) and the streaming-read bound (weight bytes /
   the bandwidth of a read probe over a buffer of the weights' size, so it reads from the cache
@@ -43,12 +44,17 @@ identity output, identity features, cache off), one tick at a time. Per model an
   the probe's buffer does not leave the weights cold) and compared p50 to p50: on a shared
   host both see the same neighbours, where a best-of bound against a p50 kernel would charge
   the neighbours to the kernel;
-- onnxruntime with one thread; numpy with one BLAS thread and with every core (each in a fresh
-  subprocess, as a BLAS pool's size is fixed when it starts).
+- onnxruntime with one thread; numpy with one BLAS thread and with every core this process
+  may run on (each in a fresh subprocess, as a BLAS pool's size is fixed when it starts; the
+  threads the pool holds are in the JSON, blas_threads, where threadpoolctl is installed).
 The JSON goes to bench/results/scaling-latest.json.
 
-Weight types: the `weights` axis is a hook; "fp32" is what the engine has. A type the engine
-does not accept (yet) is reported as skipped with the engine's error, not left out.
+Weight types (`--weights fp32,bf16,int8`): the engine's `weights` option; the hidden layers
+take the type, the output layer stays fp32, and a row's weight_bytes (the read bound's bytes)
+are the engine's packing of that type (see weight_bytes). The peers (onnxruntime, numpy) run
+fp32 weights in every row: they have no such option, so a bf16 / int8 row compares fastpath on
+the reduced type with the peers on fp32 (peer_weights in the JSON, "fp32" in the table). A type
+the engine does not accept is reported as skipped with the engine's error, not left out.
 """
 from __future__ import annotations
 
@@ -98,6 +104,21 @@ def engine_config(isa: str, weights: str) -> dict:
 
 def padded_macs(dims) -> int:
     return sum((o + 7) // 8 * 8 * i for i, o in zip(dims[:-1], dims[1:]))
+
+
+def weight_bytes(model, weights: str, isas) -> int:
+    """Bytes the MLP kernel streams per forward pass: fp32, the 8-row blocked layout
+    (padded_macs x 4); bf16 / int8, the packed arena of the engine's own packing on the widest
+    of `isas` with reduced-precision kernels (fastpath._kernels.LowpMLP): the output layer
+    stays fp32 there and the blocks are padded as that set's kernels need them, so padded_macs
+    x the type's bytes understated a small model's (int8 32x16x2: 640 bytes for 1280)."""
+    if weights == "fp32":
+        return padded_macs(model.dims) * 4
+    from fastpath._kernels import LowpMLP, lowp_kernels
+    isa = next((i for i in reversed(list(isas)) if lowp_kernels(i) is not None), "scalar")
+    packed = LowpMLP([L.weight for L in model.layers], [L.bias for L in model.layers],
+                     [L.activation for L in model.layers], weights, isa)
+    return int(packed.arena_bytes)
 
 
 def l2_bytes() -> int:
@@ -151,7 +172,13 @@ def fn(x):
             h = np.maximum(h, 0)
     return h
 x = np.random.default_rng(1).standard_normal(dims[0]).astype(np.float32)
-print(json.dumps(time_fn(fn, x, n, overhead)))
+res = time_fn(fn, x, n, overhead)
+try:    # the threads the BLAS pool really holds: the row's label says how many it was asked for
+    from threadpoolctl import threadpool_info
+    res["blas_threads"] = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+except ImportError:
+    pass
+print(json.dumps(res))
 """
 
 
@@ -302,8 +329,13 @@ def run(args) -> dict:
     fma_rate = max(fma.values(), default=0.0)   # the core's FMA bound, whichever set reaches it
     lat = op_latencies()
     l2 = l2_bytes()
-    ncpu = os.cpu_count() or 1
-    res = {"machine": {"cpu": platform.processor() or platform.machine(),
+    # the cores this process may run on, not the machine's: a BLAS pool sizes itself to the
+    # allowed ones, so under taskset "numpy 2t" ran one thread
+    ncpu = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
+    sys.path.insert(0, HERE)
+    from _commit import commit_stamp
+    res = {"commit": commit_stamp(HERE), "machine": {"cpu": platform.processor() or platform.machine(),
                        "cpu_features": fastpath.cpu_features(), "cores": ncpu, "l2_bytes": l2,
                        "fma_macs_per_ns": fma, "op_latency_ns": lat,
                        "timer_overhead_ns": ov},
@@ -321,9 +353,11 @@ def run(args) -> dict:
         else:
             ort = ort_peer(model, args.calls, ov)
             np1 = numpy_peer(dims, 1, args.calls, ov)
-            npall = numpy_peer(dims, ncpu, args.calls, ov)
+            # on one core "every core" is the one-thread row: not timed twice (the two rows
+            # shared one JSON key, and the run died there)
+            npall = numpy_peer(dims, ncpu, args.calls, ov) if ncpu > 1 else None
         for wt in args.weights:
-            wbytes = pm * BYTES_PER_WEIGHT[wt]
+            wbytes = weight_bytes(model, wt, isas)
             if wbytes not in bw_cache:
                 bw_cache[wbytes] = read_gbps(max(wbytes, READ_MIN_BYTES), 5)
             fma_ns = pm / fma_rate if fma_rate > 0 else float("nan")
@@ -332,8 +366,9 @@ def run(args) -> dict:
             read_ns = wbytes / bw_cache[wbytes]
             row = dict(bounds(float("nan"), fma_ns, read_ns, wbytes, l2, lat_ns), dims=list(dims),
                        weights=wt, macs=macs, padded_macs=pm, weight_bytes=wbytes,
-                       read_gbps=bw_cache[wbytes], fastpath={}, onnxruntime_1t=ort,
-                       numpy_1t=np1, **{f"numpy_{ncpu}t": npall})
+                       read_gbps=bw_cache[wbytes], fastpath={}, peer_weights="fp32",
+                       onnxruntime_1t=ort,
+                       numpy_1t=np1, **({f"numpy_{ncpu}t": npall} if ncpu > 1 else {}))
             for key in ("ns", "x_bound", "x_fma", "x_read", "x_issue", "x_latency", "x_max"):
                 del row[key]
             for isa in isas:
@@ -392,11 +427,14 @@ def print_row(row, isas, ncpu, file=sys.stdout):
                             f" mlp {fmt_ns(d['mlp_ns'])}" if "mlp_ns" in d else ""))
         else:
             cells.append(f"{isa} skipped")
-    cells += [f"ort1 {_p50(row['onnxruntime_1t'])}", f"np1 {_p50(row['numpy_1t'])}",
-              f"np{ncpu} {_p50(row[f'numpy_{ncpu}t'])}",
-              f"bounds: fma {fmt_ns(row['fma_bound_ns'])}, read {fmt_ns(row['read_bound_ns'])} "
-              f"(best pass {row['read_gbps']:.0f} GB/s), latency "
-              f"{fmt_ns(row['latency_bound_ns'])}, binding {row['bound']}"]
+    # the peers have no reduced-precision weights: say which they ran on every row
+    pw = row.get("peer_weights", "fp32")
+    cells += [f"ort1 {pw} {_p50(row['onnxruntime_1t'])}", f"np1 {pw} {_p50(row['numpy_1t'])}"]
+    if ncpu > 1:
+        cells.append(f"np{ncpu} {pw} {_p50(row[f'numpy_{ncpu}t'])}")
+    cells.append(f"bounds: fma {fmt_ns(row['fma_bound_ns'])}, read {fmt_ns(row['read_bound_ns'])} "
+                 f"(best pass {row['read_gbps']:.0f} GB/s), latency "
+                 f"{fmt_ns(row['latency_bound_ns'])}, binding {row['bound']}")
     print(" | ".join(cells), file=file, flush=True)
 
 
@@ -423,7 +461,8 @@ def print_table(res):
           f"bound where the weights fit L2 ({res['machine']['l2_bytes'] >> 10} KiB): x_issue "
           f"in the JSON; FMA MACs/ns {res['machine']['fma_macs_per_ns']}")
     hdr = ["model", "weights", "MACs"] + [f"fastpath {i} p50/p99 (mlp, x bound)" for i in isas] + [
-        "onnxruntime 1t p50", "numpy 1t p50", f"numpy {ncpu}t p50", "bounds"]
+        "onnxruntime 1t p50 (fp32 weights)", "numpy 1t p50 (fp32 weights)"] + (
+        [f"numpy {ncpu}t p50 (fp32 weights)"] if ncpu > 1 else []) + ["bounds"]
     print(" | ".join(hdr))
     for row in res["rows"]:
         print_row(row, isas, ncpu)

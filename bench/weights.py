@@ -74,8 +74,12 @@ def time_mlp(model: Model, weight_type: str, isa: str, iters: int = 2000, x=None
 def signal_errors(sig: np.ndarray, ref: np.ndarray) -> dict:
     """max / mean |sig - ref| and sign flips of signals against the fp32 signals."""
     d = np.abs(sig.astype(np.float64) - ref.astype(np.float64))
+    # a flip is a change of sign (+ to -, - to +), as bench/run.py counts them: a signal that
+    # moves off or onto exactly 0 changes no trade's direction, and np.sign(a) != np.sign(b)
+    # counted it
+    flips = np.sign(sig.astype(np.float64)) * np.sign(ref.astype(np.float64)) < 0
     return {"max_abs": float(d.max()), "mean_abs": float(d.mean()),
-            "sign_flips": int(np.count_nonzero(np.sign(sig) != np.sign(ref))), "n": int(len(d))}
+            "sign_flips": int(np.count_nonzero(flips)), "n": int(len(d))}
 
 
 def stream_signals(model: Model, weight_type: str, raws, syms, ts) -> np.ndarray:

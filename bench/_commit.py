@@ -1,0 +1,37 @@
+"""The commit a bench result measured, for every results JSON the benches write.
+
+`git rev-parse --short HEAD` of the checkout the bench runs from, with "-dirty" where the
+checkout's files (tracked or untracked, ignored ones left out) differ from that commit. The
+benches' own result files are left out of that check: a run rewrites the tracked
+bench/results/latest-*.json, and the next run from the same code would otherwise call itself
+dirty. None outside a git checkout (an installed bench) or without git.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# paths (from the checkout's top) whose changes do not change what a bench measures
+NOT_MEASURED = ("bench/results",)
+
+
+def _git(where: str, *args: str) -> str:
+    return subprocess.run(["git", "-C", where, *args], capture_output=True, text=True,
+                          timeout=5).stdout.strip()
+
+
+def commit_stamp(where: str | None = None) -> str | None:
+    """'abc1234' or 'abc1234-dirty' for the checkout holding `where` (default: bench/)."""
+    where = where or HERE
+    try:
+        top = _git(where, "rev-parse", "--show-toplevel")
+        commit = _git(where, "rev-parse", "--short", "HEAD") if top else ""
+        if not commit:
+            return None
+        if _git(top, "status", "--porcelain", "--", ".",
+                *(f":(exclude){p}" for p in NOT_MEASURED)):
+            commit += "-dirty"
+        return commit
+    except (OSError, subprocess.SubprocessError):
+        return None
