@@ -176,6 +176,71 @@ static inline size_t fp_window_stride(const fp_feature_spec *fs) {
     return FP_ROUND_UP(fp_window_fresh_off(fs) + 2 * sizeof(double) * (size_t)fs->n_w, FP_ALIGN);
 }
 
+/* Whether the commit of raw into this full window will heal it (fp_window_commit): the same
+ * sums and the same two criteria as the commit kernel, field by field in double. The
+ * features of that tick cannot come from the running sums either: they are the sums the heal
+ * throws away (an outlier that leaves takes the rest of the window with it, a ref the window
+ * has left keeps a few bits of it: 1e18 leaving prices ~100 gave a mean of 128 and a std of
+ * 0 or 1e10 on that tick, and at W = 1 every tick after it). One pass over the n_w fields
+ * with nothing stored, a tick that heals is rare; products kept apart from the sums with an
+ * empty asm, so the decision is the kernel's on every set. */
+static inline int fp_window_will_heal(const fp_feature_spec *fs, const unsigned char *win,
+                                      const float *raw) {
+    const int n = fs->n_w;
+    unsigned char *w = (unsigned char *)win;
+    const double *sum = fp_window_sums(w), *sumsq = sum + n, *thr = fs->w_thr;
+    const float *ref = fp_window_ref(fs, w);
+    const float *row = fp_window_ring(fs, w) + (size_t)((const fp_window_hdr *)win)->pos * n;
+    const double lim = thr[n];
+    int heal = 0;
+    for (int j = 0; j < n; j++) {
+        const double x = (double)raw[fs->w_idx[j]] - (double)ref[j],
+                     o = (double)row[j] - (double)ref[j];
+        double oo = o * o, xx = x * x;
+        __asm__("" : "+x"(oo), "+x"(xx));
+        const double s = (sum[j] - o) + x, q = (sumsq[j] - oo) + xx;
+        double ss = s * s;
+        __asm__("" : "+x"(ss));
+        heal |= (oo > 0x1p16 * q) | ((ss > thr[j]) & (ss > lim * q));
+    }
+    return heal;
+}
+
+/* The window features of a tick whose commit heals (fp_window_will_heal), from the ring: the
+ * window's other W - 1 ticks (every row but pos, the one leaving) summed about the new tick
+ * (which adds 0 to the sums), then the stats kernel on those sums with the new tick as ref;
+ * fields in chunks of 64 so the scratch stays on the stack at any n_w. Every kernel set gives
+ * the scalar twin's bits (window_sums and window_stats do), and so do step, step_batch and
+ * begin/finish (all compute features here). */
+__attribute__((noinline)) static void fp_window_features_exact(const fp_kernels *k,
+                                                               const fp_feature_spec *fs,
+                                                               const unsigned char *win,
+                                                               const float *raw, float *feat) {
+    enum { CH = 64 };
+    const int n = fs->n_w, W = fs->window;
+    unsigned char *w = (unsigned char *)win;
+    const int pos = (int)((const fp_window_hdr *)win)->pos;
+    const float *ring = fp_window_ring(fs, w);
+    const float *mean = fs->mean + fs->n_z, *inv_std = fs->inv_std + fs->n_z;
+    for (int j0 = 0; j0 < n; j0 += CH) {
+        const int c = n - j0 < CH ? n - j0 : CH;
+        float x[CH], pm[CH], ps[CH];
+        double sa[CH], qa[CH], sb[CH], qb[CH];
+        for (int i = 0; i < c; i++) x[i] = raw[fs->w_idx[j0 + i]];
+        k->window_sums(ring + j0, pos, n, c, x, sa, qa);
+        k->window_sums(ring + (size_t)(pos + 1) * n + j0, W - pos - 1, n, c, x, sb, qb);
+        for (int i = 0; i < c; i++) {
+            sa[i] += sb[i];
+            qa[i] += qb[i];
+        }
+        k->window_stats(raw, fs->w_idx + j0, c, x, sa, qa, NULL, fs->inv_window, pm, ps);
+        for (int i = 0; i < c; i++) {
+            feat[j0 + i] = (pm[i] - mean[j0 + i]) * inv_std[j0 + i];
+            feat[n + j0 + i] = (ps[i] - mean[n + j0 + i]) * inv_std[n + j0 + i];
+        }
+    }
+}
+
 /* feat (n_feat) for one tick; reads state only. Returns 1 when every value of raw is finite,
  * else 0 (feat is then junk): the permute plan checks them as it loads, the other paths with
  * a pass of allfinite. The window features go straight from the running sums to z-scores
@@ -202,6 +267,10 @@ static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec
     const int full = h->count >= (uint32_t)fs->window;
     /* a full window (every tick once warm) takes 1 / W computed once: the same double, without
      * a division on the way to the window features */
+    if (full && __builtin_expect(fp_window_will_heal(fs, win, raw), 0)) {
+        fp_window_features_exact(k, fs, win, raw, feat + fs->n_z);
+        return finite;
+    }
     const double inv_n = full ? fs->inv_window : 1.0 / (double)(h->count + 1);
     k->window_zscore(raw, fs->w_idx, fs->n_w, ref, sum, sumsq,
                      full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n, fs->mean + fs->n_z,
