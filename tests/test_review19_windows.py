@@ -77,20 +77,23 @@ def test_the_tick_an_outlier_leaves_on_gets_its_windows_features(isa, W, phase):
     _check_every_tick(e, p, n_w, W, skip=range(o, o + W))
 
 
-@pytest.mark.parametrize("W", [2, 4, 16])
-def test_a_move_into_a_flat_run_far_from_ref_heals_on_that_tick(isa, W):
-    # prices at 1e5 with a spread of 2^-7, then a jump of 2^20 into a flat run: the window's
-    # mean is far from its ref (the first tick of the period) with a std of 0, the
-    # cancellation the far-ref heal is for; the tick that makes the window flat gets a std of
-    # 0 and the flat price as its mean, not what q/n - m^2 leaves of them
+@pytest.mark.parametrize("W", [32, 64, 100])
+def test_a_move_far_from_ref_heals_on_that_tick(isa, W):
+    # an integer field (a counter moving by -1, 0, 1 a tick) near 1 that jumps by 2^24: the
+    # window that has just left the old level has its mean 2^24 from its ref (the first tick
+    # of the period) and a std of a few units, and the running sums of (x - ref)^2 ~ 2^48 W
+    # round; the tick on which the window is all at the new level got what the cancellation
+    # q/n - m^2 left of its std (0.3% off at W = 32, 4% at W = 100). The commit heals on that
+    # tick; its features now come from the ring as well
     rng = np.random.default_rng(W)
     n_w = 2
-    n = 6 * W + 3
-    p = _prices(rng, n, n_w, level=1e5, spread=2.0 ** -7)
+    n = 4 * W + 3
+    p = np.zeros((n, n_w + 1), F32)
     jump = 2 * W + 1
-    p[jump:, :n_w] = F32(1e5 + 2.0 ** 20)
-    e = _engine(_model(n_w, W, inv_std=np.full(1 + 2 * n_w, 1024.0)), isa)
-    _check_every_tick(e, p, n_w, W, scale=1024.0)
+    p[:, :n_w] = (1.0 + np.cumsum(rng.integers(-1, 2, (n, n_w)), axis=0)
+                  + np.where(np.arange(n) >= jump, 2.0 ** 24, 0.0)[:, None])
+    e = _engine(_model(n_w, W), isa)
+    _check_every_tick(e, p, n_w, W)
 
 
 @pytest.mark.parametrize("W", [1, 3, 8])
@@ -103,7 +106,7 @@ def test_heal_tick_features_same_on_every_path(isa, W):
     n = 6 * W + 5
     p = _prices(rng, n, n_w)
     p[W + 1, 2] = 1e18
-    p[2 * W + 2, 4] = -3e30
+    p[2 * W + 2, 4] = -3e17
     m = _model(n_w, W)
     a, b, c = _engine(m, isa), _engine(m, isa), _engine(m, isa)
     for i in range(n):
@@ -123,7 +126,7 @@ def test_heal_tick_features_same_bits_on_every_set():
     n = 8 * W
     p = _prices(rng, n, n_w, level=1e5, spread=2.0 ** -7)
     for j in range(n_w):
-        p[W + j % W, j] = 1e18 if j % 2 else -1e20
+        p[W + j % W, j] = 1e18 if j % 2 else -1e17
     got = {}
     for isa in supported_isas():
         e = _engine(_model(n_w, W), isa)
@@ -200,3 +203,45 @@ def test_numpy_reference_short_multi_symbol_streams_match_the_engine(isa, n):
         np.testing.assert_allclose(got[1:1 + n_w], want[i, 1:1 + n_w], rtol=1e-7)
         np.testing.assert_allclose(got[1 + n_w:], want[i, 1 + n_w:], rtol=1e-4, atol=1e-6)
         e.step(p[i], int(sym[i]))
+
+
+# ------------------------------------------------------------------ huge finite values
+@pytest.mark.parametrize("n_w", [1, 4, 8, 11])
+def test_kernel_std_above_1e19_is_finite(isa, n_w):
+    # the std is a float, the variance was one too before its root: a window of -1e20 and
+    # 1e20 (std 1e20) has a variance of 1e40, past FLT_MAX, and its std came out Inf; the
+    # root is now taken in double (every set, as the scalar twin)
+    import fastpath._kernels as K
+    vals = np.array([1e20, -1e20, 3e30, -3.4e38, 1e19, 2e19, 1e-30, 5.0, 7.0, 1e25, -1e22],
+                    np.float64)[:n_w]
+    raw = np.zeros(n_w, F32)
+    W = 2
+    # a window of two ticks, -v and +v (the one in the sums, about ref = 0), +v arriving
+    sums, sq = -vals.astype(F32).astype(np.float64), vals.astype(F32).astype(np.float64) ** 2
+    raw[:] = vals.astype(F32)
+    pm, ps = K.kernel_window_stats(isa, raw, np.arange(n_w), sums, sq, None, 1.0 / W)
+    want = np.abs(vals.astype(F32).astype(np.float64))
+    assert np.isfinite(ps).all(), ps
+    np.testing.assert_allclose(ps, want, rtol=1e-6)
+    np.testing.assert_array_equal(ps, K.kernel_window_stats("scalar", raw, np.arange(n_w), sums,
+                                                            sq, None, 1.0 / W)[1])
+
+
+@pytest.mark.parametrize("W", [2, 5])
+def test_engine_window_of_huge_finite_values_serves_its_std(isa, W):
+    # a field at +-1e20 (a corrupt but finite feed, or a notional in some unit): the
+    # window's std (1e20) is a float, and the tick is served, not refused as features
+    # overflowed to Inf
+    rng = np.random.default_rng(W)
+    n_w = 3
+    n = 4 * W + 1
+    p = _prices(rng, n, n_w)
+    p[:, 0] = np.where(np.arange(n) % 2, 1e20, -1e20).astype(F32)
+    p[:, 2] = (rng.standard_normal(n) * 3e30).astype(F32)
+    e = _engine(_model(n_w, W), isa)
+    for i in range(n):
+        got = e.features(p[i])
+        mu, sd = _two_pass(p[max(0, i - W + 1):i + 1, :n_w])
+        assert np.isfinite(got).all(), (i, got)
+        np.testing.assert_allclose(got[1 + n_w:], sd, rtol=1e-5, atol=1e-6, err_msg=f"tick {i}")
+        e.step(p[i])
