@@ -176,34 +176,43 @@ static inline size_t fp_window_stride(const fp_feature_spec *fs) {
     return FP_ROUND_UP(fp_window_fresh_off(fs) + 2 * sizeof(double) * (size_t)fs->n_w, FP_ALIGN);
 }
 
-/* Whether the commit of raw into this full window will heal it (fp_window_commit): the same
- * sums and the same two criteria as the commit kernel, field by field in double. The
- * features of that tick cannot come from the running sums either: they are the sums the heal
- * throws away (an outlier that leaves takes the rest of the window with it, a ref the window
- * has left keeps a few bits of it: 1e18 leaving prices ~100 gave a mean of 128 and a std of
- * 0 or 1e10 on that tick, and at W = 1 every tick after it). One pass over the n_w fields
- * with nothing stored, a tick that heals is rare; products kept apart from the sums with an
- * empty asm, so the decision is the kernel's on every set. */
-static inline int fp_window_will_heal(const fp_feature_spec *fs, const unsigned char *win,
-                                      const float *raw) {
+/* Whether the commit of raw into this full window will heal it (fp_window_commit): the
+ * commit kernel's sums and its two criteria, for the tick's features, which cannot come from
+ * the running sums either: they are the sums the heal throws away (an outlier that leaves
+ * takes the rest of the window with it, a ref the window has left keeps a few bits of it:
+ * 1e18 leaving prices ~100 gave a mean of 128 and a std of 0 or 1e10 on that tick, and at
+ * W = 1 on every tick after it). Every tick pays for it, so one per set, the fields in vectors
+ * (the scalar loop cost ~1.5 ns a field, 12 ns a tick at n_w = 8, against ~3 ns vectorized);
+ * every set gives the scalar twin's answer: the same doubles (no FMA) and comparisons.
+ * Defined with the window kernels (csrc/kernels), chosen by the kernel table's commit. */
+int fp_window_will_heal_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                               const double *sum, const double *sumsq, const float *row,
+                               const double *thr);
+#if FP_HAVE_X86
+int fp_window_will_heal_avx2(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                             const double *sum, const double *sumsq, const float *row,
+                             const double *thr);
+int fp_window_will_heal_avx512(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                               const double *sum, const double *sumsq, const float *row,
+                               const double *thr);
+#endif
+
+static inline int fp_window_will_heal(const fp_kernels *k, const fp_feature_spec *fs,
+                                      const unsigned char *win, const float *raw) {
     const int n = fs->n_w;
     unsigned char *w = (unsigned char *)win;
-    const double *sum = fp_window_sums(w), *sumsq = sum + n, *thr = fs->w_thr;
+    const double *sum = fp_window_sums(w);
     const float *ref = fp_window_ref(fs, w);
     const float *row = fp_window_ring(fs, w) + (size_t)((const fp_window_hdr *)win)->pos * n;
-    const double lim = thr[n];
-    int heal = 0;
-    for (int j = 0; j < n; j++) {
-        const double x = (double)raw[fs->w_idx[j]] - (double)ref[j],
-                     o = (double)row[j] - (double)ref[j];
-        double oo = o * o, xx = x * x;
-        __asm__("" : "+x"(oo), "+x"(xx));
-        const double s = (sum[j] - o) + x, q = (sumsq[j] - oo) + xx;
-        double ss = s * s;
-        __asm__("" : "+x"(ss));
-        heal |= (oo > 0x1p16 * q) | ((ss > thr[j]) & (ss > lim * q));
-    }
-    return heal;
+#if FP_HAVE_X86
+    if (k == &fp_kernels_avx512)
+        return fp_window_will_heal_avx512(raw, fs->w_idx, n, ref, sum, sum + n, row, fs->w_thr);
+    if (k == &fp_kernels_avx2)
+        return fp_window_will_heal_avx2(raw, fs->w_idx, n, ref, sum, sum + n, row, fs->w_thr);
+#else
+    (void)k;
+#endif
+    return fp_window_will_heal_scalar(raw, fs->w_idx, n, ref, sum, sum + n, row, fs->w_thr);
 }
 
 /* The window features of a tick whose commit heals (fp_window_will_heal), from the ring: the
@@ -267,7 +276,7 @@ static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec
     const int full = h->count >= (uint32_t)fs->window;
     /* a full window (every tick once warm) takes 1 / W computed once: the same double, without
      * a division on the way to the window features */
-    if (full && __builtin_expect(fp_window_will_heal(fs, win, raw), 0)) {
+    if (full && __builtin_expect(fp_window_will_heal(k, fs, win, raw), 0)) {
         fp_window_features_exact(k, fs, win, raw, feat + fs->n_z);
         return finite;
     }

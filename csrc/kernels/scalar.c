@@ -70,6 +70,23 @@ int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, con
     return heal;
 }
 
+/* fp_window_will_heal (fp_features.h): window_commit's sums and heal criteria for a full
+ * window, nothing stored (built without FMA: each product rounded on its own) */
+int fp_window_will_heal_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                               const double *sum, const double *sumsq, const float *row,
+                               const double *thr) {
+    const double lim = thr[n_w];
+    int heal = 0;
+    for (int j = 0; j < n_w; j++) {
+        const double x = (double)raw[w_idx[j]] - (double)ref[j],
+                     o = (double)row[j] - (double)ref[j];
+        const double s = (sum[j] - o) + x, q = (sumsq[j] - o * o) + x * x;
+        heal |= o * o > 0x1p16 * q;
+        heal |= s * s > thr[j] && s * s > lim * q;
+    }
+    return heal;
+}
+
 /* field by field within a row, row after row (built without FMA: each square rounded) */
 void fp_window_sums_scalar(const float *ring, int rows, int stride, int n, const float *ref,
                            double *sum, double *sumsq) {
