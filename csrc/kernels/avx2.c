@@ -92,7 +92,7 @@ FP_TARGET_AVX2 static inline void fp_wstats4_avx2(const float *raw, const int32_
     __asm__("" : "+x"(qn), "+x"(m2));
     __m256d v = _mm256_max_pd(_mm256_sub_pd(qn, m2), _mm256_setzero_pd());
     *pm = _mm256_cvtpd_ps(_mm256_add_pd(r, m));
-    *ps = _mm256_cvtpd_ps(_mm256_sqrt_pd(v));   /* in double, as the twin (std > 1.8e19) */
+    *ps = _mm_sqrt_ps(_mm256_cvtpd_ps(v));
 }
 
 /* rolling mean/std, 4 fields a step */

@@ -137,9 +137,7 @@ void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, con
         }
         const double m = s * inv_n, v = q * inv_n - m * m;
         pm[j] = (float)((double)ref[j] + m);
-        /* the root in double: a std a float holds can have a variance it does not (above
-         * ~1.8e19, a window holding -1e20 or 3e30), which as a float was Inf */
-        ps[j] = v > 0.0 ? (float)sqrt(v) : 0.0f;
+        ps[j] = v > 0.0 ? sqrtf((float)v) : 0.0f;
     }
 }
 
