@@ -203,3 +203,44 @@ def test_numpy_reference_short_multi_symbol_streams_match_the_engine(isa, n):
         np.testing.assert_allclose(got[1:1 + n_w], want[i, 1:1 + n_w], rtol=1e-7)
         np.testing.assert_allclose(got[1 + n_w:], want[i, 1 + n_w:], rtol=1e-4, atol=1e-6)
         e.step(p[i], int(sym[i]))
+
+
+# ------------------------------------------------------------------ tiny and huge values
+@pytest.mark.parametrize("scale", [1e-30, 1e-22, 1e-20, 1e-40])
+def test_std_of_a_field_in_a_tiny_unit_is_not_flushed_to_zero(isa, scale):
+    # values ~scale with a spread of scale/10: the std (1e-31 at 1e-30) is a float, its
+    # variance (1e-62) is below the smallest one, and the std came out 0 (a subnormal
+    # variance kept a few bits of it); the root is now taken in double on every set
+    rng = np.random.default_rng(int(-np.log10(scale)))
+    n_w, W = 3, 6
+    n = 4 * W
+    p = np.zeros((n, n_w + 1), F32)
+    p[:, :n_w] = (scale * (1 + 0.1 * rng.standard_normal((n, n_w)))).astype(F32)
+    e = _engine(_model(n_w, W), isa)
+    for i in range(n):
+        got = e.features(p[i])
+        mu, sd = _two_pass(p[max(0, i - W + 1):i + 1, :n_w])
+        # the values themselves are floats near the subnormal range at 1e-40: a few ulps
+        np.testing.assert_allclose(got[1 + n_w:], sd, rtol=1e-4 if scale > 1e-38 else 1e-2,
+                                   atol=0, err_msg=f"tick {i}")
+        e.step(p[i])
+
+
+@pytest.mark.parametrize("n_w", [1, 4, 8, 11])
+def test_kernel_std_root_in_double_keeps_inf_past_float(isa, n_w):
+    # window_stats on every set against the scalar twin: variances from 1e-90 to 1e77 about
+    # the float range's ends, the std from a double root, Inf where the variance is past
+    # what a float holds (the overflowed-feature refusal stays)
+    import fastpath._kernels as K
+    vals = np.array([1e-45, 1e-30, 1e-22, 3e-20, 1.0, 1e19, 1.8446743e19, 1.9e19, 1e20, 3e30,
+                     3.4e38], np.float64)[:n_w]
+    v32 = vals.astype(F32)
+    sums, sq = -v32.astype(np.float64), v32.astype(np.float64) ** 2
+    pm, ps = K.kernel_window_stats(isa, v32, np.arange(n_w), sums, sq, None, 0.5)
+    sd = np.abs(v32.astype(np.float64))
+    with np.errstate(over="ignore"):
+        var_as_float = (sd * sd).astype(F32)
+    want = np.where(np.isinf(var_as_float), np.inf, sd).astype(F32)
+    np.testing.assert_allclose(ps, want, rtol=1e-6)
+    np.testing.assert_array_equal(ps, K.kernel_window_stats("scalar", v32, np.arange(n_w), sums,
+                                                            sq, None, 0.5)[1])

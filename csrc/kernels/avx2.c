@@ -92,7 +92,10 @@ FP_TARGET_AVX2 static inline void fp_wstats4_avx2(const float *raw, const int32_
     __asm__("" : "+x"(qn), "+x"(m2));
     __m256d v = _mm256_max_pd(_mm256_sub_pd(qn, m2), _mm256_setzero_pd());
     *pm = _mm256_cvtpd_ps(_mm256_add_pd(r, m));
-    *ps = _mm_sqrt_ps(_mm256_cvtpd_ps(v));
+    /* the root in double, Inf where a float variance was (the scalar twin's comment) */
+    *ps = _mm256_cvtpd_ps(_mm256_blendv_pd(
+        _mm256_sqrt_pd(v), _mm256_set1_pd(INFINITY),
+        _mm256_cmp_pd(v, _mm256_set1_pd(0x1.ffffffp127), _CMP_GE_OQ)));
 }
 
 /* rolling mean/std, 4 fields a step */

@@ -134,7 +134,10 @@ FP_TARGET_AVX512 static inline void fp_wstats8_avx512(const float *raw, const in
     __asm__("" : "+v"(qn), "+v"(mu2));
     __m512d v = _mm512_max_pd(_mm512_sub_pd(qn, mu2), _mm512_setzero_pd());
     *pm = _mm512_cvtpd_ps(_mm512_add_pd(r, mu));
-    *ps = _mm256_sqrt_ps(_mm512_cvtpd_ps(v));
+    /* the root in double, Inf where a float variance was (the scalar twin's comment) */
+    *ps = _mm512_cvtpd_ps(_mm512_mask_mov_pd(
+        _mm512_sqrt_pd(v), _mm512_cmp_pd_mask(v, _mm512_set1_pd(0x1.ffffffp127), _CMP_GE_OQ),
+        _mm512_set1_pd(INFINITY)));
 }
 
 static inline __mmask8 fp_mask8_from(int left) {

@@ -137,7 +137,10 @@ void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, con
         }
         const double m = s * inv_n, v = q * inv_n - m * m;
         pm[j] = (float)((double)ref[j] + m);
-        ps[j] = v > 0.0 ? sqrtf((float)v) : 0.0f;
+        /* the root in double: a std of 1e-31 (prices in some tiny unit) has a variance
+         * below the smallest float, which as a float was 0 (std 0); a variance that a float
+         * rounds to Inf (std > 1.8e19) stays Inf, refused as an overflowed feature */
+        ps[j] = v > 0.0 ? (v < 0x1.ffffffp127 ? (float)sqrt(v) : INFINITY) : 0.0f;
     }
 }
 
