@@ -189,8 +189,9 @@ static inline size_t fp_window_stride(const fp_feature_spec *fs) {
  * takes the rest of the window with it, a ref the window has left keeps a few bits of it:
  * 1e18 leaving prices ~100 gave a mean of 128 and a std of 0 or 1e10 on that tick, and at
  * W = 1 on every tick after it). Every tick pays for it, so one per set, the fields in vectors
- * (the scalar loop cost ~1.5 ns a field, 12 ns a tick at n_w = 8, against ~3 ns vectorized);
- * every set gives the scalar twin's answer: the same doubles (no FMA) and comparisons.
+ * (features + commit in a C loop, AVX-512, W = 32: +4 ns a tick at n_w = 8, +14 at n_w = 32;
+ * the scalar loop instead, +14 at n_w = 8); every set gives the scalar twin's answer: the
+ * same doubles (no FMA) and comparisons.
  * Defined with the window kernels (csrc/kernels), chosen by the kernel table's commit. */
 int fp_window_will_heal_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
                                const double *sum, const double *sumsq, const float *row,
@@ -281,12 +282,12 @@ static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec
     const float *ref = fp_window_ref(fs, w);
     const float *ring = fp_window_ring(fs, w);
     const int full = h->count >= (uint32_t)fs->window;
-    /* a full window (every tick once warm) takes 1 / W computed once: the same double, without
-     * a division on the way to the window features */
     if (full && __builtin_expect(fp_window_will_heal(k, fs, win, raw), 0)) {
         fp_window_features_exact(k, fs, win, raw, feat + fs->n_z);
         return finite;
     }
+    /* a full window (every tick once warm) takes 1 / W computed once: the same double, without
+     * a division on the way to the window features */
     const double inv_n = full ? fs->inv_window : 1.0 / (double)(h->count + 1);
     k->window_zscore(raw, fs->w_idx, fs->n_w, ref, sum, sumsq,
                      full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n, fs->mean + fs->n_z,
