@@ -92,7 +92,10 @@ FP_TARGET_AVX2 static inline void fp_wstats4_avx2(const float *raw, const int32_
     __asm__("" : "+x"(qn), "+x"(m2));
     __m256d v = _mm256_max_pd(_mm256_sub_pd(qn, m2), _mm256_setzero_pd());
     *pm = _mm256_cvtpd_ps(_mm256_add_pd(r, m));
-    *ps = _mm_sqrt_ps(_mm256_cvtpd_ps(v));
+    /* the root in double, Inf where a float variance was (the scalar twin's comment) */
+    *ps = _mm256_cvtpd_ps(_mm256_blendv_pd(
+        _mm256_sqrt_pd(v), _mm256_set1_pd(INFINITY),
+        _mm256_cmp_pd(v, _mm256_set1_pd(0x1.ffffffp127), _CMP_GE_OQ)));
 }
 
 /* rolling mean/std, 4 fields a step */
@@ -549,6 +552,44 @@ FP_TARGET_AVX2 static void fp_dot_norms_f64_avx2(const float *a, const float *b,
                                                   double *dot, double *na2, double *nb2);
 FP_TARGET_AVX2 static void fp_diff_norms_f32_avx2(const float *a, const float *b, int n,
                                                    float *dd, float *de, float *na2, float *nb2);
+
+int fp_window_will_heal_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                               const double *sum, const double *sumsq, const float *row,
+                               const double *thr);
+
+/* fp_window_will_heal_scalar 4 fields a vector: the same doubles in the same order, each
+ * product kept apart by an empty asm, the same comparisons; fields past the last 4 by the
+ * twin */
+FP_TARGET_AVX2 int fp_window_will_heal_avx2(const float *raw, const int32_t *w_idx, int n_w,
+                                            const float *ref, const double *sum,
+                                            const double *sumsq, const float *row,
+                                            const double *thr) {
+    const __m256d lim = _mm256_set1_pd(thr[n_w]), k16 = _mm256_set1_pd(0x1p16);
+    __m256d heal = _mm256_setzero_pd();
+    int j = 0;
+    for (; j + 4 <= n_w; j += 4) {
+        const __m256d r = _mm256_cvtps_pd(_mm_loadu_ps(ref + j));
+        const __m256d x = _mm256_sub_pd(
+            _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4)),
+            r);
+        const __m256d o = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(row + j)), r);
+        __m256d oo = _mm256_mul_pd(o, o), xx = _mm256_mul_pd(x, x);
+        __asm__("" : "+x"(oo), "+x"(xx));
+        const __m256d s = _mm256_add_pd(_mm256_sub_pd(_mm256_loadu_pd(sum + j), o), x);
+        const __m256d q = _mm256_add_pd(_mm256_sub_pd(_mm256_loadu_pd(sumsq + j), oo), xx);
+        __m256d ss = _mm256_mul_pd(s, s);
+        __asm__("" : "+x"(ss));
+        heal = _mm256_or_pd(heal, _mm256_cmp_pd(oo, _mm256_mul_pd(k16, q), _CMP_GT_OQ));
+        heal = _mm256_or_pd(heal, _mm256_and_pd(
+            _mm256_cmp_pd(ss, _mm256_loadu_pd(thr + j), _CMP_GT_OQ),
+            _mm256_cmp_pd(ss, _mm256_mul_pd(lim, q), _CMP_GT_OQ)));
+    }
+    int h = _mm256_movemask_pd(heal) != 0;
+    if (j < n_w)
+        h |= fp_window_will_heal_scalar(raw, w_idx + j, n_w - j, ref + j, sum + j, sumsq + j,
+                                        row + j, thr + j);
+    return h;
+}
 
 /* fp_window_sums_scalar 4 fields a vector, each field's rows in the same order; the
  * squares kept out of an FMA (empty asm), as the scalar twin rounds them; fields past the

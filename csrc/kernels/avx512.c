@@ -134,7 +134,10 @@ FP_TARGET_AVX512 static inline void fp_wstats8_avx512(const float *raw, const in
     __asm__("" : "+v"(qn), "+v"(mu2));
     __m512d v = _mm512_max_pd(_mm512_sub_pd(qn, mu2), _mm512_setzero_pd());
     *pm = _mm512_cvtpd_ps(_mm512_add_pd(r, mu));
-    *ps = _mm256_sqrt_ps(_mm512_cvtpd_ps(v));
+    /* the root in double, Inf where a float variance was (the scalar twin's comment) */
+    *ps = _mm512_cvtpd_ps(_mm512_mask_mov_pd(
+        _mm512_sqrt_pd(v), _mm512_cmp_pd_mask(v, _mm512_set1_pd(0x1.ffffffp127), _CMP_GE_OQ),
+        _mm512_set1_pd(INFINITY)));
 }
 
 static inline __mmask8 fp_mask8_from(int left) {
@@ -758,6 +761,35 @@ FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int3
         _mm256_mask_storeu_ps(row + j, m, xf);
         _mm512_mask_storeu_pd(fresh + j, m, _mm512_add_pd(fs, y));
         _mm512_mask_storeu_pd(fresh + n_w + j, m, _mm512_add_pd(fq, yy));
+    }
+    return heal != 0;
+}
+
+/* fp_window_will_heal_scalar 8 fields a vector (lanes past n_w masked): the same doubles in
+ * the same order, each product kept apart by an empty asm, the same comparisons */
+FP_TARGET_AVX512 int fp_window_will_heal_avx512(const float *raw, const int32_t *w_idx, int n_w,
+                                                const float *ref, const double *sum,
+                                                const double *sumsq, const float *row,
+                                                const double *thr) {
+    const __m512d lim = _mm512_set1_pd(thr[n_w]), k16 = _mm512_set1_pd(0x1p16);
+    __mmask8 heal = 0;
+    for (int j = 0; j < n_w; j += 8) {
+        const __mmask8 m = fp_mask8_from(n_w - j);
+        const __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
+        const __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
+        const __m512d r = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, ref + j));
+        const __m512d x = _mm512_sub_pd(_mm512_cvtps_pd(xf), r),
+                      o = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, row + j)), r);
+        __m512d oo = _mm512_mul_pd(o, o), xx = _mm512_mul_pd(x, x);
+        __asm__("" : "+v"(oo), "+v"(xx));
+        const __m512d s = _mm512_add_pd(_mm512_sub_pd(_mm512_maskz_loadu_pd(m, sum + j), o), x);
+        const __m512d q = _mm512_add_pd(_mm512_sub_pd(_mm512_maskz_loadu_pd(m, sumsq + j), oo), xx);
+        __m512d ss = _mm512_mul_pd(s, s);
+        __asm__("" : "+v"(ss));
+        heal |= _mm512_mask_cmp_pd_mask(m, oo, _mm512_mul_pd(k16, q), _CMP_GT_OQ);
+        heal |= _mm512_mask_cmp_pd_mask(
+            _mm512_mask_cmp_pd_mask(m, ss, _mm512_maskz_loadu_pd(m, thr + j), _CMP_GT_OQ), ss,
+            _mm512_mul_pd(lim, q), _CMP_GT_OQ);
     }
     return heal != 0;
 }

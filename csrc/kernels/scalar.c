@@ -70,6 +70,23 @@ int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, con
     return heal;
 }
 
+/* fp_window_will_heal (fp_features.h): window_commit's sums and heal criteria for a full
+ * window, nothing stored (built without FMA: each product rounded on its own) */
+int fp_window_will_heal_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                               const double *sum, const double *sumsq, const float *row,
+                               const double *thr) {
+    const double lim = thr[n_w];
+    int heal = 0;
+    for (int j = 0; j < n_w; j++) {
+        const double x = (double)raw[w_idx[j]] - (double)ref[j],
+                     o = (double)row[j] - (double)ref[j];
+        const double s = (sum[j] - o) + x, q = (sumsq[j] - o * o) + x * x;
+        heal |= o * o > 0x1p16 * q;
+        heal |= s * s > thr[j] && s * s > lim * q;
+    }
+    return heal;
+}
+
 /* field by field within a row, row after row (built without FMA: each square rounded) */
 void fp_window_sums_scalar(const float *ring, int rows, int stride, int n, const float *ref,
                            double *sum, double *sumsq) {
@@ -120,7 +137,10 @@ void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, con
         }
         const double m = s * inv_n, v = q * inv_n - m * m;
         pm[j] = (float)((double)ref[j] + m);
-        ps[j] = v > 0.0 ? sqrtf((float)v) : 0.0f;
+        /* the root in double: a std of 1e-31 (prices in some tiny unit) has a variance
+         * below the smallest float, which as a float was 0 (std 0); a variance that a float
+         * rounds to Inf (std > 1.8e19) stays Inf, refused as an overflowed feature */
+        ps[j] = v > 0.0 ? (v < 0x1.ffffffp127 ? (float)sqrt(v) : INFINITY) : 0.0f;
     }
 }
 
