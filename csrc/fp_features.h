@@ -73,7 +73,7 @@ typedef struct {
  * at the window's own scale: a departing square up to 2^16 times the rest (the first
  * criterion's margin) leaves up to ~2W 2^-37 of the rest's sumsq behind, which is below
  * them only while m^2 stays near var. The tick whose commit heals takes its features from
- * the ring too (fp_window_will_heal), so no tick is served the sums a heal discards. */
+ * the ring too (window_zscore's flag), so no tick is served the sums a heal discards. */
 static inline void fp_window_thresholds(const fp_feature_spec *fs, double *thr) {
     for (int j = 0; j < fs->n_w; j++) {
         const double a = fabs((double)fs->inv_std[fs->n_z + j]),
@@ -183,47 +183,10 @@ static inline size_t fp_window_stride(const fp_feature_spec *fs) {
     return FP_ROUND_UP(fp_window_fresh_off(fs) + 2 * sizeof(double) * (size_t)fs->n_w, FP_ALIGN);
 }
 
-/* Whether the commit of raw into this full window will heal it (fp_window_commit): the
- * commit kernel's sums and its two criteria, for the tick's features, which cannot come from
- * the running sums either: they are the sums the heal throws away (an outlier that leaves
- * takes the rest of the window with it, a ref the window has left keeps a few bits of it:
- * 1e18 leaving prices ~100 gave a mean of 128 and a std of 0 or 1e10 on that tick, and at
- * W = 1 on every tick after it). Every tick pays for it, so one per set, the fields in vectors
- * (features + commit in a C loop, AVX-512, W = 32: +4 ns a tick at n_w = 8, +14 at n_w = 32;
- * the scalar loop instead, +14 at n_w = 8); every set gives the scalar twin's answer: the
- * same doubles (no FMA) and comparisons.
- * Defined with the window kernels (csrc/kernels), chosen by the kernel table's commit. */
-int fp_window_will_heal_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                               const double *sum, const double *sumsq, const float *row,
-                               const double *thr);
-#if FP_HAVE_X86
-int fp_window_will_heal_avx2(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                             const double *sum, const double *sumsq, const float *row,
-                             const double *thr);
-int fp_window_will_heal_avx512(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                               const double *sum, const double *sumsq, const float *row,
-                               const double *thr);
-#endif
-
-static inline int fp_window_will_heal(const fp_kernels *k, const fp_feature_spec *fs,
-                                      const unsigned char *win, const float *raw) {
-    const int n = fs->n_w;
-    unsigned char *w = (unsigned char *)win;
-    const double *sum = fp_window_sums(w);
-    const float *ref = fp_window_ref(fs, w);
-    const float *row = fp_window_ring(fs, w) + (size_t)((const fp_window_hdr *)win)->pos * n;
-#if FP_HAVE_X86
-    if (k == &fp_kernels_avx512)
-        return fp_window_will_heal_avx512(raw, fs->w_idx, n, ref, sum, sum + n, row, fs->w_thr);
-    if (k == &fp_kernels_avx2)
-        return fp_window_will_heal_avx2(raw, fs->w_idx, n, ref, sum, sum + n, row, fs->w_thr);
-#else
-    (void)k;
-#endif
-    return fp_window_will_heal_scalar(raw, fs->w_idx, n, ref, sum, sum + n, row, fs->w_thr);
-}
-
-/* The window features of a tick whose commit heals (fp_window_will_heal), from the ring: the
+/* The window features of a tick whose commit heals (window_zscore's flag: features from the
+ * running sums would be from the sums the heal throws away, an outlier that leaves takes
+ * the rest of the window with it and a ref the window has left keeps a few bits of it: 1e18
+ * leaving prices ~100 gave a mean of 128 and a std of 0 or 1e10 on that tick), from the ring: the
  * window's other W - 1 ticks (every row but pos, the one leaving) summed about the new tick
  * (which adds 0 to the sums), then the stats kernel on those sums with the new tick as ref;
  * fields in chunks of 64 so the scratch stays on the stack at any n_w. Every kernel set gives
@@ -282,16 +245,14 @@ static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec
     const float *ref = fp_window_ref(fs, w);
     const float *ring = fp_window_ring(fs, w);
     const int full = h->count >= (uint32_t)fs->window;
-    if (full && __builtin_expect(fp_window_will_heal(k, fs, win, raw), 0)) {
-        fp_window_features_exact(k, fs, win, raw, feat + fs->n_z);
-        return finite;
-    }
     /* a full window (every tick once warm) takes 1 / W computed once: the same double, without
      * a division on the way to the window features */
     const double inv_n = full ? fs->inv_window : 1.0 / (double)(h->count + 1);
-    k->window_zscore(raw, fs->w_idx, fs->n_w, ref, sum, sumsq,
-                     full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n, fs->mean + fs->n_z,
-                     fs->inv_std + fs->n_z, feat + fs->n_z);
+    if (__builtin_expect(k->window_zscore(raw, fs->w_idx, fs->n_w, ref, sum, sumsq,
+                                          full ? ring + (size_t)h->pos * fs->n_w : NULL, inv_n,
+                                          fs->mean + fs->n_z, fs->inv_std + fs->n_z,
+                                          feat + fs->n_z, fs->w_thr), 0))
+        fp_window_features_exact(k, fs, win, raw, feat + fs->n_z);
     return finite;
 }
 

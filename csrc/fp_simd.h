@@ -68,8 +68,10 @@ typedef struct {
                         const float *inv_std, float *out);
     /* rolling stats with raw's window fields added (and `old` removed when non-NULL), the
      * sums being of values less ref (fp_features.h): x = raw[w_idx[j]] - ref[j] and
-     * o = old[j] - ref[j] in double, s = sum + x - o, q = sumsq + x^2 - o^2, m = s/n,
-     * pm = ref + m, ps = sqrt(max(q/n - m^2, 0)); each product rounded on its own (no FMA) */
+     * o = old[j] - ref[j] in double, s = (sum - o) + x, q = (sumsq - o^2) + x^2 (the
+     * commit's order), m = s/n, pm = ref + m, ps = sqrtf(max(q/n - m^2, 0) as a float), the
+     * variance scaled by 2^200 and the root by 2^-100 where it is below 2^-100 (a float would
+     * flush it); each product rounded on its own (no FMA) */
     void (*window_stats)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
                          const double *sum, const double *sumsq, const float *old,
                          double inv_n, float *pm, float *ps);
@@ -95,10 +97,15 @@ typedef struct {
                           float *nb2);
     /* window_stats then zscore of its 2 n_w outputs in one pass, bit-identical to the two
      * calls (pm, ps rounded to float, then (x - mean) * inv_std): feat[j] from pm[j],
-     * feat[n_w + j] from ps[j], j < n_w; mean and inv_std are the window features' own */
-    void (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                          const double *sum, const double *sumsq, const float *old,
-                          double inv_n, const float *mean, const float *inv_std, float *feat);
+     * feat[n_w + j] from ps[j], j < n_w; mean and inv_std are the window features' own.
+     * With old and thr (n_w + 1 values, fp_window_thresholds; NULL: none) it also returns
+     * whether committing this tick heals the window: its sums are the commit kernel's
+     * ((sum - o) + x, window_stats' order too) and its criteria window_commit's, so the flag
+     * is that commit's heal flag; else 0. Free on the way: the sums are in registers. */
+    int (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                         const double *sum, const double *sumsq, const float *old,
+                         double inv_n, const float *mean, const float *inv_std, float *feat,
+                         const double *thr);
     /* dot_norm2 with sum b[i]^2 as a third output, in the same pass: *dot and *na2 are
      * bit-identical to dot_norm2's, *nb2 to dot_norm2(b, b, ...)'s *na2 */
     void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,

@@ -29,9 +29,10 @@ cdef extern from "fp_simd.h" nogil:
         void (*head)(const float *out, float *signal, float *confidence)
         void (*dot_norms_f32)(const float *a, const float *b, int n, float *dot, float *na2,
                               float *nb2)
-        void (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                              const double *sum, const double *sumsq, const float *old,
-                              double inv_n, const float *mean, const float *inv_std, float *feat)
+        int (*window_zscore)(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                             const double *sum, const double *sumsq, const float *old,
+                             double inv_n, const float *mean, const float *inv_std, float *feat,
+                             const double *thr)
         void (*dot_norms_f64)(const float *a, const float *b, int n, double *dot, double *na2,
                               double *nb2)
         int (*zscore_perm)(const float *raw, const fp_zstep *steps, int n, const float *mean,

@@ -367,10 +367,11 @@ def kernel_dot_norms_f64(str isa, a, b):
 
 
 def kernel_window_zscore(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, mean, inv_std,
-                         ref=None):
+                         ref=None, thr=None):
     """Window features in one pass: z-scores of the rolling means (first n_w) and of the
     rolling stds (next n_w); mean and inv_std hold 2 n_w values; the sums are of values less
-    ref (n_w float32, ticks; zeros when None)."""
+    ref (n_w float32, ticks; zeros when None). thr (n_w + 1 float64, the heal bounds): the
+    features and whether committing the tick heals the window, (feat, bool)."""
     cdef const fp_kernels *k = _kernels(isa)
     cdef cnp.ndarray r = _f32(raw, "raw")
     cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
@@ -378,6 +379,9 @@ def kernel_window_zscore(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, me
     cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)
     cdef cnp.ndarray o = None if old is None else _f32(old, "old")
     cdef cnp.ndarray m = _f32(mean, "mean"), sd = _f32(inv_std, "inv_std")
+    cdef cnp.ndarray th = None if thr is None else np.array(thr, np.float64, copy=True)
+    if th is not None and (th.ndim != 1 or len(th) != len(ix) + 1):
+        raise InputError("thr must have one value per window field and one more")
     n = len(ix)
     if len(s) != n or len(q) != n or (o is not None and len(o) != n) or (
             n and (ix.min() < 0 or ix.max() >= len(r))) or len(m) != 2 * n or len(sd) != 2 * n:
@@ -385,13 +389,14 @@ def kernel_window_zscore(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, me
                          "2n, and w_idx must index raw")
     out = np.empty(2 * n, np.float32)
     cdef cnp.ndarray rf = _refs(ref, n, "ref")
-    k.window_zscore(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
+    heal = k.window_zscore(<const float *>cnp.PyArray_DATA(r), <const int32_t *>cnp.PyArray_DATA(ix), n,
                     <const float *>cnp.PyArray_DATA(rf),
                     <const double *>cnp.PyArray_DATA(s), <const double *>cnp.PyArray_DATA(q),
                     NULL if o is None else <const float *>cnp.PyArray_DATA(o), inv_n,
                     <const float *>cnp.PyArray_DATA(m), <const float *>cnp.PyArray_DATA(sd),
-                    <float *>cnp.PyArray_DATA(out))
-    return out
+                    <float *>cnp.PyArray_DATA(out),
+                    NULL if th is None else <const double *>cnp.PyArray_DATA(th))
+    return out if th is None else (out, bool(heal))
 
 
 _REASONS = {FP_HIT: "hit", FP_MISS_COSINE: "cosine", FP_MISS_NORM: "norm"}

@@ -210,7 +210,7 @@ def test_numpy_reference_short_multi_symbol_streams_match_the_engine(isa, n):
 def test_std_of_a_field_in_a_tiny_unit_is_not_flushed_to_zero(isa, scale):
     # values ~scale with a spread of scale/10: the std (1e-31 at 1e-30) is a float, its
     # variance (1e-62) is below the smallest one, and the std came out 0 (a subnormal
-    # variance kept a few bits of it); the root is now taken in double on every set
+    # variance kept a few bits of it); the root is now taken of the variance scaled by 2^200 where it is below 2^-100, on every set
     rng = np.random.default_rng(int(-np.log10(scale)))
     n_w, W = 3, 6
     n = 4 * W
@@ -227,9 +227,9 @@ def test_std_of_a_field_in_a_tiny_unit_is_not_flushed_to_zero(isa, scale):
 
 
 @pytest.mark.parametrize("n_w", [1, 4, 8, 11])
-def test_kernel_std_root_in_double_keeps_inf_past_float(isa, n_w):
+def test_kernel_std_root_keeps_tiny_stds_and_inf_past_float(isa, n_w):
     # window_stats on every set against the scalar twin: variances from 1e-90 to 1e77 about
-    # the float range's ends, the std from a double root, Inf where the variance is past
+    # the float range's ends, the std from a float root of the variance (scaled by 2^200 below 2^-100), Inf where the variance is past
     # what a float holds (the overflowed-feature refusal stays)
     import fastpath._kernels as K
     vals = np.array([1e-45, 1e-30, 1e-22, 3e-20, 1.0, 1e19, 1.8446743e19, 1.9e19, 1e20, 3e30,

@@ -225,3 +225,45 @@ def test_a_refused_tick_whose_commit_healed_restores_the_refs(isa, W, by):
         if i + 1 < n:
             np.testing.assert_array_equal(e.features(good[i + 1]), clean.features(good[i + 1]),
                                           err_msg=f"after tick {i}")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_w=st.integers(1, 20), seed=st.integers(0, 2 ** 31), outlier=st.integers(-1, 19),
+       far=st.integers(-1, 19))
+def test_window_zscore_flags_exactly_the_commits_that_heal(isa, n_w, seed, outlier, far):
+    """The feature kernel's heal flag (the tick's features then come from the ring) is the
+    commit kernel's own, on every set: the same sums in the same order and the same criteria,
+    for outliers leaving, refs far from the window, and ordinary ticks"""
+    rng = np.random.default_rng(seed)
+    raw = (100 + rng.standard_normal(40)).astype(F32)
+    w_idx = rng.integers(0, 40, n_w).astype(np.int32)
+    old = (100 + rng.standard_normal(n_w)).astype(F32)
+    ref = (100 + rng.standard_normal(n_w)).astype(F32)
+    W = 32
+    ring = (100 + rng.standard_normal((W, n_w))).astype(np.float64)
+    s0 = (ring - ref).sum(0)
+    q0 = ((ring - ref) ** 2).sum(0)
+    if 0 <= outlier < n_w:                  # 1e9 leaving: its square dwarfs the rest
+        old[outlier] = np.float32(1e9)
+        s0[outlier] += 1e9
+        q0[outlier] += 1e18
+    if 0 <= far < n_w:                      # a ref far below a window at 100
+        ref[far] = np.float32(-1e6)
+        s0[far] = (ring[:, far] - np.float64(ref[far])).sum()
+        q0[far] = ((ring[:, far] - np.float64(ref[far])) ** 2).sum()
+    inv = (rng.random(2 * n_w) + 0.5).astype(F32)
+    thr = np.append(W * 2.0 ** 16 / np.maximum(inv[:n_w], inv[n_w:]).astype(np.float64) ** 2,
+                    W * (1 - 2.0 ** -30))
+    mean = np.zeros(2 * n_w, F32)
+    feat, flag = K.kernel_window_zscore(isa, raw, w_idx, s0, q0, old, 1.0 / W, mean, inv,
+                                        ref=ref, thr=thr)
+    *_, heal = K.kernel_window_commit(isa, raw, w_idx, s0, q0, old, True, ref=ref, thr=thr)
+    assert flag == heal
+    if 0 <= outlier < n_w or 0 <= far < n_w:
+        assert flag
+    want, wflag = K.kernel_window_zscore("scalar", raw, w_idx, s0, q0, old, 1.0 / W, mean, inv,
+                                         ref=ref, thr=thr)
+    assert feat.tobytes() == want.tobytes() and wflag == flag
+    # without thr (a window still filling, or no check wanted): the same features, no flag
+    assert K.kernel_window_zscore(isa, raw, w_idx, s0, q0, old, 1.0 / W, mean, inv,
+                                  ref=ref).tobytes() == feat.tobytes()

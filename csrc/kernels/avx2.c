@@ -71,31 +71,48 @@ FP_TARGET_AVX2 static void fp_zscore_runs_avx2(const float *raw, const int32_t *
 FP_TARGET_AVX2 static inline void fp_wstats4_avx2(const float *raw, const int32_t *w_idx,
                                                   const float *ref, const double *sum,
                                                   const double *sumsq, const float *old,
-                                                  __m256d vn, int j, __m128 *pm, __m128 *ps) {
+                                                  __m256d vn, int j, __m128 *pm, __m128 *ps,
+                                                  const double *thr, double lim, int *heal) {
     const __m256d r = _mm256_cvtps_pd(_mm_loadu_ps(ref + j));
     __m256d x = _mm256_sub_pd(
         _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4)),
         r);
     __m256d xx = _mm256_mul_pd(x, x);
     __asm__("" : "+x"(xx));
-    __m256d s = _mm256_add_pd(_mm256_loadu_pd(sum + j), x);
-    __m256d q = _mm256_add_pd(_mm256_loadu_pd(sumsq + j), xx);
+    __m256d s = _mm256_loadu_pd(sum + j), q = _mm256_loadu_pd(sumsq + j);
     if (old) {
+        /* the commit's order, (sum - o) + x, so that thr's flag is its heal flag */
         __m256d o = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(old + j)), r);
         __m256d oo = _mm256_mul_pd(o, o);
         __asm__("" : "+x"(oo));
-        s = _mm256_sub_pd(s, o);
-        q = _mm256_sub_pd(q, oo);
+        s = _mm256_add_pd(_mm256_sub_pd(s, o), x);
+        q = _mm256_add_pd(_mm256_sub_pd(q, oo), xx);
+        if (thr) {
+            __m256d ss = _mm256_mul_pd(s, s);
+            __asm__("" : "+x"(ss));
+            const __m256d a = _mm256_cmp_pd(oo, _mm256_mul_pd(_mm256_set1_pd(0x1p16), q),
+                                            _CMP_GT_OQ);
+            const __m256d b = _mm256_and_pd(
+                _mm256_cmp_pd(ss, _mm256_loadu_pd(thr + j), _CMP_GT_OQ),
+                _mm256_cmp_pd(ss, _mm256_mul_pd(_mm256_set1_pd(lim), q), _CMP_GT_OQ));
+            *heal |= _mm256_movemask_pd(_mm256_or_pd(a, b));
+        }
+    } else {
+        s = _mm256_add_pd(s, x);
+        q = _mm256_add_pd(q, xx);
     }
     __m256d m = _mm256_mul_pd(s, vn);
     __m256d qn = _mm256_mul_pd(q, vn), m2 = _mm256_mul_pd(m, m);
     __asm__("" : "+x"(qn), "+x"(m2));
     __m256d v = _mm256_max_pd(_mm256_sub_pd(qn, m2), _mm256_setzero_pd());
     *pm = _mm256_cvtpd_ps(_mm256_add_pd(r, m));
-    /* the root in double, Inf where a float variance was (the scalar twin's comment) */
-    *ps = _mm256_cvtpd_ps(_mm256_blendv_pd(
-        _mm256_sqrt_pd(v), _mm256_set1_pd(INFINITY),
-        _mm256_cmp_pd(v, _mm256_set1_pd(0x1.ffffffp127), _CMP_GE_OQ)));
+    /* the root of the float variance, scaled below 2^-100 (the scalar twin's comment) */
+    const __m256d tiny = _mm256_cmp_pd(v, _mm256_set1_pd(0x1p-100), _CMP_LT_OQ);
+    const __m256d vs = _mm256_mul_pd(v, _mm256_blendv_pd(_mm256_set1_pd(1.0),
+                                                         _mm256_set1_pd(0x1p200), tiny));
+    *ps = _mm_mul_ps(_mm_sqrt_ps(_mm256_cvtpd_ps(vs)),
+                     _mm256_cvtpd_ps(_mm256_blendv_pd(_mm256_set1_pd(1.0),
+                                                      _mm256_set1_pd(0x1p-100), tiny)));
 }
 
 /* rolling mean/std, 4 fields a step */
@@ -107,7 +124,7 @@ FP_TARGET_AVX2 static void fp_window_stats_avx2(const float *raw, const int32_t 
     int j = 0;
     for (; j + 4 <= n_w; j += 4) {
         __m128 m, d;
-        fp_wstats4_avx2(raw, w_idx, ref, sum, sumsq, old, vn, j, &m, &d);
+        fp_wstats4_avx2(raw, w_idx, ref, sum, sumsq, old, vn, j, &m, &d, NULL, 0.0, NULL);
         _mm_storeu_ps(pm + j, m);
         _mm_storeu_ps(ps + j, d);
     }
@@ -543,53 +560,17 @@ FP_TARGET_AVX2 static void fp_head_avx2(const float *out, float *signal, float *
 
 FP_TARGET_AVX2 static void fp_dot_norms_f32_avx2(const float *a, const float *b, int n,
                                                   float *dot, float *na2, float *nb2);
-FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t *w_idx, int n_w,
-                                                 const float *ref, const double *sum,
-                                                 const double *sumsq, const float *old,
-                                                 double inv_n, const float *mean,
-                                                 const float *inv_std, float *feat);
+FP_TARGET_AVX2 static int fp_window_zscore_avx2(const float *raw, const int32_t *w_idx, int n_w,
+                                                const float *ref, const double *sum,
+                                                const double *sumsq, const float *old,
+                                                double inv_n, const float *mean,
+                                                const float *inv_std, float *feat,
+                                                const double *thr);
 FP_TARGET_AVX2 static void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
                                                   double *dot, double *na2, double *nb2);
 FP_TARGET_AVX2 static void fp_diff_norms_f32_avx2(const float *a, const float *b, int n,
                                                    float *dd, float *de, float *na2, float *nb2);
 
-int fp_window_will_heal_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                               const double *sum, const double *sumsq, const float *row,
-                               const double *thr);
-
-/* fp_window_will_heal_scalar 4 fields a vector: the same doubles in the same order, each
- * product kept apart by an empty asm, the same comparisons; fields past the last 4 by the
- * twin */
-FP_TARGET_AVX2 int fp_window_will_heal_avx2(const float *raw, const int32_t *w_idx, int n_w,
-                                            const float *ref, const double *sum,
-                                            const double *sumsq, const float *row,
-                                            const double *thr) {
-    const __m256d lim = _mm256_set1_pd(thr[n_w]), k16 = _mm256_set1_pd(0x1p16);
-    __m256d heal = _mm256_setzero_pd();
-    int j = 0;
-    for (; j + 4 <= n_w; j += 4) {
-        const __m256d r = _mm256_cvtps_pd(_mm_loadu_ps(ref + j));
-        const __m256d x = _mm256_sub_pd(
-            _mm256_cvtps_pd(_mm_i32gather_ps(raw, _mm_loadu_si128((const __m128i *)(w_idx + j)), 4)),
-            r);
-        const __m256d o = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(row + j)), r);
-        __m256d oo = _mm256_mul_pd(o, o), xx = _mm256_mul_pd(x, x);
-        __asm__("" : "+x"(oo), "+x"(xx));
-        const __m256d s = _mm256_add_pd(_mm256_sub_pd(_mm256_loadu_pd(sum + j), o), x);
-        const __m256d q = _mm256_add_pd(_mm256_sub_pd(_mm256_loadu_pd(sumsq + j), oo), xx);
-        __m256d ss = _mm256_mul_pd(s, s);
-        __asm__("" : "+x"(ss));
-        heal = _mm256_or_pd(heal, _mm256_cmp_pd(oo, _mm256_mul_pd(k16, q), _CMP_GT_OQ));
-        heal = _mm256_or_pd(heal, _mm256_and_pd(
-            _mm256_cmp_pd(ss, _mm256_loadu_pd(thr + j), _CMP_GT_OQ),
-            _mm256_cmp_pd(ss, _mm256_mul_pd(lim, q), _CMP_GT_OQ)));
-    }
-    int h = _mm256_movemask_pd(heal) != 0;
-    if (j < n_w)
-        h |= fp_window_will_heal_scalar(raw, w_idx + j, n_w - j, ref + j, sum + j, sumsq + j,
-                                        row + j, thr + j);
-    return h;
-}
 
 /* fp_window_sums_scalar 4 fields a vector, each field's rows in the same order; the
  * squares kept out of an FMA (empty asm), as the scalar twin rounds them; fields past the
@@ -727,28 +708,36 @@ FP_TARGET_AVX2 static void fp_diff_norms_f32_avx2(const float *a, const float *b
 /* fp_window_stats_avx2 and fp_zscore_avx2 in one pass, the same operations in the same
  * order (so bit-identical to the two calls): pm and ps stay in registers instead of going
  * through a scratch buffer whose 16-byte stores the 32-byte z-score loads could not forward */
-FP_TARGET_AVX2 static void fp_window_zscore_avx2(const float *raw, const int32_t *w_idx, int n_w,
-                                                 const float *ref, const double *sum,
-                                                 const double *sumsq, const float *old,
-                                                 double inv_n, const float *mean,
-                                                 const float *inv_std, float *feat) {
+FP_TARGET_AVX2 static int fp_window_zscore_avx2(const float *raw, const int32_t *w_idx, int n_w,
+                                                const float *ref, const double *sum,
+                                                const double *sumsq, const float *old,
+                                                double inv_n, const float *mean,
+                                                const float *inv_std, float *feat,
+                                                const double *thr) {
     const __m256d vn = _mm256_set1_pd(inv_n);
+    const double *th = old ? thr : NULL;
+    const double lim = th ? th[n_w] : 0.0;
+    int heal = 0;
     int j = 0;
     for (; j + 4 <= n_w; j += 4) {
         __m128 pm, ps;
-        fp_wstats4_avx2(raw, w_idx, ref, sum, sumsq, old, vn, j, &pm, &ps);
+        fp_wstats4_avx2(raw, w_idx, ref, sum, sumsq, old, vn, j, &pm, &ps, th, lim, &heal);
         _mm_storeu_ps(feat + j, _mm_mul_ps(_mm_sub_ps(pm, _mm_loadu_ps(mean + j)),
                                            _mm_loadu_ps(inv_std + j)));
         _mm_storeu_ps(feat + n_w + j, _mm_mul_ps(_mm_sub_ps(ps, _mm_loadu_ps(mean + n_w + j)),
                                                  _mm_loadu_ps(inv_std + n_w + j)));
     }
+    /* the last fields by the twin, one at a time (its out are feat[j] and feat[n_w + j]) */
     for (; j < n_w; j++) {
-        float pm, ps;
-        fp_window_stats_scalar(raw, w_idx + j, 1, ref + j, sum + j, sumsq + j,
-                               old ? old + j : NULL, inv_n, &pm, &ps);
-        feat[j] = (pm - mean[j]) * inv_std[j];
-        feat[n_w + j] = (ps - mean[n_w + j]) * inv_std[n_w + j];
+        float f[2];
+        const float mj[2] = {mean[j], mean[n_w + j]}, ij[2] = {inv_std[j], inv_std[n_w + j]};
+        double t[2] = {th ? th[j] : 0.0, lim};
+        heal |= fp_window_zscore_scalar(raw, w_idx + j, 1, ref + j, sum + j, sumsq + j,
+                                        old ? old + j : NULL, inv_n, mj, ij, f, th ? t : NULL);
+        feat[j] = f[0];
+        feat[n_w + j] = f[1];
     }
+    return heal != 0;
 }
 
 /* fp_dot_norm2_step's chains for dot and |a|^2, and two more for |b|^2 (low / high halves),

@@ -113,31 +113,46 @@ FP_TARGET_AVX512 static inline void fp_wstats8_avx512(const float *raw, const in
                                                       const float *ref, const double *sum,
                                                       const double *sumsq, const float *old,
                                                       __m512d vn, int j, __mmask8 m,
-                                                      __m256 *pm, __m256 *ps) {
+                                                      __m256 *pm, __m256 *ps,
+                                                      const double *thr, double lim,
+                                                      __mmask8 *heal) {
     __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
     __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
     const __m512d r = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, ref + j));
     __m512d x = _mm512_sub_pd(_mm512_cvtps_pd(xf), r);
     __m512d xx = _mm512_mul_pd(x, x);
     __asm__("" : "+v"(xx));
-    __m512d s = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sum + j), x);
-    __m512d q = _mm512_add_pd(_mm512_maskz_loadu_pd(m, sumsq + j), xx);
+    __m512d s = _mm512_maskz_loadu_pd(m, sum + j), q = _mm512_maskz_loadu_pd(m, sumsq + j);
     if (old) {
+        /* the commit's order, (sum - o) + x, so that thr's flag is its heal flag */
         __m512d o = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, old + j)), r);
         __m512d oo = _mm512_mul_pd(o, o);
         __asm__("" : "+v"(oo));
-        s = _mm512_sub_pd(s, o);
-        q = _mm512_sub_pd(q, oo);
+        s = _mm512_add_pd(_mm512_sub_pd(s, o), x);
+        q = _mm512_add_pd(_mm512_sub_pd(q, oo), xx);
+        if (thr) {
+            __m512d ss = _mm512_mul_pd(s, s);
+            __asm__("" : "+v"(ss));
+            *heal |= _mm512_mask_cmp_pd_mask(m, oo, _mm512_mul_pd(_mm512_set1_pd(0x1p16), q),
+                                             _CMP_GT_OQ);
+            *heal |= _mm512_mask_cmp_pd_mask(
+                _mm512_mask_cmp_pd_mask(m, ss, _mm512_maskz_loadu_pd(m, thr + j), _CMP_GT_OQ),
+                ss, _mm512_mul_pd(_mm512_set1_pd(lim), q), _CMP_GT_OQ);
+        }
+    } else {
+        s = _mm512_add_pd(s, x);
+        q = _mm512_add_pd(q, xx);
     }
     __m512d mu = _mm512_mul_pd(s, vn);
     __m512d qn = _mm512_mul_pd(q, vn), mu2 = _mm512_mul_pd(mu, mu);
     __asm__("" : "+v"(qn), "+v"(mu2));
     __m512d v = _mm512_max_pd(_mm512_sub_pd(qn, mu2), _mm512_setzero_pd());
     *pm = _mm512_cvtpd_ps(_mm512_add_pd(r, mu));
-    /* the root in double, Inf where a float variance was (the scalar twin's comment) */
-    *ps = _mm512_cvtpd_ps(_mm512_mask_mov_pd(
-        _mm512_sqrt_pd(v), _mm512_cmp_pd_mask(v, _mm512_set1_pd(0x1.ffffffp127), _CMP_GE_OQ),
-        _mm512_set1_pd(INFINITY)));
+    /* the root of the float variance, scaled below 2^-100 (the scalar twin's comment) */
+    const __mmask8 tiny = _mm512_cmp_pd_mask(v, _mm512_set1_pd(0x1p-100), _CMP_LT_OQ);
+    const __m256 rt =
+        _mm256_sqrt_ps(_mm512_cvtpd_ps(_mm512_mask_mul_pd(v, tiny, v, _mm512_set1_pd(0x1p200))));
+    *ps = _mm256_mask_mul_ps(rt, tiny, rt, _mm256_set1_ps(0x1p-100f));
 }
 
 static inline __mmask8 fp_mask8_from(int left) {
@@ -154,7 +169,7 @@ FP_TARGET_AVX512 static void fp_window_stats_avx512(const float *raw, const int3
     for (int j = 0; j < n_w; j += 8) {
         const __mmask8 m = fp_mask8_from(n_w - j);
         __m256 a, d;
-        fp_wstats8_avx512(raw, w_idx, ref, sum, sumsq, old, vn, j, m, &a, &d);
+        fp_wstats8_avx512(raw, w_idx, ref, sum, sumsq, old, vn, j, m, &a, &d, NULL, 0.0, NULL);
         _mm256_mask_storeu_ps(pm + j, m, a);
         _mm256_mask_storeu_ps(ps + j, m, d);
     }
@@ -581,17 +596,20 @@ FP_TARGET_AVX512 static void fp_head_avx512(const float *out, float *signal, flo
 
 /* fp_window_stats_avx512 and fp_zscore_avx512 in one pass, the same operations in the same
  * order (bit-identical to the two calls; both are elementwise): pm and ps stay in registers */
-FP_TARGET_AVX512 static void fp_window_zscore_avx512(const float *raw, const int32_t *w_idx,
-                                                     int n_w, const float *ref,
-                                                     const double *sum, const double *sumsq,
-                                                     const float *old, double inv_n,
-                                                     const float *mean, const float *inv_std,
-                                                     float *feat) {
+FP_TARGET_AVX512 static int fp_window_zscore_avx512(const float *raw, const int32_t *w_idx,
+                                                    int n_w, const float *ref,
+                                                    const double *sum, const double *sumsq,
+                                                    const float *old, double inv_n,
+                                                    const float *mean, const float *inv_std,
+                                                    float *feat, const double *thr) {
     const __m512d vn = _mm512_set1_pd(inv_n);
+    const double *th = old ? thr : NULL;
+    const double lim = th ? th[n_w] : 0.0;
+    __mmask8 heal = 0;
     for (int j = 0; j < n_w; j += 8) {
         const __mmask8 m = fp_mask8_from(n_w - j);
         __m256 pm, ps;
-        fp_wstats8_avx512(raw, w_idx, ref, sum, sumsq, old, vn, j, m, &pm, &ps);
+        fp_wstats8_avx512(raw, w_idx, ref, sum, sumsq, old, vn, j, m, &pm, &ps, th, lim, &heal);
         _mm256_mask_storeu_ps(feat + j, m,
                               _mm256_mul_ps(_mm256_sub_ps(pm, _mm256_maskz_loadu_ps(m, mean + j)),
                                             _mm256_maskz_loadu_ps(m, inv_std + j)));
@@ -599,6 +617,7 @@ FP_TARGET_AVX512 static void fp_window_zscore_avx512(const float *raw, const int
                               _mm256_mul_ps(_mm256_sub_ps(ps, _mm256_maskz_loadu_ps(m, mean + n_w + j)),
                                             _mm256_maskz_loadu_ps(m, inv_std + n_w + j)));
     }
+    return heal != 0;
 }
 
 /* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 2 accumulators of 16 lanes per sum
@@ -761,35 +780,6 @@ FP_TARGET_AVX512 static int fp_window_commit_avx512(const float *raw, const int3
         _mm256_mask_storeu_ps(row + j, m, xf);
         _mm512_mask_storeu_pd(fresh + j, m, _mm512_add_pd(fs, y));
         _mm512_mask_storeu_pd(fresh + n_w + j, m, _mm512_add_pd(fq, yy));
-    }
-    return heal != 0;
-}
-
-/* fp_window_will_heal_scalar 8 fields a vector (lanes past n_w masked): the same doubles in
- * the same order, each product kept apart by an empty asm, the same comparisons */
-FP_TARGET_AVX512 int fp_window_will_heal_avx512(const float *raw, const int32_t *w_idx, int n_w,
-                                                const float *ref, const double *sum,
-                                                const double *sumsq, const float *row,
-                                                const double *thr) {
-    const __m512d lim = _mm512_set1_pd(thr[n_w]), k16 = _mm512_set1_pd(0x1p16);
-    __mmask8 heal = 0;
-    for (int j = 0; j < n_w; j += 8) {
-        const __mmask8 m = fp_mask8_from(n_w - j);
-        const __m256i ix = _mm256_maskz_loadu_epi32(m, w_idx + j);
-        const __m256 xf = _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), m, ix, raw, 4);
-        const __m512d r = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, ref + j));
-        const __m512d x = _mm512_sub_pd(_mm512_cvtps_pd(xf), r),
-                      o = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, row + j)), r);
-        __m512d oo = _mm512_mul_pd(o, o), xx = _mm512_mul_pd(x, x);
-        __asm__("" : "+v"(oo), "+v"(xx));
-        const __m512d s = _mm512_add_pd(_mm512_sub_pd(_mm512_maskz_loadu_pd(m, sum + j), o), x);
-        const __m512d q = _mm512_add_pd(_mm512_sub_pd(_mm512_maskz_loadu_pd(m, sumsq + j), oo), xx);
-        __m512d ss = _mm512_mul_pd(s, s);
-        __asm__("" : "+v"(ss));
-        heal |= _mm512_mask_cmp_pd_mask(m, oo, _mm512_mul_pd(k16, q), _CMP_GT_OQ);
-        heal |= _mm512_mask_cmp_pd_mask(
-            _mm512_mask_cmp_pd_mask(m, ss, _mm512_maskz_loadu_pd(m, thr + j), _CMP_GT_OQ), ss,
-            _mm512_mul_pd(lim, q), _CMP_GT_OQ);
     }
     return heal != 0;
 }

@@ -19,6 +19,10 @@ int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, con
                             const double *thr, double *undo, double *fresh);
 void fp_window_sums_scalar(const float *ring, int rows, int stride, int n, const float *ref,
                            double *sum, double *sumsq);
+int fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                            const double *sum, const double *sumsq, const float *old,
+                            double inv_n, const float *mean, const float *inv_std, float *feat,
+                            const double *thr);
 int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
                           const float *inv_std, float *out);
 

@@ -70,23 +70,6 @@ int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, con
     return heal;
 }
 
-/* fp_window_will_heal (fp_features.h): window_commit's sums and heal criteria for a full
- * window, nothing stored (built without FMA: each product rounded on its own) */
-int fp_window_will_heal_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                               const double *sum, const double *sumsq, const float *row,
-                               const double *thr) {
-    const double lim = thr[n_w];
-    int heal = 0;
-    for (int j = 0; j < n_w; j++) {
-        const double x = (double)raw[w_idx[j]] - (double)ref[j],
-                     o = (double)row[j] - (double)ref[j];
-        const double s = (sum[j] - o) + x, q = (sumsq[j] - o * o) + x * x;
-        heal |= o * o > 0x1p16 * q;
-        heal |= s * s > thr[j] && s * s > lim * q;
-    }
-    return heal;
-}
-
 /* field by field within a row, row after row (built without FMA: each square rounded) */
 void fp_window_sums_scalar(const float *ring, int rows, int stride, int n, const float *ref,
                            double *sum, double *sumsq) {
@@ -124,24 +107,43 @@ int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const 
 
 /* rolling mean/std over the window with the new tick in (and `old` out), the sums being of
  * values less ref (fp_features.h) */
+/* one field of fp_window_stats_scalar; with old and thr (NULL: none), whether the commit of
+ * this tick heals the window: its sums (the same doubles as the commit kernel's) against its
+ * criteria (fp_simd.h, window_commit) */
+static inline int fp_wstat1_scalar(double xf, double r, double sum, double sumsq,
+                                   const float *old, double inv_n, float *pm, float *ps,
+                                   const double *thr, double lim) {
+    const double x = xf - r;
+    double s = sum, q = sumsq;
+    int heal = 0;
+    if (old) {
+        /* the commit's order, (sum - o) + x, so that the flag is its heal flag */
+        const double o = (double)*old - r;
+        s = (s - o) + x;
+        q = (q - o * o) + x * x;
+        if (thr) heal = o * o > 0x1p16 * q || (s * s > *thr && s * s > lim * q);
+    } else {
+        s += x;
+        q += x * x;
+    }
+    const double m = s * inv_n, v = q * inv_n - m * m;
+    *pm = (float)(r + m);
+    /* the root of the variance as a float, scaled below 2^-100: a std of 1e-31 (prices in
+     * some tiny unit) has a variance below the smallest float, which as a float was 0 (std
+     * 0); scaled by 2^200 (exact) its root is a float's, then scaled back by 2^-100. (A root in double on every tick cost the vector sets ~4 ns: an 8-lane
+     * double root's latency on the way to the cache's look.) A variance that a float rounds
+     * to Inf (std > 1.8e19) stays Inf, refused as an overflowed feature */
+    const int tiny = v < 0x1p-100;
+    *ps = v > 0.0 ? sqrtf((float)(tiny ? v * 0x1p200 : v)) * (tiny ? 0x1p-100f : 1.0f) : 0.0f;
+    return heal;
+}
+
 void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
                             const double *sum, const double *sumsq, const float *old,
                             double inv_n, float *pm, float *ps) {
-    for (int j = 0; j < n_w; j++) {
-        const double x = (double)raw[w_idx[j]] - (double)ref[j];
-        double s = sum[j] + x, q = sumsq[j] + x * x;
-        if (old) {
-            const double o = (double)old[j] - (double)ref[j];
-            s -= o;
-            q -= o * o;
-        }
-        const double m = s * inv_n, v = q * inv_n - m * m;
-        pm[j] = (float)((double)ref[j] + m);
-        /* the root in double: a std of 1e-31 (prices in some tiny unit) has a variance
-         * below the smallest float, which as a float was 0 (std 0); a variance that a float
-         * rounds to Inf (std > 1.8e19) stays Inf, refused as an overflowed feature */
-        ps[j] = v > 0.0 ? (v < 0x1.ffffffp127 ? (float)sqrt(v) : INFINITY) : 0.0f;
-    }
+    for (int j = 0; j < n_w; j++)
+        fp_wstat1_scalar(raw[w_idx[j]], ref[j], sum[j], sumsq[j], old ? old + j : NULL, inv_n,
+                         pm + j, ps + j, NULL, 0.0);
 }
 
 /* out[i] = (x[i] - mean[i]) * inv_std[i] */
@@ -199,10 +201,10 @@ static void fp_head_scalar(const float *out, float *signal, float *confidence) {
 
 static void fp_dot_norms_f32_scalar(const float *a, const float *b, int n, float *dot, float *na2,
                                     float *nb2);
-static void fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w,
-                                    const float *ref, const double *sum, const double *sumsq,
-                                    const float *old, double inv_n, const float *mean,
-                                    const float *inv_std, float *feat);
+int fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                            const double *sum, const double *sumsq, const float *old,
+                            double inv_n, const float *mean, const float *inv_std, float *feat,
+                            const double *thr);
 static void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
                                     double *na2, double *nb2);
 static void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, float *dd,
@@ -292,17 +294,20 @@ static void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, floa
 
 /* fp_window_stats_scalar then fp_zscore_scalar's (x - mean) * inv_std on pm and ps, without
  * the round trip through a scratch buffer */
-static void fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w,
-                                    const float *ref, const double *sum, const double *sumsq,
-                                    const float *old, double inv_n, const float *mean,
-                                    const float *inv_std, float *feat) {
+int fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                            const double *sum, const double *sumsq, const float *old,
+                            double inv_n, const float *mean, const float *inv_std, float *feat,
+                            const double *thr) {
+    const double *th = old ? thr : NULL;
+    int heal = 0;
     for (int j = 0; j < n_w; j++) {
         float pm, ps;
-        fp_window_stats_scalar(raw, w_idx + j, 1, ref + j, sum + j, sumsq + j,
-                               old ? old + j : NULL, inv_n, &pm, &ps);
+        heal |= fp_wstat1_scalar(raw[w_idx[j]], ref[j], sum[j], sumsq[j], old ? old + j : NULL,
+                                 inv_n, &pm, &ps, th ? th + j : NULL, th ? th[n_w] : 0.0);
         feat[j] = (pm - mean[j]) * inv_std[j];
         feat[n_w + j] = (ps - mean[n_w + j]) * inv_std[n_w + j];
     }
+    return heal;
 }
 
 /* fp_dot_norm2_scalar's two sums and sum b*b beside them, each in the same order */
