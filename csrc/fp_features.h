@@ -269,10 +269,12 @@ static inline size_t fp_window_undo_refs(const fp_feature_spec *fs) {
     return fp_window_undo_hdr(fs) + 3 * sizeof(uint32_t);
 }
 
-static inline void fp_window_save_refs(const fp_feature_spec *fs, unsigned char *win,
+/* out of line (2 ticks in W), in loops rather than libc memcpy calls of a run-time size */
+__attribute__((noinline)) static void fp_window_save_refs(const fp_feature_spec *fs, unsigned char *win,
                                        unsigned char *undo) {
-    memcpy(undo + fp_window_undo_refs(fs), fp_window_ref(fs, win),
-           2 * sizeof(float) * (size_t)fs->n_w);
+    const float *ref = fp_window_ref(fs, win);
+    float *u = (float *)(undo + fp_window_undo_refs(fs));
+    for (int j = 0; j < 2 * fs->n_w; j++) u[j] = ref[j];
     ((uint32_t *)(undo + fp_window_undo_hdr(fs)))[2] = 1;
 }
 
@@ -300,7 +302,8 @@ __attribute__((noinline)) static void fp_window_new_period(const fp_feature_spec
     const int n = fs->n_w;
     float *ref = fp_window_ref(fs, win);
     for (int j = 0; j < n; j++) ref[n + j] = raw[fs->w_idx[j]];
-    if (empty) memcpy(ref, ref + n, sizeof(float) * (size_t)n);
+    if (empty)
+        for (int j = 0; j < n; j++) ref[j] = ref[n + j];
 }
 
 /* push raw's windowed fields into the symbol's ring; undo (NULL: none) receives the record
@@ -346,7 +349,7 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
          * subtraction, replace the running ones (healed or not), and their ref with them */
         h->pos = 0;
         memcpy(sum, fresh, 2 * sizeof(double) * (size_t)n);
-        memcpy(ref, ref + n, sizeof(float) * (size_t)n);
+        for (int j = 0; j < n; j++) ref[j] = ref[n + j];
         memset(fresh, 0, 2 * sizeof(double) * (size_t)n);
         return;
     }
