@@ -134,7 +134,9 @@ def soak(name, model_cfg, raws, n_total, tmp):
     script = os.path.join(tmp, "soak_client.py")
     with open(script, "w") as f:
         f.write(SOAK_CLIENT)
-    env = dict(os.environ, PYTHONPATH=REPO)
+    # the clients import the fastpath this process imported (an installed wheel, or a built
+    # checkout), not the checkout's sources, which a non-editable install leaves unbuilt
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(fastpath.__file__)))
     t0 = time.perf_counter()
     # symbols 8.. : 0 was stepped on the engine clock by the round-trip rows
     outs = [os.path.join(tmp, f"soak{k}") for k in range(2)]

@@ -244,7 +244,7 @@ print(json.dumps([p["num_threads"] for p in threadpool_info()]))
 
 
 @pytest.mark.parametrize("script", ["run.py", "zoo.py"])
-def test_peers_blas_pool_holds_one_thread_whatever_the_environment(script):
+def test_peers_blas_pool_holds_one_thread_whatever_the_environment(script, tmp_path):
     """The bench only defaulted OPENBLAS_NUM_THREADS and its kin to 1: a caller who had set
     them (OPENBLAS_NUM_THREADS=2 here) got numpy timed on that many threads under a table that
     says the pools hold one."""
@@ -252,8 +252,10 @@ def test_peers_blas_pool_holds_one_thread_whatever_the_environment(script):
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: a BLAS pool holds one thread whatever it is told")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2", MKL_NUM_THREADS="2")
+    # started outside the checkout: `python -c` puts its cwd first on sys.path, and from a
+    # non-editable install the checkout's fastpath is unbuilt sources
     out = subprocess.run([sys.executable, "-c", CHILD_POOLS, BENCH, os.path.join(BENCH, script)],
-                         capture_output=True, text=True, timeout=120, env=env)
+                         capture_output=True, text=True, timeout=120, env=env, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     pools = json.loads(out.stdout.strip().splitlines()[-1])
     assert pools and all(n == 1 for n in pools), pools
