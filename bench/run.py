@@ -241,31 +241,6 @@ def timer_overhead(n: int) -> Dist:
     return Dist.of(out)
 
 
-def time_calls(fn, raws, symbols, n: int, overhead: int, ts=None):
-    """Per-call ns of fn(buf, symbol[, ts]) with the tick copied into a hot buffer first."""
-    pc = time.perf_counter_ns
-    buf = np.empty(raws.shape[1], raws.dtype)
-    out = np.empty(n, np.int64)
-    m = len(raws)
-    if ts is None:
-        for i in range(n):
-            j = i % m
-            buf[:] = raws[j]
-            s = int(symbols[j])
-            t0 = pc()
-            fn(buf, s)
-            out[i] = pc() - t0
-    else:
-        for i in range(n):
-            j = i % m
-            buf[:] = raws[j]
-            s, t = int(symbols[j]), int(ts[j])
-            t0 = pc()
-            fn(buf, s, t)
-            out[i] = pc() - t0
-    return np.maximum(out - overhead, 0)
-
-
 def _thread_counters():
     """(involuntary context switches, minor page faults, ns spent runnable but waiting for the
     CPU) of this thread so far; None where the OS keeps no per-thread counts. The wait (Linux
