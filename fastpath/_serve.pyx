@@ -258,6 +258,7 @@ cdef class Worker:
         self._e = NULL
         self._lat.rec = NULL
         self._keep = []
+        _name_bytes(name)    # an InputError for a bad name before the typed attribute's TypeError
         self.name = name
         self.path = segment_path(name)
         self.model = model
@@ -564,8 +565,8 @@ cdef class Client:
         self._ts_of = NULL
         self._stash = []
         self._stall_ns = -1 if stall_timeout is None else <int64_t>(float(stall_timeout) * 1e9)
-        self.name = name
         b = _name_bytes(name)
+        self.name = name
         path = segment_path(name)
         deadline = fp_ring_now_ns() + <int64_t>(timeout * 1e9)
         # a server being started may not have published its segment yet: retry until timeout

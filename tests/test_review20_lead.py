@@ -1,0 +1,16 @@
+"""Defects found in session 20's review by the lead (the helpers' finds are in the other
+test_review20_* files)."""
+import pytest
+
+import fastpath
+from fastpath.errors import InputError
+
+
+@pytest.mark.parametrize("name", [5, None, b"bytes", 1.5, ["x"]])
+def test_serve_and_connect_refuse_a_name_that_is_not_a_str(name):
+    # a non-str name met the typed attribute first: a bare "TypeError: Expected str, got int"
+    # instead of the InputError that says what a name must be
+    with pytest.raises(InputError, match="server name must be a non-empty str"):
+        fastpath.serve(name)
+    with pytest.raises(InputError, match="server name must be a non-empty str"):
+        fastpath.connect(name, timeout=0)
