@@ -91,6 +91,12 @@ class CacheFitReport:
 
     @property
     def note(self) -> str:
+        if self.chosen is None and not any(r["hits"] for r in self.rows):
+            # not a budget verdict: nothing was measured (a stream too short, or every tick
+            # too far from the one before for any candidate)
+            return (f"no candidate policy hit on these {self.n_ticks} ticks, so none was "
+                    f"measured against the budget {self.max_error:g}: the cache stays off "
+                    f"(fit on a longer recording)")
         if self.chosen is None:
             flips = "" if self.max_sign_flips is None else f" and at most {self.max_sign_flips} sign flips"
             return (f"no candidate policy kept every hit within {self.max_error:g}{flips}: "
@@ -147,9 +153,22 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     if sy.shape != (n,) or sy.dtype.kind not in "iu":
         raise InputError(f"symbols must be an integer array of shape ({n},), got {sy.dtype} "
                          f"{sy.shape}")
-    if isinstance(max_error, bool) or not isinstance(max_error, (int, float)) or \
-            not 0.0 < float(max_error) <= 2.0:
+    if sy.min() < 0:
+        raise InputError(f"symbols must be >= 0 (the engine's symbol ids), got {sy.min()} at "
+                         f"row {int(np.argmax(sy < 0))}")
+    # caches and windows are per symbol and independent, so the replay only needs distinct
+    # ids: dense ones keep the replay engines small (ids like 10**9 would ask for 10**9 slots)
+    sy = np.unique(sy, return_inverse=True)[1].reshape(n).astype(np.int32)
+    if isinstance(max_error, bool) or not isinstance(max_error, (int, float, np.integer, np.floating)) \
+            or not 0.0 < float(max_error) <= 2.0:
         raise ModelError(f"max_error must be a signal error in (0, 2], got {max_error!r}")
+    max_error = float(max_error)
+    if max_sign_flips is not None and (isinstance(max_sign_flips, bool) or not isinstance(
+            max_sign_flips, (int, np.integer)) or max_sign_flips < 0):
+        raise ModelError(f"max_sign_flips must be None or an int >= 0, got {max_sign_flips!r}")
+    if len(cos_grid) == 0 or len(norm_grid) == 0:
+        raise ModelError(f"cos_grid and norm_grid must each hold at least one candidate, got "
+                         f"{len(cos_grid)} and {len(norm_grid)}")
     if ts_ns is None:
         if isinstance(tick_ns, bool) or not isinstance(tick_ns, int) or tick_ns < 1:
             raise InputError(f"tick_ns must be a positive int, got {tick_ns!r}")
@@ -159,7 +178,7 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
         ts = np.asarray(ts_ns)
         stamps = "timestamps given"
     base = model.cache_policy
-    cfg = {"engine": {"n_symbols": int(sy.max()) + 1 if n else 1, "simd": simd},
+    cfg = {"engine": {"n_symbols": int(sy.max()) + 1, "simd": simd},
            "memory": {"huge_pages": "none", "mlock": False}}
     off = replace(base, enabled=False, fitted_max_error=None)
     fresh = Engine(model.with_cache_policy(off), config=cfg).step_batch(r, sy, ts).signal
