@@ -1,0 +1,297 @@
+"""Defect hunt in the order-book readers, the tick adapter, the generator, the calibrate command
+line and the cache-policy fit: each test here failed on the code before its fix."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath import InputError, ModelError, lob
+from fastpath.model import CachePolicy
+from fastpath.tuning import fit_cache_policy
+from conftest import DATA_DIR, random_model
+
+TS0 = 1723161254137307667          # a real local_ts_ns: not representable in float64
+
+
+def _depth_header():
+    cols = ["local_ts_ns", "exch_event_ms", "first_update_id", "last_update_id"]
+    for k in range(1, 11):
+        cols += [f"ask_px_{k}", f"ask_qty_{k}", f"bid_px_{k}", f"bid_qty_{k}"]
+    return cols
+
+
+def _depth_rows(n, ts0=TS0):
+    rows = []
+    for i in range(n):
+        r = [ts0 + 100_000_000 * i + 1, 1, 2, 3]
+        for k in range(10):
+            r += [100.01 + 0.01 * k + 0.01 * i, 1.5 + k, 100.0 - 0.01 * k + 0.01 * i, 2.0 + k]
+        rows.append(r)
+    return rows
+
+
+def _write(path, header, rows, delim=","):
+    with open(path, "w") as f:
+        f.write(delim.join(header) + "\n")
+        for r in rows:
+            f.write(delim.join(str(v) for v in r) + "\n")
+
+
+TRADE_HDR = ["local_ts_ns", "exch_event_ms", "trade_time_ms", "trade_id", "price", "qty",
+             "is_buyer_maker", "aggressor_side"]
+
+
+def _capture(tmp_path, n=3, trades=((TS0 + 5, 0.25, 1), (TS0 + 100_000_100, 0.5, -1)), delim=","):
+    _write(tmp_path / "depth10.csv", _depth_header(), _depth_rows(n), delim)
+    _write(tmp_path / "trades.csv", TRADE_HDR,
+           [[t, 1, 1, i, 100.0, q, int(s < 0), s] for i, (t, q, s) in enumerate(trades)], delim)
+    return str(tmp_path)
+
+
+# ---- readers -------------------------------------------------------------------------------
+
+def test_binance_one_snapshot_and_no_trades(tmp_path):
+    # one data row made loadtxt return a 1-d array: "expected 44 columns, got (44,)";
+    # a header-only trades file crashed with an IndexError
+    bs = lob.read_binance(_capture(tmp_path, n=1, trades=()))
+    assert len(bs) == 1 and bs.trade_cnt.tolist() == [0.0]
+    assert bs.bid_px[0, 0] == pytest.approx(100.0) and bs.ask_sz[0, 9] == pytest.approx(10.5)
+
+
+def test_binance_timestamps_are_exact_ns(tmp_path):
+    # a float64 parse rounded local_ts_ns to a multiple of 256 ns
+    bs = lob.read_binance(_capture(tmp_path))
+    assert bs.ts_ns.tolist() == [TS0 + 1, TS0 + 100_000_001, TS0 + 200_000_001]
+    assert bs.trade_cnt.tolist() == [0.0, 1.0, 1.0]     # TS0+5 is after tick 0 (TS0+1)
+
+
+def test_binance_columns_found_by_name_and_other_delimiters(tmp_path):
+    os.mkdir(tmp_path / "a")
+    ref = lob.read_binance(_capture(tmp_path / "a"))
+    # the same capture with its columns in another order, and one separated by semicolons
+    hdr, rows = _depth_header(), _depth_rows(3)
+    perm = list(range(len(hdr)))[::-1]
+    os.mkdir(tmp_path / "b")
+    _write(tmp_path / "b" / "depth10.csv", [hdr[j] for j in perm], [[r[j] for j in perm] for r in rows])
+    _write(tmp_path / "b" / "trades.csv", TRADE_HDR[::-1],
+           [[t, 1, 1, i, 100.0, q, int(s < 0), s][::-1] for i, (t, q, s) in
+            enumerate(((TS0 + 5, 0.25, 1), (TS0 + 100_000_100, 0.5, -1)))])
+    os.mkdir(tmp_path / "c")
+    for bs in (lob.read_binance(str(tmp_path / "b")),
+               lob.read_binance(_capture(tmp_path / "c", delim=";"))):
+        for k in ("ts_ns", "bid_px", "ask_px", "bid_sz", "ask_sz", "trade_vol", "trade_cnt"):
+            np.testing.assert_array_equal(getattr(bs, k), getattr(ref, k), err_msg=k)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda rows: rows[1].__setitem__(6, "nan"), r"row 2 column bid_px_1 is nan"),
+    (lambda rows: rows[2].__setitem__(4, "1e999"), r"row 3 column ask_px_1 is inf"),
+    (lambda rows: rows[1].__setitem__(5, "abc"), r"malformed depth row"),
+    (lambda rows: rows[1].pop(), r"malformed depth row"),
+    (lambda rows: rows[2].__setitem__(0, TS0), r"go backwards at row 3"),
+    (lambda rows: rows.clear(), r"no depth snapshots"),
+    (lambda rows: rows[1].__setitem__(4, 99.0), r"row 2 \(of 3\) has a crossed"),
+    (lambda rows: rows[0].__setitem__(7, -1.0), r"row 1 \(of 3\) has a negative size"),
+])
+def test_binance_bad_depth_file_is_an_input_error(tmp_path, edit, match):
+    _capture(tmp_path)
+    rows = [list(map(str, r)) for r in _depth_rows(3)]
+    edit(rows)
+    _write(tmp_path / "depth10.csv", _depth_header(), rows)
+    with pytest.raises(InputError, match=match):
+        lob.read_binance(str(tmp_path))
+
+
+def test_binance_missing_columns_and_bad_trades(tmp_path):
+    _capture(tmp_path)
+    hdr = _depth_header()
+    _write(tmp_path / "depth10.csv", hdr[:-4], [r[:-4] for r in _depth_rows(2)])
+    with pytest.raises(InputError, match="missing column.*ask_px_10"):
+        lob.read_binance(str(tmp_path))
+    _capture(tmp_path, trades=((TS0 + 5, 0.25, 0),))
+    with pytest.raises(InputError, match="aggressor_side"):
+        lob.read_binance(str(tmp_path))
+    (tmp_path / "trades.csv").write_text("")
+    with pytest.raises(InputError, match="empty file"):
+        lob.read_binance(str(tmp_path))
+
+
+def _lobster(tmp_path, ob, msg, **kw):
+    np.savetxt(tmp_path / "ob.csv", np.asarray(ob, np.int64), delimiter=",", fmt="%d")
+    np.savetxt(tmp_path / "msg.csv", np.asarray(msg), delimiter=",", fmt="%.9f")
+    return lob.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"), **kw)
+
+
+def test_lobster_timestamps_exact_with_a_date(tmp_path):
+    # date_ns + float seconds was a float64 sum: rounded to 256 ns at today's epoch
+    date = 1_700_000_000_000_000_000
+    bs = _lobster(tmp_path, [[1001000, 5, 1000000, 7]] * 2,
+                  [[34200.000000001, 1, 1, 5, 1001000, -1], [34200.000000003, 1, 2, 5, 1001000, -1]],
+                  date_ns=date)
+    assert bs.ts_ns.tolist() == [date + 34200_000_000_001, date + 34200_000_000_003]
+
+
+def test_lobster_bad_files(tmp_path):
+    good_msg = [[34200.0, 1, 1, 5, 1001000, -1]]
+    with pytest.raises(InputError, match="crossed"):
+        _lobster(tmp_path, [[1000000, 5, 1001000, 7]], good_msg)
+    with pytest.raises(InputError, match="direction"):
+        _lobster(tmp_path, [[1001000, 5, 1000000, 7]], [[34200.0, 4, 1, 5, 1001000, 0]])
+    with pytest.raises(InputError, match="go backwards at row 2"):
+        _lobster(tmp_path, [[1001000, 5, 1000000, 7]] * 2, good_msg + [[34199.0, 1, 1, 5, 1001000, -1]])
+    with pytest.raises(InputError, match="tick_size"):
+        _lobster(tmp_path, [[1001000, 5, 1000000, 7]], good_msg, tick_size=0.0)
+    (tmp_path / "ob.csv").write_text("")
+    with pytest.raises(InputError, match="empty file"):
+        lob.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))
+    (tmp_path / "ob.csv").write_text("1001000,5,1000000,7\n1001000,5\n")
+    with pytest.raises(InputError, match="malformed LOBSTER"):
+        lob.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))
+
+
+def test_real_capture_still_reads_the_same():
+    if not os.path.isdir(DATA_DIR):
+        pytest.skip("shared Binance data not present")
+    bs = lob.read_binance(DATA_DIR)
+    d = os.path.join(DATA_DIR, "derived", "depth10.csv")
+    exact = np.loadtxt(d, delimiter=",", skiprows=1, usecols=0, dtype=np.int64)
+    np.testing.assert_array_equal(bs.ts_ns, exact)
+    assert len(bs) == 6493 and bs.trade_cnt.sum() == 19904
+
+
+# ---- adapter -------------------------------------------------------------------------------
+
+def _small():
+    return lob.generate_stream(300, 2, seed=3)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda bs: bs.ask_px.__setitem__((7, 0), bs.bid_px[7, 0] - 0.01), r"row 8 \(of 300\) has a crossed"),
+    (lambda bs: setattr(bs, "bid_px", bs.bid_px[:, :5]), r"bid_px must have shape \(300, 10\)"),
+    (lambda bs: setattr(bs, "tick_size", np.float64(0.0)), r"tick_size must be a positive"),
+    (lambda bs: bs.bid_px.__setitem__((4, 3), np.nan), r"row 5 .* non-finite"),
+    (lambda bs: bs.ask_sz.__setitem__((9, 2), -1.0), r"row 10 .* negative size"),
+    (lambda bs: bs.bid_px.__setitem__((0, 4), bs.bid_px[0, 0] + 1), r"row 1 .* bid levels out of order"),
+    (lambda bs: bs.ask_px.__setitem__(slice(None), bs.ask_px[:, ::-1]), r"ask levels out of order"),
+    (lambda bs: setattr(bs, "trade_cnt", bs.trade_cnt[:-1]), r"trade_cnt must have shape \(300,\)"),
+])
+def test_adapter_refuses_books_it_cannot_describe(edit, match):
+    # before: a crossed book gave a negative spread, a NaN poisoned every later EWMA, a zero
+    # tick size gave inf, a negative size was clipped to 0, a 5-level side was a broadcast error
+    bs = _small()
+    edit(bs)
+    with pytest.raises(InputError, match=match):
+        lob.raw_from_book(bs)
+
+
+def test_future_return_horizon_validated():
+    bs = _small()
+    with pytest.raises(InputError, match="horizon"):
+        lob.future_return_bps(bs, 0)
+    assert lob.future_return_bps(bs, 1).shape == (300,)
+
+
+# ---- generator -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [dict(n_ticks=0), dict(n_ticks=10.5), dict(n_symbols=0),
+                                dict(seed=-1), dict(shock_at=1.5), dict(shock_at=0.95),
+                                dict(shock_len=-0.1), dict(n_ticks=True)])
+def test_generator_parameters_validated(kw):
+    # before: n_ticks=0 gave an empty stream, shock_at=1.5 a stream with no shock, the rest
+    # numpy TypeErrors/ValueErrors
+    with pytest.raises(InputError):
+        lob.generate_stream(**{"n_ticks": 100, **kw})
+
+
+def test_label_volatility_validated():
+    bs = _small()
+    with pytest.raises(InputError, match="window"):
+        lob.label_volatility(bs, window=0)
+    with pytest.raises(InputError, match="quantile"):
+        lob.label_volatility(bs, quantile=1.5)
+
+
+# ---- cache-policy fit ----------------------------------------------------------------------
+
+def _ticks(rng, n=400):
+    base = rng.standard_normal(8).astype(np.float32)
+    return base + 1e-4 * rng.standard_normal((n, 8)).astype(np.float32)
+
+
+def test_fit_on_one_tick_says_nothing_was_measured():
+    rng = np.random.default_rng(0)
+    m = random_model(rng, [8, 16, 2], policy=CachePolicy())
+    pol, rep = fit_cache_policy(m, rng.standard_normal((1, 8)).astype(np.float32))
+    assert not pol.enabled and "no candidate policy hit" in rep.note
+    assert "kept every hit within" not in rep.note
+
+
+def test_fit_with_sparse_symbol_ids_equals_dense(isa):
+    # ids like 10**9 asked the replay engines for 10**9 + 1 symbol slots (ConfigError)
+    rng = np.random.default_rng(1)
+    m = random_model(rng, [8, 16, 2], policy=CachePolicy())
+    raws = _ticks(rng)
+    dense = rng.integers(0, 3, len(raws)).astype(np.int32)
+    sparse = np.array([7, 10**9, 123_456])[dense].astype(np.int64)
+    p1, r1 = fit_cache_policy(m, raws, dense, max_error=0.05, simd=isa)
+    p2, r2 = fit_cache_policy(m, raws, sparse, max_error=0.05, simd=isa)
+    assert p1 == p2 and r1.rows == r2.rows and r1.chosen is not None
+    with pytest.raises(InputError, match="symbols must be >= 0"):
+        fit_cache_policy(m, raws, -np.ones(len(raws), np.int64), simd=isa)
+
+
+def test_fit_arguments_validated():
+    rng = np.random.default_rng(2)
+    m = random_model(rng, [8, 16, 2], policy=CachePolicy())
+    raws = _ticks(rng, 100)
+    for flips in (-1, "x", 1.5, True):
+        with pytest.raises(ModelError, match="max_sign_flips"):
+            fit_cache_policy(m, raws, max_sign_flips=flips)
+    with pytest.raises(ModelError, match="at least one candidate"):
+        fit_cache_policy(m, raws, cos_grid=())
+    pol, rep = fit_cache_policy(m, raws, max_error=np.float32(0.05))
+    assert rep.max_error == pytest.approx(0.05) and type(rep.max_error) is float
+
+
+# ---- command line --------------------------------------------------------------------------
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "fastpath.cli", *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+def test_cli_bad_calibrate_inputs_are_usage_errors(tmp_path):
+    rng = np.random.default_rng(3)
+    raws = rng.standard_normal((200, 20)).astype(np.float32)
+    np.save(tmp_path / "t.npy", raws)
+    np.savez(tmp_path / "t.npz", raws)
+    np.save(tmp_path / "str.npy", raws.astype(str))
+    nan = raws.copy(); nan[17, 4] = np.nan
+    np.save(tmp_path / "nan.npy", nan)
+    np.save(tmp_path / "fsym.npy", np.zeros(200))
+    np.save(tmp_path / "nsym.npy", -np.ones(200, np.int64))
+    random_model(rng, [14, 8, 2]).save(tmp_path / "m.fpm")
+    base = ["--model", "m.fpm", "--out", "o.fpm", "--window-fields", "3", "--window", "8"]
+    cases = [
+        (["--ticks", "t.npz", "--z-fields", "0-11"], ".npz archive"),
+        (["--ticks", "str.npy", "--z-fields", "0-11"], "as numbers"),
+        (["--ticks", "nan.npy", "--z-fields", "0-11"], "tick 17 field 4 is nan"),
+        (["--ticks", "t.npy", "--symbols", "fsym.npy", "--z-fields", "0-11"], "symbols as integers"),
+        (["--ticks", "t.npy", "--symbols", "nsym.npy", "--z-fields", "0-11"], "symbol -1"),
+        (["--ticks", "t.npy", "--z-fields", "0-10,99"], "field 99, but the ticks have 20"),
+    ]
+    for extra, msg in cases:
+        out = _cli("calibrate", *base, *extra, cwd=tmp_path)
+        assert out.returncode != 0 and msg in out.stderr and "Traceback" not in out.stderr, \
+            (extra, out.stderr)
+    assert not (tmp_path / "o.fpm").exists()
+
+
+def test_cli_doctor_binary_config(tmp_path):
+    (tmp_path / "c.toml").write_bytes(b"\x93NUMPY\x01\x00\xff")
+    out = _cli("doctor", "--config", "c.toml", cwd=tmp_path)
+    assert out.returncode != 0 and "not a UTF-8 text file" in out.stderr
+    assert "Traceback" not in out.stderr
