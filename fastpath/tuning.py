@@ -57,11 +57,18 @@ def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = 
     h = model.head_spec
     if h.kind != "regression":
         raise ModelError(f"fit_head_scale fits a regression head; this model's head is {h.kind!r}")
-    if not 0.0 < quantile <= 1.0 or not target > 0.0:
-        raise ModelError(f"quantile must be in (0, 1] and target > 0, got {quantile}, {target}")
+    if not 0.0 < quantile <= 1.0 or not 0.0 < target < np.inf:
+        raise ModelError(f"quantile must be in (0, 1] and target a finite number > 0, got "
+                         f"{quantile}, {target}")
     r = np.asarray(raws, dtype=np.float32)
     if r.ndim != 2 or r.shape[1] != model.raw_len or len(r) < 1:
         raise InputError(f"raws must have shape (n, {model.raw_len}) with n >= 1, got {r.shape}")
+    bad = ~np.isfinite(r)
+    if bad.any():
+        # said here, about the tick: "the predictions contain NaN" blamed the model
+        i, j = np.argwhere(bad)[0]
+        raise InputError(f"raws row {i} field {j} is {r[i, j]}; calibration ticks must be "
+                         f"finite ({int(bad.any(1).sum())} row(s) are not)")
     pred = model.forward(model.feature_spec.apply(r, symbols))[:, h.outputs[0]].astype(np.float64)
     if not np.all(np.isfinite(pred)):
         raise ModelError("the model's predictions on the calibration ticks contain NaN/Inf")

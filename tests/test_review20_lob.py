@@ -295,3 +295,46 @@ def test_cli_doctor_binary_config(tmp_path):
     out = _cli("doctor", "--config", "c.toml", cwd=tmp_path)
     assert out.returncode != 0 and "not a UTF-8 text file" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_adapter_refuses_time_going_backwards_within_a_symbol():
+    bs = _small()
+    r = np.flatnonzero(bs.symbols == 1)
+    bs.ts_ns[r[10]] = bs.ts_ns[r[9]] - 1      # other symbols' ticks may sit between them
+    with pytest.raises(InputError, match=f"row {r[10] + 1} .* earlier than its symbol"):
+        lob.raw_from_book(bs)
+    bs.ts_ns[r[10]] = bs.ts_ns[r[9]]          # equal times are fine
+    assert np.isfinite(lob.raw_from_book(bs)).all()
+
+
+def test_adapter_overflow_is_refused_not_inf():
+    # finite but absurd inputs: every price offset overflowed float32 to inf, silently
+    bs = _small()
+    bs.tick_size = np.float64(1e-300)
+    with pytest.raises(InputError, match=r"row 1 field 0 \(bid_px_off_1\).*tick size"):
+        lob.raw_from_book(bs)
+
+
+def test_adapter_interleaved_equals_per_symbol():
+    # differential: everything past the row-wise fields is per symbol, so a symbol's rows
+    # must come out the same whether other symbols are interleaved or not
+    bs = lob.generate_stream(2_000, 3, seed=4)
+    raw = lob.raw_from_book(bs)
+    for s in range(3):
+        r = np.flatnonzero(bs.symbols == s)
+        sub = lob.BookStream(bs.symbols[r], bs.ts_ns[r], bs.bid_px[r], bs.ask_px[r], bs.bid_sz[r],
+                             bs.ask_sz[r], bs.trade_vol[r], bs.trade_cnt[r], bs.last_trade_sz[r],
+                             bs.tick_size)
+        np.testing.assert_array_equal(lob.raw_from_book(sub), raw[r])
+
+
+def test_head_scale_blames_the_tick_not_the_model():
+    from fastpath.tuning import fit_head_scale
+    rng = np.random.default_rng(5)
+    m = random_model(rng, [8, 16, 1])
+    x = rng.standard_normal((50, 8)).astype(np.float32)
+    x[3, 2] = np.nan
+    with pytest.raises(InputError, match="raws row 3 field 2 is nan"):
+        fit_head_scale(m, x)
+    with pytest.raises(ModelError, match="target a finite number"):
+        fit_head_scale(m, x[4:], target=np.inf)

@@ -124,6 +124,11 @@ class BookStream:
             ((bsz < 0).any(1) | (asz < 0).any(1), "a negative size"),
             ((fl[1] < 0) | (fl[2] < 0), "a negative trade count or last trade size"),
         )
+        o = np.argsort(sym, kind="stable")
+        ts = np.asarray(self.ts_ns)[o]
+        back = np.zeros(n, bool)
+        back[o[1:]] = (np.diff(ts) < 0) & (sym[o][1:] == sym[o][:-1])
+        checks += ((back, "a timestamp earlier than its symbol's previous tick"),)
         for bad, what in checks:
             rows = np.flatnonzero(bad)
             if len(rows):
@@ -191,7 +196,17 @@ def raw_from_book(bs: BookStream, progress=None) -> np.ndarray:
         if same.any():
             src = np.maximum.accumulate(np.where(~same, np.arange(len(rows)), 0))
             out[rows[same]] = out[rows[src[same]]]
-    return out.astype(np.float32)
+    with np.errstate(over="ignore"):
+        res = out.astype(np.float32)
+    bad = ~np.isfinite(res)
+    if bad.any():
+        # finite books can still overflow a field (a tick size of 1e-300 makes every offset
+        # inf): refuse here, where the field can be named, not tick by tick in the engine
+        r, c = np.argwhere(bad)[0]
+        raise InputError(f"raw_from_book: row {r + 1} field {c} ({field_names()[c]}) is "
+                         f"{out[r, c]:g}, beyond float32; check the tick size "
+                         f"({tick[r]:g}) and the prices and sizes of that row")
+    return res
 
 
 def _per_symbol(out, rows, bs, mid, alphas) -> None:
