@@ -147,7 +147,13 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     comes back disabled and the report says so.
 
     ts_ns drives the age guard; without it ticks are taken tick_ns apart (1 ms by default),
-    which the report states. simd picks the kernel set the replay runs on."""
+    which the report states. simd picks the kernel set the replay runs on.
+
+    The budget is a measurement on these ticks, not a bound on others: fitted on the first
+    40% of a generated stream and replayed on the rest, the chosen policy stayed within its
+    budget in 23 of 24 fits, and the one miss was 0.0219 on a 0.02 budget (one hit). Fit on a
+    recording like the one the engine will serve, and leave headroom in max_error.
+    Symbol ids may be any ints >= 0 (the replay maps them to dense ones)."""
     from fastpath._engine import Engine
     try:
         r = np.ascontiguousarray(raws, dtype=np.float32)

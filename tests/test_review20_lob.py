@@ -89,12 +89,12 @@ def test_binance_columns_found_by_name_and_other_delimiters(tmp_path):
 @pytest.mark.parametrize("edit, match", [
     (lambda rows: rows[1].__setitem__(6, "nan"), r"row 2 column bid_px_1 is nan"),
     (lambda rows: rows[2].__setitem__(4, "1e999"), r"row 3 column ask_px_1 is inf"),
-    (lambda rows: rows[1].__setitem__(5, "abc"), r"malformed depth row"),
+    (lambda rows: rows[1].__setitem__(5, "abc"), r"malformed depth row.*'abc'.* at row 2,"),
     (lambda rows: rows[1].pop(), r"malformed depth row"),
     (lambda rows: rows[2].__setitem__(0, TS0), r"go backwards at row 3"),
     (lambda rows: rows.clear(), r"no depth snapshots"),
-    (lambda rows: rows[1].__setitem__(4, 99.0), r"row 2 \(of 3\) has a crossed"),
-    (lambda rows: rows[0].__setitem__(7, -1.0), r"row 1 \(of 3\) has a negative size"),
+    (lambda rows: rows[1].__setitem__(4, 99.0), r"depth10.csv: row 2 has a crossed"),
+    (lambda rows: rows[0].__setitem__(7, -1.0), r"depth10.csv: row 1 has a negative size"),
 ])
 def test_binance_bad_depth_file_is_an_input_error(tmp_path, edit, match):
     _capture(tmp_path)
@@ -338,3 +338,20 @@ def test_head_scale_blames_the_tick_not_the_model():
         fit_head_scale(m, x)
     with pytest.raises(ModelError, match="target a finite number"):
         fit_head_scale(m, x[4:], target=np.inf)
+
+
+def test_lobster_trades_of_a_dropped_row_reach_the_next_tick(tmp_path):
+    # row 2's execution empties the ask side: the row is dropped (no mid), and its trade was
+    # dropped with it; it belongs to the next tick's "trades since the previous tick"
+    E = 9999999999
+    ob = [[1001000, 5, 1000000, 7], [E, 0, 1000000, 7], [1002000, 3, 1000000, 7]]
+    msg = [[34200.0, 1, 1, 5, 1001000, -1], [34200.5, 4, 1, 5, 1001000, -1],
+           [34201.0, 1, 2, 3, 1002000, -1]]
+    bs = _lobster(tmp_path, ob, msg)
+    assert len(bs) == 2
+    assert bs.trade_vol.tolist() == [0.0, 5.0] and bs.trade_cnt.tolist() == [0.0, 1.0]
+    assert bs.last_trade_sz.tolist() == [0.0, 5.0]
+    # a bad row after a dropped one is named by its row in the file
+    ob[2] = [999000, 3, 1000000, 7]
+    with pytest.raises(InputError, match=r"ob.csv: row 3 has a crossed"):
+        _lobster(tmp_path, ob, msg)

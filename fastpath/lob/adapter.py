@@ -79,12 +79,13 @@ class BookStream:
     def mid(self) -> np.ndarray:
         return 0.5 * (self.bid_px[:, 0] + self.ask_px[:, 0])
 
-    def validate(self, source: str = "book stream") -> None:
+    def validate(self, source: str = "book stream", row_numbers=None) -> None:
         """InputError, naming the first bad row, unless every array has its documented shape
         and every book is one the raw layout can describe: finite positive prices, levels in
         order away from the touch, best bid below best ask, sizes >= 0, a positive tick size.
         A crossed book or a side with fewer levels would otherwise come out as plausible
-        numbers (a negative spread, a broadcast) or NaN that poisons every later EWMA."""
+        numbers (a negative spread, a broadcast) or NaN that poisons every later EWMA.
+        row_numbers[i], when given, is how the message names row i (a reader's file row)."""
         n = len(self.symbols)
         sym = np.asarray(self.symbols)
         if sym.ndim != 1 or sym.dtype.kind not in "iu":
@@ -133,7 +134,8 @@ class BookStream:
             rows = np.flatnonzero(bad)
             if len(rows):
                 r = int(rows[0])
-                raise InputError(f"{source}: row {r + 1} (of {n}) has {what}: bid "
+                at = f"row {r + 1} (of {n})" if row_numbers is None else f"row {row_numbers[r]}"
+                raise InputError(f"{source}: {at} has {what}: bid "
                                  f"{bpx[r, 0]:g} x {bsz[r, 0]:g}, ask {apx[r, 0]:g} x "
                                  f"{asz[r, 0]:g}; {len(rows)} such row(s)")
 

@@ -10,6 +10,7 @@ and the book each row describes is checked (BookStream.validate) before it is re
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
 import numpy as np
@@ -76,9 +77,15 @@ def _load(path: str, delim: str, usecols, dtype, what: str) -> np.ndarray:
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text CSV file") from None
     except ValueError as exc:
-        # numpy counts rows from 0 after the skipped header: "row 0" is the file's line 2
-        raise InputError(f"{path}: malformed {what} ({exc}); expected {delim!r}-separated "
-                         f"numbers, one row per line, every row with the header's columns") from None
+        raise InputError(f"{path}: malformed {what} ({_rows_from_1(exc)}); expected {delim!r}-"
+                         f"separated numbers, one row per line, every row with the header's "
+                         f"columns") from None
+
+
+def _rows_from_1(exc: ValueError) -> str:
+    """numpy's loadtxt message with its row counted from 1, as every other message here
+    counts data rows (numpy counts from 0)."""
+    return re.sub(r"\brow (\d+)", lambda m: f"row {int(m.group(1)) + 1}", str(exc))
 
 
 def _columns(path: str, names: list, need: list) -> list:
@@ -143,7 +150,7 @@ def read_binance(path: str) -> BookStream:
     vol, cnt, last = _trades_between(ts, t_ts, side * qty, qty)
     bs = BookStream(np.zeros(len(ts), np.int32), ts, lv[:, :, 2].copy(), lv[:, :, 0].copy(),
                     lv[:, :, 3].copy(), lv[:, :, 1].copy(), vol, cnt, last, np.float64(0.01))
-    bs.validate(dpath)
+    bs.validate(dpath, np.arange(1, len(ts) + 1))
     label_volatility(bs)
     return bs
 
@@ -211,11 +218,19 @@ def read_lobster(orderbook_csv: str, message_csv: str, tick_size: float = 0.01,
         raise InputError(f"{message_csv}: row {r + 1}: execution with direction {msg[r, 5]}; "
                          f"expected -1 (sell order) or 1 (buy order)")
     signed = np.where(is_trade, -msg[:, 5] * msg[:, 3], 0.0)
-    cnt = is_trade.astype(np.float64)
-    last = np.where(is_trade, msg[:, 3], 0.0)
-    bs = BookStream(np.zeros(int(ok.sum()), np.int32), ts[ok], bpx[ok], apx[ok], bsz[ok], asz[ok],
-                    signed[ok], cnt[ok], last[ok], np.float64(tick_size))
-    bs.validate(orderbook_csv)
+    # a dropped row's executions (often the very one that emptied a side) belong to the next
+    # kept tick, "the trades since the previous tick"; dropping them lost that volume
+    kept = np.flatnonzero(ok)
+    to = np.searchsorted(kept, np.arange(len(ok)))          # the first kept row at or after
+    carry = to < len(kept)
+    vol = np.bincount(to[carry], weights=signed[carry], minlength=len(kept))
+    cnt = np.bincount(to[carry], weights=is_trade[carry].astype(np.float64), minlength=len(kept))
+    last_row = np.full(len(kept), -1)
+    np.maximum.at(last_row, to[carry], np.where(is_trade, np.arange(len(ok)), -1)[carry])
+    last = np.where(last_row >= 0, msg[np.maximum(last_row, 0), 3], 0.0)
+    bs = BookStream(np.zeros(len(kept), np.int32), ts[ok], bpx[ok], apx[ok], bsz[ok], asz[ok],
+                    vol, cnt, last, np.float64(tick_size))
+    bs.validate(orderbook_csv, kept + 1)
     label_volatility(bs)
     return bs
 
@@ -228,5 +243,5 @@ def _lobster_load(path: str) -> np.ndarray:
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text CSV file") from None
     except ValueError as exc:
-        raise InputError(f"{path}: malformed LOBSTER file ({exc}); expected comma-separated "
+        raise InputError(f"{path}: malformed LOBSTER file ({_rows_from_1(exc)}); expected comma-separated "
                          f"numbers without a header, every row with the same columns") from None
