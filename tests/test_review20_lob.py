@@ -355,3 +355,16 @@ def test_lobster_trades_of_a_dropped_row_reach_the_next_tick(tmp_path):
     ob[2] = [999000, 3, 1000000, 7]
     with pytest.raises(InputError, match=r"ob.csv: row 3 has a crossed"):
         _lobster(tmp_path, ob, msg)
+
+
+def test_future_return_is_zero_where_the_horizon_runs_past_the_end():
+    # documented "0 at the end", but the last `horizon` ticks got the return to the symbol's
+    # last tick: a label over a shorter horizon than asked
+    bs = lob.generate_stream(400, 2, seed=6, shock_at=0.85, shock_len=0.15)   # moving at the end
+    fr = lob.future_return_bps(bs, 20)
+    lm = np.log(bs.mid())
+    for s in range(2):
+        r = np.flatnonzero(bs.symbols == s)
+        np.testing.assert_array_equal(fr[r[-20:]], 0.0)
+        np.testing.assert_allclose(fr[r[:-20]], (lm[r[20:]] - lm[r[:-20]]) * 1e4)
+        assert np.any(lm[r[-20:-1]] != lm[r[-1]])     # the old labels there were not 0

@@ -276,7 +276,9 @@ def _per_symbol(out, rows, bs, mid, alphas) -> None:
 STATE_FIELDS = _state_fields()
 
 def future_return_bps(bs: BookStream, horizon: int = 20) -> np.ndarray:
-    """Mid return of each tick's symbol over its next `horizon` ticks, bps (0 at the end)."""
+    """Mid return of each tick's symbol over its next `horizon` ticks, bps; 0 for a symbol's
+    last `horizon` ticks, which have no tick that far ahead (a return to the symbol's last
+    tick would be a label over a shorter horizon)."""
     if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
         raise InputError(f"horizon must be an int >= 1 (ticks ahead), got {horizon!r}")
     mid = bs.mid()
@@ -284,6 +286,6 @@ def future_return_bps(bs: BookStream, horizon: int = 20) -> np.ndarray:
     for s in np.unique(bs.symbols):
         rows = np.flatnonzero(bs.symbols == s)
         lm = np.log(mid[rows])
-        fut = np.concatenate([lm[horizon:], np.full(min(horizon, len(rows)), lm[-1])])
+        fut = np.concatenate([lm[horizon:], lm[len(rows) - min(horizon, len(rows)):]])
         out[rows] = (fut - lm) * 1e4
     return out
