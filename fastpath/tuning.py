@@ -31,6 +31,22 @@ HEAD_QUANTILE = 0.95
 HEAD_TARGET = 2.0
 
 
+def _ticks(raws, raw_len: int) -> np.ndarray:
+    """raws as float32 (n, raw_len), n >= 1; InputError for anything else. Booleans, strings
+    and complex numbers are refused, not cast: a bool mask passed for ticks would fit a policy
+    (or a head scale) to 0s and 1s."""
+    a = raws if isinstance(raws, np.ndarray) else None
+    if a is not None and a.dtype.kind not in "iuf":
+        raise InputError(f"raws must be a numeric array (n, {raw_len}) of ticks, got dtype {a.dtype}")
+    try:
+        r = np.ascontiguousarray(raws, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"raws must be a numeric array (n, {raw_len}): {exc}") from None
+    if r.ndim != 2 or r.shape[1] != raw_len or len(r) < 1:
+        raise InputError(f"raws must have shape (n, {raw_len}) with n >= 1, got {r.shape}")
+    return r
+
+
 def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Iterable[int] = (),
               window: int = 32, symbols: np.ndarray | None = None,
               field_names: Sequence[str] = ()) -> Model:
@@ -60,9 +76,7 @@ def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = 
     if not 0.0 < quantile <= 1.0 or not 0.0 < target < np.inf:
         raise ModelError(f"quantile must be in (0, 1] and target a finite number > 0, got "
                          f"{quantile}, {target}")
-    r = np.asarray(raws, dtype=np.float32)
-    if r.ndim != 2 or r.shape[1] != model.raw_len or len(r) < 1:
-        raise InputError(f"raws must have shape (n, {model.raw_len}) with n >= 1, got {r.shape}")
+    r = _ticks(raws, model.raw_len)
     bad = ~np.isfinite(r)
     if bad.any():
         # said here, about the tick: "the predictions contain NaN" blamed the model
@@ -155,12 +169,7 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     recording like the one the engine will serve, and leave headroom in max_error.
     Symbol ids may be any ints >= 0 (the replay maps them to dense ones)."""
     from fastpath._engine import Engine
-    try:
-        r = np.ascontiguousarray(raws, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"raws must be a numeric array (n, {model.raw_len}): {exc}") from None
-    if r.ndim != 2 or r.shape[1] != model.raw_len or len(r) < 1:
-        raise InputError(f"raws must have shape (n, {model.raw_len}) with n >= 1, got {r.shape}")
+    r = _ticks(raws, model.raw_len)
     n = len(r)
     sy = np.zeros(n, np.int32) if symbols is None else np.asarray(symbols)
     if sy.shape != (n,) or sy.dtype.kind not in "iu":

@@ -368,3 +368,14 @@ def test_future_return_is_zero_where_the_horizon_runs_past_the_end():
         np.testing.assert_array_equal(fr[r[-20:]], 0.0)
         np.testing.assert_allclose(fr[r[:-20]], (lm[r[20:]] - lm[r[:-20]]) * 1e4)
         assert np.any(lm[r[-20:-1]] != lm[r[-1]])     # the old labels there were not 0
+
+
+def test_fits_refuse_boolean_ticks():
+    # a bool mask passed for ticks was cast to 0.0/1.0 and fitted without a word
+    from fastpath.tuning import fit_head_scale
+    rng = np.random.default_rng(7)
+    mask = rng.standard_normal((50, 8)) > 0
+    with pytest.raises(InputError, match="dtype bool"):
+        fit_cache_policy(random_model(rng, [8, 16, 2]), mask)
+    with pytest.raises(InputError, match="dtype bool"):
+        fit_head_scale(random_model(rng, [8, 16, 1]), mask)
