@@ -79,6 +79,12 @@ def _check_fields(fields, raw_len: int, option: str):
     if bad:
         raise SystemExit(f"fastpath calibrate: {option} names field {bad[0]}, but the ticks have "
                          f"{raw_len} fields (0..{raw_len - 1})")
+    seen = set()
+    for f in fields:
+        if f in seen:       # '0-10,0' is a typo far more often than a wish to feed a field twice
+            raise SystemExit(f"fastpath calibrate: {option} lists field {f} twice; expected "
+                             f"each field once")
+        seen.add(f)
     return fields
 
 

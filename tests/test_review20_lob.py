@@ -105,6 +105,12 @@ def test_binance_bad_depth_file_is_an_input_error(tmp_path, edit, match):
         lob.read_binance(str(tmp_path))
 
 
+def test_binance_quoted_header(tmp_path):
+    _capture(tmp_path)
+    _write(tmp_path / "depth10.csv", [f'"{c}"' for c in _depth_header()], _depth_rows(2))
+    assert len(lob.read_binance(str(tmp_path))) == 2
+
+
 def test_binance_missing_columns_and_bad_trades(tmp_path):
     _capture(tmp_path)
     hdr = _depth_header()
@@ -282,6 +288,7 @@ def test_cli_bad_calibrate_inputs_are_usage_errors(tmp_path):
         (["--ticks", "t.npy", "--symbols", "fsym.npy", "--z-fields", "0-11"], "symbols as integers"),
         (["--ticks", "t.npy", "--symbols", "nsym.npy", "--z-fields", "0-11"], "symbol -1"),
         (["--ticks", "t.npy", "--z-fields", "0-10,99"], "field 99, but the ticks have 20"),
+        (["--ticks", "t.npy", "--z-fields", "0-10,4"], "lists field 4 twice"),
     ]
     for extra, msg in cases:
         out = _cli("calibrate", *base, *extra, cwd=tmp_path)

@@ -64,7 +64,7 @@ def _header(path: str) -> tuple:
     if not line:
         raise InputError(f"{path}: empty file (expected a header line of column names and rows)")
     delim = max(_DELIMITERS, key=line.count)
-    return [c.strip() for c in line.split(delim)], delim
+    return [c.strip().strip("\"'") for c in line.split(delim)], delim
 
 
 def _load(path: str, delim: str, usecols, dtype, what: str) -> np.ndarray:
