@@ -1,5 +1,6 @@
 """Defect hunt in the order-book readers, the tick adapter, the generator, the calibrate command
 line and the cache-policy fit: each test here failed on the code before its fix."""
+import math
 import os
 import subprocess
 import sys
@@ -386,3 +387,71 @@ def test_fits_refuse_boolean_ticks():
         fit_cache_policy(random_model(rng, [8, 16, 2]), mask)
     with pytest.raises(InputError, match="dtype bool"):
         fit_head_scale(random_model(rng, [8, 16, 1]), mask)
+
+
+def _slog1(x):
+    return math.copysign(math.log1p(abs(x)), x) if x else 0.0
+
+
+def test_adapter_matches_a_per_tick_reference():
+    # differential guard: the per-symbol fields (size changes, OFI, returns, trade and timing
+    # fields, every EWMA) recomputed one tick at a time, plainly, from the layout's definition
+    bs = lob.generate_stream(600, 2, seed=11)
+    raw = lob.raw_from_book(bs).astype(np.float64)
+    n, tick, HL = len(bs), 0.01, lob.HALF_LIVES
+    slog = _slog1
+    ref = np.full((n, 256), np.nan)
+    state = {}
+    for t in range(n):
+        s = bs.symbols[t]
+        bp, ap, bz, az = bs.bid_px[t], bs.ask_px[t], bs.bid_sz[t], bs.ask_sz[t]
+        st = state.get(s)
+        if st is not None and (bp == st['bp']).all() and (ap == st['ap']).all() and (bz == st['bz']).all() and (az == st['az']).all() and bs.trade_cnt[t] == 0:
+            ref[t] = st['row']; continue
+        row = np.full(256, np.nan)
+        mid = (bp[0] + ap[0]) / 2
+        if st is None:
+            st = dict(bp=bp, ap=ap, bz=bz, az=az, mids=[], ts=None, lasttrade=None, lastmove=0, k=0, ew=None)
+            pbp, pap, pbz, paz = bp, ap, bz, az
+        else:
+            pbp, pap, pbz, paz = st['bp'], st['ap'], st['bz'], st['az']
+        ofi = []
+        for j in range(10):
+            eb = (bz[j] if bp[j] >= pbp[j] else 0) - (pbz[j] if bp[j] <= pbp[j] else 0)
+            ea = (az[j] if ap[j] <= pap[j] else 0) - (paz[j] if ap[j] >= pap[j] else 0)
+            ofi.append(eb - ea)
+            row[122 + j] = slog(eb - ea)
+            row[102 + j] = math.log1p(bz[j]) - math.log1p(pbz[j])
+            row[112 + j] = math.log1p(az[j]) - math.log1p(paz[j])
+        mids = st['mids']; mids.append(mid); k = len(mids) - 1
+        for j, h in enumerate(HL):
+            row[132 + j] = (math.log(mid) - math.log(mids[max(k - h, 0)])) * 1e4
+        row[211] = row[132]
+        ts = bs.ts_ns[t]
+        row[209] = math.log1p(max((ts - st['ts']) / 1e6, 0)) if st['ts'] is not None else 0.0
+        if bs.trade_cnt[t] > 0:
+            st['lasttrade'] = (np.sign(bs.trade_vol[t]), bs.last_trade_sz[t], ts)
+        lt = st['lasttrade']
+        row[204] = lt[0] if lt else 0; row[205] = math.log1p(lt[1]) if lt else 0
+        row[208] = math.log1p((ts - lt[2]) / 1e6) if lt else math.log1p(1e4)
+        if k > 0 and mids[k] != mids[k - 1]: st['lastmove'] = k
+        row[210] = math.log1p(k - st['lastmove'])
+        row[206] = math.log1p(bs.trade_cnt[t]); row[207] = slog(bs.trade_vol[t])
+        spread = (ap[0] - bp[0]) / tick
+        row[60] = spread
+        imb1 = (bz[0] - az[0]) / (bz[0] + az[0])
+        micro = ((ap[0] * bz[0] + bp[0] * az[0]) / (bz[0] + az[0]) - mid) / tick
+        dr = math.log1p(bz.sum()) - math.log1p(az.sum())
+        series = [row[122], slog(sum(ofi[:5])), row[207], imb1, row[132] ** 2, spread, micro, dr]
+        series += [(bz[j] - az[j]) / (bz[j] + az[j]) for j in range(1, 5)] + [abs(row[122])]
+        x = np.array([[v] * 8 for v in series])
+        a = np.array([1 - 0.5 ** (1 / h) for h in HL])
+        st['ew'] = x.copy() if st['ew'] is None else st['ew'] + a * (x - st['ew'])
+        ew = st['ew'].reshape(-1)
+        row[140:204] = ew[:64]; row[212:244] = ew[64:96]; row[244:252] = ew[96:104]
+        st.update(bp=bp, ap=ap, bz=bz, az=az, ts=ts, row=row)
+        state[s] = st
+        ref[t] = row
+    cols = [c for c in range(256) if not np.isnan(ref[:, c]).all()]
+    assert len(cols) == 151
+    np.testing.assert_allclose(raw[:, cols], ref[:, cols], rtol=1e-4, atol=1e-4)
