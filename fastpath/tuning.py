@@ -123,9 +123,16 @@ class CacheFitReport:
             return (f"no candidate policy kept every hit within {self.max_error:g}{flips}: "
                     f"the cache stays off")
         c = self.chosen
-        return (f"chosen: cosine >= {c['cos_threshold']:g}, norm within {c['norm_tol']:g}: "
+        note = (f"chosen: cosine >= {c['cos_threshold']:g}, norm within {c['norm_tol']:g}: "
                 f"{c['hit_rate']:.2%} hits, max error {c['max_error']:.3g} "
                 f"(budget {self.max_error:g}), {c['sign_flips']} sign flips")
+        if all(r["within_budget"] for r in self.rows):
+            # the choice then says where the grid ends, not where the data's error does: a
+            # stream of near-identical ticks makes every candidate look perfect
+            note += ("; the budget never bit (every candidate stayed within it), so this is the "
+                     "loosest policy on the grid, not the loosest the data allows: check the "
+                     "ticks move as the served ones will")
+        return note
 
     def summary(self) -> dict:
         """The small record stored in the bundle's meta (not the whole grid)."""

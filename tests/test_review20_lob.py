@@ -455,3 +455,38 @@ def test_adapter_matches_a_per_tick_reference():
     cols = [c for c in range(256) if not np.isnan(ref[:, c]).all()]
     assert len(cols) == 151
     np.testing.assert_allclose(raw[:, cols], ref[:, cols], rtol=1e-4, atol=1e-4)
+
+
+def test_trades_between_matches_a_loop():
+    # differential guard for the Binance trade assignment, with trades exactly at tick times,
+    # several trades at one time and trades before the first and after the last tick
+    from fastpath.lob.readers import _trades_between
+    rng = np.random.default_rng(8)
+    for _ in range(20):
+        ticks = np.sort(rng.integers(0, 50, rng.integers(1, 12)))
+        tt = np.sort(np.concatenate([rng.integers(-5, 60, rng.integers(0, 30)), ticks[:2]]))
+        sign = rng.choice([-1.0, 1.0], len(tt))
+        size = rng.uniform(0.1, 2, len(tt))
+        vol, cnt, last = _trades_between(ticks, tt, sign * size, size)
+        prev = None
+        for i, tk in enumerate(ticks):
+            sel = [j for j in range(len(tt)) if tt[j] <= tk and (prev is None or tt[j] > prev)]
+            assert cnt[i] == len(sel)
+            assert vol[i] == pytest.approx(sum(sign[j] * size[j] for j in sel))
+            assert last[i] == (size[sel[-1]] if sel else 0.0)
+            prev = tk
+
+
+def test_fit_on_identical_ticks_says_the_budget_never_bit():
+    # all-identical ticks: every candidate has error 0 and the grid's loosest policy is chosen
+    # and stored as "fitted to the budget"; the report now says the budget never bit
+    rng = np.random.default_rng(9)
+    m = random_model(rng, [8, 16, 2], policy=CachePolicy())
+    same = np.tile(rng.standard_normal(8).astype(np.float32), (200, 1))
+    pol, rep = fit_cache_policy(m, same, max_error=0.01)
+    assert pol.enabled and rep.chosen["max_error"] == 0.0
+    assert "budget never bit" in rep.note and "budget never bit" in rep.table()
+    # a fit where the budget did bite says nothing of the kind
+    walk = np.cumsum(rng.standard_normal((600, 8)).astype(np.float32) * 0.02, axis=0) + 1
+    pol, rep = fit_cache_policy(m, walk, max_error=1e-3)
+    assert any(not r["within_budget"] for r in rep.rows) and "never bit" not in rep.note
