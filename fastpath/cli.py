@@ -55,12 +55,37 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _load_npy(path: str, what: str):
+def _load_npy(path: str, what: str, kinds: str = "iuf"):
+    """One array from a .npy file, of a numeric kind in `kinds`; anything else (an .npz
+    archive, text, strings, booleans) is a usage error naming the file, not a traceback."""
     import numpy as np
     try:
-        return np.load(path, allow_pickle=False)
+        a = np.load(path, allow_pickle=False)
     except ValueError as exc:
         raise SystemExit(f"fastpath calibrate: {path} is not a numpy .npy file of {what}: {exc}")
+    if not isinstance(a, np.ndarray):       # np.load opens an .npz archive as a mapping
+        a.close()
+        raise SystemExit(f"fastpath calibrate: {path} is an .npz archive; expected one .npy "
+                         f"array of {what} (np.save)")
+    if a.dtype.kind not in kinds:
+        want = "integers" if kinds == "iu" else "numbers (int or float)"
+        raise SystemExit(f"fastpath calibrate: {path} must hold {what} as {want}, got dtype "
+                         f"{a.dtype}")
+    return a
+
+
+def _check_fields(fields, raw_len: int, option: str):
+    bad = [f for f in fields if not 0 <= f < raw_len]
+    if bad:
+        raise SystemExit(f"fastpath calibrate: {option} names field {bad[0]}, but the ticks have "
+                         f"{raw_len} fields (0..{raw_len - 1})")
+    seen = set()
+    for f in fields:
+        if f in seen:       # '0-10,0' is a typo far more often than a wish to feed a field twice
+            raise SystemExit(f"fastpath calibrate: {option} lists field {f} twice; expected "
+                             f"each field once")
+        seen.add(f)
+    return fields
 
 
 def cmd_calibrate(args) -> int:
@@ -70,14 +95,23 @@ def cmd_calibrate(args) -> int:
     from fastpath._build import load_model
     from fastpath.tuning import calibrate
     raws = _load_npy(args.ticks, "ticks")
-    syms = _load_npy(args.symbols, "symbols") if args.symbols else None
-    ts = _load_npy(args.ts, "timestamps") if args.ts else None
+    syms = _load_npy(args.symbols, "symbols", "iu") if args.symbols else None
+    ts = _load_npy(args.ts, "timestamps", "iu") if args.ts else None
     if raws.ndim != 2:
         raise SystemExit(f"fastpath calibrate: {args.ticks} must hold a 2-d array (ticks, raw_len), "
                          f"got shape {raws.shape}")
+    bad = ~np.isfinite(raws)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise SystemExit(f"fastpath calibrate: {args.ticks} tick {r} field {c} is {raws[r, c]}; "
+                         f"ticks must be finite ({int(bad.any(1).sum())} tick(s) are not): repair "
+                         f"or drop them")
     if syms is not None and syms.shape != (len(raws),):
         raise SystemExit(f"fastpath calibrate: {args.symbols} must hold {len(raws)} symbols, got "
                          f"shape {syms.shape}")
+    if syms is not None and len(syms) and syms.min() < 0:
+        raise SystemExit(f"fastpath calibrate: {args.symbols} holds symbol {syms.min()}; symbols "
+                         f"are ids >= 0")
     if ts is not None and (ts.shape != (len(raws),) or ts.dtype.kind not in "iu"):
         raise SystemExit(f"fastpath calibrate: {args.ts} must hold {len(raws)} integer ns "
                          f"timestamps, got {ts.dtype} shape {ts.shape}")
@@ -87,8 +121,11 @@ def cmd_calibrate(args) -> int:
     model = load_model(args.model)
     n_in = model.dims[0]
     w_default = lob.WINDOW_FIELDS if raws.shape[1] == lob.RAW_LEN else ()
-    w = _parse_fields(args.window_fields, w_default, "--window-fields")
-    z = _parse_fields(args.z_fields, range(n_in - 2 * len(w)), "--z-fields")
+    w = _check_fields(_parse_fields(args.window_fields, w_default, "--window-fields"),
+                      raws.shape[1], "--window-fields")
+    z = _check_fields(_parse_fields(args.z_fields, range(n_in - 2 * len(w)), "--z-fields"),
+                      raws.shape[1], "--z-fields" if args.z_fields else
+                      f"the default --z-fields (the first {n_in} - 2 x {len(w)} window fields)")
     if len(z) + 2 * len(w) != n_in:
         raise SystemExit(f"fastpath calibrate: {len(z)} z fields + 2 x {len(w)} window fields = "
                          f"{len(z) + 2 * len(w)} features, but the model takes {n_in}")
@@ -125,7 +162,11 @@ def cmd_doctor(args) -> int:
     from fastpath.control import doctor
     from fastpath.control.config import load_config
     from fastpath.control.host import Host
-    cfg = load_config(args.config)
+    try:
+        cfg = load_config(args.config)
+    except UnicodeDecodeError:
+        raise SystemExit(f"fastpath doctor: {args.config} is not a UTF-8 text file; expected a "
+                         f"TOML config (fastpath example-config prints one)") from None
     core = args.core if args.core is not None else (
         cfg.placement.core if cfg.placement.core != "auto" else None)
     host = Host(args.root)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastpath.errors import InputError
+
 RAW_LEN = 256
 LEVELS = 10
 HALF_LIVES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -77,10 +79,72 @@ class BookStream:
     def mid(self) -> np.ndarray:
         return 0.5 * (self.bid_px[:, 0] + self.ask_px[:, 0])
 
+    def validate(self, source: str = "book stream", row_numbers=None) -> None:
+        """InputError, naming the first bad row, unless every array has its documented shape
+        and every book is one the raw layout can describe: finite positive prices, levels in
+        order away from the touch, best bid below best ask, sizes >= 0, a positive tick size.
+        A crossed book or a side with fewer levels would otherwise come out as plausible
+        numbers (a negative spread, a broadcast) or NaN that poisons every later EWMA.
+        row_numbers[i], when given, is how the message names row i (a reader's file row)."""
+        n = len(self.symbols)
+        sym = np.asarray(self.symbols)
+        if sym.ndim != 1 or sym.dtype.kind not in "iu":
+            raise InputError(f"{source}: symbols must be a 1-d integer array, got {sym.dtype} "
+                             f"shape {sym.shape}")
+        for name in ("ts_ns", "trade_vol", "trade_cnt", "last_trade_sz"):
+            a = np.asarray(getattr(self, name))
+            if a.shape != (n,):
+                raise InputError(f"{source}: {name} must have shape ({n},) (one per tick), got "
+                                 f"{a.shape}")
+        if np.asarray(self.ts_ns).dtype.kind not in "iu":
+            raise InputError(f"{source}: ts_ns must be integer ns, got {np.asarray(self.ts_ns).dtype}")
+        for name in ("bid_px", "ask_px", "bid_sz", "ask_sz"):
+            a = np.asarray(getattr(self, name))
+            if a.shape != (n, LEVELS):
+                raise InputError(f"{source}: {name} must have shape ({n}, {LEVELS}): {LEVELS} "
+                                 f"levels per side, level 1 first (pad a thinner side with "
+                                 f"empty levels one tick apart, size 0), got {a.shape}")
+        tick = np.asarray(self.tick_size, np.float64)
+        if tick.shape not in ((), (n,)) or not (np.isfinite(tick).all() and (tick > 0).all()):
+            raise InputError(f"{source}: tick_size must be a positive finite scalar or one per "
+                             f"tick, got {self.tick_size!r}")
+        bpx, apx = np.asarray(self.bid_px, np.float64), np.asarray(self.ask_px, np.float64)
+        bsz, asz = np.asarray(self.bid_sz, np.float64), np.asarray(self.ask_sz, np.float64)
+        fl = [np.asarray(getattr(self, k), np.float64) for k in ("trade_vol", "trade_cnt",
+                                                                 "last_trade_sz")]
+        checks = (
+            (~(np.isfinite(bpx).all(1) & np.isfinite(apx).all(1) & np.isfinite(bsz).all(1)
+               & np.isfinite(asz).all(1) & np.isfinite(fl[0]) & np.isfinite(fl[1])
+               & np.isfinite(fl[2])), "a non-finite price, size or trade field"),
+            ((bpx[:, 0] <= 0) | (apx[:, 0] <= 0), "a best price <= 0 (no log mid)"),
+            (bpx[:, 0] >= apx[:, 0], "a crossed or locked book (best bid >= best ask)"),
+            ((np.diff(bpx, axis=1) > 0).any(1), "bid levels out of order (each level must be "
+                                                "at or below the one before)"),
+            ((np.diff(apx, axis=1) < 0).any(1), "ask levels out of order (each level must be "
+                                                "at or above the one before)"),
+            ((bsz < 0).any(1) | (asz < 0).any(1), "a negative size"),
+            ((fl[1] < 0) | (fl[2] < 0), "a negative trade count or last trade size"),
+        )
+        o = np.argsort(sym, kind="stable")
+        ts = np.asarray(self.ts_ns)[o]
+        back = np.zeros(n, bool)
+        back[o[1:]] = (np.diff(ts) < 0) & (sym[o][1:] == sym[o][:-1])
+        checks += ((back, "a timestamp earlier than its symbol's previous tick"),)
+        for bad, what in checks:
+            rows = np.flatnonzero(bad)
+            if len(rows):
+                r = int(rows[0])
+                at = f"row {r + 1} (of {n})" if row_numbers is None else f"row {row_numbers[r]}"
+                raise InputError(f"{source}: {at} has {what}: bid "
+                                 f"{bpx[r, 0]:g} x {bsz[r, 0]:g}, ask {apx[r, 0]:g} x "
+                                 f"{asz[r, 0]:g}; {len(rows)} such row(s)")
+
 
 def raw_from_book(bs: BookStream, progress=None) -> np.ndarray:
     """The (n, 256) float32 raw vectors for a book stream (see the module doc for the layout).
-    progress(done_symbols, total_symbols), when given, is called per symbol."""
+    progress(done_symbols, total_symbols), when given, is called per symbol. InputError
+    (BookStream.validate) for a book the layout cannot describe."""
+    bs.validate()
     n = len(bs)
     out = np.zeros((n, RAW_LEN), np.float64)
     tick = np.broadcast_to(np.asarray(bs.tick_size, np.float64), (n,))
@@ -134,7 +198,17 @@ def raw_from_book(bs: BookStream, progress=None) -> np.ndarray:
         if same.any():
             src = np.maximum.accumulate(np.where(~same, np.arange(len(rows)), 0))
             out[rows[same]] = out[rows[src[same]]]
-    return out.astype(np.float32)
+    with np.errstate(over="ignore"):
+        res = out.astype(np.float32)
+    bad = ~np.isfinite(res)
+    if bad.any():
+        # finite books can still overflow a field (a tick size of 1e-300 makes every offset
+        # inf): refuse here, where the field can be named, not tick by tick in the engine
+        r, c = np.argwhere(bad)[0]
+        raise InputError(f"raw_from_book: row {r + 1} field {c} ({field_names()[c]}) is "
+                         f"{out[r, c]:g}, beyond float32; check the tick size "
+                         f"({tick[r]:g}) and the prices and sizes of that row")
+    return res
 
 
 def _per_symbol(out, rows, bs, mid, alphas) -> None:
@@ -202,12 +276,16 @@ def _per_symbol(out, rows, bs, mid, alphas) -> None:
 STATE_FIELDS = _state_fields()
 
 def future_return_bps(bs: BookStream, horizon: int = 20) -> np.ndarray:
-    """Mid return of each tick's symbol over its next `horizon` ticks, bps (0 at the end)."""
+    """Mid return of each tick's symbol over its next `horizon` ticks, bps; 0 for a symbol's
+    last `horizon` ticks, which have no tick that far ahead (a return to the symbol's last
+    tick would be a label over a shorter horizon)."""
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
+        raise InputError(f"horizon must be an int >= 1 (ticks ahead), got {horizon!r}")
     mid = bs.mid()
     out = np.zeros(len(bs))
     for s in np.unique(bs.symbols):
         rows = np.flatnonzero(bs.symbols == s)
         lm = np.log(mid[rows])
-        fut = np.concatenate([lm[horizon:], np.full(min(horizon, len(rows)), lm[-1])])
+        fut = np.concatenate([lm[horizon:], lm[len(rows) - min(horizon, len(rows)):]])
         out[rows] = (fut - lm) * 1e4
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastpath.errors import InputError
 from fastpath.lob.adapter import LEVELS, BookStream
 
 REGIMES = ("calm", "shock", "recovery")
@@ -16,7 +17,18 @@ def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
     calm, a shock (sweeps through several levels, 5x volatility, wide spread, heavy trading),
     then calm again ("recovery"). Level-1 imbalance predicts the next mid move, so a model
     trained on it has a real signal to find. progress(done, total), when given, is called
-    every 10,000 ticks."""
+    every 10,000 ticks. InputError for a count that is not a positive int or a shock window
+    outside [0, 1] (it would silently give a stream with no shock, or none at all)."""
+    for name, v, lo in (("n_ticks", n_ticks, 1), ("n_symbols", n_symbols, 1), ("seed", seed, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise InputError(f"{name} must be an int >= {lo}, got {v!r}")
+    for name, v in (("shock_at", shock_at), ("shock_len", shock_len)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                or not 0.0 <= v <= 1.0:
+            raise InputError(f"{name} must be a fraction of the stream in [0, 1], got {v!r}")
+    if shock_at + shock_len > 1.0:
+        raise InputError(f"shock_at + shock_len must be <= 1 (the shock ends inside the stream), "
+                         f"got {shock_at} + {shock_len}")
     rng = np.random.default_rng(seed)
     L = LEVELS
     tick = 0.01
