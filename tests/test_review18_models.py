@@ -129,7 +129,7 @@ def test_the_array_table_is_read_only_as_written():
     for a, b in zip(m.layers, m2.layers):
         assert np.array_equal(a.weight, b.weight) and np.array_equal(a.bias, b.bias)
     # the demo bundle, written by an earlier version, still loads
-    Model.load(os.path.join(ROOT, "fastpath", "data", "demo.fpm"))
+    Model.load(os.path.join(os.path.dirname(fastpath.__file__), "data", "demo.fpm"))
 
 
 _FUZZ = r"""

@@ -172,7 +172,8 @@ def test_symbol_and_ts_through_the_slow_path(eng):
               (2**63, f"ts_ns {2**63} does not fit a signed 64-bit int of ns"),
               (-2**70, f"ts_ns {-2**70} does not fit a signed 64-bit int of ns"),
               (1.5, "got float 1.5"), (np.int64(-3), "ts_ns must be >= 0 (ns), got -3"),
-              (np.True_, "got bool np.True_")]
+              # numpy's own spelling of its bool: "bool np.True_" (numpy 2), "bool_ True" (1.x)
+              (np.True_, f"got {type(np.True_).__name__} {np.True_!r}")]
     for t, msg in bad_ts:
         with pytest.raises(InputError) as ei:
             eng.step(x, 2, ts_ns=t)
