@@ -42,6 +42,17 @@ def _max_error(text: str) -> float:
     return v
 
 
+def _holdout(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 <= v <= 0.9:           # NaN fails this too
+        raise argparse.ArgumentTypeError(f"holdout must be the fraction of ticks held out, in "
+                                         f"[0, 0.9], got {text!r}")
+    return v
+
+
 def cmd_info(args) -> int:
     import fastpath
     from fastpath._build import DEMO_MODEL
@@ -115,6 +126,9 @@ def cmd_calibrate(args) -> int:
     if ts is not None and (ts.shape != (len(raws),) or ts.dtype.kind not in "iu"):
         raise SystemExit(f"fastpath calibrate: {args.ts} must hold {len(raws)} integer ns "
                          f"timestamps, got {ts.dtype} shape {ts.shape}")
+    if args.holdout is not None and args.max_error is None:
+        raise SystemExit("fastpath calibrate: --holdout is used by the cache-policy fit; give "
+                         "--max-error too")
     if ts is not None and args.max_error is None:
         raise SystemExit("fastpath calibrate: --ts is used by the cache-policy fit; give "
                          "--max-error too")
@@ -147,7 +161,8 @@ def cmd_calibrate(args) -> int:
     else:
         if ts is None:
             print("cache fit: no --ts given, ticks taken 1 ms apart for the age guard")
-        out, rep = out.fit_cache_policy(raws, syms, max_error=args.max_error, ts_ns=ts)
+        out, rep = out.fit_cache_policy(raws, syms, max_error=args.max_error, ts_ns=ts,
+                                        holdout=0.25 if args.holdout is None else args.holdout)
         print(rep.table())
         p = out.cache_policy
         cache = (f"cache: on, fitted to max error {p.fitted_max_error:g} (cosine >= "
@@ -264,6 +279,10 @@ def main(argv=None) -> int:
                    help="fit the cache policy by shadow replay of the ticks: the loosest policy "
                         "whose every hit is within E of the fresh signal (without it the "
                         "bundle's cache is off)")
+    c.add_argument("--holdout", type=_holdout, default=None, metavar="F",
+                   help="with --max-error: the last F of the ticks (default 0.25) are held out "
+                        "of the choice and must keep the budget too (0: fit on every tick, "
+                        "checked on none)")
     c.add_argument("--ts", help=".npy of each tick's int64 ns timestamp, for the cache age guard "
                    "in the fit (default: ticks 1 ms apart)")
     s = sub.add_parser("serve", help="serve one pinned engine to other processes over shared "

@@ -102,13 +102,19 @@ class CacheFitReport:
 
     rows: one dict per candidate with cos_threshold, norm_tol, hit_rate, hits, mean_error and
     max_error (|cached signal - fresh signal| over the hits) and sign_flips (hits whose signal
-    sign differs from the fresh one). chosen: the chosen row, or None (cache off)."""
+    sign differs from the fresh one), measured on the fitting ticks; with a holdout, also
+    "holdout": the same figures over the held-out ticks (the last n_holdout of the stream) and
+    whether they are within the budget. chosen: the chosen row, or None (cache off)."""
     max_error: float
     n_ticks: int
     timestamps: str
     rows: list = field(default_factory=list)
     chosen: dict | None = None
     max_sign_flips: int | None = None
+    n_holdout: int = 0
+    # candidates within the budget on the fitting ticks that the held-out ticks refused,
+    # loosest first (each would have been chosen without the holdout)
+    refused_by_holdout: list = field(default_factory=list)
 
     @property
     def note(self) -> str:
@@ -118,15 +124,33 @@ class CacheFitReport:
             return (f"no candidate policy hit on these {self.n_ticks} ticks, so none was "
                     f"measured against the budget {self.max_error:g}: the cache stays off "
                     f"(fit on a longer recording)")
+        refused = ""
+        if self.refused_by_holdout:
+            r0 = self.refused_by_holdout[0]
+            refused = (f"; {len(self.refused_by_holdout)} looser candidate(s) kept the budget on "
+                       f"the fitting ticks but not on the {self.n_holdout} held-out ones (the "
+                       f"loosest, cosine >= {r0['cos_threshold']:g} / norm {r0['norm_tol']:g}: "
+                       f"max error {r0['holdout']['max_error']:.3g} there)")
         if self.chosen is None:
             flips = "" if self.max_sign_flips is None else f" and at most {self.max_sign_flips} sign flips"
-            return (f"no candidate policy kept every hit within {self.max_error:g}{flips}: "
-                    f"the cache stays off")
+            where = " on the fitting and the held-out ticks" if self.n_holdout else ""
+            return (f"no candidate policy kept every hit within {self.max_error:g}{flips}{where}: "
+                    f"the cache stays off{refused}")
         c = self.chosen
         note = (f"chosen: cosine >= {c['cos_threshold']:g}, norm within {c['norm_tol']:g}: "
                 f"{c['hit_rate']:.2%} hits, max error {c['max_error']:.3g} "
                 f"(budget {self.max_error:g}), {c['sign_flips']} sign flips")
-        if all(r["within_budget"] for r in self.rows):
+        if self.n_holdout:
+            h = c["holdout"]
+            note += (f"; on the {self.n_holdout} held-out ticks {h['hit_rate']:.2%} hits, max "
+                     f"error {h['max_error']:.3g}, {h['sign_flips']} sign flips"
+                     + (" (no hit there: the holdout measured nothing)" if not h["hits"] else ""))
+            note += refused
+        else:
+            note += ("; measured on the fitting ticks only (holdout=0): a budget met there is not "
+                     "a bound on other ticks")
+        if all(r["within_budget"] and (not self.n_holdout or r["holdout"]["within_budget"])
+               for r in self.rows):
             # the choice then says where the grid ends, not where the data's error does: a
             # stream of near-identical ticks makes every candidate look perfect
             note += ("; the budget never bit (every candidate stayed within it), so this is the "
@@ -137,21 +161,31 @@ class CacheFitReport:
     def summary(self) -> dict:
         """The small record stored in the bundle's meta (not the whole grid)."""
         return {"max_error": self.max_error, "max_sign_flips": self.max_sign_flips,
-                "n_ticks": self.n_ticks, "timestamps": self.timestamps,
+                "n_ticks": self.n_ticks, "n_holdout": self.n_holdout,
+                "timestamps": self.timestamps,
                 "chosen": dict(self.chosen) if self.chosen else None}
 
     def table(self) -> str:
         """The grid as text, one line per candidate, the chosen one marked."""
-        lines = [f"cache policy fit: shadow replay of {self.n_ticks} ticks ({self.timestamps}), "
-                 f"budget max |signal error| {self.max_error:g} on every hit",
+        ho = self.n_holdout
+        split = (f", the last {ho} held out (hit rate and errors there after the /)" if ho
+                 else "")
+        lines = [f"cache policy fit: shadow replay of {self.n_ticks} ticks ({self.timestamps}"
+                 f"{split}), budget max |signal error| {self.max_error:g} on every hit",
                  f"  {'cosine':>9} {'norm':>6} {'hit rate':>9} {'hits':>8} {'mean err':>9} "
-                 f"{'max err':>9} {'flips':>6}"]
+                 f"{'max err':>9} {'flips':>6}" + (f" {'held-out hit rate / max err / flips':>37}"
+                                                   if ho else "")]
         for r in self.rows:
+            over = not r["within_budget"] or (ho and not r["holdout"]["within_budget"])
             mark = " <- chosen" if self.chosen is not None and r is self.chosen else (
-                "" if r["within_budget"] else "  over budget")
+                "" if not over else "  over budget" if not r["within_budget"]
+                else "  over budget held out")
+            h = r.get("holdout")
+            held = (f" {h['hit_rate']:>15.2%} / {h['max_error']:>9.3g} / {h['sign_flips']:>6}"
+                    if ho else "")
             lines.append(f"  {r['cos_threshold']:>9g} {r['norm_tol']:>6g} {r['hit_rate']:>9.2%} "
                          f"{r['hits']:>8} {r['mean_error']:>9.3g} {r['max_error']:>9.3g} "
-                         f"{r['sign_flips']:>6}{mark}")
+                         f"{r['sign_flips']:>6}{held}{mark}")
         lines.append(self.note)
         return "\n".join(lines)
 
@@ -160,7 +194,7 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
                      max_error: float = 0.01, ts_ns: np.ndarray | None = None,
                      cos_grid: Sequence[float] = COS_GRID, norm_grid: Sequence[float] = NORM_GRID,
                      max_sign_flips: int | None = None, tick_ns: int = DEFAULT_TICK_NS,
-                     simd: str = "auto") -> tuple:
+                     simd: str = "auto", holdout: float = 0.0) -> tuple:
     """(CachePolicy, CacheFitReport): the candidate (cosine x norm grid; age and run guards
     kept from the model's policy) with the highest hit rate whose every hit, in a shadow replay
     of these ticks against a cache-less engine, is within max_error of the fresh signal (and,
@@ -174,6 +208,14 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     40% of a generated stream and replayed on the rest, the chosen policy stayed within its
     budget in 23 of 24 fits, and the one miss was 0.0219 on a 0.02 budget (one hit). Fit on a
     recording like the one the engine will serve, and leave headroom in max_error.
+
+    holdout (a fraction in [0, 0.9]): the last round(n * holdout) ticks (in stream order: the
+    future of the fitting ticks, as a served stream is) are held out of the choice and then
+    check it: the replay runs the whole stream (windows and cache stay warm across the
+    split), each candidate's hits are measured on the fitting ticks and on the held-out ones
+    apart, and the chosen policy is the one with the highest hit rate on the fitting ticks
+    among those within the budget on both. A looser candidate that only the held-out ticks
+    refused is named in the report (refused_by_holdout).
     Symbol ids may be any ints >= 0 (the replay maps them to dense ones)."""
     from fastpath._engine import Engine
     r = _ticks(raws, model.raw_len)
@@ -195,6 +237,16 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     if max_sign_flips is not None and (isinstance(max_sign_flips, bool) or not isinstance(
             max_sign_flips, (int, np.integer)) or max_sign_flips < 0):
         raise ModelError(f"max_sign_flips must be None or an int >= 0, got {max_sign_flips!r}")
+    if isinstance(holdout, bool) or not isinstance(holdout, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= float(holdout) <= 0.9:
+        raise ModelError(f"holdout must be the fraction of ticks held out, in [0, 0.9], got "
+                         f"{holdout!r}")
+    n_hold = int(round(n * float(holdout)))
+    if holdout and not 1 <= n_hold < n:
+        raise InputError(f"holdout {float(holdout):g} of {n} ticks leaves "
+                         f"{'no tick to check' if n_hold < 1 else 'no tick to fit'}: give more "
+                         f"ticks or another fraction")
+    k = n - n_hold                       # ticks [0, k) fit, [k, n) check
     if len(cos_grid) == 0 or len(norm_grid) == 0:
         raise ModelError(f"cos_grid and norm_grid must each hold at least one candidate, got "
                          f"{len(cos_grid)} and {len(norm_grid)}")
@@ -211,25 +263,39 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
            "memory": {"huge_pages": "none", "mlock": False}}
     off = replace(base, enabled=False, fitted_max_error=None)
     fresh = Engine(model.with_cache_policy(off), config=cfg).step_batch(r, sy, ts).signal
-    rep = CacheFitReport(float(max_error), n, stamps, max_sign_flips=max_sign_flips)
-    best_pol = None
+    rep = CacheFitReport(float(max_error), n, stamps, max_sign_flips=max_sign_flips,
+                         n_holdout=n_hold)
+
+    def measured(signal, hit, lo, hi) -> dict:
+        """The hits of ticks [lo, hi) against the fresh signals there."""
+        h, sig, fr = hit[lo:hi], signal[lo:hi], fresh[lo:hi]
+        err = np.abs(sig[h].astype(np.float64) - fr[h])
+        flips = int(np.count_nonzero(np.sign(sig[h]) != np.sign(fr[h])))
+        m = {"hit_rate": float(h.mean()), "hits": int(h.sum()),
+             "mean_error": float(err.mean()) if len(err) else 0.0,
+             "max_error": float(err.max()) if len(err) else 0.0, "sign_flips": flips}
+        m["within_budget"] = bool(m["max_error"] <= max_error and (
+            max_sign_flips is None or flips <= max_sign_flips))
+        return m
+
+    fits = []
     for c in cos_grid:
         for t in norm_grid:
             pol = CachePolicy(True, float(c), float(t), base.max_age_ns, base.max_run)
             res = Engine(model.with_cache_policy(pol), config=cfg).step_batch(r, sy, ts)
-            hit = res.cached
-            err = np.abs(res.signal[hit].astype(np.float64) - fresh[hit])
-            flips = int(np.count_nonzero(np.sign(res.signal[hit]) != np.sign(fresh[hit])))
             row = {"cos_threshold": float(c), "norm_tol": float(t),
-                   "hit_rate": float(hit.mean()), "hits": int(hit.sum()),
-                   "mean_error": float(err.mean()) if len(err) else 0.0,
-                   "max_error": float(err.max()) if len(err) else 0.0, "sign_flips": flips}
-            row["within_budget"] = bool(row["max_error"] <= max_error and (
-                max_sign_flips is None or flips <= max_sign_flips))
+                   **measured(res.signal, res.cached, 0, k)}
+            if n_hold:
+                row["holdout"] = measured(res.signal, res.cached, k, n)
             rep.rows.append(row)
-            if row["within_budget"] and row["hits"] and (
-                    rep.chosen is None or row["hit_rate"] > rep.chosen["hit_rate"]):
-                rep.chosen, best_pol = row, pol
-    if best_pol is None:
-        return off, rep
-    return replace(best_pol, fitted_max_error=float(max_error)), rep
+            if row["within_budget"] and row["hits"]:
+                fits.append((row, pol))
+    # highest hit rate on the fitting ticks first; ties keep grid order (the first listed)
+    fits.sort(key=lambda rp: -rp[0]["hit_rate"])
+    for row, pol in fits:
+        if n_hold and not row["holdout"]["within_budget"]:
+            rep.refused_by_holdout.append(row)
+            continue
+        rep.chosen = row
+        return replace(pol, fitted_max_error=float(max_error)), rep
+    return off, rep
