@@ -331,10 +331,11 @@ cdef class Engine:
 
     cdef inline int _check_free(self) except -1:
         if self._busy:
-            raise EngineBusyError("engine is busy in step_batch on another thread; an Engine is "
+            raise EngineBusyError("engine is busy on another thread (in step_batch, or in a "
+                                  "GPU tick waiting for the device); an Engine is "
                                   "single-writer: step it from one thread (or give each thread "
                                   "its own Engine) and read ticks / stats() / "
-                                  "latency_records() once step_batch has returned")
+                                  "latency_records() once that call has returned")
         return 0
 
     cdef Result _step(self, object raw, object symbol, object ts_ns):
@@ -513,8 +514,10 @@ cdef class Engine:
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         self._check_free()
         cdef fp_pending pend
-        # a timestamp past any real one: the lookup it feeds changes nothing
-        cdef int rc = fp_step_begin(self._e, p, <int32_t>sym, 1LL << 62, &pend)
+        # a timestamp no tick's can pass (ts_ns takes any int64 >= 0: with 2**62 here a
+        # symbol stepped at a later ts_ns made features() an InputError, time going
+        # backwards); the lookup it feeds changes nothing
+        cdef int rc = fp_step_begin(self._e, p, <int32_t>sym, 0x7FFFFFFFFFFFFFFFLL, &pend)
         if rc != FP_OK:
             self._raise(rc, raw, sym, -1)
         out = np.empty(self.n_features, np.float32)
@@ -733,7 +736,15 @@ cdef class Engine:
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         cdef long long ts = _ts_arg(ts_ns)
         self._check_free()
-        return self._gpu_tick(raw, p, <int32_t>sym, ts)
+        # the GPU call between fp_step_begin and fp_step_finish lets other threads run (the
+        # GIL is released while the device works): a second thread's tick then rewrote the
+        # feature buffer this tick's GPU call reads, and this tick answered with that tick's
+        # signal, silently. Busy for the whole tick, as step_batch is.
+        self._busy = True
+        try:
+            return self._gpu_tick(raw, p, <int32_t>sym, ts)
+        finally:
+            self._busy = False
 
     def _step_batch_gpu(self, raws, symbols, ts_ns=None):
         """step_batch on the GPU backend: every row validated first (as the CPU's step_batch),
@@ -758,37 +769,50 @@ cdef class Engine:
         tot = np.empty(n, np.int64)
         cdef Result res
         cdef Py_ssize_t i
-        for i in range(n):
-            try:
-                res = self._gpu_tick(R[i], rp + i * self.raw_len, yp[i],
-                                     tp[i] if tp != NULL else -1, i)
-            except FastpathError as exc:
-                note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
-                raise type(exc)(str(exc) + note) from None
-            sig[i] = res.signal
-            conf[i] = res.confidence
-            cached[i] = res.cached
-            tot[i] = res._t
+        self._busy = True         # as _step_gpu: no other thread's tick between two of these
+        try:
+            for i in range(n):
+                try:
+                    res = self._gpu_tick(R[i], rp + i * self.raw_len, yp[i],
+                                         tp[i] if tp != NULL else -1, i)
+                except FastpathError as exc:
+                    note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
+                    raise type(exc)(str(exc) + note) from None
+                sig[i] = res.signal
+                conf[i] = res.confidence
+                cached[i] = res.cached
+                tot[i] = res._t
+        finally:
+            self._busy = False
         return BatchResult(sig, conf, cached, tot)
 
 
 # ------------------------------------------------------------ module-level step
 cdef Engine _default_engine = None
+# _default_engine when fastpath.step() may call its CPU tick directly, else None (no engine
+# yet, or a GPU engine: step() then goes through Engine.step, which runs the GPU tick and
+# refuses a closed engine; calling _step there ran the model on the CPU, and answered after
+# close())
+cdef Engine _default_cpu = None
+
+
+cdef _set_default(Engine engine):
+    global _default_engine, _default_cpu
+    _default_engine = engine
+    _default_cpu = engine if engine is not None and not engine._on_gpu else None
 
 
 def set_default_engine(engine):
     """Make `engine` the one fastpath.step() uses (None: rebuild the demo engine on next call)."""
-    global _default_engine
     if engine is not None and not isinstance(engine, Engine):
         raise InputError(f"expected a fastpath.Engine, got {type(engine).__name__}")
-    _default_engine = engine
+    _set_default(engine)
 
 
 def get_default_engine():
-    global _default_engine
     if _default_engine is None:
         from fastpath._build import default_engine
-        _default_engine = default_engine()
+        _set_default(default_engine())
     return _default_engine
 
 
@@ -798,6 +822,6 @@ def get_default_engine():
 def step(raw, symbol=0, ts_ns=None):
     """fastpath.step(raw, symbol=0, ts_ns=None): one tick through the default engine
     (embedded demo model); the arguments are those of Engine.step."""
-    if _default_engine is None:
-        get_default_engine()
-    return _default_engine._step(raw, symbol, ts_ns)
+    if _default_cpu is not None:
+        return _default_cpu._step(raw, symbol, ts_ns)
+    return get_default_engine().step(raw, symbol, ts_ns)
