@@ -14,7 +14,7 @@ def _show(value: Any) -> str:
     """repr(value) for a message; an int of more than 30 digits by its size (past Python's
     4300 digits repr raises ValueError, which would replace the ConfigError)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 30:
-        return f"an int of about 10**{int((abs(value).bit_length() - 1) * 0.30103)}"
+        return f"an int of about 10**{int(abs(value).bit_length() * 0.30103)}"
     return repr(value)
 
 
