@@ -219,18 +219,21 @@ static inline int fp_cache_look_f32(const fp_kernels *k, const fp_cache_plan *pl
  * square roots and a rounded product, and came out an ulp above dot for a tick equal to its
  * key (cosine exactly 1: dot == |f|^2 == |c|^2, bit for bit), so at cos_threshold 1.0 one
  * exact repeat in four missed, reported as "cosine" (and a key doubled, cosine 1 too, as
- * "cosine" instead of "norm"). Here the sums are compared squared, dot^2 >= t^2 |f|^2 |c|^2,
- * with no square root: an exact tie stays a tie. Reached only within ~2^-49 of the threshold
- * (never, on the bench stream), so out of line. */
+ * "cosine" instead of "norm"; at -1, a key's opposite). Here the sums are compared squared,
+ * dot^2 against t^2 |f|^2 |c|^2, with no square root: an exact tie stays a tie. Reached only
+ * within ~2^-49 of the threshold (never, on the bench stream), so out of line. */
 __attribute__((noinline, cold)) static int fp_cache_cos_tie(const fp_kernels *k,
                                                            const fp_cache_policy *p,
                                                            const fp_slot *s, const float *f,
                                                            int n, double dot, double bound) {
     const double t = p->cos_threshold;
-    if (!(t > 0.0 && dot > 0.0 && dot >= bound * (1.0 - 0x1p-49))) return 0;
+    if (!(dot >= bound - fabs(bound) * 0x1p-49)) return 0;
     double d, a2, b2;
     k->dot_norms_f64(f, fp_slot_features_c(s), n, &d, &a2, &b2);
-    return d > 0.0 && d * d >= (t * t) * (a2 * b2);
+    /* t < 0 (a policy on the norm alone at -1): cos >= t is d >= 0 or |d| <= |t| |f| |c|,
+     * so a key's exact opposite passes at -1 */
+    return t >= 0.0 ? d >= 0.0 && d * d >= (t * t) * (a2 * b2)
+                    : d >= 0.0 || d * d <= (t * t) * (a2 * b2);
 }
 
 /* The guards decided in double: the reference the float32 look must agree with. |cached|

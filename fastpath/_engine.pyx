@@ -300,7 +300,9 @@ cdef class Engine:
                 return <const float *>cnp.PyArray_DATA(a)
         raise _bad_raw(raw, self.raw_len)
 
-    cdef _raise(self, int rc, object raw, Py_ssize_t symbol, long long ts, Py_ssize_t row=-1):
+    # symbol: an object, as step_batch's row may hold any uint64 (as a Py_ssize_t, 2**63 and
+    # up raised OverflowError instead of this InputError)
+    cdef _raise(self, int rc, object raw, object symbol, long long ts, Py_ssize_t row=-1):
         where = f"row {row}: " if row >= 0 else ""
         if rc == FP_ERR_SYMBOL:
             raise InputError(f"{where}symbol {symbol} out of range: this engine has "
@@ -335,7 +337,8 @@ cdef class Engine:
                                   "GPU tick waiting for the device); an Engine is "
                                   "single-writer: step it from one thread (or give each thread "
                                   "its own Engine) and read ticks / stats() / "
-                                  "latency_records() once that call has returned")
+                                  "latency_records() once step_batch has returned (or "
+                                  "the GPU tick)")
         return 0
 
     cdef Result _step(self, object raw, object symbol, object ts_ns):
@@ -388,6 +391,8 @@ cdef class Engine:
         R = self._batch_raws(raws)
         n = cnp.PyArray_DIM(R, 0)
         sy = np.asarray(symbols)
+        if n == 0 and isinstance(symbols, (list, tuple)) and not symbols:
+            sy = np.empty(0, np.int32)      # [] is float64 to numpy: an empty batch's symbols
         if sy.ndim != 1 or sy.shape[0] != n or sy.dtype.kind not in "iu":
             hint = ("; symbols are indices 0..n_symbols-1: map names to indices once"
                     if sy.dtype.kind in "USO" else "")
@@ -400,6 +405,8 @@ cdef class Engine:
         T = None
         if ts_ns is not None:
             ts = np.asarray(ts_ns)
+            if n == 0 and isinstance(ts_ns, (list, tuple)) and not ts_ns:
+                ts = np.empty(0, np.int64)
             if ts.ndim != 1 or ts.shape[0] != n or ts.dtype.kind not in "iu":
                 hint = ""
                 if ts.dtype.kind == "M":
@@ -473,10 +480,13 @@ cdef class Engine:
         cdef bint trees = self._e.model_kind == FP_MODEL_TREES
         # the common case (what a strategy holds: a float32 vector of the right length) is
         # checked with a few C tests and used in place; anything else goes through numpy
+        # (byte order too: NPY_FLOAT32 is also the type of a big-endian float32 array, whose
+        # bytes were read as native floats, a silently wrong prediction)
         if (type(x) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_FLOAT32
                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 1
                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) == self.n_features
-                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)):
+                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)
+                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>x)):
             xa = <cnp.ndarray>x
         else:
             try:
@@ -667,7 +677,9 @@ cdef class Engine:
     def close(self):
         """Release what the engine holds outside this process's memory: the GPU backend's
         device memory and, in persistent mode, its running kernel. A CPU engine has nothing
-        to release. Stepping a closed GPU engine is a BackendError."""
+        to release. Stepping a closed GPU engine is a BackendError. EngineBusyError while
+        another thread's tick runs (its device call would lose its memory under it)."""
+        self._check_free()
         if self._gpu is not None:
             g, self._gpu = self._gpu, None
             g.close()

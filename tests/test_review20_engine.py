@@ -218,7 +218,7 @@ def _cache_engine(isa, n=16, n_symbols=4, **pol):
                   config={"engine": {"simd": isa, "n_symbols": n_symbols}, "cache": policy})
 
 
-@pytest.mark.parametrize("thr", [1.0, 1.0 - 2.0**-53, 0.9999999999999999])
+@pytest.mark.parametrize("thr", [1.0, 1.0 - 2.0**-53, 1.0 - 2.0**-52])
 def test_exact_repeat_hits_at_threshold_one(isa, thr):
     # Was: at cos_threshold 1.0 a tick equal to its key (cosine exactly 1) missed in about one
     # case in four, reported as "cosine": dot < t |f| |c| with |f| |c| two rounded square
@@ -238,6 +238,23 @@ def test_exact_repeat_hits_at_threshold_one(isa, thr):
             wrong.append((i, r.miss_reason, d.miss_reason))
         if K.kernel_cache_decide(isa, x, x, thr, 0.0) != "hit":
             wrong.append((i, "kernel"))
+    assert not wrong, wrong[:5]
+
+
+def test_opposite_key_passes_the_direction_guard_at_threshold_minus_one(isa):
+    # cos_threshold -1 (a policy on the norm alone): cosine -1 >= -1, the same tie at the
+    # other end; it missed as "cosine" when |f| |c| rounded below -dot
+    from fastpath import _kernels as K
+    rng = np.random.default_rng(13)
+    e = _cache_engine(isa, cos_threshold=-1.0, norm_tol=0.0)
+    wrong = []
+    for i in range(200):
+        x = (rng.standard_normal(16) * 10 ** rng.uniform(-4, 4)).astype(F32)
+        e.reset(0)
+        e.step(x, 0, ts_ns=1)
+        r = e.step(-x, 0, ts_ns=2)
+        if r.miss_reason != "hit" or K.kernel_cache_decide(isa, -x, x, -1.0, 0.0) != "hit":
+            wrong.append((i, r.miss_reason))
     assert not wrong, wrong[:5]
 
 
@@ -410,6 +427,8 @@ def test_gpu_tick_and_a_second_thread(fake_gpu):
             ge.step(raws[1], 0, ts_ns=20)
         with pytest.raises(EngineBusyError):
             ge.step_batch(raws[1:2], [1], [20])
+        with pytest.raises(EngineBusyError):
+            ge.close()                   # the device memory stays until the tick is done
     finally:
         go.set()
         th.join(10)
@@ -560,3 +579,45 @@ def test_step_during_step_batch_on_another_thread_is_refused_cleanly(isa):
             seen["busy"] += 1
     th.join()
     assert e.ticks == len(raws) + seen["ok"]
+
+
+# ------------------------------------------------------------------ predict and step_batch input
+
+def test_predict_big_endian_float32_is_read_by_value(isa):
+    # Was: predict() took any C-contiguous NPY_FLOAT32 array in place, and a big-endian one
+    # ('>f4', e.g. from a file written on another machine) has that type too: its bytes were
+    # read as native floats, outputs ~1e37 instead of ~1, silently
+    rng = np.random.default_rng(9)
+    e = Engine(random_model(rng, [16, 8, 2]), config={"engine": {"simd": isa, "n_symbols": 2}})
+    x = rng.standard_normal(16).astype(F32)
+    want = e.predict(x)
+    for y in (x.astype(">f4"), x.astype("<f4"), x.astype(np.float64),
+              np.repeat(x, 2)[::2], x.astype(">f8")):
+        assert e.predict(y).tobytes() == want.tobytes(), y.dtype
+
+
+@pytest.mark.parametrize("syms", [np.array([2**64 - 1], np.uint64), np.array([2**63], np.uint64),
+                                  [2**63], np.array([2**40]), np.array([-2**63])])
+def test_step_batch_symbols_past_int64_are_input_errors(isa, syms):
+    # Was: a uint64 symbol of 2**63 or more (or a list holding one) raised OverflowError while
+    # the InputError naming the row was being built
+    rng = np.random.default_rng(10)
+    e = Engine(random_model(rng, [16, 8, 2]), config={"engine": {"simd": isa, "n_symbols": 2}})
+    x = rng.standard_normal((1, 16)).astype(F32)
+    with pytest.raises(InputError, match=r"row 0: symbol -?\d+ out of range"):
+        e.step_batch(x, syms)
+    assert e.ticks == 0
+
+
+def test_step_batch_of_nothing_with_empty_lists(isa):
+    # Was: step_batch(np.empty((0, n)), []) was refused: numpy reads [] as float64, and the
+    # message said symbols must be an integer array of shape (0,)
+    rng = np.random.default_rng(12)
+    e = Engine(random_model(rng, [16, 8, 2]), config={"engine": {"simd": isa, "n_symbols": 2}})
+    empty = np.empty((0, 16), F32)
+    for args in (([],), ([], []), ((), ()), (np.empty(0, np.int64), [])):
+        r = e.step_batch(empty, *args)
+        assert len(r.signal) == len(r.cached) == 0
+    assert e.ticks == 0
+    with pytest.raises(InputError, match="symbols must be an integer array"):
+        e.step_batch(empty, np.empty(0, np.float64))
