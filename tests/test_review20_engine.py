@@ -621,3 +621,21 @@ def test_step_batch_of_nothing_with_empty_lists(isa):
     assert e.ticks == 0
     with pytest.raises(InputError, match="symbols must be an integer array"):
         e.step_batch(empty, np.empty(0, np.float64))
+
+
+# ------------------------------------------------------------------ the range parser
+
+def test_range_parser_refuses_a_range_past_any_list_and_non_ascii_digits():
+    # Was: "0-1110000000" (a typo in a calibrate field list) built the list until memory ran
+    # out (2,000,001 values here, which it returned); "²" passed str.isdigit() and int()
+    # refused it with a message naming neither the list nor the part
+    from fastpath._ranges import parse_ranges
+    MAX_VALUES = 1 << 20            # fastpath._ranges.MAX_VALUES
+    with pytest.raises(ValueError, match=r"'0-2000000' holds 2000001 values"):
+        parse_ranges("0-2000000", "--z-fields field list")
+    with pytest.raises(ValueError, match="more than"):
+        parse_ranges(",".join(["1"] * (MAX_VALUES + 1)))
+    for bad in ("1,²", "²-3", "0-٣"):
+        with pytest.raises(ValueError, match=r"cpulist .*is not a non-negative integer"):
+            parse_ranges(bad, "cpulist")
+    assert parse_ranges("0-1048575") == list(range(MAX_VALUES))
