@@ -225,9 +225,8 @@ static inline int fp_cache_look_f32(const fp_kernels *k, const fp_cache_plan *pl
 __attribute__((noinline, cold)) static int fp_cache_cos_tie(const fp_kernels *k,
                                                            const fp_cache_policy *p,
                                                            const fp_slot *s, const float *f,
-                                                           int n, double dot, double bound) {
+                                                           int n) {
     const double t = p->cos_threshold;
-    if (!(dot >= bound - fabs(bound) * 0x1p-49)) return 0;
     double d, a2, b2;
     k->dot_norms_f64(f, fp_slot_features_c(s), n, &d, &a2, &b2);
     /* t < 0 (a policy on the norm alone at -1): cos >= t is d >= 0 or |d| <= |t| |f| |c|,
@@ -259,7 +258,8 @@ static inline int fp_cache_decide_f64(const fp_kernels *k, const fp_cache_policy
         return (na == 0.0 && nb == 0.0) ? FP_HIT : FP_MISS_COSINE;
     }
     const double bound = p->cos_threshold * na * nb;
-    if (dot < bound && !fp_cache_cos_tie(k, p, s, f, n, dot, bound)) return FP_MISS_COSINE;
+    if (dot < bound && !(dot >= bound - fabs(bound) * 0x1p-49 && fp_cache_cos_tie(k, p, s, f, n)))
+        return FP_MISS_COSINE;
     if (fabs(na / nb - 1.0) > p->norm_tol) return FP_MISS_NORM;
     return FP_HIT;
 }
