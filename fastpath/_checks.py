@@ -10,21 +10,34 @@ from typing import Any
 from fastpath.errors import ConfigError
 
 
+def _show(value: Any) -> str:
+    """repr(value) for a message; an int of more than 30 digits by its size (past Python's
+    4300 digits repr raises ValueError, which would replace the ConfigError)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 30:
+        return f"an int of about 10**{int(abs(value).bit_length() * 0.30103)}"
+    return repr(value)
+
+
 def check_value(key: str, value: Any, typ, lo=None, hi=None, choices=None) -> Any:
     """`value` as `typ` (an int is accepted for a float), or a ConfigError naming `key`,
     the value and what is allowed. typ == (str, int) means "auto" or a CPU number."""
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            # an int past float's range (10**400): out of any float key's range
+            raise ConfigError(f"{key} must be a float in [{lo}, {hi}], got {_show(value)}, "
+                              f"beyond float's range") from None
     if typ == (str, int):      # placement.core: "auto" or a CPU number
         if isinstance(value, bool) or not (value == "auto" or isinstance(value, int) and 0 <= value < 1 << 16):
-            raise ConfigError(f"{key} must be \"auto\" or a CPU number, got {value!r}")
+            raise ConfigError(f"{key} must be \"auto\" or a CPU number, got {_show(value)}")
         return value
     if typ is not bool and isinstance(value, bool) or not isinstance(value, typ):
-        raise ConfigError(f"{key} must be {typ.__name__}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{key} must be {typ.__name__}, got {type(value).__name__} {_show(value)}")
     if choices is not None and value not in choices:
-        raise ConfigError(f"{key} must be one of {list(choices)}, got {value!r}")
+        raise ConfigError(f"{key} must be one of {list(choices)}, got {_show(value)}")
     if typ is float and value != value:
         raise ConfigError(f"{key} must be a number, got NaN")
     if lo is not None and value < lo or hi is not None and value > hi:
-        raise ConfigError(f"{key} must be in [{lo}, {hi}], got {value!r}")
+        raise ConfigError(f"{key} must be in [{lo}, {hi}], got {_show(value)}")
     return value

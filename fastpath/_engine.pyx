@@ -300,7 +300,9 @@ cdef class Engine:
                 return <const float *>cnp.PyArray_DATA(a)
         raise _bad_raw(raw, self.raw_len)
 
-    cdef _raise(self, int rc, object raw, Py_ssize_t symbol, long long ts, Py_ssize_t row=-1):
+    # symbol: an object, as step_batch's row may hold any uint64 (as a Py_ssize_t, 2**63 and
+    # up raised OverflowError instead of this InputError)
+    cdef _raise(self, int rc, object raw, object symbol, long long ts, Py_ssize_t row=-1):
         where = f"row {row}: " if row >= 0 else ""
         if rc == FP_ERR_SYMBOL:
             raise InputError(f"{where}symbol {symbol} out of range: this engine has "
@@ -331,10 +333,12 @@ cdef class Engine:
 
     cdef inline int _check_free(self) except -1:
         if self._busy:
-            raise EngineBusyError("engine is busy in step_batch on another thread; an Engine is "
+            raise EngineBusyError("engine is busy on another thread (in step_batch, or in a "
+                                  "GPU tick waiting for the device); an Engine is "
                                   "single-writer: step it from one thread (or give each thread "
                                   "its own Engine) and read ticks / stats() / "
-                                  "latency_records() once step_batch has returned")
+                                  "latency_records() once step_batch has returned (or "
+                                  "the GPU tick)")
         return 0
 
     cdef Result _step(self, object raw, object symbol, object ts_ns):
@@ -387,6 +391,8 @@ cdef class Engine:
         R = self._batch_raws(raws)
         n = cnp.PyArray_DIM(R, 0)
         sy = np.asarray(symbols)
+        if n == 0 and isinstance(symbols, (list, tuple)) and not symbols:
+            sy = np.empty(0, np.int32)      # [] is float64 to numpy: an empty batch's symbols
         if sy.ndim != 1 or sy.shape[0] != n or sy.dtype.kind not in "iu":
             hint = ("; symbols are indices 0..n_symbols-1: map names to indices once"
                     if sy.dtype.kind in "USO" else "")
@@ -399,6 +405,8 @@ cdef class Engine:
         T = None
         if ts_ns is not None:
             ts = np.asarray(ts_ns)
+            if n == 0 and isinstance(ts_ns, (list, tuple)) and not ts_ns:
+                ts = np.empty(0, np.int64)
             if ts.ndim != 1 or ts.shape[0] != n or ts.dtype.kind not in "iu":
                 hint = ""
                 if ts.dtype.kind == "M":
@@ -472,10 +480,13 @@ cdef class Engine:
         cdef bint trees = self._e.model_kind == FP_MODEL_TREES
         # the common case (what a strategy holds: a float32 vector of the right length) is
         # checked with a few C tests and used in place; anything else goes through numpy
+        # (byte order too: NPY_FLOAT32 is also the type of a big-endian float32 array, whose
+        # bytes were read as native floats, a silently wrong prediction)
         if (type(x) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_FLOAT32
                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 1
                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) == self.n_features
-                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)):
+                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)
+                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>x)):
             xa = <cnp.ndarray>x
         else:
             try:
@@ -513,8 +524,10 @@ cdef class Engine:
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         self._check_free()
         cdef fp_pending pend
-        # a timestamp past any real one: the lookup it feeds changes nothing
-        cdef int rc = fp_step_begin(self._e, p, <int32_t>sym, 1LL << 62, &pend)
+        # a timestamp no tick's can pass (ts_ns takes any int64 >= 0: with 2**62 here a
+        # symbol stepped at a later ts_ns made features() an InputError, time going
+        # backwards); the lookup it feeds changes nothing
+        cdef int rc = fp_step_begin(self._e, p, <int32_t>sym, 0x7FFFFFFFFFFFFFFFLL, &pend)
         if rc != FP_OK:
             self._raise(rc, raw, sym, -1)
         out = np.empty(self.n_features, np.float32)
@@ -664,7 +677,9 @@ cdef class Engine:
     def close(self):
         """Release what the engine holds outside this process's memory: the GPU backend's
         device memory and, in persistent mode, its running kernel. A CPU engine has nothing
-        to release. Stepping a closed GPU engine is a BackendError."""
+        to release. Stepping a closed GPU engine is a BackendError. EngineBusyError while
+        another thread's tick runs (its device call would lose its memory under it)."""
+        self._check_free()
         if self._gpu is not None:
             g, self._gpu = self._gpu, None
             g.close()
@@ -733,7 +748,15 @@ cdef class Engine:
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         cdef long long ts = _ts_arg(ts_ns)
         self._check_free()
-        return self._gpu_tick(raw, p, <int32_t>sym, ts)
+        # the GPU call between fp_step_begin and fp_step_finish lets other threads run (the
+        # GIL is released while the device works): a second thread's tick then rewrote the
+        # feature buffer this tick's GPU call reads, and this tick answered with that tick's
+        # signal, silently. Busy for the whole tick, as step_batch is.
+        self._busy = True
+        try:
+            return self._gpu_tick(raw, p, <int32_t>sym, ts)
+        finally:
+            self._busy = False
 
     def _step_batch_gpu(self, raws, symbols, ts_ns=None):
         """step_batch on the GPU backend: every row validated first (as the CPU's step_batch),
@@ -758,37 +781,50 @@ cdef class Engine:
         tot = np.empty(n, np.int64)
         cdef Result res
         cdef Py_ssize_t i
-        for i in range(n):
-            try:
-                res = self._gpu_tick(R[i], rp + i * self.raw_len, yp[i],
-                                     tp[i] if tp != NULL else -1, i)
-            except FastpathError as exc:
-                note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
-                raise type(exc)(str(exc) + note) from None
-            sig[i] = res.signal
-            conf[i] = res.confidence
-            cached[i] = res.cached
-            tot[i] = res._t
+        self._busy = True         # as _step_gpu: no other thread's tick between two of these
+        try:
+            for i in range(n):
+                try:
+                    res = self._gpu_tick(R[i], rp + i * self.raw_len, yp[i],
+                                         tp[i] if tp != NULL else -1, i)
+                except FastpathError as exc:
+                    note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
+                    raise type(exc)(str(exc) + note) from None
+                sig[i] = res.signal
+                conf[i] = res.confidence
+                cached[i] = res.cached
+                tot[i] = res._t
+        finally:
+            self._busy = False
         return BatchResult(sig, conf, cached, tot)
 
 
 # ------------------------------------------------------------ module-level step
 cdef Engine _default_engine = None
+# _default_engine when fastpath.step() may call its CPU tick directly, else None (no engine
+# yet, or a GPU engine: step() then goes through Engine.step, which runs the GPU tick and
+# refuses a closed engine; calling _step there ran the model on the CPU, and answered after
+# close())
+cdef Engine _default_cpu = None
+
+
+cdef _set_default(Engine engine):
+    global _default_engine, _default_cpu
+    _default_engine = engine
+    _default_cpu = engine if engine is not None and not engine._on_gpu else None
 
 
 def set_default_engine(engine):
     """Make `engine` the one fastpath.step() uses (None: rebuild the demo engine on next call)."""
-    global _default_engine
     if engine is not None and not isinstance(engine, Engine):
         raise InputError(f"expected a fastpath.Engine, got {type(engine).__name__}")
-    _default_engine = engine
+    _set_default(engine)
 
 
 def get_default_engine():
-    global _default_engine
     if _default_engine is None:
         from fastpath._build import default_engine
-        _default_engine = default_engine()
+        _set_default(default_engine())
     return _default_engine
 
 
@@ -798,6 +834,6 @@ def get_default_engine():
 def step(raw, symbol=0, ts_ns=None):
     """fastpath.step(raw, symbol=0, ts_ns=None): one tick through the default engine
     (embedded demo model); the arguments are those of Engine.step."""
-    if _default_engine is None:
-        get_default_engine()
-    return _default_engine._step(raw, symbol, ts_ns)
+    if _default_cpu is not None:
+        return _default_cpu._step(raw, symbol, ts_ns)
+    return get_default_engine().step(raw, symbol, ts_ns)
