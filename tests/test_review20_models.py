@@ -1,0 +1,134 @@
+"""Defect hunt on the model layer: tree ensembles built directly and from ONNX, their C packer
+and kernel sets, the ONNX importer's refusals and the .fpm bundle. Each test here failed on
+the code before its fix (a silently different model, a crash or an unclear error)."""
+import numpy as np
+import pytest
+
+from fastpath import ModelError, TreeEnsemble
+from fastpath._kernels import PackedTrees, tree_isas
+
+F = np.float32
+
+
+def _stump(mode, thr, n_feat=1, feature=0, values=(1.0, 2.0)):
+    """One split on `feature` in `mode` (an index into trees.MODES) at `thr`; true leaf
+    values[0], false leaf values[1]."""
+    return TreeEnsemble(n_feat, 1, [0, 3], [mode, 6, 6], [feature, 0, 0],
+                        np.asarray([thr, 0, 0]), [1, 0, 0], [2, 0, 0], [0, 0, 0], [1, 2], [0, 0],
+                        list(values))
+
+
+def _eval_all(trees, X):
+    """forward() and every kernel set this CPU runs, on rows X."""
+    X = np.asarray(X, F)
+    out = {"forward": trees.forward(X)}
+    for k in tree_isas():
+        out[k] = PackedTrees(trees, k).eval(X)
+    return out
+
+
+# ------------------------------------------------------------ integer ids that wrap
+
+@pytest.mark.parametrize("field,value", [("feature", 2 ** 32 + 1), ("weight_target", 2 ** 32),
+                                         ("feature", -2 ** 32), ("tree_offsets", 2 ** 32 + 3)])
+def test_ids_outside_int32_are_refused_not_wrapped(field, value):
+    # was: np.array(x, dtype=int32) wrapped 2**32 + 1 to 1, a split silently on feature 1
+    kw = dict(n_features=4, n_targets=2, tree_offsets=np.array([0, 3], np.int64),
+              mode=[0, 6, 6], feature=np.array([1, 0, 0], np.int64), threshold=[0.5, 0, 0],
+              true_child=[1, 0, 0], false_child=[2, 0, 0], nan_true=[0, 0, 0],
+              weight_node=[1, 2], weight_target=np.array([0, 1], np.int64),
+              weight_value=[1.0, 2.0])
+    arr = np.array(kw[field], np.int64)
+    arr[-1 if field == "tree_offsets" else 0] = value
+    kw[field] = arr
+    with pytest.raises(ModelError, match=f"{field} holds {value}, outside"):
+        TreeEnsemble(**kw)
+
+
+def test_onnx_feature_id_past_int32_is_refused(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from fastpath import Model
+    node = helper.make_node(
+        "TreeEnsembleRegressor", ["x"], ["y"], domain="ai.onnx.ml", nodes_treeids=[0, 0, 0],
+        nodes_nodeids=[0, 1, 2], nodes_featureids=[2 ** 32 + 1, 0, 0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.5, 0, 0],
+        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0], target_treeids=[0, 0],
+        target_nodeids=[1, 2], target_ids=[0, 0], target_weights=[1.0, 2.0], n_targets=1)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [None, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.ml", 3)])
+    p = tmp_path / "wide_id.onnx"
+    p.write_bytes(m.SerializeToString())
+    # onnxruntime refuses this file; fastpath read it as a split on feature 1
+    with pytest.raises(ModelError, match="4294967297"):
+        Model.from_onnx(str(p))
+    del onnx
+
+
+# ------------------------------------------------- float64 thresholds, rounded per mode
+
+def _f64_cases():
+    one = F(1.0)
+    nxt = np.nextafter(one, F(2))
+    mid = (np.float64(one) + np.float64(nxt)) / 2      # rounds (to even) onto 1.0
+    mid2 = (np.float64(nxt) + np.float64(np.nextafter(nxt, F(2)))) / 2   # rounds up
+    return [mid, mid2, 1e39, -1e39, 0.1, -0.1, 1e-46, -1e-46]
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+@pytest.mark.parametrize("t64", _f64_cases())
+def test_float64_threshold_splits_float32_inputs_as_given(mode, t64):
+    """A float64 threshold rounded to the nearest float32 sent the input equal to the rounded
+    value the other way: t = (1 + nextafter(1)) / 2 with BRANCH_LT sent x = 1.0 (< t) to the
+    false leaf; 1e39 with BRANCH_LEQ became +inf and sent x = inf (> 1e39) to the true one."""
+    t = _stump(mode, np.float64(t64))
+    fmax = float(np.finfo(F).max)
+    c = F(min(max(t64, -fmax), fmax))
+    with np.errstate(over="ignore"):
+        xs = [c, np.nextafter(c, F(-np.inf)), np.nextafter(c, F(np.inf)), F(np.inf),
+              F(-np.inf), F(0), F(-0.0)]
+    X = np.asarray(xs, F)[:, None]
+    x64 = X[:, 0].astype(np.float64)
+    want = np.where([x64 <= t64, x64 < t64, x64 >= t64, x64 > t64][mode], 1.0, 2.0)
+    for k, got in _eval_all(t, X).items():
+        np.testing.assert_array_equal(got[:, 0], want.astype(F), err_msg=f"{k} mode {mode}")
+
+
+@pytest.mark.parametrize("mode", [4, 5])
+def test_float64_equality_threshold_no_float32_equals_is_refused(mode):
+    t64 = (np.float64(1.0) + np.float64(np.nextafter(F(1), F(2)))) / 2
+    with pytest.raises(ModelError, match="no float32 input equals"):
+        _stump(mode, t64)
+    # a float64 value that is a float32 is kept exactly
+    t = _stump(mode, np.float64(0.5))
+    assert t.threshold[0] == F(0.5)
+
+
+def test_sklearn_tree_arrays_match_sklearn_predict(isa):
+    """A TreeEnsemble built straight from a fitted sklearn tree (float64 thresholds at the
+    midpoints of float32 training values) predicts what sklearn does on the training values
+    themselves, on every kernel set: sklearn compares float32 x with the float64 threshold."""
+    sk = pytest.importorskip("sklearn.tree")
+    rng = np.random.default_rng(4)
+    # consecutive float32 values, one feature: a node holds a run of them, so each split lies
+    # between two neighbours a < b, its midpoint is no float32 and half of them round onto b
+    # (at 2.0, where they are 2.4e-7 apart: sklearn does not split values within 1e-7)
+    X = (F(2.0) + np.arange(64, dtype=F) * 2 * np.finfo(F).eps)[:, None]
+    y = rng.standard_normal(64)
+    est = sk.DecisionTreeRegressor(random_state=0).fit(X, y)
+    tr = est.tree_
+    leaf = tr.children_left == -1
+    n = tr.node_count
+    wn = np.flatnonzero(leaf)
+    t = TreeEnsemble(1, 1, [0, n], np.where(leaf, 6, 0), np.where(leaf, 0, tr.feature),
+                     tr.threshold, np.where(leaf, -1, tr.children_left),
+                     np.where(leaf, -1, tr.children_right), np.zeros(n), wn, np.zeros(wn.size),
+                     tr.value[wn, 0, 0].astype(F))
+    want = est.predict(X).astype(F)
+    got = PackedTrees(t, isa).eval(X)[:, 0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(t.forward(X)[:, 0], want, rtol=1e-6, atol=1e-6)
