@@ -132,3 +132,47 @@ def test_sklearn_tree_arrays_match_sklearn_predict(isa):
     got = PackedTrees(t, isa).eval(X)[:, 0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(t.forward(X)[:, 0], want, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------- ONNX weights of another type
+
+def _gemm_graph(tmp_path, W, b, in_type, cast_first=False):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    nodes = [helper.make_node("Gemm", ["xf" if cast_first else "x", "W", "b"], ["y"], transB=1)]
+    if cast_first:
+        nodes.insert(0, helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", in_type,
+                                                                     [None, W.shape[1]])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT if cast_first
+                                                         else in_type, [None, W.shape[0]])],
+                          [numpy_helper.from_array(W, "W"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    p = tmp_path / "g.onnx"
+    p.write_bytes(m.SerializeToString())
+    del onnx
+    return str(p)
+
+
+def test_onnx_weights_of_another_type_than_the_input_are_refused(tmp_path):
+    """float64 weights (numpy's default) beside a float32 input: onnxruntime refuses to load
+    the graph; fastpath served it as if it were a float32 model."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto
+
+    from fastpath import Model
+    rng = np.random.default_rng(0)
+    W, b = rng.standard_normal((2, 3)), rng.standard_normal(2).astype(F)
+    with pytest.raises(ModelError, match="constant 'W' is float64 but the tensor it meets is "
+                                         "float32; onnxruntime refuses mixed"):
+        Model.from_onnx(_gemm_graph(tmp_path, W, b, TensorProto.FLOAT))
+    # an integer input feeding a layer: integer math is not what fastpath computes
+    with pytest.raises(ModelError, match="computes on the int64 input"):
+        Model.from_onnx(_gemm_graph(tmp_path, np.ones((2, 3), np.int64), np.ones(2, np.int64),
+                                    TensorProto.INT64))
+    # consistent types still load: a double model, and an int input cast to float first
+    m = Model.from_onnx(_gemm_graph(tmp_path, W, b.astype(np.float64), TensorProto.DOUBLE))
+    np.testing.assert_allclose(m.layers[0].weight, W.astype(F))
+    m = Model.from_onnx(_gemm_graph(tmp_path, W.astype(F), b, TensorProto.INT64, cast_first=True))
+    x = np.array([1, -2, 3], F)
+    np.testing.assert_allclose(m.forward(x), W.astype(F) @ x + b, rtol=1e-6)

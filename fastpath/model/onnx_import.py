@@ -180,7 +180,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
     post = "none"
     skip: set = set()
 
-    def const(tname: str, node) -> np.ndarray:
+    # the element type of the tensor the chain carries (None: not declared): a weight of
+    # another type (float64 weights beside a float32 input, as numpy arrays make them) is a
+    # graph onnxruntime refuses to load, and integer math is not what fastpath computes
+    cur_dt = _input_dtype(g, inputs[0])
+
+    def const(tname: str, node, weight: str = "same") -> np.ndarray:
         if tname not in consts:
             raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) needs {tname!r} to be a "
                              f"constant weight; fastpath imports models with constant weights only")
@@ -188,6 +193,17 @@ def read_onnx(path: str | os.PathLike) -> dict:
         if c.dtype.kind not in "fiub":
             raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) constant {tname!r} is "
                              f"{c.dtype}, expected numbers")
+        if weight != "any" and cur_dt is not None and cur_dt.kind != "f":
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) computes on the "
+                             f"{cur_dt} input; fastpath computes in float: give the graph a float "
+                             f"input, or Cast it to float first")
+        if weight == "same" and cur_dt is not None and c.dtype != cur_dt:
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) constant {tname!r} is "
+                             f"{c.dtype} but the tensor it meets is {cur_dt}; onnxruntime refuses "
+                             f"mixed element types: export the weights as {cur_dt}")
+        if weight == "float" and c.dtype.kind != "f":
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) constant {tname!r} is "
+                             f"{c.dtype}, expected a float tensor")
         return c.astype(np.float64)
 
     def affine(scale, shift, node) -> None:
@@ -257,7 +273,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 raise ModelError(f"{name}: Cast node {node.name!r} casts to type {attrs.get('to')}; "
                                  f"fastpath computes in float32: export with float inputs")
         elif op == "Reshape":
-            shape = const(node.input[1], node).astype(np.int64).reshape(-1)
+            shape = const(node.input[1], node, "any").astype(np.int64).reshape(-1)
             width = layers[-1][0].shape[0] if layers else n_in
             if _num(attrs, "allowzero", 0, node, name) and 0 in shape.tolist():
                 raise ModelError(f"{name}: Reshape node {node.name!r} with allowzero=1 to "
@@ -390,7 +406,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"{pt} is not supported (NONE, LOGISTIC, SOFTMAX are)")
             out_name = node.output[1]
         elif op == "BatchNormalization":
-            gamma, beta, mean, var = (const(node.input[i], node).reshape(-1) for i in range(1, 5))
+            # opset 15 lets the scale / bias and mean / var be other float types than x
+            gamma, beta, mean, var = (const(node.input[i], node, "float").reshape(-1)
+                                      for i in range(1, 5))
             eps = float(_num(attrs, "epsilon", 1e-5, node, name))
             if _num(attrs, "training_mode", 0, node, name):
                 raise ModelError(f"{name}: BatchNormalization node {node.name!r} in training mode; "
@@ -425,6 +443,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
             layers[-1][2] = _ACT[op]
             layers[-1][3] = True
         cur = out_name
+        if op in ("Cast", "Scaler", "LinearRegressor", "LinearClassifier", "Normalizer"):
+            cur_dt = np.dtype(np.float32)       # what these write (Cast: only to float)
     if cur != target:
         raise ModelError(f"{name}: the chain ends at {cur!r}, not at the graph output {target!r}")
     if not layers:
@@ -677,6 +697,18 @@ def _reshape_noop(shape: np.ndarray, width: int) -> bool:
         return False
     a, b = int(shape[0]), int(shape[1])
     return (a in (0, 1) and b == -1) or (a in (-1, 0, 1) and width > 0 and b == width)
+
+
+def _input_dtype(g, inp: str):
+    """The numpy dtype of the graph input's elements, None when the file leaves it open."""
+    from onnx import helper
+    for i in g.input:
+        if i.name == inp and i.type.HasField("tensor_type") and i.type.tensor_type.elem_type:
+            try:
+                return np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+            except Exception:  # noqa: BLE001 - an unknown type code: nothing to compare with
+                return None
+    return None
 
 
 def _declared_width(g, inp: str) -> int:
