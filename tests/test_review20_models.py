@@ -176,3 +176,46 @@ def test_onnx_weights_of_another_type_than_the_input_are_refused(tmp_path):
     m = Model.from_onnx(_gemm_graph(tmp_path, W.astype(F), b, TensorProto.INT64, cast_first=True))
     x = np.array([1, -2, 3], F)
     np.testing.assert_allclose(m.forward(x), W.astype(F) @ x + b, rtol=1e-6)
+
+
+# --------------------------------------------- ONNX tree errors in the file's own ids
+
+def _tree_graph(tmp_path, rows, weights, n_in=2):
+    """TreeEnsembleRegressor from rows (tree id, node id, feature, mode, value, true id,
+    false id) and weights (tree id, node id, value)."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    a = dict(nodes_treeids=[r[0] for r in rows], nodes_nodeids=[r[1] for r in rows],
+             nodes_featureids=[r[2] for r in rows], nodes_modes=[r[3] for r in rows],
+             nodes_values=[r[4] for r in rows], nodes_truenodeids=[r[5] for r in rows],
+             nodes_falsenodeids=[r[6] for r in rows], target_treeids=[w[0] for w in weights],
+             target_nodeids=[w[1] for w in weights], target_ids=[0] * len(weights),
+             target_weights=[w[2] for w in weights], n_targets=1)
+    node = helper.make_node("TreeEnsembleRegressor", ["x"], ["y"], domain="ai.onnx.ml", **a)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [None, n_in])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.ml", 3)])
+    p = tmp_path / "t.onnx"
+    p.write_bytes(m.SerializeToString())
+    return str(p)
+
+
+def test_onnx_tree_errors_name_the_files_tree_and_node_ids(tmp_path):
+    """The errors named trees by position and nodes by index inside their tree ("tree 1 node
+    0"), numbers that appear nowhere in the file; they name its tree id and node id now."""
+    from fastpath import Model
+    ok = [(3, 10, 0, "BRANCH_LEQ", 0.0, 11, 12), (3, 11, 0, "LEAF", 0, 0, 0),
+          (3, 12, 0, "LEAF", 0, 0, 0)]
+    bad = [(7, 20, 5, "BRANCH_LEQ", 0.0, 21, 22), (7, 21, 0, "LEAF", 0, 0, 0),
+           (7, 22, 0, "LEAF", 0, 0, 0)]
+    w = [(3, 11, 1.0), (3, 12, 2.0), (7, 21, 1.0), (7, 22, 2.0)]
+    with pytest.raises(ModelError, match="tree id 7 node id 20 splits on feature 5"):
+        Model.from_onnx(_tree_graph(tmp_path, ok + bad, w))
+    # a tree listed leaf first: onnxruntime takes the first listed node as the root
+    shuffled = ok + [bad[1], (7, 20, 1, "BRANCH_LEQ", 0.0, 21, 22), bad[2]]
+    with pytest.raises(ModelError, match=r"tree id 7: node id 20 cannot be reached from the "
+                                         r"root \(a tree's root is its first listed node, here "
+                                         r"node id 21"):
+        Model.from_onnx(_tree_graph(tmp_path, shuffled, w))

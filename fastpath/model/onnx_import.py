@@ -687,7 +687,35 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                             tc, fc, (miss[perm] == 1).astype(np.uint8), w_node, wt_id,
                             wv.astype(np.float32), base.astype(np.float32), agg, post, clf)
     except ModelError as exc:
-        raise ModelError(f"{what}: {exc}") from None
+        raise ModelError(f"{what}: {_file_ids(str(exc), tree_list, offsets, nodeids, perm)}") \
+            from None
+
+
+def _file_ids(msg: str, tree_list: list, offsets: np.ndarray, nodeids: np.ndarray,
+              perm: np.ndarray) -> str:
+    """A TreeEnsemble message names trees by position and nodes by index within their tree;
+    the file names them by tree id and node id (what its author can look up), and its root is
+    the tree's first listed node, which an unreachable node usually means is not the real one."""
+    import re
+
+    def sub(m):
+        t = int(m.group(1))
+        if t >= len(tree_list):
+            return m.group(0)
+        out = f"tree id {tree_list[t]}"
+        if m.group(3) is not None:
+            g = int(offsets[t]) + int(m.group(3))
+            nid = int(nodeids[perm[g]]) if g < int(offsets[t + 1]) else m.group(3)
+            out += f"{m.group(2)} node id {nid}"
+        return out
+    msg2 = re.sub(r"\btree (\d+)(?:(:?) node (\d+))?", sub, msg)
+    if "cannot be reached from the root" in msg:
+        t = re.search(r"\btree (\d+)", msg)
+        if t and int(t.group(1)) < len(tree_list):
+            root = int(nodeids[perm[int(offsets[int(t.group(1))])]])
+            msg2 += (f" (a tree's root is its first listed node, here node id {root}: list "
+                     f"each tree's root first)")
+    return msg2
 
 
 def _reshape_noop(shape: np.ndarray, width: int) -> bool:
