@@ -219,3 +219,24 @@ def test_onnx_tree_errors_name_the_files_tree_and_node_ids(tmp_path):
                                          r"root \(a tree's root is its first listed node, here "
                                          r"node id 21"):
         Model.from_onnx(_tree_graph(tmp_path, shuffled, w))
+
+
+# ------------------------------------------------------------ forward's input shape
+
+@pytest.mark.parametrize("shape", [(4,), (2,), (5, 4), (5, 2), (2, 3, 3), (0,)])
+def test_forward_refuses_rows_of_another_width(shape):
+    """The numpy reference took a 4-feature row for a 3-feature tree model and answered
+    (the extra feature ignored, or the features misplaced), and raised IndexError /
+    numpy's ValueError for narrower rows, for trees and MLPs alike."""
+    from fastpath import InputError, Model
+    from fastpath.model import Layer
+    t = _stump(0, 0.5, n_feat=3, feature=2)
+    mlp = Model((Layer(np.ones((2, 3), F), np.zeros(2, F), "identity"),))
+    for m in (Model((), trees=t), mlp):
+        with pytest.raises(InputError, match=r"features must have shape \(3,\) or \(n, 3\)"):
+            m.forward(np.zeros(shape, F))
+    with pytest.raises(InputError, match="features must be numbers"):
+        t.forward(np.array(["a", "b", "c"]))
+    # the shapes it documents still work, empty batches included
+    assert Model((), trees=t).forward(np.zeros((0, 3), F)).shape == (0, 1)
+    assert mlp.forward(np.zeros(3, F)).shape == (2,)

@@ -338,7 +338,8 @@ class TreeEnsemble:
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Outputs for x (n_features,) or (n, n_features), float32, by the ONNX spec read
         directly (NaN is a missing value)."""
-        x = np.asarray(x, dtype=np.float32)
+        from fastpath.model.types import _feature_rows
+        x = _feature_rows(x, self.n_features, "TreeEnsemble.forward")
         one = x.ndim == 1
         X = x[None, :] if one else x
         n = X.shape[0]

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from fastpath._checks import check_value
-from fastpath.errors import ConfigError, ModelError
+from fastpath.errors import ConfigError, InputError, ModelError
 
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
 # what follows the last dense layer, as exporters write it: nothing, a softmax (classifier
@@ -207,6 +207,21 @@ def window_pre_features(raws: np.ndarray, symbols: np.ndarray, z_idx: np.ndarray
             pre[rows, len(z_idx):len(z_idx) + k] = m
             pre[rows, len(z_idx) + k:] = sd
     return pre
+
+
+def _feature_rows(features: Any, n_feat: int, what: str) -> np.ndarray:
+    """features as float32 (n_feat,) or (n, n_feat); an InputError naming the shape
+    otherwise: a row of another width would be read with its features misplaced (a tree reads
+    the ones it splits on and ignores the rest), or fail deep inside numpy."""
+    try:
+        x = np.asarray(features, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{what}: features must be numbers, got {type(features).__name__} "
+                         f"({exc})") from None
+    if x.ndim not in (1, 2) or x.shape[-1] != n_feat:
+        raise InputError(f"{what}: features must have shape ({n_feat},) or (n, {n_feat}), got "
+                         f"{x.shape}")
+    return x
 
 
 def _rolling_mean_std(v: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -499,9 +514,9 @@ class Model:
     def forward(self, features: np.ndarray) -> np.ndarray:
         """Model outputs (post transform, no head) for features (n_feat,) or (n, n_feat), in
         float32 numpy."""
-        x = np.asarray(features, dtype=np.float32)
         if self.trees is not None:
-            return self.trees.forward(x)
+            return self.trees.forward(features)
+        x = _feature_rows(features, self.layers[0].weight.shape[1], "Model.forward")
         for l in self.layers:
             x = x @ l.weight.T + l.bias
             if l.activation == "relu":
