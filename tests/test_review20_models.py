@@ -240,3 +240,67 @@ def test_forward_refuses_rows_of_another_width(shape):
     # the shapes it documents still work, empty batches included
     assert Model((), trees=t).forward(np.zeros((0, 3), F)).shape == (0, 1)
     assert mlp.forward(np.zeros(3, F)).shape == (2,)
+
+
+def _regressor_attrs(**extra):
+    a = dict(nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+             nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_truenodeids=[1, 0, 0],
+             nodes_falsenodeids=[2, 0, 0], target_treeids=[0, 0], target_nodeids=[1, 2],
+             target_ids=[0, 0], n_targets=1)
+    a.update(extra)
+    return a
+
+
+def _one_node_graph(tmp_path, op, attrs, outs):
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    node = helper.make_node(op, ["x"], outs, domain="ai.onnx.ml", **attrs)
+    vi = [helper.make_tensor_value_info(outs[-1], TensorProto.FLOAT, [None, None])]
+    if len(outs) == 2:
+        vi.insert(0, helper.make_tensor_value_info(outs[0], TensorProto.INT64, [None]))
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [None, 1])], vi)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.ml", 3)])
+    p = tmp_path / "n.onnx"
+    p.write_bytes(m.SerializeToString())
+    return str(p)
+
+
+@pytest.mark.parametrize("key", ["nodes_values", "target_weights", "base_values"])
+def test_onnx_tree_attribute_given_twice_is_refused(tmp_path, key):
+    """A list given both as floats and as a tensor (onnxruntime refuses the node): fastpath
+    read the float list and served thresholds / weights / base values the tensor contradicts."""
+    from onnx import numpy_helper
+
+    from fastpath import Model
+    vals = {"nodes_values": [1.0, 0.0, 0.0], "target_weights": [1.0, 2.0], "base_values": [3.0]}
+    a = _regressor_attrs(nodes_values=[1.0, 0, 0], target_weights=[1.0, 2.0])
+    if key == "base_values":
+        a["base_values"] = vals[key]
+    a[key + "_as_tensor"] = numpy_helper.from_array(-np.asarray(vals[key], F))
+    with pytest.raises(ModelError, match=f"has both {key} and {key}_as_tensor"):
+        Model.from_onnx(_one_node_graph(tmp_path, "TreeEnsembleRegressor", a, ["y"]))
+
+
+def test_onnx_tree_without_thresholds_is_refused(tmp_path):
+    # was: every split read at threshold 0 (onnxruntime refuses the node)
+    from fastpath import Model
+    p = _one_node_graph(tmp_path, "TreeEnsembleRegressor", _regressor_attrs(
+        target_weights=[1.0, 2.0]), ["y"])
+    with pytest.raises(ModelError, match="has no nodes_values"):
+        Model.from_onnx(p)
+
+
+def test_onnx_classifier_with_two_label_lists_is_refused(tmp_path):
+    # int64 and string labels of different counts: fastpath took the first list's count
+    from fastpath import Model
+    a = dict(nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+             nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[1.0, 0, 0],
+             nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+             class_treeids=[0, 0, 0, 0], class_nodeids=[1, 1, 2, 2], class_ids=[0, 1, 0, 1],
+             class_weights=[0.2, 0.8, 0.6, 0.4], classlabels_int64s=[0, 1],
+             classlabels_strings=["a", "b", "c"])
+    p = _one_node_graph(tmp_path, "TreeEnsembleClassifier", a, ["label", "probabilities"])
+    with pytest.raises(ModelError, match="both classlabels_int64s .2. and classlabels_strings .3."):
+        Model.from_onnx(p)

@@ -566,6 +566,11 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         return np.asarray(seq(key, (int,)), dtype=np.int64)
 
     def floats(key):
+        if key in a and key + "_as_tensor" in a:
+            # two sources of one list: onnxruntime refuses the node; reading either one would
+            # serve a model it never ran
+            raise ModelError(f"{what} has both {key} and {key}_as_tensor; a node gives one of "
+                             f"them (as onnxruntime requires)")
         if key in a:
             return np.asarray(seq(key, (int, float)), dtype=np.float64)
         tkey = key + "_as_tensor"
@@ -590,7 +595,10 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     vals = floats("nodes_values")
     n = treeids.size
     if vals is None:
-        vals = np.zeros(n)
+        # onnxruntime refuses a node without thresholds (even one of leaves only); zeros in
+        # their place would split every node at 0
+        raise ModelError(f"{what} has no nodes_values (or nodes_values_as_tensor): the split "
+                         f"thresholds are missing")
     # onnxruntime tracks a missing value to the true branch where this is exactly 1 (not any
     # nonzero value): 2 or -1 send a NaN down the comparison like 0
     miss = ints("nodes_missing_value_tracks_true", required=False)
@@ -615,6 +623,10 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     if clf:
         labels = [seq(k, (int, bytes, str)) for k in ("classlabels_int64s", "classlabels_strings")
                   if a.get(k)]
+        if len(labels) > 1:
+            # the spec allows one of the two; with both, the class count is two numbers
+            raise ModelError(f"{what} has both classlabels_int64s ({len(labels[0])}) and "
+                             f"classlabels_strings ({len(labels[1])}); a classifier gives one")
         labels = labels[0] if labels else None
         if not labels:
             raise ModelError(f"{what} has no class labels")
