@@ -304,3 +304,34 @@ def test_onnx_classifier_with_two_label_lists_is_refused(tmp_path):
     p = _one_node_graph(tmp_path, "TreeEnsembleClassifier", a, ["label", "probabilities"])
     with pytest.raises(ModelError, match="both classlabels_int64s .2. and classlabels_strings .3."):
         Model.from_onnx(p)
+
+
+def test_onnx_op_of_another_domain_is_refused(tmp_path):
+    """A node is its domain and type: a "Gemm" of a custom domain, or a
+    TreeEnsembleRegressor outside ai.onnx.ml, was read as the standard op."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastpath import Model
+    W, b = np.ones((2, 3), F), np.zeros(2, F)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "W", "b"], ["y"], transB=1,
+                                            domain="com.example")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+                          [numpy_helper.from_array(W, "W"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.example", 1)])
+    p = tmp_path / "custom.onnx"
+    p.write_bytes(m.SerializeToString())
+    with pytest.raises(ModelError, match=r"\(Gemm\) is in domain 'com.example'; fastpath reads "
+                                         r"Gemm of the default \(ai.onnx\) domain only"):
+        Model.from_onnx(str(p))
+    a = _regressor_attrs(nodes_values=[1.0, 0, 0], target_weights=[1.0, 2.0])
+    node = helper.make_node("TreeEnsembleRegressor", ["x"], ["y"], **a)     # default domain
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [None, 1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    p.write_bytes(m.SerializeToString())
+    with pytest.raises(ModelError, match="of the ai.onnx.ml domain only"):
+        Model.from_onnx(str(p))

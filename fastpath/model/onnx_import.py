@@ -167,6 +167,17 @@ def read_onnx(path: str | os.PathLike) -> dict:
             continue
     target = _pick_output(g, name)
     nodes = _slice(g, target)
+    for node in nodes:
+        # an op is named by its domain and type: a "Gemm" or "TreeEnsembleRegressor" of another
+        # domain is a custom op with its own meaning (or none: onnxruntime refuses it), not
+        # the one fastpath would read it as
+        op = node.op_type
+        if op in SUPPORTED or op in _TREE_OPS:
+            want = ("ai.onnx.ml",) if op in _ML_OPS else ("", "ai.onnx")
+            if node.domain not in want:
+                raise ModelError(f"{name}: node {node.name!r} ({op}) is in domain "
+                                 f"{node.domain or 'ai.onnx'!r}; fastpath reads {op} of the "
+                                 f"{want[0] or 'default (ai.onnx)'} domain only")
     if any(n.op_type in _TREE_OPS for n in nodes):
         trees = _read_trees(nodes, inputs[0], target, name, _input_width(g, inputs[0]), consts)
         return {"trees": trees, "post": "none", "output": target,
@@ -467,6 +478,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
 
 
 _TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier")
+_ML_OPS = ("Scaler", "LinearRegressor", "LinearClassifier", "Normalizer") + _TREE_OPS
 # what may stand before or after a tree ensemble without changing a float: the exporters
 # write these around it
 _TREE_NOOPS = ("Cast", "Identity", "Reshape", "Flatten")
