@@ -335,3 +335,12 @@ def test_onnx_op_of_another_domain_is_refused(tmp_path):
     p.write_bytes(m.SerializeToString())
     with pytest.raises(ModelError, match="of the ai.onnx.ml domain only"):
         Model.from_onnx(str(p))
+
+
+@pytest.mark.parametrize("flag", ["false", "no", 2, None, [0]])
+def test_classifier_flag_of_another_type_is_refused(flag):
+    # was: bool("false") is True, so a regressor was finished as a two-class classifier
+    with pytest.raises(ModelError, match="classifier must be True or False"):
+        TreeEnsemble(1, 2, [0, 3], [0, 6, 6], [0, 0, 0], [0.5, 0, 0], [1, 0, 0], [2, 0, 0],
+                     [0, 0, 0], [1, 1, 2, 2], [0, 1, 0, 1], [0.2, 0.8, 0.6, 0.4],
+                     classifier=flag)

@@ -126,6 +126,10 @@ class TreeEnsemble:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ModelError(f"tree ensemble {k} must be an int >= 1, got {v!r}")
             object.__setattr__(self, k, int(v))
+        if not isinstance(self.classifier, (bool, np.bool_)) and self.classifier not in (0, 1):
+            # bool("false") is True: a flag of another type would switch the finishing rules
+            raise ModelError(f"tree ensemble classifier must be True or False, got "
+                             f"{self.classifier!r}")
         if self.n_targets > MAX_TARGETS:
             raise ModelError(f"tree ensemble has {self.n_targets} targets, at most {MAX_TARGETS}")
         if self.aggregate not in AGGREGATES:
