@@ -344,3 +344,13 @@ def test_classifier_flag_of_another_type_is_refused(flag):
         TreeEnsemble(1, 2, [0, 3], [0, 6, 6], [0, 0, 0], [0.5, 0, 0], [1, 0, 0], [2, 0, 0],
                      [0, 0, 0], [1, 1, 2, 2], [0, 1, 0, 1], [0.2, 0.8, 0.6, 0.4],
                      classifier=flag)
+
+
+@pytest.mark.parametrize("where", ["weight_value", "base_values"])
+def test_values_beyond_float32_are_named(where):
+    # was: "leaf weights contain NaN/Inf" for a finite 1e39 (the cast made it Inf)
+    kw = dict(weight_value=[1.0, 2.0], base_values=[0.5])
+    kw[where] = [1e39, 2.0] if where == "weight_value" else [-1e39]
+    with pytest.raises(ModelError, match=r"hold -?1e\+39, beyond float32's range"):
+        TreeEnsemble(1, 1, [0, 3], [0, 6, 6], [0, 0, 0], [0.5, 0, 0], [1, 0, 0], [2, 0, 0],
+                     [0, 0, 0], [1, 2], [0, 0], **kw)

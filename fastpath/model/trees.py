@@ -65,6 +65,14 @@ def _arr(a, dtype, what: str, n: int | None = None) -> np.ndarray:
     return np.array(x, dtype=dtype, order="C", copy=True)
 
 
+def _f32_values(v: np.ndarray, what: str) -> np.ndarray:
+    big = np.isfinite(v) & (np.abs(v) > np.finfo(np.float32).max)
+    if big.any():
+        raise ModelError(f"tree ensemble {what} hold {float(v[big][0])!r}, beyond float32's "
+                         f"range (fastpath adds them in float32, as onnxruntime does)")
+    return v.astype(np.float32)
+
+
 def _split_thresholds(t64: np.ndarray, mode: np.ndarray, off: np.ndarray) -> np.ndarray:
     """float32 thresholds that split every float32 input as the given ones do. A float64
     threshold (sklearn's tree_.threshold, a midpoint of two float32 values) rounded to the
@@ -157,8 +165,11 @@ class TreeEnsemble:
         nt = _arr(self.nan_true, np.uint8, "nan_true", n)
         wn = _arr(self.weight_node, np.int32, "weight_node")
         wt = _arr(self.weight_target, np.int32, "weight_target", wn.size)
-        wv = _arr(self.weight_value, np.float32, "weight_value", wn.size)
-        base = _arr(self.base_values, np.float32, "base_values")
+        # read in float64 first: a value beyond float32 (1e39) is named as such, not as the
+        # Inf the cast would make of it
+        wv = _f32_values(_arr(self.weight_value, np.float64, "weight_value", wn.size),
+                         "leaf weights")
+        base = _f32_values(_arr(self.base_values, np.float64, "base_values"), "base values")
         if np.any((mode < 0) | (mode > LEAF)):
             raise ModelError(f"tree ensemble node modes must be indices into {MODES}")
         inner = mode != LEAF
