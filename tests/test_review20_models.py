@@ -354,3 +354,26 @@ def test_values_beyond_float32_are_named(where):
     with pytest.raises(ModelError, match=r"hold -?1e\+39, beyond float32's range"):
         TreeEnsemble(1, 1, [0, 3], [0, 6, 6], [0, 0, 0], [0.5, 0, 0], [1, 0, 0], [2, 0, 0],
                      [0, 0, 0], [1, 2], [0, 0], **kw)
+
+
+def test_onnx_linear_classifier_with_two_label_lists_is_refused(tmp_path):
+    # was: the int labels read, the string labels ignored (onnxruntime refuses the node)
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from fastpath import Model
+    node = helper.make_node("LinearClassifier", ["x"], ["label", "probabilities"],
+                            domain="ai.onnx.ml", coefficients=[0.1] * 6, intercepts=[0.1, 0.2],
+                            classlabels_ints=[0, 1], classlabels_strings=["a", "b"],
+                            post_transform="SOFTMAX")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [None, 3])],
+                          [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+                           helper.make_tensor_value_info("probabilities", TensorProto.FLOAT,
+                                                         [None, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.ml", 1)])
+    p = tmp_path / "lc.onnx"
+    p.write_bytes(m.SerializeToString())
+    with pytest.raises(ModelError, match="both classlabels_ints and classlabels_strings"):
+        Model.from_onnx(str(p))

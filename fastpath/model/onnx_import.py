@@ -389,6 +389,11 @@ def read_onnx(path: str | os.PathLike) -> dict:
             if len(node.output) != 2:
                 raise ModelError(f"{name}: LinearClassifier node {node.name!r} without its scores "
                                  f"output")
+            if attrs.get("classlabels_ints") and attrs.get("classlabels_strings"):
+                # the spec allows one of the two; with both, the class count is two numbers
+                raise ModelError(f"{name}: LinearClassifier node {node.name!r} has both "
+                                 f"classlabels_ints and classlabels_strings; a classifier gives "
+                                 f"one")
             labels = attrs.get("classlabels_ints", attrs.get("classlabels_strings", []))
             coef = np.asarray(attrs.get("coefficients", []), np.float64)
             b = np.asarray(attrs.get("intercepts", []), np.float64)
