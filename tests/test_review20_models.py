@@ -377,3 +377,34 @@ def test_onnx_linear_classifier_with_two_label_lists_is_refused(tmp_path):
     p.write_bytes(m.SerializeToString())
     with pytest.raises(ModelError, match="both classlabels_ints and classlabels_strings"):
         Model.from_onnx(str(p))
+
+
+@pytest.mark.parametrize("op,key", [("LinearRegressor", "coefficients"),
+                                    ("LinearRegressor", "intercepts"),
+                                    ("Scaler", "offset"), ("Scaler", "scale"),
+                                    ("LinearClassifier", "coefficients")])
+@pytest.mark.parametrize("bad", ["text", "tensor"])
+def test_onnx_number_list_attribute_of_another_type_is_a_model_error(tmp_path, op, key, bad):
+    """A damaged file with a string or a tensor where a list of floats belongs raised numpy's
+    ValueError / TypeError from deep inside the importer."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastpath import Model
+    attrs = {"LinearRegressor": dict(coefficients=[0.1] * 6, intercepts=[0.0, 0.0], targets=2),
+             "Scaler": dict(offset=[0.0], scale=[1.0]),
+             "LinearClassifier": dict(coefficients=[0.1] * 6, intercepts=[0.1, 0.2],
+                                      classlabels_ints=[0, 1])}[op]
+    attrs[key] = "abc" if bad == "text" else numpy_helper.from_array(np.ones(6, F))
+    outs = ["label", "y"] if op == "LinearClassifier" else ["y"]
+    vi = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])]
+    if op == "LinearClassifier":
+        vi.insert(0, helper.make_tensor_value_info("label", TensorProto.INT64, [None]))
+    g = helper.make_graph([helper.make_node(op, ["x"], outs, domain="ai.onnx.ml", **attrs)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])], vi)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.ml", 1)])
+    p = tmp_path / "a.onnx"
+    p.write_bytes(m.SerializeToString())
+    with pytest.raises(ModelError, match=f"attribute {key} is a .*expected a list of numbers"):
+        Model.from_onnx(str(p), head=None)

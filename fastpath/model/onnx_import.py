@@ -60,6 +60,18 @@ def _num(attrs: dict, key: str, default, node, name: str):
     return v
 
 
+def _nums(attrs: dict, key: str, default, node, name: str) -> np.ndarray:
+    """A list-of-numbers attribute as float64, or a ModelError naming the node when a damaged
+    file holds another type there (a string, a tensor)."""
+    v = attrs.get(key, default)
+    if not isinstance(v, (list, tuple)) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        shown = f" {v!r:.40}" if isinstance(v, (bytes, str, list, tuple)) else ""
+        raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) attribute {key} is a "
+                         f"{type(v).__name__}{shown}, expected a list of numbers")
+    return np.asarray(v, np.float64)
+
+
 def _tensor(t, what: str) -> np.ndarray:
     from onnx import numpy_helper
     if type(t).__name__ != "TensorProto":
@@ -304,8 +316,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"the L1 norm right after a softmax (probabilities that already "
                                  f"sum to 1)")
         elif op == "Scaler":
-            off = np.asarray(attrs.get("offset", [0.0]), np.float64)
-            sc = np.asarray(attrs.get("scale", [1.0]), np.float64)
+            off = _nums(attrs, "offset", [0.0], node, name)
+            sc = _nums(attrs, "scale", [1.0], node, name)
             if off.size != sc.size or not off.size:
                 # onnxruntime refuses a Scaler whose offset and scale differ in length
                 raise ModelError(f"{name}: Scaler node {node.name!r} has {off.size} offsets and "
@@ -375,12 +387,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 raise ModelError(f"{name}: LinearRegressor node {node.name!r} with post_transform "
                                  f"{attrs['post_transform']!r}; export it without one")
             t = int(_num(attrs, "targets", 1, node, name))
-            coef = np.asarray(attrs.get("coefficients", []), np.float64)
+            coef = _nums(attrs, "coefficients", [], node, name)
             if t < 1 or coef.size == 0 or coef.size % t:
                 raise ModelError(f"{name}: LinearRegressor node {node.name!r} has {coef.size} "
                                  f"coefficients for {t} targets")
             W = coef.reshape(t, -1)
-            b = np.asarray(attrs.get("intercepts", [0.0] * t), np.float64)
+            b = _nums(attrs, "intercepts", [0.0] * t, node, name)
             if b.size != t:
                 raise ModelError(f"{name}: LinearRegressor node {node.name!r} has {b.size} "
                                  f"intercepts for {t} targets")
@@ -395,8 +407,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"classlabels_ints and classlabels_strings; a classifier gives "
                                  f"one")
             labels = attrs.get("classlabels_ints", attrs.get("classlabels_strings", []))
-            coef = np.asarray(attrs.get("coefficients", []), np.float64)
-            b = np.asarray(attrs.get("intercepts", []), np.float64)
+            coef = _nums(attrs, "coefficients", [], node, name)
+            b = _nums(attrs, "intercepts", [], node, name)
             n_cls = len(labels)
             rows = b.size
             if rows < 1 or coef.size == 0 or coef.size % rows:
