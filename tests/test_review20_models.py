@@ -408,3 +408,11 @@ def test_onnx_number_list_attribute_of_another_type_is_a_model_error(tmp_path, o
     p.write_bytes(m.SerializeToString())
     with pytest.raises(ModelError, match=f"attribute {key} is a .*expected a list of numbers"):
         Model.from_onnx(str(p), head=None)
+
+
+def test_onnx_fractional_target_count_is_refused(tmp_path):
+    # was: n_targets = 2.5 read as 2 targets
+    from fastpath import Model
+    a = _regressor_attrs(nodes_values=[1.0, 0, 0], target_weights=[1.0, 2.0], n_targets=2.5)
+    with pytest.raises(ModelError, match="n_targets is 2.5, expected an integer"):
+        Model.from_onnx(_one_node_graph(tmp_path, "TreeEnsembleRegressor", a, ["y"]))

@@ -661,7 +661,11 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
             raise ModelError(f"{what} has no class labels")
         n_targets = len(labels)
     else:
-        n_targets = int(_num(a, "n_targets", 1, ens, name))
+        n_targets = _num(a, "n_targets", 1, ens, name)
+        if not isinstance(n_targets, (int, np.integer)):
+            # an int attribute: 2.5 is damage (onnxruntime refuses it), not a count to round
+            raise ModelError(f"{what}: attribute n_targets is {n_targets!r}, expected an integer")
+        n_targets = int(n_targets)
     base = floats("base_values")
     base = np.zeros(0) if base is None else base
     # trees in order of first appearance, nodes re-indexed per tree
