@@ -416,3 +416,22 @@ def test_onnx_fractional_target_count_is_refused(tmp_path):
     a = _regressor_attrs(nodes_values=[1.0, 0, 0], target_weights=[1.0, 2.0], n_targets=2.5)
     with pytest.raises(ModelError, match="n_targets is 2.5, expected an integer"):
         Model.from_onnx(_one_node_graph(tmp_path, "TreeEnsembleRegressor", a, ["y"]))
+
+
+def test_onnx_fractional_linear_regressor_targets_is_refused(tmp_path):
+    # was: targets = 2.5 read as 2 (six coefficients then made 2 x 3 weights)
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from fastpath import Model
+    node = helper.make_node("LinearRegressor", ["x"], ["y"], domain="ai.onnx.ml",
+                            coefficients=[0.1] * 6, intercepts=[0.0, 0.0], targets=2.5)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [None, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.ml", 1)])
+    p = tmp_path / "lr.onnx"
+    p.write_bytes(m.SerializeToString())
+    with pytest.raises(ModelError, match="targets is 2.5, expected an integer"):
+        Model.from_onnx(str(p))

@@ -386,7 +386,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
             if attrs.get("post_transform", b"NONE") not in (b"NONE", "NONE"):
                 raise ModelError(f"{name}: LinearRegressor node {node.name!r} with post_transform "
                                  f"{attrs['post_transform']!r}; export it without one")
-            t = int(_num(attrs, "targets", 1, node, name))
+            t = _num(attrs, "targets", 1, node, name)
+            if not isinstance(t, (int, np.integer)):
+                raise ModelError(f"{name}: LinearRegressor node {node.name!r} attribute targets "
+                                 f"is {t!r}, expected an integer")
             coef = _nums(attrs, "coefficients", [], node, name)
             if t < 1 or coef.size == 0 or coef.size % t:
                 raise ModelError(f"{name}: LinearRegressor node {node.name!r} has {coef.size} "
