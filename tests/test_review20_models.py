@@ -435,3 +435,34 @@ def test_onnx_fractional_linear_regressor_targets_is_refused(tmp_path):
     p.write_bytes(m.SerializeToString())
     with pytest.raises(ModelError, match="targets is 2.5, expected an integer"):
         Model.from_onnx(str(p))
+
+
+@pytest.mark.parametrize("attrs", [{}, {"is_test": 0}])
+def test_onnx_opset6_batchnorm_in_training_mode_is_refused(tmp_path, attrs):
+    """Before opset 7 BatchNormalization ran in training mode unless is_test = 1 (batch
+    statistics); fastpath folded the running mean / variance in as if it were inference."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastpath.model.onnx_import import read_onnx
+
+    def graph(opset, **a):
+        rng = np.random.default_rng(0)
+        arrs = {"W": rng.standard_normal((4, 3)).astype(F), "b": np.zeros(4, F)}
+        arrs.update({k: rng.random(4).astype(F) + 0.5 for k in ("g", "be", "mu", "var")})
+        nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["h"], transB=1),
+                 helper.make_node("BatchNormalization", ["h", "g", "be", "mu", "var"], ["y"],
+                                  **a)]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, [None, 3])], [helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, [None, 4])],
+            [numpy_helper.from_array(v, k) for k, v in arrs.items()])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        m.ir_version = 7
+        p = tmp_path / f"bn{opset}.onnx"
+        p.write_bytes(m.SerializeToString())
+        return str(p)
+    with pytest.raises(ModelError, match="in training mode"):
+        read_onnx(graph(6, **attrs))
+    assert len(read_onnx(graph(6, is_test=1))["layers"]) == 1
+    assert len(read_onnx(graph(9))["layers"]) == 1

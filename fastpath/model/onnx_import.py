@@ -441,7 +441,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
             gamma, beta, mean, var = (const(node.input[i], node, "float").reshape(-1)
                                       for i in range(1, 5))
             eps = float(_num(attrs, "epsilon", 1e-5, node, name))
-            if _num(attrs, "training_mode", 0, node, name):
+            # before opset 7 the mode was is_test, default 0: normalized by the batch's own
+            # statistics, not the running ones folded here
+            old_bn = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                         default=13) < 7
+            if _num(attrs, "training_mode", 0, node, name) or \
+                    (old_bn and not _num(attrs, "is_test", 0, node, name)):
                 raise ModelError(f"{name}: BatchNormalization node {node.name!r} in training mode; "
                                  f"export the model in eval mode (model.eval())")
             sc = gamma / np.sqrt(var + eps)
