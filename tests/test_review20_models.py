@@ -450,7 +450,8 @@ def test_onnx_opset6_batchnorm_in_training_mode_is_refused(tmp_path, attrs):
         rng = np.random.default_rng(0)
         arrs = {"W": rng.standard_normal((4, 3)).astype(F), "b": np.zeros(4, F)}
         arrs.update({k: rng.random(4).astype(F) + 0.5 for k in ("g", "be", "mu", "var")})
-        nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["h"], transB=1),
+        arrs["W"] = arrs["W"].T.copy()      # MatMul: the dense layer opset 6 still runs
+        nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
                  helper.make_node("BatchNormalization", ["h", "g", "be", "mu", "var"], ["y"],
                                   **a)]
         g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
@@ -466,3 +467,30 @@ def test_onnx_opset6_batchnorm_in_training_mode_is_refused(tmp_path, attrs):
         read_onnx(graph(6, **attrs))
     assert len(read_onnx(graph(6, is_test=1))["layers"]) == 1
     assert len(read_onnx(graph(9))["layers"]) == 1
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul", "Gemm"])
+def test_onnx_opset6_broadcasting_ops_are_refused(tmp_path, op):
+    """Before opset 7 Add / Mul / Gemm broadcast by attributes (an axis-0 constant is one
+    value per row, not per feature) and onnxruntime has no kernel for them: fastpath read
+    Add(x, c, broadcast=1, axis=0) as a per-feature bias."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastpath.model.onnx_import import read_onnx
+    arrs = {"W": np.ones((3, 3), F), "c": np.arange(3, dtype=F), "b": np.zeros(3, F)}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"])]
+    if op == "Gemm":
+        nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["y"], transB=1, broadcast=1)]
+    else:
+        nodes.append(helper.make_node(op, ["h", "c"], ["y"], broadcast=1, axis=0))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     [3, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 3])],
+                          [numpy_helper.from_array(v, k) for k, v in arrs.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 6)])
+    m.ir_version = 7
+    p = tmp_path / "o6.onnx"
+    p.write_bytes(m.SerializeToString())
+    with pytest.raises(ModelError, match=f"{op} node '' of opset 6: before opset 7"):
+        read_onnx(str(p))

@@ -271,6 +271,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
             pending = None
         layers.append([W, b, "identity", False])
 
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                default=13)
     for idx, node in enumerate(nodes):
         op = node.op_type
         if id(node) in skip or op == "Constant":
@@ -279,6 +281,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
                                     "models) built from " + ", ".join(SUPPORTED[:-1]))
             raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); {hint}")
+        if op in ("Gemm", "Add", "Sub", "Mul", "Div") and opset < 7:
+            # these broadcast by a `broadcast` / `axis` attribute before opset 7 (an axis-0
+            # constant is per row, not per feature), and onnxruntime has no kernel for them
+            raise ModelError(f"{name}: {op} node {node.name!r} of opset {opset}: before opset 7 "
+                             f"its broadcasting differs and onnxruntime cannot run it; export "
+                             f"with opset 7 or later")
         binary = op in ("Add", "Sub", "Mul", "Div", "MatMul")
         if not node.input or node.input[0] != cur and not (binary and cur in node.input):
             raise ModelError(f"{name}: node {node.name!r} ({op}) does not continue the chain from "
@@ -443,10 +451,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
             eps = float(_num(attrs, "epsilon", 1e-5, node, name))
             # before opset 7 the mode was is_test, default 0: normalized by the batch's own
             # statistics, not the running ones folded here
-            old_bn = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-                         default=13) < 7
             if _num(attrs, "training_mode", 0, node, name) or \
-                    (old_bn and not _num(attrs, "is_test", 0, node, name)):
+                    (opset < 7 and not _num(attrs, "is_test", 0, node, name)):
                 raise ModelError(f"{name}: BatchNormalization node {node.name!r} in training mode; "
                                  f"export the model in eval mode (model.eval())")
             sc = gamma / np.sqrt(var + eps)
