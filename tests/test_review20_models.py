@@ -494,3 +494,39 @@ def test_onnx_opset6_broadcasting_ops_are_refused(tmp_path, op):
     p.write_bytes(m.SerializeToString())
     with pytest.raises(ModelError, match=f"{op} node '' of opset 6: before opset 7"):
         read_onnx(str(p))
+
+
+def test_onnx_tree_on_a_rank3_input(tmp_path):
+    """onnxruntime refuses an ensemble reading a (batch, 2, 3) input; fastpath took its last
+    dimension as the features (3), so feature 4 of the flattened row was out of reach. Now it
+    is refused unflattened, and read as 6 features behind a Flatten (equal to onnxruntime)."""
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    from fastpath import Model
+    a = _regressor_attrs(nodes_values=[0.5, 0, 0], target_weights=[1.0, 2.0],
+                         nodes_featureids=[4, 0, 0])
+
+    def graph(flatten):
+        nodes = [helper.make_node("TreeEnsembleRegressor", ["f" if flatten else "x"], ["y"],
+                                  domain="ai.onnx.ml", **a)]
+        if flatten:
+            nodes.insert(0, helper.make_node("Flatten", ["x"], ["f"], axis=1))
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, [None, 2, 3])], [helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, [None, 1])])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid("ai.onnx.ml", 3)])
+        p = tmp_path / f"r3{flatten}.onnx"
+        p.write_bytes(m.SerializeToString())
+        return str(p)
+    with pytest.raises(ModelError, match="reads the rank-3 model input"):
+        Model.from_onnx(graph(False))
+    p = graph(True)
+    m = Model.from_onnx(p)
+    assert m.trees.n_features == 6
+    X = np.random.default_rng(0).standard_normal((20, 2, 3)).astype(F)
+    want = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    for k, got in _eval_all(m.trees, X.reshape(20, 6)).items():
+        np.testing.assert_array_equal(got, want, err_msg=k)

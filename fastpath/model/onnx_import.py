@@ -191,7 +191,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"{node.domain or 'ai.onnx'!r}; fastpath reads {op} of the "
                                  f"{want[0] or 'default (ai.onnx)'} domain only")
     if any(n.op_type in _TREE_OPS for n in nodes):
-        trees = _read_trees(nodes, inputs[0], target, name, _input_width(g, inputs[0]), consts)
+        rank = _input_rank(g, inputs[0])
+        trees = _read_trees(nodes, inputs[0], target, name,
+                            _declared_width(g, inputs[0]) if rank > 2 else
+                            _input_width(g, inputs[0]), consts, rank)
         return {"trees": trees, "post": "none", "output": target,
                 "classifier": trees.classifier, "producer": model.producer_name}
     cur = inputs[0]
@@ -528,7 +531,8 @@ def _s(v) -> str:
                          f"(a damaged file?)") from None
 
 
-def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts: dict):
+def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts: dict,
+                rank: int = 2):
     """The chain input -> no-ops -> one tree ensemble -> no-ops -> target, read into a
     TreeEnsemble by onnxruntime's reading of the attributes: a tree is the nodes sharing a
     tree id, its root the first of them; children and leaf weights are (tree id, node id)."""
@@ -543,6 +547,13 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                                  f"fastpath serves one ensemble per model")
             if not node.input or node.input[0] != cur:
                 raise ModelError(f"{name}: {op} node {node.name!r} does not read the model input")
+            if rank > 2 and not any(n.op_type in ("Flatten", "Reshape") for n in
+                                    nodes[:nodes.index(node)]):
+                # onnxruntime's ensemble reads rows of a 2-d input and refuses others: the
+                # features of a (batch, a, b) input are a * b values only once flattened
+                raise ModelError(f"{name}: {op} node {node.name!r} reads the rank-{rank} model "
+                                 f"input; a tree ensemble reads (batch, features): flatten the "
+                                 f"input first")
             ens = node
             cur = node.output[-1] if op == "TreeEnsembleClassifier" else node.output[0]
             if op == "TreeEnsembleClassifier" and len(node.output) < 2:
@@ -796,6 +807,14 @@ def _input_dtype(g, inp: str):
             except Exception:  # noqa: BLE001 - an unknown type code: nothing to compare with
                 return None
     return None
+
+
+def _input_rank(g, inp: str) -> int:
+    """The graph input's number of dimensions (2 when the file does not say)."""
+    for i in g.input:
+        if i.name == inp and i.type.tensor_type.HasField("shape"):
+            return len(i.type.tensor_type.shape.dim)
+    return 2
 
 
 def _declared_width(g, inp: str) -> int:
