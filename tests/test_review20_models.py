@@ -530,3 +530,33 @@ def test_onnx_tree_on_a_rank3_input(tmp_path):
     want = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
     for k, got in _eval_all(m.trees, X.reshape(20, 6)).items():
         np.testing.assert_array_equal(got, want, err_msg=k)
+
+
+@pytest.mark.parametrize("op", ["Gemm", "MatMul"])
+def test_onnx_dense_layer_on_an_unflattened_rank3_input_is_refused(tmp_path, op):
+    """A (batch, 2, 3) input straight into a 6-input layer: onnxruntime refuses the graph
+    (Gemm wants rank 2, MatMul multiplies each inner row); fastpath read it as flattened."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fastpath.model.onnx_import import read_onnx
+    W = np.ones((2, 6), F)
+
+    def graph(flatten):
+        src = "f" if flatten else "x"
+        nodes = [helper.make_node("Gemm", [src, "W", "b"], ["y"], transB=1) if op == "Gemm"
+                 else helper.make_node("MatMul", [src, "W"], ["y"])]
+        if flatten:
+            nodes.insert(0, helper.make_node("Flatten", ["x"], ["f"], axis=1))
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, [None, 2, 3])], [helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, None)], [
+            numpy_helper.from_array(W if op == "Gemm" else W.T.copy(), "W"),
+            numpy_helper.from_array(np.zeros(2, F), "b")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        p = tmp_path / f"d{flatten}.onnx"
+        p.write_bytes(m.SerializeToString())
+        return str(p)
+    with pytest.raises(ModelError, match=f"{op} node '' reads the rank-3 model input"):
+        read_onnx(graph(False))
+    assert read_onnx(graph(True))["layers"][0][0].shape == (2, 6)

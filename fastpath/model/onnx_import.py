@@ -276,6 +276,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
 
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                 default=13)
+    rank = _input_rank(g, inputs[0])
+    flat = rank <= 2
     for idx, node in enumerate(nodes):
         op = node.op_type
         if id(node) in skip or op == "Constant":
@@ -284,6 +286,14 @@ def read_onnx(path: str | os.PathLike) -> dict:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
                                     "models) built from " + ", ".join(SUPPORTED[:-1]))
             raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); {hint}")
+        if op in ("Flatten", "Reshape"):
+            flat = True
+        if op in ("Gemm", "MatMul", "LinearRegressor", "LinearClassifier") and not flat:
+            # a rank-3 input reaches the layer unflattened: Gemm refuses it, MatMul multiplies
+            # each inner row apart; neither is the (batch, features) layer read here
+            raise ModelError(f"{name}: {op} node {node.name!r} reads the rank-{rank} model "
+                             f"input; a dense layer reads (batch, features): flatten the input "
+                             f"first")
         if op in ("Gemm", "Add", "Sub", "Mul", "Div") and opset < 7:
             # these broadcast by a `broadcast` / `axis` attribute before opset 7 (an axis-0
             # constant is per row, not per feature), and onnxruntime has no kernel for them
