@@ -560,3 +560,15 @@ def test_onnx_dense_layer_on_an_unflattened_rank3_input_is_refused(tmp_path, op)
     with pytest.raises(ModelError, match=f"{op} node '' reads the rank-3 model input"):
         read_onnx(graph(False))
     assert read_onnx(graph(True))["layers"][0][0].shape == (2, 6)
+
+
+def test_layer_value_beyond_float32_is_named():
+    # was: "layer weight contains NaN/Inf" for a finite 1e39 (the float32 cast made it Inf)
+    from fastpath.model import Layer
+    w = np.ones((2, 3))
+    w[1, 2] = -1e39
+    with pytest.raises(ModelError, match=r"layer weight holds -1e\+39 at index \(1, 2\), beyond "
+                                         r"float32's range"):
+        Layer(w, np.zeros(2))
+    with pytest.raises(ModelError, match="contains NaN/Inf"):
+        Layer(np.full((2, 3), np.inf), np.zeros(2))

@@ -61,6 +61,14 @@ def _f32(a: Any, what: str, ndim: int) -> np.ndarray:
         raise ModelError(f"{what} must be {ndim}-d, got shape {arr.shape}")
     # a copy even when the caller's array is already float32: the model keeps what was
     # validated, not a view that the caller's later writes (an optimizer step, a NaN) change
+    if arr.dtype.kind == "f" and arr.dtype.itemsize > 4 and arr.size:
+        # a finite float64 beyond float32 (1e39, a fold's x / 1e-40) would be cast to Inf and
+        # then named as one: say what it is
+        big = np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)
+        if big.any():
+            at = tuple(int(i) for i in np.argwhere(big)[0])
+            raise ModelError(f"{what} holds {float(arr[at])!r} at index {at}, beyond float32's "
+                             f"range (fastpath computes in float32)")
     arr = np.array(arr, dtype=np.float32, order="C", copy=True)
     if not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
