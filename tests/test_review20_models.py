@@ -572,3 +572,14 @@ def test_layer_value_beyond_float32_is_named():
         Layer(w, np.zeros(2))
     with pytest.raises(ModelError, match="contains NaN/Inf"):
         Layer(np.full((2, 3), np.inf), np.zeros(2))
+
+
+def test_onnx_tree_model_errors_name_the_file(tmp_path):
+    # the MLP path named the file in a Model-level error (no head for 4 outputs); trees did not
+    from fastpath import Model
+    a = _regressor_attrs(nodes_values=[1.0, 0, 0], target_weights=[1.0, 2.0, 3.0, 4.0],
+                         target_treeids=[0, 0, 0, 0], target_nodeids=[1, 1, 2, 2],
+                         target_ids=[0, 1, 2, 3], n_targets=4)
+    p = _one_node_graph(tmp_path, "TreeEnsembleRegressor", a, ["y"])
+    with pytest.raises(ModelError, match=r"n\.onnx: the tree ensemble has 4 outputs"):
+        Model.from_onnx(p)

@@ -595,9 +595,13 @@ class Model:
         name = os.fspath(path)
         g = read_onnx(name)
         if "trees" in g:
-            return cls((), None, CachePolicy(enabled=False),
-                       {"source": os.path.basename(name), "onnx_output": g["output"]},
-                       "none", head, trees=g["trees"])
+            try:
+                return cls((), None, CachePolicy(enabled=False),
+                           {"source": os.path.basename(name), "onnx_output": g["output"]},
+                           "none", head, trees=g["trees"])
+            except ModelError as exc:
+                # as for layers: the file is named, so a caller loading several knows which
+                raise ModelError(f"{name}: {exc}") from None
         try:
             layers = tuple(Layer(w, b, act) for w, b, act in g["layers"])
             n_out = 2 if g["post"] == "logistic2" else layers[-1].weight.shape[0]
