@@ -60,6 +60,18 @@ def _num(attrs: dict, key: str, default, node, name: str):
     return v
 
 
+def _nums(attrs: dict, key: str, default, node, name: str) -> np.ndarray:
+    """A list-of-numbers attribute as float64, or a ModelError naming the node when a damaged
+    file holds another type there (a string, a tensor)."""
+    v = attrs.get(key, default)
+    if not isinstance(v, (list, tuple)) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        shown = f" {v!r:.40}" if isinstance(v, (bytes, str, list, tuple)) else ""
+        raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) attribute {key} is a "
+                         f"{type(v).__name__}{shown}, expected a list of numbers")
+    return np.asarray(v, np.float64)
+
+
 def _tensor(t, what: str) -> np.ndarray:
     from onnx import numpy_helper
     if type(t).__name__ != "TensorProto":
@@ -167,8 +179,22 @@ def read_onnx(path: str | os.PathLike) -> dict:
             continue
     target = _pick_output(g, name)
     nodes = _slice(g, target)
+    for node in nodes:
+        # an op is named by its domain and type: a "Gemm" or "TreeEnsembleRegressor" of another
+        # domain is a custom op with its own meaning (or none: onnxruntime refuses it), not
+        # the one fastpath would read it as
+        op = node.op_type
+        if op in SUPPORTED or op in _TREE_OPS:
+            want = ("ai.onnx.ml",) if op in _ML_OPS else ("", "ai.onnx")
+            if node.domain not in want:
+                raise ModelError(f"{name}: node {node.name!r} ({op}) is in domain "
+                                 f"{node.domain or 'ai.onnx'!r}; fastpath reads {op} of the "
+                                 f"{want[0] or 'default (ai.onnx)'} domain only")
     if any(n.op_type in _TREE_OPS for n in nodes):
-        trees = _read_trees(nodes, inputs[0], target, name, _input_width(g, inputs[0]), consts)
+        rank = _input_rank(g, inputs[0])
+        trees = _read_trees(nodes, inputs[0], target, name,
+                            _declared_width(g, inputs[0]) if rank > 2 else
+                            _input_width(g, inputs[0]), consts, rank)
         return {"trees": trees, "post": "none", "output": target,
                 "classifier": trees.classifier, "producer": model.producer_name}
     cur = inputs[0]
@@ -180,7 +206,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
     post = "none"
     skip: set = set()
 
-    def const(tname: str, node) -> np.ndarray:
+    # the element type of the tensor the chain carries (None: not declared): a weight of
+    # another type (float64 weights beside a float32 input, as numpy arrays make them) is a
+    # graph onnxruntime refuses to load, and integer math is not what fastpath computes
+    cur_dt = _input_dtype(g, inputs[0])
+
+    def const(tname: str, node, weight: str = "same") -> np.ndarray:
         if tname not in consts:
             raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) needs {tname!r} to be a "
                              f"constant weight; fastpath imports models with constant weights only")
@@ -188,6 +219,17 @@ def read_onnx(path: str | os.PathLike) -> dict:
         if c.dtype.kind not in "fiub":
             raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) constant {tname!r} is "
                              f"{c.dtype}, expected numbers")
+        if weight != "any" and cur_dt is not None and cur_dt.kind != "f":
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) computes on the "
+                             f"{cur_dt} input; fastpath computes in float: give the graph a float "
+                             f"input, or Cast it to float first")
+        if weight == "same" and cur_dt is not None and c.dtype != cur_dt:
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) constant {tname!r} is "
+                             f"{c.dtype} but the tensor it meets is {cur_dt}; onnxruntime refuses "
+                             f"mixed element types: export the weights as {cur_dt}")
+        if weight == "float" and c.dtype.kind != "f":
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) constant {tname!r} is "
+                             f"{c.dtype}, expected a float tensor")
         return c.astype(np.float64)
 
     def affine(scale, shift, node) -> None:
@@ -232,6 +274,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
             pending = None
         layers.append([W, b, "identity", False])
 
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                default=13)
+    rank = _input_rank(g, inputs[0])
+    flat = rank <= 2
     for idx, node in enumerate(nodes):
         op = node.op_type
         if id(node) in skip or op == "Constant":
@@ -240,6 +286,20 @@ def read_onnx(path: str | os.PathLike) -> dict:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
                                     "models) built from " + ", ".join(SUPPORTED[:-1]))
             raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); {hint}")
+        if op in ("Flatten", "Reshape"):
+            flat = True
+        if op in ("Gemm", "MatMul", "LinearRegressor", "LinearClassifier") and not flat:
+            # a rank-3 input reaches the layer unflattened: Gemm refuses it, MatMul multiplies
+            # each inner row apart; neither is the (batch, features) layer read here
+            raise ModelError(f"{name}: {op} node {node.name!r} reads the rank-{rank} model "
+                             f"input; a dense layer reads (batch, features): flatten the input "
+                             f"first")
+        if op in ("Gemm", "Add", "Sub", "Mul", "Div") and opset < 7:
+            # these broadcast by a `broadcast` / `axis` attribute before opset 7 (an axis-0
+            # constant is per row, not per feature), and onnxruntime has no kernel for them
+            raise ModelError(f"{name}: {op} node {node.name!r} of opset {opset}: before opset 7 "
+                             f"its broadcasting differs and onnxruntime cannot run it; export "
+                             f"with opset 7 or later")
         binary = op in ("Add", "Sub", "Mul", "Div", "MatMul")
         if not node.input or node.input[0] != cur and not (binary and cur in node.input):
             raise ModelError(f"{name}: node {node.name!r} ({op}) does not continue the chain from "
@@ -257,7 +317,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 raise ModelError(f"{name}: Cast node {node.name!r} casts to type {attrs.get('to')}; "
                                  f"fastpath computes in float32: export with float inputs")
         elif op == "Reshape":
-            shape = const(node.input[1], node).astype(np.int64).reshape(-1)
+            shape = const(node.input[1], node, "any").astype(np.int64).reshape(-1)
             width = layers[-1][0].shape[0] if layers else n_in
             if _num(attrs, "allowzero", 0, node, name) and 0 in shape.tolist():
                 raise ModelError(f"{name}: Reshape node {node.name!r} with allowzero=1 to "
@@ -277,8 +337,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"the L1 norm right after a softmax (probabilities that already "
                                  f"sum to 1)")
         elif op == "Scaler":
-            off = np.asarray(attrs.get("offset", [0.0]), np.float64)
-            sc = np.asarray(attrs.get("scale", [1.0]), np.float64)
+            off = _nums(attrs, "offset", [0.0], node, name)
+            sc = _nums(attrs, "scale", [1.0], node, name)
             if off.size != sc.size or not off.size:
                 # onnxruntime refuses a Scaler whose offset and scale differ in length
                 raise ModelError(f"{name}: Scaler node {node.name!r} has {off.size} offsets and "
@@ -347,13 +407,16 @@ def read_onnx(path: str | os.PathLike) -> dict:
             if attrs.get("post_transform", b"NONE") not in (b"NONE", "NONE"):
                 raise ModelError(f"{name}: LinearRegressor node {node.name!r} with post_transform "
                                  f"{attrs['post_transform']!r}; export it without one")
-            t = int(_num(attrs, "targets", 1, node, name))
-            coef = np.asarray(attrs.get("coefficients", []), np.float64)
+            t = _num(attrs, "targets", 1, node, name)
+            if not isinstance(t, (int, np.integer)):
+                raise ModelError(f"{name}: LinearRegressor node {node.name!r} attribute targets "
+                                 f"is {t!r}, expected an integer")
+            coef = _nums(attrs, "coefficients", [], node, name)
             if t < 1 or coef.size == 0 or coef.size % t:
                 raise ModelError(f"{name}: LinearRegressor node {node.name!r} has {coef.size} "
                                  f"coefficients for {t} targets")
             W = coef.reshape(t, -1)
-            b = np.asarray(attrs.get("intercepts", [0.0] * t), np.float64)
+            b = _nums(attrs, "intercepts", [0.0] * t, node, name)
             if b.size != t:
                 raise ModelError(f"{name}: LinearRegressor node {node.name!r} has {b.size} "
                                  f"intercepts for {t} targets")
@@ -362,9 +425,14 @@ def read_onnx(path: str | os.PathLike) -> dict:
             if len(node.output) != 2:
                 raise ModelError(f"{name}: LinearClassifier node {node.name!r} without its scores "
                                  f"output")
+            if attrs.get("classlabels_ints") and attrs.get("classlabels_strings"):
+                # the spec allows one of the two; with both, the class count is two numbers
+                raise ModelError(f"{name}: LinearClassifier node {node.name!r} has both "
+                                 f"classlabels_ints and classlabels_strings; a classifier gives "
+                                 f"one")
             labels = attrs.get("classlabels_ints", attrs.get("classlabels_strings", []))
-            coef = np.asarray(attrs.get("coefficients", []), np.float64)
-            b = np.asarray(attrs.get("intercepts", []), np.float64)
+            coef = _nums(attrs, "coefficients", [], node, name)
+            b = _nums(attrs, "intercepts", [], node, name)
             n_cls = len(labels)
             rows = b.size
             if rows < 1 or coef.size == 0 or coef.size % rows:
@@ -390,9 +458,14 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"{pt} is not supported (NONE, LOGISTIC, SOFTMAX are)")
             out_name = node.output[1]
         elif op == "BatchNormalization":
-            gamma, beta, mean, var = (const(node.input[i], node).reshape(-1) for i in range(1, 5))
+            # opset 15 lets the scale / bias and mean / var be other float types than x
+            gamma, beta, mean, var = (const(node.input[i], node, "float").reshape(-1)
+                                      for i in range(1, 5))
             eps = float(_num(attrs, "epsilon", 1e-5, node, name))
-            if _num(attrs, "training_mode", 0, node, name):
+            # before opset 7 the mode was is_test, default 0: normalized by the batch's own
+            # statistics, not the running ones folded here
+            if _num(attrs, "training_mode", 0, node, name) or \
+                    (opset < 7 and not _num(attrs, "is_test", 0, node, name)):
                 raise ModelError(f"{name}: BatchNormalization node {node.name!r} in training mode; "
                                  f"export the model in eval mode (model.eval())")
             sc = gamma / np.sqrt(var + eps)
@@ -425,6 +498,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
             layers[-1][2] = _ACT[op]
             layers[-1][3] = True
         cur = out_name
+        if op in ("Cast", "Scaler", "LinearRegressor", "LinearClassifier", "Normalizer"):
+            cur_dt = np.dtype(np.float32)       # what these write (Cast: only to float)
     if cur != target:
         raise ModelError(f"{name}: the chain ends at {cur!r}, not at the graph output {target!r}")
     if not layers:
@@ -447,6 +522,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
 
 
 _TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier")
+_ML_OPS = ("Scaler", "LinearRegressor", "LinearClassifier", "Normalizer") + _TREE_OPS
 # what may stand before or after a tree ensemble without changing a float: the exporters
 # write these around it
 _TREE_NOOPS = ("Cast", "Identity", "Reshape", "Flatten")
@@ -465,7 +541,8 @@ def _s(v) -> str:
                          f"(a damaged file?)") from None
 
 
-def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts: dict):
+def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts: dict,
+                rank: int = 2):
     """The chain input -> no-ops -> one tree ensemble -> no-ops -> target, read into a
     TreeEnsemble by onnxruntime's reading of the attributes: a tree is the nodes sharing a
     tree id, its root the first of them; children and leaf weights are (tree id, node id)."""
@@ -480,6 +557,13 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                                  f"fastpath serves one ensemble per model")
             if not node.input or node.input[0] != cur:
                 raise ModelError(f"{name}: {op} node {node.name!r} does not read the model input")
+            if rank > 2 and not any(n.op_type in ("Flatten", "Reshape") for n in
+                                    nodes[:nodes.index(node)]):
+                # onnxruntime's ensemble reads rows of a 2-d input and refuses others: the
+                # features of a (batch, a, b) input are a * b values only once flattened
+                raise ModelError(f"{name}: {op} node {node.name!r} reads the rank-{rank} model "
+                                 f"input; a tree ensemble reads (batch, features): flatten the "
+                                 f"input first")
             ens = node
             cur = node.output[-1] if op == "TreeEnsembleClassifier" else node.output[0]
             if op == "TreeEnsembleClassifier" and len(node.output) < 2:
@@ -546,6 +630,11 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         return np.asarray(seq(key, (int,)), dtype=np.int64)
 
     def floats(key):
+        if key in a and key + "_as_tensor" in a:
+            # two sources of one list: onnxruntime refuses the node; reading either one would
+            # serve a model it never ran
+            raise ModelError(f"{what} has both {key} and {key}_as_tensor; a node gives one of "
+                             f"them (as onnxruntime requires)")
         if key in a:
             return np.asarray(seq(key, (int, float)), dtype=np.float64)
         tkey = key + "_as_tensor"
@@ -570,7 +659,10 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     vals = floats("nodes_values")
     n = treeids.size
     if vals is None:
-        vals = np.zeros(n)
+        # onnxruntime refuses a node without thresholds (even one of leaves only); zeros in
+        # their place would split every node at 0
+        raise ModelError(f"{what} has no nodes_values (or nodes_values_as_tensor): the split "
+                         f"thresholds are missing")
     # onnxruntime tracks a missing value to the true branch where this is exactly 1 (not any
     # nonzero value): 2 or -1 send a NaN down the comparison like 0
     miss = ints("nodes_missing_value_tracks_true", required=False)
@@ -595,12 +687,20 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     if clf:
         labels = [seq(k, (int, bytes, str)) for k in ("classlabels_int64s", "classlabels_strings")
                   if a.get(k)]
+        if len(labels) > 1:
+            # the spec allows one of the two; with both, the class count is two numbers
+            raise ModelError(f"{what} has both classlabels_int64s ({len(labels[0])}) and "
+                             f"classlabels_strings ({len(labels[1])}); a classifier gives one")
         labels = labels[0] if labels else None
         if not labels:
             raise ModelError(f"{what} has no class labels")
         n_targets = len(labels)
     else:
-        n_targets = int(_num(a, "n_targets", 1, ens, name))
+        n_targets = _num(a, "n_targets", 1, ens, name)
+        if not isinstance(n_targets, (int, np.integer)):
+            # an int attribute: 2.5 is damage (onnxruntime refuses it), not a count to round
+            raise ModelError(f"{what}: attribute n_targets is {n_targets!r}, expected an integer")
+        n_targets = int(n_targets)
     base = floats("base_values")
     base = np.zeros(0) if base is None else base
     # trees in order of first appearance, nodes re-indexed per tree
@@ -667,7 +767,35 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                             tc, fc, (miss[perm] == 1).astype(np.uint8), w_node, wt_id,
                             wv.astype(np.float32), base.astype(np.float32), agg, post, clf)
     except ModelError as exc:
-        raise ModelError(f"{what}: {exc}") from None
+        raise ModelError(f"{what}: {_file_ids(str(exc), tree_list, offsets, nodeids, perm)}") \
+            from None
+
+
+def _file_ids(msg: str, tree_list: list, offsets: np.ndarray, nodeids: np.ndarray,
+              perm: np.ndarray) -> str:
+    """A TreeEnsemble message names trees by position and nodes by index within their tree;
+    the file names them by tree id and node id (what its author can look up), and its root is
+    the tree's first listed node, which an unreachable node usually means is not the real one."""
+    import re
+
+    def sub(m):
+        t = int(m.group(1))
+        if t >= len(tree_list):
+            return m.group(0)
+        out = f"tree id {tree_list[t]}"
+        if m.group(3) is not None:
+            g = int(offsets[t]) + int(m.group(3))
+            nid = int(nodeids[perm[g]]) if g < int(offsets[t + 1]) else m.group(3)
+            out += f"{m.group(2)} node id {nid}"
+        return out
+    msg2 = re.sub(r"\btree (\d+)(?:(:?) node (\d+))?", sub, msg)
+    if "cannot be reached from the root" in msg:
+        t = re.search(r"\btree (\d+)", msg)
+        if t and int(t.group(1)) < len(tree_list):
+            root = int(nodeids[perm[int(offsets[int(t.group(1))])]])
+            msg2 += (f" (a tree's root is its first listed node, here node id {root}: list "
+                     f"each tree's root first)")
+    return msg2
 
 
 def _reshape_noop(shape: np.ndarray, width: int) -> bool:
@@ -677,6 +805,26 @@ def _reshape_noop(shape: np.ndarray, width: int) -> bool:
         return False
     a, b = int(shape[0]), int(shape[1])
     return (a in (0, 1) and b == -1) or (a in (-1, 0, 1) and width > 0 and b == width)
+
+
+def _input_dtype(g, inp: str):
+    """The numpy dtype of the graph input's elements, None when the file leaves it open."""
+    from onnx import helper
+    for i in g.input:
+        if i.name == inp and i.type.HasField("tensor_type") and i.type.tensor_type.elem_type:
+            try:
+                return np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+            except Exception:  # noqa: BLE001 - an unknown type code: nothing to compare with
+                return None
+    return None
+
+
+def _input_rank(g, inp: str) -> int:
+    """The graph input's number of dimensions (2 when the file does not say)."""
+    for i in g.input:
+        if i.name == inp and i.type.tensor_type.HasField("shape"):
+            return len(i.type.tensor_type.shape.dim)
+    return 2
 
 
 def _declared_width(g, inp: str) -> int:

@@ -50,11 +50,52 @@ def _arr(a, dtype, what: str, n: int | None = None) -> np.ndarray:
                          f"shape {x.shape}")
     if n is not None and x.shape[0] != n:
         raise ModelError(f"tree ensemble {what} has {x.shape[0]} values, expected {n}")
-    if np.dtype(dtype).kind in "iu" and x.size and x.dtype.kind == "f":
-        if not np.all(np.isfinite(x)) or np.any(x != np.round(x)):
+    if np.dtype(dtype).kind in "iu" and x.size:
+        if x.dtype.kind == "f" and (not np.all(np.isfinite(x)) or np.any(x != np.round(x))):
             raise ModelError(f"tree ensemble {what} must hold integers")
+        # the cast below wraps silently: a feature id 2**32 + 1 would become feature 1, a
+        # class id 2**32 class 0 (onnxruntime refuses such ids)
+        info = np.iinfo(dtype)
+        lo, hi = x.min(), x.max()
+        if lo < info.min or hi > info.max:
+            raise ModelError(f"tree ensemble {what} holds {int(lo) if lo < info.min else int(hi)}, "
+                             f"outside the range {info.min}..{info.max} of its {np.dtype(dtype)} "
+                             f"storage")
     # a copy: the ensemble freezes its arrays, and the caller's must stay writable
     return np.array(x, dtype=dtype, order="C", copy=True)
+
+
+def _f32_values(v: np.ndarray, what: str) -> np.ndarray:
+    big = np.isfinite(v) & (np.abs(v) > np.finfo(np.float32).max)
+    if big.any():
+        raise ModelError(f"tree ensemble {what} hold {float(v[big][0])!r}, beyond float32's "
+                         f"range (fastpath adds them in float32, as onnxruntime does)")
+    return v.astype(np.float32)
+
+
+def _split_thresholds(t64: np.ndarray, mode: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """float32 thresholds that split every float32 input as the given ones do. A float64
+    threshold (sklearn's tree_.threshold, a midpoint of two float32 values) rounded to the
+    nearest float32 can land on an input value and send it the other way: x <= t needs the
+    float32 at or below t, x < t the one at or above it (GT / GTE alike); one beyond the
+    float32 range becomes +-FLT_MAX or +-inf the same way. An EQ / NEQ threshold no float32
+    equals is refused: no rounding keeps x == t false for every x."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = t64.astype(np.float32)
+    back = t.astype(np.float64)
+    inexact = (back != t64) & ~np.isnan(t64)
+    if not inexact.any():
+        return t
+    down = np.where(back > t64, np.nextafter(t, np.float32(-np.inf)), t)
+    up = np.where(back < t64, np.nextafter(t, np.float32(np.inf)), t)
+    out = np.where((mode == 1) | (mode == 2), up, down).astype(np.float32)
+    bad = np.flatnonzero(inexact & ((mode == 4) | (mode == 5)))
+    if bad.size:
+        t_ = int(np.searchsorted(off, bad[0], side="right") - 1)
+        raise ModelError(f"tree {t_} node {int(bad[0] - off[t_])} is an {MODES[mode[bad[0]]]} "
+                         f"split at {float(t64[bad[0]])!r}, which no float32 input equals; give "
+                         f"a float32 threshold")
+    return out
 
 
 @dataclass(frozen=True)
@@ -66,7 +107,8 @@ class TreeEnsemble:
     Per node: mode (index into MODES; LEAF = 6), feature, threshold, true_child /
     false_child (indices local to the tree, ignored on leaves) and nan_true (the
     missing-value track: a NaN feature takes the true branch). A split sends x to the true
-    child when x[feature] <mode> threshold holds. Leaf weights: weight_node (global node
+    child when x[feature] <mode> threshold holds; thresholds are stored as float32, and one
+    given in float64 is rounded so that every float32 x still goes the way it would. Leaf weights: weight_node (global node
     index, a leaf), weight_target, weight_value. Outputs are what onnxruntime returns:
     regressor values, or the class probabilities of a classifier."""
     n_features: int
@@ -92,6 +134,10 @@ class TreeEnsemble:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ModelError(f"tree ensemble {k} must be an int >= 1, got {v!r}")
             object.__setattr__(self, k, int(v))
+        if not isinstance(self.classifier, (bool, np.bool_)) and self.classifier not in (0, 1):
+            # bool("false") is True: a flag of another type would switch the finishing rules
+            raise ModelError(f"tree ensemble classifier must be True or False, got "
+                             f"{self.classifier!r}")
         if self.n_targets > MAX_TARGETS:
             raise ModelError(f"tree ensemble has {self.n_targets} targets, at most {MAX_TARGETS}")
         if self.aggregate not in AGGREGATES:
@@ -107,7 +153,7 @@ class TreeEnsemble:
         n = int(off[-1])
         mode = _arr(self.mode, np.int32, "mode", n)
         feat = _arr(self.feature, np.int32, "feature", n)
-        thr = _arr(self.threshold, np.float32, "threshold", n)
+        thr = _split_thresholds(_arr(self.threshold, np.float64, "threshold", n), mode, off)
         tc = _arr(self.true_child, np.int32, "true_child", n)
         fc = _arr(self.false_child, np.int32, "false_child", n)
         nt = np.asarray(self.nan_true)
@@ -119,8 +165,11 @@ class TreeEnsemble:
         nt = _arr(self.nan_true, np.uint8, "nan_true", n)
         wn = _arr(self.weight_node, np.int32, "weight_node")
         wt = _arr(self.weight_target, np.int32, "weight_target", wn.size)
-        wv = _arr(self.weight_value, np.float32, "weight_value", wn.size)
-        base = _arr(self.base_values, np.float32, "base_values")
+        # read in float64 first: a value beyond float32 (1e39) is named as such, not as the
+        # Inf the cast would make of it
+        wv = _f32_values(_arr(self.weight_value, np.float64, "weight_value", wn.size),
+                         "leaf weights")
+        base = _f32_values(_arr(self.base_values, np.float64, "base_values"), "base values")
         if np.any((mode < 0) | (mode > LEAF)):
             raise ModelError(f"tree ensemble node modes must be indices into {MODES}")
         inner = mode != LEAF
@@ -304,7 +353,8 @@ class TreeEnsemble:
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Outputs for x (n_features,) or (n, n_features), float32, by the ONNX spec read
         directly (NaN is a missing value)."""
-        x = np.asarray(x, dtype=np.float32)
+        from fastpath.model.types import _feature_rows
+        x = _feature_rows(x, self.n_features, "TreeEnsemble.forward")
         one = x.ndim == 1
         X = x[None, :] if one else x
         n = X.shape[0]

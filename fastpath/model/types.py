@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from fastpath._checks import check_value
-from fastpath.errors import ConfigError, ModelError
+from fastpath.errors import ConfigError, InputError, ModelError
 
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
 # what follows the last dense layer, as exporters write it: nothing, a softmax (classifier
@@ -61,6 +61,14 @@ def _f32(a: Any, what: str, ndim: int) -> np.ndarray:
         raise ModelError(f"{what} must be {ndim}-d, got shape {arr.shape}")
     # a copy even when the caller's array is already float32: the model keeps what was
     # validated, not a view that the caller's later writes (an optimizer step, a NaN) change
+    if arr.dtype.kind == "f" and arr.dtype.itemsize > 4 and arr.size:
+        # a finite float64 beyond float32 (1e39, a fold's x / 1e-40) would be cast to Inf and
+        # then named as one: say what it is
+        big = np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)
+        if big.any():
+            at = tuple(int(i) for i in np.argwhere(big)[0])
+            raise ModelError(f"{what} holds {float(arr[at])!r} at index {at}, beyond float32's "
+                             f"range (fastpath computes in float32)")
     arr = np.array(arr, dtype=np.float32, order="C", copy=True)
     if not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
@@ -207,6 +215,21 @@ def window_pre_features(raws: np.ndarray, symbols: np.ndarray, z_idx: np.ndarray
             pre[rows, len(z_idx):len(z_idx) + k] = m
             pre[rows, len(z_idx) + k:] = sd
     return pre
+
+
+def _feature_rows(features: Any, n_feat: int, what: str) -> np.ndarray:
+    """features as float32 (n_feat,) or (n, n_feat); an InputError naming the shape
+    otherwise: a row of another width would be read with its features misplaced (a tree reads
+    the ones it splits on and ignores the rest), or fail deep inside numpy."""
+    try:
+        x = np.asarray(features, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{what}: features must be numbers, got {type(features).__name__} "
+                         f"({exc})") from None
+    if x.ndim not in (1, 2) or x.shape[-1] != n_feat:
+        raise InputError(f"{what}: features must have shape ({n_feat},) or (n, {n_feat}), got "
+                         f"{x.shape}")
+    return x
 
 
 def _rolling_mean_std(v: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -499,9 +522,9 @@ class Model:
     def forward(self, features: np.ndarray) -> np.ndarray:
         """Model outputs (post transform, no head) for features (n_feat,) or (n, n_feat), in
         float32 numpy."""
-        x = np.asarray(features, dtype=np.float32)
         if self.trees is not None:
-            return self.trees.forward(x)
+            return self.trees.forward(features)
+        x = _feature_rows(features, self.layers[0].weight.shape[1], "Model.forward")
         for l in self.layers:
             x = x @ l.weight.T + l.bias
             if l.activation == "relu":
@@ -572,9 +595,13 @@ class Model:
         name = os.fspath(path)
         g = read_onnx(name)
         if "trees" in g:
-            return cls((), None, CachePolicy(enabled=False),
-                       {"source": os.path.basename(name), "onnx_output": g["output"]},
-                       "none", head, trees=g["trees"])
+            try:
+                return cls((), None, CachePolicy(enabled=False),
+                           {"source": os.path.basename(name), "onnx_output": g["output"]},
+                           "none", head, trees=g["trees"])
+            except ModelError as exc:
+                # as for layers: the file is named, so a caller loading several knows which
+                raise ModelError(f"{name}: {exc}") from None
         try:
             layers = tuple(Layer(w, b, act) for w, b, act in g["layers"])
             n_out = 2 if g["post"] == "logistic2" else layers[-1].weight.shape[0]
