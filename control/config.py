@@ -267,6 +267,11 @@ def load_config(cfg: Any = None) -> EngineConfig:
             raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            # tomllib decodes the bytes itself: a binary file (a bundle passed as the config)
+            # raised this bare, with no file named
+            raise ConfigError(f"{path} is not a TOML config: not UTF-8 text (byte "
+                              f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
         try:
             return EngineConfig.from_dict(data, source=path)
         except ConfigError as exc:

@@ -166,8 +166,12 @@ class FeatureSpec:
         raws = np.asarray(raws, dtype=np.float32)
         if raws.ndim != 2 or raws.shape[0] < 2:
             raise ModelError(f"calibration needs a 2-d array of at least 2 ticks, got {raws.shape}")
-        if not np.all(np.isfinite(raws)):
-            raise ModelError("calibration ticks contain NaN/Inf")
+        bad = ~np.isfinite(raws)
+        if bad.any():
+            i, j = (int(v) for v in np.argwhere(bad)[0])
+            name = f" ({field_names[j]})" if j < len(field_names) else ""
+            raise ModelError(f"calibration ticks must be finite: row {i} field {j}{name} is "
+                             f"{raws[i, j]} ({int(bad.any(1).sum())} row(s) hold NaN/Inf)")
         z = np.asarray(list(z_idx), dtype=np.int64)
         w = np.asarray(list(w_idx), dtype=np.int64)
         # checked here too, before the replay below indexes with it (the spec's own check
