@@ -26,8 +26,11 @@ run_core() {
     log "$what: $(tail -1 "$work/core-$what.log")"
 }
 
-floor=$(grep -m1 -oE '"numpy>=[0-9]+\.[0-9]+' "$repo/pyproject.toml" | grep -oE '[0-9]+\.[0-9]+') \
-    || die "no numpy>= floor in pyproject.toml's dependencies"
+# the run-time floor from [project] dependencies (build-system's numpy>=2.0 is the build's)
+floor=$(python3 -c 'import re, sys, tomllib
+deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+print(next(m.group(1) for d in deps for m in [re.fullmatch(r"numpy>=(\d+\.\d+)(\.\d+)?", d)] if m))' \
+    "$repo/pyproject.toml") || die "no numpy>= floor in pyproject.toml's dependencies"
 fixed=$(ls "$work"/wheelhouse/fastpath-*manylinux*.whl) || die "no manylinux wheel in $work/wheelhouse"
 python3 -m venv "$work/venv-floor"
 "$work/venv-floor/bin/pip" install -q "numpy~=$floor.0" "pytest>=7" "hypothesis>=6.80" "$fixed" \
