@@ -215,25 +215,18 @@ static inline int fp_cache_look_f32(const fp_kernels *k, const fp_cache_plan *pl
     return fp_cache_decide_f32(pl, dd, de, a2, b2);
 }
 
-/* The direction guard where dot < t |f| |c| failed by a few ulps: |f| |c| is two rounded
- * square roots and a rounded product, and came out an ulp above dot for a tick equal to its
- * key (cosine exactly 1: dot == |f|^2 == |c|^2, bit for bit), so at cos_threshold 1.0 one
- * exact repeat in four missed, reported as "cosine" (and a key doubled, cosine 1 too, as
- * "cosine" instead of "norm"; at -1, a key's opposite). Here the sums are compared squared,
- * dot^2 against t^2 |f|^2 |c|^2, with no square root: an exact tie stays a tie. Reached only
- * within ~2^-49 of the threshold (never, on the bench stream), so out of line. */
-__attribute__((noinline, cold)) static int fp_cache_cos_tie(const fp_kernels *k,
-                                                           const fp_cache_policy *p,
-                                                           const fp_slot *s, const float *f,
-                                                           int n) {
-    const double t = p->cos_threshold;
-    double d, a2, b2;
-    k->dot_norms_f64(f, fp_slot_features_c(s), n, &d, &a2, &b2);
-    /* t < 0 (a policy on the norm alone at -1): cos >= t is d >= 0 or |d| <= |t| |f| |c|,
-     * so a key's exact opposite passes at -1 */
-    return t >= 0.0 ? d >= 0.0 && d * d >= (t * t) * (a2 * b2)
-                    : d >= 0.0 || d * d <= (t * t) * (a2 * b2);
-}
+/* cos_threshold as the engine holds it (fp_cache_policy.cos_threshold, set by the Python
+ * side from the policy it was given): 2^-50 (relative) below the threshold asked for. The
+ * double path's bound t |f| |c| is two rounded square roots and a rounded product, and came
+ * out an ulp above dot for a tick equal to its key (cosine exactly 1: dot == |f|^2 == |c|^2,
+ * bit for bit), so at cos_threshold 1.0 one exact repeat in four missed, reported as
+ * "cosine" (a key doubled, cosine 1 too, as "cosine" instead of "norm"; at -1, a key's
+ * opposite). That rounding is within 3 ulps (< 2^-50); the slack admits no cosine the double
+ * sums themselves can tell from t (their own rounding, ~n 2^-53, is larger). Applied once to
+ * the policy, not per lookup: a compare and a cold call for the tie in fp_cache_decide_f64
+ * moved fp_step's code and cost the feature stage ~10 ns a tick (same-process A/B on the
+ * replay), and even an inline multiply there cost ~8. */
+static inline double fp_cache_cos_bound(double t) { return t - fabs(t) * 0x1p-50; }
 
 /* The guards decided in double: the reference the float32 look must agree with. |cached|
  * is summed as dot_norm2 sums |a| (bit-identical either way), once per stored key: in the
@@ -257,9 +250,7 @@ static inline int fp_cache_decide_f64(const fp_kernels *k, const fp_cache_policy
         /* direction undefined: only an exact zero vector matches another one */
         return (na == 0.0 && nb == 0.0) ? FP_HIT : FP_MISS_COSINE;
     }
-    const double bound = p->cos_threshold * na * nb;
-    if (dot < bound && !(dot >= bound - fabs(bound) * 0x1p-49 && fp_cache_cos_tie(k, p, s, f, n)))
-        return FP_MISS_COSINE;
+    if (dot < p->cos_threshold * na * nb) return FP_MISS_COSINE;
     if (fabs(na / nb - 1.0) > p->norm_tol) return FP_MISS_NORM;
     return FP_HIT;
 }

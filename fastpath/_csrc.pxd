@@ -77,6 +77,7 @@ cdef extern from "fp_clock.h" nogil:
     int64_t fp_ticks_to_mono_ns(uint64_t t)
 
 cdef extern from "fp_cache.h" nogil:
+    double fp_cache_cos_bound(double t)
     ctypedef struct fp_cache_policy:
         double cos_threshold
         double norm_tol

@@ -405,7 +405,7 @@ _REASONS = {FP_HIT: "hit", FP_MISS_COSINE: "cosine", FP_MISS_NORM: "norm"}
 cdef fp_cache_policy _guards_only(double cos_threshold, double norm_tol):
     """A policy whose age and run guards never refuse: only direction and magnitude decide."""
     cdef fp_cache_policy p
-    p.cos_threshold = cos_threshold
+    p.cos_threshold = fp_cache_cos_bound(cos_threshold)
     p.norm_tol = norm_tol
     p.max_age_ns = 1LL << 62
     p.max_run = 0xFFFFFFFF
