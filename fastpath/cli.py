@@ -177,11 +177,7 @@ def cmd_doctor(args) -> int:
     from fastpath.control import doctor
     from fastpath.control.config import load_config
     from fastpath.control.host import Host
-    try:
-        cfg = load_config(args.config)
-    except UnicodeDecodeError:
-        raise SystemExit(f"fastpath doctor: {args.config} is not a UTF-8 text file; expected a "
-                         f"TOML config (fastpath example-config prints one)") from None
+    cfg = load_config(args.config)     # a binary file is a ConfigError naming it
     core = args.core if args.core is not None else (
         cfg.placement.core if cfg.placement.core != "auto" else None)
     host = Host(args.root)

@@ -301,7 +301,8 @@ def test_cli_bad_calibrate_inputs_are_usage_errors(tmp_path):
 def test_cli_doctor_binary_config(tmp_path):
     (tmp_path / "c.toml").write_bytes(b"\x93NUMPY\x01\x00\xff")
     out = _cli("doctor", "--config", "c.toml", cwd=tmp_path)
-    assert out.returncode != 0 and "not a UTF-8 text file" in out.stderr
+    assert out.returncode != 0 and "c.toml is not a TOML config: not UTF-8" in out.stderr
+    assert "Traceback" not in out.stderr
     assert "Traceback" not in out.stderr
 
 
