@@ -245,3 +245,107 @@ def test_probes_refuse_or_answer_sanely():
         K.op_latency_ns("div", 10)
     v = K.read_gbps(256, 1)
     assert v > 0 and np.isfinite(v)
+
+
+def test_fma_probes_with_no_iterations_answer_a_time():
+    """iters < 1: the FMA probes timed no instruction and returned 0/0 (NaN, which the wrapper's
+    best-of-three turned into its 1e30 seed) or, for a negative count, a negative time, which
+    reads as "this CPU has no AVX2". Now at least one loop trip is timed."""
+    for f in (K.fma_ns_per_instr, K.fma512_ns_per_instr):
+        for n in (0, -5):
+            v = f(n)
+            assert v == -1.0 or (0 <= v < 1e6), (f.__name__, n, v)
+
+
+# ------------------------------------------------------------ through the C symbols
+# _kernels' own copy of the clock and the probes' C entry points, reached with ctypes: a clock
+# step cannot be made on demand, so the test moves the calibration's fit point instead (what a
+# step between the two clocks looks like to the re-anchor), on the probes' copy of the clock
+# (the engine's, in fastpath._engine, is not touched).
+
+import ctypes  # noqa: E402
+
+
+class _Clock(ctypes.Structure):
+    _fields_ = [("use_tsc", ctypes.c_int), ("ns_per_tick", ctypes.c_double),
+                ("read_cost_ns", ctypes.c_double), ("cal_samples", ctypes.c_int),
+                ("cal_bracket_ns", ctypes.c_double), ("reanchors", ctypes.c_uint64),
+                ("reanchor_ticks", ctypes.c_uint64), ("fit_tick", ctypes.c_uint64),
+                ("fit_ns", ctypes.c_int64), ("seq", ctypes.c_uint32),
+                ("base_tick", ctypes.c_uint64), ("base_ns", ctypes.c_int64),
+                ("map_ns_per_tick", ctypes.c_double)]
+
+
+def _lib():
+    return ctypes.CDLL(K.__file__)
+
+
+@pytest.mark.parametrize("step", [0.3, -0.3, 0.01])
+def test_reanchor_does_not_fold_a_clock_step_into_the_rate(step):
+    """CLOCK_MONOTONIC stepping away from the TSC by 30% (or 1%) of the time since calibration
+    (a VM paused or migrated, a suspend): the re-anchor refitted the rate over the whole
+    baseline and, inside its 0.5x-2x band, took the step as a rate: every later duration
+    (Result.latency, records, stats) read 30% long or short, silently. The rate must stay
+    (the TSC's did not change), and the step stay out of later refits."""
+    info = K.clock_info()
+    if info["source"] != "tsc":
+        pytest.skip("no invariant TSC: durations come from CLOCK_MONOTONIC itself")
+    clk = _Clock.in_dll(_lib(), "fp_clock")
+    saved = (clk.fit_tick, clk.fit_ns, clk.ns_per_tick, clk.map_ns_per_tick)
+    try:
+        k0 = clk.ns_per_tick
+        baseline = K.clock_mono_ns() - clk.fit_ns
+        clk.fit_ns -= int(step * baseline)
+        published = any(K.clock_reanchor() for _ in range(50))
+        assert published
+        assert abs(clk.ns_per_tick / k0 - 1) < 1e-3, (step, clk.ns_per_tick / k0)
+        t = K.clock_ticks()
+        assert abs(K.clock_ticks_to_ns(t, t + 10**9) / (10**9 * k0) - 1) < 1e-3
+        # the step is out of the fit: the next refit (a forced one, microseconds later) is
+        # the rate again, over the long baseline
+        assert abs(clk.fit_ns - saved[1]) < 1e-3 * baseline
+        assert any(K.clock_reanchor() for _ in range(50))
+        assert abs(clk.ns_per_tick / k0 - 1) < 1e-3
+    finally:
+        clk.fit_tick, clk.fit_ns, clk.ns_per_tick, clk.map_ns_per_tick = saved
+        K.clock_reanchor()
+
+
+def test_reanchor_still_tracks_a_slew():
+    """A refit within NTP's slew (here 200 ppm) is a rate, taken as one."""
+    if K.clock_info()["source"] != "tsc":
+        pytest.skip("no invariant TSC")
+    clk = _Clock.in_dll(_lib(), "fp_clock")
+    saved = (clk.fit_tick, clk.fit_ns, clk.ns_per_tick, clk.map_ns_per_tick)
+    try:
+        k0 = clk.ns_per_tick
+        baseline = K.clock_mono_ns() - clk.fit_ns
+        clk.fit_ns -= int(2e-4 * baseline)
+        assert any(K.clock_reanchor() for _ in range(50))
+        assert 1e-4 < clk.ns_per_tick / k0 - 1 < 3e-4
+    finally:
+        clk.fit_tick, clk.fit_ns, clk.ns_per_tick, clk.map_ns_per_tick = saved
+        K.clock_reanchor()
+
+
+@pytest.mark.parametrize("op", [0, 1, 2, 3])
+def test_op_latency_chain_stays_normal(op):
+    """The latency probe times one op on a chain of values; a subnormal value times a
+    microcode assist instead (~100 cycles on Intel cores). The mul chain multiplied by
+    0.999999 each op and went subnormal past ~1.1e7 loop trips (0.999999**8.8e7 < 1.2e-38),
+    against its own comment. Every chain's end value must be a normal float, and non-zero
+    (the chain was computed)."""
+    lib = _lib()
+    if not hasattr(lib, "fp_op_latency_probe"):
+        pytest.fail("no fp_op_latency_probe: the probe cannot say where its chain ended")
+    f = lib.fp_op_latency_probe
+    f.restype = ctypes.c_double
+    f.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
+    end = ctypes.c_float()
+    for iters in (1, 1000, 12_000_000 if op == 2 else 200_000):
+        ns = f(op, iters, ctypes.byref(end))
+        if ns == -1.0:
+            pytest.skip("no AVX2+FMA")
+        assert ns >= 0
+        assert abs(end.value) >= np.finfo(np.float32).tiny, (op, iters, end.value)
+    assert f(7, 10, ctypes.byref(end)) == -1.0
