@@ -62,11 +62,12 @@ FP_TARGET_AVX512 static double fp_fma_ns_avx512(long iters) {
  * taking the previous one's result, 8 per loop trip so the loop's own increment and branch
  * (other ports, off the chain) hide under it. The empty asm between ops keeps the compiler
  * from folding or reassociating the chain (max(max(a, c), c) would otherwise be one op); it
- * emits nothing. The operands keep the value normal for any iters: FMA converges to 0.1, add
- * climbs to 2 and stays (2 + 1e-7 rounds to 2), mul alternates * 0.5 and * 2 (exact). The
- * chain's end value comes back in *end, so the compiler must compute it, and a test can
- * check it stayed normal (a mul chain by 0.999999 went subnormal past ~1.1e7 trips, where a
- * subnormal result costs a microcode assist of ~100 cycles on Intel cores). */
+ * emits nothing, as does the one hiding the mul chain's constants. The operands keep the
+ * value normal for any iters: FMA converges to 0.1, add climbs to 2 and stays (2 + 1e-7
+ * rounds to 2), mul alternates * 0.5 and * 2 (exact). The chain's end value comes back in
+ * *end, so the compiler must compute it, and a test can check it stayed normal (a mul chain
+ * by 0.999999 went subnormal past ~1.1e7 trips, where a subnormal result costs a microcode
+ * assist of ~100 cycles on Intel cores). */
 #define FP_LAT_CHAIN(T, OPEXPR)                                                                 \
     const int64_t t0 = fp_mono_ns();                                                            \
     for (long i = 0; i < iters; i++) {                                                          \
@@ -79,7 +80,9 @@ FP_TARGET_AVX512 static double fp_fma_ns_avx512(long iters) {
 
 FP_TARGET_AVX512 static double fp_op_latency_avx512(int op, long iters, float *end) {
     const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-    const __m512 half = _mm512_set1_ps(0.5f), two = _mm512_set1_ps(2.0f);
+    __m512 half = _mm512_set1_ps(0.5f), two = _mm512_set1_ps(2.0f);
+    /* opaque to the compiler: it rewrote a * 2 as a + a, timing add for every other mul */
+    __asm__("" : "+v"(half), "+v"(two));
     __m512 a = _mm512_set1_ps(1.0f);
 #define FP_LAT512_FIRST(v) _mm512_cvtss_f32(v)
     switch (op) {
@@ -94,7 +97,9 @@ FP_TARGET_AVX512 static double fp_op_latency_avx512(int op, long iters, float *e
 
 FP_TARGET_AVX2 static double fp_op_latency_avx2(int op, long iters, float *end) {
     const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-    const __m256 half = _mm256_set1_ps(0.5f), two = _mm256_set1_ps(2.0f);
+    __m256 half = _mm256_set1_ps(0.5f), two = _mm256_set1_ps(2.0f);
+    /* opaque to the compiler: it rewrote a * 2 as a + a, timing add for every other mul */
+    __asm__("" : "+v"(half), "+v"(two));
     __m256 a = _mm256_set1_ps(1.0f);
 #define FP_LAT256_FIRST(v) _mm256_cvtss_f32(v)
     switch (op) {
