@@ -74,7 +74,8 @@ def supported_isas():
 
 def clock_info():
     """The clock behind the latency figures: source, ns per tick, cost of one read in ns, and
-    how the TSC rate was calibrated (bracketed samples kept, tightest bracket in ns, how many
+    how the TSC rate was calibrated (bracketed samples taken, the tightest at each end of the
+    baseline kept; the wider of those two brackets in ns, the calibration's error; how many
     times it has re-anchored to CLOCK_MONOTONIC since import)."""
     return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,
             "read_cost_ns": fp_clock.read_cost_ns,
@@ -368,7 +369,8 @@ cdef class Engine:
         """One tick whose model outputs come from outside the engine (another backend): the
         engine's own validation, features, cache lookup, head, store and window commit around
         `outputs` (float32 (n_outputs,), after the post transform, used only on a miss), with `infer_ns` reported as the time the
-        outside inference took (the head's time is added to it). The path a GPU backend takes."""
+        outside inference took (the head's time is added to it; on a miss total_ns includes
+        it too, as it ran before this call). The path a GPU backend takes."""
         cdef fp_result r
         cdef fp_pending pend
         cdef const float *p = self._raw_ptr(raw)
