@@ -62,7 +62,12 @@ FP_TARGET_AVX512 static double fp_fma_ns_avx512(long iters) {
  * taking the previous one's result, 8 per loop trip so the loop's own increment and branch
  * (other ports, off the chain) hide under it. The empty asm between ops keeps the compiler
  * from folding or reassociating the chain (max(max(a, c), c) would otherwise be one op); it
- * emits nothing. The operands keep the value in [1e-7, 2]: no subnormals, no overflow. */
+ * emits nothing, as does the one hiding the mul chain's constants. The operands keep the
+ * value normal for any iters: FMA converges to 0.1, add climbs to 2 and stays (2 + 1e-7
+ * rounds to 2), mul alternates * 0.5 and * 2 (exact). The chain's end value comes back in
+ * *end, so the compiler must compute it, and a test can check it stayed normal (a mul chain
+ * by 0.999999 went subnormal past ~1.1e7 trips, where a subnormal result costs a microcode
+ * assist of ~100 cycles on Intel cores). */
 #define FP_LAT_CHAIN(T, OPEXPR)                                                                 \
     const int64_t t0 = fp_mono_ns();                                                            \
     for (long i = 0; i < iters; i++) {                                                          \
@@ -70,32 +75,37 @@ FP_TARGET_AVX512 static double fp_fma_ns_avx512(long iters) {
         for (int k = 0; k < 8; k++) { a = OPEXPR; __asm__ volatile("" : "+v"(a)); }            \
     }                                                                                           \
     const int64_t t1 = fp_mono_ns();                                                            \
-    volatile float sink = T(a);                                                                 \
-    (void)sink;                                                                                 \
+    *end = T(a);                                                                                \
     return (double)(t1 - t0) / ((double)iters * 8.0);
 
-FP_TARGET_AVX512 static double fp_op_latency_avx512(int op, long iters) {
+FP_TARGET_AVX512 static double fp_op_latency_avx512(int op, long iters, float *end) {
     const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    __m512 half = _mm512_set1_ps(0.5f), two = _mm512_set1_ps(2.0f);
+    /* opaque to the compiler: it rewrote a * 2 as a + a, timing add for every other mul */
+    __asm__("" : "+v"(half), "+v"(two));
     __m512 a = _mm512_set1_ps(1.0f);
 #define FP_LAT512_FIRST(v) _mm512_cvtss_f32(v)
     switch (op) {
     case 0: { FP_LAT_CHAIN(FP_LAT512_FIRST, _mm512_fmadd_ps(a, m, c)) }
     case 1: { FP_LAT_CHAIN(FP_LAT512_FIRST, _mm512_add_ps(a, c)) }
-    case 2: { FP_LAT_CHAIN(FP_LAT512_FIRST, _mm512_mul_ps(a, m)) }
+    case 2: { FP_LAT_CHAIN(FP_LAT512_FIRST, _mm512_mul_ps(a, (k & 1) ? two : half)) }
     case 3: { FP_LAT_CHAIN(FP_LAT512_FIRST, _mm512_max_ps(a, c)) }
     default: return -1.0;
     }
 #undef FP_LAT512_FIRST
 }
 
-FP_TARGET_AVX2 static double fp_op_latency_avx2(int op, long iters) {
+FP_TARGET_AVX2 static double fp_op_latency_avx2(int op, long iters, float *end) {
     const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    __m256 half = _mm256_set1_ps(0.5f), two = _mm256_set1_ps(2.0f);
+    /* opaque to the compiler: it rewrote a * 2 as a + a, timing add for every other mul */
+    __asm__("" : "+v"(half), "+v"(two));
     __m256 a = _mm256_set1_ps(1.0f);
 #define FP_LAT256_FIRST(v) _mm256_cvtss_f32(v)
     switch (op) {
     case 0: { FP_LAT_CHAIN(FP_LAT256_FIRST, _mm256_fmadd_ps(a, m, c)) }
     case 1: { FP_LAT_CHAIN(FP_LAT256_FIRST, _mm256_add_ps(a, c)) }
-    case 2: { FP_LAT_CHAIN(FP_LAT256_FIRST, _mm256_mul_ps(a, m)) }
+    case 2: { FP_LAT_CHAIN(FP_LAT256_FIRST, _mm256_mul_ps(a, (k & 1) ? two : half)) }
     case 3: { FP_LAT_CHAIN(FP_LAT256_FIRST, _mm256_max_ps(a, c)) }
     default: return -1.0;
     }
@@ -157,9 +167,11 @@ static float fp_read_pass_scalar(const float *p, size_t n) {
     return s0 + s1 + s2 + s3;
 }
 
-/* ns per 8-lane FMA instruction at full throughput; < 0 where AVX2+FMA is missing */
+/* ns per 8-lane FMA instruction at full throughput; < 0 where AVX2+FMA is missing. iters < 1
+ * runs one trip: a time over no instructions was 0/0 (NaN) or, negative, read as "no AVX2" */
 double fp_fma_ns_per_instr(long iters) {
 #if FP_HAVE_X86
+    if (iters < 1) iters = 1;
     if (fp_isa_supported(FP_ISA_AVX2)) return fp_fma_ns_avx2(iters);
 #endif
     (void)iters;
@@ -169,21 +181,32 @@ double fp_fma_ns_per_instr(long iters) {
 /* ns per 16-lane FMA instruction at full throughput; < 0 where the AVX-512 set cannot run */
 double fp_fma512_ns_per_instr(long iters) {
 #if FP_HAVE_X86
+    if (iters < 1) iters = 1;
     if (fp_isa_supported(FP_ISA_AVX512)) return fp_fma_ns_avx512(iters);
 #endif
     (void)iters;
     return -1.0;
 }
 
-/* latency of one op of the MLP's critical path (see fp_bench.h) */
-double fp_op_latency_ns(int op, long iters) {
+/* latency of one op of the MLP's critical path, and the chain's end value (see fp_bench.h) */
+double fp_op_latency_probe(int op, long iters, float *end) {
+    *end = 0.0f;
 #if FP_HAVE_X86
     if (iters < 1) iters = 1;
-    if (fp_isa_supported(FP_ISA_AVX512)) return fp_op_latency_avx512(op, iters);
-    if (fp_isa_supported(FP_ISA_AVX2)) return fp_op_latency_avx2(op, iters);
+    if (fp_isa_supported(FP_ISA_AVX512)) return fp_op_latency_avx512(op, iters, end);
+    if (fp_isa_supported(FP_ISA_AVX2)) return fp_op_latency_avx2(op, iters, end);
 #endif
     (void)op; (void)iters;
     return -1.0;
+}
+
+double fp_op_latency_ns(int op, long iters) {
+    volatile float end;
+    float e;
+    const double ns = fp_op_latency_probe(op, iters, &e);
+    end = e;
+    (void)end;
+    return ns;
 }
 
 /* Streaming-read bandwidth in GB/s (1e9 bytes/s) over a buffer of `bytes` (rounded up to 256),

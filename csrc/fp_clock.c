@@ -5,12 +5,13 @@
 #include <cpuid.h>
 #endif
 
-fp_clock_t fp_clock = {0, 1.0, 0.0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, 1.0};
+fp_clock_t fp_clock = {0, 1.0, 0.0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0};
 static int g_clock_ready = 0;
 
 #define FP_CLOCK_TRIES 16        /* brackets per calibration sample */
 #define FP_CLOCK_REANCHOR_TRIES 3
 #define FP_CLOCK_BASELINE_NS 10000000LL
+#define FP_CLOCK_RATE_TOL 2e-3   /* 4x NTP's largest slew */
 
 static int fp_tsc_invariant(void) {
 #if FP_CLOCK_HAVE_TSC
@@ -103,7 +104,21 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
         /* the rate over the whole baseline since calibration: its error shrinks as the
          * baseline grows (two tight brackets over seconds, not 10 ms) */
         double k = (double)(p.ns - fp_clock.fit_ns) / (double)(p.tick - fp_clock.fit_tick);
-        if (!(k > 0.5 * k_fit && k < 2.0 * k_fit)) k = k_fit;   /* a clock step: keep the rate */
+        /* An invariant TSC's rate against CLOCK_MONOTONIC moves by NTP's slew (<= 500 ppm)
+         * plus the fit's own error (two brackets over >= 10 ms): a refit further than that
+         * from the rate in force is a step between the two clocks (a VM paused or migrated,
+         * a suspend), not a rate. Folded into the rate it read every later duration wrong
+         * by the step over the baseline (a 0.3 s step 1 s after import: durations 30% long,
+         * and the old 0.5x-2x band let it in). Keep the rate, and take the step out of the
+         * fit's first sample so that later refits keep the long baseline without it (a fit
+         * restarted here would be a few us long at a forced re-anchor: 0.1% off). */
+        const double tol = FP_CLOCK_RATE_TOL + 4.0 * (fp_clock.cal_bracket_ns + 2000.0) /
+                                                   (double)FP_CLOCK_BASELINE_NS;
+        if (!(k > k_fit * (1.0 - tol) && k < k_fit * (1.0 + tol))) {
+            k = k_fit;
+            fp_clock.fit_ns = p.ns - (int64_t)((double)(p.tick - fp_clock.fit_tick) * k_fit);
+            __atomic_fetch_add(&fp_clock.steps, 1, __ATOMIC_RELAXED);
+        }
         const int64_t old_map = bn + (int64_t)((double)(int64_t)(p.tick - bt) * k_map);
         int64_t ns = p.ns;
         double km = k;

@@ -22,6 +22,8 @@
  * where the old one is and slews (a slightly slower rate for the next period) instead of
  * jumping back. Readers racing a re-anchor can still differ by rounding, well under
  * FP_CLOCK_SLACK_NS.
+ * A refit more than 0.2% (plus the calibration's error) from the rate in force is a step
+ * between the clocks, not a rate: the rate is kept and the step taken out of the fit's baseline.
  * Deltas are clamped: a negative TSC difference (t1 read before t0, e.g. across cores on a
  * broken TSC) converts to 0, never to a wrapped uint64.
  */
@@ -58,6 +60,7 @@ typedef struct {
     uint64_t base_tick;
     int64_t base_ns;
     double map_ns_per_tick;  /* the rate from the anchor on: ns_per_tick, or slewing */
+    uint64_t steps;          /* re-anchors that found the clocks stepped apart (rate kept) */
 } fp_clock_t;
 
 extern fp_clock_t fp_clock;

@@ -74,7 +74,8 @@ def supported_isas():
 
 def clock_info():
     """The clock behind the latency figures: source, ns per tick, cost of one read in ns, and
-    how the TSC rate was calibrated (bracketed samples kept, tightest bracket in ns, how many
+    how the TSC rate was calibrated (bracketed samples taken, the tightest at each end of the
+    baseline kept; the wider of those two brackets in ns, the calibration's error; how many
     times it has re-anchored to CLOCK_MONOTONIC since import)."""
     return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,
             "read_cost_ns": fp_clock.read_cost_ns,
@@ -86,6 +87,11 @@ def clock_info():
 def monotonic_ns():
     """CLOCK_MONOTONIC in ns: the clock the cache age uses when step() gets no ts_ns."""
     return fp_mono_ns()
+
+
+# the largest infer_ns _step_external takes: the engine adds the head's time to it (and the
+# total to it) in int64
+cdef long long _EXTERN_INFER_MAX = 4611686018427387904   # 2**62
 
 
 @cython.final
@@ -363,7 +369,8 @@ cdef class Engine:
         """One tick whose model outputs come from outside the engine (another backend): the
         engine's own validation, features, cache lookup, head, store and window commit around
         `outputs` (float32 (n_outputs,), after the post transform, used only on a miss), with `infer_ns` reported as the time the
-        outside inference took (the head's time is added to it). The path a GPU backend takes."""
+        outside inference took (the head's time is added to it; on a miss total_ns includes
+        it too, as it ran before this call). The path a GPU backend takes."""
         cdef fp_result r
         cdef fp_pending pend
         cdef const float *p = self._raw_ptr(raw)
@@ -373,14 +380,22 @@ cdef class Engine:
         if out.shape != (self.n_outputs,):
             raise InputError(f"outputs must hold the model's {self.n_outputs} outputs, got "
                              f"shape {out.shape}")
-        if infer_ns < 0:
-            raise InputError(f"infer_ns must be >= 0, got {infer_ns}")
+        if infer_ns < 0 or infer_ns > _EXTERN_INFER_MAX:
+            raise InputError(f"infer_ns must be in [0, 2**62], got {infer_ns}")
         self._check_free()
         cdef int rc = fp_step_begin(self._e, p, <int32_t>sym, ts, &pend)
+        cdef fp_lat *rec
         if rc == FP_OK:
             rc = fp_step_finish(self._e, &pend, <const float *>cnp.PyArray_DATA(out), infer_ns, &r)
         if rc != FP_OK:
             self._raise(rc, raw, sym, ts)
+        if not r.cached:
+            # the outside inference ran before this call, outside the in-C total that
+            # fp_step_finish measured (on _gpu_tick's path it runs between begin and finish,
+            # inside it): a total without it was smaller than the infer_ns it contains
+            r.total_ns += infer_ns
+            rec = &self._e.lat[(self._e.ticks - 1) & self._e.lat_mask]
+            rec.total = <uint32_t>min(<long long>rec.total + infer_ns, <long long>0xFFFFFFFF)
         return _make_result(&r)
 
     cdef tuple _batch_args(self, raws, symbols, ts_ns):
