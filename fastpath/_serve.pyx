@@ -20,6 +20,7 @@ from fastpath._engine cimport Result
 import json
 import operator
 import os
+import weakref
 
 import numpy as np
 
@@ -249,6 +250,7 @@ cdef class Worker:
     cdef list _keep
     cdef object _ident          # (st_dev, st_ino) of the segment file this worker made
     cdef bint _running, _closed
+    cdef object __weakref__
 
     def __cinit__(self, name, model, config, serve_cfg, memory_cfg=None):
         """model, config: what fastpath._build.resolve returned; serve_cfg: ServeConfig;
@@ -274,6 +276,17 @@ cdef class Worker:
         _lat_ring_alloc(&self._lat, config.latency_records)
         self._o.lat = &self._lat
         self._create(serve_cfg, memory_cfg)
+        _workers.add(self)
+
+    cdef void _forked(self):
+        """In a child made by fork(): the segment and its rings are the parent's server's.
+        Unmapped here without a store into it: the child's exit (its atexit stop, this
+        object's collection) wrote STOPPED and the stop flag into the parent's live segment,
+        ending a healthy server for every client. No loop runs in the child."""
+        if self._h != NULL:
+            munmap(self._h, self._size)
+            self._h = NULL
+        self._running = False
 
     cdef object _check_existing(self, scfg):
         """None, or the pid of the crashed server whose segment is being replaced; a live
@@ -554,6 +567,8 @@ cdef class Client:
     cdef int64_t *_ts_of
     cdef uint64_t _req_mask
     cdef int _pid
+    cdef bint _forked_copy
+    cdef object __weakref__
 
     def __cinit__(self, name, double timeout=1.0, stall_timeout=None):
         """stall_timeout: seconds a live server's loop may go without a heartbeat before
@@ -597,10 +612,13 @@ cdef class Client:
             time.sleep(0.002)
         rc = fp_client_open(&self._s, &self._c)
         if rc != FP_RING_OK:
+            # read before the detach, which clears the header pointer
+            max_clients = self._s.h.max_clients
             fp_seg_detach(&self._s)
             if rc == FP_RING_ERR_NOSLOT:
-                raise ServeError(f"server {name!r} has all its {self._s.h.max_clients if self._s.h else ''}"
-                                 f" client slots taken; raise serve.max_clients")
+                raise ServeError(f"server {name!r} has all its {max_clients} client slots taken "
+                                 f"(a slot is freed when its client closes, or within a "
+                                 f"heartbeat of its process exiting); raise serve.max_clients")
             raise ServerGone(f"server {name!r} is stopping")
         self._pid = os.getpid()
         cdef uint64_t n_track = 2 * <uint64_t>self._s.h.slots
@@ -613,6 +631,18 @@ cdef class Client:
         self.raw_len = self._s.h.raw_len
         self.n_symbols = self._s.h.n_symbols
         self._open = True
+        _clients.add(self)
+
+    cdef void _forked(self):
+        """In a child made by fork(): the ring pair is the parent's (single producer, single
+        consumer). A child that went on using it published requests under seqs the parent
+        also uses and took the parent's replies as its own (the parent then got the child's
+        answer for its next tick), and the child's close() handed the parent's slot back.
+        Unmapped here without a store into it; every call then says to connect again."""
+        self._forked_copy = True
+        if self._open:
+            self._open = False
+            fp_seg_detach(&self._s)
 
     cdef void _release(self):
         """Give the slot back (fp_client_close leaves it alone when the worker already took
@@ -624,6 +654,11 @@ cdef class Client:
 
     cdef inline int _need(self) except -1:
         if not self._open:
+            if self._forked_copy:
+                raise ServeError(
+                    f"client of {self.name!r} was connected by process {self._pid}; this "
+                    f"process ({os.getpid()}) is a fork of it and may not use its rings: call "
+                    f"fastpath.connect({self.name!r}) in this process")
             raise ServeError(f"client of {self.name!r} is closed")
         return 0
 
@@ -791,6 +826,21 @@ cdef class Client:
             self._release()
         PyMem_Free(self._sym_of)
         PyMem_Free(self._ts_of)
+
+
+# the Workers and Clients of this process, for the fork handler below
+_workers = weakref.WeakSet()
+_clients = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for w in list(_workers):
+        (<Worker>w)._forked()
+    for c in list(_clients):
+        (<Client>c)._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 cdef extern from "<errno.h>":
