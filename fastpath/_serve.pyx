@@ -137,6 +137,9 @@ cdef extern from "fp_worker.h" nogil:
     void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o)
     int fp_worker_reap(fp_seg_header *h)
 
+cdef extern from "fp_engine.h" nogil:
+    void fp_engine_set_stage_times(fp_engine *e, int on)
+
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void *addr, size_t length)
@@ -269,6 +272,10 @@ cdef class Worker:
         self.n_symbols = config.n_symbols
         self.replaced = self._check_existing(serve_cfg)
         self._e = _make_engine(model, config, self._keep)
+        # as Engine._create does: [engine] stage_times = false was ignored by the server
+        # (its replies carried stage times an Engine of the same config leaves at -1, and
+        # every served tick paid the stage clock reads the setting exists to save)
+        fp_engine_set_stage_times(self._e, 1 if config.source.stage_times else 0)
         self._o.idle = _IDLE[serve_cfg.idle]
         self._o.idle_spin_ns = serve_cfg.idle_spin_ns
         self._o.idle_sleep_ns = serve_cfg.idle_sleep_ns
@@ -611,14 +618,21 @@ cdef class Client:
             import time
             time.sleep(0.002)
         rc = fp_client_open(&self._s, &self._c)
+        # a slot given back by close() is freed by the worker at its next heartbeat: a client
+        # connecting right after another closed (max_clients = 1: reconnect) was refused
+        # although the slot would be free within a millisecond. Wait for it up to timeout.
+        while rc == FP_RING_ERR_NOSLOT and fp_ring_now_ns() <= deadline:
+            import time
+            time.sleep(0.001)
+            rc = fp_client_open(&self._s, &self._c)
         if rc != FP_RING_OK:
             # read before the detach, which clears the header pointer
             max_clients = self._s.h.max_clients
             fp_seg_detach(&self._s)
             if rc == FP_RING_ERR_NOSLOT:
                 raise ServeError(f"server {name!r} has all its {max_clients} client slots taken "
-                                 f"(a slot is freed when its client closes, or within a "
-                                 f"heartbeat of its process exiting); raise serve.max_clients")
+                                 f"(a slot is freed when its client closes, or a few "
+                                 f"heartbeats after its process exits); raise serve.max_clients")
             raise ServerGone(f"server {name!r} is stopping")
         self._pid = os.getpid()
         cdef uint64_t n_track = 2 * <uint64_t>self._s.h.slots
