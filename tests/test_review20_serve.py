@@ -1,0 +1,150 @@
+"""Defects found in the serving loop and the control plane by the session-20 review: each test
+fails on the code before its fix.
+
+Every wait is bounded (an alarm in this process, timeouts on child processes), so a hang
+fails the test instead of stalling the suite; nothing asserts on wall-clock time.
+"""
+import os
+
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath import ServeError
+from fastpath._build import DEMO_MODEL
+
+# the serve tests' helpers: config, unique segment names, a SIGALRM deadline
+from test_serve import cfg, deadline, ticks, uname  # noqa: E402
+
+
+def raw_zero():
+    return np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+
+
+def _child(fn):
+    """Run fn() in a forked child; its outcome (a string) comes back through a pipe; the
+    child leaves with os._exit (under pytest a SystemExit would resume the test session)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            out = fn()
+        except BaseException as exc:       # noqa: BLE001 - reported to the parent
+            out = f"{type(exc).__name__}: {exc}"
+        os.write(w, str(out).encode()[:4000])
+        os.close(w)
+        os._exit(0)
+    os.close(w)
+    with deadline(30):
+        _, status = os.waitpid(pid, 0)
+        text = os.read(r, 4096).decode()
+    os.close(r)
+    assert os.WIFEXITED(status), status
+    return text
+
+
+# ------------------------------------------------------------------ fork
+def test_forked_child_cannot_take_the_parents_replies():
+    """A child made by fork() inherited the parent's Client and used its ring pair: it
+    published under the seq the parent would use next and its reply sat where the parent
+    looked next, so the parent's next step() returned the CHILD's answer (symbol 1, ts 200)
+    for its own tick (symbol 0, ts 300), and every later answer was one tick late. Now the
+    child is told to connect again; the parent's rings are untouched."""
+    name = uname()
+    raws = ticks(3, fastpath.get_default_engine().raw_len, seed=3)
+    local = fastpath.Engine(DEMO_MODEL, config=cfg())
+    want = [local.step(raws[0], 0, 100), local.step(raws[2], 0, 300)]
+    with fastpath.serve(name, None, cfg()), fastpath.connect(name) as c:
+        assert c.step(raws[0], 0, 100).signal == want[0].signal
+
+        def child():
+            return repr(c.step(raws[1], 1, 200).signal)
+        out = _child(child)
+        assert out.startswith("ServeError") and "fork" in out and "connect" in out, out
+        with deadline(10):
+            r = c.step(raws[2], 0, 300)
+        assert r.seq == 2
+        assert (r.signal, r.confidence) == (want[1].signal, want[1].confidence)
+        assert c.outstanding == 0
+
+
+def test_forked_child_exiting_does_not_stop_the_parents_server():
+    """A forked child that exits normally ran the atexit handler that stops every server of
+    the process: it set the stop flag in the parent's live segment, and the parent's server
+    stopped serving (its clients got ServerGone)."""
+    name = uname()
+    raw = raw_zero()
+    with fastpath.serve(name, None, cfg()) as srv, fastpath.connect(name) as c:
+        c.step(raw, 0, 100)
+
+        def child():
+            # what a normal exit of the child runs: the atexit stop of every server, then
+            # the collection of the Server (its Worker) the child inherited
+            from fastpath.serving import server
+            server._stop_all()
+            srv.stop()
+            srv._worker = None
+            import gc
+            gc.collect()
+            return "exit"
+        assert _child(child) == "exit"
+        with deadline(10):
+            assert c.step(raw, 0, 200).seq == 2
+        assert srv.running and srv.stats()["state"] == "running"
+        assert os.path.exists(srv.path)
+
+
+def test_forked_child_can_connect_on_its_own():
+    """What the fork error tells the child to do works: a fresh connect in the child."""
+    name = uname()
+    raw = raw_zero()
+    with fastpath.serve(name, None, cfg()), fastpath.connect(name) as c:
+        c.step(raw, 0, 100)
+
+        def child():
+            with fastpath.connect(name) as c2:
+                return str(c2.step(raw, 5, 100).seq)
+        assert _child(child) == "1"
+        assert c.step(raw, 0, 200).seq == 2
+
+
+# ------------------------------------------------------------------ client slots
+def test_all_slots_taken_says_how_many():
+    """The message read "has all its  client slots taken": the count came from the header
+    after the segment was unmapped (the pointer already cleared)."""
+    name = uname()
+    with fastpath.serve(name, None, cfg(max_clients=2)), fastpath.connect(name), \
+            fastpath.connect(name):
+        with deadline(10), pytest.raises(ServeError, match="all its 2 client slots taken"):
+            fastpath.connect(name, timeout=0.05)
+
+
+def test_reconnect_right_after_close_gets_the_slot():
+    """max_clients = 1: close() then connect() at once was refused ("all client slots
+    taken"): the worker frees a given-back slot at its next heartbeat, and connect did not
+    wait for it although its timeout allowed."""
+    name = uname()
+    raw = raw_zero()
+    with fastpath.serve(name, None, cfg(max_clients=1)):
+        for i in range(4):
+            with deadline(10), fastpath.connect(name, timeout=5) as c:
+                assert c.step(raw, 0, 100 + i).seq == 1
+
+
+# ------------------------------------------------------------------ served vs local engine
+def test_stage_times_off_is_honoured_by_the_server():
+    """[engine] stage_times = false: a local Engine leaves the stage fields at -1 (and saves
+    their clock reads); the server ignored the setting and timed every stage."""
+    config = cfg()
+    config["engine"]["stage_times"] = False
+    raw = raw_zero()
+    local = fastpath.Engine(DEMO_MODEL, config=config).step(raw, 0, 100)
+    assert local.latency.feature_ns == -1
+    name = uname()
+    with fastpath.serve(name, None, config), fastpath.connect(name) as c:
+        r = c.step(raw, 0, 100)
+    lat = r.latency
+    assert (lat.feature_ns, lat.cache_ns, lat.infer_ns) == (-1, -1, -1)
+    assert lat.total_ns > 0
+    assert (r.signal, r.confidence) == (local.signal, local.confidence)
