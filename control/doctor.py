@@ -350,10 +350,27 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     host = host or Host()
     topo = topo or read_topology(host)
     busy = busy or {}
+    affinity = sorted(os.sched_getaffinity(0)) if host.root == "/" else None
     rep = choose_core(topo, "auto" if core is None else core, use_gpu, busy,
-                      sorted(os.sched_getaffinity(0)) if host.root == "/" and core is None else None)
+                      affinity if core is None else None)
+    # the report of a choice, not of an application (doctor changes nothing): what the
+    # config asks, and no "granted" it never asked the kernel for. The report said policy
+    # "other" 0 granted SCHED_OTHER 0 and an empty affinity whatever the config asked.
+    rep.policy_asked, rep.priority_asked = policy, priority
+    rep.policy_granted = rep.priority_granted = None
+    rep.affinity_now = affinity
     c = rep.core
-    checks = [_governor(host, c)]
+    checks = []
+    if affinity is not None and c not in affinity:
+        # a core named by --core or placement.core outside this process's CPU set (a cgroup
+        # cpuset, taskset): every check below passed for it while the server, placed from the
+        # same config, refuses it with a ConfigError
+        checks.append(Check("cpu_allowed", FAIL, f"CPU {c} is not among the CPUs this process "
+                            f"may run on ({format_cpulist(affinity)}: its cgroup cpuset or "
+                            f"affinity): a server started like this refuses placement.core = {c}",
+                            f"placement.core = one of {format_cpulist(affinity)}, or widen the "
+                            f"CPU set (docker --cpuset-cpus, systemd AllowedCPUs=, taskset)"))
+    checks.append(_governor(host, c))
     checks += _isolation(host, topo, c)
     isolated = c in topo.isolated or c in topo.nohz_full
     plan = lock_plan(host, config, serve, arena_bytes, raw_len)

@@ -4,6 +4,7 @@ fails on the code before its fix.
 Every wait is bounded (an alarm in this process, timeouts on child processes), so a hang
 fails the test instead of stalling the suite; nothing asserts on wall-clock time.
 """
+import json
 import os
 
 import numpy as np
@@ -148,3 +149,91 @@ def test_stage_times_off_is_honoured_by_the_server():
     assert (lat.feature_ns, lat.cache_ns, lat.infer_ns) == (-1, -1, -1)
     assert lat.total_ns > 0
     assert (r.signal, r.confidence) == (local.signal, local.confidence)
+
+
+# ------------------------------------------------------------------ boot-line cpulists
+@pytest.mark.parametrize("text,flags,want", [
+    # the kernel's own example (kernel-parameters: "cpu lists"): of each group of 25 CPUs
+    # from 100 on, the first 2. Read as no CPU at all before.
+    ("100-120:2/5", False, [100, 101, 105, 106, 110, 111, 115, 116, 120]),
+    ("0-7:2/4", False, [0, 1, 4, 5]),
+    ("domain,managed_irq,2-3,8-15:1/4", True, [2, 3, 8, 12]),
+    ("all:1/2", False, [0, 2, 4, 6]),
+    ("1-N:1/3", False, [1, 4, 7]),
+    # a pattern without its group size: the kernel refuses the whole list (isolates
+    # nothing); it was read as a step, CPUs 0, 2, 4, 6 "isolated"
+    ("0-7:2", False, []),
+    ("2,0-7:2", False, []),
+    ("0-7:5/4", False, []),              # more used than the group holds
+    ("0-7:1/0", False, []),
+    ("2, 3", False, [2, 3]),             # white space separates regions as commas do
+])
+def test_boot_cpulist_group_patterns(text, flags, want):
+    from fastpath.control.host import boot_cpulist
+    assert boot_cpulist(text, 7 if max(want, default=0) < 8 else 127, flags) == want
+
+
+def test_doctor_sees_isolation_written_with_a_group_pattern(tmp_path):
+    """rcu_nocbs is known from the boot line alone: rcu_nocbs=0-3:1/2 offloads CPUs 0 and 2,
+    and doctor said CPU 2 was not in rcu_nocbs."""
+    from fastpath.control import doctor
+    from fastpath.control.host import Host, read_topology
+    files = {"sys/devices/system/cpu/online": "0-3", "sys/devices/system/cpu/possible": "0-3",
+             "proc/cmdline": "isolcpus=domain,0-3:1/2 nohz_full=0-3:1/2 rcu_nocbs=0-3:1/2"}
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    host = Host(str(tmp_path))
+    topo = read_topology(host)
+    assert topo.isolated == topo.nohz_full == topo.rcu_nocbs == [0, 2]
+    res = doctor.run_checks(host, core=2, topo=topo)
+    by = {c["name"]: c["status"] for c in res["checks"]}
+    assert by["isolcpus"] == by["nohz_full"] == by["rcu_nocbs"] == "pass"
+    res = doctor.run_checks(host, core=3, topo=topo)
+    by = {c["name"]: c["status"] for c in res["checks"]}
+    assert by["isolcpus"] == by["nohz_full"] == by["rcu_nocbs"] == "warn"
+
+
+# ------------------------------------------------------------------ doctor --json
+def test_doctor_placement_reports_what_was_asked_not_a_grant(tmp_path):
+    """doctor's "placement" said policy_asked "other" 0, granted SCHED_OTHER 0 and an empty
+    affinity_now whatever the config asked: it copied an unapplied report's defaults."""
+    from fastpath.control import doctor
+    res = doctor.run_checks(None, None, "fifo", 50)
+    pl = res["placement"]
+    assert (pl["policy_asked"], pl["priority_asked"]) == ("fifo", 50)
+    assert pl["policy_granted"] is None and pl["priority_granted"] is None
+    assert pl["affinity_now"] == sorted(os.sched_getaffinity(0))
+    assert pl["affinity_applied"] is False
+    json.dumps(res)                     # what --json prints
+
+
+def test_doctor_fails_a_core_outside_the_process_cpu_set():
+    """placement.core (or --core) outside the process's CPU set (a cgroup cpuset, taskset):
+    doctor passed its checks while the server, placed from the same config, refuses it."""
+    from fastpath.control import doctor
+    from fastpath.control.placement import place
+    from fastpath.errors import ConfigError
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs to leave one out")
+
+    def child():
+        os.sched_setaffinity(0, {allowed[0]})
+        out = {}
+        res = doctor.run_checks(None, allowed[1], "other", 0)
+        out["doctor"] = [c for c in res["checks"] if c["name"] == "cpu_allowed"]
+        out["failed"] = res["failed"]
+        try:
+            place({"placement": {"core": allowed[1], "policy": "other", "priority": 0}},
+                  apply_now=False, busy={})
+            out["place"] = "accepted"
+        except ConfigError as exc:
+            out["place"] = f"ConfigError: {exc}"
+        return json.dumps(out)
+    out = json.loads(_child(child))
+    assert out["place"].startswith("ConfigError")
+    assert len(out["doctor"]) == 1 and out["doctor"][0]["status"] == "fail", out
+    assert f"CPU {allowed[1]} is not among" in out["doctor"][0]["detail"]
+    assert out["failed"] >= 1
