@@ -237,3 +237,61 @@ def test_doctor_fails_a_core_outside_the_process_cpu_set():
     assert len(out["doctor"]) == 1 and out["doctor"][0]["status"] == "fail", out
     assert f"CPU {allowed[1]} is not among" in out["doctor"][0]["detail"]
     assert out["failed"] >= 1
+
+
+# ------------------------------------------------------------------ the segment's path
+def test_a_link_planted_at_the_segment_path_does_not_delete_its_target(tmp_path):
+    """/dev/shm is writable by every user. A symlink at /dev/shm/fastpath.<name> leading to
+    any file made a starting server (often root) replace the "unreadable" segment by
+    deleting the file the link pointed at."""
+    from fastpath._serve import segment_path
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    name = uname()
+    os.symlink(str(victim), segment_path(name))
+    try:
+        with fastpath.serve(name, None, cfg()) as srv, fastpath.connect(name) as c:
+            assert srv.replaced == "unreadable"
+            assert not os.path.islink(srv.path)         # a segment of its own now
+            assert c.step(raw_zero(), 0, 100).seq == 1
+    finally:
+        if os.path.lexists(segment_path(name)):
+            os.unlink(segment_path(name))
+    assert victim.read_text() == "keep me\n"
+
+
+def test_a_relative_link_is_not_resolved_against_the_working_directory(tmp_path, monkeypatch):
+    from fastpath._serve import segment_path
+    from fastpath.serving import segment as seg
+    name = uname()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / f"fastpath.{name}").write_text("keep me\n")
+    os.symlink(f"fastpath.{name}", segment_path(name))
+    seg.remove(segment_path(name))
+    assert not os.path.lexists(segment_path(name))
+    assert (tmp_path / f"fastpath.{name}").read_text() == "keep me\n"
+
+
+def test_the_hugetlbfs_file_behind_a_segment_link_is_still_removed(tmp_path, monkeypatch):
+    """What the link check must keep doing: a segment on huge pages is a link to the file of
+    the same name at the top of a hugetlbfs mount; removing the segment removes both."""
+    from fastpath._serve import segment_path
+    from fastpath.serving import segment as seg
+    name = uname()
+    mnt = tmp_path / "hugepages"
+    mnt.mkdir()
+    monkeypatch.setattr(seg, "hugetlbfs_points", lambda mounts="/proc/mounts": {str(mnt)})
+    real = mnt / f"fastpath.{name}"
+    real.write_bytes(b"\0" * 64)
+    os.symlink(str(real), segment_path(name))
+    seg.remove(segment_path(name))
+    assert not os.path.lexists(segment_path(name)) and not real.exists()
+
+
+def test_hugetlbfs_points_lists_every_mount(tmp_path):
+    from fastpath.serving import segment as seg
+    m = tmp_path / "mounts"
+    m.write_text("none /dev/hugepages hugetlbfs rw,relatime,pagesize=2M 0 0\n"
+                 "tmpfs /dev/shm tmpfs rw 0 0\n"
+                 "none /mnt/huge\\0401g hugetlbfs ro,pagesize=1024M 0 0\n")
+    assert seg.hugetlbfs_points(str(m)) == {"/dev/hugepages", "/mnt/huge 1g"}
