@@ -594,6 +594,7 @@ cdef class Client:
         # a server being started may not have published its segment yet: retry until timeout
         while True:
             rc = fp_seg_attach(b, &self._s)
+            err = _errno()      # now: the Python calls below may change errno
             if rc == FP_RING_OK:
                 st = fp_atomic_load_u32(&self._s.h.state)
                 if stall_timeout is None:
@@ -614,7 +615,17 @@ cdef class Client:
                                      f"or fastpath.serve({name!r})")
                 if rc == FP_RING_ERR_MAGIC:
                     raise ServeError(f"{path} is not a fastpath serving segment of this version")
-                raise ServeError(f"cannot open {path}: {os.strerror(_errno())}")
+                hint = ""
+                if err == EACCES:
+                    try:
+                        st_ = os.stat(path)
+                        hint = (f" (mode {oct(st_.st_mode & 0o777)}, owner uid {st_.st_uid}, this "
+                                f"process uid {os.geteuid()}): the server's [serve] mode must "
+                                f"let this user read and write the segment, e.g. mode = 0o660 "
+                                f"with a group both users are in, or connect as the server's user")
+                    except OSError:
+                        pass
+                raise ServeError(f"cannot open {path}: {os.strerror(err)}{hint}")
             import time
             time.sleep(0.002)
         rc = fp_client_open(&self._s, &self._c)
@@ -859,6 +870,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 cdef extern from "<errno.h>":
     int errno
+    int EACCES
 
 cdef int _errno():
     return errno

@@ -295,3 +295,19 @@ def test_hugetlbfs_points_lists_every_mount(tmp_path):
                  "tmpfs /dev/shm tmpfs rw 0 0\n"
                  "none /mnt/huge\\0401g hugetlbfs ro,pagesize=1024M 0 0\n")
     assert seg.hugetlbfs_points(str(m)) == {"/dev/hugepages", "/mnt/huge 1g"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_segment_this_user_may_not_open_says_what_mode_would_do():
+    """A client of another user got "cannot open ...: Permission denied" and no word on
+    [serve] mode, the setting that decides it."""
+    name = uname()
+    with fastpath.serve(name, None, cfg()):
+        def child():
+            os.setgid(65534)
+            os.setuid(65534)
+            fastpath.connect(name, timeout=0.05)
+            return "connected"
+        out = _child(child)
+    assert out.startswith("ServeError") and "Permission denied" in out, out
+    assert "mode 0o600" in out and "[serve] mode" in out and "uid 65534" in out, out
