@@ -311,3 +311,37 @@ def test_a_segment_this_user_may_not_open_says_what_mode_would_do():
         out = _child(child)
     assert out.startswith("ServeError") and "Permission denied" in out, out
     assert "mode 0o600" in out and "[serve] mode" in out and "uid 65534" in out, out
+
+
+# ------------------------------------------------------------------ the segment's header
+# fp_seg_header offsets (fastpath/include/fp_ring.h)
+_OFF_RAW_LEN, _OFF_SLOTS, _OFF_MAX_CLIENTS, _OFF_REQ_SLOT = 16, 24, 28, 32
+
+
+@pytest.mark.parametrize("field,value", [
+    (_OFF_MAX_CLIENTS, 1000),          # past the client table's 64 entries
+    (_OFF_SLOTS, 3),                   # not a power of two: the slot masks are wrong
+    (_OFF_RAW_LEN, 4096),              # ticks longer than a request slot holds
+    (_OFF_REQ_SLOT, 64),
+])
+def test_a_segment_whose_header_disagrees_with_itself_is_refused(field, value):
+    """A copy of a live server's segment with one layout field changed (a corrupt or
+    hand-made file under a segment's name): the client trusted every field past the magic
+    and computed its slot and ring addresses from them (client slot 64+ written past the
+    client table, a 4096-value tick copied into a 1 KB slot)."""
+    import struct
+    from fastpath._serve import segment_path
+    name, fake = uname(), uname()
+    with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2)) as srv:
+        with open(srv.path, "rb") as f:
+            data = bytearray(f.read())
+        struct.pack_into("<I", data, field, value)
+        path = segment_path(fake)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, bytes(data))
+            os.close(fd)
+            with deadline(10), pytest.raises(ServeError, match="not a fastpath serving segment"):
+                fastpath.connect(fake, timeout=0.05)
+        finally:
+            os.unlink(path)
