@@ -378,8 +378,19 @@ cdef class Worker:
         self.segment = {"bytes": int(map_bytes), "asked": huge, "tried": tried,
                         **seg.backing(smaps_entry(<size_t>p), method)}
         if memory_cfg is not None and memory_cfg.mlock:
-            self.segment["mlock"] = "ok" if mlock(p, map_bytes) == 0 else \
-                f"{os.strerror(_errno())} (the segment may be paged out under memory pressure)"
+            if mlock(p, map_bytes) == 0:
+                self.segment["mlock"] = "ok"
+            else:
+                # as the engine's own arena reports it (control.memory.allocate): the errno,
+                # what the kernel went by (capability, RLIMIT_MEMLOCK) and the fix; the bare
+                # strerror said neither why nor what to change
+                err = _errno()
+                import errno as errno_names
+                from fastpath.control.placement import MEMLOCK_FIX, read_privileges
+                _, why = read_privileges().memory_lock(map_bytes)
+                self.segment["mlock"] = (
+                    f"{errno_names.errorcode.get(err, err)}: {os.strerror(err)}: {why}; the "
+                    f"segment may be paged out under memory pressure; fix: {MEMLOCK_FIX}")
 
     def set_placement(self, report: dict):
         """Publish the placement report (JSON) for clients; call before run()."""

@@ -345,3 +345,29 @@ def test_a_segment_whose_header_disagrees_with_itself_is_refused(field, value):
                 fastpath.connect(fake, timeout=0.05)
         finally:
             os.unlink(path)
+
+
+# ------------------------------------------------------------------ what the server got
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_segment_mlock_refusal_says_why_and_the_fix():
+    """The segment's mlock refusal read "Operation not permitted (the segment may be paged
+    out ...)": no word on the limit the kernel went by or on the fix, which the engine's own
+    arena report gives for the same refusal."""
+    import resource
+
+    def child():
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+        os.setgid(65534)
+        os.setuid(65534)          # no CAP_IPC_LOCK any more: RLIMIT_MEMLOCK 0 decides
+        config = cfg()
+        config["memory"] = {"mlock": True, "huge_pages": "none"}
+        srv = fastpath.serve(uname(), None, config)
+        try:
+            return json.dumps(srv.placement["segment"]["mlock"])
+        finally:
+            srv.stop()
+    out = _child(child)
+    assert not out.startswith(("ServeError", "PermissionError", "ConfigError")), out
+    mlock = json.loads(out)
+    assert mlock != "ok"
+    assert "RLIMIT_MEMLOCK" in mlock and "fix:" in mlock and "IPC_LOCK" in mlock, mlock

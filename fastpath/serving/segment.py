@@ -222,8 +222,12 @@ def _segment_link_target(path: str) -> str | None:
         target = os.readlink(path)
     except OSError:
         return None
-    if (not os.path.isabs(target) or os.path.basename(target) != os.path.basename(path)
-            or os.path.dirname(os.path.normpath(target)) not in hugetlbfs_points()):
+    if not os.path.isabs(target) or os.path.basename(target) != os.path.basename(path):
+        return None
+    # the mounts create() puts segments in, and any other hugetlbfs mount (one may have
+    # become read-only or been shadowed since the segment was made)
+    mounts = set(hugetlbfs_mounts().values()) | hugetlbfs_points()
+    if os.path.dirname(os.path.normpath(target)) not in mounts:
         return None
     return target
 
