@@ -354,20 +354,25 @@ def test_segment_mlock_refusal_says_why_and_the_fix():
     out ...)": no word on the limit the kernel went by or on the fix, which the engine's own
     arena report gives for the same refusal."""
     import resource
+    config = cfg()
+    config["memory"] = {"mlock": True, "huge_pages": "none"}
+    # everything the serve path imports, imported here: the other user may not read the
+    # interpreter's library
+    fastpath.serve(uname(), None, config).stop()
+    from fastpath.control import memory, placement  # noqa: F401
+    memory._mlock(0, 0)
 
     def child():
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
         os.setgid(65534)
         os.setuid(65534)          # no CAP_IPC_LOCK any more: RLIMIT_MEMLOCK 0 decides
-        config = cfg()
-        config["memory"] = {"mlock": True, "huge_pages": "none"}
         srv = fastpath.serve(uname(), None, config)
         try:
             return json.dumps(srv.placement["segment"]["mlock"])
         finally:
             srv.stop()
     out = _child(child)
-    assert not out.startswith(("ServeError", "PermissionError", "ConfigError")), out
+    assert out.startswith('"'), out
     mlock = json.loads(out)
     assert mlock != "ok"
     assert "RLIMIT_MEMLOCK" in mlock and "fix:" in mlock and "IPC_LOCK" in mlock, mlock
