@@ -76,7 +76,25 @@ def _thp(host: Host) -> Check:
                  f"hugetlb pool has free pages", fix)
 
 
-def _hugetlb(host: Host, need_pages: int = 4) -> Check:
+def _hugetlb(host: Host, need_pages: int = 4, huge_pages: str = "auto",
+             need_bytes: int = 0) -> Check:
+    # the pool the config draws on: none for "none" and "thp" (the check said "falls back"
+    # for a config that never asks the pool), 1 GB pages first for "1g" (it counted 2 MB ones)
+    if huge_pages in ("none", "thp"):
+        return Check("hugetlb_pool", PASS, f"memory.huge_pages = {huge_pages}: the hugetlb "
+                     f"pool is not used")
+    if huge_pages == "1g":
+        free1 = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
+        total1 = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages")
+        need1 = max(1, -(-need_bytes // (1 << 30)))
+        if free1 is not None and free1 >= need1:
+            return Check("hugetlb_pool", PASS, f"{free1} of {total1} 1 GB huge pages free")
+        seen = "no 1 GB pool" if free1 is None else f"{free1} of {total1} 1 GB huge pages free"
+        fall = _hugetlb(host, need_pages)
+        return Check("hugetlb_pool", WARN, f"{seen} (memory.huge_pages = 1g needs {need1}); "
+                     f"2 MB pages next: {fall.detail}",
+                     "hugepagesz=1G hugepages=N on the boot line"
+                     + (f"; {fall.fix}" if fall.fix else ""))
     free = host.read_int("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
     total = host.read_int("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages")
     if free is None:
@@ -375,7 +393,8 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     isolated = c in topo.isolated or c in topo.nohz_full
     plan = lock_plan(host, config, serve, arena_bytes, raw_len)
     need = (plan["engine_asked"] or 0) + (plan["segment_asked"] if plan["serve"] else 0)
-    checks += [_thp(host), _hugetlb(host, -(-need // (2 << 20)) if need else 4),
+    checks += [_thp(host), _hugetlb(host, -(-need // (2 << 20)) if need else 4,
+                                    plan["huge_pages"], need),
                _rt_runtime(host, policy, c, isolated), _swap(host), _clocksource(host)]
     checks += _privileges(read_privileges(host), policy, priority, plan)
     checks += _irqs(host, c)

@@ -376,3 +376,38 @@ def test_segment_mlock_refusal_says_why_and_the_fix():
     mlock = json.loads(out)
     assert mlock != "ok"
     assert "RLIMIT_MEMLOCK" in mlock and "fix:" in mlock and "IPC_LOCK" in mlock, mlock
+
+
+def _fake_host(tmp_path, files):
+    from fastpath.control.host import Host
+    base = {"sys/devices/system/cpu/online": "0-1", "sys/devices/system/cpu/possible": "0-1"}
+    for rel, text in {**base, **files}.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return Host(str(tmp_path))
+
+
+@pytest.mark.parametrize("huge,pools,want", [
+    # no pool at all, but the config never asks for one: nothing to warn about
+    ("none", {}, "pass"),
+    ("thp", {}, "pass"),
+    # "1g" draws on the 1 GB pool first: 16 free 2 MB pages were a pass, 0 of 0 1 GB a miss
+    ("1g", {"2048kB": (16, 16)}, "warn"),
+    ("1g", {"1048576kB": (2, 2)}, "pass"),
+    ("auto", {"2048kB": (16, 16)}, "pass"),
+])
+def test_doctor_hugetlb_pool_checks_the_pool_the_config_uses(tmp_path, huge, pools, want):
+    from fastpath.control import doctor
+    files = {}
+    for size, (free, total) in pools.items():
+        files[f"sys/kernel/mm/hugepages/hugepages-{size}/free_hugepages"] = str(free)
+        files[f"sys/kernel/mm/hugepages/hugepages-{size}/nr_hugepages"] = str(total)
+    files["proc/meminfo"] = "MemTotal: 1000 kB\n"
+    host = _fake_host(tmp_path, files)
+    res = doctor.run_checks(host, core=1, policy="other", priority=0,
+                            config={"memory": {"huge_pages": huge}}, arena_bytes=8 << 20)
+    check = {c["name"]: c for c in res["checks"]}["hugetlb_pool"]
+    assert check["status"] == want, check
+    if huge == "1g":
+        assert "1 GB" in check["detail"], check
