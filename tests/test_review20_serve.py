@@ -411,3 +411,61 @@ def test_doctor_hugetlb_pool_checks_the_pool_the_config_uses(tmp_path, huge, poo
     assert check["status"] == want, check
     if huge == "1g":
         assert "1 GB" in check["detail"], check
+
+
+# ------------------------------------------------------------------ interleavings
+@pytest.mark.parametrize("on_full", ["spin", "reject"])
+def test_random_interleaving_of_submit_poll_step_matches_a_local_engine(on_full):
+    """Submits, polls and steps in a random order over a 4-slot ring (many turns, full
+    rings, refused ticks among them): every answer is the one a local Engine gives for the
+    same ticks in the same order, seq for seq, errors included."""
+    from fastpath import InputError, RingFull
+    rng = np.random.default_rng(11)
+    raw_len = fastpath.get_default_engine().raw_len
+    raws = ticks(600, raw_len, seed=4)
+    local = fastpath.Engine(DEMO_MODEL, config=cfg())
+    name = uname()
+    want, got, sent = {}, {}, 0
+    last_ts = {}
+    with fastpath.serve(name, None, cfg(ring_slots=4, on_full=on_full)), \
+            fastpath.connect(name) as c, deadline(60):
+        for i in range(600):
+            sym = int(rng.integers(0, 4))
+            # now and then a tick earlier than the symbol's last: an error reply
+            ts = last_ts.get(sym, 0) + int(rng.integers(1, 1000))
+            if rng.random() < 0.05 and sym in last_ts:
+                ts = last_ts[sym] - 1
+            action = rng.random()
+            if action < 0.15:
+                try:
+                    r = c.step(raws[i], sym, ts)
+                    got[r.seq] = (r.signal, r.confidence, r.cached, r.miss_reason)
+                except InputError:
+                    got[sent + 1] = "error"
+                except RingFull:
+                    continue
+                seq = sent + 1
+            else:
+                try:
+                    seq = c.submit(raws[i], sym, ts)
+                except RingFull:
+                    continue                       # not sent: the local engine skips it too
+            assert seq == sent + 1
+            sent = seq
+            try:
+                r = local.step(raws[i], sym, ts)
+                want[seq] = (r.signal, r.confidence, r.cached, r.miss_reason)
+                last_ts[sym] = ts
+            except InputError:
+                want[seq] = "error"
+            if rng.random() < 0.3:
+                for s, r in c.poll():
+                    got[s] = "error" if isinstance(r, Exception) else \
+                        (r.signal, r.confidence, r.cached, r.miss_reason)
+        while len(got) < sent:
+            for s, r in c.poll():
+                got[s] = "error" if isinstance(r, Exception) else \
+                    (r.signal, r.confidence, r.cached, r.miss_reason)
+    assert sorted(got) == list(range(1, sent + 1))
+    assert got == want
+    assert sum(v == "error" for v in want.values()) > 0
