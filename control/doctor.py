@@ -76,7 +76,25 @@ def _thp(host: Host) -> Check:
                  f"hugetlb pool has free pages", fix)
 
 
-def _hugetlb(host: Host, need_pages: int = 4) -> Check:
+def _hugetlb(host: Host, need_pages: int = 4, huge_pages: str = "auto",
+             need_bytes: int = 0) -> Check:
+    # the pool the config draws on: none for "none" and "thp" (the check said "falls back"
+    # for a config that never asks the pool), 1 GB pages first for "1g" (it counted 2 MB ones)
+    if huge_pages in ("none", "thp"):
+        return Check("hugetlb_pool", PASS, f"memory.huge_pages = {huge_pages}: the hugetlb "
+                     f"pool is not used")
+    if huge_pages == "1g":
+        free1 = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
+        total1 = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages")
+        need1 = max(1, -(-need_bytes // (1 << 30)))
+        if free1 is not None and free1 >= need1:
+            return Check("hugetlb_pool", PASS, f"{free1} of {total1} 1 GB huge pages free")
+        seen = "no 1 GB pool" if free1 is None else f"{free1} of {total1} 1 GB huge pages free"
+        fall = _hugetlb(host, need_pages)
+        return Check("hugetlb_pool", WARN, f"{seen} (memory.huge_pages = 1g needs {need1}); "
+                     f"2 MB pages next: {fall.detail}",
+                     "hugepagesz=1G hugepages=N on the boot line"
+                     + (f"; {fall.fix}" if fall.fix else ""))
     free = host.read_int("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
     total = host.read_int("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages")
     if free is None:
@@ -350,15 +368,33 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     host = host or Host()
     topo = topo or read_topology(host)
     busy = busy or {}
+    affinity = sorted(os.sched_getaffinity(0)) if host.root == "/" else None
     rep = choose_core(topo, "auto" if core is None else core, use_gpu, busy,
-                      sorted(os.sched_getaffinity(0)) if host.root == "/" and core is None else None)
+                      affinity if core is None else None)
+    # the report of a choice, not of an application (doctor changes nothing): what the
+    # config asks, and no "granted" it never asked the kernel for. The report said policy
+    # "other" 0 granted SCHED_OTHER 0 and an empty affinity whatever the config asked.
+    rep.policy_asked, rep.priority_asked = policy, priority
+    rep.policy_granted = rep.priority_granted = None
+    rep.affinity_now = affinity
     c = rep.core
-    checks = [_governor(host, c)]
+    checks = []
+    if affinity is not None and c not in affinity:
+        # a core named by --core or placement.core outside this process's CPU set (a cgroup
+        # cpuset, taskset): every check below passed for it while the server, placed from the
+        # same config, refuses it with a ConfigError
+        checks.append(Check("cpu_allowed", FAIL, f"CPU {c} is not among the CPUs this process "
+                            f"may run on ({format_cpulist(affinity)}: its cgroup cpuset or "
+                            f"affinity): a server started like this refuses placement.core = {c}",
+                            f"placement.core = one of {format_cpulist(affinity)}, or widen the "
+                            f"CPU set (docker --cpuset-cpus, systemd AllowedCPUs=, taskset)"))
+    checks.append(_governor(host, c))
     checks += _isolation(host, topo, c)
     isolated = c in topo.isolated or c in topo.nohz_full
     plan = lock_plan(host, config, serve, arena_bytes, raw_len)
     need = (plan["engine_asked"] or 0) + (plan["segment_asked"] if plan["serve"] else 0)
-    checks += [_thp(host), _hugetlb(host, -(-need // (2 << 20)) if need else 4),
+    checks += [_thp(host), _hugetlb(host, -(-need // (2 << 20)) if need else 4,
+                                    plan["huge_pages"], need),
                _rt_runtime(host, policy, c, isolated), _swap(host), _clocksource(host)]
     checks += _privileges(read_privileges(host), policy, priority, plan)
     checks += _irqs(host, c)

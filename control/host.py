@@ -23,29 +23,46 @@ def parse_cpulist(text: str | None) -> list:
 
 
 def boot_cpulist(text: str | None, last: int, flags: bool = False) -> list:
-    """A cpulist from the kernel command line, as the kernel reads it: besides 'N', 'N-M' and
-    'N-M:S', "all" is every CPU and the letter N is the last one (`nohz_full=1-N`,
-    `rcu_nocbs=all`, kernels 5.13+); with flags, isolcpus' leading words (domain, nohz,
-    managed_irq) are skipped. A value the kernel would reject is read as no CPU, not an error:
-    the host booted with it, and a doctor or a server must still run there."""
-    parts = []
-    for p in (text or "").split(","):
-        p = p.strip()
+    """A cpulist from the kernel command line, as the kernel reads it (lib/bitmap.c,
+    bitmap_parselist): regions 'N', 'N-M' and 'N-M:U/G' (of each group of G CPUs from N to
+    M, the first U: '0-7:2/4' is 0,1,4,5), "all" (any case) for every CPU, also with a
+    pattern ('all:1/2'), and the letter N for the last CPU (`nohz_full=1-N`, kernels 5.13+);
+    with flags, isolcpus' leading words (domain, nohz, managed_irq) are skipped. The kernel
+    refuses the whole list when one region is malformed (a pattern without its '/G', a range
+    that ends before it starts, U > G, G = 0) and then isolates nothing: such a list reads
+    as no CPU here too, not an error, since the host booted with it and a doctor or a server
+    must still run there."""
+    import re
+    n = r"\d+|N"
+    region = re.compile(rf"(?:(?P<all>[aA][lL][lL])|(?P<a>{n})(?:-(?P<b>{n}))?)"
+                        rf"(?::(?P<u>{n})/(?P<g>{n}))?", re.ASCII)
+
+    def val(v: str) -> int:
+        return last if v == "N" else int(v)
+    out: set = set()
+    # the kernel splits regions at commas and white space
+    for p in re.split(r"[,\s]+", (text or "").strip()):
         if not p:
             continue
-        if p.lower() == "all":
-            p = f"0-{last}"
-        elif flags and p.replace("_", "").isalpha() and p != "N":
+        if flags and p.replace("_", "").isalpha() and p != "N" and p.lower() != "all":
             continue
-        a, dash, rest = p.partition("-")
-        b, colon, step = rest.partition(":")
-        a = str(last) if a == "N" else a
-        b = str(last) if b == "N" else b
-        parts.append(a + (dash + b if dash else "") + (colon + step if colon else ""))
-    try:
-        return sorted(set(parse_ranges(",".join(parts), "cpulist")))
-    except ValueError:
-        return []
+        m = region.fullmatch(p)
+        if m is None:
+            return []
+        if m["all"]:
+            lo, hi = 0, last
+        else:
+            lo = val(m["a"])
+            hi = val(m["b"]) if m["b"] is not None else lo
+        used, group = ((val(m["u"]), val(m["g"])) if m["u"] is not None
+                       else (hi + 1, hi + 1))
+        if lo > hi or group == 0 or used > group:
+            return []
+        if hi - lo > (1 << 20):
+            return []           # no host has that many CPUs: a typo, not a list to build
+        for g0 in range(lo, hi + 1, group):
+            out.update(range(g0, min(g0 + used, hi + 1)))
+    return sorted(out)
 
 
 def format_cpulist(cpus) -> str:

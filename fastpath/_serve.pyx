@@ -20,6 +20,7 @@ from fastpath._engine cimport Result
 import json
 import operator
 import os
+import weakref
 
 import numpy as np
 
@@ -136,6 +137,9 @@ cdef extern from "fp_worker.h" nogil:
     void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o)
     int fp_worker_reap(fp_seg_header *h)
 
+cdef extern from "fp_engine.h" nogil:
+    void fp_engine_set_stage_times(fp_engine *e, int on)
+
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void *addr, size_t length)
@@ -249,6 +253,7 @@ cdef class Worker:
     cdef list _keep
     cdef object _ident          # (st_dev, st_ino) of the segment file this worker made
     cdef bint _running, _closed
+    cdef object __weakref__
 
     def __cinit__(self, name, model, config, serve_cfg, memory_cfg=None):
         """model, config: what fastpath._build.resolve returned; serve_cfg: ServeConfig;
@@ -267,6 +272,10 @@ cdef class Worker:
         self.n_symbols = config.n_symbols
         self.replaced = self._check_existing(serve_cfg)
         self._e = _make_engine(model, config, self._keep)
+        # as Engine._create does: [engine] stage_times = false was ignored by the server
+        # (its replies carried stage times an Engine of the same config leaves at -1, and
+        # every served tick paid the stage clock reads the setting exists to save)
+        fp_engine_set_stage_times(self._e, 1 if config.source.stage_times else 0)
         self._o.idle = _IDLE[serve_cfg.idle]
         self._o.idle_spin_ns = serve_cfg.idle_spin_ns
         self._o.idle_sleep_ns = serve_cfg.idle_sleep_ns
@@ -274,6 +283,17 @@ cdef class Worker:
         _lat_ring_alloc(&self._lat, config.latency_records)
         self._o.lat = &self._lat
         self._create(serve_cfg, memory_cfg)
+        _workers.add(self)
+
+    cdef void _forked(self):
+        """In a child made by fork(): the segment and its rings are the parent's server's.
+        Unmapped here without a store into it: the child's exit (its atexit stop, this
+        object's collection) wrote STOPPED and the stop flag into the parent's live segment,
+        ending a healthy server for every client. No loop runs in the child."""
+        if self._h != NULL:
+            munmap(self._h, self._size)
+            self._h = NULL
+        self._running = False
 
     cdef object _check_existing(self, scfg):
         """None, or the pid of the crashed server whose segment is being replaced; a live
@@ -358,8 +378,19 @@ cdef class Worker:
         self.segment = {"bytes": int(map_bytes), "asked": huge, "tried": tried,
                         **seg.backing(smaps_entry(<size_t>p), method)}
         if memory_cfg is not None and memory_cfg.mlock:
-            self.segment["mlock"] = "ok" if mlock(p, map_bytes) == 0 else \
-                f"{os.strerror(_errno())} (the segment may be paged out under memory pressure)"
+            if mlock(p, map_bytes) == 0:
+                self.segment["mlock"] = "ok"
+            else:
+                # as the engine's own arena reports it (control.memory.allocate): the errno,
+                # what the kernel went by (capability, RLIMIT_MEMLOCK) and the fix; the bare
+                # strerror said neither why nor what to change
+                err = _errno()
+                import errno as errno_names
+                from fastpath.control.placement import MEMLOCK_FIX, read_privileges
+                _, why = read_privileges().memory_lock(map_bytes)
+                self.segment["mlock"] = (
+                    f"{errno_names.errorcode.get(err, err)}: {os.strerror(err)}: {why}; the "
+                    f"segment may be paged out under memory pressure; fix: {MEMLOCK_FIX}")
 
     def set_placement(self, report: dict):
         """Publish the placement report (JSON) for clients; call before run()."""
@@ -554,6 +585,8 @@ cdef class Client:
     cdef int64_t *_ts_of
     cdef uint64_t _req_mask
     cdef int _pid
+    cdef bint _forked_copy
+    cdef object __weakref__
 
     def __cinit__(self, name, double timeout=1.0, stall_timeout=None):
         """stall_timeout: seconds a live server's loop may go without a heartbeat before
@@ -572,6 +605,7 @@ cdef class Client:
         # a server being started may not have published its segment yet: retry until timeout
         while True:
             rc = fp_seg_attach(b, &self._s)
+            err = _errno()      # now: the Python calls below may change errno
             if rc == FP_RING_OK:
                 st = fp_atomic_load_u32(&self._s.h.state)
                 if stall_timeout is None:
@@ -592,15 +626,35 @@ cdef class Client:
                                      f"or fastpath.serve({name!r})")
                 if rc == FP_RING_ERR_MAGIC:
                     raise ServeError(f"{path} is not a fastpath serving segment of this version")
-                raise ServeError(f"cannot open {path}: {os.strerror(_errno())}")
+                hint = ""
+                if err == EACCES:
+                    try:
+                        st_ = os.stat(path)
+                        hint = (f" (mode {oct(st_.st_mode & 0o777)}, owner uid {st_.st_uid}, this "
+                                f"process uid {os.geteuid()}): the server's [serve] mode must "
+                                f"let this user read and write the segment, e.g. mode = 0o660 "
+                                f"with a group both users are in, or connect as the server's user")
+                    except OSError:
+                        pass
+                raise ServeError(f"cannot open {path}: {os.strerror(err)}{hint}")
             import time
             time.sleep(0.002)
         rc = fp_client_open(&self._s, &self._c)
+        # a slot given back by close() is freed by the worker at its next heartbeat: a client
+        # connecting right after another closed (max_clients = 1: reconnect) was refused
+        # although the slot would be free within a millisecond. Wait for it up to timeout.
+        while rc == FP_RING_ERR_NOSLOT and fp_ring_now_ns() <= deadline:
+            import time
+            time.sleep(0.001)
+            rc = fp_client_open(&self._s, &self._c)
         if rc != FP_RING_OK:
+            # read before the detach, which clears the header pointer
+            max_clients = self._s.h.max_clients
             fp_seg_detach(&self._s)
             if rc == FP_RING_ERR_NOSLOT:
-                raise ServeError(f"server {name!r} has all its {self._s.h.max_clients if self._s.h else ''}"
-                                 f" client slots taken; raise serve.max_clients")
+                raise ServeError(f"server {name!r} has all its {max_clients} client slots taken "
+                                 f"(a slot is freed when its client closes, or a few "
+                                 f"heartbeats after its process exits); raise serve.max_clients")
             raise ServerGone(f"server {name!r} is stopping")
         self._pid = os.getpid()
         cdef uint64_t n_track = 2 * <uint64_t>self._s.h.slots
@@ -613,6 +667,18 @@ cdef class Client:
         self.raw_len = self._s.h.raw_len
         self.n_symbols = self._s.h.n_symbols
         self._open = True
+        _clients.add(self)
+
+    cdef void _forked(self):
+        """In a child made by fork(): the ring pair is the parent's (single producer, single
+        consumer). A child that went on using it published requests under seqs the parent
+        also uses and took the parent's replies as its own (the parent then got the child's
+        answer for its next tick), and the child's close() handed the parent's slot back.
+        Unmapped here without a store into it; every call then says to connect again."""
+        self._forked_copy = True
+        if self._open:
+            self._open = False
+            fp_seg_detach(&self._s)
 
     cdef void _release(self):
         """Give the slot back (fp_client_close leaves it alone when the worker already took
@@ -624,6 +690,11 @@ cdef class Client:
 
     cdef inline int _need(self) except -1:
         if not self._open:
+            if self._forked_copy:
+                raise ServeError(
+                    f"client of {self.name!r} was connected by process {self._pid}; this "
+                    f"process ({os.getpid()}) is a fork of it and may not use its rings: call "
+                    f"fastpath.connect({self.name!r}) in this process")
             raise ServeError(f"client of {self.name!r} is closed")
         return 0
 
@@ -793,8 +864,24 @@ cdef class Client:
         PyMem_Free(self._ts_of)
 
 
+# the Workers and Clients of this process, for the fork handler below
+_workers = weakref.WeakSet()
+_clients = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for w in list(_workers):
+        (<Worker>w)._forked()
+    for c in list(_clients):
+        (<Client>c)._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 cdef extern from "<errno.h>":
     int errno
+    int EACCES
 
 cdef int _errno():
     return errno

@@ -249,8 +249,18 @@ static inline int fp_seg_attach(const char *name, fp_seg *s) {
     if (p == MAP_FAILED)
         return FP_RING_ERR_OPEN;
     fp_seg_header *h = (fp_seg_header *)p;
+    /* the layout fields are checked against each other, not only the magic: every slot and
+     * ring address a client computes comes from them, and a header that disagrees with
+     * itself (a corrupt or hand-made file under the name) made a client index the client
+     * table past its 64 entries or copy a tick past its request slot */
     if (h->magic != FP_SEG_MAGIC || h->version != FP_SEG_VERSION ||
-        h->total_bytes > (uint64_t)st.st_size || h->header_bytes != FP_SEG_HEADER_BYTES) {
+        h->total_bytes > (uint64_t)st.st_size || h->header_bytes != FP_SEG_HEADER_BYTES ||
+        h->slots == 0 || (h->slots & (h->slots - 1)) != 0 || h->slots > (1u << 24) ||
+        h->max_clients == 0 || h->max_clients > FP_SEG_MAX_CLIENTS || h->raw_len == 0 ||
+        h->raw_len > (1u << 24) || h->req_slot_bytes != fp_ring_req_slot_bytes(h->raw_len) ||
+        h->rep_slot_bytes != sizeof(fp_rep) ||
+        h->client_region_bytes != fp_ring_client_region_bytes(h->raw_len, h->slots) ||
+        h->total_bytes != FP_SEG_HEADER_BYTES + (uint64_t)h->max_clients * h->client_region_bytes) {
         munmap(p, (size_t)st.st_size);
         return FP_RING_ERR_MAGIC;
     }

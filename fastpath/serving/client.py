@@ -20,8 +20,10 @@ def _seconds(what: str, v, lo_open: bool) -> float:
 
 
 def connect(name: str, timeout: float = 1.0, stall_timeout: float | None = None) -> Client:
-    """Connect to the server called `name`, waiting up to `timeout` s for it to come up;
-    ServeError names the name when nobody serves it. `stall_timeout` (s): how long the
+    """Connect to the server called `name`, waiting up to `timeout` s for it to come up
+    and for a client slot to be free (one given back by close() is free again within a
+    heartbeat); ServeError names the name when nobody serves it, or when every one of its
+    serve.max_clients slots is still taken. `stall_timeout` (s): how long the
     server's loop may go without a heartbeat, its process alive, before a call raises
     ServerGone; None takes the server's [serve] stall_timeout_ms (default 2 s). A dead
     server process is reported after dead_after_ms whatever this says."""

@@ -195,8 +195,41 @@ def remove(path: str, ident: tuple | None = None) -> None:
         if (st.st_dev, st.st_ino) != tuple(ident):
             return
     if os.path.islink(path):
-        _unlink(os.readlink(path))
+        target = _segment_link_target(path)
+        if target is not None:
+            _unlink(target)
     _unlink(path)
+
+
+def hugetlbfs_points(mounts: str = "/proc/mounts") -> set:
+    """Every hugetlbfs mount point (writable or not)."""
+    try:
+        with open(mounts) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return set()
+    return {p[1].replace("\\040", " ") for p in (ln.split() for ln in lines)
+            if len(p) >= 3 and p[2] == "hugetlbfs"}
+
+
+def _segment_link_target(path: str) -> str | None:
+    """The hugetlbfs file the symlink at `path` leads to when it is one create() makes (an
+    absolute link to a file of the same name at the top of a hugetlbfs mount), else None.
+    /dev/shm is writable by every user: a link planted there under a segment's name made a
+    server (often root) delete whatever it pointed at, and a relative link was resolved
+    against the server's working directory."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return None
+    if not os.path.isabs(target) or os.path.basename(target) != os.path.basename(path):
+        return None
+    # the mounts create() puts segments in, and any other hugetlbfs mount (one may have
+    # become read-only or been shadowed since the segment was made)
+    mounts = set(hugetlbfs_mounts().values()) | hugetlbfs_points()
+    if os.path.dirname(os.path.normpath(target)) not in mounts:
+        return None
+    return target
 
 
 def mapped_by(pid: int, path: str, maps: str | None = None) -> bool | None:

@@ -9,6 +9,7 @@ replaces what kill -9 leaves).
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import weakref
 
@@ -25,6 +26,7 @@ class Server:
         from fastpath.errors import ServeError
         m, rc, _backend, _why = resolve(model if model is not None else DEMO_MODEL, "cpu", config)
         self.name = name
+        self._pid = os.getpid()
         self.config = rc
         self.serve_config = rc.source.serve
         self._worker = Worker(name, m, rc, self.serve_config, rc.source.memory)
@@ -94,6 +96,11 @@ class Server:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, answer what was accepted, end the loop, remove the segment."""
         if self._worker is None:
+            return
+        if os.getpid() != self._pid:
+            # a forked child (its atexit included): the loop and the segment are the
+            # parent's, and stopping them here would end the parent's server
+            self._worker = None
             return
         self._worker.stop()
         self._thread.join(timeout)
