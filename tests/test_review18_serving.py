@@ -258,7 +258,7 @@ def test_server_with_a_segment_too_big_for_shm_is_an_error_in_a_child():
     ("N", False, [7]),
     ("domain,managed_irq,2-3", True, [2, 3]),
     ("nohz,domain,1-N", True, list(range(1, 8))),
-    ("0-7:2", False, [0, 2, 4, 6]),
+    ("0-7:2", False, []),
     ("junk", False, []),
 ])
 def test_boot_cpulist_reads_what_the_kernel_reads(text, flags, want):
