@@ -833,7 +833,8 @@ cdef cnp.ndarray _as_int64(cnp.ndarray a):
     """An integer array as contiguous int64; uint64 is viewed, not converted, so a value past
     int64 reads negative (and fails a >= 0 check) instead of raising or wrapping silently."""
     if a.dtype.kind == "u" and a.dtype.itemsize == 8:
-        return np.ascontiguousarray(a).view(np.int64)
+        # native order first: a big-endian uint64 viewed as it is reads garbage
+        return np.ascontiguousarray(a, dtype=np.uint64).view(np.int64)
     return np.ascontiguousarray(a, dtype=np.int64)
 
 

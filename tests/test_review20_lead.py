@@ -66,3 +66,20 @@ def test_step_batch_checks_only_its_own_symbols_and_keeps_the_order_of_refusals(
     assert e.stats()["ticks"] == 2
     r = e.step_batch(raws, np.array([3, 7, 3, 65535]), np.array([300, 300, 300, 201]))
     assert len(r.signal) == 4 and e.stats()["ticks"] == 6
+
+
+@pytest.mark.parametrize("dt", [">u8", ">i8", "<u8", ">u4", ">i2", "u1"])
+def test_step_batch_reads_symbols_and_times_of_any_integer_dtype_by_value(dt):
+    # the fast argument check viewed uint64 arrays as int64 without making them native first:
+    # a big-endian uint64 symbol 1 read as 2**56 (out of range), and the error path then found
+    # no bad row in the original array (IndexError)
+    import numpy as np
+    e = fastpath.Engine(DEMO, config={"engine": {"n_symbols": 8}})
+    ref = fastpath.Engine(DEMO, config={"engine": {"n_symbols": 8}})
+    raws = np.ones((3, 256), np.float32) + np.arange(3, dtype=np.float32)[:, None]
+    got = e.step_batch(raws, np.array([1, 2, 1]).astype(dt), np.array([5, 6, 7]).astype(dt))
+    want = ref.step_batch(raws, np.array([1, 2, 1], np.int32), np.array([5, 6, 7], np.int64))
+    assert got.signal.tobytes() == want.signal.tobytes()
+    from fastpath.errors import InputError
+    with pytest.raises(InputError, match="symbol 9 out of range"):
+        e.step_batch(raws, np.array([1, 9, 1]).astype(dt), np.array([8, 9, 10]).astype(dt))
