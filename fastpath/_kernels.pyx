@@ -68,7 +68,7 @@ def op_latency_ns(str op, long iters=2_000_000):
     vector set this CPU runs, for op in fma, add, mul, max; -1 without AVX2+FMA. Best of
     three runs."""
     if op not in _LAT_OPS:
-        raise ValueError(f"op must be one of {sorted(_LAT_OPS)}, got {op!r}")
+        raise InputError(f"op must be one of {sorted(_LAT_OPS)}, got {op!r}")
     cdef int code = _LAT_OPS[op]
     cdef double best = 1e30, v
     for _ in range(3):
