@@ -413,11 +413,18 @@ cdef class Engine:
                     if sy.dtype.kind in "USO" else "")
             raise InputError(f"symbols must be an integer array of shape ({n},), got "
                              f"{_describe(sy)}{hint}")
-        s64 = _as_int64(sy)
-        if _first_outside(s64, 0, self.n_symbols - 1) >= 0:
-            row = int(np.flatnonzero((sy < 0) | (sy >= self.n_symbols))[0])
+        cdef Py_ssize_t row
+        if sy.dtype == np.int32:
+            # the common case checked and passed as it is (no int64 copy and back)
+            S = np.ascontiguousarray(sy)
+            row = _first_outside32(S, self.n_symbols - 1)
+        else:
+            S = _as_int64(sy)
+            row = _first_outside(S, 0, self.n_symbols - 1)
+        if row >= 0:
             self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
-        S = s64.astype(np.int32)
+        if S.dtype != np.int32:
+            S = S.astype(np.int32)
         T = None
         if ts_ns is not None:
             ts = np.asarray(ts_ns)
@@ -432,11 +439,13 @@ cdef class Engine:
                 raise InputError(f"ts_ns must be an integer array of shape ({n},), got "
                                  f"{_describe(ts)}{hint}")
             T = _as_int64(ts)
-            if _first_outside(T, 0, INT64_MAX) >= 0:
-                if ts.min() < 0:
-                    raise InputError(f"ts_ns must be >= 0, row {int(np.argmin(ts))} is {ts.min()}")
-                raise InputError(f"ts_ns row {int(np.argmax(ts))} is {ts.max()}, which does not "
-                                 f"fit a signed 64-bit int of ns")
+            row = _first_outside(T, 0, INT64_MAX)
+            if row >= 0:
+                # the first bad row, as every other refusal of a batch names it
+                if ts[row] < 0:
+                    raise InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}")
+                raise InputError(f"ts_ns row {row} is {ts[row]}, which does not fit a signed "
+                                 f"64-bit int of ns")
         return R, S, T
 
     def step_batch(self, raws, symbols, ts_ns=None):
@@ -854,6 +863,16 @@ cdef Engine _default_engine = None
 # yet, or a GPU engine: step() then goes through Engine.step, which runs the GPU tick and
 # refuses a closed engine; calling _step there ran the model on the CPU, and answered after
 # close())
+cdef Py_ssize_t _first_outside32(cnp.ndarray a, int32_t hi):
+    """_first_outside for a contiguous native int32 array and the range [0, hi]."""
+    cdef const int32_t *p = <const int32_t *>cnp.PyArray_DATA(a)
+    cdef Py_ssize_t i, n = cnp.PyArray_DIM(a, 0)
+    for i in range(n):
+        if p[i] < 0 or p[i] > hi:
+            return i
+    return -1
+
+
 cdef Engine _default_cpu = None
 
 

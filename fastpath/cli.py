@@ -139,7 +139,8 @@ def cmd_calibrate(args) -> int:
                       raws.shape[1], "--window-fields")
     z = _check_fields(_parse_fields(args.z_fields, range(n_in - 2 * len(w)), "--z-fields"),
                       raws.shape[1], "--z-fields" if args.z_fields else
-                      f"the default --z-fields (the first {n_in} - 2 x {len(w)} window fields)")
+                      f"the default --z-fields (the first {n_in - 2 * len(w)} fields: the model's {n_in} "
+                      f"inputs less 2 x {len(w)} window features)")
     if len(z) + 2 * len(w) != n_in:
         raise SystemExit(f"fastpath calibrate: {len(z)} z fields + 2 x {len(w)} window fields = "
                          f"{len(z) + 2 * len(w)} features, but the model takes {n_in}")

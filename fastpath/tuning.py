@@ -245,7 +245,8 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     if holdout and not 1 <= n_hold < n:
         raise InputError(f"holdout {float(holdout):g} of {n} ticks leaves "
                          f"{'no tick to check' if n_hold < 1 else 'no tick to fit'}: give more "
-                         f"ticks or another fraction")
+                         f"ticks or another fraction (0: no holdout; the calibrate command's "
+                         f"--holdout 0)")
     k = n - n_hold                       # ticks [0, k) fit, [k, n) check
     if len(cos_grid) == 0 or len(norm_grid) == 0:
         raise ModelError(f"cos_grid and norm_grid must each hold at least one candidate, got "

@@ -83,3 +83,18 @@ def test_step_batch_reads_symbols_and_times_of_any_integer_dtype_by_value(dt):
     from fastpath.errors import InputError
     with pytest.raises(InputError, match="symbol 9 out of range"):
         e.step_batch(raws, np.array([1, 9, 1]).astype(dt), np.array([8, 9, 10]).astype(dt))
+
+
+def test_step_batch_names_the_first_bad_timestamp_row():
+    # the ts check named the row of the smallest (or, past int64, the largest) value, where
+    # every other refusal of a batch names the first bad row
+    import numpy as np
+    from fastpath.errors import InputError
+    e = fastpath.Engine(DEMO, config={"engine": {"n_symbols": 8}})
+    r = np.ones((3, 256), np.float32)
+    with pytest.raises(InputError, match=r"ts_ns must be >= 0, row 1 is -1$"):
+        e.step_batch(r, np.array([0, 1, 2], np.int32), np.array([5, -1, -9]))
+    with pytest.raises(InputError, match=r"ts_ns row 1 is 9223372036854775809, which does not fit"):
+        e.step_batch(r, np.array([0, 1, 2], np.int32),
+                     np.array([5, 2**63 + 1, 2**64 - 1], np.uint64))
+    assert e.stats()["ticks"] == 0
