@@ -123,7 +123,7 @@ def test_calibrate_cli_holds_out_a_quarter_by_default(tmp_path, shock_at_the_end
     assert Model.load(tmp_path / "a.fpm").meta["cache_policy_fit"]["n_holdout"] == 500
     out = _cli(*common, "--out", str(tmp_path / "b.fpm"), "--max-error", "0.01", "--holdout", "0")
     assert out.returncode == 0, out.stderr
-    assert "held out" not in out.stdout.split("\n")[-3] and "fitting ticks only" in out.stdout
+    assert "held out" not in out.stdout and "fitting ticks only" in out.stdout
     bad = _cli(*common, "--out", str(tmp_path / "c.fpm"), "--holdout", "0.2")
     assert bad.returncode != 0 and "--holdout is used by the cache-policy fit" in bad.stderr
     for v in ("1.5", "x", "nan", "-0.1"):
