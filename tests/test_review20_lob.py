@@ -62,6 +62,17 @@ def test_binance_one_snapshot_and_no_trades(tmp_path):
     assert bs.bid_px[0, 0] == pytest.approx(100.0) and bs.ask_sz[0, 9] == pytest.approx(10.5)
 
 
+def test_binance_trades_before_the_first_snapshot_are_on_no_tick(tmp_path):
+    # they were all counted on tick 0: a trades file starting hours before the depth file
+    # gave the first tick every one of them (and the flow averages started from that)
+    early = tuple((TS0 - 10**9 * k, 1.0, 1) for k in range(1, 50))
+    bs = lob.read_binance(_capture(tmp_path, trades=early + ((TS0, 2.0, -1),
+                                                             (TS0 + 5, 0.25, 1),
+                                                             (TS0 + 100_000_100, 0.5, -1))))
+    assert bs.trade_cnt.tolist() == [0.0, 1.0, 1.0]
+    assert bs.trade_vol.tolist() == [0.0, 0.25, -0.5]
+
+
 def test_binance_timestamps_are_exact_ns(tmp_path):
     # a float64 parse rounded local_ts_ns to a multiple of 256 ns
     bs = lob.read_binance(_capture(tmp_path))
@@ -166,7 +177,8 @@ def test_real_capture_still_reads_the_same():
     d = os.path.join(DATA_DIR, "derived", "depth10.csv")
     exact = np.loadtxt(d, delimiter=",", skiprows=1, usecols=0, dtype=np.int64)
     np.testing.assert_array_equal(bs.ts_ns, exact)
-    assert len(bs) == 6493 and bs.trade_cnt.sum() == 19904
+    # 19,904 trades in the file; the one at or before the first snapshot is on no tick
+    assert len(bs) == 6493 and bs.trade_cnt.sum() == 19903
 
 
 # ---- adapter -------------------------------------------------------------------------------
@@ -471,7 +483,8 @@ def test_trades_between_matches_a_loop():
         vol, cnt, last = _trades_between(ticks, tt, sign * size, size)
         prev = None
         for i, tk in enumerate(ticks):
-            sel = [j for j in range(len(tt)) if tt[j] <= tk and (prev is None or tt[j] > prev)]
+            # the first tick has no previous one: it counts none
+            sel = [] if prev is None else [j for j in range(len(tt)) if prev < tt[j] <= tk]
             assert cnt[i] == len(sel)
             assert vol[i] == pytest.approx(sum(sign[j] * size[j] for j in sel))
             assert last[i] == (size[sel[-1]] if sel else 0.0)

@@ -23,9 +23,12 @@ _DELIMITERS = (",", ";", "\t")
 
 def _trades_between(tick_ts: np.ndarray, trade_ts: np.ndarray, signed: np.ndarray,
                     size: np.ndarray):
-    """Per tick: signed volume, count and last size of the trades after the previous tick."""
+    """Per tick: signed volume, count and last size of the trades after the previous tick.
+    The first tick has no previous one: it counts none (the trades up to it precede the book
+    this stream starts with; a trades file that begins hours before the depth file put all of
+    them on tick 0), as the trades after the last tick are counted nowhere."""
     pos = np.searchsorted(trade_ts, tick_ts, side="right")       # trades with ts <= tick
-    prev = np.concatenate([[0], pos[:-1]])
+    prev = np.concatenate([pos[:1], pos[:-1]])
     csum = np.concatenate([[0.0], np.cumsum(signed)])
     vol = csum[pos] - csum[prev]
     cnt = (pos - prev).astype(np.float64)
@@ -117,7 +120,8 @@ def _increasing(path: str, ts: np.ndarray, what: str) -> None:
 def read_binance(path: str) -> BookStream:
     """The Binance capture in ../shared/data/binance-btcusdt-2024-08-08: one tick per top-10
     depth snapshot (derived/depth10.csv) with the trades since the previous one
-    (derived/trades.csv); see its SOURCE.txt. Regimes: calm / volatile (label_volatility).
+    (derived/trades.csv; none on the first snapshot, and those at or before it are not
+    counted); see its SOURCE.txt. Regimes: calm / volatile (label_volatility).
     Columns are found by header name; snapshots must be in time order; InputError names the
     file and row of anything else."""
     d = os.path.join(path, "derived") if os.path.isdir(os.path.join(path, "derived")) else path
