@@ -147,8 +147,22 @@ typedef struct {
     double c_lo, c_hi, up_lo, up_hi, dn_lo, dn_hi;  /* magnitude test */
 } fp_cache_plan;
 
+/* cos_threshold as the engine's plan holds it (fp_cache_plan_init applies it, so every
+ * caller of the plan or of fp_cache_lookup gets it, a C-only one too): 2^-50 (relative)
+ * below the threshold asked for. The
+ * double path's bound t |f| |c| is two rounded square roots and a rounded product, and came
+ * out an ulp above dot for a tick equal to its key (cosine exactly 1: dot == |f|^2 == |c|^2,
+ * bit for bit), so at cos_threshold 1.0 one exact repeat in four missed, reported as
+ * "cosine" (a key doubled, cosine 1 too, as "cosine" instead of "norm"; at -1, a key's
+ * opposite). That rounding is within 3 ulps (< 2^-50); the slack admits no cosine the double
+ * sums themselves can tell from t (their own rounding, ~n 2^-53, is larger). Applied once, in
+ * the plan, not per lookup: a compare and a cold call for the tie in fp_cache_decide_f64
+ * moved fp_step's code and cost the feature stage ~10 ns a tick (same-process A/B on the
+ * replay), and even an inline multiply there cost ~8. */
+static inline double fp_cache_cos_bound(double t) { return t - fabs(t) * 0x1p-50; }
+
 static inline void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *p, int n) {
-    const double t = p->cos_threshold, tol = p->norm_tol;
+    const double t = fp_cache_cos_bound(p->cos_threshold), tol = p->norm_tol;
     const double m = FP_DOTF_ROUNDINGS(n) + 2, u = 0x1p-24, w = 1.0 + 0x1p-48, w2 = w * w;
     const double g = m * u / (1.0 - m * u), x = 3.0 * n * 0x1p-53, h = g + 2.0 * x;
     const double eps2 = (n + 8) * 0x1p-52;
@@ -160,6 +174,7 @@ static inline void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *
     const double mg = eps2 + 3.0 * x + 0x1p-52;
     const double th = (1.0 - t) - mg, tl = (1.0 - t) + mg;
     pl->pol = *p;
+    pl->pol.cos_threshold = t;   /* the double path decides on the same slackened bound */
     /* h < 2^-10 (n up to ~250k) keeps the second-order terms inside their bounds above; a
      * NaN threshold or tolerance fails these comparisons and leaves everything to double */
     pl->f32 = t > 0.0 && tol >= 0.0 && h < 0x1p-10;
@@ -214,19 +229,6 @@ static inline int fp_cache_look_f32(const fp_kernels *k, const fp_cache_plan *pl
     k->diff_norms_f32(f, c, n, &dd, &de, &a2, &b2);
     return fp_cache_decide_f32(pl, dd, de, a2, b2);
 }
-
-/* cos_threshold as the engine holds it (fp_cache_policy.cos_threshold, set by the Python
- * side from the policy it was given): 2^-50 (relative) below the threshold asked for. The
- * double path's bound t |f| |c| is two rounded square roots and a rounded product, and came
- * out an ulp above dot for a tick equal to its key (cosine exactly 1: dot == |f|^2 == |c|^2,
- * bit for bit), so at cos_threshold 1.0 one exact repeat in four missed, reported as
- * "cosine" (a key doubled, cosine 1 too, as "cosine" instead of "norm"; at -1, a key's
- * opposite). That rounding is within 3 ulps (< 2^-50); the slack admits no cosine the double
- * sums themselves can tell from t (their own rounding, ~n 2^-53, is larger). Applied once to
- * the policy, not per lookup: a compare and a cold call for the tie in fp_cache_decide_f64
- * moved fp_step's code and cost the feature stage ~10 ns a tick (same-process A/B on the
- * replay), and even an inline multiply there cost ~8. */
-static inline double fp_cache_cos_bound(double t) { return t - fabs(t) * 0x1p-50; }
 
 /* The guards decided in double: the reference the float32 look must agree with. |cached|
  * is summed as dot_norm2 sums |a| (bit-identical either way), once per stored key: in the

@@ -5,7 +5,7 @@
 #include <cpuid.h>
 #endif
 
-fp_clock_t fp_clock = {0, 1.0, 0.0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0};
+fp_clock_t fp_clock = {0, 1.0, 0.0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0, 0, 0};
 static int g_clock_ready = 0;
 
 #define FP_CLOCK_TRIES 16        /* brackets per calibration sample */
@@ -86,12 +86,15 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
     if (s & 1u) return 0;   /* another thread is publishing */
     const uint64_t old_tick = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
     const fp_clock_sample p = fp_clock_bracket(FP_CLOCK_REANCHOR_TRIES);
+    /* the TSC now reads more than ~1 ms before the anchor it published: it went back */
+    const int back = (int64_t)(p.tick - old_tick) < -(int64_t)(fp_clock.reanchor_ticks >> 10);
     /* a preempted sample would make a worse anchor than the one we have: wait for the
      * next chance (a bracket as wide as 2 us against the calibration's tens of ns) */
-    if (p.width == UINT64_MAX || p.tick <= fp_clock.fit_tick) return 0;
+    if (p.width == UINT64_MAX || (!back && p.tick <= fp_clock.fit_tick)) return 0;
     const double k_fit = fp_clock_slope();
     if ((double)p.width * k_fit > 2000.0 + fp_clock.cal_bracket_ns) return 0;
-    if (!force && (int64_t)(p.tick - old_tick) <= (int64_t)fp_clock.reanchor_ticks) return 0;
+    if (!force && !back && (int64_t)(p.tick - old_tick) <= (int64_t)fp_clock.reanchor_ticks)
+        return 0;
     if (!__atomic_compare_exchange_n(&fp_clock.seq, &s, s + 1u, 0, __ATOMIC_ACQUIRE,
                                      __ATOMIC_RELAXED))
         return 0;
@@ -100,7 +103,27 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
     const int64_t bn = fp_clock.base_ns;
     const double k_map = fp_clock.map_ns_per_tick;
     int published = 0;
-    if (bt == old_tick && p.tick > bt) {
+    if (bt == old_tick && back) {
+        /* The fit's baseline is gone with the old TSC: restart it here at the rate in force
+         * (a refit over the next period checks it, and the step test above keeps a short
+         * baseline's error out). Readings handed out before the jump were at most
+         * CLOCK_MONOTONIC plus the lead the mapping had at its anchor (it gains nothing on
+         * CLOCK_MONOTONIC between anchors): start there and slew the lead away. */
+        int64_t ns = p.ns + (fp_clock.lead_ns > 0 ? fp_clock.lead_ns : 0);
+        if (ns < bn) ns = bn;
+        double gap = (double)(ns - p.ns) / (double)FP_CLOCK_REANCHOR_NS;
+        if (gap > 1e-3) gap = 1e-3;
+        const double km = k_fit * (1.0 - gap);
+        fp_clock.fit_tick = p.tick;
+        fp_clock.fit_ns = p.ns;
+        fp_clock.lead_ns = ns - p.ns;
+        __atomic_store_n(&fp_clock.base_tick, p.tick, __ATOMIC_RELAXED);
+        __atomic_store_n(&fp_clock.base_ns, ns, __ATOMIC_RELAXED);
+        __atomic_store(&fp_clock.map_ns_per_tick, &km, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&fp_clock.tsc_backs, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&fp_clock.reanchors, 1, __ATOMIC_RELAXED);
+        published = 1;
+    } else if (bt == old_tick && p.tick > bt) {
         /* the rate over the whole baseline since calibration: its error shrinks as the
          * baseline grows (two tight brackets over seconds, not 10 ms) */
         double k = (double)(p.ns - fp_clock.fit_ns) / (double)(p.tick - fp_clock.fit_tick);
@@ -131,6 +154,7 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
             ns = old_map;
             km = k * (1.0 - gap);
         }
+        fp_clock.lead_ns = ns - p.ns;
         __atomic_store_n(&fp_clock.base_tick, p.tick, __ATOMIC_RELAXED);
         __atomic_store_n(&fp_clock.base_ns, ns, __ATOMIC_RELAXED);
         __atomic_store(&fp_clock.map_ns_per_tick, &km, __ATOMIC_RELAXED);
@@ -140,6 +164,32 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
     }
     __atomic_store_n(&fp_clock.seq, s + 2u, __ATOMIC_RELEASE);
     return published;
+}
+
+__attribute__((noinline, cold)) int64_t fp_ticks_to_mono_ns_slow(uint64_t t) {
+    uint32_t s0;
+    uint64_t bt = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
+    /* a reading shortly before the anchor (taken before another thread re-anchored) is
+     * mapped back from it; a re-anchor only past the period or a TSC that went back */
+    if ((int64_t)(t - bt) > (int64_t)fp_clock.reanchor_ticks ||
+        (int64_t)(t - bt) < -(int64_t)(fp_clock.reanchor_ticks >> 10))
+        fp_clock_reanchor(0);
+    int64_t bn;
+    double k;
+    for (;;) {
+        s0 = __atomic_load_n(&fp_clock.seq, __ATOMIC_ACQUIRE);
+        bt = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
+        bn = __atomic_load_n(&fp_clock.base_ns, __ATOMIC_RELAXED);
+        __atomic_load(&fp_clock.map_ns_per_tick, &k, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (s0 == __atomic_load_n(&fp_clock.seq, __ATOMIC_RELAXED) && !(s0 & 1u)) break;
+#if FP_CLOCK_HAVE_TSC
+        _mm_pause();
+#endif
+    }
+    /* a reading past the period maps from the anchor then in force, a fresh one or (not
+     * due yet: another thread publishing, a wide bracket) the old one, as before */
+    return bn + (int64_t)((double)(int64_t)(t - bt) * k);
 }
 
 const char *fp_clock_source(void) {

@@ -24,6 +24,10 @@
  * FP_CLOCK_SLACK_NS.
  * A refit more than 0.2% (plus the calibration's error) from the rate in force is a step
  * between the clocks, not a rate: the rate is kept and the step taken out of the fit's baseline.
+ * A TSC that goes back (reset on resume from suspend, a VM moved to a host whose TSC is
+ * behind) is seen as a reading more than ~1 ms before the anchor; the next re-anchor
+ * restarts the fit there, keeps the rate, and starts the mapping at CLOCK_MONOTONIC plus
+ * the lead the old mapping had, so no reading goes back past one taken before the jump.
  * Deltas are clamped: a negative TSC difference (t1 read before t0, e.g. across cores on a
  * broken TSC) converts to 0, never to a wrapped uint64.
  */
@@ -61,6 +65,8 @@ typedef struct {
     int64_t base_ns;
     double map_ns_per_tick;  /* the rate from the anchor on: ns_per_tick, or slewing */
     uint64_t steps;          /* re-anchors that found the clocks stepped apart (rate kept) */
+    int64_t lead_ns;         /* how far the anchor's mapping was ahead of CLOCK_MONOTONIC */
+    uint64_t tsc_backs;      /* re-anchors after the TSC went back (a reset on resume) */
 } fp_clock_t;
 
 extern fp_clock_t fp_clock;
@@ -72,6 +78,9 @@ const char *fp_clock_source(void);
  * Returns 1 when this call published a new anchor, 0 when it was not due, another thread
  * was publishing, or no sample had a tight enough bracket. Thread-safe. */
 int fp_clock_reanchor(int force);
+/* fp_ticks_to_mono_ns() for a reading past the anchor's period or before the anchor:
+ * re-anchors where due (or where the TSC went back) and maps t from the anchor then in force */
+int64_t fp_ticks_to_mono_ns_slow(uint64_t t);
 
 static inline int64_t fp_mono_ns(void) {
     struct timespec ts;
@@ -126,8 +135,11 @@ static inline int64_t fp_ticks_to_mono_ns(uint64_t t) {
 #endif
     }
     const int64_t d = (int64_t)(t - bt);
-    /* this reading uses the current anchor; the next ones get the fresh one */
-    if (d > (int64_t)fp_clock.reanchor_ticks) fp_clock_reanchor(0);
+    /* one unsigned compare catches both a reading past the anchor's period and one before
+     * the anchor (negative d): taken before another thread re-anchored, or a TSC that went
+     * back (reset on resume, a migration), which no later reading would ever catch up with:
+     * every step() without ts_ns would be refused as time going backwards */
+    if ((uint64_t)d > fp_clock.reanchor_ticks) return fp_ticks_to_mono_ns_slow(t);
     return bn + (int64_t)((double)d * k);
 }
 

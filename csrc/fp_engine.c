@@ -521,7 +521,10 @@ static inline int fp_finish_impl(fp_engine *e, fp_pending *p, const float *out2,
         r->infer_ns = i;
         rec.feature = fp_sat32(f);
         rec.cache = fp_sat32(c);
-        rec.infer = fp_sat32(i);
+        /* a miss records at least 1 ns of inference: stats() tells hits from misses by a
+         * record's infer > 0, and a coarse clock (clock_gettime on a host without an
+         * invariant TSC, ticks of microseconds) would record a small model's miss as 0 */
+        rec.infer = fp_sat32(i + (i == 0 && p->reason != FP_HIT));
     }
     e->lat[(e->ticks - 1) & e->lat_mask] = rec;
     return FP_OK;

@@ -67,6 +67,8 @@ cdef extern from "fp_clock.h" nogil:
         int cal_samples
         double cal_bracket_ns
         uint64_t reanchors
+        uint64_t steps
+        uint64_t tsc_backs
     fp_clock_t fp_clock
     void fp_clock_init()
     const char *fp_clock_source()
@@ -77,7 +79,6 @@ cdef extern from "fp_clock.h" nogil:
     int64_t fp_ticks_to_mono_ns(uint64_t t)
 
 cdef extern from "fp_cache.h" nogil:
-    double fp_cache_cos_bound(double t)
     ctypedef struct fp_cache_policy:
         double cos_threshold
         double norm_tol

@@ -76,12 +76,15 @@ def clock_info():
     """The clock behind the latency figures: source, ns per tick, cost of one read in ns, and
     how the TSC rate was calibrated (bracketed samples taken, the tightest at each end of the
     baseline kept; the wider of those two brackets in ns, the calibration's error; how many
-    times it has re-anchored to CLOCK_MONOTONIC since import)."""
+    times it has re-anchored to CLOCK_MONOTONIC since import; of those, how many found the two
+    clocks stepped apart (a VM paused, a suspend: the rate kept) and how many found the TSC
+    gone back (reset on resume, a migration: the mapping restarted, never going back))."""
     return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,
             "read_cost_ns": fp_clock.read_cost_ns,
             "calibration_samples": fp_clock.cal_samples,
             "calibration_bracket_ns": fp_clock.cal_bracket_ns,
-            "reanchors": fp_clock.reanchors}
+            "reanchors": fp_clock.reanchors, "steps": fp_clock.steps,
+            "tsc_backs": fp_clock.tsc_backs}
 
 
 def monotonic_ns():

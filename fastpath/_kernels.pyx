@@ -405,7 +405,7 @@ _REASONS = {FP_HIT: "hit", FP_MISS_COSINE: "cosine", FP_MISS_NORM: "norm"}
 cdef fp_cache_policy _guards_only(double cos_threshold, double norm_tol):
     """A policy whose age and run guards never refuse: only direction and magnitude decide."""
     cdef fp_cache_policy p
-    p.cos_threshold = fp_cache_cos_bound(cos_threshold)
+    p.cos_threshold = cos_threshold
     p.norm_tol = norm_tol
     p.max_age_ns = 1LL << 62
     p.max_run = 0xFFFFFFFF
@@ -611,7 +611,8 @@ def clock_info():
     widest bracket kept (ns), re-anchors published."""
     return {"source": fp_clock_source().decode(), "ns_per_tick": fp_clock.ns_per_tick,
             "read_cost_ns": fp_clock.read_cost_ns, "calibration_samples": fp_clock.cal_samples,
-            "calibration_bracket_ns": fp_clock.cal_bracket_ns, "reanchors": fp_clock.reanchors}
+            "calibration_bracket_ns": fp_clock.cal_bracket_ns, "reanchors": fp_clock.reanchors,
+            "steps": fp_clock.steps, "tsc_backs": fp_clock.tsc_backs}
 
 
 def clock_monotonic_probe(long long n):

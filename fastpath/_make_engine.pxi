@@ -83,7 +83,7 @@ cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
         p.state_mem = NULL
         p.n_symbols = cfg.n_symbols
         p.policy.enabled = 1 if pol.enabled else 0
-        p.policy.cos_threshold = fp_cache_cos_bound(pol.cos_threshold)
+        p.policy.cos_threshold = pol.cos_threshold   # the plan slackens it (fp_cache_cos_bound)
         p.policy.norm_tol = pol.norm_tol
         p.policy.max_age_ns = pol.max_age_ns
         p.policy.max_run = pol.max_run

@@ -210,7 +210,7 @@ def test_clock_info_is_the_engines_clock():
     a = fastpath.clock_info()
     b = K.clock_info()
     assert set(a) == set(b) == {"source", "ns_per_tick", "read_cost_ns", "calibration_samples",
-                                "calibration_bracket_ns", "reanchors"}
+                                "calibration_bracket_ns", "reanchors", "steps", "tsc_backs"}
     assert a["source"] == b["source"] in ("tsc", "clock_gettime(CLOCK_MONOTONIC)")
     assert a["read_cost_ns"] > 0
     if a["source"] == "tsc":
