@@ -300,6 +300,14 @@ def main(argv=None) -> int:
     except OSError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:
+        # a command's own check of its input files (calibrate's .npy checks) raises
+        # SystemExit(message), which exits 1; argparse exits 2 on a bad option and a model or
+        # config error returns 2 above: one code for "bad input", whichever check found it
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

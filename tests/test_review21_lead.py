@@ -209,3 +209,19 @@ def test_the_c_plan_holds_the_slackened_threshold(tmp_path):
     got = [float.fromhex(v) for v in out.stdout.split()]
     want = [t - abs(t) * 2.0 ** -50 for t in (1.0, -1.0, 0.999999, 0.5, 0.0)]
     assert got == want
+
+
+def test_cli_bad_input_exits_2_whichever_check_finds_it(tmp_path):
+    """fastpath calibrate exited 2 on a bad option (argparse) or a bad model file, but 1 on a
+    bad ticks file (its own checks raised SystemExit(message)): a script could not tell a
+    usage error from a failed check by the code. Every bad-input path now exits 2."""
+    import sys
+    from fastpath._build import DEMO_MODEL
+    ticks = tmp_path / "t.npy"
+    np.save(ticks, np.zeros((4, 3, 2), np.float32))        # 3-d: not (ticks, raw_len)
+    out = subprocess.run([sys.executable, "-m", "fastpath.cli", "calibrate", "--ticks",
+                          str(ticks), "--model", DEMO_MODEL, "--out", str(tmp_path / "o.fpm")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "must hold a 2-d array" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "o.fpm").exists()
