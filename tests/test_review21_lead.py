@@ -225,3 +225,31 @@ def test_cli_bad_input_exits_2_whichever_check_finds_it(tmp_path):
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert "must hold a 2-d array" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "o.fpm").exists()
+
+
+def test_a_server_that_fails_to_start_removes_its_segment(monkeypatch):
+    """A server whose start timed out (placement slower than start_timeout) was asked to stop
+    and its segment left in /dev/shm (the loop returned at once, nothing closed the worker)
+    until the next serve under that name replaced it. Now the failed start removes it."""
+    import time
+    from fastpath import ServeError
+    from fastpath.serving import server as S
+    from test_serve import cfg, uname
+
+    def slow_place(self):
+        time.sleep(0.5)
+        return {"placed": False, "why": "test: slow placement"}
+
+    monkeypatch.setattr(S.Server, "_place", slow_place)
+    name = uname()
+    with pytest.raises(ServeError, match="did not start within"):
+        S.Server(name, config=cfg(), start_timeout=0.05)
+    path = f"/dev/shm/fastpath.{name}"
+    time.sleep(0.7)            # the thread has left _place: the old code's loop ran and returned
+    assert not os.path.exists(path), os.listdir("/dev/shm")
+    # the name is free for a real server at once, with nothing to replace
+    srv = fastpath.serve(name, config=cfg())
+    try:
+        assert not srv.replaced
+    finally:
+        srv.stop()

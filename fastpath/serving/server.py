@@ -42,7 +42,16 @@ class Server:
         deadline = time.monotonic() + start_timeout
         while self._worker.state == "starting" and self._thread.is_alive():
             if time.monotonic() > deadline:
+                # the segment goes with the failed start: closed here once the thread has
+                # seen the stop, else (placement still stuck) by the exit hook, never left
+                # in /dev/shm until the next serve under this name
                 self._worker.stop()
+                self._thread.join(2.0)
+                if self._thread.is_alive():
+                    _live.add(self)
+                else:
+                    self._worker.close()
+                    self._worker = None
                 raise ServeError(f"server {name!r} did not start within {start_timeout} s")
             time.sleep(0.001)
         if self._error is not None:
