@@ -36,7 +36,11 @@ def _conversion_hint(obj):
                 or not obj.flags.aligned):
             return f"; convert with {_TO_F32} (one copy)"
         return ""
-    if isinstance(obj, (list, tuple)) or hasattr(obj, "__array__"):
+    if isinstance(obj, (bytes, bytearray)):
+        return "; convert with np.frombuffer(x, dtype=np.float32) (raw bytes of float32 values)"
+    # memoryview and array.array hold a buffer numpy reads; they have no __array__
+    if (isinstance(obj, (list, tuple, memoryview)) or hasattr(obj, "__array__")
+            or hasattr(obj, "__buffer__") or type(obj).__module__ == "array"):
         return f"; convert with {_TO_F32}"
     return ""
 
@@ -130,7 +134,8 @@ cdef long long _ts_slow(object ts) except -2:
     cdef long long v
     if ts is None:
         return -1
-    if type(ts) is int or (isinstance(ts, np.integer) and not isinstance(ts, np.bool_)):
+    # any int (an IntEnum, an int subclass) or numpy integer, as symbol takes; not a bool
+    if isinstance(ts, (int, np.integer)) and not isinstance(ts, (bool, np.bool_)):
         # the try block (saving and restoring the thread's exception state) only here
         try:
             v = ts
