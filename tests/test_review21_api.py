@@ -208,7 +208,9 @@ def _stream(seed, n):
     rng = np.random.default_rng(seed)
     base = rng.standard_normal((4, 256)).astype(F32)
     syms = rng.integers(0, 4, n)
-    raws = base[syms] + (rng.standard_normal((n, 256)) * 1e-4).astype(F32)
+    # most rows a near repeat of their symbol's base (hits), some far from it (cosine misses)
+    scale = rng.choice([1e-4, 0.5], n, p=[0.95, 0.05])[:, None]
+    raws = base[syms] + (rng.standard_normal((n, 256)) * scale).astype(F32)
     ts = 1 + np.cumsum(rng.integers(0, 3_000_000, n)).astype(np.int64)
     return np.ascontiguousarray(raws), syms, ts
 
