@@ -9,10 +9,20 @@ cdef extern from "Python.h":
     long long _long_as_ll_ovf "PyLong_AsLongLongAndOverflow"(object o, int *overflow)
 
 
+def _n_masked(obj):
+    """How many values of a numpy masked array are masked (0 for anything else): a masked
+    value is a missing one, and the array's data under it is whatever was there."""
+    if isinstance(obj, np.ma.MaskedArray):
+        return int(np.count_nonzero(np.ma.getmaskarray(obj)))
+    return 0
+
+
 def _describe(obj):
     """dtype/shape/layout of an object for error messages."""
     if isinstance(obj, np.ndarray):
         flags = []
+        if _n_masked(obj):
+            flags.append(f"masked array with {_n_masked(obj)} masked value(s)")
         if not obj.flags.c_contiguous:
             flags.append("non-contiguous")
         if not obj.flags.aligned:
@@ -29,6 +39,9 @@ _TO_F32 = "np.ascontiguousarray(x, dtype=np.float32)"
 
 def _conversion_hint(obj):
     """How to turn what the caller passed into the float32 C-contiguous array step() takes."""
+    if _n_masked(obj):
+        return ("; a masked value is a missing one (the NaN policy: repair or drop the tick "
+                "upstream, e.g. x.filled(value) once repaired)")
     if type(obj).__module__.split(".")[0] == "pandas":
         return "; convert with np.ascontiguousarray(x.to_numpy(), dtype=np.float32)"
     if isinstance(obj, np.ndarray):

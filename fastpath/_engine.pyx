@@ -298,7 +298,10 @@ cdef class Engine:
 
     cdef inline const float *_raw_ptr(self, object raw) except NULL:
         cdef cnp.ndarray a
-        if cnp.PyArray_Check(raw):
+        # an exact ndarray (the common call) in one type compare; a subclass also when it is
+        # not a masked array hiding missing values (its data under a mask was stepped as if
+        # valid, silently)
+        if cnp.PyArray_CheckExact(raw) or (cnp.PyArray_Check(raw) and not _n_masked(raw)):
             a = <cnp.ndarray>raw
             if (cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32 and cnp.PyArray_NDIM(a) == 1
                     and cnp.PyArray_DIM(a, 0) == self.raw_len and cnp.PyArray_ISCARRAY_RO(a)
@@ -313,7 +316,7 @@ cdef class Engine:
         if rc == FP_ERR_SYMBOL:
             raise InputError(f"{where}symbol {symbol} out of range: this engine has "
                              f"{self.n_symbols} symbols (0..{self.n_symbols - 1}); raise "
-                             f"n_symbols in the config for more")
+                             f"engine.n_symbols in the config for more")
         if rc == FP_ERR_NONFINITE_INPUT:
             arr = np.asarray(raw)
             bad = np.flatnonzero(~np.isfinite(arr))
@@ -504,7 +507,8 @@ cdef class Engine:
     cdef cnp.ndarray _batch_raws(self, raws):
         if (isinstance(raws, np.ndarray) and raws.dtype == np.float32 and raws.dtype.isnative
                 and raws.ndim == 2 and raws.shape[1] == self.raw_len
-                and raws.flags.c_contiguous and raws.flags.aligned):
+                and raws.flags.c_contiguous and raws.flags.aligned
+                and (type(raws) is np.ndarray or not _n_masked(raws))):
             return raws
         raise InputError(f"raws must be a float32 C-contiguous numpy array of shape "
                          f"(n, {self.raw_len}), got {_describe(raws)}{_conversion_hint(raws)}")
@@ -529,6 +533,10 @@ cdef class Engine:
                 and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>x)):
             xa = <cnp.ndarray>x
         else:
+            if _n_masked(x):
+                # np.asarray drops the mask: the data under it was predicted on as if valid
+                raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
+                                 f"{_describe(x)}{_conversion_hint(x)}")
             try:
                 a = np.asarray(x)
             except Exception:

@@ -299,3 +299,29 @@ def test_refused_calls_leave_counters_records_and_state_as_they_were(isa):
         np.testing.assert_array_equal(eng.features(r, s), fresh.features(r, s))
     np.testing.assert_array_equal(eng.step_batch(raws[10:], syms[10:], ts[10:]).signal,
                                   fresh.step_batch(raws[10:], syms[10:], ts[10:]).signal)
+
+
+# A numpy masked array was stepped with the data under its mask: np.ma.array(raw) with raw[5]
+# masked (a missing value) answered with whatever raw[5] held, as if valid (the NaN policy:
+# missing data is refused, never used); step_batch and features() the same, and predict()
+# dropped the mask in np.asarray. Now an InputError that counts the masked values; a masked
+# array with nothing masked is still read.
+def test_masked_values_are_refused_not_read(isa):
+    eng, fresh = _engine(isa), _engine(isa)
+    raws = _raws(2)
+    m = np.ma.array(raws[0].copy())
+    m[5] = np.ma.masked
+    for call in (lambda: eng.step(m, 1, 5), lambda: eng.features(m, 1),
+                 lambda: eng.step_batch(np.ma.array(raws, mask=np.eye(2, 256, dtype=bool)),
+                                        [1, 2], [5, 6])):
+        with pytest.raises(InputError, match=r"masked array with \d+ masked value"):
+            call()
+    x = np.ma.array(np.zeros(eng.n_features, F32))
+    x[0] = np.ma.masked
+    with pytest.raises(InputError, match="masked array with 1 masked value"):
+        eng.predict(x)
+    assert eng.ticks == 0
+    # nothing masked: read as the plain array
+    assert eng.step(np.ma.array(raws[1]), 1, 7).signal == fresh.step(raws[1], 1, 7).signal
+    np.testing.assert_array_equal(eng.predict(np.ma.array(np.zeros(eng.n_features, F32))),
+                                  fresh.predict(np.zeros(eng.n_features, F32)))
