@@ -468,7 +468,10 @@ cdef class Engine:
 
     def step_batch(self, raws, symbols, ts_ns=None):
         """Many ticks in one call, in order, GIL released: raws float32 (n, raw_len), symbols
-        int (n,), ts_ns optional int64 (n,). Every row is validated before any is applied.
+        int (n,), ts_ns optional int64 (n,). Every row's arguments are validated before any
+        is applied (symbols, finite raws, timestamps); a row the model stage refuses (its
+        features or outputs overflowed, which depends on the rows before it) stops the batch
+        there, the rows before it applied, as the InputError says.
         Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
         if self._on_gpu: return self._step_batch_gpu(raws, symbols, ts_ns)
         cdef cnp.ndarray R, S, T
