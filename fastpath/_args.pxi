@@ -9,10 +9,20 @@ cdef extern from "Python.h":
     long long _long_as_ll_ovf "PyLong_AsLongLongAndOverflow"(object o, int *overflow)
 
 
+def _n_masked(obj):
+    """How many values of a numpy masked array are masked (0 for anything else): a masked
+    value is a missing one, and the array's data under it is whatever was there."""
+    if isinstance(obj, np.ma.MaskedArray):
+        return int(np.count_nonzero(np.ma.getmaskarray(obj)))
+    return 0
+
+
 def _describe(obj):
     """dtype/shape/layout of an object for error messages."""
     if isinstance(obj, np.ndarray):
         flags = []
+        if _n_masked(obj):
+            flags.append(f"masked array with {_n_masked(obj)} masked value(s)")
         if not obj.flags.c_contiguous:
             flags.append("non-contiguous")
         if not obj.flags.aligned:
@@ -29,6 +39,9 @@ _TO_F32 = "np.ascontiguousarray(x, dtype=np.float32)"
 
 def _conversion_hint(obj):
     """How to turn what the caller passed into the float32 C-contiguous array step() takes."""
+    if _n_masked(obj):
+        return ("; a masked value is a missing one (the NaN policy: repair or drop the tick "
+                "upstream, e.g. x.filled(value) once repaired)")
     if type(obj).__module__.split(".")[0] == "pandas":
         return "; convert with np.ascontiguousarray(x.to_numpy(), dtype=np.float32)"
     if isinstance(obj, np.ndarray):
@@ -36,7 +49,11 @@ def _conversion_hint(obj):
                 or not obj.flags.aligned):
             return f"; convert with {_TO_F32} (one copy)"
         return ""
-    if isinstance(obj, (list, tuple)) or hasattr(obj, "__array__"):
+    if isinstance(obj, (bytes, bytearray)):
+        return "; convert with np.frombuffer(x, dtype=np.float32) (raw bytes of float32 values)"
+    # memoryview and array.array hold a buffer numpy reads; they have no __array__
+    if (isinstance(obj, (list, tuple, memoryview)) or hasattr(obj, "__array__")
+            or hasattr(obj, "__buffer__") or type(obj).__module__ == "array"):
         return f"; convert with {_TO_F32}"
     return ""
 
@@ -130,7 +147,8 @@ cdef long long _ts_slow(object ts) except -2:
     cdef long long v
     if ts is None:
         return -1
-    if type(ts) is int or (isinstance(ts, np.integer) and not isinstance(ts, np.bool_)):
+    # any int (an IntEnum, an int subclass) or numpy integer, as symbol takes; not a bool
+    if isinstance(ts, (int, np.integer)) and not isinstance(ts, (bool, np.bool_)):
         # the try block (saving and restoring the thread's exception state) only here
         try:
             v = ts

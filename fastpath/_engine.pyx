@@ -301,7 +301,10 @@ cdef class Engine:
 
     cdef inline const float *_raw_ptr(self, object raw) except NULL:
         cdef cnp.ndarray a
-        if cnp.PyArray_Check(raw):
+        # an exact ndarray (the common call) in one type compare; a subclass also when it is
+        # not a masked array hiding missing values (its data under a mask was stepped as if
+        # valid, silently)
+        if cnp.PyArray_CheckExact(raw) or (cnp.PyArray_Check(raw) and not _n_masked(raw)):
             a = <cnp.ndarray>raw
             if (cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32 and cnp.PyArray_NDIM(a) == 1
                     and cnp.PyArray_DIM(a, 0) == self.raw_len and cnp.PyArray_ISCARRAY_RO(a)
@@ -316,7 +319,7 @@ cdef class Engine:
         if rc == FP_ERR_SYMBOL:
             raise InputError(f"{where}symbol {symbol} out of range: this engine has "
                              f"{self.n_symbols} symbols (0..{self.n_symbols - 1}); raise "
-                             f"n_symbols in the config for more")
+                             f"engine.n_symbols in the config for more")
         if rc == FP_ERR_NONFINITE_INPUT:
             arr = np.asarray(raw)
             bad = np.flatnonzero(~np.isfinite(arr))
@@ -414,6 +417,12 @@ cdef class Engine:
         if sy.ndim != 1 or sy.shape[0] != n or sy.dtype.kind not in "iu":
             hint = ("; symbols are indices 0..n_symbols-1: map names to indices once"
                     if sy.dtype.kind in "USO" else "")
+            orow = _first_int_outside(sy, n, 0, self.n_symbols - 1)
+            if orow >= 0:
+                # integers numpy kept as objects (one past int64): the value is what is wrong
+                self._raise(FP_ERR_SYMBOL, None, sy[orow], -1, orow)
+            if orow == -1:
+                hint = "; convert with np.asarray(symbols, dtype=np.int64)"
             raise InputError(f"symbols must be an integer array of shape ({n},), got "
                              f"{_describe(sy)}{hint}")
         cdef Py_ssize_t row
@@ -439,6 +448,15 @@ cdef class Engine:
                     hint = "; pass ts.astype('datetime64[ns]').view(np.int64) (ns since the epoch)"
                 elif ts.dtype.kind == "f":
                     hint = "; pass integer ns (np.int64), floats lose precision beyond 2**53 ns"
+                else:
+                    orow = _first_int_outside(ts, n, 0, INT64_MAX)
+                    if orow >= 0:
+                        if ts[orow] < 0:
+                            raise InputError(f"ts_ns must be >= 0, row {orow} is {ts[orow]}")
+                        raise InputError(f"ts_ns row {orow} is {ts[orow]}, which does not fit "
+                                         f"a signed 64-bit int of ns")
+                    if orow == -1:
+                        hint = "; convert with np.asarray(ts_ns, dtype=np.int64)"
                 raise InputError(f"ts_ns must be an integer array of shape ({n},), got "
                                  f"{_describe(ts)}{hint}")
             T = _as_int64(ts)
@@ -453,7 +471,10 @@ cdef class Engine:
 
     def step_batch(self, raws, symbols, ts_ns=None):
         """Many ticks in one call, in order, GIL released: raws float32 (n, raw_len), symbols
-        int (n,), ts_ns optional int64 (n,). Every row is validated before any is applied.
+        int (n,), ts_ns optional int64 (n,). Every row's arguments are validated before any
+        is applied (symbols, finite raws, timestamps); a row the model stage refuses (its
+        features or outputs overflowed, which depends on the rows before it) stops the batch
+        there, the rows before it applied, as the InputError says.
         Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
         if self._on_gpu: return self._step_batch_gpu(raws, symbols, ts_ns)
         cdef cnp.ndarray R, S, T
@@ -492,7 +513,8 @@ cdef class Engine:
     cdef cnp.ndarray _batch_raws(self, raws):
         if (isinstance(raws, np.ndarray) and raws.dtype == np.float32 and raws.dtype.isnative
                 and raws.ndim == 2 and raws.shape[1] == self.raw_len
-                and raws.flags.c_contiguous and raws.flags.aligned):
+                and raws.flags.c_contiguous and raws.flags.aligned
+                and (type(raws) is np.ndarray or not _n_masked(raws))):
             return raws
         raise InputError(f"raws must be a float32 C-contiguous numpy array of shape "
                          f"(n, {self.raw_len}), got {_describe(raws)}{_conversion_hint(raws)}")
@@ -517,6 +539,10 @@ cdef class Engine:
                 and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>x)):
             xa = <cnp.ndarray>x
         else:
+            if _n_masked(x):
+                # np.asarray drops the mask: the data under it was predicted on as if valid
+                raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
+                                 f"{_describe(x)}{_conversion_hint(x)}")
             try:
                 a = np.asarray(x)
             except Exception:
@@ -525,7 +551,16 @@ cdef class Engine:
             if a.ndim != 1 or a.shape[0] != self.n_features or a.dtype.kind not in "fiub":
                 raise InputError(f"x must be a numeric vector of {self.n_features} values, got "
                                  f"{_describe(x)}")
-            xa = np.ascontiguousarray(a, dtype=np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                xa = np.ascontiguousarray(a, dtype=np.float32)
+            if not trees and a.dtype.kind == "f" and a.dtype.itemsize > 4:
+                # a finite float64 past float32's range became +-Inf in the cast: say so
+                # (the message said the caller's finite vector held non-finite values)
+                wide = np.flatnonzero(np.isfinite(a) & ~np.isfinite(xa))
+                if len(wide):
+                    i = int(wide[0])
+                    raise InputError(f"x[{i}] = {float(a[i])!r} is beyond float32's range (+-3.4e38), "
+                                     f"which the model computes in; scale the features")
         # a tree ensemble reads NaN as a missing value (ONNX's missing-value tracks)
         if not trees and not self._e.k.allfinite(<const float *>cnp.PyArray_DATA(xa),
                                                  <int>self.n_features):
@@ -547,7 +582,9 @@ cdef class Engine:
         return out
 
     def features(self, raw, symbol=0):
-        """The feature vector this tick would get (windows include it), without applying it."""
+        """The feature vector this tick would get (windows include it), without applying it.
+        A tick step() would refuse for its features (finite raw, features overflowed to
+        NaN/Inf) is refused here with the same InputError."""
         cdef const float *p = self._raw_ptr(raw)
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         self._check_free()
@@ -558,6 +595,10 @@ cdef class Engine:
         cdef int rc = fp_step_begin(self._e, p, <int32_t>sym, 0x7FFFFFFFFFFFFFFFLL, &pend)
         if rc != FP_OK:
             self._raise(rc, raw, sym, -1)
+        # fp_step_begin leaves NaN/Inf features for the model stage to refuse; step() never
+        # answers with them, so neither does this (they were returned as if valid)
+        if not self._e.k.allfinite(self._e.feat, <int>self.n_features):
+            self._raise(FP_ERR_NONFINITE_FEATURE, raw, sym, -1)
         out = np.empty(self.n_features, np.float32)
         memcpy(cnp.PyArray_DATA(out), self._e.feat, sizeof(float) * self.n_features)
         return out
@@ -848,6 +889,20 @@ cdef cnp.ndarray _as_int64(cnp.ndarray a):
         # native order first: a big-endian uint64 viewed as it is reads garbage
         return np.ascontiguousarray(a, dtype=np.uint64).view(np.int64)
     return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _first_int_outside(a, Py_ssize_t n, lo, hi):
+    """For an object array of shape (n,) holding only integers (not bools), the first row
+    outside [lo, hi], else -1; -2 when a is anything else (step_batch's error path only)."""
+    if a.dtype.kind != "O" or a.ndim != 1 or a.shape[0] != n:
+        return -2
+    for v in a:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            return -2
+    for i in range(n):
+        if not lo <= a[i] <= hi:
+            return i
+    return -1
 
 
 cdef Py_ssize_t _first_outside(cnp.ndarray a, int64_t lo, int64_t hi):

@@ -129,6 +129,19 @@ def jitter_probe(double seconds, long long threshold_ns=1000):
             "histogram": [[1 << k, 1 << (k + 1), hist[k]] for k in range(40) if hist[k]]}
 
 
+def _index_arg(v, Py_ssize_t n, str name):
+    """v as contiguous int32 indices into n values, or an InputError: checked before the
+    cast (np.int32 of 2**32 + 3 is 3, of 1.7 is 1: an index out of range or not whole read
+    another value, silently)."""
+    a = np.asarray(v)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise InputError(f"{name} must be a 1-d integer array, got {_describe(a)}")
+    if a.size and (a.min() < 0 or a.max() >= n):
+        raise InputError(f"{name} must index raw (0..{n - 1}), got values in "
+                         f"[{a.min()}, {a.max()}]")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
 cdef cnp.ndarray _f32(x, str name):
     a = np.asarray(x)
     if a.dtype != np.float32 or a.ndim != 1:
@@ -139,9 +152,9 @@ cdef cnp.ndarray _f32(x, str name):
 def _zscore_args(raw, idx, mean, inv_std):
     """Checked, contiguous (raw, idx int32, mean, inv_std) for the z-score shims."""
     r, m, s = _f32(raw, "raw"), _f32(mean, "mean"), _f32(inv_std, "inv_std")
-    ix = np.ascontiguousarray(idx, dtype=np.int32)
+    ix = _index_arg(idx, len(r), "idx")
     n = len(ix)
-    if len(m) != n or len(s) != n or (n and (ix.min() < 0 or ix.max() >= len(r))):
+    if len(m) != n or len(s) != n:
         raise InputError("idx, mean and inv_std must have one length and idx must index raw")
     return r, ix, m, s
 
@@ -201,10 +214,10 @@ def kernel_window_commit(str isa, raw, w_idx, sum_, sumsq, row, bint full, bint 
     old row) read back from it follow."""
     cdef const fp_kernels *k = _kernels(isa)
     r = np.ascontiguousarray(raw, np.float32)
-    ix = np.ascontiguousarray(w_idx, np.int32)
+    if r.ndim != 1:
+        raise InputError(f"raw must be 1-d, got shape {r.shape}")
+    ix = _index_arg(w_idx, len(r), "w_idx")
     cdef int n = len(ix)
-    if n and (ix.min() < 0 or ix.max() >= len(r)):
-        raise InputError("w_idx must index raw")
     s = np.array(sum_, np.float64, copy=True)
     q = np.array(sumsq, np.float64, copy=True)
     w = np.array(row, np.float32, copy=True)
@@ -285,7 +298,7 @@ def kernel_window_stats(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, ref
     ref (n_w float32, ticks; zeros when None)."""
     cdef const fp_kernels *k = _kernels(isa)
     cdef cnp.ndarray r = _f32(raw, "raw")
-    cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
+    cdef cnp.ndarray ix = _index_arg(w_idx, len(r), "w_idx")
     cdef cnp.ndarray s = np.ascontiguousarray(sum_, dtype=np.float64)
     cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)
     cdef cnp.ndarray o = None if old is None else _f32(old, "old")
@@ -374,7 +387,7 @@ def kernel_window_zscore(str isa, raw, w_idx, sum_, sumsq, old, double inv_n, me
     features and whether committing the tick heals the window, (feat, bool)."""
     cdef const fp_kernels *k = _kernels(isa)
     cdef cnp.ndarray r = _f32(raw, "raw")
-    cdef cnp.ndarray ix = np.ascontiguousarray(w_idx, dtype=np.int32)
+    cdef cnp.ndarray ix = _index_arg(w_idx, len(r), "w_idx")
     cdef cnp.ndarray s = np.ascontiguousarray(sum_, dtype=np.float64)
     cdef cnp.ndarray q = np.ascontiguousarray(sumsq, dtype=np.float64)
     cdef cnp.ndarray o = None if old is None else _f32(old, "old")
@@ -468,8 +481,11 @@ def kernel_dense(str isa, w, b, str act, x, bint reverse=False):
     W = np.ascontiguousarray(w, dtype=np.float32)
     B = np.ascontiguousarray(b, dtype=np.float32)
     cdef cnp.ndarray v = _f32(x, "x")
-    if W.ndim != 2 or B.shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:
-        raise InputError(f"w {W.shape}, b {B.shape} and x ({len(v)},) do not chain")
+    # a layer of no inputs is refused here (the packer refuses it too, but as a MemoryError)
+    if (W.ndim != 2 or B.shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1
+            or W.shape[1] < 1):
+        raise InputError(f"w {W.shape}, b {B.shape} and x ({len(v)},) do not chain (a layer "
+                         f"needs at least one input and one output)")
     cdef int n_out = W.shape[0], n_in = W.shape[1]
     dims = np.ascontiguousarray([n_in, n_out], dtype=np.intc)
     acts = np.ascontiguousarray([_ACTS[act]], dtype=np.intc)
