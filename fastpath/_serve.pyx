@@ -721,7 +721,8 @@ cdef class Client:
 
     cdef inline const float *_raw_ptr(self, object raw) except NULL:
         cdef cnp.ndarray a
-        if cnp.PyArray_Check(raw):
+        # a masked array's masked values are not data: refused (_bad_raw says how many)
+        if cnp.PyArray_CheckExact(raw) or (cnp.PyArray_Check(raw) and not _n_masked(raw)):
             a = <cnp.ndarray>raw
             if (cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32 and cnp.PyArray_NDIM(a) == 1
                     and cnp.PyArray_DIM(a, 0) == self.raw_len and cnp.PyArray_ISCARRAY_RO(a)

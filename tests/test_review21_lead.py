@@ -253,3 +253,19 @@ def test_a_server_that_fails_to_start_removes_its_segment(monkeypatch):
         assert not srv.replaced
     finally:
         srv.stop()
+
+
+def test_a_served_client_refuses_masked_values():
+    """fastpath.connect(...).step() read a masked array's data under its mask as if valid, as
+    Engine.step did (fixed beside it): refused now, and an unmasked one still served."""
+    from fastpath import InputError
+    from test_serve import cfg, uname
+    name = uname()
+    eng = fastpath.get_default_engine()
+    raw = np.zeros(eng.raw_len, F32)
+    m = np.ma.array(raw.copy())
+    m[5] = np.ma.masked
+    with fastpath.serve(name, config=cfg()), fastpath.connect(name) as c:
+        with pytest.raises(InputError, match="masked array with 1 masked value"):
+            c.step(m, 0, 5)
+        assert c.step(np.ma.array(raw), 0, 6).signal == c.step(raw, 1, 6).signal
