@@ -188,3 +188,25 @@ def test_refusals_are_the_same_on_every_set_with_extreme_magnitudes():
                 for g in got[1:]:
                     np.testing.assert_allclose(g, got[0], rtol=1e-5, atol=1e-5 * np.abs(got[0]).max())
     assert answered > 10 and refused > 3
+
+
+@pytest.mark.parametrize("n_in", [2, 4, 64, 1023, 4096])
+def test_int8_largest_products_do_not_saturate(n_in):
+    # every x and weight at +-max quantizes to +-127: vpmaddubsw's int16 pair sums are at their
+    # largest (2 * 127 * 127, inside int16 only because x is symmetric s8, not u8 + 128), and
+    # vpdpbusd's u8 twins are 255. The dots are then exact integers: row r's is the number of
+    # agreeing signs minus the disagreeing ones
+    rng = np.random.default_rng(n_in)
+    s = rng.choice([-1.0, 1.0], (17, n_in)).astype(F32)
+    s[0] = 1
+    s[1] = -1
+    x = np.where(np.arange(n_in) % 3 == 0, -1.0, 1.0).astype(F32)
+    s[2] = x                                 # every pair at +127 * 127
+    s[3] = -x                                # every pair at -127 * 127
+    want = s.astype(np.float64) @ x.astype(np.float64)
+    b = np.zeros(17, F32)
+    for v in HAVE_INT8:
+        y, ok = kernel_lowp_dense("int8", v, s, b, "identity", x)
+        assert ok
+        np.testing.assert_allclose(y, want, rtol=1e-6, atol=0, err_msg=v)
+        assert y[2] > 0 and y[3] < 0
