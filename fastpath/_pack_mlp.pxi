@@ -4,11 +4,20 @@
 def _mlp_arrays(weights, biases, activations):
     """(float32 weights, biases, dims, activation codes) of an MLP given as lists; InputError
     when they do not chain. Shared with the reduced-precision shim (fastpath._kernels)."""
-    cdef int L = len(weights)
-    if L < 1 or L > FP_MAX_LAYERS or len(biases) != L or len(activations) != L:
+    try:
+        n = (len(weights), len(biases), len(activations))
+    except TypeError:
+        raise InputError(f"weights, biases and activations must be lists (one entry a layer), "
+                         f"got {type(weights).__name__}, {type(biases).__name__}, "
+                         f"{type(activations).__name__}") from None
+    cdef int L = n[0]
+    if L < 1 or L > FP_MAX_LAYERS or n[1] != L or n[2] != L:
         raise InputError(f"need 1..{FP_MAX_LAYERS} layers with one bias and activation each")
-    ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
-    bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
+    try:
+        ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
+        bs = [np.ascontiguousarray(b, dtype=np.float32) for b in biases]
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"weights and biases must be numeric arrays: {exc}") from None
     for i in range(L):
         if ws[i].ndim != 2 or bs[i].shape != (ws[i].shape[0],) or (
                 i and ws[i].shape[1] != ws[i - 1].shape[0]):
@@ -16,7 +25,14 @@ def _mlp_arrays(weights, biases, activations):
         # the C packer refuses these too, but only as a failed allocation would
         if not (1 <= ws[i].shape[0] <= 65536 and 1 <= ws[i].shape[1] <= 65536):
             raise InputError(f"layer {i}: weight shape {ws[i].shape} outside 1..65536")
-        if activations[i] not in _ACTS:
+        # a NaN/Inf weight is no weight: the int8 packer's max|row| skips a NaN, which then
+        # rounds to -127 (a silent -max|row|), and bf16 makes every output NaN
+        for what, a in (("weight", ws[i]), ("bias", bs[i])):
+            if not np.all(np.isfinite(a)):
+                at = tuple(int(j) for j in np.argwhere(~np.isfinite(a))[0])
+                raise InputError(f"layer {i}: {what} holds {float(a[at])!r} at index {at}; "
+                                 f"weights and biases must be finite")
+        if not isinstance(activations[i], str) or activations[i] not in _ACTS:
             raise InputError(f"layer {i}: unknown activation {activations[i]!r}; expected one of "
                              f"{sorted(_ACTS)}")
     dims = np.ascontiguousarray([ws[0].shape[1]] + [w.shape[0] for w in ws], dtype=np.intc)

@@ -302,7 +302,8 @@ def test_model_weights_validated_and_default_fp32():
 
 def test_with_weights_drops_a_fitted_cache_policy():
     from dataclasses import replace
-    m = random_model(np.random.default_rng(0), [4, 2])
+    # a hidden layer: a one-layer model runs fp32 whatever its weights, and keeps its policy
+    m = random_model(np.random.default_rng(0), [4, 3, 2])
     m = m.with_cache_policy(replace(m.cache_policy, enabled=True, fitted_max_error=0.01))
     assert not m.with_weights("int8").cache_policy.enabled
     assert m.with_weights("fp32").cache_policy.enabled
