@@ -148,6 +148,11 @@ def resolve(model: Any, backend: Any, config: Any, report: bool = False):
     from fastpath.errors import ConfigError
     m = load_model(model)
     cfg = load_config(config)
+    # [engine] weights runs the model as with_weights does: a fitted cache policy measured on
+    # other weights is dropped (not reported as "fitted" for weights it never saw), and
+    # Engine.model.weights says what runs
+    if cfg.weights and m.trees is None and cfg.weights != m.weights:
+        m = m.with_weights(cfg.weights)
     if backend is None:
         backend = cfg.backend
     if backend not in ("cpu", "gpu", "auto"):

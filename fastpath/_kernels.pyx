@@ -701,6 +701,13 @@ def kernel_lowp_dense(str weights, str variant, w, b, str act, x):
     cdef cnp.ndarray v = _f32(x, "x")
     if W.ndim != 2 or (<object>B).shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:
         raise InputError(f"w {(<object>W).shape}, b {(<object>B).shape} and x ({len(v)},) do not chain")
+    # as the model packer does: a NaN weight would be left out of its row's int8 scale and
+    # round to a finite code, a silently wrong layer
+    for name, arr in (("w", W), ("b", B)):
+        if not np.isfinite(arr).all():
+            bad = np.argwhere(~np.isfinite(arr))[0]
+            raise InputError(f"{name}{list(bad)} = {arr[tuple(bad)]}: weights and biases must "
+                             f"be finite")
     cdef int n_out = W.shape[0], n_in = W.shape[1]
     cdef fp_lowp_layer L
     cdef size_t ybytes = sizeof(float) * ((n_out + 15) // 16 * 16)

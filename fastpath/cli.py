@@ -156,6 +156,13 @@ def cmd_calibrate(args) -> int:
               f"{np.tanh(out.meta['head_fit']['target']):.2f})")
     else:
         print(f"head: {h.kind} (outputs {list(h.outputs)})")
+    if args.weights is not None and args.weights != out.weights:
+        from fastpath.tuning import weights_error
+        e = weights_error(out, raws, args.weights, syms)
+        print(f"weights: {args.weights} hidden layers; signal against fp32 on these "
+              f"ticks: max |d| {e['max_abs']:.4g} (tick {e['worst_tick']}), mean "
+              f"{e['mean_abs']:.3g}, {e['sign_flips']} sign flip(s) in {e['n']}")
+        out = out.with_weights(args.weights)
     if args.max_error is None:
         cache = ("cache: off (no --max-error given; fit a policy with --max-error E, the largest "
                  "|signal error| a cache hit may cost, or enable one in the engine config)")
@@ -280,6 +287,10 @@ def main(argv=None) -> int:
                    help="with --max-error: the last F of the ticks (default 0.25) are held out "
                         "of the choice and must keep the budget too (0: fit on every tick, "
                         "checked on none)")
+    c.add_argument("--weights", choices=("fp32", "bf16", "int8"),
+                   help="hidden-layer weights the bundle runs with; the signal error against "
+                        "fp32 weights is measured on the ticks and printed (before "
+                        "any cache-policy fit, which is then fitted to these weights)")
     c.add_argument("--ts", help=".npy of each tick's int64 ns timestamp, for the cache age guard "
                    "in the fit (default: ticks 1 ms apart)")
     s = sub.add_parser("serve", help="serve one pinned engine to other processes over shared "

@@ -190,6 +190,52 @@ class CacheFitReport:
         return "\n".join(lines)
 
 
+def _dense_symbols(symbols, n: int) -> np.ndarray:
+    """Each tick's symbol as dense int32 ids (0 for every tick when symbols is None)."""
+    sy = np.zeros(n, np.int32) if symbols is None else np.asarray(symbols)
+    if sy.shape != (n,) or sy.dtype.kind not in "iu":
+        raise InputError(f"symbols must be an integer array of shape ({n},), got {sy.dtype} "
+                         f"{sy.shape}")
+    if sy.min() < 0:
+        raise InputError(f"symbols must be >= 0 (the engine's symbol ids), got {sy.min()} at "
+                         f"row {int(np.argmax(sy < 0))}")
+    # caches and windows are per symbol and independent, so a replay only needs distinct
+    # ids: dense ones keep the replay engines small (ids like 10**9 would ask for 10**9 slots)
+    return np.unique(sy, return_inverse=True)[1].reshape(n).astype(np.int32)
+
+
+def weights_error(model: Model, raws: np.ndarray, weights: str,
+                  symbols: np.ndarray | None = None, simd: str = "auto") -> dict:
+    """What running `model` with "bf16" or "int8" hidden-layer weights costs in signal on
+    these ticks: the ticks replayed (cache off) with fp32 weights and with `weights`,
+    compared tick for tick: {"weights", "max_abs", "mean_abs", "sign_flips", "n",
+    "worst_tick"}. A sign flip is a change of sign (+ to -, - to +), as the bench counts it.
+
+    Measure on ticks like the ones the model will serve: how far reduced weights move the
+    outputs depends on the inputs (a model fed raw inputs of mixed scale moved by 0.8 with
+    bf16 where z-scored features moved it by 0.01; see Model.with_weights)."""
+    from fastpath._engine import Engine
+    from fastpath.model.types import WEIGHT_TYPES
+    if weights not in WEIGHT_TYPES:
+        raise ModelError(f"weights {weights!r} not supported; expected one of {list(WEIGHT_TYPES)}")
+    if model.trees is not None:
+        raise ModelError("weights apply to an MLP's layers; this model is a tree ensemble")
+    r = _ticks(raws, model.raw_len)
+    n = len(r)
+    sy = _dense_symbols(symbols, n)
+    ts = np.arange(n, dtype=np.int64) * DEFAULT_TICK_NS
+    cfg = {"engine": {"n_symbols": int(sy.max()) + 1, "simd": simd},
+           "memory": {"huge_pages": "none", "mlock": False}}
+    off = replace(model.cache_policy, enabled=False, fitted_max_error=None)
+    base = model.with_cache_policy(off)
+    ref = Engine(base.with_weights("fp32"), config=cfg).step_batch(r, sy, ts).signal.astype(np.float64)
+    sig = Engine(base.with_weights(weights), config=cfg).step_batch(r, sy, ts).signal
+    d = np.abs(sig.astype(np.float64) - ref)
+    flips = np.sign(sig.astype(np.float64)) * np.sign(ref) < 0
+    return {"weights": weights, "max_abs": float(d.max()), "mean_abs": float(d.mean()),
+            "sign_flips": int(np.count_nonzero(flips)), "n": n, "worst_tick": int(np.argmax(d))}
+
+
 def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None = None,
                      max_error: float = 0.01, ts_ns: np.ndarray | None = None,
                      cos_grid: Sequence[float] = COS_GRID, norm_grid: Sequence[float] = NORM_GRID,
@@ -220,16 +266,7 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     from fastpath._engine import Engine
     r = _ticks(raws, model.raw_len)
     n = len(r)
-    sy = np.zeros(n, np.int32) if symbols is None else np.asarray(symbols)
-    if sy.shape != (n,) or sy.dtype.kind not in "iu":
-        raise InputError(f"symbols must be an integer array of shape ({n},), got {sy.dtype} "
-                         f"{sy.shape}")
-    if sy.min() < 0:
-        raise InputError(f"symbols must be >= 0 (the engine's symbol ids), got {sy.min()} at "
-                         f"row {int(np.argmax(sy < 0))}")
-    # caches and windows are per symbol and independent, so the replay only needs distinct
-    # ids: dense ones keep the replay engines small (ids like 10**9 would ask for 10**9 slots)
-    sy = np.unique(sy, return_inverse=True)[1].reshape(n).astype(np.int32)
+    sy = _dense_symbols(symbols, n)
     if isinstance(max_error, bool) or not isinstance(max_error, (int, float, np.integer, np.floating)) \
             or not 0.0 < float(max_error) <= 2.0:
         raise ModelError(f"max_error must be a signal error in (0, 2], got {max_error!r}")

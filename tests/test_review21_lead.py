@@ -269,3 +269,47 @@ def test_a_served_client_refuses_masked_values():
         with pytest.raises(InputError, match="masked array with 1 masked value"):
             c.step(m, 0, 5)
         assert c.step(np.ma.array(raw), 0, 6).signal == c.step(raw, 1, 6).signal
+
+
+def test_weights_error_measures_the_signal_cost_on_the_users_ticks():
+    """The cost of bf16/int8 weights depends on the inputs (a model fed raw inputs of mixed
+    scale lost its signal under int8 where z-scored features lost 0.01): tuning.weights_error
+    measures it on the user's ticks, against an independent replay of the same engines."""
+    from fastpath import lob
+    from fastpath.model import Model
+    from fastpath._build import DEMO_MODEL
+    from fastpath.tuning import weights_error
+    m = Model.load(DEMO_MODEL)
+    bs = lob.generate_stream(600, n_symbols=3, seed=5)
+    raws = np.ascontiguousarray(lob.raw_from_book(bs))
+    for wt in ("bf16", "int8"):
+        e = weights_error(m, raws, wt, bs.symbols)
+        cfg = {"engine": {"n_symbols": 3}, "cache": {"enabled": False}}
+        ts = np.arange(len(raws), dtype=np.int64) * 1_000_000
+        ref = Engine(m.with_weights("fp32"), config=cfg).step_batch(raws, bs.symbols, ts).signal
+        sig = Engine(m.with_weights(wt), config=cfg).step_batch(raws, bs.symbols, ts).signal
+        d = np.abs(sig.astype(np.float64) - ref)
+        assert e["n"] == len(raws) and e["weights"] == wt
+        assert e["max_abs"] == d.max() > 0 and e["mean_abs"] == pytest.approx(d.mean())
+        assert e["worst_tick"] == int(np.argmax(d))
+        assert e["sign_flips"] == int(np.count_nonzero(np.sign(sig) * np.sign(ref) < 0))
+    assert weights_error(m, raws, "fp32", bs.symbols)["max_abs"] == 0.0
+    with pytest.raises(fastpath.ModelError, match="not supported"):
+        weights_error(m, raws, "fp16")
+
+
+def test_calibrate_weights_prints_the_cost_and_records_the_choice(tmp_path):
+    import sys
+    from fastpath import lob
+    from fastpath.model import Model
+    from fastpath._build import DEMO_MODEL
+    bs = lob.generate_stream(400, n_symbols=2, seed=6)
+    np.save(tmp_path / "t.npy", np.ascontiguousarray(lob.raw_from_book(bs)))
+    np.save(tmp_path / "s.npy", bs.symbols)
+    out = subprocess.run([sys.executable, "-m", "fastpath.cli", "calibrate", "--ticks",
+                          str(tmp_path / "t.npy"), "--symbols", str(tmp_path / "s.npy"),
+                          "--model", DEMO_MODEL, "--out", str(tmp_path / "o.fpm"),
+                          "--weights", "int8"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "weights: int8 hidden layers; signal against fp32" in out.stdout
+    assert Model.load(tmp_path / "o.fpm").weights == "int8"

@@ -212,8 +212,6 @@ def test_int8_largest_products_do_not_saturate(n_in):
         assert y[2] > 0 and y[3] < 0
 
 
-@pytest.mark.xfail(strict=True, reason="needs the change to fastpath/_build.py resolve() named in "
-                                       "the session report (file owned elsewhere)")
 def test_config_weights_run_as_with_weights_does():
     # README: `model.with_weights(...)` or `[engine] weights = ...` (which wins). The two
     # differ: with_weights drops a fitted cache policy (the fit measured other weights), the
