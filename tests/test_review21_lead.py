@@ -313,3 +313,13 @@ def test_calibrate_weights_prints_the_cost_and_records_the_choice(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "weights: int8 hidden layers; signal against fp32" in out.stdout
     assert Model.load(tmp_path / "o.fpm").weights == "int8"
+
+
+def test_save_to_a_directory_is_a_model_error(tmp_path):
+    """Model.save(a directory) raised a bare IsADirectoryError about a temp file name."""
+    from fastpath.model import Model
+    from fastpath._build import DEMO_MODEL
+    m = Model.load(DEMO_MODEL)
+    with pytest.raises(fastpath.ModelError, match="is a directory; give the bundle's file name"):
+        m.save(tmp_path)
+    assert os.listdir(tmp_path) == []

@@ -179,6 +179,9 @@ def save(model: Model, path: str | os.PathLike) -> None:
         # would be handed to the ONNX reader and never load
         raise ModelError(f"Model.save writes a fastpath bundle (.fpm), not ONNX: name it .fpm, "
                          f"or write ONNX with Model.to_onnx({os.fspath(path)!r})")
+    if os.path.isdir(path):
+        raise ModelError(f"Model.save: {os.fspath(path)!r} is a directory; give the bundle's file "
+                         f"name (e.g. {os.path.join(os.fspath(path), 'model.fpm')!r})")
     blob = to_bytes(model)
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     try:
