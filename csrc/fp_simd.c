@@ -43,7 +43,8 @@ static void fp_cpu_check(void) {
         int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
         g_avx512 = zmm_ok && f && dq && bw && vl;
         g_avx512_vnni = g_avx512 && ((c >> 11) & 1);
-        if (__get_cpuid_max(0, 0) >= 7) {
+        /* subleaf 1 only where leaf 7 has it (EAX of subleaf 0: the highest subleaf) */
+        if (a >= 1) {
             unsigned int a1, b1, c1, d1;
             __cpuid_count(7, 1, a1, b1, c1, d1);
             g_avx512_bf16 = g_avx512 && ((a1 >> 5) & 1);

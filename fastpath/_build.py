@@ -101,7 +101,8 @@ def gpu_refusal(m: Any, cfg: Any) -> str | None:
         return ("the model is a tree ensemble; the GPU stage serves fp32 MLPs only (run it with "
                 "backend='cpu')")
     wt = cfg.weights or m.weights
-    if wt != "fp32":
+    # only hidden layers are packed reduced: a one-layer model runs fp32 whatever it says
+    if wt != "fp32" and len(m.layers) > 1:
         who = "engine.weights" if cfg.weights else "the model's weights"
         return (f"{who} = {wt!r}; the GPU stage serves fp32 MLPs only (set engine.weights = "
                 f"'fp32' for the GPU, or backend='cpu' for {wt})")
