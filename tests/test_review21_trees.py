@@ -92,3 +92,23 @@ def test_kernel_sets_agree_bit_for_bit_with_the_reference(n_trees, isa):
         assert p.layout["groups"] >= 1 and p.layout["compact"] == 0
         np.testing.assert_array_equal(p.eval(X), want)
         np.testing.assert_array_equal(p.eval(Xn), want)
+
+
+def test_softmax_zero_of_all_zero_scores_is_nan_without_a_numpy_warning(isa):
+    """SOFTMAX_ZERO of scores that are all 0 is 0 / 0 (onnxruntime answers NaN): the numpy
+    reference raised numpy's RuntimeWarning from inside fastpath (an exception under -W
+    error); it now answers NaN quietly like the kernels, and Engine.predict refuses it."""
+    te = TreeEnsemble(2, 2, [0, 3], [0, 6, 6], [0, 0, 0], [0.0, 0, 0], [1, -1, -1], [2, -1, -1],
+                      [0, 0, 0], [1, 1, 2, 2], [0, 1, 0, 1], [0.3, 0.1, 0.0, 0.0],
+                      post_transform="SOFTMAX_ZERO")
+    x = np.array([1.0, 0.0], F)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = te.forward(x)
+        assert np.isnan(got).all()
+        assert np.isnan(PackedTrees(te, isa).eval(x)).all()
+        ok = te.forward(np.array([-1.0, 0.0], F))
+    np.testing.assert_allclose(ok, PackedTrees(te, isa).eval(np.array([-1.0, 0.0], F)))
+    with pytest.raises(InputError, match="NaN/Inf"):
+        Engine(Model((), trees=te), config=engine_cfg(isa)).predict(x)

@@ -581,5 +581,8 @@ def _write_scores(s: np.ndarray, post: str) -> np.ndarray:
         mx = s.max()
         nz = (s > f(1e-7)) | (s < f(-1e-7))
         e = np.where(nz, np.exp(s - mx), s * np.exp(-mx)).astype(f)
-        return (e / e[nz].sum(dtype=f)).astype(f)
+        # all scores zero: 0 / 0, NaN as onnxruntime answers, without numpy's warning (an
+        # error under -W error, where the engine's refusal of the NaN is the answer)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (e / e[nz].sum(dtype=f)).astype(f)
     return s
