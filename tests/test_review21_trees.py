@@ -1,11 +1,18 @@
 """Review of the tree ensembles end to end (a hostile read of csrc/fp_trees.c, the tree kernel
 sets and fastpath.model.trees): each test pins a defect found there, on every kernel set, and
 fails on the code before its fix."""
+import contextlib
+import ctypes
+import ctypes.util
+import platform
+import sys
+
 import numpy as np
 import pytest
 
 from fastpath import Engine, InputError, Model, ModelError, TreeEnsemble
 from fastpath._kernels import PackedTrees, tree_isas
+from fastpath.model.trees import packed_layout
 from conftest import engine_cfg
 
 F = np.float32
@@ -112,3 +119,74 @@ def test_softmax_zero_of_all_zero_scores_is_nan_without_a_numpy_warning(isa):
     np.testing.assert_allclose(ok, PackedTrees(te, isa).eval(np.array([-1.0, 0.0], F)))
     with pytest.raises(InputError, match="NaN/Inf"):
         Engine(Model((), trees=te), config=engine_cfg(isa)).predict(x)
+
+
+# ------------------------------------------- LT / GTE at 0 under denormals-are-zero
+
+@contextlib.contextmanager
+def _flush_to_zero():
+    """MXCSR FTZ + DAZ on this thread (glibc x86-64: fenv_t holds MXCSR at byte 28), as a
+    process that called torch.set_flush_denormal(True) or was built with -ffast-math runs."""
+    if platform.machine() not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
+        pytest.skip("sets MXCSR through glibc's x86-64 fenv_t")
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    saved = (ctypes.c_ubyte * 64)()
+    if libm.fegetenv(saved) != 0:
+        pytest.skip("fegetenv failed")
+    env = bytearray(bytes(saved))
+    mx = int.from_bytes(env[28:32], "little")
+    env[28:32] = (mx | 0x8040).to_bytes(4, "little")
+    libm.fesetenv((ctypes.c_ubyte * 64).from_buffer_copy(bytes(env)))
+    try:
+        tiny = np.array([2.0 ** -70], F)
+        assert float((tiny * tiny)[0]) == 0.0, "FTZ did not take effect"
+        yield
+    finally:
+        libm.fesetenv(saved)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("thr", [0.0, -0.0, float(np.finfo(F).tiny), -float(np.finfo(F).tiny),
+                                 1e-45])
+def test_lt_and_gte_near_zero_hold_under_denormals_are_zero(mode, thr, isa):
+    """x < 0 was evaluated as x <= -2^-149 (the float below 0), a subnormal that a thread with
+    MXCSR's denormals-are-zero reads as 0: an XGBoost-style BRANCH_LT split at 0 sent x = 0.0
+    to its true leaf (signal tanh(1) = 0.76 instead of tanh(2) = 0.96), on every kernel set
+    and in step(). Such a split now keeps its strict comparison: x = 0 and every normal x go
+    where x < t sends them, with and without flushing (a subnormal x reads as 0 under DAZ,
+    in onnxruntime too)."""
+    # 17 stumps (a full group of 16 and a partial one) and a lone stump
+    stumps = _stumps([1.0] * 17, n_features=1, thr=thr, mode=mode)
+    deep = _stumps([1.0], n_features=1, thr=thr, mode=mode)
+    t = F(thr)
+    xs = np.array([0.0, -0.0, 1.0, -1.0, np.finfo(F).tiny, -np.finfo(F).tiny, 2 * np.finfo(F).tiny,
+                   -2 * np.finfo(F).tiny], F)
+    xs = xs[:, None]
+    lt = xs[:, 0] < t
+    # what x < t means when both sides are read with subnormals as 0 (DAZ)
+    flush = lambda v: np.where(np.abs(v) < np.finfo(F).tiny, F(0), v)
+    lt_daz = flush(xs[:, 0]) < flush(np.array([t]))[0]
+    true_when = lt if mode == 1 else ~lt
+    true_daz = lt_daz if mode == 1 else ~lt_daz
+    for te, n in ((stumps, 17), (deep, 1)):
+        want = np.where(true_when, F(n), F(0))
+        np.testing.assert_array_equal(te.forward(xs)[:, 0], want)
+        p = PackedTrees(te, isa)
+        np.testing.assert_array_equal(p.eval(xs)[:, 0], want)
+        # the strict split is walked compactly, and the Python size check plans as the packer
+        assert p.layout["groups"] == 0 and p.layout["compact"] == n
+        need, _ = packed_layout(te.tree_offsets, te.mode, te.weight_node, te.weight_target,
+                                te.depths(), te.n_targets, te.base_values.size, te.aggregate,
+                                te.threshold)
+        assert need == p.layout["arena_bytes"]
+        with _flush_to_zero():
+            got = p.eval(xs)[:, 0]
+        np.testing.assert_array_equal(got, np.where(true_daz, F(n), F(0)))
+    eng = Engine(Model((), trees=_stumps([1.0, 1.0], n_features=1, thr=thr, mode=mode)),
+                 config=engine_cfg(isa, enabled=False))
+    assert eng.step(np.zeros(1, F)).signal == pytest.approx(np.tanh(2.0 if true_when[0] else 0.0))
+    with _flush_to_zero():
+        assert eng.step(np.zeros(1, F)).signal == pytest.approx(
+            np.tanh(2.0 if true_daz[0] else 0.0))
+        assert eng.step(np.full(1, -1.0, F)).signal == pytest.approx(
+            np.tanh(2.0 if true_daz[3] else 0.0))
