@@ -2,6 +2,7 @@
  * layout and why), the compact walk and the finishing stage the kernel sets share, and the
  * choice of the kernel set. */
 #include "fp_trees.h"
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,9 @@ static void fp_plan_free(fp_plan *pl) {
 }
 
 static int fp_is_leaf(const fp_trees_desc *d, int g) { return d->mode[g] == FP_TMODE_LEAF; }
+
+/* an LT / GTE split at t keeps x < t in the compact walk (see fp_normalize) */
+static int fp_strict_lt(float t) { return fabsf(t) <= FLT_MIN; }
 
 /* depth of tree t by an explicit-stack walk; -1 when a child is out of range, a node is
  * reached twice (a cycle or a shared child) or not at all */
@@ -125,7 +129,9 @@ static int fp_plan_make(const fp_trees_desc *d, fp_plan *pl) {
         pl->target[t] = pl->width[t] == 1 && wt[t] >= 0 ? wt[t] : 0;
         int ok = sumlike && pl->width[t] == 1 && pl->depth[t] <= FP_TREES_PERFECT_DEPTH;
         for (int g = d->tree_off[t]; ok && g < d->tree_off[t + 1]; g++)
-            if (d->mode[g] == FP_TMODE_EQ || d->mode[g] == FP_TMODE_NEQ) ok = 0;
+            if (d->mode[g] == FP_TMODE_EQ || d->mode[g] == FP_TMODE_NEQ ||
+                ((d->mode[g] == FP_TMODE_LT || d->mode[g] == FP_TMODE_GTE) && fp_strict_lt(d->thr[g])))
+                ok = 0;
         pl->perfect[t] = ok;
         if (ok && pl->depth[t] > pl->D) pl->D = pl->depth[t];
         for (int g = d->tree_off[t]; g < d->tree_off[t + 1]; g++) {
@@ -184,11 +190,15 @@ size_t fp_trees_arena_bytes(const fp_trees_desc *d) {
 static void fp_normalize(const fp_trees_desc *d, int g, float *thr, int *eq, int *swap, int *nan_to_true) {
     const int m = d->mode[g];
     const float t = d->thr[g];
-    /* x < t <=> x <= the float below t; nothing is below -inf, and x <= NaN is never true */
+    /* x < t <=> x <= the float below t; nothing is below -inf, and x <= NaN is never true.
+     * Not near 0: there the float below t is subnormal or 0, and under MXCSR's DAZ (a
+     * thread that flushes denormals) x = 0 <= -2^-149 holds while x = 0 < 0 does not; such
+     * a split keeps its strict comparison (*eq = 2: FP_TN_LT, compact walk only) */
     const float below = t == -INFINITY ? NAN : nextafterf(t, -INFINITY);
-    *eq = m == FP_TMODE_EQ || m == FP_TMODE_NEQ;
+    const int lt = m == FP_TMODE_LT || m == FP_TMODE_GTE;
+    *eq = m == FP_TMODE_EQ || m == FP_TMODE_NEQ ? 1 : (lt && fp_strict_lt(t) ? 2 : 0);
     *swap = m == FP_TMODE_GT || m == FP_TMODE_GTE || m == FP_TMODE_NEQ;
-    *thr = (m == FP_TMODE_LT || m == FP_TMODE_GTE) ? below : t;
+    *thr = lt && *eq == 0 ? below : t;
     /* where the original sends a NaN: NaN != t is true, every other comparison false; the
      * missing-value track sends it to the true branch in any mode */
     const int nan_orig_true = d->nan_true[g] || m == FP_TMODE_NEQ;
@@ -306,7 +316,7 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
             fp_normalize(d, g, &thr, &eq, &swap, &nt);
             n->thr = thr;
             n->feat = d->feat[g];
-            n->flags = (eq ? FP_TN_EQ : 0) | (nt ? FP_TN_NAN_TRUE : 0);
+            n->flags = (eq == 1 ? FP_TN_EQ : eq == 2 ? FP_TN_LT : 0) | (nt ? FP_TN_NAN_TRUE : 0);
             const int a2 = swap ? d->false_child[g] : d->true_child[g];
             const int b2 = swap ? d->true_child[g] : d->false_child[g];
             n->other = b2;            /* tree-local original index; remapped below */
@@ -454,7 +464,8 @@ void fp_trees_walk_compact(const fp_trees *t, int i, const float *x, double *acc
         const float v = x[n->feat];
         int go;
         if (v != v) go = n->flags & FP_TN_NAN_TRUE;
-        else go = (n->flags & FP_TN_EQ) ? v == n->thr : v <= n->thr;
+        else if (n->flags & (FP_TN_EQ | FP_TN_LT)) go = (n->flags & FP_TN_EQ) ? v == n->thr : v < n->thr;
+        else go = v <= n->thr;
         n = go ? n + 1 : base + n->other;
     }
     const float *lv = t->leafv + n->other;

@@ -7,7 +7,10 @@
  *   GTE become LEQ / LT with the children swapped, NEQ becomes EQ with the children swapped.
  *   Where a NaN goes is decided at load too (the missing-value track, else where the
  *   original comparison sends a NaN: the false branch, the true one for NEQ) and kept as a
- *   per-node flag, so swapping children never changes where a NaN lands.
+ *   per-node flag, so swapping children never changes where a NaN lands. An LT / GTE split
+ *   at |t| <= FLT_MIN keeps x < t instead (a compact-walk flag; its tree is not made
+ *   perfect): the float below such a t is subnormal or 0, which a thread with MXCSR's
+ *   denormals-are-zero reads as 0, so x = 0 would satisfy x <= below but not x < 0.
  * - Trees of depth <= FP_TREES_PERFECT_DEPTH with only LEQ splits and one target per tree
  *   (regressors, boosted classifiers) under SUM / AVERAGE are also expanded to perfect
  *   trees of the ensemble's largest such depth (a short branch is padded with splits that
@@ -18,8 +21,9 @@
  *   vector of 16. Lane-interleaving makes the root level a plain load.
  * - Every tree also lives in a compact node array (16-byte nodes in preorder, the true
  *   child next, the false child by index) walked one tree at a time: for deeper trees, EQ
- *   splits, multi-target leaves, MIN / MAX, and for any input holding a NaN (the perfect
- *   layout assumes ordered comparisons, so a missing value takes the exact path).
+ *   splits, strict LT / GTE splits near 0, multi-target leaves, MIN / MAX, and for any input
+ *   holding a NaN (the perfect layout assumes ordered comparisons, so a missing value takes
+ *   the exact path).
  * - Leaves add per target in double; the post stage (base values, aggregate, post
  *   transform, the binary classifier rule) is computed in float as onnxruntime does
  *   (core/providers/cpu/ml/tree_ensemble_aggregator.h, ml_common.h), so the outputs are what
@@ -71,7 +75,8 @@ typedef struct {
     int32_t other;
     int32_t flags;
 } fp_tnode;
-enum { FP_TN_LEAF = 1, FP_TN_EQ = 2, FP_TN_NAN_TRUE = 4 };
+/* FP_TN_LT: true branch when x < thr (an LT / GTE split near 0, see fp_normalize) */
+enum { FP_TN_LEAF = 1, FP_TN_EQ = 2, FP_TN_NAN_TRUE = 4, FP_TN_LT = 8 };
 
 typedef struct {
     int32_t root;         /* first node in nodes[] */

@@ -10,11 +10,16 @@
 
 #define FP_TV 8   /* vectors of 8 lanes walked together (4 groups) */
 
-FP_TARGET_AVX2 static inline float fp_hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+/* the 16 lanes of a group (two vectors of 8) added in double, as the compact walk and the
+ * scalar set add: a float sum would lose low leaves next to large ones of opposite sign, and
+ * lose them differently from the other paths */
+FP_TARGET_AVX2 static inline double fp_hsum16d(__m256 a, __m256 b) {
+    const __m256d s = _mm256_add_pd(
+        _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)), _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1))),
+        _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(b)), _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1))));
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    h = _mm_add_sd(h, _mm_unpackhi_pd(h, h));
+    return _mm_cvtsd_f64(h);
 }
 
 /* walk n (<= FP_TV) half-groups: half h of group gs[k] */
@@ -103,7 +108,7 @@ FP_TARGET_AVX2 void fp_trees_eval_avx2(const fp_trees *t, const float *x, float 
         for (int k = 0; k < 2 * ng; k++) { gs[k] = g + k / 2; hs[k] = k & 1; }
         fp_walk8(t, x, gs, hs, 2 * ng, v);
         for (int k = 0; k < ng; k++)
-            acc[t->ptarget[g + k]] += fp_hsum8(_mm256_add_ps(v[2 * k], v[2 * k + 1]));
+            acc[t->ptarget[g + k]] += fp_hsum16d(v[2 * k], v[2 * k + 1]);
     }
     for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
     fp_trees_finalize(t, acc, out);

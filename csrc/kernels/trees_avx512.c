@@ -91,7 +91,13 @@ FP_TARGET_AVX512 void fp_trees_eval_avx512(const fp_trees *t, const float *x, fl
     for (int g = 0; g < t->n_groups; g += FP_TV16) {
         const int n = t->n_groups - g < FP_TV16 ? t->n_groups - g : FP_TV16;
         fp_walk16(t, x, g, n, v);
-        for (int k = 0; k < n; k++) acc[t->ptarget[g + k]] += _mm512_reduce_add_ps(v[k]);
+        /* the lanes added in double, as the compact walk and the other sets add */
+        for (int k = 0; k < n; k++) {
+            const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v[k]));
+            const __m512d hi = _mm512_cvtps_pd(_mm256_castsi256_ps(
+                _mm512_extracti64x4_epi64(_mm512_castps_si512(v[k]), 1)));
+            acc[t->ptarget[g + k]] += _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+        }
     }
     for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
     fp_trees_finalize(t, acc, out);

@@ -18,7 +18,9 @@ void fp_trees_eval_scalar(const fp_trees *t, const float *x, float *out) {
         const int32_t *pf = t->pfeat + (size_t)g * inner * FP_TREES_LANES;
         const float *pt = t->pthr + (size_t)g * inner * FP_TREES_LANES;
         const float *pl = t->pleaf + (size_t)g * leaves * FP_TREES_LANES;
-        float s = 0.0f;
+        /* in double, as the compact walk adds: a float sum of 16 leaves (1e8, 1, ..., -1e8)
+         * loses what the same trees add on the compact path (taken when any feature is NaN) */
+        double s = 0.0;
         for (int lane = 0; lane < FP_TREES_LANES; lane++) {
             size_t idx = 0;
             for (int l = 0; l < D; l++) {

@@ -230,7 +230,7 @@ class TreeEnsemble:
                 raise ModelError("a tree classifier needs at least 2 classes")
             if self.aggregate != "SUM":
                 raise ModelError("a tree classifier adds its trees (aggregate SUM)")
-        self._check_packed_size(off, mode, wn, wt, depth, base.size)
+        self._check_packed_size(off, mode, wn, wt, depth, base.size, thr)
         tc = np.where(inner, tc, -1).astype(np.int32)
         fc = np.where(inner, fc, -1).astype(np.int32)
         feat = np.where(inner, feat, 0).astype(np.int32)
@@ -244,12 +244,12 @@ class TreeEnsemble:
         object.__setattr__(self, "classifier", bool(self.classifier))
         self._binary_rule()
 
-    def _check_packed_size(self, off, mode, wn, wt, depth, n_base) -> None:
+    def _check_packed_size(self, off, mode, wn, wt, depth, n_base, thr) -> None:
         """Refuse, before anything of that size exists, an ensemble whose packed arena would
         pass MAX_PACKED_BYTES. The size is the packer's own (fp_plan_make in csrc/fp_trees.c),
         computed from O(nodes + weights) arrays."""
         need, parts = packed_layout(off, mode, wn, wt, depth, self.n_targets, n_base,
-                                    self.aggregate)
+                                    self.aggregate, thr)
         if need <= MAX_PACKED_BYTES:
             return
         mb = 1 << 20
@@ -507,7 +507,7 @@ class TreeEnsemble:
 
 
 def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
-                  aggregate: str) -> tuple:
+                  aggregate: str, thr=None) -> tuple:
     """(bytes, {part: bytes}) of the arena csrc/fp_trees.c packs for these arrays, by its own
     plan: a tree is one value per leaf when its weights name one target, n_targets values per
     leaf otherwise; the trees of depth <= 10 with one target, ordered splits and a sum are
@@ -527,7 +527,10 @@ def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
     target = np.zeros(n_trees, np.int64)
     target[ptree[::-1]] = ptarget[::-1]     # width-1 trees: their one target; others unused
     leaves = np.add.reduceat((mode == LEAF).astype(np.int64), off[:-1])
-    eqs = np.add.reduceat(((mode == 4) | (mode == 5)).astype(np.int64), off[:-1])
+    # EQ / NEQ splits, and LT / GTE splits at |t| <= FLT_MIN (kept strict: fp_normalize)
+    thr = np.asarray(thr, np.float32) if thr is not None else np.ones(mode.shape, np.float32)
+    strict = ((mode == 1) | (mode == 2)) & (np.abs(thr) <= np.finfo(np.float32).tiny)
+    eqs = np.add.reduceat(((mode == 4) | (mode == 5) | strict).astype(np.int64), off[:-1])
     n_leafv = int(np.sum(leaves * width))
     perfect = (aggregate in ("SUM", "AVERAGE")) & (width == 1) & \
         (np.asarray(depth) <= _PERFECT_DEPTH) & (eqs == 0)
@@ -581,5 +584,8 @@ def _write_scores(s: np.ndarray, post: str) -> np.ndarray:
         mx = s.max()
         nz = (s > f(1e-7)) | (s < f(-1e-7))
         e = np.where(nz, np.exp(s - mx), s * np.exp(-mx)).astype(f)
-        return (e / e[nz].sum(dtype=f)).astype(f)
+        # all scores zero: 0 / 0, NaN as onnxruntime answers, without numpy's warning (an
+        # error under -W error, where the engine's refusal of the NaN is the answer)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (e / e[nz].sum(dtype=f)).astype(f)
     return s
