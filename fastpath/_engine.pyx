@@ -337,6 +337,11 @@ cdef class Engine:
                              f"NaN/Inf (a value too large for the feature spec's mean/std or "
                              f"rolling window); the tick was not applied (engine state "
                              f"unchanged): check the feed for a corrupt value")
+        if rc == FP_ERR_NONFINITE_OUTPUT and self._e.model_kind == FP_MODEL_TREES:
+            raise InputError(f"{where}the model produced NaN/Inf for this tick (the tree "
+                             f"ensemble's post transform left its range: a PROBIT of a score "
+                             f"outside (0, 1), or SOFTMAX_ZERO of all-zero scores); the tick "
+                             f"was not applied (engine state unchanged)")
         if rc == FP_ERR_NONFINITE_OUTPUT:
             raise InputError(f"{where}the model produced NaN/Inf for this tick (a hidden layer "
                              f"or the output overflowed: raw values too large for the model); "

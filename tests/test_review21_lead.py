@@ -338,3 +338,42 @@ def test_gpu_stage_takes_a_one_layer_model_whatever_its_weights_say():
         assert gpu_refusal(one, cfg) is None
         assert gpu_refusal(one.with_weights(wt), load_config(None)) is None
         assert "fp32 MLPs only" in gpu_refusal(two, cfg)
+
+
+def test_onnx_trees_with_interleaved_nodes_are_refused(tmp_path):
+    """Two stumps whose nodes are listed interleaved (tree 1's root, tree 2's root, then their
+    leaves): onnxruntime starts a new tree at every change of tree id and answered 44 where
+    fastpath, grouping by id, answered 11. Such a file is refused now, naming the tree."""
+    from fastpath.model import Model
+    from test_review20_models import _tree_graph
+    rows = [(1, 0, 0, "BRANCH_LEQ", 0.0, 1, 2), (2, 0, 1, "BRANCH_LEQ", 0.0, 1, 2),
+            (1, 1, 0, "LEAF", 0, 0, 0), (1, 2, 0, "LEAF", 0, 0, 0),
+            (2, 1, 0, "LEAF", 0, 0, 0), (2, 2, 0, "LEAF", 0, 0, 0)]
+    w = [(1, 1, 1.0), (1, 2, 1.0), (2, 1, 10.0), (2, 2, 10.0)]
+    with pytest.raises(fastpath.ModelError, match="the nodes of tree id 1 are not listed together"):
+        Model.from_onnx(_tree_graph(tmp_path, rows, w))
+    # the same trees listed tree by tree load and answer 11
+    m = Model.from_onnx(_tree_graph(tmp_path, [rows[0], rows[2], rows[3], rows[1], rows[4],
+                                               rows[5]], w))
+    assert float(Engine(m).predict(np.zeros(2, F32))[0]) == 11.0
+
+
+def test_a_tree_models_refused_tick_names_the_post_transform(isa):
+    """A tree ensemble whose PROBIT left (0, 1) was refused by step() and step_batch() as 'a
+    hidden layer or the output overflowed: raw values too large for the model' (a tree model
+    has no layer, and nothing overflowed); it names the post transform now, as predict()
+    did."""
+    from test_review16 import good_tick, tree_model
+    m = tree_model(1, 4, cache=False, probit=True)
+    eng = Engine(m, config={"engine": {"simd": isa, "n_symbols": 3}})
+    rng = np.random.default_rng(9)
+    x = good_tick(rng, 1)
+    bad = x.copy()
+    bad[0] = 2.0                      # the stump on raw[0] >= 1 pushes the score past 1
+    for call in (lambda: eng.step(bad, 0, 5),
+                 lambda: eng.step_batch(np.stack([bad]), [0], [5])):
+        with pytest.raises(fastpath.InputError, match="post transform left its range") as e:
+            call()
+        assert "hidden layer" not in str(e.value)
+    assert eng.ticks == 0
+    eng.step(x, 0, 5)

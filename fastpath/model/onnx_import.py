@@ -708,6 +708,20 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     for i, t in enumerate(treeids.tolist()):
         order.setdefault(t, []).append(i)
     tree_list = list(order)
+    if n and int(np.count_nonzero(treeids[1:] != treeids[:-1])) + 1 != len(tree_list):
+        # onnxruntime starts a new tree wherever the tree id changes: a tree whose nodes come
+        # back after another tree's is two trees there (two interleaved stumps whose leaves
+        # add to 11 answered 44), one here. Refused rather than read either way.
+        runs = np.flatnonzero(np.r_[True, treeids[1:] != treeids[:-1]])
+        seen: set = set()
+        for r in runs.tolist():
+            t = int(treeids[r])
+            if t in seen:
+                raise ModelError(f"{what}: the nodes of tree id {t} are not listed together "
+                                 f"(node {r} of the list returns to it after another tree's "
+                                 f"nodes); onnxruntime reads each run of one tree id as a tree "
+                                 f"of its own: list each tree's nodes together")
+            seen.add(t)
     perm = np.concatenate([np.asarray(order[t], np.int64) for t in tree_list]) if n else \
         np.zeros(0, np.int64)
     offsets = np.zeros(len(tree_list) + 1, np.int64)
