@@ -236,10 +236,21 @@ def test_meta_with_numpy_values_saves_and_bad_keys_are_named(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["m.fpm"]
 
 
-def test_a_failed_save_leaves_no_temp_file(tmp_path):
+def test_a_failed_save_leaves_no_temp_file(tmp_path, monkeypatch):
     (tmp_path / "dir.fpm").mkdir()
-    with pytest.raises(OSError):
+    with pytest.raises(ModelError, match="is a directory"):
         _model().save(tmp_path / "dir.fpm")
+    assert sorted(os.listdir(tmp_path)) == ["dir.fpm"]
+    # a rename that fails after the temp file was written (a directory made at the path in
+    # between, a disk error) removes the temp file
+    from fastpath.model import bundle
+
+    def failing_replace(src, dst):
+        raise OSError(21, "Is a directory", str(dst))
+
+    monkeypatch.setattr(bundle.os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        _model().save(tmp_path / "m.fpm")
     assert sorted(os.listdir(tmp_path)) == ["dir.fpm"]
 
 
