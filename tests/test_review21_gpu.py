@@ -300,3 +300,41 @@ def test_persistent_path_stopped_by_close_does_not_stop_again(fake_gpu):
     path = be.path
     be.close()
     assert not path._fin.alive and not fake_gpu.threads[-1].is_alive()
+
+
+# --- bench/gpu_check.py's kernel edge checks ---------------------------------------------------
+
+def test_gpu_check_edges_catch_a_kernel_that_drops_lanes(fake_fatbin, monkeypatch):
+    # the edge models exist to catch what the timed models (all widths multiples of 32)
+    # cannot: a "kernel" that reads only the first 32 inputs of a row (a lane-stride bug)
+    # passes every timed model's shape class but must fail the odd-width edges
+    import test_gpu as T
+    gc_mod = T._gpu_check()
+    real = T.packed_forward
+
+    def lane_bug(p, x):
+        x = np.array(x, np.float32, copy=True)
+        x[..., 32:] = 0
+        return real(p, x)
+    cu = FakeCuda()
+    _fake_pycuda(monkeypatch, cu)
+    fails = []
+
+    def attempt(where, fn):
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - what gpu_check records
+            fails.append(f"{where}: {exc}")
+            return None
+    try:
+        ok = gc_mod.edge_checks(np.random.default_rng(0), attempt)
+        assert not fails and {(tuple(r["dims"]), r["mode"]) for r in ok} >= {
+            ((300, 700, 2), "launch"), ((4099, 2), "persistent"), ((4, 3, 2), "launch")}
+        monkeypatch.setattr(T, "packed_forward", lane_bug)
+        gc_mod.edge_checks(np.random.default_rng(0), attempt)
+    finally:
+        T.gpu_status.cache_clear()
+    # the batch "kernel" is the one made wrong: the launch path's wide edges fail
+    assert any(f.startswith("edge 4099x2, launch") for f in fails), fails
+    assert any(f.startswith("edge 300x700x2, launch") for f in fails), fails
+    assert not any("persistent" in f for f in fails), fails
