@@ -338,3 +338,44 @@ def test_gpu_check_edges_catch_a_kernel_that_drops_lanes(fake_fatbin, monkeypatc
     assert any(f.startswith("edge 4099x2, launch") for f in fails), fails
     assert any(f.startswith("edge 300x700x2, launch") for f in fails), fails
     assert not any("persistent" in f for f in fails), fails
+
+
+# --- no fatbin and no compiler ----------------------------------------------------------------
+
+def test_no_fatbin_and_no_compiler_is_a_backend_error_and_auto_falls_back(fake_gpu, tmp_path,
+                                                                          monkeypatch):
+    # a host with a driver but no CUDA toolkit, fastpath installed without nvcc (no fatbin):
+    # the SourceModule fallback cannot compile. Before: the compiler's own exception (here
+    # ModuleNotFoundError: the stand-in pycuda has no compiler; on a real host pycuda's
+    # CompileError or an OSError for nvcc) escaped Engine(backend="auto") instead of the CPU
+    # being chosen, and backend="gpu" said nothing of what to do.
+    absent = str(tmp_path / "absent.fatbin")
+    monkeypatch.setattr(B, "FATBIN", absent)
+    monkeypatch.setattr(B.load_module, "__defaults__", (absent, None))
+    m = random_model(np.random.default_rng(15), [8, 4, 2])
+    with pytest.raises(BackendError, match=r"no fatbin was built.*compiling .*fp_mlp.cu at run "
+                                           r"time failed.*nvcc"):
+        fastpath.Engine(m, backend="gpu")
+    assert fake_gpu.depth == 0 and getattr(fake_gpu, "detached", False)
+    e = fastpath.Engine(m, backend="auto")
+    assert e.backend == "cpu" and "cannot be loaded" in e.backend_reason
+    e.step(np.ones(8, np.float32), 0)
+
+    def no_nvcc(src, **kw):
+        raise FileNotFoundError(2, "No such file or directory", "nvcc")
+    cu = FakeCuda()
+    cu.depth = 1
+    with pytest.raises(BackendError, match="FileNotFoundError.*nvcc"):
+        B.load_module(cu, fatbin=absent, source_module=no_nvcc)
+
+
+def test_slot_over_existing_memory_must_match_its_widths():
+    # Slot(init=False) wraps a slot another party set up; request() checked x / out against
+    # the widths given here while the C side copied the slot's own: 4 -> 3 memory wrapped as
+    # 2 -> 1 read 16 bytes from a 2-float x and wrote 12 into a 1-float out
+    buf = P.aligned_buffer(P.slot_bytes(4, 3))
+    P.Slot.on_buffer(buf, 4, 3)
+    with pytest.raises(InputError, match=r"set up for 4 -> 3, not 2 -> 1"):
+        P.Slot(buf, buf.ctypes.data, 2, 1, init=False)
+    s = P.Slot(buf, buf.ctypes.data, 4, 3, init=False)
+    assert s.n_in == 4

@@ -83,17 +83,20 @@ class GpuBackend:
         self.path = None
         self.mode = mode
         self.dc = B.DeviceContext(cuda, device)
-        with self.dc.current():
-            module, self.module_origin = B.load_module(cuda)
-        self.info = self.dc.info()
-        if mode == "launch":
-            try:
+        try:
+            with self.dc.current():
+                module, self.module_origin = B.load_module(cuda)
+            self.info = self.dc.info()
+            if mode == "launch":
                 self.path = B.LaunchPath(self.dc, module, self.packed, max_batch, timeout_ns)
-            except BaseException:
-                self.dc.release()     # a refused max_batch must not keep the context retained
-                raise
-        else:
-            self.path = B.PersistentPath(self.dc, module, self.packed, timeout_ns)
+            else:
+                self.path = B.PersistentPath(self.dc, module, self.packed, timeout_ns)
+        except BaseException:
+            # no kernels, a refused max_batch, no memory: the context must not stay retained
+            self.path = None
+            self.dc.release()
+            raise
+        if mode == "persistent":
             try:
                 self.path.start()
             except BackendError:

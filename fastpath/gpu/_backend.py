@@ -71,14 +71,22 @@ def load_module(cuda, fatbin: str = FATBIN, source_module=None) -> tuple:
             return cuda.module_from_buffer(blob), f"fatbin {fatbin}"
         except cuda.Error as exc:   # e.g. a driver older than the toolkit that built it
             why = f"the fatbin did not load ({type(exc).__name__}: {exc})"
-    if source_module is None:
-        from pycuda.compiler import SourceModule as source_module
     cu, incs = kernel_sources()
-    with open(cu) as f:
-        src = f.read()
     cdir = cache_dir()
-    os.makedirs(cdir, exist_ok=True)
-    mod = source_module(src, no_extern_c=True, include_dirs=incs, cache_dir=cdir)
+    try:
+        if source_module is None:
+            from pycuda.compiler import SourceModule as source_module
+        with open(cu) as f:
+            src = f.read()
+        os.makedirs(cdir, exist_ok=True)
+        mod = source_module(src, no_extern_c=True, include_dirs=incs, cache_dir=cdir)
+    except Exception as exc:  # noqa: BLE001 - CompileError, nvcc absent (OSError), ImportError
+        # a host with a driver but no CUDA toolkit (the usual production GPU host) cannot
+        # compile: a BackendError, so backend="auto" falls back to the CPU and says why
+        raise BackendError(f"the GPU kernels cannot be loaded: {why}, and compiling {cu} at "
+                           f"run time failed ({type(exc).__name__}: {str(exc)[:500]}); "
+                           f"install fastpath where nvcc is on PATH so it ships a fatbin, "
+                           f"or put nvcc on PATH here") from None
     return mod, f"SourceModule, cached in {cdir} ({why})"
 
 
