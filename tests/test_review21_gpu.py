@@ -4,6 +4,7 @@ packed_forward and a CPU thread serving the persistent slot) and the protocol's 
 Each test failed on the code before its fix; what only a GPU can show is in bench/gpu_check.py.
 """
 import gc
+import sys
 import threading
 import time
 
@@ -379,3 +380,30 @@ def test_slot_over_existing_memory_must_match_its_widths():
         P.Slot(buf, buf.ctypes.data, 2, 1, init=False)
     s = P.Slot(buf, buf.ctypes.data, 4, 3, init=False)
     assert s.n_in == 4
+
+
+def test_status_with_a_pycuda_that_breaks_at_import(tmp_path, monkeypatch):
+    # a pycuda built against another CUDA or numpy can raise anything at import; before,
+    # only ImportError was caught, so gpu_status() and Engine(backend="auto") raised it
+    from fastpath.gpu import gpu_status
+    pkg = tmp_path / "pycuda"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "driver.py").write_text("raise RuntimeError('CUDA driver version is insufficient "
+                                   "for CUDA runtime version')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for k in ("pycuda", "pycuda.driver"):
+        monkeypatch.delitem(sys.modules, k, raising=False)
+    gpu_status.cache_clear()
+    try:
+        ok, why = gpu_status()
+        assert not ok and "pycuda not importable (RuntimeError: CUDA driver version" in why
+        m = random_model(np.random.default_rng(16), [4, 2])
+        e = fastpath.Engine(m, backend="auto")
+        assert e.backend == "cpu" and "RuntimeError" in e.backend_reason
+        with pytest.raises(BackendError, match="not available.*RuntimeError"):
+            fastpath.Engine(m, backend="gpu")
+    finally:
+        gpu_status.cache_clear()
+        for k in ("pycuda", "pycuda.driver"):
+            sys.modules.pop(k, None)

@@ -34,9 +34,12 @@ MODES = ("launch", "persistent")
 def gpu_status() -> tuple:
     try:
         import pycuda.driver as cuda
-    except ImportError as exc:
-        return False, (f"pycuda not importable ({exc}); install fastpath[gpu] on a host with a "
-                       f"driver")
+    except Exception as exc:  # noqa: BLE001 - ImportError, and what a broken build raises
+        # not only ImportError: a pycuda built against another CUDA or numpy can fail at
+        # import with anything, and backend="auto" must still fall back to the CPU
+        what = "" if isinstance(exc, ImportError) else f"{type(exc).__name__}: "
+        return False, (f"pycuda not importable ({what}{exc}); install fastpath[gpu] on a host "
+                       f"with a driver")
     try:
         cuda.init()
         n = cuda.Device.count()
