@@ -407,3 +407,20 @@ def test_status_with_a_pycuda_that_breaks_at_import(tmp_path, monkeypatch):
         gpu_status.cache_clear()
         for k in ("pycuda", "pycuda.driver"):
             sys.modules.pop(k, None)
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("nan"), True, "1s"])
+def test_timeout_must_be_a_positive_number(fake_gpu, bad):
+    # before: GpuBackend took 0 / negative timeouts and failed at the first tick (launch:
+    # "did not complete within -5e-09 s"; persistent: an InputError from every request),
+    # NaN or a string raised ValueError / TypeError; GpuEngine turned 0 and negatives into
+    # 1 ms without a word
+    m = random_model(np.random.default_rng(17), [4, 2])
+    for mode in ("launch", "persistent"):
+        with pytest.raises(ConfigError, match="timeout_ns must be a number of ns >= 1"):
+            GpuBackend(m, mode, cuda=fake_gpu, timeout_ns=bad)
+        with pytest.raises(ConfigError, match="timeout_ns must be a number of ns >= 1"):
+            GpuEngine(m, None, mode=mode, timeout_ns=bad)
+    assert not fake_gpu.launches
+    with GpuBackend(m, "launch", cuda=fake_gpu, timeout_ns=1.5e9) as be:   # a float is fine
+        assert be.path.timeout_ns == 1_500_000_000

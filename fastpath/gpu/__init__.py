@@ -30,6 +30,11 @@ def _cpu_outputs(eng, x, nan):
 MODES = ("launch", "persistent")
 
 
+def _positive_ns(v) -> bool:
+    return (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+            and bool(np.isfinite(v)) and v >= 1)
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_status() -> tuple:
     try:
@@ -75,6 +80,12 @@ class GpuBackend:
         from fastpath.gpu._pack import pack
         if mode not in MODES:
             raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
+        if not _positive_ns(timeout_ns):
+            # 0 or less made every answer late (launch: a BackendError after one poll;
+            # persistent: an InputError from each request), only found at the first tick
+            raise ConfigError(f"timeout_ns must be a number of ns >= 1 (how long a GPU answer "
+                              f"may take), got {timeout_ns!r}")
+        timeout_ns = int(timeout_ns)
         if cuda is None:
             ok, why = gpu_status()
             if not ok:
@@ -288,7 +299,10 @@ class GpuEngine:
         import fastpath
         if mode is not None and mode not in MODES:
             raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
-        tmo = None if timeout_ns is None else max(1, -(-int(timeout_ns) // 1_000_000))
+        if timeout_ns is not None and not _positive_ns(timeout_ns):
+            # it became 1 ms (the config's floor) without a word for 0 or a negative value
+            raise ConfigError(f"timeout_ns must be a number of ns >= 1, got {timeout_ns!r}")
+        tmo = None if timeout_ns is None else -(-int(timeout_ns) // 1_000_000)
         cfg = _with_gpu(config, mode=mode, device=device, max_batch=max_batch, timeout_ms=tmo)
         self.engine = fastpath.Engine(model, backend="gpu", config=cfg)
         self.backend = self.engine.gpu_backend
