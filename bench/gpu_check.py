@@ -182,6 +182,27 @@ def edge_checks(rng, attempt) -> list:
         res = attempt(f"edge refusal flags, {mode}", flags)
         if res:
             out.append(res)
+
+    # a persistent GpuBackend dropped without close(): its kernel must be stopped before its
+    # memory goes (the slot is kept here to read its `ready` word: 2 once the kernel returned)
+    def unclosed():
+        import gc
+        from fastpath.gpu._protocol import READY_EXITED
+        be = GpuBackend(layers, "persistent")
+        be.infer(X[2])
+        slot = be.path.slot
+        del be
+        gc.collect()
+        ready = slot.state["ready"]
+        if ready != READY_EXITED:
+            raise AssertionError(f"slot ready = {ready} after the backend was collected "
+                                 f"({READY_EXITED} once the kernel returned)")
+        with GpuBackend(layers, "persistent") as be2:       # the device still serves
+            be2.infer(X[2])
+        return {"dims": [4, 3, 2], "mode": "persistent", "unclosed_backend_stopped": True}
+    res = attempt("edge unclosed persistent backend", unclosed)
+    if res:
+        out.append(res)
     return out
 
 

@@ -331,6 +331,7 @@ def test_gpu_check_edges_catch_a_kernel_that_drops_lanes(fake_fatbin, monkeypatc
         ok = gc_mod.edge_checks(np.random.default_rng(0), attempt)
         assert not fails and {(tuple(r["dims"]), r["mode"]) for r in ok} >= {
             ((300, 700, 2), "launch"), ((4099, 2), "persistent"), ((4, 3, 2), "launch")}
+        assert any(r.get("unclosed_backend_stopped") for r in ok)
         monkeypatch.setattr(T, "packed_forward", lane_bug)
         gc_mod.edge_checks(np.random.default_rng(0), attempt)
     finally:
