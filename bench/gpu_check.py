@@ -187,7 +187,8 @@ def edge_checks(rng, attempt) -> list:
     # memory goes (the slot is kept here to read its `ready` word: 2 once the kernel returned)
     def unclosed():
         import gc
-        from fastpath.gpu._protocol import READY_EXITED
+        from fastpath.gpu import _protocol
+        READY_EXITED = _protocol.READY_EXITED
         be = GpuBackend(layers, "persistent")
         be.infer(X[2])
         slot = be.path.slot
