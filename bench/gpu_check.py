@@ -3,7 +3,8 @@
     python bench/gpu_check.py [--out bench/results] [--iters 2000] [--quick]
 
 1. Correctness: the launch path and the persistent path against the CPU kernels on the same
-   inputs, for the demo model and every model below, and the demo model end to end
+   inputs, for the demo model, every model below and EDGE_MODELS (odd widths, one and 16
+   layers, multi-block grids, the refusal flag), and the demo model end to end
    (Engine(backend="gpu") vs Engine(backend="cpu") on the same ticks: signal, confidence and
    the cache's decisions, with the cache off and with a loose policy that hits), and what
    Engine(backend="auto") picks for the demo model.
@@ -115,6 +116,97 @@ def time_step_batch(make, raws, syms, warm: int = BATCH_WARM) -> int:
         return time.perf_counter_ns() - t0
 
 
+# Shapes the timed models do not reach: widths that are not a multiple of the warp (lanes of
+# a row idle, the shuffle reduction over partial sums), one layer, the table's 16 layers,
+# every activation, a 1-wide output, and models past SMALL_MACS so the grid barrier between
+# layers runs across blocks (with a 64-row batch on the launch path). Each checked on both
+# paths against the CPU kernels; only a GPU can show these.
+EDGE_MODELS = [((1, 1), ["identity"]), ((3, 1), ["identity"]),
+               ((33, 65, 1), ["relu", "identity"]), ((37, 50, 3, 2), ["sigmoid", "tanh", "identity"]),
+               ((17,) * 16 + (2,), ["tanh"] * 15 + ["identity"]),
+               ((300, 700, 2), ["relu", "identity"]), ((4099, 2), ["identity"]),
+               ((2, 4097, 3), ["sigmoid", "identity"])]
+
+
+def edge_checks(rng, attempt) -> list:
+    """EDGE_MODELS on both paths against the CPU kernels, and the refusal flag: a model whose
+    float32 sums overflow on some rows must flag exactly the rows numpy flags. A mismatch is a
+    failure in the report."""
+    from fastpath._engine import best_isa
+    from fastpath._kernels import PackedMLP
+    from fastpath.gpu import GpuBackend
+    from fastpath.gpu._pack import pack, packed_forward
+    from fastpath.model import Layer
+    out = []
+    for dims, acts in EDGE_MODELS:
+        layers = [Layer(rng.standard_normal((dims[i + 1], dims[i])).astype(np.float32)
+                        / np.sqrt(dims[i]), rng.standard_normal(dims[i + 1]).astype(np.float32)
+                        * 0.1, acts[i]) for i in range(len(dims) - 1)]
+        ref = PackedMLP([L.weight for L in layers], [L.bias for L in layers], acts, best_isa())
+        X = rng.standard_normal((64, dims[0])).astype(np.float32)
+        want = np.stack([ref.forward(r) for r in X])
+        for mode in ("launch", "persistent"):
+            def one():
+                with GpuBackend(layers, mode) as be:
+                    y, bad, _ = be.infer_batch(X)
+                a, r = _err(y, want)
+                # float32 sums in another order: 2e-5 absolute (a 4k-long row's rounding)
+                # plus 1e-4 of the value
+                over = np.abs(y.astype(np.float64) - want) > 2e-5 + 1e-4 * np.abs(want)
+                if bad.any() or over.any():
+                    raise AssertionError(f"max abs err {a:.3g}, rel {r:.3g}, "
+                                         f"{int(over.sum())} values off, "
+                                         f"{int(bad.sum())} rows flagged")
+                return {"dims": list(dims), "mode": mode, "max_abs_err": a, "max_rel_err": r}
+            res = attempt(f"edge {'x'.join(map(str, dims))}, {mode}", one)
+            if res:
+                out.append(res)
+    # the refusal flag: rows 0 and 1 overflow the first layer (before relu, which would hide
+    # row 1's -inf), row 2 does not
+    w = np.zeros((3, 4), np.float32)
+    w[0, 0] = 3e38
+    layers = [Layer(w, np.zeros(3, np.float32), "relu"),
+              Layer(np.ones((2, 3), np.float32), np.zeros(2, np.float32), "identity")]
+    X = np.array([[1e3, 0, 0, 0], [-1e3, 0, 0, 0], [0, 1, 0, 0]], np.float32)
+    want_bad = packed_forward(pack(layers), X)[1]
+    for mode in ("launch", "persistent"):
+        def flags():
+            with GpuBackend(layers, mode) as be:
+                _, bad, _ = be.infer_batch(X)
+                # the flag is per call: a clean row after a refused one is not flagged
+                clean = be.infer(X[2])[1]
+            if bad.tolist() != want_bad.tolist() or clean:
+                raise AssertionError(f"flags {bad.tolist()} (want {want_bad.tolist()}), "
+                                     f"clean row after a refusal flagged: {clean}")
+            return {"dims": [4, 3, 2], "mode": mode, "refusal_flags": bad.tolist()}
+        res = attempt(f"edge refusal flags, {mode}", flags)
+        if res:
+            out.append(res)
+
+    # a persistent GpuBackend dropped without close(): its kernel must be stopped before its
+    # memory goes (the slot is kept here to read its `ready` word: 2 once the kernel returned)
+    def unclosed():
+        import gc
+        from fastpath.gpu import _protocol
+        READY_EXITED = _protocol.READY_EXITED
+        be = GpuBackend(layers, "persistent")
+        be.infer(X[2])
+        slot = be.path.slot
+        del be
+        gc.collect()
+        ready = slot.state["ready"]
+        if ready != READY_EXITED:
+            raise AssertionError(f"slot ready = {ready} after the backend was collected "
+                                 f"({READY_EXITED} once the kernel returned)")
+        with GpuBackend(layers, "persistent") as be2:       # the device still serves
+            be2.infer(X[2])
+        return {"dims": [4, 3, 2], "mode": "persistent", "unclosed_backend_stopped": True}
+    res = attempt("edge unclosed persistent backend", unclosed)
+    if res:
+        out.append(res)
+    return out
+
+
 def _err(got, want) -> tuple:
     got = np.asarray(got, np.float64)
     want = np.asarray(want, np.float64)
@@ -204,6 +296,8 @@ def run(args) -> dict:
             return ae.backend_report
     report["auto"] = attempt("backend auto", auto)
     report["demo_end_to_end"] = {"ticks": n_ticks, "cpu_tick": cpu_tick, **e2e}
+
+    report["edges"] = edge_checks(rng, attempt)
 
     # --- per model: outputs against the CPU kernels, then timings --------------------------
     models = [("demo", demo.layers)] + [("x".join(map(str, d)), _mlp(d, i))

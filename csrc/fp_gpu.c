@@ -63,9 +63,20 @@ int fp_gpu_request(fp_gpu_slot *s, const float *x, float *out, int64_t timeout_n
         /* r < seq: no answer yet, or a late one to a request that timed out: keep waiting.
          * r > seq was never asked: the slot is shared or corrupt, stop trusting it */
         if (r > seq) return FP_GPU_BADSEQ;
-        if (spin % FP_GPU_CLOCK_EVERY == 0 && fp_gpu_now_ns() > deadline) {
-            if (wait_ns) *wait_ns = fp_gpu_now_ns() - t0;
-            return FP_GPU_TIMEOUT;
+        if (spin % FP_GPU_CLOCK_EVERY == 0) {
+            /* a device loop that has returned (stopped, or the slot stopped by another
+             * thread while this request waited) will never answer: say so now instead of
+             * spinning out the whole deadline. It publishes resp_seq before `ready`, so one
+             * more look after seeing it exited decides whether this answer made it. */
+            if (__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE) == FP_GPU_READY_EXITED) {
+                if (__atomic_load_n(&s->resp_seq, __ATOMIC_ACQUIRE) == seq) break;
+                if (wait_ns) *wait_ns = fp_gpu_now_ns() - t0;
+                return FP_GPU_STOPPED;
+            }
+            if (fp_gpu_now_ns() > deadline) {
+                if (wait_ns) *wait_ns = fp_gpu_now_ns() - t0;
+                return FP_GPU_TIMEOUT;
+            }
         }
         FP_GPU_PAUSE();
     }

@@ -28,7 +28,8 @@ enum {
     FP_GPU_OK = 0,
     FP_GPU_NONFINITE = 1,   /* answered, but a pre-activation was NaN/Inf: outputs not usable */
     FP_GPU_TIMEOUT = -1,    /* no answer before the deadline (kernel stopped, faulted, absent) */
-    FP_GPU_STOPPED = -2,    /* the slot was stopped: no request is sent */
+    FP_GPU_STOPPED = -2,    /* the slot was stopped (no request is sent), or the device loop
+                             * returned while the request waited (it will never answer) */
     FP_GPU_BADSEQ = -3,     /* the device answered a sequence number that was not asked */
     FP_GPU_BADARG = -4
 };

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastpath.errors import BackendError, ConfigError, InputError
+from fastpath.errors import BackendError, ConfigError, FastpathError, InputError
 
 
 def _cpu_outputs(eng, x, nan):
@@ -30,13 +30,21 @@ def _cpu_outputs(eng, x, nan):
 MODES = ("launch", "persistent")
 
 
+def _positive_ns(v) -> bool:
+    return (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+            and bool(np.isfinite(v)) and v >= 1)
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_status() -> tuple:
     try:
         import pycuda.driver as cuda
-    except ImportError as exc:
-        return False, (f"pycuda not importable ({exc}); install fastpath[gpu] on a host with a "
-                       f"driver")
+    except Exception as exc:  # noqa: BLE001 - ImportError, and what a broken build raises
+        # not only ImportError: a pycuda built against another CUDA or numpy can fail at
+        # import with anything, and backend="auto" must still fall back to the CPU
+        what = "" if isinstance(exc, ImportError) else f"{type(exc).__name__}: "
+        return False, (f"pycuda not importable ({what}{exc}); install fastpath[gpu] on a host "
+                       f"with a driver")
     try:
         cuda.init()
         n = cuda.Device.count()
@@ -72,6 +80,12 @@ class GpuBackend:
         from fastpath.gpu._pack import pack
         if mode not in MODES:
             raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
+        if not _positive_ns(timeout_ns):
+            # 0 or less made every answer late (launch: a BackendError after one poll;
+            # persistent: an InputError from each request), only found at the first tick
+            raise ConfigError(f"timeout_ns must be a number of ns >= 1 (how long a GPU answer "
+                              f"may take), got {timeout_ns!r}")
+        timeout_ns = int(timeout_ns)
         if cuda is None:
             ok, why = gpu_status()
             if not ok:
@@ -79,15 +93,24 @@ class GpuBackend:
             import pycuda.driver as cuda
         layers = getattr(model, "layers", model)
         self.packed = pack(layers)
+        self._xshape = (self.packed.n_in,)
+        self.path = None
         self.mode = mode
         self.dc = B.DeviceContext(cuda, device)
-        with self.dc.current():
-            module, self.module_origin = B.load_module(cuda)
-        self.info = self.dc.info()
-        if mode == "launch":
-            self.path = B.LaunchPath(self.dc, module, self.packed, max_batch, timeout_ns)
-        else:
-            self.path = B.PersistentPath(self.dc, module, self.packed, timeout_ns)
+        try:
+            with self.dc.current():
+                module, self.module_origin = B.load_module(cuda)
+            self.info = self.dc.info()
+            if mode == "launch":
+                self.path = B.LaunchPath(self.dc, module, self.packed, max_batch, timeout_ns)
+            else:
+                self.path = B.PersistentPath(self.dc, module, self.packed, timeout_ns)
+        except BaseException:
+            # no kernels, a refused max_batch, no memory: the context must not stay retained
+            self.path = None
+            self.dc.release()
+            raise
+        if mode == "persistent":
             try:
                 self.path.start()
             except BackendError:
@@ -102,14 +125,32 @@ class GpuBackend:
     def macs(self) -> int:
         return self.packed.macs
 
+    def _open_path(self):
+        if self.path is None:
+            raise BackendError("this GpuBackend was closed; make a new one")
+        return self.path
+
     def infer(self, x: np.ndarray) -> tuple:
         """features (n_in,) float32 -> (outputs (n_out,), nonfinite: bool, Timing)."""
-        return self.path.infer(np.ascontiguousarray(x, np.float32))
+        path = self.path
+        if path is None:
+            raise BackendError("this GpuBackend was closed; make a new one")
+        x = np.ascontiguousarray(x, np.float32)
+        if x.shape != self._xshape:
+            raise InputError(f"x must hold the model's {self.packed.n_in} features (shape "
+                             f"({self.packed.n_in},)), got shape {x.shape}")
+        return path.infer(x)
 
     def infer_batch(self, X: np.ndarray) -> tuple:
         """rows (n, n_in) -> (outputs (n, n_out), nonfinite (n,), [Timing per launch]);
         launch mode sends max_batch rows per launch, persistent mode one request per row."""
+        self._open_path()
         X = np.ascontiguousarray(X, np.float32)
+        if X.ndim != 2 or X.shape[1] != self.packed.n_in:
+            raise InputError(f"X must be rows of the model's {self.packed.n_in} features (shape "
+                             f"(n, {self.packed.n_in})), got shape {X.shape}")
+        if len(X) == 0:
+            return (np.empty((0, self.packed.n_out), np.float32), np.empty(0, bool), [])
         if self.mode == "persistent":
             outs = [self.path.infer(x) for x in X]
             return (np.array([o[0] for o in outs]).reshape(len(X), -1),
@@ -192,6 +233,61 @@ def _with_gpu(config: Any, **over):
     return replace(c, gpu=replace(c.gpu, **{k: v for k, v in over.items() if v is not None}))
 
 
+def _check_batch(eng, raws, symbols, ts_ns) -> tuple:
+    """GpuEngine.step_batch's arguments checked before any row is sent or applied, as
+    Engine.step_batch checks its own: (raws, symbols, ts or None). A row the engine would
+    refuse for itself (non-finite values, a symbol out of range, time going backwards within
+    the batch) is refused here, with the engine's own words where it has them."""
+    def describe(a):
+        return f"{type(a).__name__} {getattr(a, 'dtype', '')} shape {np.shape(a)}"
+    R = raws
+    rl = eng.raw_len
+    if not (isinstance(R, np.ndarray) and R.dtype == np.float32 and R.ndim == 2
+            and R.shape[1] == rl and R.flags.c_contiguous):
+        raise InputError(f"raws must be a float32 C-contiguous array of shape (n, {rl}), got "
+                         f"{describe(R)}; pass np.ascontiguousarray(raws, dtype=np.float32)")
+    n = R.shape[0]
+    S = np.asarray(symbols)
+    if S.ndim != 1 or S.shape[0] != n or (n and S.dtype.kind not in "iu"):
+        raise InputError(f"symbols must be an integer array of shape ({n},), got "
+                         f"{describe(S)}")
+    T = None
+    if ts_ns is not None:
+        T = np.asarray(ts_ns)
+        if T.ndim != 1 or T.shape[0] != n or (n and T.dtype.kind not in "iu"):
+            raise InputError(f"ts_ns must be an integer array of shape ({n},), got "
+                             f"{describe(T)}")
+        T = T.astype(np.int64) if n else np.empty(0, np.int64)
+    if n == 0:
+        return R, np.empty(0, np.int64), T
+    S = S.astype(np.int64)
+    out = (S < 0) | (S >= eng.n_symbols)
+    bad = out | ~np.isfinite(R).all(axis=1)
+    if T is not None:
+        bad |= T < 0
+    if bad.any():
+        i = int(np.argmax(bad))
+        if T is not None and T[i] < 0 and not out[i]:
+            raise InputError(f"ts_ns must be >= 0, row {i} is {T[i]}; no row was applied")
+        try:
+            eng.features(R[i], int(S[i]))     # the engine's own refusal of this row
+        except InputError as exc:
+            raise InputError(f"row {i}: {exc}; no row was applied") from None
+        raise InputError(f"row {i} is refused (non-finite raw or symbol {S[i]} out of range "
+                         f"0..{eng.n_symbols - 1}); no row was applied")
+    if T is not None and n > 1:
+        order = np.lexsort((np.arange(n), S))      # by symbol, each symbol's rows in order
+        back = (np.diff(T[order]) < 0) & (np.diff(S[order]) == 0)
+        if back.any():
+            # the first offending row in batch order among all the backward steps
+            rows = order[1:][back]
+            i = int(rows.min())
+            prev = int(order[:-1][back][rows == i][0])
+            raise InputError(f"ts_ns row {i} is {T[i]}, before row {prev}'s {T[prev]} for "
+                             f"symbol {S[i]}: time going backwards; no row was applied")
+    return R, S, T
+
+
 class GpuEngine:
     """fastpath.Engine(model, backend="gpu") behind the older interface: step() returns a
     GpuTick, step_batch() sends many rows per launch (launch mode). mode, device, max_batch and
@@ -203,7 +299,10 @@ class GpuEngine:
         import fastpath
         if mode is not None and mode not in MODES:
             raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
-        tmo = None if timeout_ns is None else max(1, -(-int(timeout_ns) // 1_000_000))
+        if timeout_ns is not None and not _positive_ns(timeout_ns):
+            # it became 1 ms (the config's floor) without a word for 0 or a negative value
+            raise ConfigError(f"timeout_ns must be a number of ns >= 1, got {timeout_ns!r}")
+        tmo = None if timeout_ns is None else -(-int(timeout_ns) // 1_000_000)
         cfg = _with_gpu(config, mode=mode, device=device, max_batch=max_batch, timeout_ms=tmo)
         self.engine = fastpath.Engine(model, backend="gpu", config=cfg)
         self.backend = self.engine.gpu_backend
@@ -226,8 +325,9 @@ class GpuEngine:
         once when the row is applied): the price of sending rows before any is applied;
         Engine.step_batch computes them once and calls the GPU per miss."""
         eng = self.engine
-        raws = np.asarray(raws)
-        symbols = np.asarray(symbols)
+        if eng.gpu_backend is None:
+            raise BackendError("this GPU engine was closed; make a new GpuEngine")
+        raws, symbols, ts = _check_batch(eng, raws, symbols, ts_ns)
         n = len(raws)
         fs = eng.model.feature_spec
         stateless = fs is None or len(fs.w_idx) == 0
@@ -242,9 +342,26 @@ class GpuEngine:
             seen.add(s)
         if cur:
             chunks.append(cur)
-        ts = None if ts_ns is None else np.asarray(ts_ns)
         nan = np.full(eng.n_outputs, np.nan, np.float32)
         out = []
+        try:
+            self._run_chunks(raws, symbols, ts, chunks, stateless, nan, out)
+        except FastpathError as exc:
+            note = f"; rows 0..{len(out) - 1} were applied" if out else "; no row was applied"
+            raise type(exc)(str(exc) + note) from None
+        finally:
+            path = self.backend.path
+            if self.mode == "launch" and path is not None and path._inflight:
+                # a chunk sent and never collected (an error between the two) would refuse
+                # every later launch ("a batch is already in flight"): take it back
+                try:
+                    path.collect()
+                except BackendError:
+                    pass
+        return out
+
+    def _run_chunks(self, raws, symbols, ts, chunks, stateless, nan, out) -> None:
+        eng = self.engine
         feats = self._features(raws, symbols, chunks[0]) if chunks else None
         for k, idx in enumerate(chunks):
             if self.mode == "launch":
@@ -268,7 +385,6 @@ class GpuEngine:
                     raws[i], int(symbols[i]), o, gpu_ns, None if ts is None else int(ts[i])))
             if k + 1 < len(chunks):
                 feats = nxt if nxt is not None else self._features(raws, symbols, chunks[k + 1])
-        return out
 
     def _features(self, raws, symbols, idx) -> np.ndarray:
         return np.stack([self.engine.features(raws[i], int(symbols[i])) for i in idx])

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
 
-from fastpath.errors import BackendError
+from fastpath.errors import BackendError, ConfigError, InputError
 from fastpath.gpu._pack import PackedNet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -70,14 +71,22 @@ def load_module(cuda, fatbin: str = FATBIN, source_module=None) -> tuple:
             return cuda.module_from_buffer(blob), f"fatbin {fatbin}"
         except cuda.Error as exc:   # e.g. a driver older than the toolkit that built it
             why = f"the fatbin did not load ({type(exc).__name__}: {exc})"
-    if source_module is None:
-        from pycuda.compiler import SourceModule as source_module
     cu, incs = kernel_sources()
-    with open(cu) as f:
-        src = f.read()
     cdir = cache_dir()
-    os.makedirs(cdir, exist_ok=True)
-    mod = source_module(src, no_extern_c=True, include_dirs=incs, cache_dir=cdir)
+    try:
+        if source_module is None:
+            from pycuda.compiler import SourceModule as source_module
+        with open(cu) as f:
+            src = f.read()
+        os.makedirs(cdir, exist_ok=True)
+        mod = source_module(src, no_extern_c=True, include_dirs=incs, cache_dir=cdir)
+    except Exception as exc:  # noqa: BLE001 - CompileError, nvcc absent (OSError), ImportError
+        # a host with a driver but no CUDA toolkit (the usual production GPU host) cannot
+        # compile: a BackendError, so backend="auto" falls back to the CPU and says why
+        raise BackendError(f"the GPU kernels cannot be loaded: {why}, and compiling {cu} at "
+                           f"run time failed ({type(exc).__name__}: {str(exc)[:500]}); "
+                           f"install fastpath where nvcc is on PATH so it ships a fatbin, "
+                           f"or put nvcc on PATH here") from None
     return mod, f"SourceModule, cached in {cdir} ({why})"
 
 
@@ -138,12 +147,28 @@ def grid_for(sm_count: int, items: int, macs: int) -> int:
     return max(1, min(sm_count, want))
 
 
+# The kernel counts a launch's work items (rows x a layer's width) and walks them in 32-bit
+# ints: past this a batch's count wraps negative and the layer is skipped, leaving the
+# previous launch's outputs in place (silently wrong), so such a batch size is refused. The
+# margin keeps `it += n_warps` below INT_MAX as well.
+MAX_ITEMS = (1 << 31) - (1 << 20)
+
+
+def max_batch_for(p: PackedNet) -> int:
+    """The most rows one launch of this model may carry (the kernel's 32-bit item count)."""
+    return MAX_ITEMS // max(p.dims[1:])
+
+
 class LaunchPath:
     """One launch per call: pinned H2D, the kernel, pinned D2H on one stream, with events."""
 
     def __init__(self, dc: DeviceContext, module, p: PackedNet, max_batch: int = 1024,
                  timeout_ns: int = DEFAULT_TIMEOUT_NS):
         cuda = self.cuda = dc.cuda
+        if not 1 <= int(max_batch) <= max_batch_for(p):
+            raise ConfigError(f"gpu.max_batch = {max_batch} rows per launch; with this model's "
+                              f"widest layer ({max(p.dims[1:])}) the kernel takes "
+                              f"1..{max_batch_for(p)} (its work items are counted in 32-bit)")
         self.dc, self.p, self.max_batch = dc, p, int(max_batch)
         self.timeout_ns = int(timeout_ns)
         n, w = self.max_batch, p.max_width
@@ -178,9 +203,15 @@ class LaunchPath:
 
     def submit(self, x: np.ndarray) -> None:
         """Queue rows x (n <= max_batch, n_in) without waiting; collect() returns them."""
-        n = x.shape[0]
         if self._inflight:
             raise BackendError("a batch is already in flight: collect() it first")
+        if not (isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[1] == self.p.n_in):
+            # the copy into the pinned rows below broadcasts: one value or one row would
+            # have been sent as every feature / every row, and answered without a word
+            raise InputError(f"a batch must be an array of shape (n, {self.p.n_in}) (rows of "
+                             f"the model's {self.p.n_in} features), got shape "
+                             f"{np.shape(x)}")
+        n = x.shape[0]
         if not 1 <= n <= self.max_batch:
             raise BackendError(f"batch of {n} rows; this path takes 1..{self.max_batch}")
         cuda, s, ev = self.cuda, self.stream, self.ev
@@ -235,6 +266,13 @@ class LaunchPath:
             for a in (self.d_net, self.d_w, self.d_x, self.d_a, self.d_b, self.d_y, self.d_st,
                       self.d_bar):
                 a.free()
+
+
+def _stop_on_collect(slot, exited) -> None:
+    """A PersistentPath collected (or the interpreter exiting) with its kernel running: raise
+    the stop flag and give the kernel a second to return before its memory goes."""
+    slot.stop()
+    slot.wait_ready(exited, DEFAULT_TIMEOUT_NS)
 
 
 class PersistentPath:
@@ -299,6 +337,10 @@ class PersistentPath:
                 int(self.d_st), int(self.d_bar), int(self.d_ctl))
             self.done.record(self.stream)
         self.running = True
+        # dropped without close() (a GpuBackend nobody closed), the device memory and the
+        # slot would be freed under a kernel still polling them: stop it first. The finalizer
+        # holds the slot (not self), so the slot outlives the wait; stop() detaches it.
+        self._fin = weakref.finalize(self, _stop_on_collect, self.slot, P.READY_EXITED)
         if self.slot.wait_ready(P.READY_RUNNING, timeout_ns or self.timeout_ns) != P.OK:
             err = self._kernel_error()
             try:
@@ -321,7 +363,8 @@ class PersistentPath:
                     Timing(int(wait_ns) - dev_ns, dev_ns, 0, int(wait_ns)))
         err = self._kernel_error() if rc == P.TIMEOUT else None
         what = {P.TIMEOUT: f"no answer within {self.timeout_ns / 1e9:g} s",
-                P.STOPPED: "the slot was stopped",
+                P.STOPPED: "the slot was stopped or the kernel has returned (it will not "
+                           "answer; make a new GpuBackend)",
                 P.BADSEQ: "the answer carried a sequence number that was never asked"}
         raise BackendError(f"persistent GPU path: {what.get(rc, f'error {rc}')}"
                            + (f" (kernel fault: {err})" if err else ""))
@@ -341,6 +384,7 @@ class PersistentPath:
             err = self._kernel_error()
             if err:
                 self.running = False
+                self._fin.detach()
                 raise BackendError(f"the persistent kernel faulted: {err}")
             with self.dc.current():
                 if self.done.query():
@@ -352,6 +396,7 @@ class PersistentPath:
                                    f"{P.READY_EXITED} once it returns)")
             time.sleep(50e-6)
         self.running = False
+        self._fin.detach()
 
     def close(self) -> None:
         self.stop()

@@ -86,6 +86,11 @@ cdef class Slot:
         self.nbytes = need
         if init and fp_gpu_slot_init(<void *>address, n_in, n_out) != FP_GPU_OK:
             raise InputError("slot init refused its arguments")
+        if not init and (self.s.n_in != n_in or self.s.n_out != n_out):
+            # request() checks x and out against these widths, the C side copies the slot's
+            # own: a mismatch would read past x and write past out
+            raise InputError(f"the slot at {address:#x} was set up for {self.s.n_in} -> "
+                             f"{self.s.n_out}, not {n_in} -> {n_out}")
 
     @staticmethod
     def on_buffer(buf, int n_in, int n_out):
