@@ -316,6 +316,10 @@ def _smt(host: Host, topo: Topology, core: int, busy: dict) -> Check:
 
 def _gpu_numa(topo: Topology, core: int, use_gpu: bool) -> Check:
     if not topo.gpus:
+        if use_gpu:
+            return Check("gpu_numa", FAIL, "no GPU found (checks for the GPU backend asked): "
+                         "there is no device to place the engine near",
+                         "run on a host with an NVIDIA GPU, or drop --gpu for the CPU backend")
         return Check("gpu_numa", PASS, "no GPU found: the CPU backend has no PCIe trip")
     g = topo.gpus[0]
     node = topo.node_of(core)
@@ -356,14 +360,17 @@ def _cstates(host: Host, core: int) -> Check:
 def run_checks(host: Host | None = None, core: int | None = None, policy: str = "fifo",
                priority: int = 50, use_gpu: bool = False, arena_bytes: int | None = None,
                topo: Topology | None = None, busy: dict | None = None, config=None,
-               serve: bool | None = None, raw_len: int = 256) -> dict:
+               serve: bool | None = None, raw_len: int = 256,
+               gpu_backend: tuple | None = None) -> dict:
     """Every check for the core the placement would choose (or `core`).
 
     The mlock check counts what `config` (None: defaults; a mapping, a TOML path or an
     EngineConfig) locks: the engine's arena and state, arena_bytes as the engine asks for it
     (its sizes are the engine's: fastpath.cli measures them; None: not known, and then the
     check never says "allowed" on a guess), mapped in the config's page size, plus the serve
-    segment (raw_len-wide ticks) when `serve` (None: when the config has a [serve] table)."""
+    segment (raw_len-wide ticks) when `serve` (None: when the config has a [serve] table).
+    gpu_backend: fastpath.gpu_status()'s (ok, why) on the running host, reported as the
+    gpu_backend check (fastpath doctor --gpu passes it; None: no such check)."""
     from fastpath.control.placement import choose_core
     host = host or Host()
     topo = topo or read_topology(host)
@@ -400,6 +407,12 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     checks += _irqs(host, c)
     checks.append(_smt(host, topo, c, busy))
     checks.append(_gpu_numa(topo, c, use_gpu))
+    if gpu_backend is not None:
+        ok, why = gpu_backend
+        checks.append(Check("gpu_backend", PASS if ok else FAIL,
+                            f"fastpath.gpu: {why}",
+                            "" if ok else "pip install 'fastpath[gpu]' on a host with the NVIDIA "
+                                          "driver (pycuda needs libcuda)"))
     checks.append(_cstates(host, c))
     return {"core": c, "placement": rep.to_dict(), "checks": [x.to_dict() for x in checks],
             "failed": sum(x.status == FAIL for x in checks),

@@ -181,6 +181,11 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _gpu_status() -> tuple:
+    from fastpath.gpu import gpu_status
+    return gpu_status()
+
+
 def cmd_doctor(args) -> int:
     from fastpath.control import doctor
     from fastpath.control.config import load_config
@@ -197,7 +202,8 @@ def cmd_doctor(args) -> int:
                             use_gpu=args.gpu, busy=busy, config=args.config,
                             arena_bytes=engine_region_bytes(model, cfg),
                             serve=True if args.serve else None,
-                            raw_len=model.feature_spec.raw_len)
+                            raw_len=model.feature_spec.raw_len,
+                            gpu_backend=_gpu_status() if args.gpu and args.root == "/" else None)
     if args.jitter:
         from fastpath._kernels import jitter_probe
         try:

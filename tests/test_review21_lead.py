@@ -377,3 +377,33 @@ def test_a_tree_models_refused_tick_names_the_post_transform(isa):
         assert "hidden layer" not in str(e.value)
     assert eng.ticks == 0
     eng.step(x, 0, 5)
+
+
+def test_doctor_gpu_with_no_gpu_fails_and_says_why(tmp_path):
+    """`fastpath doctor --gpu` on a host with no GPU (or no pycuda) passed gpu_numa as 'no GPU
+    found: the CPU backend has no PCIe trip' and said nothing of the backend it was asked to
+    check. Now gpu_numa fails when the GPU checks were asked for, and a gpu_backend check
+    reports fastpath.gpu_status() with the fix."""
+    import dataclasses
+    import json
+    import sys
+    from fastpath.control import doctor
+    from fastpath.control.placement import read_topology
+    from test_control import make_host
+    host = make_host(tmp_path)
+    topo = dataclasses.replace(read_topology(host), gpus=[])
+    by = {c["name"]: c for c in doctor.run_checks(host, topo=topo, use_gpu=True)["checks"]}
+    assert by["gpu_numa"]["status"] == "fail" and "no GPU found" in by["gpu_numa"]["detail"]
+    assert "gpu_backend" not in by
+    by = {c["name"]: c for c in doctor.run_checks(host, topo=topo, use_gpu=False)["checks"]}
+    assert by["gpu_numa"]["status"] == "pass"
+    res = doctor.run_checks(host, use_gpu=True, gpu_backend=(False, "pycuda not importable"))
+    by = {c["name"]: c for c in res["checks"]}
+    assert by["gpu_backend"]["status"] == "fail" and "fastpath[gpu]" in by["gpu_backend"]["fix"]
+    # the command line asks the running host
+    ok, why = fastpath.gpu_status()
+    out = subprocess.run([sys.executable, "-m", "fastpath.cli", "doctor", "--gpu", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    by = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert by["gpu_backend"]["status"] == ("pass" if ok else "fail")
+    assert why in by["gpu_backend"]["detail"]
