@@ -167,7 +167,6 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
 }
 
 __attribute__((noinline, cold)) int64_t fp_ticks_to_mono_ns_slow(uint64_t t) {
-    uint32_t s0;
     uint64_t bt = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
     /* a reading shortly before the anchor (taken before another thread re-anchored) is
      * mapped back from it; a re-anchor only past the period or a TSC that went back */
@@ -176,17 +175,7 @@ __attribute__((noinline, cold)) int64_t fp_ticks_to_mono_ns_slow(uint64_t t) {
         fp_clock_reanchor(0);
     int64_t bn;
     double k;
-    for (;;) {
-        s0 = __atomic_load_n(&fp_clock.seq, __ATOMIC_ACQUIRE);
-        bt = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
-        bn = __atomic_load_n(&fp_clock.base_ns, __ATOMIC_RELAXED);
-        __atomic_load(&fp_clock.map_ns_per_tick, &k, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (s0 == __atomic_load_n(&fp_clock.seq, __ATOMIC_RELAXED) && !(s0 & 1u)) break;
-#if FP_CLOCK_HAVE_TSC
-        _mm_pause();
-#endif
-    }
+    fp_clock_anchor(&bt, &bn, &k);
     /* a reading past the period maps from the anchor then in force, a fresh one or (not
      * due yet: another thread publishing, a wide bracket) the old one, as before */
     return bn + (int64_t)((double)(int64_t)(t - bt) * k);

@@ -20,20 +20,9 @@ from fastpath import Engine
 from fastpath import _engine as E
 from fastpath import _kernels as K
 from conftest import engine_cfg, random_model
+from test_review20_clock import _Clock
 
 F32 = np.float32
-
-
-class _Clock(ctypes.Structure):
-    """fp_clock_t (csrc/fp_clock.h), field for field."""
-    _fields_ = [("use_tsc", ctypes.c_int), ("ns_per_tick", ctypes.c_double),
-                ("read_cost_ns", ctypes.c_double), ("cal_samples", ctypes.c_int),
-                ("cal_bracket_ns", ctypes.c_double), ("reanchors", ctypes.c_uint64),
-                ("reanchor_ticks", ctypes.c_uint64), ("fit_tick", ctypes.c_uint64),
-                ("fit_ns", ctypes.c_int64), ("seq", ctypes.c_uint32),
-                ("base_tick", ctypes.c_uint64), ("base_ns", ctypes.c_int64),
-                ("map_ns_per_tick", ctypes.c_double), ("steps", ctypes.c_uint64),
-                ("lead_ns", ctypes.c_int64), ("tsc_backs", ctypes.c_uint64)]
 
 
 def _clock(module):
