@@ -127,6 +127,12 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
         /* the rate over the whole baseline since calibration: its error shrinks as the
          * baseline grows (two tight brackets over seconds, not 10 ms) */
         double k = (double)(p.ns - fp_clock.fit_ns) / (double)(p.tick - fp_clock.fit_tick);
+        /* The tolerance below holds for a baseline of at least the calibration's 10 ms (two
+         * brackets' error over it). Only a fit restarted by a TSC that went back is shorter,
+         * and a forced re-anchor soon after it refitted over microseconds: a bracket's error
+         * over 2 ms passed as a rate 0.1% off (every duration with it), or over less counted a
+         * step that never was. Keep the rate until the baseline is long enough. */
+        if ((double)(p.tick - fp_clock.fit_tick) * k_fit < (double)FP_CLOCK_BASELINE_NS) k = k_fit;
         /* An invariant TSC's rate against CLOCK_MONOTONIC moves by NTP's slew (<= 500 ppm)
          * plus the fit's own error (two brackets over >= 10 ms): a refit further than that
          * from the rate in force is a step between the two clocks (a VM paused or migrated,
@@ -167,7 +173,6 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
 }
 
 __attribute__((noinline, cold)) int64_t fp_ticks_to_mono_ns_slow(uint64_t t) {
-    uint32_t s0;
     uint64_t bt = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
     /* a reading shortly before the anchor (taken before another thread re-anchored) is
      * mapped back from it; a re-anchor only past the period or a TSC that went back */
@@ -176,16 +181,17 @@ __attribute__((noinline, cold)) int64_t fp_ticks_to_mono_ns_slow(uint64_t t) {
         fp_clock_reanchor(0);
     int64_t bn;
     double k;
-    for (;;) {
-        s0 = __atomic_load_n(&fp_clock.seq, __ATOMIC_ACQUIRE);
-        bt = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
-        bn = __atomic_load_n(&fp_clock.base_ns, __ATOMIC_RELAXED);
-        __atomic_load(&fp_clock.map_ns_per_tick, &k, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (s0 == __atomic_load_n(&fp_clock.seq, __ATOMIC_RELAXED) && !(s0 & 1u)) break;
-#if FP_CLOCK_HAVE_TSC
-        _mm_pause();
-#endif
+    fp_clock_anchor(&bt, &bn, &k);
+    /* A reading past the period of the anchor in force that is also later than the TSC now
+     * was read before the TSC went back and is converted after another thread re-anchored
+     * on the new TSC (a VM paused or a thread frozen between its read and this call): from
+     * the new anchor it would map as far into the future as the TSC went back (hours after a
+     * reset on resume), and one such reading as a symbol's last tick made every later step()
+     * without ts_ns a refusal for that long. It was read before now: map it as now, which
+     * the back re-anchor keeps at or after every reading taken before the jump. */
+    if ((int64_t)(t - bt) > (int64_t)fp_clock.reanchor_ticks) {
+        const uint64_t now = fp_ticks();
+        if ((int64_t)(t - now) > 0) t = now;
     }
     /* a reading past the period maps from the anchor then in force, a fresh one or (not
      * due yet: another thread publishing, a wide bracket) the old one, as before */

@@ -115,25 +115,31 @@ static inline int64_t fp_ticks_to_ns(uint64_t dt) {
     return fp_ticks_to_ns_at(dt, fp_clock.use_tsc, fp_clock_slope());
 }
 
-/* CLOCK_MONOTONIC-compatible ns from a raw timestamp (no second clock read). */
-static inline int64_t fp_ticks_to_mono_ns(uint64_t t) {
-    if (!fp_clock.use_tsc) return (int64_t)t;
+/* The anchor (base tick, base ns, mapping rate) as one consistent read of the seqlock: retried
+ * while a writer is publishing or published in between, never blocking it */
+static inline void fp_clock_anchor(uint64_t *bt, int64_t *bn, double *k) {
     uint32_t s0, s1;
-    uint64_t bt;
-    int64_t bn;
-    double k;
     for (;;) {
         s0 = __atomic_load_n(&fp_clock.seq, __ATOMIC_ACQUIRE);
-        bt = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
-        bn = __atomic_load_n(&fp_clock.base_ns, __ATOMIC_RELAXED);
-        __atomic_load(&fp_clock.map_ns_per_tick, &k, __ATOMIC_RELAXED);
+        *bt = __atomic_load_n(&fp_clock.base_tick, __ATOMIC_RELAXED);
+        *bn = __atomic_load_n(&fp_clock.base_ns, __ATOMIC_RELAXED);
+        __atomic_load(&fp_clock.map_ns_per_tick, k, __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         s1 = __atomic_load_n(&fp_clock.seq, __ATOMIC_RELAXED);
-        if (s0 == s1 && !(s0 & 1u)) break;
+        if (s0 == s1 && !(s0 & 1u)) return;
 #if FP_CLOCK_HAVE_TSC
         _mm_pause();
 #endif
     }
+}
+
+/* CLOCK_MONOTONIC-compatible ns from a raw timestamp (no second clock read). */
+static inline int64_t fp_ticks_to_mono_ns(uint64_t t) {
+    if (!fp_clock.use_tsc) return (int64_t)t;
+    uint64_t bt;
+    int64_t bn;
+    double k;
+    fp_clock_anchor(&bt, &bn, &k);
     const int64_t d = (int64_t)(t - bt);
     /* one unsigned compare catches both a reading past the anchor's period and one before
      * the anchor (negative d): taken before another thread re-anchored, or a TSC that went
