@@ -105,11 +105,17 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
     int published = 0;
     if (bt == old_tick && back) {
         /* The fit's baseline is gone with the old TSC: restart it here at the rate in force
-         * (a refit over the next period checks it, and the step test above keeps a short
-         * baseline's error out). Readings handed out before the jump were at most
-         * CLOCK_MONOTONIC plus the lead the mapping had at its anchor (it gains nothing on
-         * CLOCK_MONOTONIC between anchors): start there and slew the lead away. */
-        int64_t ns = p.ns + (fp_clock.lead_ns > 0 ? fp_clock.lead_ns : 0);
+         * (the refit waits for a baseline of FP_CLOCK_BASELINE_NS, then the step test checks
+         * it). Readings handed out before the jump were at most CLOCK_MONOTONIC plus the
+         * lead the mapping had at its anchor plus what it gained since: nothing at the
+         * fitted rate, but up to NTP's slew of CLOCK_MONOTONIC (500 ppm, a quarter of
+         * FP_CLOCK_RATE_TOL) over the time since that anchor, at most a period (a reading
+         * past it re-anchors first): start there and slew the lead away. */
+        double since = (double)(p.ns - (bn - fp_clock.lead_ns));
+        if (since < 0.0) since = 0.0;
+        if (since > (double)FP_CLOCK_REANCHOR_NS) since = (double)FP_CLOCK_REANCHOR_NS;
+        int64_t ns = p.ns + (fp_clock.lead_ns > 0 ? fp_clock.lead_ns : 0) +
+                     (int64_t)(since * (FP_CLOCK_RATE_TOL / 4.0));
         if (ns < bn) ns = bn;
         double gap = (double)(ns - p.ns) / (double)FP_CLOCK_REANCHOR_NS;
         if (gap > 1e-3) gap = 1e-3;

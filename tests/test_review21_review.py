@@ -61,3 +61,63 @@ def test_a_forced_reanchor_soon_after_the_tsc_went_back_keeps_the_rate():
             return
         time.sleep(0.01)
     pytest.skip("could not re-anchor within 5 ms of the back re-anchor")
+
+
+def test_readings_after_the_tsc_went_back_cover_what_the_mapping_gained():
+    """The back re-anchor started the mapping at CLOCK_MONOTONIC plus the lead the old mapping
+    had at its anchor, on the claim that the mapping gains nothing on CLOCK_MONOTONIC between
+    anchors. While NTP slews CLOCK_MONOTONIC (up to 500 ppm) the mapping, at the rate fitted
+    over the whole baseline, gains up to 0.5 ms a period: readings after the jump went back
+    past readings taken before it by that much, and the engine refused steps without ts_ns
+    until CLOCK_MONOTONIC caught up. Made here by a mapping 400 ppm fast for 0.2 s (80 us)."""
+    _needs_tsc(K.clock_info())
+    clk = _clock(K)
+    with _Restore(clk, lambda: K.clock_reanchor()):
+        assert any(K.clock_reanchor() for _ in range(50))
+        backs0 = K.clock_info()["tsc_backs"]
+        clk.map_ns_per_tick *= 1 + 4e-4
+        time.sleep(0.2)
+        jump = clk.base_tick + JUMP, clk.fit_tick + JUMP
+        before = K.clock_ticks_to_mono_ns(K.clock_ticks())
+        clk.base_tick, clk.fit_tick = jump
+        after = K.clock_ticks_to_mono_ns(K.clock_ticks())
+        assert K.clock_info()["tsc_backs"] == backs0 + 1
+        assert after >= before - 1000, (before - after)
+        assert after - K.clock_mono_ns() < 2_000_000
+
+
+def test_a_start_timed_out_with_placement_stuck_still_removes_its_segment(monkeypatch):
+    """A server whose start timed out while its placement was still stuck past the wait for
+    the thread (2 s) was handed to the exit hook through a WeakSet: nothing else held it, so
+    once the thread ended (the placement returned, the loop saw the stop) the server was
+    collected, and the worker's finalizer unmaps but does not remove the segment: it stayed
+    in /dev/shm until the next serve under that name. The thread removes it now, as soon as
+    the placement returns."""
+    import gc
+    import os
+    import threading
+    from fastpath import ServeError
+    from fastpath.serving import server as S
+    from test_serve import cfg, uname
+
+    go = threading.Event()
+
+    def stuck_place(self):
+        go.wait(30)
+        return {"placed": False, "why": "test: placement stuck"}
+
+    monkeypatch.setattr(S.Server, "_place", stuck_place)
+    monkeypatch.setattr(S, "_START_JOIN_S", 0.05, raising=False)
+    name = uname()
+    path = f"/dev/shm/fastpath.{name}"
+    try:
+        with pytest.raises(ServeError, match="did not start within"):
+            S.Server(name, config=cfg(), start_timeout=0.05)
+        assert os.path.exists(path)       # the placement has not returned yet
+    finally:
+        go.set()
+    for t in threading.enumerate():
+        if t.name == f"fastpath-serve:{name}":
+            t.join(30)
+    gc.collect()
+    assert not os.path.exists(path), sorted(os.listdir("/dev/shm"))
