@@ -13,6 +13,13 @@ from fastpath import _kernels as K
 from test_review21_lead import JUMP, _clock, _needs_tsc, _Restore
 
 
+def _go_back(clk):
+    """The anchor JUMP ticks ahead of the TSC: what every reading after a TSC that went back
+    by JUMP sees."""
+    clk.base_tick += JUMP
+    clk.fit_tick += JUMP
+
+
 def test_a_reading_from_before_the_tsc_went_back_is_not_mapped_into_the_future():
     """A TSC reading taken just before the TSC went back and converted after another thread
     re-anchored on the new TSC (a VM paused, or a thread frozen for suspend, between its read
@@ -25,8 +32,7 @@ def test_a_reading_from_before_the_tsc_went_back_is_not_mapped_into_the_future()
     with _Restore(clk, lambda: K.clock_reanchor()):
         before = K.clock_ticks_to_mono_ns(K.clock_ticks())
         backs0 = K.clock_info()["tsc_backs"]
-        clk.base_tick += JUMP
-        clk.fit_tick += JUMP
+        _go_back(clk)
         # read on the old TSC (JUMP ticks ahead of the TSC now), not converted yet
         t_old = K.clock_ticks() + JUMP
         # another thread's reading on the new TSC re-anchors
@@ -48,8 +54,7 @@ def test_a_forced_reanchor_soon_after_the_tsc_went_back_keeps_the_rate():
     clk = _clock(K)
     for _attempt in range(5):
         with _Restore(clk, lambda: K.clock_reanchor()):
-            clk.base_tick += JUMP
-            clk.fit_tick += JUMP
+            _go_back(clk)
             K.clock_ticks_to_mono_ns(K.clock_ticks())       # the back re-anchor
             fit_tick, k0 = clk.fit_tick, clk.ns_per_tick
             steps0 = K.clock_info()["steps"]
