@@ -105,11 +105,17 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
     int published = 0;
     if (bt == old_tick && back) {
         /* The fit's baseline is gone with the old TSC: restart it here at the rate in force
-         * (a refit over the next period checks it, and the step test above keeps a short
-         * baseline's error out). Readings handed out before the jump were at most
-         * CLOCK_MONOTONIC plus the lead the mapping had at its anchor (it gains nothing on
-         * CLOCK_MONOTONIC between anchors): start there and slew the lead away. */
-        int64_t ns = p.ns + (fp_clock.lead_ns > 0 ? fp_clock.lead_ns : 0);
+         * (the refit waits for a baseline of FP_CLOCK_BASELINE_NS, then the step test checks
+         * it). Readings handed out before the jump were at most CLOCK_MONOTONIC plus the
+         * lead the mapping had at its anchor plus what it gained since: nothing at the
+         * fitted rate, but up to NTP's slew of CLOCK_MONOTONIC (500 ppm, a quarter of
+         * FP_CLOCK_RATE_TOL) over the time since that anchor, at most a period (a reading
+         * past it re-anchors first): start there and slew the lead away. */
+        double since = (double)(p.ns - (bn - fp_clock.lead_ns));
+        if (since < 0.0) since = 0.0;
+        if (since > (double)FP_CLOCK_REANCHOR_NS) since = (double)FP_CLOCK_REANCHOR_NS;
+        int64_t ns = p.ns + (fp_clock.lead_ns > 0 ? fp_clock.lead_ns : 0) +
+                     (int64_t)(since * (FP_CLOCK_RATE_TOL / 4.0));
         if (ns < bn) ns = bn;
         double gap = (double)(ns - p.ns) / (double)FP_CLOCK_REANCHOR_NS;
         if (gap > 1e-3) gap = 1e-3;
@@ -127,6 +133,12 @@ __attribute__((noinline, cold)) int fp_clock_reanchor(int force) {
         /* the rate over the whole baseline since calibration: its error shrinks as the
          * baseline grows (two tight brackets over seconds, not 10 ms) */
         double k = (double)(p.ns - fp_clock.fit_ns) / (double)(p.tick - fp_clock.fit_tick);
+        /* The tolerance below holds for a baseline of at least the calibration's 10 ms (two
+         * brackets' error over it). Only a fit restarted by a TSC that went back is shorter,
+         * and a forced re-anchor soon after it refitted over microseconds: a bracket's error
+         * over 2 ms passed as a rate 0.1% off (every duration with it), or over less counted a
+         * step that never was. Keep the rate until the baseline is long enough. */
+        if ((double)(p.tick - fp_clock.fit_tick) * k_fit < (double)FP_CLOCK_BASELINE_NS) k = k_fit;
         /* An invariant TSC's rate against CLOCK_MONOTONIC moves by NTP's slew (<= 500 ppm)
          * plus the fit's own error (two brackets over >= 10 ms): a refit further than that
          * from the rate in force is a step between the two clocks (a VM paused or migrated,
@@ -176,6 +188,17 @@ __attribute__((noinline, cold)) int64_t fp_ticks_to_mono_ns_slow(uint64_t t) {
     int64_t bn;
     double k;
     fp_clock_anchor(&bt, &bn, &k);
+    /* A reading past the period of the anchor in force that is also later than the TSC now
+     * was read before the TSC went back and is converted after another thread re-anchored
+     * on the new TSC (a VM paused or a thread frozen between its read and this call): from
+     * the new anchor it would map as far into the future as the TSC went back (hours after a
+     * reset on resume), and one such reading as a symbol's last tick made every later step()
+     * without ts_ns a refusal for that long. It was read before now: map it as now, which
+     * the back re-anchor keeps at or after every reading taken before the jump. */
+    if ((int64_t)(t - bt) > (int64_t)fp_clock.reanchor_ticks) {
+        const uint64_t now = fp_ticks();
+        if ((int64_t)(t - now) > 0) t = now;
+    }
     /* a reading past the period maps from the anchor then in force, a fresh one or (not
      * due yet: another thread publishing, a wide bracket) the old one, as before */
     return bn + (int64_t)((double)(int64_t)(t - bt) * k);

@@ -27,7 +27,12 @@
  * A TSC that goes back (reset on resume from suspend, a VM moved to a host whose TSC is
  * behind) is seen as a reading more than ~1 ms before the anchor; the next re-anchor
  * restarts the fit there, keeps the rate, and starts the mapping at CLOCK_MONOTONIC plus
- * the lead the old mapping had, so no reading goes back past one taken before the jump.
+ * the lead the old mapping had and what it can have gained since (NTP's slew over a
+ * period), so no reading goes back past one taken before the jump; a reading taken on the
+ * old TSC and converted after that re-anchor maps as the TSC now. A TSC that goes back by
+ * less than ~1 ms is not told from a reading taken before another thread re-anchored: its
+ * readings map back from the anchor until the TSC has caught up (the engine refuses steps
+ * without ts_ns as time going backwards for that long).
  * Deltas are clamped: a negative TSC difference (t1 read before t0, e.g. across cores on a
  * broken TSC) converts to 0, never to a wrapped uint64.
  */
@@ -115,7 +120,8 @@ static inline int64_t fp_ticks_to_ns(uint64_t dt) {
     return fp_ticks_to_ns_at(dt, fp_clock.use_tsc, fp_clock_slope());
 }
 
-/* The anchor in force (base tick, its ns, the mapping's rate), read under the seqlock. */
+/* The anchor (base tick, base ns, mapping rate) as one consistent read of the seqlock: retried
+ * while a writer is publishing or published in between, never blocking it */
 static inline void fp_clock_anchor(uint64_t *bt, int64_t *bn, double *k) {
     uint32_t s0, s1;
     for (;;) {

@@ -14,6 +14,7 @@ import threading
 import weakref
 
 _live: "weakref.WeakSet[Server]" = weakref.WeakSet()
+_START_JOIN_S = 2.0     # a start that timed out: how long to wait for the thread to see the stop
 
 
 class Server:
@@ -35,6 +36,7 @@ class Server:
         self.placement: dict | None = None
         self.final_stats: dict | None = None
         self._error: BaseException | None = None
+        self._abandoned = False     # the start timed out: the thread removes the segment
         self._thread = threading.Thread(target=self._run, name=f"fastpath-serve:{name}",
                                         daemon=True)
         self._thread.start()
@@ -42,16 +44,16 @@ class Server:
         deadline = time.monotonic() + start_timeout
         while self._worker.state == "starting" and self._thread.is_alive():
             if time.monotonic() > deadline:
-                # the segment goes with the failed start: closed here once the thread has
-                # seen the stop, else (placement still stuck) by the exit hook, never left
-                # in /dev/shm until the next serve under this name
+                # the segment goes with the failed start, never left in /dev/shm until the
+                # next serve under this name: closed here once the thread has seen the stop,
+                # else (placement still stuck) by the thread when the placement returns.
+                # Not by the exit hook: _live holds a server weakly, and nothing holds this
+                # one once the thread has ended (the worker's own finalizer only unmaps)
+                self._abandoned = True
                 self._worker.stop()
-                self._thread.join(2.0)
-                if self._thread.is_alive():
-                    _live.add(self)
-                else:
-                    self._worker.close()
-                    self._worker = None
+                self._thread.join(_START_JOIN_S)
+                if not self._thread.is_alive():
+                    self._close_abandoned()
                 raise ServeError(f"server {name!r} did not start within {start_timeout} s")
             time.sleep(0.001)
         if self._error is not None:
@@ -60,9 +62,17 @@ class Server:
             raise self._error
         _live.add(self)
 
+    def _close_abandoned(self) -> None:
+        w, self._worker = self._worker, None
+        if w is not None:
+            w.close()
+
     def _run(self) -> None:
         try:
             self.placement = self._place()
+            if self._abandoned:
+                self._close_abandoned()
+                return
             seg = self._worker.segment
             self.placement["segment"] = seg
             self.placement.setdefault("lines", []).append(segment_line(seg))
