@@ -55,4 +55,19 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
                           producer_name="fastpath")
     m.ir_version = 8
     onnx.checker.check_model(m)
-    onnx.save(m, os.fspath(path))
+    dest = os.fspath(path)
+    if os.path.isdir(dest):
+        raise ModelError(f"Model.to_onnx: {dest!r} is a directory; give the file's name (e.g. "
+                         f"{os.path.join(dest, 'model.onnx')!r})")
+    # a temp file renamed over `path`, as Model.save writes: a failed write (disk full) must
+    # not leave a truncated file that a later Engine(path) reads as a damaged model
+    tmp = f"{dest}.tmp{os.getpid()}"
+    try:
+        onnx.save(m, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -82,6 +82,57 @@ def _tensor(t, what: str) -> np.ndarray:
         raise ModelError(f"{what} is not a readable tensor ({type(exc).__name__}: {exc})") from None
 
 
+# the attributes a Constant node may hold its value in (opset 12+ added the scalar and list
+# forms, which exporters write for a scaler's mean or a 1.0): one dtype each, as the runtime
+# reads them
+_CONST_FORMS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+                "value_ints": np.int64}
+
+
+def _constant(a: dict, node, name: str) -> np.ndarray:
+    """The value of a Constant node, whichever attribute holds it; anything else (a string,
+    a sparse tensor) is named, never read as some other number."""
+    forms = [k for k in a if k == "value" or k in _CONST_FORMS]
+    if len(forms) != 1 or len(a) != 1:
+        raise ModelError(f"{name}: Constant node {node.name!r} has attributes {sorted(a)}; "
+                         f"expected exactly one of value, {', '.join(_CONST_FORMS)}")
+    k = forms[0]
+    if k == "value":
+        return _tensor(a["value"], f"{name}: Constant node {node.name!r}")
+    v = a[k]
+    scalar = not k.endswith("s")
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool)) if scalar else \
+        isinstance(v, (list, tuple)) and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    if not ok:
+        raise ModelError(f"{name}: Constant node {node.name!r} attribute {k} is "
+                         f"{type(v).__name__}, expected {'a number' if scalar else 'numbers'}")
+    return np.asarray(v, _CONST_FORMS[k])
+
+
+_CONST_FOLD = ("Identity", "Transpose", "Cast")
+
+
+def _fold_const(op: str, a: dict, c: np.ndarray, node, name: str) -> np.ndarray:
+    """Identity / Transpose / Cast (to float) of a constant, as onnxruntime computes it."""
+    if op == "Identity":
+        return c
+    if op == "Transpose":
+        perm = a.get("perm")
+        if perm is None:
+            return np.ascontiguousarray(c.T)
+        if not isinstance(perm, (list, tuple)) or sorted(perm) != list(range(c.ndim)) or \
+                any(isinstance(p, bool) for p in perm):
+            raise ModelError(f"{name}: Transpose node {node.name!r} perm {perm!r} is not a "
+                             f"permutation of the {c.ndim} axes of its constant")
+        return np.ascontiguousarray(np.transpose(c, perm))
+    if a.get("to") != _FLOAT or c.dtype.kind not in "fiub":
+        raise ModelError(f"{name}: Cast node {node.name!r} casts a constant to type "
+                         f"{a.get('to')}; fastpath reads float weights: cast them to float "
+                         f"(type {_FLOAT})")
+    return c.astype(np.float32)
+
+
 def _fold_out(layer: list, scale: np.ndarray, shift: np.ndarray) -> None:
     """layer's outputs y -> y * scale + shift, folded into its weight and bias."""
     n = layer[0].shape[0]
@@ -110,8 +161,20 @@ def _pick_output(g, name: str):
     if any(o.type.HasField("map_type") or o.type.HasField("sequence_type") for o in outs):
         raise ModelError(f"{name}: the classifier's outputs are a ZipMap (a list of dicts); "
                          f"{_INSTEAD['ZipMap']}")
+    wide = [o.name for o in outs if o.type.tensor_type.elem_type in (11, 10)]  # double, half
+    if not floats and len(wide) == 1:
+        # skl2onnx converts a classifier for the input type it is shown: float64 rows make
+        # double probabilities (and a double graph), which fastpath does not compute
+        raise ModelError(f"{name}: the output {wide[0]!r} is "
+                         f"{'double' if _out_type(outs, wide[0]) == 11 else 'float16'}; "
+                         f"fastpath serves float32 models: export for float32 inputs (skl2onnx: "
+                         f"to_onnx(model, X[:1].astype(numpy.float32)))")
     raise ModelError(f"{name}: expected one float graph output (a classifier's probabilities "
                      f"beside its label), found {[o.name for o in outs]}")
+
+
+def _out_type(outs, oname: str) -> int:
+    return next(o.type.tensor_type.elem_type for o in outs if o.name == oname)
 
 
 def _slice(g, target: str) -> list:
@@ -150,13 +213,33 @@ def read_onnx(path: str | os.PathLike) -> dict:
     consts = {t.name: _tensor(t, f"{name}: initializer {t.name!r}") for t in g.initializer}
     inputs = [i.name for i in g.input if i.name not in consts]
     if len(inputs) != 1:
-        raise ModelError(f"{name}: expected one graph input, found {inputs}")
+        shadow = [i.name for i in g.input if i.name in consts]
+        # onnxruntime reads an input with an initializer of its name as an input with a
+        # default value; which of them is the model's input the file does not say
+        extra = (f" ({shadow} have initializers of the same name: onnxruntime reads them as "
+                 f"inputs with default values; fastpath reads them as weights, so leave the "
+                 f"model input without an initializer)") if shadow and not inputs else ""
+        raise ModelError(f"{name}: expected one graph input, found {inputs}{extra}")
     if not g.output:
         raise ModelError(f"{name}: the graph has no output")
     # every node of the file is checked, not only the served output's: a malformed node is a
     # malformed file, whichever branch it sits on
+    folded: set = set()     # nodes computed here from constants (never on the chain)
     for node in g.node:
         op = node.op_type
+        if op in _CONST_FOLD and node.domain in ("", "ai.onnx") and len(node.input) == 1 \
+                and node.input[0] in consts and len(node.output) == 1 and node.output[0]:
+            # exporters write these on weights (torch: an Identity per tied parameter, a
+            # Transpose of a Linear weight without constant folding): the value is the
+            # weight's, as the runtime computes it
+            try:
+                a = _attrs(node)
+            except ModelError as exc:
+                raise ModelError(f"{name}: {exc}") from None
+            consts[node.output[0]] = _fold_const(op, a, np.asarray(consts[node.input[0]]),
+                                                 node, name)
+            folded.add(id(node))
+            continue
         if op not in SUPPORTED:
             continue
         n_in = {"Gemm": (2, 3), "MatMul": (2, 2), "Add": (2, 2), "Sub": (2, 2), "Mul": (2, 2),
@@ -173,9 +256,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 a = _attrs(node)
             except ModelError as exc:
                 raise ModelError(f"{name}: {exc}") from None
-            if "value" not in a:
-                raise ModelError(f"{name}: Constant node {node.name!r} without a tensor value")
-            consts[node.output[0]] = _tensor(a["value"], f"{name}: Constant node {node.name!r}")
+            consts[node.output[0]] = _constant(a, node, name)
             continue
     target = _pick_output(g, name)
     nodes = _slice(g, target)
@@ -278,16 +359,23 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 default=13)
     rank = _input_rank(g, inputs[0])
     flat = rank <= 2
+    reshaped = False
     for idx, node in enumerate(nodes):
         op = node.op_type
-        if id(node) in skip or op == "Constant":
+        if id(node) in skip or op == "Constant" or id(node) in folded:
             continue
         if op not in SUPPORTED:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
                                     "models) built from " + ", ".join(SUPPORTED[:-1]))
             raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); {hint}")
         if op in ("Flatten", "Reshape"):
+            if op == "Flatten" and rank == 1 and not reshaped:
+                # Flatten(axis=1) of (n,) is (n, 1): each feature becomes a row
+                raise ModelError(f"{name}: Flatten node {node.name!r} of the rank-1 model input "
+                                 f"makes each feature a row (shape (n, 1)); declare the input "
+                                 f"as [batch, features]")
             flat = True
+            reshaped = True
         if op in ("Gemm", "MatMul", "LinearRegressor", "LinearClassifier") and not flat:
             # a rank-3 input reaches the layer unflattened: Gemm refuses it, MatMul multiplies
             # each inner row apart; neither is the (batch, features) layer read here
@@ -374,6 +462,15 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 affine(1.0 if first else -1.0, -c if first else c, node)
         elif op == "Gemm":
             a = attrs
+            if opset < 11 and (len(node.input) < 3 or not node.input[2]):
+                # C became optional in opset 11: onnxruntime refuses to load the graph
+                raise ModelError(f"{name}: Gemm node {node.name!r} without a bias (C) input in "
+                                 f"opset {opset}; C is required before opset 11 (onnxruntime "
+                                 f"cannot load it): give it a zero bias or export with opset 11+")
+            if rank == 1 and not reshaped:
+                raise ModelError(f"{name}: Gemm node {node.name!r} reads the rank-1 model input; "
+                                 f"Gemm takes (batch, features) (onnxruntime cannot load it): "
+                                 f"declare the input as [batch, {n_in or 'features'}]")
             if _num(a, "transA", 0, node, name):
                 raise ModelError(f"{name}: Gemm node {node.name!r} with transA=1 is not an MLP layer")
             B = const(node.input[1], node)
@@ -381,8 +478,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 raise ModelError(f"{name}: Gemm node {node.name!r} weight has shape {B.shape}")
             W = (B if _num(a, "transB", 0, node, name) else B.T) * float(_num(a, "alpha", 1.0, node, name))
             b = np.zeros(W.shape[0])
-            if len(node.input) > 2 and node.input[2]:
-                C = const(node.input[2], node) * float(_num(a, "beta", 1.0, node, name))
+            beta = float(_num(a, "beta", 1.0, node, name))
+            # beta 0: onnxruntime skips C (a NaN / Inf there is not read, as 0 * Inf would)
+            if len(node.input) > 2 and node.input[2] and beta != 0.0:
+                C = const(node.input[2], node) * beta
                 if C.ndim > 2 or (C.ndim == 2 and C.shape[0] != 1):
                     # C broadcasts to (batch, outputs): a row of C per batch row is not a bias
                     raise ModelError(f"{name}: Gemm node {node.name!r} bias shape {C.shape} is "
