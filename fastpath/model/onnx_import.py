@@ -173,6 +173,29 @@ def _pick_output(g, name: str):
                      f"beside its label), found {[o.name for o in outs]}")
 
 
+def _check_ssa(g, name: str) -> None:
+    """Each tensor defined once (ONNX's single assignment; onnxruntime refuses the file
+    otherwise): with two definitions, a node output named like the model input or a weight,
+    the chain would be read through one of them while the runtime knows neither."""
+    where: dict = {}
+    for i in g.input:
+        where.setdefault(i.name, "a graph input")
+    for t in g.initializer:
+        if where.get(t.name, "a graph input") != "a graph input":
+            raise ModelError(f"{name}: tensor {t.name!r} is defined twice (two initializers "
+                             f"of that name); ONNX defines each tensor once")
+        where[t.name] = "an initializer"
+    for node in g.node:
+        for o in node.output:
+            if not o:
+                continue
+            if o in where:
+                raise ModelError(f"{name}: tensor {o!r} is defined twice (by {where[o]} and by "
+                                 f"node {node.name!r} ({node.op_type})); ONNX defines each "
+                                 f"tensor once")
+            where[o] = f"node {node.name!r} ({node.op_type})"
+
+
 def _out_type(outs, oname: str) -> int:
     return next(o.type.tensor_type.elem_type for o in outs if o.name == oname)
 
@@ -278,6 +301,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                             _input_width(g, inputs[0]), consts, rank)
         return {"trees": trees, "post": "none", "output": target,
                 "classifier": trees.classifier, "producer": model.producer_name}
+    _check_ssa(g, name)
     cur = inputs[0]
     n_in = _declared_width(g, inputs[0])
     need_in: list = []      # (width, Reshape node) a Reshape before the first layer needs
@@ -479,9 +503,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
             W = (B if _num(a, "transB", 0, node, name) else B.T) * float(_num(a, "alpha", 1.0, node, name))
             b = np.zeros(W.shape[0])
             beta = float(_num(a, "beta", 1.0, node, name))
-            # beta 0: onnxruntime skips C (a NaN / Inf there is not read, as 0 * Inf would)
-            if len(node.input) > 2 and node.input[2] and beta != 0.0:
-                C = const(node.input[2], node) * beta
+            if len(node.input) > 2 and node.input[2]:
+                C = const(node.input[2], node)
                 if C.ndim > 2 or (C.ndim == 2 and C.shape[0] != 1):
                     # C broadcasts to (batch, outputs): a row of C per batch row is not a bias
                     raise ModelError(f"{name}: Gemm node {node.name!r} bias shape {C.shape} is "
@@ -493,6 +516,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 except ValueError:
                     raise ModelError(f"{name}: Gemm node {node.name!r} bias shape {C.shape} does "
                                      f"not match {W.shape[0]} outputs") from None
+                # beta 0: onnxruntime checks C's shape but never reads its values (a NaN /
+                # Inf there is not 0 * Inf)
+                b = b * beta if beta != 0.0 else np.zeros(W.shape[0])
             dense(W, b, node)
         elif op == "MatMul":
             if node.input[0] != cur:
