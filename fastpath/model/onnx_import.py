@@ -247,7 +247,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
         raise ModelError(f"{name}: the graph has no output")
     # every node of the file is checked, not only the served output's: a malformed node is a
     # malformed file, whichever branch it sits on
-    folded: set = set()     # nodes computed here from constants (never on the chain)
+    # outputs of nodes computed here from constants (never on the chain); by name, as a
+    # node's Python object is not the same on each walk over g.node
+    folded: set = set()
     for node in g.node:
         op = node.op_type
         if op in _CONST_FOLD and node.domain in ("", "ai.onnx") and len(node.input) == 1 \
@@ -261,7 +263,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 raise ModelError(f"{name}: {exc}") from None
             consts[node.output[0]] = _fold_const(op, a, np.asarray(consts[node.input[0]]),
                                                  node, name)
-            folded.add(id(node))
+            folded.add(node.output[0])
             continue
         if op not in SUPPORTED:
             continue
@@ -386,7 +388,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
     reshaped = False
     for idx, node in enumerate(nodes):
         op = node.op_type
-        if id(node) in skip or op == "Constant" or id(node) in folded:
+        if id(node) in skip or op == "Constant" or \
+                (op in _CONST_FOLD and node.output and node.output[0] in folded):
             continue
         if op not in SUPPORTED:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
