@@ -381,3 +381,15 @@ def test_random_graphs_are_onnxruntime_or_refused(tmp_path_factory, case):
     got = m.forward(x)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_a_cast_of_a_constant_to_int_off_the_chain_is_left_alone(tmp_path):
+    # the constant folding reads Cast to float only: a label branch casting class ids to
+    # int64 is no weight, and must not make the file unreadable
+    nodes = [_gemm(), helper.make_node("Cast", ["lab"], ["lab_i"], to=TensorProto.INT64),
+             helper.make_node("Identity", ["lab_i"], ["z"])]
+    outs = [helper.make_tensor_value_info("z", TensorProto.INT64, None),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    p = _save(tmp_path / "m.onnx", nodes, {"W": W, "b": B, "lab": np.array([1.0, 2.0], np.float32)},
+              outputs=outs)
+    assert Model.from_onnx(p, head=REG).dims == [4, 3]

@@ -114,7 +114,7 @@ _CONST_FOLD = ("Identity", "Transpose", "Cast")
 
 
 def _fold_const(op: str, a: dict, c: np.ndarray, node, name: str) -> np.ndarray:
-    """Identity / Transpose / Cast (to float) of a constant, as onnxruntime computes it."""
+    """Identity / Transpose / Cast to float of a constant, as onnxruntime computes it."""
     if op == "Identity":
         return c
     if op == "Transpose":
@@ -126,11 +126,14 @@ def _fold_const(op: str, a: dict, c: np.ndarray, node, name: str) -> np.ndarray:
             raise ModelError(f"{name}: Transpose node {node.name!r} perm {perm!r} is not a "
                              f"permutation of the {c.ndim} axes of its constant")
         return np.ascontiguousarray(np.transpose(c, perm))
-    if a.get("to") != _FLOAT or c.dtype.kind not in "fiub":
-        raise ModelError(f"{name}: Cast node {node.name!r} casts a constant to type "
-                         f"{a.get('to')}; fastpath reads float weights: cast them to float "
-                         f"(type {_FLOAT})")
+    if c.dtype.kind not in "fiub":
+        raise ModelError(f"{name}: Cast node {node.name!r} casts a {c.dtype} constant to "
+                         f"float; expected numbers")
     return c.astype(np.float32)
+
+
+def _cast_to(node):
+    return next((a.i for a in node.attribute if a.name == "to"), None)
 
 
 def _fold_out(layer: list, scale: np.ndarray, shift: np.ndarray) -> None:
@@ -253,7 +256,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
     for node in g.node:
         op = node.op_type
         if op in _CONST_FOLD and node.domain in ("", "ai.onnx") and len(node.input) == 1 \
-                and node.input[0] in consts and len(node.output) == 1 and node.output[0]:
+                and node.input[0] in consts and len(node.output) == 1 and node.output[0] \
+                and (op != "Cast" or _cast_to(node) == _FLOAT):
+            # (a Cast of a constant to another type, e.g. class labels to int64 on a
+            # classifier's label branch, is left alone: no weight is made of it)
             # exporters write these on weights (torch: an Identity per tied parameter, a
             # Transpose of a Linear weight without constant folding): the value is the
             # weight's, as the runtime computes it
