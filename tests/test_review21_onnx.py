@@ -393,3 +393,33 @@ def test_a_cast_of_a_constant_to_int_off_the_chain_is_left_alone(tmp_path):
     p = _save(tmp_path / "m.onnx", nodes, {"W": W, "b": B, "lab": np.array([1.0, 2.0], np.float32)},
               outputs=outs)
     assert Model.from_onnx(p, head=REG).dims == [4, 3]
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_reshape_shape_other_than_int64_is_refused(tmp_path, dtype):
+    """onnxruntime loads a Reshape whose shape is int64 only; an int32 or float [-1, 4] was
+    read as a no-op."""
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["h"]), _gemm("h")]
+    p = _save(tmp_path / "m.onnx", nodes, {"W": W, "b": B, "s": np.array([-1, 4], dtype)})
+    assert _ort(p, X) is None
+    with pytest.raises(ModelError, match="expected int64"):
+        Model.from_onnx(p, head=REG)
+    p = _save(tmp_path / "ok.onnx", nodes, {"W": W, "b": B, "s": np.array([-1, 4], np.int64)})
+    _same_as_ort(p)
+
+
+def test_binary_classifier_concat_without_axis_is_refused(tmp_path):
+    """skl2onnx's [1 - p, p] with the Concat's (required) axis missing: onnxruntime cannot
+    load it; it was read as axis 1."""
+    nodes = [helper.make_node("Gemm", ["x", "W1"], ["z"], transB=1),
+             helper.make_node("Sigmoid", ["z"], ["p"]), helper.make_node("Sub", ["one", "p"], ["q"]),
+             helper.make_node("Concat", ["q", "p"], ["y"])]
+    inits = {"W1": W[:1].copy(), "one": np.ones(1, np.float32)}
+    p = _save(tmp_path / "m.onnx", nodes, inits)
+    assert _ort(p, X) is None
+    with pytest.raises(ModelError, match="no axis attribute"):
+        Model.from_onnx(p)
+    nodes[-1] = helper.make_node("Concat", ["q", "p"], ["y"], axis=1)
+    p = _save(tmp_path / "ok.onnx", nodes, inits)
+    ref = _ort(p, X)
+    np.testing.assert_allclose(Model.from_onnx(p).forward(X), ref, rtol=1e-5, atol=1e-6)

@@ -438,7 +438,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 raise ModelError(f"{name}: Cast node {node.name!r} casts to type {attrs.get('to')}; "
                                  f"fastpath computes in float32: export with float inputs")
         elif op == "Reshape":
-            shape = const(node.input[1], node, "any").astype(np.int64).reshape(-1)
+            shape = const(node.input[1], node, "any")
+            if np.asarray(consts[node.input[1]]).dtype != np.int64:
+                # onnxruntime loads a Reshape with an int64 shape only
+                raise ModelError(f"{name}: Reshape node {node.name!r} shape {node.input[1]!r} is "
+                                 f"{np.asarray(consts[node.input[1]]).dtype}, expected int64")
+            shape = shape.astype(np.int64).reshape(-1)
             width = layers[-1][0].shape[0] if layers else n_in
             if _num(attrs, "allowzero", 0, node, name) and 0 in shape.tolist():
                 raise ModelError(f"{name}: Reshape node {node.name!r} with allowzero=1 to "
@@ -476,7 +481,15 @@ def read_onnx(path: str | os.PathLike) -> dict:
                             and list(n.input) == [out_name, cur]), None)
                 if cat is not None and layers and layers[-1][2] == "sigmoid" and \
                         layers[-1][0].shape[0] == 1 and pending is None and post == "none":
-                    if _num(_attrs(cat), "axis", 1, cat, name) not in (1, -1):
+                    try:
+                        cat_a = _attrs(cat)
+                    except ModelError as exc:
+                        raise ModelError(f"{name}: {exc}") from None
+                    if "axis" not in cat_a and opset >= 4:
+                        # required since opset 4: onnxruntime cannot load the graph
+                        raise ModelError(f"{name}: Concat node {cat.name!r} has no axis "
+                                         f"attribute (required since opset 4)")
+                    if _num(cat_a, "axis", 1, cat, name) not in (1, -1):
                         raise ModelError(f"{name}: Concat node {cat.name!r} not over axis 1")
                     layers[-1][2] = "identity"
                     post = "logistic2"
