@@ -423,3 +423,14 @@ def test_binary_classifier_concat_without_axis_is_refused(tmp_path):
     p = _save(tmp_path / "ok.onnx", nodes, inits)
     ref = _ort(p, X)
     np.testing.assert_allclose(Model.from_onnx(p).forward(X), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["Gemm", "MatMul"])
+def test_a_scalar_model_input_is_refused(tmp_path, op):
+    # an input declared with no dimensions: onnxruntime cannot multiply it by a matrix;
+    # the importer served a one-feature layer
+    p = _save(tmp_path / "m.onnx", [helper.make_node(op, ["x", "W1"], ["y"])],
+              {"W1": np.ones((1, 3), np.float32)}, in_shape=())
+    assert _ort(p, np.ones((2, 1), np.float32)[:, 0]) is None
+    with pytest.raises(ModelError, match="declared a scalar"):
+        Model.from_onnx(p, head=REG)

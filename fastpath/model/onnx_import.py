@@ -390,6 +390,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                 default=13)
     rank = _input_rank(g, inputs[0])
+    if rank == 0:
+        raise ModelError(f"{name}: the model input {inputs[0]!r} is declared a scalar (no "
+                         f"dimensions); a dense model reads [batch, features]")
     flat = rank <= 2
     reshaped = False
     for idx, node in enumerate(nodes):
