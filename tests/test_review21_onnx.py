@@ -434,3 +434,20 @@ def test_a_scalar_model_input_is_refused(tmp_path, op):
     assert _ort(p, np.ones((2, 1), np.float32)[:, 0]) is None
     with pytest.raises(ModelError, match="declared a scalar"):
         Model.from_onnx(p, head=REG)
+
+
+@pytest.mark.parametrize("opset,axis", [(11, None), (11, 1), (13, 1)])
+def test_softmax_over_axis_1_of_a_rank1_tensor_is_refused(tmp_path, opset, axis):
+    """A [4] input makes rank-1 tensors: Softmax over axis 1 (explicit, or the default
+    before opset 13) fails in onnxruntime; the importer served a softmax over the outputs."""
+    kw = {} if axis is None else {"axis": axis}
+    nodes = [helper.make_node("MatMul", ["x", "Wt"], ["h"]),
+             helper.make_node("Softmax", ["h"], ["y"], **kw)]
+    p = _save(tmp_path / "m.onnx", nodes, {"Wt": W.T.copy()}, in_shape=(4,), opset=opset)
+    assert _ort(p, X) is None
+    with pytest.raises(ModelError, match="rank-1 tensor"):
+        Model.from_onnx(p)
+    # axis -1 is the same softmax in onnxruntime, and reads
+    nodes[1] = helper.make_node("Softmax", ["h"], ["y"], axis=-1)
+    p = _save(tmp_path / "ok.onnx", nodes, {"Wt": W.T.copy()}, in_shape=(4,), opset=opset)
+    np.testing.assert_allclose(Model.from_onnx(p).forward(X), _ort(p, X), rtol=1e-5, atol=1e-6)
