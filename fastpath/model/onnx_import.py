@@ -5,7 +5,9 @@ the post transform of its outputs. Needs the optional `onnx` package (pip instal
 Design: pick the graph output the engine serves (the only one, or, for a classifier that
 writes `label` and `probabilities`, the float probabilities), keep only the nodes it depends
 on, and walk them in order (ONNX requires topological order), following the single
-activation tensor from the graph input; weights must be initializers or Constant nodes.
+activation tensor from the graph input; weights must be initializers, Constant nodes (any of
+value / value_float(s) / value_int(s)) or an Identity / Transpose / Cast to float of one,
+which is computed here. Each tensor is defined once (ONNX's single assignment).
 What the exporters write around the layers is folded, never approximated by a different
 function: Cast to float, Reshape to (batch, n), Flatten and Identity are no-ops; a Scaler
 (ai.onnx.ml), an elementwise Mul / Add / Sub / Div by a constant and a BatchNormalization are
