@@ -456,3 +456,30 @@ def test_softmax_over_axis_1_of_a_rank1_tensor_is_refused(tmp_path, opset, axis)
     nodes[1] = helper.make_node("Softmax", ["h"], ["y"], axis=-1)
     p = _save(tmp_path / "ok.onnx", nodes, {"Wt": W.T.copy()}, in_shape=(4,), opset=opset)
     np.testing.assert_allclose(Model.from_onnx(p).forward(X), _ort(p, X), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op,attr,first,second", [
+    ("Gemm", "alpha", 2.0, 5.0), ("Gemm", "transB", 1, 0), ("Softmax", "axis", 1, 0),
+    ("Constant", "value_float", 2.0, 3.0)])
+def test_an_attribute_given_twice_is_refused(tmp_path, op, attr, first, second):
+    """onnxruntime refuses a node with an attribute named twice (a Constant's it reads by
+    the first); the importer kept the last (Gemm alpha=2, alpha=5 served as alpha 5)."""
+    if op == "Gemm":
+        n = helper.make_node("Gemm", ["x", "W", "b"], ["y"], **{"transB": 1, attr: first})
+        nodes = [n]
+    elif op == "Softmax":
+        n = helper.make_node("Softmax", ["h"], ["y"], axis=first)
+        nodes = [_gemm(out="h"), n]
+    else:
+        n = helper.make_node("Constant", [], ["k"], value_float=first)
+        nodes = [_gemm(out="h"), n, helper.make_node("Mul", ["h", "k"], ["y"])]
+    n.attribute.append(helper.make_attribute(attr, second))
+    p = _save(tmp_path / "m.onnx", nodes, {"W": W, "b": B}, opset=13)
+    if op == "Constant":
+        # onnxruntime runs this one with the first value; the importer multiplied by the
+        # last: a silently different model
+        np.testing.assert_allclose(_ort(p, X), (X @ W.T + B) * first, rtol=1e-5)
+    else:
+        assert _ort(p, X) is None
+    with pytest.raises(ModelError, match=f"attribute {attr} twice"):
+        Model.from_onnx(p, head=REG)

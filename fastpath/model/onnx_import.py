@@ -53,6 +53,17 @@ def _attrs(node) -> dict:
                          f"({type(exc).__name__}: {exc})") from None
 
 
+def _no_twice(node, name: str) -> None:
+    """An attribute named twice (Gemm alpha=2 and alpha=5): onnxruntime refuses the node,
+    and a dict of them would keep the last."""
+    seen: set = set()
+    for a in node.attribute:
+        if a.name in seen:
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) has attribute "
+                             f"{a.name} twice; a node gives each attribute once")
+        seen.add(a.name)
+
+
 def _num(attrs: dict, key: str, default, node, name: str):
     """A numeric attribute, or a ModelError naming the node when it has another type."""
     v = attrs.get(key, default)
@@ -265,6 +276,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
             # exporters write these on weights (torch: an Identity per tied parameter, a
             # Transpose of a Linear weight without constant folding): the value is the
             # weight's, as the runtime computes it
+            _no_twice(node, name)
             try:
                 a = _attrs(node)
             except ModelError as exc:
@@ -285,6 +297,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                              f"{len(node.output)} outputs; expected {n_in[0]}-{n_in[1]} inputs and "
                              f"{'one output' if n_out[1] == 1 else '1-2 outputs'}")
         if op == "Constant":
+            _no_twice(node, name)
             try:
                 a = _attrs(node)
             except ModelError as exc:
@@ -430,6 +443,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
         if not node.input or node.input[0] != cur and not (binary and cur in node.input):
             raise ModelError(f"{name}: node {node.name!r} ({op}) does not continue the chain from "
                              f"{cur!r}; fastpath imports sequential models only")
+        _no_twice(node, name)
         try:
             attrs = _attrs(node)
         except ModelError as exc:
