@@ -417,7 +417,8 @@ def test_binary_classifier_concat_without_axis_is_refused(tmp_path):
     """skl2onnx's [1 - p, p] with the Concat's (required) axis missing: onnxruntime cannot
     load it; it was read as axis 1."""
     nodes = [helper.make_node("Gemm", ["x", "W1"], ["z"], transB=1),
-             helper.make_node("Sigmoid", ["z"], ["p"]), helper.make_node("Sub", ["one", "p"], ["q"]),
+             helper.make_node("Sigmoid", ["z"], ["p"]),
+             helper.make_node("Sub", ["one", "p"], ["q"]),
              helper.make_node("Concat", ["q", "p"], ["y"])]
     inits = {"W1": W[:1].copy(), "one": np.ones(1, np.float32)}
     p = _save(tmp_path / "m.onnx", nodes, inits)

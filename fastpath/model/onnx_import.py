@@ -271,11 +271,11 @@ def read_onnx(path: str | os.PathLike) -> dict:
         if op in _CONST_FOLD and node.domain in ("", "ai.onnx") and len(node.input) == 1 \
                 and node.input[0] in consts and len(node.output) == 1 and node.output[0] \
                 and (op != "Cast" or _cast_to(node) == _FLOAT):
-            # (a Cast of a constant to another type, e.g. class labels to int64 on a
-            # classifier's label branch, is left alone: no weight is made of it)
             # exporters write these on weights (torch: an Identity per tied parameter, a
             # Transpose of a Linear weight without constant folding): the value is the
-            # weight's, as the runtime computes it
+            # weight's, as the runtime computes it. A Cast of a constant to another type
+            # (class labels to int64 on a classifier's label branch) is left alone: no
+            # weight is made of it
             _no_twice(node, name)
             try:
                 a = _attrs(node)
@@ -500,6 +500,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                             and list(n.input) == [out_name, cur]), None)
                 if cat is not None and layers and layers[-1][2] == "sigmoid" and \
                         layers[-1][0].shape[0] == 1 and pending is None and post == "none":
+                    _no_twice(cat, name)
                     try:
                         cat_a = _attrs(cat)
                     except ModelError as exc:
