@@ -10,6 +10,11 @@ import numpy as np
 from fastpath.errors import ModelError
 
 
+# weights above this many bytes are written as external data (protobuf's limit is 2 GiB for
+# the whole message; the graph itself is small)
+_EXTERNAL_BYTES = 1 << 30
+
+
 def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
     """Gemm (transB=1) + activation per layer, then the post transform as the importer reads
     it back (softmax: Softmax over axis 1; logistic2: Sigmoid, 1 - p, Concat [1 - p, p]);
@@ -22,14 +27,14 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
     top = onnx.defs.onnx_opset_version()
     # below 7 Gemm wants a broadcast attribute (onnxruntime has no kernel for it); above what
     # the installed onnx knows, the file would carry a number no runtime has defined
-    if isinstance(opset, bool) or not isinstance(opset, int) or not 7 <= opset <= top:
+    if isinstance(opset, (bool, np.bool_)) or not isinstance(opset, (int, np.integer)) or \
+            not 7 <= opset <= top:
         raise ModelError(f"opset must be an int in 7..{top} (this onnx package's newest), got "
                          f"{opset!r}")
     ops = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
-    nodes, inits, cur = [], [], "features"
+    nodes, arrays, cur = [], [], "features"
     for i, l in enumerate(model.layers):
-        inits += [numpy_helper.from_array(l.weight, f"W{i}"),
-                  numpy_helper.from_array(l.bias, f"B{i}")]
+        arrays += [(f"W{i}", l.weight), (f"B{i}", l.bias)]
         nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"B{i}"], [f"gemm{i}"], transB=1))
         cur = f"gemm{i}"
         if l.activation in ops:
@@ -41,18 +46,69 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         nodes.append(helper.make_node("Softmax", [cur], ["probs"], axis=1))
         cur = "probs"
     elif model.post == "logistic2":
-        inits.append(numpy_helper.from_array(np.ones(1, np.float32), "one"))
+        arrays.append(("one", np.ones(1, np.float32)))
         nodes += [helper.make_node("Sigmoid", [cur], ["p1"]),
                   helper.make_node("Sub", ["one", "p1"], ["p0"]),
                   helper.make_node("Concat", ["p0", "p1"], ["probs"], axis=1)]
         cur = "probs"
     nodes.append(helper.make_node("Identity", [cur], ["out"]))
-    g = helper.make_graph(
-        nodes, "fastpath_mlp",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", model.dims[0]])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", model.n_outputs])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
-                          producer_name="fastpath")
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    onnx.save(m, os.fspath(path))
+    dest = os.fsdecode(os.fspath(path))
+    if os.path.isdir(dest):
+        raise ModelError(f"Model.to_onnx: {dest!r} is a directory; give the file's name (e.g. "
+                         f"{os.path.join(dest, 'model.onnx')!r})")
+    # one protobuf message holds at most 2 GiB (protobuf refused to build a graph holding a
+    # 23k-wide layer): past _EXTERNAL_BYTES the weights go to a file beside the model, which
+    # onnxruntime and Model.from_onnx read from there
+    big = sum(a.nbytes for _, a in arrays) > _EXTERNAL_BYTES
+    location = os.path.basename(dest) + ".data"
+    data = os.path.join(os.path.dirname(dest), location)
+    tmp = f"{dest}.tmp{os.getpid()}"
+    try:
+        if big:
+            inits = _write_external(arrays, data, location)
+        else:
+            inits = [numpy_helper.from_array(a, k) for k, a in arrays]
+        g = helper.make_graph(
+            nodes, "fastpath_mlp",
+            [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", model.dims[0]])],
+            [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", model.n_outputs])],
+            inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", int(opset))],
+                              producer_name="fastpath")
+        m.ir_version = 8
+        # a temp file renamed over `path`, as Model.save writes: a failed write (disk full)
+        # must not leave a truncated file that a later Engine(path) reads as a damaged model
+        onnx.save(m, tmp)
+        # by path: the checker then reads the external data too (and allows > 2 GiB)
+        onnx.checker.check_model(tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        for f in (tmp, data) if big else (tmp,):
+            try:
+                os.unlink(f)
+            except OSError:
+                pass
+        raise
+
+
+def _write_external(arrays: list, data: str, location: str) -> list:
+    """The arrays written one after another (little-endian float32) to `data`, as tensors
+    that name their place there (ONNX external data)."""
+    from onnx import TensorProto, external_data_helper
+    out = []
+    # written anew: onnx's own writer appends to an existing file
+    with open(data, "wb") as f:
+        for k, a in arrays:
+            a = np.ascontiguousarray(a, dtype="<f4")
+            off = f.tell()
+            f.write(memoryview(a).cast("B"))
+            t = TensorProto()
+            t.name = k
+            t.data_type = TensorProto.FLOAT
+            t.dims.extend(a.shape)
+            t.raw_data = b""    # set_external_data asks for the field; cleared below
+            external_data_helper.set_external_data(t, location, offset=off, length=a.nbytes)
+            t.data_location = TensorProto.EXTERNAL
+            t.ClearField("raw_data")
+            out.append(t)
+    return out

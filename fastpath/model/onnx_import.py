@@ -5,7 +5,9 @@ the post transform of its outputs. Needs the optional `onnx` package (pip instal
 Design: pick the graph output the engine serves (the only one, or, for a classifier that
 writes `label` and `probabilities`, the float probabilities), keep only the nodes it depends
 on, and walk them in order (ONNX requires topological order), following the single
-activation tensor from the graph input; weights must be initializers or Constant nodes.
+activation tensor from the graph input; weights must be initializers, Constant nodes (any of
+value / value_float(s) / value_int(s)) or an Identity / Transpose / Cast to float of one,
+which is computed here. Each tensor is defined once (ONNX's single assignment).
 What the exporters write around the layers is folded, never approximated by a different
 function: Cast to float, Reshape to (batch, n), Flatten and Identity are no-ops; a Scaler
 (ai.onnx.ml), an elementwise Mul / Add / Sub / Div by a constant and a BatchNormalization are
@@ -51,6 +53,17 @@ def _attrs(node) -> dict:
                          f"({type(exc).__name__}: {exc})") from None
 
 
+def _no_twice(node, name: str) -> None:
+    """An attribute named twice (Gemm alpha=2 and alpha=5): onnxruntime refuses the node,
+    and a dict of them would keep the last."""
+    seen: set = set()
+    for a in node.attribute:
+        if a.name in seen:
+            raise ModelError(f"{name}: node {node.name!r} ({node.op_type}) has attribute "
+                             f"{a.name} twice; a node gives each attribute once")
+        seen.add(a.name)
+
+
 def _num(attrs: dict, key: str, default, node, name: str):
     """A numeric attribute, or a ModelError naming the node when it has another type."""
     v = attrs.get(key, default)
@@ -82,6 +95,60 @@ def _tensor(t, what: str) -> np.ndarray:
         raise ModelError(f"{what} is not a readable tensor ({type(exc).__name__}: {exc})") from None
 
 
+# the attributes a Constant node may hold its value in (opset 12+ added the scalar and list
+# forms, which exporters write for a scaler's mean or a 1.0): one dtype each, as the runtime
+# reads them
+_CONST_FORMS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+                "value_ints": np.int64}
+
+
+def _constant(a: dict, node, name: str) -> np.ndarray:
+    """The value of a Constant node, whichever attribute holds it; anything else (a string,
+    a sparse tensor) is named, never read as some other number."""
+    forms = [k for k in a if k == "value" or k in _CONST_FORMS]
+    if len(forms) != 1 or len(a) != 1:
+        raise ModelError(f"{name}: Constant node {node.name!r} has attributes {sorted(a)}; "
+                         f"expected exactly one of value, {', '.join(_CONST_FORMS)}")
+    k = forms[0]
+    if k == "value":
+        return _tensor(a["value"], f"{name}: Constant node {node.name!r}")
+    v = a[k]
+    scalar = not k.endswith("s")
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool)) if scalar else \
+        isinstance(v, (list, tuple)) and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    if not ok:
+        raise ModelError(f"{name}: Constant node {node.name!r} attribute {k} is "
+                         f"{type(v).__name__}, expected {'a number' if scalar else 'numbers'}")
+    return np.asarray(v, _CONST_FORMS[k])
+
+
+_CONST_FOLD = ("Identity", "Transpose", "Cast")
+
+
+def _fold_const(op: str, a: dict, c: np.ndarray, node, name: str) -> np.ndarray:
+    """Identity / Transpose / Cast to float of a constant, as onnxruntime computes it."""
+    if op == "Identity":
+        return c
+    if op == "Transpose":
+        perm = a.get("perm")
+        if perm is None:
+            return np.ascontiguousarray(c.T)
+        if not isinstance(perm, (list, tuple)) or sorted(perm) != list(range(c.ndim)) or \
+                any(isinstance(p, bool) for p in perm):
+            raise ModelError(f"{name}: Transpose node {node.name!r} perm {perm!r} is not a "
+                             f"permutation of the {c.ndim} axes of its constant")
+        return np.ascontiguousarray(np.transpose(c, perm))
+    if c.dtype.kind not in "fiub":
+        raise ModelError(f"{name}: Cast node {node.name!r} casts a {c.dtype} constant to "
+                         f"float; expected numbers")
+    return c.astype(np.float32)
+
+
+def _cast_to(node):
+    return next((a.i for a in node.attribute if a.name == "to"), None)
+
+
 def _fold_out(layer: list, scale: np.ndarray, shift: np.ndarray) -> None:
     """layer's outputs y -> y * scale + shift, folded into its weight and bias."""
     n = layer[0].shape[0]
@@ -110,8 +177,43 @@ def _pick_output(g, name: str):
     if any(o.type.HasField("map_type") or o.type.HasField("sequence_type") for o in outs):
         raise ModelError(f"{name}: the classifier's outputs are a ZipMap (a list of dicts); "
                          f"{_INSTEAD['ZipMap']}")
+    wide = [o.name for o in outs if o.type.tensor_type.elem_type in (11, 10)]  # double, half
+    if not floats and len(wide) == 1:
+        # skl2onnx converts a classifier for the input type it is shown: float64 rows make
+        # double probabilities (and a double graph), which fastpath does not compute
+        raise ModelError(f"{name}: the output {wide[0]!r} is "
+                         f"{'double' if _out_type(outs, wide[0]) == 11 else 'float16'}; "
+                         f"fastpath serves float32 models: export for float32 inputs (skl2onnx: "
+                         f"to_onnx(model, X[:1].astype(numpy.float32)))")
     raise ModelError(f"{name}: expected one float graph output (a classifier's probabilities "
                      f"beside its label), found {[o.name for o in outs]}")
+
+
+def _check_ssa(g, name: str) -> None:
+    """Each tensor defined once (ONNX's single assignment; onnxruntime refuses the file
+    otherwise): with two definitions, a node output named like the model input or a weight,
+    the chain would be read through one of them while the runtime knows neither."""
+    where: dict = {}
+    for i in g.input:
+        where.setdefault(i.name, "a graph input")
+    for t in g.initializer:
+        if where.get(t.name, "a graph input") != "a graph input":
+            raise ModelError(f"{name}: tensor {t.name!r} is defined twice (two initializers "
+                             f"of that name); ONNX defines each tensor once")
+        where[t.name] = "an initializer"
+    for node in g.node:
+        for o in node.output:
+            if not o:
+                continue
+            if o in where:
+                raise ModelError(f"{name}: tensor {o!r} is defined twice (by {where[o]} and by "
+                                 f"node {node.name!r} ({node.op_type})); ONNX defines each "
+                                 f"tensor once")
+            where[o] = f"node {node.name!r} ({node.op_type})"
+
+
+def _out_type(outs, oname: str) -> int:
+    return next(o.type.tensor_type.elem_type for o in outs if o.name == oname)
 
 
 def _slice(g, target: str) -> list:
@@ -150,13 +252,39 @@ def read_onnx(path: str | os.PathLike) -> dict:
     consts = {t.name: _tensor(t, f"{name}: initializer {t.name!r}") for t in g.initializer}
     inputs = [i.name for i in g.input if i.name not in consts]
     if len(inputs) != 1:
-        raise ModelError(f"{name}: expected one graph input, found {inputs}")
+        shadow = [i.name for i in g.input if i.name in consts]
+        # onnxruntime reads an input with an initializer of its name as an input with a
+        # default value; which of them is the model's input the file does not say
+        extra = (f" ({shadow} have initializers of the same name: onnxruntime reads them as "
+                 f"inputs with default values; fastpath reads them as weights, so leave the "
+                 f"model input without an initializer)") if shadow and not inputs else ""
+        raise ModelError(f"{name}: expected one graph input, found {inputs}{extra}")
     if not g.output:
         raise ModelError(f"{name}: the graph has no output")
     # every node of the file is checked, not only the served output's: a malformed node is a
     # malformed file, whichever branch it sits on
+    # outputs of nodes computed here from constants (never on the chain); by name, as a
+    # node's Python object is not the same on each walk over g.node
+    folded: set = set()
     for node in g.node:
         op = node.op_type
+        if op in _CONST_FOLD and node.domain in ("", "ai.onnx") and len(node.input) == 1 \
+                and node.input[0] in consts and len(node.output) == 1 and node.output[0] \
+                and (op != "Cast" or _cast_to(node) == _FLOAT):
+            # exporters write these on weights (torch: an Identity per tied parameter, a
+            # Transpose of a Linear weight without constant folding): the value is the
+            # weight's, as the runtime computes it. A Cast of a constant to another type
+            # (class labels to int64 on a classifier's label branch) is left alone: no
+            # weight is made of it
+            _no_twice(node, name)
+            try:
+                a = _attrs(node)
+            except ModelError as exc:
+                raise ModelError(f"{name}: {exc}") from None
+            consts[node.output[0]] = _fold_const(op, a, np.asarray(consts[node.input[0]]),
+                                                 node, name)
+            folded.add(node.output[0])
+            continue
         if op not in SUPPORTED:
             continue
         n_in = {"Gemm": (2, 3), "MatMul": (2, 2), "Add": (2, 2), "Sub": (2, 2), "Mul": (2, 2),
@@ -169,13 +297,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
                              f"{len(node.output)} outputs; expected {n_in[0]}-{n_in[1]} inputs and "
                              f"{'one output' if n_out[1] == 1 else '1-2 outputs'}")
         if op == "Constant":
+            _no_twice(node, name)
             try:
                 a = _attrs(node)
             except ModelError as exc:
                 raise ModelError(f"{name}: {exc}") from None
-            if "value" not in a:
-                raise ModelError(f"{name}: Constant node {node.name!r} without a tensor value")
-            consts[node.output[0]] = _tensor(a["value"], f"{name}: Constant node {node.name!r}")
+            consts[node.output[0]] = _constant(a, node, name)
             continue
     target = _pick_output(g, name)
     nodes = _slice(g, target)
@@ -197,6 +324,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                             _input_width(g, inputs[0]), consts, rank)
         return {"trees": trees, "post": "none", "output": target,
                 "classifier": trees.classifier, "producer": model.producer_name}
+    _check_ssa(g, name)
     cur = inputs[0]
     n_in = _declared_width(g, inputs[0])
     need_in: list = []      # (width, Reshape node) a Reshape before the first layer needs
@@ -277,17 +405,28 @@ def read_onnx(path: str | os.PathLike) -> dict:
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                 default=13)
     rank = _input_rank(g, inputs[0])
+    if rank == 0:
+        raise ModelError(f"{name}: the model input {inputs[0]!r} is declared a scalar (no "
+                         f"dimensions); a dense model reads [batch, features]")
     flat = rank <= 2
+    reshaped = False
     for idx, node in enumerate(nodes):
         op = node.op_type
-        if id(node) in skip or op == "Constant":
+        if id(node) in skip or op == "Constant" or \
+                (op in _CONST_FOLD and node.output and node.output[0] in folded):
             continue
         if op not in SUPPORTED:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
                                     "models) built from " + ", ".join(SUPPORTED[:-1]))
             raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); {hint}")
         if op in ("Flatten", "Reshape"):
+            if op == "Flatten" and rank == 1 and not reshaped:
+                # Flatten(axis=1) of (n,) is (n, 1): each feature becomes a row
+                raise ModelError(f"{name}: Flatten node {node.name!r} of the rank-1 model input "
+                                 f"makes each feature a row (shape (n, 1)); declare the input "
+                                 f"as [batch, features]")
             flat = True
+            reshaped = True
         if op in ("Gemm", "MatMul", "LinearRegressor", "LinearClassifier") and not flat:
             # a rank-3 input reaches the layer unflattened: Gemm refuses it, MatMul multiplies
             # each inner row apart; neither is the (batch, features) layer read here
@@ -304,6 +443,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
         if not node.input or node.input[0] != cur and not (binary and cur in node.input):
             raise ModelError(f"{name}: node {node.name!r} ({op}) does not continue the chain from "
                              f"{cur!r}; fastpath imports sequential models only")
+        _no_twice(node, name)
         try:
             attrs = _attrs(node)
         except ModelError as exc:
@@ -317,7 +457,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 raise ModelError(f"{name}: Cast node {node.name!r} casts to type {attrs.get('to')}; "
                                  f"fastpath computes in float32: export with float inputs")
         elif op == "Reshape":
-            shape = const(node.input[1], node, "any").astype(np.int64).reshape(-1)
+            shape = const(node.input[1], node, "any")
+            if np.asarray(consts[node.input[1]]).dtype != np.int64:
+                # onnxruntime loads a Reshape with an int64 shape only
+                raise ModelError(f"{name}: Reshape node {node.name!r} shape {node.input[1]!r} is "
+                                 f"{np.asarray(consts[node.input[1]]).dtype}, expected int64")
+            shape = shape.astype(np.int64).reshape(-1)
             width = layers[-1][0].shape[0] if layers else n_in
             if _num(attrs, "allowzero", 0, node, name) and 0 in shape.tolist():
                 raise ModelError(f"{name}: Reshape node {node.name!r} with allowzero=1 to "
@@ -355,7 +500,16 @@ def read_onnx(path: str | os.PathLike) -> dict:
                             and list(n.input) == [out_name, cur]), None)
                 if cat is not None and layers and layers[-1][2] == "sigmoid" and \
                         layers[-1][0].shape[0] == 1 and pending is None and post == "none":
-                    if _num(_attrs(cat), "axis", 1, cat, name) not in (1, -1):
+                    _no_twice(cat, name)
+                    try:
+                        cat_a = _attrs(cat)
+                    except ModelError as exc:
+                        raise ModelError(f"{name}: {exc}") from None
+                    if "axis" not in cat_a and opset >= 4:
+                        # required since opset 4: onnxruntime cannot load the graph
+                        raise ModelError(f"{name}: Concat node {cat.name!r} has no axis "
+                                         f"attribute (required since opset 4)")
+                    if _num(cat_a, "axis", 1, cat, name) not in (1, -1):
                         raise ModelError(f"{name}: Concat node {cat.name!r} not over axis 1")
                     layers[-1][2] = "identity"
                     post = "logistic2"
@@ -374,6 +528,15 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 affine(1.0 if first else -1.0, -c if first else c, node)
         elif op == "Gemm":
             a = attrs
+            if opset < 11 and (len(node.input) < 3 or not node.input[2]):
+                # C became optional in opset 11: onnxruntime refuses to load the graph
+                raise ModelError(f"{name}: Gemm node {node.name!r} without a bias (C) input in "
+                                 f"opset {opset}; C is required before opset 11 (onnxruntime "
+                                 f"cannot load it): give it a zero bias or export with opset 11+")
+            if rank == 1 and not reshaped:
+                raise ModelError(f"{name}: Gemm node {node.name!r} reads the rank-1 model input; "
+                                 f"Gemm takes (batch, features) (onnxruntime cannot load it): "
+                                 f"declare the input as [batch, {n_in or 'features'}]")
             if _num(a, "transA", 0, node, name):
                 raise ModelError(f"{name}: Gemm node {node.name!r} with transA=1 is not an MLP layer")
             B = const(node.input[1], node)
@@ -381,8 +544,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 raise ModelError(f"{name}: Gemm node {node.name!r} weight has shape {B.shape}")
             W = (B if _num(a, "transB", 0, node, name) else B.T) * float(_num(a, "alpha", 1.0, node, name))
             b = np.zeros(W.shape[0])
+            beta = float(_num(a, "beta", 1.0, node, name))
             if len(node.input) > 2 and node.input[2]:
-                C = const(node.input[2], node) * float(_num(a, "beta", 1.0, node, name))
+                C = const(node.input[2], node)
                 if C.ndim > 2 or (C.ndim == 2 and C.shape[0] != 1):
                     # C broadcasts to (batch, outputs): a row of C per batch row is not a bias
                     raise ModelError(f"{name}: Gemm node {node.name!r} bias shape {C.shape} is "
@@ -394,6 +558,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 except ValueError:
                     raise ModelError(f"{name}: Gemm node {node.name!r} bias shape {C.shape} does "
                                      f"not match {W.shape[0]} outputs") from None
+                # beta 0: onnxruntime checks C's shape but never reads its values (a NaN /
+                # Inf there is not 0 * Inf)
+                b = b * beta if beta != 0.0 else np.zeros(W.shape[0])
             dense(W, b, node)
         elif op == "MatMul":
             if node.input[0] != cur:
@@ -478,6 +645,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
             if post != "none":
                 raise ModelError(f"{name}: Softmax node {node.name!r} after the output's {post} "
                                  f"(a second softmax); fastpath serves one output transform")
+            if rank == 1 and not reshaped and ax != -1:
+                # a rank-1 tensor (a [features] input, no batch axis) has axis 0 only: axis 1
+                # (the default before opset 13) is out of range, and onnxruntime fails
+                raise ModelError(f"{name}: Softmax node {node.name!r} over axis {ax} of the "
+                                 f"rank-1 tensor a [features] input makes; give it axis=-1, or "
+                                 f"declare the input as [batch, features]")
             if ax not in (1, -1) or not layers or layers[-1][3] or pending is not None:
                 raise ModelError(f"{name}: Softmax node {node.name!r} must come right after the "
                                  f"last dense layer, over axis 1")
