@@ -396,3 +396,21 @@ def test_doctor_gpu_with_no_gpu_fails_and_says_why(tmp_path):
     by = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
     assert by["gpu_backend"]["status"] == ("pass" if ok else "fail")
     assert why in by["gpu_backend"]["detail"]
+
+
+def test_onnx_tree_node_with_an_attribute_twice_is_refused(tmp_path):
+    """A TreeEnsembleRegressor giving nodes_values twice: onnxruntime refuses the node, the
+    reader kept the last copy (the MLP path refused it already)."""
+    import onnx
+    from onnx import helper
+    from fastpath.model import Model
+    from test_review20_models import _tree_graph
+    rows = [(0, 0, 0, "BRANCH_LEQ", 0.0, 1, 2), (0, 1, 0, "LEAF", 0, 0, 0),
+            (0, 2, 0, "LEAF", 0, 0, 0)]
+    p = _tree_graph(tmp_path, rows, [(0, 1, 1.0), (0, 2, 2.0)])
+    Model.from_onnx(p)
+    m = onnx.load(p)
+    m.graph.node[0].attribute.append(helper.make_attribute("nodes_values", [5.0, 0.0, 0.0]))
+    onnx.save(m, p)
+    with pytest.raises(fastpath.ModelError, match="attribute nodes_values twice"):
+        Model.from_onnx(p)

@@ -318,6 +318,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"{node.domain or 'ai.onnx'!r}; fastpath reads {op} of the "
                                  f"{want[0] or 'default (ai.onnx)'} domain only")
     if any(n.op_type in _TREE_OPS for n in nodes):
+        # a tensor defined twice is refused as on the MLP path (onnxruntime refuses most)
+        _check_ssa(g, name)
         rank = _input_rank(g, inputs[0])
         trees = _read_trees(nodes, inputs[0], target, name,
                             _declared_width(g, inputs[0]) if rank > 2 else
@@ -777,6 +779,9 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     if ens is None or cur != target:
         raise ModelError(f"{name}: the tree ensemble's chain ends at {cur!r}, not at the graph "
                          f"output {target!r}")
+    # an attribute given twice (nodes_values twice: onnxruntime refuses the node; the reader
+    # kept the last copy)
+    _no_twice(ens, name)
     try:
         a = _attrs(ens)
     except ModelError as exc:
