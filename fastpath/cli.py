@@ -158,10 +158,14 @@ def cmd_calibrate(args) -> int:
         print(f"head: {h.kind} (outputs {list(h.outputs)})")
     if args.weights is not None and args.weights != out.weights:
         from fastpath.tuning import weights_error
-        e = weights_error(out, raws, args.weights, syms)
-        print(f"weights: {args.weights} hidden layers; signal against fp32 on these "
-              f"ticks: max |d| {e['max_abs']:.4g} (tick {e['worst_tick']}), mean "
-              f"{e['mean_abs']:.3g}, {e['sign_flips']} sign flip(s) in {e['n']}")
+        # back to fp32: what the weights it had cost (fp32 against fp32 would read 0)
+        measured = out.weights if args.weights == "fp32" else args.weights
+        e = weights_error(out, raws, measured, syms)
+        what = (f"fp32 hidden layers (were {out.weights}; {out.weights}'s signal against fp32"
+                if args.weights == "fp32" else f"{args.weights} hidden layers (signal against fp32")
+        print(f"weights: {what} on these ticks: max |d| {e['max_abs']:.4g} (tick "
+              f"{e['worst_tick']}), mean {e['mean_abs']:.3g}, {e['sign_flips']} sign flip(s) in "
+              f"{e['n']})")
         out = out.with_weights(args.weights)
     if args.max_error is None:
         cache = ("cache: off (no --max-error given; fit a policy with --max-error E, the largest "

@@ -300,8 +300,17 @@ def test_calibrate_weights_prints_the_cost_and_records_the_choice(tmp_path):
                           "--model", DEMO_MODEL, "--out", str(tmp_path / "o.fpm"),
                           "--weights", "int8"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "weights: int8 hidden layers; signal against fp32" in out.stdout
+    assert "weights: int8 hidden layers (signal against fp32 on these ticks: max |d|" in out.stdout
     assert Model.load(tmp_path / "o.fpm").weights == "int8"
+    # and back: the report is what int8 cost, not fp32 against itself (0)
+    back = subprocess.run([sys.executable, "-m", "fastpath.cli", "calibrate", "--ticks",
+                           str(tmp_path / "t.npy"), "--symbols", str(tmp_path / "s.npy"),
+                           "--model", str(tmp_path / "o.fpm"), "--out", str(tmp_path / "b.fpm"),
+                           "--weights", "fp32"], capture_output=True, text=True, timeout=300)
+    assert back.returncode == 0, back.stderr
+    assert "weights: fp32 hidden layers (were int8; int8's signal against fp32" in back.stdout
+    assert "max |d| 0 " not in back.stdout
+    assert Model.load(tmp_path / "b.fpm").weights == "fp32"
 
 
 def test_save_to_a_directory_is_a_model_error(tmp_path):
