@@ -231,8 +231,12 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
     n = len(blob)
     minimum = len(MAGIC) + 8 + 4 + len(END)
     if n < minimum or blob[:len(MAGIC)] != MAGIC:
-        if blob[:len(MAGIC) - 1] == MAGIC[:-1]:
+        if n >= len(MAGIC) and blob[:len(MAGIC) - 1] == MAGIC[:-1] and blob[:len(MAGIC)] != MAGIC:
             raise ModelError(f"{name}: unsupported bundle version byte {blob[7:8]!r}")
+        if blob[:min(n, len(MAGIC))] == MAGIC[:min(n, len(MAGIC))] and n:
+            # the start of a bundle, cut short: "unsupported version byte b''" (or b'\x01',
+            # this reader's own) sent the reader looking for a newer fastpath
+            raise ModelError(f"{name} is truncated: {n} bytes, a bundle has at least {minimum}")
         raise ModelError(f"{name} is not a fastpath model bundle (.fpm): bad magic "
                          f"{blob[:8]!r}, expected {MAGIC!r}")
     if blob[-len(END):] != END:

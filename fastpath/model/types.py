@@ -76,7 +76,23 @@ def _f32(a: Any, what: str, ndim: int) -> np.ndarray:
     return arr
 
 
-@dataclass(frozen=True)
+def _frozen(a: np.ndarray) -> np.ndarray:
+    # validated once: a later write (an optimizer step on model.layers[0].weight) would
+    # change the model under an Engine built from it (engine.model kept reporting the new
+    # weights while the engine ran its copy of the old ones) and skip the NaN checks
+    a.setflags(write=False)
+    return a
+
+
+def _key(obj: Any, fields: Sequence[str]) -> tuple:
+    """What equality and hashing compare: the fields, each array as its dtype, shape and
+    bytes (the generated __eq__ compared arrays with ==, and bool() of that raised numpy's
+    "truth value is ambiguous" for any two models not the same object)."""
+    return tuple((a.dtype.str, a.shape, a.tobytes()) if isinstance(a, np.ndarray) else a
+                 for a in (getattr(obj, f) for f in fields))
+
+
+@dataclass(frozen=True, eq=False)
 class Layer:
     """Dense layer: y = activation(weight @ x + bias); weight is (out, in)."""
     weight: np.ndarray
@@ -93,11 +109,20 @@ class Layer:
         if self.activation not in ACTIVATIONS:
             raise ModelError(f"activation {self.activation!r} not supported; expected one of "
                              f"{ACTIVATIONS}")
-        object.__setattr__(self, "weight", w)
-        object.__setattr__(self, "bias", b)
+        object.__setattr__(self, "weight", _frozen(w))
+        object.__setattr__(self, "bias", _frozen(b))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return _key(self, ("weight", "bias", "activation")) == \
+            _key(other, ("weight", "bias", "activation"))
+
+    def __hash__(self) -> int:
+        return hash(_key(self, ("weight", "bias", "activation")))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FeatureSpec:
     """How a raw tick becomes the model input.
 
@@ -142,11 +167,21 @@ class FeatureSpec:
                              f"2*len(w_idx)), got {mean.shape[0]} and {inv.shape[0]}")
         object.__setattr__(self, "raw_len", int(self.raw_len))
         object.__setattr__(self, "window", int(self.window) if len(w) else 1)
-        object.__setattr__(self, "z_idx", z.astype(np.int32))
-        object.__setattr__(self, "w_idx", w.astype(np.int32))
-        object.__setattr__(self, "mean", mean)
-        object.__setattr__(self, "inv_std", inv)
+        object.__setattr__(self, "z_idx", _frozen(z.astype(np.int32)))
+        object.__setattr__(self, "w_idx", _frozen(w.astype(np.int32)))
+        object.__setattr__(self, "mean", _frozen(mean))
+        object.__setattr__(self, "inv_std", _frozen(inv))
         object.__setattr__(self, "field_names", tuple(str(n) for n in self.field_names))
+
+    _FIELDS = ("raw_len", "z_idx", "w_idx", "window", "mean", "inv_std", "field_names")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return _key(self, self._FIELDS) == _key(other, self._FIELDS)
+
+    def __hash__(self) -> int:
+        return hash(_key(self, self._FIELDS))
 
     @property
     def n_feat(self) -> int:
@@ -172,14 +207,17 @@ class FeatureSpec:
             name = f" ({field_names[j]})" if j < len(field_names) else ""
             raise ModelError(f"calibration ticks must be finite: row {i} field {j}{name} is "
                              f"{raws[i, j]} ({int(bad.any(1).sum())} row(s) hold NaN/Inf)")
-        z = np.asarray(list(z_idx), dtype=np.int64)
-        w = np.asarray(list(w_idx), dtype=np.int64)
+        n, R = raws.shape
+        # checked before the replay indexes with them: a float index (1.7) was truncated to
+        # field 1 by the int64 cast, True read field 1, and one past raw_len was numpy's
+        # IndexError
+        z = _fit_indices(z_idx, R, "z_idx")
+        w = _fit_indices(w_idx, R, "w_idx")
         # checked here too, before the replay below indexes with it (the spec's own check
         # comes after: a window of -3 was an IndexError from numpy)
         if len(w) and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
                        or not 1 <= window <= 1 << 16):
             raise ModelError(f"feature spec window must be an int in 1..65536, got {window!r}")
-        n, R = raws.shape
         if symbols is None:
             symbols = np.zeros(n, np.int64)
         pre = window_pre_features(raws, symbols, z, w, window)
@@ -191,7 +229,16 @@ class FeatureSpec:
 
     def apply(self, raws: np.ndarray, symbols: np.ndarray | None = None) -> np.ndarray:
         """Reference (numpy) features for a sequence of ticks, windows replayed per symbol."""
-        raws = np.asarray(raws, dtype=np.float32)
+        try:
+            raws = np.asarray(raws, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"FeatureSpec.apply: raws must be numbers, got "
+                             f"{type(raws).__name__} ({exc})") from None
+        if raws.ndim != 2 or raws.shape[1] != self.raw_len:
+            # a wider row was read by its first raw_len fields, silently (another layout's
+            # ticks), a narrower one was numpy's IndexError
+            raise InputError(f"FeatureSpec.apply: raws must have shape (n, {self.raw_len}), "
+                             f"got {raws.shape}")
         if symbols is None:
             symbols = np.zeros(len(raws), np.int64)
         pre = window_pre_features(raws, symbols, self.z_idx, self.w_idx, self.window)
@@ -208,17 +255,35 @@ def window_pre_features(raws: np.ndarray, symbols: np.ndarray, z_idx: np.ndarray
     std, where sums over the whole stream kept none of it)."""
     n = len(raws)
     k = len(w_idx)
+    symbols = np.asarray(symbols)
+    if symbols.shape != (n,) or symbols.dtype.kind not in "iu":
+        # every tick needs its symbol: with fewer symbols than ticks the rows past them were
+        # never written (np.empty) and a fit's mean came out as 1e33; with more, an IndexError
+        raise InputError(f"symbols must be an integer array of shape ({n},), one per tick, got "
+                         f"{symbols.dtype} {symbols.shape}")
     pre = np.empty((n, len(z_idx) + 2 * k), np.float32)
     pre[:, :len(z_idx)] = raws[:, z_idx]
     if k:
         vals = raws[:, w_idx].astype(np.float64)
-        symbols = np.asarray(symbols)
         for s in np.unique(symbols):
             rows = np.flatnonzero(symbols == s)
             m, sd = _rolling_mean_std(vals[rows], window)
             pre[rows, len(z_idx):len(z_idx) + k] = m
             pre[rows, len(z_idx) + k:] = sd
     return pre
+
+
+def _fit_indices(idx: Iterable[int], raw_len: int, what: str) -> np.ndarray:
+    """Field indices for FeatureSpec.fit as int64, each an int (not a bool or a float) in
+    0..raw_len-1; a ModelError naming the first bad one otherwise."""
+    vals = list(idx)
+    for v in vals:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ModelError(f"feature spec {what} must hold integer field indices, got {v!r}")
+        if not 0 <= v < raw_len:
+            raise ModelError(f"feature spec {what} holds field {int(v)}, outside the ticks' "
+                             f"fields 0..{raw_len - 1}")
+    return np.asarray(vals, dtype=np.int64)
 
 
 def _feature_rows(features: Any, n_feat: int, what: str) -> np.ndarray:
@@ -438,6 +503,12 @@ class Model:
         object.__setattr__(self, "head_spec", head)
         object.__setattr__(self, "feature_spec", fs)
         object.__setattr__(self, "meta", dict(self.meta))
+
+    def __hash__(self) -> int:
+        # meta (a dict) is left out: models equal in all fields are equal in these, and the
+        # generated hash raised TypeError on it (and on the arrays)
+        return hash((self.layers, self.feature_spec, self.cache_policy, self.post,
+                     self.head_spec, self.weights, self.trees))
 
     def _init_trees(self) -> None:
         from fastpath.model.trees import TreeEnsemble
