@@ -289,9 +289,9 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
         raise ModelError(f"cos_grid and norm_grid must each hold at least one candidate, got "
                          f"{len(cos_grid)} and {len(norm_grid)}")
     if ts_ns is None:
-        if isinstance(tick_ns, bool) or not isinstance(tick_ns, int) or tick_ns < 1:
+        if isinstance(tick_ns, bool) or not isinstance(tick_ns, (int, np.integer)) or tick_ns < 1:
             raise InputError(f"tick_ns must be a positive int, got {tick_ns!r}")
-        ts = np.arange(n, dtype=np.int64) * tick_ns
+        ts = np.arange(n, dtype=np.int64) * int(tick_ns)
         stamps = f"no timestamps: ticks taken {tick_ns} ns apart"
     else:
         ts = np.asarray(ts_ns)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -437,6 +437,18 @@ class Head:
         return {"kind": self.kind, "scale": self.scale, "outputs": list(self.outputs)}
 
 
+def _meta(meta: Any) -> dict:
+    """The model's meta as a new dict: None is no meta (it was a TypeError from dict()), a
+    mapping is copied, anything else is refused (dict() read a list of pairs as a dict and
+    failed on other lists with a ValueError about 'update sequence elements')."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise ModelError(f"meta must be a dict of JSON values (or None), got "
+                         f"{type(meta).__name__}")
+    return dict(meta)
+
+
 @dataclass(frozen=True)
 class Model:
     """An MLP (layers) or a tree ensemble (trees, layers empty) with its feature spec, cache
@@ -502,7 +514,7 @@ class Model:
         object.__setattr__(self, "layers", layers)
         object.__setattr__(self, "head_spec", head)
         object.__setattr__(self, "feature_spec", fs)
-        object.__setattr__(self, "meta", dict(self.meta))
+        object.__setattr__(self, "meta", _meta(self.meta))
 
     def __hash__(self) -> int:
         # meta (a dict) is left out: models equal in all fields are equal in these, and the
@@ -546,7 +558,7 @@ class Model:
         object.__setattr__(self, "layers", ())
         object.__setattr__(self, "head_spec", head)
         object.__setattr__(self, "feature_spec", fs)
-        object.__setattr__(self, "meta", dict(self.meta))
+        object.__setattr__(self, "meta", _meta(self.meta))
 
     # -------------------------------------------------------------- shapes
     @property
@@ -637,8 +649,19 @@ class Model:
         return np.tanh(out[..., 0]), 1.0 / (1.0 + np.exp(-out[..., 1]))
 
     def signal(self, out: np.ndarray) -> tuple:
-        """(signal, confidence) for model outputs by this model's head (numpy reference)."""
-        return self.head_spec.apply(out)
+        """(signal, confidence) for model outputs (n_outputs,) or (n, n_outputs) by this
+        model's head (numpy reference)."""
+        try:
+            o = np.asarray(out, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"Model.signal: outputs must be numbers, got "
+                             f"{type(out).__name__} ({exc})") from None
+        if o.ndim not in (1, 2) or o.shape[-1] != self.n_outputs:
+            # a narrower row was numpy's IndexError; a wider one was read silently (a
+            # classifier's confidence, the max over the row, came from outputs it lacks)
+            raise InputError(f"Model.signal: outputs must have shape ({self.n_outputs},) or "
+                             f"(n, {self.n_outputs}), got {o.shape}")
+        return self.head_spec.apply(o)
 
     # ------------------------------------------------- formats and fitting
     def save(self, path: str | os.PathLike) -> None:

@@ -1,0 +1,261 @@
+"""The model object and its fitting helpers, hunted for wrong answers: Model / Layer /
+FeatureSpec / TreeEnsemble equality and hashing (== raised numpy's "truth value is
+ambiguous" on any copy), model arrays frozen once validated (a write after building changed
+engine.model but not the engine), FeatureSpec.fit / apply refusing symbols, indices and ticks
+they would misread (too few symbols fitted means of 1e33 from uninitialized rows), the
+bundle's message for a file cut inside its first bytes, Model(meta=None), Model.signal on
+outputs of the wrong width, and differential checks of calibrate / fit_head_scale against a
+plain numpy reading of their docstrings."""
+import numpy as np
+import pytest
+
+from fastpath import Engine, InputError, ModelError
+from fastpath.model import CachePolicy, FeatureSpec, Head, Layer, Model
+from fastpath.model.bundle import MAGIC
+from fastpath.model.trees import TreeEnsemble
+from fastpath.tuning import calibrate, fit_cache_policy, fit_head_scale
+
+from conftest import engine_cfg, random_model
+
+F32 = np.float32
+
+
+def _stumps(values, n_features=2):
+    T = len(values)
+    return TreeEnsemble(n_features=n_features, n_targets=1,
+                        tree_offsets=np.arange(0, 3 * T + 1, 3), mode=np.tile([0, 6, 6], T),
+                        feature=np.zeros(3 * T, int), threshold=np.zeros(3 * T),
+                        true_child=np.tile([1, 0, 0], T), false_child=np.tile([2, 0, 0], T),
+                        nan_true=np.zeros(3 * T, int),
+                        weight_node=np.concatenate([[3 * t + 1, 3 * t + 2] for t in range(T)]),
+                        weight_target=np.zeros(2 * T, int),
+                        weight_value=np.concatenate([[v, 0.0] for v in values]))
+
+
+def _windowed_model(rng):
+    fs = FeatureSpec(4, np.array([0, 1]), np.array([2]), 5, np.zeros(4, F32), np.ones(4, F32))
+    return random_model(rng, [4, 6, 2], fs=fs)
+
+
+# ------------------------------------------------------------------- equality and hashing
+def test_a_model_read_back_equals_the_one_written_and_hashes_alike():
+    # every comparison of two distinct models raised ValueError ("truth value of an array
+    # ... is ambiguous"), and hash() raised TypeError (unhashable ndarray, then dict)
+    m = _windowed_model(np.random.default_rng(0))
+    back = Model.from_bytes(m.to_bytes())
+    assert back is not m and back == m and not (back != m)
+    assert hash(back) == hash(m) and len({m, back}) == 1
+    assert back.layers[0] == m.layers[0] and back.feature_spec == m.feature_spec
+    t = Model((), trees=_stumps([0.5, -1.0]))
+    tb = Model.from_bytes(t.to_bytes())
+    assert tb == t and tb.trees == t.trees and hash(tb.trees) == hash(t.trees)
+    assert {tb: 1}[t] == 1
+
+
+def test_models_that_differ_anywhere_are_unequal():
+    rng = np.random.default_rng(1)
+    m = _windowed_model(rng)
+    w = m.layers[0].weight.copy()
+    w[2, 3] = np.nextafter(w[2, 3], F32(9))
+    other = Model((Layer(w, m.layers[0].bias, m.layers[0].activation),) + m.layers[1:],
+                  m.feature_spec)
+    assert other != m and m != other
+    fs = m.feature_spec
+    for changed in (FeatureSpec(fs.raw_len, fs.z_idx, fs.w_idx, fs.window + 1, fs.mean, fs.inv_std),
+                    FeatureSpec(fs.raw_len, fs.z_idx, fs.w_idx, fs.window, fs.mean + 1, fs.inv_std),
+                    FeatureSpec(fs.raw_len, fs.z_idx[::-1], fs.w_idx, fs.window, fs.mean, fs.inv_std)):
+        assert changed != fs and m.with_feature_spec(changed) != m
+    assert m.with_weights("bf16") != m and m.with_head(Head("tanh_sigmoid", 1.0, (1, 0))) != m
+    assert Model(m.layers, fs, meta={"a": 1}) != Model(m.layers, fs, meta={"a": 2})
+    assert Model((), trees=_stumps([0.5])) != Model((), trees=_stumps([0.25]))
+    assert m != "a model" and m.layers[0] != "a layer" and m.feature_spec != 3
+
+
+# ----------------------------------------------------------------------------- immutability
+def test_a_models_arrays_cannot_change_under_an_engine_built_from_it():
+    # the arrays were writable: weight[:] = 0 after Engine(m) left the engine running the
+    # old weights while engine.model (the same object) and a save of it had the new ones
+    rng = np.random.default_rng(2)
+    m = _windowed_model(rng)
+    e = Engine(m, config=engine_cfg("scalar"))
+    for a in (m.layers[0].weight, m.layers[1].bias, m.feature_spec.mean, m.feature_spec.inv_std,
+              m.feature_spec.z_idx, m.feature_spec.w_idx):
+        with pytest.raises(ValueError, match="read-only"):
+            a[...] = 0
+    x = rng.standard_normal(4).astype(F32)
+    assert np.allclose(e.predict(x), e.model.forward(x), atol=1e-5)
+
+
+def test_the_callers_arrays_stay_theirs():
+    rng = np.random.default_rng(3)
+    w, b = rng.standard_normal((2, 3)).astype(F32), np.zeros(2, F32)
+    mean, inv = np.zeros(3, F32), np.ones(3, F32)
+    m = Model((Layer(w, b),), FeatureSpec(3, np.arange(3), np.zeros(0, int), 1, mean, inv))
+    before = m.to_bytes()
+    w[:] = np.nan
+    mean[:] = 7
+    assert w.flags.writeable and mean.flags.writeable      # the caller's still writable
+    assert m.to_bytes() == before
+
+
+def test_with_methods_keep_arrays_frozen_and_the_model_equal_where_unchanged():
+    m = _windowed_model(np.random.default_rng(4))
+    for m2 in (m.with_cache_policy(m.cache_policy), m.with_feature_spec(m.feature_spec)):
+        assert m2 == m and not m2.layers[0].weight.flags.writeable
+
+
+# --------------------------------------------------------------------------- the bundle
+@pytest.mark.parametrize("k", range(1, 28))
+def test_a_bundle_cut_inside_its_first_bytes_is_named_truncated(k):
+    # k = 7..27 said "unsupported bundle version byte b''" (or b'\x01', this reader's own
+    # version), k = 1..6 "bad magic": the file is a bundle, cut short
+    blob = Model((Layer(np.ones((2, 3), F32), np.zeros(2, F32)),)).to_bytes()
+    with pytest.raises(ModelError, match=rf"is truncated: {k} bytes") as err:
+        Model.from_bytes(blob[:k])
+    assert "version" not in str(err.value)
+
+
+def test_other_first_bytes_are_still_named_for_what_they_are():
+    with pytest.raises(ModelError, match="bad magic"):
+        Model.from_bytes(b"PK\x03\x04" + bytes(40))
+    with pytest.raises(ModelError, match="bad magic"):
+        Model.from_bytes(b"")
+    with pytest.raises(ModelError, match=r"unsupported bundle version byte b'\\x02'"):
+        Model.from_bytes(MAGIC[:-1] + b"\x02" + bytes(40))
+
+
+def test_every_truncation_and_byte_flip_of_a_bundle_is_a_model_error():
+    m = Model((), trees=_stumps([0.5, -1.0]))
+    blob = m.to_bytes()
+    for k in range(len(blob)):
+        with pytest.raises(ModelError):
+            Model.from_bytes(blob[:k])
+    for k in range(0, len(blob), 7):
+        bad = bytearray(blob)
+        bad[k] ^= 0x40
+        with pytest.raises(ModelError):
+            Model.from_bytes(bytes(bad))
+
+
+def test_save_load_save_is_byte_identical(tmp_path):
+    m = _windowed_model(np.random.default_rng(5))
+    m = Model(m.layers, m.feature_spec, CachePolicy(True, 0.9999, 0.01, 10, 3, 0.004),
+              {"note": "x", "arr": np.arange(3), "f": np.float32(0.1)})
+    m.save(tmp_path / "a.fpm")
+    b = Model.load(tmp_path / "a.fpm")
+    b.save(tmp_path / "b.fpm")
+    assert (tmp_path / "a.fpm").read_bytes() == (tmp_path / "b.fpm").read_bytes()
+
+
+# ------------------------------------------------------------------------ FeatureSpec.fit
+def test_fit_refuses_symbols_that_do_not_match_the_ticks():
+    # fewer symbols than ticks: the rows past them were never written (np.empty) and the fit
+    # came back with a mean of ~1e33; more: numpy's IndexError
+    raws = np.random.default_rng(6).standard_normal((200, 4)).astype(F32)
+    for sy in (np.zeros(150, int), np.zeros(250, int), np.zeros((200, 1), int),
+               np.zeros(200, float)):
+        with pytest.raises(InputError, match=r"symbols must be an integer array of shape \(200,\)"):
+            FeatureSpec.fit(raws, [0], [1], window=4, symbols=sy)
+
+
+@pytest.mark.parametrize("z,match", [([1.7], "integer field indices, got 1.7"),
+                                     ([True], "integer field indices, got True"),
+                                     ([7], "field 7, outside the ticks' fields 0..3"),
+                                     ([-1], "field -1, outside")])
+def test_fit_refuses_field_indices_it_would_misread(z, match):
+    # 1.7 was cast to field 1 and True to field 1 (a spec on another field than named), 7
+    # was numpy's IndexError
+    raws = np.random.default_rng(7).standard_normal((50, 4)).astype(F32)
+    with pytest.raises(ModelError, match=match):
+        FeatureSpec.fit(raws, z, [], window=4)
+    with pytest.raises(ModelError, match=match.replace("z_idx", "w_idx")):
+        FeatureSpec.fit(raws, [0], z, window=4)
+
+
+def test_apply_refuses_ticks_of_another_width():
+    # a wider tick was read by its first raw_len fields without a word
+    fs = FeatureSpec.identity(4)
+    for shape in ((10, 5), (10, 3), (4,)):
+        with pytest.raises(InputError, match=r"raws must have shape \(n, 4\)"):
+            fs.apply(np.zeros(shape, F32))
+    with pytest.raises(InputError, match="symbols"):
+        fs.apply(np.zeros((10, 4), F32), np.zeros(9, int))
+
+
+def _naive_spec(raws, symbols, z, w, window):
+    """The docstring read plainly: per tick, raw[z], then mean and std (ddof 0) of its
+    symbol's last `window` ticks of raw[w]; mean / inv_std over all ticks."""
+    pre = []
+    for i in range(len(raws)):
+        rows = [j for j in range(i + 1) if symbols[j] == symbols[i]][-window:]
+        v = raws[rows][:, w].astype(np.float64)
+        pre.append(np.concatenate([raws[i, z], v.mean(0), v.std(0)]))
+    pre = np.array(pre)
+    sd = pre.std(0)
+    return pre.mean(0), np.where(sd > 1e-12, 1 / np.maximum(sd, 1e-12), 1.0)
+
+
+def test_fit_matches_a_plain_reading_with_gaps_an_outlier_and_a_constant_field():
+    rng = np.random.default_rng(8)
+    n = 120
+    raws = rng.standard_normal((n, 5)).astype(F32) * 3 + 10
+    raws[:, 2] = 65432.1                        # constant: std 0, inv_std 1
+    raws[17, 1] = 1e6                           # one outlier
+    sy = rng.choice([3, 40, 1000], n)           # ids with gaps
+    fs = FeatureSpec.fit(raws, [0, 2], [1, 2, 4], window=6, symbols=sy)
+    mean, inv = _naive_spec(raws, sy, [0, 2], [1, 2, 4], 6)
+    assert np.allclose(fs.mean, mean, rtol=1e-6, atol=1e-6)
+    assert np.allclose(fs.inv_std, inv, rtol=1e-5)
+    # features [z0, z2, mean1, mean2, mean4, sd1, sd2, sd4]: the constant field's three
+    assert (fs.inv_std[[1, 3, 6]] == 1).all()
+    feats = fs.apply(raws, sy)
+    assert np.allclose(feats.std(0)[[0, 2, 4, 5, 7]], 1, atol=1e-4)
+
+
+def test_calibrate_and_fit_head_scale_match_their_docstrings():
+    rng = np.random.default_rng(9)
+    raws = rng.standard_normal((80, 4)).astype(F32)
+    sy = rng.integers(0, 3, 80)
+    m = random_model(rng, [4, 5, 1])                 # one output: a regression head
+    out = calibrate(m, raws, [0, 1], [2], window=4, symbols=sy)
+    assert out.feature_spec == FeatureSpec.fit(raws, [0, 1], [2], 4, sy)
+    assert not out.cache_policy.enabled and out.cache_policy.fitted_max_error is None
+    pred = out.forward(out.feature_spec.apply(raws, sy))[:, 0].astype(np.float64)
+    assert out.head_spec.scale == pytest.approx(np.quantile(np.abs(pred), 0.95) / 2.0, rel=1e-12)
+    one = fit_head_scale(out, raws[:1], sy[:1])      # one tick is enough for a scale
+    p1 = float(out.forward(out.feature_spec.apply(raws[:1], sy[:1]))[0, 0])
+    assert one.head_spec.scale == pytest.approx(abs(p1) / 2.0, rel=1e-6)
+    with pytest.raises(InputError, match="symbols"):
+        fit_head_scale(out, raws, sy[:10])
+
+
+def test_fit_cache_policy_takes_a_numpy_tick_spacing():
+    # tick_ns=np.int64(5) was refused as "must be a positive int, got np.int64(5)"
+    rng = np.random.default_rng(10)
+    m = random_model(rng, [3, 4, 2])
+    raws = (rng.standard_normal((60, 3)) * 0.01).cumsum(0).astype(F32)
+    a = fit_cache_policy(m, raws, tick_ns=np.int64(5), simd="scalar")
+    b = fit_cache_policy(m, raws, tick_ns=5, simd="scalar")
+    assert a[0] == b[0] and a[1].rows == b[1].rows
+
+
+# ------------------------------------------------------------------------ Model odds and ends
+def test_meta_none_is_no_meta_and_other_non_mappings_are_refused():
+    layers = (Layer(np.ones((2, 3), F32), np.zeros(2, F32)),)
+    assert Model(layers, meta=None).meta == {}       # was TypeError: 'NoneType' not iterable
+    for bad in ([("a", 1)], "ab", 3):
+        with pytest.raises(ModelError, match="meta must be a dict"):
+            Model(layers, meta=bad)
+
+
+def test_signal_refuses_outputs_of_another_width():
+    # a classifier's confidence is the max over the row: a row with one output too many was
+    # read silently (0.9 from an output the model does not have); one too few, IndexError
+    m = Model((Layer(np.ones((3, 3), F32), np.zeros(3, F32)),), post="softmax")
+    with pytest.raises(InputError, match=r"outputs must have shape \(3,\) or \(n, 3\)"):
+        m.signal(np.array([0.2, 0.3, 0.5, 0.9]))
+    two = Model((Layer(np.ones((2, 3), F32), np.zeros(2, F32)),))
+    with pytest.raises(InputError, match=r"\(2,\)"):
+        two.signal(np.zeros(1))
+    s, c = m.signal(np.array([[0.2, 0.3, 0.5]]))
+    assert s[0] == pytest.approx(0.3) and c[0] == pytest.approx(0.5)
