@@ -259,3 +259,23 @@ def test_signal_refuses_outputs_of_another_width():
         two.signal(np.zeros(1))
     s, c = m.signal(np.array([[0.2, 0.3, 0.5]]))
     assert s[0] == pytest.approx(0.3) and c[0] == pytest.approx(0.5)
+
+
+def test_values_of_the_wrong_kind_are_model_errors_not_type_errors():
+    # each was a TypeError or ValueError from tuple(), dict lookup or numpy's cast
+    layer = Layer(np.ones((2, 3), F32), np.zeros(2, F32))
+    with pytest.raises(ModelError, match=r"wrap a single one, \(layer,\)"):
+        Model(layer)
+    with pytest.raises(ModelError, match="layers must be a sequence of Layer"):
+        Model(None)
+    assert Model(None, trees=_stumps([0.5])).kind == "trees"
+    with pytest.raises(ModelError, match=r"e.g. \(0,\), got the int 0"):
+        Head("regression", 1.0, 0)
+    with pytest.raises(ModelError, match="head kind"):
+        Head(["regression"])
+    with pytest.raises(ModelError, match="calibration ticks must be numbers"):
+        FeatureSpec.fit([["a", "b"], ["c", "d"]], [0])
+    with pytest.raises(ModelError, match="numeric array, got dtype bool"):
+        FeatureSpec.fit(np.ones((3, 2), bool), [0])
+    with pytest.raises(ModelError, match="z_idx must be a sequence of field indices"):
+        FeatureSpec.fit(np.ones((3, 2), F32), 0)

@@ -198,7 +198,13 @@ class FeatureSpec:
             window: int = 32, symbols: np.ndarray | None = None,
             field_names: Sequence[str] = ()) -> "FeatureSpec":
         """Fit mean/inv_std from recorded raw ticks (n, raw_len), replaying the windows per symbol."""
-        raws = np.asarray(raws, dtype=np.float32)
+        if isinstance(raws, np.ndarray) and raws.dtype.kind not in "iuf":
+            # a bool mask passed for ticks was fitted as 0s and 1s
+            raise ModelError(f"calibration ticks must be a numeric array, got dtype {raws.dtype}")
+        try:
+            raws = np.asarray(raws, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise ModelError(f"calibration ticks must be numbers: {exc}") from None
         if raws.ndim != 2 or raws.shape[0] < 2:
             raise ModelError(f"calibration needs a 2-d array of at least 2 ticks, got {raws.shape}")
         bad = ~np.isfinite(raws)
@@ -276,7 +282,11 @@ def window_pre_features(raws: np.ndarray, symbols: np.ndarray, z_idx: np.ndarray
 def _fit_indices(idx: Iterable[int], raw_len: int, what: str) -> np.ndarray:
     """Field indices for FeatureSpec.fit as int64, each an int (not a bool or a float) in
     0..raw_len-1; a ModelError naming the first bad one otherwise."""
-    vals = list(idx)
+    try:
+        vals = list(idx)
+    except TypeError:
+        raise ModelError(f"feature spec {what} must be a sequence of field indices, got "
+                         f"{idx!r}") from None
     for v in vals:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
             raise ModelError(f"feature spec {what} must hold integer field indices, got {v!r}")
@@ -375,7 +385,7 @@ class Head:
     outputs: tuple = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in HEAD_KINDS:
+        if not isinstance(self.kind, str) or self.kind not in HEAD_KINDS:
             raise ModelError(f"head kind {self.kind!r} not supported; expected one of "
                              f"{tuple(HEAD_KINDS)}")
         s = self.scale
@@ -385,7 +395,15 @@ class Head:
                 not (np.isfinite(s) and _F32_TINY <= s <= _F32_MAX):
             raise ModelError(f"head scale must be a finite number > 0 that float32 holds (in "
                              f"[{_F32_TINY:.3g}, {_F32_MAX:.4g}]), got {s!r}")
-        outs = tuple(self.outputs) or HEAD_KINDS[self.kind]
+        if isinstance(self.outputs, (int, np.integer)) and not isinstance(self.outputs, bool):
+            # Head("regression", s, 0) was a TypeError ("'int' object is not iterable")
+            raise ModelError(f"head outputs must be a tuple of output indices, e.g. "
+                             f"({int(self.outputs)},), got the int {self.outputs!r}")
+        try:
+            outs = tuple(self.outputs) or HEAD_KINDS[self.kind]
+        except TypeError:
+            raise ModelError(f"head outputs must be a tuple of output indices, got "
+                             f"{self.outputs!r}") from None
         if len(outs) != len(HEAD_KINDS[self.kind]) or not all(
                 isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0
                 for i in outs):
@@ -437,6 +455,17 @@ class Head:
         return {"kind": self.kind, "scale": self.scale, "outputs": list(self.outputs)}
 
 
+def _layer_tuple(layers: Any) -> tuple:
+    """Model.layers as a tuple; a ModelError for one Layer or None given bare (a TypeError
+    "'Layer' object is not iterable" before)."""
+    if isinstance(layers, Layer):
+        raise ModelError("layers must be a sequence of Layer: wrap a single one, (layer,)")
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        raise ModelError(f"layers must be a sequence of Layer (empty for a tree ensemble), "
+                         f"got {type(layers).__name__}")
+    return tuple(layers)
+
+
 def _meta(meta: Any) -> dict:
     """The model's meta as a new dict: None is no meta (it was a TypeError from dict()), a
     mapping is copied, anything else is refused (dict() read a list of pairs as a dict and
@@ -478,7 +507,7 @@ class Model:
                                  f"ensemble keeps its float32 thresholds and leaf values (use 'fp32')")
             self._init_trees()
             return
-        layers = tuple(self.layers)
+        layers = _layer_tuple(self.layers)
         if not 1 <= len(layers) <= MAX_LAYERS:
             raise ModelError(f"a model needs 1..{MAX_LAYERS} layers, got {len(layers)}")
         for i, l in enumerate(layers):
@@ -527,7 +556,7 @@ class Model:
         t = self.trees
         if not isinstance(t, TreeEnsemble):
             raise ModelError(f"trees must be a fastpath.model.TreeEnsemble, got {type(t).__name__}")
-        if tuple(self.layers):
+        if self.layers is not None and _layer_tuple(self.layers):
             raise ModelError("a model is either layers or a tree ensemble, not both")
         if self.post != "none":
             raise ModelError("a tree ensemble carries its own post transform; post must be 'none'")
