@@ -279,3 +279,18 @@ def test_values_of_the_wrong_kind_are_model_errors_not_type_errors():
         FeatureSpec.fit(np.ones((3, 2), bool), [0])
     with pytest.raises(ModelError, match="z_idx must be a sequence of field indices"):
         FeatureSpec.fit(np.ones((3, 2), F32), 0)
+
+
+def test_copies_and_pickles_keep_the_arrays_frozen():
+    # copy.deepcopy / pickle restored the dataclasses' state as is: the arrays came back
+    # writable, so a copy could be changed under an engine (and its hash go stale)
+    import copy
+    import pickle
+    for m in (_windowed_model(np.random.default_rng(11)), Model((), trees=_stumps([0.5, -1.0]))):
+        for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(m)), copy.copy(m)):
+            assert c == m and hash(c) == hash(m)
+            arrays = [c.feature_spec.mean, c.feature_spec.z_idx]
+            arrays += [c.trees.threshold] if c.trees is not None else [c.layers[0].weight]
+            for a in arrays:
+                with pytest.raises(ValueError, match="read-only"):
+                    a[...] = 0

@@ -144,6 +144,11 @@ class TreeEnsemble:
     def __hash__(self) -> int:
         return hash(self._key())
 
+    def __reduce__(self):
+        # copy.deepcopy and pickle rebuild through the constructor (validated, arrays frozen);
+        # restored as plain state, the arrays came back writable
+        return (self.__class__, tuple(getattr(self, f.name) for f in fields(self)))
+
     def __post_init__(self) -> None:
         for k in ("n_features", "n_targets"):
             v = getattr(self, k)

@@ -121,6 +121,11 @@ class Layer:
     def __hash__(self) -> int:
         return hash(_key(self, ("weight", "bias", "activation")))
 
+    def __reduce__(self):
+        # copy.deepcopy and pickle rebuild through the constructor: restored as plain state,
+        # the arrays came back writable (and unchecked)
+        return (self.__class__, (self.weight, self.bias, self.activation))
+
 
 @dataclass(frozen=True, eq=False)
 class FeatureSpec:
@@ -182,6 +187,10 @@ class FeatureSpec:
 
     def __hash__(self) -> int:
         return hash(_key(self, self._FIELDS))
+
+    def __reduce__(self):
+        # as Layer's: through the constructor, so a copy's arrays are frozen too
+        return (self.__class__, tuple(getattr(self, f) for f in self._FIELDS))
 
     @property
     def n_feat(self) -> int:
