@@ -294,3 +294,25 @@ def test_copies_and_pickles_keep_the_arrays_frozen():
             for a in arrays:
                 with pytest.raises(ValueError, match="read-only"):
                     a[...] = 0
+
+
+FITTED = CachePolicy(True, 0.9999, 0.02, 50_000_000, 16, 0.005)
+FIT_REPORT = {"max_error": 0.005, "chosen": {"hits": 12, "hit_rate": 0.1}}
+
+
+def test_another_feature_spec_or_head_drops_the_fitted_policy_and_its_report():
+    # with_feature_spec kept a policy fitted on other features (enabled, claiming its
+    # fitted_max_error), where calibrate drops it; with_head dropped the policy but left
+    # the fit report in meta, describing a policy no longer in force
+    rng = np.random.default_rng(12)
+    m = _windowed_model(rng)
+    m = Model(m.layers, m.feature_spec, FITTED, {"cache_policy_fit": FIT_REPORT, "keep": 1})
+    fs = m.feature_spec
+    other = FeatureSpec(fs.raw_len, fs.z_idx, fs.w_idx, fs.window, fs.mean, fs.inv_std * 2)
+    for changed in (m.with_feature_spec(other), m.with_head(Head("tanh_sigmoid", 1.0, (1, 0)))):
+        assert not changed.cache_policy.enabled and not changed.cache_policy.fitted
+        assert changed.meta == {"keep": 1}
+    # the same spec or head changes nothing: the fit still holds
+    same_fs = FeatureSpec(fs.raw_len, fs.z_idx.copy(), fs.w_idx, fs.window, fs.mean, fs.inv_std)
+    for same in (m.with_feature_spec(same_fs), m.with_head(Head())):
+        assert same == m and same.cache_policy == FITTED

@@ -621,8 +621,23 @@ class Model:
     def raw_len(self) -> int:
         return self.feature_spec.raw_len
 
+    def _unfitted(self) -> tuple:
+        """(cache policy, meta) with a fitted policy switched off and its fit report dropped:
+        for a change the shadow replay that fitted it never saw."""
+        pol, meta = self.cache_policy, self.meta
+        if pol.fitted:
+            pol = replace(pol, enabled=False, fitted_max_error=None)
+        meta = {k: v for k, v in meta.items() if k != "cache_policy_fit"}
+        return pol, meta
+
     def with_feature_spec(self, fs: FeatureSpec) -> "Model":
-        return replace(self, feature_spec=fs)
+        """This model on another feature spec. The cache compares features, and another spec
+        scales them otherwise, so a fitted cache policy (and its fit report in meta) is
+        dropped, as calibrate drops it; the same spec keeps it."""
+        if fs == self.feature_spec:
+            return replace(self, feature_spec=fs)
+        pol, meta = self._unfitted()
+        return replace(self, feature_spec=fs, cache_policy=pol, meta=meta)
 
     def with_cache_policy(self, policy: CachePolicy) -> "Model":
         return replace(self, cache_policy=policy)
@@ -649,11 +664,12 @@ class Model:
 
     def with_head(self, head: Head) -> "Model":
         """This model with another head (the outputs are unchanged; the cache's stored signals
-        depend on the head, so a fitted cache policy is dropped)."""
-        pol = self.cache_policy
-        if pol.fitted:
-            pol = replace(pol, enabled=False, fitted_max_error=None)
-        return replace(self, head_spec=head, cache_policy=pol)
+        depend on the head, so a fitted cache policy and its fit report in meta are dropped;
+        the same head keeps them)."""
+        if head == self.head_spec:
+            return replace(self, head_spec=head)
+        pol, meta = self._unfitted()
+        return replace(self, head_spec=head, cache_policy=pol, meta=meta)
 
     # --------------------------------------------------- numpy reference
     def forward(self, features: np.ndarray) -> np.ndarray:
