@@ -6,6 +6,8 @@ they would misread (too few symbols fitted means of 1e33 from uninitialized rows
 bundle's message for a file cut inside its first bytes, Model(meta=None), Model.signal on
 outputs of the wrong width, and differential checks of calibrate / fit_head_scale against a
 plain numpy reading of their docstrings."""
+import re
+
 import numpy as np
 import pytest
 
@@ -316,3 +318,21 @@ def test_another_feature_spec_or_head_drops_the_fitted_policy_and_its_report():
     same_fs = FeatureSpec(fs.raw_len, fs.z_idx.copy(), fs.w_idx, fs.window, fs.mean, fs.inv_std)
     for same in (m.with_feature_spec(same_fs), m.with_head(Head())):
         assert same == m and same.cache_policy == FITTED
+
+
+@pytest.mark.parametrize("policy,match", [
+    (CachePolicy(max_run=0), "max_run 0, which allows no hit"),
+    (CachePolicy(max_age_ns=10), r"max_age_ns 10, less than the 1000000 ns"),
+])
+def test_a_fit_that_no_guard_lets_hit_names_the_guard(policy, match):
+    # the note said "fit on a longer recording" when the age or run guard kept from the
+    # model's policy allowed no hit on any recording
+    rng = np.random.default_rng(13)
+    m = random_model(rng, [3, 4, 2]).with_cache_policy(policy)
+    raws = (rng.standard_normal((120, 3)) * 0.001).cumsum(0).astype(F32)
+    pol, rep = fit_cache_policy(m, raws, simd="scalar")
+    assert not pol.enabled and not any(r["hits"] for r in rep.rows)
+    assert re.search(match, rep.note) and "longer recording" not in rep.note
+    # a stream too short to hit keeps its advice
+    pol, rep = fit_cache_policy(random_model(rng, [3, 4, 2]), raws[:1], simd="scalar")
+    assert "longer recording" in rep.note
