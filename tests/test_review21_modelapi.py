@@ -336,3 +336,21 @@ def test_a_fit_that_no_guard_lets_hit_names_the_guard(policy, match):
     # a stream too short to hit keeps its advice
     pol, rep = fit_cache_policy(random_model(rng, [3, 4, 2]), raws[:1], simd="scalar")
     assert "longer recording" in rep.note
+
+
+def test_another_cache_policy_drops_the_report_of_the_old_fit():
+    m = _windowed_model(np.random.default_rng(14))
+    m = Model(m.layers, m.feature_spec, FITTED, {"cache_policy_fit": FIT_REPORT, "keep": 1})
+    assert m.with_cache_policy(CachePolicy()).meta == {"keep": 1}
+    assert m.with_cache_policy(FITTED).meta == m.meta
+
+
+def test_a_header_length_past_the_end_of_the_file_is_named():
+    import struct
+    import zlib
+    blob = Model((Layer(np.ones((2, 3), F32), np.zeros(2, F32)),)).to_bytes()
+    body = bytearray(blob[:-12])
+    body[12:16] = struct.pack("<I", 10 ** 9)
+    bad = bytes(body) + struct.pack("<I", zlib.crc32(bytes(body))) + blob[-8:]
+    with pytest.raises(ModelError, match=r"header length field says 1000000000 bytes, but only"):
+        Model.from_bytes(bad)

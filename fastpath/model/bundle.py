@@ -249,6 +249,11 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
     version, hlen = struct.unpack("<II", body[8:16])
     if version != VERSION:
         raise ModelError(f"{name}: bundle version {version}, this fastpath reads {VERSION}")
+    if 16 + hlen > len(body):
+        # the slice below would stop at the end of the body and the JSON parser then report
+        # a decode error about the array bytes it was handed
+        raise ModelError(f"{name}: the header length field says {hlen} bytes, but only "
+                         f"{len(body) - 16} follow it: the length is damaged")
     try:
         header = json.loads(body[16:16 + hlen].decode())
         if not isinstance(header, dict):

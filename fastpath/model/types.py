@@ -640,7 +640,12 @@ class Model:
         return replace(self, feature_spec=fs, cache_policy=pol, meta=meta)
 
     def with_cache_policy(self, policy: CachePolicy) -> "Model":
-        return replace(self, cache_policy=policy)
+        """This model with another cache policy; the report of an earlier fit (meta's
+        "cache_policy_fit") goes with the policy it described."""
+        if policy == self.cache_policy:
+            return replace(self, cache_policy=policy)
+        meta = {k: v for k, v in self.meta.items() if k != "cache_policy_fit"}
+        return replace(self, cache_policy=policy, meta=meta)
 
     def with_weights(self, weights: str) -> "Model":
         """This model run with "fp32", "bf16" or "int8" hidden-layer weights (the output layer
