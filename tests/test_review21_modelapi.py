@@ -147,6 +147,11 @@ def test_save_load_save_is_byte_identical(tmp_path):
     b = Model.load(tmp_path / "a.fpm")
     b.save(tmp_path / "b.fpm")
     assert (tmp_path / "a.fpm").read_bytes() == (tmp_path / "b.fpm").read_bytes()
+    # meta comes back as JSON keeps it (lists, plain numbers), and still compares equal: a
+    # numpy array in it made == raise "truth value is ambiguous"
+    assert b == m and m == b and b.meta["arr"] == [0, 1, 2]
+    assert Model(m.layers, m.feature_spec, meta={"t": (1, 2)}) == \
+        Model(m.layers, m.feature_spec, meta={"t": [1, 2]})
 
 
 # ------------------------------------------------------------------------ FeatureSpec.fit

@@ -487,7 +487,25 @@ def _meta(meta: Any) -> dict:
     return dict(meta)
 
 
-@dataclass(frozen=True)
+def _json_scalar(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def _meta_key(meta: dict) -> Any:
+    """meta as the bundle keeps it (JSON: tuples and numpy values become lists and numbers),
+    so a model read back equals the one written; compared as is when it is not JSON."""
+    import json
+    try:
+        return json.dumps(meta, sort_keys=True, default=_json_scalar)
+    except (TypeError, ValueError):
+        return meta
+
+
+@dataclass(frozen=True, eq=False)
 class Model:
     """An MLP (layers) or a tree ensemble (trees, layers empty) with its feature spec, cache
     policy, output transform and head.
@@ -554,11 +572,18 @@ class Model:
         object.__setattr__(self, "feature_spec", fs)
         object.__setattr__(self, "meta", _meta(self.meta))
 
+    _FIELDS = ("layers", "feature_spec", "cache_policy", "post", "head_spec", "weights", "trees")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in self._FIELDS) and \
+            _meta_key(self.meta) == _meta_key(other.meta)
+
     def __hash__(self) -> int:
         # meta (a dict) is left out: models equal in all fields are equal in these, and the
         # generated hash raised TypeError on it (and on the arrays)
-        return hash((self.layers, self.feature_spec, self.cache_policy, self.post,
-                     self.head_spec, self.weights, self.trees))
+        return hash(tuple(getattr(self, f) for f in self._FIELDS))
 
     def _init_trees(self) -> None:
         from fastpath.model.trees import TreeEnsemble
