@@ -359,3 +359,17 @@ def test_a_header_length_past_the_end_of_the_file_is_named():
     bad = bytes(body) + struct.pack("<I", zlib.crc32(bytes(body))) + blob[-8:]
     with pytest.raises(ModelError, match=r"header length field says 1000000000 bytes, but only"):
         Model.from_bytes(bad)
+
+
+def test_from_bytes_takes_any_bytes_like_and_names_a_path():
+    # a memoryview was "malformed bundle header (AttributeError: ... no attribute 'decode')",
+    # None a TypeError, a path "bad magic 'fastpath'"
+    m = _windowed_model(np.random.default_rng(15))
+    blob = m.to_bytes()
+    for b in (bytearray(blob), memoryview(blob), np.frombuffer(blob, np.uint8)):
+        assert Model.from_bytes(b) == m
+    with pytest.raises(ModelError, match=r"takes the bundle's bytes.*Model.load\(path\)"):
+        Model.from_bytes("fastpath/data/demo.fpm")
+    for bad in (None, 10 ** 12, 3.5):
+        with pytest.raises(ModelError, match="takes bytes"):
+            Model.from_bytes(bad)

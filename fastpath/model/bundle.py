@@ -228,6 +228,20 @@ def _policy(p: dict, meta: dict) -> CachePolicy:
 
 
 def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
+    if isinstance(blob, (str, os.PathLike)):
+        # a path handed to from_bytes was read as bytes: "bad magic 'fastpath'"
+        raise ModelError(f"Model.from_bytes takes the bundle's bytes, got the "
+                         f"{type(blob).__name__} {os.fspath(blob)!r}; read a file with "
+                         f"Model.load(path)")
+    try:
+        # a memoryview (of a mapped file, a shared buffer) has no .decode: its header was
+        # "malformed (AttributeError)"; an int is not bytes (bytes(n) would allocate n zeros)
+        if isinstance(blob, (int, np.integer)):
+            raise TypeError
+        blob = bytes(blob)
+    except TypeError:
+        raise ModelError(f"Model.from_bytes takes bytes (or a bytearray / memoryview), got "
+                         f"{type(blob).__name__}") from None
     n = len(blob)
     minimum = len(MAGIC) + 8 + 4 + len(END)
     if n < minimum or blob[:len(MAGIC)] != MAGIC:
