@@ -373,3 +373,22 @@ def test_from_bytes_takes_any_bytes_like_and_names_a_path():
     for bad in (None, 10 ** 12, 3.5):
         with pytest.raises(ModelError, match="takes bytes"):
             Model.from_bytes(bad)
+
+
+def test_load_and_save_take_paths_only():
+    # load(None) / save(None) were TypeErrors from open() / os.fspath(); load(0) read stdin's
+    # file descriptor
+    m = _windowed_model(np.random.default_rng(16))
+    for bad in (None, 0, 2.5):
+        with pytest.raises(ModelError, match=r"Model.load takes a file path"):
+            Model.load(bad)
+        with pytest.raises(ModelError, match=r"Model.save takes a file path"):
+            m.save(bad)
+
+
+def test_load_and_save_take_str_bytes_and_pathlike(tmp_path):
+    m = _windowed_model(np.random.default_rng(17))
+    m.save(str(tmp_path / "a.fpm"))
+    m.save(bytes(tmp_path / "b.fpm"))
+    for p in (tmp_path / "a.fpm", str(tmp_path / "b.fpm"), bytes(tmp_path / "b.fpm")):
+        assert Model.load(p) == m

@@ -172,8 +172,18 @@ def _check_meta(meta, path: str = "meta") -> None:
             _check_meta(v, f"{path}[{i}]")
 
 
+def _path(path, what: str) -> str:
+    # open(None) is a TypeError, and open(3) reads file descriptor 3: a path is a str or
+    # os.PathLike (bytes too, as open takes them)
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise ModelError(f"{what} takes a file path (str or os.PathLike), got "
+                         f"{type(path).__name__} {path!r}")
+    return os.fsdecode(path)
+
+
 def save(model: Model, path: str | os.PathLike) -> None:
     """Write the bundle atomically (a temp file renamed over `path`)."""
+    path = _path(path, "Model.save")
     if os.fspath(path).lower().endswith(".onnx"):
         # Engine(path) and fastpath.load read a path by its suffix: a bundle named .onnx
         # would be handed to the ONNX reader and never load
@@ -198,6 +208,7 @@ def save(model: Model, path: str | os.PathLike) -> None:
 
 
 def load(path: str | os.PathLike) -> Model:
+    path = _path(path, "Model.load")
     try:
         with open(path, "rb") as f:
             # the magic first: a wrong file handed over by mistake (a multi-GB tick dump) is
