@@ -392,3 +392,63 @@ def test_load_and_save_take_str_bytes_and_pathlike(tmp_path):
     m.save(bytes(tmp_path / "b.fpm"))
     for p in (tmp_path / "a.fpm", str(tmp_path / "b.fpm"), bytes(tmp_path / "b.fpm")):
         assert Model.load(p) == m
+
+
+def test_fit_cache_policy_report_matches_its_own_replays():
+    # each row recomputed from a cache-less and a cached engine over the same ticks, and the
+    # choice from the rows: the highest hit rate within the budget, ties in grid order
+    rng = np.random.default_rng(18)
+    m = random_model(rng, [3, 8, 2], scale=3.0)
+    n = 400
+    raws = (rng.standard_normal((n, 3)) * 0.02).cumsum(0).astype(F32)
+    sy = rng.choice([5, 9], n)
+    dense = (sy == 9).astype(np.int32)
+    cos_grid, norm_grid = (0.99, 0.999, 0.9999), (0.05, 0.01)
+    pol, rep = fit_cache_policy(m, raws, sy, max_error=0.02, cos_grid=cos_grid,
+                                norm_grid=norm_grid, simd="scalar")
+    cfg = {"engine": {"n_symbols": 2, "simd": "scalar"},
+           "memory": {"huge_pages": "none", "mlock": False}}
+    ts = np.arange(n, dtype=np.int64) * 1_000_000
+    fresh = Engine(m.with_cache_policy(CachePolicy()), config=cfg).step_batch(raws, dense, ts).signal
+    rows = iter(rep.rows)
+    best = None
+    for c in cos_grid:
+        for t in norm_grid:
+            cand = CachePolicy(True, c, t, m.cache_policy.max_age_ns, m.cache_policy.max_run)
+            res = Engine(m.with_cache_policy(cand), config=cfg).step_batch(raws, dense, ts)
+            h = res.cached
+            err = np.abs(res.signal[h].astype(np.float64) - fresh[h])
+            row = next(rows)
+            assert (row["cos_threshold"], row["norm_tol"]) == (c, t)
+            assert row["hits"] == h.sum() and row["hit_rate"] == pytest.approx(h.mean())
+            assert row["max_error"] == pytest.approx(err.max() if len(err) else 0.0)
+            ok = h.sum() > 0 and (err.max() if len(err) else 0.0) <= 0.02
+            assert row["within_budget"] == (len(err) == 0 or err.max() <= 0.02)
+            if ok and (best is None or h.mean() > best[0]):
+                best = (h.mean(), c, t)
+    if best is None:
+        assert not pol.enabled and rep.chosen is None
+    else:
+        assert pol.enabled and (pol.cos_threshold, pol.norm_tol) == best[1:]
+        assert pol.fitted_max_error == 0.02
+
+
+def test_weights_error_matches_its_own_replays():
+    from fastpath.tuning import weights_error
+    rng = np.random.default_rng(19)
+    m = random_model(rng, [6, 16, 2], scale=2.0)
+    raws = rng.standard_normal((300, 6)).astype(F32)
+    sy = rng.choice([2, 70], 300)
+    cfg = {"engine": {"n_symbols": 2, "simd": "scalar"},
+           "memory": {"huge_pages": "none", "mlock": False}}
+    dense = (sy == 70).astype(np.int32)
+    ts = np.arange(300, dtype=np.int64) * 1_000_000
+    off = m.with_cache_policy(CachePolicy())
+    ref = Engine(off, config=cfg).step_batch(raws, dense, ts).signal.astype(np.float64)
+    for wt in ("bf16", "int8"):
+        got = Engine(off.with_weights(wt), config=cfg).step_batch(raws, dense, ts).signal
+        d = np.abs(got - ref)
+        r = weights_error(m, raws, wt, sy, simd="scalar")
+        assert r["n"] == 300 and r["max_abs"] == pytest.approx(d.max())
+        assert r["mean_abs"] == pytest.approx(d.mean()) and r["worst_tick"] == int(np.argmax(d))
+        assert r["sign_flips"] == int(np.sum(np.sign(got) * np.sign(ref) < 0))
