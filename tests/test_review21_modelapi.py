@@ -452,3 +452,14 @@ def test_weights_error_matches_its_own_replays():
         assert r["n"] == 300 and r["max_abs"] == pytest.approx(d.max())
         assert r["mean_abs"] == pytest.approx(d.mean()) and r["worst_tick"] == int(np.argmax(d))
         assert r["sign_flips"] == int(np.sum(np.sign(got) * np.sign(ref) < 0))
+
+
+def test_fit_names_a_float64_tick_beyond_float32_as_such():
+    # 1e39 was cast to Inf and the message said "row 2 field 1 is inf"
+    r = np.ones((4, 2))
+    r[2, 1] = 1e39
+    with pytest.raises(ModelError, match=r"^calibration ticks: row 2 field 1 is 1e\+39, beyond"):
+        FeatureSpec.fit(r, [0, 1])
+    r[2, 1] = np.nan
+    with pytest.raises(ModelError, match="must be finite: row 2 field 1 is nan"):
+        FeatureSpec.fit(r, [0, 1])

@@ -1,6 +1,9 @@
 """Model types: an MLP (Layer) or a tree ensemble (fastpath.model.trees), the feature spec
 that feeds it and the cache policy that guards it, each validated completely when built, so
-an Engine is never made from half a model.
+an Engine is never made from half a model. What was validated stays so: each array is a
+copy of the caller's, read-only (a write raises ValueError; build a new Layer or FeatureSpec,
+or use the with_* methods), and models compare and hash by content (== on a model read back
+from its bundle is True).
 
 The file formats live beside this one (bundle.py: .fpm; onnx_import.py / onnx_export.py);
 the Model methods that read and write them, and fit_cache_policy (fastpath.tuning, which
@@ -211,9 +214,20 @@ class FeatureSpec:
             # a bool mask passed for ticks was fitted as 0s and 1s
             raise ModelError(f"calibration ticks must be a numeric array, got dtype {raws.dtype}")
         try:
-            raws = np.asarray(raws, dtype=np.float32)
+            r64 = np.asarray(raws)
+            if r64.dtype.kind not in "fiu":
+                r64 = np.asarray(r64, dtype=np.float32)
         except (TypeError, ValueError) as exc:
             raise ModelError(f"calibration ticks must be numbers: {exc}") from None
+        if r64.dtype.kind == "f" and r64.dtype.itemsize > 4 and r64.ndim == 2 and r64.size:
+            # a finite float64 beyond float32 was cast to Inf and then named as one
+            big = np.isfinite(r64) & (np.abs(r64) > _F32_MAX)
+            if big.any():
+                i, j = (int(v) for v in np.argwhere(big)[0])
+                raise ModelError(f"calibration ticks: row {i} field {j} is "
+                                 f"{float(r64[i, j])!r}, beyond float32's range (fastpath "
+                                 f"computes in float32)")
+        raws = np.asarray(r64, dtype=np.float32)
         if raws.ndim != 2 or raws.shape[0] < 2:
             raise ModelError(f"calibration needs a 2-d array of at least 2 ticks, got {raws.shape}")
         bad = ~np.isfinite(raws)
