@@ -6,6 +6,7 @@ they would misread (too few symbols fitted means of 1e33 from uninitialized rows
 bundle's message for a file cut inside its first bytes, Model(meta=None), Model.signal on
 outputs of the wrong width, and differential checks of calibrate / fit_head_scale against a
 plain numpy reading of their docstrings."""
+import os
 import re
 
 import numpy as np
@@ -463,3 +464,28 @@ def test_fit_names_a_float64_tick_beyond_float32_as_such():
     r[2, 1] = np.nan
     with pytest.raises(ModelError, match="must be finite: row 2 field 1 is nan"):
         FeatureSpec.fit(r, [0, 1])
+
+
+def test_threads_saving_one_path_leave_one_whole_bundle(tmp_path):
+    # the temp file was named by the process only: threads saving the same path wrote into
+    # one file, and the rename left a bundle mixing both, or failed with FileNotFoundError
+    import threading
+    rng = np.random.default_rng(20)
+    models = [random_model(rng, [64, 256, 2]) for _ in range(4)]
+    path = tmp_path / "m.fpm"
+    errors = []
+
+    def save(m):
+        try:
+            for _ in range(5):
+                m.save(path)
+        except Exception as exc:       # noqa: BLE001 - any failure is the finding
+            errors.append(exc)
+
+    threads = [threading.Thread(target=save, args=(m,)) for m in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert Model.load(path) in models and sorted(os.listdir(tmp_path)) == ["m.fpm"]

@@ -27,6 +27,7 @@ import math
 import os
 import re
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -193,7 +194,9 @@ def save(model: Model, path: str | os.PathLike) -> None:
         raise ModelError(f"Model.save: {os.fspath(path)!r} is a directory; give the bundle's file "
                          f"name (e.g. {os.path.join(os.fspath(path), 'model.fpm')!r})")
     blob = to_bytes(model)
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    # the thread too: two threads saving one path shared a temp file, and the bundle renamed
+    # into place could be a mix of both writes (the second rename then FileNotFoundError)
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}.{threading.get_ident()}"
     try:
         with open(tmp, "wb") as f:
             f.write(blob)
