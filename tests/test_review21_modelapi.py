@@ -489,3 +489,15 @@ def test_threads_saving_one_path_leave_one_whole_bundle(tmp_path):
         t.join()
     assert not errors
     assert Model.load(path) in models and sorted(os.listdir(tmp_path)) == ["m.fpm"]
+
+
+def test_a_meta_that_holds_itself_is_a_model_error_on_save(tmp_path):
+    # _check_meta recursed without end: RecursionError
+    meta = {}
+    meta["self"] = meta
+    m = Model((Layer(np.ones((2, 3), F32), np.zeros(2, F32)),), meta=meta)
+    with pytest.raises(ModelError, match="meta holds a reference to itself"):
+        m.to_bytes()
+    with pytest.raises(ModelError, match="meta holds a reference to itself"):
+        m.save(tmp_path / "m.fpm")
+    assert os.listdir(tmp_path) == []

@@ -64,7 +64,12 @@ def to_bytes(model: Model) -> bytes:
                       "offset": off, "nbytes": a.nbytes})
         payload += a.tobytes()
         off += a.nbytes
-    _check_meta(model.meta)
+    try:
+        _check_meta(model.meta)
+    except RecursionError:
+        # a meta that holds itself (meta["self"] = meta) recursed without end
+        raise ModelError("cannot write the model: meta holds a reference to itself (or is "
+                         "nested too deep for JSON)") from None
     pol = model.cache_policy
     header = {
         "format": "fastpath-model", "version": VERSION,
