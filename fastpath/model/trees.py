@@ -142,7 +142,12 @@ class TreeEnsemble:
         return self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        # computed once: the arrays are frozen
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(self._key())
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __reduce__(self):
         # copy.deepcopy and pickle rebuild through the constructor (validated, arrays frozen);

@@ -95,6 +95,16 @@ def _key(obj: Any, fields: Sequence[str]) -> tuple:
                  for a in (getattr(obj, f) for f in fields))
 
 
+def _cached_hash(obj: Any, fields: Sequence[str]) -> int:
+    # the arrays are frozen, so their hash is computed once (a model as a dict key would
+    # otherwise hash every weight on every lookup)
+    h = obj.__dict__.get("_hash")
+    if h is None:
+        h = hash(_key(obj, fields))
+        object.__setattr__(obj, "_hash", h)
+    return h
+
+
 @dataclass(frozen=True, eq=False)
 class Layer:
     """Dense layer: y = activation(weight @ x + bias); weight is (out, in)."""
@@ -122,7 +132,7 @@ class Layer:
             _key(other, ("weight", "bias", "activation"))
 
     def __hash__(self) -> int:
-        return hash(_key(self, ("weight", "bias", "activation")))
+        return _cached_hash(self, ("weight", "bias", "activation"))
 
     def __reduce__(self):
         # copy.deepcopy and pickle rebuild through the constructor: restored as plain state,
@@ -189,7 +199,7 @@ class FeatureSpec:
         return _key(self, self._FIELDS) == _key(other, self._FIELDS)
 
     def __hash__(self) -> int:
-        return hash(_key(self, self._FIELDS))
+        return _cached_hash(self, self._FIELDS)
 
     def __reduce__(self):
         # as Layer's: through the constructor, so a copy's arrays are frozen too
