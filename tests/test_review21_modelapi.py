@@ -66,7 +66,8 @@ def test_models_that_differ_anywhere_are_unequal():
     fs = m.feature_spec
     for changed in (FeatureSpec(fs.raw_len, fs.z_idx, fs.w_idx, fs.window + 1, fs.mean, fs.inv_std),
                     FeatureSpec(fs.raw_len, fs.z_idx, fs.w_idx, fs.window, fs.mean + 1, fs.inv_std),
-                    FeatureSpec(fs.raw_len, fs.z_idx[::-1], fs.w_idx, fs.window, fs.mean, fs.inv_std)):
+                    FeatureSpec(fs.raw_len, fs.z_idx[::-1], fs.w_idx, fs.window, fs.mean,
+                                fs.inv_std)):
         assert changed != fs and m.with_feature_spec(changed) != m
     assert m.with_weights("bf16") != m and m.with_head(Head("tanh_sigmoid", 1.0, (1, 0))) != m
     assert Model(m.layers, fs, meta={"a": 1}) != Model(m.layers, fs, meta={"a": 2})
@@ -410,7 +411,8 @@ def test_fit_cache_policy_report_matches_its_own_replays():
     cfg = {"engine": {"n_symbols": 2, "simd": "scalar"},
            "memory": {"huge_pages": "none", "mlock": False}}
     ts = np.arange(n, dtype=np.int64) * 1_000_000
-    fresh = Engine(m.with_cache_policy(CachePolicy()), config=cfg).step_batch(raws, dense, ts).signal
+    off = m.with_cache_policy(CachePolicy())
+    fresh = Engine(off, config=cfg).step_batch(raws, dense, ts).signal
     rows = iter(rep.rows)
     best = None
     for c in cos_grid:
