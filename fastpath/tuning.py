@@ -115,15 +115,30 @@ class CacheFitReport:
     # candidates within the budget on the fitting ticks that the held-out ticks refused,
     # loosest first (each would have been chosen without the holdout)
     refused_by_holdout: list = field(default_factory=list)
+    # the age and run guards every candidate kept from the model's policy, and the shortest
+    # time between two ticks of one symbol (None: no symbol ticked twice)
+    max_age_ns: int | None = None
+    max_run: int | None = None
+    min_gap_ns: int | None = None
 
     @property
     def note(self) -> str:
         if self.chosen is None and not any(r["hits"] for r in self.rows):
-            # not a budget verdict: nothing was measured (a stream too short, or every tick
-            # too far from the one before for any candidate)
-            return (f"no candidate policy hit on these {self.n_ticks} ticks, so none was "
-                    f"measured against the budget {self.max_error:g}: the cache stays off "
-                    f"(fit on a longer recording)")
+            # not a budget verdict: nothing was measured. The guards kept from the model's
+            # policy are named when they alone allowed no hit: "fit on a longer recording"
+            # sent the user after more data that could not have hit either
+            head = (f"no candidate policy hit on these {self.n_ticks} ticks, so none was "
+                    f"measured against the budget {self.max_error:g}: the cache stays off")
+            if self.max_run == 0:
+                return (f"{head}; the model's cache policy has max_run 0, which allows no hit: "
+                        f"set max_run >= 1 in the policy being fitted")
+            if self.max_age_ns is not None and self.min_gap_ns is not None \
+                    and self.max_age_ns < self.min_gap_ns:
+                return (f"{head}; the model's cache policy has max_age_ns {self.max_age_ns}, "
+                        f"less than the {self.min_gap_ns} ns or more between two ticks of a "
+                        f"symbol here, so every cached result was too old to use: raise "
+                        f"max_age_ns (or give the ticks' own ts_ns)")
+            return f"{head} (fit on a longer recording)"
         refused = ""
         if self.refused_by_holdout:
             r0 = self.refused_by_holdout[0]
@@ -289,9 +304,9 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
         raise ModelError(f"cos_grid and norm_grid must each hold at least one candidate, got "
                          f"{len(cos_grid)} and {len(norm_grid)}")
     if ts_ns is None:
-        if isinstance(tick_ns, bool) or not isinstance(tick_ns, int) or tick_ns < 1:
+        if isinstance(tick_ns, bool) or not isinstance(tick_ns, (int, np.integer)) or tick_ns < 1:
             raise InputError(f"tick_ns must be a positive int, got {tick_ns!r}")
-        ts = np.arange(n, dtype=np.int64) * tick_ns
+        ts = np.arange(n, dtype=np.int64) * int(tick_ns)
         stamps = f"no timestamps: ticks taken {tick_ns} ns apart"
     else:
         ts = np.asarray(ts_ns)
@@ -301,8 +316,12 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
            "memory": {"huge_pages": "none", "mlock": False}}
     off = replace(base, enabled=False, fitted_max_error=None)
     fresh = Engine(model.with_cache_policy(off), config=cfg).step_batch(r, sy, ts).signal
+    order = np.lexsort((np.arange(n), sy))
+    same = sy[order][1:] == sy[order][:-1]
+    gaps = np.diff(np.asarray(ts, dtype=np.int64)[order])[same]
     rep = CacheFitReport(float(max_error), n, stamps, max_sign_flips=max_sign_flips,
-                         n_holdout=n_hold)
+                         n_holdout=n_hold, max_age_ns=base.max_age_ns, max_run=base.max_run,
+                         min_gap_ns=int(gaps.min()) if len(gaps) else None)
 
     def measured(signal, hit, lo, hi) -> dict:
         """The hits of ticks [lo, hi) against the fresh signals there."""

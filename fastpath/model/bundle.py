@@ -27,6 +27,7 @@ import math
 import os
 import re
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -63,7 +64,12 @@ def to_bytes(model: Model) -> bytes:
                       "offset": off, "nbytes": a.nbytes})
         payload += a.tobytes()
         off += a.nbytes
-    _check_meta(model.meta)
+    try:
+        _check_meta(model.meta)
+    except RecursionError:
+        # a meta that holds itself (meta["self"] = meta) recursed without end
+        raise ModelError("cannot write the model: meta holds a reference to itself (or is "
+                         "nested too deep for JSON)") from None
     pol = model.cache_policy
     header = {
         "format": "fastpath-model", "version": VERSION,
@@ -172,8 +178,18 @@ def _check_meta(meta, path: str = "meta") -> None:
             _check_meta(v, f"{path}[{i}]")
 
 
+def _path(path, what: str) -> str:
+    # open(None) is a TypeError, and open(3) reads file descriptor 3: a path is a str or
+    # os.PathLike (bytes too, as open takes them)
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise ModelError(f"{what} takes a file path (str or os.PathLike), got "
+                         f"{type(path).__name__} {path!r}")
+    return os.fsdecode(path)
+
+
 def save(model: Model, path: str | os.PathLike) -> None:
     """Write the bundle atomically (a temp file renamed over `path`)."""
+    path = _path(path, "Model.save")
     if os.fspath(path).lower().endswith(".onnx"):
         # Engine(path) and fastpath.load read a path by its suffix: a bundle named .onnx
         # would be handed to the ONNX reader and never load
@@ -183,7 +199,9 @@ def save(model: Model, path: str | os.PathLike) -> None:
         raise ModelError(f"Model.save: {os.fspath(path)!r} is a directory; give the bundle's file "
                          f"name (e.g. {os.path.join(os.fspath(path), 'model.fpm')!r})")
     blob = to_bytes(model)
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    # the thread too: two threads saving one path shared a temp file, and the bundle renamed
+    # into place could be a mix of both writes (the second rename then FileNotFoundError)
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}.{threading.get_ident()}"
     try:
         with open(tmp, "wb") as f:
             f.write(blob)
@@ -198,6 +216,7 @@ def save(model: Model, path: str | os.PathLike) -> None:
 
 
 def load(path: str | os.PathLike) -> Model:
+    path = _path(path, "Model.load")
     try:
         with open(path, "rb") as f:
             # the magic first: a wrong file handed over by mistake (a multi-GB tick dump) is
@@ -228,11 +247,29 @@ def _policy(p: dict, meta: dict) -> CachePolicy:
 
 
 def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
+    if isinstance(blob, (str, os.PathLike)):
+        # a path handed to from_bytes was read as bytes: "bad magic 'fastpath'"
+        raise ModelError(f"Model.from_bytes takes the bundle's bytes, got the "
+                         f"{type(blob).__name__} {os.fspath(blob)!r}; read a file with "
+                         f"Model.load(path)")
+    try:
+        # a memoryview (of a mapped file, a shared buffer) has no .decode: its header was
+        # "malformed (AttributeError)"; an int is not bytes (bytes(n) would allocate n zeros)
+        if isinstance(blob, (int, np.integer)):
+            raise TypeError
+        blob = bytes(blob)
+    except TypeError:
+        raise ModelError(f"Model.from_bytes takes bytes (or a bytearray / memoryview), got "
+                         f"{type(blob).__name__}") from None
     n = len(blob)
     minimum = len(MAGIC) + 8 + 4 + len(END)
     if n < minimum or blob[:len(MAGIC)] != MAGIC:
-        if blob[:len(MAGIC) - 1] == MAGIC[:-1]:
+        if n >= len(MAGIC) and blob[:len(MAGIC) - 1] == MAGIC[:-1] and blob[:len(MAGIC)] != MAGIC:
             raise ModelError(f"{name}: unsupported bundle version byte {blob[7:8]!r}")
+        if blob[:min(n, len(MAGIC))] == MAGIC[:min(n, len(MAGIC))] and n:
+            # the start of a bundle, cut short: "unsupported version byte b''" (or b'\x01',
+            # this reader's own) sent the reader looking for a newer fastpath
+            raise ModelError(f"{name} is truncated: {n} bytes, a bundle has at least {minimum}")
         raise ModelError(f"{name} is not a fastpath model bundle (.fpm): bad magic "
                          f"{blob[:8]!r}, expected {MAGIC!r}")
     if blob[-len(END):] != END:
@@ -245,6 +282,11 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
     version, hlen = struct.unpack("<II", body[8:16])
     if version != VERSION:
         raise ModelError(f"{name}: bundle version {version}, this fastpath reads {VERSION}")
+    if 16 + hlen > len(body):
+        # the slice below would stop at the end of the body and the JSON parser then report
+        # a decode error about the array bytes it was handed
+        raise ModelError(f"{name}: the header length field says {hlen} bytes, but only "
+                         f"{len(body) - 16} follow it: the length is damaged")
     try:
         header = json.loads(body[16:16 + hlen].decode())
         if not isinstance(header, dict):

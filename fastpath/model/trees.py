@@ -15,7 +15,7 @@ them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -98,7 +98,7 @@ def _split_thresholds(t64: np.ndarray, mode: np.ndarray, off: np.ndarray) -> np.
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TreeEnsemble:
     """A tree ensemble over n_features inputs with n_targets outputs (regressor targets or
     classifier classes).
@@ -127,6 +127,32 @@ class TreeEnsemble:
     aggregate: str = "SUM"
     post_transform: str = "NONE"
     classifier: bool = False
+
+    def _key(self) -> tuple:
+        # arrays by dtype, shape and bytes: the generated __eq__ compared them with == and
+        # raised numpy's "truth value is ambiguous" on any copy (a model read back from its
+        # bundle), and the generated hash raised TypeError on them; the arrays are frozen,
+        # so a hash of their bytes stays valid
+        return tuple((v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else v
+                     for v in (getattr(self, f.name) for f in fields(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        # computed once: the arrays are frozen
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(self._key())
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __reduce__(self):
+        # copy.deepcopy and pickle rebuild through the constructor (validated, arrays frozen);
+        # restored as plain state, the arrays came back writable
+        return (self.__class__, tuple(getattr(self, f.name) for f in fields(self)))
 
     def __post_init__(self) -> None:
         for k in ("n_features", "n_targets"):

@@ -1,6 +1,9 @@
 """Model types: an MLP (Layer) or a tree ensemble (fastpath.model.trees), the feature spec
 that feeds it and the cache policy that guards it, each validated completely when built, so
-an Engine is never made from half a model.
+an Engine is never made from half a model. What was validated stays so: each array is a
+copy of the caller's, read-only (a write raises ValueError; build a new Layer or FeatureSpec,
+or use the with_* methods), and models compare and hash by content (== on a model read back
+from its bundle is True).
 
 The file formats live beside this one (bundle.py: .fpm; onnx_import.py / onnx_export.py);
 the Model methods that read and write them, and fit_cache_policy (fastpath.tuning, which
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -76,7 +79,33 @@ def _f32(a: Any, what: str, ndim: int) -> np.ndarray:
     return arr
 
 
-@dataclass(frozen=True)
+def _frozen(a: np.ndarray) -> np.ndarray:
+    # validated once: a later write (an optimizer step on model.layers[0].weight) would
+    # change the model under an Engine built from it (engine.model kept reporting the new
+    # weights while the engine ran its copy of the old ones) and skip the NaN checks
+    a.setflags(write=False)
+    return a
+
+
+def _key(obj: Any, fields: Sequence[str]) -> tuple:
+    """What equality and hashing compare: the fields, each array as its dtype, shape and
+    bytes (the generated __eq__ compared arrays with ==, and bool() of that raised numpy's
+    "truth value is ambiguous" for any two models not the same object)."""
+    return tuple((a.dtype.str, a.shape, a.tobytes()) if isinstance(a, np.ndarray) else a
+                 for a in (getattr(obj, f) for f in fields))
+
+
+def _cached_hash(obj: Any, fields: Sequence[str]) -> int:
+    # the arrays are frozen, so their hash is computed once (a model as a dict key would
+    # otherwise hash every weight on every lookup)
+    h = obj.__dict__.get("_hash")
+    if h is None:
+        h = hash(_key(obj, fields))
+        object.__setattr__(obj, "_hash", h)
+    return h
+
+
+@dataclass(frozen=True, eq=False)
 class Layer:
     """Dense layer: y = activation(weight @ x + bias); weight is (out, in)."""
     weight: np.ndarray
@@ -93,11 +122,25 @@ class Layer:
         if self.activation not in ACTIVATIONS:
             raise ModelError(f"activation {self.activation!r} not supported; expected one of "
                              f"{ACTIVATIONS}")
-        object.__setattr__(self, "weight", w)
-        object.__setattr__(self, "bias", b)
+        object.__setattr__(self, "weight", _frozen(w))
+        object.__setattr__(self, "bias", _frozen(b))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return _key(self, ("weight", "bias", "activation")) == \
+            _key(other, ("weight", "bias", "activation"))
+
+    def __hash__(self) -> int:
+        return _cached_hash(self, ("weight", "bias", "activation"))
+
+    def __reduce__(self):
+        # copy.deepcopy and pickle rebuild through the constructor: restored as plain state,
+        # the arrays came back writable (and unchecked)
+        return (self.__class__, (self.weight, self.bias, self.activation))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FeatureSpec:
     """How a raw tick becomes the model input.
 
@@ -142,11 +185,25 @@ class FeatureSpec:
                              f"2*len(w_idx)), got {mean.shape[0]} and {inv.shape[0]}")
         object.__setattr__(self, "raw_len", int(self.raw_len))
         object.__setattr__(self, "window", int(self.window) if len(w) else 1)
-        object.__setattr__(self, "z_idx", z.astype(np.int32))
-        object.__setattr__(self, "w_idx", w.astype(np.int32))
-        object.__setattr__(self, "mean", mean)
-        object.__setattr__(self, "inv_std", inv)
+        object.__setattr__(self, "z_idx", _frozen(z.astype(np.int32)))
+        object.__setattr__(self, "w_idx", _frozen(w.astype(np.int32)))
+        object.__setattr__(self, "mean", _frozen(mean))
+        object.__setattr__(self, "inv_std", _frozen(inv))
         object.__setattr__(self, "field_names", tuple(str(n) for n in self.field_names))
+
+    _FIELDS = ("raw_len", "z_idx", "w_idx", "window", "mean", "inv_std", "field_names")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return _key(self, self._FIELDS) == _key(other, self._FIELDS)
+
+    def __hash__(self) -> int:
+        return _cached_hash(self, self._FIELDS)
+
+    def __reduce__(self):
+        # as Layer's: through the constructor, so a copy's arrays are frozen too
+        return (self.__class__, tuple(getattr(self, f) for f in self._FIELDS))
 
     @property
     def n_feat(self) -> int:
@@ -162,8 +219,27 @@ class FeatureSpec:
     def fit(cls, raws: np.ndarray, z_idx: Iterable[int], w_idx: Iterable[int] = (),
             window: int = 32, symbols: np.ndarray | None = None,
             field_names: Sequence[str] = ()) -> "FeatureSpec":
-        """Fit mean/inv_std from recorded raw ticks (n, raw_len), replaying the windows per symbol."""
-        raws = np.asarray(raws, dtype=np.float32)
+        """Fit mean/inv_std from recorded raw ticks (n, raw_len), replaying the windows per
+        symbol (symbols: one integer id per tick; the ticks in the order the engine will see
+        them). A feature that does not vary on these ticks (std <= 1e-12) gets inv_std 1."""
+        if isinstance(raws, np.ndarray) and raws.dtype.kind not in "iuf":
+            # a bool mask passed for ticks was fitted as 0s and 1s
+            raise ModelError(f"calibration ticks must be a numeric array, got dtype {raws.dtype}")
+        try:
+            r64 = np.asarray(raws)
+            if r64.dtype.kind not in "fiu":
+                r64 = np.asarray(r64, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise ModelError(f"calibration ticks must be numbers: {exc}") from None
+        if r64.dtype.kind == "f" and r64.dtype.itemsize > 4 and r64.ndim == 2 and r64.size:
+            # a finite float64 beyond float32 was cast to Inf and then named as one
+            big = np.isfinite(r64) & (np.abs(r64) > _F32_MAX)
+            if big.any():
+                i, j = (int(v) for v in np.argwhere(big)[0])
+                raise ModelError(f"calibration ticks: row {i} field {j} is "
+                                 f"{float(r64[i, j])!r}, beyond float32's range (fastpath "
+                                 f"computes in float32)")
+        raws = np.asarray(r64, dtype=np.float32)
         if raws.ndim != 2 or raws.shape[0] < 2:
             raise ModelError(f"calibration needs a 2-d array of at least 2 ticks, got {raws.shape}")
         bad = ~np.isfinite(raws)
@@ -172,14 +248,17 @@ class FeatureSpec:
             name = f" ({field_names[j]})" if j < len(field_names) else ""
             raise ModelError(f"calibration ticks must be finite: row {i} field {j}{name} is "
                              f"{raws[i, j]} ({int(bad.any(1).sum())} row(s) hold NaN/Inf)")
-        z = np.asarray(list(z_idx), dtype=np.int64)
-        w = np.asarray(list(w_idx), dtype=np.int64)
+        n, R = raws.shape
+        # checked before the replay indexes with them: a float index (1.7) was truncated to
+        # field 1 by the int64 cast, True read field 1, and one past raw_len was numpy's
+        # IndexError
+        z = _fit_indices(z_idx, R, "z_idx")
+        w = _fit_indices(w_idx, R, "w_idx")
         # checked here too, before the replay below indexes with it (the spec's own check
         # comes after: a window of -3 was an IndexError from numpy)
         if len(w) and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
                        or not 1 <= window <= 1 << 16):
             raise ModelError(f"feature spec window must be an int in 1..65536, got {window!r}")
-        n, R = raws.shape
         if symbols is None:
             symbols = np.zeros(n, np.int64)
         pre = window_pre_features(raws, symbols, z, w, window)
@@ -191,7 +270,16 @@ class FeatureSpec:
 
     def apply(self, raws: np.ndarray, symbols: np.ndarray | None = None) -> np.ndarray:
         """Reference (numpy) features for a sequence of ticks, windows replayed per symbol."""
-        raws = np.asarray(raws, dtype=np.float32)
+        try:
+            raws = np.asarray(raws, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"FeatureSpec.apply: raws must be numbers, got "
+                             f"{type(raws).__name__} ({exc})") from None
+        if raws.ndim != 2 or raws.shape[1] != self.raw_len:
+            # a wider row was read by its first raw_len fields, silently (another layout's
+            # ticks), a narrower one was numpy's IndexError
+            raise InputError(f"FeatureSpec.apply: raws must have shape (n, {self.raw_len}), "
+                             f"got {raws.shape}")
         if symbols is None:
             symbols = np.zeros(len(raws), np.int64)
         pre = window_pre_features(raws, symbols, self.z_idx, self.w_idx, self.window)
@@ -208,17 +296,39 @@ def window_pre_features(raws: np.ndarray, symbols: np.ndarray, z_idx: np.ndarray
     std, where sums over the whole stream kept none of it)."""
     n = len(raws)
     k = len(w_idx)
+    symbols = np.asarray(symbols)
+    if symbols.shape != (n,) or symbols.dtype.kind not in "iu":
+        # every tick needs its symbol: with fewer symbols than ticks the rows past them were
+        # never written (np.empty) and a fit's mean came out as 1e33; with more, an IndexError
+        raise InputError(f"symbols must be an integer array of shape ({n},), one per tick, got "
+                         f"{symbols.dtype} {symbols.shape}")
     pre = np.empty((n, len(z_idx) + 2 * k), np.float32)
     pre[:, :len(z_idx)] = raws[:, z_idx]
     if k:
         vals = raws[:, w_idx].astype(np.float64)
-        symbols = np.asarray(symbols)
         for s in np.unique(symbols):
             rows = np.flatnonzero(symbols == s)
             m, sd = _rolling_mean_std(vals[rows], window)
             pre[rows, len(z_idx):len(z_idx) + k] = m
             pre[rows, len(z_idx) + k:] = sd
     return pre
+
+
+def _fit_indices(idx: Iterable[int], raw_len: int, what: str) -> np.ndarray:
+    """Field indices for FeatureSpec.fit as int64, each an int (not a bool or a float) in
+    0..raw_len-1; a ModelError naming the first bad one otherwise."""
+    try:
+        vals = list(idx)
+    except TypeError:
+        raise ModelError(f"feature spec {what} must be a sequence of field indices, got "
+                         f"{idx!r}") from None
+    for v in vals:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ModelError(f"feature spec {what} must hold integer field indices, got {v!r}")
+        if not 0 <= v < raw_len:
+            raise ModelError(f"feature spec {what} holds field {int(v)}, outside the ticks' "
+                             f"fields 0..{raw_len - 1}")
+    return np.asarray(vals, dtype=np.int64)
 
 
 def _feature_rows(features: Any, n_feat: int, what: str) -> np.ndarray:
@@ -310,7 +420,7 @@ class Head:
     outputs: tuple = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in HEAD_KINDS:
+        if not isinstance(self.kind, str) or self.kind not in HEAD_KINDS:
             raise ModelError(f"head kind {self.kind!r} not supported; expected one of "
                              f"{tuple(HEAD_KINDS)}")
         s = self.scale
@@ -320,7 +430,15 @@ class Head:
                 not (np.isfinite(s) and _F32_TINY <= s <= _F32_MAX):
             raise ModelError(f"head scale must be a finite number > 0 that float32 holds (in "
                              f"[{_F32_TINY:.3g}, {_F32_MAX:.4g}]), got {s!r}")
-        outs = tuple(self.outputs) or HEAD_KINDS[self.kind]
+        if isinstance(self.outputs, (int, np.integer)) and not isinstance(self.outputs, bool):
+            # Head("regression", s, 0) was a TypeError ("'int' object is not iterable")
+            raise ModelError(f"head outputs must be a tuple of output indices, e.g. "
+                             f"({int(self.outputs)},), got the int {self.outputs!r}")
+        try:
+            outs = tuple(self.outputs) or HEAD_KINDS[self.kind]
+        except TypeError:
+            raise ModelError(f"head outputs must be a tuple of output indices, got "
+                             f"{self.outputs!r}") from None
         if len(outs) != len(HEAD_KINDS[self.kind]) or not all(
                 isinstance(i, (int, np.integer)) and not isinstance(i, bool) and i >= 0
                 for i in outs):
@@ -372,7 +490,48 @@ class Head:
         return {"kind": self.kind, "scale": self.scale, "outputs": list(self.outputs)}
 
 
-@dataclass(frozen=True)
+def _layer_tuple(layers: Any) -> tuple:
+    """Model.layers as a tuple; a ModelError for one Layer or None given bare (a TypeError
+    "'Layer' object is not iterable" before)."""
+    if isinstance(layers, Layer):
+        raise ModelError("layers must be a sequence of Layer: wrap a single one, (layer,)")
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        raise ModelError(f"layers must be a sequence of Layer (empty for a tree ensemble), "
+                         f"got {type(layers).__name__}")
+    return tuple(layers)
+
+
+def _meta(meta: Any) -> dict:
+    """The model's meta as a new dict: None is no meta (it was a TypeError from dict()), a
+    mapping is copied, anything else is refused (dict() read a list of pairs as a dict and
+    failed on other lists with a ValueError about 'update sequence elements')."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise ModelError(f"meta must be a dict of JSON values (or None), got "
+                         f"{type(meta).__name__}")
+    return dict(meta)
+
+
+def _json_scalar(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def _meta_key(meta: dict) -> Any:
+    """meta as the bundle keeps it (JSON: tuples and numpy values become lists and numbers),
+    so a model read back equals the one written; compared as is when it is not JSON."""
+    import json
+    try:
+        return json.dumps(meta, sort_keys=True, default=_json_scalar)
+    except (TypeError, ValueError):
+        return meta
+
+
+@dataclass(frozen=True, eq=False)
 class Model:
     """An MLP (layers) or a tree ensemble (trees, layers empty) with its feature spec, cache
     policy, output transform and head.
@@ -401,7 +560,7 @@ class Model:
                                  f"ensemble keeps its float32 thresholds and leaf values (use 'fp32')")
             self._init_trees()
             return
-        layers = tuple(self.layers)
+        layers = _layer_tuple(self.layers)
         if not 1 <= len(layers) <= MAX_LAYERS:
             raise ModelError(f"a model needs 1..{MAX_LAYERS} layers, got {len(layers)}")
         for i, l in enumerate(layers):
@@ -437,14 +596,27 @@ class Model:
         object.__setattr__(self, "layers", layers)
         object.__setattr__(self, "head_spec", head)
         object.__setattr__(self, "feature_spec", fs)
-        object.__setattr__(self, "meta", dict(self.meta))
+        object.__setattr__(self, "meta", _meta(self.meta))
+
+    _FIELDS = ("layers", "feature_spec", "cache_policy", "post", "head_spec", "weights", "trees")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in self._FIELDS) and \
+            _meta_key(self.meta) == _meta_key(other.meta)
+
+    def __hash__(self) -> int:
+        # meta (a dict) is left out: models equal in all fields are equal in these, and the
+        # generated hash raised TypeError on it (and on the arrays)
+        return hash(tuple(getattr(self, f) for f in self._FIELDS))
 
     def _init_trees(self) -> None:
         from fastpath.model.trees import TreeEnsemble
         t = self.trees
         if not isinstance(t, TreeEnsemble):
             raise ModelError(f"trees must be a fastpath.model.TreeEnsemble, got {type(t).__name__}")
-        if tuple(self.layers):
+        if self.layers is not None and _layer_tuple(self.layers):
             raise ModelError("a model is either layers or a tree ensemble, not both")
         if self.post != "none":
             raise ModelError("a tree ensemble carries its own post transform; post must be 'none'")
@@ -475,7 +647,7 @@ class Model:
         object.__setattr__(self, "layers", ())
         object.__setattr__(self, "head_spec", head)
         object.__setattr__(self, "feature_spec", fs)
-        object.__setattr__(self, "meta", dict(self.meta))
+        object.__setattr__(self, "meta", _meta(self.meta))
 
     # -------------------------------------------------------------- shapes
     @property
@@ -500,11 +672,31 @@ class Model:
     def raw_len(self) -> int:
         return self.feature_spec.raw_len
 
+    def _unfitted(self) -> tuple:
+        """(cache policy, meta) with a fitted policy switched off and its fit report dropped:
+        for a change the shadow replay that fitted it never saw."""
+        pol, meta = self.cache_policy, self.meta
+        if pol.fitted:
+            pol = replace(pol, enabled=False, fitted_max_error=None)
+        meta = {k: v for k, v in meta.items() if k != "cache_policy_fit"}
+        return pol, meta
+
     def with_feature_spec(self, fs: FeatureSpec) -> "Model":
-        return replace(self, feature_spec=fs)
+        """This model on another feature spec. The cache compares features, and another spec
+        scales them otherwise, so a fitted cache policy (and its fit report in meta) is
+        dropped, as calibrate drops it; the same spec keeps it."""
+        if fs == self.feature_spec:
+            return replace(self, feature_spec=fs)
+        pol, meta = self._unfitted()
+        return replace(self, feature_spec=fs, cache_policy=pol, meta=meta)
 
     def with_cache_policy(self, policy: CachePolicy) -> "Model":
-        return replace(self, cache_policy=policy)
+        """This model with another cache policy; the report of an earlier fit (meta's
+        "cache_policy_fit") goes with the policy it described."""
+        if policy == self.cache_policy:
+            return replace(self, cache_policy=policy)
+        meta = {k: v for k, v in self.meta.items() if k != "cache_policy_fit"}
+        return replace(self, cache_policy=policy, meta=meta)
 
     def with_weights(self, weights: str) -> "Model":
         """This model run with "fp32", "bf16" or "int8" hidden-layer weights (the output layer
@@ -528,11 +720,12 @@ class Model:
 
     def with_head(self, head: Head) -> "Model":
         """This model with another head (the outputs are unchanged; the cache's stored signals
-        depend on the head, so a fitted cache policy is dropped)."""
-        pol = self.cache_policy
-        if pol.fitted:
-            pol = replace(pol, enabled=False, fitted_max_error=None)
-        return replace(self, head_spec=head, cache_policy=pol)
+        depend on the head, so a fitted cache policy and its fit report in meta are dropped;
+        the same head keeps them)."""
+        if head == self.head_spec:
+            return replace(self, head_spec=head)
+        pol, meta = self._unfitted()
+        return replace(self, head_spec=head, cache_policy=pol, meta=meta)
 
     # --------------------------------------------------- numpy reference
     def forward(self, features: np.ndarray) -> np.ndarray:
@@ -566,8 +759,19 @@ class Model:
         return np.tanh(out[..., 0]), 1.0 / (1.0 + np.exp(-out[..., 1]))
 
     def signal(self, out: np.ndarray) -> tuple:
-        """(signal, confidence) for model outputs by this model's head (numpy reference)."""
-        return self.head_spec.apply(out)
+        """(signal, confidence) for model outputs (n_outputs,) or (n, n_outputs) by this
+        model's head (numpy reference)."""
+        try:
+            o = np.asarray(out, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"Model.signal: outputs must be numbers, got "
+                             f"{type(out).__name__} ({exc})") from None
+        if o.ndim not in (1, 2) or o.shape[-1] != self.n_outputs:
+            # a narrower row was numpy's IndexError; a wider one was read silently (a
+            # classifier's confidence, the max over the row, came from outputs it lacks)
+            raise InputError(f"Model.signal: outputs must have shape ({self.n_outputs},) or "
+                             f"(n, {self.n_outputs}), got {o.shape}")
+        return self.head_spec.apply(o)
 
     # ------------------------------------------------- formats and fitting
     def save(self, path: str | os.PathLike) -> None:
