@@ -5,6 +5,7 @@ request / stop / deadlines) against a stand-in for pycuda.driver whose "kernels"
 CPU. What only a GPU can show (the CUDA code's results, timings) is bench/gpu_check.py's job;
 the tests that need one skip with gpu_status()'s reason.
 """
+import dataclasses
 import glob
 import os
 import re
@@ -794,7 +795,10 @@ def test_gpu_engine_mode_from_config(fake_gpu):
 def test_gpu_engine_refuses_nonfinite_like_cpu(fake_gpu):
     rng = np.random.default_rng(12)
     m = random_model(rng, [6, 4, 2], ["relu", "identity"])
-    m.layers[0].weight[:] = 3e38
+    # model arrays are read-only: a model with other weights is a new model
+    l0 = m.layers[0]
+    m = dataclasses.replace(m, layers=(dataclasses.replace(l0, weight=np.full_like(l0.weight, 3e38)),)
+                            + tuple(m.layers[1:]))
     cfg = {"engine": {"n_symbols": 2}, "cache": {"enabled": False}}
     for mk in (lambda: GpuEngine(m, cfg, mode="launch").engine,
                lambda: fastpath.Engine(m, backend="gpu", config=cfg)):

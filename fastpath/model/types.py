@@ -798,7 +798,9 @@ class Model:
         """Write the MLP (not the feature stage or head) as ONNX: Gemm (transB=1) + activation
         per layer, then the post transform (softmax, logistic2); input "features" [N, n_feat],
         output "out" [N, n_outputs]: onnxruntime returns what forward() does. Needs the onnx
-        package."""
+        package. The file holds the fp32 weights: a bf16 / int8 choice (with_weights) is the
+        engine's packing and is not carried (the bundle, Model.save, keeps it), so the file's
+        outputs differ from a reduced-weight engine's by what weights_error measures."""
         if self.trees is not None:
             raise ModelError("writing a tree ensemble as ONNX is not supported; keep the ONNX "
                              "file it came from, or save the model as a bundle (Model.save)")
