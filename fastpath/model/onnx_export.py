@@ -4,6 +4,7 @@ Needs the optional `onnx` package."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -62,7 +63,10 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
     big = sum(a.nbytes for _, a in arrays) > _EXTERNAL_BYTES
     location = os.path.basename(dest) + ".data"
     data = os.path.join(os.path.dirname(dest), location)
-    tmp = f"{dest}.tmp{os.getpid()}"
+    # the thread too, as Model.save names its own: two threads writing one path shared a temp
+    # file, and the model renamed into place could hold both writes (or the second checker /
+    # rename found the file gone)
+    tmp = f"{dest}.tmp{os.getpid()}.{threading.get_ident()}"
     try:
         if big:
             inits = _write_external(arrays, data, location)
