@@ -1,5 +1,6 @@
 """Second review of the model-API and ONNX changes: defects found in them, each test failing
 on the code before its fix."""
+import os
 import threading
 
 import numpy as np
@@ -54,3 +55,32 @@ def test_to_onnx_from_two_threads_uses_a_temp_file_each(tmp_path, monkeypatch):
     assert errors == []
     back = Model.from_onnx(dest)
     assert any(np.array_equal(back.layers[0].weight, m.layers[0].weight) for m in models)
+
+
+def test_a_failed_external_data_export_leaves_the_model_at_the_path_whole(tmp_path, monkeypatch):
+    # past the external-data size the weights were written straight to <path>.data, over the
+    # weights of the model already at <path>, before the new file was checked; a failure
+    # then deleted <path>.data, so the good model there could no more be read
+    onnx = pytest.importorskip("onnx")
+    from fastpath.model import onnx_export
+    monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)     # every model goes external
+    dest = tmp_path / "m.onnx"
+    good, other = _mlp(3), _mlp(4)
+    good.to_onnx(dest)
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+
+    def broken(*a, **k):
+        raise onnx.checker.ValidationError("simulated failure")
+
+    monkeypatch.setattr(onnx.checker, "check_model", broken)
+    with pytest.raises(onnx.checker.ValidationError):
+        other.to_onnx(dest)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+    back = Model.from_onnx(dest)
+    assert np.array_equal(back.layers[0].weight, good.layers[0].weight)
+    # and a good export replaces both
+    monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)
+    other.to_onnx(dest)
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+    assert np.array_equal(Model.from_onnx(dest).layers[0].weight, other.layers[0].weight)

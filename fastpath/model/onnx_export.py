@@ -67,9 +67,19 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
     # file, and the model renamed into place could hold both writes (or the second checker /
     # rename found the file gone)
     tmp = f"{dest}.tmp{os.getpid()}.{threading.get_ident()}"
+    tmpdir = tmp_data = None
+    if big:
+        # the pair is written and checked in a folder of its own, then renamed into place:
+        # written straight to `data`, the weights of a model already at `path` were
+        # overwritten before the new one was checked, and deleted when it failed, so a
+        # failed export broke the good model it was to replace
+        tmpdir = f"{tmp}.d"
+        os.mkdir(tmpdir)
+        tmp = os.path.join(tmpdir, os.path.basename(dest))
+        tmp_data = os.path.join(tmpdir, location)
     try:
         if big:
-            inits = _write_external(arrays, data, location)
+            inits = _write_external(arrays, tmp_data, location)
         else:
             inits = [numpy_helper.from_array(a, k) for k, a in arrays]
         g = helper.make_graph(
@@ -85,14 +95,21 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         onnx.save(m, tmp)
         # by path: the checker then reads the external data too (and allows > 2 GiB)
         onnx.checker.check_model(tmp)
+        if big:
+            os.replace(tmp_data, data)
         os.replace(tmp, dest)
-    except BaseException:
-        for f in (tmp, data) if big else (tmp,):
+    finally:
+        for f in (tmp, tmp_data):
+            if f is not None:
+                try:
+                    os.unlink(f)
+                except OSError:
+                    pass
+        if tmpdir is not None:
             try:
-                os.unlink(f)
+                os.rmdir(tmpdir)
             except OSError:
                 pass
-        raise
 
 
 def _write_external(arrays: list, data: str, location: str) -> list:
