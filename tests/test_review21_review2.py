@@ -84,3 +84,37 @@ def test_a_failed_external_data_export_leaves_the_model_at_the_path_whole(tmp_pa
     other.to_onnx(dest)
     assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
     assert np.array_equal(Model.from_onnx(dest).layers[0].weight, other.layers[0].weight)
+
+
+def test_save_from_two_threads_uses_a_temp_file_each(tmp_path, monkeypatch):
+    # deterministic twin of test_review21_modelapi's threaded save (which passes on the old
+    # code whenever the threads happen not to overlap): both threads hold their temp file
+    # at once, and the names must differ
+    from fastpath.model import bundle
+    both_inside = threading.Barrier(2, timeout=20)
+    temps, errors = [], []
+
+    def opener(f, mode="r", *a, **k):
+        if "w" in mode:
+            temps.append(str(f))
+            both_inside.wait()
+        return open(f, mode, *a, **k)
+
+    monkeypatch.setattr(bundle, "open", opener, raising=False)
+    dest = tmp_path / "m.fpm"
+    models = [_mlp(5), _mlp(6)]
+
+    def save(m):
+        try:
+            m.save(dest)
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion below
+            errors.append(exc)
+
+    ts = [threading.Thread(target=save, args=(m,)) for m in models]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert len(temps) == 2 and temps[0] != temps[1], temps
+    assert errors == [] and Model.load(dest) in models
+    assert os.listdir(tmp_path) == ["m.fpm"]
