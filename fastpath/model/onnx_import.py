@@ -647,12 +647,16 @@ def read_onnx(path: str | os.PathLike) -> dict:
             if post != "none":
                 raise ModelError(f"{name}: Softmax node {node.name!r} after the output's {post} "
                                  f"(a second softmax); fastpath serves one output transform")
-            if rank == 1 and not reshaped and ax != -1:
+            if rank == 1 and not reshaped:
                 # a rank-1 tensor (a [features] input, no batch axis) has axis 0 only: axis 1
-                # (the default before opset 13) is out of range, and onnxruntime fails
-                raise ModelError(f"{name}: Softmax node {node.name!r} over axis {ax} of the "
-                                 f"rank-1 tensor a [features] input makes; give it axis=-1, or "
-                                 f"declare the input as [batch, features]")
+                # (the default before opset 13) is out of range, and onnxruntime fails; axis 0
+                # is its features axis, as -1 is (onnxruntime runs it: it was refused here)
+                if ax not in (0, -1):
+                    raise ModelError(f"{name}: Softmax node {node.name!r} over axis {ax} of "
+                                     f"the rank-1 tensor a [features] input makes; give it "
+                                     f"axis=-1 (or 0), or declare the input as "
+                                     f"[batch, features]")
+                ax = -1
             if ax not in (1, -1) or not layers or layers[-1][3] or pending is not None:
                 raise ModelError(f"{name}: Softmax node {node.name!r} must come right after the "
                                  f"last dense layer, over axis 1")
