@@ -398,8 +398,11 @@ def test_doctor_gpu_with_no_gpu_fails_and_says_why(tmp_path):
     res = doctor.run_checks(host, use_gpu=True, gpu_backend=(False, "pycuda not importable"))
     by = {c["name"]: c for c in res["checks"]}
     assert by["gpu_backend"]["status"] == "fail" and "fastpath[gpu]" in by["gpu_backend"]["fix"]
-    # the command line asks the running host
-    ok, why = fastpath.gpu_status()
+    # the command line asks the running host (in a fresh process: tests in this one may have
+    # put a pycuda stand-in in sys.modules)
+    ok, why = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json, fastpath; print(json.dumps(fastpath.gpu_status()))"],
+        capture_output=True, text=True, timeout=120, check=True).stdout)
     out = subprocess.run([sys.executable, "-m", "fastpath.cli", "doctor", "--gpu", "--json"],
                          capture_output=True, text=True, timeout=120)
     by = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
