@@ -99,10 +99,14 @@ class PlacementConfig:
     """Where and how the step() thread runs (applied by fastpath.control.place)."""
     core: Any = "auto"
     policy: str = "fifo"
-    priority: int = 50
+    # None: the policy's own default, 50 for fifo/rr and 0 for "other" (the only value that
+    # policy takes): `policy = "other"` alone was refused for a priority the user never wrote
+    priority: int | None = None
     allow_priority_above_80: bool = False
 
     def __post_init__(self) -> None:
+        if self.priority is None:
+            object.__setattr__(self, "priority", 0 if self.policy == "other" else 50)
         for k, (typ, lo, hi, ch) in _PLACEMENT_KEYS.items():
             _check(f"placement.{k}", getattr(self, k), typ, lo, hi, ch)
         from fastpath.control.placement import check_priority
@@ -140,6 +144,14 @@ class ServeConfig:
     place: bool = True               # place the worker thread with [placement]
 
     def __post_init__(self) -> None:
+        m = self.mode
+        if isinstance(m, int) and not isinstance(m, bool) and not 0o400 <= m <= 0o777:
+            # permissions are octal: `mode = 600` (decimal 600, 0o1130) was refused as
+            # "must be in [256, 511]", bounds nobody reads as file modes
+            hint = (f"; for rw------- write 0o{m} (TOML and Python read 600 as decimal)"
+                    if 0 <= m <= 777 and set(str(m)) <= set("01234567") else "")
+            raise ConfigError(f"serve.mode must be file permissions in [0o400, 0o777], got "
+                              f"{m} (= {oct(m) if abs(m) < 1 << 64 else 'too large'}){hint}")
         for k, (typ, lo, hi, ch) in _SERVE_KEYS.items():
             _check(f"serve.{k}", getattr(self, k), typ, lo, hi, ch)
         if self.ring_slots & (self.ring_slots - 1):
@@ -223,6 +235,15 @@ class EngineConfig:
         sections = {"engine": _ENGINE_KEYS,
                     **{sec: keys for sec, (_cls, keys) in _section_types().items()}}
         for sec, body in d.items():
+            if sec not in sections and not isinstance(body, Mapping):
+                # a key written above every [table] (or a dict without its section) belongs
+                # to a table; say which, not "unknown section"
+                home = [s for s, keys in sections.items() if sec in keys]
+                where = (f"; it is a key of [{home[0]}]: write it under [{home[0]}]"
+                         if len(home) == 1 else "; no section has such a key" if not home
+                         else f"; it is a key of {', '.join('[' + h + ']' for h in home)}")
+                raise ConfigError(f"{sec!r} is a key outside any [table]; keys go under their "
+                                  f"section, one of {sorted(sections)}{where}")
             if sec not in sections:
                 raise ConfigError(f"unknown config section [{sec}]; allowed: {sorted(sections)}")
             _check_keys(sec, body, sections[sec])

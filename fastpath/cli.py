@@ -53,6 +53,16 @@ def _holdout(text: str) -> float:
     return v
 
 
+def _jitter_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= 3600:           # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 3600], got {text!r}")
+    return v
+
+
 def cmd_info(args) -> int:
     import fastpath
     from fastpath._build import DEMO_MODEL
@@ -198,7 +208,14 @@ def cmd_doctor(args) -> int:
     core = args.core if args.core is not None else (
         cfg.placement.core if cfg.placement.core != "auto" else None)
     host = Host(args.root)
-    from fastpath.control.host import sample_busy
+    from fastpath.control.host import read_topology, sample_busy
+    if args.core is not None:
+        online = read_topology(host).cpus
+        if args.core not in online:
+            # choose_core's refusal names placement.core, a key the user did not write here
+            from fastpath.control.host import format_cpulist
+            raise SystemExit(f"fastpath doctor: --core {args.core} is not an online CPU of this "
+                             f"host (online: {format_cpulist(online)})")
     busy = sample_busy(host, 0.2) if args.root == "/" else {}
     from fastpath._build import DEMO_MODEL, engine_region_bytes, load_model
     model = load_model(args.model or DEMO_MODEL)
@@ -264,10 +281,13 @@ def main(argv=None) -> int:
     sub.add_parser("example-config", help="print the commented example TOML config")
     d = sub.add_parser("doctor", help="host readiness checks, each with a verdict and a fix")
     d.add_argument("--json", action="store_true", help="machine-readable output")
-    d.add_argument("--jitter", type=float, metavar="SECONDS",
-                   help="spin on the chosen core this long and histogram the gaps (cyclictest-style)")
-    d.add_argument("--jitter-threshold-ns", type=int, default=1000, help="smallest gap recorded")
-    d.add_argument("--core", type=int, help="check this core instead of the one placement chooses")
+    d.add_argument("--jitter", type=_jitter_seconds, metavar="SECONDS",
+                   help="spin on the chosen core this long (0..3600 s) and histogram the gaps "
+                        "(cyclictest-style)")
+    d.add_argument("--jitter-threshold-ns", type=_int_in(1, 1 << 40), default=1000,
+                   help="smallest gap recorded (ns, >= 1)")
+    d.add_argument("--core", type=_int_in(0, (1 << 16) - 1),
+                   help="check this core instead of the one placement chooses")
     d.add_argument("--config", help="TOML config (placement policy and priority)")
     d.add_argument("--gpu", action="store_true", help="checks as for the GPU backend")
     d.add_argument("--model", help="the model the engine runs (.onnx / .fpm; default: the demo "
