@@ -283,7 +283,9 @@ def load_config(cfg: Any = None) -> EngineConfig:
         path = os.fspath(cfg)
         try:
             with open(path, "rb") as f:
-                data = tomllib.load(f)
+                # utf-8-sig: editors on Windows save UTF-8 with a byte-order mark, which
+                # tomllib refused as "Invalid statement (at line 1, column 1)"
+                data = tomllib.loads(f.read().decode("utf-8-sig"))
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
