@@ -279,25 +279,32 @@ def load_config(cfg: Any = None) -> EngineConfig:
     if isinstance(cfg, Mapping):
         return EngineConfig.from_dict(cfg)
     if isinstance(cfg, (str, os.PathLike)):
-        import tomllib
         path = os.fspath(cfg)
-        try:
-            with open(path, "rb") as f:
-                # utf-8-sig: editors on Windows save UTF-8 with a byte-order mark, which
-                # tomllib refused as "Invalid statement (at line 1, column 1)"
-                data = tomllib.loads(f.read().decode("utf-8-sig"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-        except UnicodeDecodeError as exc:
-            # tomllib decodes the bytes itself: a binary file (a bundle passed as the config)
-            # raised this bare, with no file named
-            raise ConfigError(f"{path} is not a TOML config: not UTF-8 text (byte "
-                              f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
+        data = read_toml(path)
         try:
             return EngineConfig.from_dict(data, source=path)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
     raise ConfigError(f"config must be None, a dict, a TOML path or an EngineConfig, got "
                       f"{type(cfg).__name__}")
+
+
+def read_toml(path: str) -> dict:
+    """The tables of the TOML file at `path`, or a ConfigError naming the file. One reader for
+    every caller (load_config, `fastpath doctor`'s "has a [serve] table"), so a file one of them
+    reads is never one another calls broken."""
+    import tomllib
+    try:
+        with open(path, "rb") as f:
+            # utf-8-sig: editors on Windows save UTF-8 with a byte-order mark, which
+            # tomllib refused as "Invalid statement (at line 1, column 1)"
+            data = tomllib.loads(f.read().decode("utf-8-sig"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        # a binary file (a bundle passed as the config): named, with the first bad byte
+        raise ConfigError(f"{path} is not a TOML config: not UTF-8 text (byte "
+                          f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
+    return data

@@ -202,7 +202,7 @@ def _gpu_status() -> tuple:
 
 def cmd_doctor(args) -> int:
     from fastpath.control import doctor
-    from fastpath.control.config import load_config
+    from fastpath.control.config import load_config, read_toml
     from fastpath.control.host import Host
     cfg = load_config(args.config)     # a binary file is a ConfigError naming it
     core = args.core if args.core is not None else (
@@ -222,7 +222,11 @@ def cmd_doctor(args) -> int:
     res = doctor.run_checks(host, core, cfg.placement.policy, cfg.placement.priority,
                             use_gpu=args.gpu, busy=busy, config=args.config,
                             arena_bytes=engine_region_bytes(model, cfg),
-                            serve=True if args.serve else None,
+                            # decided here, from the file load_config read: doctor's own
+                            # reading of it missed the [serve] table of a file saved with a
+                            # byte-order mark and left the segment out of the mlock total
+                            serve=bool(args.serve) or (args.config is not None and
+                                                       "serve" in read_toml(args.config)),
                             raw_len=model.feature_spec.raw_len,
                             gpu_backend=_gpu_status() if args.gpu and args.root == "/" else None)
     if args.jitter:
