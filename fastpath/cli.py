@@ -80,9 +80,18 @@ def _load_npy(path: str, what: str, kinds: str = "iuf"):
     """One array from a .npy file, of a numeric kind in `kinds`; anything else (an .npz
     archive, text, strings, booleans) is a usage error naming the file, not a traceback."""
     import numpy as np
+    with open(path, "rb") as f:         # OSError (missing, a directory): exit 2 in main
+        head = f.read(6)
+    if head != b"\x93NUMPY" and head[:4] != b"PK\x03\x04":
+        # np.load takes any other start for a pickle: an empty file raised a bare EOFError,
+        # a text file "contains pickled (object) data ... allow_pickle", which it does not
+        what_is = "empty" if not head else f"starts with {head!r}, not the .npy magic"
+        raise SystemExit(f"fastpath calibrate: {path} is not a numpy .npy file of {what}: "
+                         f"{what_is} (write it with np.save)")
+    import zipfile
     try:
         a = np.load(path, allow_pickle=False)
-    except ValueError as exc:
+    except (ValueError, EOFError, zipfile.BadZipFile) as exc:     # a truncated file or archive
         raise SystemExit(f"fastpath calibrate: {path} is not a numpy .npy file of {what}: {exc}")
     if not isinstance(a, np.ndarray):       # np.load opens an .npz archive as a mapping
         a.close()

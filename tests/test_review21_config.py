@@ -171,3 +171,39 @@ def test_example_config_is_the_code_defaults(capsys):
     uncommented = re.sub(r"(?m)^# ([a-z_]+ = )", r"\1", text)
     full = EngineConfig.from_dict(tomllib.loads(uncommented))
     assert full.weights is not None and full.cache.enabled is True
+
+
+# ------------------------------------------------------------------ calibrate's input files
+
+def _npy_cuts():
+    import io
+
+    import numpy as np
+    a = np.zeros((3, 256), np.float32)
+    npy, npz = io.BytesIO(), io.BytesIO()
+    np.save(npy, a)
+    np.savez(npz, a=a)
+    return {"empty": b"", "text": b"abc\n", "npy-cut-3": npy.getvalue()[:3],
+            "npz-cut-100": npz.getvalue()[:100], "npz-cut-30": npz.getvalue()[:30]}
+
+
+@pytest.mark.parametrize("name", sorted(_npy_cuts()))
+@pytest.mark.parametrize("option", ["--ticks", "--symbols"])
+def test_calibrate_empty_or_cut_npy_is_exit_2_naming_the_file(name, option, tmp_path, capsys):
+    # Was: an empty file raised a bare EOFError and a truncated .npz a zipfile.BadZipFile
+    # (tracebacks), and a text file was "pickled (object) data ... allow_pickle"
+    import numpy as np
+    from fastpath._build import DEMO_MODEL
+    bad = tmp_path / f"{name}.npy"
+    bad.write_bytes(_npy_cuts()[name])
+    good = tmp_path / "ticks.npy"
+    np.save(good, np.zeros((3, 256), np.float32))
+    files = {"--ticks": str(good), "--symbols": None, option: str(bad)}
+    argv = ["calibrate", "--model", DEMO_MODEL, "--out", str(tmp_path / "o.fpm")]
+    for k, v in files.items():
+        if v is not None:
+            argv += [k, v]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{bad} is not a numpy .npy file" in err and "pickle" not in err, err
+    assert not (tmp_path / "o.fpm").exists()
