@@ -207,3 +207,41 @@ def test_calibrate_empty_or_cut_npy_is_exit_2_naming_the_file(name, option, tmp_
     err = capsys.readouterr().err
     assert f"{bad} is not a numpy .npy file" in err and "pickle" not in err, err
     assert not (tmp_path / "o.fpm").exists()
+
+
+# ------------------------------------------------------------------ [memory] on a small host
+
+def test_engine_larger_than_available_memory_is_refused_not_oom_killed(monkeypatch):
+    # Was: ordinary and THP pages were mapped and then faulted in whole (memset) whatever the
+    # host had left: engine.n_symbols = 4194304 (in range) asks for about 8 GB, and on a
+    # smaller host or container the OOM killer ended the process without a word
+    import numpy as np
+
+    from fastpath import Engine
+    from fastpath.control import memory
+    from conftest import random_model
+    m = random_model(np.random.default_rng(0), [8, 4, 2])
+    big = {"engine": {"n_symbols": 1 << 14}, "memory": {"huge_pages": "none", "mlock": False}}
+    monkeypatch.setattr(memory, "available_bytes", lambda root="/": 1 << 20)
+    for cfg in (big, dict(big, memory={"huge_pages": "thp", "mlock": False})):
+        with pytest.raises(MemoryError, match=r"needs \d+ bytes .* only 1048576 are available"
+                                              r".*lower engine\.n_symbols"):
+            Engine(m, config=cfg)
+    # within what is available: built as before
+    monkeypatch.setattr(memory, "available_bytes", lambda root="/": 1 << 40)
+    assert Engine(m, config=big).n_symbols == 1 << 14
+
+
+def test_available_bytes_reads_meminfo_and_the_cgroup_limit(tmp_path):
+    from fastpath.control.memory import available_bytes
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 100 kB\nMemAvailable:    4096 kB\n")
+    assert available_bytes(str(tmp_path)) == 4096 * 1024
+    cg = tmp_path / "sys/fs/cgroup"
+    cg.mkdir(parents=True)
+    (cg / "memory.max").write_text("3000000\n")
+    (cg / "memory.current").write_text("1000000\n")
+    assert available_bytes(str(tmp_path)) == 2000000          # the container's room is less
+    (cg / "memory.max").write_text("max\n")
+    assert available_bytes(str(tmp_path)) == 4096 * 1024
+    assert available_bytes(str(tmp_path / "nowhere")) is None
