@@ -354,6 +354,11 @@ def main(argv=None) -> int:
     except OSError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
         return 2
+    except MemoryError as exc:
+        # an engine the host has no room for (control.memory.allocate says how much): the
+        # config asks too much of this host, said as such, not a traceback
+        print(f"fastpath {args.cmd}: {exc or 'out of memory'}", file=sys.stderr)
+        return 2
     except SystemExit as exc:
         # a command's own check of its input files (calibrate's .npy checks) raises
         # SystemExit(message), which exits 1; argparse exits 2 on a bad option and a model or

@@ -245,3 +245,47 @@ def test_available_bytes_reads_meminfo_and_the_cgroup_limit(tmp_path):
     (cg / "memory.max").write_text("max\n")
     assert available_bytes(str(tmp_path)) == 4096 * 1024
     assert available_bytes(str(tmp_path / "nowhere")) is None
+
+
+@pytest.mark.parametrize("n", [4, 1000, 4097, 20000])
+@pytest.mark.parametrize("kind", ["demo", "mlp", "windowed", "bf16"])
+def test_engine_region_bytes_without_building_the_engine_matches_a_built_one(n, kind):
+    # doctor's measure of what the engine locks is now taken from small engines (a real one of
+    # 4M symbols is GBs faulted in just to be sized, and refused where they are not): it must
+    # equal what an engine of that size asks for
+    import dataclasses
+
+    import numpy as np
+
+    from fastpath import Engine
+    from fastpath._build import DEMO_MODEL, engine_region_bytes
+    from fastpath.control.config import MemoryConfig
+    from conftest import random_model, windowed_model
+    rng = np.random.default_rng(1)
+    m = {"demo": DEMO_MODEL, "mlp": random_model(rng, [8, 16, 2]),
+         "windowed": windowed_model(rng, window=7),
+         "bf16": random_model(rng, [8, 32, 16, 2])}[kind]
+    cfg = {"engine": {"n_symbols": n}}
+    if kind == "bf16":
+        cfg["engine"]["weights"] = "bf16"
+    built = Engine(m, "cpu", dataclasses.replace(load_config(cfg),
+                                                  memory=MemoryConfig("none", False)))
+    assert engine_region_bytes(m, cfg) == built.memory.bytes
+
+
+def test_doctor_sizes_a_huge_engine_on_a_host_without_room_for_it(monkeypatch, tmp_path, capsys):
+    # Was: doctor built the real engine to size it: engine.n_symbols = 4194304 faulted in
+    # about 8 GB (killed or refused on a smaller host) before any check was printed
+    import json
+
+    from fastpath.control import memory
+    monkeypatch.setattr(memory, "available_bytes", lambda root="/": 64 << 20)
+    p = tmp_path / "big.toml"
+    p.write_text("[engine]\nn_symbols = 4194304\n")
+    assert main(["doctor", "--json", "--config", str(p)]) in (0, 1)
+    res = json.loads(capsys.readouterr().out)
+    mlock = [c for c in res["checks"] if "4194304 symbols" in c["detail"]]
+    assert mlock, [c["detail"] for c in res["checks"]]
+    # serving it is refused with the reason, exit 2, not a traceback
+    assert main(["serve", "--name", "h21cfg-big", "--config", str(p)]) == 2
+    assert "lower engine.n_symbols" in capsys.readouterr().err
