@@ -351,6 +351,14 @@ def main(argv=None) -> int:
     except FastpathError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`fastpath doctor --json | head`): not bad input, nothing to
+        # say; stdout is pointed at /dev/null so the exit's flush does not raise it again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
     except OSError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
         return 2

@@ -289,3 +289,17 @@ def test_doctor_sizes_a_huge_engine_on_a_host_without_room_for_it(monkeypatch, t
     # serving it is refused with the reason, exit 2, not a traceback
     assert main(["serve", "--name", "h21cfg-big", "--config", str(p)]) == 2
     assert "lower engine.n_symbols" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["example-config", "info"])
+def test_reader_gone_is_not_reported_as_bad_input(cmd, tmp_path):
+    # Was: `fastpath doctor --json | head` and the like printed "fastpath doctor: [Errno 32]
+    # Broken pipe" and exited 2, the code for bad input
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", cmd], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=tmp_path)
+    p.stdout.close()            # before the command writes a byte
+    err = p.stderr.read().decode()
+    p.stderr.close()
+    assert p.wait(timeout=120) == 1 and err == "", err
