@@ -148,8 +148,8 @@ class ServeConfig:
         if isinstance(m, int) and not isinstance(m, bool) and not 0o400 <= m <= 0o777:
             # permissions are octal: `mode = 600` (decimal 600, 0o1130) was refused as
             # "must be in [256, 511]", bounds nobody reads as file modes
-            hint = (f"; for rw------- write 0o{m} (TOML and Python read 600 as decimal)"
-                    if 0 <= m <= 777 and set(str(m)) <= set("01234567") else "")
+            hint = (f"; permissions are octal: write 0o{m} (TOML and Python read {m} as "
+                    f"decimal)" if 400 <= m <= 777 and set(str(m)) <= set("01234567") else "")
             raise ConfigError(f"serve.mode must be file permissions in [0o400, 0o777], got "
                               f"{m} (= {oct(m) if abs(m) < 1 << 64 else 'too large'}){hint}")
         for k, (typ, lo, hi, ch) in _SERVE_KEYS.items():
