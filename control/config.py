@@ -99,10 +99,14 @@ class PlacementConfig:
     """Where and how the step() thread runs (applied by fastpath.control.place)."""
     core: Any = "auto"
     policy: str = "fifo"
-    priority: int = 50
+    # None: the policy's own default, 50 for fifo/rr and 0 for "other" (the only value that
+    # policy takes): `policy = "other"` alone was refused for a priority the user never wrote
+    priority: int | None = None
     allow_priority_above_80: bool = False
 
     def __post_init__(self) -> None:
+        if self.priority is None:
+            object.__setattr__(self, "priority", 0 if self.policy == "other" else 50)
         for k, (typ, lo, hi, ch) in _PLACEMENT_KEYS.items():
             _check(f"placement.{k}", getattr(self, k), typ, lo, hi, ch)
         from fastpath.control.placement import check_priority
@@ -140,6 +144,14 @@ class ServeConfig:
     place: bool = True               # place the worker thread with [placement]
 
     def __post_init__(self) -> None:
+        m = self.mode
+        if isinstance(m, int) and not isinstance(m, bool) and not 0o400 <= m <= 0o777:
+            # permissions are octal: `mode = 600` (decimal 600, 0o1130) was refused as
+            # "must be in [256, 511]", bounds nobody reads as file modes
+            hint = (f"; permissions are octal: write 0o{m} (TOML and Python read {m} as "
+                    f"decimal)" if 400 <= m <= 777 and set(str(m)) <= set("01234567") else "")
+            raise ConfigError(f"serve.mode must be file permissions in [0o400, 0o777], got "
+                              f"{m} (= {oct(m) if abs(m) < 1 << 64 else 'too large'}){hint}")
         for k, (typ, lo, hi, ch) in _SERVE_KEYS.items():
             _check(f"serve.{k}", getattr(self, k), typ, lo, hi, ch)
         if self.ring_slots & (self.ring_slots - 1):
@@ -223,6 +235,15 @@ class EngineConfig:
         sections = {"engine": _ENGINE_KEYS,
                     **{sec: keys for sec, (_cls, keys) in _section_types().items()}}
         for sec, body in d.items():
+            if sec not in sections and not isinstance(body, Mapping):
+                # a key written above every [table] (or a dict without its section) belongs
+                # to a table; say which, not "unknown section"
+                home = [s for s, keys in sections.items() if sec in keys]
+                where = (f"; it is a key of [{home[0]}]: write it under [{home[0]}]"
+                         if len(home) == 1 else "; no section has such a key" if not home
+                         else f"; it is a key of {', '.join('[' + h + ']' for h in home)}")
+                raise ConfigError(f"{sec!r} is a key outside any [table]; keys go under their "
+                                  f"section, one of {sorted(sections)}{where}")
             if sec not in sections:
                 raise ConfigError(f"unknown config section [{sec}]; allowed: {sorted(sections)}")
             _check_keys(sec, body, sections[sec])
@@ -258,23 +279,32 @@ def load_config(cfg: Any = None) -> EngineConfig:
     if isinstance(cfg, Mapping):
         return EngineConfig.from_dict(cfg)
     if isinstance(cfg, (str, os.PathLike)):
-        import tomllib
         path = os.fspath(cfg)
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-        except UnicodeDecodeError as exc:
-            # tomllib decodes the bytes itself: a binary file (a bundle passed as the config)
-            # raised this bare, with no file named
-            raise ConfigError(f"{path} is not a TOML config: not UTF-8 text (byte "
-                              f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
+        data = read_toml(path)
         try:
             return EngineConfig.from_dict(data, source=path)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
     raise ConfigError(f"config must be None, a dict, a TOML path or an EngineConfig, got "
                       f"{type(cfg).__name__}")
+
+
+def read_toml(path: str) -> dict:
+    """The tables of the TOML file at `path`, or a ConfigError naming the file. One reader for
+    every caller (load_config, `fastpath doctor`'s "has a [serve] table"), so a file one of them
+    reads is never one another calls broken."""
+    import tomllib
+    try:
+        with open(path, "rb") as f:
+            # utf-8-sig: editors on Windows save UTF-8 with a byte-order mark, which
+            # tomllib refused as "Invalid statement (at line 1, column 1)"
+            data = tomllib.loads(f.read().decode("utf-8-sig"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        # a binary file (a bundle passed as the config): named, with the first bad byte
+        raise ConfigError(f"{path} is not a TOML config: not UTF-8 text (byte "
+                          f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
+    return data

@@ -106,6 +106,32 @@ def _plan(asked: str) -> list:
             "thp": ["thp", "normal"], "none": ["normal"]}[asked]
 
 
+def available_bytes(root: str = "/") -> int | None:
+    """Memory this process can still fault in without the OOM killer: MemAvailable from
+    /proc/meminfo, capped by the room left under a cgroup v2 memory.max (a container's limit,
+    which MemAvailable does not see); None when neither is readable."""
+    avail = None
+    try:
+        with open(os.path.join(root, "proc/meminfo")) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(os.path.join(root, "sys/fs/cgroup/memory.max")) as f:
+            lim = f.read().strip()
+        with open(os.path.join(root, "sys/fs/cgroup/memory.current")) as f:
+            cur = int(f.read().strip())
+        if lim != "max":
+            room = max(int(lim) - cur, 0)
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
 def allocate(nbytes: int, huge_pages: str = "auto", lock: bool = True) -> Region:
     """A zeroed, 64-byte-aligned region of at least nbytes, backed as well as the host allows."""
     nbytes = max(int(nbytes), 64)
@@ -142,6 +168,17 @@ def allocate(nbytes: int, huge_pages: str = "auto", lock: bool = True) -> Region
         break
     if region is None:
         raise MemoryError(f"cannot map {nbytes} bytes: {rep.tried}")
+    if not rep.method.startswith("hugetlb"):
+        # a hugetlb mapping is reserved from its pool when mapped (it failed above if short);
+        # ordinary and THP pages are only promised: faulting in more than the host has left
+        # (engine.n_symbols up to 4M asks for GBs) got the process OOM-killed, no message
+        avail = available_bytes()
+        if avail is not None and region.size > avail:
+            size = region.size
+            del region          # nothing was touched yet: unmapped with its last reference
+            raise MemoryError(f"the engine needs {size} bytes (weights arena + per-symbol "
+                              f"state) but only {avail} are available (MemAvailable, or the "
+                              f"cgroup's memory.max): lower engine.n_symbols")
     # fault every page in now, not on the first tick
     ctypes.memset(region.addr, 0, region.size)
     if lock:

@@ -176,7 +176,21 @@ def engine_region_bytes(model: Any = None, config: Any = None) -> int:
     from fastpath._engine import Engine
     from fastpath.control.config import MemoryConfig, load_config
     cfg = dataclasses.replace(load_config(config), memory=MemoryConfig("none", False))
-    return int(Engine(DEMO_MODEL if model is None else model, "cpu", cfg).memory.bytes)
+    m = load_model(DEMO_MODEL if model is None else model)
+
+    def asked(n: int) -> int:
+        return int(Engine(m, "cpu", dataclasses.replace(cfg, n_symbols=n)).memory.bytes)
+
+    n = cfg.n_symbols
+    if n <= 3:
+        return asked(n)
+    # the per-symbol state is a fixed stride: sized from three small engines, not by building
+    # (and faulting in) the real one, which for engine.n_symbols in the millions took GBs and
+    # was refused on a host without them, so doctor could not say what the config would lock
+    b1, b2, b3 = asked(1), asked(2), asked(3)
+    if b3 - b2 != b2 - b1:
+        return asked(n)
+    return b1 + (n - 1) * (b2 - b1)
 
 
 def default_engine():

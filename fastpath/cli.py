@@ -53,6 +53,16 @@ def _holdout(text: str) -> float:
     return v
 
 
+def _jitter_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= 3600:           # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 3600], got {text!r}")
+    return v
+
+
 def cmd_info(args) -> int:
     import fastpath
     from fastpath._build import DEMO_MODEL
@@ -70,9 +80,18 @@ def _load_npy(path: str, what: str, kinds: str = "iuf"):
     """One array from a .npy file, of a numeric kind in `kinds`; anything else (an .npz
     archive, text, strings, booleans) is a usage error naming the file, not a traceback."""
     import numpy as np
+    with open(path, "rb") as f:         # OSError (missing, a directory): exit 2 in main
+        head = f.read(6)
+    if head != b"\x93NUMPY" and head[:4] != b"PK\x03\x04":
+        # np.load takes any other start for a pickle: an empty file raised a bare EOFError,
+        # a text file "contains pickled (object) data ... allow_pickle", which it does not
+        what_is = "empty" if not head else f"starts with {head!r}, not the .npy magic"
+        raise SystemExit(f"fastpath calibrate: {path} is not a numpy .npy file of {what}: "
+                         f"{what_is} (write it with np.save)")
+    import zipfile
     try:
         a = np.load(path, allow_pickle=False)
-    except ValueError as exc:
+    except (ValueError, EOFError, zipfile.BadZipFile) as exc:     # a truncated file or archive
         raise SystemExit(f"fastpath calibrate: {path} is not a numpy .npy file of {what}: {exc}")
     if not isinstance(a, np.ndarray):       # np.load opens an .npz archive as a mapping
         a.close()
@@ -192,20 +211,31 @@ def _gpu_status() -> tuple:
 
 def cmd_doctor(args) -> int:
     from fastpath.control import doctor
-    from fastpath.control.config import load_config
+    from fastpath.control.config import load_config, read_toml
     from fastpath.control.host import Host
     cfg = load_config(args.config)     # a binary file is a ConfigError naming it
     core = args.core if args.core is not None else (
         cfg.placement.core if cfg.placement.core != "auto" else None)
     host = Host(args.root)
-    from fastpath.control.host import sample_busy
+    from fastpath.control.host import read_topology, sample_busy
+    if args.core is not None:
+        online = read_topology(host).cpus
+        if args.core not in online:
+            # choose_core's refusal names placement.core, a key the user did not write here
+            from fastpath.control.host import format_cpulist
+            raise SystemExit(f"fastpath doctor: --core {args.core} is not an online CPU of this "
+                             f"host (online: {format_cpulist(online)})")
     busy = sample_busy(host, 0.2) if args.root == "/" else {}
     from fastpath._build import DEMO_MODEL, engine_region_bytes, load_model
     model = load_model(args.model or DEMO_MODEL)
     res = doctor.run_checks(host, core, cfg.placement.policy, cfg.placement.priority,
                             use_gpu=args.gpu, busy=busy, config=args.config,
                             arena_bytes=engine_region_bytes(model, cfg),
-                            serve=True if args.serve else None,
+                            # decided here, from the file load_config read: doctor's own
+                            # reading of it missed the [serve] table of a file saved with a
+                            # byte-order mark and left the segment out of the mlock total
+                            serve=bool(args.serve) or (args.config is not None and
+                                                       "serve" in read_toml(args.config)),
                             raw_len=model.feature_spec.raw_len,
                             gpu_backend=_gpu_status() if args.gpu and args.root == "/" else None)
     if args.jitter:
@@ -264,10 +294,13 @@ def main(argv=None) -> int:
     sub.add_parser("example-config", help="print the commented example TOML config")
     d = sub.add_parser("doctor", help="host readiness checks, each with a verdict and a fix")
     d.add_argument("--json", action="store_true", help="machine-readable output")
-    d.add_argument("--jitter", type=float, metavar="SECONDS",
-                   help="spin on the chosen core this long and histogram the gaps (cyclictest-style)")
-    d.add_argument("--jitter-threshold-ns", type=int, default=1000, help="smallest gap recorded")
-    d.add_argument("--core", type=int, help="check this core instead of the one placement chooses")
+    d.add_argument("--jitter", type=_jitter_seconds, metavar="SECONDS",
+                   help="spin on the chosen core this long (0..3600 s) and histogram the gaps "
+                        "(cyclictest-style)")
+    d.add_argument("--jitter-threshold-ns", type=_int_in(1, 1 << 40), default=1000,
+                   help="smallest gap recorded (ns, >= 1)")
+    d.add_argument("--core", type=_int_in(0, (1 << 16) - 1),
+                   help="check this core instead of the one placement chooses")
     d.add_argument("--config", help="TOML config (placement policy and priority)")
     d.add_argument("--gpu", action="store_true", help="checks as for the GPU backend")
     d.add_argument("--model", help="the model the engine runs (.onnx / .fpm; default: the demo "
@@ -318,8 +351,21 @@ def main(argv=None) -> int:
     except FastpathError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`fastpath doctor --json | head`): not bad input, nothing to
+        # say; stdout is pointed at /dev/null so the exit's flush does not raise it again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
     except OSError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:
+        # an engine the host has no room for (control.memory.allocate says how much): the
+        # config asks too much of this host, said as such, not a traceback
+        print(f"fastpath {args.cmd}: {exc or 'out of memory'}", file=sys.stderr)
         return 2
     except SystemExit as exc:
         # a command's own check of its input files (calibrate's .npy checks) raises
