@@ -230,11 +230,13 @@ def _serving_configured(config) -> bool:
     if isinstance(config, Mapping):
         return "serve" in config
     if isinstance(config, (str, os.PathLike)):
-        import tomllib
+        # the config's own reader: a file load_config reads (a UTF-8 byte-order mark
+        # included) is one whose [serve] table is seen here
+        from fastpath.control.config import read_toml
+        from fastpath.errors import ConfigError
         try:
-            with open(config, "rb") as f:
-                return "serve" in tomllib.load(f)
-        except (OSError, ValueError):
+            return "serve" in read_toml(os.fspath(config))
+        except ConfigError:
             return False
     return False
 

@@ -12,6 +12,10 @@ static int g_clock_ready = 0;
 #define FP_CLOCK_REANCHOR_TRIES 3
 #define FP_CLOCK_BASELINE_NS 10000000LL
 #define FP_CLOCK_RATE_TOL 2e-3   /* 4x NTP's largest slew */
+/* readings before the anchor map back at this fraction of its rate: below any mapping's
+ * (rates in force differ by at most the refit tolerance, its calibration term and the
+ * 1e-3 slew) */
+#define FP_CLOCK_BACK_RATE (1.0 - 1e-2)
 
 static int fp_tsc_invariant(void) {
 #if FP_CLOCK_HAVE_TSC
@@ -199,9 +203,19 @@ __attribute__((noinline, cold)) int64_t fp_ticks_to_mono_ns_slow(uint64_t t) {
         const uint64_t now = fp_ticks();
         if ((int64_t)(t - now) > 0) t = now;
     }
+    const int64_t d = (int64_t)(t - bt);
+    /* A reading before the anchor was read before a re-anchor and converted after it (a
+     * thread preempted between its TSC read and this call). An earlier reading of that
+     * thread went through an older mapping, whose rate may be slower than this one's by the
+     * refit's tolerance and the slew (a few 1e-3): mapped back at this rate, the reading
+     * fell behind it by that fraction of the preemption (7 us seen after a few ms under
+     * load), and the engine refuses a step more than 1 us behind its symbol's last one.
+     * Mapped back at a rate below any mapping's, it cannot fall behind an older reading; it
+     * is early by at most 1% of how far it predates the anchor. */
+    if (d < 0) return bn + (int64_t)((double)d * k * FP_CLOCK_BACK_RATE);
     /* a reading past the period maps from the anchor then in force, a fresh one or (not
      * due yet: another thread publishing, a wide bracket) the old one, as before */
-    return bn + (int64_t)((double)(int64_t)(t - bt) * k);
+    return bn + (int64_t)((double)d * k);
 }
 
 const char *fp_clock_source(void) {

@@ -426,3 +426,39 @@ def test_onnx_tree_node_with_an_attribute_twice_is_refused(tmp_path):
     onnx.save(m, p)
     with pytest.raises(fastpath.ModelError, match="attribute nodes_values twice"):
         Model.from_onnx(p)
+
+
+def test_a_reading_from_before_a_faster_anchor_does_not_go_back():
+    """A thread reads the TSC, is preempted, and converts after another thread re-anchored
+    at a rate faster than the mapping its earlier readings used (a refit within tolerance,
+    here +0.3%): mapped back from the new anchor at the new rate, the reading landed
+    0.9 ms x 0.3% = 2.7 us behind what the old mapping gave for the same tick (test_clock's
+    readers saw 7 us under load), and the engine refuses a step more than 1 us behind its
+    symbol's last. Readings before the anchor now map back at a rate below any mapping's."""
+    _needs_tsc(K.clock_info())
+    clk = _clock(K)
+    with _Restore(clk, lambda: K.clock_reanchor()):
+        K.clock_reanchor()
+        k = clk.map_ns_per_tick
+        t = K.clock_ticks()
+        old = K.clock_ticks_to_mono_ns(t)
+        x = int(900_000 / k)                            # 0.9 ms of ticks
+        new_bt = t + x
+        new_bn = K.clock_ticks_to_mono_ns(new_bt)       # the new anchor continues the old map
+        clk.base_tick, clk.base_ns, clk.map_ns_per_tick = new_bt, new_bn, k * 1.003
+        v = K.clock_ticks_to_mono_ns(t)
+        assert v >= old - 1000, old - v
+        # and still close: early by at most 1% of how far it predates the anchor
+        assert old - v < 0.011 * 900_000 + 1000
+
+
+def test_doctor_sees_the_serve_table_of_a_config_with_a_byte_order_mark(tmp_path):
+    """load_config reads a TOML file saved with a UTF-8 byte-order mark; doctor's "this host
+    serves" check read it with tomllib directly, failed, and left the serve segment out of
+    the mlock total."""
+    from fastpath.control import doctor
+    p = tmp_path / "c.toml"
+    p.write_bytes(b"\xef\xbb\xbf[serve]\nslots = 64\n")
+    assert doctor._serving_configured(str(p))
+    assert doctor._serving_configured(p)
+    assert not doctor._serving_configured(str(tmp_path / "missing.toml"))
