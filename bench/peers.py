@@ -65,8 +65,10 @@ def torch_peer(model):
     for l in model.layers:
         lin = torch.nn.Linear(l.weight.shape[1], l.weight.shape[0])
         with torch.no_grad():
-            lin.weight.copy_(torch.from_numpy(l.weight))
-            lin.bias.copy_(torch.from_numpy(l.bias))
+            # torch.tensor copies: a model's arrays are read-only, and torch warns on (and
+            # cannot guarantee) a tensor over a buffer it may not write
+            lin.weight.copy_(torch.tensor(l.weight))
+            lin.bias.copy_(torch.tensor(l.bias))
         mods.append(lin)
         act = {"relu": torch.nn.ReLU(), "tanh": torch.nn.Tanh(), "sigmoid": torch.nn.Sigmoid()}
         if l.activation in act:
