@@ -148,3 +148,74 @@ def test_cli_option_check_catches_a_missing_option():
     assert not _has("fastpath calibrate", "--no-such-option")
     assert not _has("fastpath serve", "--serve")     # --serve is doctor's, not serve's
     assert _has("fastpath doctor", "--serve")
+
+
+# ---------------------------------------------------------------- API names and config keys
+
+_FILE_SUFFIXES = {"fpm", "onnx", "toml", "npy", "csv", "json", "png", "py", "h", "c", "so"}
+
+
+def _resolve(dotted: str) -> bool:
+    import importlib
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+            break
+        except ImportError:
+            continue
+    else:
+        return False
+    for a in parts[i:]:
+        if not hasattr(obj, a):
+            return False
+        obj = getattr(obj, a)
+    return True
+
+
+def _attr(cls, name: str) -> bool:
+    import dataclasses
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else ()
+    return hasattr(cls, name) or name in fields
+
+
+def test_readme_api_names_exist():
+    """Every `fastpath.x.y` the README names resolves, and every method or attribute it calls on
+    a model, engine, result or client (`model.with_head`, `eng.step_batch`, `c.poll`) exists."""
+    import fastpath
+    from fastpath._serve import Client
+    from fastpath.control.config import EngineConfig
+    from fastpath.gpu import GpuEngine
+    text = _readme()
+    bad = [n for n in sorted(set(re.findall(r"\bfastpath(?:\.[A-Za-z_]\w*)+", text)))
+           if n.rsplit(".", 1)[1] not in _FILE_SUFFIXES and not _resolve(n)]
+    owners = {"Model": [fastpath.Model], "model": [fastpath.Model],
+              "Engine": [fastpath.Engine], "eng": [fastpath.Engine], "e": [fastpath.Engine],
+              # `engine.simd` is also how the README names an [engine] config key
+              "engine": [fastpath.Engine, EngineConfig],
+              "FeatureSpec": [fastpath.FeatureSpec], "GpuEngine": [GpuEngine],
+              "Result": [fastpath.Result], "r": [fastpath.Result], "c": [Client]}
+    pat = r"(?<![\w.])(" + "|".join(owners) + r")\.([a-z_]\w*)"
+    seen = set(re.findall(pat, text))
+    assert ("model", "with_weights") in seen and ("c", "poll") in seen
+    for owner, name in sorted(seen):
+        if name in _FILE_SUFFIXES:
+            continue
+        if not any(_attr(c, name) for c in owners[owner]):
+            bad.append(f"{owner}.{name}")
+    assert not bad, bad
+
+
+def test_readme_config_keys_exist():
+    """`[section] key` in the prose names a key the config loader accepts."""
+    from fastpath.control.config import load_config
+    keys = set(re.findall(r"`\[([a-z]+)\] ([a-z_0-9]+)", _readme()))
+    assert ("engine", "stage_times") in keys and ("serve", "on_full") in keys
+    bad = []
+    for sec, key in sorted(keys):
+        try:
+            load_config({sec: {key: getattr(load_config(None) if sec == "engine"
+                                            else getattr(load_config(None), sec), key)}})
+        except Exception as exc:  # noqa: BLE001 - the message is the finding
+            bad.append(f"[{sec}] {key}: {exc}")
+    assert not bad, bad
