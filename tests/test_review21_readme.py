@@ -219,3 +219,37 @@ def test_readme_config_keys_exist():
         except Exception as exc:  # noqa: BLE001 - the message is the finding
             bad.append(f"[{sec}] {key}: {exc}")
     assert not bad, bad
+
+
+# ---------------------------------------------------------------- the quick start runs
+
+def test_readme_quick_start_block_runs(tmp_path, monkeypatch):
+    """The README's first ```python block runs as written, given the files and arrays its
+    comments say are the user's (a model.onnx, the example config, a tick x of the model's
+    width, a batch), on a default engine of its own."""
+    import numpy as np
+
+    import fastpath
+    from fastpath._build import DEMO_MODEL, EXAMPLE_CONFIG
+    pytest.importorskip("onnx")
+    block = _blocks(_readme(), "python")[0]
+    assert 'fastpath.Engine("model.onnx"' in block and "fastpath.step(raw" in block
+    monkeypatch.chdir(tmp_path)
+    fastpath.Model.load(DEMO_MODEL).to_onnx("model.onnx")
+    with open(EXAMPLE_CONFIG) as src, open("fastpath.toml", "w") as dst:
+        dst.write(src.read())
+    n_in = fastpath.Model.from_onnx("model.onnx").dims[0]
+    rng = np.random.default_rng(0)
+    ns = {"x": rng.normal(size=n_in).astype(np.float32), "exchange_ts": 1_000_000_000,
+          "raws": rng.normal(size=(4, n_in)).astype(np.float32),
+          "symbols": np.array([0, 1, 2, 3]), "ts_ns": np.arange(4, dtype=np.int64) + 2_000_000_000}
+    old = fastpath.get_default_engine()
+    fastpath.set_default_engine(fastpath.Engine(DEMO_MODEL))
+    try:
+        exec(compile(block, "README.md", "exec"), ns)
+        r = ns["r"]
+        assert -1.0 <= r.signal <= 1.0 and 0.0 <= r.confidence <= 1.0
+        assert isinstance(r.cached, bool)
+        assert ns["eng"].stats()["ticks"] == 5          # one step, a batch of four
+    finally:
+        fastpath.set_default_engine(old)
