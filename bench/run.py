@@ -1,6 +1,6 @@
 """fastpath bench: what one tick costs, stage by stage, next to the tools people use today.
 
-    python bench/run.py                 # generated order-book stream with regimes (1-3 min)
+    python bench/run.py                 # generated order-book stream with regimes (about 10 s)
     python bench/run.py --quick         # the same, smaller (< 30 s)
     python bench/run.py --data ../shared/data/binance-btcusdt-2024-08-08
     python bench/run.py --data orderbook.csv,message.csv      # a LOBSTER pair

@@ -23,6 +23,9 @@ from conftest import engine_cfg, random_model
 from test_review20_clock import _Clock
 
 F32 = np.float32
+# subprocesses run outside the checkout, so the installed package is imported, not the source
+# folder (which has no built extensions when CI installs a wheel-like build)
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
 
 
 def _clock(module):
@@ -210,7 +213,7 @@ def test_cli_bad_input_exits_2_whichever_check_finds_it(tmp_path):
     np.save(ticks, np.zeros((4, 3, 2), np.float32))        # 3-d: not (ticks, raw_len)
     out = subprocess.run([sys.executable, "-m", "fastpath.cli", "calibrate", "--ticks",
                           str(ticks), "--model", DEMO_MODEL, "--out", str(tmp_path / "o.fpm")],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, cwd=PKG_PARENT)
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert "must hold a 2-d array" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "o.fpm").exists()
@@ -298,7 +301,8 @@ def test_calibrate_weights_prints_the_cost_and_records_the_choice(tmp_path):
     out = subprocess.run([sys.executable, "-m", "fastpath.cli", "calibrate", "--ticks",
                           str(tmp_path / "t.npy"), "--symbols", str(tmp_path / "s.npy"),
                           "--model", DEMO_MODEL, "--out", str(tmp_path / "o.fpm"),
-                          "--weights", "int8"], capture_output=True, text=True, timeout=300)
+                          "--weights", "int8"], capture_output=True, text=True, timeout=300,
+                         cwd=PKG_PARENT)
     assert out.returncode == 0, out.stderr
     assert "weights: int8 hidden layers (signal against fp32 on these ticks: max |d|" in out.stdout
     assert Model.load(tmp_path / "o.fpm").weights == "int8"
@@ -306,7 +310,8 @@ def test_calibrate_weights_prints_the_cost_and_records_the_choice(tmp_path):
     back = subprocess.run([sys.executable, "-m", "fastpath.cli", "calibrate", "--ticks",
                            str(tmp_path / "t.npy"), "--symbols", str(tmp_path / "s.npy"),
                            "--model", str(tmp_path / "o.fpm"), "--out", str(tmp_path / "b.fpm"),
-                           "--weights", "fp32"], capture_output=True, text=True, timeout=300)
+                           "--weights", "fp32"], capture_output=True, text=True, timeout=300,
+                          cwd=PKG_PARENT)
     assert back.returncode == 0, back.stderr
     assert "weights: fp32 hidden layers (were int8; int8's signal against fp32" in back.stdout
     assert "max |d| 0 " not in back.stdout
@@ -402,9 +407,9 @@ def test_doctor_gpu_with_no_gpu_fails_and_says_why(tmp_path):
     # put a pycuda stand-in in sys.modules)
     ok, why = json.loads(subprocess.run(
         [sys.executable, "-c", "import json, fastpath; print(json.dumps(fastpath.gpu_status()))"],
-        capture_output=True, text=True, timeout=120, check=True).stdout)
+        capture_output=True, text=True, timeout=120, check=True, cwd=PKG_PARENT).stdout)
     out = subprocess.run([sys.executable, "-m", "fastpath.cli", "doctor", "--gpu", "--json"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, cwd=PKG_PARENT)
     by = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
     assert by["gpu_backend"]["status"] == ("pass" if ok else "fail")
     assert why in by["gpu_backend"]["detail"]
