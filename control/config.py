@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from fastpath._checks import check_value as _check
 from fastpath.errors import ConfigError
 from fastpath.model import CACHE_KEYS as _CACHE_KEYS
@@ -71,6 +73,29 @@ _MEMORY_KEYS = {
 }
 
 
+def _plain(value: Any, typ) -> Any:
+    """A numpy number given for a numeric key as the Python number it holds (np.int64(8) for an
+    int key: n_symbols taken from an array's length or a numpy computation; np.float32 for a
+    float key), so the check below judges its value, not its type, and the config holds
+    plain Python numbers. Never a bool (np.bool_ is no integer) and never a float for an
+    int key: those are refused by the check as before."""
+    if typ is int or typ == (str, int) or typ is float:
+        if isinstance(value, np.integer):
+            return int(value)
+        if typ is float and isinstance(value, np.floating):
+            return float(value)
+    return value
+
+
+def _plain_fields(obj, keys: Mapping) -> None:
+    """_plain over the declared keys of a frozen config object, in place."""
+    for k, (typ, *_rest) in keys.items():
+        v = getattr(obj, k)
+        p = _plain(v, typ)
+        if p is not v:
+            object.__setattr__(obj, k, p)
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Cache keys set by the config; None leaves the model's value."""
@@ -79,6 +104,10 @@ class CacheConfig:
     norm_tol: float | None = None
     max_age_ns: int | None = None
     max_run: int | None = None
+
+    def __post_init__(self) -> None:
+        # checked by EngineConfig (with the policy's own bounds); numpy numbers made plain here
+        _plain_fields(self, _CACHE_KEYS)
 
     def overrides(self) -> dict:
         """The keys this config sets."""
@@ -105,6 +134,7 @@ class PlacementConfig:
     allow_priority_above_80: bool = False
 
     def __post_init__(self) -> None:
+        _plain_fields(self, _PLACEMENT_KEYS)
         if self.priority is None:
             object.__setattr__(self, "priority", 0 if self.policy == "other" else 50)
         for k, (typ, lo, hi, ch) in _PLACEMENT_KEYS.items():
@@ -120,6 +150,7 @@ class MemoryConfig:
     mlock: bool = True
 
     def __post_init__(self) -> None:
+        _plain_fields(self, _MEMORY_KEYS)
         for k, (typ, lo, hi, ch) in _MEMORY_KEYS.items():
             _check(f"memory.{k}", getattr(self, k), typ, lo, hi, ch)
 
@@ -144,6 +175,7 @@ class ServeConfig:
     place: bool = True               # place the worker thread with [placement]
 
     def __post_init__(self) -> None:
+        _plain_fields(self, _SERVE_KEYS)
         m = self.mode
         if isinstance(m, int) and not isinstance(m, bool) and not 0o400 <= m <= 0o777:
             # permissions are octal: `mode = 600` (decimal 600, 0o1130) was refused as
@@ -183,6 +215,7 @@ class GpuConfig:
     auto: str = "measure"
 
     def __post_init__(self) -> None:
+        _plain_fields(self, _GPU_KEYS)
         for k, (typ, lo, hi, ch) in _GPU_KEYS.items():
             _check(f"gpu.{k}", getattr(self, k), typ, lo, hi, ch)
 
@@ -216,6 +249,7 @@ class EngineConfig:
                                   f"[{sec}] keys, got {type(v).__name__}")
             _check_keys(sec, v, keys)
             object.__setattr__(self, sec, cls(**v))
+        _plain_fields(self, _ENGINE_KEYS)
         for k, (typ, lo, hi, ch) in _ENGINE_KEYS.items():
             if k == "weights" and self.weights is None:
                 continue

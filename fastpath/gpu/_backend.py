@@ -12,6 +12,7 @@ logic here is tested with a stand-in where no GPU exists.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -107,10 +108,14 @@ class DeviceContext:
         cuda.init()
         if ordinal >= cuda.Device.count():
             raise BackendError(f"CUDA device {ordinal} requested, {cuda.Device.count()} present")
+        self.ordinal = ordinal
         self.device = cuda.Device(ordinal)
         self.ctx = self.device.retain_primary_context()
         self.sm_count = int(self.device.get_attribute(
             cuda.device_attribute.MULTIPROCESSOR_COUNT))
+        # every GpuBackend on this device shares its primary context, so the persistent
+        # kernels that must be co-resident are counted per (driver, device), not per object
+        self.resident = resident_kernels(cuda, ordinal)
 
     @contextmanager
     def current(self):
@@ -147,6 +152,157 @@ def grid_for(sm_count: int, items: int, macs: int) -> int:
     return max(1, min(sm_count, want))
 
 
+# --- how many persistent kernels fit at once ----------------------------------------------------
+#
+# A persistent kernel never returns, and each of its blocks waits for all the others at the
+# grid barrier: every block must be resident for as long as it runs. The block scheduler does
+# not preempt them, so once the resident blocks of the persistent kernels already running
+# leave no room for a new one's whole grid, its missing blocks wait forever and its resident
+# ones spin at the barrier: start() timed out after a second, saying only "did not start".
+# PersistentPath.start() now counts the blocks first and refuses up front.
+
+REG_ALLOC_UNIT = 256             # registers are allocated per warp in units of 256
+# the CUDA programming guide's "maximum number of resident grids per device" for every
+# compute capability the fatbin is built for (8.0 and later): a persistent kernel is a grid
+# that stays resident, so past this many the next one never starts however small it is
+MAX_RESIDENT_GRIDS = 128
+
+
+class Occupancy(NamedTuple):
+    """BLOCK-thread blocks of one kernel an SM holds at once, and the resource that bounds it."""
+    blocks_per_sm: int
+    limit: str
+
+
+def occupancy(cuda, device, fn, block: int = BLOCK) -> Occupancy:
+    """How many `block`-thread blocks of kernel `fn` one SM of `device` holds at once: the least
+    of what its threads, block slots, registers (the kernel's NUM_REGS, allocated per warp)
+    and shared memory (the kernel's static shared memory plus the driver's reserve per block)
+    allow, each counted where the driver reports it. Where it reports none: one block per SM,
+    the residency grid_for has always assumed (its grids never exceed the SM count)."""
+    def dev(name):
+        a = getattr(cuda.device_attribute, name, None)
+        if a is None:
+            return None
+        try:
+            v = int(device.get_attribute(a))
+        except Exception:  # noqa: BLE001 - an attribute this driver does not know
+            return None
+        return v if v > 0 else None
+
+    def fun(name):
+        a = getattr(getattr(cuda, "function_attribute", None), name, None)
+        if a is None or not hasattr(fn, "get_attribute"):
+            return None
+        try:
+            return int(fn.get_attribute(a))
+        except Exception:  # noqa: BLE001 - as above
+            return None
+
+    limits = {}
+    threads = dev("MAX_THREADS_PER_MULTIPROCESSOR")
+    if threads:
+        limits[f"threads ({threads} an SM)"] = threads // block
+    slots = dev("MAX_BLOCKS_PER_MULTIPROCESSOR")
+    if slots:
+        limits[f"block slots ({slots} an SM)"] = slots
+    regs_sm, regs = dev("MAX_REGISTERS_PER_MULTIPROCESSOR"), fun("NUM_REGS")
+    if regs_sm and regs is not None:
+        per_warp = -(-max(regs, 1) * 32 // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+        limits[f"registers ({regs} a thread, {regs_sm} an SM)"] = regs_sm // (
+            per_warp * (block // 32))
+    smem_sm, smem = dev("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"), fun("SHARED_SIZE_BYTES")
+    if smem_sm and smem is not None:
+        per_block = smem + (dev("RESERVED_SHARED_MEMORY_PER_BLOCK") or 0)
+        if per_block:
+            limits[f"shared memory ({per_block} bytes a block, {smem_sm} an SM)"] = (
+                smem_sm // per_block)
+    max_block = fun("MAX_THREADS_PER_BLOCK")
+    if max_block is not None and max_block < block:
+        limits[f"the kernel's {max_block} threads a block (it is launched with {block})"] = 0
+    if not limits:
+        return Occupancy(1, "no occupancy attributes reported: one block per SM assumed")
+    limit = min(limits, key=limits.get)
+    return Occupancy(limits[limit], limit)
+
+
+class ResidentKernels:
+    """The persistent kernels running in one device's context in this process: the blocks
+    each keeps resident. claim() before a launch, release() once the kernel has returned."""
+
+    def __init__(self, ordinal: int):
+        self.ordinal = ordinal
+        self._lock = threading.Lock()
+        self._blocks = {}        # token -> blocks of that kernel's grid
+        self._next = 0
+
+    def running(self) -> list:
+        """Blocks of each running persistent kernel, in start order."""
+        with self._lock:
+            return list(self._blocks.values())
+
+    def claim(self, grid: int, occ: Occupancy, sm_count: int) -> int:
+        """A token for a new kernel of `grid` blocks, or a BackendError when it cannot be
+        resident together with those already running (nothing is launched then)."""
+        with self._lock:
+            why = self._refusal(grid, occ, sm_count)
+            if why is None:
+                self._next += 1
+                self._blocks[self._next] = grid
+                return self._next
+        raise BackendError(why)
+
+    def check(self, grid: int, occ: Occupancy, sm_count: int) -> None:
+        """claim()'s refusal without claiming: before a path allocates anything."""
+        with self._lock:
+            why = self._refusal(grid, occ, sm_count)
+        if why is not None:
+            raise BackendError(why)
+
+    def _refusal(self, grid: int, occ: Occupancy, sm_count: int):
+        held = list(self._blocks.values())
+        cap = occ.blocks_per_sm * sm_count
+        if occ.blocks_per_sm < 1:
+            return (f"the persistent kernel cannot run on CUDA device {self.ordinal}: not one "
+                    f"block of {BLOCK} threads fits an SM (bounded by {occ.limit}); use "
+                    f"gpu.mode = \"launch\"")
+        if grid <= cap - sum(held) and len(held) < MAX_RESIDENT_GRIDS:
+            return None
+        if len(held) >= MAX_RESIDENT_GRIDS:
+            why = (f"{len(held)} persistent kernels already run in this process's context "
+                   f"on CUDA device {self.ordinal}, the most resident grids a device holds")
+        else:
+            each = (f"{held[0]} blocks each" if len(set(held)) == 1
+                    else f"{', '.join(map(str, held))} blocks")
+            why = (f"{len(held)} persistent kernel(s) already run in this process's context "
+                   f"on CUDA device {self.ordinal} ({each}, {sum(held)} blocks resident); "
+                   f"this one needs {grid} more, and the device holds {cap} at once "
+                   f"({occ.blocks_per_sm} blocks of {BLOCK} threads an SM, bounded by "
+                   f"{occ.limit}, x {sm_count} SMs)")
+        return (f"cannot start another persistent GPU kernel: {why}. Every block of a "
+                f"persistent kernel must stay resident (its layers meet at a grid barrier), "
+                f"so it could never start. Close (stop) a running persistent GpuBackend or "
+                f"engine first, or use gpu.mode = \"launch\" for this one")
+
+    def release(self, token) -> None:
+        with self._lock:
+            self._blocks.pop(token, None)
+
+
+_RESIDENT = weakref.WeakKeyDictionary()     # driver module -> {ordinal: ResidentKernels}
+_RESIDENT_LOCK = threading.Lock()
+
+
+def resident_kernels(cuda, ordinal: int) -> ResidentKernels:
+    """The one ResidentKernels of device `ordinal` under driver `cuda` (pycuda.driver, or a
+    stand-in: each stand-in is a driver of its own)."""
+    with _RESIDENT_LOCK:
+        per = _RESIDENT.setdefault(cuda, {})
+        if ordinal not in per:
+            per[ordinal] = ResidentKernels(ordinal)
+        return per[ordinal]
+
+
 # The kernel counts a launch's work items (rows x a layer's width) and walks them in 32-bit
 # ints: past this a batch's count wraps negative and the layer is skipped, leaving the
 # previous launch's outputs in place (silently wrong), so such a batch size is refused. The
@@ -157,6 +313,9 @@ MAX_ITEMS = (1 << 31) - (1 << 20)
 def max_batch_for(p: PackedNet) -> int:
     """The most rows one launch of this model may carry (the kernel's 32-bit item count)."""
     return MAX_ITEMS // max(p.dims[1:])
+
+
+MAX_TAG = 0x7FFFFFFF             # fp_mlp_batch's tag is an int
 
 
 class LaunchPath:
@@ -197,8 +356,15 @@ class LaunchPath:
         self._t0 = 0
 
     def _next_tag(self) -> int:
-        # status[s] == tag marks a refusal; tags never repeat within 2**31 calls, never 0
-        self._tag = self._tag % 0x7FFFFFFF + 1
+        """The tag of the next launch: status[s] == tag marks a refusal in that launch. Tags
+        run 1..2**31-1 (the kernel's int) and are never 0. status is never cleared between
+        launches, so when they wrap, a row refused 2**31-1 launches ago would read as refused
+        again (answered right by the CPU recompute, but flagged and counted as refused): at
+        the wrap the whole status buffer is zeroed, on the stream, before the launch."""
+        if self._tag == MAX_TAG:
+            self.cuda.memset_d32_async(int(self.d_st), 0, self.max_batch, self.stream)
+            self._tag = 0
+        self._tag += 1
         return self._tag
 
     def submit(self, x: np.ndarray) -> None:
@@ -219,13 +385,14 @@ class LaunchPath:
         self.h_x[:n] = x
         items = n * max(self.p.dims[1:])
         with self.dc.current():
+            tag = self._next_tag()       # before ev[0]: a wrap's memset is not in the stages
             ev[0].record(s)
             cuda.memcpy_htod_async(int(self.d_x), self.h_x[:n], s)
             ev[1].record(s)
             self._fn.prepared_async_call(
                 (grid_for(self.dc.sm_count, items, self.p.macs * n), 1), (BLOCK, 1, 1), s,
                 int(self.d_net), int(self.d_w), int(self.d_x), int(self.d_a), int(self.d_b),
-                int(self.d_y), int(self.d_st), self._next_tag(), n, int(self.d_bar))
+                int(self.d_y), int(self.d_st), tag, n, int(self.d_bar))
             ev[2].record(s)
             cuda.memcpy_dtoh_async(self.h_y[:n], int(self.d_y), s)
             cuda.memcpy_dtoh_async(self.h_st[:n], int(self.d_st), s)
@@ -268,11 +435,13 @@ class LaunchPath:
                 a.free()
 
 
-def _stop_on_collect(slot, exited) -> None:
+def _stop_on_collect(slot, exited, ok, resident, token) -> None:
     """A PersistentPath collected (or the interpreter exiting) with its kernel running: raise
-    the stop flag and give the kernel a second to return before its memory goes."""
+    the stop flag and give the kernel a second to return before its memory goes. Its blocks
+    count as resident until it has returned: one still running still holds them."""
     slot.stop()
-    slot.wait_ready(exited, DEFAULT_TIMEOUT_NS)
+    if slot.wait_ready(exited, DEFAULT_TIMEOUT_NS) == ok:
+        resident.release(token)
 
 
 class PersistentPath:
@@ -290,6 +459,11 @@ class PersistentPath:
         with dc.current():
             self._fn = module.get_function("fp_mlp_persistent")
             self._fn.prepare("P" * 10)
+            self.occupancy = occupancy(cuda, dc.device, self._fn)
+            self.grid = grid_for(dc.sm_count, max(p.dims[1:]), p.macs)
+            # a grid that cannot be resident now is refused before any memory is taken;
+            # start() decides again (another path may have started in between)
+            dc.resident.check(self.grid, self.occupancy, dc.sm_count)
             self.d_net = cuda.mem_alloc(p.net.nbytes)
             self.d_w = cuda.mem_alloc(p.weights.nbytes)
             cuda.memcpy_htod(int(self.d_net), p.net)
@@ -312,6 +486,12 @@ class PersistentPath:
             self.stream = cuda.Stream(STREAM_NON_BLOCKING)
             self.done = cuda.Event()
         self._out = np.empty(p.n_out, np.float32)
+        self._token = None
+
+    def _release_blocks(self) -> None:
+        if self._token is not None:
+            self.dc.resident.release(self._token)
+            self._token = None
 
     def _kernel_error(self):
         """The kernel's fault, or None while it runs / after it returned cleanly."""
@@ -329,18 +509,26 @@ class PersistentPath:
             # the slot's stop flag stays set: a kernel launched on it would return at once
             raise BackendError("this persistent path was stopped; make a new GpuBackend")
         P = self.P
-        with self.dc.current():
-            grid = grid_for(self.dc.sm_count, max(self.p.dims[1:]), self.p.macs)
-            self._fn.prepared_async_call(
-                (grid, 1), (BLOCK, 1, 1), self.stream, int(self.d_net), int(self.d_w),
-                int(self.d_slot), int(self.d_x), int(self.d_a), int(self.d_b), int(self.d_y),
-                int(self.d_st), int(self.d_bar), int(self.d_ctl))
-            self.done.record(self.stream)
+        # refused here, before the launch, when its grid cannot be resident beside the
+        # persistent kernels already running in this context (its barrier would never open)
+        self._token = self.dc.resident.claim(self.grid, self.occupancy, self.dc.sm_count)
+        try:
+            with self.dc.current():
+                self._fn.prepared_async_call(
+                    (self.grid, 1), (BLOCK, 1, 1), self.stream, int(self.d_net),
+                    int(self.d_w), int(self.d_slot), int(self.d_x), int(self.d_a),
+                    int(self.d_b), int(self.d_y), int(self.d_st), int(self.d_bar),
+                    int(self.d_ctl))
+                self.done.record(self.stream)
+        except BaseException:
+            self._release_blocks()
+            raise
         self.running = True
         # dropped without close() (a GpuBackend nobody closed), the device memory and the
         # slot would be freed under a kernel still polling them: stop it first. The finalizer
         # holds the slot (not self), so the slot outlives the wait; stop() detaches it.
-        self._fin = weakref.finalize(self, _stop_on_collect, self.slot, P.READY_EXITED)
+        self._fin = weakref.finalize(self, _stop_on_collect, self.slot, P.READY_EXITED,
+                                     P.OK, self.dc.resident, self._token)
         if self.slot.wait_ready(P.READY_RUNNING, timeout_ns or self.timeout_ns) != P.OK:
             err = self._kernel_error()
             try:
@@ -385,6 +573,7 @@ class PersistentPath:
             if err:
                 self.running = False
                 self._fin.detach()
+                self._release_blocks()     # a fault ends every kernel of the context
                 raise BackendError(f"the persistent kernel faulted: {err}")
             with self.dc.current():
                 if self.done.query():
@@ -397,6 +586,7 @@ class PersistentPath:
             time.sleep(50e-6)
         self.running = False
         self._fin.detach()
+        self._release_blocks()
 
     def close(self) -> None:
         self.stop()
