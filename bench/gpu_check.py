@@ -4,7 +4,8 @@
 
 1. Correctness: the launch path and the persistent path against the CPU kernels on the same
    inputs, for the demo model, every model below and EDGE_MODELS (odd widths, one and 16
-   layers, multi-block grids, the refusal flag), and the demo model end to end
+   layers, multi-block grids, the refusal flag), persistent kernels started until one cannot
+   be resident (refused up front, not a timeout), and the demo model end to end
    (Engine(backend="gpu") vs Engine(backend="cpu") on the same ticks: signal, confidence and
    the cache's decisions, with the cache off and with a loose policy that hits), and what
    Engine(backend="auto") picks for the demo model.
@@ -207,6 +208,68 @@ def edge_checks(rng, attempt) -> list:
     return out
 
 
+# Persistent kernels that cannot all be resident: each persistent kernel keeps its whole grid
+# resident (its layers meet at a grid barrier), so only so many run at once in one context.
+# Start full-grid persistent paths of one model until one is refused: the refusal must be
+# fastpath's up-front BackendError, at the count the occupancy predicts, with every kernel
+# started before it still answering; a start that times out instead (its grid never all
+# resident) fails the check.
+RESIDENCY_DIMS = (512, 4096, 2)      # past SMALL_MACS, 4096 outputs: a grid of every SM
+RESIDENCY_MAX = 200                  # more than MAX_RESIDENT_GRIDS: a missing refusal fails
+
+
+def residency_check(rng, timeout_ns: int = 2 * 10**9) -> dict:
+    """Persistent paths started until refused; a dict for the report, or AssertionError."""
+    from fastpath.errors import BackendError
+    from fastpath.gpu import GpuBackend
+    from fastpath.gpu import _backend as B
+    from fastpath.gpu._pack import pack, packed_forward
+    layers = _mlp(RESIDENCY_DIMS, 7)
+    x = rng.standard_normal(RESIDENCY_DIMS[0]).astype(np.float32)
+    want = packed_forward(pack(layers), x[None])[0][0].astype(np.float64)
+    running = []
+    try:
+        while True:
+            t0 = time.monotonic()
+            try:
+                be = GpuBackend(layers, "persistent", timeout_ns=timeout_ns)
+            except BackendError as exc:
+                took = time.monotonic() - t0
+                if "cannot start another persistent" not in str(exc):
+                    raise AssertionError(f"persistent kernel {len(running) + 1} was not refused "
+                                         f"up front: {exc}") from None
+                refusal = str(exc)
+                break
+            running.append(be)
+            if len(running) > RESIDENCY_MAX:
+                raise AssertionError(f"{len(running)} persistent kernels started, none refused")
+            for i, b in enumerate(running):     # every one so far still answers, right
+                try:
+                    y, bad, _ = b.infer(x)
+                except BackendError as exc:
+                    raise AssertionError(f"with {len(running)} persistent kernels running, "
+                                         f"kernel {i + 1} did not answer: {exc}") from None
+                if bad or (np.abs(y - want) > 2e-5 + 1e-4 * np.abs(want)).any():
+                    raise AssertionError(f"with {len(running)} persistent kernels running, "
+                                         f"kernel {i + 1} answered wrong (refused: {bad})")
+        if not running:
+            raise AssertionError(f"the first persistent kernel was refused: {refusal}")
+        path = running[0].path
+        holds = path.occupancy.blocks_per_sm * path.dc.sm_count
+        expected = min(holds // path.grid, B.MAX_RESIDENT_GRIDS)
+        if len(running) != expected:
+            raise AssertionError(f"{len(running)} persistent kernels of {path.grid} blocks "
+                                 f"started before the refusal; the occupancy "
+                                 f"({path.occupancy}) says {expected}")
+        return {"dims": list(RESIDENCY_DIMS), "started": len(running), "expected": expected,
+                "blocks_each": path.grid, "blocks_per_sm": path.occupancy.blocks_per_sm,
+                "bounded_by": path.occupancy.limit, "device_holds_blocks": holds,
+                "refused_after_s": round(took, 4), "refusal": refusal}
+    finally:
+        for b in running:
+            b.close()
+
+
 def _err(got, want) -> tuple:
     got = np.asarray(got, np.float64)
     want = np.asarray(want, np.float64)
@@ -298,6 +361,8 @@ def run(args) -> dict:
     report["demo_end_to_end"] = {"ticks": n_ticks, "cpu_tick": cpu_tick, **e2e}
 
     report["edges"] = edge_checks(rng, attempt)
+    report["residency"] = attempt("persistent kernels until refused",
+                                  lambda: residency_check(rng))
 
     # --- per model: outputs against the CPU kernels, then timings --------------------------
     models = [("demo", demo.layers)] + [("x".join(map(str, d)), _mlp(d, i))
