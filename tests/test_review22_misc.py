@@ -90,6 +90,19 @@ def test_occupancy_from_the_drivers_attributes():
     assert B.occupancy(cu, cu.Device(0), OccFunction(cu, "p")).blocks_per_sm == 8
 
 
+class _pushed:
+    """A context pushed on the stand-in, for driver calls made outside a DeviceContext."""
+
+    def __init__(self, cu):
+        self.cu = cu
+
+    def __enter__(self):
+        self.cu.depth += 1
+
+    def __exit__(self, *exc):
+        self.cu.depth -= 1
+
+
 def _wide(seed):
     # past SMALL_MACS, 256 outputs: a grid of every SM (4 on the stand-in)
     return random_model(np.random.default_rng(seed), [300, 256, 2])
@@ -150,7 +163,7 @@ def test_persistent_kernel_that_cannot_be_resident_is_refused_up_front(fake_fatb
                 be.close()
 
 
-def test_path_stopped_before_start_releases_and_start_refused_keeps_nothing(fake_fatbin):
+def test_start_refused_after_another_took_the_room_holds_nothing(fake_fatbin):
     # PersistentPath.start() directly: refused when another path took the room after this
     # one was made (the second decision), and then it holds no blocks
     cu = OccCuda(sm=4, fn={"NUM_REGS": 255})            # 1 block an SM: one full grid fits
@@ -177,17 +190,6 @@ def test_path_stopped_before_start_releases_and_start_refused_keeps_nothing(fake
     p2.start()
     p2.close()
     assert dc.resident.running() == []
-
-
-class _pushed:
-    def __init__(self, cu):
-        self.cu = cu
-
-    def __enter__(self):
-        self.cu.depth += 1
-
-    def __exit__(self, *exc):
-        self.cu.depth -= 1
 
 
 def test_residency_is_per_device_context_not_per_backend(fake_fatbin):

@@ -71,7 +71,9 @@ class GpuBackend:
     mode "launch": per call pinned H2D -> one kernel launch -> pinned D2H on one stream,
     each stage timed with CUDA events; infer_batch sends up to max_batch rows per launch.
     mode "persistent": a kernel launched at construction serves a slot in mapped host memory;
-    infer is one C call (write features, publish, spin for the answer, with a deadline).
+    infer is one C call (write features, publish, spin for the answer, with a deadline). Its
+    grid stays resident while it runs: one that cannot be resident beside the persistent
+    kernels already running on the device in this process is a BackendError at construction.
     close() (or the context manager) stops the kernel and frees the device memory."""
 
     def __init__(self, model, mode: str = "launch", device: int = 0, max_batch: int = 1024,

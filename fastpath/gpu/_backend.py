@@ -7,7 +7,9 @@ context behind. Everything a tick needs is allocated once (device buffers, page-
 buffers, events, a non-blocking stream); a tick is three async operations and one event wait
 on the launch path, and one C call on mapped memory (fastpath.gpu._protocol) on the
 persistent path. Driver objects come from the `cuda` argument (pycuda.driver in use), so the
-logic here is tested with a stand-in where no GPU exists.
+logic here is tested with a stand-in where no GPU exists. Persistent kernels hold their whole
+grid resident: the ones running in a device's context are counted (ResidentKernels) and one
+that could not be resident beside them is refused before it is launched.
 """
 from __future__ import annotations
 
@@ -158,8 +160,8 @@ def grid_for(sm_count: int, items: int, macs: int) -> int:
 # grid barrier: every block must be resident for as long as it runs. The block scheduler does
 # not preempt them, so once the resident blocks of the persistent kernels already running
 # leave no room for a new one's whole grid, its missing blocks wait forever and its resident
-# ones spin at the barrier: start() timed out after a second, saying only "did not start".
-# PersistentPath.start() now counts the blocks first and refuses up front.
+# ones spin at the barrier: its start or its first request timed out, with no word of why.
+# A PersistentPath counts the blocks first and refuses up front (BackendError).
 
 REG_ALLOC_UNIT = 256             # registers are allocated per warp in units of 256
 # the CUDA programming guide's "maximum number of resident grids per device" for every
