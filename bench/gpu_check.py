@@ -261,7 +261,26 @@ def residency_check(rng, timeout_ns: int = 2 * 10**9) -> dict:
             raise AssertionError(f"{len(running)} persistent kernels of {path.grid} blocks "
                                  f"started before the refusal; the occupancy "
                                  f"({path.occupancy}) says {expected}")
-        return {"dims": list(RESIDENCY_DIMS), "started": len(running), "expected": expected,
+        # a launch beside them: its grid barrier needs room too. With none left it must be
+        # refused up front; with some, its grid fits what is left and it answers right
+        room = holds - path.dc.resident.held
+        t0 = time.monotonic()
+        try:
+            with GpuBackend(layers, "launch", timeout_ns=timeout_ns) as lb:
+                y, bad, _ = lb.infer(x)
+            launch = "answered"
+            if bad or (np.abs(y - want) > 2e-5 + 1e-4 * np.abs(want)).any():
+                raise AssertionError(f"a launch beside {len(running)} persistent kernels "
+                                     f"answered wrong (refused: {bad})")
+        except BackendError as exc:
+            if room >= 1 or "launch path cannot run" not in str(exc):
+                raise AssertionError(f"a launch beside {len(running)} persistent kernels "
+                                     f"({room} blocks of room) failed: {exc}") from None
+            launch = f"refused: {exc}"
+        if room < 1 and launch == "answered":
+            raise AssertionError("a launch with no room left was not refused")
+        return {"launch_beside": launch, "launch_beside_s": round(time.monotonic() - t0, 4),
+                "room_blocks": room,"dims": list(RESIDENCY_DIMS), "started": len(running), "expected": expected,
                 "blocks_each": path.grid, "blocks_per_sm": path.occupancy.blocks_per_sm,
                 "bounded_by": path.occupancy.limit, "device_holds_blocks": holds,
                 "refused_after_s": round(took, 4), "refusal": refusal}

@@ -32,6 +32,13 @@ class OccFunction(FakeFunction):
     def get_attribute(self, a):
         return self.cuda.fn_attrs[a]
 
+    def prepared_async_call(self, grid, block, stream, *args):
+        n = len(self.cuda.threads)
+        FakeFunction.prepared_async_call(self, grid, block, stream, *args)
+        # the persistent "kernel" (a CPU thread) belongs to its own stream: a launch on
+        # another stream is not held up by it, as on a GPU
+        stream.kernel = self.cuda.threads[-1] if len(self.cuda.threads) > n else None
+
 
 class OccModule(FakeModule):
     def get_function(self, name):
@@ -56,7 +63,11 @@ class OccCuda(FakeCuda):
                 if a not in fake.dev_attrs:
                     raise fake.Error(f"invalid device attribute {a}")
                 return fake.dev_attrs[a]
-        self.Device = Device
+
+        class Event(self.Event):
+            def record(self, stream=None):
+                self.thread = getattr(stream, "kernel", None)
+        self.Device, self.Event = Device, Event
 
     def module_from_buffer(self, blob):
         self._check_ctx()
@@ -163,6 +174,37 @@ def test_persistent_kernel_that_cannot_be_resident_is_refused_up_front(fake_fatb
                 be.close()
 
 
+def test_launch_path_beside_persistent_kernels_fits_the_room_left(fake_fatbin):
+    # the launch kernel's grid barrier needs its blocks resident as well: beside persistent
+    # kernels that hold blocks for good, a grid of every SM could never all be resident (a
+    # timeout, and a kernel left spinning in the context). Now its grid takes the room left,
+    # and none left is a BackendError before anything is queued.
+    cu = OccCuda(sm=4, fn={"NUM_REGS": 255})            # 1 block an SM: 4 in all
+    rng = np.random.default_rng(7)
+    kw = dict(cuda=cu, timeout_ns=5 * 10**9)
+    with GpuBackend(_wide(1), "launch", max_batch=8, **kw) as lp:
+        X = rng.standard_normal((8, 300)).astype(np.float32)
+        lp.infer_batch(X)
+        assert cu.launches[-1][1] == (4, 1)              # alone: every SM
+        small = GpuBackend(random_model(rng, [4, 2]), "persistent", **kw)
+        Y, bad, _ = lp.infer_batch(X)
+        assert cu.launches[-1][1] == (3, 1) and not bad.any()     # one block is taken
+        np.testing.assert_allclose(Y, packed_forward(lp.packed, X)[0], rtol=1e-5, atol=1e-5)
+        small.close()
+        lp.infer_batch(X)
+        assert cu.launches[-1][1] == (4, 1)
+        big = GpuBackend(_wide(2), "persistent", **kw)   # all 4 blocks
+        try:
+            n = len(cu.launches)
+            with pytest.raises(BackendError, match=r"launch path cannot run: the 1 persistent "
+                                                   r"kernel\(s\) .* hold 4 blocks.*close"):
+                lp.infer(X[0])
+            assert len(cu.launches) == n and not lp.path._inflight and cu.depth == 0
+        finally:
+            big.close()
+        lp.infer(X[0])
+
+
 def test_start_refused_after_another_took_the_room_holds_nothing(fake_fatbin):
     # PersistentPath.start() directly: refused when another path took the room after this
     # one was made (the second decision), and then it holds no blocks
@@ -237,6 +279,7 @@ def test_gpu_check_residency_section_on_the_stand_in(fake_fatbin, monkeypatch):
     assert r["started"] == 2 and r["expected"] == 2 and r["blocks_each"] == 4
     assert r["device_holds_blocks"] == 8 and "cannot start another" in r["refusal"]
     assert r["refused_after_s"] < 5
+    assert r["room_blocks"] == 0 and r["launch_beside"].startswith("refused: the GPU launch")
     assert B.resident_kernels(cu, 0).running() == [] and cu.depth == 0
 
     # a "device" where the third kernel is accepted but never comes up (the old behaviour:

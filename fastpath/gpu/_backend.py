@@ -237,6 +237,7 @@ class ResidentKernels:
         self._lock = threading.Lock()
         self._blocks = {}        # token -> blocks of that kernel's grid
         self._next = 0
+        self.held = 0            # blocks resident in all: read without the lock by launches
 
     def running(self) -> list:
         """Blocks of each running persistent kernel, in start order."""
@@ -251,6 +252,7 @@ class ResidentKernels:
             if why is None:
                 self._next += 1
                 self._blocks[self._next] = grid
+                self.held += grid
                 return self._next
         raise BackendError(why)
 
@@ -288,7 +290,7 @@ class ResidentKernels:
 
     def release(self, token) -> None:
         with self._lock:
-            self._blocks.pop(token, None)
+            self.held -= self._blocks.pop(token, 0)
 
 
 _RESIDENT = weakref.WeakKeyDictionary()     # driver module -> {ordinal: ResidentKernels}
@@ -336,6 +338,7 @@ class LaunchPath:
         with dc.current():
             self._fn = module.get_function("fp_mlp_batch")
             self._fn.prepare("PPPPPPPiiP")
+            self.occupancy = occupancy(cuda, dc.device, self._fn)
             self.d_net = cuda.mem_alloc(p.net.nbytes)
             self.d_w = cuda.mem_alloc(p.weights.nbytes)
             cuda.memcpy_htod(int(self.d_net), p.net)
@@ -369,6 +372,28 @@ class LaunchPath:
         self._tag += 1
         return self._tag
 
+    def _grid(self, items: int, n: int) -> int:
+        """grid_for's blocks, fewer where persistent kernels running in this context leave
+        less room: this kernel's grid barrier needs all its blocks resident too, and those
+        kernels never give theirs back (a grid past the room would spin until the timeout,
+        and on after it). The kernel walks its items by the grid's warps: any grid is right.
+        Blocks of the two kernels are counted alike (their footprints are the same on the
+        GPUs the fatbin is built for: registers bound both, at 1280 a warp)."""
+        grid = grid_for(self.dc.sm_count, items, self.p.macs * n)
+        held = self.dc.resident.held
+        if held:
+            room = self.occupancy.blocks_per_sm * self.dc.sm_count - held
+            if room < 1:
+                raise BackendError(
+                    f"the GPU launch path cannot run: the {len(self.dc.resident.running())} "
+                    f"persistent kernel(s) running in this process's context on CUDA device "
+                    f"{self.dc.ordinal} hold {held} blocks, all the device holds at once "
+                    f"({self.occupancy.blocks_per_sm} an SM, bounded by "
+                    f"{self.occupancy.limit}, x {self.dc.sm_count} SMs); close (stop) one of "
+                    f"them first")
+            grid = min(grid, room)
+        return grid
+
     def submit(self, x: np.ndarray) -> None:
         """Queue rows x (n <= max_batch, n_in) without waiting; collect() returns them."""
         if self._inflight:
@@ -382,17 +407,17 @@ class LaunchPath:
         n = x.shape[0]
         if not 1 <= n <= self.max_batch:
             raise BackendError(f"batch of {n} rows; this path takes 1..{self.max_batch}")
+        grid = self._grid(n * max(self.p.dims[1:]), n)
         cuda, s, ev = self.cuda, self.stream, self.ev
         self._t0 = time.perf_counter_ns()
         self.h_x[:n] = x
-        items = n * max(self.p.dims[1:])
         with self.dc.current():
             tag = self._next_tag()       # before ev[0]: a wrap's memset is not in the stages
             ev[0].record(s)
             cuda.memcpy_htod_async(int(self.d_x), self.h_x[:n], s)
             ev[1].record(s)
             self._fn.prepared_async_call(
-                (grid_for(self.dc.sm_count, items, self.p.macs * n), 1), (BLOCK, 1, 1), s,
+                (grid, 1), (BLOCK, 1, 1), s,
                 int(self.d_net), int(self.d_w), int(self.d_x), int(self.d_a), int(self.d_b),
                 int(self.d_y), int(self.d_st), tag, n, int(self.d_bar))
             ev[2].record(s)
