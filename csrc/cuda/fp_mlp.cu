@@ -5,8 +5,9 @@
  * sums them), weights row-major per layer in one device buffer, and the whole network in one
  * kernel: the layers are separated by a grid barrier instead of a launch each, so a tick
  * costs one launch (launch path) or none (persistent path). The grid barrier needs every
- * block resident at once: the host launches at most one block per SM and never runs the two
- * kernels of one context at the same time. The per-element math (activations) is
+ * block resident at once: the host launches at most one block per SM, counts the blocks the
+ * persistent kernels running in a context hold, and launches no grid that could not be
+ * resident beside them (fastpath/gpu/_backend.py). The per-element math (activations) is
  * csrc/fp_math.h, the same code the CPU kernels run; a non-finite pre-activation marks the
  * sample refused, as the CPU's dense kernels do.
  */
