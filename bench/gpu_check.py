@@ -279,11 +279,12 @@ def residency_check(rng, timeout_ns: int = 2 * 10**9) -> dict:
             launch = f"refused: {exc}"
         if room < 1 and launch == "answered":
             raise AssertionError("a launch with no room left was not refused")
-        return {"launch_beside": launch, "launch_beside_s": round(time.monotonic() - t0, 4),
-                "room_blocks": room,"dims": list(RESIDENCY_DIMS), "started": len(running), "expected": expected,
+        return {"dims": list(RESIDENCY_DIMS), "started": len(running), "expected": expected,
                 "blocks_each": path.grid, "blocks_per_sm": path.occupancy.blocks_per_sm,
                 "bounded_by": path.occupancy.limit, "device_holds_blocks": holds,
-                "refused_after_s": round(took, 4), "refusal": refusal}
+                "refused_after_s": round(took, 4), "refusal": refusal, "room_blocks": room,
+                "launch_beside": launch,
+                "launch_beside_s": round(time.monotonic() - t0, 4)}
     finally:
         for b in running:
             b.close()

@@ -75,7 +75,7 @@ _MEMORY_KEYS = {
 
 def _plain(value: Any, typ) -> Any:
     """A numpy number given for a numeric key as the Python number it holds (np.int64(8) for an
-    int key: n_symbols taken from an array's length or a numpy computation; np.float32 for a
+    int key: n_symbols = symbols.max() + 1, or any numpy computation; np.float32 for a
     float key), so the check below judges its value, not its type, and the config holds
     plain Python numbers. Never a bool (np.bool_ is no integer) and never a float for an
     int key: those are refused by the check as before."""
