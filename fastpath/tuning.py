@@ -52,8 +52,14 @@ def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Itera
               field_names: Sequence[str] = ()) -> Model:
     """The model with a feature spec fitted to recorded raw ticks, a regression head's scale
     fitted to its predictions on them (fit_head_scale), and its cache OFF: a cache policy
-    fitted to other features says nothing about these (fit one with fit_cache_policy)."""
+    fitted to other features says nothing about these (fit one with fit_cache_policy).
+
+    A model with an input scaler (imported from ONNX with a Scaler in front) keeps it after
+    the fitted spec, as with_feature_spec does: the fitted spec makes the model's input and
+    the scaler follows (InputScaler.compose)."""
     fs = FeatureSpec.fit(raws, z_idx, w_idx, window, symbols, field_names)
+    if model.input_scaler is not None:
+        fs = model.input_scaler.compose(fs)
     base = model.cache_policy
     meta = {k: v for k, v in model.meta.items() if k != "cache_policy_fit"}
     out = replace(model, feature_spec=fs, meta=meta,
