@@ -89,7 +89,9 @@ def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = 
         i, j = np.argwhere(bad)[0]
         raise InputError(f"raws row {i} field {j} is {r[i, j]}; calibration ticks must be "
                          f"finite ({int(bad.any(1).sum())} row(s) are not)")
-    pred = model.forward(model.feature_spec.apply(r, symbols))[:, h.outputs[0]].astype(np.float64)
+    # outputs(), not forward(feature_spec.apply(...)): the spec already holds the model's
+    # input scaler, which forward() would apply a second time
+    pred = model.outputs(r, symbols)[:, h.outputs[0]].astype(np.float64)
     if not np.all(np.isfinite(pred)):
         raise ModelError("the model's predictions on the calibration ticks contain NaN/Inf")
     q = float(np.quantile(np.abs(pred), quantile))

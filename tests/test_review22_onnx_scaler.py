@@ -87,11 +87,23 @@ def pipes(tmp_path_factory):
 
 
 def _engine_outputs(m, X, isa):
-    """(predict on the engine's own features, step signals) for rows X as raw ticks."""
+    """(the engine's outputs for rows X stepped as raw ticks, its signals under m's head).
+    The outputs are read through step() with a regression head 1e3 times wider than they
+    are (signal = tanh(out / scale) is then linear to 3e-7, and atanh gives them back to
+    float32's precision): step runs the feature stage, which holds the input scaler
+    (Engine.predict starts at the first layer)."""
     e = Engine(m, config=engine_cfg(isa))
-    pred = np.stack([e.predict(e.features(x, 0)) for x in X])
     sig = np.array([e.step(x, 0).signal for x in X], np.float64)
-    return pred, sig
+    feats = np.stack([e.features(x, 0) for x in X])
+    np.testing.assert_allclose(feats, m.feature_spec.apply(X), rtol=1e-6, atol=1e-6)
+    ref = m.outputs(X).astype(np.float64)
+    cols = []
+    for j in range(ref.shape[1]):
+        scale = 1e3 * max(float(np.abs(ref[:, j]).max()), 1e-3)
+        ej = Engine(m.with_head(Head("regression", scale, (j,))), config=engine_cfg(isa))
+        s = np.array([ej.step(x, 0).signal for x in X], np.float64)
+        cols.append(np.arctanh(s) * scale)
+    return np.stack(cols, axis=1), sig
 
 
 def _rel(a, ref):
@@ -113,15 +125,13 @@ def test_pipeline_matches_onnxruntime(pipes, name, isa):
     assert _rel(pred, ref) <= TOL, _rel(pred, ref)
     want = m.head_spec.apply(ref)[0]
     assert np.abs(sig - want).max() <= max(TOL * 4, TOL * np.ptp(want) * 4)
-    fwd = m.forward(m.feature_spec.apply(X))
-    assert _rel(fwd, ref) <= TOL
+    # the numpy reference: forward() takes what onnxruntime takes, outputs() raw ticks
+    assert _rel(m.forward(X), ref) <= TOL
+    assert _rel(m.outputs(X), ref) <= TOL
     sc = m.input_scaler
     assert sc is not None
     np.testing.assert_array_equal(m.feature_spec.mean, sc.offset)
     np.testing.assert_array_equal(m.feature_spec.inv_std, sc.scale)
-    # predict on the graph's input run through the scaler in numpy: the same float ops
-    e = Engine(m, config=engine_cfg(isa))
-    np.testing.assert_array_equal(np.stack([e.predict(x) for x in sc.apply(X)]), pred)
 
 
 def test_minmax_pipeline_closer_to_float64_than_the_fold(pipes, isa):
@@ -304,8 +314,9 @@ def test_with_feature_spec_composes_after_the_users_spec(pipes, isa):
     # the identity part composes exactly: the model reads what onnxruntime reads
     ref = _ort(path, X)
     e = Engine(m2, config=engine_cfg(isa))
-    pred = np.stack([e.predict(e.features(r, 0)) for r in raws])
-    assert _rel(pred, ref) <= TOL
+    sig = np.array([e.step(r, 0).signal for r in raws], np.float64)
+    assert np.abs(sig - m.head_spec.apply(ref)[0]).max() <= 1e-5
+    assert _rel(m2.outputs(raws), ref) <= TOL
     sc = m.input_scaler
     assert m2.input_scaler == sc
     # a spec that scales too: composed in float64 and rounded once, within float32's
@@ -336,13 +347,16 @@ def test_calibrate_keeps_the_scaler_after_the_fitted_spec(pipes):
     assert out.input_scaler == m.input_scaler
     assert out.feature_spec == m.input_scaler.compose(fitted)
     # the head scale was fitted on the model that runs: spec, then scaler, then layers
+    # the engine runs spec, then scaler, then layers: against the float64 spec and scaler
+    # (within float32's resolution of the composed mean: these features are ~1e5)
     e = Engine(out, config={"engine": {"n_symbols": 1}})
-    pred = np.stack([e.predict(e.features(x, 0)) for x in X])[:, 0]
-    ref = _spec_then_scaler_f64(fitted, m.input_scaler, X)
-    fwd = m.forward(ref.astype(np.float32))[:, 0]
-    np.testing.assert_allclose(pred, fwd, rtol=1e-4, atol=1e-4 * np.ptp(fwd))
+    feat = np.stack([e.features(x, 0) for x in X]).astype(np.float64)
+    want = _spec_then_scaler_f64(fitted, m.input_scaler, X)
+    assert np.abs(feat - want).max() <= 4 * np.finfo(np.float32).eps * np.abs(want).max()
+    # the head scale was fitted on the model that runs, not on forward(spec(...)), which
+    # would apply the scaler twice
     assert out.head_spec.scale == pytest.approx(
-        np.quantile(np.abs(out.forward(out.feature_spec.apply(X))[:, 0]), 0.95) / 2.0)
+        np.quantile(np.abs(out.outputs(X)[:, 0]), 0.95) / 2.0)
 
 
 def test_compose_edge_cases(pipes):

@@ -330,8 +330,8 @@ class InputScaler:
         return self.offset.shape[0]
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        """(x - offset) * scale in float32, the ops onnxruntime's Scaler runs: a graph input
-        (n,) or (rows, n) as the first layer reads it (what Engine.predict takes)."""
+        """(x - offset) * scale in float32, the ops onnxruntime's Scaler runs: the model's
+        inputs (n,) or (rows, n) as the first layer reads them."""
         x = np.asarray(x, dtype=np.float32)
         if x.ndim not in (1, 2) or x.shape[-1] != self.n:
             raise InputError(f"InputScaler.apply: x must have shape ({self.n},) or (rows, "
@@ -633,7 +633,13 @@ class Model:
 
     The last layer has any width; `post` transforms it into the model's outputs (what
     onnxruntime returns: "softmax" and "logistic2" give class probabilities) and `head_spec`
-    maps the outputs to (signal, confidence); None picks Head.default_for(n_outputs, post)."""
+    maps the outputs to (signal, confidence); None picks Head.default_for(n_outputs, post).
+
+    A model imported from ONNX with a scaler in front has input_scaler: the model reads its
+    input x (what onnxruntime reads, what forward() and to_onnx take) as
+    input_scaler.apply(x) = (x - offset) * scale, and feature_spec, which turns a raw tick
+    into the first layer's input, includes it (the feature stage runs it, in float32 as
+    onnxruntime does; see InputScaler)."""
     layers: tuple
     feature_spec: FeatureSpec | None = None
     cache_policy: CachePolicy = field(default_factory=CachePolicy)
@@ -852,8 +858,22 @@ class Model:
 
     # --------------------------------------------------- numpy reference
     def forward(self, features: np.ndarray) -> np.ndarray:
-        """Model outputs (post transform, no head) for features (n_feat,) or (n, n_feat), in
-        float32 numpy."""
+        """Model outputs (post transform, no head) for the model's inputs (n_feat,) or
+        (n, n_feat), in float32 numpy: what onnxruntime returns for them. A model with an
+        input scaler reads them through it first (input_scaler.apply); for raw ticks, whose
+        feature spec already includes the scaler, use outputs()."""
+        sc = self.input_scaler
+        if sc is not None:
+            features = sc.apply(_feature_rows(features, sc.n, "Model.forward"))
+        return self._layers_forward(features)
+
+    def outputs(self, raws: np.ndarray, symbols: np.ndarray | None = None) -> np.ndarray:
+        """Model outputs (post transform, no head) for raw ticks (n, raw_len), windows
+        replayed per symbol: the numpy reference of what the engine computes before the
+        head (feature_spec.apply, the input scaler included, then the layers or trees)."""
+        return self._layers_forward(self.feature_spec.apply(raws, symbols))
+
+    def _layers_forward(self, features: np.ndarray) -> np.ndarray:
         if self.trees is not None:
             return self.trees.forward(features)
         x = _feature_rows(features, self.layers[0].weight.shape[1], "Model.forward")
@@ -921,11 +941,9 @@ class Model:
         """Write the MLP (not the feature stage or head) as ONNX: Gemm (transB=1) + activation
         per layer, then the post transform (softmax, logistic2); input "features" [N, n_feat],
         output "out" [N, n_outputs]: onnxruntime returns what forward() does. A model with an
-        input scaler writes it first, as Sub and Mul (the ops onnxruntime's Scaler runs), and
-        the input is then the model's input before it: onnxruntime returns
-        forward(input_scaler.apply(x)), which for a model imported from ONNX is what the
-        original file returns for x (from_onnx reads the scaler back). Needs the onnx
-        package. The file holds the fp32 weights: a bf16 / int8 choice (with_weights) is the
+        input scaler writes it first, as Sub and Mul (the ops onnxruntime's Scaler runs), not
+        folded into the first layer: for a model imported from ONNX the file returns what the
+        original returns, and from_onnx reads the scaler back. Needs the onnx package. The file holds the fp32 weights: a bf16 / int8 choice (with_weights) is the
         engine's packing and is not carried (the bundle, Model.save, keeps it), so the file's
         outputs differ from a reduced-weight engine's by what weights_error measures."""
         if self.trees is not None:
