@@ -446,3 +446,16 @@ def test_flatten_axis_0_of_a_rank_1_input(tmp_path, isa):
     onnx.save(mo, p)
     with pytest.raises(ModelError, match="each feature a row"):
         Model.from_onnx(p)
+
+
+def test_a_model_built_with_a_scaler_and_no_spec_runs_the_scaler(pipes):
+    # the identity alone would have dropped the scaler: the engine runs feature_spec
+    m = Model.from_onnx(pipes["std_mlp"][0])
+    built = Model(m.layers, None, m.cache_policy, m.meta, m.post, m.head_spec,
+                  input_scaler=m.input_scaler)
+    assert built == m
+    with pytest.raises(ModelError, match="input_scaler must be"):
+        Model(m.layers, input_scaler=(m.input_scaler.offset, m.input_scaler.scale))
+    from fastpath.model.types import InputScaler
+    with pytest.raises(ModelError, match="input scaler takes 3 inputs"):
+        Model(m.layers, m.feature_spec, input_scaler=InputScaler(np.zeros(3), np.ones(3)))
