@@ -63,7 +63,8 @@ def to_bytes(model: Model) -> bytes:
     fs = model.feature_spec
     arrays += [("fs.z_idx", fs.z_idx), ("fs.w_idx", fs.w_idx), ("fs.mean", fs.mean),
                ("fs.inv_std", fs.inv_std)]
-    sc = model.input_scaler
+    # getattr: a model-like object without the field (written before it existed) has none
+    sc = getattr(model, "input_scaler", None)
     if sc is not None:
         arrays += [("scaler.offset", sc.offset), ("scaler.scale", sc.scale)]
     table, payload, off = [], bytearray(), 0
