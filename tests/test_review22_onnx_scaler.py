@@ -5,7 +5,9 @@ price-like inputs (x ~ 6.5e4 +- 0.5) and the first layer's sum cancelled them, 1
 output's spread away from onnxruntime (and bf16 / int8 weights lost the inputs entirely).
 Each pipeline is compared with onnxruntime on such inputs, on every kernel set; the scaler
 survives a feature spec set later (composed after it), the bundle, to_onnx and old bundles.
-Each test here failed on the code that folded the scaler (the tree pipeline was refused)."""
+Each test here failed on the code that folded the scaler (the tree pipeline was refused),
+except two that pin behaviour kept: a Div by 0 is still refused, and the cache policy still
+follows the features."""
 import json
 import os
 import warnings
