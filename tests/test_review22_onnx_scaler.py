@@ -461,3 +461,10 @@ def test_a_model_built_with_a_scaler_and_no_spec_runs_the_scaler(pipes):
     from fastpath.model.types import InputScaler
     with pytest.raises(ModelError, match="input scaler takes 3 inputs"):
         Model(m.layers, m.feature_spec, input_scaler=InputScaler(np.zeros(3), np.ones(3)))
+
+
+def test_layers_from_onnx_refuses_a_graph_with_a_scaler(pipes):
+    # it returned the layers with the scaler folded in; the layers alone now lack it
+    from fastpath.model.onnx_import import layers_from_onnx
+    with pytest.raises(ModelError, match="through a scaler"):
+        layers_from_onnx(pipes["std_mlp"][0])

@@ -327,8 +327,18 @@ def _slice(g, target: str) -> list:
 
 
 def layers_from_onnx(path: str | os.PathLike) -> tuple:
-    """((weight (out, in) float64, bias (out,), activation name), ...) in graph order."""
-    return read_onnx(path)["layers"]
+    """((weight (out, in) float64, bias (out,), activation name), ...) in graph order. A
+    graph with a scaler in front is refused: its layers alone (the scaler is no longer folded
+    into the first) are not the model; Model.from_onnx keeps it as the input scaler."""
+    g = read_onnx(path)
+    if g.get("input") is not None:
+        raise ModelError(f"{os.fspath(path)}: the graph reads its input through a scaler, "
+                         f"which is not one of its layers; use Model.from_onnx, which keeps it "
+                         f"as the model's input_scaler")
+    if "layers" not in g:
+        raise ModelError(f"{os.fspath(path)}: the graph is a tree ensemble, not dense layers; "
+                         f"use Model.from_onnx")
+    return g["layers"]
 
 
 def read_onnx(path: str | os.PathLike) -> dict:
