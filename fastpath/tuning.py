@@ -52,8 +52,14 @@ def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Itera
               field_names: Sequence[str] = ()) -> Model:
     """The model with a feature spec fitted to recorded raw ticks, a regression head's scale
     fitted to its predictions on them (fit_head_scale), and its cache OFF: a cache policy
-    fitted to other features says nothing about these (fit one with fit_cache_policy)."""
+    fitted to other features says nothing about these (fit one with fit_cache_policy).
+
+    A model with an input scaler (imported from ONNX with a Scaler in front) keeps it after
+    the fitted spec, as with_feature_spec does: the fitted spec makes the model's input and
+    the scaler follows (InputScaler.compose)."""
     fs = FeatureSpec.fit(raws, z_idx, w_idx, window, symbols, field_names)
+    if model.input_scaler is not None:
+        fs = model.input_scaler.compose(fs)
     base = model.cache_policy
     meta = {k: v for k, v in model.meta.items() if k != "cache_policy_fit"}
     out = replace(model, feature_spec=fs, meta=meta,
@@ -83,7 +89,9 @@ def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = 
         i, j = np.argwhere(bad)[0]
         raise InputError(f"raws row {i} field {j} is {r[i, j]}; calibration ticks must be "
                          f"finite ({int(bad.any(1).sum())} row(s) are not)")
-    pred = model.forward(model.feature_spec.apply(r, symbols))[:, h.outputs[0]].astype(np.float64)
+    # outputs(), not forward(feature_spec.apply(...)): the spec already holds the model's
+    # input scaler, which forward() would apply a second time
+    pred = model.outputs(r, symbols)[:, h.outputs[0]].astype(np.float64)
     if not np.all(np.isfinite(pred)):
         raise ModelError("the model's predictions on the calibration ticks contain NaN/Inf")
     q = float(np.quantile(np.abs(pred), quantile))

@@ -13,6 +13,15 @@ Output transform and head in the header: "post" (none / softmax / logistic2) and
 (kind, scale, outputs); a bundle without them is read with no post transform and the default
 head for its outputs (two outputs: tanh / sigmoid, what every such bundle was written for).
 
+Input scaler: a model imported from ONNX with a Scaler (or Sub / Div...) in front keeps it
+as Model.input_scaler, stored as the arrays "scaler.offset" and "scaler.scale" with
+"input_scaler": true in the header. The feature spec arrays hold the spec the engine runs
+(the scaler already included), so the bundle's answers do not depend on the reader composing
+anything. The key and arrays are written only for a model that has a scaler: any other model
+is written byte for byte as before, and bundles without them (all written before) are read
+with no scaler, as they ran. A reader that predates the key refuses such a bundle (unknown
+header key) rather than dropping the scaler's record.
+
 Cache policy in the header: since the cache is off unless a policy was fitted, the header
 records `fitted_max_error` (null when not fitted). Bundles written before that key existed
 (still version 1) are read as follows: the policy stays enabled only when the bundle's meta
@@ -33,7 +42,7 @@ import zlib
 import numpy as np
 
 from fastpath.errors import ModelError
-from fastpath.model.types import CachePolicy, FeatureSpec, Head, Layer, Model
+from fastpath.model.types import CachePolicy, FeatureSpec, Head, InputScaler, Layer, Model
 
 MAGIC = b"FPMODEL\x01"
 END = b"FPEND\x00\x00\x00"
@@ -54,6 +63,10 @@ def to_bytes(model: Model) -> bytes:
     fs = model.feature_spec
     arrays += [("fs.z_idx", fs.z_idx), ("fs.w_idx", fs.w_idx), ("fs.mean", fs.mean),
                ("fs.inv_std", fs.inv_std)]
+    # getattr: a model-like object without the field (written before it existed) has none
+    sc = getattr(model, "input_scaler", None)
+    if sc is not None:
+        arrays += [("scaler.offset", sc.offset), ("scaler.scale", sc.scale)]
     table, payload, off = [], bytearray(), 0
     for name, a in arrays:
         a = np.ascontiguousarray(a)
@@ -83,6 +96,7 @@ def to_bytes(model: Model) -> bytes:
         **({} if t is None else {"trees": {
             "n_features": t.n_features, "n_targets": t.n_targets, "aggregate": t.aggregate,
             "post_transform": t.post_transform, "classifier": t.classifier}}),
+        **({} if sc is None else {"input_scaler": True}),
         "meta": model.meta, "arrays": table,
     }
     try:
@@ -98,7 +112,7 @@ def to_bytes(model: Model) -> bytes:
 
 _DTYPE = re.compile(r"[<>|=]?[fiu][1248]")
 _HEADER_KEYS = frozenset(("format", "version", "layers", "feature_spec", "cache_policy", "post",
-                          "head", "weights", "trees", "meta", "arrays"))
+                          "head", "weights", "trees", "input_scaler", "meta", "arrays"))
 
 
 def _expected_arrays(header: dict) -> list:
@@ -106,7 +120,10 @@ def _expected_arrays(header: dict) -> list:
     names = [f"layer{i}.{k}" for i in range(len(header["layers"])) for k in ("weight", "bias")]
     if header.get("trees") is not None:
         names += [f"trees.{k}" for k in _TREE_ARRAYS]
-    return names + ["fs.z_idx", "fs.w_idx", "fs.mean", "fs.inv_std"]
+    names += ["fs.z_idx", "fs.w_idx", "fs.mean", "fs.inv_std"]
+    if header.get("input_scaler") is not None:
+        names += ["scaler.offset", "scaler.scale"]
+    return names
 
 
 def _int(v, what: str) -> int:
@@ -340,10 +357,15 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
                                  *[arrays[f"trees.{k}"] for k in _TREE_ARRAYS[:10]],
                                  arrays["trees.base_values"], tj["aggregate"],
                                  tj["post_transform"], tj["classifier"])
+        sj = header.get("input_scaler")
+        if sj is not None and sj is not True:
+            raise ModelError(f"input_scaler must be true (or absent), got {sj!r}")
+        scaler = None if sj is None else InputScaler(arrays["scaler.offset"],
+                                                     arrays["scaler.scale"])
         # bundles written before weight formats existed ran fp32
         return Model(layers, fs, _policy(header["cache_policy"], meta), meta,
                      header.get("post", "none"), head, weights=header.get("weights", "fp32"),
-                     trees=trees)
+                     trees=trees, input_scaler=scaler)
     except ModelError as exc:
         raise ModelError(f"{name}: {exc}") from None
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError, OverflowError,

@@ -1,5 +1,9 @@
 """Model -> ONNX: the MLP and its post transform (not the feature stage or the head), so
 onnxruntime and other runtimes can check fastpath's outputs (Model.forward) one for one.
+A model's input scaler (Model.input_scaler, read from an imported graph's Scaler) is written
+in front as Sub then Mul, the float32 ops onnxruntime's Scaler runs, not folded into the
+first layer (in float32 the fold cancels for price-like inputs): the file's input is then the
+model's input before the scaler, as in the file it was imported from.
 Needs the optional `onnx` package."""
 from __future__ import annotations
 
@@ -17,9 +21,9 @@ _EXTERNAL_BYTES = 1 << 30
 
 
 def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
-    """Gemm (transB=1) + activation per layer, then the post transform as the importer reads
-    it back (softmax: Softmax over axis 1; logistic2: Sigmoid, 1 - p, Concat [1 - p, p]);
-    input "features" [N, n_feat], output "out" [N, n_outputs]."""
+    """[Sub, Mul: the input scaler,] Gemm (transB=1) + activation per layer, then the post
+    transform as the importer reads it back (softmax: Softmax over axis 1; logistic2: Sigmoid,
+    1 - p, Concat [1 - p, p]); input "features" [N, n_feat], output "out" [N, n_outputs]."""
     try:
         import onnx
         from onnx import TensorProto, helper, numpy_helper
@@ -34,6 +38,14 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
                          f"{opset!r}")
     ops = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
     nodes, arrays, cur = [], [], "features"
+    sc = model.input_scaler
+    if sc is not None:
+        # Sub and Mul of the default domain rather than a Scaler (ai.onnx.ml): the same
+        # float ops, and any ONNX runtime has them
+        arrays += [("in_offset", sc.offset), ("in_scale", sc.scale)]
+        nodes += [helper.make_node("Sub", [cur, "in_offset"], ["centred"]),
+                  helper.make_node("Mul", ["centred", "in_scale"], ["scaled"])]
+        cur = "scaled"
     for i, l in enumerate(model.layers):
         arrays += [(f"W{i}", l.weight), (f"B{i}", l.bias)]
         nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"B{i}"], [f"gemm{i}"], transB=1))

@@ -8,14 +8,19 @@ on, and walk them in order (ONNX requires topological order), following the sing
 activation tensor from the graph input; weights must be initializers, Constant nodes (any of
 value / value_float(s) / value_int(s)) or an Identity / Transpose / Cast to float of one,
 which is computed here. Each tensor is defined once (ONNX's single assignment).
-What the exporters write around the layers is folded, never approximated by a different
-function: Cast to float, Reshape to (batch, n), Flatten and Identity are no-ops; a Scaler
-(ai.onnx.ml), an elementwise Mul / Add / Sub / Div by a constant and a BatchNormalization are
-affine maps folded into the dense layer before or after them; LinearRegressor and
+What the exporters write around the layers is read as the same function, never approximated
+by another: Cast to float, Reshape to (batch, n), Flatten and Identity are no-ops; the affine
+map the graph reads its input through, a Scaler (ai.onnx.ml: (x - offset) * scale) or
+Sub / Add then Mul / Div by constants, is returned as "input" (offset, scale) and becomes the
+model's input scaler, which the feature stage runs in float32 as onnxruntime does (folded
+into the first layer, W * scale and b - W * scale * offset cancelled in float32 for
+price-like inputs); other elementwise Mul / Add / Sub / Div by a constant (after a layer, or
+a shift after a scale) and a BatchNormalization are affine maps folded into the dense layer
+before or after them; LinearRegressor and
 LinearClassifier (ai.onnx.ml) are dense layers; a final Softmax, or Sigmoid -> 1 - p ->
 Concat (skl2onnx's binary classifier), is the post transform. A TreeEnsembleRegressor /
 TreeEnsembleClassifier (ai.onnx.ml) between such no-ops is read into a
-fastpath.model.TreeEnsemble (_read_trees). Anything else is refused with
+fastpath.model.TreeEnsemble (_read_trees), with the input map before it. Anything else is refused with
 the op and node named and what to export instead. It returns plain arrays, not Layer objects,
 so it depends on nothing in fastpath but the errors (Model.from_onnx builds the Layers).
 """
@@ -166,6 +171,100 @@ def _fold_in(W: np.ndarray, b: np.ndarray, scale: np.ndarray, shift: np.ndarray)
     return W * sc[None, :], b + W @ sh
 
 
+def _flat_elementwise(scale, shift, node, name: str) -> tuple:
+    """An elementwise op's constants as float64 scalars or (n,) vectors: (1, n) is
+    elementwise over the features; (n, 1) broadcasts against the batch axis instead and makes
+    an (n, n) output in onnxruntime, and (1, 1, n) makes the tensor 3-d, which a following
+    Gemm or BatchNormalization reads otherwise."""
+    scale, shift = np.asarray(scale, np.float64), np.asarray(shift, np.float64)
+    if scale.ndim > 1 or shift.ndim > 1:
+        sq = [a.reshape(-1) if a.ndim == 2 and a.shape[0] == 1 else a for a in (scale, shift)]
+        if any(a.ndim > 1 for a in sq):
+            raise ModelError(f"{name}: {node.op_type} node {node.name!r} is not elementwise "
+                             f"over the features (constant shape {scale.shape} / {shift.shape})")
+        scale, shift = sq
+    return scale, shift
+
+
+def _lead_step(op: str, first: bool, c: np.ndarray) -> tuple:
+    """An elementwise op by a constant c as a step of the input map y = (x - offset) * scale:
+    (offset, scale or None): None marks a pure shift, an offset of None a pure scale. Where
+    the op is one float op of onnxruntime's, so is the step: x - c, x + c (= x - (-c)),
+    x * c, and c - x as (x - c) * -1 (negation is exact). x / c becomes x * (1 / c): the
+    reciprocal is rounded once, and the product differs from the quotient by at most an ulp
+    (1e-7 relative), far below what folding it into the first layer lost."""
+    if op == "Sub":
+        return (c, None) if first else (c, -1.0)
+    if op == "Add":
+        return -c, None
+    if op == "Mul":
+        return None, c
+    return None, 1.0 / c       # Div by a nonzero constant, checked by the caller
+
+
+class _Lead:
+    """The leading affine map of the graph, y = (x - offset) * scale, gathered op by op while
+    it keeps that form: shifts, then scales (a Scaler is one of each). Successive shifts are
+    summed and successive scales multiplied in float64 and rounded to float32 once, which can
+    differ from onnxruntime's step-by-step rounding by an ulp of the intermediate. A shift
+    after a scale (x * a - c) is not that form with onnxruntime's rounding (it rounds x * a,
+    then subtracts; (x - c / a) * a rounds otherwise, and for a price x * a ~ 2e5 the two
+    differ by ulps of 2e5). Before dense layers (shift_after_scale=True) it is taken anyway as
+    (x - (offset + c / scale)) * scale, and before a tree ensemble refused: skl2onnx writes a
+    MinMaxScaler so (x * scale + min), and onnxruntime's own rounding of x * scale (~6.5e4,
+    ulp 4e-3) moves its answer by ~1e-3 of the output's spread from the float64 pipeline on
+    price-like inputs. No one-op map reproduces that rounding; measured on such a pipeline
+    (MinMaxScaler + MLPRegressor, x ~ 6.5e4 +- 0.5) against scikit-learn's float64 answer,
+    this form was 7.8e-4 of the spread off, onnxruntime 9.6e-4 and the old fold into the
+    first layer 2.3e-3 (and the fold leaves the layer uncentred inputs, which bf16 / int8
+    weights lose). A tree compares against thresholds, where such a difference takes the
+    other branch than onnxruntime: refused there."""
+
+    def __init__(self) -> None:
+        self.offset = np.zeros(())
+        self.scale = np.ones(())
+        self.stage = 0          # 0: nothing yet, 1: shifts only, 2: a scale seen
+        self.open = True
+
+    def take(self, off, sc, shift_after_scale: bool = False) -> bool:
+        """Add the step (off, sc) (see _lead_step) when it keeps the form; False otherwise."""
+        if not self.open:
+            return False
+        if off is not None and self.stage == 2:
+            s0 = np.asarray(self.scale, np.float64)
+            if not shift_after_scale or np.any(s0 == 0):
+                return False
+            try:
+                with np.errstate(over="ignore"):
+                    o = self.offset + off / s0
+            except ValueError:
+                return False
+            if not np.all(np.isfinite(o)) or np.any(np.abs(o) > np.finfo(np.float32).max):
+                return False
+            off = o - self.offset
+        o = self.offset + (off if off is not None else 0.0)
+        s = self.scale * sc if sc is not None else self.scale
+        try:
+            np.broadcast_shapes(np.shape(o), np.shape(s))
+        except ValueError:
+            return False
+        self.offset, self.scale = o, s
+        self.stage = 2 if sc is not None else max(self.stage, 1)
+        return True
+
+    def result(self, width: int, name: str):
+        """(offset, scale) as float64 (width,) vectors, or None when there was no map."""
+        if self.stage == 0:
+            return None
+        try:
+            return (np.broadcast_to(self.offset, (width,)).astype(np.float64),
+                    np.broadcast_to(self.scale, (width,)).astype(np.float64))
+        except ValueError:
+            raise ModelError(f"{name}: the elementwise ops before the first layer (shapes "
+                             f"{np.shape(self.offset)}, {np.shape(self.scale)}) do not match "
+                             f"its {width} inputs") from None
+
+
 def _pick_output(g, name: str):
     outs = list(g.output)
     if len(outs) == 1:
@@ -228,14 +327,25 @@ def _slice(g, target: str) -> list:
 
 
 def layers_from_onnx(path: str | os.PathLike) -> tuple:
-    """((weight (out, in) float64, bias (out,), activation name), ...) in graph order."""
-    return read_onnx(path)["layers"]
+    """((weight (out, in) float64, bias (out,), activation name), ...) in graph order. A
+    graph with a scaler in front is refused: its layers alone (the scaler is no longer folded
+    into the first) are not the model; Model.from_onnx keeps it as the input scaler."""
+    g = read_onnx(path)
+    if g.get("input") is not None:
+        raise ModelError(f"{os.fspath(path)}: the graph reads its input through a scaler, "
+                         f"which is not one of its layers; use Model.from_onnx, which keeps it "
+                         f"as the model's input_scaler")
+    if "layers" not in g:
+        raise ModelError(f"{os.fspath(path)}: the graph is a tree ensemble, not dense layers; "
+                         f"use Model.from_onnx")
+    return g["layers"]
 
 
 def read_onnx(path: str | os.PathLike) -> dict:
     """{"layers": ((weight, bias, activation), ...), "post": "none" | "softmax" | "logistic2",
     "output": the graph output served, "classifier": whether it holds class probabilities,
-    "producer": who wrote the file}."""
+    "producer": who wrote the file, "input": (offset, scale) float64 vectors of the input
+    map y = (x - offset) * scale, or None}; a tree ensemble: "trees" instead of "layers"."""
     try:
         import onnx
     except ImportError:
@@ -321,11 +431,11 @@ def read_onnx(path: str | os.PathLike) -> dict:
         # a tensor defined twice is refused as on the MLP path (onnxruntime refuses most)
         _check_ssa(g, name)
         rank = _input_rank(g, inputs[0])
-        trees = _read_trees(nodes, inputs[0], target, name,
-                            _declared_width(g, inputs[0]) if rank > 2 else
-                            _input_width(g, inputs[0]), consts, rank)
+        trees, lead = _read_trees(nodes, inputs[0], target, name,
+                                  _declared_width(g, inputs[0]) if rank > 2 else
+                                  _input_width(g, inputs[0]), consts, rank)
         return {"trees": trees, "post": "none", "output": target,
-                "classifier": trees.classifier, "producer": model.producer_name}
+                "classifier": trees.classifier, "producer": model.producer_name, "input": lead}
     _check_ssa(g, name)
     cur = inputs[0]
     n_in = _declared_width(g, inputs[0])
@@ -362,20 +472,27 @@ def read_onnx(path: str | os.PathLike) -> dict:
                              f"{c.dtype}, expected a float tensor")
         return c.astype(np.float64)
 
+    lead = _Lead()
+
+    def leading(off, sc, node) -> bool:
+        """An elementwise step before the first layer, taken into the model's input map
+        (run by the feature stage in float32, as onnxruntime runs it, not folded into the
+        first layer: in float32 the folded W * scale and b - W * scale * offset cancel for
+        price-like inputs); False when it cannot be (after a layer, or a shift after a
+        scale), and the caller folds it."""
+        if layers or pending is not None or post != "none":
+            lead.open = False
+            return False
+        z = np.zeros(())
+        s, o = _flat_elementwise(1.0 if sc is None else sc, z if off is None else off, node, name)
+        return lead.take(None if off is None else o, None if sc is None else s, True)
+
     def affine(scale, shift, node) -> None:
         """x -> x * scale + shift on the current tensor: into the last layer's outputs while
         no activation follows it, else held for the next layer's inputs."""
         nonlocal pending
-        scale, shift = np.asarray(scale, np.float64), np.asarray(shift, np.float64)
-        if scale.ndim > 1 or shift.ndim > 1:
-            # (1, n) is elementwise over the features; (n, 1) broadcasts against the batch
-            # axis instead and makes an (n, n) output in onnxruntime, and (1, 1, n) makes the
-            # tensor 3-d, which a following Gemm or BatchNormalization reads otherwise
-            sq = [a.reshape(-1) if a.ndim == 2 and a.shape[0] == 1 else a for a in (scale, shift)]
-            if any(a.ndim > 1 for a in sq):
-                raise ModelError(f"{name}: {node.op_type} node {node.name!r} is not elementwise "
-                                 f"over the features (constant shape {scale.shape} / {shift.shape})")
-            scale, shift = sq
+        lead.open = False
+        scale, shift = _flat_elementwise(scale, shift, node, name)
         if post != "none":
             raise ModelError(f"{name}: {node.op_type} node {node.name!r} after the output's "
                              f"{post} is not supported; the probabilities must be the output")
@@ -392,6 +509,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
 
     def dense(W: np.ndarray, b: np.ndarray, node) -> None:
         nonlocal pending
+        lead.open = False
         if post != "none":
             raise ModelError(f"{name}: {node.op_type} node {node.name!r} after the {post} output "
                              f"transform; fastpath serves models whose softmax comes last")
@@ -421,12 +539,10 @@ def read_onnx(path: str | os.PathLike) -> dict:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
                                     "models) built from " + ", ".join(SUPPORTED[:-1]))
             raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); {hint}")
+        # the rank of the tensor a Flatten here reads: a Reshape or Flatten before it made it
+        # (batch, features)
+        cur_rank = 2 if reshaped else rank
         if op in ("Flatten", "Reshape"):
-            if op == "Flatten" and rank == 1 and not reshaped:
-                # Flatten(axis=1) of (n,) is (n, 1): each feature becomes a row
-                raise ModelError(f"{name}: Flatten node {node.name!r} of the rank-1 model input "
-                                 f"makes each feature a row (shape (n, 1)); declare the input "
-                                 f"as [batch, features]")
             flat = True
             reshaped = True
         if op in ("Gemm", "MatMul", "LinearRegressor", "LinearClassifier") and not flat:
@@ -452,8 +568,22 @@ def read_onnx(path: str | os.PathLike) -> dict:
             raise ModelError(f"{name}: {exc}") from None
         out_name = node.output[0]
         if op in ("Flatten", "Identity"):
-            if op == "Flatten" and _num(attrs, "axis", 1, node, name) != 1:
-                raise ModelError(f"{name}: Flatten node {node.name!r} with axis != 1")
+            ax = _num(attrs, "axis", 1, node, name) if op == "Flatten" else 1
+            if op == "Flatten" and cur_rank == 1:
+                # onnxruntime: Flatten of (n,) at axis 0 (or -1, which is 0 there) is (1, n),
+                # one row of the features, what the layers read; at axis 1 it is (n, 1), each
+                # feature a row
+                if ax not in (0, -1):
+                    raise ModelError(f"{name}: Flatten node {node.name!r} (axis {ax}) of the "
+                                     f"rank-1 model input makes each feature a row (shape "
+                                     f"(n, 1)); give it axis 0, or declare the input as "
+                                     f"[batch, features]")
+            elif op == "Flatten" and (ax + cur_rank if ax < 0 else ax) != 1:
+                # any other axis moves features between rows (axis 0: one row of the whole
+                # batch; the last axis of a rank-3 input: a row per inner row)
+                raise ModelError(f"{name}: Flatten node {node.name!r} with axis {ax} of a "
+                                 f"rank-{cur_rank} tensor is not (batch, features); expected "
+                                 f"axis 1")
         elif op == "Cast":
             if attrs.get("to") != _FLOAT:
                 raise ModelError(f"{name}: Cast node {node.name!r} casts to type {attrs.get('to')}; "
@@ -491,7 +621,9 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 raise ModelError(f"{name}: Scaler node {node.name!r} has {off.size} offsets and "
                                  f"{sc.size} scales; expected the same number (1 or one per "
                                  f"feature)")
-            affine(sc, -off * sc, node)
+            # onnxruntime: y = (x - offset) * scale, in float32
+            if not leading(off, sc, node):
+                affine(sc, -off * sc, node)
         elif op in ("Add", "Sub", "Mul", "Div"):
             first = node.input[0] == cur
             other = node.input[1] if first else node.input[0]
@@ -518,13 +650,15 @@ def read_onnx(path: str | os.PathLike) -> dict:
                     skip.add(id(cat))
                     cur = cat.output[0]
                     continue
-            if op == "Add":
+            if op == "Div" and (not first or np.any(c == 0)):
+                raise ModelError(f"{name}: Div node {node.name!r} is not x / nonzero constant")
+            if leading(*_lead_step(op, first, c), node):
+                pass
+            elif op == "Add":
                 affine(1.0, c, node)
             elif op == "Mul":
                 affine(c, 0.0, node)
             elif op == "Div":
-                if not first or np.any(c == 0):
-                    raise ModelError(f"{name}: Div node {node.name!r} is not x / nonzero constant")
                 affine(1.0 / c, 0.0, node)
             else:
                 affine(1.0 if first else -1.0, -c if first else c, node)
@@ -697,7 +831,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
     # class probabilities: a softmax / logistic2 output, or a LinearClassifier's scores
     classifier = post != "none" or any(n.op_type == "LinearClassifier" for n in nodes)
     return {"layers": tuple((w, b, act) for w, b, act, _ in layers), "post": post,
-            "output": target, "classifier": classifier, "producer": model.producer_name}
+            "output": target, "classifier": classifier, "producer": model.producer_name,
+            "input": lead.result(k, name)}
 
 
 _TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier")
@@ -724,9 +859,14 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                 rank: int = 2):
     """The chain input -> no-ops -> one tree ensemble -> no-ops -> target, read into a
     TreeEnsemble by onnxruntime's reading of the attributes: a tree is the nodes sharing a
-    tree id, its root the first of them; children and leaf weights are (tree id, node id)."""
+    tree id, its root the first of them; children and leaf weights are (tree id, node id).
+    Returns (the ensemble, its input map (offset, scale) or None): a Scaler or elementwise
+    Sub / Add / Mul / Div by constants before the ensemble (skl2onnx writes a pipeline's
+    StandardScaler so) is the model's input map, run by the feature stage in float32 with
+    onnxruntime's ops, so the ensemble compares the values onnxruntime compares."""
     from fastpath.model.trees import TreeEnsemble
     cur, ens = inp, None
+    lead = _Lead()
     reshapes: list = []     # (shape, node, after the ensemble): checked once widths are known
     for node in nodes:
         op = node.op_type
@@ -757,6 +897,46 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
             if c is not None and np.asarray(c).size and np.all(np.asarray(c, np.float64) == 1.0):
                 cur = node.output[0]
                 continue
+        if ens is None and op in ("Scaler", "Sub", "Add", "Mul", "Div") and node.input \
+                and cur in node.input and (op != "Scaler" or node.input[0] == cur):
+            _no_twice(node, name)
+            if op == "Scaler":
+                try:
+                    a = _attrs(node)
+                except ModelError as exc:
+                    raise ModelError(f"{name}: {exc}") from None
+                off = _nums(a, "offset", [0.0], node, name)
+                sc = _nums(a, "scale", [1.0], node, name)
+                if off.size != sc.size or not off.size:
+                    raise ModelError(f"{name}: Scaler node {node.name!r} has {off.size} offsets "
+                                     f"and {sc.size} scales; expected the same number (1 or one "
+                                     f"per feature)")
+                step = (off, sc)
+            else:
+                first = node.input[0] == cur
+                other = node.input[1] if first else node.input[0]
+                if len(node.input) != 2 or other not in consts:
+                    raise ModelError(f"{name}: node {node.name!r} ({op}) before the tree "
+                                     f"ensemble needs a constant operand")
+                c = np.asarray(consts[other])
+                if c.dtype != np.float32:
+                    raise ModelError(f"{name}: node {node.name!r} ({op}) constant {other!r} is "
+                                     f"{c.dtype}; fastpath reads a float32 graph (onnxruntime "
+                                     f"refuses mixed element types)")
+                c = c.astype(np.float64)
+                if op == "Div" and (not first or np.any(c == 0)):
+                    raise ModelError(f"{name}: Div node {node.name!r} is not x / nonzero constant")
+                step = _lead_step(op, first, c)
+            s, o = _flat_elementwise(1.0 if step[1] is None else step[1],
+                                     0.0 if step[0] is None else step[0], node, name)
+            if not lead.take(None if step[0] is None else o, None if step[1] is None else s):
+                raise ModelError(f"{name}: {op} node {node.name!r} before the tree ensemble "
+                                 f"shifts the input after scaling it (or does not match the "
+                                 f"width of the ops before it); fastpath reads the ensemble's "
+                                 f"input map as (x - offset) * scale: export the scaler alone "
+                                 f"(a Scaler, or Sub then Mul / Div)")
+            cur = node.output[0]
+            continue
         if op not in _TREE_NOOPS or not node.input or node.input[0] != cur:
             hint = f"; {_INSTEAD[op]}" if op in _INSTEAD else ""
             raise ModelError(f"{name}: op {op} (node {node.name!r}) next to a tree ensemble is "
@@ -949,6 +1129,10 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
         # feature index is only a lower bound
         n_in = next((int(s[1]) for s, _rn, after in reshapes
                      if not after and len(s) == 2 and s[0] in (-1, 0, 1) and s[1] > 0), 0)
+    if not n_in and lead.stage and (np.ndim(lead.offset) or np.ndim(lead.scale)):
+        # a per-feature scaler says the input's width (onnxruntime broadcasts it against
+        # the rows, so they are that wide); the ensemble may split on fewer of them
+        n_in = int(np.broadcast(lead.offset, lead.scale).shape[0])
     n_feat = n_in if n_in else _n_features(feats, mode_a, perm)
     for shape, rn, after in reshapes:
         w = n_targets if after else n_in
@@ -958,10 +1142,11 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                              f"(batch, {'outputs' if after else 'features'}) no-op on a "
                              f"{w or '?'}-wide row; onnxruntime would change the rows")
     try:
-        return TreeEnsemble(n_feat, n_targets, offsets, mode_a, feats[perm],
-                            vals[perm].astype(np.float32),
-                            tc, fc, (miss[perm] == 1).astype(np.uint8), w_node, wt_id,
-                            wv.astype(np.float32), base.astype(np.float32), agg, post, clf)
+        ens_out = TreeEnsemble(n_feat, n_targets, offsets, mode_a, feats[perm],
+                               vals[perm].astype(np.float32),
+                               tc, fc, (miss[perm] == 1).astype(np.uint8), w_node, wt_id,
+                               wv.astype(np.float32), base.astype(np.float32), agg, post, clf)
+        return ens_out, lead.result(ens_out.n_features, name)
     except ModelError as exc:
         raise ModelError(f"{what}: {_file_ids(str(exc), tree_list, offsets, nodeids, perm)}") \
             from None

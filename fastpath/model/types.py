@@ -286,6 +286,101 @@ class FeatureSpec:
         return ((pre - self.mean) * self.inv_std).astype(np.float32)
 
 
+@dataclass(frozen=True, eq=False)
+class InputScaler:
+    """The affine map an imported model reads its input through: y = (x - offset) * scale per
+    input, in float32, which is what onnxruntime's Scaler (skl2onnx's StandardScaler,
+    MinMaxScaler) computes. Model.from_onnx reads it from the graph's leading ops and runs it
+    in the feature stage, before the first layer, instead of folding it into that layer (in
+    float32 the folded W * scale and b - W * scale * offset are both large for price-like
+    inputs, x ~ 6.5e4, and their difference is not: the fold lost the inputs' last digits).
+
+    A Model keeps it as model.input_scaler beside its feature_spec, which already includes
+    it: feature_spec is what feeds the first layer (the engine, FeatureSpec.apply and
+    Model.forward agree on that), and input_scaler remembers the part of it that belongs to
+    the model, so that a feature spec set later (with_feature_spec, calibrate) is composed
+    with it (compose) rather than replacing it."""
+    offset: np.ndarray
+    scale: np.ndarray
+
+    def __post_init__(self) -> None:
+        off = _f32(self.offset, "input scaler offset", 1)
+        sc = _f32(self.scale, "input scaler scale", 1)
+        if off.shape != sc.shape or not 1 <= off.shape[0] <= MAX_WIDTH:
+            raise ModelError(f"input scaler offset and scale need the same length in "
+                             f"1..{MAX_WIDTH}, got {off.shape[0]} and {sc.shape[0]}")
+        object.__setattr__(self, "offset", _frozen(off))
+        object.__setattr__(self, "scale", _frozen(sc))
+
+    _FIELDS = ("offset", "scale")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return _key(self, self._FIELDS) == _key(other, self._FIELDS)
+
+    def __hash__(self) -> int:
+        return _cached_hash(self, self._FIELDS)
+
+    def __reduce__(self):
+        return (self.__class__, (self.offset, self.scale))
+
+    @property
+    def n(self) -> int:
+        return self.offset.shape[0]
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """(x - offset) * scale in float32, the ops onnxruntime's Scaler runs: the model's
+        inputs (n,) or (rows, n) as the first layer reads them."""
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim not in (1, 2) or x.shape[-1] != self.n:
+            raise InputError(f"InputScaler.apply: x must have shape ({self.n},) or (rows, "
+                             f"{self.n}), got {x.shape}")
+        return ((x - self.offset) * self.scale).astype(np.float32)
+
+    def compose(self, fs: FeatureSpec) -> FeatureSpec:
+        """fs followed by this scaler as one FeatureSpec: (pre - m1) * s1 then (f - m2) * s2
+        is (pre - (m1 + m2 / s1)) * (s1 * s2), computed in float64 and stored in float32
+        (one rounding of each, where two steps in float32 round twice). With the identity
+        spec (m1 = 0, s1 = 1) this is exactly the scaler, so an imported model runs the ops
+        onnxruntime runs.
+
+        A feature whose inv_std s1 is 0 is constant, (0 - m2) * s2; the form (pre - m) * s
+        can only make that constant when m2 is 0 (mean m1, inv_std 0). Where it is not, or
+        the composed mean / scale leave float32's range, this is a ModelError naming the
+        feature: folding such a constant into the first layer (what the old import did)
+        would change the layers that to_onnx and the bundle write, and a tree has no bias to
+        fold it into. (s1 cannot be Inf or NaN: FeatureSpec refuses both.)"""
+        if not isinstance(fs, FeatureSpec):
+            raise ModelError(f"feature_spec must be a FeatureSpec, got {type(fs).__name__}")
+        if fs.n_feat != self.n:
+            raise ModelError(f"the feature spec makes {fs.n_feat} features but the model's input "
+                             f"scaler takes {self.n}")
+        m1, s1 = fs.mean.astype(np.float64), fs.inv_std.astype(np.float64)
+        m2, s2 = self.offset.astype(np.float64), self.scale.astype(np.float64)
+        zero = s1 == 0.0
+        bad = np.flatnonzero(zero & (m2 != 0.0))
+        if bad.size:
+            j = int(bad[0])
+            raise ModelError(f"feature {j} of the feature spec has inv_std 0 (a constant 0), "
+                             f"which the model's input scaler maps to {-m2[j] * s2[j]:g}: a "
+                             f"constant the feature stage cannot compute; give the feature a "
+                             f"nonzero inv_std")
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            mean = np.where(zero, m1, m1 + m2 / np.where(zero, 1.0, s1))
+            inv = s1 * s2
+        big = ~(np.isfinite(mean) & np.isfinite(inv)) | (np.abs(mean) > _F32_MAX) | \
+            (np.abs(inv) > _F32_MAX)
+        if big.any():
+            j = int(np.flatnonzero(big)[0])
+            raise ModelError(f"feature {j}: the feature spec (mean {m1[j]:g}, inv_std {s1[j]:g}) "
+                             f"followed by the model's input scaler (offset {m2[j]:g}, scale "
+                             f"{s2[j]:g}) makes mean {mean[j]:g}, inv_std {inv[j]:g}, beyond "
+                             f"float32's range")
+        return FeatureSpec(fs.raw_len, fs.z_idx, fs.w_idx, fs.window, mean.astype(np.float32),
+                           inv.astype(np.float32), fs.field_names)
+
+
 def window_pre_features(raws: np.ndarray, symbols: np.ndarray, z_idx: np.ndarray,
                         w_idx: np.ndarray, window: int) -> np.ndarray:
     """[raw[z_idx], rolling mean, rolling std] per tick, the numpy reference of the C window.
@@ -538,7 +633,13 @@ class Model:
 
     The last layer has any width; `post` transforms it into the model's outputs (what
     onnxruntime returns: "softmax" and "logistic2" give class probabilities) and `head_spec`
-    maps the outputs to (signal, confidence); None picks Head.default_for(n_outputs, post)."""
+    maps the outputs to (signal, confidence); None picks Head.default_for(n_outputs, post).
+
+    A model imported from ONNX with a scaler in front has input_scaler: the model reads its
+    input x (what onnxruntime reads, what forward() and to_onnx take) as
+    input_scaler.apply(x) = (x - offset) * scale, and feature_spec, which turns a raw tick
+    into the first layer's input, includes it (the feature stage runs it, in float32 as
+    onnxruntime does; see InputScaler)."""
     layers: tuple
     feature_spec: FeatureSpec | None = None
     cache_policy: CachePolicy = field(default_factory=CachePolicy)
@@ -549,16 +650,28 @@ class Model:
     # a tree ensemble instead of layers (layers empty, post "none": the ensemble carries its
     # own post transform); see fastpath.model.trees
     trees: Any = None
+    # the affine map the model reads its input through (an imported Scaler, Sub / Div...),
+    # already included in feature_spec (without a feature spec, the spec is the identity
+    # then this; a spec given beside it must include it, as bundles store it: to set a spec
+    # that makes the model's input, use with_feature_spec); kept apart so that a spec set later is composed with
+    # it (with_feature_spec, calibrate), the bundle and to_onnx write it as what it is, and
+    # models compare by it. A Model field rather than a mark inside FeatureSpec: the spec is
+    # the user's to replace, the scaler is the model's (it was fitted with the layers).
+    input_scaler: InputScaler | None = None
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_TYPES:
             raise ModelError(f"weights {self.weights!r} not supported; expected one of "
                              f"{list(WEIGHT_TYPES)}")
+        if self.input_scaler is not None and not isinstance(self.input_scaler, InputScaler):
+            raise ModelError(f"input_scaler must be a fastpath.model.types.InputScaler or None, "
+                             f"got {type(self.input_scaler).__name__}")
         if self.trees is not None:
             if self.weights != "fp32":
                 raise ModelError(f"weights {self.weights!r} apply to an MLP's layers; a tree "
                                  f"ensemble keeps its float32 thresholds and leaf values (use 'fp32')")
             self._init_trees()
+            self._check_scaler()
             return
         layers = _layer_tuple(self.layers)
         if not 1 <= len(layers) <= MAX_LAYERS:
@@ -584,7 +697,7 @@ class Model:
         head.check(n_out)
         fs = self.feature_spec
         if fs is None:
-            fs = FeatureSpec.identity(layers[0].weight.shape[1])
+            fs = self._default_spec(layers[0].weight.shape[1])
         if not isinstance(fs, FeatureSpec):
             raise ModelError(f"feature_spec must be a FeatureSpec, got {type(fs).__name__}")
         if fs.n_feat != layers[0].weight.shape[1]:
@@ -597,8 +710,23 @@ class Model:
         object.__setattr__(self, "head_spec", head)
         object.__setattr__(self, "feature_spec", fs)
         object.__setattr__(self, "meta", _meta(self.meta))
+        self._check_scaler()
 
-    _FIELDS = ("layers", "feature_spec", "cache_policy", "post", "head_spec", "weights", "trees")
+    def _default_spec(self, n: int) -> FeatureSpec:
+        """Without a feature spec: raw = the model's input, read through the input scaler
+        when there is one (feature_spec includes it; the identity alone would drop it)."""
+        sc = self.input_scaler
+        fs = FeatureSpec.identity(n)
+        return fs if sc is None else sc.compose(fs)
+
+    def _check_scaler(self) -> None:
+        sc = self.input_scaler
+        if sc is not None and sc.n != self.feature_spec.n_feat:
+            raise ModelError(f"the input scaler takes {sc.n} inputs but the feature spec makes "
+                             f"{self.feature_spec.n_feat} features")
+
+    _FIELDS = ("layers", "feature_spec", "cache_policy", "post", "head_spec", "weights", "trees",
+               "input_scaler")
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -635,7 +763,7 @@ class Model:
         if not isinstance(head, Head):
             raise ModelError(f"head_spec must be a fastpath.model.Head, got {type(head).__name__}")
         head.check(n_out)
-        fs = self.feature_spec if self.feature_spec is not None else FeatureSpec.identity(t.n_features)
+        fs = self.feature_spec if self.feature_spec is not None else self._default_spec(t.n_features)
         if not isinstance(fs, FeatureSpec):
             raise ModelError(f"feature_spec must be a FeatureSpec, got {type(fs).__name__}")
         if fs.n_feat != t.n_features:
@@ -684,9 +812,19 @@ class Model:
     def with_feature_spec(self, fs: FeatureSpec) -> "Model":
         """This model on another feature spec. The cache compares features, and another spec
         scales them otherwise, so a fitted cache policy (and its fit report in meta) is
-        dropped, as calibrate drops it; the same spec keeps it."""
+        dropped, as calibrate drops it; the same spec keeps it.
+
+        A model with an input scaler (imported from ONNX with a Scaler in front) reads fs's
+        features through it, as it always did: fs makes the model's input (the ONNX graph's
+        input) and the scaler follows, so model.feature_spec becomes
+        input_scaler.compose(fs). The spec the model already has (model.feature_spec, the
+        scaler included) is taken as it is."""
         if fs == self.feature_spec:
             return replace(self, feature_spec=fs)
+        if self.input_scaler is not None:
+            fs = self.input_scaler.compose(fs)
+            if fs == self.feature_spec:
+                return replace(self, feature_spec=fs)
         pol, meta = self._unfitted()
         return replace(self, feature_spec=fs, cache_policy=pol, meta=meta)
 
@@ -705,10 +843,15 @@ class Model:
 
         How far the outputs move depends on the inputs, not only on the weights: measure it
         on your own ticks. The bench's figures are for z-scored features; a model fed raw
-        inputs of mixed scale (a scaler folded into its first layer, the identity feature
-        spec) loses its small inputs and cancels its large ones against the bias: on such a
+        inputs of mixed scale (the identity feature spec, no scaler in front of its first
+        layer) loses its small inputs and cancels its large ones against the bias: on such a
         model (price ~6.5e4 beside a spread of 1e-2) the signal moved by up to 0.8 (bf16) and
-        2.0 (int8, half the signs flipped), where fp32 stayed within 3e-5 of float64."""
+        2.0 (int8, half the signs flipped), where fp32 stayed within 3e-5 of float64. A
+        scaler imported in front of the model (input_scaler) runs in the feature stage, so
+        the first layer keeps the file's weights and reads centred inputs: on a
+        StandardScaler + MLPRegressor (32, 16) pipeline fed such prices, bf16 moved the signal
+        by up to 0.004 and int8 by 0.009 (2 sign flips in 1000 ticks), where the scaler folded
+        into the first layer moved it by 2.0 with either (half the signs flipped)."""
         pol, meta = self.cache_policy, self.meta
         # only hidden layers are packed reduced (fp_mlp.c): a single layer is the output
         # layer, its outputs do not move, and the fit still holds
@@ -729,8 +872,22 @@ class Model:
 
     # --------------------------------------------------- numpy reference
     def forward(self, features: np.ndarray) -> np.ndarray:
-        """Model outputs (post transform, no head) for features (n_feat,) or (n, n_feat), in
-        float32 numpy."""
+        """Model outputs (post transform, no head) for the model's inputs (n_feat,) or
+        (n, n_feat), in float32 numpy: what onnxruntime returns for them. A model with an
+        input scaler reads them through it first (input_scaler.apply); for raw ticks, whose
+        feature spec already includes the scaler, use outputs()."""
+        sc = self.input_scaler
+        if sc is not None:
+            features = sc.apply(_feature_rows(features, sc.n, "Model.forward"))
+        return self._layers_forward(features)
+
+    def outputs(self, raws: np.ndarray, symbols: np.ndarray | None = None) -> np.ndarray:
+        """Model outputs (post transform, no head) for raw ticks (n, raw_len), windows
+        replayed per symbol: the numpy reference of what the engine computes before the
+        head (feature_spec.apply, the input scaler included, then the layers or trees)."""
+        return self._layers_forward(self.feature_spec.apply(raws, symbols))
+
+    def _layers_forward(self, features: np.ndarray) -> np.ndarray:
         if self.trees is not None:
             return self.trees.forward(features)
         x = _feature_rows(features, self.layers[0].weight.shape[1], "Model.forward")
@@ -797,8 +954,10 @@ class Model:
     def to_onnx(self, path: str | os.PathLike, opset: int = 17) -> None:
         """Write the MLP (not the feature stage or head) as ONNX: Gemm (transB=1) + activation
         per layer, then the post transform (softmax, logistic2); input "features" [N, n_feat],
-        output "out" [N, n_outputs]: onnxruntime returns what forward() does. Needs the onnx
-        package. The file holds the fp32 weights: a bf16 / int8 choice (with_weights) is the
+        output "out" [N, n_outputs]: onnxruntime returns what forward() does. A model with an
+        input scaler writes it first, as Sub and Mul (the ops onnxruntime's Scaler runs), not
+        folded into the first layer: for a model imported from ONNX the file returns what the
+        original returns, and from_onnx reads the scaler back. Needs the onnx package. The file holds the fp32 weights: a bf16 / int8 choice (with_weights) is the
         engine's packing and is not carried (the bundle, Model.save, keeps it), so the file's
         outputs differ from a reduced-weight engine's by what weights_error measures."""
         if self.trees is not None:
@@ -812,15 +971,27 @@ class Model:
         """Import an MLP, linear model or tree ensemble from ONNX as torch.onnx.export,
         skl2onnx and onnxmltools write it (see fastpath.model.onnx_import for the ops). Gets the identity feature spec (raw =
         model input), the cache off (fit a policy with fit_cache_policy or enable one in the
-        config) and `head`, or the default head for its outputs (Head.default_for)."""
+        config) and `head`, or the default head for its outputs (Head.default_for).
+
+        The affine map the graph reads its input through (a Scaler, or Sub / Add then Mul /
+        Div by constants) becomes the model's input_scaler, run by the feature stage in
+        float32 as onnxruntime runs it: the feature spec is the identity followed by it
+        (mean = offset, inv_std = scale), and the first layer keeps the file's weights."""
         from fastpath.model.onnx_import import read_onnx
         name = os.fspath(path)
         g = read_onnx(name)
+        fs = sc = None
+        if g.get("input") is not None:
+            try:
+                sc = InputScaler(*g["input"])
+                fs = sc.compose(FeatureSpec.identity(sc.n))
+            except ModelError as exc:
+                raise ModelError(f"{name}: the input scaler: {exc}") from None
         if "trees" in g:
             try:
-                return cls((), None, CachePolicy(enabled=False),
+                return cls((), fs, CachePolicy(enabled=False),
                            {"source": os.path.basename(name), "onnx_output": g["output"]},
-                           "none", head, trees=g["trees"])
+                           "none", head, trees=g["trees"], input_scaler=sc)
             except ModelError as exc:
                 # as for layers: the file is named, so a caller loading several knows which
                 raise ModelError(f"{name}: {exc}") from None
@@ -829,9 +1000,9 @@ class Model:
             n_out = 2 if g["post"] == "logistic2" else layers[-1].weight.shape[0]
             if head is None and g["classifier"] and n_out in (2, 3):
                 head = Head("classifier2" if n_out == 2 else "classifier3")
-            return cls(layers, None, CachePolicy(enabled=False),
+            return cls(layers, fs, CachePolicy(enabled=False),
                        {"source": os.path.basename(name), "onnx_output": g["output"]}, g["post"],
-                       head)
+                       head, input_scaler=sc)
         except ModelError as exc:
             raise ModelError(f"{name}: {exc}") from None
 
