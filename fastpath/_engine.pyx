@@ -572,6 +572,12 @@ cdef class Engine:
             i = int(np.flatnonzero(~np.isfinite(xa))[0])
             raise InputError(f"x contains non-finite values, first at index {i} ({xa[i]}); "
                              f"predict takes finite feature vectors, as step() does")
+        sc = self.model.input_scaler
+        if sc is not None:
+            # x is the model's input (what onnxruntime reads); the first layer reads it
+            # through the input scaler, which the feature stage runs for step(): the same
+            # float32 ops, (x - offset) * scale
+            xa = np.ascontiguousarray(sc.apply(xa), dtype=np.float32)
         self._check_free()
         cdef cnp.npy_intp n_out = self.n_outputs
         cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)
@@ -589,7 +595,10 @@ cdef class Engine:
     def features(self, raw, symbol=0):
         """The feature vector this tick would get (windows include it), without applying it.
         A tick step() would refuse for its features (finite raw, features overflowed to
-        NaN/Inf) is refused here with the same InputError."""
+        NaN/Inf) is refused here with the same InputError. These are the first layer's
+        inputs: on a model with an input scaler (an imported ONNX pipeline's leading
+        Scaler) the scaler is already applied, so they are not predict()'s input, which
+        is the model's input before the scaler, as onnxruntime reads it."""
         cdef const float *p = self._raw_ptr(raw)
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         self._check_free()
