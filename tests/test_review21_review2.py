@@ -11,6 +11,9 @@ from fastpath.model import FeatureSpec, Head, Layer, Model
 RNG = np.random.default_rng(212)
 
 
+# to_onnx names each export's data file <name>.<12 hex>.data (see onnx_export)
+_DATA = __import__("re").compile(r"m\.onnx\.[0-9a-f]{12}\.data")
+
 def _mlp(seed: int) -> Model:
     r = np.random.default_rng(seed)
     fs = FeatureSpec(raw_len=4, z_idx=[0, 1, 2, 3], w_idx=[], window=1,
@@ -67,7 +70,8 @@ def test_a_failed_external_data_export_leaves_the_model_at_the_path_whole(tmp_pa
     dest = tmp_path / "m.onnx"
     good, other = _mlp(3), _mlp(4)
     good.to_onnx(dest)
-    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 2 and files[0] == "m.onnx" and _DATA.fullmatch(files[1])
 
     def broken(*a, **k):
         raise onnx.checker.ValidationError("simulated failure")
@@ -76,13 +80,14 @@ def test_a_failed_external_data_export_leaves_the_model_at_the_path_whole(tmp_pa
     with pytest.raises(onnx.checker.ValidationError):
         other.to_onnx(dest)
     monkeypatch.undo()
-    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+    assert sorted(os.listdir(tmp_path)) == files
     back = Model.from_onnx(dest)
     assert np.array_equal(back.layers[0].weight, good.layers[0].weight)
     # and a good export replaces both
     monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)
     other.to_onnx(dest)
-    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+    new = sorted(os.listdir(tmp_path))
+    assert len(new) == 2 and new[0] == "m.onnx" and _DATA.fullmatch(new[1])
     assert np.array_equal(Model.from_onnx(dest).layers[0].weight, other.layers[0].weight)
 
 

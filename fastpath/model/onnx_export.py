@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 
 import numpy as np
 
@@ -73,8 +74,13 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
     # 23k-wide layer): past _EXTERNAL_BYTES the weights go to a file beside the model, which
     # onnxruntime and Model.from_onnx read from there
     big = sum(a.nbytes for _, a in arrays) > _EXTERNAL_BYTES
-    location = os.path.basename(dest) + ".data"
+    # a data file of its own name per export: the graph's rename below is then the one
+    # commit point (a reader, or a crash, sees the old pair or the new pair, never the old
+    # graph over the new weights), and the replaced model's data goes only after it
+    base = os.path.basename(dest)
+    location = f"{base}.{uuid.uuid4().hex[:12]}.data"
     data = os.path.join(os.path.dirname(dest), location)
+    stale = _own_data_files(dest)
     # the thread too, as Model.save names its own: two threads writing one path shared a temp
     # file, and the model renamed into place could hold both writes (or the second checker /
     # rename found the file gone)
@@ -108,8 +114,14 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         # by path: the checker then reads the external data too (and allows > 2 GiB)
         onnx.checker.check_model(tmp)
         if big:
-            os.replace(tmp_data, data)
+            os.replace(tmp_data, data)      # a new name: the model at `dest` is untouched
         os.replace(tmp, dest)
+        for f in stale:                     # the replaced model's weights (big or small now)
+            if f != data:
+                try:
+                    os.unlink(f)
+                except OSError:
+                    pass
     finally:
         for f in (tmp, tmp_data):
             if f is not None:
@@ -122,6 +134,34 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
                 os.rmdir(tmpdir)
             except OSError:
                 pass
+
+
+def _own_data_files(dest: str) -> list:
+    """The external data files of the model now at `dest` that to_onnx wrote (named
+    <name>.data or <name>.<hex>.data beside it; a hand-made model's other files are left)."""
+    import re
+
+    import onnx
+    base = os.path.basename(dest)
+    pat = re.compile(re.escape(base) + r"(\.[0-9a-f]{12})?\.data")
+    folder = os.path.dirname(dest) or "."
+    try:
+        # the graph is parsed only where a file of ours lies beside it: an inline model
+        # (up to 1 GiB) is not read for nothing
+        if not any(pat.fullmatch(f) for f in os.listdir(folder)):
+            return []
+    except OSError:
+        return []
+    try:
+        m = onnx.load(dest, load_external_data=False)
+    except Exception:  # noqa: BLE001 - nothing there, or not ONNX: nothing of ours to remove
+        return []
+    out = set()
+    for t in m.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location" and pat.fullmatch(e.value):
+                out.add(os.path.join(os.path.dirname(dest), e.value))
+    return sorted(out)
 
 
 def _write_external(arrays: list, data: str, location: str) -> list:

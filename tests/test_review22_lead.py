@@ -1,0 +1,80 @@
+"""Defects found while merging session 22's reviews: Model.to_onnx's external-data file.
+
+Each test failed on the code before its fix: the weights of a replaced model were renamed
+over <name>.data before the new graph was renamed over <name>, so a reader between the two
+renames (or after a crash there) read the old graph over the new weights; and a small model
+written over a large one left the large one's <name>.data behind.
+"""
+import os
+import re
+
+import numpy as np
+import pytest
+
+from fastpath.model import FeatureSpec, Head, Layer, Model
+
+pytest.importorskip("onnx")
+
+DATA = re.compile(r"m\.onnx\.[0-9a-f]{12}\.data")
+
+
+def _mlp(seed: int, width: int = 3) -> Model:
+    r = np.random.default_rng(seed)
+    fs = FeatureSpec(raw_len=4, z_idx=[0, 1, 2, 3], w_idx=[], window=1,
+                     mean=np.zeros(4, np.float32), inv_std=np.ones(4, np.float32))
+    return Model(layers=(Layer(r.standard_normal((width, 4)).astype(np.float32),
+                               r.standard_normal(width).astype(np.float32), "relu"),
+                         Layer(r.standard_normal((1, width)).astype(np.float32),
+                               np.zeros(1, np.float32), "identity")),
+                 feature_spec=fs, head_spec=Head("regression", 1.0, (0,)))
+
+
+def test_a_reader_between_the_renames_reads_the_old_model_whole(tmp_path, monkeypatch):
+    from fastpath.model import onnx_export
+    monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)     # every model goes external
+    dest = str(tmp_path / "m.onnx")
+    old, new = _mlp(3), _mlp(4)
+    old.to_onnx(dest)
+    seen = []
+    real = os.replace
+
+    def replace(src, dst):
+        # just before the graph is renamed into place, what a reader at `dest` gets
+        if os.fspath(dst) == dest:
+            seen.append(Model.from_onnx(dest).layers[0].weight.copy())
+        return real(src, dst)
+
+    monkeypatch.setattr(onnx_export.os, "replace", replace)
+    new.to_onnx(dest)
+    monkeypatch.undo()
+    assert len(seen) == 1
+    np.testing.assert_array_equal(seen[0], old.layers[0].weight)
+    np.testing.assert_array_equal(Model.from_onnx(dest).layers[0].weight, new.layers[0].weight)
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 2 and files[0] == "m.onnx" and DATA.fullmatch(files[1]), files
+
+
+def test_a_small_model_over_a_large_one_leaves_no_stale_data(tmp_path, monkeypatch):
+    from fastpath.model import onnx_export
+    dest = str(tmp_path / "m.onnx")
+    monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)
+    _mlp(3).to_onnx(dest)
+    assert len(os.listdir(tmp_path)) == 2
+    monkeypatch.undo()                              # the next model is written inline
+    small = _mlp(5)
+    small.to_onnx(dest)
+    assert os.listdir(tmp_path) == ["m.onnx"]
+    np.testing.assert_array_equal(Model.from_onnx(dest).layers[0].weight, small.layers[0].weight)
+
+
+def test_files_beside_the_model_that_to_onnx_did_not_write_are_left(tmp_path, monkeypatch):
+    from fastpath.model import onnx_export
+    dest = str(tmp_path / "m.onnx")
+    (tmp_path / "m.onnx.notes.data").write_bytes(b"mine")
+    (tmp_path / "other.onnx.data").write_bytes(b"mine too")
+    monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)
+    _mlp(3).to_onnx(dest)
+    _mlp(4).to_onnx(dest)
+    files = sorted(os.listdir(tmp_path))
+    assert "m.onnx.notes.data" in files and "other.onnx.data" in files
+    assert len([f for f in files if DATA.fullmatch(f)]) == 1
