@@ -175,3 +175,37 @@ def test_tree_overflow_error_names_the_leaf_sums():
         e.step(np.array([1.0], F32))
     with pytest.raises(InputError, match="leaf values"):
         e.predict(np.array([1.0], F32))
+
+
+# ------------------------------------------------------------------ kernel shims at their limits
+@pytest.mark.parametrize("weights", ["int8", "bf16"])
+def test_lowp_shim_refuses_layers_outside_the_model_limits(weights):
+    """kernel_lowp_dense took 140000 inputs, past the int32 dot of an int8 row (140000 ones
+    under weights of 1 answered -126288.5), and a layer of no inputs (kernel_dense refuses
+    both)."""
+    n = 140000
+    with pytest.raises(InputError, match="65536"):
+        kernel_lowp_dense(weights, "scalar", np.ones((1, n), F32), np.zeros(1, F32), "identity",
+                          np.ones(n, F32))
+    with pytest.raises(InputError, match="at least one input"):
+        kernel_lowp_dense(weights, "scalar", np.ones((3, 0), F32), np.zeros(3, F32), "identity",
+                          np.zeros(0, F32))
+    # the widest layer a model may have is taken, and exact for ones (int8: 65536 * 127 * 127
+    # fits int32)
+    n = 65536
+    y, ok = kernel_lowp_dense(weights, "scalar", np.ones((1, n), F32), np.zeros(1, F32),
+                              "identity", np.ones(n, F32))
+    assert ok and y[0] == n
+
+
+def test_packed_trees_refuses_bad_features_with_an_input_error():
+    t = TreeEnsemble(2, 1, [0, 3], [0, 6, 6], [0, 0, 0], [0.5, 0, 0], [1, 0, 0], [2, 0, 0],
+                     [0, 0, 0], [1, 2], [0, 0], [1.0, 2.0])
+    p = PackedTrees(t, "scalar")
+    with pytest.raises(InputError, match="numbers"):
+        p.eval("ab")                               # was numpy's ValueError
+    with pytest.raises(InputError, match="beyond float32"):
+        p.eval(np.array([[1e300, 0.0]]))           # was cast to Inf and walked, with a warning
+    with pytest.raises(InputError, match="TreeEnsemble"):
+        PackedTrees("trees", "scalar")             # was AttributeError
+    np.testing.assert_array_equal(p.eval(np.array([[0.5, 0.0], [0.6, 0.0]])), [[1.0], [2.0]])
