@@ -209,3 +209,17 @@ def test_packed_trees_refuses_bad_features_with_an_input_error():
     with pytest.raises(InputError, match="TreeEnsemble"):
         PackedTrees("trees", "scalar")             # was AttributeError
     np.testing.assert_array_equal(p.eval(np.array([[0.5, 0.0], [0.6, 0.0]])), [[1.0], [2.0]])
+
+
+@pytest.mark.parametrize("agg", ["SUM", "AVERAGE"])
+def test_weights_combined_on_one_leaf_add_in_float32_as_the_engine_does(agg):
+    """Several weights for one target on one leaf (1e8, 1, -1e8): the engine's packer and
+    onnxruntime add them in float32 (0); forward() added them in float64 (1)."""
+    t = TreeEnsemble(1, 2, [0, 3], [0, 6, 6], [0, 0, 0], [0.0, 0, 0], [1, 0, 0], [2, 0, 0],
+                     [0, 0, 0], [1, 1, 1, 2, 1, 2], [0, 0, 0, 0, 1, 1],
+                     [1e8, 1.0, -1e8, 5.0, 1.0, 1.0], (), agg)
+    X = np.array([[-1.0], [1.0]], F32)
+    ref = t.forward(X)
+    np.testing.assert_array_equal(ref, [[0.0, 1.0], [5.0, 1.0]])
+    for isa in tree_isas():
+        np.testing.assert_array_equal(PackedTrees(t, isa).eval(X), ref)

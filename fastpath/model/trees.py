@@ -419,7 +419,10 @@ class TreeEnsemble:
                     elif self.aggregate == "MAX":
                         vals[g, j] = np.fmax(vals[g, j], v)
                     else:
-                        vals[g, j] += np.float32(v)
+                        # in float32, one weight at a time, as the C packer combines a leaf's
+                        # weights (and onnxruntime adds them): in float64, weights 1e8, 1, -1e8
+                        # on one leaf came to 1 here and 0 in the engine
+                        vals[g, j] = np.float32(vals[g, j]) + np.float32(v)
             leafhas[gs, np.searchsorted(cols, js)] = True
             idx = np.full(n, lo, np.int64)
             while True:
