@@ -28,6 +28,7 @@ void fp_lowp_pack(fp_lowp_layer *L, int wtype, int in, int out, int act, const f
     float *b = (float *)(p + wbytes);
     float *scale = b + (size_t)nb * FP_LOWP_ROWS;
     int32_t *rowsum = (int32_t *)(scale + (size_t)nb * FP_LOWP_ROWS);
+    int denormal = 0;
     memset(mem, 0, fp_lowp_layer_bytes(wtype, in, out));
     for (int o = 0; o < out; o++) {
         const int blk = o / FP_LOWP_ROWS, r = o % FP_LOWP_ROWS;
@@ -41,6 +42,7 @@ void fp_lowp_pack(fp_lowp_layer *L, int wtype, int in, int out, int act, const f
                  * to Inf, and an Inf weight makes every tick non-finite (Inf * 0 is NaN): such
                  * a weight keeps the largest finite bf16 instead, within one bf16 step of it */
                 if ((h & 0x7fffu) == 0x7f80u && isfinite(src[i])) h = (uint16_t)(h - 1u);
+                if ((h & 0x7f80u) == 0u && (h & 0x7fu) != 0u) denormal = 1;
                 d[(((size_t)blk * ng + i / 2) * FP_LOWP_ROWS + r) * 2 + i % 2] = h;
             }
             scale[o] = 1.0f;
@@ -66,6 +68,23 @@ void fp_lowp_pack(fp_lowp_layer *L, int wtype, int in, int out, int act, const f
     L->bias = b;
     L->scale = scale;
     L->rowsum = rowsum;
+    L->denormal = denormal;
+}
+
+int fp_lowp_int8_tiny(const fp_lowp_layer *L, const float *x, float *y) {
+    const int8_t *w = (const int8_t *)L->w;
+    int ok = 1;
+    for (int b = 0; b < L->nb; b++)
+        for (int r = 0; r < FP_LOWP_ROWS; r++) {
+            const int o = b * FP_LOWP_ROWS + r;
+            double acc = 0.0;
+            for (int i = 0; i < L->in; i++)
+                acc += (double)w[(((size_t)b * L->ng + i / 4) * FP_LOWP_ROWS + r) * 4 + i % 4] * x[i];
+            const float v = (float)(acc * L->scale[o] + L->bias[o]);
+            ok &= isfinite(v) != 0;
+            y[o] = fp_actf(v, L->act);
+        }
+    return ok;
 }
 
 static const fp_lowp_kernels fp_lowp_scalar_set = {"scalar", "scalar", fp_lowp_bf16_scalar,

@@ -49,6 +49,8 @@ typedef struct {
     const float *bias;        /* nb * 16 */
     const float *scale;       /* int8: per-row weight scale s_w, nb * 16 */
     const int32_t *rowsum;    /* int8: sum of each row's q (the u8 zero point's correction) */
+    int denormal;             /* bf16: a weight is a nonzero bf16 below 2^-126, which vdpbf16ps
+                               * reads as 0 (it flushes denormals whatever MXCSR says) */
 } fp_lowp_layer;
 
 /* y[o] = act(bias[o] + sum_i w[o][i] x[i]) for o < nb*16; scratch: fp_lowp_scratch_floats(in)
@@ -82,8 +84,20 @@ static inline uint16_t fp_bf16_rne(float f) {
     return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
 }
 
-/* activations below this max |x| quantize to all zeros (127 / max|x| would overflow) */
+/* below this max |x| the activation steps leave float's normal range (127 / max|x| and
+ * 254 * 127 / max|x| overflow, the steps go subnormal): such an input is not quantized, its
+ * layer is summed from x as it is (fp_lowp_int8_tiny). Quantizing it to zeros answered
+ * bias alone: weights ~3e38 under inputs ~1e-38 lost a pre-activation of 3 on every set. */
 #define FP_LOWP_TINY 1e-30f
+/* what the quantizers return: x holds a NaN/Inf, quantized, or max |x| in (0, FP_LOWP_TINY) */
+enum { FP_LOWP_Q_BAD = 0, FP_LOWP_Q_OK = 1, FP_LOWP_Q_TINY = 2 };
+static inline int fp_lowp_is_tiny(uint32_t maxbits) {
+    union { float f; uint32_t u; } t = {FP_LOWP_TINY};
+    return maxbits != 0u && maxbits < t.u;
+}
+/* an int8 layer over an input of max |x| in (0, FP_LOWP_TINY): sum_i q_i x_i in double, times
+ * the row's scale, plus the bias (every set calls this one, so they agree bit for bit) */
+int fp_lowp_int8_tiny(const fp_lowp_layer *L, const float *x, float *y);
 
 /* the per-call activation scales (steps s1, s2 and their inverses) from max|x|'s bits,
  * shared so every set divides alike */
@@ -128,7 +142,9 @@ static inline void fp_lowp_act_tail(int act, float *y16) {
 int fp_lowp_bf16_scalar(const fp_lowp_layer *L, const float *x, float *y, void *scratch);
 int fp_lowp_int8_scalar(const fp_lowp_layer *L, const float *x, float *y, void *scratch);
 /* x -> buf = [x1 s8 | x1 + 128 u8 | x2 s8 | x2 + 128 u8], npad bytes each, padded with 0
- * (128); *q the scales. Returns 0 when x holds a NaN/Inf. The AVX2 one serves AVX-512 too. */
+ * (128); *q the scales. Returns FP_LOWP_Q_OK, FP_LOWP_Q_BAD when x holds a NaN/Inf, or
+ * FP_LOWP_Q_TINY (buf untouched) for an input too small to quantize. The AVX2 one serves
+ * AVX-512 too. */
 int fp_lowp_quant_scalar(const float *x, int in, int npad, unsigned char *buf, fp_lowp_xq *q);
 #if FP_HAVE_X86
 int fp_lowp_quant_avx2(const float *x, int in, int npad, unsigned char *buf, fp_lowp_xq *q);

@@ -699,8 +699,14 @@ def kernel_lowp_dense(str weights, str variant, w, b, str act, x):
     cdef cnp.ndarray W = np.ascontiguousarray(w, dtype=np.float32)
     cdef cnp.ndarray B = np.ascontiguousarray(b, dtype=np.float32)
     cdef cnp.ndarray v = _f32(x, "x")
-    if W.ndim != 2 or (<object>B).shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1:
-        raise InputError(f"w {(<object>W).shape}, b {(<object>B).shape} and x ({len(v)},) do not chain")
+    if W.ndim != 2 or (<object>B).shape != (W.shape[0],) or W.shape[1] != len(v) or W.shape[0] < 1 \
+            or W.shape[1] < 1:
+        raise InputError(f"w {(<object>W).shape}, b {(<object>B).shape} and x ({len(v)},) do not "
+                         f"chain (a layer needs at least one input and one output)")
+    # a model's layers are at most 65536 wide; past FP_LOWP_INT8_MAX_IN inputs an int8 row's
+    # int32 dot wraps (140000 inputs of 1 under weights of 1 answered -126288.5)
+    if W.shape[0] > 65536 or W.shape[1] > 65536:
+        raise InputError(f"w {(<object>W).shape}: a layer is at most 65536 wide either way")
     # as the model packer does: a NaN weight would be left out of its row's int8 scale and
     # round to a finite code, a silently wrong layer
     for name, arr in (("w", W), ("b", B)):
@@ -839,6 +845,23 @@ cdef class LowpMLP:
 _TREE_ISAS = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
 
 
+def _tree_rows(x):
+    """x as contiguous float32 features, or an InputError: text was numpy's ValueError, and a
+    finite float64 beyond float32 (1e300) was cast to Inf and walked as one."""
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"x must be numbers (float32 features): {exc}") from None
+    if a.dtype.kind not in "fiub":
+        raise InputError(f"x must be numbers (float32 features), got {_describe(a)}")
+    if a.dtype.kind == "f" and a.dtype.itemsize > 4 and a.size:
+        big = np.isfinite(a) & (np.abs(a) > np.finfo(np.float32).max)
+        if big.any():
+            raise InputError(f"x holds {float(a[big][0])!r}, beyond float32's range (the trees "
+                             f"compare float32 features)")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
 def tree_isas():
     """The tree-ensemble kernel sets this CPU can run, scalar first."""
     return [n for n, i in _TREE_ISAS.items() if fp_trees_eval_for(i) != NULL]
@@ -859,6 +882,10 @@ cdef class PackedTrees:
         self.ev = fp_trees_eval_for(_TREE_ISAS[isa])
         if self.ev == NULL:
             raise InputError(f"kernel set {isa!r} is not supported by this CPU (has: {tree_isas()})")
+        from fastpath.model.trees import TreeEnsemble
+        if not isinstance(trees, TreeEnsemble):
+            raise InputError(f"trees must be a fastpath.model.TreeEnsemble, got "
+                             f"{type(trees).__name__}")
         cdef fp_trees_desc d
         keep = []
         _trees_desc(trees, &d, keep)
@@ -882,7 +909,7 @@ cdef class PackedTrees:
 
     def eval(self, x):
         """Outputs for one feature vector (NaN: a missing value) or each row of a 2-d array."""
-        a = np.ascontiguousarray(x, dtype=np.float32)
+        a = _tree_rows(x)
         if a.ndim == 1:
             a = a[None, :]
             one = True
@@ -903,7 +930,7 @@ cdef class PackedTrees:
     def time_eval(self, x, long long iters):
         """Median over 5 runs of the mean ns per evaluation over `iters` back-to-back calls
         (GIL released), for the bench."""
-        a = np.ascontiguousarray(x, dtype=np.float32)
+        a = _tree_rows(x)
         if a.ndim != 1 or a.shape[0] != self.n_features or iters < 1:
             raise InputError(f"x must have {self.n_features} values and iters >= 1")
         cdef cnp.ndarray v = a

@@ -49,7 +49,8 @@ FP_TARGET_AVX2 int fp_lowp_quant_avx2(const float *x, int in, int npad, unsigned
         u &= 0x7fffffffu;
         mb = u > mb ? u : mb;
     }
-    if (mb >= 0x7f800000u) return 0;
+    if (mb >= 0x7f800000u) return FP_LOWP_Q_BAD;
+    if (fp_lowp_is_tiny(mb)) return FP_LOWP_Q_TINY;
     fp_lowp_xscale(mb, q);
     int8_t *x1 = (int8_t *)buf, *x2 = (int8_t *)buf + 2 * npad;
     uint8_t *u1 = buf + npad, *u2 = buf + 3 * npad;
@@ -76,7 +77,7 @@ FP_TARGET_AVX2 int fp_lowp_quant_avx2(const float *x, int in, int npad, unsigned
     memset(u1 + in, 0x80, (size_t)(npad - in));
     memset(x2 + in, 0, (size_t)(npad - in));
     memset(u2 + in, 0x80, (size_t)(npad - in));
-    return 1;
+    return FP_LOWP_Q_OK;
 }
 
 /* 8 rows: v = fp_lowp_int8_pre over the two dots; relu in registers; returns v - v (NaN
@@ -118,7 +119,8 @@ FP_TARGET_AVX2 static inline __m256i fp_dot4_avx2(__m256i acc, __m256i xa, __m25
 FP_TARGET_AVX2 int fp_lowp_int8_avx2(const fp_lowp_layer *L, const float *x, float *y, void *scratch) {
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
     fp_lowp_xq q;
-    if (!fp_lowp_quant_avx2(x, L->in, npad, (unsigned char *)scratch, &q)) return fp_lowp_fail(L, y);
+    const int qs = fp_lowp_quant_avx2(x, L->in, npad, (unsigned char *)scratch, &q);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
     const int32_t *x1 = (const int32_t *)scratch, *x2 = (const int32_t *)((const char *)scratch + 2 * npad);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 bad = _mm256_setzero_ps();
@@ -150,7 +152,8 @@ FP_TARGET_AVXVNNI int fp_lowp_int8_avx2_vnni(const fp_lowp_layer *L, const float
                                              void *scratch) {
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
     fp_lowp_xq q;
-    if (!fp_lowp_quant_avx2(x, L->in, npad, (unsigned char *)scratch, &q)) return fp_lowp_fail(L, y);
+    const int qs = fp_lowp_quant_avx2(x, L->in, npad, (unsigned char *)scratch, &q);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
     const int32_t *u1 = (const int32_t *)((const char *)scratch + npad);
     const int32_t *u2 = (const int32_t *)((const char *)scratch + 3 * npad);
     __m256 bad = _mm256_setzero_ps();

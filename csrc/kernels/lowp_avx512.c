@@ -36,7 +36,8 @@ FP_TARGET_AVX512 static int fp_lowp_quant_avx512(const float *x, int in, int npa
     for (int i = 0; i < in; i += 16)
         m = _mm512_max_epi32(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(fp_tail16(i, in), x + i), am));
     const uint32_t mb = (uint32_t)_mm512_reduce_max_epi32(m);
-    if (mb >= 0x7f800000u) return 0;
+    if (mb >= 0x7f800000u) return FP_LOWP_Q_BAD;
+    if (fp_lowp_is_tiny(mb)) return FP_LOWP_Q_TINY;
     fp_lowp_xscale(mb, q);
     int8_t *x1 = (int8_t *)buf, *x2 = (int8_t *)buf + 2 * npad;
     uint8_t *u1 = buf + npad, *u2 = buf + 3 * npad;
@@ -48,7 +49,7 @@ FP_TARGET_AVX512 static int fp_lowp_quant_avx512(const float *x, int in, int npa
         fp_store_s8x16(a, x1 + i, u1 + i);
         fp_store_s8x16(fp_clamp127(_mm512_cvtps_epi32(_mm512_mul_ps(r, vi2))), x2 + i, u2 + i);
     }
-    return 1;
+    return FP_LOWP_Q_OK;
 }
 
 FP_TARGET_AVX512 static inline __m512 fp_lowp_rows16(__m512 v, int act, float *y) {
@@ -83,7 +84,8 @@ FP_TARGET_AVX512 static inline __m512i fp_dot4_avx512(__m512i acc, int32_t xg, _
 FP_TARGET_AVX512 int fp_lowp_int8_avx512(const fp_lowp_layer *L, const float *x, float *y, void *scratch) {
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
     fp_lowp_xq q;
-    if (!fp_lowp_quant_avx512(x, L->in, npad, (unsigned char *)scratch, &q)) return fp_lowp_fail(L, y);
+    const int qs = fp_lowp_quant_avx512(x, L->in, npad, (unsigned char *)scratch, &q);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
     const int32_t *x1 = (const int32_t *)scratch, *x2 = (const int32_t *)((const char *)scratch + 2 * npad);
     const __m512i ones = _mm512_set1_epi16(1);
     __m512 bad = _mm512_setzero_ps();
@@ -117,7 +119,8 @@ FP_TARGET_AVX512_VNNI int fp_lowp_int8_avx512_vnni(const fp_lowp_layer *L, const
                                                    void *scratch) {
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
     fp_lowp_xq q;
-    if (!fp_lowp_quant_avx512(x, L->in, npad, (unsigned char *)scratch, &q)) return fp_lowp_fail(L, y);
+    const int qs = fp_lowp_quant_avx512(x, L->in, npad, (unsigned char *)scratch, &q);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
     const int32_t *u1 = (const int32_t *)((const char *)scratch + npad);
     const int32_t *u2 = (const int32_t *)((const char *)scratch + 3 * npad);
     __m512 bad = _mm512_setzero_ps();
@@ -188,19 +191,30 @@ FP_TARGET_AVX512 int fp_lowp_bf16_avx512(const fp_lowp_layer *L, const float *x,
  * |hi| <= |x|, so a finite x never becomes an infinite hi (nearest-even takes every |x| above
  * bf16's largest finite, ~3.3961e38, to Inf, which refused inputs the other sets accept) and
  * no product w*hi overflows where w*x does not. lo = x - hi is exact in fp32 (x's low 16 bits)
- * and rounded to nearest-even: |x - hi - lo| <= 2^-16 |x|. */
+ * and rounded to nearest-even: |x - hi - lo| <= 2^-16 |x|.
+ * vdpbf16ps and vcvtneps2bf16 read and write denormals as 0 whatever MXCSR says: a layer with
+ * a denormal bf16 weight, or an input whose hi or lo would be one (0 < |x| < 2^-102), is
+ * run by the widened form instead (weights ~3e38 under inputs ~1e-38 lost a pre-activation
+ * of 3 here and nowhere else). The check rides the split loop: one compare per 16 inputs. */
 FP_TARGET_AVX512_BF16 int fp_lowp_bf16_avx512_bf16(const fp_lowp_layer *L, const float *x, float *y,
                                                    void *scratch) {
+    if (L->denormal) return fp_lowp_bf16_avx512(L, x, y, scratch);
     const int ng = L->ng, in = L->in;
     uint16_t *hi = (uint16_t *)scratch;
     uint16_t *lo = (uint16_t *)((char *)scratch + 2 * fp_lowp_scratch_floats(in));
+    /* |x| bits - 1 below 2^-102's bits - 1: nonzero and under 2^-102 (0 wraps to the top) */
+    const __m512i am = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+    const __m512i tiny_bits = _mm512_set1_epi32(0x0c800000 - 1);
+    __mmask16 tiny = 0;
     for (int i = 0; i < in; i += 16) {
         const __m512 v = _mm512_maskz_loadu_ps(fp_tail16(i, in), x + i);
         const __m512i vb = _mm512_castps_si512(v);
+        tiny |= _mm512_cmplt_epu32_mask(_mm512_sub_epi32(_mm512_and_si512(vb, am), one), tiny_bits);
         const __m512 hf = _mm512_castsi512_ps(_mm512_and_si512(vb, _mm512_set1_epi32((int)0xffff0000u)));
         _mm256_storeu_si256((__m256i *)(hi + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(vb, 16)));
         _mm256_storeu_si256((__m256i *)(lo + i), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, hf)));
     }
+    if (tiny) return fp_lowp_bf16_avx512(L, x, y, scratch);
     const int32_t *h2 = (const int32_t *)hi, *l2 = (const int32_t *)lo;
     __m512 bad = _mm512_setzero_ps();
     for (int b = 0; b < L->nb; b++) {

@@ -20,7 +20,8 @@ static uint32_t fp_maxabs_bits(const float *x, int n) {
 /* the two int8 steps of x (fp_lowp_q2), with their u8 twins */
 int fp_lowp_quant_scalar(const float *x, int in, int npad, unsigned char *buf, fp_lowp_xq *q) {
     const uint32_t mb = fp_maxabs_bits(x, in);
-    if (mb >= 0x7f800000u) return 0;
+    if (mb >= 0x7f800000u) return FP_LOWP_Q_BAD;
+    if (fp_lowp_is_tiny(mb)) return FP_LOWP_Q_TINY;
     fp_lowp_xscale(mb, q);
     int8_t *x1 = (int8_t *)buf, *x2 = (int8_t *)buf + 2 * npad;
     uint8_t *u1 = buf + npad, *u2 = buf + 3 * npad;
@@ -32,7 +33,7 @@ int fp_lowp_quant_scalar(const float *x, int in, int npad, unsigned char *buf, f
         x2[i] = (int8_t)b;
         u2[i] = (uint8_t)(b + 128);
     }
-    return 1;
+    return FP_LOWP_Q_OK;
 }
 
 /* y[o] = act(s_w[o] * (s1 * dot(q[o], x1) + s2 * dot(q[o], x2)) + bias[o]), dots in int32,
@@ -41,7 +42,8 @@ int fp_lowp_int8_scalar(const fp_lowp_layer *L, const float *x, float *y, void *
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
     const int8_t *x1 = (const int8_t *)scratch, *x2 = (const int8_t *)scratch + 2 * npad;
     fp_lowp_xq q;
-    if (!fp_lowp_quant_scalar(x, L->in, npad, (unsigned char *)scratch, &q)) return fp_lowp_fail(L, y);
+    const int qs = fp_lowp_quant_scalar(x, L->in, npad, (unsigned char *)scratch, &q);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
     const int8_t *w = (const int8_t *)L->w;
     int ok = 1;
     for (int b = 0; b < L->nb; b++) {

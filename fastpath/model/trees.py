@@ -419,7 +419,10 @@ class TreeEnsemble:
                     elif self.aggregate == "MAX":
                         vals[g, j] = np.fmax(vals[g, j], v)
                     else:
-                        vals[g, j] += np.float32(v)
+                        # in float32, one weight at a time, as the C packer combines a leaf's
+                        # weights (and onnxruntime adds them): in float64, weights 1e8, 1, -1e8
+                        # on one leaf came to 1 here and 0 in the engine
+                        vals[g, j] = np.float32(vals[g, j]) + np.float32(v)
             leafhas[gs, np.searchsorted(cols, js)] = True
             idx = np.full(n, lo, np.int64)
             while True:
@@ -445,13 +448,19 @@ class TreeEnsemble:
             else:
                 acc[:, cols] += lv
         rule = self._binary_rule()
-        if not n:
-            out = np.zeros((0, T), np.float32)
-        elif not self.classifier and self.post_transform in ("NONE", "SOFTMAX", "SOFTMAX_ZERO") \
-                or (not self.classifier and T == 1):
-            out = self._finalize_regressor(acc, has)
-        else:
-            out = np.stack([self._finalize(a, h, rule) for a, h in zip(acc, has)])
+        # leaf sums past float32's range are Inf in float32, as the C finishing stage casts
+        # them (and as onnxruntime adds them), and a softmax of Inf scores is NaN: numpy's
+        # "overflow encountered in cast" / "invalid value encountered in subtract" warnings
+        # made the reference an exception under -W error, where the engine answers Inf / NaN
+        # (and refuses the tick)
+        with np.errstate(over="ignore", invalid="ignore"):
+            if not n:
+                out = np.zeros((0, T), np.float32)
+            elif not self.classifier and self.post_transform in ("NONE", "SOFTMAX", "SOFTMAX_ZERO") \
+                    or (not self.classifier and T == 1):
+                out = self._finalize_regressor(acc, has)
+            else:
+                out = np.stack([self._finalize(a, h, rule) for a, h in zip(acc, has)])
         return out[0] if one else out
 
     def _finalize_regressor(self, acc: np.ndarray, has: np.ndarray) -> np.ndarray:
