@@ -225,9 +225,6 @@ def test_weights_combined_on_one_leaf_add_in_float32_as_the_engine_does(agg):
         np.testing.assert_array_equal(PackedTrees(t, isa).eval(X), ref)
 
 
-@pytest.mark.xfail(strict=True, reason="fastpath/model/types.py (Model._init_trees) builds the "
-                   "identity feature spec for a tree ensemble of more than 65536 inputs and "
-                   "reports the spec's raw_len, which the caller never gave")
 def test_tree_model_wider_than_a_tick_names_the_ensemble():
     from fastpath import ModelError
     t = TreeEnsemble(70000, 1, [0, 3], [0, 6, 6], [69999, 0, 0], [0.5, 0, 0], [1, 0, 0],

@@ -763,6 +763,11 @@ class Model:
         if not isinstance(head, Head):
             raise ModelError(f"head_spec must be a fastpath.model.Head, got {type(head).__name__}")
         head.check(n_out)
+        if self.feature_spec is None and t.n_features > MAX_WIDTH:
+            # the identity spec it would get reported its raw_len, a spec the caller never gave
+            raise ModelError(f"the tree ensemble takes {t.n_features} inputs; a tick holds at "
+                             f"most {MAX_WIDTH} values (give a feature spec that makes "
+                             f"{t.n_features} features, or select fewer features)")
         fs = self.feature_spec if self.feature_spec is not None else self._default_spec(t.n_features)
         if not isinstance(fs, FeatureSpec):
             raise ModelError(f"feature_spec must be a FeatureSpec, got {type(fs).__name__}")
