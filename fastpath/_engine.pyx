@@ -848,7 +848,12 @@ cdef class Engine:
         self._check_free()
         cdef int64_t bad = fp_batch_check(self._e, rp, self.raw_len, yp, tp, n, &err)
         if bad >= 0:
-            self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
+            # as the CPU's step_batch says it: the caller of a batch needs to know how many
+            # rows went in (the message said only "engine state unchanged", the row's own)
+            try:
+                self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
+            except InputError as exc:
+                raise InputError(str(exc) + "; no row was applied") from None
         sig = np.empty(n, np.float32)
         conf = np.empty(n, np.float32)
         cached = np.empty(n, np.bool_)

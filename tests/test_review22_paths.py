@@ -258,3 +258,83 @@ def test_paths_match_the_numpy_reference(kind, isa):
         assert abs(n.signal - sig[i]) <= tol and abs(n.confidence - conf[i]) <= tol, (i, n)
     s = nocache.stats()
     assert s["hits"] == 0 and s["miss_reasons"]["disabled"] == len(R) == s["ticks"]
+
+
+def _uname():
+    return f"t22-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("kind", ["acts", "deep16", "w17", "clf3_softmax", "clf2_logistic2",
+                                  "regression", "int8", "trees_clf3"])
+@pytest.mark.parametrize("with_ts", [True, False])
+def test_served_answers_equal_in_process_step(kind, with_ts):
+    m = make_model(kind)
+    raws, syms, ts, bad = make_stream(4)
+    t = ts if with_ts else None
+    c = {"engine": {"n_symbols": 2 * N_SYM}, "serve": SERVE}
+    eng = Engine(m, config=c)
+    want = run_ticks(eng.step, raws, syms, t)
+    name = _uname()
+    with fastpath.serve(name, m, c) as srv, fastpath.connect(name) as cl:
+        got = run_ticks(cl.step, raws, syms, t)
+        # submit / poll: the same answers in order
+        cl2 = fastpath.connect(name)
+        seqs = []
+        with pytest.raises(InputError):
+            cl2.submit(raws[bad][0], 0)
+        R, S, T = _good(raws, syms, ts, bad)
+        for i in range(len(R)):
+            seqs.append(cl2.submit(R[i], int(S[i]) + N_SYM,
+                                   None if t is None else int(T[i])))
+        polled = []
+        while len(polled) < len(seqs):
+            polled += cl2.poll()
+        cl2.close()
+        st = srv.stats()
+    assert_same(got, want, "served step")
+    assert [s for s, _ in polled] == seqs
+    # symbols shifted by N_SYM: the same stream on fresh slots answers the same
+    assert_same([outcome(r) for _, r in polled], [o for o in want if o != "refused"],
+                "served submit/poll")
+    assert st["served"] == 2 * int((~bad).sum()) and st["errors"] == 0
+
+
+@pytest.mark.parametrize("kind", ["acts", "w3", "clf3_softmax", "clf2_logistic2", "regression"])
+@pytest.mark.parametrize("mode", ["launch", "persistent"])
+def test_gpu_backend_on_the_stand_in_agrees_with_the_cpu(fake_gpu, kind, mode):
+    m = make_model(kind)
+    raws, syms, ts, bad = make_stream(5)
+    cpu = Engine(m, config=cfg())
+    want = run_ticks(cpu.step, raws, syms, ts)
+    gcfg = cfg(gpu={"mode": mode, "timeout_ms": 5000})
+
+    def close(got, what):
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert (g == "refused") == (w == "refused"), (what, i, g, w)
+            if g != "refused":
+                assert g[2:] == w[2:], (what, i, g, w)          # cached, miss_reason
+                assert abs(g[0] - w[0]) < 1e-5 and abs(g[1] - w[1]) < 1e-5, (what, i, g, w)
+
+    with Engine(m, backend="gpu", config=gcfg) as ge:
+        assert ge.backend == "gpu"
+        close(run_ticks(ge.step, raws, syms, ts), "gpu step")
+        assert counters(ge) == counters(cpu)
+        fastpath.set_default_engine(ge)
+        try:
+            ge.reset()
+            close(run_ticks(fastpath.step, raws, syms, ts), "fastpath.step on a gpu engine")
+        finally:
+            fastpath.set_default_engine(None)
+        R, S, T = _good(raws, syms, ts, bad)
+        for dt in (np.uint8, np.int32, np.uint64):
+            ge.reset()
+            with pytest.raises(InputError, match="no row was applied"):
+                ge.step_batch(raws, syms.astype(dt), ts)
+            assert ge.ticks == 0
+            b = ge.step_batch(R, S.astype(dt), T)
+            got = _batch_outcomes(b)
+            want_b = _strip(want)
+            assert [g[2] for g in got] == [w[2] for w in want_b]
+            np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want_b], atol=1e-5)
+            assert counters(ge) == counters(cpu)
