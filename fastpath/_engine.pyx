@@ -425,11 +425,14 @@ cdef class Engine:
             orow = _first_int_outside(sy, n, 0, self.n_symbols - 1)
             if orow >= 0:
                 # integers numpy kept as objects (one past int64): the value is what is wrong
-                self._raise(FP_ERR_SYMBOL, None, sy[orow], -1, orow)
+                try:
+                    self._raise(FP_ERR_SYMBOL, None, sy[orow], -1, orow)
+                except InputError as exc:
+                    raise _no_row(exc, True) from None
             if orow == -1:
                 hint = "; convert with np.asarray(symbols, dtype=np.int64)"
-            raise InputError(f"symbols must be an integer array of shape ({n},), got "
-                             f"{_describe(sy)}{hint}")
+            raise _no_row(InputError(f"symbols must be an integer array of shape ({n},), got "
+                                     f"{_describe(sy)}{hint}"))
         cdef Py_ssize_t row
         if sy.dtype == np.int32:
             # the common case checked and passed as it is (no int64 copy and back)
@@ -439,7 +442,10 @@ cdef class Engine:
             S = _as_int64(sy)
             row = _first_outside(S, 0, self.n_symbols - 1)
         if row >= 0:
-            self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
+            try:
+                self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
+            except InputError as exc:
+                raise _no_row(exc, True) from None
         if S.dtype != np.int32:
             S = S.astype(np.int32)
         T = None
@@ -457,21 +463,22 @@ cdef class Engine:
                     orow = _first_int_outside(ts, n, 0, INT64_MAX)
                     if orow >= 0:
                         if ts[orow] < 0:
-                            raise InputError(f"ts_ns must be >= 0, row {orow} is {ts[orow]}")
-                        raise InputError(f"ts_ns row {orow} is {ts[orow]}, which does not fit "
-                                         f"a signed 64-bit int of ns")
+                            raise _no_row(InputError(f"ts_ns must be >= 0, row {orow} is "
+                                                     f"{ts[orow]}"))
+                        raise _no_row(InputError(f"ts_ns row {orow} is {ts[orow]}, which does "
+                                                 f"not fit a signed 64-bit int of ns"))
                     if orow == -1:
                         hint = "; convert with np.asarray(ts_ns, dtype=np.int64)"
-                raise InputError(f"ts_ns must be an integer array of shape ({n},), got "
-                                 f"{_describe(ts)}{hint}")
+                raise _no_row(InputError(f"ts_ns must be an integer array of shape ({n},), got "
+                                         f"{_describe(ts)}{hint}"))
             T = _as_int64(ts)
             row = _first_outside(T, 0, INT64_MAX)
             if row >= 0:
                 # the first bad row, as every other refusal of a batch names it
                 if ts[row] < 0:
-                    raise InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}")
-                raise InputError(f"ts_ns row {row} is {ts[row]}, which does not fit a signed "
-                                 f"64-bit int of ns")
+                    raise _no_row(InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}"))
+                raise _no_row(InputError(f"ts_ns row {row} is {ts[row]}, which does not fit a "
+                                         f"signed 64-bit int of ns"))
         return R, S, T
 
     def step_batch(self, raws, symbols, ts_ns=None):
@@ -479,7 +486,8 @@ cdef class Engine:
         int (n,), ts_ns optional int64 (n,). Every row's arguments are validated before any
         is applied (symbols, finite raws, timestamps); a row the model stage refuses (its
         features or outputs overflowed, which depends on the rows before it) stops the batch
-        there, the rows before it applied, as the InputError says.
+        there, the rows before it applied, as the InputError says: its .applied is how many
+        rows were and its .result their BatchResult (0 and an empty one when no row was).
         Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
         if self._on_gpu: return self._step_batch_gpu(raws, symbols, ts_ns)
         cdef cnp.ndarray R, S, T
@@ -512,7 +520,8 @@ cdef class Engine:
             try:
                 self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
             except InputError as exc:
-                raise InputError(str(exc) + note) from None
+                raise _partial_batch(InputError(str(exc) + note), sig, conf, cached, tot,
+                                     applied) from None
         return _batch_result(sig, conf, cached, tot)
 
     cdef cnp.ndarray _batch_raws(self, raws):
@@ -521,8 +530,9 @@ cdef class Engine:
                 and raws.flags.c_contiguous and raws.flags.aligned
                 and (type(raws) is np.ndarray or not _n_masked(raws))):
             return raws
-        raise InputError(f"raws must be a float32 C-contiguous numpy array of shape "
-                         f"(n, {self.raw_len}), got {_describe(raws)}{_conversion_hint(raws)}")
+        raise _no_row(InputError(f"raws must be a float32 C-contiguous numpy array of shape "
+                                 f"(n, {self.raw_len}), got {_describe(raws)}"
+                                 f"{_conversion_hint(raws)}"))
 
     def predict(self, x):
         """The model's outputs for one feature vector x (n_features values), as onnxruntime
@@ -853,7 +863,8 @@ cdef class Engine:
             try:
                 self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
             except InputError as exc:
-                raise InputError(str(exc) + "; no row was applied") from None
+                raise _partial_batch(InputError(str(exc) + "; no row was applied"), None, None,
+                                     None, None, 0) from None
         sig = np.empty(n, np.float32)
         conf = np.empty(n, np.float32)
         cached = np.empty(n, np.bool_)
@@ -868,7 +879,8 @@ cdef class Engine:
                                          tp[i] if tp != NULL else -1, i)
                 except FastpathError as exc:
                     note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
-                    raise type(exc)(str(exc) + note) from None
+                    raise _partial_batch(type(exc)(str(exc) + note), sig, conf, cached, tot,
+                                         i) from None
                 sig[i] = res.signal
                 conf[i] = res.confidence
                 cached[i] = res.cached
@@ -890,6 +902,30 @@ cdef object _batch_result(sig, conf, cached, tot):
         from fastpath._build import BatchResult
         _BatchResult = BatchResult
     return _BatchResult(sig, conf, cached, tot)
+
+
+def _partial_batch(exc, sig, conf, cached, tot, Py_ssize_t applied):
+    """A step_batch error with what the caller needs of the rows applied before it: a row the
+    model stage refuses stops the batch after rows 0..applied-1 changed the engine's state
+    (windows, cache, counters), and their answers were lost with the arrays (stepping them
+    again to get them applies them twice). exc.applied: that count; exc.result: their
+    BatchResult (empty when no row was applied)."""
+    if sig is None:
+        sig = conf = np.empty(0, np.float32)
+        cached = np.empty(0, np.bool_)
+        tot = np.empty(0, np.int64)
+    exc.applied = int(applied)
+    exc.result = _batch_result(sig[:applied].copy(), conf[:applied].copy(),
+                               cached[:applied].copy(), tot[:applied].copy())
+    return exc
+
+
+def _no_row(exc, bint row_note=False):
+    """A step_batch refusal before any row: exc.applied 0, exc.result empty, as a refusal of
+    a row (which also says so in the message: row_note) carries them."""
+    if row_note:
+        exc = InputError(str(exc) + "; no row was applied")
+    return _partial_batch(exc, None, None, None, None, 0)
 
 
 cdef cnp.ndarray _as_int64(cnp.ndarray a):

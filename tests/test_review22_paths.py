@@ -338,3 +338,154 @@ def test_gpu_backend_on_the_stand_in_agrees_with_the_cpu(fake_gpu, kind, mode):
             assert [g[2] for g in got] == [w[2] for w in want_b]
             np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want_b], atol=1e-5)
             assert counters(ge) == counters(cpu)
+
+
+def _batch_greedy(eng, raws, syms, ts):
+    """The stream through step_batch as a caller would: all rows in one call; when the call
+    refuses row k with no row applied, rows before k the same way, then row k alone (the
+    pre-check refuses a row that is behind in time against an earlier row of the batch the
+    model stage may still refuse); when the model stage stops it at row k, the answers of rows
+    before it from the error. Per-row outcomes, "refused" for a row no call applied."""
+    import re
+    out = [None] * len(raws)
+
+    def batch(lo, hi):
+        return eng.step_batch(raws[lo:hi], syms[lo:hi], None if ts is None else ts[lo:hi])
+
+    def run(lo, hi):
+        while lo < hi:
+            try:
+                b = batch(lo, hi)
+            except InputError as exc:
+                k = int(re.match(r"row (\d+): ", str(exc)).group(1))
+                assert exc.applied == len(exc.result.signal)
+                if "no row was applied" in str(exc):
+                    assert exc.applied == 0
+                    run(lo, lo + k)
+                    try:
+                        out[lo + k] = _batch_outcomes(batch(lo + k, lo + k + 1))[0]
+                    except InputError:
+                        out[lo + k] = "refused"
+                else:
+                    # the model stage refused row k: rows before it applied, answers kept
+                    assert f"rows 0..{k - 1} were applied" in str(exc) and exc.applied == k
+                    for i, o in enumerate(_batch_outcomes(exc.result)):
+                        out[lo + i] = o
+                    out[lo + k] = "refused"
+                lo += k + 1
+                continue
+            for i, o in enumerate(_batch_outcomes(b)):
+                out[lo + i] = o
+            return
+    run(0, len(raws))
+    return out
+
+
+# a tick: (symbol, what happens to its level, ts step (negative: goes back), a NaN, a value far
+# out in a z-scored field or in a windowed one)
+_TICK = st.tuples(st.integers(0, 3), st.sampled_from(["repeat", "repeat", "nudge", "jump"]),
+                  st.integers(-3, 3), st.booleans(),
+                  st.sampled_from([None] * 8 + [1e30, -1e30, 1e19, 3e38, 1e-40, -0.0]))
+
+
+def _hyp_stream(ticks, seed):
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((4, RAW_LEN)).astype(F)
+    raws = np.empty((len(ticks), RAW_LEN), F)
+    syms = np.empty(len(ticks), np.int64)
+    ts = np.empty(len(ticks), np.int64)
+    t = 10**6
+    for i, (s, how, dt, nan, far) in enumerate(ticks):
+        if how == "jump":
+            base[s] = rng.standard_normal(RAW_LEN).astype(F)
+        raws[i] = base[s]
+        if how == "nudge":
+            raws[i] += F(1e-4) * rng.standard_normal(RAW_LEN).astype(F)
+        if far is not None:
+            raws[i, int(rng.integers(RAW_LEN))] = F(far)
+        if nan:
+            raws[i, int(rng.integers(RAW_LEN))] = np.nan
+        t = max(t + dt * 1000, 0)
+        syms[i], ts[i] = s, t
+    return raws, syms, ts
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ticks=st.lists(_TICK, min_size=1, max_size=60), seed=st.integers(0, 2**16),
+       kind=st.sampled_from(KINDS), isa=st.sampled_from(ISAS), with_ts=st.booleans())
+def test_hypothesis_streams_step_batch_and_external_agree(ticks, seed, kind, isa, with_ts):
+    raws, syms, ts = _hyp_stream(ticks, seed)
+    if not with_ts:
+        ts = None
+    m = make_model(kind)
+    eng = Engine(m, config=cfg(isa))
+    want = run_ticks(eng.step, raws, syms, ts)
+    b = Engine(m, config=cfg(isa))
+    assert_same(_batch_greedy(b, raws, syms, ts), [o if o == "refused" else o[:3] for o in want],
+                "step_batch")
+    assert counters(b) == counters(eng)
+    x = Engine(m, config=cfg(isa))
+
+    def external(raw, sym, t):
+        return x._step_external(raw, sym, x.predict(x.features(raw, sym)), 1, t)
+    assert_same(run_ticks(external, raws, syms, ts), want, "_step_external(predict(features))")
+    assert counters(x) == counters(eng)
+    d = Engine(m, config=cfg(isa))
+    fastpath.set_default_engine(d)
+    try:
+        assert_same(run_ticks(fastpath.step, raws, syms, ts), want, "fastpath.step")
+    finally:
+        fastpath.set_default_engine(None)
+
+
+@pytest.mark.parametrize("kind", ["acts", "int8", "trees_clf3"])
+def test_step_batch_stopped_by_the_model_stage_keeps_the_applied_rows_answers(kind, isa):
+    # Row 5 passes the pre-check (finite) but its features overflow, which only the model
+    # stage finds: rows 0..4 were applied (windows, cache slots, counters moved) and the error
+    # said so, but their signals were dropped with the arrays; stepping them again to get them
+    # applies them twice. Before: the InputError had no .applied / .result (AttributeError).
+    m = make_model(kind)
+    raws, syms, ts, _ = make_stream(8, n=12, nan_every=0)
+    raws[5] = F(3.4e38)
+    ref = Engine(m, config=cfg(isa))
+    want = run_ticks(ref.step, raws, syms, ts)
+    assert want[5] == "refused" and "refused" not in want[:5]
+    eng = Engine(m, config=cfg(isa))
+    with pytest.raises(InputError, match=r"row 5: .*rows 0\.\.4 were applied") as ei:
+        eng.step_batch(raws, syms.astype(np.int32), ts)
+    assert ei.value.applied == 5
+    assert _batch_outcomes(ei.value.result) == _strip(want[:5])
+    assert ei.value.result.total_ns.shape == (5,)
+    # the engine is where step() left it: the rest of the stream answers alike
+    assert eng.ticks == 5
+    assert_same(run_ticks(eng.step, raws[6:], syms[6:], ts[6:]), want[6:], "after the stop")
+    # refused by the pre-check: nothing applied, an empty result
+    with pytest.raises(InputError, match="row 1: .*no row was applied") as ei:
+        eng.step_batch(raws[:2], np.array([0, 99]), ts[-2:] + 1)
+    assert ei.value.applied == 0 and len(ei.value.result.signal) == 0
+    with pytest.raises(InputError, match="ts_ns must be >= 0, row 1 is -5") as ei:
+        eng.step_batch(raws[:2], syms[:2], [ts[-1] + 1, -5])
+    assert ei.value.applied == 0 and len(ei.value.result.signal) == 0
+
+
+def test_gpu_step_batch_refusals_say_what_was_applied(fake_gpu):
+    # Before: a row the pre-check refused on the GPU backend said only "engine state
+    # unchanged" (the CPU's step_batch says "no row was applied"), and neither carried the
+    # applied rows' answers
+    m = make_model("acts")
+    raws, syms, ts, _ = make_stream(9, n=12, nan_every=0)
+    cpu = Engine(m, config=cfg())
+    want = run_ticks(cpu.step, raws, syms, ts)
+    with Engine(m, backend="gpu", config=cfg(gpu={"mode": "launch"})) as ge:
+        bad = raws.copy()
+        bad[4, 2] = np.inf
+        with pytest.raises(InputError, match="row 4: .*no row was applied") as ei:
+            ge.step_batch(bad, syms, ts)
+        assert ei.value.applied == 0 and ge.ticks == 0
+        bad = raws.copy()
+        bad[7] = F(3.4e38)
+        with pytest.raises(InputError, match=r"row 7: .*rows 0\.\.6 were applied") as ei:
+            ge.step_batch(bad, syms, ts)
+        assert ei.value.applied == 7 and ge.ticks == 7
+        np.testing.assert_allclose(ei.value.result.signal, [w[0] for w in want[:7]], atol=1e-5)
+        assert list(ei.value.result.cached) == [w[2] for w in want[:7]]
