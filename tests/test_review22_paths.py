@@ -270,6 +270,9 @@ def _uname():
 def test_served_answers_equal_in_process_step(kind, with_ts):
     m = make_model(kind)
     raws, syms, ts, bad = make_stream(4)
+    # finite ticks the server's engine refuses (features overflow): its state stays as is
+    raws[[20, 41, 77]] = F(3.4e38)
+    bad[[20, 41, 77]] = True
     t = ts if with_ts else None
     c = {"engine": {"n_symbols": 2 * N_SYM}, "serve": SERVE}
     eng = Engine(m, config=c)
@@ -281,7 +284,7 @@ def test_served_answers_equal_in_process_step(kind, with_ts):
         cl2 = fastpath.connect(name)
         seqs = []
         with pytest.raises(InputError):
-            cl2.submit(raws[bad][0], 0)
+            cl2.submit(raws[8], 0)          # a NaN: refused before it is sent
         R, S, T = _good(raws, syms, ts, bad)
         for i in range(len(R)):
             seqs.append(cl2.submit(R[i], int(S[i]) + N_SYM,
@@ -296,7 +299,7 @@ def test_served_answers_equal_in_process_step(kind, with_ts):
     # symbols shifted by N_SYM: the same stream on fresh slots answers the same
     assert_same([outcome(r) for _, r in polled], [o for o in want if o != "refused"],
                 "served submit/poll")
-    assert st["served"] == 2 * int((~bad).sum()) and st["errors"] == 0
+    assert st["served"] == 2 * int((~bad).sum()) + 3 and st["errors"] == 3
 
 
 @pytest.mark.parametrize("kind", ["acts", "w3", "clf3_softmax", "clf2_logistic2", "regression"])
@@ -489,3 +492,57 @@ def test_gpu_step_batch_refusals_say_what_was_applied(fake_gpu):
         assert ei.value.applied == 7 and ge.ticks == 7
         np.testing.assert_allclose(ei.value.result.signal, [w[0] for w in want[:7]], atol=1e-5)
         assert list(ei.value.result.cached) == [w[2] for w in want[:7]]
+
+
+def test_cli_serve_answers_as_an_engine_of_the_same_files(tmp_path):
+    import subprocess
+    import sys
+    m = make_model("clf3_softmax")
+    mp, cp = str(tmp_path / "m.fpm"), str(tmp_path / "c.toml")
+    m.save(mp)
+    with open(cp, "w") as f:
+        f.write('[engine]\nn_symbols = 16\n[serve]\nplace = false\nidle = "yield"\n')
+    raws, syms, ts, bad = make_stream(10)
+    want = run_ticks(Engine(mp, config=cp).step, raws, syms, ts)
+    name = _uname()
+    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
+                          "--model", mp, "--config", cp], cwd=str(tmp_path),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with fastpath.connect(name, timeout=60) as c:
+            assert_same(run_ticks(c.step, raws, syms, ts), want, "fastpath serve")
+    finally:
+        p.terminate()
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert f"{int((~bad).sum())} served, 0 errors" in out
+
+
+def test_demo_model_and_a_copy_built_from_its_arrays_answer_alike(isa):
+    from fastpath._build import DEMO_MODEL
+    d = fastpath.get_default_engine()
+    m = d.model
+    copy = Model(tuple(Layer(np.array(l.weight), np.array(l.bias), l.activation)
+                       for l in m.layers),
+                 FeatureSpec(m.feature_spec.raw_len, np.array(m.feature_spec.z_idx),
+                             np.array(m.feature_spec.w_idx), m.feature_spec.window,
+                             np.array(m.feature_spec.mean), np.array(m.feature_spec.inv_std)),
+                 m.cache_policy, post=m.post, head_spec=m.head_spec)
+    rng = np.random.default_rng(11)
+    base = rng.standard_normal((3, d.raw_len)).astype(F)
+    idx = rng.integers(0, 3, 200)
+    raws = np.ascontiguousarray(base[idx])
+    raws[::3] += F(1e-6) * rng.standard_normal((len(raws[::3]), d.raw_len)).astype(F)
+    syms, ts = idx, 10**9 + np.arange(200, dtype=np.int64) * 1000
+    c = {"engine": {"simd": isa}}
+    want = run_ticks(Engine(DEMO_MODEL, config=c).step, raws, syms, ts)
+    assert sum(o[2] for o in want) > 20
+    assert_same(run_ticks(Engine(copy, config=c).step, raws, syms, ts), want, "copy")
+    assert_same(run_ticks(Engine(Model.from_bytes(m.to_bytes()), config=c).step, raws, syms,
+                          ts), want, "bundle bytes")
+    if isa == d.simd:
+        fastpath.set_default_engine(None)
+        try:
+            assert_same(run_ticks(fastpath.step, raws, syms, ts), want, "fastpath.step")
+        finally:
+            fastpath.set_default_engine(None)
