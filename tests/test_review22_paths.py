@@ -546,3 +546,34 @@ def test_demo_model_and_a_copy_built_from_its_arrays_answer_alike(isa):
             assert_same(run_ticks(fastpath.step, raws, syms, ts), want, "fastpath.step")
         finally:
             fastpath.set_default_engine(None)
+
+
+@pytest.mark.parametrize("kind", ["acts", "clf2_logistic2", "regression"])
+@pytest.mark.parametrize("mode", ["launch", "persistent"])
+def test_gpu_engine_batches_answer_as_engine_step(fake_gpu, kind, mode):
+    # fastpath.gpu.GpuEngine.step_batch (rows sent in launches): the stream in batches split
+    # at the refused rows, as a caller would, answers as Engine.step tick for tick
+    import re
+    from fastpath.gpu import GpuEngine
+    m = make_model(kind)
+    raws, syms, ts, bad = make_stream(12)
+    want = run_ticks(Engine(m, config=cfg()).step, raws, syms, ts)
+    got, lo = [], 0
+    with GpuEngine(m, cfg(), mode=mode, max_batch=4, timeout_ns=5 * 10**9) as ge:
+        while lo < len(raws):
+            try:
+                got += [outcome(t) for t in ge.step_batch(raws[lo:], syms[lo:], ts[lo:])]
+                break
+            except InputError as exc:
+                assert "no row was applied" in str(exc)
+                k = int(re.match(r"row (\d+): ", str(exc)).group(1))
+                got += [outcome(t) for t in ge.step_batch(raws[lo:lo + k],
+                                                                 syms[lo:lo + k], ts[lo:lo + k])]
+                got.append("refused")
+                lo += k + 1
+        assert ge.engine.ticks == int((~bad).sum())
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g == "refused") == (w == "refused"), (i, g, w)
+        if g != "refused":
+            assert g[2:] == w[2:] and abs(g[0] - w[0]) < 1e-5 and abs(g[1] - w[1]) < 1e-5, (i, g, w)
