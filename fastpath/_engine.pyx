@@ -842,12 +842,14 @@ cdef class Engine:
         finally:
             self._busy = False
 
-    def _step_batch_gpu(self, raws, symbols, ts_ns=None):
-        """step_batch on the GPU backend: every row validated first (as the CPU's step_batch),
-        then each row through the GPU tick in order, one GPU call per miss. A row's features
-        and lookup depend on the rows of its symbol before it, so rows are not batched into
-        one launch here (fastpath.gpu.GpuEngine.step_batch does that where it is safe)."""
-        from fastpath._build import BatchResult
+    def _check_batch(self, raws, symbols, ts_ns=None):
+        """step_batch's checks of a batch, no row applied: (raws float32 (n, raw_len), symbols
+        int32 (n,), ts_ns int64 (n,) or None), contiguous, or the InputError step_batch raises
+        for the first row it refuses before applying any (a symbol out of range, a non-finite
+        raw, a timestamp behind the batch's earlier rows of its symbol or behind the engine's
+        last tick of it). For a caller that applies the rows itself (fastpath.gpu.GpuEngine,
+        whose own check saw time going backwards within the batch only, and then applied
+        the rows before such a row)."""
         cdef cnp.ndarray R, S, T
         R, S, T = self._batch_args(raws, symbols, ts_ns)
         cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
@@ -865,6 +867,20 @@ cdef class Engine:
             except InputError as exc:
                 raise _partial_batch(InputError(str(exc) + "; no row was applied"), None, None,
                                      None, None, 0) from None
+        return R, S, T
+
+    def _step_batch_gpu(self, raws, symbols, ts_ns=None):
+        """step_batch on the GPU backend: every row validated first (as the CPU's step_batch),
+        then each row through the GPU tick in order, one GPU call per miss. A row's features
+        and lookup depend on the rows of its symbol before it, so rows are not batched into
+        one launch here (fastpath.gpu.GpuEngine.step_batch does that where it is safe)."""
+        from fastpath._build import BatchResult
+        cdef cnp.ndarray R, S, T
+        R, S, T = self._check_batch(raws, symbols, ts_ns)
+        cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
+        cdef const int64_t *tp = NULL if T is None else <const int64_t *>cnp.PyArray_DATA(T)
+        cdef const float *rp = <const float *>cnp.PyArray_DATA(R)
+        cdef const int32_t *yp = <const int32_t *>cnp.PyArray_DATA(S)
         sig = np.empty(n, np.float32)
         conf = np.empty(n, np.float32)
         cached = np.empty(n, np.bool_)

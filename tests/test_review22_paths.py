@@ -577,3 +577,27 @@ def test_gpu_engine_batches_answer_as_engine_step(fake_gpu, kind, mode):
         assert (g == "refused") == (w == "refused"), (i, g, w)
         if g != "refused":
             assert g[2:] == w[2:] and abs(g[0] - w[0]) < 1e-5 and abs(g[1] - w[1]) < 1e-5, (i, g, w)
+
+
+def test_check_batch_refuses_what_step_batch_refuses_and_applies_nothing(isa):
+    # Engine._check_batch: step_batch's checks alone, for a caller that applies rows itself
+    # (GpuEngine.step_batch checked time only within the batch: a row behind the engine's
+    # last tick of its symbol was found after the rows before it had been applied)
+    m = make_model("acts")
+    raws, syms, ts, _ = make_stream(13, n=6, nan_every=0)
+    eng = Engine(m, config=cfg(isa))
+    eng.step(raws[0], 0, 10_000)
+    for args, match in [((raws[1:3], np.array([1, 0]), np.array([20_000, 500])),
+                         r"row 1: ts_ns 500 is earlier than the last tick of symbol 0"),
+                        ((raws[1:3], np.array([1, 9]), None), r"row 1: symbol 9 out of range"),
+                        ((np.where(np.arange(RAW_LEN) == 4, np.inf, raws[1:3]).astype(F),
+                          [2, 3], None), r"row 0: raw contains 1 non-finite")]:
+        with pytest.raises(InputError, match=match + ".*no row was applied") as ei:
+            eng._check_batch(*args)
+        assert ei.value.applied == 0
+        with pytest.raises(InputError, match=match + ".*no row was applied"):
+            eng.step_batch(*args)
+        assert eng.ticks == 1
+    R, S, T = eng._check_batch(raws[1:4], np.array([1, 0, 1], np.uint64), [20_000, 20_000, 30_000])
+    assert R.dtype == F and S.dtype == np.int32 and T.dtype == np.int64 and eng.ticks == 1
+    assert list(S) == [1, 0, 1] and list(T) == [20_000, 20_000, 30_000]
