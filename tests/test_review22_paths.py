@@ -69,7 +69,7 @@ def _forest(rng, fs, n_trees=6, depth=3, n_targets=1, **kw):
 
 KINDS = ("acts", "one_layer", "linear", "deep16", "w1", "w3", "w17", "w33", "w65", "clf2_softmax",
          "clf3_softmax", "clf2_logistic2", "regression", "bf16", "int8", "trees_reg",
-         "trees_clf3")
+         "trees_clf3", "clf3_of5_permuted", "tanh_sigmoid_of4")
 MLP_KINDS = tuple(k for k in KINDS if not k.startswith("trees"))
 
 
@@ -94,6 +94,12 @@ def make_model(kind, seed=1):
         return _mlp(rng, fs, [8, 1], ["relu", "identity"], post="logistic2")
     if kind == "regression":
         return _mlp(rng, fs, [8, 1], ["relu", "identity"], head_spec=Head("regression", 0.7))
+    if kind == "clf3_of5_permuted":
+        return _mlp(rng, fs, [8, 5], ["relu", "identity"], post="softmax",
+                    head_spec=Head("classifier3", outputs=(2, 0, 4)))
+    if kind == "tanh_sigmoid_of4":
+        return _mlp(rng, fs, [8, 4], ["tanh", "identity"],
+                    head_spec=Head("tanh_sigmoid", outputs=(3, 1)))
     if kind in ("bf16", "int8"):
         return _mlp(rng, fs, [16, 2], ["relu", "identity"], weights=kind)
     if kind == "trees_reg":
@@ -302,7 +308,8 @@ def test_served_answers_equal_in_process_step(kind, with_ts):
     assert st["served"] == 2 * int((~bad).sum()) + 3 and st["errors"] == 3
 
 
-@pytest.mark.parametrize("kind", ["acts", "w3", "clf3_softmax", "clf2_logistic2", "regression"])
+@pytest.mark.parametrize("kind", ["acts", "w3", "clf3_softmax", "clf2_logistic2", "regression",
+                                  "clf3_of5_permuted", "tanh_sigmoid_of4"])
 @pytest.mark.parametrize("mode", ["launch", "persistent"])
 def test_gpu_backend_on_the_stand_in_agrees_with_the_cpu(fake_gpu, kind, mode):
     m = make_model(kind)
