@@ -775,6 +775,15 @@ cdef class Engine:
     def __exit__(self, *exc):
         self.close()
 
+    def __reduce_ex__(self, protocol):
+        # Cython's own refusal said "no default __reduce__ due to non-trivial __cinit__". A
+        # copy rebuilt from the model and config would be silently cold (no windows, no
+        # cached results, no last timestamps) and answer the next tick differently.
+        raise TypeError("a fastpath.Engine cannot be pickled or copied: its per-symbol state "
+                        "(rolling windows, cached results, last timestamps) lives in native "
+                        "memory; build an engine where it is needed with "
+                        "Engine(engine.model, config=engine.config.source) (it starts cold)")
+
     def _post_apply(self, y):
         """The GPU kernel's outputs for one row (the last dense layer's width) -> the model's
         outputs, the post transform applied as the CPU backend applies it."""
@@ -1005,7 +1014,9 @@ cdef _set_default(Engine engine):
 def set_default_engine(engine):
     """Make `engine` the one fastpath.step() uses (None: rebuild the demo engine on next call)."""
     if engine is not None and not isinstance(engine, Engine):
-        raise InputError(f"expected a fastpath.Engine, got {type(engine).__name__}")
+        hint = ("; a GpuEngine's Engine is its .engine"
+                if isinstance(getattr(engine, "engine", None), Engine) else "")
+        raise InputError(f"expected a fastpath.Engine, got {type(engine).__name__}{hint}")
     _set_default(engine)
 
 

@@ -608,3 +608,65 @@ def test_check_batch_refuses_what_step_batch_refuses_and_applies_nothing(isa):
     R, S, T = eng._check_batch(raws[1:4], np.array([1, 0, 1], np.uint64), [20_000, 20_000, 30_000])
     assert R.dtype == F and S.dtype == np.int32 and T.dtype == np.int64 and eng.ticks == 1
     assert list(S) == [1, 0, 1] and list(T) == [20_000, 20_000, 30_000]
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(ticks=st.lists(_TICK, min_size=1, max_size=40), seed=st.integers(0, 2**16),
+       kind=st.sampled_from(["acts", "w1", "clf3_softmax", "clf2_logistic2", "regression",
+                             "tanh_sigmoid_of4", "deep16"]),
+       mode=st.sampled_from(["launch", "persistent"]))
+def test_hypothesis_streams_gpu_backend_agrees_with_the_cpu(fake_gpu, ticks, seed, kind, mode):
+    raws, syms, ts = _hyp_stream(ticks, seed)
+    m = make_model(kind)
+    cpu = Engine(m, config=cfg())
+    want = run_ticks(cpu.step, raws, syms, ts)
+    with Engine(m, backend="gpu", config=cfg(gpu={"mode": mode, "timeout_ms": 5000})) as ge:
+        got = run_ticks(ge.step, raws, syms, ts)
+        assert counters(ge) == counters(cpu)
+        ge.reset()
+        got_b = _batch_greedy(ge, raws, syms, ts)
+        assert counters(ge) == counters(cpu)
+    for i, w in enumerate(want):
+        for g in (got[i], got_b[i]):
+            assert (g == "refused") == (w == "refused"), (i, g, w)
+            if g != "refused":
+                assert g[2] == w[2] and abs(g[0] - w[0]) < 1e-5 and abs(g[1] - w[1]) < 1e-5, \
+                    (i, g, w)
+
+
+@pytest.mark.parametrize("how", ["pickle", "copy", "deepcopy"])
+def test_engine_copy_is_refused_with_what_to_do_instead(how):
+    # Before: TypeError "no default __reduce__ due to non-trivial __cinit__", which said
+    # nothing of why or what to do
+    import copy
+    import pickle
+    m = make_model("acts")
+    eng = Engine(m, config=cfg(cache={"cos_threshold": 0.99}, engine={"n_symbols": 8,
+                                                                       "weights": "bf16"}))
+    f = {"pickle": pickle.dumps, "copy": copy.copy, "deepcopy": copy.deepcopy}[how]
+    with pytest.raises(TypeError, match=r"cannot be pickled or copied.*Engine\(engine\.model, "
+                                        r"config=engine\.config\.source\)"):
+        f(eng)
+    # what the message says to do builds an engine that answers as a fresh one of the same
+    raws, syms, ts, _ = make_stream(15)
+    twin = Engine(eng.model, config=eng.config.source)
+    assert twin.model.weights == "bf16" and twin.config.cache == eng.config.cache
+    assert_same(run_ticks(twin.step, raws, syms, ts), run_ticks(eng.step, raws, syms, ts),
+                "rebuilt")
+
+
+def test_set_default_engine_names_a_gpu_engines_engine(fake_gpu):
+    from fastpath.gpu import GpuEngine
+    with GpuEngine(make_model("acts"), cfg(), mode="launch") as ge:
+        with pytest.raises(InputError, match=r"got GpuEngine; a GpuEngine's Engine is its "
+                                             r"\.engine"):
+            fastpath.set_default_engine(ge)
+        fastpath.set_default_engine(ge.engine)
+        try:
+            raw = np.zeros(RAW_LEN, F)
+            want = Engine(make_model("acts"), config=cfg()).step(raw, 1, 5)
+            got = fastpath.step(raw, 1, 5)
+            assert abs(got.signal - want.signal) < 1e-5 and ge.engine.ticks == 1
+        finally:
+            fastpath.set_default_engine(None)
