@@ -348,6 +348,22 @@ cdef class Engine:
                              f"the tick was not applied (engine state unchanged)")
         raise FastpathError(f"fp_step failed with code {rc}")
 
+    cdef _raise_row(self, int err, cnp.ndarray R, cnp.ndarray S, object T, Py_ssize_t row):
+        """_raise for a batch's row. Its timestamp behind an earlier row of its symbol in the
+        batch names that row: the message blamed "the last tick of symbol s", which the
+        engine had not seen (no row was applied), nor would have where the model stage
+        refuses that earlier row."""
+        cdef long long ts = int(T[row]) if T is not None else -1
+        if err == FP_ERR_TIME_BACKWARDS and T is not None:
+            sym = int(S[row])
+            ahead = np.flatnonzero((S[:row] == sym) & (T[:row] > ts))
+            if len(ahead):
+                j = int(ahead[0])
+                raise InputError(f"row {row}: ts_ns {ts} is earlier than the last tick of "
+                                 f"symbol {sym}, row {j} of this batch (ts_ns {int(T[j])}); "
+                                 f"timestamps must not go backwards per symbol")
+        self._raise(err, R[row], int(S[row]), ts, row)
+
     cdef inline int _check_free(self) except -1:
         if self._busy:
             raise EngineBusyError("engine is busy on another thread (in step_batch, or in a "
@@ -518,7 +534,7 @@ cdef class Engine:
         if bad >= 0:
             note = f"; rows 0..{applied - 1} were applied" if applied else "; no row was applied"
             try:
-                self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
+                self._raise_row(err, R, S, T, bad)
             except InputError as exc:
                 raise _partial_batch(InputError(str(exc) + note), sig, conf, cached, tot,
                                      applied) from None
@@ -872,7 +888,7 @@ cdef class Engine:
             # as the CPU's step_batch says it: the caller of a batch needs to know how many
             # rows went in (the message said only "engine state unchanged", the row's own)
             try:
-                self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
+                self._raise_row(err, R, S, T, bad)
             except InputError as exc:
                 raise _partial_batch(InputError(str(exc) + "; no row was applied"), None, None,
                                      None, None, 0) from None

@@ -670,3 +670,29 @@ def test_set_default_engine_names_a_gpu_engines_engine(fake_gpu):
             assert abs(got.signal - want.signal) < 1e-5 and ge.engine.ticks == 1
         finally:
             fastpath.set_default_engine(None)
+
+
+def test_batch_time_refusal_names_the_earlier_row_of_the_batch(isa):
+    # Row 1 (symbol 0, ts 100) would be refused by the model stage (features overflow); row
+    # 2 (symbol 0, ts 50) goes back against row 1 only. step() refuses row 1 and accepts row
+    # 2 (the engine's last tick of symbol 0 is at ts 10); step_batch's pre-check refuses
+    # row 2 and applies nothing. Before, its message blamed "the last tick of symbol 0",
+    # a tick the engine never had; now it names the batch's row.
+    m = make_model("acts")
+    raws, _, _, _ = make_stream(16, n=3, nan_every=0)
+    raws[1] = F(3.4e38)
+    syms, ts = np.array([0, 0, 0]), np.array([10, 100, 50])
+    eng = Engine(m, config=cfg(isa))
+    want = run_ticks(eng.step, raws, syms, ts)
+    assert want[1] == "refused" and want[2] != "refused"
+    b = Engine(m, config=cfg(isa))
+    with pytest.raises(InputError, match=r"row 2: ts_ns 50 is earlier than the last tick of "
+                                         r"symbol 0, row 1 of this batch \(ts_ns 100\).*no row "
+                                         r"was applied") as ei:
+        b.step_batch(raws, syms, ts)
+    assert ei.value.applied == 0 and b.ticks == 0
+    # behind the engine's own last tick: the message as before
+    b.step(raws[0], 0, 10)
+    with pytest.raises(InputError, match=r"row 0: ts_ns 5 is earlier than the last tick of "
+                                         r"symbol 0; timestamps"):
+        b.step_batch(raws[:1], syms[:1], [5])
