@@ -696,3 +696,19 @@ def test_batch_time_refusal_names_the_earlier_row_of_the_batch(isa):
     with pytest.raises(InputError, match=r"row 0: ts_ns 5 is earlier than the last tick of "
                                          r"symbol 0; timestamps"):
         b.step_batch(raws[:1], syms[:1], [5])
+
+
+@pytest.mark.parametrize("t", [np.int64(2), np.float32(0.5), np.float64(1.0)])
+def test_connect_takes_numpy_numbers_of_seconds(t):
+    # Before: InputError "timeout must be a number of seconds in [0, 3600], got 2" for a
+    # numpy number in range (read from a config array), a message that contradicted itself
+    m = make_model("w3")
+    name = _uname()
+    raw = make_stream(17, n=1, nan_every=0)[0][0]
+    with fastpath.serve(name, m, {"engine": {"n_symbols": 4}, "serve": SERVE}):
+        with fastpath.connect(name, timeout=t, stall_timeout=t) as c:
+            assert c.stall_timeout == pytest.approx(float(t))
+            assert outcome(c.step(raw, 1, 5)) == outcome(Engine(m, config=cfg()).step(raw, 1, 5))
+    for bad in (np.bool_(True), True, np.float64("nan"), np.int64(3601)):
+        with pytest.raises(InputError, match="timeout must be a number of seconds"):
+            fastpath.connect(name, timeout=bad)
