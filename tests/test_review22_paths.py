@@ -712,3 +712,42 @@ def test_connect_takes_numpy_numbers_of_seconds(t):
     for bad in (np.bool_(True), True, np.float64("nan"), np.int64(3601)):
         with pytest.raises(InputError, match="timeout must be a number of seconds"):
             fastpath.connect(name, timeout=bad)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(widths=st.lists(st.integers(1, 70), min_size=0, max_size=15),
+       acts=st.lists(st.sampled_from(["identity", "relu", "tanh", "sigmoid"]), min_size=16,
+                     max_size=16),
+       head=st.sampled_from(["tanh_sigmoid", "regression", "classifier2", "classifier3",
+                             "logistic2"]),
+       weights=st.sampled_from(["fp32", "fp32", "bf16", "int8"]),
+       isa=st.sampled_from(ISAS), seed=st.integers(0, 2**16))
+def test_hypothesis_model_shapes_every_path_agrees(widths, acts, head, weights, isa, seed):
+    rng = np.random.default_rng(seed)
+    fs = _fs(rng)
+    out_w, post, spec = {"tanh_sigmoid": (2, "none", None),
+                         "regression": (1, "none", Head("regression", 0.5)),
+                         "classifier2": (2, "softmax", None),
+                         "classifier3": (3, "softmax", None),
+                         "logistic2": (1, "logistic2", None)}[head]
+    dims = widths + [out_w]
+    m = _mlp(rng, fs, dims, acts[:len(widths)] + ["identity"], post=post, head_spec=spec,
+             weights=weights)
+    raws, syms, ts, bad = make_stream(seed, n=40)
+    eng = Engine(m, config=cfg(isa))
+    want = run_ticks(eng.step, raws, syms, ts)
+    b = Engine(m, config=cfg(isa))
+    assert_same(_batch_greedy(b, raws, syms, ts), [o if o == "refused" else o[:3] for o in want],
+                "step_batch")
+    x = Engine(m, config=cfg(isa))
+
+    def external(raw, sym, t):
+        return x._step_external(raw, sym, x.predict(x.features(raw, sym)), 1, t)
+    assert_same(run_ticks(external, raws, syms, ts), want, "_step_external(predict(features))")
+    R, S, T = _good(raws, syms, ts, bad)
+    ref_sig, ref_conf = m.head_spec.apply(m.forward(fs.apply(R, S)))
+    n = Engine(m, config=cfg(isa, cache={"enabled": False})).step_batch(R, S, T)
+    # reduced-precision hidden layers move the outputs; Model.forward runs float32 weights
+    tol = 2e-5 if weights == "fp32" or not widths else 0.25
+    np.testing.assert_allclose(n.signal, ref_sig, atol=tol)
+    np.testing.assert_allclose(n.confidence, ref_conf, atol=tol)
