@@ -811,3 +811,24 @@ def test_sklearn_forest_through_every_path(est, tmp_path):
     np.testing.assert_allclose(b[1], conf, atol=1e-5)
     b = Engine(m, config=cfg(cache={"enabled": False})).step_batch(R, S, T)
     assert list(b.signal) == sig_e and list(b.confidence) == conf_e
+
+
+def test_server_counters_and_records_after_stop():
+    # Before: srv.stats() and srv.latency_records() after stop() raised AttributeError
+    # ('NoneType' object has no attribute 'stats')
+    m = make_model("w3")
+    raws, syms, ts, bad = make_stream(20, n=30, nan_every=0)
+    name = _uname()
+    srv = fastpath.serve(name, m, {"engine": {"n_symbols": 8}, "serve": SERVE})
+    with fastpath.connect(name) as c:
+        run_ticks(c.step, raws, syms, ts)
+    live = srv.latency_records()
+    srv.stop()
+    st = srv.stats()
+    assert st["served"] == 30 == srv.final_stats["served"] and st["errors"] == 0
+    st["served"] = -1                   # a copy: final_stats stays as the stop left it
+    assert srv.stats()["served"] == 30
+    lat = srv.latency_records()
+    assert lat.shape == (30, 5) and np.array_equal(lat, live)
+    srv.stop()                          # a second stop is a no-op
+    assert srv.stats()["served"] == 30
