@@ -17,8 +17,7 @@ from fastpath import CachePolicy, Engine, FeatureSpec, InputError, Layer, Model,
 from fastpath.model.types import Head
 
 from conftest import ISAS
-from test_gpu import FakeCuda, _fake_pycuda, fake_fatbin  # noqa: F401 - fixture
-from test_gpu import fake_gpu  # noqa: F401 - fixture
+from test_gpu import fake_fatbin, fake_gpu  # noqa: F401 - fixtures (the GPU stand-in)
 
 F = np.float32
 RAW_LEN, W_FIELDS, WINDOW, N_SYM = 24, (1, 5, 9), 4, 5
