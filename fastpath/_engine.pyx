@@ -872,9 +872,9 @@ cdef class Engine:
         int32 (n,), ts_ns int64 (n,) or None), contiguous, or the InputError step_batch raises
         for the first row it refuses before applying any (a symbol out of range, a non-finite
         raw, a timestamp behind the batch's earlier rows of its symbol or behind the engine's
-        last tick of it). For a caller that applies the rows itself (fastpath.gpu.GpuEngine,
-        whose own check saw time going backwards within the batch only, and then applied
-        the rows before such a row)."""
+        last tick of it). For a caller that applies the rows itself (fastpath.gpu.GpuEngine):
+        a check of its own that sees time going backwards within the batch only applies the
+        rows before a row that is behind the engine's last tick of its symbol, then refuses it."""
         cdef cnp.ndarray R, S, T
         R, S, T = self._batch_args(raws, symbols, ts_ns)
         cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
