@@ -348,6 +348,22 @@ cdef class Engine:
                              f"the tick was not applied (engine state unchanged)")
         raise FastpathError(f"fp_step failed with code {rc}")
 
+    cdef _raise_row(self, int err, cnp.ndarray R, cnp.ndarray S, object T, Py_ssize_t row):
+        """_raise for a batch's row. Its timestamp behind an earlier row of its symbol in the
+        batch names that row: the message blamed "the last tick of symbol s", which the
+        engine had not seen (no row was applied), nor would have where the model stage
+        refuses that earlier row."""
+        cdef long long ts = int(T[row]) if T is not None else -1
+        if err == FP_ERR_TIME_BACKWARDS and T is not None:
+            sym = int(S[row])
+            ahead = np.flatnonzero((S[:row] == sym) & (T[:row] > ts))
+            if len(ahead):
+                j = int(ahead[0])
+                raise InputError(f"row {row}: ts_ns {ts} is earlier than the last tick of "
+                                 f"symbol {sym}, row {j} of this batch (ts_ns {int(T[j])}); "
+                                 f"timestamps must not go backwards per symbol")
+        self._raise(err, R[row], int(S[row]), ts, row)
+
     cdef inline int _check_free(self) except -1:
         if self._busy:
             raise EngineBusyError("engine is busy on another thread (in step_batch, or in a "
@@ -425,11 +441,14 @@ cdef class Engine:
             orow = _first_int_outside(sy, n, 0, self.n_symbols - 1)
             if orow >= 0:
                 # integers numpy kept as objects (one past int64): the value is what is wrong
-                self._raise(FP_ERR_SYMBOL, None, sy[orow], -1, orow)
+                try:
+                    self._raise(FP_ERR_SYMBOL, None, sy[orow], -1, orow)
+                except InputError as exc:
+                    raise _no_row(exc, True) from None
             if orow == -1:
                 hint = "; convert with np.asarray(symbols, dtype=np.int64)"
-            raise InputError(f"symbols must be an integer array of shape ({n},), got "
-                             f"{_describe(sy)}{hint}")
+            raise _no_row(InputError(f"symbols must be an integer array of shape ({n},), got "
+                                     f"{_describe(sy)}{hint}"))
         cdef Py_ssize_t row
         if sy.dtype == np.int32:
             # the common case checked and passed as it is (no int64 copy and back)
@@ -439,7 +458,10 @@ cdef class Engine:
             S = _as_int64(sy)
             row = _first_outside(S, 0, self.n_symbols - 1)
         if row >= 0:
-            self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
+            try:
+                self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
+            except InputError as exc:
+                raise _no_row(exc, True) from None
         if S.dtype != np.int32:
             S = S.astype(np.int32)
         T = None
@@ -457,21 +479,22 @@ cdef class Engine:
                     orow = _first_int_outside(ts, n, 0, INT64_MAX)
                     if orow >= 0:
                         if ts[orow] < 0:
-                            raise InputError(f"ts_ns must be >= 0, row {orow} is {ts[orow]}")
-                        raise InputError(f"ts_ns row {orow} is {ts[orow]}, which does not fit "
-                                         f"a signed 64-bit int of ns")
+                            raise _no_row(InputError(f"ts_ns must be >= 0, row {orow} is "
+                                                     f"{ts[orow]}"))
+                        raise _no_row(InputError(f"ts_ns row {orow} is {ts[orow]}, which does "
+                                                 f"not fit a signed 64-bit int of ns"))
                     if orow == -1:
                         hint = "; convert with np.asarray(ts_ns, dtype=np.int64)"
-                raise InputError(f"ts_ns must be an integer array of shape ({n},), got "
-                                 f"{_describe(ts)}{hint}")
+                raise _no_row(InputError(f"ts_ns must be an integer array of shape ({n},), got "
+                                         f"{_describe(ts)}{hint}"))
             T = _as_int64(ts)
             row = _first_outside(T, 0, INT64_MAX)
             if row >= 0:
                 # the first bad row, as every other refusal of a batch names it
                 if ts[row] < 0:
-                    raise InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}")
-                raise InputError(f"ts_ns row {row} is {ts[row]}, which does not fit a signed "
-                                 f"64-bit int of ns")
+                    raise _no_row(InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}"))
+                raise _no_row(InputError(f"ts_ns row {row} is {ts[row]}, which does not fit a "
+                                         f"signed 64-bit int of ns"))
         return R, S, T
 
     def step_batch(self, raws, symbols, ts_ns=None):
@@ -479,7 +502,8 @@ cdef class Engine:
         int (n,), ts_ns optional int64 (n,). Every row's arguments are validated before any
         is applied (symbols, finite raws, timestamps); a row the model stage refuses (its
         features or outputs overflowed, which depends on the rows before it) stops the batch
-        there, the rows before it applied, as the InputError says.
+        there, the rows before it applied, as the InputError says: its .applied is how many
+        rows were and its .result their BatchResult (0 and an empty one when no row was).
         Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
         if self._on_gpu: return self._step_batch_gpu(raws, symbols, ts_ns)
         cdef cnp.ndarray R, S, T
@@ -510,9 +534,10 @@ cdef class Engine:
         if bad >= 0:
             note = f"; rows 0..{applied - 1} were applied" if applied else "; no row was applied"
             try:
-                self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
+                self._raise_row(err, R, S, T, bad)
             except InputError as exc:
-                raise InputError(str(exc) + note) from None
+                raise _partial_batch(InputError(str(exc) + note), sig, conf, cached, tot,
+                                     applied) from None
         return _batch_result(sig, conf, cached, tot)
 
     cdef cnp.ndarray _batch_raws(self, raws):
@@ -521,8 +546,9 @@ cdef class Engine:
                 and raws.flags.c_contiguous and raws.flags.aligned
                 and (type(raws) is np.ndarray or not _n_masked(raws))):
             return raws
-        raise InputError(f"raws must be a float32 C-contiguous numpy array of shape "
-                         f"(n, {self.raw_len}), got {_describe(raws)}{_conversion_hint(raws)}")
+        raise _no_row(InputError(f"raws must be a float32 C-contiguous numpy array of shape "
+                                 f"(n, {self.raw_len}), got {_describe(raws)}"
+                                 f"{_conversion_hint(raws)}"))
 
     def predict(self, x):
         """The model's outputs for one feature vector x (n_features values), as onnxruntime
@@ -774,6 +800,15 @@ cdef class Engine:
     def __exit__(self, *exc):
         self.close()
 
+    def __reduce_ex__(self, protocol):
+        # Cython's own refusal said "no default __reduce__ due to non-trivial __cinit__". A
+        # copy rebuilt from the model and config would be silently cold (no windows, no
+        # cached results, no last timestamps) and answer the next tick differently.
+        raise TypeError("a fastpath.Engine cannot be pickled or copied: its per-symbol state "
+                        "(rolling windows, cached results, last timestamps) lives in native "
+                        "memory; build an engine where it is needed with "
+                        "Engine(engine.model, config=engine.config.source) (it starts cold)")
+
     def _post_apply(self, y):
         """The GPU kernel's outputs for one row (the last dense layer's width) -> the model's
         outputs, the post transform applied as the CPU backend applies it."""
@@ -841,12 +876,14 @@ cdef class Engine:
         finally:
             self._busy = False
 
-    def _step_batch_gpu(self, raws, symbols, ts_ns=None):
-        """step_batch on the GPU backend: every row validated first (as the CPU's step_batch),
-        then each row through the GPU tick in order, one GPU call per miss. A row's features
-        and lookup depend on the rows of its symbol before it, so rows are not batched into
-        one launch here (fastpath.gpu.GpuEngine.step_batch does that where it is safe)."""
-        from fastpath._build import BatchResult
+    def _check_batch(self, raws, symbols, ts_ns=None):
+        """step_batch's checks of a batch, no row applied: (raws float32 (n, raw_len), symbols
+        int32 (n,), ts_ns int64 (n,) or None), contiguous, or the InputError step_batch raises
+        for the first row it refuses before applying any (a symbol out of range, a non-finite
+        raw, a timestamp behind the batch's earlier rows of its symbol or behind the engine's
+        last tick of it). For a caller that applies the rows itself (fastpath.gpu.GpuEngine):
+        a check of its own that sees time going backwards within the batch only applies the
+        rows before a row that is behind the engine's last tick of its symbol, then refuses it."""
         cdef cnp.ndarray R, S, T
         R, S, T = self._batch_args(raws, symbols, ts_ns)
         cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
@@ -857,7 +894,27 @@ cdef class Engine:
         self._check_free()
         cdef int64_t bad = fp_batch_check(self._e, rp, self.raw_len, yp, tp, n, &err)
         if bad >= 0:
-            self._raise(err, R[bad], int(S[bad]), int(T[bad]) if T is not None else -1, bad)
+            # as the CPU's step_batch says it: the caller of a batch needs to know how many
+            # rows went in (the message said only "engine state unchanged", the row's own)
+            try:
+                self._raise_row(err, R, S, T, bad)
+            except InputError as exc:
+                raise _partial_batch(InputError(str(exc) + "; no row was applied"), None, None,
+                                     None, None, 0) from None
+        return R, S, T
+
+    def _step_batch_gpu(self, raws, symbols, ts_ns=None):
+        """step_batch on the GPU backend: every row validated first (as the CPU's step_batch),
+        then each row through the GPU tick in order, one GPU call per miss. A row's features
+        and lookup depend on the rows of its symbol before it, so rows are not batched into
+        one launch here (fastpath.gpu.GpuEngine.step_batch does that where it is safe)."""
+        from fastpath._build import BatchResult
+        cdef cnp.ndarray R, S, T
+        R, S, T = self._check_batch(raws, symbols, ts_ns)
+        cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
+        cdef const int64_t *tp = NULL if T is None else <const int64_t *>cnp.PyArray_DATA(T)
+        cdef const float *rp = <const float *>cnp.PyArray_DATA(R)
+        cdef const int32_t *yp = <const int32_t *>cnp.PyArray_DATA(S)
         sig = np.empty(n, np.float32)
         conf = np.empty(n, np.float32)
         cached = np.empty(n, np.bool_)
@@ -872,7 +929,8 @@ cdef class Engine:
                                          tp[i] if tp != NULL else -1, i)
                 except FastpathError as exc:
                     note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
-                    raise type(exc)(str(exc) + note) from None
+                    raise _partial_batch(type(exc)(str(exc) + note), sig, conf, cached, tot,
+                                         i) from None
                 sig[i] = res.signal
                 conf[i] = res.confidence
                 cached[i] = res.cached
@@ -894,6 +952,30 @@ cdef object _batch_result(sig, conf, cached, tot):
         from fastpath._build import BatchResult
         _BatchResult = BatchResult
     return _BatchResult(sig, conf, cached, tot)
+
+
+def _partial_batch(exc, sig, conf, cached, tot, Py_ssize_t applied):
+    """A step_batch error with what the caller needs of the rows applied before it: a row the
+    model stage refuses stops the batch after rows 0..applied-1 changed the engine's state
+    (windows, cache, counters), and their answers were lost with the arrays (stepping them
+    again to get them applies them twice). exc.applied: that count; exc.result: their
+    BatchResult (empty when no row was applied)."""
+    if sig is None:
+        sig = conf = np.empty(0, np.float32)
+        cached = np.empty(0, np.bool_)
+        tot = np.empty(0, np.int64)
+    exc.applied = int(applied)
+    exc.result = _batch_result(sig[:applied].copy(), conf[:applied].copy(),
+                               cached[:applied].copy(), tot[:applied].copy())
+    return exc
+
+
+def _no_row(exc, bint row_note=False):
+    """A step_batch refusal before any row: exc.applied 0, exc.result empty, as a refusal of
+    a row (which also says so in the message: row_note) carries them."""
+    if row_note:
+        exc = InputError(str(exc) + "; no row was applied")
+    return _partial_batch(exc, None, None, None, None, 0)
 
 
 cdef cnp.ndarray _as_int64(cnp.ndarray a):
@@ -957,7 +1039,9 @@ cdef _set_default(Engine engine):
 def set_default_engine(engine):
     """Make `engine` the one fastpath.step() uses (None: rebuild the demo engine on next call)."""
     if engine is not None and not isinstance(engine, Engine):
-        raise InputError(f"expected a fastpath.Engine, got {type(engine).__name__}")
+        hint = ("; a GpuEngine's Engine is its .engine"
+                if isinstance(getattr(engine, "engine", None), Engine) else "")
+        raise InputError(f"expected a fastpath.Engine, got {type(engine).__name__}{hint}")
     _set_default(engine)
 
 

@@ -10,8 +10,13 @@ from fastpath._serve import Client
 
 
 def _seconds(what: str, v, lo_open: bool) -> float:
+    import numbers
+
+    import numpy as np
     from fastpath.errors import InputError
-    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and v == v \
+    # any real number but a bool: numpy's too (np.int64(2), np.float32(0.5) from a config
+    # array were refused as "must be a number of seconds in [0, 3600], got 2")
+    ok = not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real) and v == v \
         and (0 < v if lo_open else 0 <= v) and v <= 3600
     if not ok:
         rng = "(0, 3600]" if lo_open else "[0, 3600]"

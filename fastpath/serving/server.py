@@ -35,6 +35,7 @@ class Server:
         self.replaced = self._worker.replaced
         self.placement: dict | None = None
         self.final_stats: dict | None = None
+        self._final_lat = None       # latency_records() as they were at stop()
         self._error: BaseException | None = None
         self._abandoned = False     # the start timed out: the thread removes the segment
         self._thread = threading.Thread(target=self._run, name=f"fastpath-serve:{name}",
@@ -104,13 +105,30 @@ class Server:
         return self._thread.is_alive()
 
     def stats(self) -> dict:
-        """Segment counters: served, errors, rejected_full, queue_depth, clients, ..."""
-        return self._worker.stats()
+        """Segment counters: served, errors, rejected_full, queue_depth, clients, ...; once
+        stop() has returned, the counters it left (final_stats)."""
+        w = self._worker
+        if w is None:
+            # stopped: the worker and its segment are gone (this was an AttributeError)
+            return self._stopped("stats", self.final_stats)
+        return w.stats()
 
     def latency_records(self):
         """(n, 5) uint32 ns of the last ticks served, oldest first: feature, cache, infer,
-        total, wait (submit to pickup); each record whole (see fastpath._serve.Worker)."""
-        return self._worker.latency_records()
+        total, wait (submit to pickup); each record whole (see fastpath._serve.Worker). Once
+        stop() has returned, the records as they were then."""
+        w = self._worker
+        if w is None:
+            return self._stopped("latency_records", self._final_lat)
+        return w.latency_records()
+
+    def _stopped(self, what: str, kept):
+        if kept is None:
+            from fastpath.errors import ServeError
+            raise ServeError(f"server {self.name!r} is closed and kept no {what} (stopped "
+                             f"from a forked child, which does not own the loop)")
+        import copy
+        return copy.deepcopy(kept)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, answer what was accepted, end the loop, remove the segment."""
@@ -127,6 +145,7 @@ class Server:
             from fastpath.errors import ServeError
             raise ServeError(f"server {self.name!r} did not stop within {timeout} s")
         self.final_stats = self._worker.stats()
+        self._final_lat = self._worker.latency_records()
         self._worker.close()
         self._worker = None
         _live.discard(self)
