@@ -339,9 +339,10 @@ cdef class Engine:
                              f"unchanged): check the feed for a corrupt value")
         if rc == FP_ERR_NONFINITE_OUTPUT and self._e.model_kind == FP_MODEL_TREES:
             raise InputError(f"{where}the model produced NaN/Inf for this tick (the tree "
-                             f"ensemble's post transform left its range: a PROBIT of a score "
-                             f"outside (0, 1), or SOFTMAX_ZERO of all-zero scores); the tick "
-                             f"was not applied (engine state unchanged)")
+                             f"ensemble's leaf values summed past float32's range, or its post "
+                             f"transform left its range: a PROBIT of a score outside (0, 1), "
+                             f"or SOFTMAX_ZERO of all-zero scores); the tick was not applied "
+                             f"(engine state unchanged)")
         if rc == FP_ERR_NONFINITE_OUTPUT:
             raise InputError(f"{where}the model produced NaN/Inf for this tick (a hidden layer "
                              f"or the output overflowed: raw values too large for the model); "
@@ -612,8 +613,9 @@ cdef class Engine:
         if rc != FP_OK:
             if trees:
                 raise InputError("the model produced NaN/Inf for this input (the tree "
-                                 "ensemble's post transform left its range, e.g. a PROBIT of a "
-                                 "score outside (0, 1))")
+                                 "ensemble's leaf values summed past float32's range, or its "
+                                 "post transform left its range, e.g. a PROBIT of a score "
+                                 "outside (0, 1))")
             raise InputError("the model produced NaN/Inf for this input (a layer overflowed: "
                              "values too large for the model)")
         return out

@@ -165,9 +165,6 @@ def test_engine_refuses_tree_sums_past_float32(isa):
     assert e.ticks == 0
 
 
-@pytest.mark.xfail(strict=True, reason="fastpath/_engine.pyx names only the post transform "
-                   "(a PROBIT, SOFTMAX_ZERO) as the cause of a tree model's NaN/Inf output; "
-                   "leaf values that sum past float32's range are the cause here")
 def test_tree_overflow_error_names_the_leaf_sums():
     t = _stumps(3, (3e38, -3e38))
     e = Engine(Model((), None, CachePolicy(enabled=False), {}, "none", None, trees=t))

@@ -330,6 +330,11 @@ class GpuEngine:
         if eng.gpu_backend is None:
             raise BackendError("this GPU engine was closed; make a new GpuEngine")
         raws, symbols, ts = _check_batch(eng, raws, symbols, ts_ns)
+        # and the engine's own pre-check, which also sees a row behind the engine's last tick
+        # of its symbol (the check above sees time order within the batch only: such a row
+        # was refused after the rows before it had been applied, where Engine.step_batch
+        # applies none)
+        eng._check_batch(raws, symbols, ts)
         n = len(raws)
         fs = eng.model.feature_spec
         stateless = fs is None or len(fs.w_idx) == 0
@@ -350,7 +355,12 @@ class GpuEngine:
             self._run_chunks(raws, symbols, ts, chunks, stateless, nan, out)
         except FastpathError as exc:
             note = f"; rows 0..{len(out) - 1} were applied" if out else "; no row was applied"
-            raise type(exc)(str(exc) + note) from None
+            err = type(exc)(str(exc) + note)
+            # as Engine.step_batch's refusals: how many rows went in and their answers (the
+            # rows moved the windows and the cache; stepping them again applies them twice)
+            err.applied = len(out)
+            err.result = list(out)
+            raise err from None
         finally:
             path = self.backend.path
             if self.mode == "launch" and path is not None and path._inflight:
