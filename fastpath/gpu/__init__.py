@@ -21,9 +21,11 @@ from fastpath.errors import BackendError, ConfigError, FastpathError, InputError
 
 
 def _cpu_outputs(eng, x, nan):
-    """The CPU backend's model outputs for features x, or nan where it refuses them too."""
+    """The CPU backend's model outputs for features x (the first layer's inputs, as
+    Engine.features makes them), or nan where it refuses them too. Not Engine.predict, which
+    takes the model's input and would apply an input scaler a second time."""
     try:
-        return eng.predict(x)
+        return eng._predict_features(x)
     except InputError:
         return nan
 
