@@ -614,7 +614,7 @@ cdef class Engine:
             wide = np.flatnonzero(np.isfinite(xa) & ~np.isfinite(ya))
             if len(wide):
                 i = int(wide[0])
-                raise InputError(f"x[{i}] = {float(xa[i])!r} read through the model's input "
+                raise InputError(f"x[{i}] = {float(xa[i]):.9g} read through the model's input "
                                  f"scaler ((x - {float(sc.offset[i]):.9g}) * "
                                  f"{float(sc.scale[i]):.9g}) is {float(ya[i])}, beyond float32's "
                                  f"range; step() refuses such a tick too (its features "
