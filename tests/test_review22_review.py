@@ -215,3 +215,28 @@ def test_two_shifts_before_a_tree_are_refused_one_shift_one_scale_read(tmp_path,
                                        offset=[0.0], scale=[float(s)])], {"a": a}, t1)
     m5 = Model.from_onnx(p5, head=Head("regression", 1.0, (0,)))
     assert m5.forward(xv)[0] == _ort(p5, x)[0] == 1.0
+
+
+# ------------------------------------------------- numpy's bool for a config's bool key
+
+def test_numpy_bools_are_bools_for_bool_keys():
+    """np.bool_ (what mask.any() returns) for a bool key was refused with "cache.enabled must
+    be bool, got bool np.True_", a message that contradicts itself; numpy numbers were made
+    plain for numeric keys, numpy bools for bool keys were not."""
+    from fastpath.control.config import EngineConfig, load_config
+    d = {"cache": {"enabled": np.bool_(False)}, "memory": {"mlock": np.bool_(False)},
+         "serve": {"place": np.bool_(True)}, "placement": {"allow_priority_above_80": np.False_}}
+    c = EngineConfig.from_dict(d)
+    for v in (c.cache.enabled, c.memory.mlock, c.serve.place, c.placement.allow_priority_above_80):
+        assert type(v) is bool
+    assert (c.cache.enabled, c.memory.mlock, c.serve.place) == (False, False, True)
+    assert load_config(d) == c
+    m = _scaler_mlp()
+    e = Engine(m, config={"cache": {"enabled": np.bool_(False)}})
+    assert e.config.cache.enabled is False
+    e.close()
+    # still no bool for a number, nor a number for a bool
+    with pytest.raises(fastpath.ConfigError, match="engine.n_symbols must be int"):
+        EngineConfig(n_symbols=np.bool_(True))
+    with pytest.raises(fastpath.ConfigError, match="cache.enabled must be bool"):
+        EngineConfig(cache={"enabled": np.int64(1)})
