@@ -240,3 +240,32 @@ def test_numpy_bools_are_bools_for_bool_keys():
         EngineConfig(n_symbols=np.bool_(True))
     with pytest.raises(fastpath.ConfigError, match="cache.enabled must be bool"):
         EngineConfig(cache={"enabled": np.int64(1)})
+
+
+# ------------------------------------------------- GpuEngine.step_batch refusals before any row
+
+def test_gpu_engine_refusals_before_any_row_carry_applied_and_a_list(monkeypatch):
+    """A refusal mid-batch carries .applied and .result (a list of GpuTicks); one before any
+    row had no .applied (its own checks: AttributeError) or the Engine's BatchResult as
+    .result (the engine's pre-check), so `exc.result` was of two types or missing."""
+    pytest.importorskip("test_gpu")
+    from test_gpu import FakeCuda, _fake_pycuda
+    from fastpath.gpu import GpuEngine, gpu_status
+
+    _fake_pycuda(monkeypatch, FakeCuda())
+    gpu_status.cache_clear()
+    m = _scaler_mlp(seed=5)
+    raws = _prices(4, seed=6)
+    try:
+        with GpuEngine(m, {"engine": {"n_symbols": 2}}, mode="launch") as ge:
+            ge.step(raws[0], 0, 100)
+            cases = [(np.array([0, 1, 5, 0]), None, "out of range|symbol"),    # its own check
+                     (np.zeros(4, np.int64), np.array([200, 50, 300, 400]), "earlier|before"),
+                     (np.zeros(4, np.int64), np.array([10, 200, 300, 400]), "earlier")]
+            for syms, ts, what in cases:
+                with pytest.raises(InputError, match=what) as ei:
+                    ge.step_batch(raws, syms, ts)
+                assert ei.value.applied == 0 and ei.value.result == []
+            assert ge.engine.ticks == 1
+    finally:
+        gpu_status.cache_clear()
