@@ -20,6 +20,7 @@ from fastpath import Engine, InputError, ModelError
 from fastpath.model import CachePolicy, Head, Layer, Model, TreeEnsemble
 from fastpath.model.types import InputScaler
 from conftest import engine_cfg
+from test_gpu import fake_fatbin  # noqa: F401 - fixture
 
 F = np.float32
 
@@ -269,3 +270,39 @@ def test_gpu_engine_refusals_before_any_row_carry_applied_and_a_list(monkeypatch
             assert ge.engine.ticks == 1
     finally:
         gpu_status.cache_clear()
+
+
+# ------------------------------------------------- a persistent start refused after its check
+
+def test_persistent_backend_refused_at_start_frees_its_device_memory(monkeypatch, fake_fatbin):
+    """The constructor checks the room for its grid before allocating; start() claims it, and
+    refuses when another kernel took it in between. The refused path's device buffers were
+    dropped unfreed (no finalizer covers a path that never ran) while the other backends kept
+    the primary context: device memory lost per refusal."""
+    pytest.importorskip("test_review22_misc")
+    from test_review22_misc import OccCuda, _wide
+    from fastpath.errors import BackendError
+    from fastpath.gpu import GpuBackend
+    from fastpath.gpu import _backend as B
+    cu = OccCuda(sm=4, fn={"NUM_REGS": 128})
+    kw = dict(cuda=cu, timeout_ns=5 * 10**9)
+    a = GpuBackend(_wide(1), "persistent", **kw)
+    b = GpuBackend(_wide(2), "persistent", **kw)
+    allocs = []
+    real = cu.mem_alloc
+
+    def tracked(n):
+        allocs.append(real(n))
+        return allocs[-1]
+
+    try:
+        # the race: the check passes, then the room is gone when start() claims it
+        monkeypatch.setattr(B.ResidentKernels, "check", lambda self, *a: None)
+        monkeypatch.setattr(cu, "mem_alloc", tracked)
+        with pytest.raises(BackendError, match="cannot start another persistent GPU kernel"):
+            GpuBackend(_wide(3), "persistent", **kw)
+        assert allocs and all(x.freed for x in allocs)
+        assert B.resident_kernels(cu, 0).running() == [4, 4] and cu.depth == 0
+    finally:
+        a.close(), b.close()
+    assert B.resident_kernels(cu, 0).running() == []

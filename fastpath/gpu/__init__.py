@@ -118,9 +118,19 @@ class GpuBackend:
             try:
                 self.path.start()
             except BackendError:
+                path, self.path = self.path, None
+                if not path.running:
+                    # never launched (start refused it: another persistent kernel took the
+                    # room after the constructor's check) or stopped after a failed start:
+                    # its device memory goes now. Dropped, it stayed allocated for as long as
+                    # another backend kept the primary context (no finalizer frees a path that
+                    # never ran); one whose kernel may still run keeps it
+                    try:
+                        path.close()
+                    except BackendError:
+                        pass
                 # the last reference to the primary context goes: a kernel left running dies
                 # with it instead of spinning on for the life of the process
-                self.path = None
                 self.dc.release()
                 raise
         self._module = module
