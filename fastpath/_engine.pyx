@@ -557,7 +557,9 @@ cdef class Engine:
         probabilities), before the head. No feature stage, no cache, no state touched.
         x must be finite (InputError otherwise), except for a tree ensemble, which reads a NaN
         as a missing value as the ONNX spec does; a model that overflows on x is an
-        InputError."""
+        InputError. x is the model's input: a model with an input scaler (an imported ONNX
+        pipeline's leading Scaler) reads it through it first, and a finite x that the scaler
+        takes past float32's range is an InputError, as step() refuses such a tick."""
         cdef cnp.ndarray xa
         cdef bint trees = self._e.model_kind == FP_MODEL_TREES
         # the common case (what a strategy holds: a float32 vector of the right length) is
