@@ -77,8 +77,12 @@ def _plain(value: Any, typ) -> Any:
     """A numpy number given for a numeric key as the Python number it holds (np.int64(8) for an
     int key: n_symbols = symbols.max() + 1, or any numpy computation; np.float32 for a
     float key), so the check below judges its value, not its type, and the config holds
-    plain Python numbers. Never a bool (np.bool_ is no integer) and never a float for an
-    int key: those are refused by the check as before."""
+    plain Python numbers. Never a bool for a numeric key (np.bool_ is no integer) and never a
+    float for an int key: those are refused by the check as before. A bool key takes
+    numpy's bool as the bool it is (np.bool_(True) from mask.any() was refused as "must be
+    bool, got bool np.True_")."""
+    if typ is bool and isinstance(value, np.bool_):
+        return bool(value)
     if typ is int or typ == (str, int) or typ is float:
         if isinstance(value, np.integer):
             return int(value)

@@ -557,7 +557,9 @@ cdef class Engine:
         probabilities), before the head. No feature stage, no cache, no state touched.
         x must be finite (InputError otherwise), except for a tree ensemble, which reads a NaN
         as a missing value as the ONNX spec does; a model that overflows on x is an
-        InputError."""
+        InputError. x is the model's input: a model with an input scaler (an imported ONNX
+        pipeline's leading Scaler) reads it through it first, and a finite x that the scaler
+        takes past float32's range is an InputError, as step() refuses such a tick."""
         cdef cnp.ndarray xa
         cdef bint trees = self._e.model_kind == FP_MODEL_TREES
         # the common case (what a strategy holds: a float32 vector of the right length) is
@@ -604,7 +606,41 @@ cdef class Engine:
             # x is the model's input (what onnxruntime reads); the first layer reads it
             # through the input scaler, which the feature stage runs for step(): the same
             # float32 ops, (x - offset) * scale
-            xa = np.ascontiguousarray(sc.apply(xa), dtype=np.float32)
+            with np.errstate(all="ignore"):
+                # numpy's overflow warning was the caller's error under -W error (not an
+                # InputError), and is said below
+                ya = np.ascontiguousarray(sc.apply(xa), dtype=np.float32)
+            # a finite input the scaler takes past float32's range: step() refuses such a
+            # tick (its features overflowed); here the message blamed "a layer", and a tree
+            # ensemble walked the Inf and answered
+            wide = np.flatnonzero(np.isfinite(xa) & ~np.isfinite(ya))
+            if len(wide):
+                i = int(wide[0])
+                raise InputError(f"x[{i}] = {float(xa[i]):.9g} read through the model's input "
+                                 f"scaler ((x - {float(sc.offset[i]):.9g}) * "
+                                 f"{float(sc.scale[i]):.9g}) is {float(ya[i])}, beyond float32's "
+                                 f"range; step() refuses such a tick too (its features "
+                                 f"overflow)")
+            xa = ya
+        return self._predict_first_layer(xa, trees)
+
+    def _predict_features(self, x):
+        """The model's outputs for the first layer's inputs x (float32, n_features values, as
+        Engine.features returns them: an input scaler already applied), for a caller that
+        holds those (fastpath.gpu's CPU recompute of a row the GPU flagged); predict() takes
+        the model's input and applies the scaler itself."""
+        cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float32)
+        if xa.ndim != 1 or xa.shape[0] != self.n_features:
+            raise InputError(f"x must be a vector of {self.n_features} features, got "
+                             f"{_describe(x)}")
+        cdef bint trees = self._e.model_kind == FP_MODEL_TREES
+        if not trees and not self._e.k.allfinite(<const float *>cnp.PyArray_DATA(xa),
+                                                 <int>self.n_features):
+            i = int(np.flatnonzero(~np.isfinite(xa))[0])
+            raise InputError(f"x contains non-finite values, first at index {i} ({xa[i]})")
+        return self._predict_first_layer(xa, trees)
+
+    cdef cnp.ndarray _predict_first_layer(self, cnp.ndarray xa, bint trees):
         self._check_free()
         cdef cnp.npy_intp n_out = self.n_outputs
         cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)

@@ -21,9 +21,11 @@ from fastpath.errors import BackendError, ConfigError, FastpathError, InputError
 
 
 def _cpu_outputs(eng, x, nan):
-    """The CPU backend's model outputs for features x, or nan where it refuses them too."""
+    """The CPU backend's model outputs for features x (the first layer's inputs, as
+    Engine.features makes them), or nan where it refuses them too. Not Engine.predict, which
+    takes the model's input and would apply an input scaler a second time."""
     try:
-        return eng.predict(x)
+        return eng._predict_features(x)
     except InputError:
         return nan
 
@@ -116,9 +118,19 @@ class GpuBackend:
             try:
                 self.path.start()
             except BackendError:
+                path, self.path = self.path, None
+                if not path.running:
+                    # never launched (start refused it: another persistent kernel took the
+                    # room after the constructor's check) or stopped after a failed start:
+                    # its device memory goes now. Dropped, it stayed allocated for as long as
+                    # another backend kept the primary context (no finalizer frees a path that
+                    # never ran); one whose kernel may still run keeps it
+                    try:
+                        path.close()
+                    except BackendError:
+                        pass
                 # the last reference to the primary context goes: a kernel left running dies
                 # with it instead of spinning on for the life of the process
-                self.path = None
                 self.dc.release()
                 raise
         self._module = module
@@ -133,7 +145,10 @@ class GpuBackend:
         return self.path
 
     def infer(self, x: np.ndarray) -> tuple:
-        """features (n_in,) float32 -> (outputs (n_out,), nonfinite: bool, Timing)."""
+        """features (n_in,) float32 -> (outputs (n_out,), nonfinite: bool, Timing). The
+        features are the first layer's inputs, as Engine.features makes them: a model's input
+        scaler is not run here (it is part of the feature stage), and the outputs are the last
+        layer's, before the post transform."""
         path = self.path
         if path is None:
             raise BackendError("this GpuBackend was closed; make a new one")
@@ -329,12 +344,20 @@ class GpuEngine:
         eng = self.engine
         if eng.gpu_backend is None:
             raise BackendError("this GPU engine was closed; make a new GpuEngine")
-        raws, symbols, ts = _check_batch(eng, raws, symbols, ts_ns)
-        # and the engine's own pre-check, which also sees a row behind the engine's last tick
-        # of its symbol (the check above sees time order within the batch only: such a row
-        # was refused after the rows before it had been applied, where Engine.step_batch
-        # applies none)
-        eng._check_batch(raws, symbols, ts)
+        try:
+            raws, symbols, ts = _check_batch(eng, raws, symbols, ts_ns)
+            # and the engine's own pre-check, which also sees a row behind the engine's last
+            # tick of its symbol (the check above sees time order within the batch only: such
+            # a row was refused after the rows before it had been applied, where
+            # Engine.step_batch applies none)
+            eng._check_batch(raws, symbols, ts)
+        except FastpathError as exc:
+            # every refusal carries what a refusal mid-batch carries, in this method's types:
+            # the checks above left none (exc.applied was an AttributeError) or the engine's
+            # empty BatchResult where a refusal mid-batch gives a list of GpuTicks
+            exc.applied = 0
+            exc.result = []
+            raise
         n = len(raws)
         fs = eng.model.feature_spec
         stateless = fs is None or len(fs.w_idx) == 0

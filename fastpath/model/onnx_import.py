@@ -855,6 +855,31 @@ def _s(v) -> str:
                          f"(a damaged file?)") from None
 
 
+def _inexact_before_trees(op: str, step: tuple, lead: "_Lead") -> str:
+    """Why the step (offset, scale) of an op before a tree ensemble, taken into the input map
+    lead, would not give the very float32 values onnxruntime's ops give, or "". The feature
+    stage runs one (x - offset) * scale; onnxruntime rounds after each op. One shift then one
+    scale is the same pair of roundings (c - x is (x - c) * -1: negation is exact), but two
+    nonzero shifts (or two scales other than +-1) are summed (multiplied) here and rounded
+    once, and x / c is x * (1 / c), where 1 / c is rounded unless c is a power of 2. Before
+    dense layers such an ulp is noise; before a tree it decides a branch at a threshold."""
+    off, sc = step
+    if op == "Div":
+        recip = np.asarray(sc, np.float64)          # 1 / c, as _lead_step took it
+        c = 1.0 / recip
+        if not (np.all(recip.astype(np.float32).astype(np.float64) == recip)
+                and np.all(c * recip == 1.0)):
+            return (f"x / c by a constant whose reciprocal is not exact in float32 (c = "
+                    f"{float(np.ravel(c)[0]):g}...) is run as x * (1 / c)")
+    if off is not None and np.any(np.asarray(off) != 0) and lead.stage \
+            and np.any(np.asarray(lead.offset) != 0):
+        return "a second shift of the input is added to the first and run as one"
+    if sc is not None and np.any(np.abs(np.asarray(sc)) != 1) and lead.stage == 2 \
+            and np.any(np.abs(np.asarray(lead.scale)) != 1):
+        return "a second scale of the input is multiplied into the first and run as one"
+    return ""
+
+
 def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts: dict,
                 rank: int = 2):
     """The chain input -> no-ops -> one tree ensemble -> no-ops -> target, read into a
@@ -929,6 +954,14 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                 step = _lead_step(op, first, c)
             s, o = _flat_elementwise(1.0 if step[1] is None else step[1],
                                      0.0 if step[0] is None else step[0], node, name)
+            why = _inexact_before_trees(op, step, lead)
+            if why:
+                raise ModelError(f"{name}: {op} node {node.name!r} before the tree ensemble: "
+                                 f"{why}, which rounds otherwise than onnxruntime's ops one by "
+                                 f"one, and a value that lands on the other side of a split's "
+                                 f"threshold takes the other branch; export the scaler as one "
+                                 f"Scaler (or one Sub / Add then one Mul, or Div by a power of "
+                                 f"2)")
             if not lead.take(None if step[0] is None else o, None if step[1] is None else s):
                 raise ModelError(f"{name}: {op} node {node.name!r} before the tree ensemble "
                                  f"shifts the input after scaling it (or does not match the "
