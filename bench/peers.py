@@ -41,7 +41,11 @@ def onnxruntime_peer(model):
     except ImportError as exc:
         return None, f"onnx not installed ({exc})"
     path = os.path.join(tempfile.mkdtemp(prefix="fastpath-bench-"), "model.onnx")
-    model.to_onnx(path)
+    # the peers run the layers on the first layer's inputs (the feature stage's output, an
+    # imported model's input scaler already applied): exported with its scaler, onnxruntime
+    # would apply it a second time
+    from dataclasses import replace
+    (model if model.input_scaler is None else replace(model, input_scaler=None)).to_onnx(path)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1

@@ -560,7 +560,9 @@ def run(args) -> dict:
                     peers[name] = {"available": False, "reason": info}
                     continue
                 # check the peer computes the same thing before timing it
-                ref0 = model.forward(feats[:1])[0]
+                # the raw-tick reference (forward() takes the model's input, before an
+                # input scaler that feats already hold)
+                ref0 = model.outputs(raws[:1], syms[:1])[0]
                 got = np.asarray(fn(feats[0])).reshape(-1)[:2]
                 err = float(np.abs(got - ref0).max())
                 time_peer(fn, feats, 500, overhead)
