@@ -256,3 +256,39 @@ def test_server_stopped_from_two_threads(tmp_path):
         assert srv.final_stats is not None and srv.stats() == srv.final_stats
         assert not os.path.exists(srv.path)
     assert errs == []
+
+
+def test_server_start_interrupted_leaves_no_server(monkeypatch):
+    """Regression: Ctrl-C while fastpath.serve() waited for its thread to start (placement
+    can take a while) raised KeyboardInterrupt, but the thread went on to run the loop: a
+    server serving under the name with no handle to stop it, its segment left in /dev/shm
+    at exit. Now the interrupted start is given up as a timed-out one is: the thread ends
+    and the segment is removed."""
+    import _thread
+
+    from fastpath._serve import segment_path
+    from fastpath.serving import server as S
+    placing, release = threading.Event(), threading.Event()
+
+    def slow_place(self):
+        placing.set()
+        assert release.wait(WAIT)
+        return {"placed": False, "why": "test"}
+    monkeypatch.setattr(S.Server, "_place", slow_place)
+    monkeypatch.setattr(S, "_START_JOIN_S", 0.1)
+
+    def interrupter():
+        if placing.wait(WAIT):
+            _thread.interrupt_main()
+    threading.Thread(target=interrupter, daemon=True).start()
+    name = f"fp-h22t-intr-{os.getpid()}"
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            fastpath.serve(name, config={"serve": {"place": True}})
+        finally:
+            release.set()
+    th = [t for t in threading.enumerate() if t.name == f"fastpath-serve:{name}"]
+    for t in th:
+        t.join(5.0)
+        assert not t.is_alive(), "the interrupted server's loop is still running"
+    assert not os.path.exists(segment_path(name))

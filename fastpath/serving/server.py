@@ -48,28 +48,41 @@ class Server:
         self._thread.start()
         import time
         deadline = time.monotonic() + start_timeout
-        while self._worker.state == "starting" and self._thread.is_alive():
-            if time.monotonic() > deadline:
-                # the segment goes with the failed start, never left in /dev/shm until the
-                # next serve under this name: closed here once the thread has seen the stop,
-                # else (placement still stuck) by the thread when the placement returns.
-                # Not by the exit hook: _live holds a server weakly, and nothing holds this
-                # one once the thread has ended (the worker's own finalizer only unmaps)
-                self._abandoned = True
-                self._worker.stop()
-                self._thread.join(_START_JOIN_S)
-                if not self._thread.is_alive():
-                    self._close_abandoned()
-                raise ServeError(f"server {name!r} did not start within {start_timeout} s")
-            time.sleep(0.001)
+        try:
+            while self._worker.state == "starting" and self._thread.is_alive():
+                if time.monotonic() > deadline:
+                    self._abandon()
+                    raise ServeError(f"server {name!r} did not start within {start_timeout} s")
+                time.sleep(0.001)
+        except ServeError:
+            raise
+        except BaseException:
+            # Ctrl-C (or any exception) while waiting: the caller never gets this Server, and
+            # its loop went on serving under the name with no handle to stop it, its segment
+            # left behind at exit (the exit hook knows only servers that started)
+            self._abandon()
+            raise
         if self._error is not None:
             self._thread.join()
             self._worker.close()
             raise self._error
         _live.add(self)
 
+    def _abandon(self) -> None:
+        """A start given up: the segment goes with it, never left in /dev/shm until the next
+        serve under this name: closed here once the thread has seen the stop, else
+        (placement still stuck) by the thread when the placement returns. Not by the exit
+        hook: _live holds a server weakly, and nothing holds this one once the thread has
+        ended (the worker's own finalizer only unmaps)."""
+        self._abandoned = True
+        self._worker.stop()
+        self._thread.join(_START_JOIN_S)
+        if not self._thread.is_alive():
+            self._close_abandoned()
+
     def _close_abandoned(self) -> None:
-        w, self._worker = self._worker, None
+        with self._lock:
+            w, self._worker = self._worker, None
         if w is not None:
             w.close()
 
@@ -87,6 +100,10 @@ class Server:
             self._error = exc
             return
         self._worker.run()
+        if self._abandoned:
+            # the start was given up after the loop began (the stop ended it): nobody else
+            # closes the segment once __init__ has stopped waiting for this thread
+            self._close_abandoned()
 
     def _place(self) -> dict:
         if not self.serve_config.place:
