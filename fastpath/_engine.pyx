@@ -27,6 +27,7 @@ cdef extern from "fp_engine.h" nogil:
                            const int32_t *symbols, const int64_t *ts, int64_t n, int *err)
 
 import operator
+import os
 import threading
 
 import numpy as np
@@ -1032,6 +1033,16 @@ cdef Py_ssize_t _first_outside32(cnp.ndarray a, int32_t hi):
 
 cdef Engine _default_cpu = None
 _default_lock = threading.RLock()
+
+
+def _default_lock_after_fork():
+    # a fork while another thread built the default engine copied the lock held: the
+    # child's first fastpath.step() waited on it forever
+    global _default_lock
+    _default_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_default_lock_after_fork)
 
 
 cdef _set_default(Engine engine):

@@ -292,3 +292,84 @@ def test_server_start_interrupted_leaves_no_server(monkeypatch):
         t.join(5.0)
         assert not t.is_alive(), "the interrupted server's loop is still running"
     assert not os.path.exists(segment_path(name))
+
+
+def test_fork_while_default_engine_builds_does_not_deadlock_the_child(restore_default):
+    """The default engine is built under a lock (above); a fork while another thread held it
+    (a pool forking while a strategy thread makes its first step()) must not leave the
+    child's first fastpath.step() waiting on a lock nobody will release."""
+    import fastpath._engine as E
+    fastpath.set_default_engine(None)
+    raw = _raw(3)
+    with E._default_lock:               # as a thread inside the build at the fork
+        pid = os.fork()
+        if pid == 0:                    # the child: one tick, then leave without cleanup
+            try:
+                fastpath.step(raw, 0, 1000)
+                os._exit(0)
+            except BaseException:
+                os._exit(3)
+    import time
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's first fastpath.step() hung on the default engine's lock")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_keyboard_interrupt_around_step_batch_leaves_a_whole_batch_or_none():
+    """Ctrl-C while step_batch runs (GIL released, signals are handled once it returns):
+    the engine holds either no row of the batch or all of them, is not left busy, and
+    answers the next tick as a single-threaded replay does."""
+    import _thread
+    eng = Engine(DEMO_MODEL)
+    rng = np.random.default_rng(5)
+    raws, syms, ts = _batch(rng, 100_000, (0,))
+    timer = threading.Timer(0.01, _thread.interrupt_main)
+    timer.start()
+    try:
+        eng.step_batch(raws, syms, ts)
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        timer.join(WAIT)
+    if not interrupted:             # the interrupt came after the call: take it here
+        try:
+            threading.Event().wait(1.0)
+        except KeyboardInterrupt:
+            pass
+    assert eng.ticks in (0, len(raws))
+    eng.stats()                     # not busy
+    ref = Engine(DEMO_MODEL)
+    if eng.ticks:
+        ref.step_batch(raws, syms, ts)
+    probe = _raw(11)
+    a, b = eng.step(probe, 0, 10**12), ref.step(probe, 0, 10**12)
+    assert (a.signal, a.confidence, a.cached) == (b.signal, b.confidence, b.cached)
+
+
+@pytest.mark.xfail(strict=True, reason="fastpath/_serve.pyx (not owned here): a Client shared "
+                   "by two threads neither refuses the second thread nor finds an answer "
+                   "another thread's step()/poll() took off the ring (its step() then spins "
+                   "forever holding the GIL)")
+def test_client_used_from_a_second_thread_is_refused():
+    from fastpath.errors import ServeError
+    name = f"fp-h22t-cli-{os.getpid()}"
+    with fastpath.serve(name, config={"serve": {"place": False}}):
+        c = fastpath.connect(name)
+        try:
+            raw = _raw(4)
+            c.step(raw, 0)
+            t, box = _run(c.step, raw, 0)
+            t.join(WAIT)
+            assert not t.is_alive()
+            assert isinstance(box.get("e"), ServeError), box
+        finally:
+            c.close()
