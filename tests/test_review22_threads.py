@@ -301,7 +301,16 @@ def test_fork_while_default_engine_builds_does_not_deadlock_the_child(restore_de
     import fastpath._engine as E
     fastpath.set_default_engine(None)
     raw = _raw(3)
-    with E._default_lock:               # as a thread inside the build at the fork
+    held, release = threading.Event(), threading.Event()
+
+    def builder():                      # another thread inside the build at the fork
+        with E._default_lock:
+            held.set()
+            release.wait(WAIT)
+    t = threading.Thread(target=builder, daemon=True)
+    t.start()
+    assert held.wait(WAIT)
+    try:
         pid = os.fork()
         if pid == 0:                    # the child: one tick, then leave without cleanup
             try:
@@ -309,6 +318,9 @@ def test_fork_while_default_engine_builds_does_not_deadlock_the_child(restore_de
                 os._exit(0)
             except BaseException:
                 os._exit(3)
+    finally:
+        release.set()
+        t.join(WAIT)
     import time
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
