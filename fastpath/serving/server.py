@@ -45,10 +45,11 @@ class Server:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"fastpath-serve:{name}",
                                         daemon=True)
-        self._thread.start()
         import time
-        deadline = time.monotonic() + start_timeout
         try:
+            # the start inside: an interrupt landing between it and the wait was not caught
+            self._thread.start()
+            deadline = time.monotonic() + start_timeout
             while self._worker.state == "starting" and self._thread.is_alive():
                 if time.monotonic() > deadline:
                     self._abandon()
@@ -76,7 +77,8 @@ class Server:
         ended (the worker's own finalizer only unmaps)."""
         self._abandoned = True
         self._worker.stop()
-        self._thread.join(_START_JOIN_S)
+        if self._thread.ident is not None:      # an interrupt may come before it started
+            self._thread.join(_START_JOIN_S)
         if not self._thread.is_alive():
             self._close_abandoned()
 
