@@ -27,6 +27,8 @@ cdef extern from "fp_engine.h" nogil:
                            const int32_t *symbols, const int64_t *ts, int64_t n, int *err)
 
 import operator
+import os
+import threading
 
 import numpy as np
 
@@ -1066,6 +1068,17 @@ cdef Py_ssize_t _first_outside32(cnp.ndarray a, int32_t hi):
 
 
 cdef Engine _default_cpu = None
+_default_lock = threading.RLock()
+
+
+def _default_lock_after_fork():
+    # a fork while another thread built the default engine copied the lock held: the
+    # child's first fastpath.step() waited on it forever
+    global _default_lock
+    _default_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_default_lock_after_fork)
 
 
 cdef _set_default(Engine engine):
@@ -1084,9 +1097,20 @@ def set_default_engine(engine):
 
 
 def get_default_engine():
+    """The engine fastpath.step() uses; the first call (or the first after
+    set_default_engine(None)) builds the demo engine."""
     if _default_engine is None:
-        from fastpath._build import default_engine
-        _set_default(default_engine())
+        # Building takes milliseconds of Python code, where other threads run: two first
+        # callers each built an engine and the second replaced the first (the ticks stepped
+        # on it were lost with it), and an engine set by configure() / set_default_engine()
+        # meanwhile was replaced by the demo one. One build at a time, installed only where
+        # no engine was set while it ran.
+        with _default_lock:
+            if _default_engine is None:
+                from fastpath._build import default_engine
+                built = default_engine()
+                if _default_engine is None:
+                    _set_default(built)
     return _default_engine
 
 
@@ -1096,6 +1120,11 @@ def get_default_engine():
 def step(raw, symbol=0, ts_ns=None):
     """fastpath.step(raw, symbol=0, ts_ns=None): one tick through the default engine
     (embedded demo model); the arguments are those of Engine.step."""
-    if _default_cpu is not None:
-        return _default_cpu._step(raw, symbol, ts_ns)
+    # a reference of this call's own: _step runs Python code on a symbol's __index__, a
+    # raw subclass or an error path, where another thread's configure() /
+    # set_default_engine() dropped the global's (often the only) one, and the engine was
+    # freed under the tick (a segfault, or a signal from freed memory)
+    cdef Engine e = _default_cpu
+    if e is not None:
+        return e._step(raw, symbol, ts_ns)
     return get_default_engine().step(raw, symbol, ts_ns)

@@ -38,33 +38,53 @@ class Server:
         self._final_lat = None       # latency_records() as they were at stop()
         self._error: BaseException | None = None
         self._abandoned = False     # the start timed out: the thread removes the segment
+        # stop() from two threads (a control thread and a `with` exit, or the exit hook) raced
+        # to close the worker: the second raised AttributeError / "is closed"; and stats() /
+        # latency_records() read a worker another thread's stop() was closing (its latency
+        # ring freed under a copy that runs without the GIL). Held briefly, never across join.
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"fastpath-serve:{name}",
                                         daemon=True)
-        self._thread.start()
         import time
-        deadline = time.monotonic() + start_timeout
-        while self._worker.state == "starting" and self._thread.is_alive():
-            if time.monotonic() > deadline:
-                # the segment goes with the failed start, never left in /dev/shm until the
-                # next serve under this name: closed here once the thread has seen the stop,
-                # else (placement still stuck) by the thread when the placement returns.
-                # Not by the exit hook: _live holds a server weakly, and nothing holds this
-                # one once the thread has ended (the worker's own finalizer only unmaps)
-                self._abandoned = True
-                self._worker.stop()
-                self._thread.join(_START_JOIN_S)
-                if not self._thread.is_alive():
-                    self._close_abandoned()
-                raise ServeError(f"server {name!r} did not start within {start_timeout} s")
-            time.sleep(0.001)
+        try:
+            # the start inside: an interrupt landing between it and the wait was not caught
+            self._thread.start()
+            deadline = time.monotonic() + start_timeout
+            while self._worker.state == "starting" and self._thread.is_alive():
+                if time.monotonic() > deadline:
+                    self._abandon()
+                    raise ServeError(f"server {name!r} did not start within {start_timeout} s")
+                time.sleep(0.001)
+        except ServeError:
+            raise
+        except BaseException:
+            # Ctrl-C (or any exception) while waiting: the caller never gets this Server, and
+            # its loop went on serving under the name with no handle to stop it, its segment
+            # left behind at exit (the exit hook knows only servers that started)
+            self._abandon()
+            raise
         if self._error is not None:
             self._thread.join()
             self._worker.close()
             raise self._error
         _live.add(self)
 
+    def _abandon(self) -> None:
+        """A start given up: the segment goes with it, never left in /dev/shm until the next
+        serve under this name: closed here once the thread has seen the stop, else
+        (placement still stuck) by the thread when the placement returns. Not by the exit
+        hook: _live holds a server weakly, and nothing holds this one once the thread has
+        ended (the worker's own finalizer only unmaps)."""
+        self._abandoned = True
+        self._worker.stop()
+        if self._thread.ident is not None:      # an interrupt may come before it started
+            self._thread.join(_START_JOIN_S)
+        if not self._thread.is_alive():
+            self._close_abandoned()
+
     def _close_abandoned(self) -> None:
-        w, self._worker = self._worker, None
+        with self._lock:
+            w, self._worker = self._worker, None
         if w is not None:
             w.close()
 
@@ -82,6 +102,10 @@ class Server:
             self._error = exc
             return
         self._worker.run()
+        if self._abandoned:
+            # the start was given up after the loop began (the stop ended it): nobody else
+            # closes the segment once __init__ has stopped waiting for this thread
+            self._close_abandoned()
 
     def _place(self) -> dict:
         if not self.serve_config.place:
@@ -107,20 +131,22 @@ class Server:
     def stats(self) -> dict:
         """Segment counters: served, errors, rejected_full, queue_depth, clients, ...; once
         stop() has returned, the counters it left (final_stats)."""
-        w = self._worker
-        if w is None:
-            # stopped: the worker and its segment are gone (this was an AttributeError)
-            return self._stopped("stats", self.final_stats)
-        return w.stats()
+        with self._lock:
+            w = self._worker
+            if w is None:
+                # stopped: the worker and its segment are gone (this was an AttributeError)
+                return self._stopped("stats", self.final_stats)
+            return w.stats()
 
     def latency_records(self):
         """(n, 5) uint32 ns of the last ticks served, oldest first: feature, cache, infer,
         total, wait (submit to pickup); each record whole (see fastpath._serve.Worker). Once
         stop() has returned, the records as they were then."""
-        w = self._worker
-        if w is None:
-            return self._stopped("latency_records", self._final_lat)
-        return w.latency_records()
+        with self._lock:
+            w = self._worker
+            if w is None:
+                return self._stopped("latency_records", self._final_lat)
+            return w.latency_records()
 
     def _stopped(self, what: str, kept):
         if kept is None:
@@ -132,22 +158,27 @@ class Server:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, answer what was accepted, end the loop, remove the segment."""
-        if self._worker is None:
-            return
-        if os.getpid() != self._pid:
-            # a forked child (its atexit included): the loop and the segment are the
-            # parent's, and stopping them here would end the parent's server
-            self._worker = None
-            return
-        self._worker.stop()
+        with self._lock:
+            w = self._worker
+            if w is None:
+                return
+            if os.getpid() != self._pid:
+                # a forked child (its atexit included): the loop and the segment are the
+                # parent's, and stopping them here would end the parent's server
+                self._worker = None
+                return
+            w.stop()
         self._thread.join(timeout)
         if self._thread.is_alive():
             from fastpath.errors import ServeError
             raise ServeError(f"server {self.name!r} did not stop within {timeout} s")
-        self.final_stats = self._worker.stats()
-        self._final_lat = self._worker.latency_records()
-        self._worker.close()
-        self._worker = None
+        with self._lock:
+            if self._worker is not w:
+                return          # another thread's stop() closed it meanwhile
+            self.final_stats = w.stats()
+            self._final_lat = w.latency_records()
+            self._worker = None
+            w.close()
         _live.discard(self)
 
     def __enter__(self) -> "Server":
@@ -157,7 +188,8 @@ class Server:
         self.stop()
 
     def __repr__(self) -> str:
-        state = self._worker.state if self._worker is not None else "closed"
+        w = self._worker        # once: another thread's stop() may clear it between two reads
+        state = w.state if w is not None else "closed"
         return f"Server(name={self.name!r}, state={state!r})"
 
 
