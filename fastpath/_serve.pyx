@@ -30,6 +30,7 @@ cnp.import_array()
 fp_clock_init()
 
 from cpython.exc cimport PyErr_Clear, PyErr_CheckSignals
+from cpython.pythread cimport PyThread_get_thread_ident
 
 cdef extern from "fp_ring.h" nogil:
     enum:
@@ -570,7 +571,8 @@ cdef dict _header_stats(fp_seg_header *h):
 # --------------------------------------------------------------------------- client side
 cdef class Client:
     """A connection to a served engine (fastpath.connect). Single-threaded: one thread per
-    Client (each Client owns one SPSC ring pair)."""
+    Client (each Client owns one SPSC ring pair); calls from a thread other than the one that
+    connected are a ServeError (close() excepted)."""
     cdef fp_seg _s
     cdef fp_client _c
     cdef readonly str name
@@ -586,6 +588,10 @@ cdef class Client:
     cdef uint64_t _req_mask
     cdef int _pid
     cdef bint _forked_copy
+    # the connecting thread: a Client shared by threads let one thread's poll()/step() take
+    # another's answer off the ring, whose step() then waited for it forever holding the GIL
+    # (the whole process frozen)
+    cdef unsigned long _owner
     cdef object __weakref__
 
     def __cinit__(self, name, double timeout=1.0, stall_timeout=None):
@@ -657,6 +663,7 @@ cdef class Client:
                                  f"heartbeats after its process exits); raise serve.max_clients")
             raise ServerGone(f"server {name!r} is stopping")
         self._pid = os.getpid()
+        self._owner = PyThread_get_thread_ident()
         cdef uint64_t n_track = 2 * <uint64_t>self._s.h.slots
         self._sym_of = <int32_t *>PyMem_Malloc(n_track * sizeof(int32_t))
         self._ts_of = <int64_t *>PyMem_Malloc(n_track * sizeof(int64_t))
@@ -696,6 +703,11 @@ cdef class Client:
                     f"process ({os.getpid()}) is a fork of it and may not use its rings: call "
                     f"fastpath.connect({self.name!r}) in this process")
             raise ServeError(f"client of {self.name!r} is closed")
+        if PyThread_get_thread_ident() != self._owner:
+            raise ServeError(f"client of {self.name!r} was connected by another thread; a Client "
+                             f"is single-threaded (one ring pair: a second thread could take "
+                             f"the first one's answers): call fastpath.connect({self.name!r}) "
+                             f"in each thread")
         return 0
 
     cdef int _check_server(self) except -1:

@@ -371,10 +371,6 @@ def test_keyboard_interrupt_around_step_batch_leaves_a_whole_batch_or_none():
     assert (a.signal, a.confidence, a.cached) == (b.signal, b.confidence, b.cached)
 
 
-@pytest.mark.xfail(strict=True, reason="fastpath/_serve.pyx (not owned here): a Client shared "
-                   "by two threads neither refuses the second thread nor finds an answer "
-                   "another thread's step()/poll() took off the ring (its step() then spins "
-                   "forever holding the GIL)")
 def test_client_used_from_a_second_thread_is_refused():
     from fastpath.errors import ServeError
     name = f"fp-h22t-cli-{os.getpid()}"
