@@ -16,6 +16,7 @@ from cpython.ref cimport PyObject
 
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, INT64_MAX
 from libc.string cimport memcpy, memset
 
@@ -252,6 +253,10 @@ cdef class Engine:
     cdef readonly object memory        # fastpath.control.memory.MemoryReport, or None
     cdef object _region                 # keeps the control plane's mapping alive
     cdef bint _busy
+    # the thread that holds the engine busy through _hold() (fastpath.gpu.GpuEngine's
+    # step_batch, whose own calls into the engine must pass); 0 for the engine's own busy
+    # sections, which refuse every other call
+    cdef unsigned long _busy_owner
     cdef object _gpu                    # fastpath.gpu.GpuBackend when backend == "gpu"
     cdef object _gfeat                  # the engine's feature buffer as an array, for _gpu
     cdef object _auto                   # backend="auto"'s measurement, or None
@@ -368,7 +373,8 @@ cdef class Engine:
         self._raise(err, R[row], int(S[row]), ts, row)
 
     cdef inline int _check_free(self) except -1:
-        if self._busy:
+        if self._busy and (self._busy_owner == 0
+                           or self._busy_owner != PyThread_get_thread_ident()):
             raise EngineBusyError("engine is busy on another thread (in step_batch, or in a "
                                   "GPU tick waiting for the device); an Engine is "
                                   "single-writer: step it from one thread (or give each thread "
@@ -915,6 +921,22 @@ cdef class Engine:
             return self._gpu_tick(raw, p, <int32_t>sym, ts)
         finally:
             self._busy = False
+
+    def _hold(self):
+        """Busy for every other thread until _release(), the calling thread's calls passing:
+        for fastpath.gpu.GpuEngine.step_batch, which applies its rows through features() /
+        _step_external() while a launch is on the GPU (the GIL released). Left free there,
+        another thread's tick that hit moved the windows between the launch's features and
+        the rows' application, and one that missed got the GPU path's "a batch is already in
+        flight". EngineBusyError where the engine is busy already."""
+        self._check_free()
+        self._busy = True
+        self._busy_owner = PyThread_get_thread_ident()
+
+    def _release(self):
+        """The end of _hold()."""
+        self._busy_owner = 0
+        self._busy = False
 
     def _check_batch(self, raws, symbols, ts_ns=None):
         """step_batch's checks of a batch, no row applied: (raws float32 (n, raw_len), symbols

@@ -387,14 +387,6 @@ def test_client_used_from_a_second_thread_is_refused():
             c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="fastpath/gpu/__init__.py (not owned here): "
-                   "GpuEngine.step_batch leaves its Engine free while a launch is on the "
-                   "GPU (GIL released): another thread's tick meanwhile is refused with "
-                   "BackendError 'a batch is already in flight: collect() it first' when it "
-                   "misses (an internal message), and applied when it hits, moving the "
-                   "windows between the launch's features and the rows' application (rows "
-                   "answered from stale features); it should hold the engine busy for the "
-                   "batch, as Engine.step_batch does, so that tick is an EngineBusyError")
 def test_gpu_engine_batch_refuses_another_threads_tick_meanwhile(monkeypatch, fake_fatbin):
     from fastpath.gpu import GpuEngine, gpu_status
     _fake_pycuda(monkeypatch, FakeCuda())
@@ -413,11 +405,16 @@ def test_gpu_engine_batch_refuses_another_threads_tick_meanwhile(monkeypatch, fa
             def collect_with_a_tick_meanwhile():
                 # what another thread's step() can do while this one waits for the GPU
                 if "e" not in seen:
-                    try:
-                        ge.engine.step(other, 0, 10**6)
-                        seen["e"] = None
-                    except Exception as exc:      # the engine's answer, judged below
-                        seen["e"] = exc
+                    def tick():
+                        try:
+                            ge.engine.step(other, 0, 10**6)
+                            seen["e"] = None
+                        except Exception as exc:      # the engine's answer, judged below
+                            seen["e"] = exc
+                    t = threading.Thread(target=tick)
+                    t.start()
+                    t.join(WAIT)
+                    assert not t.is_alive()
                 return collect()
             monkeypatch.setattr(path, "collect", collect_with_a_tick_meanwhile)
             ge.step_batch(raws, syms, np.arange(6, dtype=np.int64) * 10**7)

@@ -374,6 +374,10 @@ class GpuEngine:
             chunks.append(cur)
         nan = np.full(eng.n_outputs, np.nan, np.float32)
         out = []
+        # busy for other threads for the whole batch, as Engine.step_batch is: a launch
+        # releases the GIL, and another thread's tick between the launch's features and the
+        # rows' application moved the windows under them
+        eng._hold()
         try:
             self._run_chunks(raws, symbols, ts, chunks, stateless, nan, out)
         except FastpathError as exc:
@@ -385,6 +389,7 @@ class GpuEngine:
             err.result = list(out)
             raise err from None
         finally:
+            eng._release()
             path = self.backend.path
             if self.mode == "launch" and path is not None and path._inflight:
                 # a chunk sent and never collected (an error between the two) would refuse
