@@ -332,28 +332,6 @@ static int fp_lowp_bf16_f64(const fp_lowp_layer *L, const float *x, float *y) {
     return ok;
 }
 
-/* fp_dense_f64 over an int8 layer: its rows (q, the per-row scale s_w) against x as it is,
- * sum s_w q_i x_i, where the kernels' scale product s1 s_w (x's step times the row's) can
- * overflow on its own: a row with one weight near FLT_MAX under an input past ~16k made it
- * Inf, and a dot of 0 then NaN, for a pre-activation far inside the range */
-static int fp_lowp_int8_f64(const fp_lowp_layer *L, const float *x, float *y) {
-    const int8_t *w = (const int8_t *)L->w;
-    int ok = 1;
-    for (int b = 0; b < L->nb; b++)
-        for (int r = 0; r < FP_LOWP_ROWS; r++) {
-            const int o = b * FP_LOWP_ROWS + r;
-            double acc = 0.0;
-            for (int i = 0; i < L->in; i++) {
-                const size_t at = (((size_t)b * L->ng + i / 4) * FP_LOWP_ROWS + r) * 4 + i % 4;
-                acc += (double)w[at] * x[i];
-            }
-            const float v = (float)(acc * L->scale[o] + L->bias[o]);
-            ok &= isfinite(v) != 0;
-            y[o] = fp_actf(v, L->act);
-        }
-    return ok;
-}
-
 /* The MLP on x, refused only where a layer's pre-activation itself leaves float32's range.
  * Each set sums a row in its own order (scalar input by input, AVX2 in chains, AVX-512 in
  * even/odd halves and chains), and terms near FLT_MAX overflow a partial sum in one order and
@@ -363,7 +341,10 @@ static int fp_lowp_int8_f64(const fp_lowp_layer *L, const float *x, float *y) {
  * A pass that did not overflow stands: its exact sums can then be past the range only by
  * its own rounding error (the band within ~n 2^-24 of FLT_MAX where rounding decides, on any
  * set). An int8 layer (the same integers and scalings on every set) is redone the same way,
- * for its scalings' own overflow (fp_lowp_int8_f64). Only refused passes pay for this: the
+ * for its scalings' own overflow: fp_lowp_int8_exact sums s_w q_i x_i against x as it is,
+ * where the kernels' scale product s1 s_w (x's step times the row's) can overflow on its own
+ * (a row with one weight near FLT_MAX under an input past ~16k made it Inf, and a dot of 0
+ * then NaN, for a pre-activation far inside the range). Only refused passes pay for this: the
  * redo is out of line, off the hot path. */
 __attribute__((noinline, cold)) static const float *fp_mlp_redo(fp_engine *e, const float *x) {
     const fp_mlp *m = &e->mlp;
@@ -377,7 +358,7 @@ __attribute__((noinline, cold)) static const float *fp_mlp_redo(fp_engine *e, co
                 if (!m->lk->bf16(L, in, out, out + m->act_width) && !fp_lowp_bf16_f64(L, in, out))
                     return NULL;
             } else if (!m->lk->int8(L, in, out, out + m->act_width) &&
-                       !fp_lowp_int8_f64(L, in, out)) {
+                       !fp_lowp_int8_exact(L, in, out)) {
                 return NULL;
             }
         } else if (!e->k->dense(&m->layers[l], in, out, rev) &&

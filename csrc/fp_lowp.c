@@ -71,7 +71,7 @@ void fp_lowp_pack(fp_lowp_layer *L, int wtype, int in, int out, int act, const f
     L->denormal = denormal;
 }
 
-int fp_lowp_int8_tiny(const fp_lowp_layer *L, const float *x, float *y) {
+int fp_lowp_int8_exact(const fp_lowp_layer *L, const float *x, float *y) {
     const int8_t *w = (const int8_t *)L->w;
     int ok = 1;
     for (int b = 0; b < L->nb; b++)

@@ -86,7 +86,7 @@ static inline uint16_t fp_bf16_rne(float f) {
 
 /* below this max |x| the activation steps leave float's normal range (127 / max|x| and
  * 254 * 127 / max|x| overflow, the steps go subnormal): such an input is not quantized, its
- * layer is summed from x as it is (fp_lowp_int8_tiny). Quantizing it to zeros answered
+ * layer is summed from x as it is (fp_lowp_int8_exact). Quantizing it to zeros answered
  * bias alone: weights ~3e38 under inputs ~1e-38 lost a pre-activation of 3 on every set. */
 #define FP_LOWP_TINY 1e-30f
 /* what the quantizers return: x holds a NaN/Inf, quantized, or max |x| in (0, FP_LOWP_TINY) */
@@ -95,9 +95,11 @@ static inline int fp_lowp_is_tiny(uint32_t maxbits) {
     union { float f; uint32_t u; } t = {FP_LOWP_TINY};
     return maxbits != 0u && maxbits < t.u;
 }
-/* an int8 layer over an input of max |x| in (0, FP_LOWP_TINY): sum_i q_i x_i in double, times
- * the row's scale, plus the bias (every set calls this one, so they agree bit for bit) */
-int fp_lowp_int8_tiny(const fp_lowp_layer *L, const float *x, float *y);
+/* an int8 layer against x as it is, not quantized: sum_i q_i x_i in double, times the row's
+ * scale, plus the bias. Every set calls this one for an input of max |x| in (0, FP_LOWP_TINY),
+ * so they agree bit for bit; the engine's overflow re-run (fp_engine.c) calls it for a layer
+ * whose scalings overflowed on their own. */
+int fp_lowp_int8_exact(const fp_lowp_layer *L, const float *x, float *y);
 
 /* the per-call activation scales (steps s1, s2 and their inverses) from max|x|'s bits,
  * shared so every set divides alike */

@@ -120,7 +120,7 @@ FP_TARGET_AVX2 int fp_lowp_int8_avx2(const fp_lowp_layer *L, const float *x, flo
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
     fp_lowp_xq q;
     const int qs = fp_lowp_quant_avx2(x, L->in, npad, (unsigned char *)scratch, &q);
-    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_exact(L, x, y) : fp_lowp_fail(L, y);
     const int32_t *x1 = (const int32_t *)scratch, *x2 = (const int32_t *)((const char *)scratch + 2 * npad);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 bad = _mm256_setzero_ps();
@@ -153,7 +153,7 @@ FP_TARGET_AVXVNNI int fp_lowp_int8_avx2_vnni(const fp_lowp_layer *L, const float
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
     fp_lowp_xq q;
     const int qs = fp_lowp_quant_avx2(x, L->in, npad, (unsigned char *)scratch, &q);
-    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_exact(L, x, y) : fp_lowp_fail(L, y);
     const int32_t *u1 = (const int32_t *)((const char *)scratch + npad);
     const int32_t *u2 = (const int32_t *)((const char *)scratch + 3 * npad);
     __m256 bad = _mm256_setzero_ps();

@@ -85,7 +85,7 @@ FP_TARGET_AVX512 int fp_lowp_int8_avx512(const fp_lowp_layer *L, const float *x,
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
     fp_lowp_xq q;
     const int qs = fp_lowp_quant_avx512(x, L->in, npad, (unsigned char *)scratch, &q);
-    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_exact(L, x, y) : fp_lowp_fail(L, y);
     const int32_t *x1 = (const int32_t *)scratch, *x2 = (const int32_t *)((const char *)scratch + 2 * npad);
     const __m512i ones = _mm512_set1_epi16(1);
     __m512 bad = _mm512_setzero_ps();
@@ -120,7 +120,7 @@ FP_TARGET_AVX512_VNNI int fp_lowp_int8_avx512_vnni(const fp_lowp_layer *L, const
     const int ng = L->ng, npad = (int)fp_lowp_scratch_floats(L->in);
     fp_lowp_xq q;
     const int qs = fp_lowp_quant_avx512(x, L->in, npad, (unsigned char *)scratch, &q);
-    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_exact(L, x, y) : fp_lowp_fail(L, y);
     const int32_t *u1 = (const int32_t *)((const char *)scratch + npad);
     const int32_t *u2 = (const int32_t *)((const char *)scratch + 3 * npad);
     __m512 bad = _mm512_setzero_ps();

@@ -43,7 +43,7 @@ int fp_lowp_int8_scalar(const fp_lowp_layer *L, const float *x, float *y, void *
     const int8_t *x1 = (const int8_t *)scratch, *x2 = (const int8_t *)scratch + 2 * npad;
     fp_lowp_xq q;
     const int qs = fp_lowp_quant_scalar(x, L->in, npad, (unsigned char *)scratch, &q);
-    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_tiny(L, x, y) : fp_lowp_fail(L, y);
+    if (qs != FP_LOWP_Q_OK) return qs == FP_LOWP_Q_TINY ? fp_lowp_int8_exact(L, x, y) : fp_lowp_fail(L, y);
     const int8_t *w = (const int8_t *)L->w;
     int ok = 1;
     for (int b = 0; b < L->nb; b++) {
