@@ -78,6 +78,17 @@ def _num(attrs: dict, key: str, default, node, name: str):
     return v
 
 
+def _scaler_attrs(attrs: dict, node, name: str) -> tuple:
+    """A Scaler node's (offset, scale) as float64, or a ModelError: onnxruntime refuses a
+    Scaler whose offset and scale differ in length."""
+    off = _nums(attrs, "offset", [0.0], node, name)
+    sc = _nums(attrs, "scale", [1.0], node, name)
+    if off.size != sc.size or not off.size:
+        raise ModelError(f"{name}: Scaler node {node.name!r} has {off.size} offsets and "
+                         f"{sc.size} scales; expected the same number (1 or one per feature)")
+    return off, sc
+
+
 def _nums(attrs: dict, key: str, default, node, name: str) -> np.ndarray:
     """A list-of-numbers attribute as float64, or a ModelError naming the node when a damaged
     file holds another type there (a string, a tensor)."""
@@ -614,13 +625,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                  f"the L1 norm right after a softmax (probabilities that already "
                                  f"sum to 1)")
         elif op == "Scaler":
-            off = _nums(attrs, "offset", [0.0], node, name)
-            sc = _nums(attrs, "scale", [1.0], node, name)
-            if off.size != sc.size or not off.size:
-                # onnxruntime refuses a Scaler whose offset and scale differ in length
-                raise ModelError(f"{name}: Scaler node {node.name!r} has {off.size} offsets and "
-                                 f"{sc.size} scales; expected the same number (1 or one per "
-                                 f"feature)")
+            off, sc = _scaler_attrs(attrs, node, name)
             # onnxruntime: y = (x - offset) * scale, in float32
             if not leading(off, sc, node):
                 affine(sc, -off * sc, node)
@@ -930,13 +935,7 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
                     a = _attrs(node)
                 except ModelError as exc:
                     raise ModelError(f"{name}: {exc}") from None
-                off = _nums(a, "offset", [0.0], node, name)
-                sc = _nums(a, "scale", [1.0], node, name)
-                if off.size != sc.size or not off.size:
-                    raise ModelError(f"{name}: Scaler node {node.name!r} has {off.size} offsets "
-                                     f"and {sc.size} scales; expected the same number (1 or one "
-                                     f"per feature)")
-                step = (off, sc)
+                step = _scaler_attrs(a, node, name)
             else:
                 first = node.input[0] == cur
                 other = node.input[1] if first else node.input[0]
