@@ -468,3 +468,21 @@ def test_layers_from_onnx_refuses_a_graph_with_a_scaler(pipes):
     from fastpath.model.onnx_import import layers_from_onnx
     with pytest.raises(ModelError, match="through a scaler"):
         layers_from_onnx(pipes["std_mlp"][0])
+
+
+@pytest.mark.parametrize("ops", [("Add", "Add"), ("Mul", "Add"), ("Add", "Mul"), ("Mul", "Mul"),
+                                 ("Sub", "Div")])
+def test_leading_constants_that_do_not_broadcast_are_a_model_error(tmp_path, ops):
+    # found by the fuzzer (CI, stop 22): Add (6,) then Add (2,) before the first layer raised
+    # numpy's broadcast ValueError out of Model.from_onnx instead of a ModelError
+    W = np.ones((2, 6), np.float32)
+    b = np.zeros(2, np.float32)
+    nodes = [helper.make_node(ops[0], ["x", "c"], ["s"]),
+             helper.make_node(ops[1], ["s", "d"], ["z"])]
+    inits = {"c": np.full(6, 2.0, np.float32), "d": np.array([1.0, 0.75], np.float32)}
+    p = _hand(tmp_path / "m.onnx", nodes, inits, W, b)
+    with pytest.raises(ModelError):
+        Model.from_onnx(p)
+    # the same graph with matching widths loads
+    inits["d"] = np.full(6, 0.75, np.float32)
+    Model.from_onnx(_hand(tmp_path / "ok.onnx", nodes, inits, W, b))

@@ -253,9 +253,11 @@ class _Lead:
             if not np.all(np.isfinite(o)) or np.any(np.abs(o) > np.finfo(np.float32).max):
                 return False
             off = o - self.offset
-        o = self.offset + (off if off is not None else 0.0)
-        s = self.scale * sc if sc is not None else self.scale
         try:
+            # a step whose constant does not broadcast against the map so far (a (2,) shift
+            # after a (4,) scale) is not taken; the caller folds it, which names the mismatch
+            o = self.offset + (off if off is not None else 0.0)
+            s = self.scale * sc if sc is not None else self.scale
             np.broadcast_shapes(np.shape(o), np.shape(s))
         except ValueError:
             return False
