@@ -97,7 +97,7 @@ def predict_signals(model: Model, weight_type: str, feats) -> np.ndarray:
 def stream_inputs_1024(demo: Model, raws, syms, n: int) -> np.ndarray:
     """n inputs of 1024 values from the stream: the demo's 128 features of 8 consecutive ticks
     of one symbol, concatenated."""
-    f = demo.feature_spec.apply(raws, syms)
+    f = demo.layer_spec.apply(raws, syms)
     per = 1024 // f.shape[1]
     rows = []
     for s in np.unique(syms):

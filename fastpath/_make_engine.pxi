@@ -12,7 +12,7 @@ cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
     for one, is appended to `keep`: it must outlive the engine."""
     cdef fp_engine *e = NULL
     m = model
-    fs = m.feature_spec
+    fs = m.layer_spec      # the feature spec, then the input scaler: what feeds the first layer
     pol = cfg.cache
     layers = m.layers
     cdef int L = len(layers)

@@ -97,7 +97,7 @@ def _engine_outputs(m, X, isa):
     e = Engine(m, config=engine_cfg(isa))
     sig = np.array([e.step(x, 0).signal for x in X], np.float64)
     feats = np.stack([e.features(x, 0) for x in X])
-    np.testing.assert_allclose(feats, m.feature_spec.apply(X), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(feats, m.layer_spec.apply(X), rtol=1e-6, atol=1e-6)
     ref = m.outputs(X).astype(np.float64)
     cols = []
     for j in range(ref.shape[1]):
@@ -132,8 +132,13 @@ def test_pipeline_matches_onnxruntime(pipes, name, isa):
     assert _rel(m.outputs(X), ref) <= TOL
     sc = m.input_scaler
     assert sc is not None
-    np.testing.assert_array_equal(m.feature_spec.mean, sc.offset)
-    np.testing.assert_array_equal(m.feature_spec.inv_std, sc.scale)
+    # the feature spec makes the graph's input (the identity); the engine runs it and the
+    # scaler as one spec, which for the identity is exactly the scaler
+    assert m.feature_spec == FeatureSpec.identity(sc.n)
+    np.testing.assert_array_equal(m.layer_spec.mean, sc.offset)
+    np.testing.assert_array_equal(m.layer_spec.inv_std, sc.scale)
+    # forward() of the feature spec's output is outputs(): one meaning of "the model's input"
+    np.testing.assert_array_equal(m.forward(m.feature_spec.apply(X)), m.outputs(X))
 
 
 def test_minmax_pipeline_closer_to_float64_than_the_fold(pipes, isa):
@@ -330,7 +335,8 @@ def test_with_feature_spec_composes_after_the_users_spec(pipes, isa):
     e3 = Engine(m3, config=engine_cfg(isa))
     feat = np.stack([e3.features(r, 0) for r in raws])
     want = _spec_then_scaler_f64(fs3, sc, raws)
-    comp = m3.feature_spec
+    comp = m3.layer_spec
+    assert m3.feature_spec == fs3 and comp == sc.compose(fs3)
     bound = 4 * np.finfo(np.float32).eps * (np.abs(raws[:, where]) + np.abs(comp.mean)) * \
         np.abs(comp.inv_std) + 1e-6
     assert np.all(np.abs(feat - want) <= bound)
@@ -338,6 +344,16 @@ def test_with_feature_spec_composes_after_the_users_spec(pipes, isa):
     # the spec it has is taken as it is (not composed a second time)
     assert m.with_feature_spec(m.feature_spec) == m
     assert m3.with_feature_spec(m3.feature_spec) == m3
+    # every way of setting the spec keeps the scaler: dataclasses.replace and the constructor
+    # (stop 22 stored the spec with the scaler composed in, so replace() silently dropped it
+    # and the layers read unscaled prices)
+    from dataclasses import replace
+    for other in (replace(m, feature_spec=fs3),
+                  Model(m.layers, fs3, m.cache_policy, m.meta, m.post, m.head_spec,
+                        input_scaler=sc)):
+        assert other == m3 and other.layer_spec == comp
+        eo = Engine(other, config=engine_cfg(isa))
+        np.testing.assert_array_equal(np.stack([eo.features(r, 0) for r in raws]), feat)
 
 
 def test_calibrate_keeps_the_scaler_after_the_fitted_spec(pipes):
@@ -347,7 +363,8 @@ def test_calibrate_keeps_the_scaler_after_the_fitted_spec(pipes):
     out = calibrate(m, X, range(6))
     fitted = FeatureSpec.fit(X, range(6))
     assert out.input_scaler == m.input_scaler
-    assert out.feature_spec == m.input_scaler.compose(fitted)
+    assert out.feature_spec == fitted
+    assert out.layer_spec == m.input_scaler.compose(fitted)
     # the head scale was fitted on the model that runs: spec, then scaler, then layers
     # the engine runs spec, then scaler, then layers: against the float64 spec and scaler
     # (within float32's resolution of the composed mean: these features are ~1e5)

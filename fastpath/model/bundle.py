@@ -15,12 +15,14 @@ head for its outputs (two outputs: tanh / sigmoid, what every such bundle was wr
 
 Input scaler: a model imported from ONNX with a Scaler (or Sub / Div...) in front keeps it
 as Model.input_scaler, stored as the arrays "scaler.offset" and "scaler.scale" with
-"input_scaler": true in the header. The feature spec arrays hold the spec the engine runs
-(the scaler already included), so the bundle's answers do not depend on the reader composing
-anything. The key and arrays are written only for a model that has a scaler: any other model
-is written byte for byte as before, and bundles without them (all written before) are read
-with no scaler, as they ran. A reader that predates the key refuses such a bundle (unknown
-header key) rather than dropping the scaler's record.
+"input_scaler": true in the header. The feature spec arrays hold Model.feature_spec (raw tick
+-> the model's input), the scaler arrays the scaler after it, as the Model keeps them; the
+reader composes the two into the spec the engine runs (Model.layer_spec, float64 arithmetic
+rounded once to float32: the same bits on every machine). The key and arrays are written
+only for a model that has a scaler: any other model is written byte for byte as before, and
+bundles without them (all written before) are read with no scaler, as they ran. A reader
+that predates the key refuses such a bundle (unknown header key) rather than dropping the
+scaler's record.
 
 Cache policy in the header: since the cache is off unless a policy was fitted, the header
 records `fitted_max_error` (null when not fitted). Bundles written before that key existed

@@ -295,11 +295,12 @@ class InputScaler:
     float32 the folded W * scale and b - W * scale * offset are both large for price-like
     inputs, x ~ 6.5e4, and their difference is not: the fold lost the inputs' last digits).
 
-    A Model keeps it as model.input_scaler beside its feature_spec, which already includes
-    it: feature_spec is what feeds the first layer (the engine, FeatureSpec.apply and
-    Model.forward agree on that), and input_scaler remembers the part of it that belongs to
-    the model, so that a feature spec set later (with_feature_spec, calibrate) is composed
-    with it (compose) rather than replacing it."""
+    A Model keeps it as model.input_scaler beside its feature_spec, and the two stay apart:
+    feature_spec turns a raw tick into the model's input (the ONNX graph's input: the user's
+    to set, replace or calibrate), input_scaler turns that into the first layer's input (the
+    model's: it was fitted with the layers), and the engine runs the two as one spec,
+    Model.layer_spec = input_scaler.compose(feature_spec). Any way of setting the spec
+    (with_feature_spec, calibrate, dataclasses.replace, the constructor) keeps the scaler."""
     offset: np.ndarray
     scale: np.ndarray
 
@@ -637,9 +638,10 @@ class Model:
 
     A model imported from ONNX with a scaler in front has input_scaler: the model reads its
     input x (what onnxruntime reads, what forward() and to_onnx take) as
-    input_scaler.apply(x) = (x - offset) * scale, and feature_spec, which turns a raw tick
-    into the first layer's input, includes it (the feature stage runs it, in float32 as
-    onnxruntime does; see InputScaler)."""
+    input_scaler.apply(x) = (x - offset) * scale. feature_spec turns a raw tick into that
+    input x; layer_spec (feature_spec then the scaler, one spec) turns it into the first
+    layer's input, and is what the feature stage runs (in float32, as onnxruntime runs the
+    scaler; see InputScaler). Without a scaler layer_spec is feature_spec."""
     layers: tuple
     feature_spec: FeatureSpec | None = None
     cache_policy: CachePolicy = field(default_factory=CachePolicy)
@@ -651,12 +653,12 @@ class Model:
     # own post transform); see fastpath.model.trees
     trees: Any = None
     # the affine map the model reads its input through (an imported Scaler, Sub / Div...),
-    # already included in feature_spec (without a feature spec, the spec is the identity
-    # then this; a spec given beside it must include it, as bundles store it: to set a spec
-    # that makes the model's input, use with_feature_spec); kept apart so that a spec set later is composed with
-    # it (with_feature_spec, calibrate), the bundle and to_onnx write it as what it is, and
-    # models compare by it. A Model field rather than a mark inside FeatureSpec: the spec is
-    # the user's to replace, the scaler is the model's (it was fitted with the layers).
+    # applied after feature_spec (layer_spec is the two as one spec, what the engine runs).
+    # A Model field rather than a mark inside FeatureSpec: the spec is the user's to replace,
+    # the scaler is the model's (it was fitted with the layers), and a spec replaced any way
+    # (with_feature_spec, calibrate, dataclasses.replace) keeps it. Stop 22 stored the spec
+    # with the scaler already composed into it, so replace(model, feature_spec=fs) silently
+    # dropped the scaler: the layers then read unscaled inputs.
     input_scaler: InputScaler | None = None
 
     def __post_init__(self) -> None:
@@ -697,7 +699,7 @@ class Model:
         head.check(n_out)
         fs = self.feature_spec
         if fs is None:
-            fs = self._default_spec(layers[0].weight.shape[1])
+            fs = FeatureSpec.identity(layers[0].weight.shape[1])
         if not isinstance(fs, FeatureSpec):
             raise ModelError(f"feature_spec must be a FeatureSpec, got {type(fs).__name__}")
         if fs.n_feat != layers[0].weight.shape[1]:
@@ -712,18 +714,24 @@ class Model:
         object.__setattr__(self, "meta", _meta(self.meta))
         self._check_scaler()
 
-    def _default_spec(self, n: int) -> FeatureSpec:
-        """Without a feature spec: raw = the model's input, read through the input scaler
-        when there is one (feature_spec includes it; the identity alone would drop it)."""
-        sc = self.input_scaler
-        fs = FeatureSpec.identity(n)
-        return fs if sc is None else sc.compose(fs)
-
     def _check_scaler(self) -> None:
-        sc = self.input_scaler
-        if sc is not None and sc.n != self.feature_spec.n_feat:
+        """layer_spec: the feature spec followed by the input scaler as one spec (compose
+        refuses a pair that one spec cannot express, naming the feature)."""
+        sc, fs = self.input_scaler, self.feature_spec
+        if sc is None:
+            object.__setattr__(self, "_layer_spec", fs)
+            return
+        if sc.n != fs.n_feat:
             raise ModelError(f"the input scaler takes {sc.n} inputs but the feature spec makes "
-                             f"{self.feature_spec.n_feat} features")
+                             f"{fs.n_feat} features")
+        object.__setattr__(self, "_layer_spec", sc.compose(fs))
+
+    @property
+    def layer_spec(self) -> FeatureSpec:
+        """The spec the feature stage runs: raw tick -> the first layer's (or the trees')
+        input. feature_spec followed by input_scaler (InputScaler.compose) when the model has
+        one, else feature_spec itself."""
+        return self._layer_spec
 
     _FIELDS = ("layers", "feature_spec", "cache_policy", "post", "head_spec", "weights", "trees",
                "input_scaler")
@@ -768,7 +776,8 @@ class Model:
             raise ModelError(f"the tree ensemble takes {t.n_features} inputs; a tick holds at "
                              f"most {MAX_WIDTH} values (give a feature spec that makes "
                              f"{t.n_features} features, or select fewer features)")
-        fs = self.feature_spec if self.feature_spec is not None else self._default_spec(t.n_features)
+        fs = self.feature_spec if self.feature_spec is not None else \
+            FeatureSpec.identity(t.n_features)
         if not isinstance(fs, FeatureSpec):
             raise ModelError(f"feature_spec must be a FeatureSpec, got {type(fs).__name__}")
         if fs.n_feat != t.n_features:
@@ -821,15 +830,9 @@ class Model:
 
         A model with an input scaler (imported from ONNX with a Scaler in front) reads fs's
         features through it, as it always did: fs makes the model's input (the ONNX graph's
-        input) and the scaler follows, so model.feature_spec becomes
-        input_scaler.compose(fs). The spec the model already has (model.feature_spec, the
-        scaler included) is taken as it is."""
+        input) and the scaler follows (layer_spec is the two as one spec)."""
         if fs == self.feature_spec:
             return replace(self, feature_spec=fs)
-        if self.input_scaler is not None:
-            fs = self.input_scaler.compose(fs)
-            if fs == self.feature_spec:
-                return replace(self, feature_spec=fs)
         pol, meta = self._unfitted()
         return replace(self, feature_spec=fs, cache_policy=pol, meta=meta)
 
@@ -879,8 +882,8 @@ class Model:
     def forward(self, features: np.ndarray) -> np.ndarray:
         """Model outputs (post transform, no head) for the model's inputs (n_feat,) or
         (n, n_feat), in float32 numpy: what onnxruntime returns for them. A model with an
-        input scaler reads them through it first (input_scaler.apply); for raw ticks, whose
-        feature spec already includes the scaler, use outputs()."""
+        input scaler reads them through it first (input_scaler.apply); for raw ticks use
+        outputs()."""
         sc = self.input_scaler
         if sc is not None:
             features = sc.apply(_feature_rows(features, sc.n, "Model.forward"))
@@ -889,8 +892,9 @@ class Model:
     def outputs(self, raws: np.ndarray, symbols: np.ndarray | None = None) -> np.ndarray:
         """Model outputs (post transform, no head) for raw ticks (n, raw_len), windows
         replayed per symbol: the numpy reference of what the engine computes before the
-        head (feature_spec.apply, the input scaler included, then the layers or trees)."""
-        return self._layers_forward(self.feature_spec.apply(raws, symbols))
+        head (layer_spec.apply: the feature spec then the input scaler as the feature stage
+        runs them, as one spec; then the layers or trees)."""
+        return self._layers_forward(self.layer_spec.apply(raws, symbols))
 
     def _layers_forward(self, features: np.ndarray) -> np.ndarray:
         if self.trees is not None:
@@ -980,8 +984,9 @@ class Model:
 
         The affine map the graph reads its input through (a Scaler, or Sub / Add then Mul /
         Div by constants) becomes the model's input_scaler, run by the feature stage in
-        float32 as onnxruntime runs it: the feature spec is the identity followed by it
-        (mean = offset, inv_std = scale), and the first layer keeps the file's weights."""
+        float32 as onnxruntime runs it: the feature spec is the identity (raw = the graph's
+        input), layer_spec the identity followed by the scaler (mean = offset, inv_std =
+        scale), and the first layer keeps the file's weights."""
         from fastpath.model.onnx_import import read_onnx
         name = os.fspath(path)
         g = read_onnx(name)
@@ -989,7 +994,8 @@ class Model:
         if g.get("input") is not None:
             try:
                 sc = InputScaler(*g["input"])
-                fs = sc.compose(FeatureSpec.identity(sc.n))
+                fs = FeatureSpec.identity(sc.n)
+                sc.compose(fs)      # a scaler one spec cannot express, named here
             except ModelError as exc:
                 raise ModelError(f"{name}: the input scaler: {exc}") from None
         if "trees" in g:
