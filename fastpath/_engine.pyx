@@ -1137,8 +1137,12 @@ def get_default_engine():
 
 
 # binding=False: a builtin function (PyCFunction vectorcall) instead of a cyfunction, a few
-# ns less a call on the hottest entry point
+# ns less a call on the hottest entry point. A builtin's signature (inspect.signature,
+# help()) is read from an Argument Clinic line at the top of its docstring ("--" after it):
+# the clinic format writes one, where the default format's line left inspect.signature
+# raising ValueError
 @cython.binding(False)
+@cython.embedsignature.format("clinic")
 def step(raw, symbol=0, ts_ns=None):
     """fastpath.step(raw, symbol=0, ts_ns=None): one tick through the default engine
     (embedded demo model); the arguments are those of Engine.step."""
