@@ -1,0 +1,102 @@
+"""Defect hunt (session 23) in the order-book readers, the bench scripts' arguments and the
+figures they print: each test here failed on the code before its fix. Nothing here looks at how
+fast anything ran: only at which rows, samples and messages a figure or an error is made of."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fastpath import InputError, lob
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+BENCH = os.path.join(ROOT, "bench")
+
+TS0 = 1723161254137307667
+
+
+def _depth_header():
+    cols = ["local_ts_ns"]
+    for k in range(1, 11):
+        cols += [f"ask_px_{k}", f"ask_qty_{k}", f"bid_px_{k}", f"bid_qty_{k}"]
+    return cols
+
+
+def _depth_rows(n):
+    rows = []
+    for i in range(n):
+        r = [TS0 + 100_000_000 * i]
+        for k in range(10):
+            r += [100.01 + 0.01 * k, 1.5 + k, 100.0 - 0.01 * k, 2.0 + k]
+        rows.append([str(v) for v in r])
+    return rows
+
+
+def _capture(tmp_path, rows, header=None, bom=False):
+    header = header or _depth_header()
+    text = ",".join(header) + "\n" + "".join(",".join(r) + "\n" for r in rows)
+    (tmp_path / "depth10.csv").write_text(("\ufeff" if bom else "") + text, encoding="utf-8")
+    (tmp_path / "trades.csv").write_text("local_ts_ns,qty,aggressor_side\n")
+    return str(tmp_path)
+
+
+# ---- readers: the row an error names -------------------------------------------------------
+
+def test_binance_short_row_is_named_by_its_own_row_number(tmp_path):
+    """A row missing its last column is data row 2; numpy says "invalid column index 40 at
+    row 2" (counting from 1) and the reader added 1 to every row numpy named: "row 3", the
+    row after the bad one (a 3-row file's last row was called row 4)."""
+    rows = _depth_rows(3)
+    rows[1].pop()
+    with pytest.raises(InputError, match=r"at row 2 with 40 columns") as e:
+        lob.read_binance(_capture(tmp_path, rows))
+    assert "row 3" not in str(e.value)
+
+
+def test_binance_bad_value_row_is_still_counted_from_1(tmp_path):
+    """numpy counts a value it cannot convert from 0: that row number is still moved by one."""
+    rows = _depth_rows(3)
+    rows[1][5] = "abc"
+    with pytest.raises(InputError, match=r"'abc'.* at row 2, column 6"):
+        lob.read_binance(_capture(tmp_path, rows))
+
+
+def test_lobster_truncated_last_row_is_named_by_its_row(tmp_path):
+    """A LOBSTER file cut off in its last (third) row: "the number of columns changed from 4
+    to 1 at row 4" of a 3-row file, with numpy's advice to pass usecols, which a caller of
+    read_lobster cannot."""
+    (tmp_path / "ob.csv").write_text("1001000,5,1000000,7\n1001000,5,1000000,7\n1001\n")
+    (tmp_path / "msg.csv").write_text("34200.0,1,1,5,1001000,-1\n" * 3)
+    with pytest.raises(InputError, match=r"changed from 4 to 1 at row 3\)") as e:
+        lob.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))
+    assert "usecols" not in str(e.value)
+
+
+def test_lobster_negative_execution_size_names_the_message_file(tmp_path):
+    """An execution of -5 shares flipped the tick's traded volume; it was refused only as "a
+    negative trade count or last trade size" of a row of the order book file, where nothing
+    is wrong, and let through where a later execution was the tick's last trade."""
+    book = "1001000,5,1000000,7\n"
+    (tmp_path / "ob.csv").write_text(book * 3)
+    (tmp_path / "msg.csv").write_text("34200.1,1,1,10,1001000,-1\n34200.2,4,2,-5,1001000,-1\n"
+                                      "34200.3,1,3,10,1000000,1\n")
+    with pytest.raises(InputError, match=r"msg\.csv: row 2: execution of size -5"):
+        lob.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))
+    # an execution on a dropped row (empty ask) whose volume carries to the next kept tick,
+    # where a positive execution is the last trade: the -5 was summed in without a word
+    (tmp_path / "ob.csv").write_text(book + "9999999999,0,1000000,7\n" + book)
+    (tmp_path / "msg.csv").write_text("34200.1,1,1,10,1001000,-1\n34200.2,4,2,-5,1001000,-1\n"
+                                      "34200.3,4,3,3,1001000,-1\n")
+    with pytest.raises(InputError, match=r"msg\.csv: row 2: execution of size -5"):
+        lob.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))
+
+
+def test_binance_header_with_a_byte_order_mark(tmp_path):
+    """A depth file saved with a UTF-8 byte-order mark: its first column was "missing" in a
+    message that listed local_ts_ns among the columns found."""
+    ref = lob.read_binance(_capture(tmp_path, _depth_rows(2)))
+    bs = lob.read_binance(_capture(tmp_path, _depth_rows(2), bom=True))
+    np.testing.assert_array_equal(bs.ts_ns, ref.ts_ns)
+    np.testing.assert_array_equal(bs.bid_px, ref.bid_px)
