@@ -100,3 +100,134 @@ def test_binance_header_with_a_byte_order_mark(tmp_path):
     bs = lob.read_binance(_capture(tmp_path, _depth_rows(2), bom=True))
     np.testing.assert_array_equal(bs.ts_ns, ref.ts_ns)
     np.testing.assert_array_equal(bs.bid_px, ref.bid_px)
+
+
+# ---- bench/run.py: arguments, and figures of calls that did not occur ----------------------
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _bench(tmp_path, *args, timeout=300):
+    return subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--no-plot",
+                           "--no-rt", "--out", str(tmp_path / "res"), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path),
+                          env=_env())
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--ticks", "0"), r"--ticks: expected an integer >= 1, got 0"),
+    (("--ticks", "-3"), r"--ticks: expected an integer >= 1, got -3"),
+    (("--seed", "-1"), r"--seed: expected an integer >= 0, got -1"),
+    (("--cpu", "-1"), r"--cpu: expected an integer >= 0, got -1"),
+    (("--data", "x", "--ticks", "5"), r"--ticks and --seed set the generated stream"),
+])
+def test_bench_bad_arguments_are_usage_errors(tmp_path, args, match):
+    """--ticks 0 ran the default 30,000-tick stream (under a "-quick" name, not "-custom");
+    --ticks -3 and --seed -1 ended in a traceback from the generator; --ticks with --data was
+    ignored without a word."""
+    out = _bench(tmp_path, *args)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert __import__("re").search(match, out.stderr), out.stderr[-2000:]
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("data", ["{tmp}/nowhere", "{tmp}/ob.csv,{tmp}/msg.csv"])
+def test_bench_unreadable_data_is_one_line(tmp_path, data):
+    """A --data folder without a capture, or a LOBSTER pair that is not there, ended in a
+    FileNotFoundError traceback from the reader (and a file the reader refuses, in an
+    InputError traceback)."""
+    data = data.format(tmp=tmp_path)
+    out = _bench(tmp_path, "--data", data)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"--data {data}: cannot read it" in out.stderr
+    (tmp_path / "ob.csv").write_text("1001000,5,1000000,7\n")
+    (tmp_path / "msg.csv").write_text("34200.0,4,1,5,1001000,0\n")       # direction 0
+    out = _bench(tmp_path, "--data", f"{tmp_path}/ob.csv,{tmp_path}/msg.csv")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "execution with direction 0" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def one_tick_run(tmp_path_factory):
+    """The bench over a one-tick stream (no lookup can run: no real miss, no hit), on a CPU
+    the control plane refuses."""
+    tmp = tmp_path_factory.mktemp("one_tick")
+    out = _bench(tmp, "--ticks", "1", "--cpu", "9999")
+    assert out.returncode == 0, out.stderr[-3000:]
+    path = out.stdout.strip().splitlines()[-1].split("JSON: ")[-1].split(" (and")[0]
+    with open(path) as f:
+        return json.load(f), out.stdout, path
+
+
+def test_targets_without_real_misses_are_not_met(one_tick_run):
+    """With no real miss the miss row's p50 of no samples read 0 ns, so "real miss p50 <= 1000
+    ns" was met, and every peer's ratio against max(0, 1) ns read thousands: "onnxruntime p50
+    / fastpath real miss p50 >= 10" met too, on nothing measured."""
+    res, text, _ = one_tick_run
+    assert res["step"]["miss"]["samples"] == 0
+    t = {x["what"]: x for x in res["targets"]}
+    for what in ("fastpath.step() real miss p50 (ns)", "fastpath.step() real miss p99 (ns)",
+                 "numpy p50 / fastpath real miss p50"):
+        assert t[what]["value"] is None and t[what]["met"] is False, t[what]
+    assert res["peers"]["numpy"]["ratio_p50"] is None
+    # the tables say so instead of printing a ratio
+    assert "NOT MEASURED" in text
+    numpy_row = next(line for line in text.splitlines() if "numpy (1 BLAS thread)" in line)
+    assert numpy_row.rstrip(" │|").endswith("-"), numpy_row
+
+
+def test_placement_refusal_is_printed(one_tick_run):
+    """--cpu 9999: the control plane refused and the run went on unplaced; the terminal said
+    "placement: core None, ?" and the reason was in the JSON only."""
+    res, text, _ = one_tick_run
+    assert res["placement"]["core"] is None and res["placement"]["error"]
+    head = " ".join(text.split("fastpath.step() per call")[0].split())
+    assert "not placed: ConfigError: placement.core = 9999" in head, head
+
+
+def test_tradeoff_regime_without_ticks_has_no_hit_rate(one_tick_run, bench):
+    """The trade-off table printed 0.0% hits for a regime the stream never entered."""
+    res, _, _ = one_tick_run
+    _, report = bench
+    present = {r["name"] for r in res["replay"]["regimes"]}
+    absent = [n for n in res["stream"]["regimes"] if n not in present]
+    assert absent
+    title, header, rows = report.tradeoff_table(res)
+    for n in absent:
+        col = header.index(f"hits {n}")
+        assert {r[col] for r in rows} == {"-"}
+
+
+def test_readme_summary_without_real_misses(one_tick_run):
+    """readme_figures.py printed "on a real miss (p50 of 0 calls): features 0 ns, ...": stage
+    times of no call."""
+    _, _, path = one_tick_run
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "readme_figures.py"), path],
+                         capture_output=True, text=True, timeout=60, env=_env(),
+                         cwd=os.path.dirname(path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "p50 of 0 calls" not in out.stdout
+    assert "No real miss in this replay" in out.stdout
+
+
+def test_histogram_percentiles_never_pass_the_slowest_call(bench):
+    """A 3-digit HdrHistogram reads a percentile in the slowest sample's bucket as the top of
+    that bucket: p99.9 4,032,511 ns beside a max of 4,031,300, and a plotted series that went
+    down at its last point (the exact max); tests/test_bench.py's sortedness check failed on
+    a Binance run that way."""
+    pytest.importorskip("hdrh.histogram")
+    _, report = bench
+    v = np.array([700] * 995 + [4_031_234, 4_031_300, 4_031_000, 4_031_100, 4_031_200])
+    d = report.Dist.of(v)
+    assert d._h is not None
+    assert d.max == 4_031_300
+    assert all(q <= d.max for q in d.q.values()), d.q
+    s = d.series()
+    assert s["ns"] == sorted(s["ns"]) and s["ns"][-1] == d.max
+    # below 2048 ns the histogram is exact: nothing moves there
+    assert d.p50 == 700.0
