@@ -493,13 +493,20 @@ def main(argv=None) -> int:
         ap.error(f"--models takes widths joined by x, e.g. 32x16x2, got {args.models!r}")
     if not args.models or any(len(m) < 2 or min(m) < 1 for m in args.models):
         ap.error(f"--models needs at least one model of two or more positive widths")
+    # the engine's head takes 1 output (regression) or 2 (signal, confidence): 32x16x3 ended in
+    # a ModelError traceback from building the first model
+    wide = [_name(m) for m in args.models if m[-1] not in (1, 2)]
+    if wide:
+        ap.error(f"--models: the last width is the model's outputs, 1 (regression) or 2 "
+                 f"(signal, confidence); got {', '.join(wide)}")
     if args.sets is not None:
         from fastpath._engine import supported_isas
         args.sets = [v.strip() for v in args.sets.split(",") if v.strip()]
         bad = [v for v in args.sets if v not in supported_isas()]
         if bad or not args.sets:
             ap.error(f"--sets takes sets this CPU runs, {supported_isas()}, got {bad or args.sets}")
-    args.calls = args.calls or (1000 if args.quick else 5000)
+    # "is None", not "or": --calls 0 ran the default 1000 / 5000 calls without a word
+    args.calls = args.calls if args.calls is not None else (1000 if args.quick else 5000)
     if args.calls < 100:
         ap.error("--calls must be >= 100")
     args.weights = [w.strip() for w in args.weights.split(",") if w.strip()]

@@ -231,3 +231,53 @@ def test_histogram_percentiles_never_pass_the_slowest_call(bench):
     assert s["ns"] == sorted(s["ns"]) and s["ns"][-1] == d.max
     # below 2048 ns the histogram is exact: nothing moves there
     assert d.p50 == 700.0
+
+
+# ---- bench/scaling.py and bench/weights.py arguments ---------------------------------------
+
+def _script(tmp_path, name, *args, timeout=120):
+    return subprocess.run([sys.executable, os.path.join(BENCH, name), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path),
+                          env=_env())
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--models", "8x3"), r"--models: the last width is the model's outputs.*got 8x3"),
+    (("--calls", "0"), r"--calls must be >= 100"),
+])
+def test_scaling_bad_arguments_are_usage_errors(tmp_path, args, match):
+    """--models 32x16x3 ended in a ModelError traceback from building the model; --calls 0
+    ran the default number of calls."""
+    out = _script(tmp_path, "scaling.py", "--quick", "--no-peers", "--out", str(tmp_path), *args)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert __import__("re").search(match, out.stderr), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--ticks", "5"), r"--ticks: expected an integer >= 1000, got 5"),
+    (("--ticks", "0"), r"--ticks: expected an integer >= 1000, got 0"),
+    (("--seed", "-1"), r"--seed: expected an integer >= 0, got -1"),
+])
+def test_weights_bad_arguments_are_usage_errors(tmp_path, args, match):
+    """--ticks 5 ended in numpy's "need at least one array to stack" (no symbol had the 8
+    ticks a 1024-wide input takes), --ticks 0 ran the default stream, --seed -1 ended in a
+    traceback from the generator."""
+    out = _script(tmp_path, "weights.py", "--quick", *args)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert __import__("re").search(match, out.stderr), out.stderr[-2000:]
+
+
+def test_weights_inputs_from_a_stream_too_short(bench):
+    """Called with a stream too short for one 1024-wide input: an InputError saying so."""
+    sys.path.insert(0, BENCH)
+    try:
+        import weights
+    finally:
+        sys.path.remove(BENCH)
+    from fastpath import Model
+    bs = lob.generate_stream(5, n_symbols=8, seed=1)
+    with pytest.raises(InputError, match=r"no symbol with 8 ticks"):
+        weights.stream_inputs_1024(Model.load(weights.DEMO_MODEL), lob.raw_from_book(bs),
+                                   bs.symbols, 10)
