@@ -281,3 +281,51 @@ def test_weights_inputs_from_a_stream_too_short(bench):
     with pytest.raises(InputError, match=r"no symbol with 8 ticks"):
         weights.stream_inputs_1024(Model.load(weights.DEMO_MODEL), lob.raw_from_book(bs),
                                    bs.symbols, 10)
+
+
+# ---- bench/zoo.py: where a partial run writes, and its arguments ---------------------------
+
+@pytest.fixture
+def bench_copy(tmp_path):
+    """bench/'s scripts in a folder of their own, so a script's default output folder
+    (bench/results beside it) is not the checkout's."""
+    import shutil
+    dst = tmp_path / "bench"
+    dst.mkdir()
+    for name in os.listdir(BENCH):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(BENCH, name), dst / name)
+    return dst
+
+
+def test_zoo_partial_run_does_not_replace_the_full_table(bench_copy, tmp_path):
+    """`python bench/zoo.py --quick` (or --only, --calls) wrote bench/results/zoo-latest.json,
+    the README table's source ("20,000 calls a row"), with a few rows of 3000 calls."""
+    pytest.importorskip("skl2onnx")
+    pytest.importorskip("onnxruntime")
+    out = subprocess.run([sys.executable, str(bench_copy / "zoo.py"), "--quick", "--calls", "200",
+                          "--only", "ridge"], capture_output=True, text=True, timeout=300,
+                         cwd=str(tmp_path), env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not (bench_copy / "results" / "zoo-latest.json").exists()
+    res = json.loads((bench_copy / "results" / "zoo-partial.json").read_text())
+    assert [r["name"] for r in res["rows"]] == ["ridge"]
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--only", "nosuchmodel"), r"--only 'nosuchmodel' matches no model"),
+    (("--calls", "0"), r"--calls must be >= 1, got 0"),
+    (("--cpu", "99999"), r"--cpu 99999: cannot run on it"),
+])
+def test_zoo_bad_arguments_are_usage_errors(bench_copy, tmp_path, args, match):
+    """--only matching nothing wrote an empty table over the results; --calls 0 ran the
+    default 20000 calls; --cpu on a CPU this process may not use ended in an OSError
+    traceback."""
+    pytest.importorskip("sklearn")
+    out = subprocess.run([sys.executable, str(bench_copy / "zoo.py"), "--quick", *args],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                         env=_env())
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert __import__("re").search(match, out.stderr), out.stderr[-2000:]
+    assert not (bench_copy / "results").exists()
