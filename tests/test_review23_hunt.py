@@ -329,3 +329,36 @@ def test_zoo_bad_arguments_are_usage_errors(bench_copy, tmp_path, args, match):
     assert "Traceback" not in out.stderr
     assert __import__("re").search(match, out.stderr), out.stderr[-2000:]
     assert not (bench_copy / "results").exists()
+
+
+# ---- bench/serve.py: where it writes, and its arguments ------------------------------------
+
+def test_serve_short_run_writes_its_own_file_and_takes_a_bare_name(bench_copy, tmp_path):
+    """A run with --calls / --soak / --quick wrote bench/results/serve-latest.json, the
+    README's serving figures' source; and --out serve.json (no folder) failed in
+    os.makedirs("") after the whole run."""
+    import shutil
+    (tmp_path / "tests" / "c").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "tests", "c", "client.c"), tmp_path / "tests" / "c")
+    run = [sys.executable, str(bench_copy / "serve.py"), "--calls", "200", "--soak", "0"]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                         env=_env())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert not (bench_copy / "results" / "serve-latest.json").exists()
+    assert json.loads((bench_copy / "results" / "serve-partial.json").read_text())["calls"] == 200
+    out = subprocess.run(run + ["--out", "serve.json"], capture_output=True, text=True,
+                         timeout=300, cwd=str(tmp_path), env=_env())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert json.loads((tmp_path / "serve.json").read_text())["calls"] == 200
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--calls", "0"), r"--calls must be >= 1, got 0"),
+    (("--soak", "-5"), r"--soak must be >= 0"),
+])
+def test_serve_bad_arguments_are_usage_errors(bench_copy, tmp_path, args, match):
+    out = subprocess.run([sys.executable, str(bench_copy / "serve.py"), *args],
+                         capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                         env=_env())
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert __import__("re").search(match, out.stderr), out.stderr[-2000:]
