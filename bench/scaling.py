@@ -483,7 +483,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-peers", action="store_true", help="skip onnxruntime and numpy")
     ap.add_argument("--out", default=os.path.join(HERE, "results"),
                     help="folder of the JSON (scaling-latest.json; a run of some models or sets "
-                         "only writes scaling-partial.json, so the full table is not replaced)")
+                         "only, or with --quick or --calls, writes scaling-partial.json, so the "
+                         "full table is not replaced)")
     args = ap.parse_args(argv)
     try:
         args.models = (MODELS if not args.models else
@@ -505,6 +506,7 @@ def main(argv=None) -> int:
         bad = [v for v in args.sets if v not in supported_isas()]
         if bad or not args.sets:
             ap.error(f"--sets takes sets this CPU runs, {supported_isas()}, got {bad or args.sets}")
+    calls_given = args.calls is not None
     # "is None", not "or": --calls 0 ran the default 1000 / 5000 calls without a word
     args.calls = args.calls if args.calls is not None else (1000 if args.quick else 5000)
     if args.calls < 100:
@@ -517,7 +519,9 @@ def main(argv=None) -> int:
     print_table(res)
     print_layers(res)
     os.makedirs(args.out, exist_ok=True)
-    partial = args.models != MODELS or args.sets is not None or args.no_peers
+    # a --quick run (1000 calls a figure) replaced the README table's source (5000) too
+    partial = (args.models != MODELS or args.sets is not None or args.no_peers or args.quick
+               or calls_given)
     path = os.path.join(args.out, "scaling-partial.json" if partial else "scaling-latest.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)

@@ -362,3 +362,23 @@ def test_serve_bad_arguments_are_usage_errors(bench_copy, tmp_path, args, match)
                          env=_env())
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert __import__("re").search(match, out.stderr), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, name", [
+    (["--quick"], "scaling-partial.json"),
+    (["--calls", "300"], "scaling-partial.json"),
+    ([], "scaling-latest.json"),
+])
+def test_scaling_quick_run_does_not_replace_the_full_table(tmp_path, monkeypatch, args, name):
+    """A --quick run (1000 calls a figure) or one with --calls wrote scaling-latest.json, the
+    README scaling table's source (5000 calls), as a full run does."""
+    sys.path.insert(0, BENCH)
+    try:
+        import scaling
+    finally:
+        sys.path.remove(BENCH)
+    monkeypatch.setattr(scaling, "run", lambda a: {"calls": a.calls})
+    monkeypatch.setattr(scaling, "print_table", lambda res: None)
+    monkeypatch.setattr(scaling, "print_layers", lambda res: None)
+    assert scaling.main(args + ["--out", str(tmp_path)]) == 0
+    assert sorted(os.listdir(tmp_path)) == [name]
