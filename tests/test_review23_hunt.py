@@ -382,3 +382,25 @@ def test_scaling_quick_run_does_not_replace_the_full_table(tmp_path, monkeypatch
     monkeypatch.setattr(scaling, "print_layers", lambda res: None)
     assert scaling.main(args + ["--out", str(tmp_path)]) == 0
     assert sorted(os.listdir(tmp_path)) == [name]
+
+
+# ---- the generator -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 5, 9])
+def test_short_generated_stream_keeps_its_shock(n):
+    """generate_stream(5): the shock window (0.45-0.55 of the stream) rounded to no tick, and
+    the ticks after it were labelled "recovery" from a shock that never ran."""
+    bs = lob.generate_stream(n, n_symbols=1, seed=3)
+    assert (bs.regime == 1).sum() >= 1
+    # a recovery only after a shock
+    first_shock = int(np.flatnonzero(bs.regime == 1)[0])
+    assert (bs.regime[:first_shock] == 0).all()
+    # without a shock asked for, none
+    assert not (lob.generate_stream(n, n_symbols=1, seed=3, shock_len=0.0).regime == 1).any()
+
+
+def test_longer_generated_streams_are_unchanged():
+    """The one-tick floor moves no window that already held a tick: a 400-tick stream is the
+    one it was (its shock is ticks 180-219)."""
+    bs = lob.generate_stream(400, n_symbols=4, seed=11)
+    assert np.flatnonzero(bs.regime == 1).tolist() == list(range(180, 220))

@@ -38,6 +38,10 @@ def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
     asz = rng.lognormal(3.0, 0.6, (n_symbols, L))
     sym = rng.integers(0, n_symbols, n_ticks).astype(np.int32)
     s0, s1 = int(n_ticks * shock_at), int(n_ticks * (shock_at + shock_len))
+    if shock_len > 0:
+        # a shock asked for is at least one tick: a stream of under 10 ticks rounded its window
+        # to nothing, and its later ticks were labelled "recovery" from a shock never run
+        s1 = max(s1, s0 + 1)
     regime = np.zeros(n_ticks, np.int8)
     regime[s0:s1] = 1
     regime[s1:] = 2
