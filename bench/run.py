@@ -10,7 +10,8 @@ Method (printed with the results):
 - Every figure is a distribution recorded in an HdrHistogram (3 significant digits) when the
   hdrhistogram package is installed, else picked from the sorted samples by the histogram's
   rank rule (the same sample: no interpolated time that no call took); max and mean are the
-  samples' own (the slowest call to the ns, not the top of its bucket); the JSON keeps the
+  samples' own (the slowest call to the ns, not the top of its bucket), and a percentile that
+  falls in the slowest call's bucket is that call's time, never above it; the JSON keeps the
   whole percentile distribution of each row (percentile_distributions) and how many samples it has.
 - "from Python" = time.perf_counter_ns() around one fastpath.step() call, minus the median cost of
   an empty timed region (timer_overhead_ns); peers are timed the same way. Where the kernel's
