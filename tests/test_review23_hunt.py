@@ -404,3 +404,20 @@ def test_longer_generated_streams_are_unchanged():
     one it was (its shock is ticks 180-219)."""
     bs = lob.generate_stream(400, n_symbols=4, seed=11)
     assert np.flatnonzero(bs.regime == 1).tolist() == list(range(180, 220))
+
+
+def test_generator_refuses_more_symbols_than_an_engine_serves():
+    """generate_stream(100, n_symbols=2**31 + 1) allocated its per-symbol books up front (the
+    process was killed for memory before numpy could fail) and, past int32, would have
+    wrapped symbol ids to negative ones. The bound is the engine's own (1 << 22)."""
+    from fastpath.control.config import load_config
+    # the small excess first: without the bound it runs (640 MB of books) and the test fails
+    # there, before the 2**31 one could take the machine's memory
+    with pytest.raises(InputError, match=r"n_symbols must be at most 4194304"):
+        lob.generate_stream(100, n_symbols=(1 << 22) + 1)
+    with pytest.raises(InputError, match=r"n_symbols must be at most 4194304"):
+        lob.generate_stream(100, n_symbols=2**31 + 1)
+    # the engine's own limit is that one
+    assert load_config({"engine": {"n_symbols": 1 << 22}}).n_symbols == 1 << 22
+    with pytest.raises(Exception, match="n_symbols"):
+        load_config({"engine": {"n_symbols": (1 << 22) + 1}})

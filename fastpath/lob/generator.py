@@ -9,6 +9,8 @@ from fastpath.errors import InputError
 from fastpath.lob.adapter import LEVELS, BookStream
 
 REGIMES = ("calm", "shock", "recovery")
+# the engine's largest [engine] n_symbols (fastpath.control.config)
+MAX_SYMBOLS = 1 << 22
 
 
 def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
@@ -22,6 +24,12 @@ def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
     for name, v, lo in (("n_ticks", n_ticks, 1), ("n_symbols", n_symbols, 1), ("seed", seed, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise InputError(f"{name} must be an int >= {lo}, got {v!r}")
+    if n_symbols > MAX_SYMBOLS:
+        # the per-symbol book state is allocated up front: 2**31 symbols filled ~190 GB before
+        # numpy could fail (the process was killed for memory), and past int32 the symbol ids
+        # wrapped to negative ones; no engine serves more than this many
+        raise InputError(f"n_symbols must be at most {MAX_SYMBOLS} (the most symbols an engine "
+                         f"serves, [engine] n_symbols), got {n_symbols}")
     for name, v in (("shock_at", shock_at), ("shock_len", shock_len)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
                 or not 0.0 <= v <= 1.0:
