@@ -19,8 +19,9 @@ def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
     calm, a shock (sweeps through several levels, 5x volatility, wide spread, heavy trading),
     then calm again ("recovery"). Level-1 imbalance predicts the next mid move, so a model
     trained on it has a real signal to find. progress(done, total), when given, is called
-    every 10,000 ticks. InputError for a count that is not a positive int or a shock window
-    outside [0, 1] (it would silently give a stream with no shock, or none at all)."""
+    every 10,000 ticks. InputError for a count that is not a positive int (n_symbols at most
+    1 << 22, an engine's most symbols) or a shock window outside [0, 1] (it would silently give
+    a stream with no shock, or none at all); a shock of shock_len > 0 lasts at least one tick."""
     for name, v, lo in (("n_ticks", n_ticks, 1), ("n_symbols", n_symbols, 1), ("seed", seed, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise InputError(f"{name} must be an int >= {lo}, got {v!r}")
