@@ -529,7 +529,12 @@ def write_plots(res, path: str):
     a2.set_ylabel(f"ns inside fp_step() ({c_clock(res.get('machine', {}))}, log)")
     a2.set_title("Where do the ns go inside fp_step()\non a real miss?", fontsize=11)
     a2.grid(True, which="both", alpha=0.3)
-    a2.legend(fontsize=7, loc="upper left")
+    if a2.get_legend_handles_labels()[0]:
+        a2.legend(fontsize=7, loc="upper left")
+    else:
+        # an empty panel says why (and an empty legend was a UserWarning: an error under -W error)
+        a2.text(0.5, 0.5, "no real miss in this replay", transform=a2.transAxes, ha="center",
+                va="center", fontsize=9)
 
     tl = res["replay"]["timeline"]
     rp = res["replay"]

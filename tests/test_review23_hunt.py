@@ -439,3 +439,15 @@ def test_engine_stub_takes_the_paths_the_engine_takes():
     init = next(n for n in eng.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     ann = ast.unparse(next(a for a in init.args.args if a.arg == "model").annotation)
     assert "PathLike" in ann, ann
+
+
+def test_plot_of_a_replay_without_real_misses(one_tick_run, bench, tmp_path):
+    """The in-C panel of a replay without a real miss was empty, with matplotlib's "No artists
+    with labels found to put in legend" warning (an error under -W error) and no word why."""
+    pytest.importorskip("matplotlib")
+    import warnings
+    res, _, _ = one_tick_run
+    _, report = bench
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert report.write_plots(res, str(tmp_path / "p.png"))
