@@ -112,6 +112,10 @@ STALL_NS = 1_000_000
 BATCH_RUNS = 5
 # ticks a trade-off engine steps (then reset()) before its timed calls: code, slots and pages warm
 BATCH_WARM = 2000
+# a step() replay keeps every call's in-C record (the engine's latency_records, at most 1 << 24):
+# a longer stream was refused by the engine's config only after it had been generated and
+# turned into ticks (minutes), with a ConfigError traceback
+MAX_TICKS = 1 << 24
 PEER_NAMES = {"numpy": "numpy (1 BLAS thread)", "onnxruntime": "onnxruntime (1 thread)",
               "torch": "PyTorch eager (1 thread)"}
 
@@ -469,6 +473,10 @@ def run(args) -> dict:
 
     with progress("tick stream") as bar:
         bs, label = load_stream(args, bar)
+        if len(bs) > MAX_TICKS:
+            raise SystemExit(f"bench/run.py: {label} has {len(bs):,} ticks; the step() replays "
+                             f"keep one in-C latency record per call, at most {MAX_TICKS:,} "
+                             f"(replay a part of the stream)")
         raws = lob.raw_from_book(bs, progress=lambda d, t: bar(0.6 + 0.4 * d / t))
         syms, ts = bs.symbols, bs.ts_ns
         bar(1.0)
@@ -835,16 +843,19 @@ def _progress(args):
     return phase
 
 
-def _int_at_least(lo: int):
-    """argparse type: an int >= lo, else a usage error (--ticks 0 ran the default stream under
-    a -quick label, --ticks -3 and --seed -1 ended in a traceback from the generator)."""
+def _int_at_least(lo: int, hi: int | None = None):
+    """argparse type: an int >= lo (and <= hi), else a usage error (--ticks 0 ran the default
+    stream under a -quick label, --ticks -3 and --seed -1 ended in a traceback from the
+    generator)."""
+    want = f"an integer >= {lo}" if hi is None else f"an integer in {lo}..{hi}"
+
     def conv(text: str) -> int:
         try:
             v = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {v}")
         return v
     return conv
 
@@ -855,7 +866,7 @@ def main(argv=None) -> int:
                                  epilog=__doc__)
     ap.add_argument("--quick", action="store_true", help="small run (< 30 s), as the tests use")
     ap.add_argument("--data", help="Binance capture folder, or 'orderbook.csv,message.csv' (LOBSTER)")
-    ap.add_argument("--ticks", type=_int_at_least(1),
+    ap.add_argument("--ticks", type=_int_at_least(1, MAX_TICKS),
                     help="generated ticks (default 200000, 30000 with --quick)")
     ap.add_argument("--seed", type=_int_at_least(0), default=DEFAULT_SEED,
                     help="seed of the generated stream")

@@ -118,8 +118,11 @@ def _bench(tmp_path, *args, timeout=300):
 
 
 @pytest.mark.parametrize("args, match", [
-    (("--ticks", "0"), r"--ticks: expected an integer >= 1, got 0"),
-    (("--ticks", "-3"), r"--ticks: expected an integer >= 1, got -3"),
+    (("--ticks", "0"), r"--ticks: expected an integer in 1\.\.16777216, got 0"),
+    (("--ticks", "-3"), r"--ticks: expected an integer in 1\.\.16777216, got -3"),
+    # the replay's latency records: 20M ticks were generated and turned into ticks (minutes)
+    # before the engine's config refused 2**25 records with a ConfigError traceback
+    (("--ticks", "20000000"), r"--ticks: expected an integer in 1\.\.16777216, got 20000000"),
     (("--seed", "-1"), r"--seed: expected an integer >= 0, got -1"),
     (("--cpu", "-1"), r"--cpu: expected an integer >= 0, got -1"),
     (("--data", "x", "--ticks", "5"), r"--ticks and --seed set the generated stream"),
@@ -127,7 +130,7 @@ def _bench(tmp_path, *args, timeout=300):
 def test_bench_bad_arguments_are_usage_errors(tmp_path, args, match):
     """--ticks 0 ran the default 30,000-tick stream (under a "-quick" name, not "-custom");
     --ticks -3 and --seed -1 ended in a traceback from the generator; --ticks with --data was
-    ignored without a word."""
+    ignored without a word; --ticks beyond the replay's latency records failed after minutes."""
     out = _bench(tmp_path, *args)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "Traceback" not in out.stderr
@@ -451,3 +454,18 @@ def test_plot_of_a_replay_without_real_misses(one_tick_run, bench, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert report.write_plots(res, str(tmp_path / "p.png"))
+
+
+def test_bench_recorded_stream_longer_than_the_replay_keeps(bench, monkeypatch):
+    """A recorded stream past the replay's 1 << 24 latency records is refused as soon as it
+    is read, not after its ticks were built, by the engine's config."""
+    run, _ = bench
+    monkeypatch.setattr(run, "MAX_TICKS", 10)
+    bs = lob.generate_stream(11, n_symbols=2, seed=1)
+    monkeypatch.setattr(run, "load_stream", lambda args, bar: (bs, "LOBSTER x.csv"))
+    monkeypatch.setattr(run, "placement", lambda args: {"core": None})
+    monkeypatch.setattr(run, "machine_facts", lambda: {})
+    import argparse
+    args = argparse.Namespace(quick=True, json_only=True, data="x.csv,y.csv")
+    with pytest.raises(SystemExit, match=r"LOBSTER x.csv has 11 ticks.*at most 10"):
+        run.run(args)
