@@ -220,7 +220,12 @@ class Dist:
             for x, c in zip(vals.tolist(), counts.tolist()):
                 h.record_value(x, c)
             self._h = h
-            self.q = {p: float(h.get_value_at_percentile(p)) for p in PCTS}
+            # a value in the slowest sample's bucket is read as the top of that bucket, above
+            # the slowest call (p99.9 4,032,511 ns beside a max of 4,031,300): held to the max,
+            # a time a call took, which every sample of that bucket is within the histogram's
+            # precision of
+            top = int(v.max())
+            self.q = {p: float(min(h.get_value_at_percentile(p), top)) for p in PCTS}
             Dist.HDR = True
         except ImportError:
             # the histogram's rank rule, not np.percentile's interpolation: a p50 of two calls
@@ -260,7 +265,9 @@ class Dist:
             return {"percentile": [], "ns": []}
         if self._h is not None:
             d = self._h.get_percentile_to_value_dict(levels)
-            ns = [float(d[p]) for p in levels]
+            # held to the slowest sample as the summary's percentiles are: the top of its bucket
+            # put the points before the last one above it (a series that went down at its end)
+            ns = [float(min(d[p], self.max)) for p in levels]
         else:
             ns = [float(x) for x in _at_rank(np.sort(self.values), levels)]
         ns[-1] = float(self.max)
@@ -294,7 +301,9 @@ def tradeoff_table(res):
     names = res["stream"]["regimes"]
     trade = res["replay"].get("tradeoff", [])
     rows = [[t["policy"], f"{t['hits']:,} ({100 * t['hit_rate']:.1f}%)"]
-            + [f"{100 * t['regime_hit_rates'].get(n, 0):.1f}%" for n in names]
+            # a regime with no ticks in this stream has no hit rate (it printed 0.0%)
+            + [f"{100 * t['regime_hit_rates'][n]:.1f}%" if n in t["regime_hit_rates"] else "-"
+               for n in names]
             + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
                str(t["sign_flips_on_hits"]), _tradeoff_ns(t), _step_py(t.get("step_python")),
                " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
@@ -315,18 +324,22 @@ def tables(res):
     """(title, header, rows) for every table, shared by the terminal, plain text and README."""
     out = []
     step = res["step"]
+    # no real miss (a stream too short for a lookup to run): no ratios, where ones against
+    # max(0, 1) ns printed the other rows thousands of times "slower" than a miss
+    has_miss = bool(step["miss"]["python"]["n"])
     miss_p50 = max(step["miss"]["python"]["p50"], 1)
     rows = []
     for key in STEP_ROWS:
         r = step[key]
         d = r["python"]
-        ratio = f"{d['p50'] / miss_p50:.2f}x" if d["n"] else "-"
+        ratio = f"{d['p50'] / miss_p50:.2f}x" if d["n"] and has_miss else "-"
         rows.append([r["label"], f"{r['samples']:,}"] + _dist_cells(d) + [ratio])
     for name, p in res["peers"].items():
         if not p.get("available"):
             continue
         d = p["python"]
-        rows.append([p["label"], f"{d['n']:,}"] + _dist_cells(d) + [f"{p['ratio_p50']:.1f}x"])
+        ratio = f"{p['ratio_p50']:.1f}x" if has_miss and p.get("ratio_p50") is not None else "-"
+        rows.append([p["label"], f"{d['n']:,}"] + _dist_cells(d) + [ratio])
     cs = res["machine"].get("clock_step")
     step_note = (f"; the clock advances in {cs['ns']:.1f} ns steps here"
                  if cs and cs["ns"] >= CLOCK_STEP_NOTE_NS else "")
@@ -375,8 +388,10 @@ def tables(res):
         rows.append(["FMA throughput bound (measured peak)", f"{k['fma_bound_ns']:.0f} ns",
                      f"ratio {k['ratio_to_bound']:.2f}x"])
     out.append(("Throughput", ["", "", ""], rows))
-    rows = [[t["what"], f"{t['value']:.2f}", f"{t['op']} {t['target']:g}",
-             "met" if t["met"] else "NOT MET"] for t in res["targets"]]
+    rows = [[t["what"], "-" if t["value"] is None else f"{t['value']:.2f}",
+             f"{t['op']} {t['target']:g}",
+             "met" if t["met"] else "NOT MEASURED" if t["value"] is None else "NOT MET"]
+            for t in res["targets"]]
     out.append(("Targets", ["", "value", "target", ""], rows))
     return out
 
@@ -394,6 +409,9 @@ def render(res) -> None:
             f"clock={m['clock']['source']}, {res['stream']['source']}\n"
             f"placement: core {pl.get('core')}, {pl.get('policy_granted', '?')} "
             f"{pl.get('priority_granted', '')}"
+            # the control plane refused (--cpu 9999): the run went on unplaced and said only
+            # "core None, ?"; the reason was in the JSON alone
+            + (f" (not placed: {pl['error']})" if pl.get("error") else "")
             + (f" (asked {pl.get('policy_asked')} {pl.get('priority_asked')}: {pl.get('sched_refused')})"
                if pl.get("sched_refused") else "")
             + (f"; arena {mem.get('method')} pages {mem.get('page_size')}, mlock {mem.get('mlock')}"
@@ -511,7 +529,12 @@ def write_plots(res, path: str):
     a2.set_ylabel(f"ns inside fp_step() ({c_clock(res.get('machine', {}))}, log)")
     a2.set_title("Where do the ns go inside fp_step()\non a real miss?", fontsize=11)
     a2.grid(True, which="both", alpha=0.3)
-    a2.legend(fontsize=7, loc="upper left")
+    if a2.get_legend_handles_labels()[0]:
+        a2.legend(fontsize=7, loc="upper left")
+    else:
+        # an empty panel says why (and an empty legend was a UserWarning: an error under -W error)
+        a2.text(0.5, 0.5, "no real miss in this replay", transform=a2.transAxes, ha="center",
+                va="center", fontsize=9)
 
     tl = res["replay"]["timeline"]
     rp = res["replay"]

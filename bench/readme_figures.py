@@ -26,9 +26,11 @@ def summary(res) -> str:
     lines = [
         f"Source: {res['stream']['source']}, {res['machine']['cpu_model']}, simd={res['machine']['simd']}, "
         f"fastpath {res['machine']['fastpath']} ({res['machine']['commit']}), started {res['started']}.",
+        # a replay without a real miss has no stages to give (its p50s of no calls read 0 ns)
         f"Inside fp_step() on a real miss (p50 of {miss['total']['n']:,} calls): features "
         f"{fmt_ns(miss['feature']['p50'])}, cache stage {fmt_ns(miss['cache']['p50'])}, "
-        f"inference {fmt_ns(miss['infer']['p50'])}, total {fmt_ns(miss['total']['p50'])}.",
+        f"inference {fmt_ns(miss['infer']['p50'])}, total {fmt_ns(miss['total']['p50'])}."
+        if miss["total"]["n"] else "No real miss in this replay: no in-C stages of one.",
     ]
     for key in ("hit", "hit_loose"):
         r = st[key]

@@ -483,7 +483,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-peers", action="store_true", help="skip onnxruntime and numpy")
     ap.add_argument("--out", default=os.path.join(HERE, "results"),
                     help="folder of the JSON (scaling-latest.json; a run of some models or sets "
-                         "only writes scaling-partial.json, so the full table is not replaced)")
+                         "only, or with --quick or --calls, writes scaling-partial.json, so the "
+                         "full table is not replaced)")
     args = ap.parse_args(argv)
     try:
         args.models = (MODELS if not args.models else
@@ -493,13 +494,21 @@ def main(argv=None) -> int:
         ap.error(f"--models takes widths joined by x, e.g. 32x16x2, got {args.models!r}")
     if not args.models or any(len(m) < 2 or min(m) < 1 for m in args.models):
         ap.error(f"--models needs at least one model of two or more positive widths")
+    # the engine's head takes 1 output (regression) or 2 (signal, confidence): 32x16x3 ended in
+    # a ModelError traceback from building the first model
+    wide = [_name(m) for m in args.models if m[-1] not in (1, 2)]
+    if wide:
+        ap.error(f"--models: the last width is the model's outputs, 1 (regression) or 2 "
+                 f"(signal, confidence); got {', '.join(wide)}")
     if args.sets is not None:
         from fastpath._engine import supported_isas
         args.sets = [v.strip() for v in args.sets.split(",") if v.strip()]
         bad = [v for v in args.sets if v not in supported_isas()]
         if bad or not args.sets:
             ap.error(f"--sets takes sets this CPU runs, {supported_isas()}, got {bad or args.sets}")
-    args.calls = args.calls or (1000 if args.quick else 5000)
+    calls_given = args.calls is not None
+    # "is None", not "or": --calls 0 ran the default 1000 / 5000 calls without a word
+    args.calls = args.calls if args.calls is not None else (1000 if args.quick else 5000)
     if args.calls < 100:
         ap.error("--calls must be >= 100")
     args.weights = [w.strip() for w in args.weights.split(",") if w.strip()]
@@ -510,7 +519,9 @@ def main(argv=None) -> int:
     print_table(res)
     print_layers(res)
     os.makedirs(args.out, exist_ok=True)
-    partial = args.models != MODELS or args.sets is not None or args.no_peers
+    # a --quick run (1000 calls a figure) replaced the README table's source (5000) too
+    partial = (args.models != MODELS or args.sets is not None or args.no_peers or args.quick
+               or calls_given)
     path = os.path.join(args.out, "scaling-partial.json" if partial else "scaling-latest.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)

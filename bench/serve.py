@@ -22,7 +22,8 @@ Method (printed with the results):
 - The soak: 2 client processes, each owning its symbols, pipeline submit()/poll(); every reply
   must come back once, in order, and equal what a local Engine gives for the same ticks
   (checked chunk by chunk with Engine.step_batch). Ticks cycle through a pool of 4096 raw rows.
-Writes bench/results/serve-latest.json.
+Writes bench/results/serve-latest.json (a run with --quick, --calls or --soak:
+serve-partial.json, so the README's figures' source is not replaced by a short run).
 """
 from __future__ import annotations
 
@@ -188,9 +189,22 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer calls and a 200,000-request soak")
     ap.add_argument("--calls", type=int, help="timed round trips per row")
     ap.add_argument("--soak", type=int, help="soak requests over 2 clients (default 10,000,000)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "serve-latest.json"))
+    ap.add_argument("--out", help="the JSON (default: bench/results/serve-latest.json; "
+                                  "serve-partial.json for a run with --quick, --calls or --soak)")
     args = ap.parse_args(argv)
-    calls = args.calls or (20_000 if args.quick else 200_000)
+    # "--calls 0" ran the default ("or"); a negative soak was a soak of a negative count
+    if args.calls is not None and args.calls < 1:
+        ap.error(f"--calls must be >= 1, got {args.calls}")
+    if args.soak is not None and args.soak < 0:
+        ap.error(f"--soak must be >= 0 (0: no soak), got {args.soak}")
+    if args.out is None:
+        # a quick run wrote serve-latest.json, the source of the README's serving figures
+        partial = args.quick or args.calls is not None or args.soak is not None
+        args.out = os.path.join(HERE, "results",
+                                "serve-partial.json" if partial else "serve-latest.json")
+    # a bare file name has no folder: os.makedirs("") failed after the whole run
+    args.out = os.path.abspath(args.out)
+    calls = args.calls if args.calls is not None else (20_000 if args.quick else 200_000)
     n_soak = args.soak if args.soak is not None else (200_000 if args.quick else 10_000_000)
 
     import fastpath

@@ -4,8 +4,9 @@
     python bench/weights.py --quick     # smaller stream, fewer timed calls (< 20 s)
 
 Method (printed with the results):
-- Accuracy: the demo bundle replays the generated order-book stream (fastpath.lob, the stream
-  bench/run.py uses, same seed) through Engine.step_batch with the cache off, once per weight
+- Accuracy: the demo bundle replays a generated order-book stream (fastpath.lob's generator and
+  seed, as bench/run.py uses, but of --ticks ticks: a stream of another length is another
+  stream, not a part of bench/run.py's) through Engine.step_batch with the cache off, once per weight
   type; the bf16 / int8 signals are compared tick for tick with the fp32 signals: max and mean
   |signal - fp32 signal|, and sign flips (ticks whose signal changes sign). The same for a random
   1024x1024x1024x2 ReLU MLP (weights N(0, 1/fan_in)) through Engine.predict, on inputs from the
@@ -96,7 +97,8 @@ def predict_signals(model: Model, weight_type: str, feats) -> np.ndarray:
 
 def stream_inputs_1024(demo: Model, raws, syms, n: int) -> np.ndarray:
     """n inputs of 1024 values from the stream: the demo's 128 features of 8 consecutive ticks
-    of one symbol, concatenated."""
+    of one symbol, concatenated. InputError where the stream has no symbol with 8 ticks (a
+    stream of a few ticks ended in numpy's "need at least one array to stack")."""
     f = demo.layer_spec.apply(raws, syms)
     per = 1024 // f.shape[1]
     rows = []
@@ -105,6 +107,10 @@ def stream_inputs_1024(demo: Model, raws, syms, n: int) -> np.ndarray:
         k = len(fs) // per
         rows.append(fs[:k * per].reshape(k, per * f.shape[1]))
     x = np.concatenate(rows)
+    if not len(x):
+        from fastpath import InputError
+        raise InputError(f"the stream ({len(syms)} ticks) has no symbol with {per} ticks, which "
+                         f"one {per * f.shape[1]}-value input takes; generate more ticks")
     return x[np.random.default_rng(0).permutation(len(x))[:n]]
 
 
@@ -143,7 +149,9 @@ def report(res: dict) -> list:
     """Print the tables; returns the targets missed."""
     missed = []
     print("\nSignal error against fp32 weights (hidden layers reduced, output layer fp32)")
-    print(f"{'model / weights':<26}{'max |d|':>10}{'mean |d|':>11}{'sign flips':>12}{'ticks':>9}")
+    # n: ticks of the stream for the demo, inputs (of 8 ticks each) for the 1024-wide model,
+    # whose count was printed under "ticks"
+    print(f"{'model / weights':<26}{'max |d|':>10}{'mean |d|':>11}{'sign flips':>12}{'n':>9}")
     for k, e in res["accuracy"].items():
         print(f"{k:<26}{e['max_abs']:>10.5f}{e['mean_abs']:>11.6f}{e['sign_flips']:>12}{e['n']:>9}")
         wt = k.split()[-1]
@@ -173,14 +181,31 @@ def report(res: dict) -> list:
     return missed
 
 
+def _int_at_least(lo: int):
+    """argparse type: an int >= lo, else a usage error (--ticks -1 and --seed -1 ended in a
+    traceback from the generator, a stream of a few ticks in one from numpy)."""
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
+        return v
+    return conv
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller stream, fewer timed calls")
-    ap.add_argument("--ticks", type=int, help="generated ticks (default 50000, 10000 with --quick)")
-    ap.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the generated stream")
+    ap.add_argument("--ticks", type=_int_at_least(1000),
+                    help="generated ticks (default 50000, 10000 with --quick; at least 1000)")
+    ap.add_argument("--seed", type=_int_at_least(0), default=DEFAULT_SEED,
+                    help="seed of the generated stream")
     ap.add_argument("--scalar", action="store_true", help="also time the scalar kernels (slow)")
     args = ap.parse_args(argv)
-    args.ticks = args.ticks or (10_000 if args.quick else 50_000)
+    # "is None", not "or": --ticks 0 ran the default stream
+    args.ticks = args.ticks if args.ticks is not None else (10_000 if args.quick else 50_000)
     args.iters = 500 if args.quick else 3000
     args.big_inputs = 200 if args.quick else 1000
     res = run(args)

@@ -239,15 +239,33 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="comma-separated names or kinds to run (substring match)")
     ap.add_argument("--calls", type=int, help="timed calls per row (default 20000, 3000 with --quick)")
     ap.add_argument("--cpu", type=int, help="pin this process to one CPU")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "zoo-latest.json"))
+    ap.add_argument("--out", help="the JSON (default: bench/results/zoo-latest.json, the README "
+                                  "table's source, for a full run; zoo-partial.json for a run "
+                                  "with --quick, --only or --calls, so that table is not replaced)")
     args = ap.parse_args(argv)
+    if args.calls is not None and args.calls < 1:
+        # "--calls 0" ran the default 20000 ("or"), a negative count failed deep in the timing
+        ap.error(f"--calls must be >= 1, got {args.calls}")
     if args.cpu is not None:
-        os.sched_setaffinity(0, {args.cpu})
-    n_calls = args.calls or (3000 if args.quick else 20000)
+        try:
+            os.sched_setaffinity(0, {args.cpu})
+        except (OSError, ValueError, OverflowError) as exc:
+            ap.error(f"--cpu {args.cpu}: cannot run on it ({exc}); this process may use "
+                     f"{sorted(os.sched_getaffinity(0))}")
+    if args.out is None:
+        # a quick or partial run wrote zoo-latest.json, replacing the full table the README
+        # quotes ("20,000 calls a row") with a few rows of 3000 calls
+        partial = args.quick or args.only or args.calls is not None
+        args.out = os.path.join(HERE, "results", "zoo-partial.json" if partial else "zoo-latest.json")
+    n_calls = args.calls if args.calls is not None else (3000 if args.quick else 20000)
     models, X = zoo(args.quick)
     if args.only:
-        keys = [k.strip().lower() for k in args.only.split(",")]
+        keys = [k.strip().lower() for k in args.only.split(",") if k.strip()]
+        names = [m[0] for m in models]
         models = [m for m in models if any(k in m[0] or k in m[1].lower() for k in keys)]
+        if not models:
+            # an empty table was written over the results, and the run said only "written"
+            ap.error(f"--only {args.only!r} matches no model or kind; models: {', '.join(names)}")
     Xt = np.ascontiguousarray(X[:2048])
     # a few rows exactly on the model's inputs' grid edges are not needed for timing; the
     # agreement check below uses the same rows that are timed

@@ -9,6 +9,8 @@ from fastpath.errors import InputError
 from fastpath.lob.adapter import LEVELS, BookStream
 
 REGIMES = ("calm", "shock", "recovery")
+# the engine's largest [engine] n_symbols (fastpath.control.config)
+MAX_SYMBOLS = 1 << 22
 
 
 def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
@@ -17,11 +19,18 @@ def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
     calm, a shock (sweeps through several levels, 5x volatility, wide spread, heavy trading),
     then calm again ("recovery"). Level-1 imbalance predicts the next mid move, so a model
     trained on it has a real signal to find. progress(done, total), when given, is called
-    every 10,000 ticks. InputError for a count that is not a positive int or a shock window
-    outside [0, 1] (it would silently give a stream with no shock, or none at all)."""
+    every 10,000 ticks. InputError for a count that is not a positive int (n_symbols at most
+    1 << 22, an engine's most symbols) or a shock window outside [0, 1] (it would silently give
+    a stream with no shock, or none at all); a shock of shock_len > 0 lasts at least one tick."""
     for name, v, lo in (("n_ticks", n_ticks, 1), ("n_symbols", n_symbols, 1), ("seed", seed, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise InputError(f"{name} must be an int >= {lo}, got {v!r}")
+    if n_symbols > MAX_SYMBOLS:
+        # the per-symbol book state is allocated up front: 2**31 symbols filled ~190 GB before
+        # numpy could fail (the process was killed for memory), and past int32 the symbol ids
+        # wrapped to negative ones; no engine serves more than this many
+        raise InputError(f"n_symbols must be at most {MAX_SYMBOLS} (the most symbols an engine "
+                         f"serves, [engine] n_symbols), got {n_symbols}")
     for name, v in (("shock_at", shock_at), ("shock_len", shock_len)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
                 or not 0.0 <= v <= 1.0:
@@ -38,6 +47,10 @@ def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
     asz = rng.lognormal(3.0, 0.6, (n_symbols, L))
     sym = rng.integers(0, n_symbols, n_ticks).astype(np.int32)
     s0, s1 = int(n_ticks * shock_at), int(n_ticks * (shock_at + shock_len))
+    if shock_len > 0:
+        # a shock asked for is at least one tick: a stream of under 10 ticks rounded its window
+        # to nothing, and its later ticks were labelled "recovery" from a shock never run
+        s1 = max(s1, s0 + 1)
     regime = np.zeros(n_ticks, np.int8)
     regime[s0:s1] = 1
     regime[s1:] = 2

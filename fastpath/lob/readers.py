@@ -63,7 +63,9 @@ def _header(path: str) -> tuple:
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text CSV file (expected a header line of column "
                          f"names)") from None
-    line = line.strip("\r\n")
+    # a byte-order mark (a CSV saved by a spreadsheet) glued to the first name: that column was
+    # "missing" in a message that listed it among those found
+    line = line.strip("\r\n").removeprefix("\ufeff")
     if not line:
         raise InputError(f"{path}: empty file (expected a header line of column names and rows)")
     delim = max(_DELIMITERS, key=line.count)
@@ -87,8 +89,15 @@ def _load(path: str, delim: str, usecols, dtype, what: str) -> np.ndarray:
 
 def _rows_from_1(exc: ValueError) -> str:
     """numpy's loadtxt message with its row counted from 1, as every other message here
-    counts data rows (numpy counts from 0)."""
-    return re.sub(r"\brow (\d+)", lambda m: f"row {int(m.group(1)) + 1}", str(exc))
+    counts data rows. numpy counts a value it cannot convert from 0 ("could not convert ...
+    at row 0" is the first data row) but a row of the wrong width from 1 ("the number of
+    columns changed from 6 to 3 at row 3", "invalid column index 5 at row 1"): only the
+    first is moved (adding 1 to every "row N" named the row after a truncated one). numpy's
+    advice to pass usecols, which a reader's caller cannot, is dropped."""
+    msg = str(exc)
+    if msg.startswith("could not convert"):
+        msg = re.sub(r"\bat row (\d+)", lambda m: f"at row {int(m.group(1)) + 1}", msg)
+    return re.sub(r"; use `usecols` to select a subset and avoid this error", "", msg)
 
 
 def _columns(path: str, names: list, need: list) -> list:
@@ -221,6 +230,14 @@ def read_lobster(orderbook_csv: str, message_csv: str, tick_size: float = 0.01,
         r = int(bad[0])
         raise InputError(f"{message_csv}: row {r + 1}: execution with direction {msg[r, 5]}; "
                          f"expected -1 (sell order) or 1 (buy order)")
+    # an execution's size is its volume: a negative one flipped the sign of the tick's traded
+    # volume (silently where a later execution was the tick's last trade; otherwise refused
+    # as "a negative ... last trade size" of a row of the order book file, which is fine)
+    bad = np.flatnonzero(is_trade & (msg[:, 3] < 0))
+    if len(bad):
+        r = int(bad[0])
+        raise InputError(f"{message_csv}: row {r + 1}: execution of size {msg[r, 3]:g}; expected "
+                         f"a size >= 0 (shares executed)")
     signed = np.where(is_trade, -msg[:, 5] * msg[:, 3], 0.0)
     # a dropped row's executions (often the very one that emptied a side) belong to the next
     # kept tick, "the trades since the previous tick"; dropping them lost that volume
