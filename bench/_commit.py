@@ -16,6 +16,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NOT_MEASURED = ("bench/results",)
 
 
+def results_dir(here: str | None = None) -> str:
+    """Where a bench writes its results by default: bench/results in a checkout; beside the
+    caller (./fastpath-bench-results) where the bench runs from an installed package, whose
+    folder is site-packages (often not writable, and no place for a user's results)."""
+    here = here or HERE
+    if os.path.exists(os.path.join(here, "..", "setup.py")):
+        return os.path.join(here, "results")
+    return os.path.join(os.getcwd(), "fastpath-bench-results")
+
+
 def _git(where: str, *args: str) -> str:
     return subprocess.run(["git", "-C", where, *args], capture_output=True, text=True,
                           timeout=5).stdout.strip()

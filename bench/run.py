@@ -87,7 +87,7 @@ except ImportError:  # the bundle ships in the package's data folder either way
 from fastpath._kernels import PackedMLP, clock_ticks, fma_macs_per_ns, fma_ns_per_instr  # noqa: E402
 from fastpath._engine import supported_isas  # noqa: E402
 
-from _commit import commit_stamp  # noqa: E402
+from _commit import commit_stamp, results_dir  # noqa: E402
 from _report import OFF_CPU_FRACTION, Dist, render, write_plots  # noqa: E402
 from peers import make_peers  # noqa: E402
 
@@ -874,9 +874,7 @@ def main(argv=None) -> int:
                     help="CPU to run on (default: the control plane's choice)")
     ap.add_argument("--no-rt", action="store_true",
                     help="do not ask for SCHED_FIFO 50 (the default placement policy)")
-    in_checkout = os.path.exists(os.path.join(HERE, "..", "setup.py"))
-    ap.add_argument("--out", default=os.path.join(HERE, "results") if in_checkout else
-                    os.path.join(os.getcwd(), "fastpath-bench-results"),
+    ap.add_argument("--out", default=results_dir(HERE),
                     help="folder for JSON and PNG (default: bench/results in a checkout, else "
                          "./fastpath-bench-results)")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")

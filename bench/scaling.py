@@ -47,7 +47,8 @@ identity output, identity features, cache off), one tick at a time. Per model an
 - onnxruntime with one thread; numpy with one BLAS thread and with every core this process
   may run on (each in a fresh subprocess, as a BLAS pool's size is fixed when it starts; the
   threads the pool holds are in the JSON, blas_threads, where threadpoolctl is installed).
-The JSON goes to bench/results/scaling-latest.json.
+The JSON goes to bench/results/scaling-latest.json (a run of fewer models, sets, peers or
+weight types than the full table: scaling-partial.json).
 
 Weight types (`--weights fp32,bf16,int8`): the engine's `weights` option; the hidden layers
 take the type, the output layer stays fp32, and a row's weight_bytes (the read bound's bytes)
@@ -469,6 +470,9 @@ def print_table(res):
 
 
 def main(argv=None) -> int:
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from _commit import results_dir
     ap = argparse.ArgumentParser(description="fastpath scaling bench",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__)
@@ -481,10 +485,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sets", help="comma-separated kernel sets to run (default: every set this "
                                    "CPU runs)")
     ap.add_argument("--no-peers", action="store_true", help="skip onnxruntime and numpy")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"),
-                    help="folder of the JSON (scaling-latest.json; a run of some models or sets "
-                         "only, or with --quick or --calls, writes scaling-partial.json, so the "
-                         "full table is not replaced)")
+    ap.add_argument("--out", default=results_dir(HERE),
+                    help="folder of the JSON (default: bench/results in a checkout, else "
+                         "./fastpath-bench-results; scaling-latest.json for the full table: all "
+                         "models, sets and peers, every weight type; any other run writes "
+                         "scaling-partial.json, so the full table is not replaced)")
     args = ap.parse_args(argv)
     try:
         args.models = (MODELS if not args.models else
@@ -520,8 +525,10 @@ def main(argv=None) -> int:
     print_layers(res)
     os.makedirs(args.out, exist_ok=True)
     # a --quick run (1000 calls a figure) replaced the README table's source (5000) too
+    # and so did a run of fp32 alone (the default --weights): the README's table has a row
+    # per weight type, and its bf16 / int8 rows went missing from the file it cites
     partial = (args.models != MODELS or args.sets is not None or args.no_peers or args.quick
-               or calls_given)
+               or calls_given or set(args.weights) != set(BYTES_PER_WEIGHT))
     path = os.path.join(args.out, "scaling-partial.json" if partial else "scaling-latest.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)

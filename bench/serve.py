@@ -185,6 +185,9 @@ def soak(name, model_cfg, raws, n_total, tmp):
 
 
 def main(argv=None) -> int:
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from _commit import results_dir
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer calls and a 200,000-request soak")
     ap.add_argument("--calls", type=int, help="timed round trips per row")
@@ -200,7 +203,7 @@ def main(argv=None) -> int:
     if args.out is None:
         # a quick run wrote serve-latest.json, the source of the README's serving figures
         partial = args.quick or args.calls is not None or args.soak is not None
-        args.out = os.path.join(HERE, "results",
+        args.out = os.path.join(results_dir(HERE),
                                 "serve-partial.json" if partial else "serve-latest.json")
     # a bare file name has no folder: os.makedirs("") failed after the whole run
     args.out = os.path.abspath(args.out)

@@ -40,7 +40,7 @@ sys.path.insert(0, HERE)
 import fastpath  # noqa: E402
 from fastpath import Engine, Model  # noqa: E402
 
-from _commit import commit_stamp  # noqa: E402
+from _commit import commit_stamp, results_dir  # noqa: E402
 from _report import Dist  # noqa: E402
 
 N_FEAT = 128
@@ -256,7 +256,8 @@ def main(argv=None) -> int:
         # a quick or partial run wrote zoo-latest.json, replacing the full table the README
         # quotes ("20,000 calls a row") with a few rows of 3000 calls
         partial = args.quick or args.only or args.calls is not None
-        args.out = os.path.join(HERE, "results", "zoo-partial.json" if partial else "zoo-latest.json")
+        args.out = os.path.join(results_dir(HERE),
+                                "zoo-partial.json" if partial else "zoo-latest.json")
     n_calls = args.calls if args.calls is not None else (3000 if args.quick else 20000)
     models, X = zoo(args.quick)
     if args.only:

@@ -370,7 +370,10 @@ def test_serve_bad_arguments_are_usage_errors(bench_copy, tmp_path, args, match)
 @pytest.mark.parametrize("args, name", [
     (["--quick"], "scaling-partial.json"),
     (["--calls", "300"], "scaling-partial.json"),
-    ([], "scaling-latest.json"),
+    # fp32 alone (the default --weights) replaced the table's bf16 / int8 rows too
+    ([], "scaling-partial.json"),
+    (["--weights", "fp32,bf16"], "scaling-partial.json"),
+    (["--weights", "fp32,bf16,int8"], "scaling-latest.json"),
 ])
 def test_scaling_quick_run_does_not_replace_the_full_table(tmp_path, monkeypatch, args, name):
     """A --quick run (1000 calls a figure) or one with --calls wrote scaling-latest.json, the
@@ -469,3 +472,29 @@ def test_bench_recorded_stream_longer_than_the_replay_keeps(bench, monkeypatch):
     args = argparse.Namespace(quick=True, json_only=True, data="x.csv,y.csv")
     with pytest.raises(SystemExit, match=r"LOBSTER x.csv has 11 ticks.*at most 10"):
         run.run(args)
+
+
+def test_installed_benches_write_beside_the_caller(tmp_path, monkeypatch):
+    """From an installed package (no setup.py above bench/), scaling.py, zoo.py and serve.py
+    wrote their results into site-packages; run.py alone wrote ./fastpath-bench-results."""
+    import shutil
+    inst = tmp_path / "site" / "bench"
+    inst.mkdir(parents=True)
+    shutil.copy(os.path.join(BENCH, "_commit.py"), inst / "_commit.py")
+    sys.path.insert(0, str(inst))
+    try:
+        import importlib
+        mod = importlib.import_module("_commit")
+        importlib.reload(mod)
+        work = tmp_path / "work"
+        work.mkdir()
+        monkeypatch.chdir(work)
+        assert mod.results_dir(str(inst)) == os.path.join(str(work), "fastpath-bench-results")
+        assert mod.results_dir(BENCH) == os.path.join(BENCH, "results")
+    finally:
+        sys.path.remove(str(inst))
+        sys.modules.pop("_commit", None)
+    for script in ("run.py", "scaling.py", "zoo.py", "serve.py"):
+        with open(os.path.join(BENCH, script)) as f:
+            src = f.read()
+        assert "results_dir(HERE)" in src and 'os.path.join(HERE, "results"' not in src, script
