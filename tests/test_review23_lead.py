@@ -65,3 +65,15 @@ def test_a_spec_one_spec_cannot_compose_with_the_scaler_is_refused_on_replace():
     bad = FeatureSpec(3, np.arange(3), [], 1, np.zeros(3, np.float32), inv)
     with pytest.raises(fastpath.ModelError, match="feature 2"):
         replace(m, feature_spec=bad)
+
+
+def test_a_missing_recorded_file_is_an_input_error_naming_it(tmp_path):
+    # the module promises every problem of a recorded file is an InputError naming it; a
+    # missing one was open()'s FileNotFoundError
+    from fastpath import InputError
+    from fastpath.lob import readers
+    with pytest.raises(InputError, match=r"depth10\.csv: cannot be read \(No such file"):
+        readers.read_binance(str(tmp_path / "nowhere"))
+    (tmp_path / "ob.csv").write_text("1,2,3,4\n")
+    with pytest.raises(InputError, match=r"msg\.csv: cannot be read"):
+        readers.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))

@@ -55,6 +55,11 @@ def label_volatility(bs: BookStream, window: int = 50, quantile: float = 0.9) ->
     bs.regime_names = ("calm", "volatile")
 
 
+def _unreadable(path: str, exc: OSError, want: str) -> str:
+    why = exc.strerror or type(exc).__name__
+    return f"{path}: cannot be read ({why}); expected {want}"
+
+
 def _header(path: str) -> tuple:
     """(column names, delimiter) from a CSV file's first line."""
     try:
@@ -63,6 +68,10 @@ def _header(path: str) -> tuple:
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a text CSV file (expected a header line of column "
                          f"names)") from None
+    except OSError as exc:
+        # a missing or unreadable file was open()'s FileNotFoundError / PermissionError, where
+        # every other problem of a recorded file is an InputError naming it
+        raise InputError(_unreadable(path, exc, "a CSV file with a header line")) from None
     # a byte-order mark (a CSV saved by a spreadsheet) glued to the first name: that column was
     # "missing" in a message that listed it among those found
     line = line.strip("\r\n").removeprefix("\ufeff")
@@ -187,6 +196,8 @@ def read_lobster(orderbook_csv: str, message_csv: str, tick_size: float = 0.01,
                     raise InputError(f"{p}: empty file; expected LOBSTER rows (no header)")
         except IsADirectoryError:
             raise InputError(f"{p}: is a directory; expected a LOBSTER CSV file") from None
+        except OSError as exc:
+            raise InputError(_unreadable(p, exc, "a LOBSTER CSV file")) from None
     ob = _lobster_load(orderbook_csv)
     msg = _lobster_load(message_csv)
     if len(ob) != len(msg):
