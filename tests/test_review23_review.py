@@ -180,3 +180,43 @@ def test_the_serving_worker_runs_the_spec_then_the_scaler():
     with fastpath.serve(name, m, cfg), fastpath.connect(name) as c:
         sig = np.array([c.step(r, 0).signal for r in RAWS[:100]], np.float64)
     assert _rel(np.arctanh(sig) * scale, ref[:100]) <= TOL
+
+
+def _stop22_bytes(m, monkeypatch):
+    """m's bundle as stop 22's writer wrote it: the spec arrays hold layer_spec (the scaler
+    composed in), the header "input_scaler": true."""
+    from types import SimpleNamespace
+
+    from fastpath.model import bundle
+    like = SimpleNamespace(**{f: getattr(m, f) for f in Model._FIELDS}, meta=m.meta)
+    like.feature_spec = m.layer_spec
+    with monkeypatch.context() as mp:
+        mp.setattr(bundle, "SCALER_AFTER_SPEC", True)
+        return bundle.to_bytes(like)
+
+
+def test_stop22_writer_stand_in_makes_the_fixtures_bytes(monkeypatch):
+    m = Model.from_onnx(_path("mlp", "select", "onnx"), head=Head("regression", 1.0, (0,)))
+    with open(_path("mlp", "select", "fpm"), "rb") as f:
+        assert _stop22_bytes(m.with_feature_spec(SELECT), monkeypatch) == f.read()
+
+
+def test_a_stop22_bundle_with_constant_features_is_read_as_it_ran(monkeypatch):
+    """inv_std 0 in the spec (a constant feature; the scaler's offset 0 there) and a scale of
+    0 in the scaler: the spec taken back out composes to the stored bits."""
+    from fastpath.model.types import InputScaler
+    rng = np.random.default_rng(3)
+    layers = Model.from_onnx(_path("mlp", "select", "onnx")).layers
+    sc = InputScaler(np.array([65000.0, 0.0, 3.5, -1.0, 0.25, 7.0], np.float32),
+                     np.array([3.0, 2.0, 0.0, 1e-3, 5.0, 0.5], np.float32))
+    fs = FeatureSpec(10, WHERE, np.zeros(0, np.int32), 1,
+                     np.array([64999.0, 4.0, 1.0, 0.0, -2.0, 0.125], np.float32),
+                     np.array([1.5, 0.0, 2.0, 1.0, 0.1, 3.0], np.float32))
+    m = Model(layers, fs, input_scaler=sc)
+    back = Model.from_bytes(_stop22_bytes(m, monkeypatch))
+    assert back.layer_spec == m.layer_spec and back.input_scaler == sc
+    raws = RAWS + rng.standard_normal(RAWS.shape).astype(np.float32)
+    e1 = Engine(m, config={"engine": {"n_symbols": 1}})
+    e2 = Engine(back, config={"engine": {"n_symbols": 1}})
+    np.testing.assert_array_equal([e1.step(r, 0).signal for r in raws],
+                                  [e2.step(r, 0).signal for r in raws])
