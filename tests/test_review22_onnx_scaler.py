@@ -278,7 +278,7 @@ def test_bundle_header_names_the_scaler_only_when_there_is_one(pipes):
     blob = m.to_bytes()
     hlen = int.from_bytes(blob[12:16], "little")
     header = json.loads(blob[16:16 + hlen])
-    assert header["input_scaler"] is True
+    assert header["input_scaler"] == "after_feature_spec"     # stop 22 wrote true (spec composed)
     assert {"scaler.offset", "scaler.scale"} <= {a["name"] for a in header["arrays"]}
     plain = Model(m.layers, FeatureSpec.identity(6), m.cache_policy, {}, m.post, m.head_spec)
     assert b"input_scaler" not in plain.to_bytes()
