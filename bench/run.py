@@ -568,7 +568,7 @@ def run(args) -> dict:
         res["replay"] = replay_summary(on, ref, bs, len(raws))
 
         with progress("peers") as bar:
-            feats = model.layer_spec.apply(raws[:n_peer], syms[:n_peer])
+            feats = model.features(raws[:n_peer], syms[:n_peer])
             peers = {}
             miss_d = dists["miss"]
             for name, fn, info in make_peers(model):

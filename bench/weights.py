@@ -99,7 +99,7 @@ def stream_inputs_1024(demo: Model, raws, syms, n: int) -> np.ndarray:
     """n inputs of 1024 values from the stream: the demo's 128 features of 8 consecutive ticks
     of one symbol, concatenated. InputError where the stream has no symbol with 8 ticks (a
     stream of a few ticks ended in numpy's "need at least one array to stack")."""
-    f = demo.layer_spec.apply(raws, syms)
+    f = demo.features(raws, syms)
     per = 1024 // f.shape[1]
     rows = []
     for s in np.unique(syms):

@@ -22,6 +22,8 @@ void fp_engine_free(fp_engine *e) {
     fp_aligned_free(e->fs.mean);
     fp_aligned_free(e->fs.inv_std);
     fp_aligned_free(e->fs.w_thr);
+    fp_aligned_free(e->fs.in_off);
+    fp_aligned_free(e->fs.in_scale);
     if (!e->state_external) {
         fp_aligned_free(e->slots);
         fp_aligned_free(e->wins);
@@ -118,8 +120,11 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     fs->w_idx = (int32_t *)fp_copy_aligned(p->w_idx, sizeof(int32_t) * p->n_w);
     fs->mean = (float *)fp_copy_aligned(p->mean, sizeof(float) * n_feat);
     fs->inv_std = (float *)fp_copy_aligned(p->inv_std, sizeof(float) * n_feat);
+    const int scaled = p->in_offset != NULL && p->in_scale != NULL;
+    fs->in_off = scaled ? (float *)fp_copy_aligned(p->in_offset, sizeof(float) * n_feat) : NULL;
+    fs->in_scale = scaled ? (float *)fp_copy_aligned(p->in_scale, sizeof(float) * n_feat) : NULL;
     fs->w_thr = (double *)fp_aligned_alloc(sizeof(double) * (size_t)(p->n_w + 1));
-    if (fs->w_thr && fs->inv_std) fp_window_thresholds(fs, fs->w_thr);
+    if (fs->w_thr && fs->inv_std && (!scaled || fs->in_scale)) fp_window_thresholds(fs, fs->w_thr);
     fs->runs = (int32_t *)fp_aligned_alloc(sizeof(int32_t) * 3 * (size_t)(p->n_z + 1));
     if (fs->runs) {
         fs->n_runs = fp_feature_runs(p->z_idx, p->n_z, fs->runs);
@@ -177,6 +182,7 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     e->lat = (fp_lat *)fp_aligned_alloc(sizeof(fp_lat) * (size_t)p->lat_capacity);
     e->lat_mask = (uint64_t)p->lat_capacity - 1;
     if (!fs->z_idx || !fs->w_idx || !fs->mean || !fs->inv_std || !fs->w_thr || !fs->runs ||
+        (scaled && (!fs->in_off || !fs->in_scale)) ||
         (want_plan && !fs->zsteps) || !e->slots || !e->wins || !e->pre ||
         !e->feat || !e->buf_a || !e->buf_b || !e->out || !e->xin || !e->ts_scratch || !e->undo || !e->lat) {
         fp_engine_free(e);

@@ -41,6 +41,10 @@ typedef struct {
     int raw_len, n_z, n_w, window;
     const int32_t *z_idx, *w_idx;
     const float *mean, *inv_std;      /* n_z + 2 n_w */
+    /* the model's input scaler after the spec, feat = (feat - in_offset) * in_scale in float32
+     * (an imported pipeline's Scaler: onnxruntime's two ops), n_z + 2 n_w each; both NULL
+     * for none (fp_features.h) */
+    const float *in_offset, *in_scale;
     /* model: dims[0] == n_z + 2 n_w, dims[n_layers] = the last layer's width (1..) */
     int n_layers;
     const int *dims, *acts;

@@ -54,6 +54,8 @@ typedef struct {
     int n_zsteps;     /* > 0: compute the z-scores through the plan (before runs or gather) */
     double inv_window;/* 1.0 / window */
     double *w_thr;    /* n_w + 1: when a full window heals (fp_window_thresholds) */
+    float *in_off;    /* n_feat: the model's input scaler after the spec, or NULL (none) */
+    float *in_scale;  /* n_feat, NULL with in_off */
 } fp_feature_spec;
 
 /* When a full window's sums (of x - ref) are recomputed about its newest tick: where its
@@ -76,8 +78,11 @@ typedef struct {
  * the ring too (window_zscore's flag), so no tick is served the sums a heal discards. */
 static inline void fp_window_thresholds(const fp_feature_spec *fs, double *thr) {
     for (int j = 0; j < fs->n_w; j++) {
-        const double a = fabs((double)fs->inv_std[fs->n_z + j]),
-                     b = fabs((double)fs->inv_std[fs->n_z + fs->n_w + j]);
+        /* an input scaler after the spec multiplies what the model reads by its scale */
+        const double sa = fs->in_scale ? fabs((double)fs->in_scale[fs->n_z + j]) : 1.0,
+                     sb = fs->in_scale ? fabs((double)fs->in_scale[fs->n_z + fs->n_w + j]) : 1.0;
+        const double a = fabs((double)fs->inv_std[fs->n_z + j]) * sa,
+                     b = fabs((double)fs->inv_std[fs->n_z + fs->n_w + j]) * sb;
         const double inv = a > b ? a : b;
         thr[j] = inv > 0.0 ? (double)fs->window * 0x1p16 / (inv * inv) : INFINITY;
     }
@@ -226,8 +231,32 @@ __attribute__((noinline)) static void fp_window_features_exact(const fp_kernels 
  * a pass of allfinite. The window features go straight from the running sums to z-scores
  * (one kernel): a scratch row of means and stds in between cost a failed store-to-load
  * forward on every tick. */
+/* The model's input scaler, after the spec: feat = (feat - off) * scale, two float32 ops per
+ * feature as onnxruntime runs a Scaler (or Sub then Mul) on the features it is given. Not
+ * composed into the spec's mean and inv_std: a spec that centres price-like fields (mean
+ * ~6.5e4) followed by a scaler with an offset composes to a mean whose float32 rounding
+ * (4e-3) moved the features by that times the scales (measured: an MLP's outputs 3e-4 of
+ * their spread off onnxruntime on every tick, a tree ensemble on the other branch of a
+ * threshold). Elementwise IEEE ops, no reassociation and nothing to contract into an FMA:
+ * the same bits under every kernel set and any vectorization. */
+static inline void fp_features_scale(const fp_feature_spec *fs, float *feat) {
+    const float *o = fs->in_off, *s = fs->in_scale;
+    for (int j = 0; j < fs->n_feat; j++) feat[j] = (feat[j] - o[j]) * s[j];
+}
+
+static inline int fp_features_spec(const fp_kernels *k, const fp_feature_spec *fs,
+                                   const unsigned char *win, const float *raw, float *feat);
+
 static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec *fs,
                                       const unsigned char *win, const float *raw, float *feat) {
+    const int finite = fp_features_spec(k, fs, win, raw, feat);
+    if (__builtin_expect(fs->in_scale != NULL, 0)) fp_features_scale(fs, feat);
+    return finite;
+}
+
+/* The spec's features (z-scores, window stats), before any input scaler. */
+static inline int fp_features_spec(const fp_kernels *k, const fp_feature_spec *fs,
+                                   const unsigned char *win, const float *raw, float *feat) {
     int finite;
     /* contiguous loads beat a gather once runs average 4+ fields */
     if (fs->n_zsteps) {

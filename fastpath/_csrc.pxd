@@ -216,6 +216,8 @@ cdef extern from "fp_engine.h" nogil:
         const int32_t *w_idx
         const float *mean
         const float *inv_std
+        const float *in_offset
+        const float *in_scale
         int n_layers
         const int *dims
         const int *acts

@@ -282,7 +282,7 @@ cdef class Engine:
         if keep:
             self._region = keep[0]
             self.memory = self._region.report
-        fs = self.model.layer_spec
+        fs = self.model.feature_spec
         self.raw_len = fs.raw_len
         self.n_features = fs.n_feat
         self.n_outputs = self._e.n_out

@@ -12,7 +12,7 @@ cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
     for one, is appended to `keep`: it must outlive the engine."""
     cdef fp_engine *e = NULL
     m = model
-    fs = m.layer_spec      # the feature spec, then the input scaler: what feeds the first layer
+    fs = m.feature_spec     # the input scaler (when the model has one) runs after it, in C
     pol = cfg.cache
     layers = m.layers
     cdef int L = len(layers)
@@ -24,6 +24,9 @@ cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
     w_idx = np.ascontiguousarray(fs.w_idx, dtype=np.int32)
     mean = np.ascontiguousarray(fs.mean, dtype=np.float32)
     inv_std = np.ascontiguousarray(fs.inv_std, dtype=np.float32)
+    sc = m.input_scaler
+    in_off = None if sc is None else np.ascontiguousarray(sc.offset, dtype=np.float32)
+    in_scale = None if sc is None else np.ascontiguousarray(sc.scale, dtype=np.float32)
     tree_keep = []
     if m.trees is not None:
         # the C core packs its own copy; these arrays only live through fp_engine_create
@@ -71,6 +74,11 @@ cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL:
         p.w_idx = <const int32_t *>cnp.PyArray_DATA(w_idx)
         p.mean = <const float *>cnp.PyArray_DATA(mean)
         p.inv_std = <const float *>cnp.PyArray_DATA(inv_std)
+        if sc is not None:
+            a = in_off
+            p.in_offset = <const float *>cnp.PyArray_DATA(a)
+            a = in_scale
+            p.in_scale = <const float *>cnp.PyArray_DATA(a)
         if m.trees is not None:
             p.model_kind = FP_MODEL_TREES
             p.trees = &td

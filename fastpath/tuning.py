@@ -56,7 +56,7 @@ def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Itera
 
     A model with an input scaler (imported from ONNX with a Scaler in front) keeps it after
     the fitted spec, as with_feature_spec does: the fitted spec makes the model's input and
-    the scaler follows (Model.layer_spec)."""
+    the scaler follows (Model.features)."""
     fs = FeatureSpec.fit(raws, z_idx, w_idx, window, symbols, field_names)
     base = model.cache_policy
     meta = {k: v for k, v in model.meta.items() if k != "cache_policy_fit"}
@@ -87,7 +87,7 @@ def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = 
         i, j = np.argwhere(bad)[0]
         raise InputError(f"raws row {i} field {j} is {r[i, j]}; calibration ticks must be "
                          f"finite ({int(bad.any(1).sum())} row(s) are not)")
-    # outputs(): layer_spec (the feature spec, then the input scaler) then the layers
+    # outputs(): features() (the feature spec, then the input scaler) then the layers
     pred = model.outputs(r, symbols)[:, h.outputs[0]].astype(np.float64)
     if not np.all(np.isfinite(pred)):
         raise ModelError("the model's predictions on the calibration ticks contain NaN/Inf")

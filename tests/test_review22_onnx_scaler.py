@@ -97,7 +97,7 @@ def _engine_outputs(m, X, isa):
     e = Engine(m, config=engine_cfg(isa))
     sig = np.array([e.step(x, 0).signal for x in X], np.float64)
     feats = np.stack([e.features(x, 0) for x in X])
-    np.testing.assert_allclose(feats, m.layer_spec.apply(X), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(feats, m.features(X))
     ref = m.outputs(X).astype(np.float64)
     cols = []
     for j in range(ref.shape[1]):
@@ -132,11 +132,10 @@ def test_pipeline_matches_onnxruntime(pipes, name, isa):
     assert _rel(m.outputs(X), ref) <= TOL
     sc = m.input_scaler
     assert sc is not None
-    # the feature spec makes the graph's input (the identity); the engine runs it and the
-    # scaler as one spec, which for the identity is exactly the scaler
+    # the feature spec makes the graph's input (the identity); the feature stage runs it,
+    # then the scaler's two float32 ops: onnxruntime's
     assert m.feature_spec == FeatureSpec.identity(sc.n)
-    np.testing.assert_array_equal(m.layer_spec.mean, sc.offset)
-    np.testing.assert_array_equal(m.layer_spec.inv_std, sc.scale)
+    np.testing.assert_array_equal(m.features(X), sc.apply(X))
     # forward() of the feature spec's output is outputs(): one meaning of "the model's input"
     np.testing.assert_array_equal(m.forward(m.feature_spec.apply(X)), m.outputs(X))
 
@@ -326,21 +325,23 @@ def test_with_feature_spec_composes_after_the_users_spec(pipes, isa):
     assert _rel(m2.outputs(raws), ref) <= TOL
     sc = m.input_scaler
     assert m2.input_scaler == sc
-    # a spec that scales too: composed in float64 and rounded once, within float32's
-    # resolution of the composed mean of the float64 reference of spec then scaler
+    # a spec that scales too: the spec's float32 features, then the scaler's float32 ops,
+    # bit for bit under every kernel set; within float32's rounding of the float64 pair
     fs3 = FeatureSpec(10, where, np.zeros(0, np.int32), 1,
                       np.array([1.0, -2.0, 0.5, 0.0, 0.001, 0.0], np.float32),
                       np.array([1.0, 1.0, 1.0, 3.0, 0.5, 2.0], np.float32))
     m3 = m.with_feature_spec(fs3)
     e3 = Engine(m3, config=engine_cfg(isa))
     feat = np.stack([e3.features(r, 0) for r in raws])
+    assert m3.feature_spec == fs3
+    np.testing.assert_array_equal(feat, sc.apply(fs3.apply(raws)))
+    np.testing.assert_array_equal(feat, m3.features(raws))
     want = _spec_then_scaler_f64(fs3, sc, raws)
-    comp = m3.layer_spec
-    assert m3.feature_spec == fs3 and comp == sc.compose(fs3)
-    bound = 4 * np.finfo(np.float32).eps * (np.abs(raws[:, where]) + np.abs(comp.mean)) * \
-        np.abs(comp.inv_std) + 1e-6
+    f1 = np.abs(fs3.apply(raws)).astype(np.float64)
+    bound = 4 * np.finfo(np.float32).eps * (f1 + np.abs(sc.offset)) * np.abs(sc.scale) + 1e-6
     assert np.all(np.abs(feat - want) <= bound)
-    np.testing.assert_array_equal(feat, comp.apply(raws))
+    # and the model reads what onnxruntime reads given the spec's output
+    assert _rel(m3.outputs(raws), _ort(path, fs3.apply(raws))) <= TOL
     # the spec it has is taken as it is (not composed a second time)
     assert m.with_feature_spec(m.feature_spec) == m
     assert m3.with_feature_spec(m3.feature_spec) == m3
@@ -351,7 +352,7 @@ def test_with_feature_spec_composes_after_the_users_spec(pipes, isa):
     for other in (replace(m, feature_spec=fs3),
                   Model(m.layers, fs3, m.cache_policy, m.meta, m.post, m.head_spec,
                         input_scaler=sc)):
-        assert other == m3 and other.layer_spec == comp
+        assert other == m3
         eo = Engine(other, config=engine_cfg(isa))
         np.testing.assert_array_equal(np.stack([eo.features(r, 0) for r in raws]), feat)
 
@@ -364,42 +365,47 @@ def test_calibrate_keeps_the_scaler_after_the_fitted_spec(pipes):
     fitted = FeatureSpec.fit(X, range(6))
     assert out.input_scaler == m.input_scaler
     assert out.feature_spec == fitted
-    assert out.layer_spec == m.input_scaler.compose(fitted)
-    # the head scale was fitted on the model that runs: spec, then scaler, then layers
-    # the engine runs spec, then scaler, then layers: against the float64 spec and scaler
-    # (within float32's resolution of the composed mean: these features are ~1e5)
+    # the engine runs spec, then scaler, then layers: the spec's float32 features through
+    # the scaler's float32 ops, as onnxruntime runs the graph on the spec's output
     e = Engine(out, config={"engine": {"n_symbols": 1}})
-    feat = np.stack([e.features(x, 0) for x in X]).astype(np.float64)
-    want = _spec_then_scaler_f64(fitted, m.input_scaler, X)
-    assert np.abs(feat - want).max() <= 4 * np.finfo(np.float32).eps * np.abs(want).max()
+    feat = np.stack([e.features(x, 0) for x in X])
+    np.testing.assert_array_equal(feat, m.input_scaler.apply(fitted.apply(X)))
+    # (the layers' outputs, ~-4.6e4 with a spread of ~500, differ from onnxruntime's by the
+    # summation order alone: 1.4e-5 of the spread)
+    assert _rel(out.outputs(X), _ort(path, fitted.apply(X))) <= 5e-5
     # the head scale was fitted on the model that runs, not on forward(spec(...)), which
     # would apply the scaler twice
     assert out.head_spec.scale == pytest.approx(
         np.quantile(np.abs(out.outputs(X)[:, 0]), 0.95) / 2.0)
 
 
-def test_compose_edge_cases(pipes):
-    m = Model.from_onnx(pipes["std_mlp"][0])
+def test_specs_one_composed_spec_could_not_run(pipes, isa):
+    """Composed into one spec, an inv_std 0 feature (a constant 0, which the scaler maps to
+    -offset * scale) had no (pre - m) * s form and was a ModelError, and a tiny inv_std made
+    a composed mean past float32's range; run as two steps, both are what onnxruntime
+    computes on the spec's output."""
+    path = pipes["std_mlp"][0]
+    m = Model.from_onnx(path)
     sc = m.input_scaler
     n = sc.n
     z = np.arange(n)
-    # inv_std 0 makes a feature a constant 0, which the scaler maps to -offset * scale (not
-    # 0): the feature stage cannot compute it, said rather than served otherwise
+    X, _ = _prices(50, seed=12)
     inv = np.ones(n, np.float32)
     inv[1] = 0.0
-    with pytest.raises(ModelError, match="feature 1 .* inv_std 0"):
-        m.with_feature_spec(FeatureSpec(n, z, [], 1, np.zeros(n, np.float32), inv))
-    from fastpath.model.types import InputScaler
-    zero_off = InputScaler(np.zeros(n, np.float32), sc.scale)
-    fs = zero_off.compose(FeatureSpec(n, z, [], 1, np.full(n, 2.0, np.float32), inv))
-    assert fs.inv_std[1] == 0.0 and fs.mean[1] == 2.0
-    # a composed mean past float32's range is a ModelError naming the feature
     tiny = np.ones(n, np.float32)
     tiny[0] = 1e-38
-    with pytest.raises(ModelError, match="feature 0: .*beyond float32's range"):
-        m.with_feature_spec(FeatureSpec(n, z, [], 1, np.zeros(n, np.float32), tiny))
-    with pytest.raises(ModelError, match="makes 3 features but the model's input scaler"):
-        sc.compose(FeatureSpec.identity(3))
+    for fs in (FeatureSpec(n, z, [], 1, np.zeros(n, np.float32), inv),
+               FeatureSpec(n, z, [], 1, np.zeros(n, np.float32), tiny)):
+        m2 = m.with_feature_spec(fs)
+        e = Engine(m2, config=engine_cfg(isa))
+        feat = np.stack([e.features(x, 0) for x in X])
+        np.testing.assert_array_equal(feat, sc.apply(fs.apply(X)))
+        # (a constant feature of -2.3e5 makes outputs ~8.7e4 with a spread of 2: relative to
+        # their size, the layers' summation order is all that differs)
+        np.testing.assert_allclose(m2.outputs(X), _ort(path, fs.apply(X)), rtol=1e-6)
+    with pytest.raises(ModelError, match="the feature spec makes 3 features but the first "
+                                         "layer takes 6"):
+        m.with_feature_spec(FeatureSpec.identity(3))
 
 
 def test_cache_policy_follows_the_features(pipes):

@@ -359,7 +359,7 @@ class GpuEngine:
             exc.result = []
             raise
         n = len(raws)
-        fs = eng.model.layer_spec
+        fs = eng.model.feature_spec
         stateless = fs is None or len(fs.w_idx) == 0
         cap = self.backend.path.max_batch if self.mode == "launch" else 1
         chunks, cur, seen = [], [], set()

@@ -16,20 +16,15 @@ head for its outputs (two outputs: tanh / sigmoid, what every such bundle was wr
 Input scaler: a model imported from ONNX with a Scaler (or Sub / Div...) in front keeps it
 as Model.input_scaler, stored as the arrays "scaler.offset" and "scaler.scale" with
 "input_scaler": "after_feature_spec" in the header. The feature spec arrays hold
-Model.feature_spec (raw tick -> the model's input), the scaler arrays the scaler after it, as
-the Model keeps them; the reader composes the two into the spec the engine runs
-(Model.layer_spec, float64 arithmetic rounded once to float32: the same bits on every
-machine). The key and arrays are written only for a model that has a scaler: any other model
-is written byte for byte as before, and bundles without them (all written before) are read
-with no scaler, as they ran.
+Model.feature_spec (raw tick -> the model's input), the scaler arrays the scaler the feature
+stage runs after it, as the Model keeps them. The key and arrays are written only for a
+model that has a scaler: any other model is written byte for byte as before, and bundles
+without them (all written before) are read with no scaler, as they ran.
 
-Stop 22 wrote "input_scaler": true with the other layout: its feature spec arrays held the
-spec with the scaler already composed in (what the engine ran). Read as the user's spec, the
-scaler ran twice (a saturated signal on every tick); such a bundle is read by taking the
-scaler back out of its spec (the spec whose composition with the scaler is the stored one,
-bit for bit where float32 allows), so it answers as it did. A stop-22 reader refuses this
-layout ("input_scaler must be true"), where reading it as its own would have dropped the
-scaler; a reader that predates the key refuses both (unknown header key).
+"input_scaler": true marked the layout of a development build that never shipped (the
+scaler composed into the spec arrays, which this reader would run with the scaler a second
+time): refused, naming the fix (import the ONNX file again). A reader that predates the key
+refuses both (unknown header key).
 
 Cache policy in the header: since the cache is off unless a policy was fitted, the header
 records `fitted_max_error` (null when not fitted). Bundles written before that key existed
@@ -56,8 +51,7 @@ from fastpath.model.types import CachePolicy, FeatureSpec, Head, InputScaler, La
 MAGIC = b"FPMODEL\x01"
 END = b"FPEND\x00\x00\x00"
 VERSION = 1
-# the header's "input_scaler": the feature spec arrays hold the spec before the scaler (true:
-# stop 22's layout, the scaler composed into them)
+# the header's "input_scaler": the feature spec arrays hold the spec before the scaler
 SCALER_AFTER_SPEC = "after_feature_spec"
 
 
@@ -136,48 +130,6 @@ def _expected_arrays(header: dict) -> list:
     if header.get("input_scaler") is not None:
         names += ["scaler.offset", "scaler.scale"]
     return names
-
-
-def _spec_before_scaler(comp: FeatureSpec, sc: InputScaler) -> FeatureSpec:
-    """The feature spec fs with sc.compose(fs) == comp: a stop-22 bundle stored comp (its
-    spec with the scaler composed in) where this reader expects fs. compose makes
-    inv = s1 * s2 and mean = m1 + m2 / s1 (m1 where s1 is 0) in float64, rounded once; the
-    inverse is taken in float64, and among the float32 values next to it the one that
-    composes back to the stored bits is kept (the rounded inverse where none does: the
-    features then differ from the stored spec's by float32 rounding)."""
-    M, S = comp.mean.astype(np.float64), comp.inv_std.astype(np.float64)
-    m2, s2 = sc.offset.astype(np.float64), sc.scale.astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # a scale of 0 makes inv 0 whatever s1 was: 1 is as good as any
-        s1 = np.where(s2 != 0.0, S / np.where(s2 != 0.0, s2, 1.0), 1.0)
-
-    def near(x: np.ndarray) -> list:
-        """float32 x and its neighbours, nearest first."""
-        x = x.astype(np.float32)
-        out, up, dn = [x], x, x
-        for _ in range(3):
-            up, dn = np.nextafter(up, np.float32(np.inf)), np.nextafter(dn, np.float32(-np.inf))
-            out += [up, dn]
-        return out
-
-    def pick(cands: list, target: np.ndarray, make) -> np.ndarray:
-        got = cands[0].copy()
-        done = np.zeros(len(got), bool)
-        for c in cands:
-            with np.errstate(all="ignore"):
-                ok = ~done & (make(c.astype(np.float64)).astype(np.float32) == target)
-            got[ok] = c[ok]
-            done |= ok
-        return got
-
-    s1 = pick(near(s1), comp.inv_std, lambda c: c * s2)
-    z = s1.astype(np.float64) == 0.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        m1 = np.where(z, M, M - m2 / np.where(z, 1.0, s1.astype(np.float64)))
-        q = m2 / np.where(z, 1.0, s1.astype(np.float64))
-    m1 = pick(near(m1), comp.mean, lambda c: np.where(z, c, c + q))
-    return FeatureSpec(comp.raw_len, comp.z_idx, comp.w_idx, comp.window, m1, s1,
-                       comp.field_names)
 
 
 def _int(v, what: str) -> int:
@@ -412,13 +364,15 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
                                  arrays["trees.base_values"], tj["aggregate"],
                                  tj["post_transform"], tj["classifier"])
         sj = header.get("input_scaler")
-        if sj is not None and sj is not True and sj != SCALER_AFTER_SPEC:
-            raise ModelError(f"input_scaler must be {SCALER_AFTER_SPEC!r} (or true, stop 22's "
-                             f"layout, or absent), got {sj!r}")
+        if sj is True:
+            raise ModelError("input_scaler true: the layout of a development build that never "
+                             "shipped (its feature spec holds the scaler too, which would run "
+                             "twice); import the model's ONNX file again and save it")
+        if sj is not None and sj != SCALER_AFTER_SPEC:
+            raise ModelError(f"input_scaler must be {SCALER_AFTER_SPEC!r} (or absent), got "
+                             f"{sj!r}")
         scaler = None if sj is None else InputScaler(arrays["scaler.offset"],
                                                      arrays["scaler.scale"])
-        if sj is True:
-            fs = _spec_before_scaler(fs, scaler)
         # bundles written before weight formats existed ran fp32
         return Model(layers, fs, _policy(header["cache_policy"], meta), meta,
                      header.get("post", "none"), head, weights=header.get("weights", "fp32"),

@@ -298,8 +298,12 @@ class InputScaler:
     A Model keeps it as model.input_scaler beside its feature_spec, and the two stay apart:
     feature_spec turns a raw tick into the model's input (the ONNX graph's input: the user's
     to set, replace or calibrate), input_scaler turns that into the first layer's input (the
-    model's: it was fitted with the layers), and the engine runs the two as one spec,
-    Model.layer_spec = input_scaler.compose(feature_spec). Any way of setting the spec
+    model's: it was fitted with the layers). The feature stage runs the spec, then the
+    scaler as two more float32 ops per feature, as onnxruntime runs it on the features it is
+    given (not composed into the spec's mean and inv_std: a spec that centres price-like
+    fields, mean ~6.5e4, then a scaler with an offset, composes to a mean whose float32
+    rounding moved the features; see fp_features_scale in csrc/fp_features.h).
+    Model.features(raws) is the numpy reference of the two. Any way of setting the spec
     (with_feature_spec, calibrate, dataclasses.replace, the constructor) keeps the scaler."""
     offset: np.ndarray
     scale: np.ndarray
@@ -338,48 +342,6 @@ class InputScaler:
             raise InputError(f"InputScaler.apply: x must have shape ({self.n},) or (rows, "
                              f"{self.n}), got {x.shape}")
         return ((x - self.offset) * self.scale).astype(np.float32)
-
-    def compose(self, fs: FeatureSpec) -> FeatureSpec:
-        """fs followed by this scaler as one FeatureSpec: (pre - m1) * s1 then (f - m2) * s2
-        is (pre - (m1 + m2 / s1)) * (s1 * s2), computed in float64 and stored in float32
-        (one rounding of each, where two steps in float32 round twice). With the identity
-        spec (m1 = 0, s1 = 1) this is exactly the scaler, so an imported model runs the ops
-        onnxruntime runs.
-
-        A feature whose inv_std s1 is 0 is constant, (0 - m2) * s2; the form (pre - m) * s
-        can only make that constant when m2 is 0 (mean m1, inv_std 0). Where it is not, or
-        the composed mean / scale leave float32's range, this is a ModelError naming the
-        feature: folding such a constant into the first layer (what the old import did)
-        would change the layers that to_onnx and the bundle write, and a tree has no bias to
-        fold it into. (s1 cannot be Inf or NaN: FeatureSpec refuses both.)"""
-        if not isinstance(fs, FeatureSpec):
-            raise ModelError(f"feature_spec must be a FeatureSpec, got {type(fs).__name__}")
-        if fs.n_feat != self.n:
-            raise ModelError(f"the feature spec makes {fs.n_feat} features but the model's input "
-                             f"scaler takes {self.n}")
-        m1, s1 = fs.mean.astype(np.float64), fs.inv_std.astype(np.float64)
-        m2, s2 = self.offset.astype(np.float64), self.scale.astype(np.float64)
-        zero = s1 == 0.0
-        bad = np.flatnonzero(zero & (m2 != 0.0))
-        if bad.size:
-            j = int(bad[0])
-            raise ModelError(f"feature {j} of the feature spec has inv_std 0 (a constant 0), "
-                             f"which the model's input scaler maps to {-m2[j] * s2[j]:g}: a "
-                             f"constant the feature stage cannot compute; give the feature a "
-                             f"nonzero inv_std")
-        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            mean = np.where(zero, m1, m1 + m2 / np.where(zero, 1.0, s1))
-            inv = s1 * s2
-        big = ~(np.isfinite(mean) & np.isfinite(inv)) | (np.abs(mean) > _F32_MAX) | \
-            (np.abs(inv) > _F32_MAX)
-        if big.any():
-            j = int(np.flatnonzero(big)[0])
-            raise ModelError(f"feature {j}: the feature spec (mean {m1[j]:g}, inv_std {s1[j]:g}) "
-                             f"followed by the model's input scaler (offset {m2[j]:g}, scale "
-                             f"{s2[j]:g}) makes mean {mean[j]:g}, inv_std {inv[j]:g}, beyond "
-                             f"float32's range")
-        return FeatureSpec(fs.raw_len, fs.z_idx, fs.w_idx, fs.window, mean.astype(np.float32),
-                           inv.astype(np.float32), fs.field_names)
 
 
 def window_pre_features(raws: np.ndarray, symbols: np.ndarray, z_idx: np.ndarray,
@@ -639,9 +601,9 @@ class Model:
     A model imported from ONNX with a scaler in front has input_scaler: the model reads its
     input x (what onnxruntime reads, what forward() and to_onnx take) as
     input_scaler.apply(x) = (x - offset) * scale. feature_spec turns a raw tick into that
-    input x; layer_spec (feature_spec then the scaler, one spec) turns it into the first
-    layer's input, and is what the feature stage runs (in float32, as onnxruntime runs the
-    scaler; see InputScaler). Without a scaler layer_spec is feature_spec."""
+    input x; the feature stage runs the spec then the scaler (in float32, as onnxruntime
+    runs the scaler; see InputScaler), and features(raws) is the numpy reference of the
+    first layer's inputs."""
     layers: tuple
     feature_spec: FeatureSpec | None = None
     cache_policy: CachePolicy = field(default_factory=CachePolicy)
@@ -653,7 +615,7 @@ class Model:
     # own post transform); see fastpath.model.trees
     trees: Any = None
     # the affine map the model reads its input through (an imported Scaler, Sub / Div...),
-    # applied after feature_spec (layer_spec is the two as one spec, what the engine runs).
+    # applied after feature_spec (by the feature stage, as two float32 ops a feature).
     # A Model field rather than a mark inside FeatureSpec: the spec is the user's to replace,
     # the scaler is the model's (it was fitted with the layers), and a spec replaced any way
     # (with_feature_spec, calibrate, dataclasses.replace) keeps it. Stop 22 stored the spec
@@ -715,23 +677,24 @@ class Model:
         self._check_scaler()
 
     def _check_scaler(self) -> None:
-        """layer_spec: the feature spec followed by the input scaler as one spec (compose
-        refuses a pair that one spec cannot express, naming the feature)."""
         sc, fs = self.input_scaler, self.feature_spec
-        if sc is None:
-            object.__setattr__(self, "_layer_spec", fs)
-            return
-        if sc.n != fs.n_feat:
+        if sc is not None and sc.n != fs.n_feat:
             raise ModelError(f"the input scaler takes {sc.n} inputs but the feature spec makes "
                              f"{fs.n_feat} features")
-        object.__setattr__(self, "_layer_spec", sc.compose(fs))
 
-    @property
-    def layer_spec(self) -> FeatureSpec:
-        """The spec the feature stage runs: raw tick -> the first layer's (or the trees')
-        input. feature_spec followed by input_scaler (InputScaler.compose) when the model has
-        one, else feature_spec itself."""
-        return self._layer_spec
+    def features(self, raws: np.ndarray, symbols: np.ndarray | None = None) -> np.ndarray:
+        """The first layer's (or the trees') inputs for raw ticks (n, raw_len), windows
+        replayed per symbol, float32: feature_spec.apply, then the input scaler when the model
+        has one (input_scaler.apply). The numpy reference of what the feature stage computes
+        (Engine.features, one tick)."""
+        f = self.feature_spec.apply(raws, symbols)
+        sc = self.input_scaler
+        if sc is None:
+            return f
+        with np.errstate(over="ignore", invalid="ignore"):
+            # a feature the scaler takes past float32's range is Inf here, as in the engine
+            # (which refuses the tick)
+            return sc.apply(f)
 
     _FIELDS = ("layers", "feature_spec", "cache_policy", "post", "head_spec", "weights", "trees",
                "input_scaler")
@@ -830,7 +793,7 @@ class Model:
 
         A model with an input scaler (imported from ONNX with a Scaler in front) reads fs's
         features through it, as it always did: fs makes the model's input (the ONNX graph's
-        input) and the scaler follows (layer_spec is the two as one spec)."""
+        input) and the scaler follows."""
         if fs == self.feature_spec:
             return replace(self, feature_spec=fs)
         pol, meta = self._unfitted()
@@ -892,9 +855,9 @@ class Model:
     def outputs(self, raws: np.ndarray, symbols: np.ndarray | None = None) -> np.ndarray:
         """Model outputs (post transform, no head) for raw ticks (n, raw_len), windows
         replayed per symbol: the numpy reference of what the engine computes before the
-        head (layer_spec.apply: the feature spec then the input scaler as the feature stage
-        runs them, as one spec; then the layers or trees)."""
-        return self._layers_forward(self.layer_spec.apply(raws, symbols))
+        head (features(): the feature spec then the input scaler, as the feature stage runs
+        them; then the layers or trees)."""
+        return self._layers_forward(self.features(raws, symbols))
 
     def _layers_forward(self, features: np.ndarray) -> np.ndarray:
         if self.trees is not None:
@@ -985,8 +948,7 @@ class Model:
         The affine map the graph reads its input through (a Scaler, or Sub / Add then Mul /
         Div by constants) becomes the model's input_scaler, run by the feature stage in
         float32 as onnxruntime runs it: the feature spec is the identity (raw = the graph's
-        input), layer_spec the identity followed by the scaler (mean = offset, inv_std =
-        scale), and the first layer keeps the file's weights."""
+        input), the scaler follows it, and the first layer keeps the file's weights."""
         from fastpath.model.onnx_import import read_onnx
         name = os.fspath(path)
         g = read_onnx(name)
@@ -995,7 +957,6 @@ class Model:
             try:
                 sc = InputScaler(*g["input"])
                 fs = FeatureSpec.identity(sc.n)
-                sc.compose(fs)      # a scaler one spec cannot express, named here
             except ModelError as exc:
                 raise ModelError(f"{name}: the input scaler: {exc}") from None
         if "trees" in g:
