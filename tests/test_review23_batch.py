@@ -167,8 +167,8 @@ def test_model_refusal_in_a_later_piece(pieces):
     assert errs[0] == errs[1]
 
 
-def _long_batch(n=120_000):
-    m = windowed_model(np.random.default_rng(11), hidden=(64, 64))
+def _long_batch(n=20_000):
+    m = windowed_model(np.random.default_rng(11), hidden=(128, 128))
     raws, syms, ts = _stream(m, n, 11)
     return m, raws, syms, ts
 
@@ -273,7 +273,7 @@ def test_handler_that_steps_the_engine_is_refused(pieces):
     """A signal handler that steps the engine mid-batch finds it busy (the batch's state is
     half applied): EngineBusyError out of step_batch with the rows applied, and the engine
     free afterwards."""
-    m, raws, syms, ts = _long_batch(40_000)
+    m, raws, syms, ts = _long_batch(8_000)
     pieces(1)
     eng = Engine(m, config=engine_cfg("scalar"))
     seen = []
