@@ -440,12 +440,15 @@ cdef class Engine:
         if self._on_gpu: return self._step_gpu(raw, symbol, ts_ns)
         return self._step(raw, symbol, ts_ns)
 
-    def _step_external(self, raw, symbol, outputs, long long infer_ns, ts_ns=None):
+    def _step_external(self, raw, symbol, outputs, long long infer_ns, ts_ns=None,
+                       list into=None):
         """One tick whose model outputs come from outside the engine (another backend): the
         engine's own validation, features, cache lookup, head, store and window commit around
         `outputs` (float32 (n_outputs,), after the post transform, used only on a miss), with `infer_ns` reported as the time the
         outside inference took (the head's time is added to it; on a miss total_ns includes
-        it too, as it ran before this call). The path a GPU backend takes."""
+        it too, as it ran before this call). The path a GPU backend takes. into: a list the
+        Result is appended to before this returns (a batch's answers: a KeyboardInterrupt
+        raised as the call returns lost an applied row's answer from `out.append(...)`)."""
         cdef fp_result r
         cdef fp_pending pend
         cdef const float *p = self._raw_ptr(raw)
@@ -471,7 +474,10 @@ cdef class Engine:
             r.total_ns += infer_ns
             rec = &self._e.lat[(self._e.ticks - 1) & self._e.lat_mask]
             rec.total = <uint32_t>min(<long long>rec.total + infer_ns, <long long>0xFFFFFFFF)
-        return _make_result(&r)
+        res = _make_result(&r)
+        if into is not None:
+            into.append(res)
+        return res
 
     cdef tuple _batch_args(self, raws, symbols, ts_ns):
         """step_batch's arguments checked and made contiguous: (raws float32 (n, raw_len),
@@ -602,10 +608,7 @@ cdef class Engine:
             # applied, their answers with the exception, as a refusal's
             applied = pos.applied
             _partial_batch(exc, sig, conf, cached, tot, applied)
-            exc.add_note(f"step_batch stopped after {applied} of {n} rows: "
-                         + (f"rows 0..{applied - 1} were applied" if applied
-                            else "no row was applied")
-                         + " (their answers: .result, their count: .applied)")
+            exc.add_note(_stopped_note(applied, n))
             raise
         finally:
             self._busy = False
@@ -1063,6 +1066,13 @@ cdef class Engine:
                     note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
                     raise _partial_batch(type(exc)(str(exc) + note), sig, conf, cached, tot,
                                          i) from None
+                except BaseException as exc:
+                    # a signal handler's exception (Ctrl-C's KeyboardInterrupt), raised in the
+                    # Python of the GPU call: row i was not applied (fp_step_begin writes
+                    # nothing), the rows before it were, as a refusal says
+                    _partial_batch(exc, sig, conf, cached, tot, i)
+                    exc.add_note(_stopped_note(i, n))
+                    raise
                 sig[i] = res.signal
                 conf[i] = res.confidence
                 cached[i] = res.cached
@@ -1100,6 +1110,13 @@ def _partial_batch(exc, sig, conf, cached, tot, Py_ssize_t applied):
     exc.result = _batch_result(sig[:applied].copy(), conf[:applied].copy(),
                                cached[:applied].copy(), tot[:applied].copy())
     return exc
+
+
+def _stopped_note(Py_ssize_t applied, Py_ssize_t n):
+    """The note on an exception that stopped a batch from outside (a signal handler's)."""
+    return (f"step_batch stopped after {applied} of {n} rows: "
+            + (f"rows 0..{applied - 1} were applied" if applied else "no row was applied")
+            + " (their answers: .result, their count: .applied)")
 
 
 def _no_row(exc, bint row_note=False):

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+import fastpath
 from fastpath import Engine, EngineBusyError, InputError
 from fastpath import _engine
 from fastpath.model import CachePolicy, Layer, Model
@@ -310,3 +311,85 @@ def test_off_the_main_thread_one_piece(pieces):
     t.start()
     t.join()
     _same(out["r"], _rowwise(Engine(m, config=engine_cfg("scalar")), raws, syms, ts))
+
+
+# --- the GPU backend's batches on the stand-in driver (tests/test_gpu.py) ------------------
+# Engine(backend="gpu").step_batch and GpuEngine.step_batch step their rows from Python, so a
+# signal handler runs between rows already (in the GPU call's Python); what they lacked was
+# the rows applied on its exception.
+
+from test_gpu import HIT_CACHE, _head_model, fake_fatbin, fake_gpu  # noqa: E402,F401
+from test_gpu import _stream as _gpu_stream  # noqa: E402
+
+
+def _alarm_on_call(k):
+    """A wrapper of a function that raises SIGALRM (handler: Alarm) on its k-th call."""
+    calls = []
+
+    def wrap(real):
+        def f(*a):
+            calls.append(1)
+            if len(calls) == k:
+                signal.raise_signal(signal.SIGALRM)
+            return real(*a)
+        return f
+    return wrap
+
+
+def _raise_alarm(signum, frame):
+    raise Alarm("time is up")
+
+
+def test_gpu_engine_batch_interrupted_in_a_gpu_call(fake_gpu):
+    rng = np.random.default_rng(23)
+    m = _head_model(rng, "classifier3")
+    raws, syms = _gpu_stream(rng)
+    n = len(raws)
+    ts = np.arange(n, dtype=np.int64) * 1000
+    cfg = {"engine": {"n_symbols": 3}, "cache": HIT_CACHE}
+    old = signal.signal(signal.SIGALRM, _raise_alarm)
+    try:
+        with fastpath.Engine(m, backend="gpu", config=cfg) as ge:
+            be = ge.gpu_backend
+            be.infer = _alarm_on_call(20)(be.infer)
+            with pytest.raises(Alarm) as ei:
+                ge.step_batch(raws, syms, ts)
+            k = ei.value.applied
+            assert 20 <= k < n and ge.ticks == k      # the 20th miss's row is not applied
+            cpu = fastpath.Engine(m, backend="cpu", config=cfg)
+            want = cpu.step_batch(raws[:k], syms[:k], ts[:k])
+            got = ei.value.result
+            np.testing.assert_array_equal(got.cached, want.cached)
+            np.testing.assert_allclose(got.signal, want.signal, atol=1e-5)
+            rest = ge.step_batch(raws[k:], syms[k:], ts[k:])        # not busy
+            want = cpu.step_batch(raws[k:], syms[k:], ts[k:])
+            np.testing.assert_array_equal(rest.cached, want.cached)
+            assert ge.ticks == n
+    finally:
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_gpu_engine_wrapper_batch_interrupted(fake_gpu):
+    from fastpath.gpu import GpuEngine
+    rng = np.random.default_rng(24)
+    m = _head_model(rng, "classifier3")
+    raws, syms = _gpu_stream(rng, 40)
+    n = len(raws)
+    cfg = {"engine": {"n_symbols": 3}, "cache": {"enabled": False}}
+    old = signal.signal(signal.SIGALRM, _raise_alarm)
+    try:
+        with GpuEngine(m, cfg, mode="launch", max_batch=8) as ge:
+            path = ge.backend.path
+            path.collect = _alarm_on_call(2)(path.collect)     # in the second launch
+            with pytest.raises(Alarm) as ei:
+                ge.step_batch(raws, syms)
+            k = ei.value.applied
+            assert 0 < k < n and ge.engine.ticks == k and len(ei.value.result) == k
+            want = fastpath.Engine(m, backend="cpu", config=cfg).step_batch(raws, syms)
+            np.testing.assert_allclose([r.signal for r in ei.value.result], want.signal[:k],
+                                       atol=1e-5)
+            # not busy, nothing left in flight: the rest goes in
+            rest = ge.step_batch(raws[k:], syms[k:])
+            np.testing.assert_allclose([r.signal for r in rest], want.signal[k:], atol=1e-5)
+    finally:
+        signal.signal(signal.SIGALRM, old)
