@@ -541,9 +541,10 @@ extern __typeof__(fp_step) fp_step_local __attribute__((alias("fp_step"), visibi
  * overruns its budget by at most 256 rows */
 #define FP_BATCH_CLOCK_ROWS 256
 
-/* whether a piece that started at row i0 and at fp_ticks() t0, given budget_ns (<= 0: no
- * limit), stops before row i: the clock is read every FP_BATCH_CLOCK_ROWS rows only, and a
- * piece always runs its first FP_BATCH_CLOCK_ROWS rows, so it moves on whatever the budget */
+/* whether a pass that started at row i0, in a piece that started at fp_ticks() t0 with
+ * budget_ns (<= 0: no limit), stops before row i: the clock is read every
+ * FP_BATCH_CLOCK_ROWS rows only, and a pass always runs its first FP_BATCH_CLOCK_ROWS rows,
+ * so a piece moves on whatever the budget */
 static inline int fp_piece_over(int64_t i, int64_t i0, uint64_t t0, int64_t budget_ns) {
     return budget_ns > 0 && i > i0 && ((i - i0) % FP_BATCH_CLOCK_ROWS) == 0
            && fp_ticks_to_ns(fp_ticks() - t0) >= budget_ns;
@@ -565,13 +566,12 @@ static int64_t fp_batch_check_begin(fp_engine *e, const int32_t *symbols, int64_
 }
 
 /* pass 1 on rows [i0, n), against the scratch as the rows before i0 left it: -1 with
- * *checked the end of the rows checked (n, or less when the budget ran out), or the bad row
- * with *err */
+ * *checked the end of the rows checked (n, or less when the piece's budget ran out), or the
+ * bad row with *err */
 static int64_t fp_batch_check_rows(fp_engine *e, const float *raws, int64_t row_stride,
                                    const int32_t *symbols, const int64_t *ts, int64_t i0,
-                                   int64_t n, int64_t now0, int64_t budget_ns, int *err,
-                                   int64_t *checked) {
-    const uint64_t t0 = budget_ns > 0 ? fp_ticks() : 0;
+                                   int64_t n, int64_t now0, uint64_t t0, int64_t budget_ns,
+                                   int *err, int64_t *checked) {
     int64_t i;
     for (i = i0; i < n; i++) {
         if (fp_piece_over(i, i0, t0, budget_ns)) break;
@@ -598,7 +598,7 @@ static int64_t fp_batch_check_rows(fp_engine *e, const float *raws, int64_t row_
 }
 
 /* pass 2 on rows [i0, n) of a batch whose every row passed pass 1: -1 with *applied the end
- * of the rows applied (n, or less when the budget ran out), or the row the model stage
+ * of the rows applied (n, or less when the piece's budget ran out), or the row the model stage
  * refused with *err and *applied that row. Each row's raw is prefetched FP_BATCH_PF_ROWS rows
  * ahead: a batch bigger than the caches comes from memory, and the z-score plan loads a
  * row's windows in its own order (each group's, then those no feature reads), which the
@@ -606,10 +606,9 @@ static int64_t fp_batch_check_rows(fp_engine *e, const float *raws, int64_t row_
  * 400 ns a row without this). */
 static int64_t fp_step_rows(fp_engine *e, const float *raws, int64_t row_stride,
                             const int32_t *symbols, const int64_t *ts, int64_t i0, int64_t n,
-                            int64_t budget_ns, float *signal, float *confidence,
+                            uint64_t t0, int64_t budget_ns, float *signal, float *confidence,
                             uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied) {
     const size_t row_bytes = (size_t)e->fs.raw_len * sizeof(float);
-    const uint64_t t0 = budget_ns > 0 ? fp_ticks() : 0;
     int64_t i;
     for (i = i0; i < n; i++) {
         if (fp_piece_over(i, i0, t0, budget_ns)) break;
@@ -634,7 +633,11 @@ int64_t fp_step_batch_piece(fp_engine *e, const float *raws, int64_t row_stride,
                             const int32_t *symbols, const int64_t *ts, int64_t n,
                             int64_t budget_ns, fp_batch_pos *pos, float *signal,
                             float *confidence, uint8_t *cached, int64_t *total_ns, int *err) {
-    const uint64_t t0 = budget_ns > 0 ? fp_ticks() : 0;
+    /* one clock read a piece, none where no pass could stop early (each runs its first
+     * FP_BATCH_CLOCK_ROWS rows): a small batch reads no more clocks than in one piece */
+    uint64_t t0 = 0;
+    if (budget_ns > 0 && n - pos->applied > FP_BATCH_CLOCK_ROWS) t0 = fp_ticks();
+    else budget_ns = 0;
     if (!pos->begun) {
         pos->now0 = fp_batch_check_begin(e, symbols, n);
         pos->begun = 1;
@@ -642,17 +645,14 @@ int64_t fp_step_batch_piece(fp_engine *e, const float *raws, int64_t row_stride,
     if (pos->checked < n) {
         /* pass 1: every row valid before anything is written */
         const int64_t bad = fp_batch_check_rows(e, raws, row_stride, symbols, ts, pos->checked,
-                                                n, pos->now0, budget_ns, err, &pos->checked);
+                                                n, pos->now0, t0, budget_ns, err,
+                                                &pos->checked);
         if (bad >= 0 || pos->checked < n) return bad;
-        /* the rest of the budget to pass 2 (none left: the next piece starts it) */
-        if (budget_ns > 0) {
-            budget_ns -= fp_ticks_to_ns(fp_ticks() - t0);
-            if (budget_ns <= 0) { *err = FP_OK; return -1; }
-        }
     }
-    /* pass 2 */
-    return fp_step_rows(e, raws, row_stride, symbols, ts, pos->applied, n, budget_ns, signal,
-                        confidence, cached, total_ns, err, &pos->applied);
+    /* pass 2, on the rest of the piece's budget (spent already: it stops after its first
+     * FP_BATCH_CLOCK_ROWS rows) */
+    return fp_step_rows(e, raws, row_stride, symbols, ts, pos->applied, n, t0, budget_ns,
+                        signal, confidence, cached, total_ns, err, &pos->applied);
 }
 
 int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
@@ -669,5 +669,6 @@ int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
                        const int32_t *symbols, const int64_t *ts, int64_t n, int *err) {
     int64_t checked;
     const int64_t now0 = fp_batch_check_begin(e, symbols, n);
-    return fp_batch_check_rows(e, raws, row_stride, symbols, ts, 0, n, now0, 0, err, &checked);
+    return fp_batch_check_rows(e, raws, row_stride, symbols, ts, 0, n, now0, 0, 0, err,
+                               &checked);
 }

@@ -173,8 +173,9 @@ int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const
  * Python Engine releases the GIL around each piece and checks for Ctrl-C between them). A
  * zeroed fp_batch_pos before the first piece; each piece goes on where the last stopped,
  * first checking every row (pass 1, as fp_batch_check), then applying them (pass 2), and
- * stops once budget_ns have passed (the clock is read every 256 rows; a piece always runs
- * that many or to the end; budget_ns <= 0: no limit, the whole batch in one piece). Returns
+ * stops once budget_ns have passed (the clock is read every 256 rows; each pass of a piece
+ * runs at least that many or to its end; budget_ns <= 0: no limit, the whole batch in one
+ * piece). Returns
  * -1 when the piece stopped with no row refused (the batch is done when pos->applied == n),
  * else the refused row with *err: pass 1's (pos->applied 0) or the model stage's
  * (pos->applied that row), as fp_step_batch. The rows, outputs and pos must not change
