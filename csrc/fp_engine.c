@@ -541,50 +541,46 @@ extern __typeof__(fp_step) fp_step_local __attribute__((alias("fp_step"), visibi
 
 /* how many rows ahead step_batch prefetches a row's raw (a row costs ~300 ns, memory ~100) */
 #define FP_BATCH_PF_ROWS 2
+/* how many rows a piece with a time budget (fp_step_batch_piece) runs between two reads of
+ * the clock: one read (~9 ns on the TSC, ~25 through clock_gettime) per 256 rows of at
+ * least ~100 ns each (a check; a step is ~300 ns and up) is under 0.1%, and a piece
+ * overruns its budget by at most 256 rows */
+#define FP_BATCH_CLOCK_ROWS 256
 
-int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
-                      const int64_t *ts, int64_t n, float *signal, float *confidence,
-                      uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied) {
-    /* pass 1: every row valid before anything is written (fp_batch_check) */
-    *applied = 0;
-    const int64_t bad = fp_batch_check(e, raws, row_stride, symbols, ts, n, err);
-    if (bad >= 0) return bad;
-    /* pass 2, each row's raw prefetched FP_BATCH_PF_ROWS rows ahead: a batch bigger than the
-     * caches comes from memory, and the z-score plan loads a row's windows in its own order
-     * (each group's, then those no feature reads), which the hardware prefetcher does not
-     * follow from row to row (measured on a 200 MB replay: 270 -> 400 ns a row without this) */
-    const size_t row_bytes = (size_t)e->fs.raw_len * sizeof(float);
-    for (int64_t i = 0; i < n; i++) {
-        if (i + FP_BATCH_PF_ROWS < n) {
-            const char *next = (const char *)(raws + (i + FP_BATCH_PF_ROWS) * row_stride);
-            for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(next + o);
-        }
-        fp_result r;
-        int rc = fp_step(e, raws + i * row_stride, symbols[i], ts ? ts[i] : -1, &r);
-        if (rc != FP_OK) { *err = rc; *applied = i; return i; }
-        if (signal) signal[i] = r.signal;
-        if (confidence) confidence[i] = r.confidence;
-        if (cached) cached[i] = (uint8_t)r.cached;
-        if (total_ns) total_ns[i] = r.total_ns;
-    }
-    *err = FP_OK;
-    *applied = n;
-    return -1;
+/* whether a pass that started at row i0, in a piece that started at fp_ticks() t0 with
+ * budget_ns (<= 0: no limit), stops before row i: the clock is read every
+ * FP_BATCH_CLOCK_ROWS rows only, and a pass always runs its first FP_BATCH_CLOCK_ROWS rows,
+ * so a piece moves on whatever the budget */
+static inline int fp_piece_over(int64_t i, int64_t i0, uint64_t t0, int64_t budget_ns) {
+    return budget_ns > 0 && i > i0 && ((i - i0) % FP_BATCH_CLOCK_ROWS) == 0
+           && fp_ticks_to_ns(fp_ticks() - t0) >= budget_ns;
 }
 
 /* Without ts the engine clock only moves forward, so checking it once against each
  * symbol's last tick is enough. Only the batch's own symbols are read into the scratch: a
  * copy of every symbol's last tick cost each call O(n_symbols) scattered slot reads
  * (measured: a batch of 8 ticks 5.6 us at 64 symbols, 7.9 at 4,096, 57 at 65,536). A symbol
- * out of range is skipped here and refused in order by the pass after. */
-int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
-                       const int32_t *symbols, const int64_t *ts, int64_t n, int *err) {
+ * out of range is skipped here and refused in order by the pass after. Returns now0, the
+ * time the rows without ts are checked at. */
+static int64_t fp_batch_check_begin(fp_engine *e, const int32_t *symbols, int64_t n) {
     const int64_t now0 = fp_ticks_to_mono_ns(fp_ticks());
     for (int64_t i = 0; i < n; i++) {
         const int32_t s = symbols[i];
         if (s >= 0 && s < e->n_symbols) e->ts_scratch[s] = fp_slot_at(e, s)->last_ns;
     }
-    for (int64_t i = 0; i < n; i++) {
+    return now0;
+}
+
+/* pass 1 on rows [i0, n), against the scratch as the rows before i0 left it: -1 with
+ * *checked the end of the rows checked (n, or less when the piece's budget ran out), or the
+ * bad row with *err */
+static int64_t fp_batch_check_rows(fp_engine *e, const float *raws, int64_t row_stride,
+                                   const int32_t *symbols, const int64_t *ts, int64_t i0,
+                                   int64_t n, int64_t now0, uint64_t t0, int64_t budget_ns,
+                                   int *err, int64_t *checked) {
+    int64_t i;
+    for (i = i0; i < n; i++) {
+        if (fp_piece_over(i, i0, t0, budget_ns)) break;
         const int32_t s = symbols[i];
         if (s < 0 || s >= e->n_symbols) { *err = FP_ERR_SYMBOL; return i; }
         if (!e->k->allfinite(raws + i * row_stride, e->fs.raw_len)) {
@@ -603,5 +599,82 @@ int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
         e->ts_scratch[s] = t;
     }
     *err = FP_OK;
+    *checked = i;
     return -1;
+}
+
+/* pass 2 on rows [i0, n) of a batch whose every row passed pass 1: -1 with *applied the end
+ * of the rows applied (n, or less when the piece's budget ran out), or the row the model stage
+ * refused with *err and *applied that row. Each row's raw is prefetched FP_BATCH_PF_ROWS rows
+ * ahead: a batch bigger than the caches comes from memory, and the z-score plan loads a
+ * row's windows in its own order (each group's, then those no feature reads), which the
+ * hardware prefetcher does not follow from row to row (measured on a 200 MB replay: 270 ->
+ * 400 ns a row without this). */
+static int64_t fp_step_rows(fp_engine *e, const float *raws, int64_t row_stride,
+                            const int32_t *symbols, const int64_t *ts, int64_t i0, int64_t n,
+                            uint64_t t0, int64_t budget_ns, float *signal, float *confidence,
+                            uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied) {
+    const size_t row_bytes = (size_t)e->fs.raw_len * sizeof(float);
+    int64_t i;
+    for (i = i0; i < n; i++) {
+        if (fp_piece_over(i, i0, t0, budget_ns)) break;
+        if (i + FP_BATCH_PF_ROWS < n) {
+            const char *next = (const char *)(raws + (i + FP_BATCH_PF_ROWS) * row_stride);
+            for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(next + o);
+        }
+        fp_result r;
+        int rc = fp_step(e, raws + i * row_stride, symbols[i], ts ? ts[i] : -1, &r);
+        if (rc != FP_OK) { *err = rc; *applied = i; return i; }
+        if (signal) signal[i] = r.signal;
+        if (confidence) confidence[i] = r.confidence;
+        if (cached) cached[i] = (uint8_t)r.cached;
+        if (total_ns) total_ns[i] = r.total_ns;
+    }
+    *err = FP_OK;
+    *applied = i;
+    return -1;
+}
+
+int64_t fp_step_batch_piece(fp_engine *e, const float *raws, int64_t row_stride,
+                            const int32_t *symbols, const int64_t *ts, int64_t n,
+                            int64_t budget_ns, fp_batch_pos *pos, float *signal,
+                            float *confidence, uint8_t *cached, int64_t *total_ns, int *err) {
+    /* one clock read a piece, none where no pass could stop early (each runs its first
+     * FP_BATCH_CLOCK_ROWS rows): a small batch reads no more clocks than in one piece */
+    uint64_t t0 = 0;
+    if (budget_ns > 0 && n - pos->applied > FP_BATCH_CLOCK_ROWS) t0 = fp_ticks();
+    else budget_ns = 0;
+    if (!pos->begun) {
+        pos->now0 = fp_batch_check_begin(e, symbols, n);
+        pos->begun = 1;
+    }
+    if (pos->checked < n) {
+        /* pass 1: every row valid before anything is written */
+        const int64_t bad = fp_batch_check_rows(e, raws, row_stride, symbols, ts, pos->checked,
+                                                n, pos->now0, t0, budget_ns, err,
+                                                &pos->checked);
+        if (bad >= 0 || pos->checked < n) return bad;
+    }
+    /* pass 2, on the rest of the piece's budget (spent already: it stops after its first
+     * FP_BATCH_CLOCK_ROWS rows) */
+    return fp_step_rows(e, raws, row_stride, symbols, ts, pos->applied, n, t0, budget_ns,
+                        signal, confidence, cached, total_ns, err, &pos->applied);
+}
+
+int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const int32_t *symbols,
+                      const int64_t *ts, int64_t n, float *signal, float *confidence,
+                      uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied) {
+    fp_batch_pos pos = {0, 0, 0, 0};
+    const int64_t bad = fp_step_batch_piece(e, raws, row_stride, symbols, ts, n, 0, &pos, signal,
+                                            confidence, cached, total_ns, err);
+    *applied = pos.applied;
+    return bad;
+}
+
+int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
+                       const int32_t *symbols, const int64_t *ts, int64_t n, int *err) {
+    int64_t checked;
+    const int64_t now0 = fp_batch_check_begin(e, symbols, n);
+    return fp_batch_check_rows(e, raws, row_stride, symbols, ts, 0, n, now0, 0, 0, err,
+                               &checked);
 }

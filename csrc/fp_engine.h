@@ -173,6 +173,31 @@ int64_t fp_step_batch(fp_engine *e, const float *raws, int64_t row_stride, const
                       const int64_t *ts, int64_t n, float *signal, float *confidence,
                       uint8_t *cached, int64_t *total_ns, int *err, int64_t *applied);
 
+/* fp_step_batch in pieces, for a caller that must look at something else between two (the
+ * Python Engine releases the GIL around each piece and checks for Ctrl-C between them). A
+ * zeroed fp_batch_pos before the first piece; each piece goes on where the last stopped,
+ * first checking every row (pass 1, as fp_batch_check), then applying them (pass 2), and
+ * stops once budget_ns have passed (the clock is read every 256 rows; each pass of a piece
+ * runs at least that many or to its end; budget_ns <= 0: no limit, the whole batch in one
+ * piece). Returns
+ * -1 when the piece stopped with no row refused (the batch is done when pos->applied == n),
+ * else the refused row with *err: pass 1's (pos->applied 0) or the model stage's
+ * (pos->applied that row), as fp_step_batch. The rows, outputs and pos must not change
+ * between pieces, nor may anything else use the engine (pass 1 carries the batch's time order
+ * from piece to piece in e->ts_scratch, which another batch's check rewrites; pass 2 carries
+ * it in the symbols' state as fp_step_batch's one loop does). Answers and refusals are
+ * fp_step_batch's, whatever the pieces. */
+typedef struct fp_batch_pos {
+    int64_t checked;                  /* rows through pass 1 */
+    int64_t applied;                  /* rows through pass 2 */
+    int64_t now0;                     /* the time rows without ts are checked at */
+    int begun;                        /* the scratch was loaded (the first piece ran) */
+} fp_batch_pos;
+int64_t fp_step_batch_piece(fp_engine *e, const float *raws, int64_t row_stride,
+                            const int32_t *symbols, const int64_t *ts, int64_t n,
+                            int64_t budget_ns, fp_batch_pos *pos, float *signal,
+                            float *confidence, uint8_t *cached, int64_t *total_ns, int *err);
+
 /* An external backend's seam (the GPU stage, fastpath.gpu). y: the last dense layer's outputs
  * (its width, activations applied, no post transform: what the GPU kernel writes) -> the
  * model's outputs (n_out floats) as fp_infer_cpu gives them: y itself when the model has no

@@ -47,7 +47,8 @@ class Engine:
     def step_batch(self, raws: npt.NDArray[np.float32], symbols: npt.ArrayLike,
                    ts_ns: npt.ArrayLike | None = None) -> BatchResult: ...
     def _step_external(self, raw: npt.NDArray[np.float32], symbol: int, outputs: npt.ArrayLike,
-                       infer_ns: int, ts_ns: int | None = None) -> Result: ...
+                       infer_ns: int, ts_ns: int | None = None,
+                       into: list[Result] | None = None) -> Result: ...
     def _check_batch(self, raws: npt.NDArray[np.float32], symbols: npt.ArrayLike,
                      ts_ns: npt.ArrayLike | None = None) -> tuple[
                          npt.NDArray[np.float32], npt.NDArray[np.int32],

@@ -7,11 +7,12 @@ acquisition), then makes one C call, fp_step(), that runs every stage. The
 only Python object a tick needs is the Result (the one from two ticks ago when
 the caller has dropped it, else from a freelist); its Latency is built only
 when asked for. step_batch validates the whole batch,
-then releases the GIL around one C loop; a busy flag (read and written under
+then applies it, in C loops with the GIL released: pieces of ~50 ms, the GIL
+taken back between two to let Ctrl-C in; a busy flag (read and written under
 the GIL) makes a second thread's call fail cleanly instead of racing.
 """
 cimport cython
-from cpython.exc cimport PyErr_Clear
+from cpython.exc cimport PyErr_Clear, PyErr_CheckSignals
 from cpython.ref cimport PyObject
 
 cimport numpy as cnp
@@ -26,6 +27,13 @@ cdef extern from "fp_engine.h" nogil:
     const float *fp_post_apply(fp_engine *e, const float *y)
     int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
                            const int32_t *symbols, const int64_t *ts, int64_t n, int *err)
+    ctypedef struct fp_batch_pos:
+        int64_t checked, applied, now0
+        int begun
+    int64_t fp_step_batch_piece(fp_engine *e, const float *raws, int64_t row_stride,
+                                const int32_t *symbols, const int64_t *ts, int64_t n,
+                                int64_t budget_ns, fp_batch_pos *pos, float *signal,
+                                float *confidence, uint8_t *cached, int64_t *total_ns, int *err)
 
 import operator
 import os
@@ -93,6 +101,37 @@ def clock_info():
 def monotonic_ns():
     """CLOCK_MONOTONIC in ns: the clock the cache age uses when step() gets no ts_ns."""
     return fp_mono_ns()
+
+
+# step_batch in pieces of this much time (fp_step_batch_piece: the C side reads the clock
+# every 256 rows), the GIL taken back between two for PyErr_CheckSignals, so that Ctrl-C
+# stops a long batch. 50 ms: a KeyboardInterrupt is seen within ~50 ms (a person does not
+# notice), and a piece costs ~1 us of GIL hand-over and signal check (0.002%). A fixed count
+# of rows would have been ~20 ms for the demo model but seconds for a model 100x slower. Not
+# shorter: taking the GIL back waits up to one switch interval (5 ms) when another thread
+# runs Python meanwhile, 10% of a piece in that case; and a batch off the main thread
+# (Python runs signal handlers only there) stays one piece, as before.
+cdef int64_t _BATCH_PIECE_NS = 50_000_000
+# the thread Python runs signal handlers in (the forking thread, in a child after fork)
+cdef unsigned long _main_ident = threading.main_thread().ident
+
+
+def _note_main_thread():
+    global _main_ident
+    _main_ident = PyThread_get_thread_ident()
+
+
+os.register_at_fork(after_in_child=_note_main_thread)
+
+
+def _batch_piece_ns(budget_ns=None):
+    """Tests: step_batch's piece budget in ns on the main thread, as it was before this call;
+    a given one replaces it (1: pieces of 256 rows, the least the C side runs; <= 0: none)."""
+    global _BATCH_PIECE_NS
+    old = _BATCH_PIECE_NS
+    if budget_ns is not None:
+        _BATCH_PIECE_NS = budget_ns
+    return old
 
 
 # the largest infer_ns _step_external takes: the engine adds the head's time to it (and the
@@ -401,12 +440,15 @@ cdef class Engine:
         if self._on_gpu: return self._step_gpu(raw, symbol, ts_ns)
         return self._step(raw, symbol, ts_ns)
 
-    def _step_external(self, raw, symbol, outputs, long long infer_ns, ts_ns=None):
+    def _step_external(self, raw, symbol, outputs, long long infer_ns, ts_ns=None,
+                       list into=None):
         """One tick whose model outputs come from outside the engine (another backend): the
         engine's own validation, features, cache lookup, head, store and window commit around
         `outputs` (float32 (n_outputs,), after the post transform, used only on a miss), with `infer_ns` reported as the time the
         outside inference took (the head's time is added to it; on a miss total_ns includes
-        it too, as it ran before this call). The path a GPU backend takes."""
+        it too, as it ran before this call). The path a GPU backend takes. into: a list the
+        Result is appended to before this returns (a batch's answers: a KeyboardInterrupt
+        raised as the call returns lost an applied row's answer from `out.append(...)`)."""
         cdef fp_result r
         cdef fp_pending pend
         cdef const float *p = self._raw_ptr(raw)
@@ -432,7 +474,10 @@ cdef class Engine:
             r.total_ns += infer_ns
             rec = &self._e.lat[(self._e.ticks - 1) & self._e.lat_mask]
             rec.total = <uint32_t>min(<long long>rec.total + infer_ns, <long long>0xFFFFFFFF)
-        return _make_result(&r)
+        res = _make_result(&r)
+        if into is not None:
+            into.append(res)
+        return res
 
     cdef tuple _batch_args(self, raws, symbols, ts_ns):
         """step_batch's arguments checked and made contiguous: (raws float32 (n, raw_len),
@@ -513,6 +558,10 @@ cdef class Engine:
         features or outputs overflowed, which depends on the rows before it) stops the batch
         there, the rows before it applied, as the InputError says: its .applied is how many
         rows were and its .result their BatchResult (0 and an empty one when no row was).
+        On the main thread a long batch stops for Ctrl-C (within ~50 ms): the
+        KeyboardInterrupt (or what another signal handler raised) carries the same .applied
+        and .result, the rows applied staying applied (step_batch(raws[k:], ...) with
+        k = .applied goes on where it stopped).
         Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
         if self._on_gpu: return self._step_batch_gpu(raws, symbols, ts_ns)
         cdef cnp.ndarray R, S, T
@@ -531,16 +580,40 @@ cdef class Engine:
         cdef const float *rp = <const float *>cnp.PyArray_DATA(R)
         cdef const int32_t *yp = <const int32_t *>cnp.PyArray_DATA(S)
         cdef int err = 0
-        cdef int64_t bad, applied = 0
+        cdef int64_t bad
+        cdef fp_batch_pos pos
+        memset(&pos, 0, sizeof(pos))
+        # pieces on the main thread only: elsewhere PyErr_CheckSignals has nothing to run
+        cdef int64_t budget = (_BATCH_PIECE_NS if PyThread_get_thread_ident() == _main_ident
+                               else 0)
         self._check_free()
         self._busy = True
         try:
             with nogil:
-                bad = fp_step_batch(self._e, rp, self.raw_len, yp, tp, n, sp, cp, hp, op, &err,
-                                    &applied)
+                bad = fp_step_batch_piece(self._e, rp, self.raw_len, yp, tp, n, budget, &pos,
+                                          sp, cp, hp, op, &err)
+            while bad < 0:
+                # also after the last piece: a Ctrl-C during it raised on return, and the
+                # answers of the rows it applied were lost with the arrays
+                if n:
+                    PyErr_CheckSignals()
+                if pos.applied == n:
+                    break
+                with nogil:
+                    bad = fp_step_batch_piece(self._e, rp, self.raw_len, yp, tp, n, budget,
+                                              &pos, sp, cp, hp, op, &err)
+        except BaseException as exc:
+            # a signal handler's exception (KeyboardInterrupt) between two pieces, or an
+            # EngineBusyError of a handler that stepped this engine: the rows applied stay
+            # applied, their answers with the exception, as a refusal's
+            applied = pos.applied
+            _partial_batch(exc, sig, conf, cached, tot, applied)
+            exc.add_note(_stopped_note(applied, n))
+            raise
         finally:
             self._busy = False
         if bad >= 0:
+            applied = pos.applied
             note = f"; rows 0..{applied - 1} were applied" if applied else "; no row was applied"
             try:
                 self._raise_row(err, R, S, T, bad)
@@ -993,6 +1066,13 @@ cdef class Engine:
                     note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
                     raise _partial_batch(type(exc)(str(exc) + note), sig, conf, cached, tot,
                                          i) from None
+                except BaseException as exc:
+                    # a signal handler's exception (Ctrl-C's KeyboardInterrupt), raised in the
+                    # Python of the GPU call: row i was not applied (fp_step_begin writes
+                    # nothing), the rows before it were, as a refusal says
+                    _partial_batch(exc, sig, conf, cached, tot, i)
+                    exc.add_note(_stopped_note(i, n))
+                    raise
                 sig[i] = res.signal
                 conf[i] = res.confidence
                 cached[i] = res.cached
@@ -1030,6 +1110,13 @@ def _partial_batch(exc, sig, conf, cached, tot, Py_ssize_t applied):
     exc.result = _batch_result(sig[:applied].copy(), conf[:applied].copy(),
                                cached[:applied].copy(), tot[:applied].copy())
     return exc
+
+
+def _stopped_note(Py_ssize_t applied, Py_ssize_t n):
+    """The note on an exception that stopped a batch from outside (a signal handler's)."""
+    return (f"step_batch stopped after {applied} of {n} rows: "
+            + (f"rows 0..{applied - 1} were applied" if applied else "no row was applied")
+            + " (their answers: .result, their count: .applied)")
 
 
 def _no_row(exc, bint row_note=False):

@@ -351,10 +351,11 @@ class GpuEngine:
             # a row was refused after the rows before it had been applied, where
             # Engine.step_batch applies none)
             eng._check_batch(raws, symbols, ts)
-        except FastpathError as exc:
+        except BaseException as exc:
             # every refusal carries what a refusal mid-batch carries, in this method's types:
             # the checks above left none (exc.applied was an AttributeError) or the engine's
-            # empty BatchResult where a refusal mid-batch gives a list of GpuTicks
+            # empty BatchResult where a refusal mid-batch gives a list of GpuTicks; so does a
+            # signal handler's exception (Ctrl-C) during them
             exc.applied = 0
             exc.result = []
             raise
@@ -388,6 +389,15 @@ class GpuEngine:
             err.applied = len(out)
             err.result = list(out)
             raise err from None
+        except BaseException as exc:
+            # a signal handler's exception (Ctrl-C's KeyboardInterrupt) between two rows or in
+            # a launch: the rows in `out` are the rows applied (_step_external appends a
+            # row's answer before it returns), as a refusal says
+            exc.applied = len(out)
+            exc.result = list(out)
+            from fastpath._engine import _stopped_note
+            exc.add_note(_stopped_note(len(out), n))
+            raise
         finally:
             eng._release()
             path = self.backend.path
@@ -421,8 +431,8 @@ class GpuEngine:
                 # only a pre-activation past float32's range (NaN outputs: the engine refuses
                 # the tick, as on the CPU)
                 o = _cpu_outputs(eng, feats[j], nan) if bad[j] else eng._post_apply(y[j])
-                out.append(eng._step_external(
-                    raws[i], int(symbols[i]), o, gpu_ns, None if ts is None else int(ts[i])))
+                eng._step_external(raws[i], int(symbols[i]), o, gpu_ns,
+                                   None if ts is None else int(ts[i]), into=out)
             if k + 1 < len(chunks):
                 feats = nxt if nxt is not None else self._features(raws, symbols, chunks[k + 1])
 
