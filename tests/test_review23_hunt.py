@@ -105,8 +105,13 @@ def test_binance_header_with_a_byte_order_mark(tmp_path):
 # ---- bench/run.py: arguments, and figures of calls that did not occur ----------------------
 
 def _env():
+    """The child imports the fastpath this test process imported: the installed package in
+    CI (a checkout's fastpath/ has no compiled extensions there), the in-place build of a
+    checkout or worktree in development."""
+    import fastpath
     env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__))) + \
+        os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
