@@ -28,6 +28,7 @@ from fastpath import Engine  # noqa: E402
 from fastpath.model import FeatureSpec, Head, Model  # noqa: E402
 from fastpath.tuning import calibrate  # noqa: E402
 from conftest import engine_cfg  # noqa: E402
+from test_review22_onnx_scaler import _prices  # noqa: E402
 
 WHERE = np.array([7, 2, 9, 0, 4, 5])      # the graph's six inputs in a 10-field tick
 SELECT = FeatureSpec(10, WHERE, np.zeros(0, np.int32), 1, np.zeros(6, np.float32),
@@ -36,15 +37,11 @@ TOL = 1e-5      # of onnxruntime's output spread
 
 
 def _ticks(n, seed):
-    """10-field ticks: two price-like fields (6.5e4 +- 0.5), four 1e-2-scale ones at WHERE,
-    noise elsewhere; and the regression target of the six."""
-    rng = np.random.default_rng(seed)
-    X = np.empty((n, 6), np.float32)
-    X[:, 0] = 65000 + rng.uniform(-0.5, 0.5, n)
-    X[:, 1] = 65000.25 + rng.uniform(-0.5, 0.5, n)
-    X[:, 2:] = rng.normal(0, 1e-2, (n, 4))
-    y = (X[:, 0] - 65000.0) * 2 - (X[:, 1] - 65000.25) + X[:, 2] * 50 + np.sin(X[:, 3] * 100)
-    raws = rng.standard_normal((n, 10)).astype(np.float32)
+    """10-field ticks: the six fields of test_review22_onnx_scaler's price-like rows (two at
+    6.5e4 +- 0.5, four at 1e-2 scale) at WHERE, noise elsewhere; and their regression
+    target."""
+    X, y = _prices(n, seed)
+    raws = np.random.default_rng(seed + 100).standard_normal((n, 10)).astype(np.float32)
     raws[:, WHERE] = X
     return raws, y
 
