@@ -5,6 +5,9 @@ checkout's files (tracked or untracked, ignored ones left out) differ from that 
 benches' own result files are left out of that check: a run rewrites the tracked
 bench/results/latest-*.json, and the next run from the same code would otherwise call itself
 dirty. None outside a git checkout (an installed bench) or without git.
+
+Beside it, what every bench script's command line shares: where results go by default
+(results_dir) and the argument type of a count or seed (int_at_least).
 """
 from __future__ import annotations
 
@@ -24,6 +27,23 @@ def results_dir(here: str | None = None) -> str:
     if os.path.exists(os.path.join(here, "..", "setup.py")):
         return os.path.join(here, "results")
     return os.path.join(os.getcwd(), "fastpath-bench-results")
+
+
+def int_at_least(lo: int, hi: int | None = None):
+    """argparse type: an int >= lo (and <= hi), else a usage error naming what was expected
+    (the benches' counts and seeds: a 0 ran the default, a negative one ended in a traceback)."""
+    import argparse
+    want = f"an integer >= {lo}" if hi is None else f"an integer in {lo}..{hi}"
+
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {v}")
+        return v
+    return conv
 
 
 def _git(where: str, *args: str) -> str:

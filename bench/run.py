@@ -87,7 +87,7 @@ except ImportError:  # the bundle ships in the package's data folder either way
 from fastpath._kernels import PackedMLP, clock_ticks, fma_macs_per_ns, fma_ns_per_instr  # noqa: E402
 from fastpath._engine import supported_isas  # noqa: E402
 
-from _commit import commit_stamp, results_dir  # noqa: E402
+from _commit import commit_stamp, int_at_least, results_dir  # noqa: E402
 from _report import OFF_CPU_FRACTION, Dist, render, write_plots  # noqa: E402
 from peers import make_peers  # noqa: E402
 
@@ -843,34 +843,17 @@ def _progress(args):
     return phase
 
 
-def _int_at_least(lo: int, hi: int | None = None):
-    """argparse type: an int >= lo (and <= hi), else a usage error (--ticks 0 ran the default
-    stream under a -quick label, --ticks -3 and --seed -1 ended in a traceback from the
-    generator)."""
-    want = f"an integer >= {lo}" if hi is None else f"an integer in {lo}..{hi}"
-
-    def conv(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
-        if v < lo or (hi is not None and v > hi):
-            raise argparse.ArgumentTypeError(f"expected {want}, got {v}")
-        return v
-    return conv
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="fastpath latency bench",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__)
     ap.add_argument("--quick", action="store_true", help="small run (< 30 s), as the tests use")
     ap.add_argument("--data", help="Binance capture folder, or 'orderbook.csv,message.csv' (LOBSTER)")
-    ap.add_argument("--ticks", type=_int_at_least(1, MAX_TICKS),
+    ap.add_argument("--ticks", type=int_at_least(1, MAX_TICKS),
                     help="generated ticks (default 200000, 30000 with --quick)")
-    ap.add_argument("--seed", type=_int_at_least(0), default=DEFAULT_SEED,
+    ap.add_argument("--seed", type=int_at_least(0), default=DEFAULT_SEED,
                     help="seed of the generated stream")
-    ap.add_argument("--cpu", type=_int_at_least(0),
+    ap.add_argument("--cpu", type=int_at_least(0),
                     help="CPU to run on (default: the control plane's choice)")
     ap.add_argument("--no-rt", action="store_true",
                     help="do not ask for SCHED_FIFO 50 (the default placement policy)")

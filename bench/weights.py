@@ -181,26 +181,13 @@ def report(res: dict) -> list:
     return missed
 
 
-def _int_at_least(lo: int):
-    """argparse type: an int >= lo, else a usage error (--ticks -1 and --seed -1 ended in a
-    traceback from the generator, a stream of a few ticks in one from numpy)."""
-    def conv(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
-        return v
-    return conv
-
-
 def main(argv=None) -> int:
+    from _commit import int_at_least
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller stream, fewer timed calls")
-    ap.add_argument("--ticks", type=_int_at_least(1000),
+    ap.add_argument("--ticks", type=int_at_least(1000),
                     help="generated ticks (default 50000, 10000 with --quick; at least 1000)")
-    ap.add_argument("--seed", type=_int_at_least(0), default=DEFAULT_SEED,
+    ap.add_argument("--seed", type=int_at_least(0), default=DEFAULT_SEED,
                     help="seed of the generated stream")
     ap.add_argument("--scalar", action="store_true", help="also time the scalar kernels (slow)")
     args = ap.parse_args(argv)

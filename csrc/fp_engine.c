@@ -124,7 +124,7 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     fs->in_off = scaled ? (float *)fp_copy_aligned(p->in_offset, sizeof(float) * n_feat) : NULL;
     fs->in_scale = scaled ? (float *)fp_copy_aligned(p->in_scale, sizeof(float) * n_feat) : NULL;
     fs->w_thr = (double *)fp_aligned_alloc(sizeof(double) * (size_t)(p->n_w + 1));
-    if (fs->w_thr && fs->inv_std && (!scaled || fs->in_scale)) fp_window_thresholds(fs, fs->w_thr);
+    if (fs->w_thr && fs->inv_std) fp_window_thresholds(fs, fs->w_thr);
     fs->runs = (int32_t *)fp_aligned_alloc(sizeof(int32_t) * 3 * (size_t)(p->n_z + 1));
     if (fs->runs) {
         fs->n_runs = fp_feature_runs(p->z_idx, p->n_z, fs->runs);

@@ -226,35 +226,11 @@ __attribute__((noinline)) static void fp_window_features_exact(const fp_kernels 
     }
 }
 
-/* feat (n_feat) for one tick; reads state only. Returns 1 when every value of raw is finite,
- * else 0 (feat is then junk): the permute plan checks them as it loads, the other paths with
- * a pass of allfinite. The window features go straight from the running sums to z-scores
- * (one kernel): a scratch row of means and stds in between cost a failed store-to-load
- * forward on every tick. */
-/* The model's input scaler, after the spec: feat = (feat - off) * scale, two float32 ops per
- * feature as onnxruntime runs a Scaler (or Sub then Mul) on the features it is given. Not
- * composed into the spec's mean and inv_std: a spec that centres price-like fields (mean
- * ~6.5e4) followed by a scaler with an offset composes to a mean whose float32 rounding
- * (4e-3) moved the features by that times the scales (measured: an MLP's outputs 3e-4 of
- * their spread off onnxruntime on every tick, a tree ensemble on the other branch of a
- * threshold). Elementwise IEEE ops, no reassociation and nothing to contract into an FMA:
- * the same bits under every kernel set and any vectorization. */
-static inline void fp_features_scale(const fp_feature_spec *fs, float *feat) {
-    const float *o = fs->in_off, *s = fs->in_scale;
-    for (int j = 0; j < fs->n_feat; j++) feat[j] = (feat[j] - o[j]) * s[j];
-}
-
-static inline int fp_features_spec(const fp_kernels *k, const fp_feature_spec *fs,
-                                   const unsigned char *win, const float *raw, float *feat);
-
-static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec *fs,
-                                      const unsigned char *win, const float *raw, float *feat) {
-    const int finite = fp_features_spec(k, fs, win, raw, feat);
-    if (__builtin_expect(fs->in_scale != NULL, 0)) fp_features_scale(fs, feat);
-    return finite;
-}
-
-/* The spec's features (z-scores, window stats), before any input scaler. */
+/* The spec's features (z-scores, window stats) for one tick, before any input scaler; reads
+ * state only. Returns 1 when every value of raw is finite, else 0 (feat is then junk): the
+ * permute plan checks them as it loads, the other paths with a pass of allfinite. The window
+ * features go straight from the running sums to z-scores (one kernel): a scratch row of means
+ * and stds in between cost a failed store-to-load forward on every tick. */
 static inline int fp_features_spec(const fp_kernels *k, const fp_feature_spec *fs,
                                    const unsigned char *win, const float *raw, float *feat) {
     int finite;
@@ -282,6 +258,28 @@ static inline int fp_features_spec(const fp_kernels *k, const fp_feature_spec *f
                                           fs->mean + fs->n_z, fs->inv_std + fs->n_z,
                                           feat + fs->n_z, fs->w_thr), 0))
         fp_window_features_exact(k, fs, win, raw, feat + fs->n_z);
+    return finite;
+}
+
+/* The model's input scaler, after the spec: feat = (feat - off) * scale, two float32 ops per
+ * feature as onnxruntime runs a Scaler (or Sub then Mul) on the features it is given. Not
+ * composed into the spec's mean and inv_std: a spec that centres price-like fields (mean
+ * ~6.5e4) followed by a scaler with an offset composes to a mean whose float32 rounding
+ * (4e-3) moved the features by that times the scales (measured: an MLP's outputs 3e-4 of
+ * their spread off onnxruntime on every tick, a tree ensemble on the other branch of a
+ * threshold). Elementwise IEEE ops, no reassociation and nothing to contract into an FMA:
+ * the same bits under every kernel set and any vectorization. */
+static inline void fp_features_scale(const fp_feature_spec *fs, float *feat) {
+    const float *o = fs->in_off, *s = fs->in_scale;
+    for (int j = 0; j < fs->n_feat; j++) feat[j] = (feat[j] - o[j]) * s[j];
+}
+
+/* feat (n_feat) for one tick: the spec's features, then the model's input scaler when it has
+ * one; fp_features_spec's return. */
+static inline int fp_features_compute(const fp_kernels *k, const fp_feature_spec *fs,
+                                      const unsigned char *win, const float *raw, float *feat) {
+    const int finite = fp_features_spec(k, fs, win, raw, feat);
+    if (__builtin_expect(fs->in_scale != NULL, 0)) fp_features_scale(fs, feat);
     return finite;
 }
 

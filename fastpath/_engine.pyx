@@ -614,7 +614,7 @@ cdef class Engine:
             self._busy = False
         if bad >= 0:
             applied = pos.applied
-            note = f"; rows 0..{applied - 1} were applied" if applied else "; no row was applied"
+            note = "; " + _applied_note(applied)
             try:
                 self._raise_row(err, R, S, T, bad)
             except InputError as exc:
@@ -1063,7 +1063,7 @@ cdef class Engine:
                     res = self._gpu_tick(R[i], rp + i * self.raw_len, yp[i],
                                          tp[i] if tp != NULL else -1, i)
                 except FastpathError as exc:
-                    note = f"; rows 0..{i - 1} were applied" if i else "; no row was applied"
+                    note = "; " + _applied_note(i)
                     raise _partial_batch(type(exc)(str(exc) + note), sig, conf, cached, tot,
                                          i) from None
                 except BaseException as exc:
@@ -1112,11 +1112,15 @@ def _partial_batch(exc, sig, conf, cached, tot, Py_ssize_t applied):
     return exc
 
 
+def _applied_note(Py_ssize_t applied):
+    """What a stopped batch says of the rows it applied."""
+    return f"rows 0..{applied - 1} were applied" if applied else "no row was applied"
+
+
 def _stopped_note(Py_ssize_t applied, Py_ssize_t n):
     """The note on an exception that stopped a batch from outside (a signal handler's)."""
-    return (f"step_batch stopped after {applied} of {n} rows: "
-            + (f"rows 0..{applied - 1} were applied" if applied else "no row was applied")
-            + " (their answers: .result, their count: .applied)")
+    return (f"step_batch stopped after {applied} of {n} rows: {_applied_note(applied)} "
+            f"(their answers: .result, their count: .applied)")
 
 
 def _no_row(exc, bint row_note=False):
