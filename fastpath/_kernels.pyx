@@ -821,24 +821,28 @@ cdef class LowpMLP:
         memcpy(cnp.PyArray_DATA(out), o, sizeof(float) * self.n_out)
         return out
 
-    def time_forward(self, x, long long iters):
-        """Per-call ns of `iters` back-to-back forward passes (GIL released), as an array."""
+    def time_forward(self, x, long long iters, long long passes=1):
+        """ns per forward pass of `iters` samples (GIL released), as a float64 array: each
+        sample is `passes` back-to-back passes between two clock reads, divided by `passes`.
+        With passes=1 every sample carries the two clock reads (~40-50 ns here); a kernel of a
+        few hundred ns needs passes > 1 for its figure to be the kernel's."""
         cdef cnp.ndarray v = _f32(x, "x")
-        if len(v) != self.n_in or iters < 1:
-            raise InputError(f"x must have {self.n_in} values and iters >= 1")
+        if len(v) != self.n_in or iters < 1 or passes < 1:
+            raise InputError(f"x must have {self.n_in} values, iters >= 1 and passes >= 1")
         cdef const float *xp = <const float *>cnp.PyArray_DATA(v)
-        cdef cnp.ndarray ts = np.empty(iters, np.int64)
-        cdef int64_t *t = <int64_t *>cnp.PyArray_DATA(ts)
-        cdef long long i
+        cdef cnp.ndarray ts = np.empty(iters, np.float64)
+        cdef double *t = <double *>cnp.PyArray_DATA(ts)
+        cdef long long i, j
         cdef int64_t t0
         cdef volatile float sink = 0
         cdef const float *o
         with nogil:
             for i in range(iters):
                 t0 = fp_mono_ns()
-                o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, 0)
-                sink = o[0] if o != NULL else 0
-                t[i] = fp_mono_ns() - t0
+                for j in range(passes):
+                    o = fp_mlp_forward(self.k, &self.m, xp, self.a, self.b, 0)
+                    sink = o[0] if o != NULL else 0
+                t[i] = (fp_mono_ns() - t0) / <double>passes
         return ts
 
 

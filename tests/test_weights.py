@@ -408,3 +408,30 @@ def test_bf16_streamed_layer_equals_reference(variant, shape):
         tol = tol_k * mag + 1e-6     # |tanh'| <= 1: the pre-activation's bound holds after it
         assert np.all(np.abs(y - ref) <= tol), (variant, act, np.abs(y - ref).max())
         assert np.all(np.abs(ys - ref) <= 2e-6 * mag + 1e-6), (act, np.abs(ys - ref).max())
+
+
+def test_time_forward_samples_of_several_passes():
+    """LowpMLP.time_forward gives one float64 ns-per-pass figure per sample, a sample being
+    `passes` back-to-back passes between two clock reads (bench/weights.py times a ~250 ns
+    kernel that way, so the clock reads are not a fifth of its figure); bad counts are an
+    InputError, not a sample of nothing."""
+    import weights as W
+    demo = Model.load(W.DEMO_MODEL)
+    m = LowpMLP([L.weight for L in demo.layers], [L.bias for L in demo.layers],
+                [L.activation for L in demo.layers], "int8", "scalar")
+    x = np.ones(m.n_in, np.float32)
+    t = m.time_forward(x, 5, 4)
+    assert t.shape == (5,) and t.dtype == np.float64 and (t > 0).all()
+    assert m.time_forward(x, 3).shape == (3,)
+    for iters, passes in ((0, 1), (1, 0), (2, -3)):
+        with pytest.raises(InputError, match="passes >= 1"):
+            m.time_forward(x, iters, passes)
+    with pytest.raises(InputError):
+        m.time_forward(np.ones(m.n_in + 1, np.float32), 1, 1)
+
+
+def test_weights_bench_times_samples_not_single_passes():
+    import weights as W
+    demo = Model.load(W.DEMO_MODEL)
+    r = W.time_mlp(demo, "fp32", "scalar", iters=5)
+    assert r["passes_per_sample"] >= 1 and r["p50_ns"] > 0
