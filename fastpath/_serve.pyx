@@ -189,11 +189,17 @@ def segment_path(name):
 
 
 def _name_bytes(name):
-    if not isinstance(name, str) or not name or "/" in name or len(name.encode()) > 200 \
-            or "\0" in name:
+    try:
+        b = name.encode() if isinstance(name, str) else None
+    except UnicodeEncodeError:
+        # a shell argument with a byte that is not UTF-8 arrives as a lone surrogate: it
+        # raised UnicodeEncodeError from here, out of `fastpath serve` as a traceback
+        raise InputError(f"server name must be UTF-8 text (it names a file under /dev/shm), "
+                         f"got {name!r}") from None
+    if b is None or not name or "/" in name or len(b) > 200 or "\0" in name:
         raise InputError(f"server name must be a non-empty str of at most 200 bytes without '/', "
                          f"got {name!r}")
-    return name.encode()
+    return b
 
 
 # --------------------------------------------------------------------------- results

@@ -1,0 +1,207 @@
+"""Review 24: the serving loop and the command line (serve, doctor, calibrate) under input
+and situations a demanding user meets: each test failed before its fix.
+
+Nothing asserts on wall-clock time; waits in this process run under an alarm, subprocesses
+under a timeout, and the `fastpath` command runs with its cwd outside the checkout and the
+imported fastpath's root on PYTHONPATH (the installed package in CI).
+"""
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath import ConfigError, InputError
+from fastpath._serve import segment_path
+
+# kind to a shared 2-core host: the worker yields once idle for 50 us; no pinning in tests
+BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
+                                                "idle_spin_ns": 50_000}}
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
+
+
+def cfg(engine=None, **serve):
+    return {"engine": {**BASE["engine"], **(engine or {})}, "serve": {**BASE["serve"], **serve}}
+
+
+def uname():
+    return f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def deadline(seconds):
+    """Raise TimeoutError in this thread if the block runs longer than `seconds`."""
+    def boom(*_):
+        raise TimeoutError(f"took longer than {seconds} s")
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def cli(args, tmp_path, timeout=120, **kw):
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    return subprocess.run([sys.executable, "-m", "fastpath.cli", *args], capture_output=True,
+                          env=env, cwd=tmp_path, timeout=timeout, **kw)
+
+
+# ------------------------------------------------------------------ server names
+@pytest.mark.parametrize("call", ["serve", "connect"])
+def test_a_server_name_that_is_not_utf8_is_an_input_error(call):
+    """A name from a shell argument holding a byte that is not UTF-8 ('\\udcff' once Python
+    decoded it) raised UnicodeEncodeError from deep in the bindings."""
+    name = "md\udcff"
+    with pytest.raises(InputError, match="server name"):
+        if call == "serve":
+            fastpath.serve(name, config=cfg())
+        else:
+            fastpath.connect(name, timeout=0)
+
+
+def test_cli_serve_with_a_name_that_is_not_utf8_is_a_usage_error(tmp_path):
+    r = cli(["serve", "--name", b"md\xff"], tmp_path)
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 2, err
+    assert "Traceback" not in err
+    assert "server name" in err
+
+
+# ------------------------------------------------------------------ config honoured
+def test_serve_refuses_a_config_asking_for_the_gpu_backend():
+    """[engine] backend = "gpu" was dropped without a word: the worker always steps a CPU
+    engine, and the config said otherwise."""
+    name = uname()
+    with pytest.raises(ConfigError, match=r"engine\.backend = 'gpu'"):
+        fastpath.serve(name, config=cfg(engine={"backend": "gpu"}))
+    assert not os.path.lexists(segment_path(name))
+
+
+# ------------------------------------------------------------------ --stats figures
+def _pcts(col):
+    p50, p99 = np.percentile(col, [50, 99])
+    return f"{p50:.0f}/{p99:.0f}"
+
+
+def test_stats_line_reports_no_latency_for_an_interval_of_refused_ticks_only():
+    """A refused tick counts in `served` but writes no latency record: a second of refused
+    ticks only reported the percentiles of ticks served in earlier seconds."""
+    from fastpath.serving.server import _stats_line
+    name = uname()
+    raw = np.zeros(256, np.float32)
+    with fastpath.serve(name, config=cfg()) as srv, fastpath.connect(name, timeout=5) as c, \
+            deadline(60):
+        for i in range(5):
+            c.step(raw, 0, 1_000_000 * (i + 1))
+        line, prev = _stats_line(srv, {}, 1.0)
+        lat = srv.latency_records()
+        assert len(lat) == 5
+        assert f"total p50/p99 {_pcts(lat[:, 3])} ns" in line
+        for _ in range(3):
+            with pytest.raises(InputError, match="earlier than"):
+                c.step(raw, 0, 1)
+        line, prev = _stats_line(srv, prev, 1.0)
+        assert "errors 3" in line
+        assert "p50/p99" not in line, line
+        # one served, two refused: the one served tick's record alone
+        c.step(raw, 0, 10_000_000)
+        for _ in range(2):
+            with pytest.raises(InputError):
+                c.step(raw, 0, 1)
+        line, _ = _stats_line(srv, prev, 1.0)
+        last = srv.latency_records()[-1:]
+        assert f"total p50/p99 {_pcts(last[:, 3])} ns" in line, line
+
+
+def test_stats_line_leaves_out_stages_that_are_not_timed():
+    """With [engine] stage_times = false the feature and cache columns of the records are 0
+    (not measured): --stats printed them as 'feature p50/p99 0/0 ns'."""
+    from fastpath.serving.server import _stats_line
+    name = uname()
+    raw = np.zeros(256, np.float32)
+    with fastpath.serve(name, config=cfg(engine={"stage_times": False})) as srv, \
+            fastpath.connect(name, timeout=5) as c, deadline(60):
+        for i in range(4):
+            c.step(raw, i, 1_000_000)
+        line, _ = _stats_line(srv, {}, 1.0)
+        lat = srv.latency_records()
+    assert "feature p50" not in line and "cache p50" not in line, line
+    assert f"total p50/p99 {_pcts(lat[:, 3])} ns" in line
+    assert f"wait p50/p99 {_pcts(lat[:, 4])} ns" in line
+
+
+# ------------------------------------------------------------------ leaks
+def _maps_of(dev_ino):
+    dev, ino = dev_ino
+    want = f"{os.major(dev):02x}:{os.minor(dev):02x}"
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            p = line.split(None, 5)
+            if len(p) >= 5 and p[4] == str(ino) and p[3].lower() == want:
+                n += 1
+    return n
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_connect_interrupted_while_waiting_for_a_slot_unmaps_the_segment():
+    """Ctrl-C (or any exception from a signal handler) while connect waited for a free
+    client slot left the segment mapped in the process for good: after the server removed
+    it, its memory in /dev/shm stayed taken until the process exited."""
+    name = uname()
+    srv = fastpath.serve(name, config=cfg(max_clients=1))
+    try:
+        st = os.stat(segment_path(name))
+        ident = (st.st_dev, st.st_ino)
+        c1 = fastpath.connect(name, timeout=5)
+
+        def boom(*_):
+            raise _Interrupt()
+        old = signal.signal(signal.SIGALRM, boom)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            with pytest.raises(_Interrupt):
+                fastpath.connect(name, timeout=60)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        c1.close()
+    finally:
+        srv.stop()
+    gc.collect()
+    assert _maps_of(ident) == 0
+
+
+# ------------------------------------------------------------------ doctor
+def test_doctor_jitter_does_not_claim_a_core_it_could_not_pin_to(monkeypatch, capsys):
+    """--jitter on a core the process may not run on (a container's cpuset: the host's CPUs
+    are online, sched_setaffinity refuses them) said 'cannot pin' on stderr, then reported
+    the histogram as measured on that core, in the JSON "cpu" too."""
+    from fastpath import cli
+    from fastpath.control.host import format_cpulist
+    here = sorted(os.sched_getaffinity(0))
+
+    def refuse(pid, cpus):
+        raise OSError(22, "Invalid argument")
+    monkeypatch.setattr(os, "sched_setaffinity", refuse)
+    rc = cli.main(["doctor", "--core", str(here[0]), "--jitter", "0.02", "--json"])
+    out = capsys.readouterr()
+    assert rc in (0, 1), out.err
+    j = json.loads(out.out)["jitter"]
+    assert j["cpu"] is None
+    assert j["ran_on"] == format_cpulist(here)
+    assert f"cannot pin to CPU {here[0]}" in out.err
+    rc = cli.main(["doctor", "--core", str(here[0]), "--jitter", "0.02"])
+    assert f"not pinned to CPU {here[0]}" in capsys.readouterr().out
