@@ -879,6 +879,10 @@ cdef class Client:
     def __dealloc__(self):
         if self._open:
             self._release()
+        elif self._s.h != NULL:
+            # mapped without a slot: a connect interrupted (Ctrl-C) while it waited for one
+            # kept the segment mapped, and its memory in /dev/shm taken, until the process exit
+            fp_seg_detach(&self._s)
         PyMem_Free(self._sym_of)
         PyMem_Free(self._ts_of)
 
