@@ -26,6 +26,13 @@ class Server:
         from fastpath._serve import Worker
         from fastpath.errors import ServeError
         m, rc, _backend, _why = resolve(model if model is not None else DEMO_MODEL, "cpu", config)
+        if rc.source.backend == "gpu":
+            # the loop steps a CPU engine (fp_worker.c): a config asking for the GPU was
+            # served on the CPU without a word
+            from fastpath.errors import ConfigError
+            raise ConfigError(f"engine.backend = 'gpu' ({rc.source.source}): the serving loop "
+                              f"runs the engine on the CPU; set engine.backend = 'cpu' (or "
+                              f"'auto') to serve this config, or step a GPU Engine in-process")
         self.name = name
         self._pid = os.getpid()
         self.config = rc
