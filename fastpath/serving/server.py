@@ -235,9 +235,16 @@ def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
     parts = [f"{n / dt:10.0f} req/s", f"queue {st['queue_depth']:4d}",
              f"clients {len(st['clients'])}", f"errors {st['errors']}",
              f"rejected {st['rejected_full']}"]
-    if n:
-        lat = srv.latency_records()[-n:]
-        for j, stage in enumerate(("feature", "cache", "infer", "total", "wait")):
+    # only a tick the engine answered writes a record: a refused one (counted in served and
+    # errors) does not, and taking the last n records reported earlier seconds' ticks
+    ok = (st["served"] - st["errors"]) - (prev.get("served", 0) - prev.get("errors", 0))
+    if ok:
+        lat = srv.latency_records()[-ok:]
+        stages = enumerate(("feature", "cache", "infer", "total", "wait"))
+        if not srv.config.source.stage_times:
+            # [engine] stage_times = false: only the total is timed, the stages' columns hold 0
+            stages = [(3, "total"), (4, "wait")]
+        for j, stage in stages:
             col = lat[:, j] if stage != "infer" else lat[lat[:, 2] > 0, 2]
             if len(col):
                 p50, p99 = np.percentile(col, [50, 99])
