@@ -240,12 +240,19 @@ def cmd_doctor(args) -> int:
                             gpu_backend=_gpu_status() if args.gpu and args.root == "/" else None)
     if args.jitter:
         from fastpath._kernels import jitter_probe
+        from fastpath.control.host import format_cpulist
+        pinned = True
         try:
             os.sched_setaffinity(0, {res["core"]})
         except OSError as exc:
+            pinned = False
             print(f"fastpath doctor: cannot pin to CPU {res['core']}: {exc.strerror}", file=sys.stderr)
+        ran_on = format_cpulist(os.sched_getaffinity(0))
         res["jitter"] = jitter_probe(args.jitter, args.jitter_threshold_ns)
-        res["jitter"]["cpu"] = res["core"]
+        # unpinned, the probe ran wherever the scheduler put it: the report named the core it
+        # could not pin to as the one measured
+        res["jitter"]["cpu"] = res["core"] if pinned else None
+        res["jitter"]["ran_on"] = ran_on
     if args.json:
         print(json.dumps(res, indent=1))
     else:
@@ -258,7 +265,9 @@ def cmd_doctor(args) -> int:
                 print(f"  {'':<29}fix: {c['fix']}")
         if "jitter" in res:
             j = res["jitter"]
-            print(f"\n  jitter on CPU {j['cpu']}: {j['seconds']} s, {j['reads']} clock reads, "
+            where = (f"CPU {j['cpu']}" if j["cpu"] is not None else
+                     f"CPUs {j['ran_on']} (not pinned to CPU {res['core']})")
+            print(f"\n  jitter on {where}: {j['seconds']} s, {j['reads']} clock reads, "
                   f"{j['gaps']} gaps > {j['threshold_ns']} ns, max {j['max_gap_ns'] / 1000:.1f} us")
             for lo, hi, n in j["histogram"]:
                 print(f"    {lo / 1000:>10.1f} - {hi / 1000:>10.1f} us  {n:>8}  {'#' * min(60, n.bit_length() * 4)}")
