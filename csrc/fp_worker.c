@@ -250,16 +250,22 @@ static int idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
 void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
     const int64_t beat_ns = (int64_t)h->heartbeat_ms * 1000000LL;
     int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
-    uint64_t idle_run = 0, idle_polls = 0, loops = 0;
+    uint64_t idle_run = 0, idle_polls = 0, loops = 0, unclocked = 0;
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
     FP_STORE_REL(&h->state, FP_SRV_RUNNING);
     for (;;) {
         int n = serve_all(h, e, 64, o->lat);
         loops++;
-        /* clock_gettime costs about a poll's worth of time: read it every 64 rounds, busy or
-         * idle (a round is well under 1 us, the heartbeat is 1 ms) */
-        if ((loops & 63) == 0)
+        unclocked += (uint64_t)n;
+        /* clock_gettime costs about a poll's worth of time: read it every 64 rounds (an idle
+         * round is well under 1 us, the heartbeat is 1 ms) or every 64 requests served. A
+         * busy round lasts as long as its requests: counted in rounds alone, a backlog of a
+         * model taking 1 ms a tick left the heartbeat unbeaten for seconds, and clients
+         * called the healthy server stalled (ServerGone) while it worked through it */
+        if ((loops & 63) == 0 || unclocked >= 64) {
             now = fp_ring_now_ns();
+            unclocked = 0;
+        }
         if (n) {
             idle_run = 0;
         } else {

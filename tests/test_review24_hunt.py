@@ -205,3 +205,25 @@ def test_doctor_jitter_does_not_claim_a_core_it_could_not_pin_to(monkeypatch, ca
     assert f"cannot pin to CPU {here[0]}" in out.err
     rc = cli.main(["doctor", "--core", str(here[0]), "--jitter", "0.02"])
     assert f"not pinned to CPU {here[0]}" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ liveness under load
+def test_a_server_working_through_a_backlog_is_not_called_stalled():
+    """The loop read its clock every 64 rounds, and a busy round lasts as long as its
+    requests: behind a backlog of a model taking about 1 ms a tick the heartbeat went
+    unbeaten for seconds, and a client waiting for its answer got ServerGone ('not
+    responding ... stopped by a signal or a debugger?') from a healthy server."""
+    from conftest import random_model
+    from fastpath.model import CachePolicy
+    rng = np.random.default_rng(24)
+    m = random_model(rng, [1024, 2048, 2048, 2], policy=CachePolicy(enabled=False))
+    raw = rng.standard_normal(1024).astype(np.float32)
+    want = fastpath.Engine(m, config={"engine": {"n_symbols": 16}}).step(raw, 1).signal
+    name = uname()
+    with fastpath.serve(name, m, cfg(ring_slots=2048)), \
+            fastpath.connect(name, timeout=5, stall_timeout=1.0) as c, deadline(120):
+        for _ in range(2000):
+            c.submit(raw, 0)
+        r = c.step(raw, 1)
+        assert r.signal == want
+        assert len(c.poll()) == 2000
