@@ -77,7 +77,9 @@ def _thp(host: Host) -> Check:
 
 
 def _hugetlb(host: Host, need_pages: int = 4, huge_pages: str = "auto",
-             need_bytes: int = 0) -> Check:
+             sizes: tuple = ()) -> Check:
+    """sizes: the bytes of each mapping drawn from the pool (the engine's arena, the serve
+    segment); each is rounded up to whole pages on its own."""
     # the pool the config draws on: none for "none" and "thp" (the check said "falls back"
     # for a config that never asks the pool), 1 GB pages first for "1g" (it counted 2 MB ones)
     if huge_pages in ("none", "thp"):
@@ -86,11 +88,11 @@ def _hugetlb(host: Host, need_pages: int = 4, huge_pages: str = "auto",
     if huge_pages == "1g":
         free1 = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
         total1 = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages")
-        need1 = max(1, -(-need_bytes // (1 << 30)))
+        need1 = max(1, sum(-(-b // (1 << 30)) for b in sizes))
         if free1 is not None and free1 >= need1:
             return Check("hugetlb_pool", PASS, f"{free1} of {total1} 1 GB huge pages free")
         seen = "no 1 GB pool" if free1 is None else f"{free1} of {total1} 1 GB huge pages free"
-        fall = _hugetlb(host, need_pages)
+        fall = _hugetlb(host, need_pages, "auto", sizes)
         return Check("hugetlb_pool", WARN, f"{seen} (memory.huge_pages = 1g needs {need1}); "
                      f"2 MB pages next: {fall.detail}",
                      "hugepagesz=1G hugepages=N on the boot line"
@@ -105,7 +107,8 @@ def _hugetlb(host: Host, need_pages: int = 4, huge_pages: str = "auto",
         return Check("hugetlb_pool", WARN, "hugetlb pool not visible", fix)
     if free >= need_pages:
         return Check("hugetlb_pool", PASS, f"{free} of {total} 2 MB huge pages free")
-    return Check("hugetlb_pool", WARN, f"{free} of {total} 2 MB huge pages free (the arena needs "
+    what = "the arena and the serve segment need" if len(sizes) > 1 else "the arena needs"
+    return Check("hugetlb_pool", WARN, f"{free} of {total} 2 MB huge pages free ({what} "
                  f"{need_pages}); falls back to THP or 4 KB pages", fix)
 
 
@@ -401,9 +404,12 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     checks += _isolation(host, topo, c)
     isolated = c in topo.isolated or c in topo.nohz_full
     plan = lock_plan(host, config, serve, arena_bytes, raw_len)
-    need = (plan["engine_asked"] or 0) + (plan["segment_asked"] if plan["serve"] else 0)
-    checks += [_thp(host), _hugetlb(host, -(-need // (2 << 20)) if need else 4,
-                                    plan["huge_pages"], need),
+    # the arena and the segment are two mappings, each rounded up to whole pages: their
+    # summed bytes, rounded once, passed a pool one page short of what they take
+    sizes = tuple(b for b in (plan["engine_asked"], plan["segment_asked"] if plan["serve"]
+                              else 0) if b)
+    checks += [_thp(host), _hugetlb(host, sum(-(-b // (2 << 20)) for b in sizes) or 4,
+                                    plan["huge_pages"], sizes),
                _rt_runtime(host, policy, c, isolated), _swap(host), _clocksource(host)]
     checks += _privileges(read_privileges(host), policy, priority, plan)
     checks += _irqs(host, c)

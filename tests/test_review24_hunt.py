@@ -227,3 +227,37 @@ def test_a_server_working_through_a_backlog_is_not_called_stalled():
         r = c.step(raw, 1)
         assert r.signal == want
         assert len(c.poll()) == 2000
+
+
+@pytest.mark.parametrize("huge,pools,want", [
+    # a 3 MB arena and a 2.3 MB segment take 2 + 2 pages of 2 MB, not ceil(5.3 MB) = 3
+    ("auto", {"2048kB": (3, 3)}, "warn"),
+    ("auto", {"2048kB": (4, 4)}, "pass"),
+    # and one 1 GB page each, not one for both
+    ("1g", {"1048576kB": (1, 1), "2048kB": (0, 0)}, "warn"),
+    ("1g", {"1048576kB": (2, 2)}, "pass"),
+])
+def test_doctor_hugetlb_pool_rounds_each_mapping_to_pages(tmp_path, huge, pools, want):
+    """The pool check summed the engine arena's and the serve segment's bytes and rounded
+    once; each is its own mapping rounded up to whole pages, so a pool one page short of
+    what the two take passed."""
+    from fastpath.control import doctor
+    from fastpath.control.host import Host
+    from fastpath.control.memory import serve_segment_bytes
+    files = {"proc/meminfo": "MemTotal: 1000 kB\n", "sys/devices/system/cpu/online": "0-1",
+             "sys/devices/system/cpu/possible": "0-1"}
+    for size, (free, total) in pools.items():
+        files[f"sys/kernel/mm/hugepages/hugepages-{size}/free_hugepages"] = str(free)
+        files[f"sys/kernel/mm/hugepages/hugepages-{size}/nr_hugepages"] = str(total)
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    seg = serve_segment_bytes(256, 2048, 1)
+    assert 2 << 20 < seg < 3 << 20
+    res = doctor.run_checks(Host(str(tmp_path)), core=0, policy="other", priority=0,
+                            config={"memory": {"huge_pages": huge},
+                                    "serve": {"ring_slots": 2048, "max_clients": 1}},
+                            arena_bytes=3 << 20, serve=True, raw_len=256)
+    check = {c["name"]: c for c in res["checks"]}["hugetlb_pool"]
+    assert check["status"] == want, check
