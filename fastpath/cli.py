@@ -118,12 +118,31 @@ def _check_fields(fields, raw_len: int, option: str):
     return fields
 
 
+def _check_out(path: str) -> None:
+    """--out before any fitting: a name Model.save refuses, or a folder that is not there,
+    failed only after the whole fit (minutes with --max-error), the last under the name of
+    the temp file the save writes first."""
+    if path.lower().endswith(".onnx"):
+        raise SystemExit(f"fastpath calibrate: --out {path} names an ONNX file; the command "
+                         f"writes a fastpath bundle: name it .fpm")
+    if os.path.isdir(path):
+        raise SystemExit(f"fastpath calibrate: --out {path} is a directory; give the bundle's "
+                         f"file name (e.g. {os.path.join(path, 'model.fpm')})")
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise SystemExit(f"fastpath calibrate: --out {path}: no directory {d} to write it in")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise SystemExit(f"fastpath calibrate: --out {path}: directory {d} is not writable by "
+                         f"this user")
+
+
 def cmd_calibrate(args) -> int:
     import numpy as np
 
     from fastpath import lob
     from fastpath._build import load_model
     from fastpath.tuning import calibrate
+    _check_out(args.out)
     raws = _load_npy(args.ticks, "ticks")
     syms = _load_npy(args.symbols, "symbols", "iu") if args.symbols else None
     ts = _load_npy(args.ts, "timestamps", "iu") if args.ts else None

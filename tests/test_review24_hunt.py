@@ -261,3 +261,24 @@ def test_doctor_hugetlb_pool_rounds_each_mapping_to_pages(tmp_path, huge, pools,
                             arena_bytes=3 << 20, serve=True, raw_len=256)
     check = {c["name"]: c for c in res["checks"]}["hugetlb_pool"]
     assert check["status"] == want, check
+
+
+# ------------------------------------------------------------------ calibrate --out
+@pytest.mark.parametrize("out,says", [
+    ("m.onnx", "names an ONNX file"),
+    (".", "is a directory"),
+    ("no/such/dir/m.fpm", "no directory"),
+])
+def test_calibrate_refuses_an_unwritable_out_before_fitting(tmp_path, out, says):
+    """--out was first tried after the whole fit (minutes with --max-error): a .onnx name or
+    a directory was refused then, and a missing folder was reported under the name of the
+    save's temp file ('m.fpm.tmp1234.5678')."""
+    from fastpath._build import DEMO_MODEL
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "t.npy", rng.normal(100, 1, (64, 256)).astype(np.float32))
+    r = cli(["calibrate", "--ticks", "t.npy", "--model", DEMO_MODEL, "--out", out], tmp_path)
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert "--out" in err and says in err, err
+    assert ".tmp" not in err
+    assert "feature spec" not in r.stdout.decode()        # refused before the fit
