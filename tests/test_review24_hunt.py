@@ -282,3 +282,28 @@ def test_calibrate_refuses_an_unwritable_out_before_fitting(tmp_path, out, says)
     assert "--out" in err and says in err, err
     assert ".tmp" not in err
     assert "feature spec" not in r.stdout.decode()        # refused before the fit
+
+
+# ------------------------------------------------------------------ stop
+def test_stop_waits_for_the_drain_the_config_allows():
+    """stop() gave up after a fixed 10 s while [serve] drain_timeout_ms (up to 60 s) kept the
+    loop waiting for a client that does not take its answers: ServeError, and the segment
+    was left in /dev/shm (`fastpath serve` on SIGTERM exited 2)."""
+    name = uname()
+    # "reject": a submit never takes replies off the ring while it waits for room
+    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
+                                          drain_timeout_ms=10_050))
+    c = fastpath.connect(name, timeout=5)
+    raw = np.zeros(c.raw_len, np.float32)
+    with deadline(60):
+        for i in range(2):         # answered: the reply ring is full
+            c.submit(raw, 0, i + 1)
+        while srv.stats()["served"] < 2:
+            pass
+        for i in range(2, 4):      # held behind the full reply ring
+            c.submit(raw, 0, i + 1)
+        srv.stop()
+    assert not srv.running
+    assert not os.path.lexists(segment_path(name))
+    assert srv.final_stats["served"] == 2
+    c.close()

@@ -163,8 +163,14 @@ class Server:
         import copy
         return copy.deepcopy(kept)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop accepting, answer what was accepted, end the loop, remove the segment."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop accepting, answer what was accepted, end the loop, remove the segment.
+        timeout (s): how long to wait for the loop to end; None: [serve] drain_timeout_ms
+        plus 10 s (the drain waits that long for a client that does not take its answers:
+        a fixed 10 s gave up on a drain the config allows up to 60 s, and left the
+        segment behind)."""
+        if timeout is None:
+            timeout = self.serve_config.drain_timeout_ms / 1000 + 10.0
         with self._lock:
             w = self._worker
             if w is None:
@@ -223,7 +229,7 @@ def serve(name: str, model=None, config=None) -> Server:
 def _stop_all() -> None:
     for srv in list(_live):
         try:
-            srv.stop(timeout=2.0)
+            srv.stop(timeout=srv.serve_config.drain_timeout_ms / 1000 + 2.0)
         except Exception:
             pass
 
