@@ -194,7 +194,11 @@ def cmd_calibrate(args) -> int:
               f"{np.tanh(out.meta['head_fit']['target']):.2f})")
     else:
         print(f"head: {h.kind} (outputs {list(h.outputs)})")
-    if args.weights is not None and args.weights != out.weights:
+    if args.weights == "fp32" == out.weights:
+        print("weights: fp32 hidden layers (the model's own: nothing to measure against)")
+    elif args.weights is not None:
+        # a model already holding the weights asked for is measured too: --weights int8 on
+        # an int8 model printed nothing, where the help promises the error against fp32
         from fastpath.tuning import weights_error
         # back to fp32: what the weights it had cost (fp32 against fp32 would read 0)
         measured = out.weights if args.weights == "fp32" else args.weights
@@ -204,7 +208,8 @@ def cmd_calibrate(args) -> int:
         print(f"weights: {what} on these ticks: max |d| {e['max_abs']:.4g} (tick "
               f"{e['worst_tick']}), mean {e['mean_abs']:.3g}, {e['sign_flips']} sign flip(s) in "
               f"{e['n']})")
-        out = out.with_weights(args.weights)
+        if args.weights != out.weights:
+            out = out.with_weights(args.weights)
     if args.max_error is None:
         cache = ("cache: off (no --max-error given; fit a policy with --max-error E, the largest "
                  "|signal error| a cache hit may cost, or enable one in the engine config)")

@@ -307,3 +307,25 @@ def test_stop_waits_for_the_drain_the_config_allows():
     assert not os.path.lexists(segment_path(name))
     assert srv.final_stats["served"] == 2
     c.close()
+
+
+# ------------------------------------------------------------------ calibrate --weights
+def test_calibrate_weights_measures_a_model_that_already_has_them(tmp_path):
+    """--weights bf16 on a bf16 bundle printed nothing, where the help (and the README)
+    promise the signal error against fp32 weights measured on the ticks."""
+    from fastpath._build import DEMO_MODEL
+    from fastpath.model import Model
+    from fastpath.tuning import weights_error
+    Model.load(DEMO_MODEL).with_weights("bf16").save(tmp_path / "b.fpm")
+    rng = np.random.default_rng(3)
+    raws = rng.normal(100, 1, (300, 256)).astype(np.float32)
+    np.save(tmp_path / "t.npy", raws)
+    r = cli(["calibrate", "--ticks", "t.npy", "--model", "b.fpm", "--out", "o.fpm",
+             "--weights", "bf16"], tmp_path)
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr.decode()
+    m = Model.load(tmp_path / "o.fpm")
+    assert m.weights == "bf16"
+    e = weights_error(m, raws, "bf16")
+    assert (f"weights: bf16 hidden layers (signal against fp32 on these ticks: max |d| "
+            f"{e['max_abs']:.4g} (tick {e['worst_tick']})") in out, out
