@@ -315,6 +315,16 @@ cdef class Worker:
                 return "dangling"
             return None
         if rc != FP_RING_OK:
+            from fastpath.serving.segment import INIT_GRACE_S, initializing
+            if initializing(self.path):
+                # another server between creating the file and writing its header: removed
+                # as a leftover, that server went on serving a file nobody could reach, and
+                # two servers ran under one name
+                raise ServeError(
+                    f"{self.name!r}: another server is creating {self.path} (its header is not "
+                    f"written yet); one name, one server: stop it first or pick another name "
+                    f"(a file left by a server that crashed while starting is replaced once it "
+                    f"is {INIT_GRACE_S:g} s old)")
             # not ours to judge (another version, a truncated file): a crashed run's leftovers
             remove(self.path)
             return "unreadable"

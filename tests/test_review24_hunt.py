@@ -329,3 +329,29 @@ def test_calibrate_weights_measures_a_model_that_already_has_them(tmp_path):
     e = weights_error(m, raws, "bf16")
     assert (f"weights: bf16 hidden layers (signal against fp32 on these ticks: max |d| "
             f"{e['max_abs']:.4g} (tick {e['worst_tick']})") in out, out
+
+
+# ------------------------------------------------------------------ one name, one server
+def test_a_segment_another_server_is_still_creating_is_not_replaced():
+    """Two servers started under one name at once: the second found the first's file
+    between its creation and its header (the magic is written last), removed it as an
+    "unreadable" leftover and served its own, while the first served a file nobody could
+    reach. The file stands in for the first server's (zeros, just made)."""
+    from fastpath import ServeError
+    name = uname()
+    path = segment_path(name)
+    with open(path, "wb") as f:
+        f.write(bytes(64 << 10))
+    try:
+        with pytest.raises(ServeError, match="another server is creating"):
+            fastpath.serve(name, config=cfg())
+        assert os.path.getsize(path) == 64 << 10          # left to its maker
+        # a crashed start's leftover (the same zeros, old) is replaced as before
+        old = os.stat(path).st_mtime - 60
+        os.utime(path, (old, old))
+        with fastpath.serve(name, config=cfg()) as srv, fastpath.connect(name) as c:
+            assert srv.replaced == "unreadable"
+            assert c.step(np.zeros(c.raw_len, np.float32), 0, 100).seq == 1
+    finally:
+        if os.path.lexists(path):
+            os.unlink(path)

@@ -201,6 +201,26 @@ def remove(path: str, ident: tuple | None = None) -> None:
     _unlink(path)
 
 
+# how long a segment file whose header is not written yet counts as one a server is making:
+# past this it is a crashed start's leftover (making one takes milliseconds, a few seconds
+# for the largest the config allows)
+INIT_GRACE_S = 10.0
+
+
+def initializing(path: str, grace_s: float = INIT_GRACE_S) -> bool:
+    """Is the file at `path` a segment another server is making (created, its header not
+    written yet: the magic is stored last) rather than a crashed run's leftover? Yes while
+    its magic is still zero and it was created or sized in the last grace_s seconds."""
+    import time
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            head = f.read(8)
+    except OSError:
+        return False
+    return head.count(0) == len(head) and time.time() - st.st_mtime < grace_s
+
+
 def hugetlbfs_points(mounts: str = "/proc/mounts") -> set:
     """Every hugetlbfs mount point (writable or not)."""
     try:
