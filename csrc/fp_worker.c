@@ -288,12 +288,20 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
         if (n == 0 && idle_wait(o, idle_since, now, idle_run))
             now = fp_ring_now_ns();
     }
-    /* stop: refuse new submissions, then answer what was accepted. A client that stops taking
-     * its replies holds its own requests back; drain_timeout_ns bounds the wait for it. */
+    /* stop: refuse new submissions, then answer what was accepted (published by now), in
+     * rounds of 64 a client with the heartbeat beating between them: one round of the whole
+     * backlog left it unbeaten for as long as the backlog took, and clients waiting for their
+     * answers were told the server had stalled. A client that stops taking its replies holds
+     * its own requests back: past drain_timeout_ns the drain ends at the first round that
+     * answers none of what was accepted. */
     FP_STORE_REL(&h->state, FP_SRV_STOPPING);
+    uint64_t accepted[FP_SEG_MAX_CLIENTS];
+    for (uint32_t i = 0; i < h->max_clients; i++)
+        accepted[i] = FP_LOAD_ACQ(&fp_seg_ctl(h, (int)i)->req_head.v);
     int64_t until = fp_ring_now_ns() + o->drain_timeout_ns;
+    uint64_t left_before = UINT64_MAX;
     for (;;) {
-        int n = serve_all(h, e, 1 << 30, o->lat);
+        int n = serve_all(h, e, 64, o->lat);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {
             last_beat = now;
@@ -301,15 +309,20 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
             fp_worker_reap(h);
         }
         int pending = 0;
+        uint64_t left = 0;        /* accepted requests not answered yet */
         for (uint32_t i = 0; i < h->max_clients; i++) {
             if (FP_LOAD_ACQ(&h->clients[i].state) != FP_CL_ACTIVE)
                 continue;
             fp_ring_ctl *ctl = fp_seg_ctl(h, (int)i);
-            if (published(h, ctl, FP_LOAD_RLX(&ctl->req_tail.v)))
+            const uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
+            if (published(h, ctl, tail))
                 pending = 1;
+            if (tail < accepted[i])
+                left += accepted[i] - tail;
         }
-        if (!pending || now > until)
+        if (!pending || (now > until && left >= left_before))
             break;
+        left_before = left;
         if (n == 0)
             FP_RING_PAUSE();
     }

@@ -355,3 +355,32 @@ def test_a_segment_another_server_is_still_creating_is_not_replaced():
     finally:
         if os.path.lexists(path):
             os.unlink(path)
+
+
+def test_a_stopping_server_draining_a_backlog_is_not_called_stalled():
+    """The drain answered every accepted request in one round, the heartbeat unbeaten for
+    as long as that took: behind a backlog of ~1 ms ticks a client taking its answers got
+    ServerGone ('not responding') before they came. All of them come, each as a local
+    engine answers the same tick (drain_timeout_ms, shorter than the backlog, bounds only a
+    wait that makes no progress)."""
+    from conftest import random_model
+    from fastpath.model import CachePolicy
+    rng = np.random.default_rng(24)
+    m = random_model(rng, [1024, 2048, 2048, 2], policy=CachePolicy(enabled=False))
+    raws = rng.standard_normal((4, 1024)).astype(np.float32)
+    eng = fastpath.Engine(m, config={"engine": {"n_symbols": 16}})
+    want = [eng.step(raws[i], i).signal for i in range(4)]
+    name = uname()
+    srv = fastpath.serve(name, m, cfg(ring_slots=2048, drain_timeout_ms=100))
+    try:
+        with fastpath.connect(name, timeout=5, stall_timeout=0.5) as c, deadline(120):
+            for k in range(1500):
+                c.submit(raws[k % 4], k % 4)
+            srv._worker.stop()          # ask for the drain without waiting for it
+            got = []
+            while len(got) < 1500:
+                got += c.poll()
+        assert [seq for seq, _ in got] == list(range(1, 1501))
+        assert [r.signal for _, r in got] == [want[k % 4] for k in range(1500)]
+    finally:
+        srv.stop()
