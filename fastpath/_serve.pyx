@@ -308,6 +308,14 @@ cdef class Worker:
         cdef fp_seg s
         b = self.name.encode()
         from fastpath.serving.segment import remove
+        # the file judged, so that only it is removed: two servers replacing one crashed
+        # segment at once both removed "it", the second the segment the first had just made
+        # (the first then served a file nobody could reach, two servers under one name)
+        try:
+            st = os.stat(self.path)
+            judged = (st.st_dev, st.st_ino)
+        except OSError:
+            judged = ()         # none there (or a dangling link): removes nothing by ident
         rc = fp_seg_attach(b, &s)
         if rc == FP_RING_ERR_NOENT:
             if os.path.islink(self.path):
@@ -326,7 +334,7 @@ cdef class Worker:
                     f"(a file left by a server that crashed while starting is replaced once it "
                     f"is {INIT_GRACE_S:g} s old)")
             # not ours to judge (another version, a truncated file): a crashed run's leftovers
-            remove(self.path)
+            remove(self.path, judged)
             return "unreadable"
         pid = s.h.server_pid
         chk = fp_seg_server_check(s.h, fp_ring_now_ns(), <int64_t>scfg.stall_timeout_ms * 1000000)
@@ -350,7 +358,7 @@ cdef class Worker:
                     f"loop has not beaten for {age_s:.1f} s (stopped by a signal or a debugger?); "
                     f"replacing it would leave two servers under one name once it resumes: "
                     f"stop that process first (kill {pid}) or pick another name")
-        remove(self.path)
+        remove(self.path, judged)
         return pid
 
     cdef _create(self, scfg, memory_cfg):

@@ -384,3 +384,50 @@ def test_a_stopping_server_draining_a_backlog_is_not_called_stalled():
         assert [r.signal for _, r in got] == [want[k % 4] for k in range(1500)]
     finally:
         srv.stop()
+
+
+def test_two_servers_replacing_one_crashed_segment_do_not_remove_each_other(tmp_path,
+                                                                             monkeypatch):
+    """Two servers replacing the segment of a crashed one at the same moment: the second
+    removed "the crashed segment" by its name, after the first had already replaced it,
+    so it removed the first's new segment and served its own; the first went on serving a
+    file nobody could reach. Now the second removes only the file it judged, and finds the
+    name taken."""
+    from fastpath import ServeError
+    from fastpath.serving import segment as segmod
+    name = uname()
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    code = ("import sys, time, fastpath\n"
+            "srv = fastpath.serve(sys.argv[1], config={'serve': {'place': False, "
+            "'idle': 'sleep'}})\nprint('ready', flush=True)\ntime.sleep(120)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, name], stdout=subprocess.PIPE, env=env,
+                         cwd=tmp_path, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+    finally:
+        p.kill()
+        p.wait(timeout=30)
+    assert os.path.exists(segment_path(name))          # left by the crash
+    real_remove = segmod.remove
+    first = {}
+
+    def racing_remove(path, ident=None):
+        if path == segment_path(name) and "srv" not in first:
+            # the other server, started at the same moment, replaces the crashed one first
+            first["srv"] = None
+            first["srv"] = fastpath.serve(name, config=cfg())
+        return real_remove(path, ident)
+    monkeypatch.setattr(segmod, "remove", racing_remove)
+    try:
+        with pytest.raises(ServeError, match="at the same time"):
+            fastpath.serve(name, config=cfg())
+        srv = first["srv"]
+        assert srv.replaced == p.pid
+        with fastpath.connect(name, timeout=5) as c, deadline(60):
+            c.step(np.zeros(c.raw_len, np.float32), 0, 100)
+        assert srv.stats()["served"] == 1          # its segment is the one clients reach
+    finally:
+        if first.get("srv") is not None:
+            first["srv"].stop()
+        if os.path.lexists(segment_path(name)):
+            os.unlink(segment_path(name))
