@@ -633,6 +633,7 @@ cdef class Client:
         path = segment_path(name)
         deadline = fp_ring_now_ns() + <int64_t>(timeout * 1e9)
         # a server being started may not have published its segment yet: retry until timeout
+        starting = 0        # the pid of a server seen still starting
         while True:
             rc = fp_seg_attach(b, &self._s)
             err = _errno()      # now: the Python calls below may change errno
@@ -647,9 +648,21 @@ cdef class Client:
                                      f"server that is {_gone_why(chk, self._stall_ns)}")
                 if st == FP_SRV_RUNNING:
                     break
+                pid = self._s.h.server_pid
                 fp_seg_detach(&self._s)
+                if st != FP_SRV_STARTING:
+                    # draining: it takes no new client and never runs again; waiting out the
+                    # timeout ended in "no server is serving" while one was there
+                    raise ServerGone(f"server {name!r} (pid {pid}) is stopping: it takes no new "
+                                     f"clients; connect again once a server runs under the "
+                                     f"name")
+                starting = pid
                 rc = FP_RING_ERR_NOENT
             if fp_ring_now_ns() > deadline:
+                if rc == FP_RING_ERR_NOENT and starting:
+                    raise ServeError(f"server {name!r} (pid {starting}) did not start serving "
+                                     f"within {timeout:g} s (still placing its worker thread?); "
+                                     f"connect with a longer timeout")
                 if rc == FP_RING_ERR_NOENT:
                     raise ServeError(f"no server is serving {name!r} (no running segment at "
                                      f"{path}); start one with `fastpath serve --name {name}` "

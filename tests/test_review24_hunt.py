@@ -431,3 +431,27 @@ def test_two_servers_replacing_one_crashed_segment_do_not_remove_each_other(tmp_
             first["srv"].stop()
         if os.path.lexists(segment_path(name)):
             os.unlink(segment_path(name))
+
+
+def test_connect_to_a_stopping_server_says_it_is_stopping():
+    """connect() to a server draining on stop waited out its whole timeout, then said that
+    no server was serving the name."""
+    from fastpath import ServerGone
+    name = uname()
+    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
+                                          drain_timeout_ms=30_000))
+    try:
+        with fastpath.connect(name, timeout=5) as stuck, deadline(60):
+            raw = np.zeros(stuck.raw_len, np.float32)
+            for i in range(2):          # answered: the reply ring is full
+                stuck.submit(raw, 0, i + 1)
+            while srv.stats()["served"] < 2:
+                pass
+            stuck.submit(raw, 0, 3)     # held: the drain waits for it
+            srv._worker.stop()
+            while srv.stats()["state"] != "stopping":
+                pass
+            with pytest.raises(ServerGone, match=f"server '{name}' .* is stopping"):
+                fastpath.connect(name, timeout=2)
+    finally:
+        srv.stop()          # the stuck client closed: the drain ends
