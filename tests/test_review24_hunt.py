@@ -455,3 +455,21 @@ def test_connect_to_a_stopping_server_says_it_is_stopping():
                 fastpath.connect(name, timeout=2)
     finally:
         srv.stop()          # the stuck client closed: the drain ends
+
+
+def test_connect_to_a_server_still_starting_says_so():
+    """A segment whose server had not started its loop by connect's timeout was reported as
+    'no server is serving' the name."""
+    from fastpath import ServeError
+    from fastpath._build import DEMO_MODEL, resolve
+    from fastpath._serve import Worker
+    name = uname()
+    m, rc, _, _ = resolve(DEMO_MODEL, "cpu", cfg())
+    w = Worker(name, m, rc, rc.source.serve, rc.source.memory)       # its loop never runs
+    try:
+        assert w.state == "starting"
+        with pytest.raises(ServeError, match=f"server '{name}' .* did not start serving"):
+            fastpath.connect(name, timeout=0.2)
+    finally:
+        w.close()
+    assert not os.path.lexists(segment_path(name))
