@@ -137,7 +137,10 @@ class Host:
         for line in (self.read("/proc/stat") or "").splitlines():
             if line.startswith("cpu") and line[3:4].isdigit():
                 f = line.split()
-                vals = [int(x) for x in f[1:]]
+                # user nice system idle iowait irq softirq steal; guest and guest_nice (the
+                # 9th and 10th) are already counted in user and nice: summed again, a CPU
+                # running a VM a fifth of the time read as a third busy
+                vals = [int(x) for x in f[1:9]]
                 idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
                 out[int(f[0][3:])] = (sum(vals) - idle, sum(vals))
         return out

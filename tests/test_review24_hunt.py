@@ -473,3 +473,21 @@ def test_connect_to_a_server_still_starting_says_so():
     finally:
         w.close()
     assert not os.path.lexists(segment_path(name))
+
+
+# ------------------------------------------------------------------ host figures
+def test_busy_fraction_does_not_count_guest_time_twice(tmp_path):
+    """/proc/stat's guest and guest_nice columns are already inside user and nice: summed
+    again, a CPU that ran a VM for 20 of 100 jiffies read as 33% busy, and doctor failed
+    the SMT sibling check (> 25%) of a core that was 20% busy."""
+    from fastpath.control.host import Host
+    stat = tmp_path / "proc" / "stat"
+    stat.parent.mkdir(parents=True)
+    host = Host(str(tmp_path))
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
+    a = host.cpu_times()
+    stat.write_text("cpu  20 0 0 80 0 0 0 0 20 0\ncpu0 20 0 0 80 0 0 0 0 20 0\n")
+    b = host.cpu_times()
+    busy = (b[0][0] - a[0][0]) / (b[0][1] - a[0][1])
+    assert busy == pytest.approx(0.20)
