@@ -491,3 +491,25 @@ def test_busy_fraction_does_not_count_guest_time_twice(tmp_path):
     b = host.cpu_times()
     busy = (b[0][0] - a[0][0]) / (b[0][1] - a[0][1])
     assert busy == pytest.approx(0.20)
+
+
+def test_a_fifo_planted_under_the_name_does_not_hang_the_server():
+    """/dev/shm is writable by every user: a named pipe under a segment's name is replaced,
+    never opened in a way that waits for a writer."""
+    name = uname()
+    path = segment_path(name)
+    os.mkfifo(path)
+
+    def boom(*_):
+        raise _Interrupt("the server's start hung on the FIFO")     # no OSError: never caught
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.setitimer(signal.ITIMER_REAL, 20)
+    try:
+        with fastpath.serve(name, config=cfg()) as srv, fastpath.connect(name) as c:
+            assert srv.replaced == "unreadable"
+            assert c.step(np.zeros(c.raw_len, np.float32), 0, 100).seq == 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        if os.path.lexists(path):
+            os.unlink(path)

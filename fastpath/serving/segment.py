@@ -211,13 +211,23 @@ def initializing(path: str, grace_s: float = INIT_GRACE_S) -> bool:
     """Is the file at `path` a segment another server is making (created, its header not
     written yet: the magic is stored last) rather than a crashed run's leftover? Yes while
     its magic is still zero and it was created or sized in the last grace_s seconds."""
+    import stat
     import time
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            head = f.read(8)
+        # non-blocking: a FIFO planted under the name (/dev/shm is writable by all) would
+        # hold a plain open until some writer came
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        head = os.pread(fd, 8, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return head.count(0) == len(head) and time.time() - st.st_mtime < grace_s
 
 
