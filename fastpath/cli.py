@@ -233,6 +233,28 @@ def _gpu_status() -> tuple:
     return gpu_status()
 
 
+def _jitter(seconds: float, threshold_ns: int) -> dict:
+    """jitter_probe's report for `seconds`, probed in pieces of at most a second and merged:
+    the probe spins in C without looking at signals, so Ctrl-C waited out the whole
+    --jitter (up to an hour); between pieces the interrupt is taken."""
+    from fastpath._kernels import jitter_probe
+    out, left, hist = None, seconds, {}
+    while left > 1e-9:
+        piece = jitter_probe(min(1.0, left), threshold_ns)
+        left -= piece["seconds"]
+        for lo, hi, n in piece["histogram"]:
+            hist[(lo, hi)] = hist.get((lo, hi), 0) + n
+        if out is None:
+            out = piece
+        else:
+            out["reads"] += piece["reads"]
+            out["gaps"] += piece["gaps"]
+            out["max_gap_ns"] = max(out["max_gap_ns"], piece["max_gap_ns"])
+    out["seconds"] = seconds
+    out["histogram"] = [[lo, hi, n] for (lo, hi), n in sorted(hist.items())]
+    return out
+
+
 def cmd_doctor(args) -> int:
     from fastpath.control import doctor
     from fastpath.control.config import load_config, read_toml
@@ -263,7 +285,6 @@ def cmd_doctor(args) -> int:
                             raw_len=model.feature_spec.raw_len,
                             gpu_backend=_gpu_status() if args.gpu and args.root == "/" else None)
     if args.jitter:
-        from fastpath._kernels import jitter_probe
         from fastpath.control.host import format_cpulist
         pinned = True
         try:
@@ -272,7 +293,7 @@ def cmd_doctor(args) -> int:
             pinned = False
             print(f"fastpath doctor: cannot pin to CPU {res['core']}: {exc.strerror}", file=sys.stderr)
         ran_on = format_cpulist(os.sched_getaffinity(0))
-        res["jitter"] = jitter_probe(args.jitter, args.jitter_threshold_ns)
+        res["jitter"] = _jitter(args.jitter, args.jitter_threshold_ns)
         # unpinned, the probe ran wherever the scheduler put it: the report named the core it
         # could not pin to as the one measured
         res["jitter"]["cpu"] = res["core"] if pinned else None
@@ -395,6 +416,10 @@ def main(argv=None) -> int:
     except OSError as exc:
         print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C: the user's stop, not a fault to show a traceback for
+        print(f"fastpath {args.cmd}: interrupted", file=sys.stderr)
+        return 130
     except MemoryError as exc:
         # an engine the host has no room for (control.memory.allocate says how much): the
         # config asks too much of this host, said as such, not a traceback

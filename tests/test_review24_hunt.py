@@ -513,3 +513,25 @@ def test_a_fifo_planted_under_the_name_does_not_hang_the_server():
         signal.signal(signal.SIGALRM, old)
         if os.path.lexists(path):
             os.unlink(path)
+
+
+def test_doctor_jitter_stops_on_ctrl_c(tmp_path):
+    """The probe spun in C for all of --jitter (up to an hour) without looking at signals:
+    Ctrl-C did nothing until it ended, then printed a traceback. It stops within a piece
+    (a second) and says it was interrupted."""
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "doctor", "--jitter", "120"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+                         text=True)
+    try:
+        import time
+        time.sleep(3)                 # the checks, then the probe
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    assert p.returncode == 130, err
+    assert "fastpath doctor: interrupted" in err
+    assert "Traceback" not in err
