@@ -117,9 +117,14 @@ def test_stats_line_reports_no_latency_for_an_interval_of_refused_ticks_only():
         for _ in range(2):
             with pytest.raises(InputError):
                 c.step(raw, 0, 1)
-        line, _ = _stats_line(srv, prev, 1.0)
+        line, prev = _stats_line(srv, prev, 1.0)
         last = srv.latency_records()[-1:]
         assert f"total p50/p99 {_pcts(last[:, 3])} ns" in line, line
+        # the previous read fell between the loop's update of served and of errors (served
+        # has a batch's two refusals, errors not yet): this second answered nothing
+        torn = dict(prev, errors=prev["errors"] - 2)
+        line, _ = _stats_line(srv, torn, 1.0)
+        assert "p50/p99" not in line, line
 
 
 def test_stats_line_leaves_out_stages_that_are_not_timed():

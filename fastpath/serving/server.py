@@ -242,9 +242,11 @@ def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
              f"clients {len(st['clients'])}", f"errors {st['errors']}",
              f"rejected {st['rejected_full']}"]
     # only a tick the engine answered writes a record: a refused one (counted in served and
-    # errors) does not, and taking the last n records reported earlier seconds' ticks
+    # errors) does not, and taking the last n records reported earlier seconds' ticks. The
+    # loop adds to served before errors: a read between the two over-counts the answered,
+    # and the next second's difference can be negative (lat[-(-2):] is all but two records)
     ok = (st["served"] - st["errors"]) - (prev.get("served", 0) - prev.get("errors", 0))
-    if ok:
+    if ok > 0:
         lat = srv.latency_records()[-ok:]
         stages = enumerate(("feature", "cache", "infer", "total", "wait"))
         if not srv.config.source.stage_times:
