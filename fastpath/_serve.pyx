@@ -572,9 +572,16 @@ cdef dict _header_stats(fp_seg_header *h):
                             "served": h.clients[i].served})
     # queue depth: requests published and not yet taken, over all clients
     cdef uint64_t *cur
+    cdef uint64_t head, tail
     for c in clients:
         cur = <uint64_t *>fp_seg_ctl(h, c["slot"])
-        d = fp_atomic_load_u64(&cur[0]) - fp_atomic_load_u64(&cur[8])
+        # the worker's tail first, then the client's head: read the other way round, a
+        # request published and taken between the two reads put the tail past the head, and
+        # the unsigned difference read as 2**64 - 1 requests queued (a slot freed between
+        # the reads does too: no fewer than none)
+        tail = fp_atomic_load_u64(&cur[8])
+        head = fp_atomic_load_u64(&cur[0])
+        d = head - tail if head > tail else 0
         c["queued"] = int(d)
         depth += d
     return {"state": ("starting", "running", "stopping", "stopped")[fp_atomic_load_u32(&h.state)],

@@ -540,3 +540,34 @@ def test_doctor_jitter_stops_on_ctrl_c(tmp_path):
     assert p.returncode == 130, err
     assert "fastpath doctor: interrupted" in err
     assert "Traceback" not in err
+
+
+def test_queue_depth_is_never_read_as_negative():
+    """The stats read a client's head, then the worker's tail: a request published and taken
+    between the two reads (or the slot freed between them) left the tail past the head, and
+    the unsigned difference read as 18446744073709551615 requests queued. The cursors are
+    set here as such a read sees them, then put back."""
+    import mmap
+    import struct
+    name = uname()
+    with fastpath.serve(name, config=cfg()) as srv, fastpath.connect(name) as c, deadline(60):
+        c.step(np.zeros(c.raw_len, np.float32), 0, 100)
+        slot = srv.stats()["clients"][0]["slot"]
+        with open(segment_path(name), "r+b") as f:
+            mm = mmap.mmap(f.fileno(), 0)
+        try:
+            # fp_seg_header: magic, version, header_bytes, raw_len, n_symbols, slots,
+            # max_clients, req_slot_bytes, rep_slot_bytes, client_region_bytes
+            header_bytes, = struct.unpack_from("<I", mm, 12)
+            region, = struct.unpack_from("<Q", mm, 40)
+            ctl = header_bytes + slot * region
+            head, = struct.unpack_from("<Q", mm, ctl)            # req_head.v
+            tail, = struct.unpack_from("<Q", mm, ctl + 64)       # req_tail.v
+            assert head == tail == 1
+            struct.pack_into("<Q", mm, ctl, 0)                   # a head read before the tail
+            st = srv.stats()
+            struct.pack_into("<Q", mm, ctl, head)
+        finally:
+            mm.close()
+        assert st["queue_depth"] == 0, st["queue_depth"]
+        assert st["clients"][0]["queued"] == 0
