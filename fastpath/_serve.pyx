@@ -462,8 +462,9 @@ cdef class Worker:
         return _header_stats(self._h)
 
     def latency_records(self):
-        """(n, 5) uint32 ns of the last ticks served, oldest first: feature, cache, infer,
-        total (in C, as Result.latency) and wait (submit to pickup). Copied while the loop
+        """(n, 5) uint32 ns of the last ticks answered (a refused one writes no record),
+        oldest first: feature, cache, infer, total (in C, as Result.latency) and wait (submit
+        to pickup); with stage_times off the first three are 0. Copied while the loop
         runs, each record whole: one being written or overwritten meanwhile is left out."""
         if self._lat.rec == NULL:
             raise ServeError(f"server {self.name!r} is closed")

@@ -146,8 +146,10 @@ class Server:
             return w.stats()
 
     def latency_records(self):
-        """(n, 5) uint32 ns of the last ticks served, oldest first: feature, cache, infer,
-        total, wait (submit to pickup); each record whole (see fastpath._serve.Worker). Once
+        """(n, 5) uint32 ns of the last ticks answered (a refused one writes no record),
+        oldest first: feature, cache, infer, total, wait (submit to pickup); with [engine]
+        stage_times = false the first three are 0; each record whole (see
+        fastpath._serve.Worker). Once
         stop() has returned, the records as they were then."""
         with self._lock:
             w = self._worker
