@@ -234,6 +234,7 @@ def test_a_server_working_through_a_backlog_is_not_called_stalled():
         assert len(c.poll()) == 2000
 
 
+# ------------------------------------------------------------------ doctor's pool check
 @pytest.mark.parametrize("huge,pools,want", [
     # a 3 MB arena and a 2.3 MB segment take 2 + 2 pages of 2 MB, not ceil(5.3 MB) = 3
     ("auto", {"2048kB": (3, 3)}, "warn"),
