@@ -83,22 +83,41 @@ static void retire_slot(fp_seg_header *h, int i) {
     FP_STORE_REL(&h->clients[i].state, FP_CL_RETIRED);
 }
 
-int fp_worker_reap(fp_seg_header *h) {
+/* One reap pass: frees every CLOSING or RETIRED slot and probes the pids of at most
+ * `probes` owners (ACTIVE or CLAIMED slots), from slot *next on, cyclically; *next is left
+ * after the last slot probed. A probe is a kill(0) and a read of /proc/<pid>/stat, ~6 us:
+ * the loop's pass probes one owner a heartbeat, where probing all of them stopped serving for
+ * ~6 us per client every heartbeat (47 us a millisecond with 8 clients, in the p99 of every
+ * tick that arrived meanwhile). A dead owner is then retired within as many heartbeats as
+ * there are owners (64 ms at most at the 1 ms default), and its slot freed one later. */
+static int reap_pass(fp_seg_header *h, uint32_t probes, uint32_t *next) {
     int n = 0;
-    for (uint32_t i = 0; i < h->max_clients; i++) {
+    const uint32_t m = h->max_clients;
+    for (uint32_t i = 0; i < m; i++) {
         uint32_t st = FP_LOAD_ACQ(&h->clients[i].state);
         if (st == FP_CL_CLOSING || st == FP_CL_RETIRED) {
             /* CLOSING: the owner's last store was the close itself; RETIRED: a pass ago */
             free_slot(h, (int)i);
             n++;
-        } else if ((st == FP_CL_ACTIVE || st == FP_CL_CLAIMED) && h->clients[i].pid > 0 &&
-                   fp_ring_pid_dead(h->clients[i].pid)) {
-            retire_slot(h, (int)i);
+        }
+    }
+    for (uint32_t k = 0, i = *next % m; k < m && probes; k++, i = (i + 1) % m) {
+        uint32_t st = FP_LOAD_ACQ(&h->clients[i].state);
+        if ((st == FP_CL_ACTIVE || st == FP_CL_CLAIMED) && h->clients[i].pid > 0) {
+            probes--;
+            *next = (i + 1) % m;
+            if (fp_ring_pid_dead(h->clients[i].pid))
+                retire_slot(h, (int)i);
         }
     }
     if (n)
         __atomic_add_fetch(&h->clients_reaped, (uint64_t)n, __ATOMIC_RELAXED);
     return n;
+}
+
+int fp_worker_reap(fp_seg_header *h) {
+    uint32_t next = 0;
+    return reap_pass(h, h->max_clients, &next);
 }
 
 /* A request published at position `tail` of this ring, or NULL: the worker polls the slot's
@@ -251,6 +270,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
     const int64_t beat_ns = (int64_t)h->heartbeat_ms * 1000000LL;
     int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
     uint64_t idle_run = 0, idle_polls = 0, loops = 0, unclocked = 0;
+    uint32_t probe = 0;           /* the next owner whose pid a heartbeat's reap looks at */
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
     FP_STORE_REL(&h->state, FP_SRV_RUNNING);
     for (;;) {
@@ -278,7 +298,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
             FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
             __atomic_store_n(&h->idle_polls, idle_polls, __ATOMIC_RELAXED);
             __atomic_store_n(&h->loops, loops, __ATOMIC_RELAXED);
-            fp_worker_reap(h);
+            reap_pass(h, 1, &probe);
             if (FP_LOAD_ACQ(&h->stop))
                 break;
         }
@@ -306,7 +326,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
         if (now - last_beat >= beat_ns) {
             last_beat = now;
             FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
-            fp_worker_reap(h);
+            reap_pass(h, 1, &probe);
         }
         int pending = 0;
         uint64_t left = 0;        /* accepted requests not answered yet */
