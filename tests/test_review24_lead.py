@@ -9,7 +9,6 @@ import mmap
 import os
 import struct
 
-
 import fastpath
 from test_review18_serving import CLIENTS_OFF, _dead_pid, _entry, raw_zero
 from test_serve import cfg, deadline, uname
