@@ -856,7 +856,9 @@ cdef class Client:
     def step(self, raw, symbol=0, ts_ns=None):
         """Submit one tick and spin for its answer -> Result (with seq and wait_ns). Answers to
         earlier submit() calls that arrive meanwhile are kept for poll(). A dead or stopped
-        server raises ServerGone (found by its heartbeat within ~dead_after_ms)."""
+        server raises ServerGone (found by its heartbeat within ~dead_after_ms). A Ctrl-C
+        (or a signal handler's exception) during the wait carries the tick's .seq: the tick
+        was sent, and its answer comes through poll()."""
         cdef uint64_t seq = self._submit(raw, symbol, ts_ns)
         cdef fp_rep rep
         cdef long spins = 0
@@ -870,7 +872,15 @@ cdef class Client:
                 continue
             spins += 1
             if (spins & 1023) == 0:
-                PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep
+                try:
+                    PyErr_CheckSignals()  # Ctrl-C (or an alarm) ends a wait, as it would a sleep
+                except BaseException as exc:
+                    # the tick is in the ring and its answer still comes, through poll(),
+                    # under a seq the caller was never given: it goes with the exception
+                    exc.seq = seq
+                    exc.add_note(f"the tick was sent as seq {seq}: its answer comes through "
+                                 f"poll()")
+                    raise
                 self._check_server()
 
     @property

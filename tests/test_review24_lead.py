@@ -69,3 +69,47 @@ def test_every_dead_owner_is_found_in_turn():
         clients[0].close()
         del clients
         assert srv.stats()["clients_reaped"] >= 3
+
+
+def test_ctrl_c_in_a_clients_step_says_which_seq_was_sent():
+    """A step() interrupted while it waits (Ctrl-C, or a signal handler's exception) has
+    sent its tick: the answer comes later through poll(), under the seq the exception now
+    carries; the caller was never given it."""
+    import signal
+    import numpy as np
+    from test_serve import _wait_stopped, server_process
+
+    class Alarm(Exception):
+        pass
+
+    def on_alarm(signum, frame):
+        raise Alarm()
+
+    name = uname()
+    raw = np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+    with server_process(name, stall_timeout_ms=60_000) as p:
+        c = fastpath.connect(name, timeout=5)
+        assert c.step(raw, 0).seq == 1
+        os.kill(p.pid, signal.SIGSTOP)
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        try:
+            _wait_stopped(p.pid)
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            try:
+                c.step(raw, 3)
+            except Alarm as exc:
+                caught = exc
+            else:
+                raise AssertionError("the step was answered by a stopped server")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            os.kill(p.pid, signal.SIGCONT)
+        assert caught.seq == 2
+        assert any("seq 2" in n and "poll()" in n for n in caught.__notes__)
+        got = []
+        with deadline(10):
+            while not got:
+                got = c.poll()
+        assert [s for s, _ in got] == [2]
+        c.close()
