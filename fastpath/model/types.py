@@ -538,7 +538,7 @@ class Head:
         o = np.asarray(out, dtype=np.float64)
         i = self.outputs
         if self.kind == "tanh_sigmoid":
-            return np.tanh(o[..., i[0]]), 1.0 / (1.0 + np.exp(-o[..., i[1]]))
+            return np.tanh(o[..., i[0]]), _sigmoid(o[..., i[1]])
         if self.kind == "regression":
             s = np.tanh(o[..., i[0]] / self.scale)
             return s, np.abs(s)
@@ -546,6 +546,13 @@ class Head:
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "scale": self.scale, "outputs": list(self.outputs)}
+
+
+def _sigmoid(o: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-o)) in float64: an output below -709 gives 0, as the C head answers,
+    without numpy's overflow warning (an exception under -W error)."""
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-o))
 
 
 def _layer_tuple(layers: Any) -> tuple:
@@ -870,13 +877,17 @@ class Model:
             elif l.activation == "tanh":
                 x = np.tanh(x)
             elif l.activation == "sigmoid":
-                x = 1.0 / (1.0 + np.exp(-x))
+                # exp(-x) past float32's range (x < -88) is Inf and the sigmoid 0, as the
+                # engine answers; numpy's overflow warning was an exception under -W error
+                with np.errstate(over="ignore"):
+                    x = 1.0 / (1.0 + np.exp(-x))
         x = x.astype(np.float32)
         if self.post == "softmax":
             e = np.exp(x - x.max(axis=-1, keepdims=True))
             x = e / e.sum(axis=-1, keepdims=True)
         elif self.post == "logistic2":
-            p = (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+            with np.errstate(over="ignore"):        # a logit < -709: p = 0, as above
+                p = (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
             x = np.concatenate([1.0 - p, p], axis=-1)
         return x.astype(np.float32)
 
@@ -885,7 +896,7 @@ class Model:
         """(signal, confidence) = (tanh(out0), sigmoid(out1)): the two-output head. A model's
         own head (any kind) is self.head_spec.apply(out)."""
         out = np.asarray(out, dtype=np.float64)
-        return np.tanh(out[..., 0]), 1.0 / (1.0 + np.exp(-out[..., 1]))
+        return np.tanh(out[..., 0]), _sigmoid(out[..., 1])
 
     def signal(self, out: np.ndarray) -> tuple:
         """(signal, confidence) for model outputs (n_outputs,) or (n, n_outputs) by this

@@ -1,0 +1,66 @@
+"""Defect hunt (session 24) in the public model and engine API: each test here failed on the
+code before its fix. Answers are compared with numpy references and onnxruntime; nothing here
+looks at how fast anything ran."""
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath import FeatureSpec, InputError, Layer, Model, ModelError
+from fastpath.model import Head
+
+
+def _mlp(acts=("relu", "identity"), dims=(3, 4, 2), post="none", seed=0):
+    rng = np.random.default_rng(seed)
+    return Model(tuple(Layer(rng.normal(size=(dims[i + 1], dims[i])),
+                             rng.normal(size=dims[i + 1]), acts[i])
+                       for i in range(len(dims) - 1)), post=post)
+
+
+# ---- numpy references: no overflow warning where the engine answers ------------------------
+
+def test_forward_sigmoid_layer_far_below_zero_answers_without_a_warning():
+    """A sigmoid layer's pre-activation below -88 overflowed np.exp(-x) in float32: numpy's
+    "overflow encountered in exp" RuntimeWarning, an exception under -W error, where the
+    engine answers sigmoid = 0. The reference must answer what the engine does."""
+    m = Model((Layer(np.array([[1.0], [-1.0]]), np.zeros(2), "sigmoid"),))
+    x = np.array([-100.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = m.forward(x)
+        ref = m.outputs(x[None, :])[0]
+    np.testing.assert_allclose(out, [0.0, 1.0], atol=1e-30)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_allclose(fastpath.Engine(m).predict(x), out, atol=1e-30)
+
+
+def test_forward_logistic2_of_a_huge_logit_answers_without_a_warning():
+    """logistic2's p = 1 / (1 + exp(-z)) in float64 overflowed for z < -709 (a float32 logit
+    reaches -3e38): a RuntimeWarning where the engine answers [1, 0]."""
+    m = Model((Layer(np.array([[1e30]]), np.zeros(1)),), post="logistic2")
+    x = np.array([-1.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = m.forward(x)
+    np.testing.assert_array_equal(out, [1.0, 0.0])
+    np.testing.assert_array_equal(fastpath.Engine(m).predict(x), out)
+
+
+@pytest.mark.parametrize("via", ["head_spec", "Model.head", "signal"])
+def test_tanh_sigmoid_head_of_a_huge_negative_output_answers_without_a_warning(via):
+    """The tanh / sigmoid head's confidence 1 / (1 + exp(-out1)) overflowed np.exp for
+    out1 < -709: a RuntimeWarning (an exception under -W error) instead of confidence 0."""
+    m = _mlp()
+    out = np.array([0.5, -1000.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if via == "head_spec":
+            sig, conf = m.head_spec.apply(out)
+        elif via == "Model.head":
+            sig, conf = Model.head(out)
+        else:
+            sig, conf = m.signal(out)
+    assert float(conf) == 0.0
+    assert float(sig) == pytest.approx(np.tanh(0.5))
