@@ -64,3 +64,56 @@ def test_tanh_sigmoid_head_of_a_huge_negative_output_answers_without_a_warning(v
             sig, conf = m.signal(out)
     assert float(conf) == 0.0
     assert float(sig) == pytest.approx(np.tanh(0.5))
+
+
+# ---- file paths: what is not a path, a bytes path, a folder that does not exist -------------
+
+@pytest.mark.parametrize("bad", [None, 3, 2.5])
+def test_from_onnx_and_to_onnx_refuse_a_non_path_as_load_and_save_do(bad, tmp_path):
+    """Model.load(None) / save(None) are ModelErrors naming what a path is; from_onnx(None)
+    and to_onnx(None) were os.fspath's TypeError ("expected str, bytes or os.PathLike")."""
+    pytest.importorskip("onnx")
+    with pytest.raises(ModelError, match="file path"):
+        Model.from_onnx(bad)
+    with pytest.raises(ModelError, match="file path"):
+        _mlp().to_onnx(bad)
+
+
+def test_from_onnx_of_a_bytes_path_gives_a_model_that_saves(tmp_path):
+    """A bytes path (which onnx.load and Model.load take) put b'model.onnx' in meta["source"]:
+    the model then could not be saved ("meta must hold JSON values ... bytes")."""
+    pytest.importorskip("onnx")
+    m = _mlp()
+    p = str(tmp_path / "model.onnx")
+    m.to_onnx(p)
+    a = Model.from_onnx(os.fsencode(p))
+    assert a.meta["source"] == "model.onnx"
+    a.save(str(tmp_path / "model.fpm"))
+    assert Model.load(str(tmp_path / "model.fpm")) == a == Model.from_onnx(p)
+
+
+@pytest.mark.parametrize("how", ["save", "to_onnx"])
+def test_writing_into_a_missing_folder_names_the_callers_path(how, tmp_path):
+    """Model.save / to_onnx into a folder that does not exist raised FileNotFoundError naming
+    the temp file beside the target ('.../m.fpm.tmp2536.140200458029952'), a name the caller
+    never gave; the error names the path asked for (still a FileNotFoundError)."""
+    if how == "to_onnx":
+        pytest.importorskip("onnx")
+    dest = str(tmp_path / "nodir" / ("m.fpm" if how == "save" else "m.onnx"))
+    with pytest.raises(FileNotFoundError) as e:
+        getattr(_mlp(), how)(dest)
+    assert e.value.filename == dest
+    assert ".tmp" not in str(e.value)
+    assert not os.path.exists(tmp_path / "nodir")
+
+
+@pytest.mark.parametrize("names", [None, 5])
+def test_feature_spec_field_names_not_a_sequence_is_a_model_error(names):
+    """field_names=None (the default is ()) or an int was the generator's TypeError "'NoneType'
+    object is not iterable"; None now means no names, as () does."""
+    if names is None:
+        fs = FeatureSpec(3, [0], [], 1, [0.0], [1.0], None)
+        assert fs.field_names == () and fs == FeatureSpec(3, [0], [], 1, [0.0], [1.0])
+    else:
+        with pytest.raises(ModelError, match="field_names"):
+            FeatureSpec(3, [0], [], 1, [0.0], [1.0], names)

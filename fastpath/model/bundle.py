@@ -229,13 +229,26 @@ def save(model: Model, path: str | os.PathLike) -> None:
         with open(tmp, "wb") as f:
             f.write(blob)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         # a failed write (disk full, a directory at `path`) leaves no half file beside it
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise _named(exc, path) from None
         raise
+
+
+def _named(exc: OSError, dest: str) -> OSError:
+    """An OSError about the temp file a write goes through (dest + ".tmp..."), e.g. in a folder
+    that does not exist, as the same error about `dest`: the message named a file the caller
+    never gave. Same type (FileNotFoundError, PermissionError...), errno and reason; any other
+    error is returned as it is."""
+    f = exc.filename
+    if exc.errno is None or not (isinstance(f, str) and f.startswith(dest + ".tmp")):
+        return exc
+    return OSError(exc.errno, exc.strerror, dest)
 
 
 def load(path: str | os.PathLike) -> Model:

@@ -92,11 +92,11 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         # overwritten before the new one was checked, and deleted when it failed, so a
         # failed export broke the good model it was to replace
         tmpdir = f"{tmp}.d"
-        os.mkdir(tmpdir)
         tmp = os.path.join(tmpdir, os.path.basename(dest))
         tmp_data = os.path.join(tmpdir, location)
     try:
         if big:
+            os.mkdir(tmpdir)
             inits = _write_external(arrays, tmp_data, location)
         else:
             inits = [numpy_helper.from_array(a, k) for k, a in arrays]
@@ -122,6 +122,10 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
                     os.unlink(f)
                 except OSError:
                     pass
+    except OSError as exc:
+        # a folder that does not exist was named by the temp file's name, not the caller's
+        from fastpath.model.bundle import _named
+        raise _named(exc, dest) from None
     finally:
         for f in (tmp, tmp_data):
             if f is not None:

@@ -163,6 +163,11 @@ class FeatureSpec:
         if isinstance(self.field_names, (str, bytes)):
             raise ModelError(f"feature spec field_names must be a sequence of names, got the "
                              f"string {self.field_names!r}")
+        # None is no names, as () is (it was the TypeError "'NoneType' object is not iterable")
+        names = () if self.field_names is None else self.field_names
+        if not isinstance(names, Iterable):
+            raise ModelError(f"feature spec field_names must be a sequence of names (or None), "
+                             f"got {type(names).__name__} {names!r}")
         z = np.asarray(self.z_idx)
         w = np.asarray(self.w_idx)
         for name, ix in (("z_idx", z), ("w_idx", w)):
@@ -189,7 +194,7 @@ class FeatureSpec:
         object.__setattr__(self, "w_idx", _frozen(w.astype(np.int32)))
         object.__setattr__(self, "mean", _frozen(mean))
         object.__setattr__(self, "inv_std", _frozen(inv))
-        object.__setattr__(self, "field_names", tuple(str(n) for n in self.field_names))
+        object.__setattr__(self, "field_names", tuple(str(n) for n in names))
 
     _FIELDS = ("raw_len", "z_idx", "w_idx", "window", "mean", "inv_std", "field_names")
 
@@ -946,8 +951,9 @@ class Model:
         if self.trees is not None:
             raise ModelError("writing a tree ensemble as ONNX is not supported; keep the ONNX "
                              "file it came from, or save the model as a bundle (Model.save)")
+        from fastpath.model.bundle import _path
         from fastpath.model.onnx_export import to_onnx
-        to_onnx(self, path, opset)
+        to_onnx(self, _path(path, "Model.to_onnx"), opset)
 
     @classmethod
     def from_onnx(cls, path: str | os.PathLike, head: "Head | None" = None) -> "Model":
@@ -960,8 +966,11 @@ class Model:
         Div by constants) becomes the model's input_scaler, run by the feature stage in
         float32 as onnxruntime runs it: the feature spec is the identity (raw = the graph's
         input), the scaler follows it, and the first layer keeps the file's weights."""
+        from fastpath.model.bundle import _path
         from fastpath.model.onnx_import import read_onnx
-        name = os.fspath(path)
+        # a str: a bytes path's basename (b'model.onnx') in meta["source"] made the model
+        # one Model.save refused (meta must hold JSON values)
+        name = _path(path, "Model.from_onnx")
         g = read_onnx(name)
         fs = sc = None
         if g.get("input") is not None:
