@@ -117,3 +117,50 @@ def test_feature_spec_field_names_not_a_sequence_is_a_model_error(names):
     else:
         with pytest.raises(ModelError, match="field_names"):
             FeatureSpec(3, [0], [], 1, [0.0], [1.0], names)
+
+
+# ---- ONNX round trip: an activation on the last layer before the post transform ------------
+
+@pytest.mark.parametrize("post,act,dims", [("softmax", "relu", (3, 5, 3)),
+                                           ("softmax", "tanh", (3, 4, 2)),
+                                           ("softmax", "sigmoid", (3, 4, 3)),
+                                           ("logistic2", "tanh", (3, 4, 1)),
+                                           ("logistic2", "relu", (3, 4, 1)),
+                                           ("logistic2", "sigmoid", (3, 4, 1))])
+def test_to_onnx_of_an_activated_last_layer_reads_back(post, act, dims, tmp_path):
+    """Model accepts an activation on the last layer before a softmax / logistic2 (the engine
+    runs the activation, then the post transform), and to_onnx writes it as onnxruntime runs
+    it (Relu then Softmax, as torch exports Linear -> ReLU -> Softmax); from_onnx refused the
+    file ("Softmax ... must come right after the last dense layer", "Sigmoid ... only one
+    activation per layer"). Read back, the model is the one written."""
+    ort = pytest.importorskip("onnxruntime")
+    m = _mlp(acts=("tanh", act), dims=dims, post=post, seed=3)
+    p = str(tmp_path / "m.onnx")
+    m.to_onnx(p)
+    x = (np.random.default_rng(4).normal(size=(16, dims[0])) * 2).astype(np.float32)
+    s = ort.InferenceSession(p, providers=["CPUExecutionProvider"])
+    want = s.run(None, {"features": x})[0]
+    np.testing.assert_allclose(m.forward(x), want, rtol=1e-5, atol=1e-6)
+    back = Model.from_onnx(p)
+    assert back.layers == m.layers and back.post == post and back.head_spec == m.head_spec
+    np.testing.assert_array_equal(back.forward(x), m.forward(x))
+    e = fastpath.Engine(back)
+    np.testing.assert_allclose(np.stack([e.predict(r) for r in x]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_two_activations_in_a_row_are_still_refused(tmp_path):
+    """The logistic2 reading above takes a Sigmoid after an activation only when 1 - p and
+    the Concat follow: a bare second activation is still refused."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.ones((1, 3), np.float32), "W")
+    b = numpy_helper.from_array(np.zeros(1, np.float32), "B")
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "B"], ["h"], transB=1),
+         helper.make_node("Tanh", ["h"], ["t"]), helper.make_node("Sigmoid", ["t"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], [w, b])
+    p = str(tmp_path / "two.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    with pytest.raises(ModelError, match="only one activation per layer"):
+        Model.from_onnx(p)
