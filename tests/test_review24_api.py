@@ -164,3 +164,29 @@ def test_two_activations_in_a_row_are_still_refused(tmp_path):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
     with pytest.raises(ModelError, match="only one activation per layer"):
         Model.from_onnx(p)
+
+
+# ---- CachePolicy takes numpy numbers, as the config's [cache] section does ------------------
+
+def test_cache_policy_takes_numpy_numbers_as_the_config_does(tmp_path):
+    """CachePolicy(max_age_ns=np.int64(...)) was "cache.max_age_ns must be int, got int64"
+    and cos_threshold=np.float32(...) "must be float, got float32", where the config's
+    [cache] section takes the same numbers for the same keys (and a numpy computation such
+    as 10 * np.diff(ts).max() gives them). The policy holds plain Python numbers."""
+    from fastpath.model import CachePolicy
+    p = CachePolicy(enabled=np.bool_(True), cos_threshold=np.float32(0.5),
+                    norm_tol=np.float64(0.25), max_age_ns=np.int64(10) * 5,
+                    max_run=np.uint32(3), fitted_max_error=np.float32(0.5))
+    want = CachePolicy(True, 0.5, 0.25, 50, 3, 0.5)
+    assert p == want
+    for k in ("enabled", "cos_threshold", "norm_tol", "max_age_ns", "max_run"):
+        assert type(getattr(p, k)) is type(getattr(want, k)), k
+    m = _mlp().with_cache_policy(p)
+    m.save(str(tmp_path / "m.fpm"))
+    assert Model.load(str(tmp_path / "m.fpm")).cache_policy == want
+    # what the config refuses, the policy still refuses
+    for bad in ({"max_run": np.float64(3.0)}, {"max_age_ns": np.bool_(True)},
+                {"cos_threshold": np.bool_(True)}, {"enabled": np.int64(1)},
+                {"cos_threshold": np.float32("nan")}, {"max_run": np.int64(-1)}):
+        with pytest.raises(fastpath.ConfigError):
+            CachePolicy(**bad)

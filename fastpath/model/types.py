@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fastpath._checks import check_value
+from fastpath._checks import check_value, plain
 from fastpath.errors import ConfigError, InputError, ModelError
 
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
@@ -450,6 +450,10 @@ class CachePolicy:
     fitted_max_error: float | None = None
 
     def __post_init__(self) -> None:
+        # numpy numbers as the Python ones they hold, as the config's [cache] section takes
+        # them (np.int64 was "must be int, got int64", np.float32 "must be float")
+        for k, (typ, *_rest) in CACHE_KEYS.items():
+            object.__setattr__(self, k, plain(getattr(self, k), typ))
         validate_cache_policy(self, "cache")
         e = self.fitted_max_error
         if e is not None:
