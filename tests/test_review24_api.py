@@ -190,3 +190,14 @@ def test_cache_policy_takes_numpy_numbers_as_the_config_does(tmp_path):
                 {"cos_threshold": np.float32("nan")}, {"max_run": np.int64(-1)}):
         with pytest.raises(fastpath.ConfigError):
             CachePolicy(**bad)
+
+
+def test_to_onnx_refuses_a_bundle_name_as_save_refuses_an_onnx_name(tmp_path):
+    """Model.save refuses "m.onnx" (Engine(path) and load_model read a path by its suffix);
+    to_onnx wrote ONNX into "m.fpm", which Engine("m.fpm") then read as a bundle: "not a
+    fastpath model bundle (.fpm): bad magic b'\\x08\\x08...'". Nothing is written."""
+    pytest.importorskip("onnx")
+    dest = tmp_path / "m.FPM"
+    with pytest.raises(ModelError, match=r"writes ONNX.*Model.save"):
+        _mlp().to_onnx(str(dest))
+    assert not dest.exists() and os.listdir(tmp_path) == []

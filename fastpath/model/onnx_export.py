@@ -67,6 +67,11 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         cur = "probs"
     nodes.append(helper.make_node("Identity", [cur], ["out"]))
     dest = os.fsdecode(os.fspath(path))
+    if dest.lower().endswith(".fpm"):
+        # Engine(path) reads a path by its suffix: ONNX named .fpm went to the bundle reader
+        # ("bad magic"), as Model.save refuses a bundle named .onnx
+        raise ModelError(f"Model.to_onnx writes ONNX, not a fastpath bundle (.fpm): name it "
+                         f".onnx, or write a bundle with Model.save({dest!r})")
     if os.path.isdir(dest):
         raise ModelError(f"Model.to_onnx: {dest!r} is a directory; give the file's name (e.g. "
                          f"{os.path.join(dest, 'model.onnx')!r})")
