@@ -201,3 +201,19 @@ def test_to_onnx_refuses_a_bundle_name_as_save_refuses_an_onnx_name(tmp_path):
     with pytest.raises(ModelError, match=r"writes ONNX.*Model.save"):
         _mlp().to_onnx(str(dest))
     assert not dest.exists() and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("head,out", [(Head("tanh_sigmoid"), [0.5]),
+                                      (Head("classifier3"), [[0.2, 0.8]]),
+                                      (Head("regression", 1.0, (2,)), [0.1, 0.2]),
+                                      (Head("regression"), 0.5),
+                                      (Head("tanh_sigmoid"), ["a", "b"])])
+def test_head_apply_of_too_few_outputs_is_an_input_error(head, out):
+    """Head.apply (documented as the way to run a model's own head) and Model.head read the
+    outputs by index: too few outputs was numpy's IndexError ("index 1 is out of bounds"),
+    and text numpy's ValueError; an InputError names the head and the shape it needs."""
+    with pytest.raises(InputError, match=r"outputs"):
+        head.apply(out)
+    if head.kind == "tanh_sigmoid":
+        with pytest.raises(InputError, match=r"outputs"):
+            Model.head(out)

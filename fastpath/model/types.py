@@ -544,8 +544,8 @@ class Head:
     def apply(self, out: np.ndarray) -> tuple:
         """(signal, confidence) for outputs (..., n_outputs), in float64 numpy (the reference
         of the C heads)."""
-        o = np.asarray(out, dtype=np.float64)
         i = self.outputs
+        o = _head_outputs(out, max(i) + 1, f"head {self.kind!r} (outputs {i})")
         if self.kind == "tanh_sigmoid":
             return np.tanh(o[..., i[0]]), _sigmoid(o[..., i[1]])
         if self.kind == "regression":
@@ -555,6 +555,20 @@ class Head:
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "scale": self.scale, "outputs": list(self.outputs)}
+
+
+def _head_outputs(out: Any, need: int, what: str) -> np.ndarray:
+    """out as float64 (..., n) with n >= need, what a head reads by index; an InputError
+    naming the head otherwise (too few outputs was numpy's IndexError, text its ValueError)."""
+    try:
+        o = np.asarray(out, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{what}: outputs must be numbers, got {type(out).__name__} "
+                         f"({exc})") from None
+    if o.ndim < 1 or o.shape[-1] < need:
+        raise InputError(f"{what}: outputs must have shape (..., n) with n >= {need}, got "
+                         f"{o.shape}")
+    return o
 
 
 def _sigmoid(o: np.ndarray) -> np.ndarray:
@@ -904,7 +918,7 @@ class Model:
     def head(out: np.ndarray) -> tuple:
         """(signal, confidence) = (tanh(out0), sigmoid(out1)): the two-output head. A model's
         own head (any kind) is self.head_spec.apply(out)."""
-        out = np.asarray(out, dtype=np.float64)
+        out = _head_outputs(out, 2, "Model.head (outputs 0 and 1)")
         return np.tanh(out[..., 0]), _sigmoid(out[..., 1])
 
     def signal(self, out: np.ndarray) -> tuple:
