@@ -114,6 +114,8 @@ def test_feature_spec_field_names_not_a_sequence_is_a_model_error(names):
     if names is None:
         fs = FeatureSpec(3, [0], [], 1, [0.0], [1.0], None)
         assert fs.field_names == () and fs == FeatureSpec(3, [0], [], 1, [0.0], [1.0])
+        raws = np.arange(12, dtype=np.float32).reshape(4, 3)
+        assert FeatureSpec.fit(raws, [0, 2], field_names=None) == FeatureSpec.fit(raws, [0, 2])
     else:
         with pytest.raises(ModelError, match="field_names"):
             FeatureSpec(3, [0], [], 1, [0.0], [1.0], names)

@@ -227,6 +227,7 @@ class FeatureSpec:
         """Fit mean/inv_std from recorded raw ticks (n, raw_len), replaying the windows per
         symbol (symbols: one integer id per tick; the ticks in the order the engine will see
         them). A feature that does not vary on these ticks (std <= 1e-12) gets inv_std 1."""
+        field_names = () if field_names is None else field_names
         if isinstance(raws, np.ndarray) and raws.dtype.kind not in "iuf":
             # a bool mask passed for ticks was fitted as 0s and 1s
             raise ModelError(f"calibration ticks must be a numeric array, got dtype {raws.dtype}")
