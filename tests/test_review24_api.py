@@ -219,3 +219,16 @@ def test_head_apply_of_too_few_outputs_is_an_input_error(head, out):
     if head.kind == "tanh_sigmoid":
         with pytest.raises(InputError, match=r"outputs"):
             Model.head(out)
+
+
+def test_engine_takes_a_bytes_path_as_model_load_does(tmp_path):
+    """Model.load / Model.from_onnx take a bytes path (as open() does); Engine(b"m.fpm") was
+    "model must be a fastpath.Model or a path to .onnx / .fpm, got bytes"."""
+    m = _mlp()
+    p = str(tmp_path / "m.fpm")
+    m.save(p)
+    assert fastpath.Engine(os.fsencode(p)).model == m
+    pytest.importorskip("onnx")
+    q = str(tmp_path / "m.onnx")
+    m.to_onnx(q)
+    assert fastpath.Engine(os.fsencode(q)).model.layers == m.layers
