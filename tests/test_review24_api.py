@@ -232,3 +232,24 @@ def test_engine_takes_a_bytes_path_as_model_load_does(tmp_path):
     q = str(tmp_path / "m.onnx")
     m.to_onnx(q)
     assert fastpath.Engine(os.fsencode(q)).model.layers == m.layers
+
+
+@pytest.mark.parametrize("bad", [np.array([1 + 5j, 2.0]), np.array(["1", "2"]),
+                                 np.array(["2020-01-01", "2020-01-02"], "datetime64[D]")],
+                         ids=["complex", "text", "datetime"])
+def test_numpy_references_refuse_what_predict_refuses(bad):
+    """Engine.predict refuses complex, text and datetime input; the numpy references cast it:
+    complex lost its imaginary part (a ComplexWarning, then an answer), text was parsed and
+    datetime64 read as days since 1970, each answered as if it were numbers."""
+    m = Model((Layer(np.eye(2), np.zeros(2)),), input_scaler=fastpath.model.InputScaler(
+        [0.0, 0.0], [1.0, 1.0]))
+    with pytest.raises(InputError):
+        fastpath.Engine(m).predict(bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for call in (lambda: m.forward(bad), lambda: m.features(bad[None, :]),
+                     lambda: m.outputs(bad[None, :]), lambda: m.signal(bad),
+                     lambda: m.head_spec.apply(bad), lambda: m.input_scaler.apply(bad),
+                     lambda: m.feature_spec.apply(bad[None, :])):
+            with pytest.raises(InputError, match="numbers"):
+                call()

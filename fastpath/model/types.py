@@ -277,7 +277,7 @@ class FeatureSpec:
     def apply(self, raws: np.ndarray, symbols: np.ndarray | None = None) -> np.ndarray:
         """Reference (numpy) features for a sequence of ticks, windows replayed per symbol."""
         try:
-            raws = np.asarray(raws, dtype=np.float32)
+            raws = _numbers(raws, np.float32)
         except (TypeError, ValueError) as exc:
             raise InputError(f"FeatureSpec.apply: raws must be numbers, got "
                              f"{type(raws).__name__} ({exc})") from None
@@ -343,7 +343,11 @@ class InputScaler:
     def apply(self, x: np.ndarray) -> np.ndarray:
         """(x - offset) * scale in float32, the ops onnxruntime's Scaler runs: the model's
         inputs (n,) or (rows, n) as the first layer reads them."""
-        x = np.asarray(x, dtype=np.float32)
+        try:
+            x = _numbers(x, np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"InputScaler.apply: x must be numbers, got {type(x).__name__} "
+                             f"({exc})") from None
         if x.ndim not in (1, 2) or x.shape[-1] != self.n:
             raise InputError(f"InputScaler.apply: x must have shape ({self.n},) or (rows, "
                              f"{self.n}), got {x.shape}")
@@ -395,12 +399,23 @@ def _fit_indices(idx: Iterable[int], raw_len: int, what: str) -> np.ndarray:
     return np.asarray(vals, dtype=np.int64)
 
 
+def _numbers(x: Any, dtype) -> np.ndarray:
+    """x as a `dtype` array when it holds numbers (bool, integer, float, or objects that
+    convert); a TypeError otherwise. The cast alone took the real part of complex values (a
+    ComplexWarning, then an answer), parsed text and read datetime64 as days since 1970,
+    where Engine.predict refuses each of them."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "biufO":
+        raise TypeError(f"dtype {a.dtype} does not hold numbers")
+    return np.asarray(a, dtype=dtype)
+
+
 def _feature_rows(features: Any, n_feat: int, what: str) -> np.ndarray:
     """features as float32 (n_feat,) or (n, n_feat); an InputError naming the shape
     otherwise: a row of another width would be read with its features misplaced (a tree reads
     the ones it splits on and ignores the rest), or fail deep inside numpy."""
     try:
-        x = np.asarray(features, dtype=np.float32)
+        x = _numbers(features, np.float32)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{what}: features must be numbers, got {type(features).__name__} "
                          f"({exc})") from None
@@ -562,7 +577,7 @@ def _head_outputs(out: Any, need: int, what: str) -> np.ndarray:
     """out as float64 (..., n) with n >= need, what a head reads by index; an InputError
     naming the head otherwise (too few outputs was numpy's IndexError, text its ValueError)."""
     try:
-        o = np.asarray(out, dtype=np.float64)
+        o = _numbers(out, np.float64)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{what}: outputs must be numbers, got {type(out).__name__} "
                          f"({exc})") from None
@@ -926,7 +941,7 @@ class Model:
         """(signal, confidence) for model outputs (n_outputs,) or (n, n_outputs) by this
         model's head (numpy reference)."""
         try:
-            o = np.asarray(out, dtype=np.float64)
+            o = _numbers(out, np.float64)
         except (TypeError, ValueError) as exc:
             raise InputError(f"Model.signal: outputs must be numbers, got "
                              f"{type(out).__name__} ({exc})") from None
