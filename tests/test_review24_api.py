@@ -253,3 +253,6 @@ def test_numpy_references_refuse_what_predict_refuses(bad):
                      lambda: m.feature_spec.apply(bad[None, :])):
             with pytest.raises(InputError, match="numbers"):
                 call()
+        # the calibration's ticks, given as a list (an array of them was refused already)
+        with pytest.raises(ModelError, match="numbers"):
+            FeatureSpec.fit([list(bad), list(bad)], [0, 1])

@@ -234,7 +234,8 @@ class FeatureSpec:
         try:
             r64 = np.asarray(raws)
             if r64.dtype.kind not in "fiu":
-                r64 = np.asarray(r64, dtype=np.float32)
+                # a list of complex values or text is refused, not cast (_numbers)
+                r64 = _numbers(r64, np.float32)
         except (TypeError, ValueError) as exc:
             raise ModelError(f"calibration ticks must be numbers: {exc}") from None
         if r64.dtype.kind == "f" and r64.dtype.itemsize > 4 and r64.ndim == 2 and r64.size:
