@@ -150,22 +150,38 @@ def test_to_onnx_of_an_activated_last_layer_reads_back(post, act, dims, tmp_path
     np.testing.assert_allclose(np.stack([e.predict(r) for r in x]), want, rtol=1e-5, atol=1e-6)
 
 
-def test_two_activations_in_a_row_are_still_refused(tmp_path):
-    """The logistic2 reading above takes a Sigmoid after an activation only when 1 - p and
-    the Concat follow: a bare second activation is still refused."""
+def test_sigmoid_after_an_activation_is_logistic2_only_with_its_tail(tmp_path):
+    """Tanh -> Sigmoid -> 1 - p -> Concat (a hand-written graph of the same shape as
+    to_onnx's) reads as a tanh layer and a logistic2 post, answering what onnxruntime
+    answers; a bare second activation (Tanh -> Sigmoid) is still refused."""
     onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
-    w = numpy_helper.from_array(np.ones((1, 3), np.float32), "W")
-    b = numpy_helper.from_array(np.zeros(1, np.float32), "B")
-    g = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "W", "B"], ["h"], transB=1),
-         helper.make_node("Tanh", ["h"], ["t"]), helper.make_node("Sigmoid", ["t"], ["y"])],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], [w, b])
-    p = str(tmp_path / "two.onnx")
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    inits = [numpy_helper.from_array(np.array([[0.5, -1.0, 2.0]], np.float32), "W"),
+             numpy_helper.from_array(np.array([0.25], np.float32), "B"),
+             numpy_helper.from_array(np.ones(1, np.float32), "one")]
+    head = [helper.make_node("Gemm", ["x", "W", "B"], ["h"], transB=1),
+            helper.make_node("Tanh", ["h"], ["t"]), helper.make_node("Sigmoid", ["t"], ["p"])]
+    tail = [helper.make_node("Sub", ["one", "p"], ["q"]),
+            helper.make_node("Concat", ["q", "p"], ["y"], axis=1)]
+
+    def save(nodes, width, out, fname):
+        g = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT,
+                                                             ["N", width])], inits)
+        p = str(tmp_path / fname)
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+        return p
+
+    p = save(head + tail, 2, "y", "l2.onnx")
+    m = Model.from_onnx(p)
+    assert m.post == "logistic2" and [l.activation for l in m.layers] == ["tanh"]
+    x = np.random.default_rng(5).normal(size=(8, 3)).astype(np.float32)
+    want = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(m.forward(x), want, rtol=1e-6, atol=1e-7)
     with pytest.raises(ModelError, match="only one activation per layer"):
-        Model.from_onnx(p)
+        Model.from_onnx(save(head, 1, "p", "two.onnx"))
 
 
 # ---- CachePolicy takes numpy numbers, as the config's [cache] section does ------------------
