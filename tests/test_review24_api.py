@@ -272,3 +272,17 @@ def test_numpy_references_refuse_what_predict_refuses(bad):
         # the calibration's ticks, given as a list (an array of them was refused already)
         with pytest.raises(ModelError, match="numbers"):
             FeatureSpec.fit([list(bad), list(bad)], [0, 1])
+
+
+@pytest.mark.parametrize("keep", [1, 5, 7])
+def test_load_of_a_bundle_cut_within_its_magic_says_truncated(keep, tmp_path):
+    """A bundle cut to its first bytes (a copy that stopped early) is "truncated" to
+    Model.from_bytes, but Model.load checked the first 7 bytes itself and called it "not a
+    fastpath model bundle (.fpm): bad magic b'FPMOD'", a file of another kind."""
+    p = tmp_path / "m.fpm"
+    p.write_bytes(_mlp().to_bytes()[:keep])
+    with pytest.raises(ModelError, match="truncated") as e:
+        Model.load(str(p))
+    assert "bad magic" not in str(e.value)
+    with pytest.raises(ModelError, match="truncated"):
+        Model.from_bytes(p.read_bytes())

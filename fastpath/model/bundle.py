@@ -258,7 +258,9 @@ def load(path: str | os.PathLike) -> Model:
             # the magic first: a wrong file handed over by mistake (a multi-GB tick dump) is
             # named as such, not read whole into memory (a MemoryError, or minutes of I/O)
             head = f.read(len(MAGIC))
-            if head[:len(MAGIC) - 1] != MAGIC[:-1]:
+            # a file shorter than the magic but its start (a bundle cut short) goes on to
+            # from_bytes, which calls it truncated, not a file of another kind
+            if not head or head[:len(MAGIC) - 1] != MAGIC[:min(len(head), len(MAGIC) - 1)]:
                 raise ModelError(f"{os.fspath(path)} is not a fastpath model bundle (.fpm): bad "
                                  f"magic {head!r}, expected {MAGIC!r}")
             blob = head + f.read()
