@@ -241,12 +241,13 @@ def save(model: Model, path: str | os.PathLike) -> None:
 
 
 def _named(exc: OSError, dest: str) -> OSError:
-    """An OSError about the temp file a write goes through (dest + ".tmp..."), e.g. in a folder
-    that does not exist, as the same error about `dest`: the message named a file the caller
-    never gave. Same type (FileNotFoundError, PermissionError...), errno and reason; any other
-    error is returned as it is."""
+    """An OSError about the folder of the temp file a write goes through (dest + ".tmp..."):
+    one that does not exist, is not a folder or cannot be written, as the same error about
+    `dest` (the message named a file the caller never gave). Same type, errno and reason; any
+    other error (a stale temp file: FileExistsError) is returned as it is."""
     f = exc.filename
-    if exc.errno is None or not (isinstance(f, str) and f.startswith(dest + ".tmp")):
+    if not isinstance(exc, (FileNotFoundError, NotADirectoryError, PermissionError)) or \
+            not (isinstance(f, str) and f.startswith(dest + ".tmp")):
         return exc
     return OSError(exc.errno, exc.strerror, dest)
 
