@@ -92,16 +92,20 @@ def test_from_onnx_of_a_bytes_path_gives_a_model_that_saves(tmp_path):
     assert Model.load(str(tmp_path / "model.fpm")) == a == Model.from_onnx(p)
 
 
-@pytest.mark.parametrize("how", ["save", "to_onnx"])
-def test_writing_into_a_missing_folder_names_the_callers_path(how, tmp_path):
+@pytest.mark.parametrize("how", ["save", "to_onnx", "to_onnx external data"])
+def test_writing_into_a_missing_folder_names_the_callers_path(how, tmp_path, monkeypatch):
     """Model.save / to_onnx into a folder that does not exist raised FileNotFoundError naming
-    the temp file beside the target ('.../m.fpm.tmp2536.140200458029952'), a name the caller
-    never gave; the error names the path asked for (still a FileNotFoundError)."""
-    if how == "to_onnx":
+    the temp file beside the target ('.../m.fpm.tmp2536.140200458029952'; for weights past
+    1 GiB, written as external data, the temp folder '.../m.onnx.tmp2536.1402....d'), a name
+    the caller never gave; the error names the path asked for (still a FileNotFoundError)."""
+    if how != "save":
         pytest.importorskip("onnx")
+        # the external-data path without a GiB of weights
+        monkeypatch.setattr("fastpath.model.onnx_export._EXTERNAL_BYTES",
+                            10 if "external" in how else 1 << 30)
     dest = str(tmp_path / "nodir" / ("m.fpm" if how == "save" else "m.onnx"))
     with pytest.raises(FileNotFoundError) as e:
-        getattr(_mlp(), how)(dest)
+        getattr(_mlp(), how.split()[0])(dest)
     assert e.value.filename == dest
     assert ".tmp" not in str(e.value)
     assert not os.path.exists(tmp_path / "nodir")
