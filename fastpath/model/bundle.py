@@ -235,8 +235,9 @@ def save(model: Model, path: str | os.PathLike) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        if isinstance(exc, OSError):
-            raise _named(exc, path) from None
+        named = _named(exc, path) if isinstance(exc, OSError) else exc
+        if named is not exc:
+            raise named from None
         raise
 
 

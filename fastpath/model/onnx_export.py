@@ -130,7 +130,10 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
     except OSError as exc:
         # a folder that does not exist was named by the temp file's name, not the caller's
         from fastpath.model.bundle import _named
-        raise _named(exc, dest) from None
+        named = _named(exc, dest)
+        if named is not exc:
+            raise named from None
+        raise
     finally:
         for f in (tmp, tmp_data):
             if f is not None:
