@@ -83,8 +83,9 @@ def load_model(model: Any):
     from fastpath.model import Model
     if isinstance(model, Model):
         return model
-    if isinstance(model, (str, os.PathLike)):
-        p = os.fspath(model)
+    # bytes too, as Model.load and open() take a path
+    if isinstance(model, (str, bytes, os.PathLike)):
+        p = os.fsdecode(model)
         if p.lower().endswith(".onnx"):
             return Model.from_onnx(p)
         return Model.load(p)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from fastpath.errors import ConfigError
 
 
@@ -16,6 +18,22 @@ def _show(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 30:
         return f"an int of about 10**{int(abs(value).bit_length() * 0.30103)}"
     return repr(value)
+
+
+def plain(value: Any, typ) -> Any:
+    """A numpy number given for a key of type `typ` as the Python value it holds: an integer
+    for an int or float key, a floating for a float key, np.bool_ for a bool key (what a
+    numpy computation gives: symbols.max() + 1, 10 * np.diff(ts).max(), mask.any()), so
+    check_value judges the value, not its type. Never a bool for a numeric key nor a float
+    for an int key: those stay as given and are refused by check_value."""
+    if typ is bool and isinstance(value, np.bool_):
+        return bool(value)
+    if typ is int or typ == (str, int) or typ is float:
+        if isinstance(value, np.integer):
+            return int(value)
+        if typ is float and isinstance(value, np.floating):
+            return float(value)
+    return value
 
 
 def check_value(key: str, value: Any, typ, lo=None, hi=None, choices=None) -> Any:

@@ -229,13 +229,28 @@ def save(model: Model, path: str | os.PathLike) -> None:
         with open(tmp, "wb") as f:
             f.write(blob)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         # a failed write (disk full, a directory at `path`) leaves no half file beside it
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        named = _named(exc, path) if isinstance(exc, OSError) else exc
+        if named is not exc:
+            raise named from None
         raise
+
+
+def _named(exc: OSError, dest: str) -> OSError:
+    """An OSError about the folder of the temp file a write goes through (dest + ".tmp..."):
+    one that does not exist, is not a folder or cannot be written, as the same error about
+    `dest` (the message named a file the caller never gave). Same type, errno and reason; any
+    other error (a stale temp file: FileExistsError) is returned as it is."""
+    f = exc.filename
+    if not isinstance(exc, (FileNotFoundError, NotADirectoryError, PermissionError)) or \
+            not (isinstance(f, str) and f.startswith(dest + ".tmp")):
+        return exc
+    return OSError(exc.errno, exc.strerror, dest)
 
 
 def load(path: str | os.PathLike) -> Model:
@@ -245,7 +260,9 @@ def load(path: str | os.PathLike) -> Model:
             # the magic first: a wrong file handed over by mistake (a multi-GB tick dump) is
             # named as such, not read whole into memory (a MemoryError, or minutes of I/O)
             head = f.read(len(MAGIC))
-            if head[:len(MAGIC) - 1] != MAGIC[:-1]:
+            # a file shorter than the magic but its start (a bundle cut short) goes on to
+            # from_bytes, which calls it truncated, not a file of another kind
+            if not head or head[:len(MAGIC) - 1] != MAGIC[:min(len(head), len(MAGIC) - 1)]:
                 raise ModelError(f"{os.fspath(path)} is not a fastpath model bundle (.fpm): bad "
                                  f"magic {head!r}, expected {MAGIC!r}")
             blob = head + f.read()

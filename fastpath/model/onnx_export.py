@@ -67,6 +67,11 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         cur = "probs"
     nodes.append(helper.make_node("Identity", [cur], ["out"]))
     dest = os.fsdecode(os.fspath(path))
+    if dest.lower().endswith(".fpm"):
+        # Engine(path) reads a path by its suffix: ONNX named .fpm went to the bundle reader
+        # ("bad magic"), as Model.save refuses a bundle named .onnx
+        raise ModelError(f"Model.to_onnx writes ONNX, not a fastpath bundle (.fpm): name it "
+                         f".onnx, or write a bundle with Model.save({dest!r})")
     if os.path.isdir(dest):
         raise ModelError(f"Model.to_onnx: {dest!r} is a directory; give the file's name (e.g. "
                          f"{os.path.join(dest, 'model.onnx')!r})")
@@ -92,11 +97,11 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         # overwritten before the new one was checked, and deleted when it failed, so a
         # failed export broke the good model it was to replace
         tmpdir = f"{tmp}.d"
-        os.mkdir(tmpdir)
         tmp = os.path.join(tmpdir, os.path.basename(dest))
         tmp_data = os.path.join(tmpdir, location)
     try:
         if big:
+            os.mkdir(tmpdir)
             inits = _write_external(arrays, tmp_data, location)
         else:
             inits = [numpy_helper.from_array(a, k) for k, a in arrays]
@@ -122,6 +127,13 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
                     os.unlink(f)
                 except OSError:
                     pass
+    except OSError as exc:
+        # a folder that does not exist was named by the temp file's name, not the caller's
+        from fastpath.model.bundle import _named
+        named = _named(exc, dest)
+        if named is not exc:
+            raise named from None
+        raise
     finally:
         for f in (tmp, tmp_data):
             if f is not None:

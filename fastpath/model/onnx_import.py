@@ -535,6 +535,44 @@ def read_onnx(path: str | os.PathLike) -> dict:
             pending = None
         layers.append([W, b, "identity", False])
 
+    def concat_1p_p(cat) -> None:
+        """Check the Concat of a binary classifier's [1 - p, p] (axis 1, given)."""
+        _no_twice(cat, name)
+        try:
+            cat_a = _attrs(cat)
+        except ModelError as exc:
+            raise ModelError(f"{name}: {exc}") from None
+        if "axis" not in cat_a and opset >= 4:
+            # required since opset 4: onnxruntime cannot load the graph
+            raise ModelError(f"{name}: Concat node {cat.name!r} has no axis "
+                             f"attribute (required since opset 4)")
+        if _num(cat_a, "axis", 1, cat, name) not in (1, -1):
+            raise ModelError(f"{name}: Concat node {cat.name!r} not over axis 1")
+
+    def logistic2_after_activation(node, idx: int):
+        """The Concat that ends p = Sigmoid(z), 1 - p, [1 - p, p] when z is a one-wide layer
+        whose activation is already set (Model.to_onnx writes a tanh / relu / sigmoid last
+        layer and a logistic2 post so), with the Sub and the Concat to skip; None when the
+        Sigmoid is not followed by them (a second activation)."""
+        p = node.output[0]
+        if not layers or layers[-1][0].shape[0] != 1 or pending is not None or \
+                post != "none":
+            return None
+        sub = next((n for n in nodes[idx + 1:] if n.op_type == "Sub"
+                    and list(n.input[1:]) == [p] and n.input[0] in consts), None)
+        if sub is None:
+            return None
+        one = const(sub.input[0], sub)
+        if one.size != 1 or float(one.reshape(-1)[0]) != 1.0:
+            return None
+        cat = next((n for n in nodes[idx + 1:] if n.op_type == "Concat"
+                    and list(n.input) == [sub.output[0], p]), None)
+        if cat is None:
+            return None
+        _no_twice(sub, name)
+        concat_1p_p(cat)
+        return sub, cat
+
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                 default=13)
     rank = _input_rank(g, inputs[0])
@@ -641,17 +679,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                             and list(n.input) == [out_name, cur]), None)
                 if cat is not None and layers and layers[-1][2] == "sigmoid" and \
                         layers[-1][0].shape[0] == 1 and pending is None and post == "none":
-                    _no_twice(cat, name)
-                    try:
-                        cat_a = _attrs(cat)
-                    except ModelError as exc:
-                        raise ModelError(f"{name}: {exc}") from None
-                    if "axis" not in cat_a and opset >= 4:
-                        # required since opset 4: onnxruntime cannot load the graph
-                        raise ModelError(f"{name}: Concat node {cat.name!r} has no axis "
-                                         f"attribute (required since opset 4)")
-                    if _num(cat_a, "axis", 1, cat, name) not in (1, -1):
-                        raise ModelError(f"{name}: Concat node {cat.name!r} not over axis 1")
+                    concat_1p_p(cat)
                     layers[-1][2] = "identity"
                     post = "logistic2"
                     skip.add(id(cat))
@@ -798,9 +826,12 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                      f"axis=-1 (or 0), or declare the input as "
                                      f"[batch, features]")
                 ax = -1
-            if ax not in (1, -1) or not layers or layers[-1][3] or pending is not None:
+            # after the last layer's activation too: the engine runs the activation, then
+            # the softmax (Model.to_onnx writes a relu / tanh / sigmoid last layer so, as
+            # torch exports Linear -> ReLU -> Softmax)
+            if ax not in (1, -1) or not layers or pending is not None:
                 raise ModelError(f"{name}: Softmax node {node.name!r} must come right after the "
-                                 f"last dense layer, over axis 1")
+                                 f"last dense layer (or its activation), over axis 1")
             if any(n.op_type in ("Gemm", "MatMul", "LinearRegressor", "LinearClassifier")
                    for n in nodes[idx + 1:]):
                 raise ModelError(f"{name}: unsupported ONNX op 'Softmax' (node {node.name!r}) "
@@ -812,6 +843,14 @@ def read_onnx(path: str | os.PathLike) -> dict:
             raise ModelError(f"{name}: Concat node {node.name!r} is supported only as the "
                              f"[1 - p, p] of a binary classifier")
         else:  # activation
+            tail = logistic2_after_activation(node, idx) if op == "Sigmoid" and layers and \
+                layers[-1][3] else None
+            if tail is not None:
+                # the activation stays; the Sigmoid, 1 - p and the Concat are the post
+                post = "logistic2"
+                skip.update(id(n) for n in tail)
+                cur = tail[1].output[0]
+                continue
             if not layers or layers[-1][3] or pending is not None or post != "none":
                 raise ModelError(f"{name}: {op} node {node.name!r} must follow a dense layer "
                                  f"(Gemm or MatMul), and only one activation per layer")

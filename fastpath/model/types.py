@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fastpath._checks import check_value
+from fastpath._checks import check_value, plain
 from fastpath.errors import ConfigError, InputError, ModelError
 
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
@@ -163,6 +163,11 @@ class FeatureSpec:
         if isinstance(self.field_names, (str, bytes)):
             raise ModelError(f"feature spec field_names must be a sequence of names, got the "
                              f"string {self.field_names!r}")
+        # None is no names, as () is (it was the TypeError "'NoneType' object is not iterable")
+        names = () if self.field_names is None else self.field_names
+        if not isinstance(names, Iterable):
+            raise ModelError(f"feature spec field_names must be a sequence of names (or None), "
+                             f"got {type(names).__name__} {names!r}")
         z = np.asarray(self.z_idx)
         w = np.asarray(self.w_idx)
         for name, ix in (("z_idx", z), ("w_idx", w)):
@@ -189,7 +194,7 @@ class FeatureSpec:
         object.__setattr__(self, "w_idx", _frozen(w.astype(np.int32)))
         object.__setattr__(self, "mean", _frozen(mean))
         object.__setattr__(self, "inv_std", _frozen(inv))
-        object.__setattr__(self, "field_names", tuple(str(n) for n in self.field_names))
+        object.__setattr__(self, "field_names", tuple(str(n) for n in names))
 
     _FIELDS = ("raw_len", "z_idx", "w_idx", "window", "mean", "inv_std", "field_names")
 
@@ -222,13 +227,15 @@ class FeatureSpec:
         """Fit mean/inv_std from recorded raw ticks (n, raw_len), replaying the windows per
         symbol (symbols: one integer id per tick; the ticks in the order the engine will see
         them). A feature that does not vary on these ticks (std <= 1e-12) gets inv_std 1."""
+        field_names = () if field_names is None else field_names
         if isinstance(raws, np.ndarray) and raws.dtype.kind not in "iuf":
             # a bool mask passed for ticks was fitted as 0s and 1s
             raise ModelError(f"calibration ticks must be a numeric array, got dtype {raws.dtype}")
         try:
             r64 = np.asarray(raws)
             if r64.dtype.kind not in "fiu":
-                r64 = np.asarray(r64, dtype=np.float32)
+                # a list of complex values or text is refused, not cast (_numbers)
+                r64 = _numbers(r64, np.float32)
         except (TypeError, ValueError) as exc:
             raise ModelError(f"calibration ticks must be numbers: {exc}") from None
         if r64.dtype.kind == "f" and r64.dtype.itemsize > 4 and r64.ndim == 2 and r64.size:
@@ -271,7 +278,7 @@ class FeatureSpec:
     def apply(self, raws: np.ndarray, symbols: np.ndarray | None = None) -> np.ndarray:
         """Reference (numpy) features for a sequence of ticks, windows replayed per symbol."""
         try:
-            raws = np.asarray(raws, dtype=np.float32)
+            raws = _numbers(raws, np.float32)
         except (TypeError, ValueError) as exc:
             raise InputError(f"FeatureSpec.apply: raws must be numbers, got "
                              f"{type(raws).__name__} ({exc})") from None
@@ -337,7 +344,11 @@ class InputScaler:
     def apply(self, x: np.ndarray) -> np.ndarray:
         """(x - offset) * scale in float32, the ops onnxruntime's Scaler runs: the model's
         inputs (n,) or (rows, n) as the first layer reads them."""
-        x = np.asarray(x, dtype=np.float32)
+        try:
+            x = _numbers(x, np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"InputScaler.apply: x must be numbers, got {type(x).__name__} "
+                             f"({exc})") from None
         if x.ndim not in (1, 2) or x.shape[-1] != self.n:
             raise InputError(f"InputScaler.apply: x must have shape ({self.n},) or (rows, "
                              f"{self.n}), got {x.shape}")
@@ -389,12 +400,23 @@ def _fit_indices(idx: Iterable[int], raw_len: int, what: str) -> np.ndarray:
     return np.asarray(vals, dtype=np.int64)
 
 
+def _numbers(x: Any, dtype) -> np.ndarray:
+    """x as a `dtype` array when it holds numbers (bool, integer, float, or objects that
+    convert); a TypeError otherwise. The cast alone took the real part of complex values (a
+    ComplexWarning, then an answer), parsed text and read datetime64 as days since 1970,
+    where Engine.predict refuses each of them."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "biufO":
+        raise TypeError(f"dtype {a.dtype} does not hold numbers")
+    return np.asarray(a, dtype=dtype)
+
+
 def _feature_rows(features: Any, n_feat: int, what: str) -> np.ndarray:
     """features as float32 (n_feat,) or (n, n_feat); an InputError naming the shape
     otherwise: a row of another width would be read with its features misplaced (a tree reads
     the ones it splits on and ignores the rest), or fail deep inside numpy."""
     try:
-        x = np.asarray(features, dtype=np.float32)
+        x = _numbers(features, np.float32)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{what}: features must be numbers, got {type(features).__name__} "
                          f"({exc})") from None
@@ -445,6 +467,10 @@ class CachePolicy:
     fitted_max_error: float | None = None
 
     def __post_init__(self) -> None:
+        # numpy numbers as the Python ones they hold, as the config's [cache] section takes
+        # them (np.int64 was "must be int, got int64", np.float32 "must be float")
+        for k, (typ, *_rest) in CACHE_KEYS.items():
+            object.__setattr__(self, k, plain(getattr(self, k), typ))
         validate_cache_policy(self, "cache")
         e = self.fitted_max_error
         if e is not None:
@@ -535,10 +561,10 @@ class Head:
     def apply(self, out: np.ndarray) -> tuple:
         """(signal, confidence) for outputs (..., n_outputs), in float64 numpy (the reference
         of the C heads)."""
-        o = np.asarray(out, dtype=np.float64)
         i = self.outputs
+        o = _head_outputs(out, max(i) + 1, f"head {self.kind!r} (outputs {i})")
         if self.kind == "tanh_sigmoid":
-            return np.tanh(o[..., i[0]]), 1.0 / (1.0 + np.exp(-o[..., i[1]]))
+            return np.tanh(o[..., i[0]]), _sigmoid(o[..., i[1]])
         if self.kind == "regression":
             s = np.tanh(o[..., i[0]] / self.scale)
             return s, np.abs(s)
@@ -546,6 +572,27 @@ class Head:
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "scale": self.scale, "outputs": list(self.outputs)}
+
+
+def _head_outputs(out: Any, need: int, what: str) -> np.ndarray:
+    """out as float64 (..., n) with n >= need, what a head reads by index; an InputError
+    naming the head otherwise (too few outputs was numpy's IndexError, text its ValueError)."""
+    try:
+        o = _numbers(out, np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{what}: outputs must be numbers, got {type(out).__name__} "
+                         f"({exc})") from None
+    if o.ndim < 1 or o.shape[-1] < need:
+        raise InputError(f"{what}: outputs must have shape (..., n) with n >= {need}, got "
+                         f"{o.shape}")
+    return o
+
+
+def _sigmoid(o: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-o)) in float64: an output below -709 gives 0, as the C head answers,
+    without numpy's overflow warning (an exception under -W error)."""
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-o))
 
 
 def _layer_tuple(layers: Any) -> tuple:
@@ -870,13 +917,17 @@ class Model:
             elif l.activation == "tanh":
                 x = np.tanh(x)
             elif l.activation == "sigmoid":
-                x = 1.0 / (1.0 + np.exp(-x))
+                # exp(-x) past float32's range (x < -88) is Inf and the sigmoid 0, as the
+                # engine answers; numpy's overflow warning was an exception under -W error
+                with np.errstate(over="ignore"):
+                    x = 1.0 / (1.0 + np.exp(-x))
         x = x.astype(np.float32)
         if self.post == "softmax":
             e = np.exp(x - x.max(axis=-1, keepdims=True))
             x = e / e.sum(axis=-1, keepdims=True)
         elif self.post == "logistic2":
-            p = (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+            with np.errstate(over="ignore"):        # a logit < -709: p = 0, as above
+                p = (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
             x = np.concatenate([1.0 - p, p], axis=-1)
         return x.astype(np.float32)
 
@@ -884,14 +935,14 @@ class Model:
     def head(out: np.ndarray) -> tuple:
         """(signal, confidence) = (tanh(out0), sigmoid(out1)): the two-output head. A model's
         own head (any kind) is self.head_spec.apply(out)."""
-        out = np.asarray(out, dtype=np.float64)
-        return np.tanh(out[..., 0]), 1.0 / (1.0 + np.exp(-out[..., 1]))
+        out = _head_outputs(out, 2, "Model.head (outputs 0 and 1)")
+        return np.tanh(out[..., 0]), _sigmoid(out[..., 1])
 
     def signal(self, out: np.ndarray) -> tuple:
         """(signal, confidence) for model outputs (n_outputs,) or (n, n_outputs) by this
         model's head (numpy reference)."""
         try:
-            o = np.asarray(out, dtype=np.float64)
+            o = _numbers(out, np.float64)
         except (TypeError, ValueError) as exc:
             raise InputError(f"Model.signal: outputs must be numbers, got "
                              f"{type(out).__name__} ({exc})") from None
@@ -935,8 +986,9 @@ class Model:
         if self.trees is not None:
             raise ModelError("writing a tree ensemble as ONNX is not supported; keep the ONNX "
                              "file it came from, or save the model as a bundle (Model.save)")
+        from fastpath.model.bundle import _path
         from fastpath.model.onnx_export import to_onnx
-        to_onnx(self, path, opset)
+        to_onnx(self, _path(path, "Model.to_onnx"), opset)
 
     @classmethod
     def from_onnx(cls, path: str | os.PathLike, head: "Head | None" = None) -> "Model":
@@ -949,8 +1001,11 @@ class Model:
         Div by constants) becomes the model's input_scaler, run by the feature stage in
         float32 as onnxruntime runs it: the feature spec is the identity (raw = the graph's
         input), the scaler follows it, and the first layer keeps the file's weights."""
+        from fastpath.model.bundle import _path
         from fastpath.model.onnx_import import read_onnx
-        name = os.fspath(path)
+        # a str: a bytes path's basename (b'model.onnx') in meta["source"] made the model
+        # one Model.save refused (meta must hold JSON values)
+        name = _path(path, "Model.from_onnx")
         g = read_onnx(name)
         fs = sc = None
         if g.get("input") is not None:
