@@ -14,9 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import numpy as np
-
 from fastpath._checks import check_value as _check
+from fastpath._checks import plain as _plain
 from fastpath.errors import ConfigError
 from fastpath.model import CACHE_KEYS as _CACHE_KEYS
 
@@ -73,26 +72,11 @@ _MEMORY_KEYS = {
 }
 
 
-def _plain(value: Any, typ) -> Any:
-    """A numpy number given for a numeric key as the Python number it holds (np.int64(8) for an
-    int key: n_symbols = symbols.max() + 1, or any numpy computation; np.float32 for a
-    float key), so the check below judges its value, not its type, and the config holds
-    plain Python numbers. Never a bool for a numeric key (np.bool_ is no integer) and never a
-    float for an int key: those are refused by the check as before. A bool key takes
-    numpy's bool as the bool it is (np.bool_(True) from mask.any() was refused as "must be
-    bool, got bool np.True_")."""
-    if typ is bool and isinstance(value, np.bool_):
-        return bool(value)
-    if typ is int or typ == (str, int) or typ is float:
-        if isinstance(value, np.integer):
-            return int(value)
-        if typ is float and isinstance(value, np.floating):
-            return float(value)
-    return value
-
-
 def _plain_fields(obj, keys: Mapping) -> None:
-    """_plain over the declared keys of a frozen config object, in place."""
+    """fastpath._checks.plain over the declared keys of a frozen config object, in place: a
+    numpy number given for a numeric key (n_symbols = symbols.max() + 1) as the Python number
+    it holds, so the check judges its value, not its type, and the config holds plain Python
+    values."""
     for k, (typ, *_rest) in keys.items():
         v = getattr(obj, k)
         p = _plain(v, typ)
