@@ -11,8 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ import pytest
 import fastpath
 from fastpath import ConfigError, InputError
 from fastpath._serve import segment_path
+from test_serve import deadline, uname
 
 # kind to a shared 2-core host: the worker yields once idle for 50 us; no pinning in tests
 BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
@@ -29,24 +28,6 @@ PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
 
 def cfg(engine=None, **serve):
     return {"engine": {**BASE["engine"], **(engine or {})}, "serve": {**BASE["serve"], **serve}}
-
-
-def uname():
-    return f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-@contextmanager
-def deadline(seconds):
-    """Raise TimeoutError in this thread if the block runs longer than `seconds`."""
-    def boom(*_):
-        raise TimeoutError(f"took longer than {seconds} s")
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def cli(args, tmp_path, timeout=120, **kw):
