@@ -277,10 +277,16 @@ cdef extern from "fp_engine.h":
 
 
 # final: nothing subclasses Engine, and its cdef methods (_step, _raw_ptr, _check_free) are
-# then direct calls the C compiler can inline instead of vtable calls
+# then direct calls the C compiler can inline instead of vtable calls. The docstring opens
+# with the signature in Argument Clinic's form ("--" after it): inspect.signature(Engine)
+# and help() read a builtin type's signature from there and nowhere else (it raised
+# ValueError)
 @cython.final
 cdef class Engine:
-    """A model, its feature spec and cache, ready to step ticks.
+    """Engine(model, backend='cpu', config=None)
+--
+
+A model, its feature spec and cache, ready to step ticks.
 
     Engine(model, backend="cpu", config=None): model is a path (.onnx or a
     .fpm bundle) or a fastpath.Model; config is None, a dict, a TOML path or

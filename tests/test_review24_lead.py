@@ -113,3 +113,17 @@ def test_ctrl_c_in_a_clients_step_says_which_seq_was_sent():
                 got = c.poll()
         assert [s for s, _ in got] == [2]
         c.close()
+
+
+def test_engine_has_a_signature():
+    """inspect.signature(fastpath.Engine) raised ValueError (a builtin type's signature comes
+    only from its docstring's Argument Clinic line); help() showed none."""
+    import inspect
+    sig = inspect.signature(fastpath.Engine)
+    assert list(sig.parameters) == ["model", "backend", "config"]
+    assert sig.parameters["backend"].default == "cpu"
+    assert sig.parameters["config"].default is None
+    # the docstring a user reads is the prose, not the clinic line
+    assert fastpath.Engine.__doc__.startswith("A model, its feature spec and cache")
+    e = fastpath.Engine(fastpath.get_default_engine().model, **{"backend": "cpu", "config": None})
+    assert e.backend == "cpu"
