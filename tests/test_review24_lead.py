@@ -127,3 +127,17 @@ def test_engine_has_a_signature():
     assert fastpath.Engine.__doc__.startswith("A model, its feature spec and cache")
     e = fastpath.Engine(fastpath.get_default_engine().model, **{"backend": "cpu", "config": None})
     assert e.backend == "cpu"
+
+
+def test_feature_spec_identity_of_a_bad_length_is_a_model_error():
+    """FeatureSpec.identity(None) / ("3") / (-1) raised numpy's TypeError or ValueError."""
+    import numpy as np
+    import pytest
+    from fastpath import FeatureSpec, ModelError
+    for n in (None, "3", -1, 0, 2.5, True, 70_000):
+        with pytest.raises(ModelError, match=r"identity\(n\): n is the raw tick's length"):
+            FeatureSpec.identity(n)
+    fs = FeatureSpec.identity(np.int64(5))
+    assert fs.raw_len == 5 and type(fs.raw_len) is int
+    raws = np.arange(10, dtype=np.float32).reshape(2, 5)
+    np.testing.assert_array_equal(fs.apply(raws), raws)

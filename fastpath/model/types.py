@@ -217,6 +217,11 @@ class FeatureSpec:
     @classmethod
     def identity(cls, n: int) -> "FeatureSpec":
         """raw -> raw unchanged: raw_len n, every field z-scored with mean 0 and inv_std 1."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_WIDTH:
+            # numpy's TypeError (None, "3") or ValueError (-1) came out of the arrays below
+            raise ModelError(f"FeatureSpec.identity(n): n is the raw tick's length, an int in "
+                             f"1..{MAX_WIDTH}, got {n!r}")
+        n = int(n)
         return cls(n, np.arange(n, dtype=np.int32), np.zeros(0, np.int32), 1,
                    np.zeros(n, np.float32), np.ones(n, np.float32))
 
