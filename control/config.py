@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from fastpath._checks import check_value as _check
-from fastpath._checks import plain as _plain
+from fastpath._checks import plain_fields as _plain_fields
 from fastpath.errors import ConfigError
 from fastpath.model import CACHE_KEYS as _CACHE_KEYS
 
@@ -70,18 +70,6 @@ _MEMORY_KEYS = {
     "huge_pages": (str, None, None, ("auto", "1g", "2m", "thp", "none")),
     "mlock": (bool, None, None, None),
 }
-
-
-def _plain_fields(obj, keys: Mapping) -> None:
-    """fastpath._checks.plain over the declared keys of a frozen config object, in place: a
-    numpy number given for a numeric key (n_symbols = symbols.max() + 1) as the Python number
-    it holds, so the check judges its value, not its type, and the config holds plain Python
-    values."""
-    for k, (typ, *_rest) in keys.items():
-        v = getattr(obj, k)
-        p = _plain(v, typ)
-        if p is not v:
-            object.__setattr__(obj, k, p)
 
 
 @dataclass(frozen=True)

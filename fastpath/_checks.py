@@ -36,6 +36,16 @@ def plain(value: Any, typ) -> Any:
     return value
 
 
+def plain_fields(obj, keys) -> None:
+    """plain over the declared keys ({key: (type, ...)}) of a frozen dataclass, in place: the
+    object then holds plain Python values (CachePolicy, the control plane's config sections)."""
+    for k, (typ, *_rest) in keys.items():
+        v = getattr(obj, k)
+        p = plain(v, typ)
+        if p is not v:
+            object.__setattr__(obj, k, p)
+
+
 def check_value(key: str, value: Any, typ, lo=None, hi=None, choices=None) -> Any:
     """`value` as `typ` (an int is accepted for a float), or a ConfigError naming `key`,
     the value and what is allowed. typ == (str, int) means "auto" or a CPU number."""

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fastpath._checks import check_value, plain
+from fastpath._checks import check_value, plain_fields
 from fastpath.errors import ConfigError, InputError, ModelError
 
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
@@ -474,8 +474,7 @@ class CachePolicy:
     def __post_init__(self) -> None:
         # numpy numbers as the Python ones they hold, as the config's [cache] section takes
         # them (np.int64 was "must be int, got int64", np.float32 "must be float")
-        for k, (typ, *_rest) in CACHE_KEYS.items():
-            object.__setattr__(self, k, plain(getattr(self, k), typ))
+        plain_fields(self, CACHE_KEYS)
         validate_cache_policy(self, "cache")
         e = self.fitted_max_error
         if e is not None:
@@ -594,8 +593,9 @@ def _head_outputs(out: Any, need: int, what: str) -> np.ndarray:
 
 
 def _sigmoid(o: np.ndarray) -> np.ndarray:
-    """1 / (1 + exp(-o)) in float64: an output below -709 gives 0, as the C head answers,
-    without numpy's overflow warning (an exception under -W error)."""
+    """1 / (1 + exp(-o)) in o's float type: where exp(-o) overflows (o below -709 in float64,
+    -88 in float32) it gives 0, as the engine answers, without numpy's overflow warning (an
+    exception under -W error)."""
     with np.errstate(over="ignore"):
         return 1.0 / (1.0 + np.exp(-o))
 
@@ -922,17 +922,13 @@ class Model:
             elif l.activation == "tanh":
                 x = np.tanh(x)
             elif l.activation == "sigmoid":
-                # exp(-x) past float32's range (x < -88) is Inf and the sigmoid 0, as the
-                # engine answers; numpy's overflow warning was an exception under -W error
-                with np.errstate(over="ignore"):
-                    x = 1.0 / (1.0 + np.exp(-x))
+                x = _sigmoid(x)
         x = x.astype(np.float32)
         if self.post == "softmax":
             e = np.exp(x - x.max(axis=-1, keepdims=True))
             x = e / e.sum(axis=-1, keepdims=True)
         elif self.post == "logistic2":
-            with np.errstate(over="ignore"):        # a logit < -709: p = 0, as above
-                p = (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+            p = _sigmoid(x.astype(np.float64)).astype(np.float32)
             x = np.concatenate([1.0 - p, p], axis=-1)
         return x.astype(np.float32)
 
