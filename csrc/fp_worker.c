@@ -321,6 +321,10 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
     int64_t until = fp_ring_now_ns() + o->drain_timeout_ns;
     uint64_t left_before = UINT64_MAX;
     for (;;) {
+        /* a second stop request (stop = 2: `fastpath serve`'s second Ctrl-C) ends the drain
+         * now: what is left unanswered, its clients see STOPPED and raise ServerGone */
+        if (FP_LOAD_ACQ(&h->stop) > 1)
+            break;
         int n = serve_all(h, e, 64, o->lat);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {

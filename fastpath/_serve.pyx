@@ -153,6 +153,12 @@ cdef extern from *:
     """
     static inline void fp_atomic_store_u32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
     static inline uint32_t fp_atomic_load_u32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    /* *p = max(*p, v), atomically: a plain stop never undoes a forced one */
+    static inline void fp_atomic_raise_u32(uint32_t *p, uint32_t v) {
+        uint32_t cur = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+        while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_RELEASE,
+                                                       __ATOMIC_ACQUIRE)) {}
+    }
     static inline uint64_t fp_atomic_load_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void fp_atomic_add_u64(uint64_t *p, uint64_t v) { __atomic_add_fetch(p, v, __ATOMIC_RELAXED); }
     /* index of the first NaN/Inf (exponent bits all ones), or -1: no libm call, no FP compare */
@@ -169,6 +175,7 @@ cdef extern from *:
     """
     void fp_atomic_store_u32(uint32_t *p, uint32_t v) nogil
     uint32_t fp_atomic_load_u32(const uint32_t *p) nogil
+    void fp_atomic_raise_u32(uint32_t *p, uint32_t v) nogil
     uint64_t fp_atomic_load_u64(const uint64_t *p) nogil
     void fp_atomic_add_u64(uint64_t *p, uint64_t v) nogil
     int fp_first_nonfinite(const float *x, int n) nogil
@@ -446,10 +453,12 @@ cdef class Worker:
         finally:
             self._running = False
 
-    def stop(self):
-        """Ask the loop to drain and return (from any thread or process)."""
+    def stop(self, bint force=False):
+        """Ask the loop to drain and return (from any thread or process, a signal handler
+        included). force: end the drain at its next round, leaving what clients sent and
+        have not been answered unanswered (their clients raise ServerGone)."""
         if self._h != NULL:
-            fp_atomic_store_u32(&self._h.stop, 1)
+            fp_atomic_raise_u32(&self._h.stop, 2 if force else 1)
 
     @property
     def state(self):
@@ -822,6 +831,12 @@ cdef class Client:
             # spin: take replies meanwhile (a full reply ring holds the worker back)
             while fp_client_poll(&self._c, &rep):
                 self._stash.append(self._as_item(&rep))
+            if fp_atomic_load_u32(&self._s.h.state) != FP_SRV_RUNNING:
+                # a stop began while this tick waited for room: the drain makes room, and a
+                # tick sent now held the drain open (or came after it and was never answered)
+                self._check_server()
+                raise ServerGone(f"server {self.name!r} is stopping: request not sent (it "
+                                 f"was waiting for room in a full ring)")
             spins += 1
             if (spins & 1023) == 0:
                 PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep

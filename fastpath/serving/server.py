@@ -196,6 +196,14 @@ class Server:
             w.close()
         _live.discard(self)
 
+    def end_drain(self) -> None:
+        """End a stop's drain at its next round (safe in a signal handler: takes no lock):
+        what clients sent and were not answered stays unanswered, and their clients raise
+        ServerGone. Before stop(), the stop it asks for skips the drain as well."""
+        w = self._worker            # once: stop() may clear it meanwhile
+        if w is not None and os.getpid() == self._pid:
+            w.stop(force=True)
+
     def __enter__(self) -> "Server":
         return self
 
@@ -264,22 +272,31 @@ def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
 
 def run_foreground(name: str, model=None, config=None, stats: bool = False, out=None) -> int:
     """`fastpath serve`: serve until SIGINT or SIGTERM, then drain, remove the segment and
-    return 0; with stats, a line a second: throughput, queue depth, per-stage p50/p99."""
+    return 0; a second signal during the drain ends it at once (what is left unanswered,
+    its clients raise ServerGone) and returns 130; with stats, a line a second: throughput,
+    queue depth, per-stage p50/p99."""
     import signal
     import sys
     import time
     out = out or sys.stdout
     stop = threading.Event()
+    held = {}
 
     def on_signal(signum, _frame):
+        if stop.is_set() and "srv" in held:
+            # the second signal: a drain behind a client that does not take its answers
+            # waits drain_timeout_ms (up to a minute), and Ctrl-C did nothing meanwhile
+            held["forced"] = True
+            held["srv"].end_drain()
         stop.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        srv = Server(name, model, config)
+        srv = held["srv"] = Server(name, model, config)
         try:
             print(f"serving {name!r} at {srv.path} (pid {__import__('os').getpid()}); "
-                  f"SIGINT or SIGTERM stops it", file=out, flush=True)
+                  f"SIGINT or SIGTERM stops it (a second one ends its drain)", file=out,
+                  flush=True)
             pl = srv.placement or {}
             for line in ([pl["why"]] if "why" in pl else []) + pl.get("lines", []):
                 print(f"placement: {line}", file=out, flush=True)
@@ -294,10 +311,18 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
                     t_prev = now
                     print(line, file=out, flush=True)
         finally:
+            if stop.is_set():
+                print(f"stopping {name!r}: answering what clients sent (a second SIGINT or "
+                      f"SIGTERM ends the drain)", file=out, flush=True)
             srv.stop()
         st = srv.final_stats
         print(f"stopped {name!r}" + (f": {st['served']} served, {st['errors']} errors" if st
                                      else ""), file=out, flush=True)
+        if held.get("forced"):
+            print("fastpath serve: the drain was ended by a second signal: requests clients "
+                  "sent and were not answered stay unanswered (their clients raise "
+                  "ServerGone)", file=sys.stderr, flush=True)
+            return 130
         return 0
     finally:
         for s, h in old.items():
