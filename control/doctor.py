@@ -182,7 +182,7 @@ def _memlock(priv: Privileges, plan: dict) -> Check:
     serve segment when serving (RLIMIT_MEMLOCK bounds the process's locked total)."""
     mb = 1 << 20
     eng = (f"engine arena + state {plan['engine']} B ({plan['engine_asked']} B for "
-           f"{plan['n_symbols']} symbols, mapped in {_page_words(plan['huge_pages'])})")
+           f"{plan['n_symbols']} symbols, {_page_words(plan['huge_pages'], plan['one_gb'])})")
     seg = (f"serve segment {plan['segment_full']} B (serve.ring_slots {plan['ring_slots']} x "
            f"serve.max_clients {plan['max_clients']})")
     if not plan["mlock"]:
@@ -224,8 +224,16 @@ def _memlock_unsized(priv: Privileges, plan: dict, seg: str) -> Check:
                  MEMLOCK_FIX)
 
 
-def _page_words(huge: str) -> str:
-    return {"none": "base pages", "1g": "1 GB pages"}.get(huge, "2 MB pages")
+def _page_words(huge: str, one_gb: bool) -> str:
+    """How the mapping's length was counted: 1 GB pages only where that pool has some free
+    (memory.mapped_bytes), else 2 MB whatever backs it (hugetlb, THP, or base pages where
+    the host grants neither: allocate() maps the 2 MB-rounded length all the same)."""
+    if huge == "none":
+        return "mapped in base pages"
+    if huge == "1g" and one_gb:
+        return "mapped in 1 GB pages"
+    why = "; no 1 GB page free" if huge == "1g" else ""
+    return f"mapped 2 MB-rounded{why}: huge pages where the host grants them"
 
 
 def _serving_configured(config) -> bool:
@@ -255,6 +263,7 @@ def lock_plan(host: Host, config=None, serve: bool | None = None,
     # the note on serving needs the segment's size even when this host only steps
     p = plan_of(arena_bytes, config, True, raw_len, bool(free1g))
     p["segment_full"] = p["segment"]
+    p["one_gb"] = bool(free1g)
     p["serve"] = serve
     p["segment"] = p["segment_full"] if serve else 0
     if p["mlock"] and p["engine"] is not None:
