@@ -115,9 +115,13 @@ def create(path: str, size: int, mode: int, huge_pages: str = "auto"):
                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 probe.close()
                 os.symlink(real, path)
-            except OSError as exc:
+            except BaseException as exc:
+                # a Ctrl-C while the pool's pages are reserved (a 1 GB page takes a while)
+                # left the file in hugetlbfs, holding those pages, until someone removed it
                 os.close(fd)
                 _unlink(real)
+                if not isinstance(exc, OSError):
+                    raise
                 tried.append([method, f"{_why(exc)} (hugetlb pool: "
                                       f"{_pool_line(page)})"])
                 continue
@@ -133,7 +137,7 @@ def create(path: str, size: int, mode: int, huge_pages: str = "auto"):
             try:
                 os.ftruncate(fd, _round(size, MB2))
                 _reserve(fd, _round(size, MB2), path, allocate=False)
-            except OSError:
+            except BaseException:       # KeyboardInterrupt too: no half-made file is left
                 os.close(fd)
                 _unlink(path)
                 raise
@@ -144,7 +148,7 @@ def create(path: str, size: int, mode: int, huge_pages: str = "auto"):
         try:
             os.ftruncate(fd, n)
             _reserve(fd, n, path, allocate=True)
-        except OSError:
+        except BaseException:           # KeyboardInterrupt too: no half-made file is left
             os.close(fd)
             _unlink(path)
             raise
