@@ -93,3 +93,13 @@ def test_a_tree_bundle_with_layers_as_an_object_is_refused():
     assert Model.from_bytes(blob).trees == t
     with pytest.raises(ModelError, match="layers must be a JSON list of objects"):
         Model.from_bytes(_edited(blob, lambda h: h.__setitem__("layers", {})))
+
+
+def test_an_empty_onnx_file_is_named_as_such(tmp_path):
+    # an empty file parses as an empty ModelProto: it was "expected one graph input, found []"
+    pytest.importorskip("onnx")
+    p = tmp_path / "model.onnx"
+    p.write_bytes(b"")
+    with pytest.raises(ModelError, match=r"model.onnx holds no ONNX graph \(0 bytes\): an empty "
+                                         r"or truncated file"):
+        Model.from_onnx(p)

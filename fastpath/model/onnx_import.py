@@ -371,6 +371,15 @@ def read_onnx(path: str | os.PathLike) -> dict:
         raise ModelError(f"ONNX file {name!r} not found") from None
     except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types
         raise ModelError(f"{name} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+    if not model.HasField("graph"):
+        # an empty file (a failed download, a file truncated to 0 bytes) parses as an empty
+        # ModelProto: it was "expected one graph input, found []"
+        try:
+            size = f"{os.path.getsize(name)} bytes"
+        except OSError:
+            size = "no size"
+        raise ModelError(f"{name} holds no ONNX graph ({size}): an empty or truncated file, or "
+                         f"not an ONNX model")
     g = model.graph
     consts = {t.name: _tensor(t, f"{name}: initializer {t.name!r}") for t in g.initializer}
     inputs = [i.name for i in g.input if i.name not in consts]
