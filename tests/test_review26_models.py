@@ -103,3 +103,43 @@ def test_an_empty_onnx_file_is_named_as_such(tmp_path):
     with pytest.raises(ModelError, match=r"model.onnx holds no ONNX graph \(0 bytes\): an empty "
                                          r"or truncated file"):
         Model.from_onnx(p)
+
+
+def test_the_opset5_tree_ensemble_op_names_the_ops_to_export_instead(tmp_path):
+    # it was "fastpath imports dense models (MLPs, linear and logistic models) built from
+    # Gemm, ...": no word of the tree ops fastpath does read, or of the opset that writes them
+    import numpy as np
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    arr = numpy_helper.from_array
+    node = helper.make_node(
+        "TreeEnsemble", ["X"], ["Y"], domain="ai.onnx.ml", aggregate_function=1,
+        leaf_targetids=[0, 0], leaf_weights=arr(np.array([1.0, 2.0], np.float32)), n_targets=1,
+        nodes_falseleafs=[1], nodes_falsenodeids=[1], nodes_featureids=[0],
+        nodes_modes=arr(np.array([0], np.uint8)), nodes_splits=arr(np.array([0.5], np.float32)),
+        nodes_trueleafs=[1], nodes_truenodeids=[0], post_transform=0, tree_roots=[0])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                                      [None, 2])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                            helper.make_opsetid("ai.onnx.ml", 5)])
+    p = tmp_path / "te5.onnx"
+    onnx.save(m, str(p))
+    with pytest.raises(ModelError, match=r"unsupported ONNX op 'TreeEnsemble'.*"
+                                         r"TreeEnsembleRegressor / TreeEnsembleClassifier "
+                                         r"\(ai.onnx.ml opsets 1-3\): export with ai.onnx.ml "
+                                         r"opset 3"):
+        Model.from_onnx(p)
+
+
+def test_the_generic_unsupported_op_hint_names_the_tree_ops_too(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Abs", ["X"], ["Y"])], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 2])])
+    p = tmp_path / "abs.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(p))
+    with pytest.raises(ModelError, match=r"unsupported ONNX op 'Abs'.* and tree ensembles "
+                                         r"\(TreeEnsembleRegressor / TreeEnsembleClassifier\)"):
+        Model.from_onnx(p)
