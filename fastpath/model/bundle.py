@@ -31,7 +31,9 @@ records `fitted_max_error` (null when not fitted). Bundles written before that k
 (still version 1) are read as follows: the policy stays enabled only when the bundle's meta
 records a shadow-replay fit ("cache_policy_fit" with max_error and margin, as the demo
 bundle's training script wrote it), with fitted_max_error = max_error * margin; any other
-enabled policy in such a bundle was the old unfitted default and is read as off.
+enabled policy in such a bundle was the old unfitted default and is read as off. Those fields
+are read as written or refused: chosen an object (or null), max_error and margin JSON
+numbers (a bool or a string is damage, not 1.0 or float("2")), their product in (0, 2].
 """
 from __future__ import annotations
 
@@ -123,8 +125,13 @@ _HEADER_KEYS = frozenset(("format", "version", "layers", "feature_spec", "cache_
 
 def _expected_arrays(header: dict) -> list:
     """The array names the header's model needs, no more and no fewer."""
-    names = [f"layer{i}.{k}" for i in range(len(header["layers"])) for k in ("weight", "bias")]
-    if header.get("trees") is not None:
+    layers = header["layers"]
+    if not isinstance(layers, list) or not all(isinstance(l, dict) for l in layers):
+        # a dict or a string has a len() too: {} read as no layers, "ab" as two
+        raise ModelError(f"layers must be a JSON list of objects ({{\"activation\": ...}} per "
+                         f"layer; empty for a tree ensemble), got {layers!r:.60}")
+    names = [f"layer{i}.{k}" for i in range(len(layers)) for k in ("weight", "bias")]
+    if _obj(header.get("trees"), "trees", optional=True) is not None:
         names += [f"trees.{k}" for k in _TREE_ARRAYS]
     names += ["fs.z_idx", "fs.w_idx", "fs.mean", "fs.inv_std"]
     if header.get("input_scaler") is not None:
@@ -138,6 +145,27 @@ def _int(v, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ModelError(f"{what} must be an integer >= 0, got {v!r}")
     return v
+
+
+def _obj(v, what: str, optional: bool = False):
+    """A header value that must be a JSON object (None too where optional): a list or string
+    there was an AttributeError / TypeError about .get or indices, not the field's name."""
+    if not isinstance(v, dict) and not (optional and v is None):
+        raise ModelError(f"{what} must be a JSON object{' (or absent)' if optional else ''}, "
+                         f"got {type(v).__name__} {v!r:.60}")
+    return v
+
+
+def _real(v, what: str) -> float:
+    """A JSON number read as a float: a bool (float(True) is 1.0) or a string (float('2') is
+    2.0) where a number belongs is damage, not a value to convert."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ModelError(f"{what} must be a number, got {type(v).__name__} {v!r:.60}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise ModelError(f"{what} must be a number float holds, got an int of "
+                         f"{len(str(abs(v)))} digits") from None
 
 
 def _read_arrays(table, body: bytes, start: int) -> dict:
@@ -276,10 +304,26 @@ def _policy(p: dict, meta: dict) -> CachePolicy:
         raise ModelError(f"cache_policy must be a JSON object, got {p!r}")
     p = dict(p)
     if "fitted_max_error" not in p:         # written before fits were recorded
-        fit = meta.get("cache_policy_fit")
+        # a meta of another type is refused by Model, with its name
+        fit = meta.get("cache_policy_fit") if isinstance(meta, dict) else None
         fitted = None
-        if isinstance(fit, dict) and fit.get("chosen") and isinstance(fit.get("max_error"), (int, float)):
-            fitted = float(fit["max_error"]) * float(fit.get("margin", 1.0))
+        if isinstance(fit, dict) and fit.get("chosen") is not None:
+            # the fields that switch the cache on are read as the training script wrote them
+            # (chosen: the policy, an object; max_error and margin: numbers) or refused: a
+            # JSON true read as 1.0 was a fitted max error of 1.0, a margin "2" doubled it,
+            # a chosen "no" kept the cache on
+            what = "meta.cache_policy_fit"
+            if not isinstance(fit["chosen"], dict):
+                raise ModelError(f"{what}.chosen must be the chosen policy (a JSON object) or "
+                                 f"null, got {type(fit['chosen']).__name__} "
+                                 f"{fit['chosen']!r:.60}")
+            if fit["chosen"] and fit.get("max_error") is not None:
+                e, m = _real(fit["max_error"], f"{what}.max_error"), \
+                    _real(fit.get("margin", 1.0), f"{what}.margin")
+                fitted = e * m
+                if not 0.0 < fitted <= 2.0:     # NaN too
+                    raise ModelError(f"{what}: max_error {e!r} x margin {m!r} = {fitted!r} is "
+                                     f"not a signal error in (0, 2]")
         if fitted is None:
             p["enabled"] = False
         p["fitted_max_error"] = fitted
@@ -339,7 +383,7 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
                              f"{sorted(_HEADER_KEYS)} (a bundle from a newer fastpath?)")
         hv = header.get("version", VERSION)
         if header.get("format", "fastpath-model") != "fastpath-model" or \
-                isinstance(hv, bool) or hv != VERSION:
+                isinstance(hv, bool) or not isinstance(hv, int) or hv != VERSION:
             raise ModelError(f"the header says format {header.get('format')!r} version "
                              f"{header.get('version')!r}, expected 'fastpath-model' version "
                              f"{VERSION}")
@@ -353,7 +397,7 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
                              f"{f': missing arrays {missing}' if missing else ''}")
         layers = tuple(Layer(arrays[f"layer{i}.weight"], arrays[f"layer{i}.bias"],
                              l["activation"]) for i, l in enumerate(header["layers"]))
-        f = header["feature_spec"]
+        f = _obj(header["feature_spec"], "feature_spec")
         names = f["field_names"]
         if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
             raise ModelError(f"feature_spec.field_names must be a list of strings, got {names!r}")
@@ -362,13 +406,13 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
         meta = header.get("meta", {})
         # bundles written before heads were stored have two outputs and no "post" / "head":
         # the defaults (no post transform, tanh / sigmoid) are what they always ran with
-        h = header.get("head")
+        h = _obj(header.get("head"), "head", optional=True)
         if h is not None and not isinstance(h.get("outputs"), list):
             raise ModelError(f"head.outputs must be a list of output indices, got "
                              f"{h.get('outputs')!r}")
         head = None if h is None else Head(h["kind"], h["scale"], tuple(h["outputs"]))
         trees = None
-        tj = header.get("trees")
+        tj = _obj(header.get("trees"), "trees", optional=True)
         if tj is not None:
             from fastpath.model.trees import TreeEnsemble
             if not isinstance(tj.get("classifier"), bool):

@@ -47,6 +47,11 @@ _INSTEAD = {
     "Dropout": "export the model in eval mode (model.eval()), which drops Dropout",
     "SVMRegressor": "export a linear model or MLP instead of an SVM",
     "SVMClassifier": "export a linear model or MLP instead of an SVM",
+    # ai.onnx.ml opset 5's single tree op (onnxruntime 1.20+ runs it); the exporters still
+    # write the two ops of opsets 1-3 when asked for that opset
+    "TreeEnsemble": "fastpath reads tree ensembles as TreeEnsembleRegressor / "
+                    "TreeEnsembleClassifier (ai.onnx.ml opsets 1-3): export with ai.onnx.ml "
+                    "opset 3 (skl2onnx / onnxmltools: target_opset={'': 17, 'ai.onnx.ml': 3})",
 }
 _FLOAT = 1   # TensorProto.FLOAT
 def _attrs(node) -> dict:
@@ -371,6 +376,15 @@ def read_onnx(path: str | os.PathLike) -> dict:
         raise ModelError(f"ONNX file {name!r} not found") from None
     except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types
         raise ModelError(f"{name} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+    if not model.HasField("graph"):
+        # an empty file (a failed download, a file truncated to 0 bytes) parses as an empty
+        # ModelProto: it was "expected one graph input, found []"
+        try:
+            size = f"{os.path.getsize(name)} bytes"
+        except OSError:
+            size = "no size"
+        raise ModelError(f"{name} holds no ONNX graph ({size}): an empty or truncated file, or "
+                         f"not an ONNX model")
     g = model.graph
     consts = {t.name: _tensor(t, f"{name}: initializer {t.name!r}") for t in g.initializer}
     inputs = [i.name for i in g.input if i.name not in consts]
@@ -588,7 +602,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
             continue
         if op not in SUPPORTED:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
-                                    "models) built from " + ", ".join(SUPPORTED[:-1]))
+                                    "models) built from " + ", ".join(SUPPORTED[:-1]) +
+                                " and tree ensembles (" + " / ".join(_TREE_OPS) + ")")
             raise ModelError(f"{name}: unsupported ONNX op {op!r} (node {node.name!r}); {hint}")
         # the rank of the tensor a Flatten here reads: a Reshape or Flatten before it made it
         # (batch, features)

@@ -1,0 +1,145 @@
+"""Review 26, model formats and loading: bundle header fields of the wrong JSON type are
+refused with the field named, never converted (a JSON true read as 1.0, a string "2" as 2.0)."""
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+import pytest
+
+from fastpath import ModelError
+from fastpath._build import DEMO_MODEL
+from fastpath.model import Model
+from fastpath.model.bundle import END, MAGIC
+
+
+def _edited(blob: bytes, edit) -> bytes:
+    """The bundle with its JSON header changed by edit(header) and the CRC recomputed."""
+    hlen = struct.unpack("<I", blob[12:16])[0]
+    header = json.loads(blob[16:16 + hlen])
+    payload = blob[16 + hlen + (-(16 + hlen)) % 64:-len(END) - 4]
+    edit(header)
+    hb = json.dumps(header, sort_keys=True).encode()
+    body = MAGIC + struct.pack("<II", 1, len(hb)) + hb
+    body += b"\0" * ((-len(body)) % 64) + payload
+    return body + struct.pack("<I", zlib.crc32(body)) + END
+
+
+def _old_format(fit):
+    """An old-format bundle (no fitted_max_error) whose meta records the fit `fit`."""
+    def edit(h):
+        del h["cache_policy"]["fitted_max_error"]
+        h["cache_policy"]["enabled"] = True
+        h["meta"]["cache_policy_fit"] = fit
+    return edit
+
+
+DEMO = open(DEMO_MODEL, "rb").read()
+GOOD_FIT = {"chosen": {"cos_threshold": 0.999999, "norm_tol": 0.02}, "max_error": 0.01,
+            "margin": 0.5}
+
+
+def test_old_format_fit_with_numbers_still_turns_the_cache_on():
+    m = Model.from_bytes(_edited(DEMO, _old_format(GOOD_FIT)))
+    assert m.cache_policy.enabled and m.cache_policy.fitted_max_error == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("max_error", True, "meta.cache_policy_fit.max_error must be a number, got bool True"),
+    ("max_error", "0.01", "meta.cache_policy_fit.max_error must be a number, got str"),
+    ("margin", True, "meta.cache_policy_fit.margin must be a number, got bool True"),
+    ("margin", "2", "meta.cache_policy_fit.margin must be a number, got str '2'"),
+    ("margin", None, "meta.cache_policy_fit.margin must be a number, got NoneType"),
+    ("margin", float("nan"), "is not a signal error in (0, 2]"),
+    ("margin", -1, "is not a signal error in (0, 2]"),
+    ("chosen", "no", "meta.cache_policy_fit.chosen must be the chosen policy"),
+    ("chosen", True, "meta.cache_policy_fit.chosen must be the chosen policy"),
+])
+def test_old_format_fit_fields_of_another_type_are_refused(key, value, says):
+    # before: max_error true was a fitted max error of 1.0 (cache on, vouched for errors up
+    # to 1.0), margin true 1.0, margin "2" doubled the bound, chosen "no" kept the cache on,
+    # max_error "0.01" silently switched it off, margin null was a TypeError
+    with pytest.raises(ModelError, match="<bytes>: ") as e:
+        Model.from_bytes(_edited(DEMO, _old_format({**GOOD_FIT, key: value})))
+    assert says in str(e.value)
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("head", [], "head must be a JSON object (or absent), got list"),
+    ("head", "x", "head must be a JSON object (or absent), got str"),
+    ("feature_spec", [], "feature_spec must be a JSON object, got list"),
+    ("feature_spec", None, "feature_spec must be a JSON object, got NoneType"),
+    ("trees", [], "trees must be a JSON object (or absent), got list"),
+    ("trees", False, "trees must be a JSON object (or absent), got bool"),
+    ("layers", "ab", "layers must be a JSON list of objects"),
+    ("layers", None, "layers must be a JSON list of objects"),
+    ("version", 1.0, "version 1.0, expected 'fastpath-model' version 1"),
+])
+def test_header_fields_of_another_type_are_named(key, value, says):
+    # before: "malformed bundle header (AttributeError: 'list' object has no attribute
+    # 'get')" and the like, naming no field; version 1.0 was read as 1
+    with pytest.raises(ModelError) as e:
+        Model.from_bytes(_edited(DEMO, lambda h: h.__setitem__(key, value)))
+    assert says in str(e.value)
+
+
+def test_a_tree_bundle_with_layers_as_an_object_is_refused():
+    # {} has a len() of 0: a tree bundle with "layers": {} was read as having no layers
+    from fastpath.model import TreeEnsemble
+    t = TreeEnsemble(2, 1, [0, 3], [0, 6, 6], [1, 0, 0], [0.5, 0, 0], [1, -1, -1],
+                     [2, -1, -1], [0, 0, 0], [1, 2], [0, 0], [1.0, -1.0])
+    blob = Model((), None, trees=t).to_bytes()
+    assert Model.from_bytes(blob).trees == t
+    with pytest.raises(ModelError, match="layers must be a JSON list of objects"):
+        Model.from_bytes(_edited(blob, lambda h: h.__setitem__("layers", {})))
+
+
+def test_an_empty_onnx_file_is_named_as_such(tmp_path):
+    # an empty file parses as an empty ModelProto: it was "expected one graph input, found []"
+    pytest.importorskip("onnx")
+    p = tmp_path / "model.onnx"
+    p.write_bytes(b"")
+    with pytest.raises(ModelError, match=r"model.onnx holds no ONNX graph \(0 bytes\): an empty "
+                                         r"or truncated file"):
+        Model.from_onnx(p)
+
+
+def test_the_opset5_tree_ensemble_op_names_the_ops_to_export_instead(tmp_path):
+    # it was "fastpath imports dense models (MLPs, linear and logistic models) built from
+    # Gemm, ...": no word of the tree ops fastpath does read, or of the opset that writes them
+    import numpy as np
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    arr = numpy_helper.from_array
+    node = helper.make_node(
+        "TreeEnsemble", ["X"], ["Y"], domain="ai.onnx.ml", aggregate_function=1,
+        leaf_targetids=[0, 0], leaf_weights=arr(np.array([1.0, 2.0], np.float32)), n_targets=1,
+        nodes_falseleafs=[1], nodes_falsenodeids=[1], nodes_featureids=[0],
+        nodes_modes=arr(np.array([0], np.uint8)), nodes_splits=arr(np.array([0.5], np.float32)),
+        nodes_trueleafs=[1], nodes_truenodeids=[0], post_transform=0, tree_roots=[0])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                                      [None, 2])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                            helper.make_opsetid("ai.onnx.ml", 5)])
+    p = tmp_path / "te5.onnx"
+    onnx.save(m, str(p))
+    with pytest.raises(ModelError, match=r"unsupported ONNX op 'TreeEnsemble'.*"
+                                         r"TreeEnsembleRegressor / TreeEnsembleClassifier "
+                                         r"\(ai.onnx.ml opsets 1-3\): export with ai.onnx.ml "
+                                         r"opset 3"):
+        Model.from_onnx(p)
+
+
+def test_the_generic_unsupported_op_hint_names_the_tree_ops_too(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Abs", ["X"], ["Y"])], "g",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 2])])
+    p = tmp_path / "abs.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(p))
+    with pytest.raises(ModelError, match=r"unsupported ONNX op 'Abs'.* and tree ensembles "
+                                         r"\(TreeEnsembleRegressor / TreeEnsembleClassifier\)"):
+        Model.from_onnx(p)
