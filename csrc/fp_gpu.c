@@ -31,6 +31,13 @@ static int64_t fp_gpu_now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
+/* now + timeout_ns, saturated: a timeout near INT64_MAX ("wait as long as it takes") wrapped
+ * the sum negative (signed overflow), and the first clock check called the wait over */
+static int64_t fp_gpu_deadline(int64_t now, int64_t timeout_ns) {
+    if (timeout_ns < 0) timeout_ns = 0;
+    return timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
+}
+
 size_t fp_gpu_slot_bytes(int n_in, int n_out) {
     if (n_in < 1 || n_out < 1) return 0;
     return (size_t)FP_GPU_SLOT_BYTES((size_t)n_in, (size_t)n_out);
@@ -56,7 +63,7 @@ int fp_gpu_request(fp_gpu_slot *s, const float *x, float *out, int64_t timeout_n
     const int64_t t0 = fp_gpu_now_ns();
     /* release: the features are visible before the device can see the new seq */
     __atomic_store_n(&s->req_seq, seq, __ATOMIC_RELEASE);
-    const int64_t deadline = t0 + timeout_ns;
+    const int64_t deadline = fp_gpu_deadline(t0, timeout_ns);
     for (unsigned spin = 1;; spin++) {
         const uint64_t r = __atomic_load_n(&s->resp_seq, __ATOMIC_ACQUIRE);
         if (r == seq) break;
@@ -90,7 +97,7 @@ int fp_gpu_request(fp_gpu_slot *s, const float *x, float *out, int64_t timeout_n
 void fp_gpu_stop(fp_gpu_slot *s) { __atomic_store_n(&s->stop, 1u, __ATOMIC_RELEASE); }
 
 int fp_gpu_wait_ready(fp_gpu_slot *s, uint32_t want, int64_t timeout_ns) {
-    const int64_t deadline = fp_gpu_now_ns() + (timeout_ns > 0 ? timeout_ns : 0);
+    const int64_t deadline = fp_gpu_deadline(fp_gpu_now_ns(), timeout_ns);
     for (unsigned spin = 1;; spin++) {
         if (__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE) >= want) return FP_GPU_OK;
         if (spin % FP_GPU_CLOCK_EVERY == 0 && fp_gpu_now_ns() > deadline) return FP_GPU_TIMEOUT;

@@ -319,7 +319,18 @@ A model, its feature spec and cache, ready to step ticks.
         self.simd = cfg.simd_resolved
         self._create()
         if backend == "gpu":
-            self._gpu_open()
+            try:
+                self._gpu_open()
+            except BackendError as exc:
+                # backend="auto" that chose the GPU (gpu.auto = "gpu", or it measured faster)
+                # and then could not set it up runs on the CPU and says why, as it does where
+                # the GPU is not usable at all; backend="gpu" raises
+                if not reason.startswith("auto:"):
+                    raise
+                self._gfeat = None
+                self.backend = "cpu"
+                self.backend_reason = (f"auto: cpu chosen (the GPU {cfg.source.gpu.mode} path "
+                                       f"failed: {exc})")
 
     cdef _create(self):
         keep = []

@@ -30,6 +30,12 @@ def _cpu_outputs(eng, x, nan):
         return nan
 
 MODES = ("launch", "persistent")
+_MAX_TIMEOUT_NS = (1 << 63) - 1
+
+
+def _driver_error(what: str, exc: BaseException) -> BackendError:
+    """A pycuda.driver.Error raised while the GPU backend is set up, as a BackendError."""
+    return BackendError(f"{what} ({type(exc).__name__}: {exc})")
 
 
 def _positive_ns(v) -> bool:
@@ -90,6 +96,10 @@ class GpuBackend:
             raise ConfigError(f"timeout_ns must be a number of ns >= 1 (how long a GPU answer "
                               f"may take), got {timeout_ns!r}")
         timeout_ns = int(timeout_ns)
+        if timeout_ns > _MAX_TIMEOUT_NS:
+            # the persistent path's waits take a C int64: past it an OverflowError at start
+            raise ConfigError(f"timeout_ns must be at most 2**63 - 1 ns (about 292 years), got "
+                              f"{timeout_ns!r}")
         if cuda is None:
             ok, why = gpu_status()
             if not ok:
@@ -100,7 +110,15 @@ class GpuBackend:
         self._xshape = (self.packed.n_in,)
         self.path = None
         self.mode = mode
-        self.dc = B.DeviceContext(cuda, device)
+        # a driver error setting the device up (its context: a device in exclusive-process
+        # mode held by another process, "all CUDA-capable devices are busy or unavailable";
+        # device memory: out of memory; a launch the device refuses) is a BackendError that
+        # names it, so backend="auto" takes the CPU; raised as pycuda's own error, it escaped
+        # Engine(backend="auto") past gpu_status(), which makes no context
+        try:
+            self.dc = B.DeviceContext(cuda, device)
+        except cuda.Error as exc:
+            raise _driver_error(f"CUDA device {device} cannot be used", exc) from None
         try:
             with self.dc.current():
                 module, self.module_origin = B.load_module(cuda)
@@ -109,15 +127,18 @@ class GpuBackend:
                 self.path = B.LaunchPath(self.dc, module, self.packed, max_batch, timeout_ns)
             else:
                 self.path = B.PersistentPath(self.dc, module, self.packed, timeout_ns)
-        except BaseException:
+        except BaseException as exc:
             # no kernels, a refused max_batch, no memory: the context must not stay retained
             self.path = None
             self.dc.release()
+            if isinstance(exc, cuda.Error):
+                raise _driver_error(f"the GPU {mode} path could not be set up on CUDA device "
+                                    f"{device}", exc) from None
             raise
         if mode == "persistent":
             try:
                 self.path.start()
-            except BackendError:
+            except (BackendError, cuda.Error) as exc:
                 path, self.path = self.path, None
                 if not path.running:
                     # never launched (start refused it: another persistent kernel took the
@@ -127,11 +148,14 @@ class GpuBackend:
                     # never ran); one whose kernel may still run keeps it
                     try:
                         path.close()
-                    except BackendError:
+                    except (BackendError, cuda.Error):
                         pass
                 # the last reference to the primary context goes: a kernel left running dies
                 # with it instead of spinning on for the life of the process
                 self.dc.release()
+                if isinstance(exc, cuda.Error):
+                    raise _driver_error(f"the persistent kernel could not be launched on CUDA "
+                                        f"device {device}", exc) from None
                 raise
         self._module = module
 

@@ -110,11 +110,17 @@ class DeviceContext:
         cuda.init()
         if ordinal >= cuda.Device.count():
             raise BackendError(f"CUDA device {ordinal} requested, {cuda.Device.count()} present")
+        if ordinal < 0:
+            raise BackendError(f"CUDA device {ordinal} requested; ordinals start at 0")
         self.ordinal = ordinal
         self.device = cuda.Device(ordinal)
         self.ctx = self.device.retain_primary_context()
-        self.sm_count = int(self.device.get_attribute(
-            cuda.device_attribute.MULTIPROCESSOR_COUNT))
+        try:
+            self.sm_count = int(self.device.get_attribute(
+                cuda.device_attribute.MULTIPROCESSOR_COUNT))
+        except BaseException:
+            self.ctx.detach()       # retained above: no one else would let it go
+            raise
         # every GpuBackend on this device shares its primary context, so the persistent
         # kernels that must be co-resident are counted per (driver, device), not per object
         self.resident = resident_kernels(cuda, ordinal)
@@ -412,18 +418,25 @@ class LaunchPath:
         self._t0 = time.perf_counter_ns()
         self.h_x[:n] = x
         with self.dc.current():
-            tag = self._next_tag()       # before ev[0]: a wrap's memset is not in the stages
-            ev[0].record(s)
-            cuda.memcpy_htod_async(int(self.d_x), self.h_x[:n], s)
-            ev[1].record(s)
-            self._fn.prepared_async_call(
-                (grid, 1), (BLOCK, 1, 1), s,
-                int(self.d_net), int(self.d_w), int(self.d_x), int(self.d_a), int(self.d_b),
-                int(self.d_y), int(self.d_st), tag, n, int(self.d_bar))
-            ev[2].record(s)
-            cuda.memcpy_dtoh_async(self.h_y[:n], int(self.d_y), s)
-            cuda.memcpy_dtoh_async(self.h_st[:n], int(self.d_st), s)
-            ev[3].record(s)
+            try:
+                tag = self._next_tag()   # before ev[0]: a wrap's memset is not in the stages
+                ev[0].record(s)
+                cuda.memcpy_htod_async(int(self.d_x), self.h_x[:n], s)
+                ev[1].record(s)
+                self._fn.prepared_async_call(
+                    (grid, 1), (BLOCK, 1, 1), s,
+                    int(self.d_net), int(self.d_w), int(self.d_x), int(self.d_a),
+                    int(self.d_b), int(self.d_y), int(self.d_st), tag, n, int(self.d_bar))
+                ev[2].record(s)
+                cuda.memcpy_dtoh_async(self.h_y[:n], int(self.d_y), s)
+                cuda.memcpy_dtoh_async(self.h_st[:n], int(self.d_st), s)
+                ev[3].record(s)
+            except cuda.Error as exc:
+                # a launch the driver refuses ("too many resources requested for launch"),
+                # or an earlier fault reported by this call: pycuda's own error escaped, not
+                # a BackendError (backend="auto"'s measurement raised it, not taking the CPU)
+                raise BackendError(f"GPU launch failed ({type(exc).__name__}: {exc}); the "
+                                   f"context may be unusable") from None
         self._inflight = n
 
     def collect(self) -> tuple:
@@ -514,6 +527,17 @@ class PersistentPath:
             self.done = cuda.Event()
         self._out = np.empty(p.n_out, np.float32)
         self._token = None
+        self.fault = None        # the kernel's fault once one was seen: the context is dead
+
+    def _faulted(self, err: str) -> None:
+        """The kernel faulted (a CUDA fault is sticky: the context, and every kernel in it,
+        is gone): no request is sent again. Its blocks are no longer resident, the collector
+        has nothing to stop, and the stop flag is raised for whatever still reads the slot."""
+        self.fault = err
+        self.running = False
+        self.slot.stop()
+        self._fin.detach()
+        self._release_blocks()
 
     def _release_blocks(self) -> None:
         if self._token is not None:
@@ -570,6 +594,9 @@ class PersistentPath:
         """One feature vector -> (outputs (n_out,) copy, nonfinite bool, Timing)."""
         P = self.P
         if not self.running:
+            if self.fault:
+                raise BackendError(f"persistent GPU path: the kernel faulted ({self.fault}); "
+                                   f"the CUDA context is unusable: make a new GpuBackend")
             raise BackendError("the persistent kernel is not running: start() it first")
         rc, _seq, dev_ns, wait_ns = self.slot.request(x, self._out, self.timeout_ns)
         if rc == P.OK or rc == P.NONFINITE:
@@ -577,6 +604,10 @@ class PersistentPath:
             return (self._out.copy(), rc == P.NONFINITE,
                     Timing(int(wait_ns) - dev_ns, dev_ns, 0, int(wait_ns)))
         err = self._kernel_error() if rc == P.TIMEOUT else None
+        if err:
+            # before: the path stayed "running" on a dead context, and every later tick sent
+            # a request and spun out the whole timeout (holding the GIL) before saying so
+            self._faulted(err)
         what = {P.TIMEOUT: f"no answer within {self.timeout_ns / 1e9:g} s",
                 P.STOPPED: "the slot was stopped or the kernel has returned (it will not "
                            "answer; make a new GpuBackend)",
@@ -598,9 +629,7 @@ class PersistentPath:
         while True:
             err = self._kernel_error()
             if err:
-                self.running = False
-                self._fin.detach()
-                self._release_blocks()     # a fault ends every kernel of the context
+                self._faulted(err)         # a fault ends every kernel of the context
                 raise BackendError(f"the persistent kernel faulted: {err}")
             with self.dc.current():
                 if self.done.query():
@@ -617,6 +646,10 @@ class PersistentPath:
 
     def close(self) -> None:
         self.stop()
+        if self.fault:
+            # after a fault every driver call in the context fails with it; its memory goes
+            # with the context (GpuBackend.close releases it)
+            return
         with self.dc.current():
             for a in (self.d_net, self.d_w, self.d_x, self.d_a, self.d_b, self.d_y, self.d_st,
                       self.d_bar, self.d_ctl):
