@@ -811,10 +811,8 @@ cdef class Client:
                              f"({arr[bad]}); ticks must be finite: repair or drop the tick "
                              f"(nothing was sent)")
         self._need()
-        if fp_atomic_load_u32(&self._s.h.state) != FP_SRV_RUNNING:
-            self._check_server()
-            raise ServerGone(f"server {self.name!r} is stopping: request not sent")
         while True:
+            # fp_client_try_submit refuses (FP_RING_ERR_GONE) once the stop has begun
             rc = fp_client_try_submit(&self._c, p, <int32_t>sym, ts, &seq)
             if rc == FP_RING_OK:
                 self._sym_of[(seq - 1) & self._req_mask] = <int32_t>sym
@@ -822,6 +820,15 @@ cdef class Client:
                 return seq
             if rc == FP_RING_ERR_RECLAIMED:
                 self._check_server()          # raises: the slot is not this client's any more
+            if rc == FP_RING_ERR_GONE:
+                why = " (it was waiting for room in a full ring)" if spins else ""
+                try:
+                    self._check_server()      # stopped or dead: says which
+                except ServerGone as exc:
+                    # the drain may have ended before this thread looked (preempted on a
+                    # busy host): "is stopped" alone left open whether the tick was sent
+                    raise ServerGone(f"{exc}: request not sent{why}") from None
+                raise ServerGone(f"server {self.name!r} is stopping: request not sent{why}")
             if self._s.h.on_full == FP_ON_FULL_REJECT:
                 fp_atomic_add_u64(&self._s.h.rejected_full, 1)
                 self._s.h.clients[self._c.idx].rejected_full += 1
@@ -831,12 +838,8 @@ cdef class Client:
             # spin: take replies meanwhile (a full reply ring holds the worker back)
             while fp_client_poll(&self._c, &rep):
                 self._stash.append(self._as_item(&rep))
-            if fp_atomic_load_u32(&self._s.h.state) != FP_SRV_RUNNING:
-                # a stop began while this tick waited for room: the drain makes room, and a
-                # tick sent now held the drain open (or came after it and was never answered)
-                self._check_server()
-                raise ServerGone(f"server {self.name!r} is stopping: request not sent (it "
-                                 f"was waiting for room in a full ring)")
+            # a stop beginning meanwhile: the next try refuses the tick (the drain makes room,
+            # and a tick sent then held the drain open or came after it, never answered)
             spins += 1
             if (spins & 1023) == 0:
                 PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep

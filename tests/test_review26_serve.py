@@ -1,0 +1,137 @@
+"""Session 26 review of the serving loop's stop (second signal, end_drain) and its edges.
+
+- fp_client_try_submit (fp_ring.h, what C feed handlers call) refused nothing once the server's
+  stop had begun: only the Python client checked the state. A C client that went on submitting
+  kept the drain busy for the whole drain_timeout_ms, and a tick sent once the drain had ended
+  was never answered. It returns FP_RING_ERR_GONE now, and the Python client says ServerGone
+  for it (never RingFull, with on_full = "reject").
+- A submit refused because the server had stopped said "is stopped" alone (whether the tick
+  was sent left open).
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath import InputError, RingFull, ServerGone
+from fastpath._serve import segment_path
+from fastpath.serving import server as server_mod
+from test_serve import PKG_ROOT, cfg, deadline, uname
+from test_review25_lead import _stuck
+
+C_SUBMIT_AFTER_STOP = r"""
+#include "fp_ring.h"
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    fp_seg s;
+    fp_client c;
+    char line[16];
+    uint64_t seq = 0;
+    (void)argc;
+    if (fp_seg_attach(argv[1], &s) != FP_RING_OK || fp_client_open(&s, &c) != FP_RING_OK)
+        return 3;
+    printf("ready\n");
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        return 2;
+    float *raw = calloc(s.h->raw_len, sizeof(float));
+    int rc = fp_client_try_submit(&c, raw, 0, -1, &seq);
+    printf("%d %llu\n", rc, (unsigned long long)seq);
+    fflush(stdout);
+    fp_client_close(&c);
+    fp_seg_detach(&s);
+    free(raw);
+    return 0;
+}
+"""
+
+
+def _stop_in_thread(srv):
+    t = threading.Thread(target=srv.stop)
+    t.start()
+    while srv.stats()["state"] != "stopping":
+        time.sleep(0.001)
+    return t
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+def test_c_client_submit_is_refused_once_the_stop_begins(tmp_path):
+    src, exe = tmp_path / "late.c", tmp_path / "late"
+    src.write_text(C_SUBMIT_AFTER_STOP)
+    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
+                    f"-I{fastpath.get_include()}", str(src), "-o", str(exe)], check=True,
+                   timeout=60)
+    name = uname()
+    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
+                                          drain_timeout_ms=60_000))
+    c = fastpath.connect(name, timeout=5)
+    p = subprocess.Popen([str(exe), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    t = None
+    try:
+        with deadline(60):
+            assert p.stdout.readline() == "ready\n"
+            _stuck(srv, c)                  # the drain waits on c: it stays "stopping"
+            t = _stop_in_thread(srv)
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            rc, seq = map(int, p.stdout.readline().split())
+        # FP_RING_ERR_GONE (-5), nothing sent (it was FP_RING_OK: served by the drain, or
+        # never answered once the drain had ended)
+        assert (rc, seq) == (-5, 0)
+        assert p.wait(timeout=30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+        srv.end_drain()
+        if t is not None:
+            t.join(30)
+        c.close()
+        srv.stop()
+
+
+def test_python_client_with_on_full_reject_is_told_the_server_is_stopping():
+    name = uname()
+    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
+                                          drain_timeout_ms=60_000))
+    c = fastpath.connect(name, timeout=5)
+    c2 = fastpath.connect(name, timeout=5)
+    t = None
+    try:
+        with deadline(60):
+            _stuck(srv, c)
+            t = _stop_in_thread(srv)
+            raw = np.zeros(c2.raw_len, np.float32)
+            with pytest.raises(ServerGone, match="is stopping: request not sent") as ei:
+                c2.submit(raw, 0, 1)
+            assert not isinstance(ei.value, RingFull)
+            assert c2.outstanding == 0
+    finally:
+        srv.end_drain()
+        if t is not None:
+            t.join(30)
+        c.close()
+        c2.close()
+        srv.stop()
+
+
+def test_a_submit_to_a_stopped_server_says_the_tick_was_not_sent():
+    name = uname()
+    srv = fastpath.serve(name, config=cfg())
+    c = fastpath.connect(name, timeout=5)
+    try:
+        srv.stop()
+        # it was "server ... is stopped" alone, whether the tick went out left open
+        with pytest.raises(ServerGone, match=r"is stopped: request not sent"):
+            c.submit(np.zeros(c.raw_len, np.float32), 0)
+        assert c.outstanding == 0
+    finally:
+        c.close()
