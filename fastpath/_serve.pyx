@@ -456,9 +456,12 @@ cdef class Worker:
     def stop(self, bint force=False):
         """Ask the loop to drain and return (from any thread or process, a signal handler
         included). force: end the drain at its next round, leaving what clients sent and
-        have not been answered unanswered (their clients raise ServerGone)."""
-        if self._h != NULL:
-            fp_atomic_raise_u32(&self._h.stop, 2 if force else 1)
+        have not been answered unanswered (their clients raise ServerGone). True when the
+        loop had not ended yet (the request can still change what it does), else False."""
+        if self._h == NULL:
+            return False
+        fp_atomic_raise_u32(&self._h.stop, 2 if force else 1)
+        return fp_atomic_load_u32(&self._h.state) != FP_SRV_STOPPED
 
     @property
     def state(self):

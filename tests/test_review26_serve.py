@@ -5,6 +5,12 @@
   kept the drain busy for the whole drain_timeout_ms, and a tick sent once the drain had ended
   was never answered. It returns FP_RING_ERR_GONE now, and the Python client says ServerGone
   for it (never RingFull, with on_full = "reject").
+- A second signal to `fastpath serve` landing after the drain had finished (stop() returned,
+  the handlers not yet restored) exited 130 and said requests were left unanswered: nothing
+  was. Server.end_drain() says whether a drain was still there to end.
+- A second signal while `fastpath serve` was still starting (a long placement or model load)
+  did nothing: the start went on for up to its 10 s timeout, deaf to Ctrl-C. It gives the
+  start up now (KeyboardInterrupt, the segment removed).
 - A submit refused because the server had stopped said "is stopped" alone (whether the tick
   was sent left open).
 """
@@ -121,6 +127,93 @@ def test_python_client_with_on_full_reject_is_told_the_server_is_stopping():
         c.close()
         c2.close()
         srv.stop()
+
+
+def test_end_drain_says_whether_there_was_a_drain_to_end():
+    name = uname()
+    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
+                                          drain_timeout_ms=60_000))
+    c = fastpath.connect(name, timeout=5)
+    t = None
+    try:
+        with deadline(60):
+            _stuck(srv, c)
+            t = _stop_in_thread(srv)
+            assert srv.end_drain() is True
+            t.join(30)
+        assert not t.is_alive()
+        assert srv.end_drain() is False         # stopped and closed: nothing to end
+        assert srv.final_stats["queue_depth"] == 1   # the tick the forced stop left
+    finally:
+        if t is not None:
+            t.join(30)
+        c.close()
+        srv.stop()
+
+
+class _Out:
+    """stdout for run_foreground: the first line ("serving ...") sends the first signal."""
+
+    def __init__(self):
+        self.lines = []
+
+    def write(self, s):
+        self.lines.append(s)
+        if s.startswith("serving "):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def flush(self):
+        pass
+
+
+def test_second_signal_after_the_drain_finished_exits_0(monkeypatch, capsys):
+    """A signal after the drain completed (stop() returned) ended nothing: exit 0, and no
+    claim that requests were left unanswered."""
+    real_stop = server_mod.Server.stop
+
+    def stop_then_signal(self, timeout=None):
+        real_stop(self, timeout)
+        os.kill(os.getpid(), signal.SIGINT)     # the second signal, the drain done
+        for _ in range(100):                    # let the handler run here
+            time.sleep(0.001)
+
+    monkeypatch.setattr(server_mod.Server, "stop", stop_then_signal)
+    name = uname()
+    out = _Out()
+    with deadline(60):
+        rc = server_mod.run_foreground(name, None, cfg(), out=out)
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "the drain was ended" not in err
+    assert any(line.startswith(f"stopped '{name}'") for line in out.lines)
+    assert not os.path.exists(segment_path(name))
+
+
+def test_second_signal_while_starting_gives_the_start_up(monkeypatch):
+    release = threading.Event()
+
+    def slow_place(self):
+        # the start takes long (a placement, a model load): Ctrl-C twice meanwhile
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        release.wait(60)
+        return {"placed": False, "why": "test"}
+
+    monkeypatch.setattr(server_mod.Server, "_place", slow_place)
+    name = uname()
+    try:
+        with deadline(60):
+            # it was ServeError "did not start within 10 s": the second signal did nothing
+            with pytest.raises(KeyboardInterrupt):
+                server_mod.run_foreground(name, None, cfg(), out=_Out())
+    finally:
+        release.set()
+    with deadline(30):
+        while os.path.exists(segment_path(name)):     # closed by the abandoned thread
+            time.sleep(0.01)
+    # the handlers are restored
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_submit_to_a_stopped_server_says_the_tick_was_not_sent():

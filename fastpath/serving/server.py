@@ -196,13 +196,17 @@ class Server:
             w.close()
         _live.discard(self)
 
-    def end_drain(self) -> None:
+    def end_drain(self) -> bool:
         """End a stop's drain at its next round (safe in a signal handler: takes no lock):
         what clients sent and were not answered stays unanswered, and their clients raise
-        ServerGone. Before stop(), the stop it asks for skips the drain as well."""
+        ServerGone. Before stop(), the stop it asks for skips the drain as well. True when
+        the loop had not ended yet; False when there was no drain left to end (the loop
+        had returned, the server is closed, or this is a forked child, which does not own
+        the loop)."""
         w = self._worker            # once: stop() may clear it meanwhile
         if w is not None and os.getpid() == self._pid:
-            w.stop(force=True)
+            return w.stop(force=True)
+        return False
 
     def __enter__(self) -> "Server":
         return self
@@ -283,11 +287,18 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
     held = {}
 
     def on_signal(signum, _frame):
-        if stop.is_set() and "srv" in held:
+        if stop.is_set():
+            if "srv" not in held:
+                # the second signal while the server starts (a placement or a model load
+                # that takes long): it waited out start_timeout (10 s), deaf to Ctrl-C;
+                # Server() gives the start up (removing its segment) on this interrupt
+                raise KeyboardInterrupt
             # the second signal: a drain behind a client that does not take its answers
-            # waits drain_timeout_ms (up to a minute), and Ctrl-C did nothing meanwhile
-            held["forced"] = True
-            held["srv"].end_drain()
+            # waits drain_timeout_ms (up to a minute), and Ctrl-C did nothing meanwhile.
+            # Only a drain still under way is ended: one that had finished answered all
+            # (a signal landing after it said otherwise, and exited 130)
+            if held["srv"].end_drain():
+                held["forced"] = True
         stop.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -319,9 +330,10 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
         print(f"stopped {name!r}" + (f": {st['served']} served, {st['errors']} errors" if st
                                      else ""), file=out, flush=True)
         if held.get("forced"):
-            print("fastpath serve: the drain was ended by a second signal: requests clients "
-                  "sent and were not answered stay unanswered (their clients raise "
-                  "ServerGone)", file=sys.stderr, flush=True)
+            left = f"{st['queue_depth']} request(s)" if st else "requests"
+            print(f"fastpath serve: the drain was ended by a second signal: {left} clients "
+                  f"sent stay unanswered (their clients raise ServerGone)", file=sys.stderr,
+                  flush=True)
             return 130
         return 0
     finally:
