@@ -11,6 +11,10 @@
 - A second signal while `fastpath serve` was still starting (a long placement or model load)
   did nothing: the start went on for up to its 10 s timeout, deaf to Ctrl-C. It gives the
   start up now (KeyboardInterrupt, the segment removed).
+- Server.stop(timeout=) with a bad value set the stop flag, then raised TypeError from
+  Thread.join (or "did not stop within -1 s"), leaving a stopping server unclosed; a bad
+  Server(start_timeout=) raised TypeError (`float + str`) once the loop had started, or waited
+  forever (nan). Both are InputErrors naming the argument, before anything starts or stops.
 - A submit refused because the server had stopped said "is stopped" alone (whether the tick
   was sent left open).
 """
@@ -214,6 +218,30 @@ def test_second_signal_while_starting_gives_the_start_up(monkeypatch):
             time.sleep(0.01)
     # the handlers are restored
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("bad", ["5", -1, float("nan"), True])
+def test_stop_timeout_is_checked_before_anything_is_stopped(bad):
+    name = uname()
+    srv = fastpath.serve(name, config=cfg())
+    try:
+        with pytest.raises(InputError,
+                           match=r"Server.stop: timeout must be a finite number of seconds >= 0"):
+            srv.stop(timeout=bad)
+        assert srv.stats()["state"] == "running"
+        with fastpath.connect(name, timeout=5) as c:
+            c.step(np.zeros(c.raw_len, np.float32), 0)
+    finally:
+        srv.stop()
+    assert not os.path.exists(segment_path(name))
+
+
+@pytest.mark.parametrize("bad", ["5", 0, -1, float("nan"), None])
+def test_server_start_timeout_is_checked_before_the_start(bad):
+    name = uname()
+    with pytest.raises(InputError, match=r"start_timeout must be a finite number of seconds > 0"):
+        fastpath.Server(name, None, cfg(), start_timeout=bad)
+    assert not os.path.exists(segment_path(name))
 
 
 def test_a_submit_to_a_stopped_server_says_the_tick_was_not_sent():
