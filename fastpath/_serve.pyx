@@ -902,7 +902,15 @@ cdef class Client:
                     exc.add_note(f"the tick was sent as seq {seq}: its answer comes through "
                                  f"poll()")
                     raise
-                self._check_server()
+                try:
+                    self._check_server()
+                except ServeError as exc:
+                    # the tick was in the ring: which one, and that it went unanswered (a
+                    # server that resumes from a stall may still answer it, through poll())
+                    exc.seq = seq
+                    exc.add_note(f"the tick was sent as seq {seq} and its answer had not "
+                                 f"come")
+                    raise
 
     @property
     def outstanding(self):

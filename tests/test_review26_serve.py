@@ -17,6 +17,8 @@
   forever (nan). Both are InputErrors naming the argument, before anything starts or stops.
 - A submit refused because the server had stopped said "is stopped" alone (whether the tick
   was sent left open).
+- A step() that gave up on a stopped or stalled server did not say which tick it had sent (a
+  KeyboardInterrupt there carries .seq, this did not).
 """
 import os
 import shutil
@@ -256,3 +258,30 @@ def test_a_submit_to_a_stopped_server_says_the_tick_was_not_sent():
         assert c.outstanding == 0
     finally:
         c.close()
+
+
+def test_step_that_gives_up_on_a_stalled_server_names_the_tick_it_sent(tmp_path):
+    conf = tmp_path / "serve.toml"
+    conf.write_text('[serve]\nplace = false\nidle = "yield"\n')
+    name = uname()
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
+                          "--config", str(conf)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    try:
+        assert p.stdout.readline().startswith(f"serving '{name}'")
+        c = fastpath.connect(name, timeout=5, stall_timeout=0.2)
+        raw = np.zeros(c.raw_len, np.float32)
+        c.step(raw, 0)                          # seq 1, answered
+        os.kill(p.pid, signal.SIGSTOP)
+        with deadline(60):
+            with pytest.raises(ServerGone, match="not responding") as ei:
+                c.step(raw, 0)
+        # it said nothing of the tick it had sent (a KeyboardInterrupt there carries it)
+        assert ei.value.seq == 2
+        assert any("sent as seq 2" in n for n in ei.value.__notes__)
+        c.close()
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.terminate()
+        p.communicate(timeout=60)
