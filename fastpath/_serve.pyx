@@ -771,6 +771,12 @@ cdef class Client:
         """ServerGone when the server is dead, stopped or stalled; ServeError when it took this
         client's rings back (judged its process gone): waiting on them would never end."""
         cdef int chk
+        if not self._open:
+            # closed by what ran inside this call's wait: a signal handler (run by the
+            # wait's own signal check) that called close() and returned. The rings are
+            # unmapped: the next read of them was a segfault
+            raise ServeError(f"client of {self.name!r} was closed while this call waited "
+                             f"(by a signal handler?); connect again")
         if not fp_client_owns(&self._c):
             lost = fp_client_outstanding(&self._c)
             self._open = False

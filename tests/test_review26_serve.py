@@ -19,6 +19,8 @@
   was sent left open).
 - A step() that gave up on a stopped or stalled server did not say which tick it had sent (a
   KeyboardInterrupt there carries .seq, this did not).
+- A signal handler that called client.close() while step() or a submit waited (the wait runs
+  handlers in its signal check) unmapped the rings the wait read next: a segfault.
 """
 import os
 import shutil
@@ -281,6 +283,57 @@ def test_step_that_gives_up_on_a_stalled_server_names_the_tick_it_sent(tmp_path)
         assert ei.value.seq == 2
         assert any("sent as seq 2" in n for n in ei.value.__notes__)
         c.close()
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.terminate()
+        p.communicate(timeout=60)
+
+
+CLOSE_IN_HANDLER = r"""
+import os, signal, sys
+import numpy as np
+import fastpath
+name, server_pid, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+c = fastpath.connect(name, timeout=5, stall_timeout=30)
+raw = np.zeros(c.raw_len, np.float32)
+c.step(raw, 0)
+if how == "submit":                 # fill the request ring: the next submit waits for room
+    os.kill(server_pid, signal.SIGSTOP)
+    for _ in range(c.server_stats()["slots"]):
+        c.submit(raw, 0)
+else:
+    os.kill(server_pid, signal.SIGSTOP)
+signal.signal(signal.SIGALRM, lambda *_: c.close())
+signal.setitimer(signal.ITIMER_REAL, 0.1)
+try:
+    c.step(raw, 0) if how == "step" else c.submit(raw, 0)
+except fastpath.ServeError as exc:
+    print("raised:", exc, getattr(exc, "seq", None))
+"""
+
+
+@pytest.mark.parametrize("how", ["step", "submit"])
+def test_close_from_a_signal_handler_during_a_wait_is_an_error_not_a_segfault(tmp_path, how):
+    conf = tmp_path / "serve.toml"
+    conf.write_text('[serve]\nplace = false\nidle = "yield"\nring_slots = 4\n'
+                    'on_full = "spin"\n')
+    script = tmp_path / "client.py"
+    script.write_text(CLOSE_IN_HANDLER)
+    name = uname()
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
+                          "--config", str(conf)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    try:
+        assert p.stdout.readline().startswith(f"serving '{name}'")
+        # the wait's signal check ran the handler, which unmapped the rings the wait then
+        # read: SIGSEGV (-11)
+        r = subprocess.run([sys.executable, str(script), name, str(p.pid), how],
+                           capture_output=True, text=True, env=env, cwd=PKG_ROOT, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "was closed while this call waited" in r.stdout
+        if how == "step":
+            assert r.stdout.split()[-1] == "2"     # the tick it had sent
     finally:
         os.kill(p.pid, signal.SIGCONT)
         p.terminate()
