@@ -67,6 +67,15 @@ int main(int argc, char **argv) {
 """
 
 
+def _stopped(pid):
+    """Every thread of pid stopped (SIGSTOP takes effect asynchronously)."""
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] not in "Tt":
+                return False
+    return True
+
+
 def _stop_in_thread(srv):
     t = threading.Thread(target=srv.stop)
     t.start()
@@ -277,6 +286,8 @@ def test_step_that_gives_up_on_a_stalled_server_names_the_tick_it_sent(tmp_path)
         c.step(raw, 0)                          # seq 1, answered
         os.kill(p.pid, signal.SIGSTOP)
         with deadline(60):
+            while not _stopped(p.pid):          # SIGSTOP takes effect asynchronously
+                time.sleep(0.001)
             with pytest.raises(ServerGone, match="not responding") as ei:
                 c.step(raw, 0)
         # it said nothing of the tick it had sent (a KeyboardInterrupt there carries it)
@@ -297,12 +308,23 @@ name, server_pid, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 c = fastpath.connect(name, timeout=5, stall_timeout=30)
 raw = np.zeros(c.raw_len, np.float32)
 c.step(raw, 0)
+
+
+def stopped(pid):                   # every thread of it (the worker's too) stopped by now
+    tasks = os.listdir(f"/proc/{pid}/task")
+    for t in tasks:
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] not in "Tt":
+                return False
+    return True
+
+
+os.kill(server_pid, signal.SIGSTOP)
+while not stopped(server_pid):
+    pass
 if how == "submit":                 # fill the request ring: the next submit waits for room
-    os.kill(server_pid, signal.SIGSTOP)
     for _ in range(c.server_stats()["slots"]):
         c.submit(raw, 0)
-else:
-    os.kill(server_pid, signal.SIGSTOP)
 signal.signal(signal.SIGALRM, lambda *_: c.close())
 signal.setitimer(signal.ITIMER_REAL, 0.1)
 try:
