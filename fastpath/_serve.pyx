@@ -267,6 +267,7 @@ cdef class Worker:
     cdef list _keep
     cdef object _ident          # (st_dev, st_ino) of the segment file this worker made
     cdef bint _running, _closed
+    cdef int _owner_pid         # the process that made the segment and runs the loop
     cdef object __weakref__
 
     def __cinit__(self, name, model, config, serve_cfg, memory_cfg=None):
@@ -297,6 +298,7 @@ cdef class Worker:
         _lat_ring_alloc(&self._lat, config.latency_records)
         self._o.lat = &self._lat
         self._create(serve_cfg, memory_cfg)
+        self._owner_pid = os.getpid()
         _workers.add(self)
 
     cdef void _forked(self):
@@ -308,6 +310,10 @@ cdef class Worker:
             munmap(self._h, self._size)
             self._h = NULL
         self._running = False
+        # the child's copy of the latency records stopped at the fork: latency_records()
+        # returned them as if current (the parent's loop goes on writing its own)
+        PyMem_Free(self._lat.rec)
+        self._lat.rec = NULL
 
     cdef object _check_existing(self, scfg):
         """None, or the pid of the crashed server whose segment is being replaced; a live
@@ -438,7 +444,15 @@ cdef class Worker:
 
     cdef _need_open(self):
         if self._h == NULL:
+            self._not_here()
             raise ServeError(f"server {self.name!r} is closed")
+
+    cdef _not_here(self):
+        if self._owner_pid and os.getpid() != self._owner_pid:
+            # a forked child: "is closed" said the server had stopped, while it serves on
+            raise ServeError(f"server {self.name!r} is run by process {self._owner_pid}; this "
+                             f"process ({os.getpid()}) is a fork of it and does not own its "
+                             f"loop: ask there, or fastpath.connect({self.name!r}) here")
 
     def run(self):
         """The serving loop, in the calling thread, GIL released; returns after stop() once
@@ -479,6 +493,7 @@ cdef class Worker:
         to pickup); with stage_times off the first three are 0. Copied while the loop
         runs, each record whole: one being written or overwritten meanwhile is left out."""
         if self._lat.rec == NULL:
+            self._not_here()
             raise ServeError(f"server {self.name!r} is closed")
         return _lat_snapshot(&self._lat)
 

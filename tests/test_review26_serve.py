@@ -21,6 +21,9 @@
   KeyboardInterrupt there carries .seq, this did not).
 - A signal handler that called client.close() while step() or a submit waited (the wait runs
   handlers in its signal check) unmapped the rings the wait read next: a segfault.
+- In a forked child, repr(server) raised ServeError, server.stats() said the server "is
+  closed" (it serves on in the parent), and latency_records() returned the child's copy,
+  frozen at the fork, as if current.
 """
 import os
 import shutil
@@ -360,3 +363,37 @@ def test_close_from_a_signal_handler_during_a_wait_is_an_error_not_a_segfault(tm
         os.kill(p.pid, signal.SIGCONT)
         p.terminate()
         p.communicate(timeout=60)
+
+
+def test_a_forked_child_is_told_the_server_is_its_parents():
+    name = uname()
+    srv = fastpath.serve(name, config=cfg())
+    try:
+        with fastpath.connect(name, timeout=5) as c:
+            c.step(np.zeros(c.raw_len, np.float32), 0)     # one latency record
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                        # pragma: no cover (child)
+            out = []
+            for what, f in (("repr", lambda: repr(srv)), ("stats", srv.stats),
+                            ("latency_records", srv.latency_records)):
+                try:
+                    out.append(f"{what} -> {f()!r}")
+                except Exception as exc:
+                    out.append(f"{what} !! {type(exc).__name__}: {exc}")
+            os.write(w, "\n".join(out).encode())
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            got = f.read().splitlines()
+        os.waitpid(pid, 0)
+        # repr raised ServeError; stats said "is closed" (it serves on, in the parent); the
+        # latency records were the child's copy, frozen at the fork
+        want = f"Server(name='{name}', state='served by process {os.getpid()}')"
+        assert got[0] == f"repr -> {want!r}"
+        for line in got[1:]:
+            assert f"is run by process {os.getpid()}" in line and "is a fork of it" in line, line
+        assert srv.stats()["state"] == "running"
+        assert len(srv.latency_records()) == 1
+    finally:
+        srv.stop()

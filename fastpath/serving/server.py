@@ -225,7 +225,13 @@ class Server:
 
     def __repr__(self) -> str:
         w = self._worker        # once: another thread's stop() may clear it between two reads
-        state = w.state if w is not None else "closed"
+        if w is None:
+            state = "closed"
+        elif os.getpid() != self._pid:
+            # a forked child: w.state raised ServeError out of repr()
+            state = f"served by process {self._pid}"
+        else:
+            state = w.state
         return f"Server(name={self.name!r}, state={state!r})"
 
 
