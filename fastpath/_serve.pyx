@@ -923,6 +923,10 @@ cdef class Client:
                     exc.add_note(f"the tick was sent as seq {seq}: its answer comes through "
                                  f"poll()")
                     raise
+                if self._open and self._c.rep_tail >= seq:
+                    # a signal handler run by the check above took this tick's answer off
+                    # the ring (its poll() or step()): waiting for it here never ended
+                    return self._taken_meanwhile(seq)
                 try:
                     self._check_server()
                 except ServeError as exc:
@@ -932,6 +936,22 @@ cdef class Client:
                     exc.add_note(f"the tick was sent as seq {seq} and its answer had not "
                                  f"come")
                     raise
+
+    cdef object _taken_meanwhile(self, uint64_t seq):
+        """step()'s answer, taken off the ring by a call made inside its wait: from the stash
+        (a nested step() or a spinning submit() kept it), else a ServeError (a poll() returned
+        it to its caller)."""
+        for k, (s, item) in enumerate(self._stash):
+            if s == seq:
+                del self._stash[k]
+                if isinstance(item, BaseException):
+                    raise item
+                return item
+        exc = ServeError(f"the answer to tick {seq} was taken by a poll() on this client "
+                         f"while step() waited for it (in a signal handler?): that poll() "
+                         f"returned it")
+        exc.seq = seq
+        raise exc
 
     @property
     def outstanding(self):

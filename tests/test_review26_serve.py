@@ -24,6 +24,8 @@
 - In a forked child, repr(server) raised ServeError, server.stats() said the server "is
   closed" (it serves on in the parent), and latency_records() returned the child's copy,
   frozen at the fork, as if current.
+- A signal handler that took step()'s answer while it waited (its own poll(), or a nested
+  step() that kept it for poll()) left step() waiting forever for an answer already taken.
 """
 import os
 import shutil
@@ -397,3 +399,68 @@ def test_a_forked_child_is_told_the_server_is_its_parents():
         assert len(srv.latency_records()) == 1
     finally:
         srv.stop()
+
+
+TAKE_IN_HANDLER = r"""
+import os, signal, subprocess, sys
+import numpy as np
+import fastpath
+name, server_pid, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+c = fastpath.connect(name, timeout=5, stall_timeout=30)
+raw = np.zeros(c.raw_len, np.float32)
+c.step(raw, 0)
+got = []
+
+
+def handler(*_):
+    # the answer arrives and is taken inside the wait, by this handler
+    os.kill(server_pid, signal.SIGCONT)
+    if how == "poll":
+        while not got:
+            got.extend(c.poll())
+    else:
+        got.append(c.step(raw, 0))          # a nested step stashes the outer one's answer
+
+
+signal.signal(signal.SIGUSR1, handler)
+os.kill(server_pid, signal.SIGSTOP)
+while not stopped(server_pid):
+    pass
+subprocess.Popen(["sh", "-c", f"sleep 0.1; kill -USR1 {os.getpid()}"])
+try:
+    r = c.step(raw, 0)
+    print("answered", r.seq, [getattr(g, "seq", g) for g in got])
+except fastpath.ServeError as exc:
+    print("raised:", exc, [seq for seq, _ in got])
+"""
+
+
+@pytest.mark.parametrize("how", ["poll", "step"])
+def test_an_answer_taken_inside_steps_wait_does_not_hang_it(tmp_path, how):
+    conf = tmp_path / "serve.toml"
+    conf.write_text('[serve]\nplace = false\nidle = "yield"\n')
+    script = tmp_path / "client.py"
+    # the helper that waits for SIGSTOP to land, from the close-in-handler script
+    helper = CLOSE_IN_HANDLER[CLOSE_IN_HANDLER.index("def stopped"):
+                              CLOSE_IN_HANDLER.index("os.kill(server_pid, signal.SIGSTOP)")]
+    script.write_text(TAKE_IN_HANDLER.replace("got = []\n", "got = []\n" + helper, 1))
+    name = uname()
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
+                          "--config", str(conf)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    try:
+        assert p.stdout.readline().startswith(f"serving '{name}'")
+        # it waited forever for an answer already taken (the server alive: no ServerGone)
+        r = subprocess.run([sys.executable, str(script), name, str(p.pid), how],
+                           capture_output=True, text=True, env=env, cwd=PKG_ROOT, timeout=60)
+        assert r.returncode == 0, r.stderr
+        if how == "poll":
+            assert r.stdout.startswith("raised: the answer to tick 2 was taken by a poll()")
+            assert r.stdout.rstrip().endswith("[2]")
+        else:
+            assert r.stdout.split() == ["answered", "2", "[3]"]
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.terminate()
+        p.communicate(timeout=60)
