@@ -26,6 +26,8 @@
   frozen at the fork, as if current.
 - A signal handler that took step()'s answer while it waited (its own poll(), or a nested
   step() that kept it for poll()) left step() waiting forever for an answer already taken.
+- `fastpath serve` whose drain timed out on a client that took no answers said nothing of
+  the requests it left unanswered.
 """
 import os
 import shutil
@@ -464,3 +466,35 @@ def test_an_answer_taken_inside_steps_wait_does_not_hang_it(tmp_path, how):
         os.kill(p.pid, signal.SIGCONT)
         p.terminate()
         p.communicate(timeout=60)
+
+
+def test_fastpath_serve_says_what_a_drain_that_timed_out_left(tmp_path):
+    conf = tmp_path / "serve.toml"
+    conf.write_text('[serve]\nplace = false\nidle = "yield"\nring_slots = 2\n'
+                    'on_full = "reject"\ndrain_timeout_ms = 100\n')
+    name = uname()
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
+                          "--config", str(conf)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    try:
+        assert p.stdout.readline().startswith(f"serving '{name}'")
+        c = fastpath.connect(name, timeout=5)
+        with deadline(60):
+            raw = np.zeros(c.raw_len, np.float32)
+            for i in range(2):                  # answered, not taken: the reply ring is full
+                c.submit(raw, 0, i + 1)
+            while c.server_stats()["served"] < 2:
+                pass
+            c.submit(raw, 0, 3)                 # held: the drain times out on it
+            p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        c.close()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    assert p.returncode == 0, err
+    assert f"stopped '{name}': 2 served" in out
+    # it said nothing: as if every request had been answered
+    assert "drain_timeout_ms = 100 with 1 request(s) clients sent unanswered" in err

@@ -366,6 +366,13 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
                   f"sent stay unanswered (their clients raise ServerGone)", file=sys.stderr,
                   flush=True)
             return 130
+        if st and st["queue_depth"]:
+            # the drain gave up on a client that took no answers: that was said nowhere, as
+            # if every request had been answered
+            print(f"fastpath serve: the drain ended after [serve] drain_timeout_ms = "
+                  f"{srv.serve_config.drain_timeout_ms} with {st['queue_depth']} request(s) "
+                  f"clients sent unanswered (held behind answers their clients did not take; "
+                  f"they raise ServerGone)", file=sys.stderr, flush=True)
         return 0
     finally:
         for s, h in old.items():
