@@ -267,6 +267,7 @@ cdef class Worker:
     cdef list _keep
     cdef object _ident          # (st_dev, st_ino) of the segment file this worker made
     cdef bint _running, _closed
+    cdef int _owner_pid         # the process that made the segment and runs the loop
     cdef object __weakref__
 
     def __cinit__(self, name, model, config, serve_cfg, memory_cfg=None):
@@ -297,6 +298,7 @@ cdef class Worker:
         _lat_ring_alloc(&self._lat, config.latency_records)
         self._o.lat = &self._lat
         self._create(serve_cfg, memory_cfg)
+        self._owner_pid = os.getpid()
         _workers.add(self)
 
     cdef void _forked(self):
@@ -308,6 +310,10 @@ cdef class Worker:
             munmap(self._h, self._size)
             self._h = NULL
         self._running = False
+        # the child's copy of the latency records stopped at the fork: latency_records()
+        # returned them as if current (the parent's loop goes on writing its own)
+        PyMem_Free(self._lat.rec)
+        self._lat.rec = NULL
 
     cdef object _check_existing(self, scfg):
         """None, or the pid of the crashed server whose segment is being replaced; a live
@@ -438,7 +444,15 @@ cdef class Worker:
 
     cdef _need_open(self):
         if self._h == NULL:
+            self._not_here()
             raise ServeError(f"server {self.name!r} is closed")
+
+    cdef _not_here(self):
+        if self._owner_pid and os.getpid() != self._owner_pid:
+            # a forked child: "is closed" said the server had stopped, while it serves on
+            raise ServeError(f"server {self.name!r} is run by process {self._owner_pid}; this "
+                             f"process ({os.getpid()}) is a fork of it and does not own its "
+                             f"loop: ask there, or fastpath.connect({self.name!r}) here")
 
     def run(self):
         """The serving loop, in the calling thread, GIL released; returns after stop() once
@@ -456,9 +470,12 @@ cdef class Worker:
     def stop(self, bint force=False):
         """Ask the loop to drain and return (from any thread or process, a signal handler
         included). force: end the drain at its next round, leaving what clients sent and
-        have not been answered unanswered (their clients raise ServerGone)."""
-        if self._h != NULL:
-            fp_atomic_raise_u32(&self._h.stop, 2 if force else 1)
+        have not been answered unanswered (their clients raise ServerGone). True when the
+        loop had not ended yet (the request can still change what it does), else False."""
+        if self._h == NULL:
+            return False
+        fp_atomic_raise_u32(&self._h.stop, 2 if force else 1)
+        return fp_atomic_load_u32(&self._h.state) != FP_SRV_STOPPED
 
     @property
     def state(self):
@@ -476,6 +493,7 @@ cdef class Worker:
         to pickup); with stage_times off the first three are 0. Copied while the loop
         runs, each record whole: one being written or overwritten meanwhile is left out."""
         if self._lat.rec == NULL:
+            self._not_here()
             raise ServeError(f"server {self.name!r} is closed")
         return _lat_snapshot(&self._lat)
 
@@ -768,6 +786,12 @@ cdef class Client:
         """ServerGone when the server is dead, stopped or stalled; ServeError when it took this
         client's rings back (judged its process gone): waiting on them would never end."""
         cdef int chk
+        if not self._open:
+            # closed by what ran inside this call's wait: a signal handler (run by the
+            # wait's own signal check) that called close() and returned. The rings are
+            # unmapped: the next read of them was a segfault
+            raise ServeError(f"client of {self.name!r} was closed while this call waited "
+                             f"(by a signal handler?); connect again")
         if not fp_client_owns(&self._c):
             lost = fp_client_outstanding(&self._c)
             self._open = False
@@ -811,10 +835,8 @@ cdef class Client:
                              f"({arr[bad]}); ticks must be finite: repair or drop the tick "
                              f"(nothing was sent)")
         self._need()
-        if fp_atomic_load_u32(&self._s.h.state) != FP_SRV_RUNNING:
-            self._check_server()
-            raise ServerGone(f"server {self.name!r} is stopping: request not sent")
         while True:
+            # fp_client_try_submit refuses (FP_RING_ERR_GONE) once the stop has begun
             rc = fp_client_try_submit(&self._c, p, <int32_t>sym, ts, &seq)
             if rc == FP_RING_OK:
                 self._sym_of[(seq - 1) & self._req_mask] = <int32_t>sym
@@ -822,6 +844,15 @@ cdef class Client:
                 return seq
             if rc == FP_RING_ERR_RECLAIMED:
                 self._check_server()          # raises: the slot is not this client's any more
+            if rc == FP_RING_ERR_GONE:
+                why = " (it was waiting for room in a full ring)" if spins else ""
+                try:
+                    self._check_server()      # stopped or dead: says which
+                except ServerGone as exc:
+                    # the drain may have ended before this thread looked (preempted on a
+                    # busy host): "is stopped" alone left open whether the tick was sent
+                    raise ServerGone(f"{exc}: request not sent{why}") from None
+                raise ServerGone(f"server {self.name!r} is stopping: request not sent{why}")
             if self._s.h.on_full == FP_ON_FULL_REJECT:
                 fp_atomic_add_u64(&self._s.h.rejected_full, 1)
                 self._s.h.clients[self._c.idx].rejected_full += 1
@@ -831,12 +862,8 @@ cdef class Client:
             # spin: take replies meanwhile (a full reply ring holds the worker back)
             while fp_client_poll(&self._c, &rep):
                 self._stash.append(self._as_item(&rep))
-            if fp_atomic_load_u32(&self._s.h.state) != FP_SRV_RUNNING:
-                # a stop began while this tick waited for room: the drain makes room, and a
-                # tick sent now held the drain open (or came after it and was never answered)
-                self._check_server()
-                raise ServerGone(f"server {self.name!r} is stopping: request not sent (it "
-                                 f"was waiting for room in a full ring)")
+            # a stop beginning meanwhile: the next try refuses the tick (the drain makes room,
+            # and a tick sent then held the drain open or came after it, never answered)
             spins += 1
             if (spins & 1023) == 0:
                 PyErr_CheckSignals()      # Ctrl-C (or an alarm) ends a wait, as it would a sleep
@@ -896,7 +923,35 @@ cdef class Client:
                     exc.add_note(f"the tick was sent as seq {seq}: its answer comes through "
                                  f"poll()")
                     raise
-                self._check_server()
+                if self._open and self._c.rep_tail >= seq:
+                    # a signal handler run by the check above took this tick's answer off
+                    # the ring (its poll() or step()): waiting for it here never ended
+                    return self._taken_meanwhile(seq)
+                try:
+                    self._check_server()
+                except ServeError as exc:
+                    # the tick was in the ring: which one, and that it went unanswered (a
+                    # server that resumes from a stall may still answer it, through poll())
+                    exc.seq = seq
+                    exc.add_note(f"the tick was sent as seq {seq} and its answer had not "
+                                 f"come")
+                    raise
+
+    cdef object _taken_meanwhile(self, uint64_t seq):
+        """step()'s answer, taken off the ring by a call made inside its wait: from the stash
+        (a nested step() or a spinning submit() kept it), else a ServeError (a poll() returned
+        it to its caller)."""
+        for k, (s, item) in enumerate(self._stash):
+            if s == seq:
+                del self._stash[k]
+                if isinstance(item, BaseException):
+                    raise item
+                return item
+        exc = ServeError(f"the answer to tick {seq} was taken by a poll() on this client "
+                         f"while step() waited for it (in a signal handler?): that poll() "
+                         f"returned it")
+        exc.seq = seq
+        raise exc
 
     @property
     def outstanding(self):

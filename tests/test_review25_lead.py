@@ -131,7 +131,9 @@ def test_a_submit_waiting_for_room_when_the_stop_begins_is_not_sent():
     old = signal.signal(signal.SIGALRM, lambda *_: srv._worker.stop())
     seqs = []
     try:
-        with pytest.raises(ServerGone, match="is stopping: request not sent .*waiting for room"):
+        # stopping, or stopped: the drain can end before a preempted client looks (session 26)
+        with pytest.raises(ServerGone,
+                           match=r"is stopp(?:ing|ed): request not sent .*waiting for room"):
             signal.setitimer(signal.ITIMER_REAL, 0.05)
             for k in range(20_000):        # each waits a ~1 ms tick for room
                 seqs.append(c.submit(raw, 0, k + 1))

@@ -374,7 +374,8 @@ static inline int fp_client_owns(const fp_client *c) {
 }
 
 /* Publish one request (raw must hold raw_len finite floats; the caller validated it).
- * FP_RING_OK with *seq set; FP_RING_FULL or FP_RING_ERR_RECLAIMED with nothing written and
+ * FP_RING_OK with *seq set; FP_RING_FULL, FP_RING_ERR_GONE (the server is stopping or
+ * stopped: it takes no new request) or FP_RING_ERR_RECLAIMED with nothing written and
  * *seq = 0, a seq no reply carries (a loop written before RECLAIMED existed, retrying only
  * on FULL, then waits on a reply that never comes: check fp_client_owns where it checks
  * fp_seg_server_check). */
@@ -384,6 +385,12 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
     *seq = 0;
     if (!fp_client_owns(c))
         return FP_RING_ERR_RECLAIMED;
+    /* a stopping server answers what was sent before its stop (the drain): a request sent
+     * after it kept the drain busy (a feed handler that goes on submitting held it for the
+     * whole drain_timeout_ms) or came once the drain had ended and was never answered. The
+     * state shares the heartbeat's line, written about once a millisecond. */
+    if (FP_LOAD_ACQ(&h->state) >= FP_SRV_STOPPING)
+        return FP_RING_ERR_GONE;
     if (c->req_head - c->req_tail_seen >= h->slots) {
         c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
         if (c->req_head - c->req_tail_seen >= h->slots)

@@ -25,6 +25,9 @@ class Server:
         from fastpath._build import DEMO_MODEL, resolve
         from fastpath._serve import Worker
         from fastpath.errors import ServeError
+        # before anything starts: a bad one raised TypeError from the wait (`float + str`,
+        # naming no argument) with the loop already started, or waited forever (nan)
+        start_timeout = _seconds_arg("Server: start_timeout", start_timeout, lo_open=True)
         m, rc, _backend, _why = resolve(model if model is not None else DEMO_MODEL, "cpu", config)
         if rc.source.backend == "gpu":
             # the loop steps a CPU engine (fp_worker.c): a config asking for the GPU was
@@ -173,6 +176,12 @@ class Server:
         segment behind)."""
         if timeout is None:
             timeout = self.serve_config.drain_timeout_ms / 1000 + 10.0
+        else:
+            # checked before the stop flag is set: a bad value raised from Thread.join (a
+            # TypeError, or "did not stop within -1 s") with the loop already stopping and
+            # its segment left for the exit hook
+            timeout = _seconds_arg("Server.stop: timeout", timeout,
+                                   none=" (or None: [serve] drain_timeout_ms plus 10 s)")
         with self._lock:
             w = self._worker
             if w is None:
@@ -196,13 +205,17 @@ class Server:
             w.close()
         _live.discard(self)
 
-    def end_drain(self) -> None:
+    def end_drain(self) -> bool:
         """End a stop's drain at its next round (safe in a signal handler: takes no lock):
         what clients sent and were not answered stays unanswered, and their clients raise
-        ServerGone. Before stop(), the stop it asks for skips the drain as well."""
+        ServerGone. Before stop(), the stop it asks for skips the drain as well. True when
+        the loop had not ended yet; False when there was no drain left to end (the loop
+        had returned, the server is closed, or this is a forked child, which does not own
+        the loop)."""
         w = self._worker            # once: stop() may clear it meanwhile
         if w is not None and os.getpid() == self._pid:
-            w.stop(force=True)
+            return w.stop(force=True)
+        return False
 
     def __enter__(self) -> "Server":
         return self
@@ -212,8 +225,30 @@ class Server:
 
     def __repr__(self) -> str:
         w = self._worker        # once: another thread's stop() may clear it between two reads
-        state = w.state if w is not None else "closed"
+        if w is None:
+            state = "closed"
+        elif os.getpid() != self._pid:
+            # a forked child: w.state raised ServeError out of repr()
+            state = f"served by process {self._pid}"
+        else:
+            state = w.state
         return f"Server(name={self.name!r}, state={state!r})"
+
+
+def _seconds_arg(what: str, v, lo_open: bool = False, none: str = "") -> float:
+    """v as a finite number of seconds (>= 0, or > 0 with lo_open), else an InputError
+    naming `what`; `none`: what None would have meant, for the message."""
+    import math
+    import numbers
+
+    import numpy as np
+    from fastpath.errors import InputError
+    ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real)
+          and math.isfinite(v) and (v > 0 if lo_open else v >= 0))
+    if not ok:
+        raise InputError(f"{what} must be a finite number of seconds "
+                         f"{'> 0' if lo_open else '>= 0'}{none}, got {v!r}")
+    return float(v)
 
 
 def segment_line(seg: dict) -> str:
@@ -283,11 +318,18 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
     held = {}
 
     def on_signal(signum, _frame):
-        if stop.is_set() and "srv" in held:
+        if stop.is_set():
+            if "srv" not in held:
+                # the second signal while the server starts (a placement or a model load
+                # that takes long): it waited out start_timeout (10 s), deaf to Ctrl-C;
+                # Server() gives the start up (removing its segment) on this interrupt
+                raise KeyboardInterrupt
             # the second signal: a drain behind a client that does not take its answers
-            # waits drain_timeout_ms (up to a minute), and Ctrl-C did nothing meanwhile
-            held["forced"] = True
-            held["srv"].end_drain()
+            # waits drain_timeout_ms (up to a minute), and Ctrl-C did nothing meanwhile.
+            # Only a drain still under way is ended: one that had finished answered all
+            # (a signal landing after it said otherwise, and exited 130)
+            if held["srv"].end_drain():
+                held["forced"] = True
         stop.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -319,10 +361,18 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
         print(f"stopped {name!r}" + (f": {st['served']} served, {st['errors']} errors" if st
                                      else ""), file=out, flush=True)
         if held.get("forced"):
-            print("fastpath serve: the drain was ended by a second signal: requests clients "
-                  "sent and were not answered stay unanswered (their clients raise "
-                  "ServerGone)", file=sys.stderr, flush=True)
+            left = f"{st['queue_depth']} request(s)" if st else "requests"
+            print(f"fastpath serve: the drain was ended by a second signal: {left} clients "
+                  f"sent stay unanswered (their clients raise ServerGone)", file=sys.stderr,
+                  flush=True)
             return 130
+        if st and st["queue_depth"]:
+            # the drain gave up on a client that took no answers: that was said nowhere, as
+            # if every request had been answered
+            print(f"fastpath serve: the drain ended after [serve] drain_timeout_ms = "
+                  f"{srv.serve_config.drain_timeout_ms} with {st['queue_depth']} request(s) "
+                  f"clients sent unanswered (held behind answers their clients did not take; "
+                  f"they raise ServerGone)", file=sys.stderr, flush=True)
         return 0
     finally:
         for s, h in old.items():

@@ -30,12 +30,20 @@ static int step(fp_client *c, const float *raw, int32_t sym, int64_t ts, fp_rep 
     uint64_t seq;
     long spins = 0;
     int rc;
-    while ((rc = fp_client_try_submit(c, raw, sym, ts, &seq)) == FP_RING_FULL)
+    /* a full ring waits for room, but not for a server that died meanwhile (kill -9 leaves
+     * the ring full and the state RUNNING: only the heartbeat and the pid tell) */
+    while ((rc = fp_client_try_submit(c, raw, sym, ts, &seq)) == FP_RING_FULL) {
+        if ((++spins & 1023) == 0 &&
+            fp_seg_server_check(c->h, fp_ring_now_ns(), (int64_t)c->h->stall_ms * 1000000LL) != FP_SRV_ALIVE)
+            return 4;
         FP_RING_PAUSE();
-    /* FP_RING_ERR_RECLAIMED: the server took this client's rings back (its pid looked dead
+    }
+    /* FP_RING_ERR_GONE: the server is stopping (it takes no new request) or stopped;
+     * FP_RING_ERR_RECLAIMED: the server took this client's rings back (its pid looked dead
      * from the server's PID namespace); nothing was submitted, no reply will come */
     if (rc != FP_RING_OK)
         return 4;
+    spins = 0;
     for (;;) {
         if (fp_client_poll_spin(c, rep)) {
             if (rep->seq == seq)
