@@ -143,3 +143,34 @@ def test_the_generic_unsupported_op_hint_names_the_tree_ops_too(tmp_path):
     with pytest.raises(ModelError, match=r"unsupported ONNX op 'Abs'.* and tree ensembles "
                                          r"\(TreeEnsembleRegressor / TreeEnsembleClassifier\)"):
         Model.from_onnx(p)
+
+
+def _stump(**kw):
+    from fastpath.model import TreeEnsemble
+    return TreeEnsemble(2, 1, [0, 3], [0, 6, 6], [1, 0, 0], [0.5, 0, 0], [1, -1, -1],
+                        [2, -1, -1], [0, 0, 0], [1, 2], [0, 0], [1.0, -1.0], **kw)
+
+
+@pytest.mark.parametrize("build", [
+    lambda a: Model.load(DEMO_MODEL).with_weights(a("bf16")),
+    lambda a: Model.load(DEMO_MODEL).__class__(Model.load(DEMO_MODEL).layers, post=a("none")),
+    lambda a: __import__("fastpath.model", fromlist=["Layer"]).Layer(
+        [[1.0, 2.0]], [0.0], a("relu")),
+    lambda a: _stump(aggregate=a("SUM")),
+    lambda a: _stump(post_transform=a("NONE")),
+], ids=["weights", "post", "activation", "aggregate", "post_transform"])
+def test_a_numpy_array_for_a_named_choice_is_refused(build):
+    # np.array(['bf16']) == 'bf16' is array([True]), so `in` took it: the model kept the
+    # array, Engine(model) raised TypeError "unhashable type: 'numpy.ndarray'", and
+    # Model.save wrote a bundle whose own reader refused it (a list where a name belongs)
+    import numpy as np
+    with pytest.raises(ModelError, match=r"array\(\[.*not supported; expected one of"):
+        build(lambda s: np.array([s]))
+
+
+def test_a_numpy_string_for_a_named_choice_is_kept_as_str():
+    import numpy as np
+    from fastpath.model import Layer
+    assert type(Model.load(DEMO_MODEL).with_weights(np.str_("bf16")).weights) is str
+    assert type(Layer([[1.0]], [0.0], np.str_("tanh")).activation) is str
+    assert type(_stump(aggregate=np.str_("MAX")).aggregate) is str

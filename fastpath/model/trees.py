@@ -166,12 +166,16 @@ class TreeEnsemble:
                              f"{self.classifier!r}")
         if self.n_targets > MAX_TARGETS:
             raise ModelError(f"tree ensemble has {self.n_targets} targets, at most {MAX_TARGETS}")
-        if self.aggregate not in AGGREGATES:
+        # strings, as str: `in` alone took np.array(['SUM']) (== 'SUM' is array([True])),
+        # which broke the ensemble's hash and was saved as a list the bundle reader refused
+        if not isinstance(self.aggregate, str) or self.aggregate not in AGGREGATES:
             raise ModelError(f"tree ensemble aggregate {self.aggregate!r} not supported; "
                              f"expected one of {AGGREGATES}")
-        if self.post_transform not in POST_TRANSFORMS:
+        if not isinstance(self.post_transform, str) or self.post_transform not in POST_TRANSFORMS:
             raise ModelError(f"tree ensemble post transform {self.post_transform!r} not "
                              f"supported; expected one of {POST_TRANSFORMS}")
+        object.__setattr__(self, "aggregate", str(self.aggregate))
+        object.__setattr__(self, "post_transform", str(self.post_transform))
         off = _arr(self.tree_offsets, np.int32, "tree_offsets")
         if off.size < 2 or off[0] != 0 or np.any(np.diff(off) < 1):
             raise ModelError("tree ensemble tree_offsets must start at 0 and grow by at least "

@@ -47,6 +47,13 @@ CACHE_KEYS = {
 }
 
 
+def _one_of(v: Any, choices: Sequence[str]) -> bool:
+    """Whether v is one of the named choices, as a string: `in` alone took a numpy array
+    (np.array(['relu']) == 'relu' is array([True])), which then broke the model's hash (the
+    Engine's "unhashable type") and was saved as a list the bundle reader refused."""
+    return isinstance(v, str) and v in choices
+
+
 def validate_cache_policy(obj: Any, prefix: str = "cache") -> None:
     """Check each cache key of `obj` (a CachePolicy or config section) against CACHE_KEYS."""
     for k, (typ, lo, hi, ch) in CACHE_KEYS.items():
@@ -119,9 +126,10 @@ class Layer:
             raise ModelError(f"bias has {b.shape[0]} values but weight has {w.shape[0]} rows")
         if not (1 <= w.shape[0] <= MAX_WIDTH and 1 <= w.shape[1] <= MAX_WIDTH):
             raise ModelError(f"layer shape {w.shape} outside 1..{MAX_WIDTH}")
-        if self.activation not in ACTIVATIONS:
+        if not _one_of(self.activation, ACTIVATIONS):
             raise ModelError(f"activation {self.activation!r} not supported; expected one of "
                              f"{ACTIVATIONS}")
+        object.__setattr__(self, "activation", str(self.activation))
         object.__setattr__(self, "weight", _frozen(w))
         object.__setattr__(self, "bias", _frozen(b))
 
@@ -676,9 +684,13 @@ class Model:
     input_scaler: InputScaler | None = None
 
     def __post_init__(self) -> None:
-        if self.weights not in WEIGHT_TYPES:
+        if not _one_of(self.weights, WEIGHT_TYPES):
             raise ModelError(f"weights {self.weights!r} not supported; expected one of "
                              f"{list(WEIGHT_TYPES)}")
+        if not _one_of(self.post, POSTS):
+            raise ModelError(f"post transform {self.post!r} not supported; expected one of {POSTS}")
+        object.__setattr__(self, "weights", str(self.weights))
+        object.__setattr__(self, "post", str(self.post))
         if self.input_scaler is not None and not isinstance(self.input_scaler, InputScaler):
             raise ModelError(f"input_scaler must be a fastpath.model.types.InputScaler or None, "
                              f"got {type(self.input_scaler).__name__}")
@@ -698,8 +710,6 @@ class Model:
             if i and l.weight.shape[1] != layers[i - 1].weight.shape[0]:
                 raise ModelError(f"layer {i} takes {l.weight.shape[1]} inputs but layer {i - 1} "
                                  f"gives {layers[i - 1].weight.shape[0]}")
-        if self.post not in POSTS:
-            raise ModelError(f"post transform {self.post!r} not supported; expected one of {POSTS}")
         width = layers[-1].weight.shape[0]
         if self.post == "logistic2" and width != 1:
             raise ModelError(f"post 'logistic2' turns one logit into two probabilities; the last "
