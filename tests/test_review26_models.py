@@ -174,3 +174,25 @@ def test_a_numpy_string_for_a_named_choice_is_kept_as_str():
     assert type(Model.load(DEMO_MODEL).with_weights(np.str_("bf16")).weights) is str
     assert type(Layer([[1.0]], [0.0], np.str_("tanh")).activation) is str
     assert type(_stump(aggregate=np.str_("MAX")).aggregate) is str
+
+
+@pytest.mark.parametrize("call", [
+    lambda b: __import__("fastpath").Engine(b),
+    lambda b: Model.load(b),
+    lambda b: Model.from_onnx(b),
+], ids=["Engine", "Model.load", "Model.from_onnx"])
+def test_a_bundles_bytes_given_as_the_model_path_name_from_bytes(call):
+    # it was open()'s ValueError "embedded null byte", naming neither the mistake nor the fix
+    with pytest.raises(ModelError, match=r"takes a file path, got the bytes of a fastpath "
+                                         r"bundle \(\d+ bytes\); read them with "
+                                         r"Model.from_bytes\(blob\)"):
+        call(DEMO)
+
+
+@pytest.mark.parametrize("path", ["a\0b.fpm", "a\0b.onnx", b"x\0.fpm"])
+def test_a_path_with_a_nul_is_a_model_error(path, tmp_path):
+    import fastpath
+    for call in (fastpath.Engine, Model.load, Model.from_onnx,
+                 lambda p: Model.load(DEMO_MODEL).save(p)):
+        with pytest.raises(ModelError, match="holds a NUL character"):
+            call(path)

@@ -235,7 +235,16 @@ def _path(path, what: str) -> str:
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ModelError(f"{what} takes a file path (str or os.PathLike), got "
                          f"{type(path).__name__} {path!r}")
-    return os.fsdecode(path)
+    if isinstance(path, bytes) and path.startswith(MAGIC[:-1]):
+        # a bundle's bytes (Model.to_bytes, a blob from a store) handed over as the model:
+        # open() said "embedded null byte", a ValueError naming nothing
+        raise ModelError(f"{what} takes a file path, got the bytes of a fastpath bundle "
+                         f"({len(path)} bytes); read them with Model.from_bytes(blob)")
+    name = os.fsdecode(path)
+    if "\0" in name:
+        raise ModelError(f"{what}: the path {name[:60]!r} holds a NUL character; a file path "
+                         f"cannot (bytes of a file to read? Model.from_bytes takes a bundle's)")
+    return name
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
