@@ -196,3 +196,48 @@ def test_a_path_with_a_nul_is_a_model_error(path, tmp_path):
                  lambda p: Model.load(DEMO_MODEL).save(p)):
         with pytest.raises(ModelError, match="holds a NUL character"):
             call(path)
+
+
+def _linear_classifier(tmp_path, post_transform):
+    import numpy as np
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    attrs = dict(coefficients=[3.0, -1.0, 0.5, 0.5, -3.0, 1.0], intercepts=[0.2, 0.0, -0.2],
+                 classlabels_ints=[0, 1, 2])
+    if post_transform is not None:
+        attrs["post_transform"] = post_transform
+    node = helper.make_node("LinearClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml",
+                            **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                      [None, 2])],
+                          [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+                           helper.make_tensor_value_info("scores", TensorProto.FLOAT,
+                                                         [None, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.ml", 1)])
+    p = tmp_path / f"lc_{post_transform}.onnx"
+    onnx.save(m, str(p))
+    return p, np
+
+
+@pytest.mark.parametrize("pt", [None, "NONE"])
+def test_decision_scores_of_a_linear_classifier_need_a_head(tmp_path, pt):
+    # a LinearClassifier without a post transform (RidgeClassifier, LinearSVC as skl2onnx
+    # writes them) returns raw decision scores; the classifier3 head it was given read them
+    # as probabilities: on a RidgeClassifier the engine's signal reached +-4 and its
+    # confidence -0.3 and 1.8, outside [-1, 1] and [0, 1]
+    from fastpath import Engine
+    from fastpath.model import Head
+    p, np = _linear_classifier(tmp_path, pt)
+    with pytest.raises(ModelError, match=r"LinearClassifier node .* writes decision scores "
+                                         r"\(post_transform NONE.*give a head for the scores"):
+        Model.from_onnx(p)
+    m = Model.from_onnx(p, head=Head("regression", outputs=(2,)))
+    r = Engine(m).step(np.array([2.0, -2.0], np.float32))
+    assert -1.0 <= r.signal <= 1.0 and 0.0 <= r.confidence <= 1.0
+
+
+@pytest.mark.parametrize("pt", ["LOGISTIC", "SOFTMAX"])
+def test_probabilities_of_a_linear_classifier_keep_the_classifier_head(tmp_path, pt):
+    p, _ = _linear_classifier(tmp_path, pt)
+    assert Model.from_onnx(p).head_spec.kind == "classifier3"

@@ -1038,6 +1038,15 @@ class Model:
             n_out = 2 if g["post"] == "logistic2" else layers[-1].weight.shape[0]
             if head is None and g["classifier"] and n_out in (2, 3):
                 head = Head("classifier2" if n_out == 2 else "classifier3")
+            if head is None and g.get("scores") is not None:
+                raise ModelError(
+                    f"LinearClassifier node {g['scores']!r} writes decision scores "
+                    f"(post_transform NONE, as RidgeClassifier and LinearSVC export), not "
+                    f"class probabilities: a classifier head would read them as "
+                    f"probabilities (signals beyond +-1, confidences beyond [0, 1]); give a "
+                    f"head for the scores, e.g. head=Head('regression', outputs=(i,)), or "
+                    f"export a classifier with probabilities (LogisticRegression, "
+                    f"CalibratedClassifierCV)")
             return cls(layers, fs, CachePolicy(enabled=False),
                        {"source": os.path.basename(name), "onnx_output": g["output"]}, g["post"],
                        head, input_scaler=sc)
