@@ -241,3 +241,50 @@ def test_decision_scores_of_a_linear_classifier_need_a_head(tmp_path, pt):
 def test_probabilities_of_a_linear_classifier_keep_the_classifier_head(tmp_path, pt):
     p, _ = _linear_classifier(tmp_path, pt)
     assert Model.from_onnx(p).head_spec.kind == "classifier3"
+
+
+def _classifier(weights, base=(), post="NONE", n_classes=3):
+    """One stump per class: leaf weights for every class on both leaves."""
+    from fastpath.model import TreeEnsemble
+    n = len(weights)
+    wn, wt, wv = [], [], []
+    for k, (lo, hi) in enumerate(weights):
+        for j in range(n_classes):
+            wn += [3 * k + 1, 3 * k + 2]
+            wt += [j, j]
+            wv += [lo[j], hi[j]]
+    return TreeEnsemble(2, n_classes, [3 * k for k in range(n + 1)], [0, 6, 6] * n,
+                        [0, 0, 0] * n, [0.0, 0, 0] * n, [1, -1, -1] * n, [2, -1, -1] * n,
+                        [0, 0, 0] * n, wn, wt, wv, list(base), "SUM", post, True)
+
+
+def test_a_tree_classifier_without_probabilities_needs_a_head():
+    # XGBoost's multi:softmax, as onnxmltools exports it: raw margins, post NONE; the
+    # classifier3 head it got read them as probabilities (signals of +-2.3, confidence 1.4)
+    import numpy as np
+    from fastpath import Engine
+    from fastpath.model import Head
+    margins = _classifier([((-1.5, 0.2, 1.9), (2.0, -0.3, -1.8))])
+    with pytest.raises(ModelError, match=r"the tree classifier's outputs are not class "
+                                         r"probabilities \(post transform NONE, leaf sums "
+                                         r"outside \[0, 1\].*give a head"):
+        Model((), None, trees=margins)
+    m = Model((), None, trees=margins, head_spec=Head("regression", outputs=(2,)))
+    r = Engine(m).step(np.array([1.0, 0.0], np.float32))
+    assert -1.0 <= r.signal <= 1.0 and 0.0 <= r.confidence <= 1.0
+    with pytest.raises(ModelError, match=r"post transform PROBIT"):
+        Model((), None, trees=_classifier([((0.1, 0.2, 0.3), (0.3, 0.2, 0.1))], post="PROBIT"))
+    with pytest.raises(ModelError, match=r"not class probabilities"):
+        # two classes with two base values: onnxruntime writes [-s, s]
+        Model((), None, trees=_classifier([((0.1, 0.2), (0.3, 0.4))], base=(0.1, 0.1),
+                                          n_classes=2))
+
+
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX"])
+def test_a_tree_classifier_with_probabilities_keeps_the_classifier_head(post):
+    # a random forest's averaged votes (two trees of halves: the sums stay within 1), and any
+    # LOGISTIC / SOFTMAX output, are probabilities
+    votes = _classifier([((0.5, 0.0, 0.0), (0.0, 0.0, 0.5)), ((0.0, 0.5, 0.0), (0.25, 0.0, 0.25))],
+                        post=post)
+    assert votes.gives_probabilities()
+    assert Model((), None, trees=votes).head_spec.kind == "classifier3"

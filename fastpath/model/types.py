@@ -784,6 +784,16 @@ class Model:
         n_out = t.n_outputs
         head = self.head_spec
         if head is None:
+            if t.classifier and n_out in (2, 3) and not t.gives_probabilities():
+                # a classifier head reads its outputs as probabilities: these are not, and
+                # the signal and confidence would leave [-1, 1] and [0, 1]
+                raise ModelError(f"the tree classifier's outputs are not class probabilities "
+                                 f"(post transform {t.post_transform}"
+                                 f"{', leaf sums outside [0, 1]' if t.post_transform == 'NONE' else ''}"
+                                 f"; XGBoost's multi:softmax exports raw margins so), which "
+                                 f"the classifier heads read; give a head for them, e.g. "
+                                 f"Head('regression', outputs=(i,)), or export probabilities "
+                                 f"(multi:softprob, a LOGISTIC / SOFTMAX post transform)")
             if t.classifier and n_out in (2, 3):
                 head = Head("classifier2" if n_out == 2 else "classifier3")
             elif not t.classifier and n_out in (1, 2):
