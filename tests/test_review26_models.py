@@ -288,3 +288,21 @@ def test_a_tree_classifier_with_probabilities_keeps_the_classifier_head(post):
                         post=post)
     assert votes.gives_probabilities()
     assert Model((), None, trees=votes).head_spec.kind == "classifier3"
+
+
+def test_a_bundle_named_onnx_and_an_onnx_file_named_otherwise_say_which_they_are(tmp_path):
+    # Engine(path) and the CLI pick the reader by the suffix: a bundle named .onnx was "not a
+    # readable ONNX model (DecodeError: ...)", an ONNX file named model.bin "bad magic
+    # b'\x08\x04...'", neither naming what the file is
+    import shutil
+    import fastpath
+    pytest.importorskip("onnx")
+    shutil.copy(DEMO_MODEL, tmp_path / "demo.onnx")
+    with pytest.raises(ModelError, match=r"demo.onnx is a fastpath bundle, not ONNX: name it "
+                                         r"\.fpm, or read it with Model.load"):
+        fastpath.Engine(str(tmp_path / "demo.onnx"))
+    fastpath.Model.load(DEMO_MODEL).to_onnx(tmp_path / "m.onnx")
+    shutil.copy(tmp_path / "m.onnx", tmp_path / "m.bin")
+    with pytest.raises(ModelError, match=r"it looks like an ONNX file: name it \.onnx or read "
+                                         r"it with Model.from_onnx"):
+        fastpath.Engine(str(tmp_path / "m.bin"))

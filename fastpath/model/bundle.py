@@ -300,8 +300,12 @@ def load(path: str | os.PathLike) -> Model:
             # a file shorter than the magic but its start (a bundle cut short) goes on to
             # from_bytes, which calls it truncated, not a file of another kind
             if not head or head[:len(MAGIC) - 1] != MAGIC[:min(len(head), len(MAGIC) - 1)]:
+                # an ONNX file opens with its ir_version field (protobuf tag 0x08): a model
+                # named otherwise (model.bin) was read as a bundle, by its suffix
+                hint = ("; it looks like an ONNX file: name it .onnx or read it with "
+                        "Model.from_onnx" if head[:1] == b"\x08" else "")
                 raise ModelError(f"{os.fspath(path)} is not a fastpath model bundle (.fpm): bad "
-                                 f"magic {head!r}, expected {MAGIC!r}")
+                                 f"magic {head!r}, expected {MAGIC!r}{hint}")
             blob = head + f.read()
     except OSError as exc:
         raise ModelError(f"cannot read model file {os.fspath(path)!r}: {exc.strerror}") from None

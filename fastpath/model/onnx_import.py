@@ -375,6 +375,15 @@ def read_onnx(path: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise ModelError(f"ONNX file {name!r} not found") from None
     except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types
+        try:
+            with open(name, "rb") as f:
+                bundle = f.read(7) == b"FPMODEL"
+        except OSError:
+            bundle = False
+        if bundle:
+            # read as ONNX by its suffix (Engine and the CLI choose the reader so)
+            raise ModelError(f"{name} is a fastpath bundle, not ONNX: name it .fpm, or read "
+                             f"it with Model.load") from None
         raise ModelError(f"{name} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
     if not model.HasField("graph"):
         # an empty file (a failed download, a file truncated to 0 bytes) parses as an empty
