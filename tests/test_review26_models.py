@@ -306,3 +306,11 @@ def test_a_bundle_named_onnx_and_an_onnx_file_named_otherwise_say_which_they_are
     with pytest.raises(ModelError, match=r"it looks like an ONNX file: name it \.onnx or read "
                                          r"it with Model.from_onnx"):
         fastpath.Engine(str(tmp_path / "m.bin"))
+
+
+@pytest.mark.parametrize("value", [False, 0, "x"])
+def test_a_damaged_scaler_layout_is_named_on_a_bundle_without_scaler_arrays(value):
+    # it was "the array table does not match ...: missing arrays ['scaler.offset', ...]"
+    with pytest.raises(ModelError, match=r"input_scaler must be 'after_feature_spec' \(or "
+                                         r"absent\), got"):
+        Model.from_bytes(_edited(DEMO, lambda h: h.__setitem__("input_scaler", value)))

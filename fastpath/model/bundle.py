@@ -134,7 +134,16 @@ def _expected_arrays(header: dict) -> list:
     if _obj(header.get("trees"), "trees", optional=True) is not None:
         names += [f"trees.{k}" for k in _TREE_ARRAYS]
     names += ["fs.z_idx", "fs.w_idx", "fs.mean", "fs.inv_std"]
-    if header.get("input_scaler") is not None:
+    sj = header.get("input_scaler")
+    # the layout is checked before the arrays are: a damaged value (false, 0) on a bundle
+    # without scaler arrays was "missing arrays ['scaler.offset', ...]", not its name
+    if sj is True:
+        raise ModelError("input_scaler true: the layout of a development build that never "
+                         "shipped (its feature spec holds the scaler too, which would run "
+                         "twice); import the model's ONNX file again and save it")
+    if sj is not None and sj != SCALER_AFTER_SPEC:
+        raise ModelError(f"input_scaler must be {SCALER_AFTER_SPEC!r} (or absent), got {sj!r}")
+    if sj is not None:
         names += ["scaler.offset", "scaler.scale"]
     return names
 
@@ -437,14 +446,7 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
                                  *[arrays[f"trees.{k}"] for k in _TREE_ARRAYS[:10]],
                                  arrays["trees.base_values"], tj["aggregate"],
                                  tj["post_transform"], tj["classifier"])
-        sj = header.get("input_scaler")
-        if sj is True:
-            raise ModelError("input_scaler true: the layout of a development build that never "
-                             "shipped (its feature spec holds the scaler too, which would run "
-                             "twice); import the model's ONNX file again and save it")
-        if sj is not None and sj != SCALER_AFTER_SPEC:
-            raise ModelError(f"input_scaler must be {SCALER_AFTER_SPEC!r} (or absent), got "
-                             f"{sj!r}")
+        sj = header.get("input_scaler")      # its value checked by _expected_arrays
         scaler = None if sj is None else InputScaler(arrays["scaler.offset"],
                                                      arrays["scaler.scale"])
         # bundles written before weight formats existed ran fp32
