@@ -314,3 +314,15 @@ def test_a_damaged_scaler_layout_is_named_on_a_bundle_without_scaler_arrays(valu
     with pytest.raises(ModelError, match=r"input_scaler must be 'after_feature_spec' \(or "
                                          r"absent\), got"):
         Model.from_bytes(_edited(DEMO, lambda h: h.__setitem__("input_scaler", value)))
+
+
+def test_calibrate_on_decision_scores_says_how_to_give_a_head_from_the_command_line(
+        tmp_path, capsys):
+    from fastpath.cli import main
+    p, np = _linear_classifier(tmp_path, "NONE")
+    np.save(tmp_path / "t.npy", np.random.default_rng(0).normal(size=(50, 2)).astype(np.float32))
+    rc = main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p),
+               "--out", str(tmp_path / "o.fpm")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "writes decision scores" in err
+    assert "for the command line, import it once with the head and save it" in err

@@ -47,6 +47,11 @@ CACHE_KEYS = {
 }
 
 
+# the command line (calibrate, serve, doctor) takes a model file and no head: how to give one
+_CLI_HEAD = ("; for the command line, import it once with the head and save it, "
+             "Model.from_onnx(path, head=...).save('model.fpm'), and give the .fpm")
+
+
 def _one_of(v: Any, choices: Sequence[str]) -> bool:
     """Whether v is one of the named choices, as a string: `in` alone took a numpy array
     (np.array(['relu']) == 'relu' is array([True])), which then broke the model's hash (the
@@ -793,7 +798,8 @@ class Model:
                                  f"; XGBoost's multi:softmax exports raw margins so), which "
                                  f"the classifier heads read; give a head for them, e.g. "
                                  f"Head('regression', outputs=(i,)), or export probabilities "
-                                 f"(multi:softprob, a LOGISTIC / SOFTMAX post transform)")
+                                 f"(multi:softprob, a LOGISTIC / SOFTMAX post transform)"
+                                 f"{_CLI_HEAD}")
             if t.classifier and n_out in (2, 3):
                 head = Head("classifier2" if n_out == 2 else "classifier3")
             elif not t.classifier and n_out in (1, 2):
@@ -1056,7 +1062,7 @@ class Model:
                     f"probabilities (signals beyond +-1, confidences beyond [0, 1]); give a "
                     f"head for the scores, e.g. head=Head('regression', outputs=(i,)), or "
                     f"export a classifier with probabilities (LogisticRegression, "
-                    f"CalibratedClassifierCV)")
+                    f"CalibratedClassifierCV){_CLI_HEAD}")
             return cls(layers, fs, CachePolicy(enabled=False),
                        {"source": os.path.basename(name), "onnx_output": g["output"]}, g["post"],
                        head, input_scaler=sc)
