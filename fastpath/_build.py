@@ -85,7 +85,8 @@ def load_model(model: Any):
         return model
     # bytes too, as Model.load and open() take a path
     if isinstance(model, (str, bytes, os.PathLike)):
-        p = os.fsdecode(model)
+        from fastpath.model.bundle import _path
+        p = _path(model, "Engine(model)")
         if p.lower().endswith(".onnx"):
             return Model.from_onnx(p)
         return Model.load(p)

@@ -134,7 +134,16 @@ def _expected_arrays(header: dict) -> list:
     if _obj(header.get("trees"), "trees", optional=True) is not None:
         names += [f"trees.{k}" for k in _TREE_ARRAYS]
     names += ["fs.z_idx", "fs.w_idx", "fs.mean", "fs.inv_std"]
-    if header.get("input_scaler") is not None:
+    sj = header.get("input_scaler")
+    # the layout is checked before the arrays are: a damaged value (false, 0) on a bundle
+    # without scaler arrays was "missing arrays ['scaler.offset', ...]", not its name
+    if sj is True:
+        raise ModelError("input_scaler true: the layout of a development build that never "
+                         "shipped (its feature spec holds the scaler too, which would run "
+                         "twice); import the model's ONNX file again and save it")
+    if sj is not None and sj != SCALER_AFTER_SPEC:
+        raise ModelError(f"input_scaler must be {SCALER_AFTER_SPEC!r} (or absent), got {sj!r}")
+    if sj is not None:
         names += ["scaler.offset", "scaler.scale"]
     return names
 
@@ -235,7 +244,16 @@ def _path(path, what: str) -> str:
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise ModelError(f"{what} takes a file path (str or os.PathLike), got "
                          f"{type(path).__name__} {path!r}")
-    return os.fsdecode(path)
+    if isinstance(path, bytes) and path.startswith(MAGIC[:-1]):
+        # a bundle's bytes (Model.to_bytes, a blob from a store) handed over as the model:
+        # open() said "embedded null byte", a ValueError naming nothing
+        raise ModelError(f"{what} takes a file path, got the bytes of a fastpath bundle "
+                         f"({len(path)} bytes); read them with Model.from_bytes(blob)")
+    name = os.fsdecode(path)
+    if "\0" in name:
+        raise ModelError(f"{what}: the path {name[:60]!r} holds a NUL character; a file path "
+                         f"cannot (bytes of a file to read? Model.from_bytes takes a bundle's)")
+    return name
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
@@ -291,8 +309,12 @@ def load(path: str | os.PathLike) -> Model:
             # a file shorter than the magic but its start (a bundle cut short) goes on to
             # from_bytes, which calls it truncated, not a file of another kind
             if not head or head[:len(MAGIC) - 1] != MAGIC[:min(len(head), len(MAGIC) - 1)]:
+                # an ONNX file opens with its ir_version field (protobuf tag 0x08): a model
+                # named otherwise (model.bin) was read as a bundle, by its suffix
+                hint = ("; it looks like an ONNX file: name it .onnx or read it with "
+                        "Model.from_onnx" if head[:1] == b"\x08" else "")
                 raise ModelError(f"{os.fspath(path)} is not a fastpath model bundle (.fpm): bad "
-                                 f"magic {head!r}, expected {MAGIC!r}")
+                                 f"magic {head!r}, expected {MAGIC!r}{hint}")
             blob = head + f.read()
     except OSError as exc:
         raise ModelError(f"cannot read model file {os.fspath(path)!r}: {exc.strerror}") from None
@@ -424,14 +446,7 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
                                  *[arrays[f"trees.{k}"] for k in _TREE_ARRAYS[:10]],
                                  arrays["trees.base_values"], tj["aggregate"],
                                  tj["post_transform"], tj["classifier"])
-        sj = header.get("input_scaler")
-        if sj is True:
-            raise ModelError("input_scaler true: the layout of a development build that never "
-                             "shipped (its feature spec holds the scaler too, which would run "
-                             "twice); import the model's ONNX file again and save it")
-        if sj is not None and sj != SCALER_AFTER_SPEC:
-            raise ModelError(f"input_scaler must be {SCALER_AFTER_SPEC!r} (or absent), got "
-                             f"{sj!r}")
+        sj = header.get("input_scaler")      # its value checked by _expected_arrays
         scaler = None if sj is None else InputScaler(arrays["scaler.offset"],
                                                      arrays["scaler.scale"])
         # bundles written before weight formats existed ran fp32

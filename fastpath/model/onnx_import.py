@@ -375,6 +375,15 @@ def read_onnx(path: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise ModelError(f"ONNX file {name!r} not found") from None
     except Exception as exc:  # noqa: BLE001 - protobuf raises several unrelated types
+        try:
+            with open(name, "rb") as f:
+                bundle = f.read(7) == b"FPMODEL"
+        except OSError:
+            bundle = False
+        if bundle:
+            # read as ONNX by its suffix (Engine and the CLI choose the reader so)
+            raise ModelError(f"{name} is a fastpath bundle, not ONNX: name it .fpm, or read "
+                             f"it with Model.load") from None
         raise ModelError(f"{name} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
     if not model.HasField("graph"):
         # an empty file (a failed download, a file truncated to 0 bytes) parses as an empty
@@ -472,6 +481,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
     pending = None          # (scale, shift) an elementwise affine waiting for the next layer
     post = "none"
     skip: set = set()
+    scores: list = []       # LinearClassifier nodes that write decision scores (post NONE)
 
     # the element type of the tensor the chain carries (None: not declared): a weight of
     # another type (float64 weights beside a float32 input, as numpy arrays make them) is a
@@ -806,6 +816,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 layers[-1][3] = True
             elif pt == "SOFTMAX":
                 post = "softmax"
+            elif pt == "NONE":
+                scores.append(node)
             elif pt != "NONE":
                 raise ModelError(f"{name}: LinearClassifier node {node.name!r} post_transform "
                                  f"{pt} is not supported (NONE, LOGISTIC, SOFTMAX are)")
@@ -889,10 +901,16 @@ def read_onnx(path: str | os.PathLike) -> dict:
     if pending is not None:
         raise ModelError(f"{name}: elementwise ops after the last layer's activation cannot be "
                          f"folded into a dense layer")
-    # class probabilities: a softmax / logistic2 output, or a LinearClassifier's scores
+    # class probabilities: a softmax / logistic2 output, or a LinearClassifier's sigmoids.
+    # A LinearClassifier without a post transform (RidgeClassifier, LinearSVC) writes decision
+    # scores, unbounded: read as probabilities by a classifier head they made signals of
+    # +-4 and confidences above 1 ("scores" names such a node; Model.from_onnx asks for a head)
     classifier = post != "none" or any(n.op_type == "LinearClassifier" for n in nodes)
+    if post != "none":
+        scores.clear()
     return {"layers": tuple((w, b, act) for w, b, act, _ in layers), "post": post,
-            "output": target, "classifier": classifier, "producer": model.producer_name,
+            "output": target, "classifier": classifier and not scores,
+            "scores": scores[0].name if scores else None, "producer": model.producer_name,
             "input": lead.result(k, name)}
 
 

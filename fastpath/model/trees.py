@@ -166,12 +166,16 @@ class TreeEnsemble:
                              f"{self.classifier!r}")
         if self.n_targets > MAX_TARGETS:
             raise ModelError(f"tree ensemble has {self.n_targets} targets, at most {MAX_TARGETS}")
-        if self.aggregate not in AGGREGATES:
+        # strings, as str: `in` alone took np.array(['SUM']) (== 'SUM' is array([True])),
+        # which broke the ensemble's hash and was saved as a list the bundle reader refused
+        if not isinstance(self.aggregate, str) or self.aggregate not in AGGREGATES:
             raise ModelError(f"tree ensemble aggregate {self.aggregate!r} not supported; "
                              f"expected one of {AGGREGATES}")
-        if self.post_transform not in POST_TRANSFORMS:
+        if not isinstance(self.post_transform, str) or self.post_transform not in POST_TRANSFORMS:
             raise ModelError(f"tree ensemble post transform {self.post_transform!r} not "
                              f"supported; expected one of {POST_TRANSFORMS}")
+        object.__setattr__(self, "aggregate", str(self.aggregate))
+        object.__setattr__(self, "post_transform", str(self.post_transform))
         off = _arr(self.tree_offsets, np.int32, "tree_offsets")
         if off.size < 2 or off[0] != 0 or np.any(np.diff(off) < 1):
             raise ModelError("tree ensemble tree_offsets must start at 0 and grow by at least "
@@ -374,6 +378,26 @@ class TreeEnsemble:
                              "transform: onnxruntime writes one of the two probability columns; "
                              "export both classes' weights")
         return {"single": int(named.sum()) == 1, "positive": bool(np.all(self.weight_value >= 0))}
+
+    def gives_probabilities(self) -> bool:
+        """Whether a classifier's outputs are class probabilities, each in [0, 1], on every
+        input: a LOGISTIC / SOFTMAX post transform makes them so; without one (NONE) the
+        leaf sums are, when no weight or base value is negative and the largest leaf sum of
+        each tree, added over the trees, stays within 1 (a random forest's averaged votes).
+        XGBoost's multi:softmax is exported with raw margins and NONE: read as probabilities
+        by a classifier head, they made signals of +-2.3 and confidences of 1.4. PROBIT maps
+        to z-scores, and a two-class NONE model with two base values writes [-s, s]."""
+        if not self.classifier or self.post_transform == "PROBIT":
+            return False
+        if self.post_transform != "NONE":
+            return True
+        if np.any(self.weight_value < 0) or np.any(self.base_values < 0) or \
+                (self.n_targets == 2 and self.base_values.size == 2):
+            return False
+        sums = np.bincount(self.weight_node, weights=self.weight_value.astype(np.float64),
+                           minlength=self.n_nodes)
+        most = np.maximum.reduceat(sums, self.tree_offsets[:-1].astype(np.int64)).sum()
+        return bool(most + float(self.base_values.astype(np.float64).sum()) <= 1.0 + 1e-5)
 
     # --------------------------------------------------- numpy reference
     def forward(self, x: np.ndarray) -> np.ndarray:

@@ -47,6 +47,18 @@ CACHE_KEYS = {
 }
 
 
+# the command line (calibrate, serve, doctor) takes a model file and no head: how to give one
+_CLI_HEAD = ("; for the command line, import it once with the head and save it, "
+             "Model.from_onnx(path, head=...).save('model.fpm'), and give the .fpm")
+
+
+def _one_of(v: Any, choices: Sequence[str]) -> bool:
+    """Whether v is one of the named choices, as a string: `in` alone took a numpy array
+    (np.array(['relu']) == 'relu' is array([True])), which then broke the model's hash (the
+    Engine's "unhashable type") and was saved as a list the bundle reader refused."""
+    return isinstance(v, str) and v in choices
+
+
 def validate_cache_policy(obj: Any, prefix: str = "cache") -> None:
     """Check each cache key of `obj` (a CachePolicy or config section) against CACHE_KEYS."""
     for k, (typ, lo, hi, ch) in CACHE_KEYS.items():
@@ -119,9 +131,10 @@ class Layer:
             raise ModelError(f"bias has {b.shape[0]} values but weight has {w.shape[0]} rows")
         if not (1 <= w.shape[0] <= MAX_WIDTH and 1 <= w.shape[1] <= MAX_WIDTH):
             raise ModelError(f"layer shape {w.shape} outside 1..{MAX_WIDTH}")
-        if self.activation not in ACTIVATIONS:
+        if not _one_of(self.activation, ACTIVATIONS):
             raise ModelError(f"activation {self.activation!r} not supported; expected one of "
                              f"{ACTIVATIONS}")
+        object.__setattr__(self, "activation", str(self.activation))
         object.__setattr__(self, "weight", _frozen(w))
         object.__setattr__(self, "bias", _frozen(b))
 
@@ -676,9 +689,13 @@ class Model:
     input_scaler: InputScaler | None = None
 
     def __post_init__(self) -> None:
-        if self.weights not in WEIGHT_TYPES:
+        if not _one_of(self.weights, WEIGHT_TYPES):
             raise ModelError(f"weights {self.weights!r} not supported; expected one of "
                              f"{list(WEIGHT_TYPES)}")
+        if not _one_of(self.post, POSTS):
+            raise ModelError(f"post transform {self.post!r} not supported; expected one of {POSTS}")
+        object.__setattr__(self, "weights", str(self.weights))
+        object.__setattr__(self, "post", str(self.post))
         if self.input_scaler is not None and not isinstance(self.input_scaler, InputScaler):
             raise ModelError(f"input_scaler must be a fastpath.model.types.InputScaler or None, "
                              f"got {type(self.input_scaler).__name__}")
@@ -698,8 +715,6 @@ class Model:
             if i and l.weight.shape[1] != layers[i - 1].weight.shape[0]:
                 raise ModelError(f"layer {i} takes {l.weight.shape[1]} inputs but layer {i - 1} "
                                  f"gives {layers[i - 1].weight.shape[0]}")
-        if self.post not in POSTS:
-            raise ModelError(f"post transform {self.post!r} not supported; expected one of {POSTS}")
         width = layers[-1].weight.shape[0]
         if self.post == "logistic2" and width != 1:
             raise ModelError(f"post 'logistic2' turns one logit into two probabilities; the last "
@@ -774,6 +789,17 @@ class Model:
         n_out = t.n_outputs
         head = self.head_spec
         if head is None:
+            if t.classifier and n_out in (2, 3) and not t.gives_probabilities():
+                # a classifier head reads its outputs as probabilities: these are not, and
+                # the signal and confidence would leave [-1, 1] and [0, 1]
+                raise ModelError(f"the tree classifier's outputs are not class probabilities "
+                                 f"(post transform {t.post_transform}"
+                                 f"{', leaf sums outside [0, 1]' if t.post_transform == 'NONE' else ''}"
+                                 f"; XGBoost's multi:softmax exports raw margins so), which "
+                                 f"the classifier heads read; give a head for them, e.g. "
+                                 f"Head('regression', outputs=(i,)), or export probabilities "
+                                 f"(multi:softprob, a LOGISTIC / SOFTMAX post transform)"
+                                 f"{_CLI_HEAD}")
             if t.classifier and n_out in (2, 3):
                 head = Head("classifier2" if n_out == 2 else "classifier3")
             elif not t.classifier and n_out in (1, 2):
@@ -1028,6 +1054,15 @@ class Model:
             n_out = 2 if g["post"] == "logistic2" else layers[-1].weight.shape[0]
             if head is None and g["classifier"] and n_out in (2, 3):
                 head = Head("classifier2" if n_out == 2 else "classifier3")
+            if head is None and g.get("scores") is not None:
+                raise ModelError(
+                    f"LinearClassifier node {g['scores']!r} writes decision scores "
+                    f"(post_transform NONE, as RidgeClassifier and LinearSVC export), not "
+                    f"class probabilities: a classifier head would read them as "
+                    f"probabilities (signals beyond +-1, confidences beyond [0, 1]); give a "
+                    f"head for the scores, e.g. head=Head('regression', outputs=(i,)), or "
+                    f"export a classifier with probabilities (LogisticRegression, "
+                    f"CalibratedClassifierCV){_CLI_HEAD}")
             return cls(layers, fs, CachePolicy(enabled=False),
                        {"source": os.path.basename(name), "onnx_output": g["output"]}, g["post"],
                        head, input_scaler=sc)
