@@ -25,6 +25,29 @@ from fastpath.model import CachePolicy
 from test_serve import PKG_ROOT, cfg, deadline, uname
 
 
+def serve_cli(tmp_path, name, serve_toml=""):
+    """`fastpath serve --name name` in a child process (unplaced, idle = "yield"), its
+    [serve] table extended by serve_toml; stdout and stderr piped as text."""
+    conf = tmp_path / "serve.toml"
+    conf.write_text('[serve]\nplace = false\nidle = "yield"\n' + serve_toml)
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    return subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
+                             "--config", str(conf)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+
+
+def held_server(name):
+    """A server whose drain can be held (2-slot rings, on_full "reject", a 60 s drain) and
+    one client of it: (srv, c); _stuck(srv, c) then holds the drain."""
+    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
+                                          drain_timeout_ms=60_000))
+    try:
+        return srv, fastpath.connect(name, timeout=5)
+    except BaseException:
+        srv.stop()
+        raise
+
+
 def _stuck(srv, c):
     """Leave c with its reply ring full and one request the drain must wait for."""
     raw = np.zeros(c.raw_len, np.float32)
@@ -37,9 +60,7 @@ def _stuck(srv, c):
 
 def test_end_drain_ends_a_drain_held_by_a_client_that_takes_no_answers():
     name = uname()
-    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
-                                          drain_timeout_ms=60_000))
-    c = fastpath.connect(name, timeout=5)
+    srv, c = held_server(name)
     try:
         with deadline(60):
             _stuck(srv, c)
@@ -65,9 +86,7 @@ def test_end_drain_ends_a_drain_held_by_a_client_that_takes_no_answers():
 
 def test_end_drain_before_stop_skips_the_drain_and_a_plain_stop_does_not_undo_it():
     name = uname()
-    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
-                                          drain_timeout_ms=60_000))
-    c = fastpath.connect(name, timeout=5)
+    srv, c = held_server(name)
     try:
         with deadline(60):
             _stuck(srv, c)
@@ -80,14 +99,9 @@ def test_end_drain_before_stop_skips_the_drain_and_a_plain_stop_does_not_undo_it
 
 
 def test_second_signal_ends_the_drain_of_fastpath_serve(tmp_path):
-    conf = tmp_path / "serve.toml"
-    conf.write_text('[serve]\nplace = false\nidle = "yield"\nring_slots = 2\n'
-                    'on_full = "reject"\ndrain_timeout_ms = 60000\n')
     name = uname()
-    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
-                          "--config", str(conf)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    p = serve_cli(tmp_path, name, 'ring_slots = 2\non_full = "reject"\n'
+                                  'drain_timeout_ms = 60000\n')
     try:
         first = p.stdout.readline()
         assert first.startswith(f"serving '{name}'") and "a second one ends its drain" in first

@@ -45,7 +45,7 @@ from fastpath import InputError, RingFull, ServerGone
 from fastpath._serve import segment_path
 from fastpath.serving import server as server_mod
 from test_serve import PKG_ROOT, cfg, deadline, uname
-from test_review25_lead import _stuck
+from test_review25_lead import _stuck, held_server, serve_cli
 
 C_SUBMIT_AFTER_STOP = r"""
 #include "fp_ring.h"
@@ -99,9 +99,7 @@ def test_c_client_submit_is_refused_once_the_stop_begins(tmp_path):
                     f"-I{fastpath.get_include()}", str(src), "-o", str(exe)], check=True,
                    timeout=60)
     name = uname()
-    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
-                                          drain_timeout_ms=60_000))
-    c = fastpath.connect(name, timeout=5)
+    srv, c = held_server(name)
     p = subprocess.Popen([str(exe), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True)
     t = None
@@ -130,9 +128,7 @@ def test_c_client_submit_is_refused_once_the_stop_begins(tmp_path):
 
 def test_python_client_with_on_full_reject_is_told_the_server_is_stopping():
     name = uname()
-    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
-                                          drain_timeout_ms=60_000))
-    c = fastpath.connect(name, timeout=5)
+    srv, c = held_server(name)
     c2 = fastpath.connect(name, timeout=5)
     t = None
     try:
@@ -155,9 +151,7 @@ def test_python_client_with_on_full_reject_is_told_the_server_is_stopping():
 
 def test_end_drain_says_whether_there_was_a_drain_to_end():
     name = uname()
-    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
-                                          drain_timeout_ms=60_000))
-    c = fastpath.connect(name, timeout=5)
+    srv, c = held_server(name)
     t = None
     try:
         with deadline(60):
@@ -279,13 +273,8 @@ def test_a_submit_to_a_stopped_server_says_the_tick_was_not_sent():
 
 
 def test_step_that_gives_up_on_a_stalled_server_names_the_tick_it_sent(tmp_path):
-    conf = tmp_path / "serve.toml"
-    conf.write_text('[serve]\nplace = false\nidle = "yield"\n')
     name = uname()
-    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
-                          "--config", str(conf)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    p = serve_cli(tmp_path, name)
     try:
         assert p.stdout.readline().startswith(f"serving '{name}'")
         c = fastpath.connect(name, timeout=5, stall_timeout=0.2)
@@ -343,22 +332,17 @@ except fastpath.ServeError as exc:
 
 @pytest.mark.parametrize("how", ["step", "submit"])
 def test_close_from_a_signal_handler_during_a_wait_is_an_error_not_a_segfault(tmp_path, how):
-    conf = tmp_path / "serve.toml"
-    conf.write_text('[serve]\nplace = false\nidle = "yield"\nring_slots = 4\n'
-                    'on_full = "spin"\n')
     script = tmp_path / "client.py"
     script.write_text(CLOSE_IN_HANDLER)
     name = uname()
-    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
-                          "--config", str(conf)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    p = serve_cli(tmp_path, name, 'ring_slots = 4\non_full = "spin"\n')
     try:
         assert p.stdout.readline().startswith(f"serving '{name}'")
         # the wait's signal check ran the handler, which unmapped the rings the wait then
         # read: SIGSEGV (-11)
         r = subprocess.run([sys.executable, str(script), name, str(p.pid), how],
-                           capture_output=True, text=True, env=env, cwd=PKG_ROOT, timeout=120)
+                           capture_output=True, text=True, cwd=PKG_ROOT,
+                           env=dict(os.environ, PYTHONPATH=PKG_ROOT), timeout=120)
         assert r.returncode == 0, r.stderr
         assert "was closed while this call waited" in r.stdout
         if how == "step":
@@ -439,23 +423,19 @@ except fastpath.ServeError as exc:
 
 @pytest.mark.parametrize("how", ["poll", "step"])
 def test_an_answer_taken_inside_steps_wait_does_not_hang_it(tmp_path, how):
-    conf = tmp_path / "serve.toml"
-    conf.write_text('[serve]\nplace = false\nidle = "yield"\n')
     script = tmp_path / "client.py"
     # the helper that waits for SIGSTOP to land, from the close-in-handler script
     helper = CLOSE_IN_HANDLER[CLOSE_IN_HANDLER.index("def stopped"):
                               CLOSE_IN_HANDLER.index("os.kill(server_pid, signal.SIGSTOP)")]
     script.write_text(TAKE_IN_HANDLER.replace("got = []\n", "got = []\n" + helper, 1))
     name = uname()
-    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
-                          "--config", str(conf)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    p = serve_cli(tmp_path, name)
     try:
         assert p.stdout.readline().startswith(f"serving '{name}'")
         # it waited forever for an answer already taken (the server alive: no ServerGone)
         r = subprocess.run([sys.executable, str(script), name, str(p.pid), how],
-                           capture_output=True, text=True, env=env, cwd=PKG_ROOT, timeout=60)
+                           capture_output=True, text=True, cwd=PKG_ROOT,
+                           env=dict(os.environ, PYTHONPATH=PKG_ROOT), timeout=60)
         assert r.returncode == 0, r.stderr
         if how == "poll":
             assert r.stdout.startswith("raised: the answer to tick 2 was taken by a poll()")
@@ -469,14 +449,8 @@ def test_an_answer_taken_inside_steps_wait_does_not_hang_it(tmp_path, how):
 
 
 def test_fastpath_serve_says_what_a_drain_that_timed_out_left(tmp_path):
-    conf = tmp_path / "serve.toml"
-    conf.write_text('[serve]\nplace = false\nidle = "yield"\nring_slots = 2\n'
-                    'on_full = "reject"\ndrain_timeout_ms = 100\n')
     name = uname()
-    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
-                          "--config", str(conf)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    p = serve_cli(tmp_path, name, 'ring_slots = 2\non_full = "reject"\ndrain_timeout_ms = 100\n')
     try:
         assert p.stdout.readline().startswith(f"serving '{name}'")
         c = fastpath.connect(name, timeout=5)
