@@ -20,6 +20,13 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
+def one_of(v: Any, choices) -> bool:
+    """Whether v is one of the named choices, as a string: `in` alone took a numpy array
+    (np.array(['relu']) == 'relu' is array([True])), which then broke a model's hash (the
+    Engine's "unhashable type") and was saved as a list the bundle reader refused."""
+    return isinstance(v, str) and v in choices
+
+
 def plain(value: Any, typ) -> Any:
     """A numpy number given for a key of type `typ` as the Python value it holds: an integer
     for an int or float key, a floating for a float key, np.bool_ for a bool key (what a

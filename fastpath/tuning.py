@@ -235,8 +235,9 @@ def weights_error(model: Model, raws: np.ndarray, weights: str,
     outputs depends on the inputs (a model fed raw inputs of mixed scale moved by 0.8 with
     bf16 where z-scored features moved it by 0.01; see Model.with_weights)."""
     from fastpath._engine import Engine
+    from fastpath._checks import one_of
     from fastpath.model.types import WEIGHT_TYPES
-    if not isinstance(weights, str) or weights not in WEIGHT_TYPES:
+    if not one_of(weights, WEIGHT_TYPES):
         raise ModelError(f"weights {weights!r} not supported; expected one of {list(WEIGHT_TYPES)}")
     if model.trees is not None:
         raise ModelError("weights apply to an MLP's layers; this model is a tree ensemble")

@@ -38,7 +38,7 @@ def serve_cli(tmp_path, name, serve_toml=""):
 
 def held_server(name):
     """A server whose drain can be held (2-slot rings, on_full "reject", a 60 s drain) and
-    one client of it: (srv, c); _stuck(srv, c) then holds the drain."""
+    one client of it: (srv, c); _stuck(c) then holds the drain."""
     srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
                                           drain_timeout_ms=60_000))
     try:
@@ -48,12 +48,13 @@ def held_server(name):
         raise
 
 
-def _stuck(srv, c):
-    """Leave c with its reply ring full and one request the drain must wait for."""
+def _stuck(c):
+    """Leave c (its server's rings 2 slots) with its reply ring full and one request the
+    drain must wait for."""
     raw = np.zeros(c.raw_len, np.float32)
     for i in range(2):          # answered: the reply ring (2 slots) is full
         c.submit(raw, 0, i + 1)
-    while srv.stats()["served"] < 2:
+    while c.server_stats()["served"] < 2:
         pass
     c.submit(raw, 0, 3)         # held: the drain waits for room in c's reply ring
 
@@ -63,7 +64,7 @@ def test_end_drain_ends_a_drain_held_by_a_client_that_takes_no_answers():
     srv, c = held_server(name)
     try:
         with deadline(60):
-            _stuck(srv, c)
+            _stuck(c)
             t = threading.Thread(target=srv.stop)
             t.start()
             while srv.stats()["state"] != "stopping":
@@ -89,7 +90,7 @@ def test_end_drain_before_stop_skips_the_drain_and_a_plain_stop_does_not_undo_it
     srv, c = held_server(name)
     try:
         with deadline(60):
-            _stuck(srv, c)
+            _stuck(c)
             srv.end_drain()                 # forced first: the plain stop below keeps it
             srv.stop(timeout=30)
         assert not os.path.exists(segment_path(name))
@@ -107,12 +108,7 @@ def test_second_signal_ends_the_drain_of_fastpath_serve(tmp_path):
         assert first.startswith(f"serving '{name}'") and "a second one ends its drain" in first
         c = fastpath.connect(name, timeout=5)
         with deadline(60):
-            raw = np.zeros(c.raw_len, np.float32)
-            for i in range(2):
-                c.submit(raw, 0, i + 1)
-            while c.server_stats()["served"] < 2:
-                pass
-            c.submit(raw, 0, 3)
+            _stuck(c)
             p.send_signal(signal.SIGTERM)
             line = p.stdout.readline()
             while line and not line.startswith("stopping"):

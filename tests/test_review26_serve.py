@@ -83,6 +83,13 @@ def _stopped(pid):
     return True
 
 
+def _run_client(script, name, server_pid, how, timeout):
+    """A client script (argv: name, the server's pid, how) in its own process."""
+    return subprocess.run([sys.executable, str(script), name, str(server_pid), how],
+                          capture_output=True, text=True, cwd=PKG_ROOT,
+                          env=dict(os.environ, PYTHONPATH=PKG_ROOT), timeout=timeout)
+
+
 def _stop_in_thread(srv):
     t = threading.Thread(target=srv.stop)
     t.start()
@@ -106,7 +113,7 @@ def test_c_client_submit_is_refused_once_the_stop_begins(tmp_path):
     try:
         with deadline(60):
             assert p.stdout.readline() == "ready\n"
-            _stuck(srv, c)                  # the drain waits on c: it stays "stopping"
+            _stuck(c)                  # the drain waits on c: it stays "stopping"
             t = _stop_in_thread(srv)
             p.stdin.write("go\n")
             p.stdin.flush()
@@ -133,7 +140,7 @@ def test_python_client_with_on_full_reject_is_told_the_server_is_stopping():
     t = None
     try:
         with deadline(60):
-            _stuck(srv, c)
+            _stuck(c)
             t = _stop_in_thread(srv)
             raw = np.zeros(c2.raw_len, np.float32)
             with pytest.raises(ServerGone, match="is stopping: request not sent") as ei:
@@ -155,7 +162,7 @@ def test_end_drain_says_whether_there_was_a_drain_to_end():
     t = None
     try:
         with deadline(60):
-            _stuck(srv, c)
+            _stuck(c)
             t = _stop_in_thread(srv)
             assert srv.end_drain() is True
             t.join(30)
@@ -340,9 +347,7 @@ def test_close_from_a_signal_handler_during_a_wait_is_an_error_not_a_segfault(tm
         assert p.stdout.readline().startswith(f"serving '{name}'")
         # the wait's signal check ran the handler, which unmapped the rings the wait then
         # read: SIGSEGV (-11)
-        r = subprocess.run([sys.executable, str(script), name, str(p.pid), how],
-                           capture_output=True, text=True, cwd=PKG_ROOT,
-                           env=dict(os.environ, PYTHONPATH=PKG_ROOT), timeout=120)
+        r = _run_client(script, name, p.pid, how, 120)
         assert r.returncode == 0, r.stderr
         assert "was closed while this call waited" in r.stdout
         if how == "step":
@@ -433,9 +438,7 @@ def test_an_answer_taken_inside_steps_wait_does_not_hang_it(tmp_path, how):
     try:
         assert p.stdout.readline().startswith(f"serving '{name}'")
         # it waited forever for an answer already taken (the server alive: no ServerGone)
-        r = subprocess.run([sys.executable, str(script), name, str(p.pid), how],
-                           capture_output=True, text=True, cwd=PKG_ROOT,
-                           env=dict(os.environ, PYTHONPATH=PKG_ROOT), timeout=60)
+        r = _run_client(script, name, p.pid, how, 60)
         assert r.returncode == 0, r.stderr
         if how == "poll":
             assert r.stdout.startswith("raised: the answer to tick 2 was taken by a poll()")
@@ -455,12 +458,7 @@ def test_fastpath_serve_says_what_a_drain_that_timed_out_left(tmp_path):
         assert p.stdout.readline().startswith(f"serving '{name}'")
         c = fastpath.connect(name, timeout=5)
         with deadline(60):
-            raw = np.zeros(c.raw_len, np.float32)
-            for i in range(2):                  # answered, not taken: the reply ring is full
-                c.submit(raw, 0, i + 1)
-            while c.server_stats()["served"] < 2:
-                pass
-            c.submit(raw, 0, 3)                 # held: the drain times out on it
+            _stuck(c)                           # the drain times out on its held tick
             p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
         c.close()

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from fastpath._checks import one_of
 from fastpath.errors import ModelError
 
 MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ", "LEAF")
@@ -166,12 +167,11 @@ class TreeEnsemble:
                              f"{self.classifier!r}")
         if self.n_targets > MAX_TARGETS:
             raise ModelError(f"tree ensemble has {self.n_targets} targets, at most {MAX_TARGETS}")
-        # strings, as str: `in` alone took np.array(['SUM']) (== 'SUM' is array([True])),
-        # which broke the ensemble's hash and was saved as a list the bundle reader refused
-        if not isinstance(self.aggregate, str) or self.aggregate not in AGGREGATES:
+        # strings, kept as str (numpy strings included; see one_of)
+        if not one_of(self.aggregate, AGGREGATES):
             raise ModelError(f"tree ensemble aggregate {self.aggregate!r} not supported; "
                              f"expected one of {AGGREGATES}")
-        if not isinstance(self.post_transform, str) or self.post_transform not in POST_TRANSFORMS:
+        if not one_of(self.post_transform, POST_TRANSFORMS):
             raise ModelError(f"tree ensemble post transform {self.post_transform!r} not "
                              f"supported; expected one of {POST_TRANSFORMS}")
         object.__setattr__(self, "aggregate", str(self.aggregate))

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fastpath._checks import check_value, plain_fields
+from fastpath._checks import check_value, one_of, plain_fields
 from fastpath.errors import ConfigError, InputError, ModelError
 
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
@@ -50,13 +50,6 @@ CACHE_KEYS = {
 # the command line (calibrate, serve, doctor) takes a model file and no head: how to give one
 _CLI_HEAD = ("; for the command line, import it once with the head and save it, "
              "Model.from_onnx(path, head=...).save('model.fpm'), and give the .fpm")
-
-
-def _one_of(v: Any, choices: Sequence[str]) -> bool:
-    """Whether v is one of the named choices, as a string: `in` alone took a numpy array
-    (np.array(['relu']) == 'relu' is array([True])), which then broke the model's hash (the
-    Engine's "unhashable type") and was saved as a list the bundle reader refused."""
-    return isinstance(v, str) and v in choices
 
 
 def validate_cache_policy(obj: Any, prefix: str = "cache") -> None:
@@ -131,7 +124,7 @@ class Layer:
             raise ModelError(f"bias has {b.shape[0]} values but weight has {w.shape[0]} rows")
         if not (1 <= w.shape[0] <= MAX_WIDTH and 1 <= w.shape[1] <= MAX_WIDTH):
             raise ModelError(f"layer shape {w.shape} outside 1..{MAX_WIDTH}")
-        if not _one_of(self.activation, ACTIVATIONS):
+        if not one_of(self.activation, ACTIVATIONS):
             raise ModelError(f"activation {self.activation!r} not supported; expected one of "
                              f"{ACTIVATIONS}")
         object.__setattr__(self, "activation", str(self.activation))
@@ -521,7 +514,7 @@ class Head:
     outputs: tuple = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, str) or self.kind not in HEAD_KINDS:
+        if not one_of(self.kind, HEAD_KINDS):
             raise ModelError(f"head kind {self.kind!r} not supported; expected one of "
                              f"{tuple(HEAD_KINDS)}")
         s = self.scale
@@ -689,10 +682,10 @@ class Model:
     input_scaler: InputScaler | None = None
 
     def __post_init__(self) -> None:
-        if not _one_of(self.weights, WEIGHT_TYPES):
+        if not one_of(self.weights, WEIGHT_TYPES):
             raise ModelError(f"weights {self.weights!r} not supported; expected one of "
                              f"{list(WEIGHT_TYPES)}")
-        if not _one_of(self.post, POSTS):
+        if not one_of(self.post, POSTS):
             raise ModelError(f"post transform {self.post!r} not supported; expected one of {POSTS}")
         object.__setattr__(self, "weights", str(self.weights))
         object.__setattr__(self, "post", str(self.post))

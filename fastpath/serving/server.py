@@ -25,9 +25,10 @@ class Server:
         from fastpath._build import DEMO_MODEL, resolve
         from fastpath._serve import Worker
         from fastpath.errors import ServeError
+        from fastpath.serving.client import _seconds
         # before anything starts: a bad one raised TypeError from the wait (`float + str`,
         # naming no argument) with the loop already started, or waited forever (nan)
-        start_timeout = _seconds_arg("Server: start_timeout", start_timeout, lo_open=True)
+        start_timeout = _seconds("Server: start_timeout", start_timeout, True, None)
         m, rc, _backend, _why = resolve(model if model is not None else DEMO_MODEL, "cpu", config)
         if rc.source.backend == "gpu":
             # the loop steps a CPU engine (fp_worker.c): a config asking for the GPU was
@@ -177,11 +178,12 @@ class Server:
         if timeout is None:
             timeout = self.serve_config.drain_timeout_ms / 1000 + 10.0
         else:
+            from fastpath.serving.client import _seconds
             # checked before the stop flag is set: a bad value raised from Thread.join (a
             # TypeError, or "did not stop within -1 s") with the loop already stopping and
             # its segment left for the exit hook
-            timeout = _seconds_arg("Server.stop: timeout", timeout,
-                                   none=" (or None: [serve] drain_timeout_ms plus 10 s)")
+            timeout = _seconds("Server.stop: timeout", timeout, False, None,
+                               " (or None: [serve] drain_timeout_ms plus 10 s)")
         with self._lock:
             w = self._worker
             if w is None:
@@ -233,22 +235,6 @@ class Server:
         else:
             state = w.state
         return f"Server(name={self.name!r}, state={state!r})"
-
-
-def _seconds_arg(what: str, v, lo_open: bool = False, none: str = "") -> float:
-    """v as a finite number of seconds (>= 0, or > 0 with lo_open), else an InputError
-    naming `what`; `none`: what None would have meant, for the message."""
-    import math
-    import numbers
-
-    import numpy as np
-    from fastpath.errors import InputError
-    ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real)
-          and math.isfinite(v) and (v > 0 if lo_open else v >= 0))
-    if not ok:
-        raise InputError(f"{what} must be a finite number of seconds "
-                         f"{'> 0' if lo_open else '>= 0'}{none}, got {v!r}")
-    return float(v)
 
 
 def segment_line(seg: dict) -> str:
