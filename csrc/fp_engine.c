@@ -413,8 +413,9 @@ int fp_predict(fp_engine *e, const float *x, float *out) {
     return e->k->allfinite(out, e->n_out) ? FP_OK : FP_ERR_NONFINITE_OUTPUT;
 }
 
-/* outputs -> (signal, confidence) by the engine's head */
-static inline void fp_apply_head(const fp_engine *e, const float *out, float *sig, float *conf) {
+/* outputs -> (signal, confidence) by the engine's head; 0 when a classifier head's outputs
+ * are not probabilities (fp_head_classifier) */
+static inline int fp_apply_head(const fp_engine *e, const float *out, float *sig, float *conf) {
     if (e->head == FP_HEAD_TANH_SIGMOID) {
         if (e->head_idx[0] == 0 && e->head_idx[1] == 1) {
             e->k->head(out, sig, conf);
@@ -425,8 +426,17 @@ static inline void fp_apply_head(const fp_engine *e, const float *out, float *si
     } else if (e->head == FP_HEAD_REGRESSION) {
         fp_head_regression(out[e->head_idx[0]], e->head_scale, sig, conf);
     } else {
-        fp_head_classifier(out, e->n_out, e->head_idx[0], e->head_idx[2], sig, conf);
+        return fp_head_classifier(out, e->n_out, e->head_idx[0], e->head_idx[2], sig, conf);
     }
+    return 1;
+}
+
+/* a tick the classifier head refused: its outputs kept in e->out (the MLP's scratch or a
+ * caller's array otherwise) for the caller to name them; cold, off the hot path */
+__attribute__((noinline, cold)) static int fp_refuse_not_probability(fp_engine *e,
+                                                                      const float *out2) {
+    if (out2 != e->out) memmove(e->out, out2, sizeof(float) * e->n_out);
+    return FP_ERR_NOT_PROBABILITY;
 }
 
 /* fp_step_finish's work; committed: fp_begin_impl committed the window early (restored here
@@ -454,8 +464,12 @@ static inline int fp_finish_impl(fp_engine *e, fp_pending *p, const float *out2,
         }
         if (st && extern_infer_ns >= 0) th = fp_ticks();
         float sig, conf;
-        fp_apply_head(e, out2, &sig, &conf);
+        const int probs = fp_apply_head(e, out2, &sig, &conf);
         if (st) t3 = fp_ticks();
+        if (__builtin_expect(!probs, 0)) {
+            if (committed) fp_window_restore(&e->fs, fp_win_at(e, p->symbol), e->undo);
+            return fp_refuse_not_probability(e, out2);
+        }
         if (!(sig == sig) || !(conf == conf)) {
             if (committed) fp_window_restore(&e->fs, fp_win_at(e, p->symbol), e->undo);
             return FP_ERR_NONFINITE_OUTPUT;

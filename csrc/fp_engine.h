@@ -34,6 +34,7 @@ enum {
     FP_ERR_NOMEM = -5,
     FP_ERR_PARAM = -6,
     FP_ERR_NONFINITE_FEATURE = -7,/* finite raw, but a feature overflowed (z-score or window stats) */
+    FP_ERR_NOT_PROBABILITY = -8,  /* a classifier head's inputs were not probabilities (in [0, 1]) */
 };
 
 typedef struct {
@@ -79,7 +80,9 @@ enum { FP_POST_NONE = 0, FP_POST_SOFTMAX = 1, FP_POST_LOGISTIC2 = 2 };
  *   TANH_SIGMOID  signal = tanh(out[i0]), confidence = sigmoid(out[i1])
  *   REGRESSION    signal = tanh(out[i0] / scale), confidence = |signal|
  *   CLASSIFIER    signal = p[up = i2] - p[down = i0], confidence = max over all outputs
- *                 (i1: the flat class, or -1 for a two-class model) */
+ *                 (i1: the flat class, or -1 for a two-class model); a tick whose outputs
+ *                 are not all in [0, 1] (FP_PROB_TOL, fp_math.h) is refused with
+ *                 FP_ERR_NOT_PROBABILITY, its outputs left in e->out for the message */
 enum { FP_HEAD_TANH_SIGMOID = 0, FP_HEAD_REGRESSION = 1, FP_HEAD_CLASSIFIER = 2 };
 
 typedef struct {
@@ -156,7 +159,8 @@ const float *fp_infer_cpu(fp_engine *e);
 int fp_predict(fp_engine *e, const float *x, float *out);
 /* out2: the model output (n_out floats) for a miss (NULL on a hit, or from a failed fp_infer_cpu: the tick
  * is refused and nothing is written, as for a NaN/Inf out2: FP_ERR_NONFINITE_FEATURE when
- * the features were NaN/Inf, else FP_ERR_NONFINITE_OUTPUT);
+ * the features were NaN/Inf, else FP_ERR_NONFINITE_OUTPUT; FP_ERR_NOT_PROBABILITY when a
+ * classifier head's outputs are not probabilities, the outputs then copied to e->out);
  * extern_infer_ns: time an external backend spent, or -1 to measure since fp_step_begin
  * returned. infer_ns includes the head, cache_ns only lookup, store and the window commit
  * (on fp_step the commit, done early, is timed with the features). */

@@ -46,14 +46,29 @@ FP_HD void fp_head_regression(float out, float scale, float *signal, float *conf
     *confidence = fabsf(s);
 }
 
+/* How far outside [0, 1] a classifier head's input may be and still count as a probability:
+ * float32 rounding of a softmax, a logistic pair or a forest's averaged votes (a sum of
+ * thousands of leaf values) stays orders of magnitude inside it; a margin, a decision score or
+ * a z-score does not. */
+#define FP_PROB_TOL 1e-4f
+
 /* classifier head over probabilities p[0..n): signal = p[up] - p[down] in [-1, 1],
- * confidence = the largest probability (the model's belief in its own answer) */
-FP_HD void fp_head_classifier(const float *p, int n, int down, int up, float *signal,
-                              float *confidence) {
-    float m = p[0];
-    for (int i = 1; i < n; i++) m = p[i] > m ? p[i] : m;
-    *signal = p[up] - p[down];
-    *confidence = m;
+ * confidence = the largest probability (the model's belief in its own answer). Returns 0
+ * when an output is not a probability (below -FP_PROB_TOL, above 1 + FP_PROB_TOL, or NaN at
+ * p[0]; the caller refuses NaN elsewhere first): margins or scores read as probabilities made
+ * signals beyond +-1 and confidences beyond [0, 1], or inside them and meaningless. Within
+ * the tolerance the answer is clamped to its range. */
+FP_HD int fp_head_classifier(const float *p, int n, int down, int up, float *signal,
+                             float *confidence) {
+    float m = p[0], lo = p[0];
+    for (int i = 1; i < n; i++) {
+        m = p[i] > m ? p[i] : m;
+        lo = p[i] < lo ? p[i] : lo;
+    }
+    const float s = p[up] - p[down];
+    *signal = s > 1.0f ? 1.0f : s < -1.0f ? -1.0f : s;
+    *confidence = m > 1.0f ? 1.0f : m < 0.0f ? 0.0f : m;
+    return lo >= -FP_PROB_TOL && m <= 1.0f + FP_PROB_TOL;
 }
 
 /* softmax in place, as onnxruntime's Softmax: subtract the max, exp, divide by the sum */

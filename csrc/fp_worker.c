@@ -11,6 +11,7 @@ _Static_assert((int)FP_REP_ERR_NONFINITE_INPUT == (int)FP_ERR_NONFINITE_INPUT, "
 _Static_assert((int)FP_REP_ERR_TIME_BACKWARDS == (int)FP_ERR_TIME_BACKWARDS, "reply codes");
 _Static_assert((int)FP_REP_ERR_NONFINITE_OUTPUT == (int)FP_ERR_NONFINITE_OUTPUT, "reply codes");
 _Static_assert((int)FP_REP_ERR_NONFINITE_FEATURE == (int)FP_ERR_NONFINITE_FEATURE, "reply codes");
+_Static_assert((int)FP_REP_ERR_NOT_PROBABILITY == (int)FP_ERR_NOT_PROBABILITY, "reply codes");
 _Static_assert(sizeof(fp_rep) == 64, "a reply is one cache line");
 _Static_assert(sizeof(fp_req) == 64, "a request's header is one line, its raw values start on the next");
 _Static_assert(sizeof(fp_seg_header) <= FP_SEG_HEADER_BYTES, "header fits its reserved bytes");
@@ -211,6 +212,17 @@ static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget, fp_la
             }
         } else {
             r->signal = r->confidence = 0.0f;
+            if (rc == FP_ERR_NOT_PROBABILITY) {
+                /* the outputs the classifier head refused (fp_step left them in e->out): their
+                 * range, for the client's message */
+                float lo = e->out[0], hi = e->out[0];
+                for (int k = 1; k < e->n_out; k++) {
+                    lo = e->out[k] < lo ? e->out[k] : lo;
+                    hi = e->out[k] > hi ? e->out[k] : hi;
+                }
+                r->signal = lo;
+                r->confidence = hi;
+            }
             r->cached = r->reason = 0;
             r->feature_ns = r->cache_ns = r->infer_ns = r->total_ns = 0;
             errors++;

@@ -202,6 +202,7 @@ cdef extern from "fp_engine.h" nogil:
         FP_ERR_NOMEM
         FP_ERR_PARAM
         FP_ERR_NONFINITE_FEATURE
+        FP_ERR_NOT_PROBABILITY
     enum:
         FP_POST_NONE
         FP_POST_SOFTMAX
@@ -258,6 +259,7 @@ cdef extern from "fp_engine.h" nogil:
         int n_symbols
         float *pre
         float *feat
+        float *out
         uint64_t ticks, hits, misses
         uint64_t miss_reason[7]
         fp_lat *lat

@@ -400,6 +400,9 @@ A model, its feature spec and cache, ready to step ticks.
                              f"NaN/Inf (a value too large for the feature spec's mean/std or "
                              f"rolling window); the tick was not applied (engine state "
                              f"unchanged): check the feed for a corrupt value")
+        if rc == FP_ERR_NOT_PROBABILITY:
+            raise InputError(f"{where}{self._not_probabilities()}; the tick was not applied "
+                             f"(engine state unchanged)")
         if rc == FP_ERR_NONFINITE_OUTPUT and self._e.model_kind == FP_MODEL_TREES:
             raise InputError(f"{where}the model produced NaN/Inf for this tick (the tree "
                              f"ensemble's leaf values summed past float32's range, or its post "
@@ -411,6 +414,23 @@ A model, its feature spec and cache, ready to step ticks.
                              f"or the output overflowed: raw values too large for the model); "
                              f"the tick was not applied (engine state unchanged)")
         raise FastpathError(f"fp_step failed with code {rc}")
+
+    cdef str _not_probabilities(self):
+        """What FP_ERR_NOT_PROBABILITY says: the outputs the classifier head refused (the C
+        core leaves them in e->out) and what the head reads."""
+        cdef Py_ssize_t n = self._e.n_out
+        out = [float(self._e.out[i]) for i in range(n)]
+        h = self.model.head_spec
+        bad = [i for i, v in enumerate(out) if not -1e-4 <= v <= 1.0 + 1e-4]
+        shown = ", ".join(f"{v:.6g}" for v in out[:8]) + (", ..." if n > 8 else "")
+        first = f"output {bad[0]} is {out[bad[0]]:.6g}" if bad else "an output is out of range"
+        return (f"the model's outputs [{shown}] are not class probabilities ({first}; each "
+                f"must be in [0, 1]): the head {h.kind!r} (outputs {tuple(h.outputs)}) reads "
+                f"them as probabilities (signal = p(up) - p(down), confidence = the largest), "
+                f"and margins or scores would give a signal outside [-1, 1] or a meaningless one "
+                f"inside; give a head for raw outputs (e.g. Head('regression', outputs=(i,)) or "
+                f"Head('tanh_sigmoid', outputs=(a, b))) or a model with a softmax / logistic "
+                f"output")
 
     cdef _raise_row(self, int err, cnp.ndarray R, cnp.ndarray S, object T, Py_ssize_t row):
         """_raise for a batch's row. Its timestamp behind an earlier row of its symbol in the

@@ -45,6 +45,7 @@ cdef extern from "fp_ring.h" nogil:
         FP_CL_ACTIVE
         FP_REP_OK
         FP_REP_ERR_BAD_REQUEST
+        FP_REP_ERR_NOT_PROBABILITY
         FP_RING_OK
         FP_RING_FULL
         FP_RING_ERR_NOENT
@@ -226,8 +227,10 @@ cdef inline Result _make(const fp_rep *r):
     return res
 
 
-def _reply_error(int err, unsigned long long seq, long long symbol, long long ts):
-    """The InputError Engine.step raises for the same code (the worker's engine refused it)."""
+def _reply_error(int err, unsigned long long seq, long long symbol, long long ts,
+                 float lo=0.0, float hi=0.0):
+    """The InputError Engine.step raises for the same code (the worker's engine refused it);
+    lo / hi: a FP_REP_ERR_NOT_PROBABILITY reply's range of outputs (its signal / confidence)."""
     if err == FP_ERR_SYMBOL:
         return InputError(f"symbol {symbol} out of range for the server's engine (request {seq})")
     if err == FP_ERR_NONFINITE_INPUT:
@@ -244,6 +247,12 @@ def _reply_error(int err, unsigned long long seq, long long symbol, long long ts
     if err == FP_ERR_NONFINITE_OUTPUT:
         return InputError(f"the model produced NaN/Inf for this tick (request {seq}); the tick "
                           f"was not applied (engine state unchanged)")
+    if err == FP_REP_ERR_NOT_PROBABILITY:
+        return InputError(f"the model's outputs for this tick (request {seq}) range from "
+                          f"{lo:.6g} to {hi:.6g}: not class probabilities (each in [0, 1]), "
+                          f"which the server model's classifier head reads; the tick was not "
+                          f"applied (engine state unchanged): give the model a head for raw "
+                          f"outputs (e.g. Head('regression', outputs=(i,)))")
     if err == FP_REP_ERR_BAD_REQUEST:
         return InputError(f"the server refused request {seq}: ts_ns below -1")
     return FastpathError(f"the server answered request {seq} with error code {err}")
@@ -875,7 +884,8 @@ cdef class Client:
         if r.err == FP_REP_OK:
             return (r.seq, _make(r))
         k = (r.seq - 1) & self._req_mask
-        return (r.seq, _reply_error(r.err, r.seq, self._sym_of[k], self._ts_of[k]))
+        return (r.seq, _reply_error(r.err, r.seq, self._sym_of[k], self._ts_of[k], r.signal,
+                                    r.confidence))
 
     def submit(self, raw, symbol=0, ts_ns=None):
         """Send one tick (validated as Engine.step validates it) -> its seq; take the answer
@@ -909,7 +919,8 @@ cdef class Client:
                 if rep.seq == seq:
                     if rep.err == FP_REP_OK:
                         return _make(&rep)
-                    raise _reply_error(rep.err, seq, int(symbol), -1 if ts_ns is None else ts_ns)
+                    raise _reply_error(rep.err, seq, int(symbol), -1 if ts_ns is None else ts_ns,
+                                       rep.signal, rep.confidence)
                 self._stash.append(self._as_item(&rep))
                 continue
             spins += 1

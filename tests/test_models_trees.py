@@ -448,9 +448,9 @@ def test_classifier_post_transforms(tmp_path, post, n_classes):
         a = _forest(n_classes, 4, seed=1, hi=0.2 if post == "PROBIT" else 0.3, base=base,
                     post=post, classifier=True, zero_some=post == "SOFTMAX_ZERO")
         path = _graph(tmp_path / "c.onnx", "TreeEnsembleClassifier", a, 3, n_classes)
-        # NONE sums past 1 and PROBIT's z-scores are not probabilities: no default
-        # classifier head (test_review26_models), so one is given
-        _check_graph(path, X, head=Head(f"classifier{n_classes}")
+        # NONE sums past 1 and PROBIT's z-scores are not probabilities: no classifier head,
+        # by default or given (test_review26_models, test_review27_heads), so another is
+        _check_graph(path, X, head=Head("regression", outputs=(n_classes - 1,))
                      if post in ("NONE", "PROBIT") else None)
     with pytest.raises(ModelError, match="4 outputs .classes. and no head"):
         Model.from_onnx(_graph(tmp_path / "c4.onnx", "TreeEnsembleClassifier",
@@ -472,10 +472,11 @@ def test_binary_classifier_with_one_score(tmp_path, post, base, signs, cls):
     if base is not None:
         a["base_values"] = base
     path = _graph(tmp_path / "b.onnx", "TreeEnsembleClassifier", a, 3, 2)
-    # NONE scores here may pass 1 or go negative: not probabilities, so no default
-    # classifier head (test_review26_models); the rules are checked with one given
-    m = _check_graph(path, X, head=Head("classifier2") if post == "NONE" else None)
-    assert m.head_spec.kind == "classifier2"
+    # NONE scores here may pass 1 or go negative: not probabilities, so no classifier head,
+    # by default or given (test_review26_models, test_review27_heads); the rules are checked
+    # with a regression head on the second column
+    m = _check_graph(path, X, head=Head("regression", outputs=(1,)) if post == "NONE" else None)
+    assert m.head_spec.kind == ("regression" if post == "NONE" else "classifier2")
 
 
 def test_base_values_count_is_checked(tmp_path):

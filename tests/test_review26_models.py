@@ -325,4 +325,5 @@ def test_calibrate_on_decision_scores_says_how_to_give_a_head_from_the_command_l
                "--out", str(tmp_path / "o.fpm")])
     err = capsys.readouterr().err
     assert rc == 2 and "writes decision scores" in err
-    assert "for the command line, import it once with the head and save it" in err
+    # (session 27: the command line takes the head itself, --head)
+    assert "on the command line (calibrate, serve, doctor) give it with --head" in err

@@ -94,6 +94,7 @@ enum {
     FP_REP_ERR_TIME_BACKWARDS = -3,
     FP_REP_ERR_NONFINITE_OUTPUT = -4,
     FP_REP_ERR_NONFINITE_FEATURE = -7,
+    FP_REP_ERR_NOT_PROBABILITY = -8,   /* signal / confidence: the outputs' min / max */
     FP_REP_ERR_BAD_REQUEST = -100,     /* ts_ns below -1: refused by the worker */
 };
 /* client call results */

@@ -44,6 +44,7 @@ import re
 import struct
 import threading
 import zlib
+from dataclasses import replace
 
 import numpy as np
 
@@ -299,26 +300,26 @@ def _named(exc: OSError, dest: str) -> OSError:
     return OSError(exc.errno, exc.strerror, dest)
 
 
-def load(path: str | os.PathLike) -> Model:
+def load(path: str | os.PathLike, head: Head | None = None) -> Model:
     path = _path(path, "Model.load")
     try:
         with open(path, "rb") as f:
             # the magic first: a wrong file handed over by mistake (a multi-GB tick dump) is
             # named as such, not read whole into memory (a MemoryError, or minutes of I/O)
-            head = f.read(len(MAGIC))
+            start = f.read(len(MAGIC))
             # a file shorter than the magic but its start (a bundle cut short) goes on to
             # from_bytes, which calls it truncated, not a file of another kind
-            if not head or head[:len(MAGIC) - 1] != MAGIC[:min(len(head), len(MAGIC) - 1)]:
+            if not start or start[:len(MAGIC) - 1] != MAGIC[:min(len(start), len(MAGIC) - 1)]:
                 # an ONNX file opens with its ir_version field (protobuf tag 0x08): a model
                 # named otherwise (model.bin) was read as a bundle, by its suffix
                 hint = ("; it looks like an ONNX file: name it .onnx or read it with "
-                        "Model.from_onnx" if head[:1] == b"\x08" else "")
+                        "Model.from_onnx" if start[:1] == b"\x08" else "")
                 raise ModelError(f"{os.fspath(path)} is not a fastpath model bundle (.fpm): bad "
-                                 f"magic {head!r}, expected {MAGIC!r}{hint}")
-            blob = head + f.read()
+                                 f"magic {start!r}, expected {MAGIC!r}{hint}")
+            blob = start + f.read()
     except OSError as exc:
         raise ModelError(f"cannot read model file {os.fspath(path)!r}: {exc.strerror}") from None
-    return from_bytes(blob, name=os.fspath(path))
+    return from_bytes(blob, name=os.fspath(path), head=head)
 
 
 def _policy(p: dict, meta: dict) -> CachePolicy:
@@ -352,7 +353,11 @@ def _policy(p: dict, meta: dict) -> CachePolicy:
     return CachePolicy(**p)
 
 
-def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
+def from_bytes(blob: bytes, name: str = "<bytes>", head: Head | None = None) -> Model:
+    """The bundle's model; head: this head in place of the bundle's (as Model.with_head, a
+    fitted cache policy dropped when it differs), the only way to read a bundle whose stored
+    head its outputs cannot take (a classifier head over margins, written before those were
+    refused)."""
     if isinstance(blob, (str, os.PathLike)):
         # a path handed to from_bytes was read as bytes: "bad magic 'fastpath'"
         raise ModelError(f"Model.from_bytes takes the bundle's bytes, got the "
@@ -432,7 +437,7 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
         if h is not None and not isinstance(h.get("outputs"), list):
             raise ModelError(f"head.outputs must be a list of output indices, got "
                              f"{h.get('outputs')!r}")
-        head = None if h is None else Head(h["kind"], h["scale"], tuple(h["outputs"]))
+        stored = None if h is None else Head(h["kind"], h["scale"], tuple(h["outputs"]))
         trees = None
         tj = _obj(header.get("trees"), "trees", optional=True)
         if tj is not None:
@@ -449,10 +454,28 @@ def from_bytes(blob: bytes, name: str = "<bytes>") -> Model:
         sj = header.get("input_scaler")      # its value checked by _expected_arrays
         scaler = None if sj is None else InputScaler(arrays["scaler.offset"],
                                                      arrays["scaler.scale"])
-        # bundles written before weight formats existed ran fp32
-        return Model(layers, fs, _policy(header["cache_policy"], meta), meta,
-                     header.get("post", "none"), head, weights=header.get("weights", "fp32"),
-                     trees=trees, input_scaler=scaler)
+        policy = _policy(header["cache_policy"], meta)
+
+        def build(h: Head | None, pol: CachePolicy, meta: dict) -> Model:
+            # bundles written before weight formats existed ran fp32
+            return Model(layers, fs, pol, meta, header.get("post", "none"), h,
+                         weights=header.get("weights", "fp32"), trees=trees,
+                         input_scaler=scaler)
+        if head is None:
+            return build(stored, policy, meta)
+        if not isinstance(head, Head):
+            raise ModelError(f"head must be a fastpath.model.Head, got {type(head).__name__}")
+        try:
+            model = build(stored, policy, meta)
+        except ModelError:
+            # a stored head its outputs cannot take: the model only with the head given, the
+            # policy fitted with the stored one dropped (as with_head drops it)
+            if policy.fitted:
+                policy = replace(policy, enabled=False, fitted_max_error=None)
+            if isinstance(meta, dict):
+                meta = {k: v for k, v in meta.items() if k != "cache_policy_fit"}
+            return build(head, policy, meta)
+        return model.with_head(head)
     except ModelError as exc:
         raise ModelError(f"{name}: {exc}") from None
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError, OverflowError,

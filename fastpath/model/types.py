@@ -32,6 +32,9 @@ WEIGHT_TYPES = ("fp32", "bf16", "int8")
 HEAD_KINDS = {"tanh_sigmoid": (0, 1), "regression": (0,), "classifier3": (0, 1, 2),
               "classifier2": (0, 1)}
 MAX_LAYERS = 16
+# how far outside [0, 1] a classifier head's input may be and still be read as a probability
+# (float32 rounding); the C core's FP_PROB_TOL (csrc/fp_math.h)
+PROB_TOL = 1e-4
 _F32_TINY = float(np.finfo(np.float32).tiny)
 _F32_MAX = float(np.finfo(np.float32).max)
 MAX_WIDTH = 1 << 16
@@ -47,9 +50,11 @@ CACHE_KEYS = {
 }
 
 
-# the command line (calibrate, serve, doctor) takes a model file and no head: how to give one
-_CLI_HEAD = ("; for the command line, import it once with the head and save it, "
-             "Model.from_onnx(path, head=...).save('model.fpm'), and give the .fpm")
+# a bundle saved with a head its outputs cannot take (before that was refused) loads with another
+_BUNDLE_HEAD = "; a bundle saved with it loads with another, Model.load(path, head=...)"
+# how to give a head on the command line (calibrate, serve, doctor take a model file)
+_CLI_HEAD = ("; on the command line (calibrate, serve, doctor) give it with --head "
+             "KIND[:OUTPUTS][@SCALE], e.g. --head regression:0")
 
 
 def validate_cache_policy(obj: Any, prefix: str = "cache") -> None:
@@ -558,7 +563,7 @@ class Head:
                          f"(regression head) or, after a softmax / logistic2 post transform, 2 or "
                          f"3 class probabilities (classifier head); give a head, e.g. "
                          f"Head('classifier3', outputs=(down, flat, up)) or "
-                         f"Head('regression', outputs=(i,))")
+                         f"Head('regression', outputs=(i,)){_CLI_HEAD}")
 
     def check(self, n_outputs: int) -> None:
         bad = [i for i in self.outputs if i >= n_outputs]
@@ -570,7 +575,9 @@ class Head:
 
     def apply(self, out: np.ndarray) -> tuple:
         """(signal, confidence) for outputs (..., n_outputs), in float64 numpy (the reference
-        of the C heads)."""
+        of the C heads). A classifier head reads probabilities: a finite output outside
+        [0, 1] (beyond PROB_TOL, float32 rounding) is an InputError, as the engine refuses
+        such a tick; within the tolerance the answer is clamped to its range, as there."""
         i = self.outputs
         o = _head_outputs(out, max(i) + 1, f"head {self.kind!r} (outputs {i})")
         if self.kind == "tanh_sigmoid":
@@ -578,7 +585,16 @@ class Head:
         if self.kind == "regression":
             s = np.tanh(o[..., i[0]] / self.scale)
             return s, np.abs(s)
-        return o[..., i[-1]] - o[..., i[0]], o.max(axis=-1)
+        off = (o < -PROB_TOL) | (o > 1.0 + PROB_TOL)        # NaN stays NaN, as before
+        if off.any():
+            at = tuple(int(v) for v in np.argwhere(off)[0])
+            row = "" if len(at) == 1 else f" of row {at[0] if len(at) == 2 else at[:-1]}"
+            raise InputError(f"head {self.kind!r} (outputs {i}) reads class probabilities, "
+                             f"each in [0, 1]; output {at[-1]}{row} is {float(o[at]):.6g}: "
+                             f"margins or scores, not probabilities (give a head for raw "
+                             f"outputs, e.g. Head('regression', outputs=(i,)))")
+        return (np.clip(o[..., i[-1]] - o[..., i[0]], -1.0, 1.0),
+                np.clip(o.max(axis=-1), 0.0, 1.0))
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "scale": self.scale, "outputs": list(self.outputs)}
@@ -719,6 +735,18 @@ class Model:
         if not isinstance(head, Head):
             raise ModelError(f"head_spec must be a fastpath.model.Head, got {type(head).__name__}")
         head.check(n_out)
+        act = layers[-1].activation
+        if head.kind.startswith("classifier") and self.post == "none" and act != "sigmoid":
+            # only a softmax / logistic2 post transform or a sigmoid last layer makes
+            # probabilities; these are the last layer's raw values (logits, margins, decision
+            # scores), which the head read as probabilities: signals beyond +-1 and
+            # confidences beyond [0, 1], or inside them and meaningless
+            raise ModelError(f"head {head.kind!r} reads class probabilities, but this model's "
+                             f"outputs are its last layer's {act} values with no post "
+                             f"transform (post 'none'): not probabilities; if they are logits "
+                             f"give post='softmax' (post='logistic2' for one logit), else a "
+                             f"head for raw outputs, e.g. Head('regression', outputs=(i,)) or "
+                             f"Head('tanh_sigmoid', outputs=(a, b)){_BUNDLE_HEAD}{_CLI_HEAD}")
         fs = self.feature_spec
         if fs is None:
             fs = FeatureSpec.identity(layers[0].weight.shape[1])
@@ -801,10 +829,21 @@ class Model:
                 raise ModelError(f"the tree ensemble has {n_out} outputs "
                                  f"({'classes' if t.classifier else 'targets'}) and no head was "
                                  f"given; give one, e.g. Head('classifier3', outputs=(down, flat, "
-                                 f"up)) or Head('regression', outputs=(i,))")
+                                 f"up)) or Head('regression', outputs=(i,)){_CLI_HEAD}")
         if not isinstance(head, Head):
             raise ModelError(f"head_spec must be a fastpath.model.Head, got {type(head).__name__}")
         head.check(n_out)
+        if head.kind.startswith("classifier") and t.classifier and not t.gives_probabilities():
+            # the default's rule above, for a head given: the same margins / z-scores read as
+            # probabilities (the engine refuses such a tick only when one leaves [0, 1])
+            raise ModelError(f"head {head.kind!r} reads class probabilities, but the tree "
+                             f"classifier's outputs are not (post transform "
+                             f"{t.post_transform}"
+                             f"{', leaf sums outside [0, 1]' if t.post_transform == 'NONE' else ''}"
+                             f"; XGBoost's multi:softmax exports raw margins so); give a head "
+                             f"for them, e.g. Head('regression', outputs=(i,)), or export "
+                             f"probabilities (multi:softprob, a LOGISTIC / SOFTMAX post "
+                             f"transform){_BUNDLE_HEAD}{_CLI_HEAD}")
         if self.feature_spec is None and t.n_features > MAX_WIDTH:
             # the identity spec it would get reported its raw_len, a spec the caller never gave
             raise ModelError(f"the tree ensemble takes {t.n_features} inputs; a tick holds at "
@@ -984,15 +1023,19 @@ class Model:
         return to_bytes(self)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Model":
-        """Read a native bundle; any damage is a ModelError naming it, never a partial model."""
+    def load(cls, path: str | os.PathLike, head: "Head | None" = None) -> "Model":
+        """Read a native bundle; any damage is a ModelError naming it, never a partial model.
+        head: this head in place of the bundle's (as with_head: a fitted cache policy is
+        dropped when it differs), the way to read a bundle whose stored head its outputs
+        cannot take (a classifier head over margins, saved before that was refused)."""
         from fastpath.model.bundle import load
-        return load(path)
+        return load(path, head)
 
     @classmethod
-    def from_bytes(cls, blob: bytes, name: str = "<bytes>") -> "Model":
+    def from_bytes(cls, blob: bytes, name: str = "<bytes>",
+                   head: "Head | None" = None) -> "Model":
         from fastpath.model.bundle import from_bytes
-        return from_bytes(blob, name)
+        return from_bytes(blob, name, head)
 
     def to_onnx(self, path: str | os.PathLike, opset: int = 17) -> None:
         """Write the MLP (not the feature stage or head) as ONNX: Gemm (transB=1) + activation
