@@ -63,6 +63,62 @@ def _jitter_seconds(text: str) -> float:
     return v
 
 
+_HEAD_FORM = "KIND[:OUTPUTS][@SCALE]"
+
+
+def _head_arg(text: str):
+    """argparse type for --head: KIND[:OUTPUTS][@SCALE] -> fastpath.model.Head, e.g.
+    'classifier3', 'classifier3:2,1,0', 'regression:1', 'regression:0@0.004',
+    'tanh_sigmoid:3,1'; the values Head takes (kind, output indices, scale), checked by it."""
+    from fastpath.errors import ModelError
+    from fastpath.model.types import HEAD_KINDS, Head
+    body, at, scale_text = text.partition("@")
+    kind, colon, outs_text = body.partition(":")
+    kind = kind.strip()
+    if kind not in HEAD_KINDS:
+        raise argparse.ArgumentTypeError(f"expected {_HEAD_FORM} with KIND one of "
+                                         f"{', '.join(HEAD_KINDS)}, got {text!r}")
+    outs = ()
+    if colon:
+        try:
+            outs = tuple(int(v) for v in outs_text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {_HEAD_FORM}, OUTPUTS the output indices the head reads, "
+                f"comma-separated (e.g. {kind}:{','.join(map(str, HEAD_KINDS[kind]))}), got "
+                f"{text!r}") from None
+    scale = 1.0
+    if at:
+        try:
+            scale = float(scale_text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {_HEAD_FORM}, SCALE a number > 0 (the "
+                                             f"regression head's), got {text!r}") from None
+        if kind != "regression":
+            raise argparse.ArgumentTypeError(f"@SCALE is the regression head's scale; head "
+                                             f"{kind!r} takes none, got {text!r}")
+    try:
+        return Head(kind, scale, outs)
+    except ModelError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (from {text!r})") from None
+
+
+def _load(path, head, default=None):
+    """The model at `path` (or `default`: the demo model) with --head's head, if given: an
+    ONNX file is imported with it (Model.from_onnx(path, head=...)), a bundle takes it in
+    place of its own (Model.load(path, head=...), as with_head)."""
+    from fastpath._build import load_model
+    from fastpath.model import Model
+    path = path or default
+    if head is None:
+        return load_model(path)
+    from fastpath.model.bundle import _path
+    p = _path(path, "--model")
+    if p.lower().endswith(".onnx"):
+        return Model.from_onnx(p, head=head)
+    return Model.load(p, head=head)
+
+
 def cmd_info(args) -> int:
     import fastpath
     from fastpath._build import DEMO_MODEL
@@ -140,8 +196,7 @@ def cmd_calibrate(args) -> int:
     import numpy as np
 
     from fastpath import lob
-    from fastpath._build import load_model
-    from fastpath.tuning import calibrate
+    from fastpath.tuning import calibrate, features_choice_needed
     _check_out(args.out)
     raws = _load_npy(args.ticks, "ticks")
     syms = _load_npy(args.symbols, "symbols", "iu") if args.symbols else None
@@ -170,7 +225,11 @@ def cmd_calibrate(args) -> int:
     if ts is not None and args.max_error is None:
         raise SystemExit("fastpath calibrate: --ts is used by the cache-policy fit; give "
                          "--max-error too")
-    model = load_model(args.model)
+    if args.head is not None and args.head.kind == "regression" and args.head.scale != 1.0:
+        raise SystemExit(f"fastpath calibrate: --head gives the regression head a scale "
+                         f"(@{args.head.scale:g}), but calibrate fits the regression head's "
+                         f"scale to the ticks; give the head without @SCALE")
+    model = _load(args.model, args.head)
     n_in = model.dims[0]
     w_default = lob.WINDOW_FIELDS if raws.shape[1] == lob.RAW_LEN else ()
     w = _check_fields(_parse_fields(args.window_fields, w_default, "--window-fields"),
@@ -182,10 +241,22 @@ def cmd_calibrate(args) -> int:
     if len(z) + 2 * len(w) != n_in:
         raise SystemExit(f"fastpath calibrate: {len(z)} z fields + 2 x {len(w)} window fields = "
                          f"{len(z) + 2 * len(w)} features, but the model takes {n_in}")
+    features = args.features
+    if features is None:
+        # the spec z-scores by default, what the demo model and an MLP trained on z-scored
+        # inputs read; a tree or a pipeline with its own scaler must say (as calibrate asks)
+        why = features_choice_needed(model)
+        if why is not None:
+            raise SystemExit(f"fastpath calibrate: {why}: say what it was trained on, "
+                             f"--features raw (the fields as they are, and their rolling mean "
+                             f"/ std) or --features zscore (each feature z-scored with the "
+                             f"mean and std fitted here)")
+        features = "zscore"
     names = lob.field_names() if raws.shape[1] == lob.RAW_LEN else ()
-    out = calibrate(model, raws, z, w, args.window, syms, names)
+    out = calibrate(model, raws, z, w, args.window, syms, names, features)
     fs = out.feature_spec
-    print(f"feature spec: raw_len {fs.raw_len}, {len(z)} z-scored fields, {len(w)} windowed "
+    kind = "z-scored" if features == "zscore" else "raw (not scaled)"
+    print(f"feature spec: raw_len {fs.raw_len}, {len(z)} {kind} fields, {len(w)} windowed "
           f"fields over {args.window} ticks, fitted on {len(raws)} ticks")
     h = out.head_spec
     if h.kind == "regression":
@@ -272,8 +343,8 @@ def cmd_doctor(args) -> int:
             raise SystemExit(f"fastpath doctor: --core {args.core} is not an online CPU of this "
                              f"host (online: {format_cpulist(online)})")
     busy = sample_busy(host, 0.2) if args.root == "/" else {}
-    from fastpath._build import DEMO_MODEL, engine_region_bytes, load_model
-    model = load_model(args.model or DEMO_MODEL)
+    from fastpath._build import DEMO_MODEL, engine_region_bytes
+    model = _load(args.model, args.head, DEMO_MODEL)
     res = doctor.run_checks(host, core, cfg.placement.policy, cfg.placement.priority,
                             use_gpu=args.gpu, busy=busy, config=args.config,
                             arena_bytes=engine_region_bytes(model, cfg),
@@ -330,7 +401,11 @@ def cmd_example_config(args) -> int:
 
 def cmd_serve(args) -> int:
     from fastpath.serving.server import run_foreground
-    return run_foreground(args.name, args.model, args.config, stats=args.stats)
+    model = args.model
+    if args.head is not None:
+        from fastpath._build import DEMO_MODEL
+        model = _load(args.model, args.head, DEMO_MODEL)
+    return run_foreground(args.name, model, args.config, stats=args.stats)
 
 
 def cmd_bench(argv) -> int:
@@ -359,6 +434,12 @@ def main(argv=None) -> int:
     d.add_argument("--gpu", action="store_true", help="checks as for the GPU backend")
     d.add_argument("--model", help="the model the engine runs (.onnx / .fpm; default: the demo "
                                    "model), for the size of what it locks")
+    d.add_argument("--head", type=_head_arg, metavar=_HEAD_FORM,
+                   help="the head that turns the model's outputs into signal and confidence "
+                        "(Model.from_onnx(head=...), or with_head for a bundle): KIND one of "
+                        "tanh_sigmoid, regression, classifier3, classifier2; OUTPUTS the "
+                        "indices it reads, e.g. classifier3:2,1,0 or regression:1; SCALE a "
+                        "regression head's scale (default 1)")
     d.add_argument("--serve", action="store_true",
                    help="count the `fastpath serve` segment as locked too (default: when the "
                         "config has a [serve] table)")
@@ -370,10 +451,21 @@ def main(argv=None) -> int:
     c.add_argument("--symbols", help=".npy of each tick's symbol (windows are per symbol)")
     c.add_argument("--model", required=True, help="model to calibrate (.fpm or .onnx)")
     c.add_argument("--out", required=True, help="bundle to write (.fpm)")
+    c.add_argument("--head", type=_head_arg, metavar=_HEAD_FORM,
+                   help="the head that turns the model's outputs into signal and confidence "
+                        "(Model.from_onnx(head=...), or with_head for a bundle): KIND one of "
+                        "tanh_sigmoid, regression, classifier3, classifier2; OUTPUTS the "
+                        "indices it reads, e.g. classifier3:2,1,0 or regression:1; SCALE a "
+                        "regression head's scale (not here: calibrate fits it)")
     c.add_argument("--z-fields", help="raw fields to z-score, e.g. '0-111' (default: the first "
                    "n_in - 2 x window fields)")
     c.add_argument("--window-fields", help="raw fields with rolling mean/std, e.g. '40,60,61' "
                    "(default: fastpath.lob.WINDOW_FIELDS for 256-wide ticks, else none)")
+    c.add_argument("--features", choices=("zscore", "raw"),
+                   help="what the model was trained on: zscore (each feature's mean and std "
+                        "fitted here, the default for an MLP) or raw (the fields, and their "
+                        "rolling mean / std, as they are); a tree ensemble or a model with its "
+                        "own input scaler must say which")
     c.add_argument("--window", type=_int_in(1, 65536), default=32,
                    help="ticks in the rolling window (1..65536)")
     c.add_argument("--max-error", type=_max_error, metavar="E",
@@ -395,6 +487,12 @@ def main(argv=None) -> int:
     s.add_argument("--name", required=True, help="the name clients connect to")
     s.add_argument("--config", help="TOML config ([serve], [placement], [engine], ...)")
     s.add_argument("--model", help="model (.fpm or .onnx; default: the demo model)")
+    s.add_argument("--head", type=_head_arg, metavar=_HEAD_FORM,
+                   help="the head that turns the model's outputs into signal and confidence "
+                        "(Model.from_onnx(head=...), or with_head for a bundle): KIND one of "
+                        "tanh_sigmoid, regression, classifier3, classifier2; OUTPUTS the "
+                        "indices it reads, e.g. classifier3:2,1,0 or regression:1; SCALE a "
+                        "regression head's scale (default 1; calibrate fits one)")
     s.add_argument("--stats", action="store_true", help="print throughput, queue depth and "
                    "per-stage latency percentiles every second")
     args = ap.parse_args(argv)

@@ -47,17 +47,56 @@ def _ticks(raws, raw_len: int) -> np.ndarray:
     return r
 
 
+FEATURE_KINDS = ("zscore", "raw")
+
+
+def features_choice_needed(model: Model) -> str | None:
+    """Why `model` must be told whether its features are z-scored or raw (calibrate's
+    `features`), or None where z-scoring is the default: a tree compares each feature with
+    thresholds in the units it was trained on (z-scored prices all fell on one side of every
+    split fitted on raw ones: one constant, wrong signal), and a model with its own input
+    scaler standardises raw values itself (z-scored first, they were scaled twice)."""
+    if model.kind == "trees":
+        return ("a tree ensemble compares each feature with thresholds in the units it was "
+                "trained on")
+    if model.input_scaler is not None:
+        return ("the model standardises its input itself (an input scaler in front of its "
+                "first layer, imported from the ONNX pipeline)")
+    return None
+
+
 def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Iterable[int] = (),
               window: int = 32, symbols: np.ndarray | None = None,
-              field_names: Sequence[str] = ()) -> Model:
+              field_names: Sequence[str] = (), features: str | None = None) -> Model:
     """The model with a feature spec fitted to recorded raw ticks, a regression head's scale
     fitted to its predictions on them (fit_head_scale), and its cache OFF: a cache policy
     fitted to other features says nothing about these (fit one with fit_cache_policy).
 
+    features: "zscore" (each feature's mean and inverse std fitted: for a model trained on
+    z-scored inputs, as the demo model is) or "raw" (the fields and their rolling mean / std
+    as they are, mean 0 and inv_std 1: for a model trained on raw values, as a tree ensemble
+    usually is, whose thresholds are in the raw fields' units, or a pipeline that standardises
+    its input itself). None: "zscore" for an MLP without an input scaler; a tree ensemble
+    or a model with an input scaler must say which (ModelError, features_choice_needed).
+
     A model with an input scaler (imported from ONNX with a Scaler in front) keeps it after
     the fitted spec, as with_feature_spec does: the fitted spec makes the model's input and
     the scaler follows (Model.features)."""
+    from fastpath._checks import one_of
+    if features is None:
+        why = features_choice_needed(model)
+        if why is not None:
+            raise ModelError(f"calibrate: {why}: say what it was trained on, features='raw' "
+                             f"(the fields as they are, and their rolling mean / std) or "
+                             f"features='zscore' (each feature z-scored with the mean and std "
+                             f"fitted here)")
+        features = "zscore"
+    if not one_of(features, FEATURE_KINDS):
+        raise ModelError(f"features must be one of {FEATURE_KINDS} (or None), got {features!r}")
     fs = FeatureSpec.fit(raws, z_idx, w_idx, window, symbols, field_names)
+    if features == "raw":
+        fs = replace(fs, mean=np.zeros(fs.n_feat, np.float32),
+                     inv_std=np.ones(fs.n_feat, np.float32))
     base = model.cache_policy
     meta = {k: v for k, v in model.meta.items() if k != "cache_policy_fit"}
     out = replace(model, feature_spec=fs, meta=meta,

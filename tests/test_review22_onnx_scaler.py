@@ -361,7 +361,7 @@ def test_calibrate_keeps_the_scaler_after_the_fitted_spec(pipes):
     path, _ = pipes["std_mlp"]
     m = Model.from_onnx(path, head=Head("regression", 1.0, (0,)))
     X, _ = _prices(300, seed=9)
-    out = calibrate(m, X, range(6))
+    out = calibrate(m, X, range(6), features="zscore")     # (a scaler model must say)
     fitted = FeatureSpec.fit(X, range(6))
     assert out.input_scaler == m.input_scaler
     assert out.feature_spec == fitted

@@ -150,7 +150,8 @@ def _ways(pipes, kind, spec):
             "constructor": Model(m.layers, fs, m.cache_policy, m.meta, m.post, m.head_spec,
                                  trees=m.trees, input_scaler=m.input_scaler)}
     if spec == "zscored":
-        ways["calibrate"] = calibrate(m, FIT_RAWS, WHERE)
+        # (a tree or a scaler model must say what its features are: session 27)
+        ways["calibrate"] = calibrate(m, FIT_RAWS, WHERE, features="zscore")
     ways["bundle"] = Model.from_bytes(ways["with_feature_spec"].to_bytes())
     for name, w in ways.items():
         assert w.feature_spec == fs and w.input_scaler == m.input_scaler, name
