@@ -1,0 +1,260 @@
+"""Session 27 review of the serving code: signal handlers, the exit's drain, fork, interrupts.
+
+- Server's lock was a plain threading.Lock: a signal handler that called srv.stop() (or stats(),
+  latency_records()) while the main thread was inside stats() / latency_records() (holding
+  the lock) deadlocked. The lock is reentrant now, and a stop() nested in another call leaves
+  the worker open to that call, which closes it on its way out (closed under it, the outer
+  call read an unmapped segment).
+- A Ctrl-C during an in-process server's exit drain (the atexit hook, which caught Exception
+  only) escaped the hook with the loop still running and left the segment in /dev/shm. A
+  SIGINT or SIGTERM there ends the drain, as a second signal ends `fastpath serve`'s; the
+  segment is removed and stderr says what was left unanswered.
+"""
+import os
+import signal
+import subprocess
+import sys
+
+from fastpath._serve import segment_path
+from test_serve import PKG_ROOT, uname
+
+CFG = ('{"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield", '
+       '"idle_spin_ns": 50000}}')
+
+
+def _python(code, *args, timeout=120, **kw):
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                          text=True, cwd=PKG_ROOT, env=dict(os.environ, PYTHONPATH=PKG_ROOT),
+                          timeout=timeout, **kw)
+
+
+NESTED = r"""
+import os, random, signal, sys
+import numpy as np
+import fastpath
+base, rounds, outer, inner = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+random.seed(27)
+for i in range(rounds):
+    srv = fastpath.serve(f"{base}-{i}", config=CFG)
+    with fastpath.connect(srv.name, timeout=5) as c:
+        c.step(np.zeros(c.raw_len, np.float32), 0)     # one latency record
+    path = srv.path
+    seen = []
+
+    def handler(*_):
+        # every public method, the stop among them, from inside whatever the main thread
+        # was doing with the same server
+        if inner == "stop":
+            seen.append(srv.stats()["state"])
+            srv.stop()
+            seen.append(srv.stats()["state"])
+            assert len(srv.latency_records()) == 1
+            srv.stop()
+            repr(srv)
+        else:
+            seen.append(len(srv.latency_records()))
+            seen.append(srv.stats()["state"])
+
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0005, 0.01))
+    while not seen:
+        if outer == "stats":
+            st = srv.stats()
+            assert st["state"] in ("running", "stopped") and st["served"] == 1, st
+            assert len(srv.latency_records()) == 1
+        else:
+            srv.stop()
+            assert srv.stats()["state"] == "stopped"
+            signal.pause() if not seen else None
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    if inner == "stop":
+        assert seen[-1] == "stopped", seen
+        assert not os.path.exists(path), path
+    srv.stop()
+    assert srv.stats()["state"] == "stopped" and len(srv.latency_records()) == 1
+    assert not os.path.exists(path), path
+print("ok", rounds)
+""".replace("CFG", CFG)
+
+
+def _nested(outer, inner, rounds):
+    base = uname()
+    paths = [segment_path(f"{base}-{i}") for i in range(rounds)]
+    try:
+        # a deadlock is a timeout here, a use of a closed worker a crash (rc -11)
+        r = _python(NESTED, base, rounds, outer, inner, timeout=120)
+    finally:
+        left = [p for p in paths if os.path.exists(p)]
+        for p in left:          # a child killed by the timeout leaves its segment
+            os.unlink(p)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["ok", str(rounds)]
+    assert not left
+
+
+def test_stop_from_a_signal_handler_inside_stats_neither_deadlocks_nor_crashes():
+    _nested("stats", "stop", 30)
+
+
+def test_stats_from_a_signal_handler_inside_stats_does_not_deadlock():
+    _nested("stats", "stats", 30)
+
+
+def test_calls_from_a_signal_handler_inside_stop():
+    _nested("stop", "stop", 30)
+    _nested("stop", "stats", 30)
+
+
+EXIT_DRAIN = r"""
+import sys
+import numpy as np
+import fastpath
+name = sys.argv[1]
+cfg = CFG
+cfg["serve"].update(ring_slots=2, on_full="reject", drain_timeout_ms=60_000)
+srv = fastpath.serve(name, config=cfg)
+c = fastpath.connect(name, timeout=5)
+raw = np.zeros(c.raw_len, np.float32)
+for i in range(2):          # answered and never taken: c's reply ring (2 slots) is full
+    c.submit(raw, 0, i + 1)
+while c.server_stats()["served"] < 2:
+    pass
+c.submit(raw, 0, 3)         # held: the exit's drain waits for room in c's reply ring
+print("ready", flush=True)
+# the interpreter exits here: the exit hook stops srv, its drain held by c
+""".replace("CFG", CFG)
+
+
+def _exit_drain_ended_by(sig):
+    import fastpath
+    from test_serve import deadline
+    name = uname()
+    p = subprocess.Popen([sys.executable, "-c", EXIT_DRAIN, name], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=PKG_ROOT,
+                         env=dict(os.environ, PYTHONPATH=PKG_ROOT))
+    try:
+        assert p.stdout.readline() == "ready\n", p.stderr.read()
+        with deadline(60):
+            with fastpath.connect(name, timeout=5) as c:
+                while c.server_stats()["state"] != "stopping":     # the exit's drain
+                    pass
+                p.send_signal(sig)
+        # the drain alone would wait 60 s
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    # the KeyboardInterrupt escaped the hook ("Exception ignored in atexit callback") with the
+    # segment left behind
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert not os.path.exists(segment_path(name))
+    assert (f"server {name!r}: the exit's drain was ended by {sig.name}: 1 request(s) clients "
+            f"sent stay unanswered") in err, err
+    return p.returncode
+
+
+def test_ctrl_c_during_the_exit_drain_ends_it_and_removes_the_segment():
+    assert _exit_drain_ended_by(signal.SIGINT) == 0
+
+
+def test_sigterm_during_the_exit_drain_ends_it_and_removes_the_segment():
+    assert _exit_drain_ended_by(signal.SIGTERM) == 0
+
+
+def test_a_fork_while_another_thread_holds_the_servers_lock_does_not_hang_the_child():
+    """A thread inside stats() / latency_records() at the fork held the lock, and held it in
+    the child for ever (that thread does not exist there): the child's stop() (its exit hook)
+    and stats() waited on it for ever."""
+    import threading
+
+    import fastpath
+    from fastpath import ServeError
+    from test_serve import cfg
+    srv = fastpath.serve(uname(), config=cfg())
+    held, release = threading.Event(), threading.Event()
+
+    def inside_stats():             # stands for a monitoring thread inside srv.stats()
+        with srv._lock:
+            held.set()
+            release.wait(60)
+
+    t = threading.Thread(target=inside_stats)
+    t.start()
+    try:
+        assert held.wait(30)
+        pid = os.fork()
+        if pid == 0:                                        # pragma: no cover (child)
+            code = 3
+            try:
+                signal.alarm(30)                            # a hang: killed by SIGALRM
+                try:
+                    srv.stats()
+                except ServeError as exc:                   # "is run by process <parent>"
+                    assert "is a fork of it" in str(exc)
+                srv.stop()
+                code = 0
+            finally:
+                os._exit(code)
+        release.set()
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert srv.stats()["state"] == "running"
+    finally:
+        release.set()
+        t.join(30)
+        srv.stop()
+
+
+def test_an_interrupt_while_the_server_makes_its_thread_leaves_no_segment(monkeypatch):
+    import fastpath
+    from fastpath.serving import server as server_mod
+    from test_serve import cfg
+
+    class Interrupted:
+        def __init__(self, *a, **kw):
+            raise KeyboardInterrupt     # a Ctrl-C landing in threading.Thread's own code
+
+    monkeypatch.setattr(server_mod.threading, "Thread", Interrupted)
+    name = uname()
+    try:
+        fastpath.serve(name, config=cfg())
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("no KeyboardInterrupt")
+    # the Worker was made first and dropped: its finalizer only unmaps
+    assert not os.path.exists(segment_path(name))
+
+
+def test_repr_of_a_server_another_thread_is_stopping_never_raises():
+    """repr read the worker, then its state: a stop() in between closed it and repr raised
+    ServeError "is closed"."""
+    import threading
+
+    import fastpath
+    from test_serve import cfg
+    errors = []
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)         # switch threads as often as the GIL allows
+    try:
+        for _ in range(20):
+            srv = fastpath.serve(uname(), config=cfg())
+            done = threading.Event()
+
+            def reprs():
+                while not done.is_set():
+                    try:
+                        repr(srv)
+                    except Exception as exc:        # noqa: BLE001 (what is tested)
+                        errors.append(exc)
+
+            t = threading.Thread(target=reprs)
+            t.start()
+            srv.stop()
+            done.set()
+            t.join(30)
+            assert repr(srv).endswith("state='closed')")
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[:3]
