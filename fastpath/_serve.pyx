@@ -297,9 +297,26 @@ cdef class Worker:
         self._o.drain_timeout_ns = <int64_t>serve_cfg.drain_timeout_ms * 1000000
         _lat_ring_alloc(&self._lat, config.latency_records)
         self._o.lat = &self._lat
-        self._create(serve_cfg, memory_cfg)
-        self._owner_pid = os.getpid()
-        _workers.add(self)
+        try:
+            self._create(serve_cfg, memory_cfg)
+            self._owner_pid = os.getpid()
+            _workers.add(self)
+        except BaseException:
+            # an interrupt once the file was made (a Ctrl-C while /proc/self/smaps was read for
+            # the report) or an error after it: this Worker is never handed out and its
+            # finalizer only unmaps, so the segment stayed in /dev/shm with a header naming
+            # this live process (a serve under the name from here: "already served")
+            self._unmake()
+            raise
+
+    cdef _unmake(self):
+        """Undo _create: unmap, and remove the file it made (only that one)."""
+        if self._h != NULL:
+            munmap(self._h, self._size)
+            self._h = NULL
+        if self._ident is not None:
+            from fastpath.serving.segment import remove
+            remove(self.path, self._ident)
 
     cdef void _forked(self):
         """In a child made by fork(): the segment and its rings are the parent's server's.
@@ -859,9 +876,12 @@ cdef class Client:
                 raise RingFull(f"request ring of server {self.name!r} is full ({self._s.h.slots} "
                                f"requests waiting; [serve] on_full = \"reject\"): the tick was "
                                f"not sent; take replies with poll() or slow down")
-            # spin: take replies meanwhile (a full reply ring holds the worker back)
-            while fp_client_poll(&self._c, &rep):
+            # spin: take replies meanwhile (a full reply ring holds the worker back); _open
+            # each time, as in poll()
+            while self._open and fp_client_poll(&self._c, &rep):
                 self._stash.append(self._as_item(&rep))
+            if not self._open:
+                self._check_server()      # raises: closed while this call waited
             # a stop beginning meanwhile: the next try refuses the tick (the drain makes room,
             # and a tick sent then held the drain open or came after it, never answered)
             spins += 1
@@ -889,7 +909,9 @@ cdef class Client:
         self._need()
         out = self._stash
         self._stash = []
-        while fp_client_poll(&self._c, &rep):
+        # _open each time: what runs inside the loop's allocations (a finalizer, a gc
+        # callback, the signal handler one runs) may close this client and unmap its rings
+        while self._open and fp_client_poll(&self._c, &rep):
             out.append(self._as_item(&rep))
         if not out and fp_client_outstanding(&self._c):
             self._check_server()
@@ -911,7 +933,9 @@ cdef class Client:
                         return _make(&rep)
                     raise _reply_error(rep.err, seq, int(symbol), -1 if ts_ns is None else ts_ns)
                 self._stash.append(self._as_item(&rep))
-                continue
+                if self._open:
+                    continue
+                spins = 1023    # closed inside the line above (as in poll()): said just below
             spins += 1
             if (spins & 1023) == 0:
                 try:

@@ -258,3 +258,83 @@ def test_repr_of_a_server_another_thread_is_stopping_never_raises():
     finally:
         sys.setswitchinterval(old)
     assert not errors, errors[:3]
+
+
+def test_an_interrupt_while_the_worker_reports_its_segment_leaves_no_segment(monkeypatch):
+    """The Worker reads /proc/self/smaps for its report once the segment is made: a Ctrl-C
+    there (or any error after the file was made) left the file in /dev/shm, its header naming
+    this live process."""
+    import fastpath
+    from fastpath.control import memory
+    from test_serve import cfg
+
+    real = memory.smaps_entry
+
+    def interrupted(addr):
+        if os.path.exists(segment_path(name)):     # the segment's report (not the engine's)
+            raise KeyboardInterrupt
+        return real(addr)
+
+    monkeypatch.setattr(memory, "smaps_entry", interrupted)
+    name = uname()
+    try:
+        fastpath.serve(name, config=cfg())
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("no KeyboardInterrupt")
+    assert not os.path.exists(segment_path(name))
+    monkeypatch.undo()
+    fastpath.serve(name, config=cfg()).stop()   # the name is free
+
+
+CLOSE_INSIDE = r"""
+import gc, sys
+import numpy as np
+import fastpath
+from fastpath import ServeError
+name, how = sys.argv[1], sys.argv[2]
+cfg = CFG
+cfg["serve"].update(ring_slots=8, on_full="spin")
+srv = fastpath.serve(name, config=cfg)
+c = fastpath.connect(name, timeout=5)
+raw = np.zeros(c.raw_len, np.float32)
+n = 8 if how == "submit" else 4
+for i in range(n):
+    c.submit(raw, 0)
+while c.server_stats()["served"] < n:
+    pass
+if how == "submit":     # the reply ring full, then the request ring: the submit spins for room
+    for i in range(8):
+        c.submit(raw, 0)
+armed = []
+
+
+def close_once(phase, info):
+    # what runs inside an allocation of the call (a gc pass: finalizers, gc callbacks, the
+    # signal handlers they let run) closes the client
+    if armed and phase == "start":
+        armed.clear()
+        c.close()
+
+
+gc.callbacks.append(close_once)
+gc.collect()
+gc.set_threshold(1)                 # a gc pass at the call's first allocations
+armed.append(1)
+try:
+    out = c.poll() if how == "poll" else c.step(raw, 0) if how == "step" else c.submit(raw, 0)
+    print("returned", len(out) if how == "poll" else out)
+except ServeError as exc:
+    print("raised:", exc)
+gc.set_threshold(700)
+srv.stop()
+""".replace("CFG", CFG)
+
+
+def test_a_close_inside_poll_step_or_submit_is_an_error_not_a_segfault():
+    for how in ("poll", "step", "submit"):
+        r = _python(CLOSE_INSIDE, uname(), how, timeout=120)
+        # the loop taking answers read the unmapped rings: SIGSEGV (-11)
+        assert r.returncode == 0, (how, r.returncode, r.stderr[-2000:])
+        assert "was closed while this call waited" in r.stdout, (how, r.stdout)
