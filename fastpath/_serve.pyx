@@ -607,41 +607,61 @@ cdef class _LatRing:
 
 
 cdef dict _header_stats(fp_seg_header *h):
-    cdef fp_ring_ctl *ctl
-    clients = []
-    depth = 0
-    for i in range(h.max_clients):
-        st = fp_atomic_load_u32(&h.clients[i].state)
-        if st == FP_CL_ACTIVE:
-            clients.append({"slot": i, "pid": h.clients[i].pid,
-                            "served": h.clients[i].served})
-    # queue depth: requests published and not yet taken, over all clients
+    # every value read into C locals first, the Python objects built after: building them
+    # allocates, and what a gc pass runs then (a finalizer, a gc callback, a signal handler
+    # one lets run) may close the client or the worker and unmap h: the next read segfaulted
+    cdef uint32_t n = 0, i, st
+    cdef int32_t pid[FP_SEG_MAX_CLIENTS]
+    cdef uint32_t slot[FP_SEG_MAX_CLIENTS]
+    cdef uint64_t served[FP_SEG_MAX_CLIENTS]
+    cdef uint64_t queued[FP_SEG_MAX_CLIENTS]
+    cdef uint64_t depth = 0
     cdef uint64_t *cur
     cdef uint64_t head, tail
-    for c in clients:
-        cur = <uint64_t *>fp_seg_ctl(h, c["slot"])
-        # the worker's tail first, then the client's head: read the other way round, a
-        # request published and taken between the two reads put the tail past the head, and
-        # the unsigned difference read as 2**64 - 1 requests queued (a slot freed between
-        # the reads does too: no fewer than none)
+    cdef uint32_t m = min(h.max_clients, <uint32_t>FP_SEG_MAX_CLIENTS)
+    for i in range(m):
+        st = fp_atomic_load_u32(&h.clients[i].state)
+        if st != FP_CL_ACTIVE:
+            continue
+        slot[n] = i
+        pid[n] = h.clients[i].pid
+        served[n] = h.clients[i].served
+        # queue depth: requests published and not yet taken. The worker's tail first, then
+        # the client's head: read the other way round, a request published and taken
+        # between the two reads put the tail past the head, and the unsigned difference
+        # read as 2**64 - 1 requests queued (a slot freed between the reads does too: no
+        # fewer than none)
+        cur = <uint64_t *>fp_seg_ctl(h, i)
         tail = fp_atomic_load_u64(&cur[8])
         head = fp_atomic_load_u64(&cur[0])
-        d = head - tail if head > tail else 0
-        c["queued"] = int(d)
-        depth += d
-    return {"state": ("starting", "running", "stopping", "stopped")[fp_atomic_load_u32(&h.state)],
-            "served": int(fp_atomic_load_u64(&h.served)),
-            "errors": int(fp_atomic_load_u64(&h.errors)),
-            "rejected_full": int(fp_atomic_load_u64(&h.rejected_full)),
-            "clients_reaped": int(fp_atomic_load_u64(&h.clients_reaped)),
-            "busy_ns": int(fp_atomic_load_u64(&h.busy_ns)),
-            "idle_polls": int(fp_atomic_load_u64(&h.idle_polls)),
+        queued[n] = head - tail if head > tail else 0
+        depth += queued[n]
+        n += 1
+    cdef uint32_t state = fp_atomic_load_u32(&h.state)
+    cdef uint64_t h_served = fp_atomic_load_u64(&h.served)
+    cdef uint64_t h_errors = fp_atomic_load_u64(&h.errors)
+    cdef uint64_t h_rejected = fp_atomic_load_u64(&h.rejected_full)
+    cdef uint64_t h_reaped = fp_atomic_load_u64(&h.clients_reaped)
+    cdef uint64_t h_busy = fp_atomic_load_u64(&h.busy_ns)
+    cdef uint64_t h_idle = fp_atomic_load_u64(&h.idle_polls)
+    cdef int64_t age = fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)
+    cdef int32_t server_pid = h.server_pid
+    cdef uint32_t slots = h.slots, on_full = h.on_full, seg_flags = h.seg_flags
+    # from here on, h is not read
+    clients = []
+    for i in range(n):
+        clients.append({"slot": slot[i], "pid": pid[i], "served": served[i],
+                        "queued": queued[i]})
+    return {"state": ("starting", "running", "stopping", "stopped")[state],
+            "served": int(h_served), "errors": int(h_errors),
+            "rejected_full": int(h_rejected), "clients_reaped": int(h_reaped),
+            "busy_ns": int(h_busy), "idle_polls": int(h_idle),
             "queue_depth": int(depth), "clients": clients,
-            "heartbeat_age_ns": int(fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)),
-            "server_pid": h.server_pid, "slots": h.slots, "on_full":
-                "reject" if h.on_full == FP_ON_FULL_REJECT else "spin",
-            "segment_pages": ("hugetlb" if h.seg_flags == FP_SEG_HUGE_TLB else
-                              "thp" if h.seg_flags == FP_SEG_HUGE_THP else "normal")}
+            "heartbeat_age_ns": int(age),
+            "server_pid": server_pid, "slots": slots, "on_full":
+                "reject" if on_full == FP_ON_FULL_REJECT else "spin",
+            "segment_pages": ("hugetlb" if seg_flags == FP_SEG_HUGE_TLB else
+                              "thp" if seg_flags == FP_SEG_HUGE_THP else "normal")}
 
 
 # --------------------------------------------------------------------------- client side

@@ -338,3 +338,16 @@ def test_a_close_inside_poll_step_or_submit_is_an_error_not_a_segfault():
         # the loop taking answers read the unmapped rings: SIGSEGV (-11)
         assert r.returncode == 0, (how, r.returncode, r.stderr[-2000:])
         assert "was closed while this call waited" in r.stdout, (how, r.stdout)
+
+
+def test_a_close_inside_server_stats_is_no_segfault():
+    """server_stats() built its dicts while it read the header: a gc pass there (a finalizer,
+    a gc callback) that closed the client unmapped the header under the next read."""
+    code = CLOSE_INSIDE.replace(
+        'out = c.poll() if how == "poll" else c.step(raw, 0) if how == "step" else '
+        'c.submit(raw, 0)', 'out = c.server_stats()').replace(
+        'len(out) if how == "poll" else out', 'out["served"], len(out["clients"])')
+    assert 'out = c.server_stats()' in code
+    r = _python(code, uname(), "stats", timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split() == ["returned", "4", "1"], r.stdout
