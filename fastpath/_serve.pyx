@@ -690,7 +690,7 @@ cdef class Client:
     cdef unsigned long _owner
     cdef object __weakref__
 
-    def __cinit__(self, name, double timeout=1.0, stall_timeout=None):
+    def __cinit__(self, name, timeout=1.0, stall_timeout=None):
         """stall_timeout: seconds a live server's loop may go without a heartbeat before
         calls raise ServerGone; None takes the server's [serve] stall_timeout_ms."""
         cdef int rc
@@ -699,11 +699,19 @@ cdef class Client:
         self._sym_of = NULL
         self._ts_of = NULL
         self._stash = []
-        self._stall_ns = -1 if stall_timeout is None else <int64_t>(float(stall_timeout) * 1e9)
+        # checked as connect() checks them: made directly (fastpath.serving.client.Client), a
+        # nan, inf or huge timeout overflowed the deadline (no wait at all, "no server is
+        # serving"), a nan or negative stall_timeout called every live server stalled, and a
+        # str raised a TypeError or ValueError naming no argument
+        from fastpath.serving.client import _seconds
+        timeout = _seconds("timeout", timeout, lo_open=False)
+        if stall_timeout is not None:
+            stall_timeout = _seconds("stall_timeout", stall_timeout, lo_open=True)
+        self._stall_ns = -1 if stall_timeout is None else <int64_t>(<double>stall_timeout * 1e9)
         b = _name_bytes(name)
         self.name = name
         path = segment_path(name)
-        deadline = fp_ring_now_ns() + <int64_t>(timeout * 1e9)
+        deadline = fp_ring_now_ns() + <int64_t>(<double>timeout * 1e9)
         # a server being started may not have published its segment yet: retry until timeout
         starting = 0        # the pid of a server seen still starting
         while True:

@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
+
 from fastpath._serve import segment_path
 from test_serve import PKG_ROOT, uname
 
@@ -351,3 +353,28 @@ def test_a_close_inside_server_stats_is_no_segfault():
     r = _python(code, uname(), "stats", timeout=120)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert r.stdout.split() == ["returned", "4", "1"], r.stdout
+
+
+def test_a_client_made_directly_checks_its_timeouts():
+    """fastpath.serving.client.Client(name, timeout, stall_timeout) took a nan, inf or huge
+    timeout (the deadline overflowed: no wait, "no server is serving"), a nan or negative
+    stall_timeout (every live server called stalled) and a str (TypeError / ValueError
+    naming no argument)."""
+    import pytest
+
+    import fastpath
+    from fastpath import InputError
+    from fastpath.serving.client import Client
+    from test_serve import cfg
+    name = uname()
+    for bad in (float("nan"), float("inf"), 1e12, -1, "5", True):
+        with pytest.raises(InputError, match=r"^timeout must be a number of seconds in \[0, "):
+            Client(name, bad)
+    for bad in (float("nan"), -1, 0, "5"):
+        with pytest.raises(InputError, match=r"^stall_timeout must be a number of seconds in "
+                                             r"\(0, "):
+            Client(name, 1.0, bad)
+    with fastpath.serve(name, config=cfg()):
+        with Client(name, 5, 30) as c:
+            assert c.stall_timeout == 30
+            c.step(np.zeros(c.raw_len, np.float32), 0)
