@@ -111,9 +111,9 @@ EXIT_DRAIN = r"""
 import sys
 import numpy as np
 import fastpath
-name = sys.argv[1]
+name, drain_ms = sys.argv[1], int(sys.argv[2])
 cfg = CFG
-cfg["serve"].update(ring_slots=2, on_full="reject", drain_timeout_ms=60_000)
+cfg["serve"].update(ring_slots=2, on_full="reject", drain_timeout_ms=drain_ms)
 srv = fastpath.serve(name, config=cfg)
 c = fastpath.connect(name, timeout=5)
 raw = np.zeros(c.raw_len, np.float32)
@@ -131,7 +131,8 @@ def _exit_drain_ended_by(sig):
     import fastpath
     from test_serve import deadline
     name = uname()
-    p = subprocess.Popen([sys.executable, "-c", EXIT_DRAIN, name], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-c", EXIT_DRAIN, name, "60000"],
+                         stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=PKG_ROOT,
                          env=dict(os.environ, PYTHONPATH=PKG_ROOT))
     try:
@@ -378,3 +379,14 @@ def test_a_client_made_directly_checks_its_timeouts():
         with Client(name, 5, 30) as c:
             assert c.stall_timeout == 30
             c.step(np.zeros(c.raw_len, np.float32), 0)
+
+
+def test_an_exit_drain_that_times_out_says_what_it_left():
+    """The exit hook's drain gave up on a client that took no answers without a word (as
+    `fastpath serve` said nothing before session 26)."""
+    name = uname()
+    r = _python(EXIT_DRAIN, name, 100, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(segment_path(name))
+    assert (f"server {name!r}: the exit's drain ended after [serve] drain_timeout_ms = 100: "
+            f"1 request(s) clients sent stay unanswered") in r.stderr, r.stderr

@@ -242,7 +242,9 @@ class Server:
         timeout (s): how long to wait for the loop to end; None: [serve] drain_timeout_ms
         plus 10 s (the drain waits that long for a client that does not take its answers:
         a fixed 10 s gave up on a drain the config allows up to 60 s, and left the
-        segment behind)."""
+        segment behind). Safe in a signal handler, one that interrupted another call of
+        this server included: a stats() it interrupted still returns its counters, and the
+        segment goes when that call returns."""
         if timeout is None:
             timeout = self.serve_config.drain_timeout_ms / 1000 + 10.0
         else:
