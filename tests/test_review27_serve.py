@@ -390,3 +390,47 @@ def test_an_exit_drain_that_times_out_says_what_it_left():
     assert not os.path.exists(segment_path(name))
     assert (f"server {name!r}: the exit's drain ended after [serve] drain_timeout_ms = 100: "
             f"1 request(s) clients sent stay unanswered") in r.stderr, r.stderr
+
+
+def test_fastpath_serve_stops_on_sighup_and_keeps_serving_under_nohup(tmp_path):
+    """A closed terminal (SIGHUP) killed `fastpath serve` and left its segment in /dev/shm."""
+    import fastpath
+    from test_review25_lead import serve_cli
+    name = uname()
+    p = serve_cli(tmp_path, name)
+    try:
+        assert p.stdout.readline().startswith(f"serving '{name}'")
+        p.send_signal(signal.SIGHUP)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    assert p.returncode == 0, (p.returncode, err)
+    assert f"stopped '{name}'" in out
+    assert not os.path.exists(segment_path(name))
+    # ignored (nohup): left ignored, the server is not stopped by it
+    name = uname()
+    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
+                          "--config", str(tmp_path / "serve.toml")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=PKG_ROOT,
+                         env=dict(os.environ, PYTHONPATH=PKG_ROOT),
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        assert p.stdout.readline().startswith(f"serving '{name}'")
+        with open(f"/proc/{p.pid}/status") as f:
+            masks = {k: int(v, 16) for k, v in (ln.split(":\t") for ln in f.read().splitlines()
+                                                 if ln.startswith(("SigIgn", "SigCgt")))}
+        bit = 1 << (signal.SIGHUP - 1)
+        assert masks["SigIgn"] & bit and not masks["SigCgt"] & bit, masks
+        p.send_signal(signal.SIGHUP)
+        with fastpath.connect(name, timeout=5) as c:
+            c.step(np.zeros(c.raw_len, np.float32), 0)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    assert p.returncode == 0, (p.returncode, err)
+    assert not os.path.exists(segment_path(name))

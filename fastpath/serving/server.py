@@ -467,7 +467,12 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
                 held["forced"] = True
         stop.set()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too (the terminal or ssh session closed): it killed the server, leaving the
+    # segment in /dev/shm; not where it is ignored (nohup), which must keep serving
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    old = {s: signal.signal(s, on_signal) for s in sigs}
     try:
         srv = held["srv"] = Server(name, model, config)
         try:
