@@ -434,3 +434,38 @@ def test_fastpath_serve_stops_on_sighup_and_keeps_serving_under_nohup(tmp_path):
             p.wait(timeout=10)
     assert p.returncode == 0, (p.returncode, err)
     assert not os.path.exists(segment_path(name))
+
+
+def test_fastpath_serve_stops_when_its_stopping_line_cannot_be_written(monkeypatch):
+    """The terminal gone (EIO) or a closed pipe: the "stopping" print raised before the stop,
+    and the loop served on (its segment there) until the exit hook drained it."""
+    import errno
+
+    import pytest
+
+    from fastpath.serving import server as server_mod
+    from test_serve import cfg
+
+    class Gone:
+        def write(self, s):
+            if s.startswith("serving "):
+                os.kill(os.getpid(), signal.SIGTERM)
+            if s.startswith("stopping "):
+                raise OSError(errno.EIO, "Input/output error")
+
+        def flush(self):
+            pass
+
+    name = uname()
+    seen = []
+    real_stop = server_mod.Server.stop
+
+    def stop(self, timeout=None):
+        seen.append(self)
+        real_stop(self, timeout)
+
+    monkeypatch.setattr(server_mod.Server, "stop", stop)
+    with pytest.raises(OSError, match="Input/output error"):
+        server_mod.run_foreground(name, None, cfg(), out=Gone())
+    assert seen and seen[0].final_stats is not None      # stopped, not left to the exit hook
+    assert not os.path.exists(segment_path(name))

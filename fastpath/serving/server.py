@@ -493,10 +493,14 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
                     t_prev = now
                     print(line, file=out, flush=True)
         finally:
-            if stop.is_set():
-                print(f"stopping {name!r}: answering what clients sent (a second SIGINT or "
-                      f"SIGTERM ends the drain)", file=out, flush=True)
-            srv.stop()
+            try:
+                if stop.is_set():
+                    print(f"stopping {name!r}: answering what clients sent (a second SIGINT "
+                          f"or SIGTERM ends the drain)", file=out, flush=True)
+            finally:
+                # a print that failed (the terminal gone: SIGHUP, EIO; a closed pipe) skipped
+                # the stop: the loop served on until the exit hook's drain
+                srv.stop()
         st = srv.final_stats
         print(f"stopped {name!r}" + (f": {st['served']} served, {st['errors']} errors" if st
                                      else ""), file=out, flush=True)
