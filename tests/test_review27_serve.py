@@ -123,6 +123,8 @@ while c.server_stats()["served"] < 2:
     pass
 c.submit(raw, 0, 3)         # held: the exit's drain waits for room in c's reply ring
 print("ready", flush=True)
+sys.stdin.readline()        # the test's own client is connected: a connect once the drain
+                            # has begun is refused ("is stopping")
 # the interpreter exits here: the exit hook stops srv, its drain held by c
 """.replace("CFG", CFG)
 
@@ -132,13 +134,15 @@ def _exit_drain_ended_by(sig):
     from test_serve import deadline
     name = uname()
     p = subprocess.Popen([sys.executable, "-c", EXIT_DRAIN, name, "60000"],
-                         stdout=subprocess.PIPE,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=PKG_ROOT,
                          env=dict(os.environ, PYTHONPATH=PKG_ROOT))
     try:
         assert p.stdout.readline() == "ready\n", p.stderr.read()
         with deadline(60):
             with fastpath.connect(name, timeout=5) as c:
+                p.stdin.write("go\n")
+                p.stdin.flush()
                 while c.server_stats()["state"] != "stopping":     # the exit's drain
                     pass
                 p.send_signal(sig)
@@ -385,7 +389,7 @@ def test_an_exit_drain_that_times_out_says_what_it_left():
     """The exit hook's drain gave up on a client that took no answers without a word (as
     `fastpath serve` said nothing before session 26)."""
     name = uname()
-    r = _python(EXIT_DRAIN, name, 100, timeout=120)
+    r = _python(EXIT_DRAIN, name, 100, timeout=120, input="go\n")
     assert r.returncode == 0, r.stderr
     assert not os.path.exists(segment_path(name))
     assert (f"server {name!r}: the exit's drain ended after [serve] drain_timeout_ms = 100: "
