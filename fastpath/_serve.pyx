@@ -954,6 +954,7 @@ cdef class Client:
         cdef uint64_t seq = self._submit(raw, symbol, ts_ns)
         cdef fp_rep rep
         cdef long spins = 0
+        cdef bint last_look = False
         while True:
             if fp_client_poll_spin(&self._c, &rep):
                 if rep.seq == seq:
@@ -982,6 +983,13 @@ cdef class Client:
                 try:
                     self._check_server()
                 except ServeError as exc:
+                    if self._open and not last_look:
+                        # the drain answers what was sent, then says stopped: an answer
+                        # published between this wait's last look at the ring and the check
+                        # is there (seen once the state is), and ServerGone said it never
+                        # came. One more round of looks first.
+                        last_look = True
+                        continue
                     # the tick was in the ring: which one, and that it went unanswered (a
                     # server that resumes from a stall may still answer it, through poll())
                     exc.seq = seq

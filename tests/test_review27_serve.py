@@ -473,3 +473,58 @@ def test_fastpath_serve_stops_when_its_stopping_line_cannot_be_written(monkeypat
         server_mod.run_foreground(name, None, cfg(), out=Gone())
     assert seen and seen[0].final_stats is not None      # stopped, not left to the exit hook
     assert not os.path.exists(segment_path(name))
+
+
+STOP_INSIDE_STEP = r"""
+import signal, sys
+import numpy as np
+import fastpath
+from fastpath.model import CachePolicy
+sys.path.insert(0, "TESTS")
+from conftest import random_model
+name, how = sys.argv[1], sys.argv[2]
+rng = np.random.default_rng(27)
+m = random_model(rng, [1024, 2048, 2048, 2], policy=CachePolicy(enabled=False))
+cfg = CFG
+cfg["serve"].update(ring_slots=64, on_full="reject", drain_timeout_ms=60_000)
+srv = fastpath.serve(name, m, cfg)
+c = fastpath.connect(name, timeout=5, stall_timeout=30)
+raw = np.zeros(1024, np.float32)
+for k in range(40):                 # a slow model: the last of these waits a while
+    c.submit(raw, 0, k + 1)
+waiting = False
+
+
+def on_alarm(*_):
+    if not waiting:
+        signal.setitimer(signal.ITIMER_REAL, 0.005)
+        return
+    srv.stop()      # inside the wait: the drain answers everything sent, then says stopped
+
+
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.005)
+waiting = True
+try:
+    if how == "step":
+        r = c.step(raw, 0, 41)
+        print("answered", r.seq, len(c.poll()))
+    else:
+        got = []
+        while len(got) < 40:
+            got += c.poll()
+        print("answered", len(got))
+except fastpath.ServeError as exc:
+    print("raised:", exc)
+""".replace("CFG", CFG).replace("TESTS", os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_stop_inside_a_wait_does_not_hide_the_answers_its_drain_gave():
+    """The drain answers what was sent, then says stopped: step() looked at the ring, then at
+    the state, and an answer published between the two was reported as never come
+    (ServerGone) while it was there. (poll() between two calls: the next one takes them.)"""
+    for how in ("step", "poll"):
+        r = _python(STOP_INSIDE_STEP, uname(), how, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        want = ["answered", "41", "40"] if how == "step" else ["answered", "40"]
+        assert r.stdout.split() == want, (how, r.stdout)
