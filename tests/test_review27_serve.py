@@ -8,7 +8,20 @@
 - A Ctrl-C during an in-process server's exit drain (the atexit hook, which caught Exception
   only) escaped the hook with the loop still running and left the segment in /dev/shm. A
   SIGINT or SIGTERM there ends the drain, as a second signal ends `fastpath serve`'s; the
-  segment is removed and stderr says what was left unanswered.
+  segment is removed and stderr says what was left unanswered (a drain that timed out says so
+  too).
+- A fork while another thread was inside stats() left the lock held in the child for ever (its
+  stop(), its exit hook, hung); an interrupt between making the segment and starting the
+  thread, or while the Worker read /proc/self/smaps for its report, left the segment in
+  /dev/shm; repr() raised when a stop() closed the worker between its two reads.
+- What runs inside a client call's allocations (a gc pass's finalizers and callbacks) may
+  close the client: poll(), step(), a spinning submit() and server_stats() went on reading the
+  unmapped rings (a segfault).
+- Client(...) made directly took a nan / inf / negative timeout or stall_timeout.
+- `fastpath serve` died on SIGHUP (its segment left), and skipped its stop when the
+  "stopping" line could not be written.
+- step() raised ServerGone for an answer the drain had published just before it said
+  stopped.
 """
 import os
 import signal
