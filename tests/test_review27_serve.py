@@ -541,3 +541,36 @@ def test_a_stop_inside_a_wait_does_not_hide_the_answers_its_drain_gave():
         assert r.returncode == 0, r.stderr[-2000:]
         want = ["answered", "41", "40"] if how == "step" else ["answered", "40"]
         assert r.stdout.split() == want, (how, r.stdout)
+
+
+def test_an_interrupt_right_after_the_segment_file_is_opened_leaves_no_file(monkeypatch):
+    import fastpath
+    from test_serve import cfg
+    name = uname()
+    path = segment_path(name)
+    real = os.fchmod
+    fds = []
+
+    def interrupted(fd, mode):
+        if os.path.exists(path):
+            fds.append((fd, os.fstat(fd).st_ino))
+            raise KeyboardInterrupt     # a Ctrl-C landing between the open and the chmod
+        return real(fd, mode)
+
+    monkeypatch.setattr(os, "fchmod", interrupted)
+    try:
+        fastpath.serve(name, config=cfg())
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("no KeyboardInterrupt")
+    monkeypatch.undo()
+    # the empty file stayed (a connect or serve under the name took it for one being made)
+    # and its descriptor stayed open
+    assert fds and not os.path.exists(path)
+    fd, ino = fds[0]
+    try:
+        leaked = os.fstat(fd).st_ino == ino     # the number may have been reused since
+    except OSError:
+        leaked = False
+    assert not leaked
