@@ -306,9 +306,26 @@ cdef class Worker:
         self._o.drain_timeout_ns = <int64_t>serve_cfg.drain_timeout_ms * 1000000
         _lat_ring_alloc(&self._lat, config.latency_records)
         self._o.lat = &self._lat
-        self._create(serve_cfg, memory_cfg)
-        self._owner_pid = os.getpid()
-        _workers.add(self)
+        try:
+            self._create(serve_cfg, memory_cfg)
+            self._owner_pid = os.getpid()
+            _workers.add(self)
+        except BaseException:
+            # an interrupt once the file was made (a Ctrl-C while /proc/self/smaps was read for
+            # the report) or an error after it: this Worker is never handed out and its
+            # finalizer only unmaps, so the segment stayed in /dev/shm with a header naming
+            # this live process (a serve under the name from here: "already served")
+            self._unmake()
+            raise
+
+    cdef _unmake(self):
+        """Undo _create: unmap, and remove the file it made (only that one)."""
+        if self._h != NULL:
+            munmap(self._h, self._size)
+            self._h = NULL
+        if self._ident is not None:
+            from fastpath.serving.segment import remove
+            remove(self.path, self._ident)
 
     cdef void _forked(self):
         """In a child made by fork(): the segment and its rings are the parent's server's.
@@ -599,41 +616,61 @@ cdef class _LatRing:
 
 
 cdef dict _header_stats(fp_seg_header *h):
-    cdef fp_ring_ctl *ctl
-    clients = []
-    depth = 0
-    for i in range(h.max_clients):
-        st = fp_atomic_load_u32(&h.clients[i].state)
-        if st == FP_CL_ACTIVE:
-            clients.append({"slot": i, "pid": h.clients[i].pid,
-                            "served": h.clients[i].served})
-    # queue depth: requests published and not yet taken, over all clients
+    # every value read into C locals first, the Python objects built after: building them
+    # allocates, and what a gc pass runs then (a finalizer, a gc callback, a signal handler
+    # one lets run) may close the client or the worker and unmap h: the next read segfaulted
+    cdef uint32_t n = 0, i, st
+    cdef int32_t pid[FP_SEG_MAX_CLIENTS]
+    cdef uint32_t slot[FP_SEG_MAX_CLIENTS]
+    cdef uint64_t served[FP_SEG_MAX_CLIENTS]
+    cdef uint64_t queued[FP_SEG_MAX_CLIENTS]
+    cdef uint64_t depth = 0
     cdef uint64_t *cur
     cdef uint64_t head, tail
-    for c in clients:
-        cur = <uint64_t *>fp_seg_ctl(h, c["slot"])
-        # the worker's tail first, then the client's head: read the other way round, a
-        # request published and taken between the two reads put the tail past the head, and
-        # the unsigned difference read as 2**64 - 1 requests queued (a slot freed between
-        # the reads does too: no fewer than none)
+    cdef uint32_t m = min(h.max_clients, <uint32_t>FP_SEG_MAX_CLIENTS)
+    for i in range(m):
+        st = fp_atomic_load_u32(&h.clients[i].state)
+        if st != FP_CL_ACTIVE:
+            continue
+        slot[n] = i
+        pid[n] = h.clients[i].pid
+        served[n] = h.clients[i].served
+        # queue depth: requests published and not yet taken. The worker's tail first, then
+        # the client's head: read the other way round, a request published and taken
+        # between the two reads put the tail past the head, and the unsigned difference
+        # read as 2**64 - 1 requests queued (a slot freed between the reads does too: no
+        # fewer than none)
+        cur = <uint64_t *>fp_seg_ctl(h, i)
         tail = fp_atomic_load_u64(&cur[8])
         head = fp_atomic_load_u64(&cur[0])
-        d = head - tail if head > tail else 0
-        c["queued"] = int(d)
-        depth += d
-    return {"state": ("starting", "running", "stopping", "stopped")[fp_atomic_load_u32(&h.state)],
-            "served": int(fp_atomic_load_u64(&h.served)),
-            "errors": int(fp_atomic_load_u64(&h.errors)),
-            "rejected_full": int(fp_atomic_load_u64(&h.rejected_full)),
-            "clients_reaped": int(fp_atomic_load_u64(&h.clients_reaped)),
-            "busy_ns": int(fp_atomic_load_u64(&h.busy_ns)),
-            "idle_polls": int(fp_atomic_load_u64(&h.idle_polls)),
+        queued[n] = head - tail if head > tail else 0
+        depth += queued[n]
+        n += 1
+    cdef uint32_t state = fp_atomic_load_u32(&h.state)
+    cdef uint64_t h_served = fp_atomic_load_u64(&h.served)
+    cdef uint64_t h_errors = fp_atomic_load_u64(&h.errors)
+    cdef uint64_t h_rejected = fp_atomic_load_u64(&h.rejected_full)
+    cdef uint64_t h_reaped = fp_atomic_load_u64(&h.clients_reaped)
+    cdef uint64_t h_busy = fp_atomic_load_u64(&h.busy_ns)
+    cdef uint64_t h_idle = fp_atomic_load_u64(&h.idle_polls)
+    cdef int64_t age = fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)
+    cdef int32_t server_pid = h.server_pid
+    cdef uint32_t slots = h.slots, on_full = h.on_full, seg_flags = h.seg_flags
+    # from here on, h is not read
+    clients = []
+    for i in range(n):
+        clients.append({"slot": slot[i], "pid": pid[i], "served": served[i],
+                        "queued": queued[i]})
+    return {"state": ("starting", "running", "stopping", "stopped")[state],
+            "served": int(h_served), "errors": int(h_errors),
+            "rejected_full": int(h_rejected), "clients_reaped": int(h_reaped),
+            "busy_ns": int(h_busy), "idle_polls": int(h_idle),
             "queue_depth": int(depth), "clients": clients,
-            "heartbeat_age_ns": int(fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)),
-            "server_pid": h.server_pid, "slots": h.slots, "on_full":
-                "reject" if h.on_full == FP_ON_FULL_REJECT else "spin",
-            "segment_pages": ("hugetlb" if h.seg_flags == FP_SEG_HUGE_TLB else
-                              "thp" if h.seg_flags == FP_SEG_HUGE_THP else "normal")}
+            "heartbeat_age_ns": int(age),
+            "server_pid": server_pid, "slots": slots, "on_full":
+                "reject" if on_full == FP_ON_FULL_REJECT else "spin",
+            "segment_pages": ("hugetlb" if seg_flags == FP_SEG_HUGE_TLB else
+                              "thp" if seg_flags == FP_SEG_HUGE_THP else "normal")}
 
 
 # --------------------------------------------------------------------------- client side
@@ -662,7 +699,7 @@ cdef class Client:
     cdef unsigned long _owner
     cdef object __weakref__
 
-    def __cinit__(self, name, double timeout=1.0, stall_timeout=None):
+    def __cinit__(self, name, timeout=1.0, stall_timeout=None):
         """stall_timeout: seconds a live server's loop may go without a heartbeat before
         calls raise ServerGone; None takes the server's [serve] stall_timeout_ms."""
         cdef int rc
@@ -671,11 +708,19 @@ cdef class Client:
         self._sym_of = NULL
         self._ts_of = NULL
         self._stash = []
-        self._stall_ns = -1 if stall_timeout is None else <int64_t>(float(stall_timeout) * 1e9)
+        # checked as connect() checks them: made directly (fastpath.serving.client.Client), a
+        # nan, inf or huge timeout overflowed the deadline (no wait at all, "no server is
+        # serving"), a nan or negative stall_timeout called every live server stalled, and a
+        # str raised a TypeError or ValueError naming no argument
+        from fastpath.serving.client import _seconds
+        timeout = _seconds("timeout", timeout, lo_open=False)
+        if stall_timeout is not None:
+            stall_timeout = _seconds("stall_timeout", stall_timeout, lo_open=True)
+        self._stall_ns = -1 if stall_timeout is None else <int64_t>(<double>stall_timeout * 1e9)
         b = _name_bytes(name)
         self.name = name
         path = segment_path(name)
-        deadline = fp_ring_now_ns() + <int64_t>(timeout * 1e9)
+        deadline = fp_ring_now_ns() + <int64_t>(<double>timeout * 1e9)
         # a server being started may not have published its segment yet: retry until timeout
         starting = 0        # the pid of a server seen still starting
         while True:
@@ -868,9 +913,12 @@ cdef class Client:
                 raise RingFull(f"request ring of server {self.name!r} is full ({self._s.h.slots} "
                                f"requests waiting; [serve] on_full = \"reject\"): the tick was "
                                f"not sent; take replies with poll() or slow down")
-            # spin: take replies meanwhile (a full reply ring holds the worker back)
-            while fp_client_poll(&self._c, &rep):
+            # spin: take replies meanwhile (a full reply ring holds the worker back); _open
+            # each time, as in poll()
+            while self._open and fp_client_poll(&self._c, &rep):
                 self._stash.append(self._as_item(&rep))
+            if not self._open:
+                self._check_server()      # raises: closed while this call waited
             # a stop beginning meanwhile: the next try refuses the tick (the drain makes room,
             # and a tick sent then held the drain open or came after it, never answered)
             spins += 1
@@ -899,7 +947,9 @@ cdef class Client:
         self._need()
         out = self._stash
         self._stash = []
-        while fp_client_poll(&self._c, &rep):
+        # _open each time: what runs inside the loop's allocations (a finalizer, a gc
+        # callback, the signal handler one runs) may close this client and unmap its rings
+        while self._open and fp_client_poll(&self._c, &rep):
             out.append(self._as_item(&rep))
         if not out and fp_client_outstanding(&self._c):
             self._check_server()
@@ -914,6 +964,7 @@ cdef class Client:
         cdef uint64_t seq = self._submit(raw, symbol, ts_ns)
         cdef fp_rep rep
         cdef long spins = 0
+        cdef bint last_look = False
         while True:
             if fp_client_poll_spin(&self._c, &rep):
                 if rep.seq == seq:
@@ -922,7 +973,9 @@ cdef class Client:
                     raise _reply_error(rep.err, seq, int(symbol), -1 if ts_ns is None else ts_ns,
                                        rep.signal, rep.confidence)
                 self._stash.append(self._as_item(&rep))
-                continue
+                if self._open:
+                    continue
+                spins = 1023    # closed inside the line above (as in poll()): said just below
             spins += 1
             if (spins & 1023) == 0:
                 try:
@@ -941,6 +994,13 @@ cdef class Client:
                 try:
                     self._check_server()
                 except ServeError as exc:
+                    if self._open and not last_look:
+                        # the drain answers what was sent, then says stopped: an answer
+                        # published between this wait's last look at the ring and the check
+                        # is there (seen once the state is), and ServerGone said it never
+                        # came. One more round of looks first.
+                        last_look = True
+                        continue
                     # the tick was in the ring: which one, and that it went unanswered (a
                     # server that resumes from a stall may still answer it, through poll())
                     exc.seq = seq

@@ -132,6 +132,16 @@ def test_second_signal_ends_the_drain_of_fastpath_serve(tmp_path):
 def test_a_submit_waiting_for_room_when_the_stop_begins_is_not_sent():
     rng = np.random.default_rng(25)
     m = random_model(rng, [1024, 2048, 2048, 2], policy=CachePolicy(enabled=False))
+    # the handler can also run between two submits (the loop's own signal checks): the next
+    # submit is then refused before it waits ("request not sent" without "waiting for room",
+    # seen about once in four runs on a busy host), and the case is tried again
+    for _ in range(10):
+        if _stop_while_a_submit_waits_for_room(m):
+            return
+    raise AssertionError("the stop never landed while a submit waited for room")
+
+
+def _stop_while_a_submit_waits_for_room(m):
     name = uname()
     srv = fastpath.serve(name, m, cfg(ring_slots=2, on_full="spin"))
     c = fastpath.connect(name, timeout=5, stall_timeout=30)
@@ -142,8 +152,7 @@ def test_a_submit_waiting_for_room_when_the_stop_begins_is_not_sent():
     seqs = []
     try:
         # stopping, or stopped: the drain can end before a preempted client looks (session 26)
-        with pytest.raises(ServerGone,
-                           match=r"is stopp(?:ing|ed): request not sent .*waiting for room"):
+        with pytest.raises(ServerGone, match=r"is stopp(?:ing|ed): request not sent") as ei:
             signal.setitimer(signal.ITIMER_REAL, 0.05)
             for k in range(20_000):        # each waits a ~1 ms tick for room
                 seqs.append(c.submit(raw, 0, k + 1))
@@ -155,6 +164,7 @@ def test_a_submit_waiting_for_room_when_the_stop_begins_is_not_sent():
             while len(got) < len(seqs):
                 got += c.poll()
         assert [seq for seq, _ in got] == seqs
+        return "waiting for room" in str(ei.value)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)

@@ -175,7 +175,14 @@ def _why(exc: OSError) -> str:
 
 def _open_excl(p: str, mode: int) -> int:
     fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    os.fchmod(fd, mode)          # exactly the mode asked, whatever the umask
+    try:
+        os.fchmod(fd, mode)          # exactly the mode asked, whatever the umask
+    except BaseException:
+        # a Ctrl-C right after the open (or a refused chmod): the empty file stayed, taken
+        # for a segment another server was making for the next 10 s, and the fd leaked
+        os.close(fd)
+        _unlink(p)
+        raise
     return fd
 
 

@@ -14,6 +14,7 @@ import threading
 import weakref
 
 _live: "weakref.WeakSet[Server]" = weakref.WeakSet()
+_servers: "weakref.WeakSet[Server]" = weakref.WeakSet()    # every Server, for the fork hook
 _START_JOIN_S = 2.0     # a start that timed out: how long to wait for the thread to see the stop
 
 
@@ -41,9 +42,6 @@ class Server:
         self._pid = os.getpid()
         self.config = rc
         self.serve_config = rc.source.serve
-        self._worker = Worker(name, m, rc, self.serve_config, rc.source.memory)
-        self._path = self._worker.path     # still known once stop() has released the worker
-        self.replaced = self._worker.replaced
         self.placement: dict | None = None
         self.final_stats: dict | None = None
         self._final_lat = None       # latency_records() as they were at stop()
@@ -53,12 +51,28 @@ class Server:
         # to close the worker: the second raised AttributeError / "is closed"; and stats() /
         # latency_records() read a worker another thread's stop() was closing (its latency
         # ring freed under a copy that runs without the GIL). Held briefly, never across join.
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler that called stop() (or stats()) while this thread was
+        # inside stats() deadlocked on a plain Lock. _using counts the calls reading the
+        # worker now (more than one: a handler's call nested in another); a stop() nested in
+        # one leaves the worker to the outermost, which closes it on its way out (closed
+        # under it, the outer read an unmapped segment: a segfault)
+        self._lock = threading.RLock()
+        self._using = 0
+        self._to_close = None
+        self._joining: set = set()  # the threads in _wait's join now
+        self._loop_ended = False    # the worker's run() has returned
+        _servers.add(self)
         self._thread = threading.Thread(target=self._run, name=f"fastpath-serve:{name}",
                                         daemon=True)
         import time
+        self._worker = Worker(name, m, rc, self.serve_config, rc.source.memory)
         try:
-            # the start inside: an interrupt landing between it and the wait was not caught
+            # everything from the segment's making on inside: an interrupt between it and the
+            # start (a Ctrl-C while this made the thread) dropped the worker, whose finalizer
+            # only unmaps, and left the segment in /dev/shm with a header naming this live
+            # process (the next serve under the name in it: "already served by pid ...")
+            self._path = self._worker.path     # still known once stop() has released it
+            self.replaced = self._worker.replaced
             self._thread.start()
             deadline = time.monotonic() + start_timeout
             while self._worker.state == "starting" and self._thread.is_alive():
@@ -75,8 +89,10 @@ class Server:
             self._abandon()
             raise
         if self._error is not None:
-            self._thread.join()
-            self._worker.close()
+            try:
+                self._thread.join()
+            finally:
+                self._worker.close()
             raise self._error
         _live.add(self)
 
@@ -96,7 +112,24 @@ class Server:
     def _close_abandoned(self) -> None:
         with self._lock:
             w, self._worker = self._worker, None
-        if w is not None:
+            if w is not None:
+                self._close(w)
+
+    def _close(self, w) -> None:
+        """Close the worker let go of (under the lock): now, or, while a call of this thread
+        still reads it (a stop() run by a signal handler inside stats()), when that call
+        leaves (_done)."""
+        if self._using:
+            self._to_close = w
+        else:
+            w.close()
+
+    def _done(self) -> None:
+        """The end of a call that read the worker (under the lock, self._using already
+        lowered): close what a stop() nested in it let go of."""
+        w = self._to_close
+        if w is not None and not self._using:
+            self._to_close = None
             w.close()
 
     def _run(self) -> None:
@@ -112,11 +145,35 @@ class Server:
         except BaseException as exc:      # reported by __init__, in the caller's thread
             self._error = exc
             return
-        self._worker.run()
+        try:
+            self._worker.run()
+        finally:
+            self._loop_ended = True
         if self._abandoned:
             # the start was given up after the loop began (the stop ended it): nobody else
             # closes the segment once __init__ has stopped waiting for this thread
             self._close_abandoned()
+
+    def _wait(self, timeout: float) -> bool:
+        """Wait up to timeout s for the loop to end -> whether it did."""
+        me = threading.get_ident()
+        if me not in self._joining:
+            self._joining.add(me)
+            try:
+                self._thread.join(timeout)
+            finally:
+                self._joining.discard(me)
+            return not self._thread.is_alive()
+        # a stop() that a signal handler runs inside this thread's own join above: a join
+        # there waited for the lock the outer join held at that moment (Thread.join is not
+        # reentrant), its whole timeout, and raised "did not stop"
+        import time
+        end = time.monotonic() + timeout
+        while not self._loop_ended:
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.001)
+        return True
 
     def _place(self) -> dict:
         if not self.serve_config.place:
@@ -143,11 +200,17 @@ class Server:
         """Segment counters: served, errors, rejected_full, queue_depth, clients, ...; once
         stop() has returned, the counters it left (final_stats)."""
         with self._lock:
-            w = self._worker
-            if w is None:
-                # stopped: the worker and its segment are gone (this was an AttributeError)
-                return self._stopped("stats", self.final_stats)
-            return w.stats()
+            self._using += 1
+            try:
+                w = self._worker
+                if w is None:
+                    # stopped: the worker and its segment are gone (this was an AttributeError)
+                    return self._stopped("stats", self.final_stats)
+                return w.stats()
+            finally:
+                # first, with nothing that can run a signal handler before it
+                self._using -= 1
+                self._done()
 
     def latency_records(self):
         """(n, 5) uint32 ns of the last ticks answered (a refused one writes no record),
@@ -156,10 +219,15 @@ class Server:
         fastpath._serve.Worker). Once
         stop() has returned, the records as they were then."""
         with self._lock:
-            w = self._worker
-            if w is None:
-                return self._stopped("latency_records", self._final_lat)
-            return w.latency_records()
+            self._using += 1
+            try:
+                w = self._worker
+                if w is None:
+                    return self._stopped("latency_records", self._final_lat)
+                return w.latency_records()
+            finally:
+                self._using -= 1
+                self._done()
 
     def _stopped(self, what: str, kept):
         if kept is None:
@@ -174,7 +242,9 @@ class Server:
         timeout (s): how long to wait for the loop to end; None: [serve] drain_timeout_ms
         plus 10 s (the drain waits that long for a client that does not take its answers:
         a fixed 10 s gave up on a drain the config allows up to 60 s, and left the
-        segment behind)."""
+        segment behind). Safe in a signal handler, one that interrupted another call of
+        this server included: a stats() it interrupted still returns its counters, and the
+        segment goes when that call returns."""
         if timeout is None:
             timeout = self.serve_config.drain_timeout_ms / 1000 + 10.0
         else:
@@ -194,17 +264,22 @@ class Server:
                 self._worker = None
                 return
             w.stop()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        if not self._wait(timeout):
             from fastpath.errors import ServeError
             raise ServeError(f"server {self.name!r} did not stop within {timeout} s")
         with self._lock:
             if self._worker is not w:
-                return          # another thread's stop() closed it meanwhile
-            self.final_stats = w.stats()
-            self._final_lat = w.latency_records()
-            self._worker = None
-            w.close()
+                return          # another stop() (a thread's, a signal handler's) closed it
+            self._using += 1
+            try:
+                st, lat = w.stats(), w.latency_records()
+                if self._worker is w:   # not done meanwhile by a stop() a handler ran
+                    self.final_stats, self._final_lat = st, lat
+                    self._worker = None
+                    self._to_close = w
+            finally:
+                self._using -= 1
+                self._done()
         _live.discard(self)
 
     def end_drain(self) -> bool:
@@ -233,8 +308,24 @@ class Server:
             # a forked child: w.state raised ServeError out of repr()
             state = f"served by process {self._pid}"
         else:
-            state = w.state
+            from fastpath.errors import ServeError
+            try:
+                state = w.state
+            except ServeError:
+                state = "closed"    # closed by a stop() after the read above
         return f"Server(name={self.name!r}, state={state!r})"
+
+
+def _after_fork_in_child() -> None:
+    # a lock another thread held at the fork (its stats() or latency_records() under way)
+    # stays held in the child, where that thread does not exist: the child's stop() (its exit
+    # hook) or stats() waited for it forever. The forking thread's own calls hold the old
+    # lock and release that one.
+    for srv in list(_servers):
+        srv._lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def segment_line(seg: dict) -> str:
@@ -258,11 +349,69 @@ def serve(name: str, model=None, config=None) -> Server:
 
 @atexit.register
 def _stop_all() -> None:
-    for srv in list(_live):
+    """The exit's drain of the servers still running. A Ctrl-C (SIGINT) or SIGTERM meanwhile
+    ends it, as a second signal ends `fastpath serve`'s: the KeyboardInterrupt escaped this
+    hook (an "Exception ignored" traceback) with the loop still running, and the segment
+    was left in /dev/shm. What a drain left unanswered is said on stderr."""
+    servers = list(_live)
+    if not servers:
+        return
+    import signal
+    import sys
+    ended: list = []
+
+    def on_signal(signum, _frame):
+        if not ended:
+            ended.append(signal.Signals(signum).name)
+        for srv in servers:
+            srv.end_drain()
+
+    old = {}
+    try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            try:
+                if signal.getsignal(s) is not signal.SIG_IGN:
+                    old[s] = signal.signal(s, on_signal)
+            except (ValueError, OSError):
+                pass            # not the main thread (an exit hook run by hand): no handler
+        for srv in servers:
+            _stop_at_exit(srv, ended, sys.stderr)
+    finally:
+        for s, h in old.items():
+            try:
+                signal.signal(s, h)
+            except (ValueError, OSError, TypeError):
+                pass
+
+
+def _stop_at_exit(srv: Server, ended: list, err) -> None:
+    timeout = srv.serve_config.drain_timeout_ms / 1000 + 2.0
+    if ended:
+        srv.end_drain()         # a signal before this server's turn: no drain for it either
+    try:
+        srv.stop(timeout=timeout)
+    except KeyboardInterrupt:
+        # raised where no handler of the hook's was in place: end the drain, close the rest
+        if not ended:
+            ended.append("KeyboardInterrupt")
+        srv.end_drain()
         try:
-            srv.stop(timeout=srv.serve_config.drain_timeout_ms / 1000 + 2.0)
-        except Exception:
-            pass
+            srv.stop(timeout=timeout)
+        except BaseException:
+            return
+    except Exception:
+        return
+    st = srv.final_stats
+    if not st or not st["queue_depth"]:
+        return
+    why = (f"the exit's drain was ended by {ended[0]}" if ended else
+           f"the exit's drain ended after [serve] drain_timeout_ms = "
+           f"{srv.serve_config.drain_timeout_ms}")
+    try:
+        print(f"fastpath: server {srv.name!r}: {why}: {st['queue_depth']} request(s) clients "
+              f"sent stay unanswered (their clients raise ServerGone)", file=err, flush=True)
+    except (OSError, ValueError, AttributeError):
+        pass                    # stderr closed or gone at exit
 
 
 def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
@@ -318,7 +467,12 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
                 held["forced"] = True
         stop.set()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too (the terminal or ssh session closed): it killed the server, leaving the
+    # segment in /dev/shm; not where it is ignored (nohup), which must keep serving
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    old = {s: signal.signal(s, on_signal) for s in sigs}
     try:
         srv = held["srv"] = Server(name, model, config)
         try:
@@ -339,10 +493,14 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
                     t_prev = now
                     print(line, file=out, flush=True)
         finally:
-            if stop.is_set():
-                print(f"stopping {name!r}: answering what clients sent (a second SIGINT or "
-                      f"SIGTERM ends the drain)", file=out, flush=True)
-            srv.stop()
+            try:
+                if stop.is_set():
+                    print(f"stopping {name!r}: answering what clients sent (a second SIGINT "
+                          f"or SIGTERM ends the drain)", file=out, flush=True)
+            finally:
+                # a print that failed (the terminal gone: SIGHUP, EIO; a closed pipe) skipped
+                # the stop: the loop served on until the exit hook's drain
+                srv.stop()
         st = srv.final_stats
         print(f"stopped {name!r}" + (f": {st['served']} served, {st['errors']} errors" if st
                                      else ""), file=out, flush=True)
