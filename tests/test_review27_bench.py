@@ -119,3 +119,24 @@ def test_schema_describes_the_timeline():
         s = json.load(f)
     tl = s["properties"]["replay"]["properties"]["timeline"]
     assert "in C" in tl["properties"]["what"]["description"]
+
+
+@pytest.mark.parametrize("calls", [1, 65_536, 200_000, 1 << 30])
+def test_serve_worker_rows_cover_every_round_trip(calls):
+    # bench/serve.py reads the worker's fp_step and hand-off rows from the worker's latency
+    # records; its default ring of 65,536 held the last 65,536 of a row's 200,000 round trips
+    # (the committed serve-latest.json: worker_in_c_total_ns n 65536 beside round trips of
+    # 200,000, printed as "of which"). The ring now holds every timed call, up to the engine's
+    # largest ring
+    import fastpath
+    from fastpath.control.config import load_config
+    serve = _import("serve")
+    cfg = serve.server_config(0, calls)
+    rec = cfg["engine"]["latency_records"]
+    assert rec >= min(calls, serve.MAX_RECORDS) and rec & (rec - 1) == 0
+    assert rec <= serve.MAX_RECORDS and rec >= 65_536
+    assert load_config(cfg).latency_records == rec
+    if calls == 200_000:
+        eng = fastpath.Engine(os.path.join(os.path.dirname(fastpath.__file__), "data",
+                                           "demo.fpm"), config=cfg)
+        assert eng.stats()["ticks"] == 0
