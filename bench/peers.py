@@ -1,4 +1,5 @@
-"""The peers fastpath is compared with: the same MLP, one tick at a time, from Python.
+"""The peers fastpath is compared with: the same MLP, one tick at a time, from Python: the
+model's layers and its post transform, on the first layer's inputs (features precomputed).
 
 Each peer is (name, fn(features float32[n_feat]) -> outputs, version or reason). A missing
 package gives fn None and the reason, and the bench prints a line saying it was skipped.
@@ -12,10 +13,14 @@ import numpy as np
 
 
 def numpy_peer(model):
-    """The MLP alone, as the other peers run it (onnxruntime's graph and the torch module end
-    at the output layer): the head (tanh / sigmoid of the two outputs) once ran here too,
-    through a second Python call, and was thrown away: ~0.6 us of the "MLP only" figure."""
+    """The MLP alone, as the other peers run it: its layers and the model's post transform
+    (softmax, logistic2), what fastpath's inference stage computes, where onnxruntime's graph
+    (Model.to_onnx writes the post transform) and the torch module end too. The head (tanh /
+    sigmoid of the two outputs) once ran here too, through a second Python call, and was thrown
+    away: ~0.6 us of the "MLP only" figure. The post transform once ran in onnxruntime's graph
+    alone: on a model with one, numpy and torch did less work and returned other outputs."""
     layers = [(l.weight.T.copy(), l.bias, l.activation) for l in model.layers]
+    post = model.post
 
     def fn(x):
         h = x[None, :]
@@ -27,7 +32,14 @@ def numpy_peer(model):
                 h = np.tanh(h)
             elif act == "sigmoid":
                 h = 0.5 * (1 + np.tanh(0.5 * h))       # the logistic, without exp overflow
-        return h[0]
+        h = h[0]
+        if post == "softmax":
+            e = np.exp(h - h.max())
+            h = e / e.sum()
+        elif post == "logistic2":
+            p = 0.5 * (1 + np.tanh(0.5 * h))
+            h = np.concatenate([1 - p, p])
+        return h
     return fn
 
 
@@ -59,6 +71,15 @@ def onnxruntime_peer(model):
     return fn, ort.__version__
 
 
+def _Logistic2(torch):
+    """The logistic2 post transform as a torch module: [1 - sigmoid(x), sigmoid(x)]."""
+    class Logistic2(torch.nn.Module):
+        def forward(self, x):
+            p = torch.sigmoid(x)
+            return torch.cat([1 - p, p], dim=-1)
+    return Logistic2()
+
+
 def torch_peer(model):
     try:
         import torch
@@ -77,6 +98,10 @@ def torch_peer(model):
         act = {"relu": torch.nn.ReLU(), "tanh": torch.nn.Tanh(), "sigmoid": torch.nn.Sigmoid()}
         if l.activation in act:
             mods.append(act[l.activation])
+    if model.post == "softmax":
+        mods.append(torch.nn.Softmax(dim=-1))
+    elif model.post == "logistic2":
+        mods.append(_Logistic2(torch))
     net = torch.nn.Sequential(*mods).eval()
 
     def fn(x):

@@ -94,18 +94,20 @@ def load_model(model: Any):
                      f"{type(model).__name__}")
 
 
-def gpu_refusal(m: Any, cfg: Any) -> str | None:
-    """Why the GPU stage cannot serve model `m` under config `cfg`, or None: its kernels run
-    fp32 dense layers only (fastpath.gpu._pack), so a tree ensemble, bf16/int8 weights or a
-    network deeper than the kernels' layer table stay on the CPU."""
+def gpu_refusal(m: Any, cfg: Any = None) -> str | None:
+    """Why the GPU stage cannot serve model `m` under config `cfg` (None: the model's own
+    weights), or None: its kernels run fp32 dense layers only (fastpath.gpu._pack), so a tree
+    ensemble, bf16/int8 weights or a network deeper than the kernels' layer table stay on the
+    CPU."""
     from fastpath.gpu._pack import MAX_LAYERS
     if m.trees is not None:
         return ("the model is a tree ensemble; the GPU stage serves fp32 MLPs only (run it with "
                 "backend='cpu')")
-    wt = cfg.weights or m.weights
+    cw = getattr(cfg, "weights", None)
+    wt = cw or m.weights
     # only hidden layers are packed reduced: a one-layer model runs fp32 whatever it says
     if wt != "fp32" and len(m.layers) > 1:
-        who = "engine.weights" if cfg.weights else "the model's weights"
+        who = "engine.weights" if cw else "the model's weights"
         return (f"{who} = {wt!r}; the GPU stage serves fp32 MLPs only (set engine.weights = "
                 f"'fp32' for the GPU, or backend='cpu' for {wt})")
     if not 1 <= len(m.layers) <= MAX_LAYERS:
@@ -120,8 +122,9 @@ def resolve_backend(m: Any, cfg: Any, backend: str, simd: str) -> tuple:
     backend="gpu": the GPU or an error (BackendError: no usable GPU, or a model the GPU stage
     does not serve). backend="auto" takes the GPU only where all hold: gpu_status() is ok,
     the model is an fp32 MLP, and [gpu] auto says so: auto = "gpu" takes it without measuring,
-    auto = "measure" (the default) times the model's forward on this CPU's kernel set and on
-    the GPU in [gpu] mode and keeps the faster at p50. Anything else: the CPU, and the reason
+    auto = "measure" (the default) times the inference a cache miss pays on this CPU's kernel
+    set and on the GPU in [gpu] mode, alike (fastpath.gpu.auto_choice), and keeps the faster at
+    p50. Anything else: the CPU, and the reason
     says which condition failed (Engine.backend_reason, Engine.backend_report)."""
     from fastpath.gpu import auto_choice, gpu_status
     if backend == "cpu":

@@ -930,10 +930,12 @@ A model, its feature spec and cache, ready to step ticks.
     def backend_report(self):
         """What runs the model and why: backend, reason, and for the GPU its mode, device,
         driver, NUMA node and which kernel module loaded; for backend="auto" what was measured
-        (forward p50 on the CPU and the GPU, ns)."""
+        (p50 ns of the inference a cache miss pays on the CPU and on the GPU, and what those
+        figures are: "measure", fastpath.gpu.AUTO_MEASURE)."""
         out = {"backend": self.backend, "reason": self.backend_reason}
         if self._auto is not None:
-            out["measured"] = {k: self._auto[k] for k in ("cpu_p50_ns", "gpu_p50_ns", "mode")}
+            out["measured"] = {k: self._auto.get(k) for k in ("cpu_p50_ns", "gpu_p50_ns", "mode",
+                                                              "measure")}
         if self._gpu is not None:
             out["gpu"] = dict(self._gpu.info, mode=self._gpu.mode,
                               module=self._gpu.module_origin, macs=self._gpu.macs)

@@ -96,6 +96,14 @@ class GpuBackend:
             raise ConfigError(f"timeout_ns must be a number of ns >= 1 (how long a GPU answer "
                               f"may take), got {timeout_ns!r}")
         timeout_ns = int(timeout_ns)
+        from fastpath.model import Model
+        if isinstance(model, Model):
+            # a tree ensemble was "the GPU kernels take 1..8 layers, got 0"; bf16 / int8
+            # hidden layers ran in fp32 here, answering otherwise than the model's CPU engine
+            from fastpath._build import gpu_refusal
+            why = gpu_refusal(model)
+            if why:
+                raise BackendError(f"GpuBackend: {why}")
         if timeout_ns > _MAX_TIMEOUT_NS:
             # the persistent path's waits take a C int64: past it an OverflowError at start
             raise ConfigError(f"timeout_ns must be at most 2**63 - 1 ns (about 292 years), got "
@@ -218,22 +226,89 @@ class GpuBackend:
         self.close()
 
 
+# what auto_choice's two figures are, in the words its reason and backend_report give
+AUTO_MEASURE = ("the inference a tick that misses the cache pays, from the features to the last "
+                "layer's outputs (the post transform after it is the same C code on both): cpu "
+                "= the engine's C forward, timed in C around the call; gpu = the "
+                "GpuBackend.infer call the engine makes (the host round trip, its Python "
+                "included), timed around the call from Python less an empty timed region; each "
+                "the p50 of single calls on CLOCK_MONOTONIC after a warm-up")
+
+
+def _call_p50_ns(fn, x, iters: int) -> int:
+    """p50 ns of single calls fn(x), each timed around the call with time.perf_counter_ns
+    (CLOCK_MONOTONIC, the clock the CPU figure's C timer reads), less the p50 of an empty
+    timed region (the timer's own cost, which a C timer around a C call does not pay)."""
+    pc = time.perf_counter_ns
+    calls = np.empty(iters, np.int64)
+    empty = np.empty(iters, np.int64)
+    for i in range(iters):
+        t0 = pc()
+        fn(x)
+        t1 = pc()
+        t2 = pc()
+        calls[i] = t1 - t0
+        empty[i] = t2 - t1
+    return max(int(np.median(calls)) - int(np.median(empty)), 1)
+
+
+def _auto_layers(model) -> tuple:
+    """(dense layers, refusal or None) of what auto_choice was given: a fastpath.Model (a tree
+    ensemble or reduced weights: the GPU stage's refusal, as Engine(backend="auto") gives it)
+    or a sequence of its Layers."""
+    from fastpath._build import gpu_refusal
+    from fastpath.gpu._pack import MAX_LAYERS
+    from fastpath.model import Layer, Model
+    if isinstance(model, Model):
+        return model.layers, gpu_refusal(model)
+    layers = tuple(model) if isinstance(model, (list, tuple)) else None
+    if layers is None or not all(isinstance(L, Layer) for L in layers):
+        raise InputError(f"model must be a fastpath.Model or a sequence of fastpath.model.Layer, "
+                         f"got {type(model).__name__}")
+    if not 1 <= len(layers) <= MAX_LAYERS:
+        return layers, (f"{len(layers)} layers; the GPU kernels take 1..{MAX_LAYERS} (run it "
+                        f"with backend='cpu')")
+    return layers, None
+
+
 def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None = None,
                 cuda=None, device: int = 0) -> dict:
-    """What backend="auto" should run: the model's forward timed on this CPU (the engine's
-    kernel set) and, when a GPU is usable, on the GPU in `mode`; the faster at p50 wins.
-    Returns {"backend", "reason", "cpu_p50_ns", "gpu_p50_ns", "mode"}; the reason names
-    both figures, or why the GPU was not measured."""
+    """What backend="auto" should run: the inference a tick that misses the cache pays on
+    this CPU (the engine's kernel set) and, when a GPU is usable, on the GPU in `mode`, timed
+    alike (AUTO_MEASURE); the faster at p50 wins, a tie keeps the CPU.
+
+    Both figures are what the engine's tick pays between its features and the post
+    transform, timed around that call on CLOCK_MONOTONIC: on the CPU the C forward, called
+    from C (PackedMLP.time_forward times one such call in C); on the GPU the
+    GpuBackend.infer call the engine makes from Cython, whose Python (the argument checks,
+    the path's submit and collect, the output copy) the tick pays on every miss. Timing.total_ns,
+    the GPU figure before, left part of that call out (launch: the checks, the grid and the
+    copy; persistent: everything but the C wait), so it under-counted what the GPU costs a tick.
+
+    model: a fastpath.Model or a sequence of its Layers. A model the GPU stage does not run
+    (a tree ensemble, bf16/int8 hidden layers, more layers than its kernels take) is not
+    measured: the CPU, with the reason. Returns {"backend", "reason", "cpu_p50_ns",
+    "gpu_p50_ns", "mode", "measure"}; the reason names both figures and what they are, or
+    why the GPU was not measured."""
     from fastpath._engine import best_isa
     from fastpath._kernels import PackedMLP
-    layers = getattr(model, "layers", model)
+    if isinstance(iters, bool) or not isinstance(iters, (int, np.integer)) or iters < 1:
+        raise ConfigError(f"iters must be an int >= 1 (timed calls per backend), got {iters!r}")
+    iters = int(iters)
+    layers, refusal = _auto_layers(model)
+    out = {"backend": "cpu", "mode": mode, "cpu_p50_ns": None, "gpu_p50_ns": None,
+           "measure": AUTO_MEASURE}
+    if refusal:
+        out["reason"] = f"auto: cpu chosen ({refusal})"
+        return out
+    isa = isa or best_isa()
     m = PackedMLP([L.weight for L in layers], [L.bias for L in layers],
-                  [L.activation for L in layers], isa or best_isa())
+                  [L.activation for L in layers], isa)
     x = np.zeros(m.n_in, np.float32)
     for _ in range(min(iters, 50)):
         m.time_forward(x, 1)
-    cpu = int(np.median([m.time_forward(x, 1) for _ in range(iters)]))
-    out = {"backend": "cpu", "mode": mode, "cpu_p50_ns": cpu, "gpu_p50_ns": None}
+    cpu = max(int(np.median([m.time_forward(x, 1) for _ in range(iters)])), 1)
+    out["cpu_p50_ns"] = cpu
     if cuda is None:
         ok, why = gpu_status()
         if not ok:
@@ -243,14 +318,19 @@ def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None =
         with GpuBackend(layers, mode, device, cuda=cuda) as be:
             for _ in range(min(iters, 50)):
                 be.infer(x)
-            gpu = int(np.median([be.infer(x)[2].total_ns for _ in range(iters)]))
+            gpu = _call_p50_ns(be.infer, x, iters)
     except BackendError as exc:
         out["reason"] = f"auto: cpu chosen (the GPU {mode} path failed: {exc})"
         return out
     out["gpu_p50_ns"] = gpu
     won = "gpu" if gpu < cpu else "cpu"
     out["backend"] = won
-    out["reason"] = (f"auto: {won} chosen (forward p50: cpu {cpu} ns, gpu {mode} {gpu} ns, "
+    dims = "x".join(str(d) for d in [layers[0].weight.shape[1]]
+                    + [L.weight.shape[0] for L in layers])
+    out["reason"] = (f"auto: {won} chosen (inference a cache miss pays, p50 of {iters} single "
+                     f"calls on CLOCK_MONOTONIC: cpu {cpu} ns, the C forward on {isa} timed in "
+                     f"C; gpu {mode} {gpu} ns, the GpuBackend.infer round trip with its Python, "
+                     f"timed around the call; {dims}, "
                      f"{sum(L.weight.size for L in layers)} multiply-adds)")
     return out
 
