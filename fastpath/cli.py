@@ -196,7 +196,8 @@ def cmd_calibrate(args) -> int:
     import numpy as np
 
     from fastpath import lob
-    from fastpath.tuning import calibrate, features_choice_needed
+    from fastpath.errors import ModelError
+    from fastpath.tuning import calibrate, resolve_features
     _check_out(args.out)
     raws = _load_npy(args.ticks, "ticks")
     syms = _load_npy(args.symbols, "symbols", "iu") if args.symbols else None
@@ -241,17 +242,13 @@ def cmd_calibrate(args) -> int:
     if len(z) + 2 * len(w) != n_in:
         raise SystemExit(f"fastpath calibrate: {len(z)} z fields + 2 x {len(w)} window fields = "
                          f"{len(z) + 2 * len(w)} features, but the model takes {n_in}")
-    features = args.features
-    if features is None:
+    try:
         # the spec z-scores by default, what the demo model and an MLP trained on z-scored
         # inputs read; a tree or a pipeline with its own scaler must say (as calibrate asks)
-        why = features_choice_needed(model)
-        if why is not None:
-            raise SystemExit(f"fastpath calibrate: {why}: say what it was trained on, "
-                             f"--features raw (the fields as they are, and their rolling mean "
-                             f"/ std) or --features zscore (each feature z-scored with the "
-                             f"mean and std fitted here)")
-        features = "zscore"
+        features = resolve_features(model, args.features, ("--features raw", "--features zscore"),
+                                    "fastpath calibrate")
+    except ModelError as exc:
+        raise SystemExit(str(exc)) from None
     names = lob.field_names() if raws.shape[1] == lob.RAW_LEN else ()
     out = calibrate(model, raws, z, w, args.window, syms, names, features)
     fs = out.feature_spec

@@ -65,6 +65,21 @@ def features_choice_needed(model: Model) -> str | None:
     return None
 
 
+
+def resolve_features(model, features, how=("features='raw'", "features='zscore'"),
+                     where="calibrate") -> str:
+    """features as calibrate takes it: None is "zscore" for an MLP without an input scaler;
+    a tree ensemble or a model with an input scaler must say which (ModelError naming the
+    choice as `how` spells it for the caller: the keyword, or the command line's option)."""
+    if features is not None:
+        return features
+    why = features_choice_needed(model)
+    if why is not None:
+        raise ModelError(f"{where}: {why}: say what it was trained on, {how[0]} (the fields "
+                         f"as they are, and their rolling mean / std) or {how[1]} (each "
+                         f"feature z-scored with the mean and std fitted here)")
+    return "zscore"
+
 def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Iterable[int] = (),
               window: int = 32, symbols: np.ndarray | None = None,
               field_names: Sequence[str] = (), features: str | None = None) -> Model:
@@ -83,14 +98,7 @@ def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Itera
     the fitted spec, as with_feature_spec does: the fitted spec makes the model's input and
     the scaler follows (Model.features)."""
     from fastpath._checks import one_of
-    if features is None:
-        why = features_choice_needed(model)
-        if why is not None:
-            raise ModelError(f"calibrate: {why}: say what it was trained on, features='raw' "
-                             f"(the fields as they are, and their rolling mean / std) or "
-                             f"features='zscore' (each feature z-scored with the mean and std "
-                             f"fitted here)")
-        features = "zscore"
+    features = resolve_features(model, features)
     if not one_of(features, FEATURE_KINDS):
         raise ModelError(f"features must be one of {FEATURE_KINDS} (or None), got {features!r}")
     fs = FeatureSpec.fit(raws, z_idx, w_idx, window, symbols, field_names)

@@ -29,6 +29,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from fastpath._serve import segment_path
 from test_serve import PKG_ROOT, uname
@@ -237,12 +238,8 @@ def test_an_interrupt_while_the_server_makes_its_thread_leaves_no_segment(monkey
 
     monkeypatch.setattr(server_mod.threading, "Thread", Interrupted)
     name = uname()
-    try:
+    with pytest.raises(KeyboardInterrupt):
         fastpath.serve(name, config=cfg())
-    except KeyboardInterrupt:
-        pass
-    else:
-        raise AssertionError("no KeyboardInterrupt")
     # the Worker was made first and dropped: its finalizer only unmaps
     assert not os.path.exists(segment_path(name))
 
@@ -297,12 +294,8 @@ def test_an_interrupt_while_the_worker_reports_its_segment_leaves_no_segment(mon
 
     monkeypatch.setattr(memory, "smaps_entry", interrupted)
     name = uname()
-    try:
+    with pytest.raises(KeyboardInterrupt):
         fastpath.serve(name, config=cfg())
-    except KeyboardInterrupt:
-        pass
-    else:
-        raise AssertionError("no KeyboardInterrupt")
     assert not os.path.exists(segment_path(name))
     monkeypatch.undo()
     fastpath.serve(name, config=cfg()).stop()   # the name is free
@@ -558,12 +551,8 @@ def test_an_interrupt_right_after_the_segment_file_is_opened_leaves_no_file(monk
         return real(fd, mode)
 
     monkeypatch.setattr(os, "fchmod", interrupted)
-    try:
+    with pytest.raises(KeyboardInterrupt):
         fastpath.serve(name, config=cfg())
-    except KeyboardInterrupt:
-        pass
-    else:
-        raise AssertionError("no KeyboardInterrupt")
     monkeypatch.undo()
     # the empty file stayed (a connect or serve under the name took it for one being made)
     # and its descriptor stayed open

@@ -199,18 +199,7 @@ class Server:
     def stats(self) -> dict:
         """Segment counters: served, errors, rejected_full, queue_depth, clients, ...; once
         stop() has returned, the counters it left (final_stats)."""
-        with self._lock:
-            self._using += 1
-            try:
-                w = self._worker
-                if w is None:
-                    # stopped: the worker and its segment are gone (this was an AttributeError)
-                    return self._stopped("stats", self.final_stats)
-                return w.stats()
-            finally:
-                # first, with nothing that can run a signal handler before it
-                self._using -= 1
-                self._done()
+        return self._read("stats", "final_stats", lambda w: w.stats())
 
     def latency_records(self):
         """(n, 5) uint32 ns of the last ticks answered (a refused one writes no record),
@@ -218,14 +207,22 @@ class Server:
         stage_times = false the first three are 0; each record whole (see
         fastpath._serve.Worker). Once
         stop() has returned, the records as they were then."""
+        return self._read("latency_records", "_final_lat", lambda w: w.latency_records())
+
+    def _read(self, what: str, kept: str, read):
+        """read(worker) under the lock, the worker counted as in use (a stop() that a signal
+        handler runs inside it leaves the close to this call); once stopped, attribute
+        `kept` (what stop() kept of it) or the ServeError of _stopped (before, stats() of a
+        stopped server was an AttributeError)."""
         with self._lock:
             self._using += 1
             try:
                 w = self._worker
                 if w is None:
-                    return self._stopped("latency_records", self._final_lat)
-                return w.latency_records()
+                    return self._stopped(what, getattr(self, kept))
+                return read(w)
             finally:
+                # first, with nothing that can run a signal handler before it
                 self._using -= 1
                 self._done()
 
