@@ -25,15 +25,16 @@ from fastpath.model import CachePolicy
 from test_serve import PKG_ROOT, cfg, deadline, uname
 
 
-def serve_cli(tmp_path, name, serve_toml=""):
+def serve_cli(tmp_path, name, serve_toml="", **popen):
     """`fastpath serve --name name` in a child process (unplaced, idle = "yield"), its
-    [serve] table extended by serve_toml; stdout and stderr piped as text."""
+    [serve] table extended by serve_toml; stdout and stderr piped as text; popen: more
+    subprocess.Popen arguments."""
     conf = tmp_path / "serve.toml"
     conf.write_text('[serve]\nplace = false\nidle = "yield"\n' + serve_toml)
     env = dict(os.environ, PYTHONPATH=PKG_ROOT)
     return subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
                              "--config", str(conf)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+                            stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT, **popen)
 
 
 def held_server(name):

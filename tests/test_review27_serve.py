@@ -421,11 +421,8 @@ def test_fastpath_serve_stops_on_sighup_and_keeps_serving_under_nohup(tmp_path):
     assert not os.path.exists(segment_path(name))
     # ignored (nohup): left ignored, the server is not stopped by it
     name = uname()
-    p = subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
-                          "--config", str(tmp_path / "serve.toml")], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=PKG_ROOT,
-                         env=dict(os.environ, PYTHONPATH=PKG_ROOT),
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    p = serve_cli(tmp_path, name,
+                  preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
         assert p.stdout.readline().startswith(f"serving '{name}'")
         with open(f"/proc/{p.pid}/status") as f:
