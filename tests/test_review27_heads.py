@@ -391,9 +391,11 @@ def test_tuning_calibrate_takes_the_choice():
         calibrate(m, raws, range(3), features="z")
 
 
-def test_cli_help_lists_the_new_options():
+def test_cli_help_lists_the_new_options(tmp_path):
+    # run from tmp_path: from the checkout, the source tree's fastpath/ (no compiled
+    # extension when the package is installed, not editable) would shadow the installed one
     out = subprocess.run([sys.executable, "-m", "fastpath.cli", "calibrate", "--help"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert "--head" in out.stdout and "--features {zscore,raw}" in out.stdout
 
 
