@@ -298,7 +298,10 @@ static inline int fp_ring_pid_dead(int32_t pid) {
 
 /* Is the server there? FP_SRV_ALIVE, or why not. A stale heartbeat alone is not death (the
  * worker may be descheduled on a busy host): the pid decides, and a live pid whose loop has
- * not beaten for stall_ns counts as stalled. */
+ * not beaten for stall_ns counts as stalled. A stopping server's drain publishes its last
+ * replies before it stores STOPPED, so a client waiting for replies that finds the server
+ * gone polls once more before it gives up: a reply published between its last poll and
+ * this check is there (this load is an acquire). */
 static inline int fp_seg_server_check(const fp_seg_header *h, int64_t now, int64_t stall_ns) {
     uint32_t st = FP_LOAD_ACQ(&h->state);
     if (st == FP_SRV_STOPPED)
