@@ -45,3 +45,63 @@ def test_poll_over_a_stopping_server_loses_no_answer():
         finally:
             c.close()
             srv.stop()
+
+
+SERVE_UNTIL_TERM = r"""
+import signal, sys, time
+import fastpath
+sys.path.insert(0, "TESTS")
+from test_serve import cfg
+if sys.argv[2] == "exit":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+srv = fastpath.serve(sys.argv[1], config=cfg())
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_sigterm_to_an_in_process_server_as_the_docs_say():
+    """server.py said the segment was removed however the process ended short of kill -9;
+    a SIGTERM left at Python's default action kills it as kill -9 does. The docs now say so
+    and how to make SIGTERM drain; both halves are checked here."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from fastpath._serve import segment_path
+    from test_serve import PKG_ROOT
+    code = SERVE_UNTIL_TERM.replace("TESTS", os.path.dirname(os.path.abspath(__file__)))
+    for how in ("exit", "default"):
+        name = uname()
+        p = subprocess.Popen([sys.executable, "-c", code, name, how], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=PKG_ROOT,
+                             env=dict(os.environ, PYTHONPATH=PKG_ROOT))
+        try:
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+            c = fastpath.connect(name, timeout=5)
+            assert c.step(np.zeros(256, np.float32), 0).seq == 1
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(timeout=60)
+        finally:
+            p.kill()
+            p.wait()
+        if how == "exit":
+            # the handler's exit ran the exit hook: drained, segment removed
+            assert rc == 143, p.stderr.read()
+            assert not os.path.exists(segment_path(name))
+            c.close()
+        else:
+            # killed: the segment stays, the client finds the server gone, and a new
+            # server under the name replaces the file
+            assert rc == -signal.SIGTERM
+            assert os.path.exists(segment_path(name))
+            try:
+                c.step(np.zeros(256, np.float32), 0)
+                raise AssertionError("a step to a killed server returned")
+            except fastpath.ServerGone:
+                pass
+            c.close()
+            with fastpath.serve(name, config=cfg()) as srv:
+                assert srv.name == name
+            assert not os.path.exists(segment_path(name))

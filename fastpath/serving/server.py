@@ -3,8 +3,12 @@
 Design: the Worker (fastpath._serve) owns the segment and its own engine; this module only
 starts its C loop in a thread, places that thread with the control plane first (pinning must
 happen in the thread that spins), publishes the placement report in the segment for clients,
-and makes sure the segment is removed however the process ends short of kill -9 (a new server
-replaces what kill -9 leaves).
+and makes sure the segment is removed however the process ends through Python's exit: a return
+from main, sys.exit, an uncaught exception, Ctrl-C (SIGINT's KeyboardInterrupt). A signal whose
+action is the default kill (kill -9, and SIGTERM unless the program handles it) ends the process
+with no exit hook run: the segment is left, and the next server under the name replaces it. A
+program that serves in-process and wants SIGTERM to drain turns it into an exit:
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)). (`fastpath serve` does that itself.)
 """
 from __future__ import annotations
 
