@@ -532,10 +532,11 @@ cdef class Worker:
             fp_atomic_store_u32(&self._h.state, FP_SRV_STOPPED)
             munmap(self._h, self._size)
             self._h = NULL
-            from fastpath.serving.segment import remove
             # only the file this worker made: a server that replaced this one (after it was
-            # judged gone) serves under the same path now
-            remove(self.path, self._ident)
+            # judged gone) serves under the same path now. With _h gone nothing would remove
+            # it later: a Ctrl-C (or a signal handler's exception) landing inside left the
+            # file in /dev/shm, so the removal is finished first and the interrupt raised after
+            _remove_segment(self.path, self._ident)
         if self._e != NULL:
             fp_engine_free(self._e)
             self._e = NULL
@@ -553,6 +554,25 @@ cdef class Worker:
         if not self._running:
             PyMem_Free(self._lat.rec)
             self._lat.rec = NULL
+
+
+def _remove_segment(path, ident):
+    """segment.remove(path, ident), finished even when an interrupt lands inside it (it is
+    idempotent: tried again, then the interrupt raised). An OSError is a real failure and is
+    raised at once."""
+    interrupted = None
+    for _ in range(16):
+        try:
+            from fastpath.serving.segment import remove
+            remove(path, ident)
+            break
+        except OSError:
+            raise
+        except BaseException as exc:
+            if interrupted is None:
+                interrupted = exc
+    if interrupted is not None:
+        raise interrupted
 
 
 cdef int _lat_ring_alloc(fp_lat_ring *L, size_t cap) except -1:

@@ -105,3 +105,29 @@ def test_sigterm_to_an_in_process_server_as_the_docs_say():
             with fastpath.serve(name, config=cfg()) as srv:
                 assert srv.name == name
             assert not os.path.exists(segment_path(name))
+
+
+def test_an_interrupt_inside_the_segment_removal_still_removes_it(monkeypatch):
+    """Worker.close() unmaps, then removes the file: a Ctrl-C landing inside the removal left
+    the file in /dev/shm (with the mapping gone nothing removed it later). The removal is
+    finished, then the interrupt raised."""
+    import os
+    import pytest
+    from fastpath._serve import segment_path
+    from fastpath.serving import segment
+    real = segment.remove
+    calls = []
+
+    def interrupted(path, ident=None):
+        calls.append(path)
+        if len(calls) == 1:
+            raise KeyboardInterrupt     # lands before the unlink
+        return real(path, ident)
+
+    name = uname()
+    srv = fastpath.serve(name, config=cfg())
+    monkeypatch.setattr(segment, "remove", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        srv.stop()
+    monkeypatch.undo()
+    assert len(calls) == 2 and not os.path.exists(segment_path(name))
