@@ -197,6 +197,15 @@ def _at_rank(s: np.ndarray, levels) -> np.ndarray:
     return s[np.clip(rank, 1, n) - 1]
 
 
+def percentiles(values, levels) -> list:
+    """values (any order) at percentile levels by the rank rule above: a sample some call
+    took, never np.percentile's interpolation between two. The helper of the benches that
+    keep no Dist (scaling, serve, weights, gpu_check), so every figure bench/ prints is
+    read one way."""
+    s = np.sort(np.asarray(values, np.float64).reshape(-1))
+    return [float(x) for x in _at_rank(s, levels)] if s.size else [0.0 for _ in levels]
+
+
 class Dist:
     """A latency distribution in ns: HdrHistogram (3 significant digits) when available."""
     HDR = None
