@@ -10,6 +10,7 @@ import threading
 import numpy as np
 
 import fastpath
+from fastpath._serve import segment_path
 from fastpath.model import CachePolicy
 from conftest import random_model
 from test_serve import cfg, uname
@@ -69,7 +70,6 @@ def test_sigterm_to_an_in_process_server_as_the_docs_say():
     import signal
     import subprocess
     import sys
-    from fastpath._serve import segment_path
     from test_serve import PKG_ROOT
     code = SERVE_UNTIL_TERM.replace("TESTS", os.path.dirname(os.path.abspath(__file__)))
     for how in ("exit", "default"):
@@ -113,7 +113,6 @@ def test_an_interrupt_inside_the_segment_removal_still_removes_it(monkeypatch):
     finished, then the interrupt raised."""
     import os
     import pytest
-    from fastpath._serve import segment_path
     from fastpath.serving import segment
     real = segment.remove
     calls = []
@@ -131,3 +130,37 @@ def test_an_interrupt_inside_the_segment_removal_still_removes_it(monkeypatch):
         srv.stop()
     monkeypatch.undo()
     assert len(calls) == 2 and not os.path.exists(segment_path(name))
+
+
+def test_fastpath_serve_stops_on_a_sigterm_right_after_a_sigcont(tmp_path):
+    """`fastpath serve` waited for its stop signal in threading.Event.wait(0.2) and its
+    handler called Event.set(): both take the Event's plain Lock, and a handler run while
+    the main thread held it (inside Event.wait's own Python code, as a wait that timed out
+    while the process was stopped resumes) deadlocked the server: a SIGTERM right after a
+    SIGCONT hung it for good (seen once in CI, in test_review26_serve's cleanup). The
+    handler now sets a plain flag. The window is narrow; this repeats the sequence that
+    opened it."""
+    import os
+    import signal
+    import time
+    from test_review25_lead import serve_cli
+    from test_review26_serve import _stopped
+    for _ in range(4):
+        name = uname()
+        p = serve_cli(tmp_path, name)
+        try:
+            assert p.stdout.readline().startswith(f"serving '{name}'")
+            os.kill(p.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            while not _stopped(p.pid) and time.monotonic() - t0 < 30:
+                time.sleep(0.001)
+            time.sleep(0.25)                    # the 0.2 s wait times out while stopped
+            os.kill(p.pid, signal.SIGCONT)
+            p.terminate()
+            out, err = p.communicate(timeout=30)
+        finally:
+            p.kill()
+            p.wait()
+        assert p.returncode == 0, err
+        assert f"stopped '{name}'" in out
+        assert not os.path.exists(segment_path(name))

@@ -450,11 +450,14 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
     import sys
     import time
     out = out or sys.stdout
-    stop = threading.Event()
+    # a plain flag, not a threading.Event: Event.set() takes the Event's lock (a plain Lock),
+    # and a handler that ran while this thread held it, inside Event.wait()'s own Python code
+    # (a SIGTERM right after a SIGCONT, as the wait timed out), deadlocked the server for good
+    stop: list = []
     held = {}
 
     def on_signal(signum, _frame):
-        if stop.is_set():
+        if stop:
             if "srv" not in held:
                 # the second signal while the server starts (a placement or a model load
                 # that takes long): it waited out start_timeout (10 s), deaf to Ctrl-C;
@@ -466,7 +469,7 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
             # (a signal landing after it said otherwise, and exited 130)
             if held["srv"].end_drain():
                 held["forced"] = True
-        stop.set()
+        stop.append(signum)
 
     # SIGHUP too (the terminal or ssh session closed): it killed the server, leaving the
     # segment in /dev/shm; not where it is ignored (nohup), which must keep serving
@@ -484,18 +487,23 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
             for line in ([pl["why"]] if "why" in pl else []) + pl.get("lines", []):
                 print(f"placement: {line}", file=out, flush=True)
             prev, t_prev = {}, time.monotonic()
-            while not stop.wait(1.0 if stats else 0.2):
+            # short sleeps: a signal's handler runs inside one and the flag is seen within
+            # 50 ms (a sleep a handler interrupts resumes for what is left of it)
+            while not stop:
+                time.sleep(0.05)
+                if stop:
+                    break
                 if not srv.running:
                     print("fastpath serve: the worker loop ended", file=sys.stderr)
                     return 1
-                if stats:
-                    now = time.monotonic()
+                now = time.monotonic()
+                if stats and now - t_prev >= 1.0:
                     line, prev = _stats_line(srv, prev, now - t_prev)
                     t_prev = now
                     print(line, file=out, flush=True)
         finally:
             try:
-                if stop.is_set():
+                if stop:
                     print(f"stopping {name!r}: answering what clients sent (a second SIGINT "
                           f"or SIGTERM ends the drain)", file=out, flush=True)
             finally:
