@@ -499,7 +499,7 @@ def main(argv=None) -> int:
     except ValueError:
         ap.error(f"--models takes widths joined by x, e.g. 32x16x2, got {args.models!r}")
     if not args.models or any(len(m) < 2 or min(m) < 1 for m in args.models):
-        ap.error(f"--models needs at least one model of two or more positive widths")
+        ap.error("--models needs at least one model of two or more positive widths")
     # the engine's head takes 1 output (regression) or 2 (signal, confidence): 32x16x3 ended in
     # a ModelError traceback from building the first model
     wide = [_name(m) for m in args.models if m[-1] not in (1, 2)]
