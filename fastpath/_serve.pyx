@@ -101,6 +101,7 @@ cdef extern from "fp_ring.h" nogil:
     void fp_seg_detach(fp_seg *s)
     int fp_ring_pid_dead(int32_t pid)
     int fp_seg_server_check(const fp_seg_header *h, int64_t now, int64_t stall_ns)
+    int fp_client_server_check(const fp_client *c, int64_t now, int64_t stall_ns)
     fp_ring_ctl *fp_seg_ctl(const fp_seg_header *h, int idx)
     int fp_client_open(fp_seg *s, fp_client *c)
     int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol, int64_t ts_ns,
@@ -877,7 +878,8 @@ cdef class Client:
                 f"this client is closed. A client whose pid the server cannot see (another PID "
                 f"namespace: a container without --pid=host) is judged gone: run both in one "
                 f"PID namespace, then connect again")
-        chk = fp_seg_server_check(self._s.h, fp_ring_now_ns(), self._stall_ns)
+        # alive while an answer waits in this client's ring: see fp_client_server_check
+        chk = fp_client_server_check(&self._c, fp_ring_now_ns(), self._stall_ns)
         if chk != FP_SRV_ALIVE:
             raise ServerGone(f"server {self.name!r} (pid {self._s.h.server_pid}) is "
                              f"{_gone_why(chk, self._stall_ns)}")
@@ -972,16 +974,7 @@ cdef class Client:
         while self._open and fp_client_poll(&self._c, &rep):
             out.append(self._as_item(&rep))
         if not out and fp_client_outstanding(&self._c):
-            try:
-                self._check_server()
-            except ServerGone:
-                # the drain publishes its last answers before it says stopped (release
-                # stores, in that order): answers published between the loop's last look and
-                # the check are there now. One more look; raise only over none
-                while self._open and fp_client_poll(&self._c, &rep):
-                    out.append(self._as_item(&rep))
-                if not out:
-                    raise
+            self._check_server()
         return out
 
     def step(self, raw, symbol=0, ts_ns=None):
@@ -993,7 +986,6 @@ cdef class Client:
         cdef uint64_t seq = self._submit(raw, symbol, ts_ns)
         cdef fp_rep rep
         cdef long spins = 0
-        cdef bint last_look = False
         while True:
             if fp_client_poll_spin(&self._c, &rep):
                 if rep.seq == seq:
@@ -1021,15 +1013,10 @@ cdef class Client:
                     # the ring (its poll() or step()): waiting for it here never ended
                     return self._taken_meanwhile(seq)
                 try:
+                    # alive while an answer waits in the ring: the drain's last answers,
+                    # published before it says stopped (fp_client_server_check)
                     self._check_server()
                 except ServeError as exc:
-                    if self._open and not last_look:
-                        # the drain answers what was sent, then says stopped: an answer
-                        # published between this wait's last look at the ring and the check
-                        # is there (seen once the state is), and ServerGone said it never
-                        # came. One more round of looks first.
-                        last_look = True
-                        continue
                     # the tick was in the ring: which one, and that it went unanswered (a
                     # server that resumes from a stall may still answer it, through poll())
                     exc.seq = seq

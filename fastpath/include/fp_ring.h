@@ -298,10 +298,8 @@ static inline int fp_ring_pid_dead(int32_t pid) {
 
 /* Is the server there? FP_SRV_ALIVE, or why not. A stale heartbeat alone is not death (the
  * worker may be descheduled on a busy host): the pid decides, and a live pid whose loop has
- * not beaten for stall_ns counts as stalled. A stopping server's drain publishes its last
- * replies before it stores STOPPED, so a client waiting for replies that finds the server
- * gone polls once more before it gives up: a reply published between its last poll and
- * this check is there (this load is an acquire). */
+ * not beaten for stall_ns counts as stalled. A client waiting for replies asks
+ * fp_client_server_check instead. */
 static inline int fp_seg_server_check(const fp_seg_header *h, int64_t now, int64_t stall_ns) {
     uint32_t st = FP_LOAD_ACQ(&h->state);
     if (st == FP_SRV_STOPPED)
@@ -375,6 +373,18 @@ static inline int fp_client_open(fp_seg *s, fp_client *c) {
 /* 1 while the slot is still this client's (the worker has not freed it since it was claimed) */
 static inline int fp_client_owns(const fp_client *c) {
     return FP_LOAD_ACQ(&c->ctl->req_head.gen) == c->gen;
+}
+
+/* fp_seg_server_check for a client waiting for its replies: FP_SRV_ALIVE while a reply waits
+ * in its ring. A stopping server's drain publishes its last replies before it stores STOPPED
+ * (release stores, in that order): a reply published between the client's last poll and the
+ * state check is there once the state is seen, and "gone" said it never came. */
+static inline int fp_client_server_check(const fp_client *c, int64_t now, int64_t stall_ns) {
+    int chk = fp_seg_server_check(c->h, now, stall_ns);
+    if (chk != FP_SRV_ALIVE && fp_client_owns(c) &&
+        FP_LOAD_ACQ(&fp_seg_rep(c->h, c->ctl, c->rep_tail)->seq) == c->rep_tail + 1)
+        return FP_SRV_ALIVE;
+    return chk;
 }
 
 /* Publish one request (raw must hold raw_len finite floats; the caller validated it).

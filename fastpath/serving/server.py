@@ -489,7 +489,7 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
             prev, t_prev = {}, time.monotonic()
             # short sleeps: a signal's handler runs inside one and the flag is seen within
             # 50 ms (a sleep a handler interrupts resumes for what is left of it)
-            while not stop:
+            while True:
                 time.sleep(0.05)
                 if stop:
                     break

@@ -52,14 +52,8 @@ static int step(fp_client *c, const float *raw, int32_t sym, int64_t ts, fp_rep 
         }
         if ((++spins & 1023) == 0 &&
             (!fp_client_owns(c) ||
-             fp_seg_server_check(c->h, fp_ring_now_ns(), (int64_t)c->h->stall_ms * 1000000LL) != FP_SRV_ALIVE)) {
-            /* the drain publishes its last replies before it says stopped: one that came
-             * between the last poll and the check is there now; look once more */
-            while (fp_client_owns(c) && fp_client_poll(c, rep))
-                if (rep->seq == seq)
-                    return rep->err == FP_REP_OK ? 0 : 5;
+             fp_client_server_check(c, fp_ring_now_ns(), (int64_t)c->h->stall_ms * 1000000LL) != FP_SRV_ALIVE))
             return 4;
-        }
     }
 }
 
