@@ -6,7 +6,9 @@ package gives fn None and the reason, and the bench prints a line saying it was 
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -48,22 +50,26 @@ def onnxruntime_peer(model):
         import onnxruntime as ort
     except ImportError as exc:
         return None, f"onnxruntime not installed ({exc}); pip install 'fastpath[bench]'"
-    try:
-        import onnx  # noqa: F401
-    except ImportError as exc:
-        return None, f"onnx not installed ({exc})"
-    path = os.path.join(tempfile.mkdtemp(prefix="fastpath-bench-"), "model.onnx")
+    if importlib.util.find_spec("onnx") is None:     # Model.to_onnx writes with it
+        return None, "onnx not installed; pip install 'fastpath[bench]'"
     # the peers run the layers on the first layer's inputs (the feature stage's output, an
     # imported model's input scaler already applied): exported with its scaler, onnxruntime
     # would apply it a second time
     from dataclasses import replace
-    (model if model.input_scaler is None else replace(model, input_scaler=None)).to_onnx(path)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    # the session holds the model once built: the exported files go (each run left a
+    # directory of them in /tmp)
+    tmp = tempfile.mkdtemp(prefix="fastpath-bench-")
+    try:
+        path = os.path.join(tmp, "model.onnx")
+        (model if model.input_scaler is None else replace(model, input_scaler=None)).to_onnx(path)
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     run = sess.run
 
     def fn(x):

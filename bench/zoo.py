@@ -27,6 +27,7 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_N
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -271,58 +272,63 @@ def main(argv=None) -> int:
     # a few rows exactly on the model's inputs' grid edges are not needed for timing; the
     # agreement check below uses the same rows that are timed
     overhead = timer_overhead(20000)
+    # the exported models and tl2cgen's libraries, removed after the run (every run left a
+    # directory of them in /tmp)
     work = tempfile.mkdtemp(prefix="fastpath-zoo-")
-    rows = []
-    print(f"fastpath {fastpath.__version__}, kernel set {fastpath.simd()}, {n_calls} calls per row, "
-          f"timer overhead {overhead} ns subtracted")
-    for name, kind, size, build, tl_kind in models:
-        path = os.path.join(work, f"{name}.onnx")
-        t0 = time.time()
-        try:
-            native = build(path)
-        except Exception as exc:  # noqa: BLE001 - an exporter bug is not fastpath's to hide
-            msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            rows.append({"name": name, "kind": kind, "size": size, "export_error": msg})
-            print(f"{name:16s} the exporter failed, row skipped: {msg}")
-            continue
-        train_s = time.time() - t0
-        row = {"name": name, "kind": kind, "size": size, "train_export_s": round(train_s, 1)}
-        ort_fn, ort_ver = _ort(path)
-        try:
-            model = Model.from_onnx(path)
-            eng = Engine(model, config={"engine": {"n_symbols": 1}})
-        except Exception as exc:  # noqa: BLE001 - the zoo says what fastpath refused, and goes on
-            row["fastpath_error"] = f"{type(exc).__name__}: {exc}"
-            eng = None
-        if eng is not None:
-            # every input the timed calls will see (they cycle over the first n_calls rows), not
-            # the first 256 of them: the docstring's "on the timed inputs" is the claim
-            n_check = min(n_calls, len(Xt))
-            got = np.stack([eng.predict(Xt[i]) for i in range(n_check)])
-            ref = np.stack([np.asarray(ort_fn(Xt[i]), np.float32).reshape(-1)
-                            for i in range(n_check)])
-            rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-3)
-            row["max_rel_diff_vs_onnxruntime"] = float(rel.max())
-            row["agreement_inputs"] = n_check
-            fp = Dist(time_fn(eng.predict, Xt, n_calls, overhead))
-            row["fastpath"] = _row_stats(fp)
-            if name in TARGETS and not args.quick:
-                row["target_p50_ns"] = TARGETS[name]
-                row["target_met"] = fp.q[50.0] <= TARGETS[name]
-        orr = Dist(time_fn(ort_fn, Xt, n_calls, overhead))
-        row["onnxruntime"] = _row_stats(orr) | {"version": ort_ver} | _ratios(orr, row)
-        if tl_kind:
+    try:
+        rows = []
+        print(f"fastpath {fastpath.__version__}, kernel set {fastpath.simd()}, {n_calls} calls per row, "
+              f"timer overhead {overhead} ns subtracted")
+        for name, kind, size, build, tl_kind in models:
+            path = os.path.join(work, f"{name}.onnx")
+            t0 = time.time()
             try:
-                tl_fn, tl_ver = _tl2cgen(native, tl_kind, work)
-            except Exception as exc:  # noqa: BLE001
-                tl_fn, tl_ver = None, f"{type(exc).__name__}: {exc}"
-            if tl_fn is not None:
-                tl = Dist(time_fn(tl_fn, Xt, n_calls, overhead))
-                row["tl2cgen"] = _row_stats(tl) | {"version": tl_ver} | _ratios(tl, row)
-            else:
-                row["tl2cgen"] = {"skipped": tl_ver}
-        rows.append(row)
-        print(_line(row), flush=True)
+                native = build(path)
+            except Exception as exc:  # noqa: BLE001 - an exporter bug is not fastpath's to hide
+                msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                rows.append({"name": name, "kind": kind, "size": size, "export_error": msg})
+                print(f"{name:16s} the exporter failed, row skipped: {msg}")
+                continue
+            train_s = time.time() - t0
+            row = {"name": name, "kind": kind, "size": size, "train_export_s": round(train_s, 1)}
+            ort_fn, ort_ver = _ort(path)
+            try:
+                model = Model.from_onnx(path)
+                eng = Engine(model, config={"engine": {"n_symbols": 1}})
+            except Exception as exc:  # noqa: BLE001 - the zoo says what fastpath refused, and goes on
+                row["fastpath_error"] = f"{type(exc).__name__}: {exc}"
+                eng = None
+            if eng is not None:
+                # every input the timed calls will see (they cycle over the first n_calls rows), not
+                # the first 256 of them: the docstring's "on the timed inputs" is the claim
+                n_check = min(n_calls, len(Xt))
+                got = np.stack([eng.predict(Xt[i]) for i in range(n_check)])
+                ref = np.stack([np.asarray(ort_fn(Xt[i]), np.float32).reshape(-1)
+                                for i in range(n_check)])
+                rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-3)
+                row["max_rel_diff_vs_onnxruntime"] = float(rel.max())
+                row["agreement_inputs"] = n_check
+                fp = Dist(time_fn(eng.predict, Xt, n_calls, overhead))
+                row["fastpath"] = _row_stats(fp)
+                if name in TARGETS and not args.quick:
+                    row["target_p50_ns"] = TARGETS[name]
+                    row["target_met"] = fp.q[50.0] <= TARGETS[name]
+            orr = Dist(time_fn(ort_fn, Xt, n_calls, overhead))
+            row["onnxruntime"] = _row_stats(orr) | {"version": ort_ver} | _ratios(orr, row)
+            if tl_kind:
+                try:
+                    tl_fn, tl_ver = _tl2cgen(native, tl_kind, work)
+                except Exception as exc:  # noqa: BLE001
+                    tl_fn, tl_ver = None, f"{type(exc).__name__}: {exc}"
+                if tl_fn is not None:
+                    tl = Dist(time_fn(tl_fn, Xt, n_calls, overhead))
+                    row["tl2cgen"] = _row_stats(tl) | {"version": tl_ver} | _ratios(tl, row)
+                else:
+                    row["tl2cgen"] = {"skipped": tl_ver}
+            rows.append(row)
+            print(_line(row), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     res = {"bench": "zoo", "quick": args.quick, "calls": n_calls, "timer_overhead_ns": overhead,
            "simd": fastpath.simd(), "fastpath": fastpath.__version__, "commit": commit_stamp(HERE),
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}
