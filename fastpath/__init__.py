@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine", "Result", "Latency", "BatchResult", "step", "simd", "configure", "clock_info",
+    "get_default_engine", "set_default_engine",
     "cpu_features", "Model", "Layer", "TreeEnsemble", "FeatureSpec", "CachePolicy", "FastpathError", "InputError",
     "ModelError", "ConfigError", "BackendError", "EngineBusyError", "__version__", "gpu_status",
     "serve", "connect", "Server", "get_include", "ServeError", "ServerGone", "RingFull",
