@@ -860,8 +860,9 @@ def _progress(args):
     return phase
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="fastpath latency bench",
+def main(argv=None, prog=None) -> int:
+    # prog: "fastpath bench" from the command line (its usage said "cli.py" or "fastpath")
+    ap = argparse.ArgumentParser(prog=prog, description="fastpath latency bench",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__)
     ap.add_argument("--quick", action="store_true", help="small run (< 30 s), as the tests use")
