@@ -1,0 +1,172 @@
+"""Session 29: a user's walk through README and the command line.
+
+- `fastpath doctor --model M` refused a model that needs a head (3 raw outputs) unless given
+  --head, although doctor only sizes the engine (a head is a few numbers in it, not memory):
+  it now sizes such a model with a stand-in head and says so on stderr; --head still works.
+- A one-output model runs the regression head, signal = tanh(out / scale), and a scale nobody
+  fitted (no `fastpath calibrate`, no @SCALE) is 1.0: an output in a return's units reads as a
+  signal near 0, one in price units saturates, and nothing said so. `fastpath serve` and
+  `fastpath doctor` now say it on stderr (the Python API stays quiet).
+- `fastpath bench` printed its usage as "cli.py" (or "fastpath", without "bench"), and a
+  --data it could not read exited 1, where every other command exits 2 on bad input.
+"""
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastpath.model import Head, Layer, Model
+
+F32 = np.float32
+
+
+def _model(n_out, seed=4):
+    rng = np.random.default_rng(seed)
+    return Model((Layer(rng.standard_normal((n_out, 6)).astype(F32),
+                        rng.standard_normal(n_out).astype(F32)),),
+                 head_spec=Head("regression"))
+
+
+def _onnx(tmp_path, n_out, name):
+    pytest.importorskip("onnx")
+    p = tmp_path / name
+    _model(n_out).to_onnx(str(p))
+    return p
+
+
+def _memlock_bytes(out: str) -> int:
+    check = [c for c in json.loads(out)["checks"] if c["name"] == "rlimit_memlock"][0]
+    return int(re.search(r"engine arena \+ state (\d+) B", check["detail"]).group(1))
+
+
+# ------------------------------------------------------------------ doctor and the head
+def test_doctor_sizes_a_model_that_needs_a_head_without_one(tmp_path, capsys):
+    from fastpath.cli import main
+    p = _onnx(tmp_path, 3, "three.onnx")
+    assert main(["doctor", "--model", str(p), "--json"]) in (0, 1)
+    cap = capsys.readouterr()
+    assert "stand-in head" in cap.err and "3 outputs and no head was given" in cap.err
+    without = _memlock_bytes(cap.out)
+    assert main(["doctor", "--model", str(p), "--json", "--head", "tanh_sigmoid:2,0"]) in (0, 1)
+    cap = capsys.readouterr()
+    assert "stand-in" not in cap.err
+    assert _memlock_bytes(cap.out) == without          # the head is not memory
+
+
+def test_doctor_still_refuses_a_model_no_head_loads(tmp_path, capsys):
+    from fastpath.cli import main
+    (tmp_path / "bad.fpm").write_bytes(b"not a bundle at all")
+    assert main(["doctor", "--model", str(tmp_path / "bad.fpm")]) == 2
+    err = capsys.readouterr().err
+    assert "not a fastpath model bundle" in err and "stand-in" not in err
+    # a head given on purpose is the user's: a bad one is refused, not replaced
+    p = _onnx(tmp_path, 3, "three.onnx")
+    assert main(["doctor", "--model", str(p), "--head", "classifier3"]) == 2
+    assert "reads class probabilities" in capsys.readouterr().err
+
+
+# ------------------------------------------------------- the unfitted regression scale
+@pytest.fixture
+def served(monkeypatch):
+    import fastpath.serving.server as server
+    got = {}
+
+    def fake(name, model=None, config=None, stats=False, out=None):
+        got["model"] = model
+        return 0
+    monkeypatch.setattr(server, "run_foreground", fake)
+    return got
+
+
+NOTE = "regression head runs at scale 1.0"
+
+
+def test_serve_says_when_a_regression_scale_was_never_fitted(tmp_path, capsys, served):
+    from fastpath.cli import main
+    p = _onnx(tmp_path, 1, "one.onnx")
+    assert main(["serve", "--name", "x", "--model", str(p)]) == 0
+    err = capsys.readouterr().err
+    assert NOTE in err and "fastpath calibrate" in err and "--head regression@SCALE" in err
+    assert served["model"].head_spec == Head("regression")      # what runs is unchanged
+    # a scale given, or given as 1 on purpose: nothing to say
+    for head in ("regression@0.004", "regression@1"):
+        assert main(["serve", "--name", "x", "--model", str(p), "--head", head]) == 0
+        assert NOTE not in capsys.readouterr().err
+    # the output it reads is named in the hint
+    p3 = _onnx(tmp_path, 3, "three.onnx")
+    assert main(["serve", "--name", "x", "--model", str(p3), "--head", "regression:2"]) == 0
+    assert "--head regression:2@SCALE" in capsys.readouterr().err
+    # the demo model and heads other than regression
+    assert main(["serve", "--name", "x"]) == 0
+    assert main(["serve", "--name", "x", "--model", str(p3), "--head", "tanh_sigmoid:0,1"]) == 0
+    assert NOTE not in capsys.readouterr().err
+
+
+def test_a_calibrated_scale_is_quiet_and_replacing_it_is_said(tmp_path, capsys, served):
+    from fastpath.cli import main
+    p = _onnx(tmp_path, 1, "one.onnx")
+    raws = (np.random.default_rng(5).standard_normal((300, 6)) * 3 + 10).astype(F32)
+    np.save(tmp_path / "t.npy", raws)
+    assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
+                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", ""]) == 0
+    capsys.readouterr()
+    fitted = Model.load(tmp_path / "c.fpm").head_spec.scale
+    assert fitted != 1.0
+    for cmd in (["serve", "--name", "x"], ["doctor", "--json"]):
+        assert main(cmd + ["--model", str(tmp_path / "c.fpm")]) in (0, 1)
+        assert NOTE not in capsys.readouterr().err
+        # --head regression on the bundle puts the default scale in place of the fitted one
+        assert main(cmd + ["--model", str(tmp_path / "c.fpm"), "--head", "regression"]) in (0, 1)
+        err = capsys.readouterr().err
+        assert NOTE in err and f"@{fitted:.6g}" in err
+    assert served["model"].head_spec.scale == 1.0
+
+
+def test_doctor_says_it_too(tmp_path, capsys):
+    from fastpath.cli import main
+    p = _onnx(tmp_path, 1, "one.onnx")
+    assert main(["doctor", "--model", str(p), "--json"]) in (0, 1)
+    err = capsys.readouterr().err
+    assert NOTE in err and "fastpath doctor: note:" in err
+
+
+def test_calibrate_refuses_any_scale_it_would_refit(tmp_path, capsys):
+    from fastpath.cli import main
+    p = _onnx(tmp_path, 1, "one.onnx")
+    np.save(tmp_path / "t.npy", np.ones((50, 6), F32))
+    # @1 was taken silently (only a scale other than 1 was refused), then refitted
+    assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
+                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "",
+                 "--head", "regression@1"]) == 2
+    assert "calibrate fits the regression head's scale" in capsys.readouterr().err
+
+
+@settings(max_examples=50, deadline=None)
+@given(scale=st.floats(1e-30, 1e30, allow_nan=False), out=st.integers(0, 2),
+       given_scale=st.booleans())
+def test_the_note_is_for_the_default_scale_nobody_chose(scale, out, given_scale):
+    from fastpath.cli import _regression_scale_note
+    m = _model(3).with_head(Head("regression", scale, (out,)))
+    note = _regression_scale_note(m, given_scale, "serve", "m.onnx")
+    assert (note is not None) == (scale == 1.0 and not given_scale)
+    if note:
+        assert ("--head regression@SCALE" if out == 0 else f"regression:{out}@SCALE") in note
+    # a head other than regression never gets it
+    assert _regression_scale_note(m.with_head(Head("tanh_sigmoid", outputs=(out, (out + 1) % 3))),
+                                  False, "serve", "m.onnx") is None
+
+
+# ------------------------------------------------------------------ fastpath bench
+def test_bench_speaks_as_fastpath_bench_and_exits_2_on_bad_input(tmp_path, capsys):
+    from fastpath.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: fastpath bench ")
+    assert main(["bench", "--data", str(tmp_path / "nothing-here"), "--out",
+                 str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastpath bench: --data ") and "bench/run.py" not in err
