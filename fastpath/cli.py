@@ -264,6 +264,15 @@ def cmd_calibrate(args) -> int:
     if syms is not None and len(syms) and syms.min() < 0:
         raise SystemExit(f"fastpath calibrate: {args.symbols} holds symbol {syms.min()}; symbols "
                          f"are ids >= 0")
+    from fastpath.lob.generator import MAX_SYMBOLS
+    if syms is not None and len(syms) and syms.max() >= MAX_SYMBOLS:
+        # the --ts file given as --symbols was taken: every tick its own symbol, each window
+        # fitted on one tick, and a bundle no engine could serve those ids with
+        hint = (" (these look like ns timestamps: they go to --ts)" if syms.max() > 10 ** 15
+                else "")
+        raise SystemExit(f"fastpath calibrate: {args.symbols} holds symbol {syms.max()}; symbols "
+                         f"are ids 0..{MAX_SYMBOLS - 1}, an engine's engine.n_symbols at most "
+                         f"{MAX_SYMBOLS}{hint}")
     if ts is not None and (ts.shape != (len(raws),) or ts.dtype.kind not in "iu"):
         raise SystemExit(f"fastpath calibrate: {args.ts} must hold {len(raws)} integer ns "
                          f"timestamps, got {ts.dtype} shape {ts.shape}")
@@ -279,6 +288,11 @@ def cmd_calibrate(args) -> int:
                          f"(@{args.head.scale:g}), but calibrate fits the regression head's "
                          f"scale to the ticks; give the head without @SCALE")
     model = _load(args.model, args.head)
+    if model.trees is not None and args.weights in ("bf16", "int8"):
+        # refused by with_weights only after the whole fit, which it had printed
+        raise SystemExit(f"fastpath calibrate: --weights {args.weights} packs an MLP's hidden "
+                         f"layers; {args.model} is a tree ensemble, which runs its float32 "
+                         f"thresholds (leave --weights out)")
     n_in = model.dims[0]
     w_default = lob.WINDOW_FIELDS if raws.shape[1] == lob.RAW_LEN else ()
     w = _check_fields(_parse_fields(args.window_fields, w_default, "--window-fields"),

@@ -170,3 +170,37 @@ def test_bench_speaks_as_fastpath_bench_and_exits_2_on_bad_input(tmp_path, capsy
                  str(tmp_path / "res")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fastpath bench: --data ") and "bench/run.py" not in err
+
+
+# ------------------------------------------------------------- calibrate's inputs
+@pytest.mark.parametrize("bad,hint", [(1 << 22, False), (1_700_000_000_000_082_944, True)])
+def test_calibrate_refuses_symbols_no_engine_holds(tmp_path, capsys, bad, hint):
+    """The --ts file given as --symbols was taken: each tick its own symbol, every rolling
+    window fitted on one tick, exit 0."""
+    from fastpath.cli import main
+    p = _onnx(tmp_path, 1, "one.onnx")
+    np.save(tmp_path / "t.npy", (np.random.default_rng(1).standard_normal((40, 6)) + 5).astype(F32))
+    syms = np.zeros(40, np.int64)
+    syms[7] = bad
+    np.save(tmp_path / "s.npy", syms)
+    assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--symbols",
+                 str(tmp_path / "s.npy"), "--model", str(p), "--out", str(tmp_path / "c.fpm"),
+                 "--z-fields", "0-3", "--window-fields", "4,5"]) == 2
+    err = capsys.readouterr().err
+    assert f"holds symbol {bad}; symbols are ids 0..{(1 << 22) - 1}" in err
+    assert ("they go to --ts" in err) == hint
+    assert not (tmp_path / "c.fpm").exists()
+
+
+def test_calibrate_refuses_reduced_weights_for_a_tree_before_the_fit(tmp_path, capsys):
+    pytest.importorskip("onnx")
+    from fastpath.cli import main
+    from test_review27_heads import _tree_onnx
+    p = _tree_onnx(tmp_path)
+    np.save(tmp_path / "t.npy", np.ones((20, 6), F32))
+    assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
+                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "",
+                 "--features", "raw", "--weights", "int8"]) == 2
+    cap = capsys.readouterr()
+    assert "--weights int8 packs an MLP's hidden layers" in cap.err
+    assert "feature spec:" not in cap.out            # said before the fit, not after it
