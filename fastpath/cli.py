@@ -156,7 +156,8 @@ def _load(path, head, default=None):
     place of its own (Model.load(path, head=...), as with_head)."""
     from fastpath._build import load_model
     from fastpath.model import Model
-    path = path or default
+    # `is None`: --model "" (an unset shell variable) served the demo model, silently
+    path = default if path is None else path
     if head is None:
         return load_model(path)
     from fastpath.model.bundle import _path
@@ -247,8 +248,9 @@ def cmd_calibrate(args) -> int:
     from fastpath.tuning import calibrate, resolve_features
     _check_out(args.out)
     raws = _load_npy(args.ticks, "ticks")
-    syms = _load_npy(args.symbols, "symbols", "iu") if args.symbols else None
-    ts = _load_npy(args.ts, "timestamps", "iu") if args.ts else None
+    # `is not None`: --symbols "" (an unset shell variable) fitted every tick as symbol 0
+    syms = _load_npy(args.symbols, "symbols", "iu") if args.symbols is not None else None
+    ts = _load_npy(args.ts, "timestamps", "iu") if args.ts is not None else None
     if raws.ndim != 2:
         raise SystemExit(f"fastpath calibrate: {args.ticks} must hold a 2-d array (ticks, raw_len), "
                          f"got shape {raws.shape}")
@@ -408,7 +410,7 @@ def _doctor_model(args):
               f"not change what the engine locks); serving it needs one: {exc}", file=sys.stderr)
         return model
     note = _regression_scale_note(model, getattr(args, "head_scale_given", False), "doctor",
-                                  args.model)
+                                  "the demo model" if args.model is None else args.model)
     if note:
         print(note, file=sys.stderr)
     return model
@@ -495,7 +497,7 @@ def cmd_serve(args) -> int:
         from fastpath._build import DEMO_MODEL
         model = _load(args.model, args.head, DEMO_MODEL)
         note = _regression_scale_note(model, getattr(args, "head_scale_given", False), "serve",
-                                      args.model or "the demo model")
+                                      "the demo model" if args.model is None else args.model)
         if note:
             print(note, file=sys.stderr, flush=True)
     return run_foreground(args.name, model, args.config, stats=args.stats)

@@ -204,3 +204,27 @@ def test_calibrate_refuses_reduced_weights_for_a_tree_before_the_fit(tmp_path, c
     cap = capsys.readouterr()
     assert "--weights int8 packs an MLP's hidden layers" in cap.err
     assert "feature spec:" not in cap.out            # said before the fit, not after it
+
+
+# ------------------------------------------- an empty option is not the option left out
+def test_an_empty_model_or_symbols_path_is_refused_not_defaulted(tmp_path, capsys, served):
+    """--model "$MODEL" with MODEL unset served (and doctor sized) the demo model, and
+    --symbols "" fitted every tick as symbol 0: an empty path is a path that is not there."""
+    from fastpath.cli import main
+    assert main(["serve", "--name", "x", "--model", ""]) == 2
+    assert "cannot read model file ''" in capsys.readouterr().err
+    assert "model" not in served
+    assert main(["doctor", "--model", ""]) == 2
+    assert "cannot read model file ''" in capsys.readouterr().err
+    p = _onnx(tmp_path, 1, "one.onnx")
+    np.save(tmp_path / "t.npy", np.ones((20, 6), F32))
+    for opt in ("--symbols", "--ts"):
+        extra = ["--max-error", "0.01"] if opt == "--ts" else []
+        assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), opt, "", "--model", str(p),
+                     "--out", str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields",
+                     ""] + extra) == 2
+        assert "No such file or directory: ''" in capsys.readouterr().err
+    assert not (tmp_path / "c.fpm").exists()
+    # the demo model under a regression head the user chose says whose head it is
+    assert main(["serve", "--name", "x", "--head", "regression"]) == 0
+    assert "the demo model's regression head runs at scale 1.0" in capsys.readouterr().err
