@@ -228,3 +228,17 @@ def test_an_empty_model_or_symbols_path_is_refused_not_defaulted(tmp_path, capsy
     # the demo model under a regression head the user chose says whose head it is
     assert main(["serve", "--name", "x", "--head", "regression"]) == 0
     assert "the demo model's regression head runs at scale 1.0" in capsys.readouterr().err
+
+
+def test_bench_checks_its_out_folder_before_it_runs(tmp_path, capsys):
+    """--out naming a file (or "") failed with a bare OSError once every figure had been
+    measured (a full bench: minutes)."""
+    from fastpath.cli import main
+    (tmp_path / "afile").write_text("")
+    for out in (str(tmp_path / "afile"), ""):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "--ticks", "10", "--no-plot", "--no-rt", "--out", out])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--out {out!r}: cannot make the results folder" in err
+        assert "step_batch" not in err                  # no phase of the run began
