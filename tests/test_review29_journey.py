@@ -11,16 +11,28 @@
   --data it could not read exited 1, where every other command exits 2 on bad input.
 """
 import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fastpath
 from fastpath.model import Head, Layer, Model
 
 F32 = np.float32
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
+
+
+def _env():
+    """The CLI in a subprocess run from tmp_path imports the fastpath these tests import."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PKG_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
 
 
 def _model(n_out, seed=4):
@@ -166,10 +178,13 @@ def test_bench_speaks_as_fastpath_bench_and_exits_2_on_bad_input(tmp_path, capsy
         main(["bench", "--help"])
     assert e.value.code == 0
     assert capsys.readouterr().out.startswith("usage: fastpath bench ")
-    assert main(["bench", "--data", str(tmp_path / "nothing-here"), "--out",
-                 str(tmp_path / "res")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("fastpath bench: --data ") and "bench/run.py" not in err
+    # in a process of its own: the run places its thread (pinned, SCHED_FIFO) before it reads
+    # --data, and a test process left so starved the in-process servers of later tests
+    out = subprocess.run([sys.executable, "-m", "fastpath.cli", "bench", "--no-rt", "--data",
+                          str(tmp_path / "nothing-here"), "--out", str(tmp_path / "res")],
+                         capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("fastpath bench: --data ") and "bench/run.py" not in out.stderr
 
 
 # ------------------------------------------------------------- calibrate's inputs
