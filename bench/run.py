@@ -860,8 +860,9 @@ def _progress(args):
     return phase
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="fastpath latency bench",
+def main(argv=None, prog=None) -> int:
+    # prog: "fastpath bench" from the command line (its usage said "cli.py" or "fastpath")
+    ap = argparse.ArgumentParser(prog=prog, description="fastpath latency bench",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__)
     ap.add_argument("--quick", action="store_true", help="small run (< 30 s), as the tests use")
@@ -884,8 +885,15 @@ def main(argv=None) -> int:
         # they shape the generated stream only: a recorded one was read whole, and the run
         # said nothing of the option it ignored
         ap.error("--ticks and --seed set the generated stream; --data replays a recorded one")
+    # before the run, not after it: an --out that could not be made (a file of that name,
+    # an empty name, no permission) failed only once every figure had been measured
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        ap.error(f"--out {args.out!r}: cannot make the results folder ({exc.strerror or exc})")
+    if not os.access(args.out, os.W_OK | os.X_OK):
+        ap.error(f"--out {args.out!r}: the results folder is not writable by this user")
     res = run(args)
-    os.makedirs(args.out, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     src = stream_kind(args)
     base = os.path.join(args.out, f"{stamp}-{src}")

@@ -103,13 +103,61 @@ def _head_arg(text: str):
         raise argparse.ArgumentTypeError(f"{exc} (from {text!r})") from None
 
 
+class _HeadOption(argparse.Action):
+    """--head: the Head (_head_arg) in args.head, and in args.head_scale_given whether the
+    text named a scale (@SCALE): a regression head's scale 1 given on purpose is not the
+    default nobody chose, which _regression_scale_note speaks of."""
+
+    def __call__(self, parser, namespace, text, option_string=None):
+        try:
+            head = _head_arg(text)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        setattr(namespace, self.dest, head)
+        namespace.head_scale_given = "@" in text
+
+
+def _regression_scale_note(model, scale_given: bool, cmd: str, source) -> str | None:
+    """A line for stderr when `model` runs a regression head whose scale nobody fitted or
+    gave, else None. Its signal is tanh(out / 1.0): an output in a return's units (~1e-3)
+    reads as a signal near 0 whatever it predicts, one in price units saturates at +-1, and
+    nothing said so. The Python API stays quiet (no warning on the engine's way); the
+    commands that run a model say it once, before they start."""
+    h = model.head_spec
+    if h.kind != "regression" or scale_given:
+        return None
+    fit = model.meta.get("head_fit") if isinstance(model.meta, dict) else None
+    fitted = None
+    if isinstance(fit, dict):
+        try:
+            fitted = float(fit["abs_prediction_q"]) / float(fit["target"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            fitted = None
+    if fitted is not None and abs(fitted - h.scale) <= 1e-6 * max(abs(fitted), 1e-30):
+        return None                             # calibrate's scale, in force
+    if h.scale != 1.0:
+        return None                             # a scale someone set (Head(scale=...))
+    i = h.outputs[0]
+    where = "" if i == 0 else f":{i}"
+    if fitted is not None:
+        return (f"fastpath {cmd}: note: {source}'s regression head runs at scale 1.0, not the "
+                f"{fitted:.6g} calibrate fitted (--head without @SCALE replaced it): signal = "
+                f"tanh(output / 1.0); give --head regression{where}@{fitted:.6g}, or leave "
+                f"--head out to keep the bundle's")
+    return (f"fastpath {cmd}: note: {source}'s regression head runs at scale 1.0, never "
+            f"fitted: signal = tanh(output / 1.0), near 0 or saturated at +-1 unless the "
+            f"output is in those units; fit it with `fastpath calibrate` or give it with "
+            f"--head regression{where}@SCALE")
+
+
 def _load(path, head, default=None):
     """The model at `path` (or `default`: the demo model) with --head's head, if given: an
     ONNX file is imported with it (Model.from_onnx(path, head=...)), a bundle takes it in
     place of its own (Model.load(path, head=...), as with_head)."""
     from fastpath._build import load_model
     from fastpath.model import Model
-    path = path or default
+    # `is None`: --model "" (an unset shell variable) served the demo model, silently
+    path = default if path is None else path
     if head is None:
         return load_model(path)
     from fastpath.model.bundle import _path
@@ -200,8 +248,9 @@ def cmd_calibrate(args) -> int:
     from fastpath.tuning import calibrate, resolve_features
     _check_out(args.out)
     raws = _load_npy(args.ticks, "ticks")
-    syms = _load_npy(args.symbols, "symbols", "iu") if args.symbols else None
-    ts = _load_npy(args.ts, "timestamps", "iu") if args.ts else None
+    # `is not None`: --symbols "" (an unset shell variable) fitted every tick as symbol 0
+    syms = _load_npy(args.symbols, "symbols", "iu") if args.symbols is not None else None
+    ts = _load_npy(args.ts, "timestamps", "iu") if args.ts is not None else None
     if raws.ndim != 2:
         raise SystemExit(f"fastpath calibrate: {args.ticks} must hold a 2-d array (ticks, raw_len), "
                          f"got shape {raws.shape}")
@@ -217,6 +266,15 @@ def cmd_calibrate(args) -> int:
     if syms is not None and len(syms) and syms.min() < 0:
         raise SystemExit(f"fastpath calibrate: {args.symbols} holds symbol {syms.min()}; symbols "
                          f"are ids >= 0")
+    from fastpath.lob.generator import MAX_SYMBOLS
+    if syms is not None and len(syms) and syms.max() >= MAX_SYMBOLS:
+        # the --ts file given as --symbols was taken: every tick its own symbol, each window
+        # fitted on one tick, and a bundle no engine could serve those ids with
+        hint = (" (these look like ns timestamps: they go to --ts)" if syms.max() > 10 ** 15
+                else "")
+        raise SystemExit(f"fastpath calibrate: {args.symbols} holds symbol {syms.max()}; symbols "
+                         f"are ids 0..{MAX_SYMBOLS - 1}, an engine's engine.n_symbols at most "
+                         f"{MAX_SYMBOLS}{hint}")
     if ts is not None and (ts.shape != (len(raws),) or ts.dtype.kind not in "iu"):
         raise SystemExit(f"fastpath calibrate: {args.ts} must hold {len(raws)} integer ns "
                          f"timestamps, got {ts.dtype} shape {ts.shape}")
@@ -226,11 +284,17 @@ def cmd_calibrate(args) -> int:
     if ts is not None and args.max_error is None:
         raise SystemExit("fastpath calibrate: --ts is used by the cache-policy fit; give "
                          "--max-error too")
-    if args.head is not None and args.head.kind == "regression" and args.head.scale != 1.0:
+    if args.head is not None and args.head.kind == "regression" and \
+            getattr(args, "head_scale_given", False):
         raise SystemExit(f"fastpath calibrate: --head gives the regression head a scale "
                          f"(@{args.head.scale:g}), but calibrate fits the regression head's "
                          f"scale to the ticks; give the head without @SCALE")
     model = _load(args.model, args.head)
+    if model.trees is not None and args.weights in ("bf16", "int8"):
+        # refused by with_weights only after the whole fit, which it had printed
+        raise SystemExit(f"fastpath calibrate: --weights {args.weights} packs an MLP's hidden "
+                         f"layers; {args.model} is a tree ensemble, which runs its float32 "
+                         f"thresholds (leave --weights out)")
     n_in = model.dims[0]
     w_default = lob.WINDOW_FIELDS if raws.shape[1] == lob.RAW_LEN else ()
     w = _check_fields(_parse_fields(args.window_fields, w_default, "--window-fields"),
@@ -323,6 +387,35 @@ def _jitter(seconds: float, threshold_ns: int) -> dict:
     return out
 
 
+def _doctor_model(args):
+    """The model doctor sizes (what its engine locks): --model with --head's head. A model
+    that runs only with a head it was not given (an ONNX with 3 raw outputs) was refused,
+    asking for a --head doctor has no use for: the head is a few numbers in the engine, not
+    memory. Such a model is sized with a stand-in head reading output 0, and a note says so
+    (serve and calibrate will ask for the head); a model no head can load is refused with
+    its own error."""
+    from fastpath._build import DEMO_MODEL
+    from fastpath.errors import ModelError
+    from fastpath.model.types import Head
+    try:
+        model = _load(args.model, args.head, DEMO_MODEL)
+    except ModelError as exc:
+        if args.head is not None:
+            raise
+        try:
+            model = _load(args.model, Head("regression", outputs=(0,)), DEMO_MODEL)
+        except ModelError:
+            raise exc from None
+        print(f"fastpath doctor: note: {args.model} sized with a stand-in head (a head does "
+              f"not change what the engine locks); serving it needs one: {exc}", file=sys.stderr)
+        return model
+    note = _regression_scale_note(model, getattr(args, "head_scale_given", False), "doctor",
+                                  "the demo model" if args.model is None else args.model)
+    if note:
+        print(note, file=sys.stderr)
+    return model
+
+
 def cmd_doctor(args) -> int:
     from fastpath.control import doctor
     from fastpath.control.config import load_config, read_toml
@@ -340,8 +433,8 @@ def cmd_doctor(args) -> int:
             raise SystemExit(f"fastpath doctor: --core {args.core} is not an online CPU of this "
                              f"host (online: {format_cpulist(online)})")
     busy = sample_busy(host, 0.2) if args.root == "/" else {}
-    from fastpath._build import DEMO_MODEL, engine_region_bytes
-    model = _load(args.model, args.head, DEMO_MODEL)
+    from fastpath._build import engine_region_bytes
+    model = _doctor_model(args)
     res = doctor.run_checks(host, core, cfg.placement.policy, cfg.placement.priority,
                             use_gpu=args.gpu, busy=busy, config=args.config,
                             arena_bytes=engine_region_bytes(model, cfg),
@@ -399,21 +492,34 @@ def cmd_example_config(args) -> int:
 def cmd_serve(args) -> int:
     from fastpath.serving.server import run_foreground
     model = args.model
-    if args.head is not None:
+    if args.model is not None or args.head is not None:
+        # loaded here, once: what it runs is known before it starts (the regression note)
         from fastpath._build import DEMO_MODEL
         model = _load(args.model, args.head, DEMO_MODEL)
+        note = _regression_scale_note(model, getattr(args, "head_scale_given", False), "serve",
+                                      "the demo model" if args.model is None else args.model)
+        if note:
+            print(note, file=sys.stderr, flush=True)
     return run_foreground(args.name, model, args.config, stats=args.stats)
 
 
 def cmd_bench(argv) -> int:
     from fastpath.bench.run import main
-    return main(argv)
+    try:
+        return main(argv, prog="fastpath bench")
+    except SystemExit as exc:
+        # the bench's own refusals (a --data it cannot read) are bench/run.py's words
+        if isinstance(exc.code, str) and exc.code.startswith("bench/run.py: "):
+            raise SystemExit("fastpath bench: " + exc.code[len("bench/run.py: "):]) from None
+        raise
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":
-        return cmd_bench(argv[1:])
+        # past argparse (the bench parses its own options), not past the exit codes: a --data
+        # it cannot read exited 1 and Ctrl-C was a traceback
+        return _guarded("bench", cmd_bench, argv[1:])
     ap = argparse.ArgumentParser(prog="fastpath", description="fastpath command line")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="kernel set, clock and default model")
@@ -421,8 +527,8 @@ def main(argv=None) -> int:
     d = sub.add_parser("doctor", help="host readiness checks, each with a verdict and a fix")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.add_argument("--jitter", type=_jitter_seconds, metavar="SECONDS",
-                   help="spin on the chosen core this long (0..3600 s) and histogram the gaps "
-                        "(cyclictest-style)")
+                   help="spin on the chosen core this long (> 0, up to 3600 s) and histogram "
+                        "the gaps (cyclictest-style)")
     d.add_argument("--jitter-threshold-ns", type=_int_in(1, 1 << 40), default=1000,
                    help="smallest gap recorded (ns, >= 1)")
     d.add_argument("--core", type=_int_in(0, (1 << 16) - 1),
@@ -431,7 +537,7 @@ def main(argv=None) -> int:
     d.add_argument("--gpu", action="store_true", help="checks as for the GPU backend")
     d.add_argument("--model", help="the model the engine runs (.onnx / .fpm; default: the demo "
                                    "model), for the size of what it locks")
-    d.add_argument("--head", type=_head_arg, metavar=_HEAD_FORM,
+    d.add_argument("--head", action=_HeadOption, metavar=_HEAD_FORM,
                    help="the head that turns the model's outputs into signal and confidence "
                         "(Model.from_onnx(head=...), or with_head for a bundle): KIND one of "
                         "tanh_sigmoid, regression, classifier3, classifier2; OUTPUTS the "
@@ -448,7 +554,7 @@ def main(argv=None) -> int:
     c.add_argument("--symbols", help=".npy of each tick's symbol (windows are per symbol)")
     c.add_argument("--model", required=True, help="model to calibrate (.fpm or .onnx)")
     c.add_argument("--out", required=True, help="bundle to write (.fpm)")
-    c.add_argument("--head", type=_head_arg, metavar=_HEAD_FORM,
+    c.add_argument("--head", action=_HeadOption, metavar=_HEAD_FORM,
                    help="the head that turns the model's outputs into signal and confidence "
                         "(Model.from_onnx(head=...), or with_head for a bundle): KIND one of "
                         "tanh_sigmoid, regression, classifier3, classifier2; OUTPUTS the "
@@ -484,7 +590,7 @@ def main(argv=None) -> int:
     s.add_argument("--name", required=True, help="the name clients connect to")
     s.add_argument("--config", help="TOML config ([serve], [placement], [engine], ...)")
     s.add_argument("--model", help="model (.fpm or .onnx; default: the demo model)")
-    s.add_argument("--head", type=_head_arg, metavar=_HEAD_FORM,
+    s.add_argument("--head", action=_HeadOption, metavar=_HEAD_FORM,
                    help="the head that turns the model's outputs into signal and confidence "
                         "(Model.from_onnx(head=...), or with_head for a bundle): KIND one of "
                         "tanh_sigmoid, regression, classifier3, classifier2; OUTPUTS the "
@@ -493,12 +599,19 @@ def main(argv=None) -> int:
     s.add_argument("--stats", action="store_true", help="print throughput, queue depth and "
                    "per-stage latency percentiles every second")
     args = ap.parse_args(argv)
+    return _guarded(args.cmd, {"info": cmd_info, "calibrate": cmd_calibrate,
+                               "doctor": cmd_doctor, "example-config": cmd_example_config,
+                               "serve": cmd_serve}[args.cmd], args)
+
+
+def _guarded(cmd: str, fn, args) -> int:
+    """fn(args), its failures said as `fastpath CMD: ...` with the exit codes README gives:
+    2 for bad input, 130 for Ctrl-C."""
     from fastpath.errors import FastpathError
     try:
-        return {"info": cmd_info, "calibrate": cmd_calibrate, "doctor": cmd_doctor,
-                "example-config": cmd_example_config, "serve": cmd_serve}[args.cmd](args)
+        return fn(args)
     except FastpathError as exc:
-        print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
+        print(f"fastpath {cmd}: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # the reader went away (`fastpath doctor --json | head`): not bad input, nothing to
@@ -509,16 +622,16 @@ def main(argv=None) -> int:
             pass
         return 1
     except OSError as exc:
-        print(f"fastpath {args.cmd}: {exc}", file=sys.stderr)
+        print(f"fastpath {cmd}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Ctrl-C: the user's stop, not a fault to show a traceback for
-        print(f"fastpath {args.cmd}: interrupted", file=sys.stderr)
+        print(f"fastpath {cmd}: interrupted", file=sys.stderr)
         return 130
     except MemoryError as exc:
         # an engine the host has no room for (control.memory.allocate says how much): the
         # config asks too much of this host, said as such, not a traceback
-        print(f"fastpath {args.cmd}: {exc or 'out of memory'}", file=sys.stderr)
+        print(f"fastpath {cmd}: {exc or 'out of memory'}", file=sys.stderr)
         return 2
     except SystemExit as exc:
         # a command's own check of its input files (calibrate's .npy checks) raises
