@@ -38,7 +38,7 @@ def _governor(host: Host, core: int) -> Check:
     if g is None:
         return Check("cpu_governor", WARN, f"cpufreq not exposed for CPU {core} (VM or fixed "
                      f"frequency); the host decides the clock", "set the performance profile in the "
-                     f"BIOS / hypervisor")
+                     "BIOS / hypervisor")
     if g == "performance":
         return Check("cpu_governor", PASS, f"CPU {core} governor is performance")
     return Check("cpu_governor", FAIL if g == "powersave" else WARN,
@@ -307,8 +307,8 @@ def _irqs(host: Host, core: int) -> list:
         names = ", ".join(f"{i} ({d or '?'}: {n})" for i, n, d in hits[:6])
         out.append(Check("irqs_on_core", WARN, f"{len(hits)} IRQ(s) have fired on CPU {core} and "
                          f"may again: {names}",
-                         f"for each IRQ: echo <other cpus> | sudo tee /proc/irq/<n>/smp_affinity_list "
-                         f"(or boot with irqaffinity=<other cpus>)"))
+                         "for each IRQ: echo <other cpus> | sudo tee /proc/irq/<n>/smp_affinity_list "
+                         "(or boot with irqaffinity=<other cpus>)"))
     return out
 
 
