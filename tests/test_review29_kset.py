@@ -71,8 +71,10 @@ def _msg(exc):
 # ------------------------------------------------------------------ the streams
 
 _edit = st.tuples(st.integers(0, 63), st.sampled_from(EDGES))
-_tick = st.tuples(st.just("tick"), st.integers(0, N_SYM - 1), st.integers(-3, 3),
-                  st.lists(_edit, max_size=2))
+# a fresh tick's scale: whole ticks of subnormals or below int8's FP_LOWP_TINY (1e-30), of
+# 1e19 (products near FLT_MAX on large weights) or 1e37 (some values overflow to Inf)
+_mag = st.sampled_from([-40, -36, -3, -1, 0, 0, 0, 1, 3, 19, 37])
+_tick = st.tuples(st.just("tick"), st.integers(0, N_SYM - 1), _mag, st.lists(_edit, max_size=2))
 _rep = st.tuples(st.sampled_from(["repeat", "repeat", "neg", "same_ts"]),
                  st.integers(0, N_SYM - 1), st.just(0), st.just([]))
 _scaled = st.tuples(st.just("scaled"), st.integers(0, N_SYM - 1),
