@@ -161,8 +161,19 @@ typedef struct {
  * replay), and even an inline multiply there cost ~8. */
 static inline double fp_cache_cos_bound(double t) { return t - fabs(t) * 0x1p-50; }
 
+/* norm_tol as the plan holds it, (1 + tol) 2^-50 above the tolerance asked for: the same tie
+ * on the magnitude guard. A tick exactly k = 1 +- tol times its key (|f|^2 = k^2 |c|^2, both
+ * sums exact) is a tie the guard passes, but na / nb is two rounded square roots and a
+ * rounded quotient, within 3 ulps of k (< (1 + tol) 2^-50 once 1 is subtracted), and came out
+ * above it: at norm_tol 0.5, keys of 6-bit values scaled by 1.5 missed as "norm" in 13% of
+ * cases (every kernel set alike; now none). Like the cosine's, the slack admits no ratio the
+ * double sums can tell from the tolerance; a tie whose sums are inexact themselves (22-bit
+ * values over 128 features: half still miss) is left to their rounding, as a cosine that
+ * close to its threshold is. */
+static inline double fp_cache_tol_bound(double tol) { return tol + (1.0 + tol) * 0x1p-50; }
+
 static inline void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *p, int n) {
-    const double t = fp_cache_cos_bound(p->cos_threshold), tol = p->norm_tol;
+    const double t = fp_cache_cos_bound(p->cos_threshold), tol = fp_cache_tol_bound(p->norm_tol);
     const double m = FP_DOTF_ROUNDINGS(n) + 2, u = 0x1p-24, w = 1.0 + 0x1p-48, w2 = w * w;
     const double g = m * u / (1.0 - m * u), x = 3.0 * n * 0x1p-53, h = g + 2.0 * x;
     const double eps2 = (n + 8) * 0x1p-52;
@@ -174,7 +185,8 @@ static inline void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *
     const double mg = eps2 + 3.0 * x + 0x1p-52;
     const double th = (1.0 - t) - mg, tl = (1.0 - t) + mg;
     pl->pol = *p;
-    pl->pol.cos_threshold = t;   /* the double path decides on the same slackened bound */
+    pl->pol.cos_threshold = t;   /* the double path decides on the same slackened bounds */
+    pl->pol.norm_tol = tol;
     /* h < 2^-10 (n up to ~250k) keeps the second-order terms inside their bounds above; a
      * NaN threshold or tolerance fails these comparisons and leaves everything to double */
     pl->f32 = t > 0.0 && tol >= 0.0 && h < 0x1p-10;

@@ -137,4 +137,17 @@ void fp_trees_finalize(const fp_trees *t, const double *acc, float *out);
 /* 1 when some x[i] is NaN */
 int fp_trees_has_nan(const float *x, int n);
 
+/* A group's 16 leaves (lane order) added in double in the one order every set uses: halves
+ * first, t[i] = d[i] + d[i+8], then u[i] = t[i] + t[i+4], v[i] = u[i] + u[i+2], v[0] + v[1]
+ * (AVX-512: two 8-lane halves, then its 256- and 128-bit halves; AVX2: the same pairs from
+ * its two 8-lane vectors). A double sum of floats is exact only while their exponents lie
+ * within ~2^25 of each other: leaves 1e20, 1, -1e20 gave 0 added in lane order (scalar),
+ * 1 in AVX2's pairs and in AVX-512's, so a tick's signal depended on the kernel set. */
+static inline double fp_trees_sum16(const double *d) {
+    double t[8], u[4];
+    for (int i = 0; i < 8; i++) t[i] = d[i] + d[i + 8];
+    for (int i = 0; i < 4; i++) u[i] = t[i] + t[i + 4];
+    return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
 #endif

@@ -10,13 +10,15 @@
 
 #define FP_TV 8   /* vectors of 8 lanes walked together (4 groups) */
 
-/* the 16 lanes of a group (two vectors of 8) added in double, as the compact walk and the
- * scalar set add: a float sum would lose low leaves next to large ones of opposite sign, and
- * lose them differently from the other paths */
+/* the 16 lanes of a group (two vectors of 8: a lanes 0-7, b lanes 8-15) added in double, as
+ * the compact walk and the scalar set add: a float sum would lose low leaves next to large
+ * ones of opposite sign, and lose them differently from the other paths. In
+ * fp_trees_sum16's order, which every set uses (lane i with lane i + 8 first): that sum is
+ * not exact for leaves of very different sizes, and another order gave another signal. */
 FP_TARGET_AVX2 static inline double fp_hsum16d(__m256 a, __m256 b) {
     const __m256d s = _mm256_add_pd(
-        _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)), _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1))),
-        _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(b)), _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1))));
+        _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)), _mm256_cvtps_pd(_mm256_castps256_ps128(b))),
+        _mm256_add_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1))));
     __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
     h = _mm_add_sd(h, _mm_unpackhi_pd(h, h));
     return _mm_cvtsd_f64(h);

@@ -19,17 +19,18 @@ void fp_trees_eval_scalar(const fp_trees *t, const float *x, float *out) {
         const float *pt = t->pthr + (size_t)g * inner * FP_TREES_LANES;
         const float *pl = t->pleaf + (size_t)g * leaves * FP_TREES_LANES;
         /* in double, as the compact walk adds: a float sum of 16 leaves (1e8, 1, ..., -1e8)
-         * loses what the same trees add on the compact path (taken when any feature is NaN) */
-        double s = 0.0;
+         * loses what the same trees add on the compact path (taken when any feature is NaN);
+         * in the vector sets' pairwise order (fp_trees_sum16), not lane by lane */
+        double d[FP_TREES_LANES];
         for (int lane = 0; lane < FP_TREES_LANES; lane++) {
             size_t idx = 0;
             for (int l = 0; l < D; l++) {
                 const size_t o = idx * FP_TREES_LANES + lane;
                 idx = 2 * idx + 2 - (size_t)(x[pf[o]] <= pt[o]);
             }
-            s += pl[(idx - inner) * FP_TREES_LANES + lane];
+            d[lane] = pl[(idx - inner) * FP_TREES_LANES + lane];
         }
-        acc[t->ptarget[g]] += s;
+        acc[t->ptarget[g]] += fp_trees_sum16(d);
     }
     for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
     fp_trees_finalize(t, acc, out);
