@@ -180,12 +180,18 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _load_npy(path: str, what: str, kinds: str = "iuf"):
+def _load_npy(path: str, what: str, kinds: str = "iuf", opt: str = "--ticks"):
     """One array from a .npy file, of a numeric kind in `kinds`; anything else (an .npz
-    archive, text, strings, booleans) is a usage error naming the file, not a traceback."""
+    archive, text, strings, booleans) is a usage error naming the file, not a traceback, and
+    one that cannot be read (missing, a directory) names the option that gave it."""
     import numpy as np
-    with open(path, "rb") as f:         # OSError (missing, a directory): exit 2 in main
-        head = f.read(6)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as exc:
+        # "[Errno 2] No such file or directory: 'x'" did not say which of three files
+        raise SystemExit(f"fastpath calibrate: {opt} {path!r}: cannot read it "
+                         f"({exc.strerror or exc})") from None
     if head != b"\x93NUMPY" and head[:4] != b"PK\x03\x04":
         # np.load takes any other start for a pickle: an empty file raised a bare EOFError,
         # a text file "contains pickled (object) data ... allow_pickle", which it does not
@@ -249,8 +255,9 @@ def cmd_calibrate(args) -> int:
     _check_out(args.out)
     raws = _load_npy(args.ticks, "ticks")
     # `is not None`: --symbols "" (an unset shell variable) fitted every tick as symbol 0
-    syms = _load_npy(args.symbols, "symbols", "iu") if args.symbols is not None else None
-    ts = _load_npy(args.ts, "timestamps", "iu") if args.ts is not None else None
+    syms = (_load_npy(args.symbols, "symbols", "iu", "--symbols")
+            if args.symbols is not None else None)
+    ts = _load_npy(args.ts, "timestamps", "iu", "--ts") if args.ts is not None else None
     if raws.ndim != 2:
         raise SystemExit(f"fastpath calibrate: {args.ticks} must hold a 2-d array (ticks, raw_len), "
                          f"got shape {raws.shape}")
@@ -326,7 +333,11 @@ def cmd_calibrate(args) -> int:
               f"{np.tanh(out.meta['head_fit']['target']):.2f})")
     else:
         print(f"head: {h.kind} (outputs {list(h.outputs)})")
-    if args.weights == "fp32" == out.weights:
+    if args.weights == "fp32" and out.trees is not None:
+        # "fp32 hidden layers" spoke of an MLP's
+        print("weights: fp32 (a tree ensemble's float32 thresholds and leaves: nothing to "
+              "measure against)")
+    elif args.weights == "fp32" == out.weights:
         print("weights: fp32 hidden layers (the model's own: nothing to measure against)")
     elif args.weights is not None:
         # a model already holding the weights asked for is measured too: --weights int8 on

@@ -238,7 +238,7 @@ def test_an_empty_model_or_symbols_path_is_refused_not_defaulted(tmp_path, capsy
         assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), opt, "", "--model", str(p),
                      "--out", str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields",
                      ""] + extra) == 2
-        assert "No such file or directory: ''" in capsys.readouterr().err
+        assert f"{opt} '': cannot read it (No such file or directory)" in capsys.readouterr().err
     assert not (tmp_path / "c.fpm").exists()
     # the demo model under a regression head the user chose says whose head it is
     assert main(["serve", "--name", "x", "--head", "regression"]) == 0
