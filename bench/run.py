@@ -885,6 +885,15 @@ def main(argv=None, prog=None) -> int:
         # they shape the generated stream only: a recorded one was read whole, and the run
         # said nothing of the option it ignored
         ap.error("--ticks and --seed set the generated stream; --data replays a recorded one")
+    if args.data:
+        # before the run's placement (SCHED_FIFO on a pinned core): a caller of main() in
+        # process was left pinned by a --data that was not there
+        missing = [p for p in (args.data.split(",", 1) if "," in args.data else [args.data])
+                   if not os.path.exists(p)]
+        if missing:
+            raise SystemExit(f"bench/run.py: --data {args.data}: cannot read it: {missing[0]!r} "
+                             f"does not exist (expected a Binance capture folder, or "
+                             f"'orderbook.csv,message.csv')")
     # before the run, not after it: an --out that could not be made (a file of that name,
     # an empty name, no permission) failed only once every figure had been measured
     try:

@@ -42,3 +42,18 @@ def test_zoo_leaves_nothing_behind(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     # (a library the zoo imports keeps a one-line ".ses" file there: not the zoo's)
     assert [n for n in os.listdir(tmp) if n != ".ses"] == []
+
+
+def test_a_missing_data_path_is_refused_before_the_placement(tmp_path, monkeypatch):
+    """bench/run.py placed its thread (a pinned core, SCHED_FIFO) before it read --data: a
+    main() called in process with a path that was not there left its caller pinned."""
+    import run
+    placed = []
+    monkeypatch.setattr(run, "placement", lambda args: placed.append(args) or {})
+    for data in (str(tmp_path / "nope"), f"{tmp_path / 'ob.csv'},{tmp_path / 'msg.csv'}"):
+        with pytest.raises(SystemExit) as e:
+            run.main(["--data", data, "--out", str(tmp_path / "out"), "--no-plot"])
+        assert str(e.value.code).startswith(f"bench/run.py: --data {data}: cannot read it: ")
+        assert "does not exist" in str(e.value.code)
+    assert placed == []
+    assert not (tmp_path / "out").exists()
