@@ -860,6 +860,25 @@ def _progress(args):
     return phase
 
 
+def _thread_sched() -> tuple:
+    """This thread's CPU affinity, scheduling policy and priority, for _restore_thread_sched."""
+    return os.sched_getaffinity(0), os.sched_getscheduler(0), os.sched_getparam(0)
+
+
+def _restore_thread_sched(held: tuple) -> None:
+    """Put back what _thread_sched read (leaving SCHED_FIFO and widening the affinity within
+    the cpuset need no privilege); one that cannot be put back is said, not raised over the
+    run's own outcome."""
+    cpus, policy, param = held
+    for what, put in (("scheduling policy", lambda: os.sched_setscheduler(0, policy, param)),
+                      ("CPU affinity", lambda: os.sched_setaffinity(0, cpus))):
+        try:
+            put()
+        except OSError as exc:
+            print(f"bench/run.py: could not restore this thread's {what} after the run "
+                  f"({exc.strerror or exc})", file=sys.stderr)
+
+
 def main(argv=None, prog=None) -> int:
     # prog: "fastpath bench" from the command line (its usage said "cli.py" or "fastpath")
     ap = argparse.ArgumentParser(prog=prog, description="fastpath latency bench",
@@ -902,7 +921,14 @@ def main(argv=None, prog=None) -> int:
         ap.error(f"--out {args.out!r}: cannot make the results folder ({exc.strerror or exc})")
     if not os.access(args.out, os.W_OK | os.X_OK):
         ap.error(f"--out {args.out!r}: the results folder is not writable by this user")
-    res = run(args)
+    # run() places this thread (one core, SCHED_FIFO unless --no-rt): given back however it
+    # ends, or a caller of main() in process stayed pinned (a --data folder it could not
+    # read, a stream over MAX_TICKS, Ctrl-C, or a finished run)
+    held = _thread_sched()
+    try:
+        res = run(args)
+    finally:
+        _restore_thread_sched(held)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     src = stream_kind(args)
     base = os.path.join(args.out, f"{stamp}-{src}")

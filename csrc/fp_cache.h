@@ -166,10 +166,16 @@ static inline double fp_cache_cos_bound(double t) { return t - fabs(t) * 0x1p-50
  * sums exact) is a tie the guard passes, but na / nb is two rounded square roots and a
  * rounded quotient, within 3 ulps of k (< (1 + tol) 2^-50 once 1 is subtracted), and came out
  * above it: at norm_tol 0.5, keys of 6-bit values scaled by 1.5 missed as "norm" in 13% of
- * cases (every kernel set alike; now none). Like the cosine's, the slack admits no ratio the
- * double sums can tell from the tolerance; a tie whose sums are inexact themselves (22-bit
- * values over 128 features: half still miss) is left to their rounding, as a cosine that
- * close to its threshold is. */
+ * cases (every kernel set alike; now none). The slack is absolute, on |na / nb - 1|: above 1
+ * it admits a ratio at most 2^-50 (relative) beyond 1 + tol, about the quotient's own rounding
+ * (3 (1 + tol) 2^-53); below 1 it is (1 + tol) / (1 - tol) 2^-50 relative to 1 - tol, where
+ * the rounding is < 3 2^-53 absolute, so once tol nears 1 it admits ratios the double sums
+ * can tell from the tolerance: 2.7e-15 below 1 - tol at tol 0.5, 1.7e-14 at 0.9, 1.8e-13 at
+ * 0.99 (|f| = 0.01 (1 - 1e-13) |c|, its sums exact to 4e-17, hits at norm_tol 0.99). Far
+ * below anything a cache decision means, and alike on every set; a two-sided compare of
+ * na / nb with its own bounds would hold both sides to the rounding. A tie whose sums are
+ * inexact themselves (22-bit values over 128 features: half still miss) is left to their
+ * rounding, as a cosine that close to its threshold is. */
 static inline double fp_cache_tol_bound(double tol) { return tol + (1.0 + tol) * 0x1p-50; }
 
 static inline void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *p, int n) {
