@@ -117,12 +117,14 @@ class _HeadOption(argparse.Action):
         namespace.head_scale_given = "@" in text
 
 
-def _regression_scale_note(model, scale_given: bool, cmd: str, source) -> str | None:
+def _regression_scale_note(model, scale_given: bool, cmd: str, source,
+                           head_given: bool = True) -> str | None:
     """A line for stderr when `model` runs a regression head whose scale nobody fitted or
     gave, else None. Its signal is tanh(out / 1.0): an output in a return's units (~1e-3)
     reads as a signal near 0 whatever it predicts, one in price units saturates at +-1, and
     nothing said so. The Python API stays quiet (no warning on the engine's way); the
-    commands that run a model say it once, before they start."""
+    commands that run a model say it once, before they start. head_given: --head was given
+    (else the model's own head, set after a fit through the Python API, is what runs)."""
     h = model.head_spec
     if h.kind != "regression" or scale_given:
         return None
@@ -133,6 +135,10 @@ def _regression_scale_note(model, scale_given: bool, cmd: str, source) -> str | 
             fitted = float(fit["abs_prediction_q"]) / float(fit["target"])
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             fitted = None
+        # a fit records the output it was made on (bundles before it: the head's own); a
+        # scale fitted to output 0 says nothing of output 1's units
+        if fit.get("outputs") is not None and list(fit["outputs"]) != list(h.outputs):
+            fitted = None
     if fitted is not None and abs(fitted - h.scale) <= 1e-6 * max(abs(fitted), 1e-30):
         return None                             # calibrate's scale, in force
     if h.scale != 1.0:
@@ -141,9 +147,11 @@ def _regression_scale_note(model, scale_given: bool, cmd: str, source) -> str | 
     where = "" if i == 0 else f":{i}"
     if fitted is not None:
         return (f"fastpath {cmd}: note: {source}'s regression head runs at scale 1.0, not the "
-                f"{fitted:.6g} calibrate fitted (--head without @SCALE replaced it): signal = "
-                f"tanh(output / 1.0); give --head regression{where}@{fitted:.6g}, or leave "
-                f"--head out to keep the bundle's")
+                f"{fitted:.6g} calibrate fitted ("
+                + ("--head without @SCALE replaced it" if head_given else
+                   "the head was set after the fit")
+                + f"): signal = tanh(output / 1.0); give --head regression{where}@{fitted:.6g}"
+                + (", or leave --head out to keep the bundle's" if head_given else ""))
     return (f"fastpath {cmd}: note: {source}'s regression head runs at scale 1.0, never "
             f"fitted: signal = tanh(output / 1.0), near 0 or saturated at +-1 unless the "
             f"output is in those units; fit it with `fastpath calibrate` or give it with "
@@ -421,7 +429,8 @@ def _doctor_model(args):
               f"not change what the engine locks); serving it needs one: {exc}", file=sys.stderr)
         return model
     note = _regression_scale_note(model, getattr(args, "head_scale_given", False), "doctor",
-                                  "the demo model" if args.model is None else args.model)
+                                  "the demo model" if args.model is None else args.model,
+                                  args.head is not None)
     if note:
         print(note, file=sys.stderr)
     return model
@@ -508,7 +517,8 @@ def cmd_serve(args) -> int:
         from fastpath._build import DEMO_MODEL
         model = _load(args.model, args.head, DEMO_MODEL)
         note = _regression_scale_note(model, getattr(args, "head_scale_given", False), "serve",
-                                      "the demo model" if args.model is None else args.model)
+                                      "the demo model" if args.model is None else args.model,
+                                      args.head is not None)
         if note:
             print(note, file=sys.stderr, flush=True)
     return run_foreground(args.name, model, args.config, stats=args.stats)

@@ -144,7 +144,7 @@ def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = 
                          f"regression scale makes that a signal")
     meta = dict(model.meta)
     meta["head_fit"] = {"quantile": quantile, "target": target, "abs_prediction_q": q,
-                        "ticks": int(len(r))}
+                        "ticks": int(len(r)), "outputs": list(h.outputs)}
     return replace(model, head_spec=Head("regression", q / target, h.outputs), meta=meta)
 
 
