@@ -224,19 +224,29 @@ def machine_facts() -> dict:
     return d
 
 
+def data_paths(data: str) -> list:
+    """--data's paths: [orderbook, message] for LOBSTER ('a.csv,b.csv'), else [folder]."""
+    return data.split(",", 1) if "," in data else [data]
+
+
+def data_error(data: str, why) -> SystemExit:
+    """The one-line refusal of a --data the bench cannot read (not a reader's traceback)."""
+    return SystemExit(f"bench/run.py: --data {data}: cannot read it: {why} (expected a Binance "
+                      f"capture folder, or 'orderbook.csv,message.csv')")
+
+
 def load_stream(args, bar):
     if args.data:
         # a missing file or one the reader refuses is the caller's error: said in one line,
         # not a traceback from deep in the reader
+        paths = data_paths(args.data)
         try:
-            if "," in args.data:
-                ob, msg = args.data.split(",", 1)
-                return lob.read_lobster(ob, msg), f"LOBSTER {os.path.basename(ob)}"
+            if len(paths) == 2:
+                return lob.read_lobster(*paths), f"LOBSTER {os.path.basename(paths[0])}"
             return (lob.read_binance(args.data),
                     f"Binance {os.path.basename(os.path.abspath(args.data))}")
         except (fastpath.InputError, OSError) as exc:
-            raise SystemExit(f"bench/run.py: --data {args.data}: cannot read it: {exc} (expected a "
-                             f"Binance capture folder, or 'orderbook.csv,message.csv')") from None
+            raise data_error(args.data, exc) from None
     n = args.ticks if args.ticks is not None else (30_000 if args.quick else 200_000)
     bs = lob.generate_stream(n, n_symbols=8, seed=args.seed, progress=lambda d, t: bar(d / t * 0.6))
     return bs, f"generated ({n} ticks, 8 symbols)"
@@ -907,12 +917,9 @@ def main(argv=None, prog=None) -> int:
     if args.data:
         # before the run's placement (SCHED_FIFO on a pinned core): a caller of main() in
         # process was left pinned by a --data that was not there
-        missing = [p for p in (args.data.split(",", 1) if "," in args.data else [args.data])
-                   if not os.path.exists(p)]
+        missing = [p for p in data_paths(args.data) if not os.path.exists(p)]
         if missing:
-            raise SystemExit(f"bench/run.py: --data {args.data}: cannot read it: {missing[0]!r} "
-                             f"does not exist (expected a Binance capture folder, or "
-                             f"'orderbook.csv,message.csv')")
+            raise data_error(args.data, f"{missing[0]!r} does not exist")
     # before the run, not after it: an --out that could not be made (a file of that name,
     # an empty name, no permission) failed only once every figure had been measured
     try:
