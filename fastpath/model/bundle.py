@@ -225,18 +225,31 @@ def _json_default(o):
     raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
 
-def _check_meta(meta, path: str = "meta") -> None:
+# how deep meta's lists and dicts may nest: the reader's json.loads recurses once a level on
+# the caller's stack, so a meta nested ~990 deep was written (from a shallow stack) and then
+# refused as "malformed bundle header (RecursionError)" by a load five frames deeper (a
+# server's handler, a test): a bundle that saved and never loaded back
+MAX_META_DEPTH = 100
+
+
+def _check_meta(meta, path: str = "meta", depth: int = 0) -> None:
     """JSON turns a non-string key into a string: the model read back would not have the meta
-    it was saved with, so such a key is refused by name instead."""
+    it was saved with, so such a key is refused by name instead. Nesting past MAX_META_DEPTH
+    (a meta that holds itself too) is refused: a reader on a deeper stack could not read it."""
+    if isinstance(meta, (dict, list, tuple)) and depth >= MAX_META_DEPTH:
+        raise ModelError(f"cannot write the model: meta holds a reference to itself or is "
+                         f"nested more than {MAX_META_DEPTH} lists / dicts deep (at {path[:80]}"
+                         f"{'...' if len(path) > 80 else ''}); a bundle reader could not read "
+                         f"it back on every call stack")
     if isinstance(meta, dict):
         for k, v in meta.items():
             if not isinstance(k, str):
                 raise ModelError(f"cannot write the model: {path} key {k!r} is a "
                                  f"{type(k).__name__}; JSON keys are strings")
-            _check_meta(v, f"{path}[{k!r}]")
+            _check_meta(v, f"{path}[{k!r}]", depth + 1)
     elif isinstance(meta, (list, tuple)):
         for i, v in enumerate(meta):
-            _check_meta(v, f"{path}[{i}]")
+            _check_meta(v, f"{path}[{i}]", depth + 1)
 
 
 def _path(path, what: str) -> str:
