@@ -370,3 +370,51 @@ def test_a_bundle_that_saves_loads_back_from_any_reasonable_stack(depth, frames)
         return
     back = _on_a_deeper_stack(frames, lambda: Model.from_bytes(blob))
     assert back == m
+
+
+# ------------------------------------------------------------------ keys a reader does not know
+
+def _rewrite(blob, edit):
+    """blob with its JSON header edited by edit(header) and the CRC made good again: what a
+    writer of another version could have written."""
+    hlen = struct.unpack("<I", blob[12:16])[0]
+    head = json.loads(blob[16:16 + hlen])
+    edit(head)
+    hb = json.dumps(head, sort_keys=True).encode()
+    start = 16 + hlen + (-(16 + hlen)) % 64
+    body = blob[:12] + struct.pack("<I", len(hb)) + hb
+    body += b"\0" * ((-len(body)) % 64) + blob[start:-12]
+    return body + struct.pack("<I", zlib.crc32(body)) + blob[-8:]
+
+
+def _nested_objects(h):
+    """(name, object) for every JSON object inside the header whose keys the reader reads."""
+    out = [("feature_spec", h["feature_spec"]), ("cache_policy", h["cache_policy"]),
+           ("head", h["head"])]
+    out += [(f"layers[{i}]", l) for i, l in enumerate(h["layers"])]
+    out += [(f"arrays[{i}]", a) for i, a in enumerate(h["arrays"])]
+    if "trees" in h:
+        out.append(("trees", h["trees"]))
+    return out
+
+
+@SET
+@given(m=models, data=st.data())
+def test_an_unknown_key_inside_a_header_object_is_refused_not_ignored(m, data):
+    """The reader refuses a top-level header key it does not know ("a key this reader does not
+    know may change what the model computes"), but a key inside one of the header's objects
+    (a newer writer's "head": {..., "clip": 0.5}, "layers": [{"activation": ..., "gain": 2}],
+    "feature_spec": {..., "ewm": true}, an array entry's "encoding") was dropped in silence
+    and the model served without it. Each is now refused by name; the bundle as written still
+    reads."""
+    blob = m.to_bytes()
+    assert Model.from_bytes(_rewrite(blob, lambda h: None)) == m
+    names = [n for n, _ in _nested_objects(json.loads(blob[16:16 + struct.unpack(
+        "<I", blob[12:16])[0]]))]
+    which = data.draw(st.sampled_from(names))
+    key = data.draw(st.sampled_from(["clip", "gain", "encoding", "ewm", "x"]))
+
+    def edit(h):
+        dict(_nested_objects(h))[which][key] = data.draw(st.sampled_from([0.5, True, "zstd"]))
+    with pytest.raises(ModelError, match=f"unknown key.*{key}"):
+        Model.from_bytes(_rewrite(blob, edit))
