@@ -251,11 +251,14 @@ def _as(src, dst):
 @settings(max_examples=40 * N, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
-@given(m=mlps(), data=st.data())
-def test_onnx_round_trip_keeps_the_mlp_bit_for_bit(m, data, tmp_path):
+@given(m=mlps(), data=st.data(), opset=st.sampled_from([7, 9, 11, 13, 17]))
+def test_onnx_round_trip_keeps_the_mlp_bit_for_bit(m, data, opset, tmp_path):
+    """The file holds the MLP (layers, post transform, input scaler) and nothing else
+    (Model.to_onnx): those come back bit for bit at every opset, and with the spec, head,
+    weights and policy the file does not carry put back, the model serves as it did."""
     raws, syms, ts = _ticks(data.draw, m.raw_len)
     p = tmp_path / "m.onnx"
-    m.to_onnx(p)
+    m.to_onnx(p, opset=opset)
     try:
         o = Model.from_onnx(p)
     except ModelError as exc:
@@ -336,6 +339,11 @@ def test_calibrated_model_round_trips_with_its_fit_records(m, data, features):
     back = Model.from_bytes(c.to_bytes())
     _same_record(c, back)
     assert back.meta.get("head_fit") == c.meta.get("head_fit")
+    # calibrated again on the same ticks, the model read back is the model it was
+    again = __import__("fastpath.tuning", fromlist=["calibrate"]).calibrate(
+        back, cal, fs.z_idx.tolist(), fs.w_idx.tolist(), fs.window,
+        field_names=fs.field_names[:R], features=features)
+    _same_record(c, again)
     _same_serving(c, back, raws, syms, ts)
 
 
@@ -418,3 +426,30 @@ def test_an_unknown_key_inside_a_header_object_is_refused_not_ignored(m, data):
         dict(_nested_objects(h))[which][key] = data.draw(st.sampled_from([0.5, True, "zstd"]))
     with pytest.raises(ModelError, match=f"unknown key.*{key}"):
         Model.from_bytes(_rewrite(blob, edit))
+
+
+# ------------------------------------------------------------------ damage of any kind of bundle
+
+@settings(max_examples=60 * N, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(m=models, data=st.data())
+def test_every_cut_and_flip_of_any_model_kind_is_a_model_error(m, data, tmp_path):
+    """tests/fuzz/fuzz.py damages one MLP bundle; a tree ensemble's, a scaler's and a fitted
+    policy's bundles are damaged here: cut at any byte or any byte changed, through from_bytes
+    and through Model.load / Engine(path), is a ModelError, never another exception or a
+    model that differs."""
+    blob = m.to_bytes()
+    cut = data.draw(st.integers(0, len(blob) - 1))
+    at = data.draw(st.integers(0, len(blob) - 1))
+    flip = bytearray(blob)
+    flip[at] ^= data.draw(st.integers(1, 255))
+    p = tmp_path / "m.fpm"
+    for bad in (blob[:cut], bytes(flip)):
+        with pytest.raises(ModelError):
+            Model.from_bytes(bad)
+        p.write_bytes(bad)
+        with pytest.raises(ModelError):
+            Model.load(p)
+        with pytest.raises(ModelError):
+            Engine(str(p), config=CFG)
