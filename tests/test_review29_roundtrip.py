@@ -453,3 +453,28 @@ def test_every_cut_and_flip_of_any_model_kind_is_a_model_error(m, data, tmp_path
             Model.load(p)
         with pytest.raises(ModelError):
             Engine(str(p), config=CFG)
+
+
+@pytest.mark.skipif(not HAVE_ONNX, reason="needs the onnx package")
+@settings(max_examples=20 * N, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(off=st.lists(st.sampled_from([-0.0, 0.0, 1.5, -2.0]), min_size=1, max_size=4),
+       sc=st.sampled_from([1.0, -0.0, 0.5]))
+def test_onnx_round_trip_keeps_a_negative_zero_offset(off, sc, tmp_path):
+    """An input scaler offset of -0.0 came back from to_onnx / from_onnx as +0.0 (the importer
+    added the file's Sub constant to a 0.0): x - (-0.0) is +0.0 at x = -0.0, as onnxruntime's
+    Sub computes it, x - 0.0 is -0.0, so the model read back was not the model written
+    (model == fails) and its feature stage made another zero than the file's Sub and the
+    original (Engine.features: -0.0 against +0.0)."""
+    n = len(off)
+    sc_ = InputScaler(np.array(off, F), np.full(n, sc, F))
+    m = Model((Layer(np.ones((1, n), F), np.array([-0.0], F)),), input_scaler=sc_)
+    p = tmp_path / "m.onnx"
+    m.to_onnx(p)
+    o = Model.from_onnx(p)
+    x = np.full(n, -0.0, F)
+    assert Engine(o, config=CFG).features(x).tobytes() == \
+        Engine(m, config=CFG).features(x).tobytes()
+    assert o.forward(x[None]).tobytes() == m.forward(x[None]).tobytes()
+    assert o.input_scaler.offset.tobytes() == m.input_scaler.offset.tobytes()
+    assert o == Model(m.layers, meta=o.meta, input_scaler=sc_)
