@@ -26,6 +26,10 @@ scaler composed into the spec arrays, which this reader would run with the scale
 time): refused, naming the fix (import the ONNX file again). A reader that predates the key
 refuses both (unknown header key).
 
+Unknown keys: a header key this reader does not know is refused, and so is an unknown key
+inside one of its objects (feature_spec, cache_policy, head, trees, a layer, an array table
+entry; _OBJECT_KEYS): a newer writer's addition may change what the model computes.
+
 Cache policy in the header: since the cache is off unless a policy was fitted, the header
 records `fitted_max_error` (null when not fitted). Bundles written before that key existed
 (still version 1) are read as follows: the policy stays enabled only when the bundle's meta
@@ -124,6 +128,31 @@ _HEADER_KEYS = frozenset(("format", "version", "layers", "feature_spec", "cache_
                           "head", "weights", "trees", "input_scaler", "meta", "arrays"))
 
 
+# the keys of each object inside the header, as every version has written them: a key this
+# reader does not know is refused there too, as at the top level (a newer writer's
+# "head": {..., "clip": 0.5} or an array's "encoding" was dropped in silence, and the model
+# served without it)
+_OBJECT_KEYS = {
+    "layers[]": frozenset(("activation",)),
+    "arrays[]": frozenset(("name", "dtype", "shape", "offset", "nbytes")),
+    "feature_spec": frozenset(("raw_len", "window", "field_names")),
+    "cache_policy": frozenset(("enabled", "cos_threshold", "norm_tol", "max_age_ns", "max_run",
+                               "fitted_max_error")),
+    "head": frozenset(("kind", "scale", "outputs")),
+    "trees": frozenset(("n_features", "n_targets", "aggregate", "post_transform", "classifier")),
+}
+
+
+def _known(obj: dict, kind: str, what: str | None = None) -> dict:
+    """obj, a header object, when it holds only keys this reader knows; a ModelError naming
+    the others."""
+    extra = sorted(set(obj) - _OBJECT_KEYS[kind])
+    if extra:
+        raise ModelError(f"unknown key(s) {extra} in {what or kind}; this fastpath reads "
+                         f"{sorted(_OBJECT_KEYS[kind])} there (a bundle from a newer fastpath?)")
+    return obj
+
+
 def _expected_arrays(header: dict) -> list:
     """The array names the header's model needs, no more and no fewer."""
     layers = header["layers"]
@@ -131,6 +160,8 @@ def _expected_arrays(header: dict) -> list:
         # a dict or a string has a len() too: {} read as no layers, "ab" as two
         raise ModelError(f"layers must be a JSON list of objects ({{\"activation\": ...}} per "
                          f"layer; empty for a tree ensemble), got {layers!r:.60}")
+    for i, l in enumerate(layers):
+        _known(l, "layers[]", f"layers[{i}]")
     names = [f"layer{i}.{k}" for i in range(len(layers)) for k in ("weight", "bias")]
     if _obj(header.get("trees"), "trees", optional=True) is not None:
         names += [f"trees.{k}" for k in _TREE_ARRAYS]
@@ -190,6 +221,7 @@ def _read_arrays(table, body: bytes, start: int) -> dict:
         if not isinstance(e, dict) or not isinstance(e.get("name"), str):
             raise ModelError(f"array table entry {e!r} is not an object with a name")
         nm = e["name"]
+        _known(e, "arrays[]", f"the array table entry of {nm}")
         if nm in arrays:
             raise ModelError(f"array {nm} is listed twice")
         # only the plain numeric types to_bytes writes: np.dtype parses anything else (record
@@ -225,18 +257,31 @@ def _json_default(o):
     raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
 
-def _check_meta(meta, path: str = "meta") -> None:
+# how deep meta's lists and dicts may nest: the reader's json.loads recurses once a level on
+# the caller's stack, so a meta nested ~990 deep was written (from a shallow stack) and then
+# refused as "malformed bundle header (RecursionError)" by a load five frames deeper (a
+# server's handler, a test): a bundle that saved and never loaded back
+MAX_META_DEPTH = 100
+
+
+def _check_meta(meta, path: str = "meta", depth: int = 0) -> None:
     """JSON turns a non-string key into a string: the model read back would not have the meta
-    it was saved with, so such a key is refused by name instead."""
+    it was saved with, so such a key is refused by name instead. Nesting past MAX_META_DEPTH
+    (a meta that holds itself too) is refused: a reader on a deeper stack could not read it."""
+    if isinstance(meta, (dict, list, tuple)) and depth >= MAX_META_DEPTH:
+        raise ModelError(f"cannot write the model: meta holds a reference to itself or is "
+                         f"nested more than {MAX_META_DEPTH} lists / dicts deep (at {path[:80]}"
+                         f"{'...' if len(path) > 80 else ''}); a bundle reader could not read "
+                         f"it back on every call stack")
     if isinstance(meta, dict):
         for k, v in meta.items():
             if not isinstance(k, str):
                 raise ModelError(f"cannot write the model: {path} key {k!r} is a "
                                  f"{type(k).__name__}; JSON keys are strings")
-            _check_meta(v, f"{path}[{k!r}]")
+            _check_meta(v, f"{path}[{k!r}]", depth + 1)
     elif isinstance(meta, (list, tuple)):
         for i, v in enumerate(meta):
-            _check_meta(v, f"{path}[{i}]")
+            _check_meta(v, f"{path}[{i}]", depth + 1)
 
 
 def _path(path, what: str) -> str:
@@ -325,7 +370,7 @@ def load(path: str | os.PathLike, head: Head | None = None) -> Model:
 def _policy(p: dict, meta: dict) -> CachePolicy:
     if not isinstance(p, dict):
         raise ModelError(f"cache_policy must be a JSON object, got {p!r}")
-    p = dict(p)
+    p = dict(_known(p, "cache_policy"))
     if "fitted_max_error" not in p:         # written before fits were recorded
         # a meta of another type is refused by Model, with its name
         fit = meta.get("cache_policy_fit") if isinstance(meta, dict) else None
@@ -424,7 +469,7 @@ def from_bytes(blob: bytes, name: str = "<bytes>", head: Head | None = None) -> 
                              f"{f': missing arrays {missing}' if missing else ''}")
         layers = tuple(Layer(arrays[f"layer{i}.weight"], arrays[f"layer{i}.bias"],
                              l["activation"]) for i, l in enumerate(header["layers"]))
-        f = _obj(header["feature_spec"], "feature_spec")
+        f = _known(_obj(header["feature_spec"], "feature_spec"), "feature_spec")
         names = f["field_names"]
         if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
             raise ModelError(f"feature_spec.field_names must be a list of strings, got {names!r}")
@@ -434,6 +479,8 @@ def from_bytes(blob: bytes, name: str = "<bytes>", head: Head | None = None) -> 
         # bundles written before heads were stored have two outputs and no "post" / "head":
         # the defaults (no post transform, tanh / sigmoid) are what they always ran with
         h = _obj(header.get("head"), "head", optional=True)
+        if h is not None:
+            _known(h, "head")
         if h is not None and not isinstance(h.get("outputs"), list):
             raise ModelError(f"head.outputs must be a list of output indices, got "
                              f"{h.get('outputs')!r}")
@@ -442,6 +489,7 @@ def from_bytes(blob: bytes, name: str = "<bytes>", head: Head | None = None) -> 
         tj = _obj(header.get("trees"), "trees", optional=True)
         if tj is not None:
             from fastpath.model.trees import TreeEnsemble
+            _known(tj, "trees")
             if not isinstance(tj.get("classifier"), bool):
                 # bool("false") is True: a damaged flag would switch the finishing rules
                 raise ModelError(f"trees.classifier must be true or false, got "

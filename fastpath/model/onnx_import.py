@@ -261,7 +261,14 @@ class _Lead:
         try:
             # a step whose constant does not broadcast against the map so far (a (2,) shift
             # after a (4,) scale) is not taken; the caller folds it, which names the mismatch
-            o = self.offset + (off if off is not None else 0.0)
+            if off is None:
+                o = self.offset
+            elif self.stage == 0:
+                # the first shift as it is: 0.0 + c made an offset of -0.0 +0.0, and x - (-0.0)
+                # (+0.0 at x = -0.0, what onnxruntime's Sub gives) became x - 0.0 (-0.0)
+                o = np.array(off, np.float64)
+            else:
+                o = self.offset + off
             s = self.scale * sc if sc is not None else self.scale
             np.broadcast_shapes(np.shape(o), np.shape(s))
         except ValueError:
