@@ -158,6 +158,16 @@ def _regression_scale_note(model, scale_given: bool, cmd: str, source,
             f"--head regression{where}@SCALE")
 
 
+def _say_regression_scale_note(args, model, cmd: str) -> None:
+    """_regression_scale_note for the model a command (serve, doctor) loaded from --model /
+    --head, on stderr when there is one."""
+    note = _regression_scale_note(model, getattr(args, "head_scale_given", False), cmd,
+                                  "the demo model" if args.model is None else args.model,
+                                  args.head is not None)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+
+
 def _load(path, head, default=None):
     """The model at `path` (or `default`: the demo model) with --head's head, if given: an
     ONNX file is imported with it (Model.from_onnx(path, head=...)), a bundle takes it in
@@ -428,11 +438,7 @@ def _doctor_model(args):
         print(f"fastpath doctor: note: {args.model} sized with a stand-in head (a head does "
               f"not change what the engine locks); serving it needs one: {exc}", file=sys.stderr)
         return model
-    note = _regression_scale_note(model, getattr(args, "head_scale_given", False), "doctor",
-                                  "the demo model" if args.model is None else args.model,
-                                  args.head is not None)
-    if note:
-        print(note, file=sys.stderr)
+    _say_regression_scale_note(args, model, "doctor")
     return model
 
 
@@ -516,11 +522,7 @@ def cmd_serve(args) -> int:
         # loaded here, once: what it runs is known before it starts (the regression note)
         from fastpath._build import DEMO_MODEL
         model = _load(args.model, args.head, DEMO_MODEL)
-        note = _regression_scale_note(model, getattr(args, "head_scale_given", False), "serve",
-                                      "the demo model" if args.model is None else args.model,
-                                      args.head is not None)
-        if note:
-            print(note, file=sys.stderr, flush=True)
+        _say_regression_scale_note(args, model, "serve")
     return run_foreground(args.name, model, args.config, stats=args.stats)
 
 

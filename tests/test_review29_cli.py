@@ -47,7 +47,7 @@ def test_fp32_weights_on_a_tree_say_what_a_tree_holds(tmp_path, capsys):
     assert "weights: fp32 (a tree ensemble's float32 thresholds and leaves" in out
 
 
-def _stub(scale, outputs, fit):
+def _regression_model(scale, outputs, fit):
     from types import SimpleNamespace
     from fastpath.model.types import Head
     return SimpleNamespace(head_spec=Head("regression", scale, outputs),
@@ -59,14 +59,14 @@ def test_the_regression_note_tells_a_replaced_scale_from_a_head_set_after_the_fi
     the Python API was told '--head without @SCALE replaced it' with no --head given."""
     from fastpath.cli import _regression_scale_note as note
     fit = {"abs_prediction_q": 0.004, "target": 1.0, "quantile": 0.9, "outputs": [0]}
-    m = _stub(1.0, (0,), fit)
+    m = _regression_model(1.0, (0,), fit)
     by_cli = note(m, False, "serve", "m.fpm", head_given=True)
     assert "not the 0.004 calibrate fitted (--head without @SCALE replaced it)" in by_cli
     assert "leave --head out to keep the bundle's" in by_cli
     by_api = note(m, False, "serve", "m.fpm", head_given=False)
     assert "not the 0.004 calibrate fitted (the head was set after the fit)" in by_api
     assert "--head without" not in by_api and "leave --head out" not in by_api
-    assert note(_stub(0.004, (0,), fit), False, "serve", "m.fpm", head_given=False) is None
+    assert note(_regression_model(0.004, (0,), fit), False, "serve", "m.fpm", head_given=False) is None
 
 
 def test_a_scale_fitted_to_another_output_is_not_offered():
@@ -74,11 +74,11 @@ def test_a_scale_fitted_to_another_output_is_not_offered():
     fitted on output 0 was told to use output 0's scale."""
     from fastpath.cli import _regression_scale_note as note
     fit = {"abs_prediction_q": 0.004, "target": 1.0, "quantile": 0.9, "outputs": [0]}
-    msg = note(_stub(1.0, (1,), fit), False, "serve", "m.fpm", head_given=True)
+    msg = note(_regression_model(1.0, (1,), fit), False, "serve", "m.fpm", head_given=True)
     assert "never fitted" in msg and "0.004" not in msg and "regression:1@SCALE" in msg
     # a bundle fitted before outputs were recorded: its fit is the head's own
     old = {k: v for k, v in fit.items() if k != "outputs"}
-    assert "0.004 calibrate fitted" in note(_stub(1.0, (0,), old), False, "serve", "m.fpm")
+    assert "0.004 calibrate fitted" in note(_regression_model(1.0, (0,), old), False, "serve", "m.fpm")
 
 
 def test_fit_head_scale_records_the_output_it_fitted():
