@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from fastpath._checks import MAX_SYMBOLS
 from fastpath._checks import check_value as _check
 from fastpath._checks import plain_fields as _plain_fields
 from fastpath.errors import ConfigError
@@ -27,7 +28,7 @@ WEIGHTS = ("fp32", "bf16", "int8")
 
 # key -> (type, lo, hi, choices)
 _ENGINE_KEYS = {
-    "n_symbols": (int, 1, 1 << 22, None),
+    "n_symbols": (int, 1, MAX_SYMBOLS, None),
     "simd": (str, None, None, SIMD_CHOICES),
     "backend": (str, None, None, BACKENDS),
     "latency_records": (int, 1, 1 << 24, None),

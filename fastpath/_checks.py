@@ -11,6 +11,10 @@ import numpy as np
 
 from fastpath.errors import ConfigError
 
+# the most symbols one engine serves ([engine] n_symbols); the stream generator and
+# `fastpath calibrate` refuse ids past it, as the config does
+MAX_SYMBOLS = 1 << 22
+
 
 def _show(value: Any) -> str:
     """repr(value) for a message; an int of more than 30 digits by its size (past Python's

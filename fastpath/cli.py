@@ -291,7 +291,7 @@ def cmd_calibrate(args) -> int:
     if syms is not None and len(syms) and syms.min() < 0:
         raise SystemExit(f"fastpath calibrate: {args.symbols} holds symbol {syms.min()}; symbols "
                          f"are ids >= 0")
-    from fastpath.lob.generator import MAX_SYMBOLS
+    from fastpath._checks import MAX_SYMBOLS
     if syms is not None and len(syms) and syms.max() >= MAX_SYMBOLS:
         # the --ts file given as --symbols was taken: every tick its own symbol, each window
         # fitted on one tick, and a bundle no engine could serve those ids with

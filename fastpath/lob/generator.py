@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastpath._checks import MAX_SYMBOLS
 from fastpath.errors import InputError
 from fastpath.lob.adapter import LEVELS, BookStream
 
 REGIMES = ("calm", "shock", "recovery")
-# the engine's largest [engine] n_symbols (fastpath.control.config)
-MAX_SYMBOLS = 1 << 22
 
 
 def generate_stream(n_ticks: int = 200_000, n_symbols: int = 8, seed: int = 7,
