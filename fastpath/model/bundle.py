@@ -26,6 +26,11 @@ scaler composed into the spec arrays, which this reader would run with the scale
 time): refused, naming the fix (import the ONNX file again). A reader that predates the key
 refuses both (unknown header key).
 
+The header's feature_spec, cache_policy, head, weights and meta (with the feature spec's
+arrays) are also what Model.to_onnx records in an ONNX file's metadata_props
+(fastpath.model.onnx_meta): written by serving_fields / pack_arrays and read by
+read_feature_spec / read_head / _policy / build_with_head, here, for both files.
+
 Unknown keys: a header key this reader does not know is refused, and so is an unknown key
 inside one of its objects (feature_spec, cache_policy, head, trees, a layer, an array table
 entry; _OBJECT_KEYS): a newer writer's addition may change what the model computes.
@@ -73,13 +78,65 @@ def to_bytes(model: Model) -> bytes:
     t = model.trees
     if t is not None:
         arrays += [(f"trees.{k}", getattr(t, k)) for k in _TREE_ARRAYS]
-    fs = model.feature_spec
-    arrays += [("fs.z_idx", fs.z_idx), ("fs.w_idx", fs.w_idx), ("fs.mean", fs.mean),
-               ("fs.inv_std", fs.inv_std)]
+    arrays += _spec_arrays(model.feature_spec)
     # getattr: a model-like object without the field (written before it existed) has none
     sc = getattr(model, "input_scaler", None)
     if sc is not None:
         arrays += [("scaler.offset", sc.offset), ("scaler.scale", sc.scale)]
+    table, payload = pack_arrays(arrays)
+    header = {
+        "format": "fastpath-model", "version": VERSION,
+        "layers": [{"activation": l.activation} for l in model.layers],
+        **serving_fields(model),
+        "post": model.post,
+        **({} if t is None else {"trees": {
+            "n_features": t.n_features, "n_targets": t.n_targets, "aggregate": t.aggregate,
+            "post_transform": t.post_transform, "classifier": t.classifier}}),
+        **({} if sc is None else {"input_scaler": SCALER_AFTER_SPEC}),
+        "arrays": table,
+    }
+    hb = dumps(header)
+    body = MAGIC + struct.pack("<II", VERSION, len(hb)) + hb
+    body += b"\0" * ((-len(body)) % 64) + bytes(payload)
+    return body + struct.pack("<I", zlib.crc32(body)) + END
+
+
+# The fields that say how a model serves beside its weights: the feature spec (raw tick ->
+# the model's input; its arrays are SPEC_ARRAYS), the head, the weight format, the cache
+# policy and meta. The bundle's header holds them, and so does the metadata Model.to_onnx
+# writes into an ONNX file (fastpath.model.onnx_meta), through these functions: one writer,
+# one reader, the same checks.
+SPEC_ARRAYS = ("fs.z_idx", "fs.w_idx", "fs.mean", "fs.inv_std")
+
+
+def _spec_arrays(fs: FeatureSpec) -> list:
+    return [("fs.z_idx", fs.z_idx), ("fs.w_idx", fs.w_idx), ("fs.mean", fs.mean),
+            ("fs.inv_std", fs.inv_std)]
+
+
+def serving_fields(model: Model) -> dict:
+    """The header's "feature_spec", "cache_policy", "head", "weights" and "meta" of `model`
+    (meta checked to be writable as JSON: _check_meta)."""
+    try:
+        _check_meta(model.meta)
+    except RecursionError:
+        # a meta that holds itself (meta["self"] = meta) recursed without end
+        raise ModelError("cannot write the model: meta holds a reference to itself (or is "
+                         "nested too deep for JSON)") from None
+    fs, pol = model.feature_spec, model.cache_policy
+    return {
+        "feature_spec": {"raw_len": fs.raw_len, "window": fs.window,
+                         "field_names": list(fs.field_names)},
+        "cache_policy": {"enabled": pol.enabled, "cos_threshold": pol.cos_threshold,
+                         "norm_tol": pol.norm_tol, "max_age_ns": pol.max_age_ns,
+                         "max_run": pol.max_run, "fitted_max_error": pol.fitted_max_error},
+        "head": model.head_spec.to_json(), "weights": model.weights, "meta": model.meta,
+    }
+
+
+def pack_arrays(arrays: list) -> tuple:
+    """(the array table, the payload) for [(name, array), ...]: each array's bytes at a
+    64-byte aligned offset, as _read_arrays reads them back."""
     table, payload, off = [], bytearray(), 0
     for name, a in arrays:
         a = np.ascontiguousarray(a)
@@ -90,37 +147,18 @@ def to_bytes(model: Model) -> bytes:
                       "offset": off, "nbytes": a.nbytes})
         payload += a.tobytes()
         off += a.nbytes
+    return table, payload
+
+
+def dumps(header: dict) -> bytes:
+    """The header as JSON (sorted keys; numpy values in meta as plain numbers and lists);
+    a ModelError naming what JSON cannot hold."""
     try:
-        _check_meta(model.meta)
-    except RecursionError:
-        # a meta that holds itself (meta["self"] = meta) recursed without end
-        raise ModelError("cannot write the model: meta holds a reference to itself (or is "
-                         "nested too deep for JSON)") from None
-    pol = model.cache_policy
-    header = {
-        "format": "fastpath-model", "version": VERSION,
-        "layers": [{"activation": l.activation} for l in model.layers],
-        "feature_spec": {"raw_len": fs.raw_len, "window": fs.window,
-                         "field_names": list(fs.field_names)},
-        "cache_policy": {"enabled": pol.enabled, "cos_threshold": pol.cos_threshold,
-                         "norm_tol": pol.norm_tol, "max_age_ns": pol.max_age_ns,
-                         "max_run": pol.max_run, "fitted_max_error": pol.fitted_max_error},
-        "post": model.post, "head": model.head_spec.to_json(), "weights": model.weights,
-        **({} if t is None else {"trees": {
-            "n_features": t.n_features, "n_targets": t.n_targets, "aggregate": t.aggregate,
-            "post_transform": t.post_transform, "classifier": t.classifier}}),
-        **({} if sc is None else {"input_scaler": SCALER_AFTER_SPEC}),
-        "meta": model.meta, "arrays": table,
-    }
-    try:
-        hb = json.dumps(header, sort_keys=True, default=_json_default).encode()
+        return json.dumps(header, sort_keys=True, default=_json_default).encode()
     except (TypeError, ValueError) as exc:
         raise ModelError(f"cannot write the model: meta must hold JSON values (str keys; "
                          f"numbers, strings, lists, dicts, numpy scalars and arrays): "
                          f"{exc}") from None
-    body = MAGIC + struct.pack("<II", VERSION, len(hb)) + hb
-    body += b"\0" * ((-len(body)) % 64) + bytes(payload)
-    return body + struct.pack("<I", zlib.crc32(body)) + END
 
 
 _DTYPE = re.compile(r"[<>|=]?[fiu][1248]")
@@ -165,7 +203,7 @@ def _expected_arrays(header: dict) -> list:
     names = [f"layer{i}.{k}" for i in range(len(layers)) for k in ("weight", "bias")]
     if _obj(header.get("trees"), "trees", optional=True) is not None:
         names += [f"trees.{k}" for k in _TREE_ARRAYS]
-    names += ["fs.z_idx", "fs.w_idx", "fs.mean", "fs.inv_std"]
+    names += list(SPEC_ARRAYS)
     sj = header.get("input_scaler")
     # the layout is checked before the arrays are: a damaged value (false, 0) on a bundle
     # without scaler arrays was "missing arrays ['scaler.offset', ...]", not its name
@@ -398,6 +436,54 @@ def _policy(p: dict, meta: dict) -> CachePolicy:
     return CachePolicy(**p)
 
 
+def read_feature_spec(f, arrays: dict) -> FeatureSpec:
+    """The header's "feature_spec" object with its arrays (SPEC_ARRAYS, from _read_arrays)."""
+    f = _known(_obj(f, "feature_spec"), "feature_spec")
+    # checked here, not only by FeatureSpec: a spec without windows ignores its window, so a
+    # damaged one (a string, true) was read as 1 in silence
+    _int(f["window"], "feature_spec.window")
+    names = f["field_names"]
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+        raise ModelError(f"feature_spec.field_names must be a list of strings, got {names!r}")
+    return FeatureSpec(f["raw_len"], arrays["fs.z_idx"], arrays["fs.w_idx"], f["window"],
+                       arrays["fs.mean"], arrays["fs.inv_std"], tuple(names))
+
+
+def read_head(h, optional: bool = False) -> Head | None:
+    """The header's "head" object as a Head (None when absent and optional)."""
+    h = _obj(h, "head", optional=optional)
+    if h is None:
+        return None
+    _known(h, "head")
+    if not isinstance(h.get("outputs"), list):
+        raise ModelError(f"head.outputs must be a list of output indices, got "
+                         f"{h.get('outputs')!r}")
+    return Head(h["kind"], h["scale"], tuple(h["outputs"]))
+
+
+def build_with_head(build, stored: Head | None, policy: CachePolicy, meta,
+                    head: Head | None) -> Model:
+    """build(head, policy, meta), the model a file describes, with `head` (given by the
+    caller) in place of the stored one: as Model.with_head, a fitted cache policy (and its
+    fit report) dropped when the head differs; a stored head its outputs cannot take (a
+    classifier head over margins, written before those were refused) is not built at all."""
+    if head is None:
+        return build(stored, policy, meta)
+    if not isinstance(head, Head):
+        raise ModelError(f"head must be a fastpath.model.Head, got {type(head).__name__}")
+    try:
+        model = build(stored, policy, meta)
+    except ModelError:
+        # a stored head its outputs cannot take: the model only with the head given, the
+        # policy fitted with the stored one dropped (as with_head drops it)
+        if policy.fitted:
+            policy = replace(policy, enabled=False, fitted_max_error=None)
+        if isinstance(meta, dict):
+            meta = {k: v for k, v in meta.items() if k != "cache_policy_fit"}
+        return build(head, policy, meta)
+    return model.with_head(head)
+
+
 def from_bytes(blob: bytes, name: str = "<bytes>", head: Head | None = None) -> Model:
     """The bundle's model; head: this head in place of the bundle's (as Model.with_head, a
     fitted cache policy dropped when it differs), the only way to read a bundle whose stored
@@ -469,22 +555,11 @@ def from_bytes(blob: bytes, name: str = "<bytes>", head: Head | None = None) -> 
                              f"{f': missing arrays {missing}' if missing else ''}")
         layers = tuple(Layer(arrays[f"layer{i}.weight"], arrays[f"layer{i}.bias"],
                              l["activation"]) for i, l in enumerate(header["layers"]))
-        f = _known(_obj(header["feature_spec"], "feature_spec"), "feature_spec")
-        names = f["field_names"]
-        if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
-            raise ModelError(f"feature_spec.field_names must be a list of strings, got {names!r}")
-        fs = FeatureSpec(f["raw_len"], arrays["fs.z_idx"], arrays["fs.w_idx"], f["window"],
-                         arrays["fs.mean"], arrays["fs.inv_std"], tuple(names))
+        fs = read_feature_spec(header["feature_spec"], arrays)
         meta = header.get("meta", {})
         # bundles written before heads were stored have two outputs and no "post" / "head":
         # the defaults (no post transform, tanh / sigmoid) are what they always ran with
-        h = _obj(header.get("head"), "head", optional=True)
-        if h is not None:
-            _known(h, "head")
-        if h is not None and not isinstance(h.get("outputs"), list):
-            raise ModelError(f"head.outputs must be a list of output indices, got "
-                             f"{h.get('outputs')!r}")
-        stored = None if h is None else Head(h["kind"], h["scale"], tuple(h["outputs"]))
+        stored = read_head(header.get("head"), optional=True)
         trees = None
         tj = _obj(header.get("trees"), "trees", optional=True)
         if tj is not None:
@@ -509,21 +584,7 @@ def from_bytes(blob: bytes, name: str = "<bytes>", head: Head | None = None) -> 
             return Model(layers, fs, pol, meta, header.get("post", "none"), h,
                          weights=header.get("weights", "fp32"), trees=trees,
                          input_scaler=scaler)
-        if head is None:
-            return build(stored, policy, meta)
-        if not isinstance(head, Head):
-            raise ModelError(f"head must be a fastpath.model.Head, got {type(head).__name__}")
-        try:
-            model = build(stored, policy, meta)
-        except ModelError:
-            # a stored head its outputs cannot take: the model only with the head given, the
-            # policy fitted with the stored one dropped (as with_head drops it)
-            if policy.fitted:
-                policy = replace(policy, enabled=False, fitted_max_error=None)
-            if isinstance(meta, dict):
-                meta = {k: v for k, v in meta.items() if k != "cache_policy_fit"}
-            return build(head, policy, meta)
-        return model.with_head(head)
+        return build_with_head(build, stored, policy, meta, head)
     except ModelError as exc:
         raise ModelError(f"{name}: {exc}") from None
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError, OverflowError,

@@ -1,5 +1,7 @@
-"""Model -> ONNX: the MLP and its post transform (not the feature stage or the head), so
-onnxruntime and other runtimes can check fastpath's outputs (Model.forward) one for one.
+"""Model -> ONNX: the MLP and its post transform as a graph, so onnxruntime and other
+runtimes can check fastpath's outputs (Model.forward) one for one, and what the graph does
+not hold (feature spec, head, weight format, cache policy, meta) as fastpath's record in the
+file's metadata_props (fastpath.model.onnx_meta), so Model.from_onnx serves the same signals.
 A model's input scaler (Model.input_scaler, read from an imported graph's Scaler) is written
 in front as Sub then Mul, the float32 ops onnxruntime's Scaler runs, not folded into the
 first layer (in float32 the fold cancels for price-like inputs): the file's input is then the
@@ -24,7 +26,8 @@ _EXTERNAL_BYTES = 1 << 30
 def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
     """[Sub, Mul: the input scaler,] Gemm (transB=1) + activation per layer, then the post
     transform as the importer reads it back (softmax: Softmax over axis 1; logistic2: Sigmoid,
-    1 - p, Concat [1 - p, p]); input "features" [N, n_feat], output "out" [N, n_outputs]."""
+    1 - p, Concat [1 - p, p]); input "features" [N, n_feat], output "out" [N, n_outputs];
+    metadata_props {"fastpath.model": onnx_meta.to_text(model)}."""
     try:
         import onnx
         from onnx import TensorProto, helper, numpy_helper
@@ -37,6 +40,9 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
             not 7 <= opset <= top:
         raise ModelError(f"opset must be an int in 7..{top} (this onnx package's newest), got "
                          f"{opset!r}")
+    from fastpath.model import onnx_meta
+    # first: a meta JSON cannot hold is refused before anything is written
+    record = onnx_meta.to_text(model)
     ops = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
     nodes, arrays, cur = [], [], "features"
     sc = model.input_scaler
@@ -113,6 +119,7 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", int(opset))],
                               producer_name="fastpath")
         m.ir_version = 8
+        helper.set_model_props(m, {onnx_meta.KEY: record})
         # a temp file renamed over `path`, as Model.save writes: a failed write (disk full)
         # must not leave a truncated file that a later Engine(path) reads as a damaged model
         onnx.save(m, tmp)

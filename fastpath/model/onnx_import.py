@@ -370,7 +370,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
     """{"layers": ((weight, bias, activation), ...), "post": "none" | "softmax" | "logistic2",
     "output": the graph output served, "classifier": whether it holds class probabilities,
     "producer": who wrote the file, "input": (offset, scale) float64 vectors of the input
-    map y = (x - offset) * scale, or None}; a tree ensemble: "trees" instead of "layers"."""
+    map y = (x - offset) * scale, or None, "metadata": the file's metadata_props as (key,
+    value) pairs}; a tree ensemble: "trees" instead of "layers"."""
     try:
         import onnx
     except ImportError:
@@ -402,6 +403,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
         raise ModelError(f"{name} holds no ONNX graph ({size}): an empty or truncated file, or "
                          f"not an ONNX model")
     g = model.graph
+    props = [(p.key, p.value) for p in model.metadata_props]
     consts = {t.name: _tensor(t, f"{name}: initializer {t.name!r}") for t in g.initializer}
     inputs = [i.name for i in g.input if i.name not in consts]
     if len(inputs) != 1:
@@ -478,7 +480,8 @@ def read_onnx(path: str | os.PathLike) -> dict:
                                   _declared_width(g, inputs[0]) if rank > 2 else
                                   _input_width(g, inputs[0]), consts, rank)
         return {"trees": trees, "post": "none", "output": target,
-                "classifier": trees.classifier, "producer": model.producer_name, "input": lead}
+                "classifier": trees.classifier, "producer": model.producer_name, "input": lead,
+                "metadata": props}
     _check_ssa(g, name)
     cur = inputs[0]
     n_in = _declared_width(g, inputs[0])
@@ -918,7 +921,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
     return {"layers": tuple((w, b, act) for w, b, act, _ in layers), "post": post,
             "output": target, "classifier": classifier and not scores,
             "scores": scores[0].name if scores else None, "producer": model.producer_name,
-            "input": lead.result(k, name)}
+            "input": lead.result(k, name), "metadata": props}
 
 
 _TREE_OPS = ("TreeEnsembleRegressor", "TreeEnsembleClassifier")

@@ -1038,14 +1038,19 @@ class Model:
         return from_bytes(blob, name, head)
 
     def to_onnx(self, path: str | os.PathLike, opset: int = 17) -> None:
-        """Write the MLP (not the feature stage or head) as ONNX: Gemm (transB=1) + activation
-        per layer, then the post transform (softmax, logistic2); input "features" [N, n_feat],
-        output "out" [N, n_outputs]: onnxruntime returns what forward() does. A model with an
-        input scaler writes it first, as Sub and Mul (the ops onnxruntime's Scaler runs), not
-        folded into the first layer: for a model imported from ONNX the file returns what the
-        original returns, and from_onnx reads the scaler back. Needs the onnx package. The file holds the fp32 weights: a bf16 / int8 choice (with_weights) is the
-        engine's packing and is not carried (the bundle, Model.save, keeps it), so the file's
-        outputs differ from a reduced-weight engine's by what weights_error measures."""
+        """Write the MLP as ONNX: Gemm (transB=1) + activation per layer, then the post
+        transform (softmax, logistic2); input "features" [N, n_feat], output "out" [N,
+        n_outputs]: onnxruntime returns what forward() does. A model with an input scaler
+        writes it first, as Sub and Mul (the ops onnxruntime's Scaler runs), not folded into
+        the first layer: for a model imported from ONNX the file returns what the original
+        returns, and from_onnx reads the scaler back.
+
+        What the graph does not hold (the feature spec, the head, the weight format, the
+        cache policy and meta) goes into the file's metadata_props under "fastpath.model"
+        (fastpath.model.onnx_meta; onnxruntime ignores it), so from_onnx gives back a model
+        equal to this one, which serves the same signals. The graph holds the fp32 weights:
+        onnxruntime's outputs differ from a bf16 / int8 engine's by what weights_error
+        measures. Meta must hold JSON values, as for Model.save. Needs the onnx package."""
         if self.trees is not None:
             raise ModelError("writing a tree ensemble as ONNX is not supported; keep the ONNX "
                              "file it came from, or save the model as a bundle (Model.save)")
@@ -1056,20 +1061,34 @@ class Model:
     @classmethod
     def from_onnx(cls, path: str | os.PathLike, head: "Head | None" = None) -> "Model":
         """Import an MLP, linear model or tree ensemble from ONNX as torch.onnx.export,
-        skl2onnx and onnxmltools write it (see fastpath.model.onnx_import for the ops). Gets the identity feature spec (raw =
-        model input), the cache off (fit a policy with fit_cache_policy or enable one in the
-        config) and `head`, or the default head for its outputs (Head.default_for).
+        skl2onnx and onnxmltools write it (see fastpath.model.onnx_import for the ops).
+
+        A file Model.to_onnx wrote holds fastpath's record (metadata_props "fastpath.model",
+        see fastpath.model.onnx_meta): the model comes back with its feature spec, head,
+        weight format, cache policy and meta as written (equal to the model exported; meta
+        is the model's, without the "source" / "onnx_output" an import adds), `head` in place
+        of the stored one when given (as with_head: a fitted policy dropped when it
+        differs). A damaged record is a ModelError naming the file, never another model. If
+        the graph is no longer the one written (its weights' digest differs: edited or
+        retrained since), the cache is read as off and a UserWarning says so.
+
+        Any other file (torch, skl2onnx, onnxmltools) gets the identity feature spec (raw =
+        model input), fp32, the cache off (fit a policy with fit_cache_policy or enable one
+        in the config), meta {"source": the file's name, "onnx_output": the output served}
+        and `head`, or the default head for its outputs (Head.default_for).
 
         The affine map the graph reads its input through (a Scaler, or Sub / Add then Mul /
         Div by constants) becomes the model's input_scaler, run by the feature stage in
-        float32 as onnxruntime runs it: the feature spec is the identity (raw = the graph's
-        input), the scaler follows it, and the first layer keeps the file's weights."""
+        float32 as onnxruntime runs it: the feature spec makes the graph's input, the scaler
+        follows it, and the first layer keeps the file's weights."""
+        from fastpath.model import onnx_meta
         from fastpath.model.bundle import _path
         from fastpath.model.onnx_import import read_onnx
         # a str: a bytes path's basename (b'model.onnx') in meta["source"] made the model
         # one Model.save refused (meta must hold JSON values)
         name = _path(path, "Model.from_onnx")
         g = read_onnx(name)
+        record = onnx_meta.find(g["metadata"], name)
         fs = sc = None
         if g.get("input") is not None:
             try:
@@ -1077,16 +1096,30 @@ class Model:
                 fs = FeatureSpec.identity(sc.n)
             except ModelError as exc:
                 raise ModelError(f"{name}: the input scaler: {exc}") from None
+        meta = {"source": os.path.basename(name), "onnx_output": g["output"]}
         if "trees" in g:
+            if record is not None:
+                raise ModelError(f"{name}: the graph is a tree ensemble but its "
+                                 f"metadata_props hold fastpath's record of an MLP "
+                                 f"({onnx_meta.KEY!r}, which Model.to_onnx writes for MLPs "
+                                 f"only): which model the file describes it does not say")
             try:
-                return cls((), fs, CachePolicy(enabled=False),
-                           {"source": os.path.basename(name), "onnx_output": g["output"]},
-                           "none", head, trees=g["trees"], input_scaler=sc)
+                return cls((), fs, CachePolicy(enabled=False), meta, "none", head,
+                           trees=g["trees"], input_scaler=sc)
             except ModelError as exc:
                 # as for layers: the file is named, so a caller loading several knows which
                 raise ModelError(f"{name}: {exc}") from None
         try:
             layers = tuple(Layer(w, b, act) for w, b, act in g["layers"])
+        except ModelError as exc:
+            raise ModelError(f"{name}: {exc}") from None
+        if record is not None:
+            # the model as fastpath wrote it: the record's spec, head, weights, policy, meta
+            return onnx_meta.restore(
+                record, name, layers, g["post"], sc, head,
+                lambda fs, h, pol, w, m: cls(layers, fs, pol, m, g["post"], h, weights=w,
+                                             input_scaler=sc))
+        try:
             n_out = 2 if g["post"] == "logistic2" else layers[-1].weight.shape[0]
             if head is None and g["classifier"] and n_out in (2, 3):
                 head = Head("classifier2" if n_out == 2 else "classifier3")
@@ -1099,9 +1132,8 @@ class Model:
                     f"head for the scores, e.g. head=Head('regression', outputs=(i,)), or "
                     f"export a classifier with probabilities (LogisticRegression, "
                     f"CalibratedClassifierCV){_CLI_HEAD}")
-            return cls(layers, fs, CachePolicy(enabled=False),
-                       {"source": os.path.basename(name), "onnx_output": g["output"]}, g["post"],
-                       head, input_scaler=sc)
+            return cls(layers, fs, CachePolicy(enabled=False), meta, g["post"], head,
+                       input_scaler=sc)
         except ModelError as exc:
             raise ModelError(f"{name}: {exc}") from None
 
