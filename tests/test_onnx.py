@@ -130,12 +130,15 @@ def test_to_onnx_roundtrip_matches_onnxruntime(tmp_path, isa):
     m.to_onnx(p)
     back = Model.from_onnx(p)
     assert back.dims == m.dims
-    x = np.random.default_rng(0).standard_normal((20, m.dims[0])).astype(np.float32)
+    # the file records the demo's feature spec: the model read back takes raw ticks, and
+    # onnxruntime takes their features
+    raws = np.random.default_rng(0).standard_normal((20, m.raw_len)).astype(np.float32)
+    x = m.features(raws)
     out = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"features": x})[0]
     np.testing.assert_allclose(out, m.forward(x), rtol=1e-4, atol=1e-5)
     eng = Engine(back, config=engine_cfg(isa, enabled=False))
     for i in range(20):
-        assert eng.step(x[i]).signal == pytest.approx(np.tanh(out[i, 0]), abs=2e-5)
+        assert eng.step(raws[i]).signal == pytest.approx(np.tanh(out[i, 0]), abs=2e-5)
 
 
 def _save(tmp_path, nodes, inits, out="y"):

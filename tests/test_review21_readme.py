@@ -238,7 +238,9 @@ def test_readme_quick_start_block_runs(tmp_path, monkeypatch):
     fastpath.Model.load(DEMO_MODEL).to_onnx("model.onnx")
     with open(EXAMPLE_CONFIG) as src, open("fastpath.toml", "w") as dst:
         dst.write(src.read())
-    n_in = fastpath.Model.from_onnx("model.onnx").dims[0]
+    # the tick's width: the demo's raw_len (to_onnx records its feature spec; the file read
+    # back takes raw ticks, as the bundle does)
+    n_in = fastpath.Model.from_onnx("model.onnx").raw_len
     rng = np.random.default_rng(0)
     ns = {"x": rng.normal(size=n_in).astype(np.float32), "exchange_ts": 1_000_000_000,
           "raws": rng.normal(size=(4, n_in)).astype(np.float32),
