@@ -1,5 +1,5 @@
 """A NaN that changes no decision changes no bit of a tree ensemble's output, on every kernel
-set.
+set; and Engine() without a model says what it needs.
 
 Was: without a NaN, the shallow one-target trees (SUM / AVERAGE) were added as groups of 16
 lanes by fp_trees_sum16's pairwise order, then the other trees; with a NaN anywhere in x,
@@ -7,6 +7,8 @@ every tree was walked and added one by one in index order. A double sum of float
 exact only while their exponents lie within ~2^25 of each other, so leaves 1e20, 1, -1e20 in
 lanes 0, 1, 8 gave 1 without a NaN and 0 with a NaN in a feature no split reads. Now the NaN
 path walks the same groups' lanes and adds them in the same order."""
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -184,3 +186,38 @@ def test_step_refuses_a_nan_tick_for_trees():
     with pytest.raises(fastpath.InputError):
         e.step(np.array([0.0, np.nan], F32), 0)
     assert e.step(np.array([0.0, 1.0], F32), 0).signal == e.step(np.array([0.0, 2.0], F32), 0).signal
+
+
+# ------------------------------------------------------------------ Engine() without a model
+
+
+@pytest.mark.parametrize("args,kw", [((), {}), ((), {"config": {}}), ((), {"backend": "cpu"}),
+                                     ((), {"config": None, "backend": "cpu"})])
+def test_engine_without_a_model_says_what_it_needs(args, kw):
+    # Was: TypeError "__cinit__() takes at least 1 positional argument (0 given)"
+    with pytest.raises(TypeError) as ei:
+        Engine(*args, **kw)
+    msg = str(ei.value)
+    assert "__cinit__" not in msg
+    for part in ("Engine needs a model", ".onnx", ".fpm", "fastpath.Model", "demo model",
+                 "fastpath.configure"):
+        assert part in msg, msg
+
+
+def test_engine_takes_its_model_every_way():
+    from fastpath._build import DEMO_MODEL
+    a = Engine(DEMO_MODEL)
+    b = Engine(model=DEMO_MODEL, config={})
+    c = Engine(a.model, "cpu", None)
+    d = Engine(model=a.model, backend="cpu", config={"engine": {"n_symbols": 2}})
+    assert a.model == b.model == c.model == d.model
+    assert d.n_symbols == 2
+    raw = np.linspace(-1, 1, a.raw_len).astype(F32)
+    assert a.step(raw, 0).signal == c.step(raw, 0).signal
+    with pytest.raises(fastpath.ModelError, match="fastpath.Model or a path"):
+        Engine(None)
+    with pytest.raises(TypeError):
+        Engine(DEMO_MODEL, "cpu", None, 4)
+    import inspect
+    assert list(inspect.signature(Engine).parameters) == ["model", "backend", "config"]
+    assert math.isfinite(a.step(raw, 1).signal)
