@@ -17,7 +17,7 @@ typedef struct {
     int *wcount;      /* per node: weights on it */
     size_t n_leafv;
     int D, n_groups;
-    size_t bytes, o_nodes, o_leafv, o_trees, o_rest, o_pfeat, o_pthr, o_pleaf, o_ptarget, o_base, o_has;
+    size_t bytes, o_nodes, o_leafv, o_trees, o_rest, o_pfeat, o_pthr, o_pleaf, o_ptarget, o_ptree, o_base, o_has;
     int n_rest;
 } fp_plan;
 
@@ -165,6 +165,7 @@ static int fp_plan_make(const fp_trees_desc *d, fp_plan *pl) {
     pl->o_base = off; off = fp_al(off + sizeof(float) * ((size_t)d->n_base + 1));
     pl->o_has = off; off = fp_al(off + (size_t)d->n_targets);
     pl->o_ptarget = off; off = fp_al(off + sizeof(int32_t) * ((size_t)groups + 1));
+    pl->o_ptree = off; off = fp_al(off + sizeof(int32_t) * (size_t)groups * FP_TREES_LANES);
     pl->o_pfeat = off; off = fp_al(off + sizeof(int32_t) * (size_t)groups * inner * FP_TREES_LANES);
     pl->o_pthr = off; off = fp_al(off + sizeof(float) * (size_t)groups * inner * FP_TREES_LANES);
     pl->o_pleaf = off; off = fp_al(off + sizeof(float) * (size_t)groups * leaves * FP_TREES_LANES);
@@ -255,6 +256,7 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     int32_t *rest = (int32_t *)(a + pl.o_rest);
     float *base = (float *)(a + pl.o_base);
     int32_t *ptarget = (int32_t *)(a + pl.o_ptarget);
+    int32_t *ptree = (int32_t *)(a + pl.o_ptree);
     int32_t *pfeat = (int32_t *)(a + pl.o_pfeat);
     float *pthr = (float *)(a + pl.o_pthr);
     float *pleaf = (float *)(a + pl.o_pleaf);
@@ -334,6 +336,7 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
 
     /* perfect groups, target by target, trees in order; empty lanes keep zero leaves */
     const size_t inner = ((size_t)1 << pl.D) - 1, leaves = (size_t)1 << pl.D;
+    for (size_t q = 0; q < (size_t)pl.n_groups * FP_TREES_LANES; q++) ptree[q] = -1;
     int gi = 0;
     for (int j = 0; j < d->n_targets; j++) {
         int lane = 0;
@@ -344,6 +347,7 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
                 /* padding lanes: always left, value 0 */
                 for (size_t q = 0; q < inner * FP_TREES_LANES; q++) pthr[gi * inner * FP_TREES_LANES + q] = INFINITY;
             }
+            ptree[(size_t)gi * FP_TREES_LANES + lane] = tr;
             fp_fill_perfect(d, leafv, &pl, d->tree_off[tr], 0, 0, 0,
                             pfeat + gi * inner * FP_TREES_LANES + lane,
                             pthr + gi * inner * FP_TREES_LANES + lane,
@@ -368,7 +372,7 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     t->base = base;
     t->depth = pl.D;
     t->n_groups = pl.n_groups;
-    t->pfeat = pfeat; t->pthr = pthr; t->pleaf = pleaf; t->ptarget = ptarget;
+    t->pfeat = pfeat; t->pthr = pthr; t->pleaf = pleaf; t->ptarget = ptarget; t->ptree = ptree;
     t->nodes = nodes; t->leafv = leafv; t->trees = trees;
     t->rest = rest; t->n_rest = pl.n_rest;
     /* "has a score" per target, as onnxruntime tracks it: a target gets one when a leaf on
@@ -457,7 +461,9 @@ void fp_trees_acc_init(const fp_trees *t, double *acc) {
     for (int j = 0; j < t->n_targets; j++) acc[j] = minmax ? NAN : 0.0;
 }
 
-void fp_trees_walk_compact(const fp_trees *t, int i, const float *x, double *acc) {
+/* the leaf values (trees[i].width of them) tree i reaches at x; a NaN goes where its node's
+ * missing-value flag says */
+static const float *fp_trees_leaf_compact(const fp_trees *t, int i, const float *x) {
     const fp_ttree *tr = &t->trees[i];
     const fp_tnode *base = t->nodes + tr->root, *n = base;
     while (!(n->flags & FP_TN_LEAF)) {
@@ -468,7 +474,12 @@ void fp_trees_walk_compact(const fp_trees *t, int i, const float *x, double *acc
         else go = v <= n->thr;
         n = go ? n + 1 : base + n->other;
     }
-    const float *lv = t->leafv + n->other;
+    return t->leafv + n->other;
+}
+
+void fp_trees_walk_compact(const fp_trees *t, int i, const float *x, double *acc) {
+    const fp_ttree *tr = &t->trees[i];
+    const float *lv = fp_trees_leaf_compact(t, i, x);
     if (tr->width == 1) {
         const int j = tr->target;
         if (t->aggregate == FP_TAGG_MIN) acc[j] = fmin(acc[j], (double)lv[0]);
@@ -481,6 +492,22 @@ void fp_trees_walk_compact(const fp_trees *t, int i, const float *x, double *acc
             else acc[j] += lv[j];
         }
     }
+}
+
+/* Was: tree by tree in index order, while the perfect part adds a group's 16 leaves by
+ * fp_trees_sum16 first; a double sum of floats is not exact for leaves ~2^53 apart, so
+ * leaves 1e20, 1, -1e20 (lanes 0, 1, 8) gave 1 without a NaN and 0 with one in a feature no
+ * split reads. Now the same groups, lanes and order: only perfect trees (width 1, SUM /
+ * AVERAGE) are in groups, so MIN / MAX and multi-target trees keep their index order. */
+void fp_trees_walk_all_compact(const fp_trees *t, const float *x, double *acc) {
+    for (int g = 0; g < t->n_groups; g++) {
+        const int32_t *lt = t->ptree + (size_t)g * FP_TREES_LANES;
+        double d[FP_TREES_LANES];
+        for (int lane = 0; lane < FP_TREES_LANES; lane++)
+            d[lane] = lt[lane] < 0 ? 0.0 : (double)fp_trees_leaf_compact(t, lt[lane], x)[0];
+        acc[t->ptarget[g]] += fp_trees_sum16(d);
+    }
+    for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
 }
 
 /* onnxruntime's ml_common.h, in float */

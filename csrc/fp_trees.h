@@ -23,7 +23,9 @@
  *   child next, the false child by index) walked one tree at a time: for deeper trees, EQ
  *   splits, strict LT / GTE splits near 0, multi-target leaves, MIN / MAX, and for any input
  *   holding a NaN (the perfect layout assumes ordered comparisons, so a missing value takes
- *   the exact path).
+ *   the exact path). That path still adds a perfect group's trees as one group (ptree names
+ *   the tree in each lane), in fp_trees_sum16's order, then the rest: a NaN that changes no
+ *   decision changes no bit of the output.
  * - Leaves add per target in double; the post stage (base values, aggregate, post
  *   transform, the binary classifier rule) is computed in float as onnxruntime does
  *   (core/providers/cpu/ml/tree_ensemble_aggregator.h, ml_common.h), so the outputs are what
@@ -99,6 +101,7 @@ typedef struct fp_trees {
     const float *pthr;      /* [g][2^depth - 1][16] */
     const float *pleaf;     /* [g][2^depth][16] */
     const int32_t *ptarget; /* [g] */
+    const int32_t *ptree;   /* [g][16]: the tree in each lane, -1 for a padding lane */
     /* compact part: every tree; `rest` lists the trees the perfect part does not hold */
     const fp_tnode *nodes;
     const float *leafv;
@@ -132,6 +135,9 @@ fp_trees_eval_fn fp_trees_eval_for(fp_isa isa);
 /* shared by the kernel sets: acc[n_targets] (+)= the compact walk of tree i; the
  * finishing stage (base values, aggregate, post transform) from the per-target sums */
 void fp_trees_walk_compact(const fp_trees *t, int i, const float *x, double *acc);
+/* acc (+)= every tree by the compact walk (an input holding a NaN), added in the order the
+ * perfect part adds them: group by group, a group's lanes by fp_trees_sum16, then `rest` */
+void fp_trees_walk_all_compact(const fp_trees *t, const float *x, double *acc);
 void fp_trees_acc_init(const fp_trees *t, double *acc);
 void fp_trees_finalize(const fp_trees *t, const double *acc, float *out);
 /* 1 when some x[i] is NaN */

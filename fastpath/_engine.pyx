@@ -276,6 +276,15 @@ cdef extern from "fp_engine.h":
     int fp_engine_stage_times(const fp_engine *e)
 
 
+# Engine() / Engine(config=...) without a model: a default that says what is missing
+_NO_MODEL = object()
+_NO_MODEL_MSG = (
+    "Engine needs a model: Engine(model, backend='cpu', config=None), model a path to an "
+    ".onnx file or a .fpm bundle, or a fastpath.Model (got none); the embedded demo model "
+    "runs behind fastpath.step(), and fastpath.configure(config) rebuilds that engine with a "
+    "config")
+
+
 # final: nothing subclasses Engine, and its cdef methods (_step, _raw_ptr, _check_free) are
 # then direct calls the C compiler can inline instead of vtable calls. The docstring opens
 # with the signature in Argument Clinic's form ("--" after it): inspect.signature(Engine)
@@ -308,8 +317,12 @@ A model, its feature spec and cache, ready to step ticks.
     cdef int _gpu_width                 # the last dense layer's width (what the GPU returns)
     cdef bint _on_gpu                   # backend == "gpu": stays set after close()
 
-    def __cinit__(self, model, backend="cpu", config=None):
+    def __cinit__(self, model=_NO_MODEL, backend="cpu", config=None):
         self._e = NULL
+        if model is _NO_MODEL:
+            # was Cython's "__cinit__() takes at least 1 positional argument (0 given)", which
+            # names neither the class nor what it needs
+            raise TypeError(_NO_MODEL_MSG)
         from fastpath._build import resolve
         model, cfg, backend, reason, self._auto = resolve(model, backend, config, report=True)
         self.model = model

@@ -99,7 +99,7 @@ FP_TARGET_AVX2 void fp_trees_eval_avx2(const fp_trees *t, const float *x, float 
     double acc[FP_TREES_MAX_TARGETS];
     fp_trees_acc_init(t, acc);
     if (fp_trees_has_nan(x, t->n_feat)) {
-        for (int i = 0; i < t->n_trees; i++) fp_trees_walk_compact(t, i, x, acc);
+        fp_trees_walk_all_compact(t, x, acc);
         fp_trees_finalize(t, acc, out);
         return;
     }

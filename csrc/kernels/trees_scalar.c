@@ -7,8 +7,9 @@ void fp_trees_eval_scalar(const fp_trees *t, const float *x, float *out) {
     double acc[FP_TREES_MAX_TARGETS];
     fp_trees_acc_init(t, acc);
     if (fp_trees_has_nan(x, t->n_feat)) {
-        /* the perfect layout has no missing-value flags: a NaN takes the exact walk */
-        for (int i = 0; i < t->n_trees; i++) fp_trees_walk_compact(t, i, x, acc);
+        /* the perfect layout has no missing-value flags: a NaN takes the exact walk, adding
+         * the perfect groups' trees in the order the loop below adds them */
+        fp_trees_walk_all_compact(t, x, acc);
         fp_trees_finalize(t, acc, out);
         return;
     }

@@ -570,7 +570,8 @@ def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
     """(bytes, {part: bytes}) of the arena csrc/fp_trees.c packs for these arrays, by its own
     plan: a tree is one value per leaf when its weights name one target, n_targets values per
     leaf otherwise; the trees of depth <= 10 with one target, ordered splits and a sum are
-    also laid out as perfect trees of the largest such depth, 16 per group and target."""
+    also laid out as perfect trees of the largest such depth, 16 per group and target (with
+    the tree index of each lane, for the compact walk of an input holding a NaN)."""
     off = np.asarray(off, np.int64)
     mode = np.asarray(mode)
     n_trees, n_nodes = off.size - 1, int(off[-1])
@@ -605,8 +606,8 @@ def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
     parts = {"nodes": al(16 * n_nodes) + al(16 * n_trees) + al(4 * (n_rest + 1)),
              "leaf values": al(4 * (n_leafv + 1)),
              "base values": al(4 * (n_base + 1)) + al(T),
-             "perfect trees": al(4 * (groups + 1)) + 2 * al(4 * groups * inner * _LANES)
-             + al(4 * groups * nleaf * _LANES)}
+             "perfect trees": al(4 * (groups + 1)) + al(4 * groups * _LANES)
+             + 2 * al(4 * groups * inner * _LANES) + al(4 * groups * nleaf * _LANES)}
     return sum(parts.values()), parts
 
 
