@@ -69,3 +69,14 @@ def engine_cfg(isa, **cache):
     if cache:
         cfg["cache"] = cache
     return cfg
+
+
+def strip_fastpath_record(path):
+    """The .onnx at path as another exporter writes it: Model.to_onnx's fastpath record
+    (metadata_props, which carries the head, weights, cache policy and meta) taken out, so
+    Model.from_onnx reads the graph alone."""
+    import onnx
+    g = onnx.load(str(path))
+    del g.metadata_props[:]
+    onnx.save(g, str(path))
+    return path

@@ -16,7 +16,7 @@ from fastpath import Engine, Model
 from fastpath._build import DEMO_MODEL, EXAMPLE_CONFIG
 from fastpath.model import CachePolicy
 from fastpath.tuning import calibrate, fit_cache_policy
-from conftest import engine_cfg, random_model
+from conftest import engine_cfg, random_model, strip_fastpath_record
 
 
 def _walk(rng, n=3000, n_sym=4, width=8, step=0.01, jump=0.02):
@@ -40,14 +40,12 @@ def test_cache_policy_default_is_off():
 
 
 def test_onnx_import_runs_with_the_cache_off(tmp_path, isa):
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     rng = np.random.default_rng(1)
     random_model(rng, [6, 8, 2]).to_onnx(tmp_path / "m.onnx")
     # a file from another exporter: to_onnx's fastpath record (which carries the model's
     # enabled policy) taken out
-    g = onnx.load(str(tmp_path / "m.onnx"))
-    del g.metadata_props[:]
-    onnx.save(g, str(tmp_path / "m.onnx"))
+    strip_fastpath_record(tmp_path / "m.onnx")
     m = Model.from_onnx(tmp_path / "m.onnx")
     assert not m.cache_policy.enabled and m.cache_policy.fitted_max_error is None
     # the same tick again and again, microseconds apart: any enabled policy would hit

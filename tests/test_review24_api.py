@@ -10,6 +10,7 @@ import pytest
 import fastpath
 from fastpath import FeatureSpec, InputError, Layer, Model, ModelError
 from fastpath.model import Head
+from conftest import strip_fastpath_record
 
 
 def _mlp(acts=("relu", "identity"), dims=(3, 4, 2), post="none", seed=0):
@@ -83,14 +84,11 @@ def test_from_onnx_of_a_bytes_path_gives_a_model_that_saves(tmp_path):
     """A bytes path (which onnx.load and Model.load take) put b'model.onnx' in meta["source"]:
     the model then could not be saved ("meta must hold JSON values ... bytes")."""
     pytest.importorskip("onnx")
-    import onnx
     m = _mlp()
     p = str(tmp_path / "model.onnx")
     m.to_onnx(p)
     # as another exporter writes it: without to_onnx's record, whose meta would be read instead
-    g = onnx.load(p)
-    del g.metadata_props[:]
-    onnx.save(g, p)
+    strip_fastpath_record(p)
     a = Model.from_onnx(os.fsencode(p))
     assert a.meta["source"] == "model.onnx"
     a.save(str(tmp_path / "model.fpm"))

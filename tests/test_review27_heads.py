@@ -16,7 +16,7 @@ import pytest
 import fastpath
 from fastpath import Engine, InputError, ModelError
 from fastpath.model import FeatureSpec, Head, Layer, Model, TreeEnsemble
-from conftest import ISAS, engine_cfg
+from conftest import ISAS, engine_cfg, strip_fastpath_record
 
 F32 = np.float32
 NOT_PROBS = r"not class probabilities \(output \d+ is -?[\d.]+; each must be in \[0, 1\]\)"
@@ -209,16 +209,13 @@ def _three_output_onnx(tmp_path):
     """A 3-output linear regressor as ONNX as another exporter writes it: no default head
     (3 raw outputs), and none recorded (to_onnx's fastpath record, which would carry the
     head, is taken out)."""
-    import onnx
+    pytest.importorskip("onnx")
     rng = np.random.default_rng(4)
     m = Model((Layer(rng.standard_normal((3, 6)).astype(F32), rng.standard_normal(3).astype(F32)),),
               head_spec=Head("regression"))
     p = tmp_path / "three.onnx"
     m.to_onnx(str(p))
-    g = onnx.load(str(p))
-    del g.metadata_props[:]
-    onnx.save(g, str(p))
-    return p
+    return strip_fastpath_record(p)
 
 
 def _ticks(tmp_path, n=200, width=6, seed=5):

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import fastpath
 from fastpath.model import Head, Layer, Model
+from conftest import strip_fastpath_record
 
 F32 = np.float32
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
@@ -44,14 +45,10 @@ def _model(n_out, seed=4):
 
 def _onnx(tmp_path, n_out, name):
     pytest.importorskip("onnx")
-    import onnx
     p = tmp_path / name
     _model(n_out).to_onnx(str(p))
     # as another exporter writes it: without to_onnx's fastpath record (which carries the head)
-    g = onnx.load(str(p))
-    del g.metadata_props[:]
-    onnx.save(g, str(p))
-    return p
+    return strip_fastpath_record(p)
 
 
 def _memlock_bytes(out: str) -> int:
