@@ -241,6 +241,10 @@ def _other_kind(v):
     return ["null?", 0, [], {}]      # a null (fitted_max_error None): not in this record
 
 
+# the record's fields whose value may be null as well as what this record holds
+NULLABLE = ("fitted_max_error",)
+
+
 def _set(rec, path, value):
     obj = rec
     for k in path[:-1]:
@@ -258,7 +262,10 @@ def test_any_value_of_another_kind_is_refused(written, data, tmp_path):
     p, rec = written
     paths = [(pa, v) for pa, v in _paths(rec) if pa]
     path, v = data.draw(st.sampled_from(paths))
-    new = data.draw(st.sampled_from(_other_kind(v)))
+    # fitted_max_error also takes null (a policy set, not fitted): a record that says so is
+    # a model, not damage (drawn, it failed this test: 2 of 12 --hypothesis-seed runs)
+    kinds = [k for k in _other_kind(v) if not (k is None and path[-1] in NULLABLE)]
+    new = data.draw(st.sampled_from(kinds))
     _refused(p, tmp_path / "bad.onnx", "", edit=lambda r: _set(r, path, new))
 
 

@@ -125,11 +125,27 @@ def restore(text: str, name: str, layers, post: str, scaler, head, build):
                 f"kept", UserWarning, stacklevel=3)
         policy = replace(policy, enabled=False, fitted_max_error=None)
         meta = {k: v for k, v in meta.items() if k != "cache_policy_fit"}
+
+    def make(h, pol, m):
+        # the record's fields on the graph: a refusal here is the record's (or, built with
+        # the head given because the stored one does not fit, the record's too)
+        try:
+            return build(fs, h, pol, weights, m)
+        except ModelError as exc:
+            raise _Misfit(str(exc)) from None
+
     try:
-        return b.build_with_head(lambda h, pol, m: build(fs, h, pol, weights, m), stored,
-                                 policy, meta, head)
-    except ModelError as exc:
+        return b.build_with_head(make, stored, policy, meta, head)
+    except _Misfit as exc:
         raise ModelError(f"{what} does not fit its graph: {exc}") from None
+    except ModelError as exc:
+        # the caller's head= (not a Head, or outputs the graph does not have) on a model the
+        # record built: named as any reader names it, not as damage to the file's record
+        raise ModelError(f"{name}: {exc}") from None
+
+
+class _Misfit(ModelError):
+    """The model the record describes does not build on the file's graph (restore)."""
 
 
 def _parse(text: str) -> dict:
