@@ -1,7 +1,7 @@
 """atheris fuzz targets for every public entry point that takes outside input.
 
     python tests/fuzz/fuzz.py step -atheris_runs=20000
-    python tests/fuzz/fuzz.py {step,batch,bundle,onnx,config} [libFuzzer flags]
+    python tests/fuzz/fuzz.py {step,batch,bundle,onnx,config,trees} [libFuzzer flags]
 
 A target passes an input when the call either works or raises one of the exception types
 fastpath documents for bad input; anything else (another exception, a crash, a sanitizer
@@ -23,7 +23,7 @@ with atheris.instrument_imports():
     import fastpath.model
     import onnx
     from fastpath import ConfigError, Engine, FastpathError, InputError, Model, ModelError
-    from fastpath.model import CachePolicy, FeatureSpec, Layer
+    from fastpath.model import CachePolicy, FeatureSpec, Head, Layer
 
 EXPECTED = (FastpathError, TypeError, OverflowError)
 DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8, ">f4", np.bool_]
@@ -250,8 +250,186 @@ def target_config(data):
     _check_result(eng.step(np.zeros(24, np.float32), 0))
 
 
+# ------------------------------------------------------------------- tree ensembles
+# thresholds at the float32 edges, each a float32 value (EQ / NEQ at a value no float32 holds
+# are refused, and one such split would refuse the whole ensemble)
+TREE_THRESHOLDS = [float(np.float32(v)) for v in (
+    0.0, -0.0, 0.5, -0.25, 1.0, -3.0, 1e-40, -1e-40, 1.1754944e-38, -1.1754944e-38, 3e38, -3e38,
+    1e20, float("inf"), float("-inf"))]
+# leaves a reference can follow to ~1e-5 (SAFE_LEAVES), then values whose sums depend on
+# their order (1e20 beside 1) or leave float32 (3e38 + 3e38); values refused outright (1e39,
+# NaN, Inf) come in through the damaged field
+SAFE_LEAVES = [0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -7.0, 1e-3]
+LEAVES = SAFE_LEAVES + [1e20, -1e20, 3e38, -3e38]
+TREE_INPUTS = [0.0, 0.5, -0.25, 1.0, -3.0, 2.0, 1e-40, 1e30, -1e30, float("inf"), float("-inf"),
+               float("nan")]
+TREE_MAX_NODES = 1500
+
+
+def _tree_ensemble(fdp):
+    """A TreeEnsemble from fuzz data: mostly well formed (trees of depth 0 to 12, every split
+    mode, thresholds at the float32 edges, single- and multi-target leaves), sometimes with one
+    field damaged, which the constructor must refuse with a ModelError."""
+    from fastpath.model import TreeEnsemble
+    n_feat = fdp.ConsumeIntInRange(1, 6)
+    n_targets = fdp.ConsumeIntInRange(1, 3)
+    classifier = n_targets >= 2 and fdp.ConsumeIntInRange(0, 3) == 0
+    safe = fdp.ConsumeBool()
+    leaves = SAFE_LEAVES if safe else LEAVES
+    off, mode, feat, thr, tc, fc, nt, wn, wt, wv = [0], [], [], [], [], [], [], [], [], []
+    for _ in range(fdp.ConsumeIntInRange(1, 40)):
+        base = len(mode)
+        depth = fdp.ConsumeIntInRange(0, 12)
+
+        def node(level):
+            i = len(mode) - base
+            mode.append(6), feat.append(0), thr.append(0.0), tc.append(0), fc.append(0), nt.append(0)
+            if level >= depth or len(mode) > TREE_MAX_NODES or fdp.ConsumeIntInRange(0, 4) == 0:
+                for _ in range(fdp.ConsumeIntInRange(0, 2) if fdp.ConsumeIntInRange(0, 7) == 0 else 1):
+                    wn.append(base + i)
+                    wt.append(fdp.ConsumeIntInRange(0, n_targets - 1))
+                    wv.append(fdp.PickValueInList(leaves))
+                return i
+            mode[base + i] = fdp.ConsumeIntInRange(0, 5)
+            feat[base + i] = fdp.ConsumeIntInRange(0, n_feat - 1)
+            thr[base + i] = fdp.PickValueInList(TREE_THRESHOLDS)
+            nt[base + i] = int(fdp.ConsumeBool())
+            tc[base + i] = node(level + 1)
+            fc[base + i] = node(level + 1)
+            return i
+        node(0)
+        off.append(len(mode))
+    arrays = {"tree_offsets": off, "mode": mode, "feature": feat, "threshold": thr,
+              "true_child": tc, "false_child": fc, "nan_true": nt, "weight_node": wn,
+              "weight_target": wt, "weight_value": wv}
+    if fdp.ConsumeIntInRange(0, 7) == 0:             # one field damaged
+        key = fdp.PickValueInList(sorted(arrays))
+        a = arrays[key]
+        if a:
+            a[fdp.ConsumeIntInRange(0, len(a) - 1)] = fdp.PickValueInList(
+                [-1, 0, 1, 2, 7, 255, len(mode), n_feat, n_targets, 2**31 - 1, 0.5, 1e39, 0.1,
+                 float("nan"), float("inf")])
+    base_values = [fdp.PickValueInList(SAFE_LEAVES) for _ in range(fdp.PickValueInList([0, 0, n_targets, 1]))]
+    e = TreeEnsemble(n_feat, n_targets, *(np.asarray(arrays[k]) for k in (
+        "tree_offsets", "mode", "feature", "threshold", "true_child", "false_child", "nan_true",
+        "weight_node", "weight_target", "weight_value")), base_values=base_values,
+        aggregate=fdp.PickValueInList(["SUM", "AVERAGE", "MIN", "MAX"]),
+        post_transform=fdp.PickValueInList(["NONE", "NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO",
+                                            "PROBIT"]),
+        classifier=classifier)
+    return e, safe and not any(abs(b) > 7 for b in base_values)
+
+
+def _tree_onnx(e):
+    """e as the ai.onnx.ml TreeEnsembleRegressor / TreeEnsembleClassifier node a converter
+    writes (node ids local to their tree, as skl2onnx and onnxmltools number them)."""
+    from onnx import TensorProto, helper
+    from fastpath.model.trees import MODES
+    off = e.tree_offsets
+    tree_of = np.searchsorted(off, np.arange(off[-1]), side="right") - 1
+    local = np.arange(off[-1]) - off[tree_of]
+    a = {"nodes_treeids": tree_of.tolist(), "nodes_nodeids": local.tolist(),
+         "nodes_featureids": e.feature.tolist(), "nodes_values": e.threshold.tolist(),
+         "nodes_modes": [MODES[k] for k in e.mode],
+         "nodes_truenodeids": [int(c) if k != 6 else 0 for c, k in zip(e.true_child, e.mode)],
+         "nodes_falsenodeids": [int(c) if k != 6 else 0 for c, k in zip(e.false_child, e.mode)],
+         "nodes_missing_value_tracks_true": e.nan_true.tolist(),
+         "post_transform": e.post_transform}
+    w = "class" if e.classifier else "target"
+    a[f"{w}_ids"] = e.weight_target.tolist()
+    a[f"{w}_nodeids"] = local[e.weight_node].tolist()
+    a[f"{w}_treeids"] = tree_of[e.weight_node].tolist()
+    a[f"{w}_weights"] = e.weight_value.tolist()
+    if len(e.base_values):
+        a["base_values"] = [float(v) for v in e.base_values]
+    if e.classifier:
+        op, outs = "TreeEnsembleClassifier", ["label", "probabilities"]
+        a["classlabels_int64s"] = list(range(e.n_targets))
+        vi = [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+              helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, e.n_targets])]
+    else:
+        op, outs = "TreeEnsembleRegressor", ["y"]
+        a["n_targets"] = e.n_targets
+        a["aggregate_function"] = e.aggregate
+        vi = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, e.n_targets])]
+    # an empty list has no type onnx could infer: left out, as a converter leaves it
+    a = {k: v for k, v in a.items() if not (isinstance(v, list) and not v)}
+    node = helper.make_node(op, ["x"], outs, domain="ai.onnx.ml", **a)
+    g = helper.make_graph([node], "trees", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [None, e.n_features])], vi)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("ai.onnx.ml", 3)]).SerializeToString()
+
+
+def target_trees(data):
+    """A fuzzed tree ensemble (or the ONNX file it exports to, damaged): every kernel set gives
+    the same bits, the engine what the packed kernels give (or refuses a non-finite output),
+    and, where the leaves are small, what the ONNX-spec reference (TreeEnsemble.forward) gives."""
+    from fastpath._kernels import PackedTrees, tree_isas
+    fdp = atheris.FuzzedDataProvider(data)
+    try:
+        e, safe = _tree_ensemble(fdp)
+        # the default head where the outputs take one, else (several regression targets, a
+        # classifier's sums that are not probabilities) a regression head on output 0
+        try:
+            m = Model((), trees=e)
+        except ModelError:
+            m = Model((), trees=e, head_spec=Head("regression", 1.0, (0,)))
+    except ModelError:
+        return
+    via = fdp.ConsumeIntInRange(0, 5)
+    if via >= 4:                                     # through an .onnx file or a bundle, maybe damaged
+        blob = bytearray(_tree_onnx(e) if via == 4 else m.to_bytes())
+        for _ in range(fdp.ConsumeIntInRange(0, 3)):
+            blob[fdp.ConsumeIntInRange(0, len(blob) - 1)] ^= fdp.ConsumeIntInRange(1, 255)
+        try:
+            if via == 4:
+                with tempfile.TemporaryDirectory() as d:
+                    path = os.path.join(d, "t.onnx")
+                    with open(path, "wb") as f:
+                        f.write(blob)
+                    m = Model.from_onnx(path)
+            else:
+                m = Model.from_bytes(bytes(blob))
+        except ModelError:
+            return
+        if m.trees is None:
+            return
+        e = m.trees
+    n = fdp.ConsumeIntInRange(1, 6)
+    X = np.array([[fdp.PickValueInList(TREE_INPUTS) for _ in range(e.n_features)]
+                  for _ in range(n)], np.float32)
+    outs = {k: PackedTrees(e, k).eval(X) for k in tree_isas()}
+    first = outs[tree_isas()[0]]
+    for k, o in outs.items():
+        assert o.tobytes() == first.tobytes(), (k, X, o, first)
+    if safe:
+        ref = e.forward(X)
+        tol = 1e-4 if e.post_transform == "PROBIT" else 1e-5
+        fin = np.isfinite(ref)
+        scale = max(1.0, float(np.max(np.abs(ref[fin]), initial=0.0)))
+        assert np.array_equal(np.isfinite(first), fin), (X, first, ref)
+        assert np.allclose(first[fin], ref[fin], rtol=tol, atol=tol * scale), (X, first, ref)
+    isa = fdp.PickValueInList(sorted(outs))
+    eng = Engine(m, config={"engine": {"simd": isa if isa in ENGINES else "scalar", "n_symbols": 2}})
+    for x, o in zip(X, first):
+        before = eng.ticks
+        try:
+            p = eng.predict(x)
+        except InputError:
+            assert not np.all(np.isfinite(o)), (x, o)
+        else:
+            assert np.isfinite(p).all() and p.tobytes() == o.tobytes(), (x, p, o)
+        try:
+            r = eng.step(x, 1)
+        except InputError:
+            assert eng.ticks == before
+            continue
+        _check_result(r)
+
+
 TARGETS = {"step": target_step, "batch": target_batch, "bundle": target_bundle,
-           "onnx": target_onnx, "config": target_config}
+           "onnx": target_onnx, "config": target_config, "trees": target_trees}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TARGETS:
