@@ -47,14 +47,15 @@ void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_
     FP_STORE_REL(&h->magic, FP_SEG_MAGIC);
 }
 
-static void free_slot(fp_seg_header *h, int i) {
-    fp_ring_ctl *ctl = fp_seg_ctl(h, i);
+static void free_slot(const fp_seg_layout *L, int i) {
+    fp_seg_header *h = (fp_seg_header *)L->base;
+    fp_ring_ctl *ctl = fp_lay_ctl(L, i);
     /* the owner is gone: what it left in its rings is dropped with it. A slot's seq is how a
      * waiting party knows it was written (position + 1): the next owner starts at position 0
      * again, so every old seq is cleared or it would read as a fresh request or reply */
-    for (uint64_t k = 0; k < h->slots; k++) {
-        FP_STORE_REL(&fp_seg_req(h, ctl, k)->seq, 0);
-        FP_STORE_REL(&fp_seg_rep(h, ctl, k)->seq, 0);
+    for (uint64_t k = 0; k < L->slots; k++) {
+        FP_STORE_REL(&fp_lay_req(L, ctl, k)->seq, 0);
+        FP_STORE_REL(&fp_lay_rep(L, ctl, k)->seq, 0);
     }
     FP_STORE_REL(&ctl->req_head.v, 0);
     FP_STORE_REL(&ctl->req_tail.v, 0);
@@ -78,9 +79,10 @@ static void free_slot(fp_seg_header *h, int i) {
  * next call) and cleared and offered by the next pass, a heartbeat later, when a call in
  * flight has long finished (one that stalls mid-call for longer still races; no store of the
  * client side can be fenced off from here). */
-static void retire_slot(fp_seg_header *h, int i) {
+static void retire_slot(const fp_seg_layout *L, int i) {
+    fp_seg_header *h = (fp_seg_header *)L->base;
     uint64_t gen = __atomic_add_fetch(&h->clients[i].generation, 1, __ATOMIC_RELEASE);
-    FP_STORE_REL(&fp_seg_ctl(h, i)->req_head.gen, gen);
+    FP_STORE_REL(&fp_lay_ctl(L, i)->req_head.gen, gen);
     FP_STORE_REL(&h->clients[i].state, FP_CL_RETIRED);
 }
 
@@ -91,14 +93,15 @@ static void retire_slot(fp_seg_header *h, int i) {
  * ~6 us per client every heartbeat (47 us a millisecond with 8 clients, in the p99 of every
  * tick that arrived meanwhile). A dead owner is then retired within as many heartbeats as
  * there are owners (64 ms at most at the 1 ms default), and its slot freed one later. */
-static int reap_pass(fp_seg_header *h, uint32_t probes, uint32_t *next) {
+static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next) {
+    fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
-    const uint32_t m = h->max_clients;
+    const uint32_t m = L->max_clients;
     for (uint32_t i = 0; i < m; i++) {
         uint32_t st = FP_LOAD_ACQ(&h->clients[i].state);
         if (st == FP_CL_CLOSING || st == FP_CL_RETIRED) {
             /* CLOSING: the owner's last store was the close itself; RETIRED: a pass ago */
-            free_slot(h, (int)i);
+            free_slot(L, (int)i);
             n++;
         }
     }
@@ -108,7 +111,7 @@ static int reap_pass(fp_seg_header *h, uint32_t probes, uint32_t *next) {
             probes--;
             *next = (i + 1) % m;
             if (fp_ring_pid_dead(h->clients[i].pid))
-                retire_slot(h, (int)i);
+                retire_slot(L, (int)i);
         }
     }
     if (n)
@@ -117,14 +120,17 @@ static int reap_pass(fp_seg_header *h, uint32_t probes, uint32_t *next) {
 }
 
 int fp_worker_reap(fp_seg_header *h) {
+    fp_seg_layout L;
     uint32_t next = 0;
-    return reap_pass(h, h->max_clients, &next);
+    if (fp_seg_layout_read(h, h->total_bytes, &L))
+        return -1;
+    return reap_pass(&L, L.max_clients, &next);
 }
 
 /* A request published at position `tail` of this ring, or NULL: the worker polls the slot's
  * header line, the line the client writes last. */
-static inline const fp_req *published(const fp_seg_header *h, fp_ring_ctl *ctl, uint64_t tail) {
-    const fp_req *q = fp_seg_req(h, ctl, tail);
+static inline const fp_req *published(const fp_seg_layout *L, fp_ring_ctl *ctl, uint64_t tail) {
+    const fp_req *q = fp_lay_req(L, ctl, tail);
     return FP_LOAD_ACQ(&q->seq) == tail + 1 ? q : NULL;
 }
 
@@ -157,34 +163,35 @@ size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
 /* Serve what client i has published, at most `budget` requests (so one busy client cannot
  * starve the others); returns how many were served. Stops early when the client's reply
  * ring is full: it has not taken its replies, and its requests wait in its own ring. */
-static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget, fp_lat_ring *lat) {
-    fp_ring_ctl *ctl = fp_seg_ctl(h, i);
+static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget, fp_lat_ring *lat) {
+    fp_seg_header *h = (fp_seg_header *)L->base;
+    fp_ring_ctl *ctl = fp_lay_ctl(L, i);
     uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
-    const fp_req *q = published(h, ctl, tail);
+    const fp_req *q = published(L, ctl, tail);
     if (!q)
         return 0;
     uint64_t rep_head = FP_LOAD_RLX(&ctl->rep_head.v);
     uint64_t rep_tail = FP_LOAD_ACQ(&ctl->rep_tail.v);
-    const uint32_t raw_lines = (h->raw_len * 4u + 63u) / 64u;
+    const uint32_t raw_lines = (L->raw_len * 4u + 63u) / 64u;
     int n = 0;
     uint64_t errors = 0;
     int64_t busy = 0;
     while (q && n < budget) {
-        if (rep_head - rep_tail >= h->slots) {
+        if (rep_head - rep_tail >= L->slots) {
             rep_tail = FP_LOAD_ACQ(&ctl->rep_tail.v);
-            if (rep_head - rep_tail >= h->slots)
+            if (rep_head - rep_tail >= L->slots)
                 break;
         }
         /* every raw line at once, before the first load of the z-score stalls on line 0 */
         for (uint32_t k = 0; k < raw_lines; k++)
             __builtin_prefetch((const char *)q->raw + 64u * k, 0, 3);
-        fp_rep *r = fp_seg_rep(h, ctl, rep_head);
+        fp_rep *r = fp_lay_rep(L, ctl, rep_head);
         const uint64_t t0 = fp_ticks();
         const uint64_t seq = q->seq;
         fp_result res;
         int rc;
         /* the client validated these; the worker still refuses what would corrupt it */
-        if (q->symbol < 0 || (uint32_t)q->symbol >= h->n_symbols)
+        if (q->symbol < 0 || (uint32_t)q->symbol >= L->n_symbols)
             rc = FP_ERR_SYMBOL;
         else if (q->ts_ns < -1)
             rc = FP_REP_ERR_BAD_REQUEST;
@@ -236,7 +243,7 @@ static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget, fp_la
          * its ring looks full) */
         FP_STORE_REL(&ctl->req_tail.v, tail);
         FP_STORE_REL(&ctl->rep_head.v, rep_head);
-        q = published(h, ctl, tail);
+        q = published(L, ctl, tail);
     }
     if (n) {
         /* single writer: plain stores, no locked add on the loop's path */
@@ -250,11 +257,12 @@ static int serve_client(fp_seg_header *h, fp_engine *e, int i, int budget, fp_la
     return n;
 }
 
-static int serve_all(fp_seg_header *h, fp_engine *e, int budget, fp_lat_ring *lat) {
+static int serve_all(const fp_seg_layout *L, fp_engine *e, int budget, fp_lat_ring *lat) {
+    fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
-    for (uint32_t i = 0; i < h->max_clients; i++)
+    for (uint32_t i = 0; i < L->max_clients; i++)
         if (FP_LOAD_ACQ(&h->clients[i].state) == FP_CL_ACTIVE)
-            n += serve_client(h, e, (int)i, budget, lat);
+            n += serve_client(L, e, (int)i, budget, lat);
     return n;
 }
 
@@ -279,6 +287,15 @@ static int idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
 }
 
 void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
+    /* the layout as fp_seg_init wrote it, copied once: every address below comes from this
+     * copy, so a client's store into the live header cannot move the worker's (see
+     * fp_seg_layout). A header already damaged (between fp_seg_init and here) is not served. */
+    fp_seg_layout lay;
+    if (fp_seg_layout_read(h, h->total_bytes, &lay) || lay.raw_len != (uint32_t)e->fs.raw_len) {
+        FP_STORE_REL(&h->state, FP_SRV_STOPPED);
+        return;
+    }
+    const fp_seg_layout *L = &lay;
     const int64_t beat_ns = (int64_t)h->heartbeat_ms * 1000000LL;
     int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
     uint64_t idle_run = 0, idle_polls = 0, loops = 0, unclocked = 0;
@@ -286,7 +303,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
     FP_STORE_REL(&h->state, FP_SRV_RUNNING);
     for (;;) {
-        int n = serve_all(h, e, 64, o->lat);
+        int n = serve_all(L, e, 64, o->lat);
         loops++;
         unclocked += (uint64_t)n;
         /* clock_gettime costs about a poll's worth of time: read it every 64 rounds (an idle
@@ -310,7 +327,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
             FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
             __atomic_store_n(&h->idle_polls, idle_polls, __ATOMIC_RELAXED);
             __atomic_store_n(&h->loops, loops, __ATOMIC_RELAXED);
-            reap_pass(h, 1, &probe);
+            reap_pass(L, 1, &probe);
             if (FP_LOAD_ACQ(&h->stop))
                 break;
         }
@@ -328,8 +345,8 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
      * answers none of what was accepted. */
     FP_STORE_REL(&h->state, FP_SRV_STOPPING);
     uint64_t accepted[FP_SEG_MAX_CLIENTS];
-    for (uint32_t i = 0; i < h->max_clients; i++)
-        accepted[i] = FP_LOAD_ACQ(&fp_seg_ctl(h, (int)i)->req_head.v);
+    for (uint32_t i = 0; i < L->max_clients; i++)
+        accepted[i] = FP_LOAD_ACQ(&fp_lay_ctl(L, (int)i)->req_head.v);
     int64_t until = fp_ring_now_ns() + o->drain_timeout_ns;
     uint64_t left_before = UINT64_MAX;
     for (;;) {
@@ -337,21 +354,21 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
          * now: what is left unanswered, its clients see STOPPED and raise ServerGone */
         if (FP_LOAD_ACQ(&h->stop) > 1)
             break;
-        int n = serve_all(h, e, 64, o->lat);
+        int n = serve_all(L, e, 64, o->lat);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {
             last_beat = now;
             FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
-            reap_pass(h, 1, &probe);
+            reap_pass(L, 1, &probe);
         }
         int pending = 0;
         uint64_t left = 0;        /* accepted requests not answered yet */
-        for (uint32_t i = 0; i < h->max_clients; i++) {
+        for (uint32_t i = 0; i < L->max_clients; i++) {
             if (FP_LOAD_ACQ(&h->clients[i].state) != FP_CL_ACTIVE)
                 continue;
-            fp_ring_ctl *ctl = fp_seg_ctl(h, (int)i);
+            fp_ring_ctl *ctl = fp_lay_ctl(L, (int)i);
             const uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
-            if (published(h, ctl, tail))
+            if (published(L, ctl, tail))
                 pending = 1;
             if (tail < accepted[i])
                 left += accepted[i] - tail;

@@ -86,9 +86,13 @@ cdef extern from "fp_ring.h" nogil:
         uint32_t placement_len
         char placement[1]
         fp_client_entry clients[1]
+    ctypedef struct fp_seg_layout:
+        uint64_t header_bytes, client_region_bytes, total_bytes
+        uint32_t raw_len, n_symbols, slots, max_clients, req_slot_bytes, rep_slot_bytes
     ctypedef struct fp_seg:
         fp_seg_header *h
         size_t size
+        fp_seg_layout L
     ctypedef struct fp_ring_ctl:
         pass
     ctypedef struct fp_client:
@@ -102,7 +106,8 @@ cdef extern from "fp_ring.h" nogil:
     int fp_ring_pid_dead(int32_t pid)
     int fp_seg_server_check(const fp_seg_header *h, int64_t now, int64_t stall_ns)
     int fp_client_server_check(const fp_client *c, int64_t now, int64_t stall_ns)
-    fp_ring_ctl *fp_seg_ctl(const fp_seg_header *h, int idx)
+    int fp_seg_layout_read(const fp_seg_header *h, uint64_t size, fp_seg_layout *L)
+    fp_ring_ctl *fp_lay_ctl(const fp_seg_layout *L, int idx)
     int fp_client_open(fp_seg *s, fp_client *c)
     int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol, int64_t ts_ns,
                              uint64_t *seq)
@@ -268,6 +273,7 @@ cdef class Worker:
     run() blocks in the C loop without the GIL until stop() is called from anywhere."""
     cdef fp_seg_header *_h
     cdef size_t _size
+    cdef fp_seg_layout _L             # the layout fp_seg_init wrote (fp_ring.h fp_seg_layout)
     cdef fp_engine *_e
     cdef fp_worker_opts _o
     cdef fp_lat_ring _lat
@@ -437,6 +443,12 @@ cdef class Worker:
         fp_seg_init(self._h, self.raw_len, self.n_symbols, scfg.ring_slots, scfg.max_clients,
                     os.getpid(), FP_ON_FULL_REJECT if scfg.on_full == "reject" else FP_ON_FULL_SPIN,
                     scfg.heartbeat_ms, scfg.dead_after_ms, scfg.stall_timeout_ms)
+        # the worker and the stats address the segment by this copy (it holds what was just
+        # written, so it checks out)
+        if fp_seg_layout_read(self._h, map_bytes, &self._L) != 0:
+            raise ServeError(f"{self.name!r}: the segment header just written does not check "
+                             f"out (raw_len {self.raw_len}, ring_slots {scfg.ring_slots}, "
+                             f"max_clients {scfg.max_clients})")
         self._h.seg_flags = (FP_SEG_HUGE_TLB if method.startswith("hugetlb") else
                              FP_SEG_HUGE_THP if method == "thp" else FP_SEG_HUGE_NONE)
         from fastpath.control.memory import smaps_entry
@@ -512,7 +524,7 @@ cdef class Worker:
     def stats(self):
         """Counters from the segment: served, errors, rejected_full, clients, queue depth."""
         self._need_open()
-        return _header_stats(self._h)
+        return _header_stats(self._h, &self._L)
 
     def latency_records(self):
         """(n, 5) uint32 ns of the last ticks answered (a refused one writes no record),
@@ -636,10 +648,12 @@ cdef class _LatRing:
         PyMem_Free(self._L.rec)
 
 
-cdef dict _header_stats(fp_seg_header *h):
+cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L):
     # every value read into C locals first, the Python objects built after: building them
     # allocates, and what a gc pass runs then (a finalizer, a gc callback, a signal handler
-    # one lets run) may close the client or the worker and unmap h: the next read segfaulted
+    # one lets run) may close the client or the worker and unmap h: the next read segfaulted.
+    # Addresses and counts come from L, the layout as checked (fp_seg_layout), not from h's
+    # fields, which any process mapping the segment can overwrite
     cdef uint32_t n = 0, i, st
     cdef int32_t pid[FP_SEG_MAX_CLIENTS]
     cdef uint32_t slot[FP_SEG_MAX_CLIENTS]
@@ -648,7 +662,7 @@ cdef dict _header_stats(fp_seg_header *h):
     cdef uint64_t depth = 0
     cdef uint64_t *cur
     cdef uint64_t head, tail
-    cdef uint32_t m = min(h.max_clients, <uint32_t>FP_SEG_MAX_CLIENTS)
+    cdef uint32_t m = L.max_clients
     for i in range(m):
         st = fp_atomic_load_u32(&h.clients[i].state)
         if st != FP_CL_ACTIVE:
@@ -661,7 +675,7 @@ cdef dict _header_stats(fp_seg_header *h):
         # between the two reads put the tail past the head, and the unsigned difference
         # read as 2**64 - 1 requests queued (a slot freed between the reads does too: no
         # fewer than none)
-        cur = <uint64_t *>fp_seg_ctl(h, i)
+        cur = <uint64_t *>fp_lay_ctl(L, i)
         tail = fp_atomic_load_u64(&cur[8])
         head = fp_atomic_load_u64(&cur[0])
         queued[n] = head - tail if head > tail else 0
@@ -676,7 +690,7 @@ cdef dict _header_stats(fp_seg_header *h):
     cdef uint64_t h_idle = fp_atomic_load_u64(&h.idle_polls)
     cdef int64_t age = fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)
     cdef int32_t server_pid = h.server_pid
-    cdef uint32_t slots = h.slots, on_full = h.on_full, seg_flags = h.seg_flags
+    cdef uint32_t slots = L.slots, on_full = h.on_full, seg_flags = h.seg_flags
     # from here on, h is not read
     clients = []
     for i in range(n):
@@ -802,7 +816,7 @@ cdef class Client:
             rc = fp_client_open(&self._s, &self._c)
         if rc != FP_RING_OK:
             # read before the detach, which clears the header pointer
-            max_clients = self._s.h.max_clients
+            max_clients = self._s.L.max_clients
             fp_seg_detach(&self._s)
             if rc == FP_RING_ERR_NOSLOT:
                 raise ServeError(f"server {name!r} has all its {max_clients} client slots taken "
@@ -811,15 +825,15 @@ cdef class Client:
             raise ServerGone(f"server {name!r} is stopping")
         self._pid = os.getpid()
         self._owner = PyThread_get_thread_ident()
-        cdef uint64_t n_track = 2 * <uint64_t>self._s.h.slots
+        cdef uint64_t n_track = 2 * <uint64_t>self._s.L.slots
         self._sym_of = <int32_t *>PyMem_Malloc(n_track * sizeof(int32_t))
         self._ts_of = <int64_t *>PyMem_Malloc(n_track * sizeof(int64_t))
         if self._sym_of == NULL or self._ts_of == NULL:
             self._release()
             raise MemoryError(f"client of {name!r}: request records for {n_track} requests")
         self._req_mask = n_track - 1
-        self.raw_len = self._s.h.raw_len
-        self.n_symbols = self._s.h.n_symbols
+        self.raw_len = self._s.L.raw_len
+        self.n_symbols = self._s.L.n_symbols
         self._open = True
         _clients.add(self)
 
@@ -932,7 +946,7 @@ cdef class Client:
             if self._s.h.on_full == FP_ON_FULL_REJECT:
                 fp_atomic_add_u64(&self._s.h.rejected_full, 1)
                 self._s.h.clients[self._c.idx].rejected_full += 1
-                raise RingFull(f"request ring of server {self.name!r} is full ({self._s.h.slots} "
+                raise RingFull(f"request ring of server {self.name!r} is full ({self._s.L.slots} "
                                f"requests waiting; [serve] on_full = \"reject\"): the tick was "
                                f"not sent; take replies with poll() or slow down")
             # spin: take replies meanwhile (a full reply ring holds the worker back); _open
@@ -1068,7 +1082,7 @@ cdef class Client:
     def server_stats(self):
         """The server's counters (served, errors, rejected_full, queue_depth, clients, ...)."""
         self._need()
-        return _header_stats(self._s.h)
+        return _header_stats(self._s.h, &self._s.L)
 
     def close(self):
         """Give the ring pair back; answers not yet taken are dropped."""

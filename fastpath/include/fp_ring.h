@@ -225,9 +225,51 @@ static inline int fp_seg_path(const char *name, char *out, size_t n) {
     return 0;
 }
 
+/* The segment's layout as one party addresses it: the header's layout fields copied once and
+ * checked as copied (fp_seg_layout_read), never read from the shared header again. Every
+ * slot and ring address a party computes comes from its own copy, so a store into the live
+ * header (a stray write of a buggy producer: any process that maps the segment can make it)
+ * cannot move that party's loads and stores out of the segment. Read live, one 4-byte store
+ * of max_clients = 1000 overflowed the worker's stack when it stopped, and slots = 2^20 or
+ * req_slot_bytes = 10^6 sent the worker's and the clients' stores past the mapping: the
+ * server that every other client relied on died with a segfault. */
+typedef struct {
+    char *base;                 /* the header's address (the mapping's start) */
+    uint64_t header_bytes, client_region_bytes, total_bytes;
+    uint32_t raw_len, n_symbols, slots, max_clients, req_slot_bytes, rep_slot_bytes;
+} fp_seg_layout;
+
+/* Copy h's layout fields into *L (each read once) and check the copy against itself and
+ * against `size`, the bytes mapped: 0, or -1 when the fields disagree (a corrupt or
+ * hand-made header: a client indexed the client table past its 64 entries or copied a tick
+ * past its request slot when it trusted them). */
+static inline int fp_seg_layout_read(const fp_seg_header *h, uint64_t size, fp_seg_layout *L) {
+    const volatile fp_seg_header *v = h;   /* one load per field: the copy is what is checked */
+    L->base = (char *)h;
+    L->header_bytes = v->header_bytes;
+    L->client_region_bytes = v->client_region_bytes;
+    L->total_bytes = v->total_bytes;
+    L->raw_len = v->raw_len;
+    L->n_symbols = v->n_symbols;
+    L->slots = v->slots;
+    L->max_clients = v->max_clients;
+    L->req_slot_bytes = v->req_slot_bytes;
+    L->rep_slot_bytes = v->rep_slot_bytes;
+    if (L->total_bytes > size || L->header_bytes != FP_SEG_HEADER_BYTES ||
+        L->slots == 0 || (L->slots & (L->slots - 1)) != 0 || L->slots > (1u << 24) ||
+        L->max_clients == 0 || L->max_clients > FP_SEG_MAX_CLIENTS || L->raw_len == 0 ||
+        L->raw_len > (1u << 24) || L->req_slot_bytes != fp_ring_req_slot_bytes(L->raw_len) ||
+        L->rep_slot_bytes != sizeof(fp_rep) ||
+        L->client_region_bytes != fp_ring_client_region_bytes(L->raw_len, L->slots) ||
+        L->total_bytes != FP_SEG_HEADER_BYTES + (uint64_t)L->max_clients * L->client_region_bytes)
+        return -1;
+    return 0;
+}
+
 typedef struct {
     fp_seg_header *h;
     size_t size;
+    fp_seg_layout L;            /* the layout as checked at attach: address the rings by it */
 } fp_seg;
 
 /* Map an existing segment read-write. Returns FP_RING_OK or FP_RING_ERR_* (errno kept). */
@@ -255,13 +297,7 @@ static inline int fp_seg_attach(const char *name, fp_seg *s) {
      * itself (a corrupt or hand-made file under the name) made a client index the client
      * table past its 64 entries or copy a tick past its request slot */
     if (h->magic != FP_SEG_MAGIC || h->version != FP_SEG_VERSION ||
-        h->total_bytes > (uint64_t)st.st_size || h->header_bytes != FP_SEG_HEADER_BYTES ||
-        h->slots == 0 || (h->slots & (h->slots - 1)) != 0 || h->slots > (1u << 24) ||
-        h->max_clients == 0 || h->max_clients > FP_SEG_MAX_CLIENTS || h->raw_len == 0 ||
-        h->raw_len > (1u << 24) || h->req_slot_bytes != fp_ring_req_slot_bytes(h->raw_len) ||
-        h->rep_slot_bytes != sizeof(fp_rep) ||
-        h->client_region_bytes != fp_ring_client_region_bytes(h->raw_len, h->slots) ||
-        h->total_bytes != FP_SEG_HEADER_BYTES + (uint64_t)h->max_clients * h->client_region_bytes) {
+        fp_seg_layout_read(h, (uint64_t)st.st_size, &s->L)) {
         munmap(p, (size_t)st.st_size);
         return FP_RING_ERR_MAGIC;
     }
@@ -315,6 +351,23 @@ static inline int fp_seg_server_check(const fp_seg_header *h, int64_t now, int64
     return age > stall_ns ? FP_SRV_GONE_STALLED : FP_SRV_ALIVE;
 }
 
+/* Addresses by a checked layout copy (fp_seg_layout_read): what the worker and the client
+ * functions below use */
+static inline fp_ring_ctl *fp_lay_ctl(const fp_seg_layout *L, int idx) {
+    return (fp_ring_ctl *)(L->base + L->header_bytes + (uint64_t)idx * L->client_region_bytes);
+}
+
+static inline fp_req *fp_lay_req(const fp_seg_layout *L, fp_ring_ctl *ctl, uint64_t i) {
+    return (fp_req *)((char *)ctl + sizeof(fp_ring_ctl) + (i & (L->slots - 1)) * L->req_slot_bytes);
+}
+
+static inline fp_rep *fp_lay_rep(const fp_seg_layout *L, fp_ring_ctl *ctl, uint64_t i) {
+    return (fp_rep *)((char *)ctl + sizeof(fp_ring_ctl) + (uint64_t)L->slots * L->req_slot_bytes +
+                      (i & (L->slots - 1)) * sizeof(fp_rep));
+}
+
+/* The same from the live header's fields (kept for code written against them): only as safe
+ * as the header is intact; prefer fp_lay_* with the fp_seg's layout */
 static inline fp_ring_ctl *fp_seg_ctl(const fp_seg_header *h, int idx) {
     return (fp_ring_ctl *)((char *)h + h->header_bytes + (uint64_t)idx * h->client_region_bytes);
 }
@@ -333,6 +386,7 @@ typedef struct {
     fp_seg_header *h;
     fp_ring_ctl *ctl;
     int idx;
+    fp_seg_layout L;                    /* the segment's layout as checked at attach */
     uint64_t req_head, req_tail_seen;   /* own head; the worker's tail as last read */
     uint64_t rep_tail;
     uint64_t next_seq;
@@ -345,7 +399,7 @@ static inline int fp_client_open(fp_seg *s, fp_client *c) {
     fp_seg_header *h = s->h;
     if (FP_LOAD_ACQ(&h->state) >= FP_SRV_STOPPING)
         return FP_RING_ERR_GONE;
-    for (uint32_t i = 0; i < h->max_clients; i++) {
+    for (uint32_t i = 0; i < s->L.max_clients; i++) {
         fp_client_entry *e = &h->clients[i];
         uint32_t want = FP_CL_FREE;
         if (!__atomic_compare_exchange_n(&e->state, &want, FP_CL_CLAIMED, 0, __ATOMIC_ACQ_REL,
@@ -357,7 +411,8 @@ static inline int fp_client_open(fp_seg *s, fp_client *c) {
         e->rejected_full = 0;
         c->h = h;
         c->idx = (int)i;
-        c->ctl = fp_seg_ctl(h, (int)i);
+        c->L = s->L;
+        c->ctl = fp_lay_ctl(&c->L, (int)i);
         c->req_head = FP_LOAD_ACQ(&c->ctl->req_head.v);
         c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
         c->rep_tail = FP_LOAD_ACQ(&c->ctl->rep_tail.v);
@@ -382,7 +437,7 @@ static inline int fp_client_owns(const fp_client *c) {
 static inline int fp_client_server_check(const fp_client *c, int64_t now, int64_t stall_ns) {
     int chk = fp_seg_server_check(c->h, now, stall_ns);
     if (chk != FP_SRV_ALIVE && fp_client_owns(c) &&
-        FP_LOAD_ACQ(&fp_seg_rep(c->h, c->ctl, c->rep_tail)->seq) == c->rep_tail + 1)
+        FP_LOAD_ACQ(&fp_lay_rep(&c->L, c->ctl, c->rep_tail)->seq) == c->rep_tail + 1)
         return FP_SRV_ALIVE;
     return chk;
 }
@@ -405,15 +460,15 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
      * state shares the heartbeat's line, written about once a millisecond. */
     if (FP_LOAD_ACQ(&h->state) >= FP_SRV_STOPPING)
         return FP_RING_ERR_GONE;
-    if (c->req_head - c->req_tail_seen >= h->slots) {
+    if (c->req_head - c->req_tail_seen >= c->L.slots) {
         c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
-        if (c->req_head - c->req_tail_seen >= h->slots)
+        if (c->req_head - c->req_tail_seen >= c->L.slots)
             return FP_RING_FULL;
     }
-    fp_req *r = fp_seg_req(h, c->ctl, c->req_head);
+    fp_req *r = fp_lay_req(&c->L, c->ctl, c->req_head);
     /* the raw lines first (nobody polls them), then the header line in one go: the worker
      * spins on that line, so it is written once, ending with the release store of seq */
-    memcpy(r->raw, raw, sizeof(float) * h->raw_len);
+    memcpy(r->raw, raw, sizeof(float) * c->L.raw_len);
     r->ts_ns = ts_ns;
     r->symbol = symbol;
     r->sent = fp_ring_sent_stamp(c->sent_clock);
@@ -428,7 +483,7 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
 /* Take the next reply if there is one: 1 (copied to *out) or 0 (none, or the slot is no
  * longer this client's: fp_client_owns tells; a reply there would be the next owner's). */
 static inline int fp_client_poll(fp_client *c, fp_rep *out) {
-    const fp_rep *r = fp_seg_rep(c->h, c->ctl, c->rep_tail);
+    const fp_rep *r = fp_lay_rep(&c->L, c->ctl, c->rep_tail);
     if (FP_LOAD_ACQ(&r->seq) != c->rep_tail + 1 || !fp_client_owns(c))
         return 0;
     *out = *r;
@@ -440,7 +495,7 @@ static inline int fp_client_poll(fp_client *c, fp_rep *out) {
 /* fp_client_poll up to FP_RING_SPIN_LOADS times, then one pause: 1 (a reply in *out) or 0.
  * The wait loop of a caller that spins for its answer. */
 static inline int fp_client_poll_spin(fp_client *c, fp_rep *out) {
-    const fp_rep *r = fp_seg_rep(c->h, c->ctl, c->rep_tail);
+    const fp_rep *r = fp_lay_rep(&c->L, c->ctl, c->rep_tail);
     const uint64_t want = c->rep_tail + 1;
     for (int i = 0; i < FP_RING_SPIN_LOADS; i++)
         if (FP_LOAD_RLX(&r->seq) == want)

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cannot connect to %s\n", argv[1]);
         return 3;
     }
-    uint32_t raw_len = seg.h->raw_len;
+    uint32_t raw_len = seg.L.raw_len;
     long n = atol(argv[4]);
     float *raws = malloc(sizeof(float) * raw_len * (size_t)n);
     FILE *f = fopen(argv[3], "rb");
