@@ -6,7 +6,6 @@ worker's stack when it stopped (accepted[64]), slots = 2^20 and req_slot_bytes =
 the worker's and the client's stores past the mapping. Each ended the server's process with a
 segfault (exit -11), taking every other client's answers with it. Now each party addresses
 the segment by the layout it checked (fp_ring.h fp_seg_layout)."""
-import os
 import subprocess
 import sys
 
@@ -54,10 +53,13 @@ print("stopped", repr(srv))
     (_OFF_N_SYMBOLS, "<I", 1 << 30),
     (_OFF_REGION, "<Q", 1 << 40),         # client regions a terabyte apart
 ])
-def test_a_store_into_the_live_header_does_not_crash_the_server_or_its_client(field, fmt, value):
+def test_a_store_into_the_live_header_does_not_crash_the_server_or_its_client(field, fmt, value,
+                                                                             tmp_path):
+    # a process of its own (the old code's segfault would have ended pytest), started outside
+    # the checkout: `-c` puts the working directory first on sys.path, and the checkout's
+    # uncompiled fastpath/ then hid the installed package
     r = subprocess.run([sys.executable, "-c", _SCRIPT, str(field), fmt, str(value)],
-                       capture_output=True, text=True, timeout=120,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
     assert "state='closed'" in r.stdout, r.stdout
 
