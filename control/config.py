@@ -11,12 +11,14 @@ plane does not import the engine.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from fastpath._checks import MAX_SYMBOLS
 from fastpath._checks import check_value as _check
 from fastpath._checks import plain_fields as _plain_fields
+from fastpath._checks import _show
 from fastpath.errors import ConfigError
 from fastpath.model import CACHE_KEYS as _CACHE_KEYS
 
@@ -159,8 +161,10 @@ class ServeConfig:
             # "must be in [256, 511]", bounds nobody reads as file modes
             hint = (f"; permissions are octal: write 0o{m} (TOML and Python read {m} as "
                     f"decimal)" if 400 <= m <= 777 and set(str(m)) <= set("01234567") else "")
+            # _show: an int past 4300 digits has no str() (a ValueError in place of this one)
             raise ConfigError(f"serve.mode must be file permissions in [0o400, 0o777], got "
-                              f"{m} (= {oct(m) if abs(m) < 1 << 64 else 'too large'}){hint}")
+                              f"{_show(m)} (= {oct(m) if abs(m) < 1 << 64 else 'too large'})"
+                              f"{hint}")
         for k, (typ, lo, hi, ch) in _SERVE_KEYS.items():
             _check(f"serve.{k}", getattr(self, k), typ, lo, hi, ch)
         if self.ring_slots & (self.ring_slots - 1):
@@ -305,11 +309,13 @@ def read_toml(path: str) -> dict:
     every caller (load_config, `fastpath doctor`'s "has a [serve] table"), so a file one of them
     reads is never one another calls broken."""
     import tomllib
+    text = ""
     try:
         with open(path, "rb") as f:
             # utf-8-sig: editors on Windows save UTF-8 with a byte-order mark, which
             # tomllib refused as "Invalid statement (at line 1, column 1)"
-            data = tomllib.loads(f.read().decode("utf-8-sig"))
+            text = f.read().decode("utf-8-sig")
+        data = tomllib.loads(text)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
@@ -318,4 +324,14 @@ def read_toml(path: str) -> dict:
         # a binary file (a bundle passed as the config): named, with the first bad byte
         raise ConfigError(f"{path} is not a TOML config: not UTF-8 text (byte "
                           f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
+    except ValueError:
+        # tomllib's int() of a literal past Python's str -> int digit limit (a corrupt or
+        # fuzzed file): a ValueError traceback from inside tomllib, not a TOMLDecodeError
+        import re
+        limit = sys.get_int_max_str_digits() or 4300
+        m = re.search(r"[0-9_]{%d,}" % limit, text)
+        where = f" at line {text.count(chr(10), 0, m.start()) + 1}" if m else ""
+        raise ConfigError(f"{path} is not valid TOML: an integer literal{where} of more than "
+                          f"{limit} digits, which Python does not read; no key takes a number "
+                          f"of that size") from None
     return data
