@@ -47,6 +47,15 @@ def _ticks(raws, raw_len: int) -> np.ndarray:
     return r
 
 
+def _model(model, where: str) -> Model:
+    """model, or a ModelError when it is not a Model: a path (what Engine and the command
+    line take) failed with AttributeError ('str' object has no attribute 'kind') inside."""
+    if not isinstance(model, Model):
+        raise ModelError(f"{where}: model must be a fastpath.Model (read a file with Model.load "
+                         f"or Model.from_onnx), got {type(model).__name__}")
+    return model
+
+
 FEATURE_KINDS = ("zscore", "raw")
 
 
@@ -98,6 +107,7 @@ def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Itera
     the fitted spec, as with_feature_spec does: the fitted spec makes the model's input and
     the scaler follows (Model.features)."""
     from fastpath._checks import one_of
+    model = _model(model, "calibrate")
     features = resolve_features(model, features)
     if not one_of(features, FEATURE_KINDS):
         raise ModelError(f"features must be one of {FEATURE_KINDS} (or None), got {features!r}")
@@ -121,10 +131,12 @@ def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = 
     tanh(target). Predictions come from the numpy reference (feature spec + forward), the
     same function the engine computes. ModelError when the head is not a regression, or
     the predictions are all 0 (no scale makes them a signal)."""
-    h = model.head_spec
+    h = _model(model, "fit_head_scale").head_spec
     if h.kind != "regression":
         raise ModelError(f"fit_head_scale fits a regression head; this model's head is {h.kind!r}")
-    if not 0.0 < quantile <= 1.0 or not 0.0 < target < np.inf:
+    if not all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+            v, (bool, np.bool_)) for v in (quantile, target)) \
+            or not 0.0 < quantile <= 1.0 or not 0.0 < target < np.inf:
         raise ModelError(f"quantile must be in (0, 1] and target a finite number > 0, got "
                          f"{quantile}, {target}")
     r = _ticks(raws, model.raw_len)
@@ -284,6 +296,7 @@ def weights_error(model: Model, raws: np.ndarray, weights: str,
     from fastpath._engine import Engine
     from fastpath._checks import one_of
     from fastpath.model.types import WEIGHT_TYPES
+    model = _model(model, "weights_error")
     if not one_of(weights, WEIGHT_TYPES):
         raise ModelError(f"weights {weights!r} not supported; expected one of {list(WEIGHT_TYPES)}")
     if model.trees is not None:
@@ -332,7 +345,7 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     refused is named in the report (refused_by_holdout).
     Symbol ids may be any ints >= 0 (the replay maps them to dense ones)."""
     from fastpath._engine import Engine
-    r = _ticks(raws, model.raw_len)
+    r = _ticks(raws, _model(model, "fit_cache_policy").raw_len)
     n = len(r)
     sy = _dense_symbols(symbols, n)
     if isinstance(max_error, bool) or not isinstance(max_error, (int, float, np.integer, np.floating)) \
