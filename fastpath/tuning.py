@@ -317,6 +317,27 @@ def weights_error(model: Model, raws: np.ndarray, weights: str,
             "sign_flips": int(np.count_nonzero(flips)), "n": n, "worst_tick": int(np.argmax(d))}
 
 
+def _check_time_order(ts: np.ndarray, symbols, sy: np.ndarray) -> None:
+    """InputError for the first tick whose ts_ns is earlier than its symbol's previous one,
+    in the caller's rows and symbol ids: the replay engines see the dense ids (_dense_symbols)
+    and their refusal named those (symbols 5 and 15 were "symbol 1"). ts_ns of another shape
+    or dtype is left to the engine's check, which says what it takes."""
+    n = len(sy)
+    if ts.shape != (n,) or ts.dtype.kind not in "iu" or n < 2:
+        return
+    order = np.lexsort((np.arange(n), sy))      # by symbol, then row
+    t = ts[order]
+    # compared, not subtracted: uint64 stamps past int64 are the engine's to refuse
+    back = np.flatnonzero((sy[order][1:] == sy[order][:-1]) & (t[1:] < t[:-1]))
+    if len(back):
+        k = back[np.argmin(order[back + 1])]    # the first such tick in stream order
+        row, prev = int(order[k + 1]), int(order[k])
+        sym = 0 if symbols is None else np.asarray(symbols)[row]
+        raise InputError(f"ts_ns row {row} ({ts[row]}) is earlier than row {prev} "
+                         f"({ts[prev]}), the previous tick of symbol {sym}: timestamps must "
+                         f"not go backwards per symbol")
+
+
 def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None = None,
                      max_error: float = 0.01, ts_ns: np.ndarray | None = None,
                      cos_grid: Sequence[float] = COS_GRID, norm_grid: Sequence[float] = NORM_GRID,
@@ -377,6 +398,7 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     else:
         ts = np.asarray(ts_ns)
         stamps = "timestamps given"
+        _check_time_order(ts, symbols, sy)
     base = model.cache_policy
     cfg = {"engine": {"n_symbols": int(sy.max()) + 1, "simd": simd},
            "memory": {"huge_pages": "none", "mlock": False}}
