@@ -40,7 +40,7 @@ class Engine:
     model: Model
     config: Any
     memory: MemoryReport | None
-    def __init__(self, model: Model | str | bytes | os.PathLike[str], backend: str | None = "cpu",
+    def __init__(self, model: Model | str | bytes | os.PathLike[str], backend: str | None = None,
                  config: Any = None) -> None: ...
     def step(self, raw: npt.NDArray[np.float32], symbol: int = 0,
              ts_ns: int | None = None) -> Result: ...

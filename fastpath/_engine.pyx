@@ -279,7 +279,7 @@ cdef extern from "fp_engine.h":
 # Engine() / Engine(config=...) without a model: a default that says what is missing
 _NO_MODEL = object()
 _NO_MODEL_MSG = (
-    "Engine needs a model: Engine(model, backend='cpu', config=None), model a path to an "
+    "Engine needs a model: Engine(model, backend=None, config=None), model a path to an "
     ".onnx file or a .fpm bundle, or a fastpath.Model (got none); the embedded demo model "
     "runs behind fastpath.step(), and fastpath.configure(config) rebuilds that engine with a "
     "config")
@@ -292,14 +292,15 @@ _NO_MODEL_MSG = (
 # ValueError)
 @cython.final
 cdef class Engine:
-    """Engine(model, backend='cpu', config=None)
+    """Engine(model, backend=None, config=None)
 --
 
 A model, its feature spec and cache, ready to step ticks.
 
-    Engine(model, backend="cpu", config=None): model is a path (.onnx or a
+    Engine(model, backend=None, config=None): model is a path (.onnx or a
     .fpm bundle) or a fastpath.Model; config is None, a dict, a TOML path or
-    a fastpath.control.config.EngineConfig."""
+    a fastpath.control.config.EngineConfig; backend "cpu", "gpu" or "auto"
+    (None: the config's [engine] backend, "cpu" unless it says otherwise)."""
     cdef fp_engine *_e
     cdef readonly int raw_len, n_features, n_outputs, n_symbols
     cdef readonly str simd, backend, backend_reason
@@ -317,7 +318,10 @@ A model, its feature spec and cache, ready to step ticks.
     cdef int _gpu_width                 # the last dense layer's width (what the GPU returns)
     cdef bint _on_gpu                   # backend == "gpu": stays set after close()
 
-    def __cinit__(self, model=_NO_MODEL, backend="cpu", config=None):
+    # backend=None: the config's [engine] backend decides ("cpu" by default). The default
+    # was "cpu", which overrode the config: backend = "auto" or "gpu" in the file the README
+    # passes as Engine(model, config=...) ran on the CPU, silently, as "cpu requested"
+    def __cinit__(self, model=_NO_MODEL, backend=None, config=None):
         self._e = NULL
         if model is _NO_MODEL:
             # was Cython's "__cinit__() takes at least 1 positional argument (0 given)", which
