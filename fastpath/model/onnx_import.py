@@ -1239,6 +1239,10 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
             raise ModelError(f"{what}: a leaf weight names tree {t} node {nid}, which does not "
                              f"exist")
         w_node[k] = g
+    # a node two splits point to (onnxmltools' LightGBM categorical split) is copied per path
+    offsets, mode_a, tc, fc, perm, w_node, w_src = _unshare(offsets, mode_a, tc, fc, perm, w_node,
+                                                           what, tree_list, nodeids, feats, miss)
+    wt_id, wv = wt_id[w_src], wv[w_src]
     if not n_in:
         # the input's width left open: a Reshape to (batch, k) before the ensemble says it
         # (rows of k features, checked below like a declared width); the ensemble's highest
@@ -1266,6 +1270,131 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     except ModelError as exc:
         raise ModelError(f"{what}: {_file_ids(str(exc), tree_list, offsets, nodeids, perm)}") \
             from None
+
+
+# how many nodes the trees of one ensemble may unfold into (_unshare): a real export's shared
+# subtrees copy to a few times its size; a crafted chain of splits whose two children are the
+# same node doubles the paths at each one
+_MAX_UNFOLDED_NODES = 1 << 22
+
+
+def _unshare(offsets, mode_a, tc, fc, perm, w_node, what: str, tree_list: list, nodeids,
+             feats, miss):
+    """Trees whose nodes are reached by more than one split, unfolded into trees. onnxmltools
+    writes a LightGBM categorical split as a chain of BRANCH_EQ nodes (one per category sent
+    left) whose true children are all one node; onnxruntime follows node ids, so every path
+    into that node runs its subtree. A copy of the subtree per path (its leaf weights with it,
+    in their listed order) runs the same comparisons and adds the same leaves. A tree with a
+    cycle or an unreachable node is left as it is, for TreeEnsemble to refuse and name.
+    onnxruntime 1.32 runs such a chain (BRANCH_EQ on one feature, one true child, each next
+    one the false child of the one before) as one set-membership test whose missing-value
+    track is the first node's: a later node tracking NaN to the true branch is ignored
+    there (nodes 0, 1, 2 on categories 1, 2, 5 with only node 2's track true sent a NaN
+    false, where the nodes one by one send it true). Such a chain is refused.
+    Returns the new (offsets, mode, tc, fc, perm, w_node) and, per new weight, the index of
+    the weight it copies."""
+    n = int(offsets[-1])
+    w_src = np.arange(w_node.size)
+    start = np.repeat(offsets[:-1], np.diff(offsets))
+    inner = mode_a != 6
+    indeg = np.bincount(np.concatenate([(start + tc)[inner], (start + fc)[inner]]), minlength=n)
+    if not np.any(indeg > 1):
+        return offsets, mode_a, tc, fc, perm, w_node, w_src
+    tree_of = np.searchsorted(offsets, np.flatnonzero(indeg > 1), side="right") - 1
+    shared = set(tree_of.tolist())
+    new_off, srcs, ntcs, nfcs = [0], [], [], []
+    copies: list = [[] for _ in range(n)]       # old global node -> its new global nodes
+    total = 0
+    for t in range(offsets.size - 1):
+        lo, hi = int(offsets[t]), int(offsets[t + 1])
+        size = _unfolded_size(lo, hi, mode_a, tc, fc) if t in shared else None
+        if size is None:
+            # untouched (or left for TreeEnsemble to refuse): the same nodes, in order
+            src = list(range(lo, hi))
+            ltc, lfc = tc[lo:hi].tolist(), fc[lo:hi].tolist()
+        else:
+            for i in range(hi - lo):
+                p = lo + i
+                if mode_a[p] != 4 or mode_a[lo + int(fc[p])] != 4:
+                    continue
+                q = lo + int(fc[p])
+                if tc[q] == tc[p] and feats[perm[q]] == feats[perm[p]] and miss[perm[q]] == 1 \
+                        and miss[perm[p]] != 1:
+                    raise ModelError(f"{what}: tree id {tree_list[t]} node id "
+                                     f"{int(nodeids[perm[q]])} continues a chain of BRANCH_EQ "
+                                     f"splits with one true child (node id "
+                                     f"{int(nodeids[perm[p]])} before it) and tracks a missing "
+                                     f"value to the true branch where the node before it does "
+                                     f"not; onnxruntime reads the chain as one set-membership "
+                                     f"test with the first node's missing-value track, which "
+                                     f"fastpath does not reproduce: give the chain's nodes one "
+                                     f"missing-value track")
+            total += size
+            if total > _MAX_UNFOLDED_NODES:
+                top = lo + int(np.argmax(indeg[lo:hi]))
+                raise ModelError(f"{what}: tree id {tree_list[t]} has nodes shared by several "
+                                 f"splits (node id {int(nodeids[perm[top]])} "
+                                 f"has {int(indeg[lo:hi].max())} parents); fastpath copies such a "
+                                 f"node per path, and the ensemble would unfold into more than "
+                                 f"{_MAX_UNFOLDED_NODES} nodes; export fewer categories per split "
+                                 f"or smaller trees")
+            src, ltc, lfc = [], [], []
+            stack = [(0, -1, True)]             # (old local node, new parent, true side)
+            while stack:
+                i, parent, side = stack.pop()
+                j = len(src)
+                src.append(lo + i)
+                ltc.append(-1)
+                lfc.append(-1)
+                if parent >= 0:
+                    (ltc if side else lfc)[parent] = j
+                if mode_a[lo + i] != 6:
+                    stack.append((int(fc[lo + i]), j, False))
+                    stack.append((int(tc[lo + i]), j, True))
+        base = new_off[-1]
+        for j, g in enumerate(src):
+            copies[g].append(base + j)
+        srcs += src
+        ntcs += ltc
+        nfcs += lfc
+        new_off.append(base + len(src))
+    src_a = np.asarray(srcs, np.int64)
+    nw = [(c, k) for k, g in enumerate(w_node.tolist()) for c in copies[g]]
+    w_new = np.asarray([c for c, _ in nw], np.int64)
+    w_src = np.asarray([k for _, k in nw], np.int64)
+    return (np.asarray(new_off, np.int64), mode_a[src_a], np.asarray(ntcs, np.int64),
+            np.asarray(nfcs, np.int64), perm[src_a], w_new, w_src)
+
+
+def _unfolded_size(lo: int, hi: int, mode_a, tc, fc):
+    """Nodes of tree [lo, hi) once every node has one parent (a node counted once per path
+    into it), or None when the tree has a cycle or a node the root does not reach."""
+    m = hi - lo
+    size = [0] * m
+    state = [0] * m             # 0: not seen, 1: on the current path, 2: done
+    stack = [(0, False)]
+    while stack:
+        i, done = stack.pop()
+        if done:
+            g = lo + i
+            size[i] = 1 if mode_a[g] == 6 else 1 + size[int(tc[g])] + size[int(fc[g])]
+            state[i] = 2
+            continue
+        if state[i] == 1:
+            return None
+        if state[i] == 2:
+            continue
+        state[i] = 1
+        stack.append((i, True))
+        if mode_a[lo + i] != 6:
+            for c in (int(fc[lo + i]), int(tc[lo + i])):
+                if state[c] == 1:
+                    return None
+                if state[c] == 0:
+                    stack.append((c, False))
+    if 0 in state:
+        return None
+    return size[0]
 
 
 def _file_ids(msg: str, tree_list: list, offsets: np.ndarray, nodeids: np.ndarray,
