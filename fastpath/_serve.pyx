@@ -188,6 +188,15 @@ cdef extern from *:
     int fp_first_nonfinite(const float *x, int n) nogil
 
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
+
+
+cdef object _state_name(uint32_t st):
+    """fp_seg_header.state as a name. Bounded: the field is in the live header, which any
+    process mapping the segment can overwrite, and a tuple indexed by it without a check
+    (Cython's boundscheck is off) read past the tuple: one store of 7 segfaulted stats()."""
+    if st <= FP_SRV_STOPPED:
+        return ("starting", "running", "stopping", "stopped")[st]
+    return f"unknown ({st})"
 _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
 _ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
 _POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
@@ -519,7 +528,7 @@ cdef class Worker:
     @property
     def state(self):
         self._need_open()
-        return ("starting", "running", "stopping", "stopped")[fp_atomic_load_u32(&self._h.state)]
+        return _state_name(fp_atomic_load_u32(&self._h.state))
 
     def stats(self):
         """Counters from the segment: served, errors, rejected_full, clients, queue depth."""
@@ -696,7 +705,7 @@ cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L):
     for i in range(n):
         clients.append({"slot": slot[i], "pid": pid[i], "served": served[i],
                         "queued": queued[i]})
-    return {"state": ("starting", "running", "stopping", "stopped")[state],
+    return {"state": _state_name(state),
             "served": int(h_served), "errors": int(h_errors),
             "rejected_full": int(h_rejected), "clients_reaped": int(h_reaped),
             "busy_ns": int(h_busy), "idle_polls": int(h_idle),
@@ -1063,10 +1072,22 @@ cdef class Client:
     def placement(self):
         """The worker's placement report (dict), as the server published it."""
         self._need()
-        n = fp_atomic_load_u32(&self._s.h.placement_len)
+        cdef uint32_t n = fp_atomic_load_u32(&self._s.h.placement_len)
         if n == 0:
             return None
-        return json.loads(self._s.h.placement[:n].decode())
+        # the length is in the live header: copied as it stood, a stray store of 4e9 read
+        # gigabytes past the report's field and the mapping (a segfault)
+        if n >= FP_SEG_PLACEMENT_BYTES:
+            raise ServeError(f"server {self.name!r}: the segment's placement report length {n} "
+                             f"is past its {FP_SEG_PLACEMENT_BYTES - 1} bytes (the header was "
+                             f"overwritten)")
+        b = self._s.h.placement[:n]
+        try:
+            return json.loads(b.decode())
+        except ValueError as exc:       # UnicodeDecodeError, JSONDecodeError
+            raise ServeError(f"server {self.name!r}: the segment's placement report is not "
+                             f"the JSON the server wrote (the header was overwritten?): "
+                             f"{exc}") from None
 
     @property
     def stall_timeout(self):

@@ -8,9 +8,19 @@ reach the server's engine state, which every client shares.
   a value the check never saw committed: one NaN so committed made the engine refuse every
   later tick of that symbol, every client's, for good ("features overflowed to NaN/Inf").
   The worker now copies each request into its own buffer first and checks and steps the copy.
+- Two more fields of the live header were trusted by the Python side (the family of the
+  segfault session 31 fixed for the layout fields): the server's state indexed a tuple of
+  names without a bounds check (Cython boundscheck off), so one 4-byte store of state = 7
+  segfaulted Server.stats() (the server's process: `fastpath serve --stats` polls it), repr()
+  of the server and a client's server_stats(); and Client.placement copied placement_len
+  bytes from the header, so placement_len = 4e9 segfaulted the client (and 9000, past the
+  report's 8192 bytes, raised UnicodeDecodeError or JSONDecodeError). A state out of range now
+  reads as "unknown (N)", and a placement length past its field, or a report that is not JSON,
+  is a ServeError that says so.
 """
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -100,3 +110,61 @@ def test_raw_changed_after_publishing_does_not_poison_the_symbol_for_other_clien
                     c.step(raw, 1)
                 except InputError as exc:     # pragma: no cover - the defect
                     pytest.fail(f"an honest tick of the attacked symbol was refused: {exc}")
+
+
+# fp_seg_header offsets (fastpath/include/fp_ring.h): state, placement_len
+_OFF_STATE, _OFF_PLACEMENT_LEN = 136, 320
+
+_HEADER_STORE = r"""
+import mmap, os, struct, sys
+import numpy as np, fastpath
+from fastpath import ServeError
+field, value, what = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+cfg = {"engine": {"n_symbols": 4}, "serve": {"place": False, "ring_slots": 4, "max_clients": 2}}
+srv = fastpath.serve(f"test-hdr32-{os.getpid()}", None, cfg)
+try:
+    c = fastpath.connect(srv.name, timeout=5)
+    raw = np.zeros(256, np.float32)
+    want = c.step(raw, 1).signal
+    with open(srv.path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+        struct.pack_into("<I", m, field, value)
+        m.close()
+    if what == "state":
+        print("stats", srv.stats()["state"])
+        print("client stats", c.server_stats()["state"])
+        print("repr", repr(srv))
+    else:
+        try:
+            print("placement", c.placement)
+        except ServeError as exc:
+            print("ServeError", exc)
+        # the client goes on (a state >= stopping makes clients refuse to submit: ServerGone)
+        assert c.step(raw, 1).signal == want
+    c.close()
+finally:
+    srv.stop()
+print("stopped", repr(srv))
+"""
+
+
+def _header_store(tmp_path, field, value, what):
+    # a process of its own: the old code's segfault would have ended pytest (started outside
+    # the checkout, as test_review31_segment explains)
+    r = subprocess.run([sys.executable, "-c", _HEADER_STORE, str(field), str(value), what],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert "state='closed'" in r.stdout, r.stdout
+    return r.stdout
+
+
+def test_a_store_of_the_server_state_does_not_crash_stats_or_repr(tmp_path):
+    out = _header_store(tmp_path, _OFF_STATE, 7, "state")
+    assert "stats unknown (7)" in out and "client stats unknown (7)" in out, out
+    assert "state='unknown (7)'" in out, out
+
+
+@pytest.mark.parametrize("value", [4_000_000_000, 9000])
+def test_a_store_of_the_placement_length_is_a_clear_error_in_the_client(tmp_path, value):
+    out = _header_store(tmp_path, _OFF_PLACEMENT_LEN, value, "placement")
+    assert "ServeError" in out and f"placement report length {value}" in out, out
