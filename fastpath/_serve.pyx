@@ -396,7 +396,19 @@ cdef class Worker:
         age_s = (fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&s.h.heartbeat_ns)) / 1e9
         fresh = age_s * 1000 <= s.h.dead_after_ms
         dead = fp_ring_pid_dead(pid)
-        fp_seg_detach(&s)
+        try:
+            beating = dead and fresh and chk != FP_SRV_GONE_STOPPED and _still_beating(s.h)
+        finally:
+            fp_seg_detach(&s)       # a Ctrl-C in the wait too
+        if beating:
+            # the pid the header names is gone from here while its loop goes on beating: the
+            # field overwritten (one store by any process mapping the segment), or a server in
+            # another PID namespace. Judged by the pid alone, the live server's file was removed
+            # and a second server ran under the name, the first one's clients on its old rings
+            raise ServeError(f"{self.name!r} is already served ({self.path}): its loop is "
+                             f"beating, though the pid its header names ({pid}) is not a live "
+                             f"process here (another PID namespace, or a damaged header); stop "
+                             f"that server first or pick another name")
         if not dead and fresh and chk == FP_SRV_ALIVE:
             raise ServeError(f"{self.name!r} is already served by pid {pid} ({self.path}); stop "
                              f"it first or pick another name")
@@ -576,6 +588,20 @@ cdef class Worker:
         if not self._running:
             PyMem_Free(self._lat.rec)
             self._lat.rec = NULL
+
+
+cdef bint _still_beating(const fp_seg_header *h):
+    """Whether the heartbeat moves within dead_after_ms (capped at 60 s, the config's bound: the
+    field is in the header): a live loop beats every heartbeat_ms (< dead_after_ms), so a
+    heartbeat that stays put that long is a server that died a moment ago (kill -9)."""
+    import time
+    cdef uint64_t beat = fp_atomic_load_u64(&h.heartbeat_ns)
+    cdef int64_t until = fp_ring_now_ns() + <int64_t>min(h.dead_after_ms, 60000) * 1000000 + 1000000
+    while fp_ring_now_ns() <= until:
+        if fp_atomic_load_u64(&h.heartbeat_ns) != beat:
+            return True
+        time.sleep(0.0005)
+    return fp_atomic_load_u64(&h.heartbeat_ns) != beat
 
 
 def _remove_segment(path, ident):

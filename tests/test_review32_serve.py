@@ -168,3 +168,34 @@ def test_a_store_of_the_server_state_does_not_crash_stats_or_repr(tmp_path):
 def test_a_store_of_the_placement_length_is_a_clear_error_in_the_client(tmp_path, value):
     out = _header_store(tmp_path, _OFF_PLACEMENT_LEN, value, "placement")
     assert "ServeError" in out and f"placement report length {value}" in out, out
+
+
+def test_a_live_server_whose_header_names_a_gone_pid_is_not_replaced():
+    """A second server under the name judged the first by the pid its header names alone: a
+    pid gone from here with a fresh heartbeat read as a server killed a moment ago, so one
+    store of server_pid (or a server in another PID namespace) had the live server's file
+    removed and a second server run under the name, the first one's clients on rings nobody
+    else could reach. The heartbeat of a live loop moves: that server is left alone."""
+    import mmap
+    import os
+    import struct
+
+    from fastpath import ServeError
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                       capture_output=True, text=True, check=True, timeout=60)
+    gone = int(p.stdout)        # a pid that has exited (and been reaped)
+    name = uname()
+    raw = np.zeros(256, np.float32)
+    with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2)) as srv:
+        with deadline(60), fastpath.connect(name, timeout=5) as c:
+            want = c.step(raw, 1).signal
+            with open(srv.path, "r+b") as f:
+                m = mmap.mmap(f.fileno(), 0)
+                struct.pack_into("<i", m, 56, gone)       # fp_seg_header.server_pid
+                m.close()
+            with pytest.raises(ServeError, match="already served"):
+                fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2))
+            assert os.path.exists(srv.path)
+            assert c.step(raw, 1).signal == want
+            with fastpath.connect(name, timeout=5) as c2:     # new clients reach it still
+                assert c2.step(raw, 1).signal == want
