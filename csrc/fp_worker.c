@@ -162,8 +162,11 @@ size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
 
 /* Serve what client i has published, at most `budget` requests (so one busy client cannot
  * starve the others); returns how many were served. Stops early when the client's reply
- * ring is full: it has not taken its replies, and its requests wait in its own ring. */
-static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget, fp_lat_ring *lat) {
+ * ring is full: it has not taken its replies, and its requests wait in its own ring.
+ * tick: the worker's own raw_len floats, each request is copied there before it is checked
+ * and stepped (see below). */
+static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget, fp_lat_ring *lat,
+                        float *tick) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     fp_ring_ctl *ctl = fp_lay_ctl(L, i);
     uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
@@ -187,19 +190,32 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
             __builtin_prefetch((const char *)q->raw + 64u * k, 0, 3);
         fp_rep *r = fp_lay_rep(L, ctl, rep_head);
         const uint64_t t0 = fp_ticks();
-        const uint64_t seq = q->seq;
+        /* The request is read once, into the worker's own memory, and only that copy is
+         * checked and stepped: the slot is the client's memory, and fp_step reads a tick
+         * twice (the features with their finiteness check, then the window commit). A client
+         * that changed its raw values after publishing them (a buggy producer reusing its
+         * slot) had a value the check never saw committed to the symbol's window: one NaN so
+         * committed made the engine refuse every later tick of that symbol, every client's,
+         * for good. seq is the position published() matched, not read again. */
+        const uint64_t seq = tail + 1;
+        const int32_t symbol = FP_LOAD_RLX(&q->symbol);
+        const int64_t ts_ns = FP_LOAD_RLX(&q->ts_ns);
+        const uint64_t sent = (uint64_t)FP_LOAD_RLX(&q->sent);
+        memcpy(tick, q->raw, sizeof(float) * L->raw_len);
         fp_result res;
         int rc;
         /* the client validated these; the worker still refuses what would corrupt it */
-        if (q->symbol < 0 || (uint32_t)q->symbol >= L->n_symbols)
+        if (symbol < 0 || (uint32_t)symbol >= L->n_symbols)
             rc = FP_ERR_SYMBOL;
-        else if (q->ts_ns < -1)
+        else if (ts_ns < -1)
             rc = FP_REP_ERR_BAD_REQUEST;
         else
-            rc = fp_step(e, q->raw, q->symbol, q->ts_ns, &res);
-        /* sent is in the unit fp_seg_init announced: TSC ticks with a TSC engine clock */
-        r->wait_ns = fp_clock.use_tsc ? fp_ticks_to_ns(t0 - (uint64_t)q->sent)
-                                      : ((int64_t)t0 - q->sent > 0 ? (int64_t)t0 - q->sent : 0);
+            rc = fp_step(e, tick, symbol, ts_ns, &res);
+        /* sent is in the unit fp_seg_init announced: TSC ticks with a TSC engine clock; the
+         * difference taken unsigned (a sent from the client's garbage must not overflow) */
+        const int64_t dt = (int64_t)(t0 - sent);
+        const int64_t wait = fp_clock.use_tsc ? fp_ticks_to_ns(t0 - sent) : (dt > 0 ? dt : 0);
+        r->wait_ns = wait;
         r->err = rc;
         if (rc == FP_OK) {
             r->signal = res.signal;
@@ -214,7 +230,7 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
             if (lat) {
                 const uint32_t v[FP_LAT_FIELDS] = {sat32(res.feature_ns), sat32(res.cache_ns),
                                                    sat32(res.infer_ns), sat32(res.total_ns),
-                                                   sat32(r->wait_ns)};
+                                                   sat32(wait)};
                 fp_lat_put(lat, v);
             }
         } else {
@@ -257,12 +273,13 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
     return n;
 }
 
-static int serve_all(const fp_seg_layout *L, fp_engine *e, int budget, fp_lat_ring *lat) {
+static int serve_all(const fp_seg_layout *L, fp_engine *e, int budget, fp_lat_ring *lat,
+                     float *tick) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
     for (uint32_t i = 0; i < L->max_clients; i++)
         if (FP_LOAD_ACQ(&h->clients[i].state) == FP_CL_ACTIVE)
-            n += serve_client(L, e, (int)i, budget, lat);
+            n += serve_client(L, e, (int)i, budget, lat, tick);
     return n;
 }
 
@@ -295,6 +312,13 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
         FP_STORE_REL(&h->state, FP_SRV_STOPPED);
         return;
     }
+    /* each request's tick, copied out of its slot (serve_client); FP_SLACK zeroed floats
+     * after it, as after the engine's own buffers */
+    float *tick = (float *)fp_aligned_alloc(sizeof(float) * ((size_t)lay.raw_len + FP_SLACK));
+    if (!tick) {
+        FP_STORE_REL(&h->state, FP_SRV_STOPPED);
+        return;
+    }
     const fp_seg_layout *L = &lay;
     const int64_t beat_ns = (int64_t)h->heartbeat_ms * 1000000LL;
     int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
@@ -303,7 +327,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
     FP_STORE_REL(&h->state, FP_SRV_RUNNING);
     for (;;) {
-        int n = serve_all(L, e, 64, o->lat);
+        int n = serve_all(L, e, 64, o->lat, tick);
         loops++;
         unclocked += (uint64_t)n;
         /* clock_gettime costs about a poll's worth of time: read it every 64 rounds (an idle
@@ -354,7 +378,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
          * now: what is left unanswered, its clients see STOPPED and raise ServerGone */
         if (FP_LOAD_ACQ(&h->stop) > 1)
             break;
-        int n = serve_all(L, e, 64, o->lat);
+        int n = serve_all(L, e, 64, o->lat, tick);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {
             last_beat = now;
@@ -381,6 +405,7 @@ void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
     }
     __atomic_store_n(&h->idle_polls, idle_polls, __ATOMIC_RELAXED);
     __atomic_store_n(&h->loops, loops, __ATOMIC_RELAXED);
+    fp_aligned_free(tick);
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)fp_ring_now_ns());
     FP_STORE_REL(&h->state, FP_SRV_STOPPED);
 }

@@ -188,6 +188,15 @@ cdef extern from *:
     int fp_first_nonfinite(const float *x, int n) nogil
 
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
+
+
+cdef object _state_name(uint32_t st):
+    """fp_seg_header.state as a name. Bounded: the field is in the live header, which any
+    process mapping the segment can overwrite, and a tuple indexed by it without a check
+    (Cython's boundscheck is off) read past the tuple: one store of 7 segfaulted stats()."""
+    if st <= FP_SRV_STOPPED:
+        return ("starting", "running", "stopping", "stopped")[st]
+    return f"unknown ({st})"
 _ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
 _ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
 _POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
@@ -387,7 +396,19 @@ cdef class Worker:
         age_s = (fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&s.h.heartbeat_ns)) / 1e9
         fresh = age_s * 1000 <= s.h.dead_after_ms
         dead = fp_ring_pid_dead(pid)
-        fp_seg_detach(&s)
+        try:
+            beating = dead and fresh and chk != FP_SRV_GONE_STOPPED and _still_beating(s.h)
+        finally:
+            fp_seg_detach(&s)       # a Ctrl-C in the wait too
+        if beating:
+            # the pid the header names is gone from here while its loop goes on beating: the
+            # field overwritten (one store by any process mapping the segment), or a server in
+            # another PID namespace. Judged by the pid alone, the live server's file was removed
+            # and a second server ran under the name, the first one's clients on its old rings
+            raise ServeError(f"{self.name!r} is already served ({self.path}): its loop is "
+                             f"beating, though the pid its header names ({pid}) is not a live "
+                             f"process here (another PID namespace, or a damaged header); stop "
+                             f"that server first or pick another name")
         if not dead and fresh and chk == FP_SRV_ALIVE:
             raise ServeError(f"{self.name!r} is already served by pid {pid} ({self.path}); stop "
                              f"it first or pick another name")
@@ -519,7 +540,7 @@ cdef class Worker:
     @property
     def state(self):
         self._need_open()
-        return ("starting", "running", "stopping", "stopped")[fp_atomic_load_u32(&self._h.state)]
+        return _state_name(fp_atomic_load_u32(&self._h.state))
 
     def stats(self):
         """Counters from the segment: served, errors, rejected_full, clients, queue depth."""
@@ -567,6 +588,20 @@ cdef class Worker:
         if not self._running:
             PyMem_Free(self._lat.rec)
             self._lat.rec = NULL
+
+
+cdef bint _still_beating(const fp_seg_header *h):
+    """Whether the heartbeat moves within dead_after_ms (capped at 60 s, the config's bound: the
+    field is in the header): a live loop beats every heartbeat_ms (< dead_after_ms), so a
+    heartbeat that stays put that long is a server that died a moment ago (kill -9)."""
+    import time
+    cdef uint64_t beat = fp_atomic_load_u64(&h.heartbeat_ns)
+    cdef int64_t until = fp_ring_now_ns() + <int64_t>min(h.dead_after_ms, 60000) * 1000000 + 1000000
+    while fp_ring_now_ns() <= until:
+        if fp_atomic_load_u64(&h.heartbeat_ns) != beat:
+            return True
+        time.sleep(0.0005)
+    return fp_atomic_load_u64(&h.heartbeat_ns) != beat
 
 
 def _remove_segment(path, ident):
@@ -696,7 +731,7 @@ cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L):
     for i in range(n):
         clients.append({"slot": slot[i], "pid": pid[i], "served": served[i],
                         "queued": queued[i]})
-    return {"state": ("starting", "running", "stopping", "stopped")[state],
+    return {"state": _state_name(state),
             "served": int(h_served), "errors": int(h_errors),
             "rejected_full": int(h_rejected), "clients_reaped": int(h_reaped),
             "busy_ns": int(h_busy), "idle_polls": int(h_idle),
@@ -1063,10 +1098,22 @@ cdef class Client:
     def placement(self):
         """The worker's placement report (dict), as the server published it."""
         self._need()
-        n = fp_atomic_load_u32(&self._s.h.placement_len)
+        cdef uint32_t n = fp_atomic_load_u32(&self._s.h.placement_len)
         if n == 0:
             return None
-        return json.loads(self._s.h.placement[:n].decode())
+        # the length is in the live header: copied as it stood, a stray store of 4e9 read
+        # gigabytes past the report's field and the mapping (a segfault)
+        if n >= FP_SEG_PLACEMENT_BYTES:
+            raise ServeError(f"server {self.name!r}: the segment's placement report length {n} "
+                             f"is past its {FP_SEG_PLACEMENT_BYTES - 1} bytes (the header was "
+                             f"overwritten)")
+        b = self._s.h.placement[:n]
+        try:
+            return json.loads(b.decode())
+        except ValueError as exc:       # UnicodeDecodeError, JSONDecodeError
+            raise ServeError(f"server {self.name!r}: the segment's placement report is not "
+                             f"the JSON the server wrote (the header was overwritten?): "
+                             f"{exc}") from None
 
     @property
     def stall_timeout(self):
