@@ -128,3 +128,26 @@ def test_the_configs_backend_key_is_honoured_by_engine_with_a_config():
     assert (e.backend, e.backend_reason) == ("cpu", "cpu requested")
     e = fastpath.Engine(DEMO_MODEL)              # no config: the default config's "cpu"
     assert (e.backend, e.backend_reason) == ("cpu", "cpu requested")
+
+
+
+def test_model_load_of_a_file_named_onnx_says_from_onnx(tmp_path):
+    # Model.load reads bundles only; an ONNX file already named .onnx was told "name it .onnx
+    # or read it with Model.from_onnx": the first half is the name it has
+    import os
+    import fastpath
+    from fastpath._build import DEMO_MODEL
+    from fastpath.errors import ModelError
+    pytest.importorskip("onnx")
+    fastpath.Model.load(DEMO_MODEL).to_onnx(tmp_path / "m.onnx")
+    with pytest.raises(ModelError) as ei:
+        fastpath.Model.load(tmp_path / "m.onnx")
+    msg = str(ei.value)
+    assert "it is named .onnx: read it with Model.from_onnx" in msg, msg
+    assert "name it .onnx" not in msg, msg
+    # bytes paths too (os.fsdecode), and the other name keeps its hint
+    with pytest.raises(ModelError, match="it is named .onnx"):
+        fastpath.Model.load(os.fsencode(tmp_path / "m.onnx"))
+    (tmp_path / "m.onnx").rename(tmp_path / "m.bin")
+    with pytest.raises(ModelError, match=r"it looks like an ONNX file: name it \.onnx"):
+        fastpath.Model.load(tmp_path / "m.bin")

@@ -395,8 +395,14 @@ def load(path: str | os.PathLike, head: Head | None = None) -> Model:
             if not start or start[:len(MAGIC) - 1] != MAGIC[:min(len(start), len(MAGIC) - 1)]:
                 # an ONNX file opens with its ir_version field (protobuf tag 0x08): a model
                 # named otherwise (model.bin) was read as a bundle, by its suffix
-                hint = ("; it looks like an ONNX file: name it .onnx or read it with "
-                        "Model.from_onnx" if start[:1] == b"\x08" else "")
+                # (Model.load reads bundles only: a file already named .onnx is told to use
+                # from_onnx, not to take the name it has)
+                onnx_name = os.fsdecode(path).lower().endswith(".onnx")
+                hint = ("" if start[:1] != b"\x08" else
+                        "; it is named .onnx: read it with Model.from_onnx (Engine(path) "
+                        "reads a .onnx file by its name)" if onnx_name else
+                        "; it looks like an ONNX file: name it .onnx or read it with "
+                        "Model.from_onnx")
                 raise ModelError(f"{os.fspath(path)} is not a fastpath model bundle (.fpm): bad "
                                  f"magic {start!r}, expected {MAGIC!r}{hint}")
             blob = start + f.read()
