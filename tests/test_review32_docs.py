@@ -151,3 +151,17 @@ def test_model_load_of_a_file_named_onnx_says_from_onnx(tmp_path):
     (tmp_path / "m.onnx").rename(tmp_path / "m.bin")
     with pytest.raises(ModelError, match=r"it looks like an ONNX file: name it \.onnx"):
         fastpath.Model.load(tmp_path / "m.bin")
+
+
+def test_feature_spec_fit_refuses_negative_symbols():
+    # FeatureSpec.fit (and tuning.calibrate through it) took symbol ids < 0, which
+    # fit_cache_policy and the command line refuse and no engine can step
+    import numpy as np
+    from fastpath.errors import InputError
+    from fastpath.model.types import FeatureSpec
+    r = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
+    sy = np.r_[np.zeros(50), np.full(50, -1)].astype(np.int64)
+    with pytest.raises(InputError, match=r"symbols must be >= 0 .* got -1 at row 50"):
+        FeatureSpec.fit(r, [0, 1], [2], 4, symbols=sy)
+    fs = FeatureSpec.fit(r, [0, 1], [2], 4, symbols=np.abs(sy))
+    assert fs.w_idx.tolist() == [2]

@@ -284,6 +284,13 @@ class FeatureSpec:
             raise ModelError(f"feature spec window must be an int in 1..65536, got {window!r}")
         if symbols is None:
             symbols = np.zeros(n, np.int64)
+        else:
+            sy = np.asarray(symbols)
+            if sy.shape == (n,) and sy.dtype.kind == "i" and n and sy.min() < 0:
+                # as fit_cache_policy and the command line refuse them: the engine steps
+                # symbols 0..n_symbols-1, so a negative id here is a mistake in the data
+                raise InputError(f"symbols must be >= 0 (the engine's symbol ids), got "
+                                 f"{sy.min()} at row {int(np.argmax(sy < 0))}")
         pre = window_pre_features(raws, symbols, z, w, window)
         mean = pre.mean(axis=0, dtype=np.float64)
         std = pre.std(axis=0, dtype=np.float64)
