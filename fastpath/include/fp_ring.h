@@ -107,6 +107,7 @@ enum {
     FP_RING_ERR_NOSLOT = -4,   /* every client slot taken */
     FP_RING_ERR_GONE = -5,     /* server dead, stopping or stopped */
     FP_RING_ERR_RECLAIMED = -6, /* the worker freed this client's slot: the client is done */
+    FP_RING_ERR_CLOSED = -7,   /* the client was closed (fp_client_close) or never opened */
 };
 /* on_full policy (fp_seg_header.on_full) */
 enum { FP_ON_FULL_SPIN = 0, FP_ON_FULL_REJECT = 1 };
@@ -425,16 +426,23 @@ static inline int fp_client_open(fp_seg *s, fp_client *c) {
     return FP_RING_ERR_NOSLOT;
 }
 
-/* 1 while the slot is still this client's (the worker has not freed it since it was claimed) */
+/* 1 while the slot is still this client's (the worker has not freed it since it was claimed);
+ * 0 once the client is closed. The fp_client_* calls on a closed client touch neither the
+ * header nor the rings (fp_client_close clears both pointers, and the segment may have been
+ * detached since): a call after the close dereferenced the NULL header and segfaulted the
+ * caller's process, a feed handler's shutdown path calling one more submit. */
 static inline int fp_client_owns(const fp_client *c) {
-    return FP_LOAD_ACQ(&c->ctl->req_head.gen) == c->gen;
+    return c->h != NULL && FP_LOAD_ACQ(&c->ctl->req_head.gen) == c->gen;
 }
 
-/* fp_seg_server_check for a client waiting for its replies: FP_SRV_ALIVE while a reply waits
+/* fp_seg_server_check for a client waiting for its replies (FP_RING_ERR_CLOSED for a closed
+ * client): FP_SRV_ALIVE while a reply waits
  * in its ring. A stopping server's drain publishes its last replies before it stores STOPPED
  * (release stores, in that order): a reply published between the client's last poll and the
  * state check is there once the state is seen, and "gone" said it never came. */
 static inline int fp_client_server_check(const fp_client *c, int64_t now, int64_t stall_ns) {
+    if (c->h == NULL)
+        return FP_RING_ERR_CLOSED;      /* closed: not FP_SRV_ALIVE, so a wait ends */
     int chk = fp_seg_server_check(c->h, now, stall_ns);
     if (chk != FP_SRV_ALIVE && fp_client_owns(c) &&
         FP_LOAD_ACQ(&fp_lay_rep(&c->L, c->ctl, c->rep_tail)->seq) == c->rep_tail + 1)
@@ -444,14 +452,16 @@ static inline int fp_client_server_check(const fp_client *c, int64_t now, int64_
 
 /* Publish one request (raw must hold raw_len finite floats; the caller validated it).
  * FP_RING_OK with *seq set; FP_RING_FULL, FP_RING_ERR_GONE (the server is stopping or
- * stopped: it takes no new request) or FP_RING_ERR_RECLAIMED with nothing written and
- * *seq = 0, a seq no reply carries (a loop written before RECLAIMED existed, retrying only
+ * stopped: it takes no new request), FP_RING_ERR_CLOSED (after fp_client_close) or
+ * FP_RING_ERR_RECLAIMED with nothing written and *seq = 0, a seq no reply carries (a loop written before RECLAIMED existed, retrying only
  * on FULL, then waits on a reply that never comes: check fp_client_owns where it checks
  * fp_seg_server_check). */
 static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol,
                                        int64_t ts_ns, uint64_t *seq) {
     fp_seg_header *h = c->h;
     *seq = 0;
+    if (h == NULL)
+        return FP_RING_ERR_CLOSED;
     if (!fp_client_owns(c))
         return FP_RING_ERR_RECLAIMED;
     /* a stopping server answers what was sent before its stop (the drain): a request sent
@@ -483,6 +493,8 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
 /* Take the next reply if there is one: 1 (copied to *out) or 0 (none, or the slot is no
  * longer this client's: fp_client_owns tells; a reply there would be the next owner's). */
 static inline int fp_client_poll(fp_client *c, fp_rep *out) {
+    if (c->h == NULL)
+        return 0;                       /* closed: the rings may be unmapped by now */
     const fp_rep *r = fp_lay_rep(&c->L, c->ctl, c->rep_tail);
     if (FP_LOAD_ACQ(&r->seq) != c->rep_tail + 1 || !fp_client_owns(c))
         return 0;
@@ -495,6 +507,8 @@ static inline int fp_client_poll(fp_client *c, fp_rep *out) {
 /* fp_client_poll up to FP_RING_SPIN_LOADS times, then one pause: 1 (a reply in *out) or 0.
  * The wait loop of a caller that spins for its answer. */
 static inline int fp_client_poll_spin(fp_client *c, fp_rep *out) {
+    if (c->h == NULL)
+        return 0;
     const fp_rep *r = fp_lay_rep(&c->L, c->ctl, c->rep_tail);
     const uint64_t want = c->rep_tail + 1;
     for (int i = 0; i < FP_RING_SPIN_LOADS; i++)
@@ -510,7 +524,9 @@ static inline uint64_t fp_client_outstanding(const fp_client *c) {
 }
 
 /* Give the slot back; the worker drops what is left in the rings and frees it. A slot the
- * worker already freed is left alone: it may be the next client's by now. */
+ * worker already freed is left alone: it may be the next client's by now. The client is
+ * closed from here on: its calls return FP_RING_ERR_CLOSED (or 0: fp_client_poll*,
+ * fp_client_owns) without touching the segment, which may be detached next. */
 static inline void fp_client_close(fp_client *c) {
     if (c->h && fp_client_owns(c)) {
         uint32_t want = FP_CL_ACTIVE;
@@ -518,6 +534,7 @@ static inline void fp_client_close(fp_client *c) {
                                     __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
     }
     c->h = NULL;
+    c->ctl = NULL;
 }
 
 #endif

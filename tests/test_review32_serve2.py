@@ -1,0 +1,134 @@
+"""Session 32 review of the serving loop, second pass: what a client (or a buggy C producer
+using fp_ring.h) writes into shared memory must not hold the server, send it past its mapping,
+crash the client itself, or make the figures say what did not happen.
+
+- fp_client_* after fp_client_close dereferenced the NULL header pointer: FP_RING_ERR_CLOSED.
+"""
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fastpath
+from fastpath import ServeError
+from test_serve import cfg, deadline, uname
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+
+# One C client with a few misbehaviours, built on fp_ring.h alone.
+#   bad NAME closed             every client call after fp_client_close (then after detach)
+#   bad NAME full               8 requests without taking a reply, then 3 more (ring full)
+#   bad NAME flood SECONDS      publishes by hand, ignoring the server state, req_head 2^62
+#   bad NAME sent STAMP         one request published by hand with sent = STAMP
+C_BAD = r"""
+#include "fp_ring.h"
+#include <stdlib.h>
+static float raw[1 << 12];
+static int publish(fp_client *c, int64_t sent, uint64_t head_shown) {
+    if (c->req_head - FP_LOAD_ACQ(&c->ctl->req_tail.v) >= c->L.slots)
+        return 0;
+    fp_req *r = fp_lay_req(&c->L, c->ctl, c->req_head);
+    memcpy(r->raw, raw, sizeof(float) * c->L.raw_len);
+    r->ts_ns = -1;
+    r->symbol = 1;
+    r->sent = sent;
+    FP_STORE_REL(&r->seq, c->next_seq);
+    c->req_head++;
+    c->next_seq++;
+    FP_STORE_REL(&c->ctl->req_head.v, head_shown ? head_shown : c->req_head);
+    return 1;
+}
+int main(int argc, char **argv) {
+    fp_seg s;
+    fp_client c;
+    fp_rep rep;
+    uint64_t seq;
+    if (argc < 3 || fp_seg_attach(argv[1], &s) != FP_RING_OK || fp_client_open(&s, &c) != FP_RING_OK)
+        return 2;
+    const char *mode = argv[2];
+    if (!strcmp(mode, "closed")) {
+        fp_client_close(&c);
+        for (int round = 0; round < 2; round++) {
+            int rc = fp_client_try_submit(&c, raw, 1, -1, &seq);
+            int p = fp_client_poll(&c, &rep), ps = fp_client_poll_spin(&c, &rep);
+            int own = fp_client_owns(&c);
+            int chk = fp_client_server_check(&c, fp_ring_now_ns(), 1000000000LL);
+            printf("submit %d seq %llu poll %d spin %d owns %d check %d\n", rc,
+                   (unsigned long long)seq, p, ps, own, chk);
+            fp_client_close(&c);
+            fp_seg_detach(&s);
+        }
+        return 0;
+    }
+    if (!strcmp(mode, "full")) {
+        long ok = 0, full = 0;
+        while (ok < 8) {
+            int rc = fp_client_try_submit(&c, raw, 1, -1, &seq);
+            if (rc == FP_RING_OK)
+                ok++;
+            else if (rc == FP_RING_FULL)
+                full++;
+            else
+                return 4;
+        }
+        for (int i = 0; i < 3; i++)
+            if (fp_client_try_submit(&c, raw, 1, -1, &seq) == FP_RING_FULL)
+                full++;
+        printf("full %ld\n", full);
+        fflush(stdout);
+        fp_client_close(&c);
+        return 0;
+    }
+    if (!strcmp(mode, "flood")) {
+        int64_t until = fp_ring_now_ns() + (int64_t)atol(argv[3]) * 1000000000LL;
+        long sent = 0;
+        while (fp_ring_now_ns() < until && FP_LOAD_ACQ(&c.h->state) != FP_SRV_STOPPED) {
+            /* the ring kept full: a reply taken, the next request in at once */
+            while (publish(&c, fp_ring_sent_stamp(c.sent_clock), 1ULL << 62))
+                sent++;
+            while (fp_client_poll(&c, &rep))
+                ;
+        }
+        printf("flood sent %ld\n", sent);
+        return 0;
+    }
+    if (!strcmp(mode, "sent")) {
+        publish(&c, (int64_t)strtoll(argv[3], NULL, 0), 0);
+        for (long i = 0; !fp_client_poll(&c, &rep); i++)
+            if ((i & 0xfffff) == 0 && fp_seg_server_check(c.h, fp_ring_now_ns(), 2000000000LL))
+                return 5;
+        printf("wait %lld err %d\n", (long long)rep.wait_ns, (int)rep.err);
+        fp_client_close(&c);
+        return 0;
+    }
+    return 2;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    src, exe = d / "bad.c", d / "bad"
+    src.write_text(C_BAD)
+    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
+                    f"-I{fastpath.get_include()}", str(src), "-o", str(exe)], check=True,
+                   timeout=60)
+    return str(exe)
+
+
+def _run(exe, *args, timeout=60):
+    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_client_calls_after_close_are_a_clear_error_not_a_crash(bad):
+    name = uname()
+    with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2)):
+        r = _run(bad, name, "closed")
+    # before: submit after close read the NULL header: exit -11
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    want = "submit -7 seq 0 poll 0 spin 0 owns 0 check -7"
+    assert r.stdout.splitlines() == [want, want], r.stdout
