@@ -979,8 +979,7 @@ cdef class Client:
                     raise ServerGone(f"{exc}: request not sent{why}") from None
                 raise ServerGone(f"server {self.name!r} is stopping: request not sent{why}")
             if self._s.h.on_full == FP_ON_FULL_REJECT:
-                fp_atomic_add_u64(&self._s.h.rejected_full, 1)
-                self._s.h.clients[self._c.idx].rejected_full += 1
+                # fp_client_try_submit counted it in rejected_full (for C clients too)
                 raise RingFull(f"request ring of server {self.name!r} is full ({self._s.L.slots} "
                                f"requests waiting; [serve] on_full = \"reject\"): the tick was "
                                f"not sent; take replies with poll() or slow down")

@@ -3,6 +3,8 @@ using fp_ring.h) writes into shared memory must not hold the server, send it pas
 crash the client itself, or make the figures say what did not happen.
 
 - fp_client_* after fp_client_close dereferenced the NULL header pointer: FP_RING_ERR_CLOSED.
+- FP_RING_FULL of fp_client_try_submit (on_full = "reject") was never counted in
+  rejected_full, though fp_ring.h said it was: only the Python client added to it.
 """
 import shutil
 import subprocess
@@ -132,3 +134,18 @@ def test_client_calls_after_close_are_a_clear_error_not_a_crash(bad):
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
     want = "submit -7 seq 0 poll 0 spin 0 owns 0 check -7"
     assert r.stdout.splitlines() == [want, want], r.stdout
+
+
+def test_ring_full_of_a_c_client_is_counted_in_rejected_full(bad):
+    name = uname()
+    with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2, on_full="reject")) as srv:
+        r = _run(bad, name, "full")
+        assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+        full = int(r.stdout.split()[1])
+        assert full >= 3
+        assert srv.stats()["rejected_full"] == full      # before: 0
+    with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2, on_full="spin")) as srv:
+        r = _run(bad, name, "full")
+        assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+        assert int(r.stdout.split()[1]) >= 3
+        assert srv.stats()["rejected_full"] == 0        # under spin, FULL is a wait

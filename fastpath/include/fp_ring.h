@@ -451,7 +451,9 @@ static inline int fp_client_server_check(const fp_client *c, int64_t now, int64_
 }
 
 /* Publish one request (raw must hold raw_len finite floats; the caller validated it).
- * FP_RING_OK with *seq set; FP_RING_FULL, FP_RING_ERR_GONE (the server is stopping or
+ * FP_RING_OK with *seq set; FP_RING_FULL (counted in the server's rejected_full when its
+ * on_full is "reject": there the caller drops the tick; under "spin" it is a wait, not a
+ * refusal), FP_RING_ERR_GONE (the server is stopping or
  * stopped: it takes no new request), FP_RING_ERR_CLOSED (after fp_client_close) or
  * FP_RING_ERR_RECLAIMED with nothing written and *seq = 0, a seq no reply carries (a loop written before RECLAIMED existed, retrying only
  * on FULL, then waits on a reply that never comes: check fp_client_owns where it checks
@@ -472,8 +474,18 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
         return FP_RING_ERR_GONE;
     if (c->req_head - c->req_tail_seen >= c->L.slots) {
         c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
-        if (c->req_head - c->req_tail_seen >= c->L.slots)
+        if (c->req_head - c->req_tail_seen >= c->L.slots) {
+            /* counted here, for every client the header serves (the Python client included):
+             * the header's comment said a C client's refusal was counted while only the
+             * Python client added it, and stats() showed rejected_full 0 for a C feed
+             * handler dropping ticks. The client's own entry has one writer, this client */
+            if (FP_LOAD_RLX(&h->on_full) == FP_ON_FULL_REJECT) {
+                fp_client_entry *e = &h->clients[c->idx];
+                __atomic_add_fetch(&h->rejected_full, 1, __ATOMIC_RELAXED);
+                FP_STORE_REL(&e->rejected_full, FP_LOAD_RLX(&e->rejected_full) + 1);
+            }
             return FP_RING_FULL;
+        }
     }
     fp_req *r = fp_lay_req(&c->L, c->ctl, c->req_head);
     /* the raw lines first (nobody polls them), then the header line in one go: the worker
