@@ -119,10 +119,10 @@ static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next) {
     return n;
 }
 
-int fp_worker_reap(fp_seg_header *h) {
+int fp_worker_reap(fp_seg_header *h, uint64_t size) {
     fp_seg_layout L;
     uint32_t next = 0;
-    if (fp_seg_layout_read(h, h->total_bytes, &L))
+    if (fp_seg_layout_read(h, size, &L))
         return -1;
     return reap_pass(&L, L.max_clients, &next);
 }
@@ -303,12 +303,15 @@ static int idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
     return 1;
 }
 
-void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o) {
+void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worker_opts *o) {
     /* the layout as fp_seg_init wrote it, copied once: every address below comes from this
      * copy, so a client's store into the live header cannot move the worker's (see
-     * fp_seg_layout). A header already damaged (between fp_seg_init and here) is not served. */
+     * fp_seg_layout). A header already damaged (between fp_seg_init and here) is not served.
+     * Checked against the bytes the caller mapped, not the header's own total_bytes: a
+     * store of total_bytes along with slots and client_region_bytes (consistent with each
+     * other) passed the check and sent the worker a gigabyte past the mapping. */
     fp_seg_layout lay;
-    if (fp_seg_layout_read(h, h->total_bytes, &lay) || lay.raw_len != (uint32_t)e->fs.raw_len) {
+    if (fp_seg_layout_read(h, size, &lay) || lay.raw_len != (uint32_t)e->fs.raw_len) {
         FP_STORE_REL(&h->state, FP_SRV_STOPPED);
         return;
     }

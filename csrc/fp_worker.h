@@ -76,15 +76,17 @@ void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_
                  uint32_t max_clients, int32_t server_pid, uint32_t on_full,
                  uint32_t heartbeat_ms, uint32_t dead_after_ms, uint32_t stall_ms);
 /* Run until h->stop is set, then drain what clients had published and return with
- * state STOPPED (at once, serving nothing, when h's layout fields no longer check out or
+ * state STOPPED (at once, serving nothing, when h's layout fields no longer check out
+ * against themselves and size, the bytes the caller mapped at h, or
  * its raw_len is not e's: the rings are addressed by a copy taken here, see fp_seg_layout;
  * or when its one tick buffer cannot be allocated: each request is copied out of its slot
  * before it is checked and stepped); h->stop set to 2 (before or during the drain) ends the drain at its next
  * round of 64 requests a client. One thread only; e is stepped by nobody else meanwhile. */
-void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o);
+void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worker_opts *o);
 /* Free the slots of clients that closed or that an earlier call retired, and retire those
  * whose process looks gone (freed by the next call); returns how many were freed, or -1
- * when h's layout fields do not check out (fp_seg_layout_read). */
-int fp_worker_reap(fp_seg_header *h);
+ * when h's layout fields do not check out (fp_seg_layout_read) against size, the bytes
+ * mapped at h. */
+int fp_worker_reap(fp_seg_header *h, uint64_t size);
 
 #endif

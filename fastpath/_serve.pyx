@@ -142,8 +142,8 @@ cdef extern from "fp_worker.h" nogil:
     void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                      uint32_t max_clients, int32_t server_pid, uint32_t on_full,
                      uint32_t heartbeat_ms, uint32_t dead_after_ms, uint32_t stall_ms)
-    void fp_worker_run(fp_seg_header *h, fp_engine *e, const fp_worker_opts *o)
-    int fp_worker_reap(fp_seg_header *h)
+    void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worker_opts *o)
+    int fp_worker_reap(fp_seg_header *h, uint64_t size)
 
 cdef extern from "fp_engine.h" nogil:
     void fp_engine_set_stage_times(fp_engine *e, int on)
@@ -523,7 +523,8 @@ cdef class Worker:
         self._running = True
         try:
             with nogil:
-                fp_worker_run(self._h, self._e, &self._o)
+                # the bytes mapped here, which the header's own total_bytes need not be
+                fp_worker_run(self._h, self._size, self._e, &self._o)
         finally:
             self._running = False
 

@@ -5,6 +5,9 @@ crash the client itself, or make the figures say what did not happen.
 - fp_client_* after fp_client_close dereferenced the NULL header pointer: FP_RING_ERR_CLOSED.
 - FP_RING_FULL of fp_client_try_submit (on_full = "reject") was never counted in
   rejected_full, though fp_ring.h said it was: only the Python client added to it.
+- fp_worker_run checked the layout it serves by against the header's own total_bytes: a
+  header whose total_bytes was overwritten along with slots and client_region_bytes (all
+  consistent) before run() sent the worker past the mapping. It is given the mapped size.
 """
 import shutil
 import subprocess
@@ -149,3 +152,44 @@ def test_ring_full_of_a_c_client_is_counted_in_rejected_full(bad):
         assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
         assert int(r.stdout.split()[1]) >= 3
         assert srv.stats()["rejected_full"] == 0        # under spin, FULL is a wait
+
+
+# fp_seg_header: slots (u32 at 24), client_region_bytes and total_bytes (u64 at 40, 48); the
+# server's Worker is wrapped so that the store lands between the header's making and run()
+_DAMAGED = r"""
+import mmap, struct, sys
+import fastpath
+import fastpath._serve as S
+from fastpath import ServeError
+Real = S.Worker
+def damaged(*a):
+    w = Real(*a)
+    slots, raw_len, max_clients = 1 << 20, 256, 2
+    region = 256 + slots * (((64 + 4 * raw_len + 63) & ~63) + 64)
+    with open(w.path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+        struct.pack_into("<I", m, 24, slots)
+        struct.pack_into("<QQ", m, 40, region, 16384 + max_clients * region)
+        m.close()
+    return w
+S.Worker = damaged
+cfg = {"engine": {"n_symbols": 4}, "serve": {"place": False, "ring_slots": 4, "max_clients": 2}}
+try:
+    srv = fastpath.serve(sys.argv[1], None, cfg)
+except ServeError as exc:
+    print("refused:", exc)
+else:
+    srv.stop()
+    print("stopped", repr(srv))
+print("state stopped")
+"""
+
+
+def test_run_checks_the_layout_against_the_mapped_size(tmp_path):
+    """A header whose slots, client_region_bytes and total_bytes were overwritten together
+    (they check out against each other) before the loop started: the worker addressed rings
+    a gigabyte past its mapping (exit -11 at the stop). It now serves nothing and stops."""
+    r = subprocess.run([sys.executable, "-c", _DAMAGED, uname()], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert "state stopped" in r.stdout, r.stdout
