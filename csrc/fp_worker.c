@@ -165,12 +165,12 @@ size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
  * ring is full: it has not taken its replies, and its requests wait in its own ring.
  * tick: the worker's own raw_len floats, each request is copied there before it is checked
  * and stepped (see below). */
-static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget, fp_lat_ring *lat,
-                        float *tick) {
+static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget, uint64_t end,
+                        fp_lat_ring *lat, float *tick) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     fp_ring_ctl *ctl = fp_lay_ctl(L, i);
     uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
-    const fp_req *q = published(L, ctl, tail);
+    const fp_req *q = tail < end ? published(L, ctl, tail) : NULL;
     if (!q)
         return 0;
     uint64_t rep_head = FP_LOAD_RLX(&ctl->rep_head.v);
@@ -259,7 +259,7 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
          * its ring looks full) */
         FP_STORE_REL(&ctl->req_tail.v, tail);
         FP_STORE_REL(&ctl->rep_head.v, rep_head);
-        q = published(L, ctl, tail);
+        q = tail < end ? published(L, ctl, tail) : NULL;
     }
     if (n) {
         /* single writer: plain stores, no locked add on the loop's path */
@@ -273,13 +273,14 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
     return n;
 }
 
-static int serve_all(const fp_seg_layout *L, fp_engine *e, int budget, fp_lat_ring *lat,
-                     float *tick) {
+/* end: per client, the ring position it is served up to (NULL: no limit; the drain's) */
+static int serve_all(const fp_seg_layout *L, fp_engine *e, int budget, const uint64_t *end,
+                     fp_lat_ring *lat, float *tick) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
     for (uint32_t i = 0; i < L->max_clients; i++)
         if (FP_LOAD_ACQ(&h->clients[i].state) == FP_CL_ACTIVE)
-            n += serve_client(L, e, (int)i, budget, lat, tick);
+            n += serve_client(L, e, (int)i, budget, end ? end[i] : UINT64_MAX, lat, tick);
     return n;
 }
 
@@ -330,7 +331,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
     FP_STORE_REL(&h->state, FP_SRV_RUNNING);
     for (;;) {
-        int n = serve_all(L, e, 64, o->lat, tick);
+        int n = serve_all(L, e, 64, NULL, o->lat, tick);
         loops++;
         unclocked += (uint64_t)n;
         /* clock_gettime costs about a poll's worth of time: read it every 64 rounds (an idle
@@ -364,16 +365,23 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
         if (n == 0 && idle_wait(o, idle_since, now, idle_run))
             now = fp_ring_now_ns();
     }
-    /* stop: refuse new submissions, then answer what was accepted (published by now), in
-     * rounds of 64 a client with the heartbeat beating between them: one round of the whole
-     * backlog left it unbeaten for as long as the backlog took, and clients waiting for their
-     * answers were told the server had stalled. A client that stops taking its replies holds
-     * its own requests back: past drain_timeout_ns the drain ends at the first round that
-     * answers none of what was accepted. */
+    /* stop: refuse new submissions, then answer what was accepted, in rounds of 64 a client
+     * with the heartbeat beating between them: one round of the whole backlog left it
+     * unbeaten for as long as the backlog took, and clients waiting for their answers were
+     * told the server had stalled. A client that stops taking its replies holds its own
+     * requests back: past drain_timeout_ns the drain ends at the first round that answers
+     * none of what was accepted.
+     * What was accepted: per client, what its ring could hold when the stop began (its
+     * req_tail then + slots), not what it publishes: a client ignoring STOPPING (a buggy C
+     * producer writing its slots by hand) that kept its ring full held the drain open until
+     * a second signal, every round answering its next ticks. Not its req_head either: it
+     * writes that cursor (2^62 is as easy to store), and an honest submit that read RUNNING
+     * just before the stop publishes after this read; such a submit found room in the ring
+     * (req_head - req_tail < slots), so its position is below the bound. */
     FP_STORE_REL(&h->state, FP_SRV_STOPPING);
     uint64_t accepted[FP_SEG_MAX_CLIENTS];
     for (uint32_t i = 0; i < L->max_clients; i++)
-        accepted[i] = FP_LOAD_ACQ(&fp_lay_ctl(L, (int)i)->req_head.v);
+        accepted[i] = FP_LOAD_ACQ(&fp_lay_ctl(L, (int)i)->req_tail.v) + L->slots;
     int64_t until = fp_ring_now_ns() + o->drain_timeout_ns;
     uint64_t left_before = UINT64_MAX;
     for (;;) {
@@ -381,7 +389,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
          * now: what is left unanswered, its clients see STOPPED and raise ServerGone */
         if (FP_LOAD_ACQ(&h->stop) > 1)
             break;
-        int n = serve_all(L, e, 64, o->lat, tick);
+        int n = serve_all(L, e, 64, accepted, o->lat, tick);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {
             last_beat = now;
@@ -389,13 +397,13 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
             reap_pass(L, 1, &probe);
         }
         int pending = 0;
-        uint64_t left = 0;        /* accepted requests not answered yet */
+        uint64_t left = 0;        /* to the clients' bounds: falls as requests are answered */
         for (uint32_t i = 0; i < L->max_clients; i++) {
             if (FP_LOAD_ACQ(&h->clients[i].state) != FP_CL_ACTIVE)
                 continue;
             fp_ring_ctl *ctl = fp_lay_ctl(L, (int)i);
             const uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
-            if (published(L, ctl, tail))
+            if (tail < accepted[i] && published(L, ctl, tail))
                 pending = 1;
             if (tail < accepted[i])
                 left += accepted[i] - tail;

@@ -75,8 +75,9 @@ uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients);
 void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                  uint32_t max_clients, int32_t server_pid, uint32_t on_full,
                  uint32_t heartbeat_ms, uint32_t dead_after_ms, uint32_t stall_ms);
-/* Run until h->stop is set, then drain what clients had published and return with
- * state STOPPED (at once, serving nothing, when h's layout fields no longer check out
+/* Run until h->stop is set, then drain what clients had accepted (each client up to what its
+ * ring held when the stop began: one that publishes on regardless does not hold the drain)
+ * and return with state STOPPED (at once, serving nothing, when h's layout fields no longer check out
  * against themselves and size, the bytes the caller mapped at h, or
  * its raw_len is not e's: the rings are addressed by a copy taken here, see fp_seg_layout;
  * or when its one tick buffer cannot be allocated: each request is copied out of its slot

@@ -8,6 +8,11 @@ crash the client itself, or make the figures say what did not happen.
 - fp_worker_run checked the layout it serves by against the header's own total_bytes: a
   header whose total_bytes was overwritten along with slots and client_region_bytes (all
   consistent) before run() sent the worker past the mapping. It is given the mapped size.
+- A stop's drain answered whatever a client had published while anything was published: a
+  client that ignored the STOPPING state and went on publishing, its req_head stored huge,
+  held the drain open until a second signal (past drain_timeout_ms the drain ends only at a
+  round that answers nothing, and each round answered the next tick). The drain now answers
+  each client up to what its ring could hold when the stop began (req_tail then + slots).
 """
 import shutil
 import subprocess
@@ -193,3 +198,36 @@ def test_run_checks_the_layout_against_the_mapped_size(tmp_path):
                        text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
     assert "state stopped" in r.stdout, r.stdout
+
+
+def _flood(bad, name, srv):
+    p = subprocess.Popen([bad, name, "flood", "60"], stdout=subprocess.PIPE, text=True)
+    with deadline(30):
+        while srv.stats()["served"] < 200:
+            time.sleep(0.01)
+    return p
+
+
+def test_a_client_publishing_past_the_stop_does_not_hold_the_drain(bad):
+    # a deep ring: each round of the drain (64 a client) finds requests waiting, so past
+    # drain_timeout_ms no round answers none, and the drain went on as long as the client
+    # (2^16 slots: a shallower ring let the drain catch up with this client on 2 cores)
+    name = uname()
+    slots = 1 << 16
+    srv = fastpath.serve(name, None, cfg(ring_slots=slots, max_clients=2, drain_timeout_ms=200))
+    p = _flood(bad, name, srv)
+    time.sleep(0.5)                       # the client's ring full, and the client in its stride
+    try:
+        before = srv.stats()["served"]
+        try:
+            srv.stop(timeout=10)          # before: ServeError, the drain never ended
+        except ServeError as exc:         # pragma: no cover - the defect
+            srv.end_drain()
+            srv.stop()
+            pytest.fail(f"the drain was held open: {exc}")
+        # no more than the ring held when the stop began
+        assert srv.final_stats["served"] - before <= 2 * slots, (before, srv.final_stats)
+    finally:
+        srv.stop()
+        out, _ = p.communicate(timeout=70)
+    assert p.returncode == 0 and "flood sent" in out, (p.returncode, out)
