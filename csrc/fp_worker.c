@@ -166,7 +166,7 @@ size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
  * tick: the worker's own raw_len floats, each request is copied there before it is checked
  * and stepped (see below). */
 static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget, uint64_t end,
-                        fp_lat_ring *lat, float *tick) {
+                        fp_lat_ring *lat, float *tick, uint64_t born) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     fp_ring_ctl *ctl = fp_lay_ctl(L, i);
     uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
@@ -212,9 +212,15 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
         else
             rc = fp_step(e, tick, symbol, ts_ns, &res);
         /* sent is in the unit fp_seg_init announced: TSC ticks with a TSC engine clock; the
-         * difference taken unsigned (a sent from the client's garbage must not overflow) */
-        const int64_t dt = (int64_t)(t0 - sent);
-        const int64_t wait = fp_clock.use_tsc ? fp_ticks_to_ns(t0 - sent) : (dt > 0 ? dt : 0);
+         * difference taken unsigned (a sent from the client's garbage must not overflow).
+         * The stamp is the client's: one after t0 (in the future) or before the segment
+         * was made (born, fp_worker_opts) is no submit time, and gives no wait (0) rather
+         * than a wait it did not have: sent = 1 read as a wait of the machine's uptime,
+         * saturated at 4.29 s on top of the stats' p99, and a TSC stamp in the future as
+         * 2^64 ticks converted (a huge or negative wait_ns in the reply). */
+        const uint64_t dt = t0 - sent;
+        const int64_t wait = (int64_t)dt <= 0 || (born && dt > t0 - born) ? 0
+                             : fp_clock.use_tsc ? fp_ticks_to_ns(dt) : (int64_t)dt;
         r->wait_ns = wait;
         r->err = rc;
         if (rc == FP_OK) {
@@ -275,12 +281,12 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
 
 /* end: per client, the ring position it is served up to (NULL: no limit; the drain's) */
 static int serve_all(const fp_seg_layout *L, fp_engine *e, int budget, const uint64_t *end,
-                     fp_lat_ring *lat, float *tick) {
+                     fp_lat_ring *lat, float *tick, uint64_t born) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
     for (uint32_t i = 0; i < L->max_clients; i++)
         if (FP_LOAD_ACQ(&h->clients[i].state) == FP_CL_ACTIVE)
-            n += serve_client(L, e, (int)i, budget, end ? end[i] : UINT64_MAX, lat, tick);
+            n += serve_client(L, e, (int)i, budget, end ? end[i] : UINT64_MAX, lat, tick, born);
     return n;
 }
 
@@ -331,7 +337,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
     FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
     FP_STORE_REL(&h->state, FP_SRV_RUNNING);
     for (;;) {
-        int n = serve_all(L, e, 64, NULL, o->lat, tick);
+        int n = serve_all(L, e, 64, NULL, o->lat, tick, o->born_ticks);
         loops++;
         unclocked += (uint64_t)n;
         /* clock_gettime costs about a poll's worth of time: read it every 64 rounds (an idle
@@ -389,7 +395,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
          * now: what is left unanswered, its clients see STOPPED and raise ServerGone */
         if (FP_LOAD_ACQ(&h->stop) > 1)
             break;
-        int n = serve_all(L, e, 64, accepted, o->lat, tick);
+        int n = serve_all(L, e, 64, accepted, o->lat, tick, o->born_ticks);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {
             last_beat = now;

@@ -67,6 +67,8 @@ typedef struct {
     int64_t idle_sleep_ns;
     int64_t drain_timeout_ns;  /* how long a stop waits for clients to take their replies */
     fp_lat_ring *lat;          /* records of served ticks, or NULL */
+    uint64_t born_ticks;       /* fp_ticks() before the segment was made: no request can be
+                                  sent earlier, so a stamp before it is garbage (0: unknown) */
 } fp_worker_opts;
 
 /* Sizes of a segment for these parameters (header + client regions). */

@@ -138,6 +138,7 @@ cdef extern from "fp_worker.h" nogil:
         int idle
         int64_t idle_spin_ns, idle_sleep_ns, drain_timeout_ns
         fp_lat_ring *lat
+        uint64_t born_ticks
     uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients)
     void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                      uint32_t max_clients, int32_t server_pid, uint32_t on_full,
@@ -147,6 +148,7 @@ cdef extern from "fp_worker.h" nogil:
 
 cdef extern from "fp_engine.h" nogil:
     void fp_engine_set_stage_times(fp_engine *e, int on)
+    uint64_t fp_ticks()
 
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
@@ -461,6 +463,9 @@ cdef class Worker:
             method = "normal"
         # pre-fault every page now, not on the first request that lands on it
         memset(p, 0, map_bytes)
+        # no client can stamp a request before the header below exists: the worker reads a
+        # submit stamp older than this as garbage (fp_worker_opts.born_ticks)
+        self._o.born_ticks = fp_ticks()
         fp_seg_init(self._h, self.raw_len, self.n_symbols, scfg.ring_slots, scfg.max_clients,
                     os.getpid(), FP_ON_FULL_REJECT if scfg.on_full == "reject" else FP_ON_FULL_SPIN,
                     scfg.heartbeat_ms, scfg.dead_after_ms, scfg.stall_timeout_ms)
@@ -544,7 +549,8 @@ cdef class Worker:
         return _state_name(fp_atomic_load_u32(&self._h.state))
 
     def stats(self):
-        """Counters from the segment: served, errors, rejected_full, clients, queue depth."""
+        """Counters from the segment: served, errors, rejected_full, clients, queue depth (per
+        client 0 to ring_slots: its cursors are the client's to write, and read as no more)."""
         self._need_open()
         return _header_stats(self._h, &self._L)
 
@@ -714,7 +720,9 @@ cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L):
         cur = <uint64_t *>fp_lay_ctl(L, i)
         tail = fp_atomic_load_u64(&cur[8])
         head = fp_atomic_load_u64(&cur[0])
-        queued[n] = head - tail if head > tail else 0
+        # and no more than a ring holds: both cursors are in the client's region, and a client
+        # (a buggy C producer) storing req_head = 2^62 showed 2^62 requests queued
+        queued[n] = min(head - tail, <uint64_t>L.slots) if head > tail else 0
         depth += queued[n]
         n += 1
     cdef uint32_t state = fp_atomic_load_u32(&h.state)

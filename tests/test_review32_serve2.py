@@ -13,6 +13,9 @@ crash the client itself, or make the figures say what did not happen.
   held the drain open until a second signal (past drain_timeout_ms the drain ends only at a
   round that answers nothing, and each round answered the next tick). The drain now answers
   each client up to what its ring could hold when the stop began (req_tail then + slots).
+- Server.stats() queue_depth trusted the client-written cursors (a req_head of 2^62 showed as
+  2^62 requests queued), and a wait figure trusted the client's submit stamp (sent = 1 read
+  as a wait of the machine's uptime).
 """
 import shutil
 import subprocess
@@ -231,3 +234,39 @@ def test_a_client_publishing_past_the_stop_does_not_hold_the_drain(bad):
         srv.stop()
         out, _ = p.communicate(timeout=70)
     assert p.returncode == 0 and "flood sent" in out, (p.returncode, out)
+
+
+def test_a_bogus_request_head_does_not_read_as_a_huge_queue(bad):
+    name = uname()
+    srv = fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2, drain_timeout_ms=200))
+    p = _flood(bad, name, srv)
+    try:
+        # req_head 2^62 read as 2^62 requests queued: a ring holds 4
+        st = srv.stats()
+        assert 0 <= st["queue_depth"] <= 4, st
+        assert all(0 <= c["queued"] <= 4 for c in st["clients"]), st
+    finally:
+        srv.end_drain()
+        srv.stop()
+        p.communicate(timeout=70)
+
+
+def _publish_with_sent(bad, stamp):
+    name = uname()
+    t0 = time.monotonic()
+    with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2)) as srv:
+        r = _run(bad, name, "sent", stamp)
+        up_ns = (time.monotonic() - t0) * 1e9
+        assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+        lat = srv.latency_records()
+    wait = int(r.stdout.split()[1])
+    return wait, int(lat[-1, 4]), up_ns
+
+
+@pytest.mark.parametrize("stamp", ["1", str(2**62), str(-2**62)])
+def test_a_garbage_submit_stamp_does_not_make_a_wait_longer_than_the_server_ran(bad, stamp):
+    """sent = 1 read as a wait of the machine's uptime (4.29 s in the records, saturated, at
+    the top of every p99); a stamp in the future as a negative or huge one."""
+    wait, rec, up_ns = _publish_with_sent(bad, stamp)
+    assert 0 <= wait <= up_ns, (wait, up_ns)
+    assert 0 <= rec <= up_ns, (rec, up_ns)
