@@ -136,23 +136,49 @@ def test_cycles_and_unreachable_nodes_are_still_refused(tmp_path):
                              target_nodeids=[4, 4, 5, 5, 5, 5, 4]))
 
 
-def test_an_unfolding_past_the_cap_is_refused_before_it_is_built(tmp_path):
-    # 40 splits whose two children are both the next one: 2^40 paths to the last leaf
-    n = 41
+def _doubling_chain(path, k, w):
+    # k splits whose two children are both the next one: 2^k paths to the last node, a leaf
+    # of w weights
+    n = k + 1
     a = dict(nodes_treeids=[0] * n, nodes_nodeids=list(range(n)), nodes_featureids=[0] * n,
              nodes_modes=["BRANCH_LEQ"] * (n - 1) + ["LEAF"], nodes_values=[0.0] * n,
              nodes_truenodeids=list(range(1, n)) + [0], nodes_falsenodeids=list(range(1, n)) + [0],
-             target_treeids=[0], target_nodeids=[n - 1], target_ids=[0], target_weights=[1.0],
-             n_targets=1)
+             target_treeids=[0] * w, target_nodeids=[n - 1] * w, target_ids=[0] * w,
+             target_weights=[1.0 / w] * w, n_targets=1)
     node = helper.make_node("TreeEnsembleRegressor", ["x"], ["y"], domain="ai.onnx.ml", **a)
     g = helper.make_graph([node], "blow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
                                             helper.make_opsetid("ai.onnx.ml", 3)])
-    path = tmp_path / "blow.onnx"
     path.write_bytes(m.SerializeToString())
+    return path
+
+
+def test_an_unfolding_past_the_cap_is_refused_before_it_is_built(tmp_path):
+    path = _doubling_chain(tmp_path / "blow.onnx", 40, 1)
     with pytest.raises(ModelError, match="shared by several splits.*unfold"):
         Model.from_onnx(path)
+
+
+def test_leaf_weights_copied_past_the_cap_are_refused_before_they_are_built(tmp_path):
+    # 2^20 paths to one leaf of 64 weights: under the node cap (2^21 nodes) but 67 M weight
+    # copies, which ran Model.from_onnx out of memory (a 1.6 KB file, MemoryError at 3.7 GB);
+    # 16 weights (16.7 M copies) took 17 s and 1.85 GB and was accepted
+    import resource
+    for w in (64, 16):
+        path = _doubling_chain(tmp_path / f"w{w}.onnx", 20, w)
+        assert path.stat().st_size < 2000
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with pytest.raises(ModelError, match="more than 4194304 nodes or leaf weights"):
+            Model.from_onnx(path)
+        # refused from the counts, before anything is copied (the peak RSS barely moves)
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000
+    # a shared leaf of several weights still unfolds and matches onnxruntime
+    path = _doubling_chain(tmp_path / "ok.onnx", 6, 3)
+    x = np.array([[-1.0], [0.0], [1.0], [np.nan]], np.float32)
+    e = Engine(Model.from_onnx(path, head=Head("regression", 1.0, (0,))))
+    got = np.array([e.predict(r) for r in x], np.float32).reshape(len(x), -1)
+    _close(got, _ort(path, x))
 
 
 @pytest.mark.parametrize("miss", [[0, 0, 1, 1, 0, 0, 0], [0, 1, 0, 1, 0, 0, 0]])

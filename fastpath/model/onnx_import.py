@@ -26,6 +26,7 @@ so it depends on nothing in fastpath but the errors (Model.from_onnx builds the 
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -1274,8 +1275,12 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
 
 # how many nodes the trees of one ensemble may unfold into (_unshare): a real export's shared
 # subtrees copy to a few times its size; a crafted chain of splits whose two children are the
-# same node doubles the paths at each one
+# same node doubles the paths at each one. The leaf weights copied with them are capped the
+# same: a leaf carries any number of weights, so a 1.6 KB file (20 such splits above one leaf
+# of 64 weights: 2^20 paths, 67 M weight copies) passed the node cap and ran Model.from_onnx
+# out of memory (MemoryError at 3.7 GB), where it is refused now before anything is copied
 _MAX_UNFOLDED_NODES = 1 << 22
+_MAX_UNFOLDED_WEIGHTS = 1 << 22
 
 
 def _unshare(offsets, mode_a, tc, fc, perm, w_node, what: str, tree_list: list, nodeids,
@@ -1304,10 +1309,12 @@ def _unshare(offsets, mode_a, tc, fc, perm, w_node, what: str, tree_list: list, 
     shared = set(tree_of.tolist())
     new_off, srcs, ntcs, nfcs = [0], [], [], []
     copies: list = [[] for _ in range(n)]       # old global node -> its new global nodes
-    total = 0
+    n_w = np.bincount(w_node, minlength=n).tolist()     # weights on each node
+    total = total_w = 0
     for t in range(offsets.size - 1):
         lo, hi = int(offsets[t]), int(offsets[t + 1])
-        size = _unfolded_size(lo, hi, mode_a, tc, fc) if t in shared else None
+        sizes = _unfolded_size(lo, hi, mode_a, tc, fc, n_w) if t in shared else None
+        size = None if sizes is None else sizes[0]
         if size is None:
             # untouched (or left for TreeEnsemble to refuse): the same nodes, in order
             src = list(range(lo, hi))
@@ -1330,14 +1337,15 @@ def _unshare(offsets, mode_a, tc, fc, perm, w_node, what: str, tree_list: list, 
                                      f"fastpath does not reproduce: give the chain's nodes one "
                                      f"missing-value track")
             total += size
-            if total > _MAX_UNFOLDED_NODES:
+            total_w += sizes[1]
+            if total > _MAX_UNFOLDED_NODES or total_w > _MAX_UNFOLDED_WEIGHTS:
                 top = lo + int(np.argmax(indeg[lo:hi]))
                 raise ModelError(f"{what}: tree id {tree_list[t]} has nodes shared by several "
                                  f"splits (node id {int(nodeids[perm[top]])} "
                                  f"has {int(indeg[lo:hi].max())} parents); fastpath copies such a "
                                  f"node per path, and the ensemble would unfold into more than "
-                                 f"{_MAX_UNFOLDED_NODES} nodes; export fewer categories per split "
-                                 f"or smaller trees")
+                                 f"{_MAX_UNFOLDED_NODES} nodes or leaf weights; export fewer "
+                                 f"categories per split or smaller trees")
             src, ltc, lfc = [], [], []
             stack = [(0, -1, True)]             # (old local node, new parent, true side)
             while stack:
@@ -1359,25 +1367,33 @@ def _unshare(offsets, mode_a, tc, fc, perm, w_node, what: str, tree_list: list, 
         nfcs += lfc
         new_off.append(base + len(src))
     src_a = np.asarray(srcs, np.int64)
-    nw = [(c, k) for k, g in enumerate(w_node.tolist()) for c in copies[g]]
-    w_new = np.asarray([c for c, _ in nw], np.int64)
-    w_src = np.asarray([k for _, k in nw], np.int64)
+    # weight k (on old node g) once per copy of g, in the listed order: no tuple per copy
+    per = [copies[g] for g in w_node.tolist()]
+    w_src = np.repeat(np.arange(w_node.size, dtype=np.int64), [len(c) for c in per])
+    w_new = np.fromiter(itertools.chain.from_iterable(per), np.int64, count=w_src.size)
     return (np.asarray(new_off, np.int64), mode_a[src_a], np.asarray(ntcs, np.int64),
             np.asarray(nfcs, np.int64), perm[src_a], w_new, w_src)
 
 
-def _unfolded_size(lo: int, hi: int, mode_a, tc, fc):
-    """Nodes of tree [lo, hi) once every node has one parent (a node counted once per path
-    into it), or None when the tree has a cycle or a node the root does not reach."""
+def _unfolded_size(lo: int, hi: int, mode_a, tc, fc, n_w):
+    """(nodes, leaf weights) of tree [lo, hi) once every node has one parent (a node and its
+    n_w[node] weights counted once per path into it), or None when the tree has a cycle or a
+    node the root does not reach. Python ints: a crafted tree's counts pass 2^64."""
     m = hi - lo
     size = [0] * m
+    wsize = [0] * m
     state = [0] * m             # 0: not seen, 1: on the current path, 2: done
     stack = [(0, False)]
     while stack:
         i, done = stack.pop()
         if done:
             g = lo + i
-            size[i] = 1 if mode_a[g] == 6 else 1 + size[int(tc[g])] + size[int(fc[g])]
+            if mode_a[g] == 6:
+                size[i], wsize[i] = 1, n_w[g]
+            else:
+                a, b = int(tc[g]), int(fc[g])
+                size[i] = 1 + size[a] + size[b]
+                wsize[i] = n_w[g] + wsize[a] + wsize[b]
             state[i] = 2
             continue
         if state[i] == 1:
@@ -1394,7 +1410,7 @@ def _unfolded_size(lo: int, hi: int, mode_a, tc, fc):
                     stack.append((c, False))
     if 0 in state:
         return None
-    return size[0]
+    return size[0], wsize[0]
 
 
 def _file_ids(msg: str, tree_list: list, offsets: np.ndarray, nodeids: np.ndarray,
