@@ -325,6 +325,11 @@ def _check_time_order(ts: np.ndarray, symbols, sy: np.ndarray) -> None:
     n = len(sy)
     if ts.shape != (n,) or ts.dtype.kind not in "iu" or n < 2:
         return
+    if ts.dtype.kind == "i" and ts.min() < 0:
+        # a negative stamp is what is wrong there (the engine takes ts_ns >= 0 in a batch),
+        # and it read as "row 150 (-1) is earlier than row 148 (148)"
+        row = int(np.argmax(ts < 0))
+        raise InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}")
     order = np.lexsort((np.arange(n), sy))      # by symbol, then row
     t = ts[order]
     # compared, not subtracted: uint64 stamps past int64 are the engine's to refuse

@@ -165,3 +165,27 @@ def test_feature_spec_fit_refuses_negative_symbols():
         FeatureSpec.fit(r, [0, 1], [2], 4, symbols=sy)
     fs = FeatureSpec.fit(r, [0, 1], [2], 4, symbols=np.abs(sy))
     assert fs.w_idx.tolist() == [2]
+
+
+def test_fit_cache_policy_names_a_negative_stamp_not_a_backward_one():
+    # the caller-terms order check read a -1 after stamps as "ts_ns row 150 (-1) is earlier
+    # than row 148 (148)": the stamp's sign is what is wrong, as the engine says it
+    import numpy as np
+    from fastpath import lob
+    from fastpath._build import DEMO_MODEL
+    from fastpath.errors import InputError
+    from fastpath.model import Model
+    raws = lob.raw_from_book(lob.generate_stream(n_ticks=200, n_symbols=1, seed=3))
+    m = Model.load(DEMO_MODEL)
+    syms = np.where(np.arange(200) % 2 == 0, 5, 15).astype(np.int64)
+    ts = np.r_[np.arange(150, dtype=np.int64), -np.ones(50, np.int64)]
+    with pytest.raises(InputError, match=r"^ts_ns must be >= 0, row 150 is -1$"):
+        m.fit_cache_policy(raws, syms, ts_ns=ts)
+    ts = np.r_[np.arange(199, dtype=np.int64) * 10, -5]
+    with pytest.raises(InputError, match=r"^ts_ns must be >= 0, row 199 is -5$"):
+        m.fit_cache_policy(raws, syms, ts_ns=ts)
+    # a stamp going backwards is still named in the caller's rows and symbols
+    ts = np.arange(200, dtype=np.int64) * 10
+    ts[101] = 5
+    with pytest.raises(InputError, match=r"ts_ns row 101 \(5\) is earlier than row 99 .*symbol 15"):
+        m.fit_cache_policy(raws, syms, ts_ns=ts)
