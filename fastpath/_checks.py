@@ -9,11 +9,20 @@ from typing import Any
 
 import numpy as np
 
-from fastpath.errors import ConfigError
+from fastpath.errors import ConfigError, InputError
 
 # the most symbols one engine serves ([engine] n_symbols); the stream generator and
 # `fastpath calibrate` refuse ids past it, as the config does
 MAX_SYMBOLS = 1 << 22
+
+
+def check_symbol_ids(sy: np.ndarray) -> None:
+    """InputError for the first symbol id < 0 in sy (an integer array): the engine steps
+    symbols 0..n_symbols-1, so a negative id in calibration or replay data is a mistake in
+    the data (FeatureSpec.fit and fit_cache_policy refuse it alike)."""
+    if sy.size and sy.min() < 0:
+        raise InputError(f"symbols must be >= 0 (the engine's symbol ids), got {sy.min()} at "
+                         f"row {int(np.argmax(sy < 0))}")
 
 
 def _show(value: Any) -> str:

@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from fastpath._checks import check_symbol_ids
 from fastpath.errors import InputError, ModelError
 from fastpath.model import CachePolicy, FeatureSpec, Head, Model
 
@@ -275,9 +276,7 @@ def _dense_symbols(symbols, n: int) -> np.ndarray:
     if sy.shape != (n,) or sy.dtype.kind not in "iu":
         raise InputError(f"symbols must be an integer array of shape ({n},), got {sy.dtype} "
                          f"{sy.shape}")
-    if sy.min() < 0:
-        raise InputError(f"symbols must be >= 0 (the engine's symbol ids), got {sy.min()} at "
-                         f"row {int(np.argmax(sy < 0))}")
+    check_symbol_ids(sy)
     # caches and windows are per symbol and independent, so a replay only needs distinct
     # ids: dense ones keep the replay engines small (ids like 10**9 would ask for 10**9 slots)
     return np.unique(sy, return_inverse=True)[1].reshape(n).astype(np.int32)

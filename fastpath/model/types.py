@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fastpath._checks import check_value, one_of, plain_fields
+from fastpath._checks import check_symbol_ids, check_value, one_of, plain_fields
 from fastpath.errors import ConfigError, InputError, ModelError
 
 ACTIVATIONS = ("identity", "relu", "tanh", "sigmoid")
@@ -286,11 +286,8 @@ class FeatureSpec:
             symbols = np.zeros(n, np.int64)
         else:
             sy = np.asarray(symbols)
-            if sy.shape == (n,) and sy.dtype.kind == "i" and n and sy.min() < 0:
-                # as fit_cache_policy and the command line refuse them: the engine steps
-                # symbols 0..n_symbols-1, so a negative id here is a mistake in the data
-                raise InputError(f"symbols must be >= 0 (the engine's symbol ids), got "
-                                 f"{sy.min()} at row {int(np.argmax(sy < 0))}")
+            if sy.shape == (n,) and sy.dtype.kind == "i":
+                check_symbol_ids(sy)    # another shape or dtype: window_pre_features says
         pre = window_pre_features(raws, symbols, z, w, window)
         mean = pre.mean(axis=0, dtype=np.float64)
         std = pre.std(axis=0, dtype=np.float64)
