@@ -27,7 +27,8 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
     """[Sub, Mul: the input scaler,] Gemm (transB=1) + activation per layer, then the post
     transform as the importer reads it back (softmax: Softmax over axis 1; logistic2: Sigmoid,
     1 - p, Concat [1 - p, p]); input "features" [N, n_feat], output "out" [N, n_outputs];
-    metadata_props {"fastpath.model": onnx_meta.to_text(model)}."""
+    metadata_props {"fastpath.model": onnx_meta.to_text(model)} and its sha256
+    ("fastpath.model.sha256")."""
     try:
         import onnx
         from onnx import TensorProto, helper, numpy_helper
@@ -119,7 +120,7 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", int(opset))],
                               producer_name="fastpath")
         m.ir_version = 8
-        helper.set_model_props(m, {onnx_meta.KEY: record})
+        helper.set_model_props(m, onnx_meta.props(record))
         # a temp file renamed over `path`, as Model.save writes: a failed write (disk full)
         # must not leave a truncated file that a later Engine(path) reads as a damaged model
         onnx.save(m, tmp)

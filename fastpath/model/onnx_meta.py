@@ -24,7 +24,14 @@ transform; the input scaler). When it does not match, the file's graph was chang
 fastpath wrote it (edited, retrained and written back by another tool): a fitted cache
 policy's error budget was measured on the other model, so the cache is read as off (its fit
 report dropped, as with_weights drops it) and a UserWarning names the file; the spec, head
-and weights, which describe the graph's input and outputs, are kept."""
+and weights, which describe the graph's input and outputs, are kept.
+
+The record's own text has a digest beside it, under SUM_KEY: the sha256 of the text's UTF-8
+bytes. A record damaged in a way that stays valid (a digit of cos_threshold or of a z-score
+mean changed) read as that value: a looser cache or other features, the same silent wrong
+signal the record exists to prevent. A digest that does not match, or one without its record,
+is a ModelError naming the file. A record without a digest (written before it existed) is read
+as before."""
 from __future__ import annotations
 
 import base64
@@ -39,6 +46,7 @@ import numpy as np
 from fastpath.errors import ModelError
 
 KEY = "fastpath.model"
+SUM_KEY = "fastpath.model.sha256"
 FORMAT = "fastpath-onnx-meta"
 VERSION = 1
 _KEYS = frozenset(("format", "version", "feature_spec", "cache_policy", "head", "weights",
@@ -75,15 +83,47 @@ def to_text(model) -> str:
     return dumps(record).decode("utf-8")
 
 
+def text_digest(text: str) -> str:
+    """What to_onnx stores under SUM_KEY for the record `text`."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def props(text: str) -> dict:
+    """The metadata_props entries to_onnx writes for the record `text`."""
+    return {KEY: text, SUM_KEY: text_digest(text)}
+
+
 def find(props, name: str):
-    """The record's text among the file's metadata_props ((key, value) pairs), or None when
-    the file has none (another exporter's, or fastpath's before the record existed)."""
-    vals = [v for k, v in props if k == KEY]
-    if len(vals) > 1:
-        raise ModelError(f"{name}: metadata_props holds {KEY!r} {len(vals)} times; fastpath "
-                         f"writes it once (which one describes the model the file does not "
-                         f"say)")
-    return vals[0] if vals else None
+    """The record's text among the file's metadata_props ((key, value) pairs), checked
+    against its digest when the file holds one, or None when the file has no record
+    (another exporter's, or fastpath's before the record existed)."""
+    props = list(props)
+    found = {}
+    for key in (KEY, SUM_KEY):
+        vals = [v for k, v in props if k == key]
+        if len(vals) > 1:
+            raise ModelError(f"{name}: metadata_props holds {key!r} {len(vals)} times; "
+                             f"fastpath writes it once (which one describes the model the "
+                             f"file does not say)")
+        found[key] = vals[0] if vals else None
+    text, digest = found[KEY], found[SUM_KEY]
+    if digest is None:
+        return text
+    if text is None:
+        raise ModelError(f"{name}: metadata_props holds the digest of fastpath's record "
+                         f"({SUM_KEY!r}) but not the record ({KEY!r}) it was written with: "
+                         f"the record was removed since Model.to_onnx wrote the file, and "
+                         f"with it the feature spec, head and cache policy the model serves "
+                         f"with; write the file again with Model.to_onnx, or remove both "
+                         f"entries to read the graph alone")
+    if text_digest(text) != digest:
+        raise ModelError(f"{name}: fastpath's record in its metadata_props ({KEY!r}) does "
+                         f"not match its sha256 ({SUM_KEY!r}): the record was damaged or "
+                         f"edited after Model.to_onnx wrote it, and a changed value there "
+                         f"(a cache threshold, a z-score mean) would serve other signals "
+                         f"without an error; write the file again from the model with "
+                         f"Model.to_onnx")
+    return text
 
 
 def restore(text: str, name: str, layers, post: str, scaler, head, build):
