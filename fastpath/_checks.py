@@ -25,6 +25,13 @@ def check_symbol_ids(sy: np.ndarray) -> None:
                          f"row {int(np.argmax(sy < 0))}")
 
 
+def is_real(value: Any) -> bool:
+    """Whether value is a real number given as one: a Python or numpy int or float, never a
+    bool (True is an int to Python, and quantile=True read as 1 was a fit to the maximum)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and \
+        not isinstance(value, (bool, np.bool_))
+
+
 def _show(value: Any) -> str:
     """repr(value) for a message; an int of more than 30 digits by its size (past Python's
     4300 digits repr raises ValueError, which would replace the ConfigError)."""

@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from fastpath._checks import check_symbol_ids
+from fastpath._checks import check_symbol_ids, is_real
 from fastpath.errors import InputError, ModelError
 from fastpath.model import CachePolicy, FeatureSpec, Head, Model
 
@@ -135,9 +135,7 @@ def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = 
     h = _model(model, "fit_head_scale").head_spec
     if h.kind != "regression":
         raise ModelError(f"fit_head_scale fits a regression head; this model's head is {h.kind!r}")
-    if not all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
-            v, (bool, np.bool_)) for v in (quantile, target)) \
-            or not 0.0 < quantile <= 1.0 or not 0.0 < target < np.inf:
+    if not (is_real(quantile) and is_real(target)) or not 0.0 < quantile <= 1.0 or not 0.0 < target < np.inf:
         raise ModelError(f"quantile must be in (0, 1] and target a finite number > 0, got "
                          f"{quantile}, {target}")
     r = _ticks(raws, model.raw_len)
@@ -373,15 +371,13 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     r = _ticks(raws, _model(model, "fit_cache_policy").raw_len)
     n = len(r)
     sy = _dense_symbols(symbols, n)
-    if isinstance(max_error, bool) or not isinstance(max_error, (int, float, np.integer, np.floating)) \
-            or not 0.0 < float(max_error) <= 2.0:
+    if not is_real(max_error) or not 0.0 < float(max_error) <= 2.0:
         raise ModelError(f"max_error must be a signal error in (0, 2], got {max_error!r}")
     max_error = float(max_error)
     if max_sign_flips is not None and (isinstance(max_sign_flips, bool) or not isinstance(
             max_sign_flips, (int, np.integer)) or max_sign_flips < 0):
         raise ModelError(f"max_sign_flips must be None or an int >= 0, got {max_sign_flips!r}")
-    if isinstance(holdout, bool) or not isinstance(holdout, (int, float, np.integer, np.floating)) \
-            or not 0.0 <= float(holdout) <= 0.9:
+    if not is_real(holdout) or not 0.0 <= float(holdout) <= 0.9:
         raise ModelError(f"holdout must be the fraction of ticks held out, in [0, 0.9], got "
                          f"{holdout!r}")
     n_hold = int(round(n * float(holdout)))
