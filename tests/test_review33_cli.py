@@ -1,0 +1,116 @@
+"""Review 33, the `fastpath` command: Ctrl-C during its start-up, empty field lists, and the
+option names its errors speak of."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastpath
+from fastpath.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+# where fastpath was imported from (a checkout with built extensions, or site-packages): the
+# entry point's module is installed beside it
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
+
+
+def _entry_point() -> tuple:
+    """(module, function) of pyproject's `fastpath` script."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        target = tomllib.load(f)["project"]["scripts"]["fastpath"]
+    mod, _, fn = target.partition(":")
+    return mod, fn
+
+
+def _console_script(tmp_path) -> Path:
+    """The script pip writes for the entry point (bin/fastpath), run with this Python."""
+    mod, fn = _entry_point()
+    p = tmp_path / "fastpath-script.py"
+    p.write_text(f"import re\nimport sys\nfrom {mod} import {fn}\nif __name__ == '__main__':\n"
+                 f"    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+                 f"    sys.exit({fn}())\n")
+    return p
+
+
+def _maps(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+# What the process has mapped when the Ctrl-C is sent: the engine's .so (the start of `import
+# fastpath`), numpy's core (inside it), the serving module (near its end); "" is once it
+# blocks reading --ticks, the command running. Before the first, Python is still starting
+# (site.py), which no code of ours can guard.
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/PID/maps")
+@pytest.mark.parametrize("mark", ["_engine.cpython", "_multiarray_umath", "_serve.cpython", ""])
+def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path, mark):
+    # Was: the console script's `from fastpath.cli import main` took 0.1-0.4 s (numpy, the
+    # compiled engine); a Ctrl-C then printed a KeyboardInterrupt traceback and the process
+    # died by SIGINT (returncode -2), where a running command exits 130
+    script = _console_script(tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [PKG_PARENT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    # calibrate reading --ticks from a pipe nobody writes: blocked until the Ctrl-C
+    p = subprocess.Popen([sys.executable, str(script), "calibrate", "--ticks", "/dev/stdin",
+                          "--model", "m.onnx", "--out", str(tmp_path / "o.fpm")],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        if mark:
+            while mark not in _maps(p.pid) and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.0005)
+        else:
+            time.sleep(1.0)
+            while p.poll() is None and time.monotonic() < deadline:
+                with open(f"/proc/{p.pid}/wchan") as f:
+                    if "pipe" in f.read():       # blocked in read(2) on stdin
+                        break
+                time.sleep(0.01)
+        assert p.poll() is None, p.communicate()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    err = err.decode()
+    assert "Traceback" not in err, err
+    assert p.returncode == 130, (p.returncode, err)
+    assert len(err.strip().splitlines()) <= 1 and "interrupted" in err, err
+
+
+def test_entry_point_module_is_packaged_and_cheap_to_import(tmp_path):
+    # the guard works only if importing the entry point's module does not import fastpath
+    mod, fn = _entry_point()
+    out = subprocess.run([sys.executable, "-c", f"import sys, {mod}; "
+                          f"print(callable({mod}.{fn}), 'fastpath' in sys.modules, "
+                          f"'numpy' in sys.modules)"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=PKG_PARENT))
+    assert out.stdout.split() == ["True", "False", "False"], out.stdout + out.stderr
+    if "." not in mod:          # a top-level module: the wheel and the sdist must carry it
+        with open(ROOT / "pyproject.toml", "rb") as f:
+            st = tomllib.load(f)["tool"]["setuptools"]
+        assert mod in st.get("py-modules", ()), st
+        manifest = (ROOT / "MANIFEST.in").read_text()
+        assert f"{mod}.py" in manifest
+
+
+def test_wheel_and_sdist_carry_the_entry_point_module(tmp_path):
+    mod, _ = _entry_point()
+    if "." in mod:
+        pytest.skip("the entry point is inside a package, which the packaging tests cover")
+    from test_packaging import _setup
+    lib = tmp_path / "lib"
+    _setup(tmp_path, "build_py", "-d", str(lib))
+    assert (lib / f"{mod}.py").is_file(), sorted(p.name for p in lib.iterdir())
