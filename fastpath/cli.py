@@ -7,15 +7,28 @@ import os
 import sys
 
 
+_FIELDS_EXAMPLE = {"--z-fields": "0-111", "--window-fields": "40,60,61"}
+
+
 def _parse_fields(spec: str | None, default, option: str):
-    """'0-111,120,130-133' -> [0..111, 120, 130..133], in the order written."""
+    """'0-111,120,130-133' -> [0..111, 120, 130..133], in the order written; 'none' -> [].
+    A list that names no field ('', ' ', ',') is a usage error: --window-fields "$UNSET"
+    meant none, silently, and the default --z-fields then grew to fill the model's inputs
+    (the demo model's 3 window fields fitted as 6 more z fields, exit 0)."""
     from fastpath._ranges import parse_ranges
     if spec is None:
         return list(default)
+    if spec.strip().lower() == "none":
+        return []
     try:
-        return parse_ranges(spec, f"{option} field list")
+        fields = parse_ranges(spec, f"{option} field list")
     except ValueError as exc:
         raise SystemExit(f"fastpath calibrate: {exc}") from None
+    if not fields:
+        raise SystemExit(f"fastpath calibrate: {option} {spec!r} names no field; expected a "
+                         f"field list such as '{_FIELDS_EXAMPLE.get(option, '0-3,8')}', or "
+                         f"'none' for no fields (leave {option} out for the default)")
+    return fields
 
 
 def _int_in(lo: int, hi: int):
@@ -583,10 +596,11 @@ def main(argv=None) -> int:
                         "tanh_sigmoid, regression, classifier3, classifier2; OUTPUTS the "
                         "indices it reads, e.g. classifier3:2,1,0 or regression:1; SCALE a "
                         "regression head's scale (not here: calibrate fits it)")
-    c.add_argument("--z-fields", help="raw fields to z-score, e.g. '0-111' (default: the first "
-                   "n_in - 2 x window fields)")
-    c.add_argument("--window-fields", help="raw fields with rolling mean/std, e.g. '40,60,61' "
-                   "(default: fastpath.lob.WINDOW_FIELDS for 256-wide ticks, else none)")
+    c.add_argument("--z-fields", help="raw fields to z-score, e.g. '0-111', or 'none' "
+                   "(default: the first n_in - 2 x window fields)")
+    c.add_argument("--window-fields", help="raw fields with rolling mean/std, e.g. '40,60,61', "
+                   "or 'none' (default: fastpath.lob.WINDOW_FIELDS for 256-wide ticks, else "
+                   "none)")
     c.add_argument("--features", choices=("zscore", "raw"),
                    help="what the model was trained on: zscore (each feature's mean and std "
                         "fitted here, the default for an MLP) or raw (the fields, and their "

@@ -114,3 +114,44 @@ def test_wheel_and_sdist_carry_the_entry_point_module(tmp_path):
     lib = tmp_path / "lib"
     _setup(tmp_path, "build_py", "-d", str(lib))
     assert (lib / f"{mod}.py").is_file(), sorted(p.name for p in lib.iterdir())
+
+
+def _calibrate_files(tmp_path, n_in=128):
+    """256-wide ticks (whose default --window-fields is lob.WINDOW_FIELDS) and an MLP taking
+    n_in features."""
+    from conftest import random_model
+    from fastpath import lob
+    raws = np.ascontiguousarray(lob.raw_from_book(lob.generate_stream(300, 2, seed=3)))
+    np.save(tmp_path / "t.npy", raws)
+    random_model(np.random.default_rng(3), [n_in, 8, 2]).save(tmp_path / "m.fpm")
+    return ["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "m.fpm"),
+            "--out", str(tmp_path / "o.fpm")]
+
+
+@pytest.mark.parametrize("option,value", [("--window-fields", ""), ("--window-fields", "  "),
+                                          ("--window-fields", ","), ("--z-fields", ""),
+                                          ("--z-fields", " , ")])
+def test_an_empty_field_list_is_a_usage_error(tmp_path, capsys, option, value):
+    # Was: --window-fields "" (an unset shell variable) meant no window fields, silently; the
+    # default --z-fields then grew to the model's 128 inputs and the fit exited 0 with a spec
+    # the model was not trained on. --z-fields "" failed only the feature count, not naming
+    # the empty list
+    base = _calibrate_files(tmp_path)
+    assert main(base + [option, value]) == 2
+    err = capsys.readouterr().err
+    assert f"{option} {value!r} names no field" in err and "'none'" in err, err
+    assert not (tmp_path / "o.fpm").exists()
+
+
+def test_none_says_no_fields(tmp_path, capsys):
+    from fastpath.model import Model
+    base = _calibrate_files(tmp_path)
+    assert main(base + ["--window-fields", "none"]) == 0, capsys.readouterr().err
+    fs = Model.load(tmp_path / "o.fpm").feature_spec
+    assert len(fs.w_idx) == 0 and len(fs.z_idx) == 128
+    # a model over window features only: --z-fields none
+    base = _calibrate_files(tmp_path, n_in=6)
+    assert main(base + ["--z-fields", "NONE", "--window-fields", "40,60,61"]) == 0, \
+        capsys.readouterr().err
+    fs = Model.load(tmp_path / "o.fpm").feature_spec
+    assert len(fs.z_idx) == 0 and list(fs.w_idx) == [40, 60, 61]
