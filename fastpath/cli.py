@@ -322,6 +322,15 @@ def cmd_calibrate(args) -> int:
     if ts is not None and args.max_error is None:
         raise SystemExit("fastpath calibrate: --ts is used by the cache-policy fit; give "
                          "--max-error too")
+    if ts is not None:
+        # checked here, before the fit, in the option's name: the fit's own checks spoke of
+        # ts_ns, the Python argument ("ts_ns must be >= 0, row 7 is -1")
+        from fastpath.tuning import _check_time_order, _dense_symbols
+        big = np.flatnonzero(ts > np.iinfo(np.int64).max) if ts.dtype.kind == "u" else ()
+        if len(big):
+            raise SystemExit(f"fastpath calibrate: --ts row {big[0]} is {ts[big[0]]}, which "
+                             f"does not fit a signed 64-bit int of ns")
+        _check_time_order(ts, syms, _dense_symbols(syms, len(raws)), "--ts")
     if args.head is not None and args.head.kind == "regression" and \
             getattr(args, "head_scale_given", False):
         raise SystemExit(f"fastpath calibrate: --head gives the regression head a scale "
@@ -392,6 +401,7 @@ def cmd_calibrate(args) -> int:
             print("cache fit: no --ts given, ticks taken 1 ms apart for the age guard")
         out, rep = out.fit_cache_policy(raws, syms, max_error=args.max_error, ts_ns=ts,
                                         holdout=0.25 if args.holdout is None else args.holdout)
+        rep.ts_name = "timestamps with --ts"
         print(rep.table())
         p = out.cache_policy
         cache = (f"cache: on, fitted to max error {p.fitted_max_error:g} (cosine >= "

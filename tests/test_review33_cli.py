@@ -155,3 +155,66 @@ def test_none_says_no_fields(tmp_path, capsys):
         capsys.readouterr().err
     fs = Model.load(tmp_path / "o.fpm").feature_spec
     assert len(fs.z_idx) == 0 and list(fs.w_idx) == [40, 60, 61]
+
+
+def _ts_files(tmp_path, ts, policy=None):
+    """Small ticks (20 fields, no default window fields), an MLP over 14 of them, and the
+    stamps `ts` (None: no file)."""
+    from conftest import random_model
+    rng = np.random.default_rng(5)
+    raws = (rng.standard_normal((60, 20)) * 4 + 3).astype(np.float32)
+    np.save(tmp_path / "t.npy", raws)
+    random_model(rng, [14, 8, 2], policy=policy).save(tmp_path / "m.fpm")
+    args = ["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "m.fpm"),
+            "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-13", "--max-error", "0.05",
+            "--holdout", "0"]
+    if ts is not None:
+        np.save(tmp_path / "ts.npy", ts)
+        args += ["--ts", str(tmp_path / "ts.npy")]
+    return args
+
+
+def _stamps(kind):
+    ts = np.arange(60, dtype=np.int64) * 1000
+    if kind == "negative":
+        ts[7] = -1
+    elif kind == "backwards":
+        ts[9] = ts[3]
+    elif kind == "past int64":
+        ts = ts.astype(np.uint64)
+        ts[11] = np.uint64(2 ** 63 + 5)
+    return ts
+
+
+@pytest.mark.parametrize("kind,says", [("negative", "row 7 is -1"),
+                                       ("backwards", "row 9 (3000) is earlier than row 8"),
+                                       ("past int64", "row 11 is 9223372036854775813")])
+def test_bad_ts_is_named_as_the_option_typed(tmp_path, capsys, kind, says):
+    # Was: "fastpath calibrate: ts_ns must be >= 0, row 7 is -1" (and "ts_ns row 9 ...",
+    # "ts_ns row 11 ..."): ts_ns is the Python argument, the user typed --ts
+    assert main(_ts_files(tmp_path, _stamps(kind))) == 2
+    err = capsys.readouterr().err
+    assert "ts_ns" not in err and "--ts" in err and says in err, err
+    assert not (tmp_path / "o.fpm").exists()
+
+
+def test_the_python_api_still_says_ts_ns(tmp_path):
+    from fastpath.errors import InputError
+    from fastpath.model import Model
+    _ts_files(tmp_path, None)
+    m = Model.load(tmp_path / "m.fpm")
+    raws = np.ascontiguousarray(np.load(tmp_path / "t.npy")[:, :14])
+    for kind, says in [("negative", "ts_ns must be >= 0, row 7 is -1"),
+                       ("backwards", "ts_ns row 9 (3000) is earlier than row 8")]:
+        with pytest.raises(InputError, match=r"^" + says.replace("(", r"\(").replace(")", r"\)")):
+            m.fit_cache_policy(raws, None, max_error=0.05, ts_ns=_stamps(kind))
+
+
+def test_the_age_guard_note_names_ts(tmp_path, capsys):
+    # Was: a policy whose age guard no tick passes printed "raise max_age_ns (or give the
+    # ticks' own ts_ns)" to a command user, who gives stamps with --ts
+    from fastpath.model import CachePolicy
+    args = _ts_files(tmp_path, None, policy=CachePolicy(True, 0.999, 0.02, 1000, 16))
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "max_age_ns 1000" in out and "--ts" in out and "ts_ns" not in out, out
