@@ -7,15 +7,28 @@ import os
 import sys
 
 
+_FIELDS_EXAMPLE = {"--z-fields": "0-111", "--window-fields": "40,60,61"}
+
+
 def _parse_fields(spec: str | None, default, option: str):
-    """'0-111,120,130-133' -> [0..111, 120, 130..133], in the order written."""
+    """'0-111,120,130-133' -> [0..111, 120, 130..133], in the order written; 'none' -> [].
+    A list that names no field ('', ' ', ',') is a usage error: --window-fields "$UNSET"
+    meant none, silently, and the default --z-fields then grew to fill the model's inputs
+    (the demo model's 3 window fields fitted as 6 more z fields, exit 0)."""
     from fastpath._ranges import parse_ranges
     if spec is None:
         return list(default)
+    if spec.strip().lower() == "none":
+        return []
     try:
-        return parse_ranges(spec, f"{option} field list")
+        fields = parse_ranges(spec, f"{option} field list")
     except ValueError as exc:
         raise SystemExit(f"fastpath calibrate: {exc}") from None
+    if not fields:
+        raise SystemExit(f"fastpath calibrate: {option} {spec!r} names no field; expected a "
+                         f"field list such as '{_FIELDS_EXAMPLE.get(option, '0-3,8')}', or "
+                         f"'none' for no fields (leave {option} out for the default)")
+    return fields
 
 
 def _int_in(lo: int, hi: int):
@@ -309,6 +322,15 @@ def cmd_calibrate(args) -> int:
     if ts is not None and args.max_error is None:
         raise SystemExit("fastpath calibrate: --ts is used by the cache-policy fit; give "
                          "--max-error too")
+    if ts is not None:
+        # checked here, before the fit, in the option's name: the fit's own checks spoke of
+        # ts_ns, the Python argument ("ts_ns must be >= 0, row 7 is -1")
+        from fastpath.tuning import _check_time_order, _dense_symbols
+        big = np.flatnonzero(ts > np.iinfo(np.int64).max) if ts.dtype.kind == "u" else ()
+        if len(big):
+            raise SystemExit(f"fastpath calibrate: --ts row {big[0]} is {ts[big[0]]}, which "
+                             f"does not fit a signed 64-bit int of ns")
+        _check_time_order(ts, syms, _dense_symbols(syms, len(raws)), "--ts")
     if args.head is not None and args.head.kind == "regression" and \
             getattr(args, "head_scale_given", False):
         raise SystemExit(f"fastpath calibrate: --head gives the regression head a scale "
@@ -379,6 +401,7 @@ def cmd_calibrate(args) -> int:
             print("cache fit: no --ts given, ticks taken 1 ms apart for the age guard")
         out, rep = out.fit_cache_policy(raws, syms, max_error=args.max_error, ts_ns=ts,
                                         holdout=0.25 if args.holdout is None else args.holdout)
+        rep.ts_name = "timestamps with --ts"
         print(rep.table())
         p = out.cache_policy
         cache = (f"cache: on, fitted to max error {p.fitted_max_error:g} (cosine >= "
@@ -583,10 +606,11 @@ def main(argv=None) -> int:
                         "tanh_sigmoid, regression, classifier3, classifier2; OUTPUTS the "
                         "indices it reads, e.g. classifier3:2,1,0 or regression:1; SCALE a "
                         "regression head's scale (not here: calibrate fits it)")
-    c.add_argument("--z-fields", help="raw fields to z-score, e.g. '0-111' (default: the first "
-                   "n_in - 2 x window fields)")
-    c.add_argument("--window-fields", help="raw fields with rolling mean/std, e.g. '40,60,61' "
-                   "(default: fastpath.lob.WINDOW_FIELDS for 256-wide ticks, else none)")
+    c.add_argument("--z-fields", help="raw fields to z-score, e.g. '0-111', or 'none' "
+                   "(default: the first n_in - 2 x window fields)")
+    c.add_argument("--window-fields", help="raw fields with rolling mean/std, e.g. '40,60,61', "
+                   "or 'none' (default: fastpath.lob.WINDOW_FIELDS for 256-wide ticks, else "
+                   "none)")
     c.add_argument("--features", choices=("zscore", "raw"),
                    help="what the model was trained on: zscore (each feature's mean and std "
                         "fitted here, the default for an MLP) or raw (the fields, and their "

@@ -183,6 +183,8 @@ class CacheFitReport:
     max_age_ns: int | None = None
     max_run: int | None = None
     min_gap_ns: int | None = None
+    # what the note calls the ticks' stamps (the calibrate command: "timestamps with --ts")
+    ts_name: str = field(default="ts_ns", repr=False)
 
     @property
     def note(self) -> str:
@@ -200,7 +202,7 @@ class CacheFitReport:
                 return (f"{head}; the model's cache policy has max_age_ns {self.max_age_ns}, "
                         f"less than the {self.min_gap_ns} ns or more between two ticks of a "
                         f"symbol here, so every cached result was too old to use: raise "
-                        f"max_age_ns (or give the ticks' own ts_ns)")
+                        f"max_age_ns (or give the ticks' own {self.ts_name})")
             return f"{head} (fit on a longer recording)"
         refused = ""
         if self.refused_by_holdout:
@@ -314,11 +316,12 @@ def weights_error(model: Model, raws: np.ndarray, weights: str,
             "sign_flips": int(np.count_nonzero(flips)), "n": n, "worst_tick": int(np.argmax(d))}
 
 
-def _check_time_order(ts: np.ndarray, symbols, sy: np.ndarray) -> None:
+def _check_time_order(ts: np.ndarray, symbols, sy: np.ndarray, name: str = "ts_ns") -> None:
     """InputError for the first tick whose ts_ns is earlier than its symbol's previous one,
     in the caller's rows and symbol ids: the replay engines see the dense ids (_dense_symbols)
     and their refusal named those (symbols 5 and 15 were "symbol 1"). ts_ns of another shape
-    or dtype is left to the engine's check, which says what it takes."""
+    or dtype is left to the engine's check, which says what it takes. name: what the message
+    calls the stamps (the calibrate command checks its --ts with this, before the fit)."""
     n = len(sy)
     if ts.shape != (n,) or ts.dtype.kind not in "iu" or n < 2:
         return
@@ -326,7 +329,7 @@ def _check_time_order(ts: np.ndarray, symbols, sy: np.ndarray) -> None:
         # a negative stamp is what is wrong there (the engine takes ts_ns >= 0 in a batch),
         # and it read as "row 150 (-1) is earlier than row 148 (148)"
         row = int(np.argmax(ts < 0))
-        raise InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}")
+        raise InputError(f"{name} must be >= 0, row {row} is {ts[row]}")
     order = np.lexsort((np.arange(n), sy))      # by symbol, then row
     t = ts[order]
     # compared, not subtracted: uint64 stamps past int64 are the engine's to refuse
@@ -335,7 +338,7 @@ def _check_time_order(ts: np.ndarray, symbols, sy: np.ndarray) -> None:
         k = back[np.argmin(order[back + 1])]    # the first such tick in stream order
         row, prev = int(order[k + 1]), int(order[k])
         sym = 0 if symbols is None else np.asarray(symbols)[row]
-        raise InputError(f"ts_ns row {row} ({ts[row]}) is earlier than row {prev} "
+        raise InputError(f"{name} row {row} ({ts[row]}) is earlier than row {prev} "
                          f"({ts[prev]}), the previous tick of symbol {sym}: timestamps must "
                          f"not go backwards per symbol")
 

@@ -667,7 +667,7 @@ def test_calibrate_a_tree_model(exported, tmp_path):
     out = tmp_path / "cal.fpm"
     # a tree must say what its features are (test_review27_heads); sklearn's were raw
     rc = main(["calibrate", "--ticks", str(ticks), "--model", str(src), "--out", str(out),
-               "--z-fields", "40-51", "--window-fields", "", "--features", "raw"])
+               "--z-fields", "40-51", "--window-fields", "none", "--features", "raw"])
     assert rc == 0
     cal = Model.load(out)
     assert cal.kind == "trees" and cal.feature_spec.raw_len == raws.shape[1]

@@ -159,7 +159,7 @@ def test_calibrate_cli_cache_off_unless_fitted(tmp_path):
     np.save(tmp_path / "ts.npy", np.arange(len(raws), dtype=np.int64) * 1000)
     random_model(rng, [14, 8, 2]).save(tmp_path / "m.fpm")      # cache enabled, not fitted
     common = ("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "m.fpm"),
-              "--z-fields", "0-13", "--window-fields", "")
+              "--z-fields", "0-13", "--window-fields", "none")
     out = _cli(*common, "--out", str(tmp_path / "off.fpm"))
     assert out.returncode == 0, out.stderr
     assert "cache: off" in out.stdout and "--max-error" in out.stdout

@@ -230,7 +230,7 @@ def test_calibrate_takes_a_head_for_a_model_that_needs_one(tmp_path, capsys):
     p = _three_output_onnx(tmp_path)
     _ticks(tmp_path)
     base = ["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p),
-            "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-5", "--window-fields", ""]
+            "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-5", "--window-fields", "none"]
     assert main(base) == 2
     err = capsys.readouterr().err
     assert "no head was given" in err and "--head KIND[:OUTPUTS][@SCALE]" in err
@@ -273,7 +273,7 @@ def test_a_classifier_head_the_outputs_cannot_take_is_refused_on_the_command_lin
     p = _three_output_onnx(tmp_path)
     _ticks(tmp_path)
     assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p),
-                 "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-5", "--window-fields", "",
+                 "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-5", "--window-fields", "none",
                  "--head", "classifier3"]) == 2
     assert "reads class probabilities" in capsys.readouterr().err
 
@@ -334,7 +334,7 @@ def test_calibrate_asks_a_tree_model_what_its_features_are(tmp_path, capsys):
     p = _tree_onnx(tmp_path)
     raws = _ticks(tmp_path)                  # fields around 10: the stump's threshold
     base = ["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p),
-            "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-5", "--window-fields", ""]
+            "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-5", "--window-fields", "none"]
     assert main(base) == 2
     err = capsys.readouterr().err
     assert "a tree ensemble compares each feature with thresholds" in err
@@ -363,7 +363,7 @@ def test_calibrate_asks_a_model_with_its_own_scaler(tmp_path, capsys):
     m.save(tmp_path / "m.fpm")
     _ticks(tmp_path)
     base = ["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "m.fpm"),
-            "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-5", "--window-fields", ""]
+            "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-5", "--window-fields", "none"]
     assert main(base) == 2
     assert "standardises its input itself" in capsys.readouterr().err
     assert main(base + ["--features", "raw"]) == 0
@@ -378,7 +378,7 @@ def test_calibrate_still_z_scores_an_mlp_by_default(tmp_path, capsys):
     _ticks(tmp_path)
     assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model",
                  str(tmp_path / "m.fpm"), "--out", str(tmp_path / "o.fpm"), "--z-fields", "0-5",
-                 "--window-fields", ""]) == 0
+                 "--window-fields", "none"]) == 0
     assert "6 z-scored fields" in capsys.readouterr().out
     assert Model.load(tmp_path / "o.fpm").feature_spec.inv_std[0] != 1
 

@@ -15,7 +15,7 @@ def test_an_unreadable_input_file_names_its_option(tmp_path, capsys, opt):
     args = {"--ticks": str(tmp_path / "t.npy")}
     args[opt] = str(tmp_path / "missing.npy")
     argv = ["calibrate", "--model", str(p), "--out", str(tmp_path / "c.fpm"), "--z-fields",
-            "0-5", "--window-fields", ""]
+            "0-5", "--window-fields", "none"]
     for k, v in args.items():
         argv += [k, v]
     if opt == "--ts":
@@ -40,7 +40,7 @@ def test_fp32_weights_on_a_tree_say_what_a_tree_holds(tmp_path, capsys):
     p = _tree_onnx(tmp_path)
     np.save(tmp_path / "t.npy", np.random.default_rng(3).standard_normal((40, 6)).astype(F32))
     assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
-                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "",
+                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "none",
                  "--features", "raw", "--weights", "fp32"]) == 0
     out = capsys.readouterr().out
     assert "hidden layers" not in out

@@ -125,7 +125,7 @@ def test_a_calibrated_scale_is_quiet_and_replacing_it_is_said(tmp_path, capsys, 
     raws = (np.random.default_rng(5).standard_normal((300, 6)) * 3 + 10).astype(F32)
     np.save(tmp_path / "t.npy", raws)
     assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
-                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", ""]) == 0
+                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "none"]) == 0
     capsys.readouterr()
     fitted = Model.load(tmp_path / "c.fpm").head_spec.scale
     assert fitted != 1.0
@@ -153,7 +153,7 @@ def test_calibrate_refuses_any_scale_it_would_refit(tmp_path, capsys):
     np.save(tmp_path / "t.npy", np.ones((50, 6), F32))
     # @1 was taken silently (only a scale other than 1 was refused), then refitted
     assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
-                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "",
+                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "none",
                  "--head", "regression@1"]) == 2
     assert "calibrate fits the regression head's scale" in capsys.readouterr().err
 
@@ -216,7 +216,7 @@ def test_calibrate_refuses_reduced_weights_for_a_tree_before_the_fit(tmp_path, c
     p = _tree_onnx(tmp_path)
     np.save(tmp_path / "t.npy", np.ones((20, 6), F32))
     assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
-                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "",
+                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "none",
                  "--features", "raw", "--weights", "int8"]) == 2
     cap = capsys.readouterr()
     assert "--weights int8 packs an MLP's hidden layers" in cap.err
@@ -239,7 +239,7 @@ def test_an_empty_model_or_symbols_path_is_refused_not_defaulted(tmp_path, capsy
         extra = ["--max-error", "0.01"] if opt == "--ts" else []
         assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), opt, "", "--model", str(p),
                      "--out", str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields",
-                     ""] + extra) == 2
+                     "none"] + extra) == 2
         assert f"{opt} '': cannot read it (No such file or directory)" in capsys.readouterr().err
     assert not (tmp_path / "c.fpm").exists()
     # the demo model under a regression head the user chose says whose head it is

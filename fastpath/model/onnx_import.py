@@ -45,6 +45,16 @@ _INSTEAD = {
     "LeakyRelu": "use ReLU, Tanh or Sigmoid activations",
     "Gelu": "use ReLU, Tanh or Sigmoid activations",
     "Elu": "use ReLU, Tanh or Sigmoid activations",
+    # what torch writes for nn.Hardtanh / nn.ReLU6 (Clip), nn.SELU, nn.Softplus, nn.PReLU,
+    # nn.Hardsigmoid, nn.Hardswish, nn.Mish
+    "Clip": "use ReLU, Tanh or Sigmoid activations (Clip is what torch writes for Hardtanh "
+            "and ReLU6)",
+    "Selu": "use ReLU, Tanh or Sigmoid activations",
+    "Softplus": "use ReLU, Tanh or Sigmoid activations",
+    "PRelu": "use ReLU, Tanh or Sigmoid activations",
+    "HardSigmoid": "use ReLU, Tanh or Sigmoid activations",
+    "HardSwish": "use ReLU, Tanh or Sigmoid activations",
+    "Mish": "use ReLU, Tanh or Sigmoid activations",
     "Dropout": "export the model in eval mode (model.eval()), which drops Dropout",
     "SVMRegressor": "export a linear model or MLP instead of an SVM",
     "SVMClassifier": "export a linear model or MLP instead of an SVM",
@@ -367,6 +377,21 @@ def layers_from_onnx(path: str | os.PathLike) -> tuple:
     return g["layers"]
 
 
+def _missing_external_data(onnx, name: str) -> str | None:
+    """The location of the first external data file the model at `name` names that is not
+    a file beside it, or None (none missing, or the file cannot be read even so)."""
+    try:
+        m = onnx.load(name, load_external_data=False)
+        for t in m.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                loc = next((e.value for e in t.external_data if e.key == "location"), "")
+                if not os.path.isfile(os.path.join(os.path.dirname(name), loc)):
+                    return loc
+    except Exception:  # noqa: BLE001 - the caller's error stands
+        return None
+    return None
+
+
 def read_onnx(path: str | os.PathLike) -> dict:
     """{"layers": ((weight, bias, activation), ...), "post": "none" | "softmax" | "logistic2",
     "output": the graph output served, "classifier": whether it holds class probabilities,
@@ -393,6 +418,17 @@ def read_onnx(path: str | os.PathLike) -> dict:
             # read as ONNX by its suffix (Engine and the CLI choose the reader so)
             raise ModelError(f"{name} is a fastpath bundle, not ONNX: name it .fpm, or read "
                              f"it with Model.load") from None
+        missing = _missing_external_data(onnx, name)
+        if missing:
+            # torch.onnx.export(dynamo=True) writes the weights of even a small MLP to
+            # NAME.onnx.data beside the graph; the .onnx copied alone was "not a readable ONNX
+            # model (ValidationError: Data of TensorProto ... it is not regular file.)"
+            raise ModelError(f"{name} keeps its weights in the external data file "
+                             f"{missing!r}, which is not beside it "
+                             f"({os.path.dirname(os.path.abspath(name))}): copy it there with "
+                             f"the .onnx, or write one self-contained file (torch.onnx.export("
+                             f"..., external_data=False), or onnx.save_model(onnx.load(path), "
+                             f"out, save_as_external_data=False))") from None
         raise ModelError(f"{name} is not a readable ONNX model ({type(exc).__name__}: {exc})") from None
     if not model.HasField("graph"):
         # an empty file (a failed download, a file truncated to 0 bytes) parses as an empty
@@ -616,11 +652,23 @@ def read_onnx(path: str | os.PathLike) -> dict:
                          f"dimensions); a dense model reads [batch, features]")
     flat = rank <= 2
     reshaped = False
+    sigmoid_of = {n.output[0]: n for n in nodes if n.op_type == "Sigmoid" and n.input
+                  and n.output}
     for idx, node in enumerate(nodes):
         op = node.op_type
         if id(node) in skip or op == "Constant" or \
                 (op in _CONST_FOLD and node.output and node.output[0] in folded):
             continue
+        if op == "Mul" and len(node.input) == 2:
+            # x * sigmoid(x): nn.SiLU as both torch exporters write it; it was refused as a
+            # Mul whose "weight" was not a constant, which named no activation
+            for a_in, b_in in (node.input, node.input[::-1]):
+                sig = sigmoid_of.get(b_in)
+                if sig is not None and sig.input[0] == a_in:
+                    raise ModelError(f"{name}: nodes {sig.name!r} (Sigmoid) and {node.name!r} "
+                                     f"(Mul) compute x * sigmoid(x), SiLU / Swish, which is not "
+                                     f"an activation fastpath runs; use ReLU, Tanh or Sigmoid "
+                                     f"activations")
         if op not in SUPPORTED:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
                                     "models) built from " + ", ".join(SUPPORTED[:-1]) +
