@@ -47,7 +47,7 @@ void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_
     FP_STORE_REL(&h->magic, FP_SEG_MAGIC);
 }
 
-static void free_slot(const fp_seg_layout *L, int i) {
+static void free_slot(const fp_seg_layout *L, int i, fp_worker_stats *S) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     fp_ring_ctl *ctl = fp_lay_ctl(L, i);
     /* the owner is gone: what it left in its rings is dropped with it. A slot's seq is how a
@@ -61,6 +61,9 @@ static void free_slot(const fp_seg_layout *L, int i) {
     FP_STORE_REL(&ctl->req_tail.v, 0);
     FP_STORE_REL(&ctl->rep_head.v, 0);
     FP_STORE_REL(&ctl->rep_tail.v, 0);
+    /* the next owner's count starts at 0 (the client zeroing the header's copy at its claim
+     * is for the published figure only) */
+    __atomic_store_n(&S->client_served[i], 0, __ATOMIC_RELAXED);
     h->clients[i].pid = 0;
     /* a client still using the slot (its pid only looked dead) sees the new generation on
      * its own cursor line at its next call and stops, before the slot is offered again */
@@ -93,7 +96,8 @@ static void retire_slot(const fp_seg_layout *L, int i) {
  * ~6 us per client every heartbeat (47 us a millisecond with 8 clients, in the p99 of every
  * tick that arrived meanwhile). A dead owner is then retired within as many heartbeats as
  * there are owners (64 ms at most at the 1 ms default), and its slot freed one later. */
-static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next) {
+static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next,
+                     fp_worker_stats *S) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
     const uint32_t m = L->max_clients;
@@ -101,7 +105,7 @@ static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next) {
         uint32_t st = FP_LOAD_ACQ(&h->clients[i].state);
         if (st == FP_CL_CLOSING || st == FP_CL_RETIRED) {
             /* CLOSING: the owner's last store was the close itself; RETIRED: a pass ago */
-            free_slot(L, (int)i);
+            free_slot(L, (int)i, S);
             n++;
         }
     }
@@ -115,16 +119,36 @@ static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next) {
         }
     }
     if (n)
-        __atomic_add_fetch(&h->clients_reaped, (uint64_t)n, __ATOMIC_RELAXED);
+        __atomic_store_n(&S->clients_reaped, S->clients_reaped + (uint64_t)n, __ATOMIC_RELAXED);
     return n;
 }
 
 int fp_worker_reap(fp_seg_header *h, uint64_t size) {
     fp_seg_layout L;
+    fp_worker_stats S;
     uint32_t next = 0;
     if (fp_seg_layout_read(h, size, &L))
         return -1;
-    return reap_pass(&L, L.max_clients, &next);
+    memset(&S, 0, sizeof S);
+    int n = reap_pass(&L, L.max_clients, &next, &S);
+    if (n)
+        __atomic_add_fetch(&h->clients_reaped, (uint64_t)n, __ATOMIC_RELAXED);
+    return n;
+}
+
+/* The counts copied into the segment header for clients (client.server_stats()): about once
+ * a heartbeat, and when the loop ends. Nothing reads them back. */
+static void publish(const fp_seg_layout *L, const fp_worker_stats *S) {
+    fp_seg_header *h = (fp_seg_header *)L->base;
+    __atomic_store_n(&h->served, S->served, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->errors, S->errors, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->busy_ns, S->busy_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->idle_polls, S->idle_polls, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->loops, S->loops, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->clients_reaped, S->clients_reaped, __ATOMIC_RELAXED);
+    for (uint32_t i = 0; i < L->max_clients; i++)
+        if (FP_LOAD_RLX(&h->clients[i].state) == FP_CL_ACTIVE)
+            __atomic_store_n(&h->clients[i].served, S->client_served[i], __ATOMIC_RELAXED);
 }
 
 /* A request published at position `tail` of this ring, or NULL: the worker polls the slot's
@@ -166,8 +190,7 @@ size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
  * tick: the worker's own raw_len floats, each request is copied there before it is checked
  * and stepped (see below). */
 static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget, uint64_t end,
-                        fp_lat_ring *lat, float *tick, uint64_t born) {
-    fp_seg_header *h = (fp_seg_header *)L->base;
+                        fp_lat_ring *lat, float *tick, uint64_t born, fp_worker_stats *S) {
     fp_ring_ctl *ctl = fp_lay_ctl(L, i);
     uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
     const fp_req *q = tail < end ? published(L, ctl, tail) : NULL;
@@ -268,25 +291,27 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
         q = tail < end ? published(L, ctl, tail) : NULL;
     }
     if (n) {
-        /* single writer: plain stores, no locked add on the loop's path */
-        fp_client_entry *ce = &h->clients[i];
-        __atomic_store_n(&ce->served, ce->served + (uint64_t)n, __ATOMIC_RELAXED);
-        __atomic_store_n(&h->served, h->served + (uint64_t)n, __ATOMIC_RELAXED);
-        __atomic_store_n(&h->busy_ns, h->busy_ns + (uint64_t)busy, __ATOMIC_RELAXED);
+        /* single writer: plain stores, no locked add on the loop's path, into the worker's
+         * own memory (published to the header once a heartbeat) */
+        __atomic_store_n(&S->client_served[i], S->client_served[i] + (uint64_t)n,
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&S->served, S->served + (uint64_t)n, __ATOMIC_RELAXED);
+        __atomic_store_n(&S->busy_ns, S->busy_ns + (uint64_t)busy, __ATOMIC_RELAXED);
         if (errors)
-            __atomic_store_n(&h->errors, h->errors + errors, __ATOMIC_RELAXED);
+            __atomic_store_n(&S->errors, S->errors + errors, __ATOMIC_RELAXED);
     }
     return n;
 }
 
 /* end: per client, the ring position it is served up to (NULL: no limit; the drain's) */
 static int serve_all(const fp_seg_layout *L, fp_engine *e, int budget, const uint64_t *end,
-                     fp_lat_ring *lat, float *tick, uint64_t born) {
+                     fp_lat_ring *lat, float *tick, uint64_t born, fp_worker_stats *S) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
     for (uint32_t i = 0; i < L->max_clients; i++)
         if (FP_LOAD_ACQ(&h->clients[i].state) == FP_CL_ACTIVE)
-            n += serve_client(L, e, (int)i, budget, end ? end[i] : UINT64_MAX, lat, tick, born);
+            n += serve_client(L, e, (int)i, budget, end ? end[i] : UINT64_MAX, lat, tick, born,
+                              S);
     return n;
 }
 
@@ -310,6 +335,18 @@ static int idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
     return 1;
 }
 
+/* The server state, in the header (clients act on it) and in the worker's own counts (what
+ * the server reports: the header's copy is any mapping process's to overwrite) */
+static inline void set_state(fp_seg_header *h, fp_worker_stats *S, uint32_t st) {
+    __atomic_store_n(&S->state, st, __ATOMIC_RELEASE);
+    FP_STORE_REL(&h->state, st);
+}
+
+static inline void beat(fp_seg_header *h, fp_worker_stats *S, int64_t now) {
+    __atomic_store_n(&S->heartbeat_ns, now, __ATOMIC_RELAXED);
+    FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
+}
+
 void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worker_opts *o) {
     /* the layout as fp_seg_init wrote it, copied once: every address below comes from this
      * copy, so a client's store into the live header cannot move the worker's (see
@@ -317,16 +354,22 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
      * Checked against the bytes the caller mapped, not the header's own total_bytes: a
      * store of total_bytes along with slots and client_region_bytes (consistent with each
      * other) passed the check and sent the worker a gigabyte past the mapping. */
+    fp_worker_stats own;
+    fp_worker_stats *S = o->stats;
+    if (!S) {
+        memset(&own, 0, sizeof own);
+        S = &own;
+    }
     fp_seg_layout lay;
     if (fp_seg_layout_read(h, size, &lay) || lay.raw_len != (uint32_t)e->fs.raw_len) {
-        FP_STORE_REL(&h->state, FP_SRV_STOPPED);
+        set_state(h, S, FP_SRV_STOPPED);
         return;
     }
     /* each request's tick, copied out of its slot (serve_client); FP_SLACK zeroed floats
      * after it, as after the engine's own buffers */
     float *tick = (float *)fp_aligned_alloc(sizeof(float) * ((size_t)lay.raw_len + FP_SLACK));
     if (!tick) {
-        FP_STORE_REL(&h->state, FP_SRV_STOPPED);
+        set_state(h, S, FP_SRV_STOPPED);
         return;
     }
     const fp_seg_layout *L = &lay;
@@ -334,10 +377,10 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
     int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
     uint64_t idle_run = 0, idle_polls = 0, loops = 0, unclocked = 0;
     uint32_t probe = 0;           /* the next owner whose pid a heartbeat's reap looks at */
-    FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
-    FP_STORE_REL(&h->state, FP_SRV_RUNNING);
+    beat(h, S, now);
+    set_state(h, S, FP_SRV_RUNNING);
     for (;;) {
-        int n = serve_all(L, e, 64, NULL, o->lat, tick, o->born_ticks);
+        int n = serve_all(L, e, 64, NULL, o->lat, tick, o->born_ticks, S);
         loops++;
         unclocked += (uint64_t)n;
         /* clock_gettime costs about a poll's worth of time: read it every 64 rounds (an idle
@@ -358,10 +401,11 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
         }
         if (now - last_beat >= beat_ns) {
             last_beat = now;
-            FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
-            __atomic_store_n(&h->idle_polls, idle_polls, __ATOMIC_RELAXED);
-            __atomic_store_n(&h->loops, loops, __ATOMIC_RELAXED);
-            reap_pass(L, 1, &probe);
+            beat(h, S, now);
+            __atomic_store_n(&S->idle_polls, idle_polls, __ATOMIC_RELAXED);
+            __atomic_store_n(&S->loops, loops, __ATOMIC_RELAXED);
+            reap_pass(L, 1, &probe, S);
+            publish(L, S);
             if (FP_LOAD_ACQ(&h->stop))
                 break;
         }
@@ -384,7 +428,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
      * writes that cursor (2^62 is as easy to store), and an honest submit that read RUNNING
      * just before the stop publishes after this read; such a submit found room in the ring
      * (req_head - req_tail < slots), so its position is below the bound. */
-    FP_STORE_REL(&h->state, FP_SRV_STOPPING);
+    set_state(h, S, FP_SRV_STOPPING);
     uint64_t accepted[FP_SEG_MAX_CLIENTS];
     for (uint32_t i = 0; i < L->max_clients; i++)
         accepted[i] = FP_LOAD_ACQ(&fp_lay_ctl(L, (int)i)->req_tail.v) + L->slots;
@@ -395,12 +439,13 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
          * now: what is left unanswered, its clients see STOPPED and raise ServerGone */
         if (FP_LOAD_ACQ(&h->stop) > 1)
             break;
-        int n = serve_all(L, e, 64, accepted, o->lat, tick, o->born_ticks);
+        int n = serve_all(L, e, 64, accepted, o->lat, tick, o->born_ticks, S);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {
             last_beat = now;
-            FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
-            reap_pass(L, 1, &probe);
+            beat(h, S, now);
+            reap_pass(L, 1, &probe, S);
+            publish(L, S);
         }
         int pending = 0;
         uint64_t left = 0;        /* to the clients' bounds: falls as requests are answered */
@@ -420,9 +465,12 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
         if (n == 0)
             FP_RING_PAUSE();
     }
-    __atomic_store_n(&h->idle_polls, idle_polls, __ATOMIC_RELAXED);
-    __atomic_store_n(&h->loops, loops, __ATOMIC_RELAXED);
+    __atomic_store_n(&S->idle_polls, idle_polls, __ATOMIC_RELAXED);
+    __atomic_store_n(&S->loops, loops, __ATOMIC_RELAXED);
     fp_aligned_free(tick);
-    FP_STORE_REL(&h->heartbeat_ns, (uint64_t)fp_ring_now_ns());
-    FP_STORE_REL(&h->state, FP_SRV_STOPPED);
+    /* the last counts published before STOPPED: a client that sees the server stopped reads
+     * its final figures */
+    publish(L, S);
+    beat(h, S, fp_ring_now_ns());
+    set_state(h, S, FP_SRV_STOPPED);
 }

@@ -157,7 +157,8 @@ typedef struct {
     uint32_t state;            /* FP_CL_* */
     int32_t pid;
     uint64_t generation;       /* bumped each time the worker frees the slot */
-    uint64_t served, rejected_full;
+    uint64_t served;           /* published by the worker about once a heartbeat */
+    uint64_t rejected_full;    /* counted by the client itself */
     char _pad[32];
 } __attribute__((aligned(64))) fp_client_entry;
 
@@ -178,12 +179,15 @@ typedef struct {
     uint64_t heartbeat_ns __attribute__((aligned(64)));  /* CLOCK_MONOTONIC of the last beat */
     uint32_t state;            /* FP_SRV_* */
     uint32_t stop;             /* set by anyone to ask the worker to drain and stop */
-    /* written by the worker per batch: a line of their own, so that a client reading the
-     * state does not pull a line the worker has just dirtied */
+    /* the worker's counts as it publishes them for clients, about once a heartbeat (and
+     * when it stops): a copy, which any process mapping the segment can overwrite. The
+     * worker counts in its own memory (fp_worker_stats), and the server's stats read that */
     uint64_t served __attribute__((aligned(64)));
     uint64_t errors, idle_polls, clients_reaped, loops;
     uint64_t busy_ns;          /* time in fp_step, for the utilisation figure */
-    uint64_t rejected_full __attribute__((aligned(64)));  /* counted by clients (atomic add) */
+    /* counted by the clients themselves (atomic add): on_full = "reject" refusals happen in
+     * the client and only the client can count them; a figure any client can also inflate */
+    uint64_t rejected_full __attribute__((aligned(64)));
     uint32_t placement_len __attribute__((aligned(64)));
     char placement[FP_SEG_PLACEMENT_BYTES];   /* JSON, written once before RUNNING */
     fp_client_entry clients[FP_SEG_MAX_CLIENTS] __attribute__((aligned(64)));
