@@ -2,9 +2,12 @@
 #include "fp_worker.h"
 
 #include <sched.h>
+#include <stddef.h>
 
 /* idle polls without a pause after the last request (a few us at ~10 ns a poll) */
 #define FP_WORKER_HOT_POLLS 256
+/* fp_worker_opts.claim_grace_ns when not given */
+#define FP_WORKER_CLAIM_GRACE_NS 2000000000LL
 
 _Static_assert((int)FP_REP_ERR_SYMBOL == (int)FP_ERR_SYMBOL, "reply codes mirror the engine's");
 _Static_assert((int)FP_REP_ERR_NONFINITE_INPUT == (int)FP_ERR_NONFINITE_INPUT, "reply codes");
@@ -15,6 +18,8 @@ _Static_assert((int)FP_REP_ERR_NOT_PROBABILITY == (int)FP_ERR_NOT_PROBABILITY, "
 _Static_assert(sizeof(fp_rep) == 64, "a reply is one cache line");
 _Static_assert(sizeof(fp_req) == 64, "a request's header is one line, its raw values start on the next");
 _Static_assert(sizeof(fp_seg_header) <= FP_SEG_HEADER_BYTES, "header fits its reserved bytes");
+_Static_assert(offsetof(fp_client_entry, state) == 0 && offsetof(fp_client_entry, pid) == 4,
+               "a client entry's state and pid are one 8-byte word, claimed in one CAS");
 
 uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients) {
     return FP_SEG_HEADER_BYTES + (uint64_t)max_clients * fp_ring_client_region_bytes(raw_len, slots);
@@ -91,13 +96,17 @@ static void retire_slot(const fp_seg_layout *L, int i) {
 
 /* One reap pass: frees every CLOSING or RETIRED slot and probes the pids of at most
  * `probes` owners (ACTIVE or CLAIMED slots), from slot *next on, cyclically; *next is left
- * after the last slot probed. A probe is a kill(0) and a read of /proc/<pid>/stat, ~6 us:
+ * after the last slot probed. A slot CLAIMED without a pid has no owner to probe (a client
+ * killed between claiming it and storing its pid, with an fp_ring.h older than the one-word
+ * claim; or a store by another process): half_since[i] notes when a pass first saw it so
+ * (NULL: not looked at) and a pass `grace_ns` later retires it; before, it was lost for good,
+ * and with every slot so lost no client could connect. A probe is a kill(0) and a read of /proc/<pid>/stat, ~6 us:
  * the loop's pass probes one owner a heartbeat, where probing all of them stopped serving for
  * ~6 us per client every heartbeat (47 us a millisecond with 8 clients, in the p99 of every
  * tick that arrived meanwhile). A dead owner is then retired within as many heartbeats as
  * there are owners (64 ms at most at the 1 ms default), and its slot freed one later. */
 static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next,
-                     fp_worker_stats *S) {
+                     fp_worker_stats *S, int64_t *half_since, int64_t now, int64_t grace_ns) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
     const uint32_t m = L->max_clients;
@@ -107,6 +116,22 @@ static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next,
             /* CLOSING: the owner's last store was the close itself; RETIRED: a pass ago */
             free_slot(L, (int)i, S);
             n++;
+            st = FP_CL_FREE;
+        }
+        if (!half_since)
+            continue;
+        if (st != FP_CL_CLAIMED || FP_LOAD_RLX(&h->clients[i].pid) > 0) {
+            half_since[i] = 0;
+        } else if (half_since[i] == 0) {
+            half_since[i] = now | 1;        /* 0 means "not seen" */
+        } else if (now - half_since[i] >= grace_ns) {
+            half_since[i] = 0;
+            /* retired, then freed a pass later as a dead owner's slot is; only if it is still
+             * CLAIMED (a late claimant that made it ACTIVE meanwhile keeps it) */
+            uint32_t want = FP_CL_CLAIMED;
+            if (__atomic_compare_exchange_n(&h->clients[i].state, &want, FP_CL_RETIRED, 0,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                retire_slot(L, (int)i);
         }
     }
     for (uint32_t k = 0, i = *next % m; k < m && probes; k++, i = (i + 1) % m) {
@@ -130,7 +155,7 @@ int fp_worker_reap(fp_seg_header *h, uint64_t size) {
     if (fp_seg_layout_read(h, size, &L))
         return -1;
     memset(&S, 0, sizeof S);
-    int n = reap_pass(&L, L.max_clients, &next, &S);
+    int n = reap_pass(&L, L.max_clients, &next, &S, NULL, 0, 0);
     if (n)
         __atomic_add_fetch(&h->clients_reaped, (uint64_t)n, __ATOMIC_RELAXED);
     return n;
@@ -377,6 +402,8 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
     int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
     uint64_t idle_run = 0, idle_polls = 0, loops = 0, unclocked = 0;
     uint32_t probe = 0;           /* the next owner whose pid a heartbeat's reap looks at */
+    int64_t half_since[FP_SEG_MAX_CLIENTS] = {0};   /* see reap_pass */
+    const int64_t grace = o->claim_grace_ns > 0 ? o->claim_grace_ns : FP_WORKER_CLAIM_GRACE_NS;
     beat(h, S, now);
     set_state(h, S, FP_SRV_RUNNING);
     for (;;) {
@@ -404,7 +431,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
             beat(h, S, now);
             __atomic_store_n(&S->idle_polls, idle_polls, __ATOMIC_RELAXED);
             __atomic_store_n(&S->loops, loops, __ATOMIC_RELAXED);
-            reap_pass(L, 1, &probe, S);
+            reap_pass(L, 1, &probe, S, half_since, now, grace);
             publish(L, S);
             if (FP_LOAD_ACQ(&h->stop))
                 break;
@@ -444,7 +471,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
         if (now - last_beat >= beat_ns) {
             last_beat = now;
             beat(h, S, now);
-            reap_pass(L, 1, &probe, S);
+            reap_pass(L, 1, &probe, S, half_since, now, grace);
             publish(L, S);
         }
         int pending = 0;

@@ -84,6 +84,8 @@ typedef struct {
     uint64_t born_ticks;       /* fp_ticks() before the segment was made: no request can be
                                   sent earlier, so a stamp before it is garbage (0: unknown) */
     fp_worker_stats *stats;    /* the loop's counts (NULL: kept where no one can read them) */
+    int64_t claim_grace_ns;    /* a slot claimed without a pid for this long is taken back
+                                  (<= 0: 2 s); [serve] stall_timeout_ms */
 } fp_worker_opts;
 
 /* Sizes of a segment for these parameters (header + client regions). */
@@ -104,7 +106,8 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
 /* Free the slots of clients that closed or that an earlier call retired, and retire those
  * whose process looks gone (freed by the next call); returns how many were freed (added to
  * the header's clients_reaped), or -1 when h's layout fields do not check out
- * (fp_seg_layout_read) against size, the bytes mapped at h. */
+ * (fp_seg_layout_read) against size, the bytes mapped at h. A slot claimed without a pid is
+ * left: only the loop, which sees it over time, takes it back. */
 int fp_worker_reap(fp_seg_header *h, uint64_t size);
 
 #endif

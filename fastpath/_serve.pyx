@@ -145,6 +145,7 @@ cdef extern from "fp_worker.h" nogil:
         fp_lat_ring *lat
         uint64_t born_ticks
         fp_worker_stats *stats
+        int64_t claim_grace_ns
     uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients)
     void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                      uint32_t max_clients, int32_t server_pid, uint32_t on_full,
@@ -334,6 +335,10 @@ cdef class Worker:
         self._o.drain_timeout_ns = <int64_t>serve_cfg.drain_timeout_ms * 1000000
         memset(&self._st, 0, sizeof(self._st))
         self._o.stats = &self._st
+        # a client slot claimed without a pid (its claimant killed in between, with an older
+        # fp_ring.h; a forged store) is taken back after this long: the time a live party may
+        # go without a sign of life before it counts as gone, as clients judge the server
+        self._o.claim_grace_ns = <int64_t>serve_cfg.stall_timeout_ms * 1000000
         _lat_ring_alloc(&self._lat, config.latency_records)
         self._o.lat = &self._lat
         try:

@@ -8,6 +8,12 @@ not depend on what another process stores into the shared segment.
   (fp_worker_stats, fp_worker_opts.stats) and Server.stats() reads that; the header keeps a
   copy published about once a heartbeat for client.server_stats(), documented as forgeable.
   rejected_full stays where only the clients can count it (in the segment), and says so.
+- A client claimed a slot (FREE -> CLAIMED) and stored its pid in a second store: killed in
+  between, it left the slot CLAIMED with pid 0, which the reaper (it probes pids) never took
+  back, so the slot was lost for good (with max_clients = 1, every later connect refused).
+  The claim now stores state and pid in one compare-and-swap of their 8-byte word, and the
+  loop takes back a slot claimed without a pid once it has been so for the server's
+  stall_timeout_ms (a client built against an older fp_ring.h, or a forged store).
 """
 import mmap
 import os
@@ -15,8 +21,10 @@ import struct
 import time
 
 import numpy as np
+import pytest
 
 import fastpath
+from fastpath import ServeError
 from fastpath._serve import Client, Worker
 from fastpath.serving.server import Server, _stats_line
 from test_serve import cfg, deadline, uname
@@ -105,6 +113,38 @@ def test_rejected_full_is_said_to_be_counted_by_the_clients():
     for doc in (Server.stats.__doc__, Worker.stats.__doc__):
         assert "rejected_full" in doc and "counted by the clients" in doc, doc
     assert "forgeable" in Client.server_stats.__doc__
+
+
+def test_a_slot_claimed_without_a_pid_is_taken_back():
+    """A client killed between its claim and its pid store (as an fp_ring.h before the
+    one-word claim did them) left the slot CLAIMED with pid 0: never reaped, and with
+    max_clients = 1 no client could ever connect again."""
+    name = uname()
+    raw = np.zeros(256, np.float32)
+    with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=1,
+                                        stall_timeout_ms=300)) as srv:
+        _store(srv.path, _OFF_CLIENTS, "<Ii", _FP_CL_CLAIMED, 0)
+        # before: ServeError "all its 1 client slots taken" after the 10 s. The client's own
+        # stall_timeout: a loaded host's late heartbeat is not what this test is about
+        with fastpath.connect(name, timeout=10, stall_timeout=5) as c:
+            assert c.step(raw, 1).seq == 1
+            assert _load(srv.path, _OFF_CLIENTS, "<Ii") == (_FP_CL_ACTIVE, os.getpid())
+        st = srv.stats()
+        assert st["clients_reaped"] >= 1, st
+
+
+def test_a_slot_claimed_by_a_live_pid_is_not_taken():
+    """The grace is for claims without a pid: a claimant whose pid lives keeps its slot
+    however long it takes to finish (the reaper probes its pid as an owner's)."""
+    name = uname()
+    with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=1,
+                                        stall_timeout_ms=200)) as srv:
+        _store(srv.path, _OFF_CLIENTS, "<Ii", _FP_CL_CLAIMED, os.getpid())
+        time.sleep(0.6)                               # three times the grace
+        with pytest.raises(ServeError, match="client slots taken"):
+            fastpath.connect(name, timeout=0.2, stall_timeout=5)
+        assert _load(srv.path, _OFF_CLIENTS, "<Ii") == (_FP_CL_CLAIMED, os.getpid())
+        _store(srv.path, _OFF_CLIENTS, "<I", 3)       # CLOSING: freed for the stop
 
 
 def test_a_slots_served_count_starts_again_with_its_next_client():
