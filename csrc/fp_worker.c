@@ -2,9 +2,12 @@
 #include "fp_worker.h"
 
 #include <sched.h>
+#include <stddef.h>
 
 /* idle polls without a pause after the last request (a few us at ~10 ns a poll) */
 #define FP_WORKER_HOT_POLLS 256
+/* fp_worker_opts.claim_grace_ns when not given */
+#define FP_WORKER_CLAIM_GRACE_NS 2000000000LL
 
 _Static_assert((int)FP_REP_ERR_SYMBOL == (int)FP_ERR_SYMBOL, "reply codes mirror the engine's");
 _Static_assert((int)FP_REP_ERR_NONFINITE_INPUT == (int)FP_ERR_NONFINITE_INPUT, "reply codes");
@@ -15,6 +18,8 @@ _Static_assert((int)FP_REP_ERR_NOT_PROBABILITY == (int)FP_ERR_NOT_PROBABILITY, "
 _Static_assert(sizeof(fp_rep) == 64, "a reply is one cache line");
 _Static_assert(sizeof(fp_req) == 64, "a request's header is one line, its raw values start on the next");
 _Static_assert(sizeof(fp_seg_header) <= FP_SEG_HEADER_BYTES, "header fits its reserved bytes");
+_Static_assert(offsetof(fp_client_entry, state) == 0 && offsetof(fp_client_entry, pid) == 4,
+               "a client entry's state and pid are one 8-byte word, claimed in one CAS");
 
 uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients) {
     return FP_SEG_HEADER_BYTES + (uint64_t)max_clients * fp_ring_client_region_bytes(raw_len, slots);
@@ -47,7 +52,7 @@ void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_
     FP_STORE_REL(&h->magic, FP_SEG_MAGIC);
 }
 
-static void free_slot(const fp_seg_layout *L, int i) {
+static void free_slot(const fp_seg_layout *L, int i, fp_worker_stats *S) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     fp_ring_ctl *ctl = fp_lay_ctl(L, i);
     /* the owner is gone: what it left in its rings is dropped with it. A slot's seq is how a
@@ -61,6 +66,9 @@ static void free_slot(const fp_seg_layout *L, int i) {
     FP_STORE_REL(&ctl->req_tail.v, 0);
     FP_STORE_REL(&ctl->rep_head.v, 0);
     FP_STORE_REL(&ctl->rep_tail.v, 0);
+    /* the next owner's count starts at 0 (the client zeroing the header's copy at its claim
+     * is for the published figure only) */
+    __atomic_store_n(&S->client_served[i], 0, __ATOMIC_RELAXED);
     h->clients[i].pid = 0;
     /* a client still using the slot (its pid only looked dead) sees the new generation on
      * its own cursor line at its next call and stops, before the slot is offered again */
@@ -88,12 +96,17 @@ static void retire_slot(const fp_seg_layout *L, int i) {
 
 /* One reap pass: frees every CLOSING or RETIRED slot and probes the pids of at most
  * `probes` owners (ACTIVE or CLAIMED slots), from slot *next on, cyclically; *next is left
- * after the last slot probed. A probe is a kill(0) and a read of /proc/<pid>/stat, ~6 us:
+ * after the last slot probed. A slot CLAIMED without a pid has no owner to probe (a client
+ * killed between claiming it and storing its pid, with an fp_ring.h older than the one-word
+ * claim; or a store by another process): half_since[i] notes when a pass first saw it so
+ * (NULL: not looked at) and a pass `grace_ns` later retires it; before, it was lost for good,
+ * and with every slot so lost no client could connect. A probe is a kill(0) and a read of /proc/<pid>/stat, ~6 us:
  * the loop's pass probes one owner a heartbeat, where probing all of them stopped serving for
  * ~6 us per client every heartbeat (47 us a millisecond with 8 clients, in the p99 of every
  * tick that arrived meanwhile). A dead owner is then retired within as many heartbeats as
  * there are owners (64 ms at most at the 1 ms default), and its slot freed one later. */
-static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next) {
+static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next,
+                     fp_worker_stats *S, int64_t *half_since, int64_t now, int64_t grace_ns) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
     const uint32_t m = L->max_clients;
@@ -101,8 +114,24 @@ static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next) {
         uint32_t st = FP_LOAD_ACQ(&h->clients[i].state);
         if (st == FP_CL_CLOSING || st == FP_CL_RETIRED) {
             /* CLOSING: the owner's last store was the close itself; RETIRED: a pass ago */
-            free_slot(L, (int)i);
+            free_slot(L, (int)i, S);
             n++;
+            st = FP_CL_FREE;
+        }
+        if (!half_since)
+            continue;
+        if (st != FP_CL_CLAIMED || FP_LOAD_RLX(&h->clients[i].pid) > 0) {
+            half_since[i] = 0;
+        } else if (half_since[i] == 0) {
+            half_since[i] = now | 1;        /* 0 means "not seen" */
+        } else if (now - half_since[i] >= grace_ns) {
+            half_since[i] = 0;
+            /* retired, then freed a pass later as a dead owner's slot is; only if it is still
+             * CLAIMED (a late claimant that made it ACTIVE meanwhile keeps it) */
+            uint32_t want = FP_CL_CLAIMED;
+            if (__atomic_compare_exchange_n(&h->clients[i].state, &want, FP_CL_RETIRED, 0,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                retire_slot(L, (int)i);
         }
     }
     for (uint32_t k = 0, i = *next % m; k < m && probes; k++, i = (i + 1) % m) {
@@ -115,16 +144,36 @@ static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next) {
         }
     }
     if (n)
-        __atomic_add_fetch(&h->clients_reaped, (uint64_t)n, __ATOMIC_RELAXED);
+        __atomic_store_n(&S->clients_reaped, S->clients_reaped + (uint64_t)n, __ATOMIC_RELAXED);
     return n;
 }
 
 int fp_worker_reap(fp_seg_header *h, uint64_t size) {
     fp_seg_layout L;
+    fp_worker_stats S;
     uint32_t next = 0;
     if (fp_seg_layout_read(h, size, &L))
         return -1;
-    return reap_pass(&L, L.max_clients, &next);
+    memset(&S, 0, sizeof S);
+    int n = reap_pass(&L, L.max_clients, &next, &S, NULL, 0, 0);
+    if (n)
+        __atomic_add_fetch(&h->clients_reaped, (uint64_t)n, __ATOMIC_RELAXED);
+    return n;
+}
+
+/* The counts copied into the segment header for clients (client.server_stats()): about once
+ * a heartbeat, and when the loop ends. Nothing reads them back. */
+static void publish(const fp_seg_layout *L, const fp_worker_stats *S) {
+    fp_seg_header *h = (fp_seg_header *)L->base;
+    __atomic_store_n(&h->served, S->served, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->errors, S->errors, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->busy_ns, S->busy_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->idle_polls, S->idle_polls, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->loops, S->loops, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->clients_reaped, S->clients_reaped, __ATOMIC_RELAXED);
+    for (uint32_t i = 0; i < L->max_clients; i++)
+        if (FP_LOAD_RLX(&h->clients[i].state) == FP_CL_ACTIVE)
+            __atomic_store_n(&h->clients[i].served, S->client_served[i], __ATOMIC_RELAXED);
 }
 
 /* A request published at position `tail` of this ring, or NULL: the worker polls the slot's
@@ -166,8 +215,7 @@ size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
  * tick: the worker's own raw_len floats, each request is copied there before it is checked
  * and stepped (see below). */
 static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget, uint64_t end,
-                        fp_lat_ring *lat, float *tick, uint64_t born) {
-    fp_seg_header *h = (fp_seg_header *)L->base;
+                        fp_lat_ring *lat, float *tick, uint64_t born, fp_worker_stats *S) {
     fp_ring_ctl *ctl = fp_lay_ctl(L, i);
     uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
     const fp_req *q = tail < end ? published(L, ctl, tail) : NULL;
@@ -268,25 +316,27 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
         q = tail < end ? published(L, ctl, tail) : NULL;
     }
     if (n) {
-        /* single writer: plain stores, no locked add on the loop's path */
-        fp_client_entry *ce = &h->clients[i];
-        __atomic_store_n(&ce->served, ce->served + (uint64_t)n, __ATOMIC_RELAXED);
-        __atomic_store_n(&h->served, h->served + (uint64_t)n, __ATOMIC_RELAXED);
-        __atomic_store_n(&h->busy_ns, h->busy_ns + (uint64_t)busy, __ATOMIC_RELAXED);
+        /* single writer: plain stores, no locked add on the loop's path, into the worker's
+         * own memory (published to the header once a heartbeat) */
+        __atomic_store_n(&S->client_served[i], S->client_served[i] + (uint64_t)n,
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&S->served, S->served + (uint64_t)n, __ATOMIC_RELAXED);
+        __atomic_store_n(&S->busy_ns, S->busy_ns + (uint64_t)busy, __ATOMIC_RELAXED);
         if (errors)
-            __atomic_store_n(&h->errors, h->errors + errors, __ATOMIC_RELAXED);
+            __atomic_store_n(&S->errors, S->errors + errors, __ATOMIC_RELAXED);
     }
     return n;
 }
 
 /* end: per client, the ring position it is served up to (NULL: no limit; the drain's) */
 static int serve_all(const fp_seg_layout *L, fp_engine *e, int budget, const uint64_t *end,
-                     fp_lat_ring *lat, float *tick, uint64_t born) {
+                     fp_lat_ring *lat, float *tick, uint64_t born, fp_worker_stats *S) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
     for (uint32_t i = 0; i < L->max_clients; i++)
         if (FP_LOAD_ACQ(&h->clients[i].state) == FP_CL_ACTIVE)
-            n += serve_client(L, e, (int)i, budget, end ? end[i] : UINT64_MAX, lat, tick, born);
+            n += serve_client(L, e, (int)i, budget, end ? end[i] : UINT64_MAX, lat, tick, born,
+                              S);
     return n;
 }
 
@@ -310,6 +360,18 @@ static int idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
     return 1;
 }
 
+/* The server state, in the header (clients act on it) and in the worker's own counts (what
+ * the server reports: the header's copy is any mapping process's to overwrite) */
+static inline void set_state(fp_seg_header *h, fp_worker_stats *S, uint32_t st) {
+    __atomic_store_n(&S->state, st, __ATOMIC_RELEASE);
+    FP_STORE_REL(&h->state, st);
+}
+
+static inline void beat(fp_seg_header *h, fp_worker_stats *S, int64_t now) {
+    __atomic_store_n(&S->heartbeat_ns, now, __ATOMIC_RELAXED);
+    FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
+}
+
 void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worker_opts *o) {
     /* the layout as fp_seg_init wrote it, copied once: every address below comes from this
      * copy, so a client's store into the live header cannot move the worker's (see
@@ -317,16 +379,22 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
      * Checked against the bytes the caller mapped, not the header's own total_bytes: a
      * store of total_bytes along with slots and client_region_bytes (consistent with each
      * other) passed the check and sent the worker a gigabyte past the mapping. */
+    fp_worker_stats own;
+    fp_worker_stats *S = o->stats;
+    if (!S) {
+        memset(&own, 0, sizeof own);
+        S = &own;
+    }
     fp_seg_layout lay;
     if (fp_seg_layout_read(h, size, &lay) || lay.raw_len != (uint32_t)e->fs.raw_len) {
-        FP_STORE_REL(&h->state, FP_SRV_STOPPED);
+        set_state(h, S, FP_SRV_STOPPED);
         return;
     }
     /* each request's tick, copied out of its slot (serve_client); FP_SLACK zeroed floats
      * after it, as after the engine's own buffers */
     float *tick = (float *)fp_aligned_alloc(sizeof(float) * ((size_t)lay.raw_len + FP_SLACK));
     if (!tick) {
-        FP_STORE_REL(&h->state, FP_SRV_STOPPED);
+        set_state(h, S, FP_SRV_STOPPED);
         return;
     }
     const fp_seg_layout *L = &lay;
@@ -334,10 +402,12 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
     int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
     uint64_t idle_run = 0, idle_polls = 0, loops = 0, unclocked = 0;
     uint32_t probe = 0;           /* the next owner whose pid a heartbeat's reap looks at */
-    FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
-    FP_STORE_REL(&h->state, FP_SRV_RUNNING);
+    int64_t half_since[FP_SEG_MAX_CLIENTS] = {0};   /* see reap_pass */
+    const int64_t grace = o->claim_grace_ns > 0 ? o->claim_grace_ns : FP_WORKER_CLAIM_GRACE_NS;
+    beat(h, S, now);
+    set_state(h, S, FP_SRV_RUNNING);
     for (;;) {
-        int n = serve_all(L, e, 64, NULL, o->lat, tick, o->born_ticks);
+        int n = serve_all(L, e, 64, NULL, o->lat, tick, o->born_ticks, S);
         loops++;
         unclocked += (uint64_t)n;
         /* clock_gettime costs about a poll's worth of time: read it every 64 rounds (an idle
@@ -358,10 +428,11 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
         }
         if (now - last_beat >= beat_ns) {
             last_beat = now;
-            FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
-            __atomic_store_n(&h->idle_polls, idle_polls, __ATOMIC_RELAXED);
-            __atomic_store_n(&h->loops, loops, __ATOMIC_RELAXED);
-            reap_pass(L, 1, &probe);
+            beat(h, S, now);
+            __atomic_store_n(&S->idle_polls, idle_polls, __ATOMIC_RELAXED);
+            __atomic_store_n(&S->loops, loops, __ATOMIC_RELAXED);
+            reap_pass(L, 1, &probe, S, half_since, now, grace);
+            publish(L, S);
             if (FP_LOAD_ACQ(&h->stop))
                 break;
         }
@@ -384,7 +455,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
      * writes that cursor (2^62 is as easy to store), and an honest submit that read RUNNING
      * just before the stop publishes after this read; such a submit found room in the ring
      * (req_head - req_tail < slots), so its position is below the bound. */
-    FP_STORE_REL(&h->state, FP_SRV_STOPPING);
+    set_state(h, S, FP_SRV_STOPPING);
     uint64_t accepted[FP_SEG_MAX_CLIENTS];
     for (uint32_t i = 0; i < L->max_clients; i++)
         accepted[i] = FP_LOAD_ACQ(&fp_lay_ctl(L, (int)i)->req_tail.v) + L->slots;
@@ -395,12 +466,13 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
          * now: what is left unanswered, its clients see STOPPED and raise ServerGone */
         if (FP_LOAD_ACQ(&h->stop) > 1)
             break;
-        int n = serve_all(L, e, 64, accepted, o->lat, tick, o->born_ticks);
+        int n = serve_all(L, e, 64, accepted, o->lat, tick, o->born_ticks, S);
         now = fp_ring_now_ns();
         if (now - last_beat >= beat_ns) {
             last_beat = now;
-            FP_STORE_REL(&h->heartbeat_ns, (uint64_t)now);
-            reap_pass(L, 1, &probe);
+            beat(h, S, now);
+            reap_pass(L, 1, &probe, S, half_since, now, grace);
+            publish(L, S);
         }
         int pending = 0;
         uint64_t left = 0;        /* to the clients' bounds: falls as requests are answered */
@@ -420,9 +492,12 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
         if (n == 0)
             FP_RING_PAUSE();
     }
-    __atomic_store_n(&h->idle_polls, idle_polls, __ATOMIC_RELAXED);
-    __atomic_store_n(&h->loops, loops, __ATOMIC_RELAXED);
+    __atomic_store_n(&S->idle_polls, idle_polls, __ATOMIC_RELAXED);
+    __atomic_store_n(&S->loops, loops, __ATOMIC_RELAXED);
     fp_aligned_free(tick);
-    FP_STORE_REL(&h->heartbeat_ns, (uint64_t)fp_ring_now_ns());
-    FP_STORE_REL(&h->state, FP_SRV_STOPPED);
+    /* the last counts published before STOPPED: a client that sees the server stopped reads
+     * its final figures */
+    publish(L, S);
+    beat(h, S, fp_ring_now_ns());
+    set_state(h, S, FP_SRV_STOPPED);
 }

@@ -61,6 +61,20 @@ static inline void fp_lat_put(fp_lat_ring *L, const uint32_t v[FP_LAT_FIELDS]) {
  * time, never blocks the writer. */
 size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out);
 
+/* The worker's own counts, in the server process's memory: what Server.stats() reports.
+ * The segment header carries a copy for clients (client.server_stats()), published about
+ * once a heartbeat; any process that maps the segment can overwrite that copy, and a figure
+ * read from it let a client set the server's own served to 10^12. One writer (the loop),
+ * plain stores as before (no locked instruction, now on lines no other process touches);
+ * any thread of the server reads them with relaxed loads. */
+typedef struct {
+    uint64_t served, errors, busy_ns, idle_polls, loops, clients_reaped;
+    int64_t heartbeat_ns;      /* CLOCK_MONOTONIC of the loop's last beat */
+    uint32_t state;            /* FP_SRV_* as the loop last set it */
+    uint32_t _pad;
+    uint64_t client_served[FP_SEG_MAX_CLIENTS];   /* per slot, since the worker last freed it */
+} fp_worker_stats;
+
 typedef struct {
     int idle;                  /* FP_IDLE_* once idle_spin_ns of idleness has passed */
     int64_t idle_spin_ns;
@@ -69,6 +83,9 @@ typedef struct {
     fp_lat_ring *lat;          /* records of served ticks, or NULL */
     uint64_t born_ticks;       /* fp_ticks() before the segment was made: no request can be
                                   sent earlier, so a stamp before it is garbage (0: unknown) */
+    fp_worker_stats *stats;    /* the loop's counts (NULL: kept where no one can read them) */
+    int64_t claim_grace_ns;    /* a slot claimed without a pid for this long is taken back
+                                  (<= 0: 2 s); [serve] stall_timeout_ms */
 } fp_worker_opts;
 
 /* Sizes of a segment for these parameters (header + client regions). */
@@ -87,9 +104,10 @@ void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_
  * round of 64 requests a client. One thread only; e is stepped by nobody else meanwhile. */
 void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worker_opts *o);
 /* Free the slots of clients that closed or that an earlier call retired, and retire those
- * whose process looks gone (freed by the next call); returns how many were freed, or -1
- * when h's layout fields do not check out (fp_seg_layout_read) against size, the bytes
- * mapped at h. */
+ * whose process looks gone (freed by the next call); returns how many were freed (added to
+ * the header's clients_reaped), or -1 when h's layout fields do not check out
+ * (fp_seg_layout_read) against size, the bytes mapped at h. A slot claimed without a pid is
+ * left: only the loop, which sees it over time, takes it back. */
 int fp_worker_reap(fp_seg_header *h, uint64_t size);
 
 #endif

@@ -134,11 +134,18 @@ cdef extern from "fp_worker.h" nogil:
     void fp_lat_end(fp_lat_ring *L, fp_lat_rec *r, uint64_t k)
     void fp_lat_put(fp_lat_ring *L, const uint32_t *v)
     size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out)
+    ctypedef struct fp_worker_stats:
+        uint64_t served, errors, busy_ns, idle_polls, loops, clients_reaped
+        int64_t heartbeat_ns
+        uint32_t state
+        uint64_t client_served[FP_SEG_MAX_CLIENTS]
     ctypedef struct fp_worker_opts:
         int idle
         int64_t idle_spin_ns, idle_sleep_ns, drain_timeout_ns
         fp_lat_ring *lat
         uint64_t born_ticks
+        fp_worker_stats *stats
+        int64_t claim_grace_ns
     uint64_t fp_seg_bytes(uint32_t raw_len, uint32_t slots, uint32_t max_clients)
     void fp_seg_init(fp_seg_header *h, uint32_t raw_len, uint32_t n_symbols, uint32_t slots,
                      uint32_t max_clients, int32_t server_pid, uint32_t on_full,
@@ -287,6 +294,10 @@ cdef class Worker:
     cdef fp_seg_layout _L             # the layout fp_seg_init wrote (fp_ring.h fp_seg_layout)
     cdef fp_engine *_e
     cdef fp_worker_opts _o
+    # the loop's counts and state, in this process's memory: what stats() reports (the
+    # header's copy is for clients, and any process mapping the segment can overwrite it)
+    cdef fp_worker_stats _st
+    cdef uint32_t _on_full, _seg_flags
     cdef fp_lat_ring _lat
     cdef readonly str name, path
     cdef readonly int raw_len, n_symbols
@@ -322,6 +333,12 @@ cdef class Worker:
         self._o.idle_spin_ns = serve_cfg.idle_spin_ns
         self._o.idle_sleep_ns = serve_cfg.idle_sleep_ns
         self._o.drain_timeout_ns = <int64_t>serve_cfg.drain_timeout_ms * 1000000
+        memset(&self._st, 0, sizeof(self._st))
+        self._o.stats = &self._st
+        # a client slot claimed without a pid (its claimant killed in between, with an older
+        # fp_ring.h; a forged store) is taken back after this long: the time a live party may
+        # go without a sign of life before it counts as gone, as clients judge the server
+        self._o.claim_grace_ns = <int64_t>serve_cfg.stall_timeout_ms * 1000000
         _lat_ring_alloc(&self._lat, config.latency_records)
         self._o.lat = &self._lat
         try:
@@ -466,17 +483,20 @@ cdef class Worker:
         # no client can stamp a request before the header below exists: the worker reads a
         # submit stamp older than this as garbage (fp_worker_opts.born_ticks)
         self._o.born_ticks = fp_ticks()
+        self._on_full = FP_ON_FULL_REJECT if scfg.on_full == "reject" else FP_ON_FULL_SPIN
         fp_seg_init(self._h, self.raw_len, self.n_symbols, scfg.ring_slots, scfg.max_clients,
-                    os.getpid(), FP_ON_FULL_REJECT if scfg.on_full == "reject" else FP_ON_FULL_SPIN,
+                    os.getpid(), self._on_full,
                     scfg.heartbeat_ms, scfg.dead_after_ms, scfg.stall_timeout_ms)
+        self._st.heartbeat_ns = fp_ring_now_ns()
         # the worker and the stats address the segment by this copy (it holds what was just
         # written, so it checks out)
         if fp_seg_layout_read(self._h, map_bytes, &self._L) != 0:
             raise ServeError(f"{self.name!r}: the segment header just written does not check "
                              f"out (raw_len {self.raw_len}, ring_slots {scfg.ring_slots}, "
                              f"max_clients {scfg.max_clients})")
-        self._h.seg_flags = (FP_SEG_HUGE_TLB if method.startswith("hugetlb") else
-                             FP_SEG_HUGE_THP if method == "thp" else FP_SEG_HUGE_NONE)
+        self._seg_flags = (FP_SEG_HUGE_TLB if method.startswith("hugetlb") else
+                           FP_SEG_HUGE_THP if method == "thp" else FP_SEG_HUGE_NONE)
+        self._h.seg_flags = self._seg_flags
         from fastpath.control.memory import smaps_entry
         self.segment = {"bytes": int(map_bytes), "asked": huge, "tried": tried,
                         **seg.backing(smaps_entry(<size_t>p), method)}
@@ -541,18 +561,28 @@ cdef class Worker:
         if self._h == NULL:
             return False
         fp_atomic_raise_u32(&self._h.stop, 2 if force else 1)
-        return fp_atomic_load_u32(&self._h.state) != FP_SRV_STOPPED
+        # the loop's own state, not the header's (any mapping process's to overwrite)
+        return fp_atomic_load_u32(&self._st.state) != FP_SRV_STOPPED
 
     @property
     def state(self):
         self._need_open()
-        return _state_name(fp_atomic_load_u32(&self._h.state))
+        return _state_name(fp_atomic_load_u32(&self._st.state))
 
     def stats(self):
-        """Counters from the segment: served, errors, rejected_full, clients, queue depth (per
-        client 0 to ring_slots: its cursors are the client's to write, and read as no more)."""
+        """The loop's counters. served, errors, busy_ns, idle_polls, clients_reaped, each
+        client's served, state and heartbeat_age_ns: counted by the loop in this process's
+        memory (no other process can change them). rejected_full: counted by the clients in
+        the segment (only a client sees its ring full; any process mapping the segment can
+        change it). clients (slot, pid) and queue depth: from the client table and ring cursors
+        in the segment, as the clients wrote them (queued per client 0 to ring_slots)."""
         self._need_open()
-        return _header_stats(self._h, &self._L)
+        d = _header_stats(self._h, &self._L, &self._st)
+        # what this worker set up, not the header's copy of it
+        d["server_pid"] = self._owner_pid
+        d["on_full"] = "reject" if self._on_full == FP_ON_FULL_REJECT else "spin"
+        d["segment_pages"] = _pages_name(self._seg_flags)
+        return d
 
     def latency_records(self):
         """(n, 5) uint32 ns of the last ticks answered (a refused one writes no record),
@@ -690,7 +720,15 @@ cdef class _LatRing:
         PyMem_Free(self._L.rec)
 
 
-cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L):
+cdef object _pages_name(uint32_t seg_flags):
+    return ("hugetlb" if seg_flags == FP_SEG_HUGE_TLB else
+            "thp" if seg_flags == FP_SEG_HUGE_THP else "normal")
+
+
+cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L, const fp_worker_stats *own):
+    # own: the worker's counts in its process's memory (the server's stats()), or NULL: the
+    # copy the worker published in the header (a client's server_stats(); any process that
+    # maps the segment can overwrite it).
     # every value read into C locals first, the Python objects built after: building them
     # allocates, and what a gc pass runs then (a finalizer, a gc callback, a signal handler
     # one lets run) may close the client or the worker and unmap h: the next read segfaulted.
@@ -711,7 +749,8 @@ cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L):
             continue
         slot[n] = i
         pid[n] = h.clients[i].pid
-        served[n] = h.clients[i].served
+        served[n] = (fp_atomic_load_u64(&own.client_served[i]) if own != NULL else
+                     fp_atomic_load_u64(&h.clients[i].served))
         # queue depth: requests published and not yet taken. The worker's tail first, then
         # the client's head: read the other way round, a request published and taken
         # between the two reads put the tail past the head, and the unsigned difference
@@ -725,14 +764,27 @@ cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L):
         queued[n] = min(head - tail, <uint64_t>L.slots) if head > tail else 0
         depth += queued[n]
         n += 1
-    cdef uint32_t state = fp_atomic_load_u32(&h.state)
-    cdef uint64_t h_served = fp_atomic_load_u64(&h.served)
-    cdef uint64_t h_errors = fp_atomic_load_u64(&h.errors)
+    cdef uint32_t state
+    cdef uint64_t h_served, h_errors, h_reaped, h_busy, h_idle
+    cdef int64_t age
+    if own != NULL:
+        state = fp_atomic_load_u32(&own.state)
+        h_served = fp_atomic_load_u64(&own.served)
+        h_errors = fp_atomic_load_u64(&own.errors)
+        h_reaped = fp_atomic_load_u64(&own.clients_reaped)
+        h_busy = fp_atomic_load_u64(&own.busy_ns)
+        h_idle = fp_atomic_load_u64(&own.idle_polls)
+        age = fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(<const uint64_t *>&own.heartbeat_ns)
+    else:
+        state = fp_atomic_load_u32(&h.state)
+        h_served = fp_atomic_load_u64(&h.served)
+        h_errors = fp_atomic_load_u64(&h.errors)
+        h_reaped = fp_atomic_load_u64(&h.clients_reaped)
+        h_busy = fp_atomic_load_u64(&h.busy_ns)
+        h_idle = fp_atomic_load_u64(&h.idle_polls)
+        age = fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)
+    # counted by the clients (only they see their rings full), in the segment either way
     cdef uint64_t h_rejected = fp_atomic_load_u64(&h.rejected_full)
-    cdef uint64_t h_reaped = fp_atomic_load_u64(&h.clients_reaped)
-    cdef uint64_t h_busy = fp_atomic_load_u64(&h.busy_ns)
-    cdef uint64_t h_idle = fp_atomic_load_u64(&h.idle_polls)
-    cdef int64_t age = fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)
     cdef int32_t server_pid = h.server_pid
     cdef uint32_t slots = L.slots, on_full = h.on_full, seg_flags = h.seg_flags
     # from here on, h is not read
@@ -748,8 +800,7 @@ cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L):
             "heartbeat_age_ns": int(age),
             "server_pid": server_pid, "slots": slots, "on_full":
                 "reject" if on_full == FP_ON_FULL_REJECT else "spin",
-            "segment_pages": ("hugetlb" if seg_flags == FP_SEG_HUGE_TLB else
-                              "thp" if seg_flags == FP_SEG_HUGE_THP else "normal")}
+            "segment_pages": _pages_name(seg_flags)}
 
 
 # --------------------------------------------------------------------------- client side
@@ -1135,9 +1186,13 @@ cdef class Client:
         return self._s.h.server_pid
 
     def server_stats(self):
-        """The server's counters (served, errors, rejected_full, queue_depth, clients, ...)."""
+        """The server's counters (served, errors, rejected_full, queue_depth, clients, ...),
+        as published by the server in the segment about once a heartbeat (and when it stops):
+        forgeable by any process that maps the segment. rejected_full is counted by the
+        clients themselves, pid and queued per client from what the clients wrote. The
+        server's own figures: Server.stats() in its process."""
         self._need()
-        return _header_stats(self._s.h, &self._s.L)
+        return _header_stats(self._s.h, &self._s.L, NULL)
 
     def close(self):
         """Give the ring pair back; answers not yet taken are dropped."""

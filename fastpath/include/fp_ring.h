@@ -153,13 +153,40 @@ typedef struct {
     int64_t wait_ns;           /* submit (sent) to the worker picking it up */
 } __attribute__((aligned(64))) fp_rep;
 
+/* state and pid are one aligned 8-byte word (fp_cl_word): a client claims a slot by one
+ * compare-and-swap of both, FREE to CLAIMED with its pid, so that no claimed slot is ever
+ * without its owner's pid. Claimed first and the pid stored next, a client killed between
+ * the two left a slot CLAIMED with pid 0, which the reaper (it probes pids) never took back:
+ * the slot was lost for good. The worker still takes back a slot claimed without a pid (a
+ * client built against an older fp_ring.h, a forged store) once it has been so for the
+ * server's stall_timeout_ms (fp_worker.c). */
 typedef struct {
     uint32_t state;            /* FP_CL_* */
-    int32_t pid;
+    int32_t pid;               /* the owner's, stored with the claim */
     uint64_t generation;       /* bumped each time the worker frees the slot */
-    uint64_t served, rejected_full;
+    uint64_t served;           /* published by the worker about once a heartbeat */
+    uint64_t rejected_full;    /* counted by the client itself */
     char _pad[32];
 } __attribute__((aligned(64))) fp_client_entry;
+
+typedef uint64_t __attribute__((may_alias, aligned(8))) fp_cl_word_t;
+
+/* the word (state, pid) of a client entry, as one 8-byte value */
+static inline uint64_t fp_cl_word(uint32_t state, int32_t pid) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint64_t)state << 32 | (uint64_t)(uint32_t)pid;
+#else
+    return (uint64_t)(uint32_t)pid << 32 | (uint64_t)state;
+#endif
+}
+
+static inline uint32_t fp_cl_word_state(uint64_t w) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint32_t)(w >> 32);
+#else
+    return (uint32_t)w;
+#endif
+}
 
 typedef struct {
     uint64_t magic;
@@ -178,12 +205,15 @@ typedef struct {
     uint64_t heartbeat_ns __attribute__((aligned(64)));  /* CLOCK_MONOTONIC of the last beat */
     uint32_t state;            /* FP_SRV_* */
     uint32_t stop;             /* set by anyone to ask the worker to drain and stop */
-    /* written by the worker per batch: a line of their own, so that a client reading the
-     * state does not pull a line the worker has just dirtied */
+    /* the worker's counts as it publishes them for clients, about once a heartbeat (and
+     * when it stops): a copy, which any process mapping the segment can overwrite. The
+     * worker counts in its own memory (fp_worker_stats), and the server's stats read that */
     uint64_t served __attribute__((aligned(64)));
     uint64_t errors, idle_polls, clients_reaped, loops;
     uint64_t busy_ns;          /* time in fp_step, for the utilisation figure */
-    uint64_t rejected_full __attribute__((aligned(64)));  /* counted by clients (atomic add) */
+    /* counted by the clients themselves (atomic add): on_full = "reject" refusals happen in
+     * the client and only the client can count them; a figure any client can also inflate */
+    uint64_t rejected_full __attribute__((aligned(64)));
     uint32_t placement_len __attribute__((aligned(64)));
     char placement[FP_SEG_PLACEMENT_BYTES];   /* JSON, written once before RUNNING */
     fp_client_entry clients[FP_SEG_MAX_CLIENTS] __attribute__((aligned(64)));
@@ -395,19 +425,26 @@ typedef struct {
     uint32_t sent_clock;
 } fp_client;
 
-/* Claim a free client slot for this process. FP_RING_OK, FP_RING_ERR_NOSLOT or _GONE. */
+/* Claim a free client slot for this process (its state and this pid in one atomic store).
+ * FP_RING_OK, FP_RING_ERR_NOSLOT or _GONE. */
 static inline int fp_client_open(fp_seg *s, fp_client *c) {
     fp_seg_header *h = s->h;
     if (FP_LOAD_ACQ(&h->state) >= FP_SRV_STOPPING)
         return FP_RING_ERR_GONE;
+    const int32_t pid = (int32_t)getpid();
     for (uint32_t i = 0; i < s->L.max_clients; i++) {
         fp_client_entry *e = &h->clients[i];
-        uint32_t want = FP_CL_FREE;
-        if (!__atomic_compare_exchange_n(&e->state, &want, FP_CL_CLAIMED, 0, __ATOMIC_ACQ_REL,
-                                         __ATOMIC_RELAXED))
+        fp_cl_word_t *w = (fp_cl_word_t *)&e->state;
+        /* the claim and the pid in one store (see fp_client_entry); a FREE slot's pid is
+         * whatever was left there, replaced */
+        uint64_t cur = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+        int claimed = 0;
+        while (fp_cl_word_state(cur) == FP_CL_FREE && !claimed)
+            claimed = __atomic_compare_exchange_n(w, &cur, fp_cl_word(FP_CL_CLAIMED, pid), 0,
+                                                  __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        if (!claimed)
             continue;
         /* the worker zeroed the cursors before it freed the slot */
-        e->pid = (int32_t)getpid();
         e->served = 0;
         e->rejected_full = 0;
         c->h = h;
@@ -420,9 +457,15 @@ static inline int fp_client_open(fp_seg *s, fp_client *c) {
         c->next_seq = c->req_head + 1;    /* seq = ring position + 1, from 1 */
         c->gen = FP_LOAD_ACQ(&c->ctl->req_head.gen);
         c->sent_clock = h->sent_clock;
-        FP_STORE_REL(&e->state, FP_CL_ACTIVE);
-        return FP_RING_OK;
+        /* CLAIMED with this pid to ACTIVE: a slot the worker took back meanwhile (it does
+         * not take one whose claimant's pid lives; a store by another process may) is left */
+        cur = fp_cl_word(FP_CL_CLAIMED, pid);
+        if (__atomic_compare_exchange_n(w, &cur, fp_cl_word(FP_CL_ACTIVE, pid), 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return FP_RING_OK;
     }
+    c->h = NULL;
+    c->ctl = NULL;
     return FP_RING_ERR_NOSLOT;
 }
 

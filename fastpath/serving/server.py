@@ -201,8 +201,15 @@ class Server:
         return self._thread.is_alive()
 
     def stats(self) -> dict:
-        """Segment counters: served, errors, rejected_full, queue_depth, clients, ...; once
-        stop() has returned, the counters it left (final_stats)."""
+        """The serving loop's counters; once stop() has returned, the counters it left
+        (final_stats). served, errors, busy_ns, idle_polls, clients_reaped, each client's
+        served, state and heartbeat_age_ns are the loop's own, kept in this process's memory
+        (no client can change them). rejected_full is counted by the clients themselves in
+        the shared segment (a refusal under on_full = "reject" happens in the client), so
+        any process that maps the segment can change it; clients (slot, pid) and
+        queue_depth come from the client table and ring cursors the clients write (queued
+        per client at most ring_slots). A client's server_stats() reads the copy the loop
+        publishes in the segment about once a heartbeat."""
         return self._read("stats", "final_stats", lambda w: w.stats())
 
     def latency_records(self):
