@@ -7,8 +7,8 @@ kernel is from the hardware bound at each size.
 Models: 32x16x2, 128x64x32x2, 256x256x2, 512x512x256x2, 1024x1024x1024x2 (ReLU hidden layers,
 identity output, identity features, cache off), one tick at a time. Per model and weight type:
 - fastpath Engine.step p50/p99 from Python for every kernel set this CPU runs (timer overhead
-  removed), and the MLP kernel alone (PackedMLP: the p50 of samples of back-to-back passes,
-  see kernel_ns);
+  removed), and for fp32 weights the MLP kernel alone (PackedMLP: the p50 of samples of
+  back-to-back passes, see kernel_ns);
 - the MLP kernel against two measured bounds: the FMA bound (multiply-adds of the 8-row
   blocked layout / the core's measured FMA rate) and the streaming-read bound (weight bytes /
   the bandwidth of a read probe over a buffer of the weights' size, so it reads from the cache
@@ -56,6 +56,10 @@ are the engine's packing of that type (see weight_bytes). The peers (onnxruntime
 fp32 weights in every row: they have no such option, so a bf16 / int8 row compares fastpath on
 the reduced type with the peers on fp32 (peer_weights in the JSON, "fp32" in the table). A type
 the engine does not accept is reported as skipped with the engine's error, not left out.
+A bf16 / int8 row has Engine.step figures (no kernel-alone figure) and the read bound alone
+(bounds_note in the JSON): the FMA and latency bounds above are fp32 figures, and those kernels
+multiply with dot-product instructions (vdpbf16ps: 2 products a lane, vpdpbusd: 4) whose rate
+and latency no probe here measures, so the fp32 FMA rate bounds nothing for them.
 """
 from __future__ import annotations
 
@@ -78,6 +82,10 @@ BYTES_PER_WEIGHT = {"fp32": 4, "bf16": 2, "int8": 1}
 READ_MIN_BYTES = 256
 # how long one timed sample of back-to-back kernel passes lasts (see _packed)
 SAMPLE_NS = 10_000
+REDUCED_BOUNDS_NOTE = ("read bound only: the FMA and latency bounds are fp32 figures (the core's "
+                       "FMA rate, fp32 op latencies) and the bf16 / int8 kernels multiply with "
+                       "dot-product instructions (vdpbf16ps, vpdpbusd) of 2 or 4 products a lane, "
+                       "whose rate and latency are not measured")
 
 
 def _name(dims) -> str:
@@ -304,6 +312,8 @@ def bounds(ns: float, fma_ns: float, read_ns: float, wbytes: int, l2: int,
     bound is not measured)."""
     kind, bound = ("fma", fma_ns) if fma_ns >= read_ns else ("read", read_ns)
     issue_kind, issue_ns = ("fma", fma_ns) if wbytes <= l2 else ("read", read_ns)
+    if issue_ns != issue_ns:    # no FMA bound (a bf16 / int8 row, a CPU without AVX2+FMA)
+        issue_kind = None
     top = max(bound, lat_ns) if lat_ns == lat_ns else float("nan")
     return {"ns": ns, "bound": kind, "bound_ns": bound, "x_bound": ns / bound,
             "fma_bound_ns": fma_ns, "x_fma": ns / fma_ns, "read_bound_ns": read_ns,
@@ -381,15 +391,23 @@ def run(args) -> dict:
             wbytes = weight_bytes(model, wt, isas)
             if wbytes not in bw_cache:
                 bw_cache[wbytes] = read_gbps(max(wbytes, READ_MIN_BYTES), 5)
-            fma_ns = pm / fma_rate if fma_rate > 0 else float("nan")
+            # a bf16 / int8 row has the read bound alone: the FMA bound (the core's fp32 FMA
+            # rate) and the latency bound (fp32 op latencies, one product an op) are fp32
+            # figures, and its hidden layers multiply with dot-product instructions of 2
+            # (vdpbf16ps) or 4 (vpdpbusd) products a lane, whose rate and latency no probe
+            # measures: the fp32 figures named an int8 row's "binding fma" bound (256x256x2)
+            reduced = wt != "fp32"
+            fma_ns = pm / fma_rate if fma_rate > 0 and not reduced else float("nan")
             # the row's bounds from the best read pass; each kernel set's mlp figure below is
             # compared with read passes sampled alongside it instead (see kernel_and_read_ns)
             read_ns = wbytes / bw_cache[wbytes]
-            row = dict(bounds(float("nan"), fma_ns, read_ns, wbytes, l2, lat_ns), dims=list(dims),
+            row = dict(bounds(float("nan"), fma_ns, read_ns, wbytes, l2,
+                              float("nan") if reduced else lat_ns), dims=list(dims),
                        weights=wt, macs=macs, padded_macs=pm, weight_bytes=wbytes,
                        read_gbps=bw_cache[wbytes], fastpath={}, peer_weights="fp32",
                        onnxruntime_1t=ort,
-                       numpy_1t=np1, **({f"numpy_{ncpu}t": npall} if ncpu > 1 else {}))
+                       numpy_1t=np1, **({f"numpy_{ncpu}t": npall} if ncpu > 1 else {}),
+                       **({"bounds_note": REDUCED_BOUNDS_NOTE} if reduced else {}))
             for key in ("ns", "x_bound", "x_fma", "x_read", "x_issue", "x_latency", "x_max"):
                 del row[key]
             for isa in isas:
@@ -453,9 +471,13 @@ def print_row(row, isas, ncpu, file=sys.stdout):
     cells += [f"ort1 {pw} {_p50(row['onnxruntime_1t'])}", f"np1 {pw} {_p50(row['numpy_1t'])}"]
     if ncpu > 1:
         cells.append(f"np{ncpu} {pw} {_p50(row[f'numpy_{ncpu}t'])}")
-    cells.append(f"bounds: fma {fmt_ns(row['fma_bound_ns'])}, read {fmt_ns(row['read_bound_ns'])} "
-                 f"(best pass {row['read_gbps']:.0f} GB/s), latency "
-                 f"{fmt_ns(row['latency_bound_ns'])}, binding {row['bound']}")
+    if "bounds_note" in row:    # bf16 / int8: no fp32 figure bounds their kernels
+        cells.append(f"bounds: read {fmt_ns(row['read_bound_ns'])} (best pass "
+                     f"{row['read_gbps']:.0f} GB/s; no FMA or latency bound for {row['weights']})")
+    else:
+        cells.append(f"bounds: fma {fmt_ns(row['fma_bound_ns'])}, read "
+                     f"{fmt_ns(row['read_bound_ns'])} (best pass {row['read_gbps']:.0f} GB/s), "
+                     f"latency {fmt_ns(row['latency_bound_ns'])}, binding {row['bound']}")
     print(" | ".join(cells), file=file, flush=True)
 
 

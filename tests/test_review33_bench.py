@@ -7,11 +7,18 @@
   times fastpath.step() called in the timed region itself. The step is now called from the
   timing loop, which these tests check by the caller of each step() call: the function that
   reads the clock.
+- scaling.py gave a bf16 / int8 row the fp32 FMA bound (padded MACs / the core's fp32 FMA rate)
+  and the fp32 latency bound, and named the FMA bound "binding" for int8 256x256x2: those
+  kernels multiply with dot-product instructions (vdpbf16ps, vpdpbusd: 2 or 4 products a lane)
+  whose rate and latency nothing measures. Such a row now has the read bound alone, and says so.
 """
+import json
+import math
 import os
 import shutil
 import sys
 
+import pytest
 
 import fastpath
 
@@ -73,3 +80,28 @@ def test_serve_times_both_steps_themselves_not_lambdas(tmp_path, monkeypatch):
     _called_from_the_timing_loop(callers)
     # the in-process rows and the round trips: 2 x (warm-up + timed)
     assert len(callers) == 2 * (200 + 200)
+
+
+def _nan(v):
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def test_scaling_reduced_weight_rows_claim_no_fp32_compute_bounds(tmp_path):
+    import scaling
+    assert scaling.main(["--models", "256x256x2", "--weights", "fp32,bf16,int8", "--calls",
+                         "100", "--no-peers", "--sets", fastpath.simd(),
+                         "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "scaling-partial.json").read_text())
+    rows = {r["weights"]: r for r in res["rows"]}
+    fp32 = rows["fp32"]
+    if res["machine"]["fma_macs_per_ns"]:
+        # fp32 keeps its FMA bound: padded MACs at the core's FMA rate
+        rate = max(res["machine"]["fma_macs_per_ns"].values())
+        assert fp32["fma_bound_ns"] == pytest.approx(fp32["padded_macs"] / rate)
+        assert "bounds_note" not in fp32
+    for wt in ("bf16", "int8"):
+        r = rows[wt]
+        assert _nan(r["fma_bound_ns"]) and _nan(r["latency_bound_ns"]), r
+        assert r["bound"] == "read" and r["bound_ns"] == r["read_bound_ns"]
+        assert r["max_bound"] is None and r["issue_bound"] in (None, "read")
+        assert "vpdpbusd" in r["bounds_note"]
