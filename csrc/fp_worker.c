@@ -100,13 +100,32 @@ static void retire_slot(const fp_seg_layout *L, int i) {
  * killed between claiming it and storing its pid, with an fp_ring.h older than the one-word
  * claim; or a store by another process): half_since[i] notes when a pass first saw it so
  * (NULL: not looked at) and a pass `grace_ns` later retires it; before, it was lost for good,
- * and with every slot so lost no client could connect. A probe is a kill(0) and a read of /proc/<pid>/stat, ~6 us:
+ * and with every slot so lost no client could connect. A slot so taken back may have had a
+ * live claimant after all: an older fp_ring.h client stalled that long between its claim and
+ * its pid store (SIGSTOP, a debugger). Resumed, it stores its pid and ACTIVE unconditionally,
+ * over whatever the slot is by then: the next client's own, ACTIVE, and two clients wrote one
+ * ring pair, each taking the other's replies, for as long as both lived. An ACTIVE slot's pid
+ * never changes otherwise (it is stored with the claim, or before ACTIVE by an older client,
+ * and cleared only by free_slot), so owner[i] keeps the pid a pass first saw the slot ACTIVE
+ * with, and a pass that finds another there retires the slot: both clients see the new
+ * generation at their next call and stop (RECLAIMED, ServeError) instead of sharing it. One
+ * that resumes before a pass has seen the next client's claim ACTIVE (within a heartbeat of
+ * it) is not told apart: that pass sees its pid first.
+ * A probe is a kill(0) and a read of /proc/<pid>/stat, ~6 us:
  * the loop's pass probes one owner a heartbeat, where probing all of them stopped serving for
  * ~6 us per client every heartbeat (47 us a millisecond with 8 clients, in the p99 of every
  * tick that arrived meanwhile). A dead owner is then retired within as many heartbeats as
  * there are owners (64 ms at most at the 1 ms default), and its slot freed one later. */
+typedef struct {
+    int64_t half_since[FP_SEG_MAX_CLIENTS];  /* when a pass first saw it CLAIMED without a pid
+                                                (0: not so when last looked at) */
+    int64_t owner[FP_SEG_MAX_CLIENTS];       /* the pid a pass first saw it ACTIVE with
+                                                (REAP_NO_OWNER: not ACTIVE when last looked at) */
+} reap_memo;
+#define REAP_NO_OWNER INT64_MIN
+
 static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next,
-                     fp_worker_stats *S, int64_t *half_since, int64_t now, int64_t grace_ns) {
+                     fp_worker_stats *S, reap_memo *memo, int64_t now, int64_t grace_ns) {
     fp_seg_header *h = (fp_seg_header *)L->base;
     int n = 0;
     const uint32_t m = L->max_clients;
@@ -118,9 +137,21 @@ static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next,
             n++;
             st = FP_CL_FREE;
         }
-        if (!half_since)
+        if (!memo)
             continue;
-        if (st != FP_CL_CLAIMED || FP_LOAD_RLX(&h->clients[i].pid) > 0) {
+        int64_t *half_since = memo->half_since;
+        const int32_t pid = FP_LOAD_RLX(&h->clients[i].pid);
+        if (st != FP_CL_ACTIVE) {
+            memo->owner[i] = REAP_NO_OWNER;
+        } else if (memo->owner[i] == REAP_NO_OWNER) {
+            memo->owner[i] = pid;
+        } else if (memo->owner[i] != pid) {
+            /* another pid stored into an ACTIVE slot (see above): retired, freed a pass later */
+            memo->owner[i] = REAP_NO_OWNER;
+            retire_slot(L, (int)i);
+            st = FP_CL_RETIRED;
+        }
+        if (st != FP_CL_CLAIMED || pid > 0) {
             half_since[i] = 0;
         } else if (half_since[i] == 0) {
             half_since[i] = now | 1;        /* 0 means "not seen" */
@@ -402,7 +433,11 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
     int64_t now = fp_ring_now_ns(), last_beat = now, idle_since = now;
     uint64_t idle_run = 0, idle_polls = 0, loops = 0, unclocked = 0;
     uint32_t probe = 0;           /* the next owner whose pid a heartbeat's reap looks at */
-    int64_t half_since[FP_SEG_MAX_CLIENTS] = {0};   /* see reap_pass */
+    reap_memo memo;               /* see reap_pass */
+    for (int i = 0; i < FP_SEG_MAX_CLIENTS; i++) {
+        memo.half_since[i] = 0;
+        memo.owner[i] = REAP_NO_OWNER;
+    }
     const int64_t grace = o->claim_grace_ns > 0 ? o->claim_grace_ns : FP_WORKER_CLAIM_GRACE_NS;
     beat(h, S, now);
     set_state(h, S, FP_SRV_RUNNING);
@@ -431,7 +466,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
             beat(h, S, now);
             __atomic_store_n(&S->idle_polls, idle_polls, __ATOMIC_RELAXED);
             __atomic_store_n(&S->loops, loops, __ATOMIC_RELAXED);
-            reap_pass(L, 1, &probe, S, half_since, now, grace);
+            reap_pass(L, 1, &probe, S, &memo, now, grace);
             publish(L, S);
             if (FP_LOAD_ACQ(&h->stop))
                 break;
@@ -471,7 +506,7 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
         if (now - last_beat >= beat_ns) {
             last_beat = now;
             beat(h, S, now);
-            reap_pass(L, 1, &probe, S, half_since, now, grace);
+            reap_pass(L, 1, &probe, S, &memo, now, grace);
             publish(L, S);
         }
         int pending = 0;

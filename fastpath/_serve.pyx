@@ -983,10 +983,12 @@ cdef class Client:
             fp_seg_detach(&self._s)
             raise ServeError(
                 f"server {self.name!r} took this client's rings back (slot {self._c.idx}): it "
-                f"judged process {self._pid} gone. {lost} request(s) in flight are lost and "
-                f"this client is closed. A client whose pid the server cannot see (another PID "
-                f"namespace: a container without --pid=host) is judged gone: run both in one "
-                f"PID namespace, then connect again")
+                f"judged process {self._pid} gone, or found another pid stored into the slot. "
+                f"{lost} request(s) in flight are lost and this client is closed. A client "
+                f"whose pid the server cannot see (another PID namespace: a container without "
+                f"--pid=host) is judged gone: run both in one PID namespace; a C client built "
+                f"against an older fp_ring.h, stalled in its connect, stores its pid into the "
+                f"slot it lost: rebuild it. Then connect again")
         # alive while an answer waits in this client's ring: see fp_client_server_check
         chk = fp_client_server_check(&self._c, fp_ring_now_ns(), self._stall_ns)
         if chk != FP_SRV_ALIVE:

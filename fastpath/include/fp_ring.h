@@ -159,7 +159,13 @@ typedef struct {
  * the two left a slot CLAIMED with pid 0, which the reaper (it probes pids) never took back:
  * the slot was lost for good. The worker still takes back a slot claimed without a pid (a
  * client built against an older fp_ring.h, a forged store) once it has been so for the
- * server's stall_timeout_ms (fp_worker.c). */
+ * server's stall_timeout_ms (fp_worker.c). A client built against an older fp_ring.h that was
+ * only stalled that long between its claim and its pid store (SIGSTOP, a debugger) stores its
+ * pid and ACTIVE when it resumes, whoever has the slot by then; the worker, which sees an
+ * ACTIVE slot's pid change, takes the slot back within a heartbeat, and both clients stop
+ * (FP_RING_ERR_RECLAIMED, fp_client_owns() false) rather than go on sharing one ring pair
+ * (not when it resumes within a heartbeat of the other's claim: the worker sees its pid
+ * first): build C clients against this header. */
 typedef struct {
     uint32_t state;            /* FP_CL_* */
     int32_t pid;               /* the owner's, stored with the claim */
