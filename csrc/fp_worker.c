@@ -158,9 +158,12 @@ static int reap_pass(const fp_seg_layout *L, uint32_t probes, uint32_t *next,
         } else if (now - half_since[i] >= grace_ns) {
             half_since[i] = 0;
             /* retired, then freed a pass later as a dead owner's slot is; only if it is still
-             * CLAIMED (a late claimant that made it ACTIVE meanwhile keeps it) */
-            uint32_t want = FP_CL_CLAIMED;
-            if (__atomic_compare_exchange_n(&h->clients[i].state, &want, FP_CL_RETIRED, 0,
+             * CLAIMED with the pid read above, one 8-byte swap of (state, pid): a late
+             * claimant that stored its pid or made it ACTIVE meanwhile keeps it (a swap of the
+             * state alone retired a slot whose pid had just been stored) */
+            uint64_t want = fp_cl_word(FP_CL_CLAIMED, pid);
+            if (__atomic_compare_exchange_n((fp_cl_word_t *)&h->clients[i].state, &want,
+                                            fp_cl_word(FP_CL_RETIRED, pid), 0,
                                             __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
                 retire_slot(L, (int)i);
         }
@@ -392,10 +395,12 @@ static int idle_wait(const fp_worker_opts *o, int64_t idle_since, int64_t now,
 }
 
 /* The server state, in the header (clients act on it) and in the worker's own counts (what
- * the server reports: the header's copy is any mapping process's to overwrite) */
+ * the server reports: the header's copy is any mapping process's to overwrite). The header
+ * first: fastpath.serve() returns once the worker's own state reads RUNNING, and a
+ * connect(timeout=0) right after it must find RUNNING in the header too */
 static inline void set_state(fp_seg_header *h, fp_worker_stats *S, uint32_t st) {
-    __atomic_store_n(&S->state, st, __ATOMIC_RELEASE);
     FP_STORE_REL(&h->state, st);
+    __atomic_store_n(&S->state, st, __ATOMIC_RELEASE);
 }
 
 static inline void beat(fp_seg_header *h, fp_worker_stats *S, int64_t now) {

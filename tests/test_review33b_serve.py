@@ -61,6 +61,19 @@ def live_pid():
         p.wait()
 
 
+def _beats(srv, k, timeout=20.0):
+    """Return once the server's loop has beaten k more times (its heartbeat age fell k
+    times: each beat restarts it)."""
+    end = time.monotonic() + timeout
+    prev, seen = srv.stats()["heartbeat_age_ns"], 0
+    while seen < k:
+        assert time.monotonic() < end, f"the loop beat {seen} of {k} times in {timeout} s"
+        age = srv.stats()["heartbeat_age_ns"]
+        seen += age < prev
+        prev = age
+        time.sleep(0.0005)
+
+
 def test_a_stalled_old_claimant_resuming_into_a_reissued_slot_does_not_share_it(live_pid):
     name = uname()
     raw = np.zeros(256, np.float32)
@@ -77,8 +90,10 @@ def test_a_stalled_old_claimant_resuming_into_a_reissued_slot_does_not_share_it(
             assert c.step(raw, 1).seq == 1
             assert _load(path, _OFF_CLIENTS, "<Ii") == (_ACTIVE, os.getpid())
             # the loop has seen this client own the slot (a claimant resuming within the
-            # heartbeat after the new client's claim is not told apart from it)
-            time.sleep(0.05)
+            # heartbeat after the new client's claim is not told apart from it): two beats
+            # after the claim, a reap pass has run since (each beat is followed by one); a
+            # fixed sleep was not always enough on a loaded host
+            _beats(srv, 2)
             # the old client resumes: its pid store, then ACTIVE, neither conditional
             _store(path, _OFF_CLIENTS + 4, "<i", live_pid)
             _store(path, _OFF_CLIENTS, "<I", _ACTIVE)
