@@ -725,10 +725,26 @@ cdef object _pages_name(uint32_t seg_flags):
             "thp" if seg_flags == FP_SEG_HUGE_THP else "normal")
 
 
+cdef void _read_published(fp_seg_header *h, const fp_seg_layout *L,
+                          fp_worker_stats *S) noexcept nogil:
+    """The counts the loop publishes in the header for clients (fp_worker.c publish), read
+    back into S."""
+    S.state = fp_atomic_load_u32(&h.state)
+    S.served = fp_atomic_load_u64(&h.served)
+    S.errors = fp_atomic_load_u64(&h.errors)
+    S.clients_reaped = fp_atomic_load_u64(&h.clients_reaped)
+    S.busy_ns = fp_atomic_load_u64(&h.busy_ns)
+    S.idle_polls = fp_atomic_load_u64(&h.idle_polls)
+    S.heartbeat_ns = <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)
+    cdef uint32_t i
+    for i in range(L.max_clients):
+        S.client_served[i] = fp_atomic_load_u64(&h.clients[i].served)
+
+
 cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L, const fp_worker_stats *own):
     # own: the worker's counts in its process's memory (the server's stats()), or NULL: the
     # copy the worker published in the header (a client's server_stats(); any process that
-    # maps the segment can overwrite it).
+    # maps the segment can overwrite it), read into a local copy first.
     # every value read into C locals first, the Python objects built after: building them
     # allocates, and what a gc pass runs then (a finalizer, a gc callback, a signal handler
     # one lets run) may close the client or the worker and unmap h: the next read segfaulted.
@@ -743,14 +759,17 @@ cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L, const fp_worke
     cdef uint64_t *cur
     cdef uint64_t head, tail
     cdef uint32_t m = L.max_clients
+    cdef fp_worker_stats pub
+    if own == NULL:
+        _read_published(h, L, &pub)
+        own = &pub
     for i in range(m):
         st = fp_atomic_load_u32(&h.clients[i].state)
         if st != FP_CL_ACTIVE:
             continue
         slot[n] = i
         pid[n] = h.clients[i].pid
-        served[n] = (fp_atomic_load_u64(&own.client_served[i]) if own != NULL else
-                     fp_atomic_load_u64(&h.clients[i].served))
+        served[n] = fp_atomic_load_u64(&own.client_served[i])
         # queue depth: requests published and not yet taken. The worker's tail first, then
         # the client's head: read the other way round, a request published and taken
         # between the two reads put the tail past the head, and the unsigned difference
@@ -764,25 +783,14 @@ cdef dict _header_stats(fp_seg_header *h, const fp_seg_layout *L, const fp_worke
         queued[n] = min(head - tail, <uint64_t>L.slots) if head > tail else 0
         depth += queued[n]
         n += 1
-    cdef uint32_t state
-    cdef uint64_t h_served, h_errors, h_reaped, h_busy, h_idle
-    cdef int64_t age
-    if own != NULL:
-        state = fp_atomic_load_u32(&own.state)
-        h_served = fp_atomic_load_u64(&own.served)
-        h_errors = fp_atomic_load_u64(&own.errors)
-        h_reaped = fp_atomic_load_u64(&own.clients_reaped)
-        h_busy = fp_atomic_load_u64(&own.busy_ns)
-        h_idle = fp_atomic_load_u64(&own.idle_polls)
-        age = fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(<const uint64_t *>&own.heartbeat_ns)
-    else:
-        state = fp_atomic_load_u32(&h.state)
-        h_served = fp_atomic_load_u64(&h.served)
-        h_errors = fp_atomic_load_u64(&h.errors)
-        h_reaped = fp_atomic_load_u64(&h.clients_reaped)
-        h_busy = fp_atomic_load_u64(&h.busy_ns)
-        h_idle = fp_atomic_load_u64(&h.idle_polls)
-        age = fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(&h.heartbeat_ns)
+    cdef uint32_t state = fp_atomic_load_u32(&own.state)
+    cdef uint64_t h_served = fp_atomic_load_u64(&own.served)
+    cdef uint64_t h_errors = fp_atomic_load_u64(&own.errors)
+    cdef uint64_t h_reaped = fp_atomic_load_u64(&own.clients_reaped)
+    cdef uint64_t h_busy = fp_atomic_load_u64(&own.busy_ns)
+    cdef uint64_t h_idle = fp_atomic_load_u64(&own.idle_polls)
+    cdef int64_t age = fp_ring_now_ns() - <int64_t>fp_atomic_load_u64(
+        <const uint64_t *>&own.heartbeat_ns)
     # counted by the clients (only they see their rings full), in the segment either way
     cdef uint64_t h_rejected = fp_atomic_load_u64(&h.rejected_full)
     cdef int32_t server_pid = h.server_pid

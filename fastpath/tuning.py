@@ -135,7 +135,8 @@ def fit_head_scale(model: Model, raws: np.ndarray, symbols: np.ndarray | None = 
     h = _model(model, "fit_head_scale").head_spec
     if h.kind != "regression":
         raise ModelError(f"fit_head_scale fits a regression head; this model's head is {h.kind!r}")
-    if not (is_real(quantile) and is_real(target)) or not 0.0 < quantile <= 1.0 or not 0.0 < target < np.inf:
+    if not (is_real(quantile) and is_real(target)) or not 0.0 < quantile <= 1.0 \
+            or not 0.0 < target < np.inf:
         raise ModelError(f"quantile must be in (0, 1] and target a finite number > 0, got "
                          f"{quantile}, {target}")
     r = _ticks(raws, model.raw_len)

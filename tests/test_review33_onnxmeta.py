@@ -13,23 +13,15 @@ import numpy as np
 import pytest
 
 from fastpath import Model, ModelError
-from fastpath.model import CachePolicy, Head, Layer
+from fastpath.model import CachePolicy
 from fastpath.tuning import calibrate
 
 onnx = pytest.importorskip("onnx")
 
-F = np.float32
+from test_review30_onnxmeta import _mlp  # noqa: E402 - after the skip, as the module needs onnx
+
 KEY = "fastpath.model"
 SUM = "fastpath.model.sha256"
-
-
-def _mlp(seed=0):
-    rng = np.random.default_rng(seed)
-    dims = [8, 16, 3]
-    layers = tuple(Layer(rng.standard_normal((dims[i + 1], dims[i])).astype(F) / 3,
-                         rng.standard_normal(dims[i + 1]).astype(F) * 0.1,
-                         "relu" if i == 0 else "identity") for i in range(2))
-    return Model(layers, head_spec=Head("regression", 1.0, (2,)))
 
 
 @pytest.fixture(scope="module")

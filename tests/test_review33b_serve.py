@@ -12,9 +12,7 @@ the take-back of a slot claimed without a pid).
   within a heartbeat of the next client's claim is not seen: the loop first sees the slot
   ACTIVE with the stalled client's pid.)
 """
-import mmap
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -24,30 +22,11 @@ import pytest
 
 import fastpath
 from fastpath import ServeError
+from test_review33_serve import _OFF_CLIENTS, _load, _store
 from test_serve import cfg, deadline, uname
 
-# fp_seg_header.clients[0] (fastpath/include/fp_ring.h): state u32, pid i32
-_OFF_CLIENTS = 8576
+# fp_client_entry.state values (fastpath/include/fp_ring.h)
 _FREE, _CLAIMED, _ACTIVE, _CLOSING = 0, 1, 2, 3
-
-
-def _store(path, off, fmt, *values):
-    """One store into the live segment from a second mapping, as another process makes it."""
-    with open(path, "r+b") as f:
-        m = mmap.mmap(f.fileno(), 0)
-        try:
-            struct.pack_into(fmt, m, off, *values)
-        finally:
-            m.close()
-
-
-def _load(path, off, fmt):
-    with open(path, "rb") as f:
-        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-        try:
-            return struct.unpack_from(fmt, m, off)
-        finally:
-            m.close()
 
 
 @pytest.fixture

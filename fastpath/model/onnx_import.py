@@ -38,23 +38,24 @@ SUPPORTED = ("Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Tanh", "Sigm
              "LinearRegressor", "LinearClassifier", "Normalizer", "Concat", "Constant")
 _ACT = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 # what to do instead, for ops people meet in exported models
+# what to use instead of an activation the kernels do not run
+_ACTIVATIONS_HINT = "use ReLU, Tanh or Sigmoid activations"
 _INSTEAD = {
     "ZipMap": "export the classifier with zipmap=False (skl2onnx: options={id(model): "
               "{'zipmap': False}})",
     "Conv": "fastpath serves dense (fully connected) models; flatten the input and use Linear",
-    "LeakyRelu": "use ReLU, Tanh or Sigmoid activations",
-    "Gelu": "use ReLU, Tanh or Sigmoid activations",
-    "Elu": "use ReLU, Tanh or Sigmoid activations",
+    "LeakyRelu": _ACTIVATIONS_HINT,
+    "Gelu": _ACTIVATIONS_HINT,
+    "Elu": _ACTIVATIONS_HINT,
     # what torch writes for nn.Hardtanh / nn.ReLU6 (Clip), nn.SELU, nn.Softplus, nn.PReLU,
     # nn.Hardsigmoid, nn.Hardswish, nn.Mish
-    "Clip": "use ReLU, Tanh or Sigmoid activations (Clip is what torch writes for Hardtanh "
-            "and ReLU6)",
-    "Selu": "use ReLU, Tanh or Sigmoid activations",
-    "Softplus": "use ReLU, Tanh or Sigmoid activations",
-    "PRelu": "use ReLU, Tanh or Sigmoid activations",
-    "HardSigmoid": "use ReLU, Tanh or Sigmoid activations",
-    "HardSwish": "use ReLU, Tanh or Sigmoid activations",
-    "Mish": "use ReLU, Tanh or Sigmoid activations",
+    "Clip": _ACTIVATIONS_HINT + " (Clip is what torch writes for Hardtanh and ReLU6)",
+    "Selu": _ACTIVATIONS_HINT,
+    "Softplus": _ACTIVATIONS_HINT,
+    "PRelu": _ACTIVATIONS_HINT,
+    "HardSigmoid": _ACTIVATIONS_HINT,
+    "HardSwish": _ACTIVATIONS_HINT,
+    "Mish": _ACTIVATIONS_HINT,
     "Dropout": "export the model in eval mode (model.eval()), which drops Dropout",
     "SVMRegressor": "export a linear model or MLP instead of an SVM",
     "SVMClassifier": "export a linear model or MLP instead of an SVM",
@@ -667,8 +668,7 @@ def read_onnx(path: str | os.PathLike) -> dict:
                 if sig is not None and sig.input[0] == a_in:
                     raise ModelError(f"{name}: nodes {sig.name!r} (Sigmoid) and {node.name!r} "
                                      f"(Mul) compute x * sigmoid(x), SiLU / Swish, which is not "
-                                     f"an activation fastpath runs; use ReLU, Tanh or Sigmoid "
-                                     f"activations")
+                                     f"an activation fastpath runs; {_ACTIVATIONS_HINT}")
         if op not in SUPPORTED:
             hint = _INSTEAD.get(op, "fastpath imports dense models (MLPs, linear and logistic "
                                     "models) built from " + ", ".join(SUPPORTED[:-1]) +
