@@ -123,7 +123,7 @@ def test_bench_quick_generated(tmp_path):
 
 
 def test_bench_quick_binance(tmp_path):
-    from conftest import DATA_DIR
+    from helpers.builders import DATA_DIR
     if not os.path.isdir(DATA_DIR):
         pytest.skip("shared Binance data not present")
     res, _ = run_bench(tmp_path, "--data", DATA_DIR, "--no-plot")

@@ -14,7 +14,8 @@ from hypothesis import given, settings, strategies as st
 from fastpath import Engine
 from fastpath import _kernels as K
 from fastpath.model import CachePolicy, Layer, Model
-from conftest import ISAS, engine_cfg
+from helpers.builders import ISAS, engine_cfg
+from helpers.reference import double_decision  # noqa: F401
 
 N = 128
 THRESHOLDS = (0.999, 0.9999, 0.99999, 0.999999)
@@ -478,23 +479,6 @@ def test_engine_decides_tight_pairs_exactly(isa):
         if eng.step(f, 0, ts_ns=t + 2).cached != hit:
             wrong.append(off)
     assert not wrong, wrong
-
-
-def double_decision(isa, f, c, thr, tol):
-    """fp_cache_decide_f64's decision, rebuilt from the kernel's own double sums with the same
-    double operations: the reference for the float32 look (kernel_cache_decide runs the look
-    first, so wherever the look decides it would only be compared with itself)."""
-    dot, na2, nb2 = K.kernel_dot_norms_f64(isa, f, c)
-    if not (na2 <= np.finfo(np.float64).max):
-        return "cosine"
-    na, nb = float(np.sqrt(na2)), float(np.sqrt(nb2))
-    if na == 0.0 or nb == 0.0:
-        return "hit" if (na == 0.0 and nb == 0.0) else "cosine"
-    if dot < thr * na * nb:
-        return "cosine"
-    if abs(na / nb - 1.0) > tol:
-        return "norm"
-    return "hit"
 
 
 def _stream_pairs(n_ticks=20000):

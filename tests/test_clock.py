@@ -11,7 +11,7 @@ import numpy as np
 
 from fastpath import Engine
 from fastpath import _kernels as K
-from conftest import engine_cfg, random_model
+from helpers.builders import engine_cfg, random_model
 
 
 def test_negative_delta_clamps_to_zero():

@@ -5,7 +5,7 @@ import pytest
 import fastpath
 from fastpath import ConfigError, Engine, Model
 from fastpath.model import CachePolicy, FeatureSpec
-from conftest import engine_cfg, random_model, windowed_model
+from helpers.builders import engine_cfg, random_model, windowed_model
 
 
 def expected(model, raws, symbols):

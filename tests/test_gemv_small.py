@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fastpath import _kernels as K
-from conftest import ACTS, ISAS
-from test_kernels import act_ref
+from helpers.builders import ACTS, ISAS
+from helpers.reference import act_ref
 
 # widths of each block count the fused pass takes (nb = 1, 2, 4, 8), edges and middles
 FUSED_WIDTHS = (1, 2, 7, 8, 9, 15, 16, 25, 31, 32, 57, 63, 64)

@@ -14,7 +14,7 @@ import pytest
 from fastpath.errors import InputError
 from fastpath.gpu import _protocol as P
 
-from conftest import ACTS
+from helpers.builders import ACTS
 
 
 def _layers(rng, dims, acts=None):

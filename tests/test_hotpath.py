@@ -13,7 +13,7 @@ import pytest
 from fastpath import Engine, InputError
 from fastpath import _kernels as K
 from fastpath.model import CachePolicy, FeatureSpec
-from conftest import engine_cfg, random_model
+from helpers.builders import engine_cfg, random_model
 
 
 def _window_engine(isa, n_w, window=5, raw_len=48, n_z=13, seed=0):

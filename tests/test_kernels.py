@@ -12,15 +12,10 @@ from hypothesis.extra import numpy as hnp
 
 from fastpath import _engine as E
 from fastpath import _kernels as K
-from conftest import ACTS, ISAS
+from helpers.builders import ACTS, ISAS
+from helpers.reference import act_ref  # noqa: F401
 
 WIDTHS = (1, 7, 8, 9, 16, 37, 129, 300)
-
-
-def act_ref(x, act):
-    x = x.astype(np.float64)
-    return {"identity": x, "relu": np.maximum(x, 0), "tanh": np.tanh(x),
-            "sigmoid": 1 / (1 + np.exp(-x))}[act]
 
 
 @pytest.mark.parametrize("n", WIDTHS)
@@ -196,7 +191,7 @@ def test_engines_agree_on_every_set():
     """The whole fused step (features, cache, MLP, head) gives the same signals and the same
     cache decisions on every set this CPU runs."""
     from fastpath import Engine
-    from conftest import engine_cfg, windowed_model
+    from helpers.builders import engine_cfg, windowed_model
     rng = np.random.default_rng(12)
     m = windowed_model(rng, raw_len=70, n_z=37, hidden=(64, 33))
     raws = rng.standard_normal((300, m.raw_len)).astype(np.float32)

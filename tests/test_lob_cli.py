@@ -9,7 +9,7 @@ import pytest
 
 import fastpath
 from fastpath import Engine, Model, lob
-from conftest import DATA_DIR, random_model
+from helpers.builders import DATA_DIR, random_model
 
 
 def test_layout_names_and_values():

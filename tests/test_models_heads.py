@@ -7,7 +7,7 @@ import pytest
 import fastpath
 from fastpath import Engine, InputError, Model, ModelError
 from fastpath.model import FeatureSpec, Head, Layer
-from conftest import engine_cfg
+from helpers.builders import engine_cfg
 
 
 def _layers(rng, dims):

@@ -19,7 +19,7 @@ from sklearn.preprocessing import MinMaxScaler, StandardScaler  # noqa: E402
 
 from fastpath import Engine, Model, ModelError, lob  # noqa: E402
 from fastpath.model import Head  # noqa: E402
-from conftest import engine_cfg  # noqa: E402
+from helpers.builders import engine_cfg  # noqa: E402
 
 N_FEAT = 24
 

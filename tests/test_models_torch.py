@@ -16,7 +16,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from fastpath import Engine, Model  # noqa: E402
-from conftest import engine_cfg  # noqa: E402
+from helpers.builders import engine_cfg  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "torch")
 FILES = sorted(glob.glob(os.path.join(HERE, "*.onnx")))

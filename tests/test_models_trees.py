@@ -23,7 +23,8 @@ from sklearn.ensemble import (ExtraTreesRegressor, GradientBoostingClassifier,  
 from fastpath import Engine, InputError, Model, ModelError, TreeEnsemble, lob  # noqa: E402
 from fastpath._kernels import PackedTrees, tree_isas  # noqa: E402
 from fastpath.model import CachePolicy, FeatureSpec, Head  # noqa: E402
-from conftest import engine_cfg  # noqa: E402
+from helpers.builders import engine_cfg  # noqa: E402
+from helpers.models import _skl  # noqa: F401
 
 N_FEAT = 12
 TREE_ISAS = tree_isas()
@@ -47,31 +48,6 @@ def _data(kind):
     if kind == "cls2":
         return X, (y > 0).astype(int)
     return X, np.digitize(y, np.quantile(y, [1 / 3, 2 / 3]))
-
-
-def _patched_make_attribute():
-    """skl2onnx 1.20 hands HistGradientBoosting's missing-value tracks to onnx as Python bools,
-    which onnx 1.2x refuses in an int list: convert them, as the exporter meant to."""
-    real = helper.make_attribute
-
-    def fixed(key, value, *a, **k):
-        if isinstance(value, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in value):
-            value = [int(v) for v in value]
-        return real(key, value, *a, **k)
-    return real, fixed
-
-
-def _skl(est, X, path, opset=None):
-    from skl2onnx import to_onnx
-    opts = {id(est): {"zipmap": False}} if hasattr(est, "predict_proba") else None
-    real, fixed = _patched_make_attribute()
-    helper.make_attribute = fixed
-    try:
-        m = to_onnx(est, X[:1], options=opts, target_opset=opset)
-    finally:
-        helper.make_attribute = real
-    path.write_bytes(m.SerializeToString())
-    return str(path)
 
 
 def _mltools(est, path, kind):

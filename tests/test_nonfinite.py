@@ -13,7 +13,7 @@ import pytest
 from fastpath import Engine, InputError
 from fastpath import _kernels as K
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
-from conftest import ISAS, engine_cfg
+from helpers.builders import ISAS, engine_cfg
 
 POLICY = CachePolicy(enabled=True, cos_threshold=0.999, norm_tol=0.02, max_age_ns=10**12,
                      max_run=1000)

@@ -8,7 +8,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from fastpath import Engine, Model, ModelError  # noqa: E402
-from conftest import engine_cfg  # noqa: E402
+from helpers.builders import engine_cfg  # noqa: E402
 
 OPS = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "identity": None}
 

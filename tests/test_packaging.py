@@ -13,27 +13,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from helpers.packaging import ROOT, _setup  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [
     pytest.mark.skipif(not (ROOT / "setup.py").exists(), reason="not run from a source tree"),
 ]
-
-
-def _setup(tmp_path, *args):
-    """setup.py <args> on a copy of the checkout: a stale *.egg-info/SOURCES.txt in the
-    checkout is read back into the next sdist and would hide a missing MANIFEST.in line."""
-    pytest.importorskip("Cython", reason="the build requirements (Cython) are not installed here")
-    pytest.importorskip("setuptools", reason="setuptools is not installed here")
-    src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
-        ".pytest_cache", "*.so"))
-    out = subprocess.run([sys.executable, "setup.py", "-q", *args], cwd=src, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    return out
 
 
 def _tree(top: str, suffixes: tuple) -> set:

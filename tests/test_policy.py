@@ -16,7 +16,7 @@ from fastpath import Engine, Model
 from fastpath._build import DEMO_MODEL, EXAMPLE_CONFIG
 from fastpath.model import CachePolicy
 from fastpath.tuning import calibrate, fit_cache_policy
-from conftest import engine_cfg, random_model, strip_fastpath_record
+from helpers.builders import engine_cfg, random_model, strip_fastpath_record
 
 
 def _walk(rng, n=3000, n_sym=4, width=8, step=0.01, jump=0.02):

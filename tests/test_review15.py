@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from fastpath import _kernels as K
-from test_cache_decision import double_decision
+from helpers.reference import double_decision
 
 
 f64_decision = double_decision
@@ -258,7 +258,7 @@ def test_engine_under_flush_to_zero(isa):
     must not be answered from the cache."""
     from fastpath import Engine
     from fastpath.model import CachePolicy, Layer, Model
-    from conftest import engine_cfg
+    from helpers.builders import engine_cfg
     f, c = ftz_pair(7)
     pol = CachePolicy(enabled=True, cos_threshold=1.0 - 1e-12, norm_tol=0.5,
                       max_age_ns=10**15, max_run=10**6)

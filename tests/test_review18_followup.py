@@ -27,7 +27,7 @@ HEADER_BYTES = 16384
 CL_ACTIVE = 2
 
 
-from test_serve import deadline  # noqa: E402  (the serve tests' SIGALRM deadline)
+from helpers.serving import deadline  # noqa: E402  (the serve tests' SIGALRM deadline)
 
 
 def _uname():
@@ -130,8 +130,8 @@ def test_a_row_the_gpu_flags_is_answered_as_the_cpu_answers_it(monkeypatch):
     """A row whose float32 sums overflowed on the GPU is answered by the CPU model on the same
     features (which re-sums such a layer in double): the GPU backend used to refuse every
     flagged tick, where the CPU backend answers those whose pre-activations fit float32."""
-    pytest.importorskip("test_gpu")
-    from test_gpu import FakeCuda, _fake_pycuda, random_model
+    pytest.importorskip("helpers.fake_cuda")
+    from helpers.fake_cuda import FakeCuda, _fake_pycuda, random_model
     from fastpath.gpu import GpuBackend, GpuEngine, gpu_status
 
     _fake_pycuda(monkeypatch, FakeCuda())

@@ -10,9 +10,9 @@ from fastpath import Engine, InputError
 from fastpath._kernels import LowpMLP, kernel_lowp_dense, lowp_variants
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
 
-from conftest import ISAS
+from helpers.builders import ISAS
+from helpers.models import F32, refusing_model  # noqa: F401
 
-F32 = np.float32
 FLT_MAX = float(np.finfo(F32).max)
 _, HAVE_BF16 = lowp_variants("bf16")
 
@@ -183,17 +183,6 @@ def test_window_sums_renewed_at_every_wrap(isa, W):
     # the fresh engine: the last W ticks, so its ring has wrapped once too
     want = _fresh_features(m, isa, p[N - W:N], p[N])
     np.testing.assert_array_equal(got, want)
-
-
-def refusing_model(rng, n_w, W, w_scale):
-    """A model over n_w window fields (window W) and one z field, raw = [fields, z], whose
-    first-layer weight of 1e30 on the z field makes a tick with z = 1e10 overflow: the model
-    refuses it after fp_step has committed its window. Other weights: w_scale."""
-    fs = FeatureSpec(n_w + 1, np.array([n_w]), np.arange(n_w), W, np.zeros(1 + 2 * n_w, F32),
-                     np.ones(1 + 2 * n_w, F32))
-    w = rng.standard_normal((2, 1 + 2 * n_w)).astype(F32) * w_scale
-    w[:, 0] = 1e30
-    return Model((Layer(w, np.zeros(2, F32), "identity"),), fs, CachePolicy(enabled=False))
 
 
 @pytest.mark.parametrize("W", [3, 7])

@@ -24,7 +24,7 @@ from fastpath import Engine, Model, ModelError, TreeEnsemble  # noqa: E402
 from fastpath._kernels import PackedTrees, tree_isas  # noqa: E402
 from fastpath.model import Head  # noqa: E402
 from fastpath.model import trees as trees_mod  # noqa: E402
-from conftest import engine_cfg  # noqa: E402
+from helpers.builders import engine_cfg  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # where the imported fastpath lives (site-packages, or the checkout for an editable install):

@@ -22,7 +22,7 @@ import fastpath
 from fastpath import Engine, Model, ModelError
 from fastpath.model import CachePolicy, FeatureSpec, Head, Layer
 from fastpath.model import bundle as B
-from conftest import engine_cfg
+from helpers.builders import engine_cfg
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -25,11 +25,8 @@ from fastpath.control.host import Host, read_topology
 from fastpath.serving import segment as seg
 
 # the serve tests' helpers: config, unique segment names, a SIGALRM deadline
-from test_serve import PKG_ROOT, _wait_stopped, cfg, deadline, uname  # noqa: E402
-
-
-def raw_zero():
-    return np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+from helpers.serving import PKG_ROOT, _wait_stopped, cfg, deadline, uname  # noqa: E402
+from helpers.serving import CLIENTS_OFF, _dead_pid, _entry, raw_zero  # noqa: F401
 
 
 # ------------------------------------------------------------------ per-tick errors by poll()
@@ -139,22 +136,6 @@ def test_mapped_by_reads_this_process_maps(tmp_path):
         assert seg.mapped_by(os.getpid(), path) is True
         m[0] = 1
     assert seg.mapped_by(os.getpid(), str(tmp_path / "absent")) is None
-
-
-# ------------------------------------------------------------------ a client's rings taken back
-# offsets in fp_seg_header (fastpath/include/fp_ring.h): the client table starts after the
-# placement report; each entry is one 64-byte line, state (u32) then pid (i32)
-CLIENTS_OFF = 8576
-
-
-def _entry(m, idx):
-    return struct.unpack_from("<Ii", m, CLIENTS_OFF + 64 * idx)
-
-
-def _dead_pid():
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait(timeout=30)
-    return p.pid
 
 
 def _have_own_slot_reaped(srv, m):

@@ -11,7 +11,7 @@ import pytest
 import fastpath
 from fastpath import Engine, InputError
 from fastpath import _kernels as K
-from conftest import engine_cfg, random_model, windowed_model
+from helpers.builders import engine_cfg, random_model, windowed_model
 
 F32 = np.float32
 QS = (50, 90, 99, 99.9)
@@ -265,18 +265,7 @@ def test_fma_probes_with_no_iterations_answer_a_time():
 # (the engine's, in fastpath._engine, is not touched).
 
 import ctypes  # noqa: E402
-
-
-class _Clock(ctypes.Structure):
-    """fp_clock_t (csrc/fp_clock.h), field for field."""
-    _fields_ = [("use_tsc", ctypes.c_int), ("ns_per_tick", ctypes.c_double),
-                ("read_cost_ns", ctypes.c_double), ("cal_samples", ctypes.c_int),
-                ("cal_bracket_ns", ctypes.c_double), ("reanchors", ctypes.c_uint64),
-                ("reanchor_ticks", ctypes.c_uint64), ("fit_tick", ctypes.c_uint64),
-                ("fit_ns", ctypes.c_int64), ("seq", ctypes.c_uint32),
-                ("base_tick", ctypes.c_uint64), ("base_ns", ctypes.c_int64),
-                ("map_ns_per_tick", ctypes.c_double), ("steps", ctypes.c_uint64),
-                ("lead_ns", ctypes.c_int64), ("tsc_backs", ctypes.c_uint64)]
+from helpers.clock import _Clock  # noqa: F401
 
 
 def _lib():

@@ -19,8 +19,8 @@ from fastpath.control.config import EngineConfig, load_config
 from fastpath.errors import BackendError
 from fastpath.model import CachePolicy, window_pre_features
 
-from conftest import ISAS, random_model, windowed_model
-from test_gpu import _head_model, _stream, fake_fatbin, fake_gpu  # noqa: F401 (fixtures)
+from helpers.builders import ISAS, random_model, windowed_model
+from helpers.fake_cuda import _head_model, _stream, fake_fatbin, fake_gpu  # noqa: F401 (fixtures)
 
 F32 = np.float32
 N_SYM = 3

@@ -12,7 +12,7 @@ import fastpath
 from fastpath import InputError, ModelError, lob
 from fastpath.model import CachePolicy
 from fastpath.tuning import fit_cache_policy
-from conftest import DATA_DIR, random_model
+from helpers.builders import DATA_DIR, random_model
 
 TS0 = 1723161254137307667          # a real local_ts_ns: not representable in float64
 

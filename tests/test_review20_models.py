@@ -6,6 +6,7 @@ import pytest
 
 from fastpath import ModelError, TreeEnsemble
 from fastpath._kernels import PackedTrees, tree_isas
+from helpers.models import _tree_graph  # noqa: F401
 
 F = np.float32
 
@@ -179,27 +180,6 @@ def test_onnx_weights_of_another_type_than_the_input_are_refused(tmp_path):
 
 
 # --------------------------------------------- ONNX tree errors in the file's own ids
-
-def _tree_graph(tmp_path, rows, weights, n_in=2):
-    """TreeEnsembleRegressor from rows (tree id, node id, feature, mode, value, true id,
-    false id) and weights (tree id, node id, value)."""
-    pytest.importorskip("onnx")
-    from onnx import TensorProto, helper
-    a = dict(nodes_treeids=[r[0] for r in rows], nodes_nodeids=[r[1] for r in rows],
-             nodes_featureids=[r[2] for r in rows], nodes_modes=[r[3] for r in rows],
-             nodes_values=[r[4] for r in rows], nodes_truenodeids=[r[5] for r in rows],
-             nodes_falsenodeids=[r[6] for r in rows], target_treeids=[w[0] for w in weights],
-             target_nodeids=[w[1] for w in weights], target_ids=[0] * len(weights),
-             target_weights=[w[2] for w in weights], n_targets=1)
-    node = helper.make_node("TreeEnsembleRegressor", ["x"], ["y"], domain="ai.onnx.ml", **a)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                      [None, n_in])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                            helper.make_opsetid("ai.onnx.ml", 3)])
-    p = tmp_path / "t.onnx"
-    p.write_bytes(m.SerializeToString())
-    return str(p)
 
 
 def test_onnx_tree_errors_name_the_files_tree_and_node_ids(tmp_path):

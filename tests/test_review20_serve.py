@@ -15,7 +15,7 @@ from fastpath import ServeError
 from fastpath._build import DEMO_MODEL
 
 # the serve tests' helpers: config, unique segment names, a SIGALRM deadline
-from test_serve import cfg, deadline, ticks, uname  # noqa: E402
+from helpers.serving import cfg, deadline, ticks, uname  # noqa: E402
 
 
 def raw_zero():

@@ -19,7 +19,7 @@ import fastpath._kernels as K
 from fastpath import Engine, InputError
 from fastpath._build import DEMO_MODEL
 
-from conftest import ISAS
+from helpers.builders import ISAS
 
 F32 = np.float32
 

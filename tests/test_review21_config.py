@@ -219,7 +219,7 @@ def test_engine_larger_than_available_memory_is_refused_not_oom_killed(monkeypat
 
     from fastpath import Engine
     from fastpath.control import memory
-    from conftest import random_model
+    from helpers.builders import random_model
     m = random_model(np.random.default_rng(0), [8, 4, 2])
     big = {"engine": {"n_symbols": 1 << 14}, "memory": {"huge_pages": "none", "mlock": False}}
     monkeypatch.setattr(memory, "available_bytes", lambda root="/": 1 << 20)
@@ -260,7 +260,7 @@ def test_engine_region_bytes_without_building_the_engine_matches_a_built_one(n, 
     from fastpath import Engine
     from fastpath._build import DEMO_MODEL, engine_region_bytes
     from fastpath.control.config import MemoryConfig
-    from conftest import random_model, windowed_model
+    from helpers.builders import random_model, windowed_model
     rng = np.random.default_rng(1)
     m = {"demo": DEMO_MODEL, "mlp": random_model(rng, [8, 16, 2]),
          "windowed": windowed_model(rng, window=7),

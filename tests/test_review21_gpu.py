@@ -18,9 +18,9 @@ from fastpath.gpu import _backend as B
 from fastpath.gpu import _protocol as P
 from fastpath.gpu._pack import pack, packed_forward
 
-from conftest import random_model, windowed_model
-from test_gpu import FakeCuda, _fake_pycuda, fake_fatbin  # noqa: F401 - fixture
-from test_gpu import fake_gpu  # noqa: F401 - fixture
+from helpers.builders import random_model, windowed_model
+from helpers.fake_cuda import FakeCuda, _fake_pycuda, fake_fatbin  # noqa: F401 - fixture
+from helpers.fake_cuda import fake_gpu  # noqa: F401 - fixture
 
 NOCACHE = {"enabled": False}
 
@@ -311,7 +311,7 @@ def test_gpu_check_edges_catch_a_kernel_that_drops_lanes(fake_fatbin, monkeypatc
     # the edge models exist to catch what the timed models (all widths multiples of 32)
     # cannot: a "kernel" that reads only the first 32 inputs of a row (a lane-stride bug)
     # passes every timed model's shape class but must fail the odd-width edges
-    import test_gpu as T
+    import helpers.fake_cuda as T
     gc_mod = T._gpu_check()
     real = T.packed_forward
 

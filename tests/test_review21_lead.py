@@ -19,46 +19,14 @@ import fastpath
 from fastpath import Engine
 from fastpath import _engine as E
 from fastpath import _kernels as K
-from conftest import engine_cfg, random_model
-from test_review20_clock import _Clock
+from helpers.builders import engine_cfg, random_model
+from helpers.clock import _Clock
+from helpers.clock import JUMP, _Restore, _clock, _needs_tsc  # noqa: F401
 
 F32 = np.float32
 # subprocesses run outside the checkout, so the installed package is imported, not the source
 # folder (which has no built extensions when CI installs a wheel-like build)
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
-
-
-def _clock(module):
-    return _Clock.in_dll(ctypes.CDLL(module.__file__), "fp_clock")
-
-
-_SAVED = ("fit_tick", "fit_ns", "ns_per_tick", "map_ns_per_tick", "base_tick", "base_ns",
-          "lead_ns")
-
-
-class _Restore:
-    """Put a clock's anchor and fit back the way they were (the rest of the suite shares it),
-    then re-anchor at the real TSC."""
-
-    def __init__(self, clk, reanchor):
-        self.clk, self.reanchor = clk, reanchor
-
-    def __enter__(self):
-        self.saved = {f: getattr(self.clk, f) for f in _SAVED}
-        return self.clk
-
-    def __exit__(self, *exc):
-        for f, v in self.saved.items():
-            setattr(self.clk, f, v)
-        self.reanchor()
-
-
-def _needs_tsc(info):
-    if info["source"] != "tsc":
-        pytest.skip("no invariant TSC: the clock is CLOCK_MONOTONIC itself")
-
-
-JUMP = 10 ** 12   # ticks the TSC "went back" (minutes at any TSC rate)
 
 
 def test_readings_after_the_tsc_went_back_do_not_go_back():
@@ -226,7 +194,7 @@ def test_a_server_that_fails_to_start_removes_its_segment(monkeypatch):
     import time
     from fastpath import ServeError
     from fastpath.serving import server as S
-    from test_serve import cfg, uname
+    from helpers.serving import cfg, uname
 
     def slow_place(self):
         time.sleep(0.5)
@@ -251,7 +219,7 @@ def test_a_served_client_refuses_masked_values():
     """fastpath.connect(...).step() read a masked array's data under its mask as if valid, as
     Engine.step did (fixed beside it): refused now, and an unmasked one still served."""
     from fastpath import InputError
-    from test_serve import cfg, uname
+    from helpers.serving import cfg, uname
     name = uname()
     eng = fastpath.get_default_engine()
     raw = np.zeros(eng.raw_len, F32)
@@ -348,7 +316,7 @@ def test_onnx_trees_with_interleaved_nodes_are_refused(tmp_path):
     leaves): onnxruntime starts a new tree at every change of tree id and answered 44 where
     fastpath, grouping by id, answered 11. Such a file is refused now, naming the tree."""
     from fastpath.model import Model
-    from test_review20_models import _tree_graph
+    from helpers.models import _tree_graph
     rows = [(1, 0, 0, "BRANCH_LEQ", 0.0, 1, 2), (2, 0, 1, "BRANCH_LEQ", 0.0, 1, 2),
             (1, 1, 0, "LEAF", 0, 0, 0), (1, 2, 0, "LEAF", 0, 0, 0),
             (2, 1, 0, "LEAF", 0, 0, 0), (2, 2, 0, "LEAF", 0, 0, 0)]
@@ -366,7 +334,7 @@ def test_a_tree_models_refused_tick_names_the_post_transform(isa):
     hidden layer or the output overflowed: raw values too large for the model' (a tree model
     has no layer, and nothing overflowed); it names the post transform now, as predict()
     did."""
-    from test_review16 import good_tick, tree_model
+    from helpers.models import good_tick, tree_model
     m = tree_model(1, 4, cache=False, probit=True)
     eng = Engine(m, config={"engine": {"simd": isa, "n_symbols": 3}})
     rng = np.random.default_rng(9)
@@ -392,7 +360,7 @@ def test_doctor_gpu_with_no_gpu_fails_and_says_why(tmp_path):
     import sys
     from fastpath.control import doctor
     from fastpath.control.placement import read_topology
-    from test_control import make_host
+    from helpers.host import make_host
     host = make_host(tmp_path)
     topo = dataclasses.replace(read_topology(host), gpus=[])
     by = {c["name"]: c for c in doctor.run_checks(host, topo=topo, use_gpu=True)["checks"]}
@@ -421,7 +389,7 @@ def test_onnx_tree_node_with_an_attribute_twice_is_refused(tmp_path):
     import onnx
     from onnx import helper
     from fastpath.model import Model
-    from test_review20_models import _tree_graph
+    from helpers.models import _tree_graph
     rows = [(0, 0, 0, "BRANCH_LEQ", 0.0, 1, 2), (0, 1, 0, "LEAF", 0, 0, 0),
             (0, 2, 0, "LEAF", 0, 0, 0)]
     p = _tree_graph(tmp_path, rows, [(0, 1, 1.0), (0, 2, 2.0)])

@@ -13,7 +13,7 @@ from fastpath import Engine, InputError, Model
 from fastpath._kernels import LowpMLP, PackedMLP, kernel_lowp_dense, lowp_variants
 from fastpath.model import CachePolicy, Layer
 
-from conftest import ISAS, engine_cfg, random_model
+from helpers.builders import ISAS, engine_cfg, random_model
 
 F32 = np.float32
 _, HAVE_BF16 = lowp_variants("bf16")

@@ -18,7 +18,7 @@ from fastpath.model.bundle import MAGIC
 from fastpath.model.trees import TreeEnsemble
 from fastpath.tuning import calibrate, fit_cache_policy, fit_head_scale
 
-from conftest import engine_cfg, random_model
+from helpers.builders import engine_cfg, random_model
 
 F32 = np.float32
 

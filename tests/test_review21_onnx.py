@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from fastpath import Engine, ModelError  # noqa: E402
 from fastpath.model import Head, Layer, Model  # noqa: E402
-from conftest import engine_cfg  # noqa: E402
+from helpers.builders import engine_cfg  # noqa: E402
 
 RNG = np.random.default_rng(21)
 W = RNG.standard_normal((3, 4)).astype(np.float32)       # (out, in): Gemm transB=1

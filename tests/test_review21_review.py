@@ -10,7 +10,7 @@ import time
 import pytest
 
 from fastpath import _kernels as K
-from test_review21_lead import JUMP, _clock, _needs_tsc, _Restore
+from helpers.clock import JUMP, _clock, _needs_tsc, _Restore
 
 
 def _go_back(clk):
@@ -103,7 +103,7 @@ def test_a_start_timed_out_with_placement_stuck_still_removes_its_segment(monkey
     import threading
     from fastpath import ServeError
     from fastpath.serving import server as S
-    from test_serve import cfg, uname
+    from helpers.serving import cfg, uname
 
     go = threading.Event()
 

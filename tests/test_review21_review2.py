@@ -135,7 +135,7 @@ def test_softmax_over_axis_0_of_a_rank1_tensor_is_read_as_onnxruntime_runs_it(tm
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
     from fastpath import Engine
-    from conftest import engine_cfg
+    from helpers.builders import engine_cfg
     w = RNG.standard_normal((4, 3)).astype(np.float32)
     b = RNG.standard_normal(3).astype(np.float32)
     x = RNG.standard_normal((5, 4)).astype(np.float32)

@@ -13,7 +13,7 @@ import pytest
 from fastpath import Engine, InputError, Model, ModelError, TreeEnsemble
 from fastpath._kernels import PackedTrees, tree_isas
 from fastpath.model.trees import packed_layout
-from conftest import engine_cfg
+from helpers.builders import engine_cfg
 
 F = np.float32
 

@@ -81,8 +81,8 @@ def test_files_beside_the_model_that_to_onnx_did_not_write_are_left(tmp_path, mo
 
 
 # ------------------------------------------- GpuEngine.step_batch (the GPU stand-in driver)
-from test_review22_paths import F, cfg, make_model, make_stream  # noqa: E402
-from test_gpu import fake_fatbin, fake_gpu  # noqa: E402,F401 - fixtures (the GPU stand-in)
+from helpers.paths import F, cfg, make_model, make_stream  # noqa: E402
+from helpers.fake_cuda import fake_fatbin, fake_gpu  # noqa: E402,F401 - fixtures (the GPU stand-in)
 
 
 def test_gpu_engine_batch_behind_the_engines_last_tick_applies_no_row(fake_gpu):

@@ -11,7 +11,7 @@ from fastpath._kernels import PackedTrees, kernel_lowp_dense, lowp_variants, tre
 from fastpath.model import Layer
 from fastpath.model.trees import TreeEnsemble
 
-from test_weights import ref_bf16
+from helpers.reference import ref_bf16
 
 F32 = np.float32
 ALL_BF16, HAVE_BF16 = lowp_variants("bf16")

@@ -17,64 +17,10 @@ from fastpath.gpu import GpuBackend, GpuEngine
 from fastpath.gpu import _backend as B
 from fastpath.gpu._pack import packed_forward
 
-from conftest import random_model
-from test_gpu import FakeCuda, FakeFunction, FakeModule, _fake_pycuda, _gpu_check
-from test_gpu import fake_fatbin  # noqa: F401 - fixture
-
-# an H200 as the driver reports it, and fp_mlp_persistent as ptxas builds it for sm_90
-H200 = {"MULTIPROCESSOR_COUNT": 132, "MAX_THREADS_PER_MULTIPROCESSOR": 2048,
-        "MAX_BLOCKS_PER_MULTIPROCESSOR": 32, "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536,
-        "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": 233472, "RESERVED_SHARED_MEMORY_PER_BLOCK": 1024}
-PERSISTENT_SM90 = {"NUM_REGS": 33, "SHARED_SIZE_BYTES": 24, "MAX_THREADS_PER_BLOCK": 1024}
-
-
-class OccFunction(FakeFunction):
-    def get_attribute(self, a):
-        return self.cuda.fn_attrs[a]
-
-    def prepared_async_call(self, grid, block, stream, *args):
-        n = len(self.cuda.threads)
-        FakeFunction.prepared_async_call(self, grid, block, stream, *args)
-        # the persistent "kernel" (a CPU thread) belongs to its own stream: a launch on
-        # another stream is not held up by it, as on a GPU
-        stream.kernel = self.cuda.threads[-1] if len(self.cuda.threads) > n else None
-
-
-class OccModule(FakeModule):
-    def get_function(self, name):
-        self.cuda._check_ctx()
-        return OccFunction(self.cuda, name)
-
-
-class OccCuda(FakeCuda):
-    """The stand-in driver of tests/test_gpu.py, reporting occupancy attributes (device and
-    kernel) by name, and with memset_d32_async."""
-    device_attribute = types.SimpleNamespace(**{k: k for k in H200})
-    function_attribute = types.SimpleNamespace(**{k: k for k in PERSISTENT_SM90})
-
-    def __init__(self, sm=4, dev=None, fn=None, **kw):
-        super().__init__(sm=sm, **kw)
-        self.dev_attrs = dict(H200, MULTIPROCESSOR_COUNT=sm, **(dev or {}))
-        self.fn_attrs = dict(PERSISTENT_SM90, **(fn or {}))
-        fake = self
-
-        class Device(self.Device):
-            def get_attribute(self, a):
-                if a not in fake.dev_attrs:
-                    raise fake.Error(f"invalid device attribute {a}")
-                return fake.dev_attrs[a]
-
-        class Event(self.Event):
-            def record(self, stream=None):
-                self.thread = getattr(stream, "kernel", None)
-        self.Device, self.Event = Device, Event
-
-    def module_from_buffer(self, blob):
-        self._check_ctx()
-        return OccModule(self)
-
-    def memset_d32_async(self, dst, v, n, stream=None):
-        self.memset_d32(dst, v, n)
+from helpers.builders import random_model
+from helpers.fake_cuda import FakeCuda, FakeFunction, FakeModule, _fake_pycuda, _gpu_check
+from helpers.fake_cuda import fake_fatbin  # noqa: F401 - fixture
+from helpers.fake_cuda import OccCuda, OccFunction, _wide  # noqa: F401
 
 
 # --- 1. persistent kernels that cannot all be resident ---------------------------------------
@@ -112,11 +58,6 @@ class _pushed:
 
     def __exit__(self, *exc):
         self.cu.depth -= 1
-
-
-def _wide(seed):
-    # past SMALL_MACS, 256 outputs: a grid of every SM (4 on the stand-in)
-    return random_model(np.random.default_rng(seed), [300, 256, 2])
 
 
 def _answers(be, rng):

@@ -23,22 +23,12 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from fastpath import Engine, ModelError  # noqa: E402
 from fastpath.model import CachePolicy, FeatureSpec, Head, Model  # noqa: E402
 from fastpath.tuning import calibrate, weights_error  # noqa: E402
-from conftest import engine_cfg  # noqa: E402
+from helpers.builders import engine_cfg  # noqa: E402
+from helpers.models import _prices  # noqa: F401
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 OLD = os.path.join(DATA, "onnx_scaler_folded_v1")     # written by the folding code
 TOL = 1e-5      # of the output's spread (onnxruntime's outputs, max - min)
-
-
-def _prices(n, seed=0):
-    """Two price-like columns (6.5e4 +- 0.5) beside four 1e-2-scale ones."""
-    rng = np.random.default_rng(seed)
-    X = np.empty((n, 6), np.float32)
-    X[:, 0] = 65000 + rng.uniform(-0.5, 0.5, n)
-    X[:, 1] = 65000.25 + rng.uniform(-0.5, 0.5, n)
-    X[:, 2:] = rng.normal(0, 1e-2, (n, 4))
-    y = (X[:, 0] - 65000.0) * 2 - (X[:, 1] - 65000.25) + X[:, 2] * 50 + np.sin(X[:, 3] * 100)
-    return X, y
 
 
 def _ort(path, X):

@@ -19,8 +19,8 @@ import fastpath
 from fastpath import Engine, InputError, ModelError
 from fastpath.model import CachePolicy, Head, Layer, Model, TreeEnsemble
 from fastpath.model.types import InputScaler
-from conftest import engine_cfg
-from test_gpu import fake_fatbin  # noqa: F401 - fixture
+from helpers.builders import engine_cfg
+from helpers.fake_cuda import fake_fatbin  # noqa: F401 - fixture
 
 F = np.float32
 
@@ -60,8 +60,8 @@ def test_cpu_recompute_of_a_flagged_row_applies_the_scaler_once(isa):
 def test_gpu_engine_batch_of_flagged_rows_matches_the_cpu_on_a_scaler_model(monkeypatch, isa):
     """The same through GpuEngine.step_batch on the stand-in driver, every row flagged: the
     signals are the CPU engine's (before the fix: tanh of the doubly scaled outputs)."""
-    pytest.importorskip("test_gpu")
-    from test_gpu import FakeCuda, _fake_pycuda
+    pytest.importorskip("helpers.fake_cuda")
+    from helpers.fake_cuda import FakeCuda, _fake_pycuda
     from fastpath.gpu import GpuBackend, GpuEngine, gpu_status
 
     _fake_pycuda(monkeypatch, FakeCuda())
@@ -249,8 +249,8 @@ def test_gpu_engine_refusals_before_any_row_carry_applied_and_a_list(monkeypatch
     """A refusal mid-batch carries .applied and .result (a list of GpuTicks); one before any
     row had no .applied (its own checks: AttributeError) or the Engine's BatchResult as
     .result (the engine's pre-check), so `exc.result` was of two types or missing."""
-    pytest.importorskip("test_gpu")
-    from test_gpu import FakeCuda, _fake_pycuda
+    pytest.importorskip("helpers.fake_cuda")
+    from helpers.fake_cuda import FakeCuda, _fake_pycuda
     from fastpath.gpu import GpuEngine, gpu_status
 
     _fake_pycuda(monkeypatch, FakeCuda())
@@ -280,7 +280,7 @@ def test_persistent_backend_refused_at_start_frees_its_device_memory(monkeypatch
     dropped unfreed (no finalizer covers a path that never ran) while the other backends kept
     the primary context: device memory lost per refusal."""
     pytest.importorskip("test_review22_misc")
-    from test_review22_misc import OccCuda, _wide
+    from helpers.fake_cuda import OccCuda, _wide
     from fastpath.errors import BackendError
     from fastpath.gpu import GpuBackend
     from fastpath.gpu import _backend as B

@@ -18,9 +18,9 @@ import fastpath._build as _build
 from fastpath import EngineBusyError, Engine
 from fastpath._build import DEMO_MODEL
 
-from conftest import windowed_model
-from test_gpu import FakeCuda, _fake_pycuda
-from test_gpu import fake_fatbin  # noqa: F401 - fixture
+from helpers.builders import windowed_model
+from helpers.fake_cuda import FakeCuda, _fake_pycuda
+from helpers.fake_cuda import fake_fatbin  # noqa: F401 - fixture
 
 WAIT = 10.0     # seconds any wait of these tests may take before the test fails instead of hanging
 

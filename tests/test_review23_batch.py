@@ -20,7 +20,7 @@ from fastpath import Engine, EngineBusyError, InputError
 from fastpath import _engine
 from fastpath.model import CachePolicy, Layer, Model
 
-from conftest import engine_cfg, windowed_model
+from helpers.builders import engine_cfg, windowed_model
 
 PIECE = 256          # rows of a piece with a 1 ns budget (FP_BATCH_CLOCK_ROWS in fp_engine.c)
 POLICY = CachePolicy(enabled=True, cos_threshold=0.999, norm_tol=0.05, max_age_ns=10**12,
@@ -318,8 +318,8 @@ def test_off_the_main_thread_one_piece(pieces):
 # signal handler runs between rows already (in the GPU call's Python); what they lacked was
 # the rows applied on its exception.
 
-from test_gpu import HIT_CACHE, _head_model, fake_fatbin, fake_gpu  # noqa: E402,F401
-from test_gpu import _stream as _gpu_stream  # noqa: E402
+from helpers.fake_cuda import HIT_CACHE, _head_model, fake_fatbin, fake_gpu  # noqa: E402,F401
+from helpers.fake_cuda import _stream as _gpu_stream  # noqa: E402
 
 
 def _alarm_on_call(k):

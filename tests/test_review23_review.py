@@ -27,8 +27,8 @@ import fastpath  # noqa: E402
 from fastpath import Engine  # noqa: E402
 from fastpath.model import FeatureSpec, Head, Model  # noqa: E402
 from fastpath.tuning import calibrate  # noqa: E402
-from conftest import engine_cfg  # noqa: E402
-from test_review22_onnx_scaler import _prices  # noqa: E402
+from helpers.builders import engine_cfg  # noqa: E402
+from helpers.models import _prices  # noqa: E402
 
 WHERE = np.array([7, 2, 9, 0, 4, 5])      # the graph's six inputs in a 10-field tick
 SELECT = FeatureSpec(10, WHERE, np.zeros(0, np.int32), 1, np.zeros(6, np.float32),

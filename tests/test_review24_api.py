@@ -10,7 +10,7 @@ import pytest
 import fastpath
 from fastpath import FeatureSpec, InputError, Layer, Model, ModelError
 from fastpath.model import Head
-from conftest import strip_fastpath_record
+from helpers.builders import strip_fastpath_record
 
 
 def _mlp(acts=("relu", "identity"), dims=(3, 4, 2), post="none", seed=0):

@@ -18,7 +18,7 @@ import pytest
 import fastpath
 from fastpath import ConfigError, InputError
 from fastpath._serve import segment_path
-from test_serve import deadline, uname
+from helpers.serving import deadline, uname
 
 # kind to a shared 2-core host: the worker yields once idle for 50 us; no pinning in tests
 BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
@@ -199,7 +199,7 @@ def test_a_server_working_through_a_backlog_is_not_called_stalled():
     requests: behind a backlog of a model taking about 1 ms a tick the heartbeat went
     unbeaten for seconds, and a client waiting for its answer got ServerGone ('not
     responding ... stopped by a signal or a debugger?') from a healthy server."""
-    from conftest import random_model
+    from helpers.builders import random_model
     from fastpath.model import CachePolicy
     rng = np.random.default_rng(24)
     m = random_model(rng, [1024, 2048, 2048, 2], policy=CachePolicy(enabled=False))
@@ -350,7 +350,7 @@ def test_a_stopping_server_draining_a_backlog_is_not_called_stalled():
     ServerGone ('not responding') before they came. All of them come, each as a local
     engine answers the same tick (drain_timeout_ms, shorter than the backlog, bounds only a
     wait that makes no progress)."""
-    from conftest import random_model
+    from helpers.builders import random_model
     from fastpath.model import CachePolicy
     rng = np.random.default_rng(24)
     m = random_model(rng, [1024, 2048, 2048, 2], policy=CachePolicy(enabled=False))

@@ -10,8 +10,8 @@ import os
 import struct
 
 import fastpath
-from test_review18_serving import CLIENTS_OFF, _dead_pid, _entry, raw_zero
-from test_serve import cfg, deadline, uname
+from helpers.serving import CLIENTS_OFF, _dead_pid, _entry, raw_zero
+from helpers.serving import cfg, deadline, uname
 
 
 def _slot_of(m, pid, n):
@@ -77,7 +77,7 @@ def test_ctrl_c_in_a_clients_step_says_which_seq_was_sent():
     carries; the caller was never given it."""
     import signal
     import numpy as np
-    from test_serve import _wait_stopped, server_process
+    from helpers.serving import _wait_stopped, server_process
 
     class Alarm(Exception):
         pass

@@ -20,44 +20,10 @@ import pytest
 import fastpath
 from fastpath import ServerGone
 from fastpath._serve import segment_path
-from conftest import random_model
+from helpers.builders import random_model
 from fastpath.model import CachePolicy
-from test_serve import PKG_ROOT, cfg, deadline, uname
-
-
-def serve_cli(tmp_path, name, serve_toml="", **popen):
-    """`fastpath serve --name name` in a child process (unplaced, idle = "yield"), its
-    [serve] table extended by serve_toml; stdout and stderr piped as text; popen: more
-    subprocess.Popen arguments."""
-    conf = tmp_path / "serve.toml"
-    conf.write_text('[serve]\nplace = false\nidle = "yield"\n' + serve_toml)
-    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    return subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
-                             "--config", str(conf)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT, **popen)
-
-
-def held_server(name):
-    """A server whose drain can be held (2-slot rings, on_full "reject", a 60 s drain) and
-    one client of it: (srv, c); _stuck(c) then holds the drain."""
-    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
-                                          drain_timeout_ms=60_000))
-    try:
-        return srv, fastpath.connect(name, timeout=5)
-    except BaseException:
-        srv.stop()
-        raise
-
-
-def _stuck(c):
-    """Leave c (its server's rings 2 slots) with its reply ring full and one request the
-    drain must wait for."""
-    raw = np.zeros(c.raw_len, np.float32)
-    for i in range(2):          # answered: the reply ring (2 slots) is full
-        c.submit(raw, 0, i + 1)
-    while c.server_stats()["served"] < 2:
-        pass
-    c.submit(raw, 0, 3)         # held: the drain waits for room in c's reply ring
+from helpers.serving import PKG_ROOT, cfg, deadline, uname
+from helpers.serving import _stuck, held_server, serve_cli  # noqa: F401
 
 
 def test_end_drain_ends_a_drain_held_by_a_client_that_takes_no_answers():

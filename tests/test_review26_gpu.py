@@ -13,9 +13,9 @@ from fastpath.gpu import GpuBackend
 from fastpath.gpu import _backend as B
 from fastpath.gpu import _protocol as P
 
-from conftest import random_model
-from test_gpu import FakeCuda, FakeError, _fake_pycuda, fake_fatbin  # noqa: F401 - fixture
-from test_gpu import fake_gpu  # noqa: F401 - fixture
+from helpers.builders import random_model
+from helpers.fake_cuda import FakeCuda, FakeError, _fake_pycuda, fake_fatbin  # noqa: F401 - fixture
+from helpers.fake_cuda import fake_gpu  # noqa: F401 - fixture
 
 BUSY = "cuDevicePrimaryCtxRetain failed: all CUDA-capable devices are busy or unavailable"
 
@@ -148,7 +148,7 @@ def test_persistent_kernel_fault_ends_the_path_at_once(fake_gpu):
 
 
 def test_engine_after_a_persistent_fault_refuses_without_waiting(fake_gpu, isa):
-    from test_gpu import _head_model, _stream, HIT_CACHE
+    from helpers.fake_cuda import _head_model, _stream, HIT_CACHE
     rng = np.random.default_rng(8)
     m = _head_model(rng, "tanh_sigmoid")
     raws, syms = _stream(rng, 20)

@@ -12,18 +12,7 @@ from fastpath import ModelError
 from fastpath._build import DEMO_MODEL
 from fastpath.model import Model
 from fastpath.model.bundle import END, MAGIC
-
-
-def _edited(blob: bytes, edit) -> bytes:
-    """The bundle with its JSON header changed by edit(header) and the CRC recomputed."""
-    hlen = struct.unpack("<I", blob[12:16])[0]
-    header = json.loads(blob[16:16 + hlen])
-    payload = blob[16 + hlen + (-(16 + hlen)) % 64:-len(END) - 4]
-    edit(header)
-    hb = json.dumps(header, sort_keys=True).encode()
-    body = MAGIC + struct.pack("<II", 1, len(hb)) + hb
-    body += b"\0" * ((-len(body)) % 64) + payload
-    return body + struct.pack("<I", zlib.crc32(body)) + END
+from helpers.models import _edited, _linear_classifier  # noqa: F401
 
 
 def _old_format(fit):
@@ -196,28 +185,6 @@ def test_a_path_with_a_nul_is_a_model_error(path, tmp_path):
                  lambda p: Model.load(DEMO_MODEL).save(p)):
         with pytest.raises(ModelError, match="holds a NUL character"):
             call(path)
-
-
-def _linear_classifier(tmp_path, post_transform):
-    import numpy as np
-    onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto, helper
-    attrs = dict(coefficients=[3.0, -1.0, 0.5, 0.5, -3.0, 1.0], intercepts=[0.2, 0.0, -0.2],
-                 classlabels_ints=[0, 1, 2])
-    if post_transform is not None:
-        attrs["post_transform"] = post_transform
-    node = helper.make_node("LinearClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml",
-                            **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                      [None, 2])],
-                          [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
-                           helper.make_tensor_value_info("scores", TensorProto.FLOAT,
-                                                         [None, 3])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                            helper.make_opsetid("ai.onnx.ml", 1)])
-    p = tmp_path / f"lc_{post_transform}.onnx"
-    onnx.save(m, str(p))
-    return p, np
 
 
 @pytest.mark.parametrize("pt", [None, "NONE"])

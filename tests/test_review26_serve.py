@@ -44,8 +44,9 @@ import fastpath
 from fastpath import InputError, RingFull, ServerGone
 from fastpath._serve import segment_path
 from fastpath.serving import server as server_mod
-from test_serve import PKG_ROOT, cfg, deadline, uname
-from test_review25_lead import _stuck, held_server, serve_cli
+from helpers.serving import PKG_ROOT, cfg, deadline, uname
+from helpers.serving import _stuck, held_server, serve_cli
+from helpers.serving import _stopped  # noqa: F401
 
 C_SUBMIT_AFTER_STOP = r"""
 #include "fp_ring.h"
@@ -72,15 +73,6 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
-
-
-def _stopped(pid):
-    """Every thread of pid stopped (SIGSTOP takes effect asynchronously)."""
-    for t in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{t}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] not in "Tt":
-                return False
-    return True
 
 
 def _run_client(script, name, server_pid, how, timeout):

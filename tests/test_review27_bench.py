@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from conftest import BENCH, random_model
+from helpers.builders import BENCH, random_model
 
 
 def _import(name):

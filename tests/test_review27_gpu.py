@@ -10,9 +10,9 @@ from fastpath.errors import BackendError, ConfigError, InputError
 from fastpath.gpu import AUTO_MEASURE, GpuBackend, auto_choice
 from fastpath.gpu import _backend as B
 
-from conftest import random_model
-from test_gpu import FakeCuda, _tree_model, fake_fatbin  # noqa: F401 - fixture
-from test_gpu import fake_gpu  # noqa: F401 - fixture
+from helpers.builders import random_model
+from helpers.fake_cuda import FakeCuda, _tree_model, fake_fatbin  # noqa: F401 - fixture
+from helpers.fake_cuda import fake_gpu  # noqa: F401 - fixture
 
 # the CPU figure, held fixed: what is compared is what the GPU figure counts
 CPU_NS = 1_000_000

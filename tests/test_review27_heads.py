@@ -16,7 +16,8 @@ import pytest
 import fastpath
 from fastpath import Engine, InputError, ModelError
 from fastpath.model import FeatureSpec, Head, Layer, Model, TreeEnsemble
-from conftest import ISAS, engine_cfg, strip_fastpath_record
+from helpers.builders import ISAS, engine_cfg, strip_fastpath_record
+from helpers.models import _tree_onnx  # noqa: F401
 
 F32 = np.float32
 NOT_PROBS = r"not class probabilities \(output \d+ is -?[\d.]+; each must be in \[0, 1\]\)"
@@ -140,7 +141,7 @@ def test_every_kernel_set_refuses_the_same_ticks():
 
 
 def test_the_server_refuses_it_naming_the_outputs():
-    from test_serve import cfg, uname
+    from helpers.serving import cfg, uname
     name = uname()
     conf = cfg()
     conf["engine"]["n_symbols"] = 1
@@ -198,7 +199,7 @@ def test_a_classifier_head_given_to_a_tree_classifier_of_margins_is_refused():
 
 
 def test_an_onnx_linear_classifier_of_decision_scores_is_refused_a_classifier_head(tmp_path):
-    from test_review26_models import _linear_classifier
+    from helpers.models import _linear_classifier
     p, _ = _linear_classifier(tmp_path, "NONE")
     with pytest.raises(ModelError, match="reads class probabilities"):
         Model.from_onnx(p, head=Head("classifier3"))
@@ -305,30 +306,6 @@ def test_serve_and_doctor_take_the_head(tmp_path, monkeypatch, capsys):
     assert "stand-in" not in capsys.readouterr().err
 
 
-# ------------------------------------------------------------- calibrate's --features
-def _tree_onnx(tmp_path):
-    """A one-stump regressor on field 0 at 10 (raw units): above it 1, else -1."""
-    pytest.importorskip("onnx")
-    from onnx import TensorProto, helper
-    node = helper.make_node(
-        "TreeEnsembleRegressor", ["x"], ["y"], domain="ai.onnx.ml", n_targets=1,
-        nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
-        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[10.0, 0.0, 0.0],
-        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
-        target_ids=[0, 0], target_nodeids=[1, 2], target_treeids=[0, 0],
-        target_weights=[-1.0, 1.0])
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                      [None, 6])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])])
-    import onnx
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                            helper.make_opsetid("ai.onnx.ml", 3)])
-    m.ir_version = 8
-    p = tmp_path / "tree.onnx"
-    onnx.save(m, str(p))
-    return p
-
-
 def test_calibrate_asks_a_tree_model_what_its_features_are(tmp_path, capsys):
     from fastpath.cli import main
     p = _tree_onnx(tmp_path)
@@ -406,7 +383,7 @@ def test_cli_help_lists_the_new_options(tmp_path):
 
 # ------------------------------------------------- a bundle saved with such a head
 def _bundle_with_head(model, head_json):
-    from test_review26_models import _edited
+    from helpers.models import _edited
     return _edited(model.to_bytes(), lambda h: h.__setitem__("head", head_json))
 
 

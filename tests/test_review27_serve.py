@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from fastpath._serve import segment_path
-from test_serve import PKG_ROOT, uname
+from helpers.serving import PKG_ROOT, uname
 
 CFG = ('{"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield", '
        '"idle_spin_ns": 50000}}')
@@ -145,7 +145,7 @@ sys.stdin.readline()        # the test's own client is connected: a connect once
 
 def _exit_drain_ended_by(sig):
     import fastpath
-    from test_serve import deadline
+    from helpers.serving import deadline
     name = uname()
     p = subprocess.Popen([sys.executable, "-c", EXIT_DRAIN, name, "60000"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -191,7 +191,7 @@ def test_a_fork_while_another_thread_holds_the_servers_lock_does_not_hang_the_ch
 
     import fastpath
     from fastpath import ServeError
-    from test_serve import cfg
+    from helpers.serving import cfg
     srv = fastpath.serve(uname(), config=cfg())
     held, release = threading.Event(), threading.Event()
 
@@ -230,7 +230,7 @@ def test_a_fork_while_another_thread_holds_the_servers_lock_does_not_hang_the_ch
 def test_an_interrupt_while_the_server_makes_its_thread_leaves_no_segment(monkeypatch):
     import fastpath
     from fastpath.serving import server as server_mod
-    from test_serve import cfg
+    from helpers.serving import cfg
 
     class Interrupted:
         def __init__(self, *a, **kw):
@@ -250,7 +250,7 @@ def test_repr_of_a_server_another_thread_is_stopping_never_raises():
     import threading
 
     import fastpath
-    from test_serve import cfg
+    from helpers.serving import cfg
     errors = []
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)         # switch threads as often as the GIL allows
@@ -283,7 +283,7 @@ def test_an_interrupt_while_the_worker_reports_its_segment_leaves_no_segment(mon
     this live process."""
     import fastpath
     from fastpath.control import memory
-    from test_serve import cfg
+    from helpers.serving import cfg
 
     real = memory.smaps_entry
 
@@ -376,7 +376,7 @@ def test_a_client_made_directly_checks_its_timeouts():
     import fastpath
     from fastpath import InputError
     from fastpath.serving.client import Client
-    from test_serve import cfg
+    from helpers.serving import cfg
     name = uname()
     for bad in (float("nan"), float("inf"), 1e12, -1, "5", True):
         with pytest.raises(InputError, match=r"^timeout must be a number of seconds in \[0, "):
@@ -405,7 +405,7 @@ def test_an_exit_drain_that_times_out_says_what_it_left():
 def test_fastpath_serve_stops_on_sighup_and_keeps_serving_under_nohup(tmp_path):
     """A closed terminal (SIGHUP) killed `fastpath serve` and left its segment in /dev/shm."""
     import fastpath
-    from test_review25_lead import serve_cli
+    from helpers.serving import serve_cli
     name = uname()
     p = serve_cli(tmp_path, name)
     try:
@@ -451,7 +451,7 @@ def test_fastpath_serve_stops_when_its_stopping_line_cannot_be_written(monkeypat
     import pytest
 
     from fastpath.serving import server as server_mod
-    from test_serve import cfg
+    from helpers.serving import cfg
 
     class Gone:
         def write(self, s):
@@ -484,7 +484,7 @@ import numpy as np
 import fastpath
 from fastpath.model import CachePolicy
 sys.path.insert(0, "TESTS")
-from conftest import random_model
+from helpers.builders import random_model
 name, how = sys.argv[1], sys.argv[2]
 rng = np.random.default_rng(27)
 m = random_model(rng, [1024, 2048, 2048, 2], policy=CachePolicy(enabled=False))
@@ -535,7 +535,7 @@ def test_a_stop_inside_a_wait_does_not_hide_the_answers_its_drain_gave():
 
 def test_an_interrupt_right_after_the_segment_file_is_opened_leaves_no_file(monkeypatch):
     import fastpath
-    from test_serve import cfg
+    from helpers.serving import cfg
     name = uname()
     path = segment_path(name)
     real = os.fchmod

@@ -12,8 +12,8 @@ import numpy as np
 import fastpath
 from fastpath._serve import segment_path
 from fastpath.model import CachePolicy
-from conftest import random_model
-from test_serve import cfg, uname
+from helpers.builders import random_model
+from helpers.serving import cfg, uname
 
 
 def test_poll_over_a_stopping_server_loses_no_answer():
@@ -52,7 +52,7 @@ SERVE_UNTIL_TERM = r"""
 import signal, sys, time
 import fastpath
 sys.path.insert(0, "TESTS")
-from test_serve import cfg
+from helpers.serving import cfg
 if sys.argv[2] == "exit":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 srv = fastpath.serve(sys.argv[1], config=cfg())
@@ -70,7 +70,7 @@ def test_sigterm_to_an_in_process_server_as_the_docs_say():
     import signal
     import subprocess
     import sys
-    from test_serve import PKG_ROOT
+    from helpers.serving import PKG_ROOT
     code = SERVE_UNTIL_TERM.replace("TESTS", os.path.dirname(os.path.abspath(__file__)))
     for how in ("exit", "default"):
         name = uname()
@@ -143,8 +143,8 @@ def test_fastpath_serve_stops_on_a_sigterm_right_after_a_sigcont(tmp_path):
     import os
     import signal
     import time
-    from test_review25_lead import serve_cli
-    from test_review26_serve import _stopped
+    from helpers.serving import serve_cli
+    from helpers.serving import _stopped
     for _ in range(4):
         name = uname()
         p = serve_cli(tmp_path, name)

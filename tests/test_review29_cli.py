@@ -4,7 +4,7 @@ layers" of a tree ensemble given --weights fp32."""
 import numpy as np
 import pytest
 
-from test_review29_journey import F32, _onnx
+from helpers.models import F32, _onnx
 
 
 @pytest.mark.parametrize("opt", ["--ticks", "--symbols", "--ts"])
@@ -36,7 +36,7 @@ def test_an_unreadable_input_file_names_its_option(tmp_path, capsys, opt):
 def test_fp32_weights_on_a_tree_say_what_a_tree_holds(tmp_path, capsys):
     pytest.importorskip("onnx")
     from fastpath.cli import main
-    from test_review27_heads import _tree_onnx
+    from helpers.models import _tree_onnx
     p = _tree_onnx(tmp_path)
     np.save(tmp_path / "t.npy", np.random.default_rng(3).standard_normal((40, 6)).astype(F32))
     assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",

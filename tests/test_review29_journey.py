@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 import fastpath
 from fastpath.model import Head, Layer, Model
-from conftest import strip_fastpath_record
+from helpers.builders import strip_fastpath_record
+from helpers.models import F32, _model, _onnx  # noqa: F401
 
-F32 = np.float32
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
 
 
@@ -34,21 +34,6 @@ def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = PKG_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
-
-
-def _model(n_out, seed=4):
-    rng = np.random.default_rng(seed)
-    return Model((Layer(rng.standard_normal((n_out, 6)).astype(F32),
-                        rng.standard_normal(n_out).astype(F32)),),
-                 head_spec=Head("regression"))
-
-
-def _onnx(tmp_path, n_out, name):
-    pytest.importorskip("onnx")
-    p = tmp_path / name
-    _model(n_out).to_onnx(str(p))
-    # as another exporter writes it: without to_onnx's fastpath record (which carries the head)
-    return strip_fastpath_record(p)
 
 
 def _memlock_bytes(out: str) -> int:
@@ -212,7 +197,7 @@ def test_calibrate_refuses_symbols_no_engine_holds(tmp_path, capsys, bad, hint):
 def test_calibrate_refuses_reduced_weights_for_a_tree_before_the_fit(tmp_path, capsys):
     pytest.importorskip("onnx")
     from fastpath.cli import main
-    from test_review27_heads import _tree_onnx
+    from helpers.models import _tree_onnx
     p = _tree_onnx(tmp_path)
     np.save(tmp_path / "t.npy", np.ones((20, 6), F32))
     assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",

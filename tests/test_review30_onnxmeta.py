@@ -21,10 +21,10 @@ from fastpath.lob.adapter import raw_from_book
 from fastpath.lob.generator import generate_stream
 from fastpath.model import CachePolicy, Head, Layer
 from fastpath.tuning import calibrate
+from helpers.models import F, _mlp  # noqa: F401
 
 onnx = pytest.importorskip("onnx")
 
-F = np.float32
 KEY = "fastpath.model"
 CFG = {"engine": {"n_symbols": 4}, "memory": {"huge_pages": "none", "mlock": False}}
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -42,16 +42,6 @@ def stream():
     cols = [j for j in range(raw.shape[1]) if np.std(raw[:, j]) > 1e-6][:8]
     return (np.ascontiguousarray(raw[:, cols], dtype=F), bs.symbols.astype(np.int64),
             bs.ts_ns.astype(np.int64))
-
-
-def _mlp(seed=0):
-    rng = np.random.default_rng(seed)
-    dims = [8, 16, 3]
-    layers = tuple(Layer(rng.standard_normal((dims[i + 1], dims[i])).astype(F) / 3,
-                         rng.standard_normal(dims[i + 1]).astype(F) * 0.1,
-                         "relu" if i == 0 else "identity") for i in range(2))
-    # three raw outputs: no default head; the model reads output 2 as a regression
-    return Model(layers, head_spec=Head("regression", 1.0, (2,)))
 
 
 @pytest.fixture(scope="module", params=["fp32", "bf16", "int8"])

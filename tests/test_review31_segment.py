@@ -74,7 +74,7 @@ def test_a_new_client_of_a_damaged_header_is_refused_while_the_old_one_is_served
 
     import fastpath
     from fastpath import ServeError
-    from test_serve import cfg, uname
+    from helpers.serving import cfg, uname
     name = uname()
     with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2)) as srv:
         c = fastpath.connect(name, timeout=5)

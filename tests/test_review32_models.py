@@ -20,7 +20,7 @@ from onnx import TensorProto, helper  # noqa: E402
 from fastpath import Engine, Model, ModelError  # noqa: E402
 from fastpath._kernels import PackedTrees, tree_isas  # noqa: E402
 from fastpath.model import Head  # noqa: E402
-from conftest import engine_cfg  # noqa: E402
+from helpers.builders import engine_cfg  # noqa: E402
 
 N_FEAT = 6
 

@@ -27,7 +27,7 @@ import pytest
 
 import fastpath
 from fastpath import InputError
-from test_serve import cfg, deadline, uname
+from helpers.serving import cfg, deadline, uname
 
 # A client that, after publishing each request, flips one windowed raw field of it between
 # NaN and 0 until the answer comes; after each tick served, an honest tick of the same symbol

@@ -26,7 +26,7 @@ import pytest
 
 import fastpath
 from fastpath import ServeError
-from test_serve import cfg, deadline, uname
+from helpers.serving import cfg, deadline, uname
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 

@@ -110,7 +110,7 @@ def test_wheel_and_sdist_carry_the_entry_point_module(tmp_path):
     mod, _ = _entry_point()
     if "." in mod:
         pytest.skip("the entry point is inside a package, which the packaging tests cover")
-    from test_packaging import _setup
+    from helpers.packaging import _setup
     lib = tmp_path / "lib"
     _setup(tmp_path, "build_py", "-d", str(lib))
     assert (lib / f"{mod}.py").is_file(), sorted(p.name for p in lib.iterdir())
@@ -119,7 +119,7 @@ def test_wheel_and_sdist_carry_the_entry_point_module(tmp_path):
 def _calibrate_files(tmp_path, n_in=128):
     """256-wide ticks (whose default --window-fields is lob.WINDOW_FIELDS) and an MLP taking
     n_in features."""
-    from conftest import random_model
+    from helpers.builders import random_model
     from fastpath import lob
     raws = np.ascontiguousarray(lob.raw_from_book(lob.generate_stream(300, 2, seed=3)))
     np.save(tmp_path / "t.npy", raws)
@@ -160,7 +160,7 @@ def test_none_says_no_fields(tmp_path, capsys):
 def _ts_files(tmp_path, ts, policy=None):
     """Small ticks (20 fields, no default window fields), an MLP over 14 of them, and the
     stamps `ts` (None: no file)."""
-    from conftest import random_model
+    from helpers.builders import random_model
     rng = np.random.default_rng(5)
     raws = (rng.standard_normal((60, 20)) * 4 + 3).astype(np.float32)
     np.save(tmp_path / "t.npy", raws)

@@ -18,7 +18,7 @@ from fastpath.tuning import calibrate
 
 onnx = pytest.importorskip("onnx")
 
-from test_review30_onnxmeta import _mlp  # noqa: E402 - after the skip, as the module needs onnx
+from helpers.models import _mlp  # noqa: E402 - after the skip, as the module needs onnx
 
 KEY = "fastpath.model"
 SUM = "fastpath.model.sha256"

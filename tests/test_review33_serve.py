@@ -27,33 +27,14 @@ import fastpath
 from fastpath import ServeError
 from fastpath._serve import Client, Worker
 from fastpath.serving.server import Server, _stats_line
-from test_serve import cfg, deadline, uname
+from helpers.serving import cfg, deadline, uname
+from helpers.serving import _ENTRY, _OFF_CLIENTS, _load, _store  # noqa: F401
 
 # fp_seg_header offsets (fastpath/include/fp_ring.h; checked against offsetof)
 _OFF_STATE, _OFF_HEARTBEAT = 136, 128
 _OFF_SERVED, _OFF_ERRORS, _OFF_IDLE, _OFF_REAPED, _OFF_LOOPS, _OFF_BUSY = (
     192, 200, 208, 216, 224, 232)
-_OFF_CLIENTS, _ENTRY = 8576, 64           # fp_client_entry: state u32, pid i32, gen, served
 _FP_CL_CLAIMED, _FP_CL_ACTIVE = 1, 2
-
-
-def _store(path, off, fmt, *values):
-    """One store into the live segment from a second mapping, as another process makes it."""
-    with open(path, "r+b") as f:
-        m = mmap.mmap(f.fileno(), 0)
-        try:
-            struct.pack_into(fmt, m, off, *values)
-        finally:
-            m.close()
-
-
-def _load(path, off, fmt):
-    with open(path, "rb") as f:
-        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-        try:
-            return struct.unpack_from(fmt, m, off)
-        finally:
-            m.close()
 
 
 def _slot_of(path, pid, max_clients):

@@ -22,8 +22,8 @@ import pytest
 
 import fastpath
 from fastpath import ServeError
-from test_review33_serve import _OFF_CLIENTS, _load, _store
-from test_serve import cfg, deadline, uname
+from helpers.serving import _OFF_CLIENTS, _load, _store
+from helpers.serving import cfg, deadline, uname
 
 # fp_client_entry.state values (fastpath/include/fp_ring.h)
 _FREE, _CLAIMED, _ACTIVE, _CLOSING = 0, 1, 2, 3

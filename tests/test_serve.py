@@ -24,45 +24,10 @@ from fastpath import ConfigError, InputError, RingFull, ServeError, ServerGone
 from fastpath._build import DEMO_MODEL
 from fastpath._serve import segment_path
 from fastpath.model import CachePolicy
-from conftest import windowed_model
+from helpers.builders import windowed_model
+from helpers.serving import PKG_ROOT, _wait_stopped, cfg, deadline, server_process, ticks, uname  # noqa: F401
 
-# kind to a shared 2-core host: the worker yields once idle for 50 us; no pinning in tests
-BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
-                                                "idle_spin_ns": 50_000}}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# where the imported fastpath lives (site-packages, or the checkout for an editable install):
-# child processes must import the same build, not the source tree beside the tests
-PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
-
-
-def cfg(**serve):
-    return {"engine": dict(BASE["engine"]), "serve": {**BASE["serve"], **serve}}
-
-
-def uname():
-    return f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-@contextmanager
-def deadline(seconds):
-    """Raise TimeoutError in this thread if the block runs longer than `seconds`."""
-    def boom(*_):
-        raise TimeoutError(f"took longer than {seconds} s")
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def ticks(n, raw_len, seed=0):
-    rng = np.random.default_rng(seed)
-    base = rng.standard_normal((8, raw_len)).astype(np.float32)
-    # small moves around a few levels, so a cached model gets hits as well as misses
-    return np.ascontiguousarray(base[rng.integers(0, 8, n)]
-                                + 0.01 * rng.standard_normal((n, raw_len)).astype(np.float32))
 
 
 @pytest.fixture
@@ -272,32 +237,6 @@ def test_stop_drains_accepted_requests(model):
     c.close()
 
 
-SERVER = textwrap.dedent("""
-    import json, sys, fastpath
-    serve = {"place": False, "idle": "yield", "idle_spin_ns": 50000, **json.loads(sys.argv[2])}
-    srv = fastpath.serve(sys.argv[1], config={"serve": serve})
-    print("ready", flush=True)
-    sys.stdin.read()
-""")
-
-
-@contextmanager
-def server_process(name, **serve):
-    import json
-    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
-    p = subprocess.Popen([sys.executable, "-c", SERVER, name, json.dumps(serve)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        yield p
-    finally:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=10)
-        if os.path.exists(segment_path(name)):
-            os.unlink(segment_path(name))
-
-
 @pytest.mark.parametrize("reap", [True, False], ids=["reaped", "zombie"])
 def test_worker_killed_is_server_gone_then_replaced(reap):
     name = uname()
@@ -322,23 +261,6 @@ def test_worker_killed_is_server_gone_then_replaced(reap):
             assert srv.replaced == p.pid
             with fastpath.connect(name) as c2:
                 assert c2.step(raw, 0).signal == fastpath.Engine(DEMO_MODEL, config=cfg()).step(raw, 0).signal
-
-
-def _wait_stopped(pid, limit_s=5.0):
-    """Until every thread of pid is in state T (stopped) in /proc."""
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            except OSError:
-                continue
-        if states and all(st in ("T", "t") for st in states):
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"process {pid} did not stop within {limit_s} s")
 
 
 def test_stalled_worker_is_server_gone_after_the_stall_timeout():

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from fastpath import EngineBusyError, InputError
 from fastpath import Engine
-from conftest import ISAS, engine_cfg, random_model, windowed_model
+from helpers.builders import ISAS, engine_cfg, random_model, windowed_model
 
 N = 16          # feature width (identity spec)
 SYMS = 2

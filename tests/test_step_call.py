@@ -11,8 +11,8 @@ import pytest
 
 import fastpath
 from fastpath import Engine, InputError
-from conftest import engine_cfg, windowed_model
-from test_gpu import HIT_CACHE, _head_model, _stream, fake_fatbin, fake_gpu  # noqa: F401
+from helpers.builders import engine_cfg, windowed_model
+from helpers.fake_cuda import HIT_CACHE, _head_model, _stream, fake_fatbin, fake_gpu  # noqa: F401
 
 FIELDS = ("signal", "confidence", "cached", "miss_reason", "seq", "wait_ns")
 LAT = ("feature_ns", "cache_ns", "infer_ns", "h2d_ns", "d2h_ns", "total_ns", "wait_ns")

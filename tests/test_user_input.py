@@ -11,8 +11,8 @@ import pytest
 
 import fastpath
 from fastpath import EngineBusyError, Engine, InputError
-from conftest import engine_cfg, windowed_model
-from test_bad_input import assert_same_state, good, pair  # noqa: F401 - fixture
+from helpers.builders import engine_cfg, windowed_model
+from helpers.engine_state import assert_same_state, good, pair  # noqa: F401 - fixture
 
 
 @pytest.mark.parametrize("ts, hint", [

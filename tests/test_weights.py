@@ -11,22 +11,14 @@ from fastpath import ConfigError, Engine, InputError, Model, ModelError, lob
 from fastpath._kernels import LowpMLP, kernel_lowp_dense, lowp_kernels, lowp_variants
 from fastpath.model import Layer
 
-from conftest import ACTS, engine_cfg, random_model
+from helpers.builders import ACTS, engine_cfg, random_model
+from helpers.reference import F32, act_np, ref_bf16  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WIDTHS = (1, 7, 9, 33, 257)
 SHAPES = [(i, o) for i in WIDTHS for o in WIDTHS]
 ALL_BF16, HAVE_BF16 = lowp_variants("bf16")
 ALL_INT8, HAVE_INT8 = lowp_variants("int8")
-F32 = np.float32
-
-
-# ------------------------------------------------------------------ numpy reference
-def bf16(w):
-    """fp32 -> bf16 (round to nearest even) -> fp32."""
-    u = np.ascontiguousarray(w, F32).view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return r.astype(np.uint32).view(F32)
 
 
 def int8_weights(w):
@@ -54,16 +46,6 @@ def int8_input(x):
     return x1.astype(np.int64), x2.astype(np.int64), s1, s2
 
 
-def act_np(v, act):
-    if act == "relu":
-        return np.maximum(v, F32(0))
-    if act == "tanh":
-        return np.tanh(v)
-    if act == "sigmoid":
-        return (1 / (1 + np.exp(-v.astype(np.float64)))).astype(F32)
-    return v
-
-
 def ref_int8(w, b, x, act):
     q, sw = int8_weights(w)
     x1, x2, s1, s2 = int8_input(x)
@@ -72,11 +54,6 @@ def ref_int8(w, b, x, act):
     t = (d2.astype(F32).astype(np.float64) * (s2 * sw).astype(np.float64) + b).astype(F32)
     v = (d1.astype(F32).astype(np.float64) * (s1 * sw).astype(np.float64) + t).astype(F32)
     return act_np(v, act)
-
-
-def ref_bf16(w, b, x, act):
-    v = (bf16(w).astype(np.float64) @ np.asarray(x, np.float64) + b).astype(F32)
-    return act_np(v, act), np.abs(bf16(w)).astype(np.float64) @ np.abs(x).astype(np.float64)
 
 
 def layer(rng, n_in, n_out):
@@ -385,7 +362,6 @@ def test_bench_weights_runs_end_to_end(capsys):
     out = capsys.readouterr().out
     for what in ("demo bf16", "1024x1024x1024x2 int8", "MLP stage alone", "targets:"):
         assert what in out
-
 
 
 # ------------------------------------------------------------------ bf16 layers past L2's share

@@ -13,7 +13,7 @@ import fastpath._kernels as K
 from fastpath import Engine, InputError
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model, window_pre_features
 
-from test_review18_kernels import refusing_model
+from helpers.models import refusing_model
 
 F32 = np.float32
 

@@ -14,25 +14,13 @@ import pytest
 
 from fastpath import Engine, InputError
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
-from conftest import engine_cfg
+from helpers.builders import engine_cfg
+from helpers.models import overflow_mlp  # noqa: F401
 
 RAW = 7
 Z = [0, 1, 2]   # raw[0] is 0 in every good tick, a huge weight on it overflows layer 1; raw[1]
                 # is ~1e-31, its z-score's inv_std 1e30 overflows the features for raw[1] ~ 1e10
 W_IDX = [3, 4, 5, 6]
-
-
-def overflow_mlp(fs: FeatureSpec, cache: bool, seed: int) -> Model:
-    """n_feat -> 8 (tanh) -> 2 with a 1e30 weight on feature 0: a tick with raw[z_idx[0]] ~ 1e10
-    overflows the first layer (the model refuses it), one with that field 0 does not."""
-    rng = np.random.default_rng(seed)
-    w1 = (rng.standard_normal((8, fs.n_feat)) * 0.3).astype(np.float32)
-    w1[0, 0] = 1e30
-    w2 = (rng.standard_normal((2, 8)) * 0.3).astype(np.float32)
-    pol = CachePolicy(enabled=cache, cos_threshold=0.9, norm_tol=0.5, max_age_ns=10**15,
-                      max_run=3)
-    return Model((Layer(w1, np.zeros(8, np.float32), "tanh"),
-                  Layer(w2, np.zeros(2, np.float32), "identity")), fs, pol)
 
 
 def windowed_model(window: int, cache: bool) -> Model:

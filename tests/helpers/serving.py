@@ -1,0 +1,185 @@
+"""Serving test helpers: configs, unique segment names, deadlines, server processes, raw slot access."""
+from contextlib import contextmanager
+import mmap
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import numpy as np
+
+from fastpath._serve import segment_path
+import fastpath
+
+
+def raw_zero():
+    return np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+
+
+# ------------------------------------------------------------------ a client's rings taken back
+# offsets in fp_seg_header (fastpath/include/fp_ring.h): the client table starts after the
+# placement report; each entry is one 64-byte line, state (u32) then pid (i32)
+CLIENTS_OFF = 8576
+
+
+def _entry(m, idx):
+    return struct.unpack_from("<Ii", m, CLIENTS_OFF + 64 * idx)
+
+
+def _dead_pid():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(timeout=30)
+    return p.pid
+
+
+def serve_cli(tmp_path, name, serve_toml="", **popen):
+    """`fastpath serve --name name` in a child process (unplaced, idle = "yield"), its
+    [serve] table extended by serve_toml; stdout and stderr piped as text; popen: more
+    subprocess.Popen arguments."""
+    conf = tmp_path / "serve.toml"
+    conf.write_text('[serve]\nplace = false\nidle = "yield"\n' + serve_toml)
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    return subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
+                             "--config", str(conf)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT, **popen)
+
+
+def held_server(name):
+    """A server whose drain can be held (2-slot rings, on_full "reject", a 60 s drain) and
+    one client of it: (srv, c); _stuck(c) then holds the drain."""
+    srv = fastpath.serve(name, config=cfg(ring_slots=2, on_full="reject",
+                                          drain_timeout_ms=60_000))
+    try:
+        return srv, fastpath.connect(name, timeout=5)
+    except BaseException:
+        srv.stop()
+        raise
+
+
+def _stuck(c):
+    """Leave c (its server's rings 2 slots) with its reply ring full and one request the
+    drain must wait for."""
+    raw = np.zeros(c.raw_len, np.float32)
+    for i in range(2):          # answered: the reply ring (2 slots) is full
+        c.submit(raw, 0, i + 1)
+    while c.server_stats()["served"] < 2:
+        pass
+    c.submit(raw, 0, 3)         # held: the drain waits for room in c's reply ring
+
+
+def _stopped(pid):
+    """Every thread of pid stopped (SIGSTOP takes effect asynchronously)."""
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] not in "Tt":
+                return False
+    return True
+
+
+_OFF_CLIENTS, _ENTRY = 8576, 64           # fp_client_entry: state u32, pid i32, gen, served
+
+
+def _store(path, off, fmt, *values):
+    """One store into the live segment from a second mapping, as another process makes it."""
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+        try:
+            struct.pack_into(fmt, m, off, *values)
+        finally:
+            m.close()
+
+
+def _load(path, off, fmt):
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        try:
+            return struct.unpack_from(fmt, m, off)
+        finally:
+            m.close()
+
+
+# kind to a shared 2-core host: the worker yields once idle for 50 us; no pinning in tests
+BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
+                                                "idle_spin_ns": 50_000}}
+
+
+# where the imported fastpath lives (site-packages, or the checkout for an editable install):
+# child processes must import the same build, not the source tree beside the tests
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
+
+
+def cfg(**serve):
+    return {"engine": dict(BASE["engine"]), "serve": {**BASE["serve"], **serve}}
+
+
+def uname():
+    return f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def deadline(seconds):
+    """Raise TimeoutError in this thread if the block runs longer than `seconds`."""
+    def boom(*_):
+        raise TimeoutError(f"took longer than {seconds} s")
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def ticks(n, raw_len, seed=0):
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((8, raw_len)).astype(np.float32)
+    # small moves around a few levels, so a cached model gets hits as well as misses
+    return np.ascontiguousarray(base[rng.integers(0, 8, n)]
+                                + 0.01 * rng.standard_normal((n, raw_len)).astype(np.float32))
+
+
+SERVER = textwrap.dedent("""
+    import json, sys, fastpath
+    serve = {"place": False, "idle": "yield", "idle_spin_ns": 50000, **json.loads(sys.argv[2])}
+    srv = fastpath.serve(sys.argv[1], config={"serve": serve})
+    print("ready", flush=True)
+    sys.stdin.read()
+""")
+
+
+@contextmanager
+def server_process(name, **serve):
+    import json
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    p = subprocess.Popen([sys.executable, "-c", SERVER, name, json.dumps(serve)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+        if os.path.exists(segment_path(name)):
+            os.unlink(segment_path(name))
+
+
+def _wait_stopped(pid, limit_s=5.0):
+    """Until every thread of pid is in state T (stopped) in /proc."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue
+        if states and all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not stop within {limit_s} s")
