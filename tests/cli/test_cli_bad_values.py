@@ -1,12 +1,13 @@
-"""Session 32: the README read against the code, bad input fed to every command and config
-key. A TOML file holding an integer literal past Python's 4300-digit str -> int limit (a
-corrupt or fuzzed config) was a ValueError traceback from inside tomllib, not a ConfigError
-naming the file; serve.mode given such an int raised the same ValueError while its own
-ConfigError message was being written."""
+"""Bad values given to the commands, the config loader and the tuning functions are refused
+with an error naming what was wrong (exit 2 from a command, a ConfigError, InputError or
+ModelError in Python), never a traceback from inside a library or an error about a value the
+caller never passed."""
 import pytest
 
 
 def test_a_toml_int_past_the_digit_limit_is_a_config_error_naming_the_file(tmp_path, capsys):
+    """A TOML integer past Python's 4300-digit str -> int limit (a corrupt or fuzzed config)
+    was a ValueError traceback from inside tomllib, not a ConfigError naming the file."""
     from fastpath.cli import main
     from fastpath.control.config import load_config, read_toml
     from fastpath.errors import ConfigError
@@ -23,6 +24,8 @@ def test_a_toml_int_past_the_digit_limit_is_a_config_error_naming_the_file(tmp_p
 
 
 def test_serve_mode_of_a_huge_int_is_refused_by_its_size():
+    """serve.mode given a huge int raised the same ValueError while its own ConfigError
+    message was being written."""
     from fastpath.control.config import load_config
     from fastpath.errors import ConfigError
     with pytest.raises(ConfigError, match=r"serve\.mode must be file permissions in "
@@ -36,7 +39,6 @@ def test_serve_mode_of_a_huge_int_is_refused_by_its_size():
 # ------------------------------------------------------------------ fastpath.tuning arguments
 
 def _ticks(n=64):
-    import numpy as np
     from fastpath import lob
     return lob.raw_from_book(lob.generate_stream(n_ticks=n, n_symbols=1, seed=3))
 
@@ -44,10 +46,9 @@ def _ticks(n=64):
 @pytest.mark.parametrize("fn", ["calibrate", "weights_error", "fit_cache_policy",
                                 "fit_head_scale"])
 def test_tuning_refuses_a_model_path_naming_how_to_load_it(fn):
-    """README: `fastpath.tuning.calibrate(..., features="raw")`, `weights_error(model, ticks,
-    "int8", symbols)`. Given the model's path (as Engine and the command line take it), each
-    failed with AttributeError: 'str' object has no attribute 'kind' (or 'trees',
-    'raw_len', 'head_spec') from inside the function."""
+    """fastpath.tuning's functions take a Model. Given the model's path (as Engine and the
+    command line take it), each failed with AttributeError: 'str' object has no attribute
+    'kind' (or 'trees', 'raw_len', 'head_spec') from inside the function."""
     import fastpath.tuning as T
     from fastpath._build import DEMO_MODEL
     from fastpath.errors import ModelError
@@ -106,29 +107,6 @@ def test_fit_cache_policy_names_the_callers_symbol_when_time_goes_back(tmp_path,
     big = np.arange(200, dtype=np.uint64) + np.uint64(2 ** 63)
     with pytest.raises(InputError, match="does not fit a signed 64-bit"):
         Model.load(DEMO_MODEL).fit_cache_policy(raws, syms, ts_ns=big)
-
-
-# ------------------------------------------------------------------ [engine] backend
-
-def test_the_configs_backend_key_is_honoured_by_engine_with_a_config():
-    """README, Configuration: `backend = "cpu"  # "cpu" | "gpu" | "auto"` in [engine], then
-    `fastpath.Engine(model, config="fastpath.toml")`. Engine's backend defaulted to "cpu",
-    which overrode the file: backend = "auto" or "gpu" there ran on the CPU, silently, and
-    backend_reason said "cpu requested". An explicit backend= still wins over the config."""
-    import fastpath
-    from fastpath._build import DEMO_MODEL
-    from fastpath.errors import BackendError
-    e = fastpath.Engine(DEMO_MODEL, config={"engine": {"backend": "auto"}})
-    assert e.backend_reason.startswith("auto:"), e.backend_reason
-    ok, _why = fastpath.gpu_status()
-    if not ok:
-        with pytest.raises(BackendError, match="backend='gpu' is not available"):
-            fastpath.Engine(DEMO_MODEL, config={"engine": {"backend": "gpu"}})
-    e = fastpath.Engine(DEMO_MODEL, "cpu", config={"engine": {"backend": "gpu"}})
-    assert (e.backend, e.backend_reason) == ("cpu", "cpu requested")
-    e = fastpath.Engine(DEMO_MODEL)              # no config: the default config's "cpu"
-    assert (e.backend, e.backend_reason) == ("cpu", "cpu requested")
-
 
 
 def test_model_load_of_a_file_named_onnx_says_from_onnx(tmp_path):
