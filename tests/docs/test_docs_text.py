@@ -338,3 +338,11 @@ def test_config_keys_exist():
         except Exception as exc:  # noqa: BLE001 - the message is the finding
             bad.append(f"[{sec}] {key}: {exc}")
     assert not bad, bad
+
+
+def test_every_docs_page_is_in_the_site_nav():
+    """mkdocs.yml's nav lists each docs/*.md page once (mkdocs only notes a page left out)."""
+    with open(os.path.join(ROOT, "mkdocs.yml")) as f:
+        nav = re.findall(r"^  - [^:]+: (\S+\.md)$", f.read(), flags=re.M)
+    on_disk = sorted(os.path.basename(p) for p in pages()[1:])
+    assert sorted(nav) == on_disk and len(nav) == len(set(nav)), (nav, on_disk)
