@@ -156,7 +156,7 @@ def test_the_c_plan_holds_the_slackened_threshold(tmp_path):
     """A C caller of the cache (fp_cache_plan_init, fp_cache_lookup) gets the slack from the
     plan itself: the threshold the double path decides on is t - |t| 2^-50 (before, the plan
     kept t as given and only the Python side slackened it)."""
-    csrc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+    csrc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "csrc")
     if not os.path.exists(os.path.join(csrc, "fp_cache.h")):
         pytest.skip("no csrc/ beside the tests")
     src = tmp_path / "plan.c"

@@ -135,7 +135,7 @@ def test_small_mlp_property(dims, n_in, acts, seed):
 def _scaling():
     import importlib.util
     import os
-    path = os.path.join(os.path.dirname(__file__), "..", "bench", "scaling.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "scaling.py")
     spec = importlib.util.spec_from_file_location("scaling_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -321,7 +321,7 @@ def test_bundle_with_a_bad_weights_value_is_a_model_error():
 
 
 # ------------------------------------------------------------------ accuracy on the bench stream
-sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
 
 
 @pytest.fixture(scope="module")
