@@ -1,19 +1,18 @@
-"""The cache as a state machine, against a plain Python model of it; and engines under threads.
+"""The cache as a state machine, against a plain Python model of it.
 
 Vectors come from a small set whose cache decisions are far from every threshold (exact
 repeats, tiny perturbations, 2x scaling, unrelated directions), so float32 rounding in C can
 never flip a decision and any disagreement is a real bug.
 """
-import threading
 
 import numpy as np
 import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from fastpath import EngineBusyError, InputError
+from fastpath import InputError
 from fastpath import Engine
-from helpers.builders import ISAS, engine_cfg, random_model, windowed_model
+from helpers.builders import ISAS, random_model
 
 N = 16          # feature width (identity spec)
 SYMS = 2
@@ -142,80 +141,3 @@ class CacheMachine(RuleBasedStateMachine):
 
 TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
-
-
-# ------------------------------------------------------------------------ threads
-def _ticks(rng, m, n, syms):
-    return rng.standard_normal((n, m.raw_len)).astype(np.float32), rng.integers(0, syms, n)
-
-
-def test_threads_stepping_distinct_symbols_match_sequential():
-    """Two threads share one engine, each on its own symbols: per-symbol state is separate,
-    so every result equals a single-threaded replay whatever the interleaving."""
-    rng = np.random.default_rng(7)
-    m = windowed_model(rng)
-    raws, _ = _ticks(rng, m, 4000, 1)
-    raws[::3] = raws[0]                                   # some repeats so the cache hits
-    shared = Engine(m, config=engine_cfg(ISAS[-1]))
-    out = {}
-
-    def worker(tid):
-        res = []
-        for i in range(2000):
-            j = tid * 2000 + i
-            r = shared.step(raws[j], tid * 4 + i % 4, ts_ns=i)
-            res.append((r.signal, r.cached))
-        out[tid] = res
-
-    th = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
-    ref = Engine(m, config=engine_cfg(ISAS[-1]))
-    for tid in range(2):
-        for i in range(2000):
-            j = tid * 2000 + i
-            r = ref.step(raws[j], tid * 4 + i % 4, ts_ns=i)
-            assert (r.signal, r.cached) == out[tid][i]
-    assert shared.stats()["ticks"] == 4000
-
-
-def test_step_during_step_batch_refused_cleanly():
-    """step_batch releases the GIL; a second thread's step meanwhile is refused with
-    EngineBusyError, never run concurrently. Every tick is accounted for."""
-    rng = np.random.default_rng(8)
-    m = windowed_model(rng, hidden=(256, 256))
-    raws, syms = _ticks(rng, m, 20000, 8)
-    eng = Engine(m, config=engine_cfg(ISAS[-1], enabled=False))
-    done = threading.Event()
-    counts = {"ok": 0, "busy": 0}
-
-    def poker():
-        x = raws[0].copy()
-        t = 10**12
-        while not done.is_set():
-            try:
-                eng.step(x, 15, ts_ns=t)
-                counts["ok"] += 1
-            except EngineBusyError:
-                counts["busy"] += 1
-            t += 1
-
-    th = threading.Thread(target=poker)
-    th.start()
-    batches = 0
-    first = None
-    try:
-        for _ in range(5):
-            r = eng.step_batch(raws, syms, np.arange(len(raws)) + batches * len(raws))
-            first = r if first is None else first
-            batches += 1
-    finally:
-        done.set()
-        th.join()
-    assert counts["busy"] > 0
-    assert eng.stats()["ticks"] == batches * len(raws) + counts["ok"]
-    # the poker's symbol is not in the batch, so the batch computed what a lone engine does
-    ref = Engine(m, config=engine_cfg(ISAS[-1], enabled=False))
-    np.testing.assert_array_equal(first.signal, ref.step_batch(raws, syms, np.arange(len(raws))).signal)

@@ -85,9 +85,9 @@ def test_due_reanchor_is_skipped_when_fresh():
 
 def test_latency_fields_add_up_and_head_counts_as_inference(isa):
     """Per tick: feature + cache + infer <= total (each stage from the same timestamps);
-    infer_ns > 0 on every miss, since it spans the MLP and the head, and 0 on every hit,
-    where neither runs. (The head used to be timed in cache_ns; which stage a few ns land in
-    is not observable without asserting on time, so this checks the structure only.)"""
+    infer_ns > 0 on every miss, since it spans the MLP and the head, and 0 on every hit, where
+    neither runs. Which stage a few ns land in is not observable without asserting on time, so
+    this checks the structure only."""
     rng = np.random.default_rng(8)
     eng = Engine(random_model(rng, [32, 16, 2]), config=engine_cfg(isa))
     xs = rng.standard_normal((40, 32)).astype(np.float32)

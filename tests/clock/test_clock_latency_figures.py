@@ -1,10 +1,9 @@
-"""Review of every figure a user reads about time: Result.latency, latency_records(), stats()'s
+"""Every figure a user reads about time: Result.latency, latency_records(), stats()'s
 percentiles, fastpath.clock_info() and the bench probes (fastpath._kernels).
 
-No test here asserts on how long anything takes (the house rule): the checks are on structure
-(a total that contains its stages, a percentile that is numpy's of the same records, a record per
-applied tick and none per refused one) and on what a probe's arithmetic does.
-"""
+No test here asserts on how long anything takes: the checks are on structure (a total that
+contains its stages, a percentile that is numpy's of the same records, a record per applied
+tick and none per refused one) and on what a probe's arithmetic does."""
 import numpy as np
 import pytest
 
@@ -249,9 +248,8 @@ def test_probes_refuse_or_answer_sanely():
 
 
 def test_fma_probes_with_no_iterations_answer_a_time():
-    """iters < 1: the FMA probes timed no instruction and returned 0/0 (NaN, which the wrapper's
-    best-of-three turned into its 1e30 seed) or, for a negative count, a negative time, which
-    reads as "this CPU has no AVX2". Now at least one loop trip is timed."""
+    """Defect guarded: the FMA probes with iters < 1 timed no instruction and returned NaN or a
+    negative time (read as "this CPU has no AVX2"); at least one loop trip is timed."""
     for f in (K.fma_ns_per_instr, K.fma512_ns_per_instr):
         for n in (0, -5):
             v = f(n)

@@ -1,13 +1,11 @@
-"""Defect hunt on the public Python API as a user calls it: the paths that must agree
-(fastpath.step, Engine.step, step_batch whole / split / one tick at a time, Engine.features
-with Engine.predict and the head), what a refused call leaves behind, the argument edges of
+"""The public Python API as a user calls it: the paths that must agree (fastpath.step,
+Engine.step, step_batch whole / split / one tick at a time, Engine.features with
+Engine.predict and the head), what a refused call leaves behind, the argument edges of
 Engine.features / predict / step_batch / step, and the kernel shims' index arguments, on
-every kernel set.
-
-Each test named after a defect failed before its fix (the comment above it says how).
-"""
+every kernel set."""
 import array
 import enum
+import os
 import warnings
 
 import numpy as np
@@ -16,9 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fastpath
 import fastpath._kernels as K
-from fastpath import Engine, InputError
+from fastpath import Engine, InputError, Layer, Model
 from fastpath._build import DEMO_MODEL
-
 from helpers.builders import ISAS
 
 F32 = np.float32
@@ -50,11 +47,9 @@ def _overflowing_tick(eng, raw, symbol):
     raise AssertionError("no field of the demo model's spec overflows at 3e38")
 
 
-# Engine.features returned a vector of +-Inf for a finite tick whose features overflow
-# (raw[64] = 3e38 on the demo model: features[0..] = inf), where step() refuses the same tick
-# with an InputError; a caller feeding features() to predict() or its own model got Inf
-# features as if they were valid. Now the same InputError as step().
 def test_features_refuse_a_tick_whose_features_overflow_as_step_does(isa):
+    """Defect guarded: Engine.features returned +-Inf features for a finite tick whose features
+    overflow, where step() refuses it; features() raises the same InputError."""
     eng = _engine(isa)
     raws = _raws(3)
     eng.step(raws[0], 2, 10)
@@ -72,11 +67,10 @@ def test_features_refuse_a_tick_whose_features_overflow_as_step_does(isa):
     assert eng.ticks == fresh.ticks == 2
 
 
-# Engine.predict on a float64 vector holding a finite value past float32's range (1e39) said
-# "x contains non-finite values, first at index 0 (inf)" (the caller passed no Inf: the cast
-# made it) and let numpy's "overflow encountered in cast" RuntimeWarning out. Now it names
-# the value and float32's range, and warns nothing.
 def test_predict_names_a_float64_value_past_float32s_range(isa):
+    """Defect guarded: predict() of a float64 value past float32's range (1e39) reported an Inf
+    the caller never passed and let numpy's cast warning out; it names the value and float32's
+    range, and warns nothing."""
     eng = _engine(isa)
     x = np.zeros(eng.n_features)
     x[5] = -1e39
@@ -92,11 +86,6 @@ def test_predict_names_a_float64_value_past_float32s_range(isa):
     np.testing.assert_array_equal(eng.predict(x), eng.predict(x.astype(F32)))
 
 
-# step_batch with a Python int past int64 among the symbols or timestamps (numpy keeps such a
-# list as an object array) said "symbols must be an integer array ..., got object shape (1,);
-# symbols are indices 0..n_symbols-1: map names to indices once" (and for ts_ns nothing at
-# all): the value was what was wrong, and there were no names. Now the row and the value, as
-# for any other out-of-range row; an object array of small ints says how to convert.
 @pytest.mark.parametrize("syms, ts, match", [
     ([0, 2 ** 70], None, r"row 1: symbol 1180591620717411303424 out of range"),
     ([0, -(2 ** 70)], None, r"row 1: symbol -1180591620717411303424 out of range"),
@@ -108,6 +97,9 @@ def test_predict_names_a_float64_value_past_float32s_range(isa):
                                        r"ts_ns, dtype=np\.int64\)"),
 ])
 def test_step_batch_names_an_integer_numpy_kept_as_an_object(syms, ts, match):
+    """Defect guarded: step_batch with an int past int64 among the symbols or timestamps (an
+    object array) gave a message about the dtype, or none for ts_ns; it names the row and the
+    value, and an object array of small ints says how to convert."""
     eng = _engine(ISAS[0])
     with pytest.raises(InputError, match=match):
         eng.step_batch(_raws(2), syms, ts)
@@ -122,8 +114,6 @@ def test_step_batch_still_names_strings_as_symbols():
         eng.step_batch(_raws(2), np.array(["BTC", 1], object))
 
 
-# A memoryview or array.array raw was refused with no advice ("got memoryview"), though
-# numpy converts both; bytes got none either. Now the conversion to use.
 @pytest.mark.parametrize("make, hint", [
     (lambda r: memoryview(r), "np.ascontiguousarray(x, dtype=np.float32)"),
     (lambda r: array.array("f", r.tolist()), "np.ascontiguousarray(x, dtype=np.float32)"),
@@ -131,6 +121,8 @@ def test_step_batch_still_names_strings_as_symbols():
     (lambda r: bytearray(r.tobytes()), "np.frombuffer(x, dtype=np.float32)"),
 ])
 def test_raw_buffers_get_a_conversion_hint(make, hint):
+    """Defect guarded: a memoryview, array.array or bytes raw was refused with no advice; the
+    message names the conversion to use."""
     eng = _engine(ISAS[0])
     raw = _raws(1)[0]
     x = make(raw)
@@ -152,10 +144,9 @@ class _Ns(int):
     pass
 
 
-# ts_ns is documented as "an int of nanoseconds"; an IntEnum or another int subclass was
-# refused ("got _Ts <_Ts.A: 1000>; pass an int (ns)") although it is an int, and although
-# symbol takes the same values. Now read by value; bool is still refused.
 def test_ts_ns_takes_any_int_but_bool(isa):
+    """Defect guarded: ts_ns refused an IntEnum or another int subclass although it is an int
+    (symbol takes them); it is read by value, and bool is still refused."""
     a, b = _engine(isa), _engine(isa)
     raws = _raws(2)
     for raw, ts in zip(raws, (_Ts.A, _Ns(2_000))):
@@ -167,9 +158,6 @@ def test_ts_ns_takes_any_int_but_bool(isa):
     assert a.stats()["ticks"] == b.stats()["ticks"] == 2
 
 
-# The kernel shims cast index arrays to int32 before checking them: an index of 2**32 + 3 read
-# raw[3] and an index of 1.7 read raw[1], silently (a test comparing a kernel against numpy
-# indexed with the same array would compare two wrong answers that agree). Now InputError.
 @pytest.mark.parametrize("idx, match", [
     (np.array([2 ** 32 + 3]), "must index raw"),
     (np.array([-1]), "must index raw"),
@@ -177,6 +165,8 @@ def test_ts_ns_takes_any_int_but_bool(isa):
     (np.array([[1]]), "must be a 1-d integer array"),
 ])
 def test_kernel_shims_check_indices_before_the_int32_cast(isa, idx, match):
+    """Defect guarded: the kernel shims cast index arrays to int32 before checking them, so an
+    index of 2**32 + 3 read raw[3] and 1.7 read raw[1], silently; such indices are InputErrors."""
     raw = np.arange(4, dtype=F32)
     one = np.ones(1, F32)
     zero = np.zeros(1, F32)
@@ -195,9 +185,9 @@ def test_kernel_shims_check_indices_before_the_int32_cast(isa, idx, match):
                                   raw[[3]])
 
 
-# kernel_dense with a layer of no inputs raised MemoryError("cannot pack the layer"): the
-# input was wrong, not the memory. Now InputError saying a layer needs an input.
 def test_kernel_dense_of_no_inputs_is_an_input_error(isa):
+    """Defect guarded: kernel_dense of a layer with no inputs raised MemoryError; it is an
+    InputError saying a layer needs an input."""
     with pytest.raises(InputError, match="at least one input"):
         K.kernel_dense(isa, np.zeros((1, 0), F32), np.zeros(1, F32), "relu", np.zeros(0, F32))
 
@@ -301,12 +291,10 @@ def test_refused_calls_leave_counters_records_and_state_as_they_were(isa):
                                   fresh.step_batch(raws[10:], syms[10:], ts[10:]).signal)
 
 
-# A numpy masked array was stepped with the data under its mask: np.ma.array(raw) with raw[5]
-# masked (a missing value) answered with whatever raw[5] held, as if valid (the NaN policy:
-# missing data is refused, never used); step_batch and features() the same, and predict()
-# dropped the mask in np.asarray. Now an InputError that counts the masked values; a masked
-# array with nothing masked is still read.
 def test_masked_values_are_refused_not_read(isa):
+    """Defect guarded: a numpy masked array was stepped (and predicted, and batched) with the
+    data under its mask as if valid; masked values are an InputError that counts them, and a
+    masked array with nothing masked is still read."""
     eng, fresh = _engine(isa), _engine(isa)
     raws = _raws(2)
     m = np.ma.array(raws[0].copy())
@@ -325,3 +313,23 @@ def test_masked_values_are_refused_not_read(isa):
     assert eng.step(np.ma.array(raws[1]), 1, 7).signal == fresh.step(raws[1], 1, 7).signal
     np.testing.assert_array_equal(eng.predict(np.ma.array(np.zeros(eng.n_features, F32))),
                                   fresh.predict(np.zeros(eng.n_features, F32)))
+
+
+def _mlp(acts=("relu", "identity"), dims=(3, 4, 2), post="none", seed=0):
+    rng = np.random.default_rng(seed)
+    return Model(tuple(Layer(rng.normal(size=(dims[i + 1], dims[i])),
+                             rng.normal(size=dims[i + 1]), acts[i])
+                       for i in range(len(dims) - 1)), post=post)
+
+
+def test_engine_takes_a_bytes_path_as_model_load_does(tmp_path):
+    """Model.load / Model.from_onnx take a bytes path (as open() does); Engine(b"m.fpm") was
+    "model must be a fastpath.Model or a path to .onnx / .fpm, got bytes"."""
+    m = _mlp()
+    p = str(tmp_path / "m.fpm")
+    m.save(p)
+    assert fastpath.Engine(os.fsencode(p)).model == m
+    pytest.importorskip("onnx")
+    q = str(tmp_path / "m.onnx")
+    m.to_onnx(q)
+    assert fastpath.Engine(os.fsencode(q)).model.layers == m.layers

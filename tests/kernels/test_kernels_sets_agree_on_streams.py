@@ -10,7 +10,7 @@ repeats at the norm tolerance, negated repeats), NaN / +-Inf / 1e30 / 3e38 / sub
 values, resets, repeated and backward timestamps and step_batch runs, over MLPs (fp32, bf16,
 int8 weights; tanh/sigmoid, regression and classifier heads; weights large enough for
 pre-activations near float32's limit) and tree ensembles (leaves of very different sizes).
-A set this CPU cannot run is skipped by name."""
+A set this CPU cannot run is reported as skipped."""
 import math
 import re
 from dataclasses import replace
@@ -465,10 +465,8 @@ def _stump_ensemble(leaves, n_feat=2):
 
 @pytest.mark.parametrize("isa", VECTOR_SETS)
 def test_tree_group_leaves_add_in_one_order_on_every_set(isa):
-    # Was: a group's 16 leaves were added in double lane by lane on scalar, in pairs (i, i+4)
-    # first on AVX2 and (i, i+8) first on AVX-512. A double sum of floats is not exact for
-    # leaves ~2^53 apart, so leaves 1e20, 1, -1e20 in lanes 0, 1, 2 gave 0 on scalar and 1 on
-    # AVX2 / AVX-512 (signal 0 vs 0.76); in lanes 0, 1, 4 AVX2 gave 0 and AVX-512 1.
+    """Defect guarded: each kernel set added a tree group's 16 leaves in its own order, so
+    leaves ~2^53 apart (1e20, 1, -1e20) summed to different signals per set."""
     from fastpath._kernels import PackedTrees
     _need(isa)
     wrong = []
@@ -495,11 +493,9 @@ def test_tree_group_leaves_add_in_one_order_on_every_set(isa):
 @pytest.mark.parametrize("tol,k", [(0.5, 1.5), (0.5, 0.5), (0.25, 1.25), (0.25, 0.75),
                                    (0.125, 1.125), (3.0, 4.0), (0.75, 0.25)])
 def test_a_tick_exactly_at_the_norm_tolerance_hits_on_every_set(tol, k):
-    # Was: a tick exactly k = 1 +- norm_tol times its key (|f| / |c| = k exactly: few-bit
-    # values, exact sums) passes |na / nb - 1| <= norm_tol, but the ratio of two rounded
-    # square roots came out an ulp above k in 13% of such keys (norm_tol 0.5, k 1.5), which
-    # then missed as "norm", alike on every set; now the tie hits, and a tick 2^-12 beyond
-    # it still misses.
+    """Defect guarded: a tick exactly 1 +- norm_tol times its key missed as "norm" when the
+    ratio of two rounded square roots came out an ulp past the tolerance; the tie hits, a tick
+    2^-12 beyond it misses."""
     from fastpath import _kernels as K
     rng = np.random.default_rng(29)
     n = 37

@@ -1,6 +1,7 @@
-"""Defect hunt (session 24) in the public model and engine API: each test here failed on the
-code before its fix. Answers are compared with numpy references and onnxruntime; nothing here
-looks at how fast anything ran."""
+"""Edges of the public model API: forward() and heads at huge logits without numpy warnings,
+paths given as bytes or non-paths, writes into missing folders, FeatureSpec field names,
+to_onnx of activated last layers read back by onnxruntime, CachePolicy from numpy numbers,
+truncated bundles. Answers are compared with numpy references and onnxruntime."""
 import os
 import warnings
 
@@ -244,26 +245,13 @@ def test_head_apply_of_too_few_outputs_is_an_input_error(head, out):
             Model.head(out)
 
 
-def test_engine_takes_a_bytes_path_as_model_load_does(tmp_path):
-    """Model.load / Model.from_onnx take a bytes path (as open() does); Engine(b"m.fpm") was
-    "model must be a fastpath.Model or a path to .onnx / .fpm, got bytes"."""
-    m = _mlp()
-    p = str(tmp_path / "m.fpm")
-    m.save(p)
-    assert fastpath.Engine(os.fsencode(p)).model == m
-    pytest.importorskip("onnx")
-    q = str(tmp_path / "m.onnx")
-    m.to_onnx(q)
-    assert fastpath.Engine(os.fsencode(q)).model.layers == m.layers
-
-
 @pytest.mark.parametrize("bad", [np.array([1 + 5j, 2.0]), np.array(["1", "2"]),
                                  np.array(["2020-01-01", "2020-01-02"], "datetime64[D]")],
                          ids=["complex", "text", "datetime"])
 def test_numpy_references_refuse_what_predict_refuses(bad):
-    """Engine.predict refuses complex, text and datetime input; the numpy references cast it:
-    complex lost its imaginary part (a ComplexWarning, then an answer), text was parsed and
-    datetime64 read as days since 1970, each answered as if it were numbers."""
+    """Defect guarded: the numpy references cast complex, text and datetime input that
+    Engine.predict refuses (dropping the imaginary part, parsing text, reading datetime64 as
+    days) and answered as if it were numbers; they refuse it as predict does."""
     m = Model((Layer(np.eye(2), np.zeros(2)),), input_scaler=fastpath.model.InputScaler(
         [0.0, 0.0], [1.0, 1.0]))
     with pytest.raises(InputError):
@@ -293,3 +281,13 @@ def test_load_of_a_bundle_cut_within_its_magic_says_truncated(keep, tmp_path):
     assert "bad magic" not in str(e.value)
     with pytest.raises(ModelError, match="truncated"):
         Model.from_bytes(p.read_bytes())
+
+
+def test_save_to_a_directory_is_a_model_error(tmp_path):
+    """Model.save(a directory) raised a bare IsADirectoryError about a temp file name."""
+    from fastpath.model import Model
+    from fastpath._build import DEMO_MODEL
+    m = Model.load(DEMO_MODEL)
+    with pytest.raises(fastpath.ModelError, match="is a directory; give the bundle's file name"):
+        m.save(tmp_path)
+    assert os.listdir(tmp_path) == []

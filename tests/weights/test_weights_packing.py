@@ -1,9 +1,8 @@
-"""Reduced-precision weights (bf16, int8), hunted for wrong answers: the MLP packing entry
-point's refusals (a NaN weight became a silent -max|row| in int8), Model.with_weights and the
-cache policy (a one-layer model lost its fitted cache for outputs that do not move; a dropped
-fit left its report in meta), and differential checks of every kernel variant at widths that
-are not multiples of a block, and of the engine's paths (step, step_batch, predict) on every
-kernel set."""
+"""Reduced-precision weights (bf16, int8): the MLP packing entry point's refusals (a NaN or Inf
+weight or bias, arguments of the wrong kind), Model.with_weights and the cache policy (a
+one-layer model keeps its fitted policy; a dropped fit drops its report), every kernel
+variant at widths that are not multiples of a block, and the engine's paths (step,
+step_batch, predict) on every kernel set."""
 import re
 
 import numpy as np

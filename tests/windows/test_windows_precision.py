@@ -44,9 +44,9 @@ def _walk(rng, n, n_w, level, step):
 
 # ------------------------------------------------------------------ the reference itself
 def test_numpy_reference_is_two_pass_at_price_levels():
-    # window_pre_features (FeatureSpec.apply and .fit use it) took sums over the whole
-    # stream: at 1e5 their squares reach 1e16 within 1e6 ticks and the window's variance
-    # (1e-4) was gone. Now each tick's window in two passes, against a plain loop here
+    """Defect guarded: window_pre_features (used by FeatureSpec.apply and .fit) summed over the
+    whole stream, losing the window's variance at price levels; each tick's window is computed
+    in two passes, checked against a plain loop."""
     rng = np.random.default_rng(3)
     n, W = 3000, 40
     p = _walk(rng, n, 2, 1e5, 2.0 ** -7)

@@ -1,30 +1,22 @@
-"""Review of the early window commit (fp_step commits a tick's rolling window before the cache
-lookup and restores an undo record when the model refuses the tick) and of the bench's
-step_batch timings (several timed calls, median / best, off-CPU accounting).
+"""The early window commit: fp_step commits a tick's rolling window before the cache lookup and
+restores an undo record when the model refuses the tick.
 
-Window: an engine that was handed refused ticks must stay bit-identical to a twin that never
-saw them, whatever the window shape (no window, 1..7 fields, more than one 8-lane step with a
+An engine that was handed refused ticks must stay bit-identical to a twin that never saw
+them, whatever the window shape (no window, 1..7 fields, more than one 8-lane step with a
 masked tail), the ring position, the symbol mix, the cause of the refusal (an overflowed
 layer, an overflowed z-score, an overflowed window feature), the model kind (MLP, tree
-ensemble), the entry point (step, step_batch with a refused row mid-batch, the serving worker)
-and the state memory (the engine's own, or a [memory] region); on every kernel set. The
-engine's windows are compared through Engine.features(), which reads them without applying
-anything, and through every later answer.
-
-Bench: the figures the report prints are the ones the labels name; nothing here looks at how
-fast anything ran.
-"""
-import os
-import uuid
+ensemble), the entry point (step, step_batch with a refused row mid-batch) and the state
+memory (the engine's own, or a [memory] region); on every kernel set. The engine's windows
+are compared through Engine.features(), which reads them without applying anything, and
+through every later answer."""
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fastpath
-from fastpath import Engine, InputError, TreeEnsemble
-from fastpath.model import CachePolicy, FeatureSpec, Model
+from fastpath import Engine, InputError
+from fastpath.model import Model
 from helpers.models import overflow_mlp
 from helpers.models import W0, _spec, good_tick, tree_model  # noqa: F401
 
@@ -182,69 +174,6 @@ def test_reset_after_a_refusal(isa):
         assert same(eng.step(x, i % N_SYM, ts_ns=t), twin.step(x, i % N_SYM, ts_ns=t))
 
 
-def test_serving_worker_refusal_leaves_the_window(isa):
-    """The serving worker calls fp_step too: a tick it refuses answers an error and leaves
-    the symbol's window as it was (later answers equal a local twin's that never saw it)."""
-    model = mlp_model(9, 3, True)
-    rng = np.random.default_rng(4)
-    config = {"engine": {"simd": isa, "n_symbols": N_SYM},
-              "serve": {"place": False, "idle": "yield", "idle_spin_ns": 50_000}}
-    twin = Engine(model, config=cfg(isa))
-    name = f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    t = 0
-    with fastpath.serve(name, model, config), fastpath.connect(name, timeout=5) as c:
-        for i in range(40):
-            t += 1000
-            x = good_tick(rng, 9)
-            if i in (5, 6, 17, 30):
-                with pytest.raises(InputError, match="not applied"):
-                    c.step(spoil(x, ("out", "wfeat", "zfeat", "wfeat")[i % 4], 9), i % N_SYM, t)
-                continue
-            a, b = c.step(x, i % N_SYM, t), twin.step(x, i % N_SYM, ts_ns=t)
-            assert (a.signal, a.confidence, a.cached) == (b.signal, b.confidence, b.cached), i
-
-
 # ------------------------------------------------------------------------------------ bench
 
 
-def _stalled_row(off_cpu_ms: float, wait_ms):
-    """A step() row as bench/run.py writes it: 100,000 calls, one of them 51.94 ms, and the
-    replay's own time off the CPU."""
-    return {"short": "real miss", "samples": 100_000,
-            "python": {"p50": 331.0, "max": 51_937_279.0},
-            "stalls": {"calls_over_1ms": 1,
-                       "replay": {"wall_ms": 120.0, "off_cpu_ms": off_cpu_ms,
-                                  "runqueue_wait_ms": wait_ms, "involuntary_switches": 1}}}
-
-
-def test_step_row_stall_note_follows_the_evidence(bench):
-    """A step() call over 1 ms is put down to "a stall, not the engine" only when the replay
-    was off the CPU for about that long. A replay that was on the CPU the whole time (off-CPU
-    ~0: a page-fault storm, a hugepage compaction, the engine itself) must not be excused as
-    a stall: the note then says the time was spent on the CPU."""
-    _, report = bench
-    stalled = report.timing_notes({"step": {"miss": _stalled_row(50.9, 50.8)}})
-    assert len(stalled) == 1 and "not the engine" in stalled[0]
-    on_cpu = report.timing_notes({"step": {"miss": _stalled_row(0.0, 0.0)}})
-    assert len(on_cpu) == 1 and on_cpu[0].startswith("real miss: ")
-    assert "51.94 ms" in on_cpu[0] and "0.0 ms" in on_cpu[0]
-    assert "not the engine" not in on_cpu[0], on_cpu[0]
-    assert "on the CPU" in on_cpu[0], on_cpu[0]
-
-
-def test_batch_note_names_no_cause_without_a_run_queue_reading(bench):
-    """A step_batch call that lost 50 ms off the CPU where the OS gave no per-thread run-queue
-    wait (None): the note cannot know whether another task, RT throttling or the hypervisor
-    held the thread, and must not say it "waited in the run queue"."""
-    run, report = bench
-    wall = [61.2e6, 115.5e6, 62.1e6, 61.8e6, 61.5e6]
-    cpu = [61.2e6, 65.5e6, 62.1e6, 61.8e6, 61.5e6]
-    s = run.batch_runs_summary(wall, cpu, [None] * 5, [None] * 5, 200_000, 2000, False)
-    assert s["descheduled_runs"] == 1 and s["runqueue_wait_ms"] == [None] * 5
-    for policy in ("SCHED_FIFO", "SCHED_OTHER"):
-        notes = report.timing_notes({"placement": {"policy_granted": policy}, "batch": {},
-                                     "replay": {"tradeoff": [{"policy": "p",
-                                                              "batch_timing": s}]}})
-        assert len(notes) == 2 and notes[1].startswith("1 of 5 ") and "50.0 ms" in notes[1]
-        assert "run queue" not in notes[1], notes[1]
-        assert "not known" in notes[1], notes[1]

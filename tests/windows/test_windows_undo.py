@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fastpath import Engine, InputError
-from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
+from fastpath.model import FeatureSpec, Model
 from helpers.builders import engine_cfg
 from helpers.models import overflow_mlp  # noqa: F401
 
