@@ -10,7 +10,7 @@ import pytest
 import fastpath
 from fastpath import Engine, InputError
 from fastpath.model import Model
-from helpers.models import overflow_mlp, W0, _spec, good_tick  # noqa: F401
+from helpers.refusing_models import W0, _spec, good_tick, overflow_mlp
 
 
 N_SYM = 3

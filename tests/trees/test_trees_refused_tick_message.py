@@ -11,7 +11,7 @@ def test_a_tree_models_refused_tick_names_the_post_transform(isa):
     """Defect guarded: a tree ensemble whose PROBIT left (0, 1) was refused by step() and
     step_batch() as an overflowed hidden layer (it has none); the message names the post
     transform, as predict() does."""
-    from helpers.models import good_tick, tree_model
+    from helpers.refusing_models import good_tick, tree_model
     m = tree_model(1, 4, cache=False, probit=True)
     eng = Engine(m, config={"engine": {"simd": isa, "n_symbols": 3}})
     rng = np.random.default_rng(9)

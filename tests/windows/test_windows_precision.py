@@ -13,7 +13,7 @@ import fastpath._kernels as K
 from fastpath import Engine, InputError
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model, window_pre_features
 
-from helpers.models import refusing_model
+from helpers.refusing_models import refusing_model
 
 F32 = np.float32
 

@@ -10,7 +10,7 @@ import fastpath._kernels as K
 from fastpath import Engine, InputError
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
 from helpers.builders import ISAS
-from helpers.models import F32, refusing_model  # noqa: F401
+from helpers.refusing_models import F32, refusing_model
 
 
 def _window_args(rng, n_w, W, base, step):

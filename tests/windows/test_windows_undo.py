@@ -15,7 +15,7 @@ import pytest
 from fastpath import Engine, InputError
 from fastpath.model import FeatureSpec, Model
 from helpers.builders import engine_cfg
-from helpers.models import overflow_mlp  # noqa: F401
+from helpers.refusing_models import overflow_mlp
 
 RAW = 7
 Z = [0, 1, 2]   # raw[0] is 0 in every good tick, a huge weight on it overflows layer 1; raw[1]
