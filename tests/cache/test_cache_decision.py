@@ -74,19 +74,6 @@ def test_pairs_straddle_the_thresholds():
     assert np.abs(d).max() < 5e-6
 
 
-@pytest.mark.parametrize("thr", THRESHOLDS)
-def test_direction_guard_matches_float64(isa, thr):
-    wrong = []
-    for t, a, b, c in PAIRS:
-        if t != thr or abs(c - thr) <= MARGIN:
-            continue
-        got = K.kernel_cache_decide(isa, b, a, thr, 0.5)
-        want = "hit" if c >= thr else "cosine"
-        if got != want:
-            wrong.append((c - thr, got))
-    assert not wrong, f"{len(wrong)} decisions differ from float64, e.g. {wrong[:5]}"
-
-
 def test_kernel_sets_decide_alike():
     if len(ISAS) < 2:
         pytest.skip("one kernel set on this CPU")
@@ -120,25 +107,6 @@ def _identity_model(policy):
     # 128 -> 2 with the default (identity) feature spec: the cached key is the raw tick
     w = np.random.default_rng(0).standard_normal((2, N)).astype(np.float32) * 0.01
     return Model((Layer(w, np.zeros(2, np.float32), "identity"),), None, policy)
-
-
-@pytest.mark.parametrize("thr", [0.99999, 0.999999])
-def test_engine_decides_as_float64(isa, thr):
-    """End to end: the policy's threshold reaches the lookup without float32 rounding
-    (float32(0.999999) is 0.99999899..., 1e-9 off, and float32 sums are ~1e-7 off)."""
-    pol = CachePolicy(enabled=True, cos_threshold=thr, norm_tol=0.5, max_age_ns=10**15,
-                      max_run=10**6)
-    eng = Engine(_identity_model(pol), config=engine_cfg(isa))
-    t = 0
-    wrong = []
-    for _, a, b, c in (p for p in PAIRS if p[0] == thr and abs(p[3] - thr) > MARGIN):
-        # a is unrelated to the previous pair (cosine ~0): a miss that stores a
-        t += 10
-        assert not eng.step(a, 0, ts_ns=t).cached
-        r = eng.step(b, 0, ts_ns=t + 1)
-        if r.cached != (c >= thr):
-            wrong.append(c - thr)
-    assert not wrong, f"{len(wrong)} engine decisions differ from float64, e.g. {wrong[:5]}"
 
 
 @settings(max_examples=150, deadline=None)
@@ -206,16 +174,25 @@ def test_band_pairs_need_the_fallback():
         assert ((MARGIN < d) & (d < BAND)).any() or thr + MARGIN >= 1.0
 
 
+# the pair sets the direction checks run on, with the unit their offsets are reported in
+_PAIR_SETS = {"straddling": lambda: (PAIRS, 1.0), "float_band": lambda: (BAND_PAIRS, BAND)}
+
+
+@pytest.mark.parametrize("which", ["straddling", "float_band"])
 @pytest.mark.parametrize("thr", THRESHOLDS)
-def test_direction_guard_in_and_around_the_float_band(isa, thr):
+def test_direction_guard_decides_as_float64(isa, thr, which):
+    """kernel_cache_decide's direction guard decides as the float64 cosine does, for pairs
+    straddling each threshold within 3e-6 and for pairs in and around the float32 band
+    (offsets reported in bands there)."""
+    pairs, unit = _PAIR_SETS[which]()
     wrong = []
-    for t, a, b, c in BAND_PAIRS:
+    for t, a, b, c in pairs:
         if t != thr or abs(c - thr) <= MARGIN:
             continue
         got = K.kernel_cache_decide(isa, b, a, thr, 0.5)
         if got != ("hit" if c >= thr else "cosine"):
-            wrong.append(((c - thr) / BAND, got))
-    assert not wrong, f"{len(wrong)} decisions differ from float64 (offset in bands): {wrong[:5]}"
+            wrong.append(((c - thr) / unit, got))
+    assert not wrong, f"{len(wrong)} decisions differ from float64, e.g. {wrong[:5]}"
 
 
 @pytest.mark.parametrize("tol", [0.002, 0.02, 0.3])
@@ -259,20 +236,25 @@ def test_extreme_magnitudes_decide_as_float64(isa, scale):
                 (scale, thr, c - thr)
 
 
-@pytest.mark.parametrize("thr", [0.9999, 0.999999])
-def test_engine_decides_band_pairs_as_float64(isa, thr):
-    """End to end through an Engine's lookup, for pairs in and around the float32 band."""
+@pytest.mark.parametrize("which, thr", [("straddling", 0.99999), ("straddling", 0.999999),
+                                        ("float_band", 0.9999), ("float_band", 0.999999)])
+def test_engine_decides_as_float64(isa, which, thr):
+    """End to end through an Engine's lookup: the policy's threshold reaches it without float32
+    rounding (float32(0.999999) is 0.99999899..., 1e-9 off, and float32 sums are ~1e-7 off),
+    for pairs straddling the threshold and pairs in and around the float32 band."""
+    pairs, unit = _PAIR_SETS[which]()
     pol = CachePolicy(enabled=True, cos_threshold=thr, norm_tol=0.5, max_age_ns=10**15,
                       max_run=10**6)
     eng = Engine(_identity_model(pol), config=engine_cfg(isa))
     t = 0
     wrong = []
-    for _, a, b, c in (p for p in BAND_PAIRS if p[0] == thr and abs(p[3] - thr) > MARGIN):
+    for _, a, b, c in (p for p in pairs if p[0] == thr and abs(p[3] - thr) > MARGIN):
+        # a is unrelated to the previous pair (cosine ~0): a miss that stores a
         t += 10
         assert not eng.step(a, 0, ts_ns=t).cached
         if eng.step(b, 0, ts_ns=t + 1).cached != (c >= thr):
-            wrong.append((c - thr) / BAND)
-    assert not wrong, f"{len(wrong)} engine decisions differ from float64: {wrong[:5]}"
+            wrong.append((c - thr) / unit)
+    assert not wrong, f"{len(wrong)} engine decisions differ from float64, e.g. {wrong[:5]}"
 
 
 def test_engine_recomputes_the_cached_norm_for_each_new_key(isa):

@@ -183,12 +183,10 @@ def test_a_forced_reanchor_soon_after_the_tsc_went_back_keeps_the_rate():
 
 
 def test_readings_after_the_tsc_went_back_cover_what_the_mapping_gained():
-    """The back re-anchor started the mapping at CLOCK_MONOTONIC plus the lead the old mapping
-    had at its anchor, on the claim that the mapping gains nothing on CLOCK_MONOTONIC between
-    anchors. While NTP slews CLOCK_MONOTONIC (up to 500 ppm) the mapping, at the rate fitted
-    over the whole baseline, gains up to 0.5 ms a period: readings after the jump went back
-    past readings taken before it by that much, and the engine refused steps without ts_ns
-    until CLOCK_MONOTONIC caught up. Made here by a mapping 400 ppm fast for 0.2 s (80 us)."""
+    """Defect guarded: the re-anchor after a TSC jump assumed the mapping gains nothing on
+    CLOCK_MONOTONIC between anchors, so while NTP slewed it (up to 500 ppm) readings after the
+    jump went back past earlier ones and steps without ts_ns were refused. Made here by a
+    mapping 400 ppm fast for 0.2 s (80 us)."""
     _needs_tsc(K.clock_info())
     clk = _clock(K)
     with _Restore(clk, lambda: K.clock_reanchor()):

@@ -28,7 +28,7 @@ BAD_RAWS = {
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_RAWS))
-def test_bad_raw_rejected(pair, kind):
+def test_raw_of_a_wrong_dtype_or_shape_is_refused(pair, kind):
     a, b, rng = pair
     raw = BAD_RAWS[kind](a.raw_len)
     with pytest.raises(InputError, match=f"raw must be a float32 C-contiguous numpy array with "
@@ -48,7 +48,7 @@ def test_readonly_raw_is_accepted(pair):
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("pos", [0, 17, -1])
-def test_nonfinite_rejected(pair, value, pos):
+def test_nonfinite_raw_is_refused(pair, value, pos):
     a, b, rng = pair
     x = good(a)
     x[pos] = value
@@ -94,7 +94,7 @@ def test_numpy_integer_symbol_is_the_same_symbol(pair, symbol):
     assert_same_state(a, b, rng)
 
 
-def test_time_backwards(pair):
+def test_a_timestamp_backwards_negative_or_not_an_int_is_refused(pair):
     a, b, rng = pair
     with pytest.raises(InputError, match="earlier than the last tick of symbol 0"):
         a.step(good(a), 0, ts_ns=5)        # symbol 0 last saw ts 27
@@ -163,7 +163,7 @@ def test_batch_bad_symbols(pair, symbols):
     assert_same_state(a, b, rng)
 
 
-def test_batch_empty(pair):
+def test_batch_of_no_rows_applies_nothing(pair):
     a, b, rng = pair
     res = a.step_batch(np.zeros((0, a.raw_len), np.float32), np.zeros(0, np.int32))
     assert len(res.signal) == 0

@@ -5,7 +5,7 @@ piece, wherever the pieces fall; an interrupt leaves the rows applied so far app
 their answers on the exception (.applied, .result), and the engine usable.
 
 _batch_piece_ns(1) makes every piece the least the C side runs (256 rows, one clock read):
-deterministic piece boundaries; _batch_piece_ns(0) runs a batch in one piece, as before.
+deterministic piece boundaries; _batch_piece_ns(0) runs a batch in one piece.
 """
 import _thread
 import signal

@@ -1,10 +1,10 @@
-"""One model, every path: the same tick stream (several symbols interleaved, refused NaN ticks,
-repeated ticks that hit the cache) through Engine.step, fastpath.step, step_batch (symbols of
-every integer dtype, with and without ts_ns), _step_external with predict(features()), the
-serving client, the GPU backend on its stand-in driver, after reset and after refused input,
-for every model kind, compared bit for bit between paths and against the numpy reference
-(FeatureSpec.apply + Model.forward + the head) within a tolerance.
-"""
+"""One model, every in-process path: the same tick stream (several symbols interleaved, refused
+NaN ticks, repeated ticks that hit the cache) through Engine.step, fastpath.step, step_batch
+(symbols of every integer dtype, with and without ts_ns) and _step_external with
+predict(features()), after reset and after refused input, for every model kind, compared bit
+for bit between paths and against the numpy reference (FeatureSpec.apply + Model.forward +
+the head) within a tolerance. The serving client, the CLI server and the GPU backend are held
+to the same streams in tests/serve, tests/cli and tests/gpu."""
 
 import numpy as np
 import pytest
@@ -137,10 +137,9 @@ def test_hypothesis_streams_step_batch_and_external_agree(ticks, seed, kind, isa
 
 @pytest.mark.parametrize("kind", ["acts", "int8", "trees_clf3"])
 def test_step_batch_stopped_by_the_model_stage_keeps_the_applied_rows_answers(kind, isa):
-    # Row 5 passes the pre-check (finite) but its features overflow, which only the model
-    # stage finds: rows 0..4 were applied (windows, cache slots, counters moved) and the error
-    # said so, but their signals were dropped with the arrays; stepping them again to get them
-    # applies them twice. Before: the InputError had no .applied / .result (AttributeError).
+    """Defect guarded: when the model stage refused row 5 of a batch (finite raw, overflowing
+    features), rows 0..4 were applied but their answers dropped, so stepping them again applied
+    them twice; the InputError carries .applied and .result."""
     m = make_model(kind)
     raws, syms, ts, _ = make_stream(8, n=12, nan_every=0)
     raws[5] = F(3.4e38)
@@ -221,8 +220,8 @@ def test_check_batch_refuses_what_step_batch_refuses_and_applies_nothing(isa):
 
 @pytest.mark.parametrize("how", ["pickle", "copy", "deepcopy"])
 def test_engine_copy_is_refused_with_what_to_do_instead(how):
-    # Before: TypeError "no default __reduce__ due to non-trivial __cinit__", which said
-    # nothing of why or what to do
+    """Defect guarded: pickling or copying an Engine raised a TypeError about __cinit__ that
+    said nothing of why or what to do; the refusal says what to do instead."""
     import copy
     import pickle
     m = make_model("acts")

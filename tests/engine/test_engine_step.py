@@ -1,4 +1,6 @@
-"""The fused step against numpy references: features (z-score + windows), model, head, cache."""
+"""The fused step against numpy references (features from z-scores and windows, the model, the
+head), step_batch against sequential steps, stats and reset, the default engine behind
+fastpath.step, and the kernel-set and stage-time settings."""
 import numpy as np
 import pytest
 

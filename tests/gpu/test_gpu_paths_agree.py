@@ -55,9 +55,9 @@ def test_gpu_backend_on_the_stand_in_agrees_with_the_cpu(fake_gpu, kind, mode):
 
 
 def test_gpu_step_batch_refusals_say_what_was_applied(fake_gpu):
-    # Before: a row the pre-check refused on the GPU backend said only "engine state
-    # unchanged" (the CPU's step_batch says "no row was applied"), and neither carried the
-    # applied rows' answers
+    """Defect guarded: a row refused on the GPU backend said only "engine state unchanged" (the
+    CPU says "no row was applied") and carried no answers of the applied rows; both say what was
+    applied, with its answers."""
     m = make_model("acts")
     raws, syms, ts, _ = make_stream(9, n=12, nan_every=0)
     cpu = Engine(m, config=cfg())

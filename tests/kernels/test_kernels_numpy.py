@@ -19,7 +19,7 @@ WIDTHS = (1, 7, 8, 9, 16, 37, 129, 300)
 
 
 @pytest.mark.parametrize("n", WIDTHS)
-def test_zscore_gather(isa, n):
+def test_zscore_gather_equals_numpy(isa, n):
     rng = np.random.default_rng(n)
     raw = rng.standard_normal(512).astype(np.float32) * 100
     idx = rng.integers(0, 512, n).astype(np.int32)
@@ -30,7 +30,7 @@ def test_zscore_gather(isa, n):
 
 
 @pytest.mark.parametrize("n", WIDTHS)
-def test_zscore(isa, n):
+def test_zscore_equals_numpy(isa, n):
     rng = np.random.default_rng(n + 1)
     x, mean = rng.standard_normal((2, n)).astype(np.float32)
     inv = rng.random(n).astype(np.float32)
@@ -38,7 +38,7 @@ def test_zscore(isa, n):
 
 
 @pytest.mark.parametrize("n", WIDTHS)
-def test_dot_norm2(isa, n):
+def test_dot_norm2_matches_float64(isa, n):
     rng = np.random.default_rng(n + 2)
     a, b = rng.standard_normal((2, n)).astype(np.float32)
     d, s = K.kernel_dot_norm2(isa, a, b)
@@ -48,7 +48,7 @@ def test_dot_norm2(isa, n):
 
 
 @pytest.mark.parametrize("n", WIDTHS)
-def test_allfinite(isa, n):
+def test_allfinite_finds_nan_and_inf_anywhere(isa, n):
     x = np.ones(n, np.float32)
     assert K.kernel_allfinite(isa, x)
     for bad in (np.nan, np.inf, -np.inf):
@@ -63,7 +63,7 @@ def test_allfinite(isa, n):
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("n_in,n_out", [(1, 1), (7, 3), (37, 9), (129, 64), (300, 37), (16, 33),
                                         (33, 40), (300, 600)])
-def test_dense_layer(isa, act, n_in, n_out):
+def test_dense_layer_matches_float64_for_every_activation(isa, act, n_in, n_out):
     rng = np.random.default_rng(n_in * 1000 + n_out)
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
     b = rng.standard_normal(n_out).astype(np.float32)
@@ -238,7 +238,7 @@ def test_bound_probes():
 
 
 @pytest.mark.parametrize("n", WIDTHS)
-def test_zscore_runs(isa, n):
+def test_zscore_runs_equals_numpy(isa, n):
     rng = np.random.default_rng(n + 3)
     raw = rng.standard_normal(512).astype(np.float32)
     # runs of random lengths 1..20, ending exactly at the end of raw in one case
@@ -258,7 +258,7 @@ def test_zscore_runs(isa, n):
 
 @pytest.mark.parametrize("n", (1, 3, 4, 7, 8, 9, 37))
 @pytest.mark.parametrize("full", [False, True])
-def test_window_stats(isa, n, full):
+def test_window_stats_matches_float64(isa, n, full):
     rng = np.random.default_rng(n * 2 + full)
     W = 6
     hist = rng.standard_normal((W, n)).astype(np.float32) * 3 + 50     # the ring

@@ -51,8 +51,8 @@ def test_served_answers_equal_in_process_step(kind, with_ts):
 
 @pytest.mark.parametrize("t", [np.int64(2), np.float32(0.5), np.float64(1.0)])
 def test_connect_takes_numpy_numbers_of_seconds(t):
-    # Before: InputError "timeout must be a number of seconds in [0, 3600], got 2" for a
-    # numpy number in range (read from a config array), a message that contradicted itself
+    """Defect guarded: fastpath.connect refused a numpy number of seconds in range with "timeout
+    must be a number of seconds in [0, 3600], got 2"."""
     m = make_model("w3")
     name = unique_name()
     raw = make_stream(17, n=1, nan_every=0)[0][0]
@@ -66,8 +66,8 @@ def test_connect_takes_numpy_numbers_of_seconds(t):
 
 
 def test_server_counters_and_records_after_stop():
-    # Before: srv.stats() and srv.latency_records() after stop() raised AttributeError
-    # ('NoneType' object has no attribute 'stats')
+    """Defect guarded: Server.stats() and latency_records() after stop() raised AttributeError;
+    they answer the figures the stop left, and a second stop is a no-op."""
     m = make_model("w3")
     raws, syms, ts, bad = make_stream(20, n=30, nan_every=0)
     name = unique_name()

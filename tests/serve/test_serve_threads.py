@@ -37,7 +37,7 @@ def test_server_stopped_from_two_threads(tmp_path):
     kept."""
     errs = []
     for i in range(5):
-        srv = fastpath.serve(f"fp-h22t-stop2-{os.getpid()}-{i}",
+        srv = fastpath.serve(f"fp-thr-stop2-{os.getpid()}-{i}",
                              config={"serve": {"place": False}})
         gate = threading.Barrier(2, timeout=WAIT)
 
@@ -80,7 +80,7 @@ def test_server_start_interrupted_leaves_no_server(monkeypatch):
         if placing.wait(WAIT):
             _thread.interrupt_main()
     threading.Thread(target=interrupter, daemon=True).start()
-    name = f"fp-h22t-intr-{os.getpid()}"
+    name = f"fp-thr-intr-{os.getpid()}"
     with pytest.raises(KeyboardInterrupt):
         try:
             fastpath.serve(name, config={"serve": {"place": True}})
@@ -95,7 +95,7 @@ def test_server_start_interrupted_leaves_no_server(monkeypatch):
 
 def test_client_used_from_a_second_thread_is_refused():
     from fastpath.errors import ServeError
-    name = f"fp-h22t-cli-{os.getpid()}"
+    name = f"fp-thr-cli-{os.getpid()}"
     with fastpath.serve(name, config={"serve": {"place": False}}):
         c = fastpath.connect(name)
         try:

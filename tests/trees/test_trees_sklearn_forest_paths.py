@@ -1,5 +1,6 @@
-"""A scikit-learn forest, imported, answers alike through every path of the engine (step,
-step_batch, fastpath.step, the serving client) and matches its own predict."""
+"""A scikit-learn forest (gradient-boosted classifier, random-forest regressor) exported to ONNX
+answers alike through step, step_batch and the serving client, and as onnxruntime does on the
+engine's own features."""
 
 
 import numpy as np
