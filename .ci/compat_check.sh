@@ -11,7 +11,8 @@ work=$1
 repo=$(cd "$(dirname "$0")/.." && pwd)
 log() { echo "  $*"; }
 die() { echo "compat check FAILED: $*" >&2; exit 1; }
-core=(tests/kernels/test_kernels_numpy.py
+core=(tests/kernels/test_kernels_features.py tests/kernels/test_kernels_dense.py
+      tests/kernels/test_kernels_cache.py tests/kernels/test_kernels_dispatch.py
       tests/engine/test_engine_step.py tests/cache/test_cache_guards.py
       tests/cache/test_cache_state_machine.py tests/engine/test_engine_threads.py
       tests/engine/test_engine_bad_input.py tests/model/test_model_bundle_bad_input.py
