@@ -15,7 +15,7 @@ from fastpath import Engine
 from fastpath import _kernels as K
 from fastpath.model import CachePolicy, Layer, Model
 from helpers.builders import ISAS, engine_cfg
-from helpers.reference import double_decision  # noqa: F401
+from helpers.reference import double_decision
 
 N = 128
 THRESHOLDS = (0.999, 0.9999, 0.99999, 0.999999)

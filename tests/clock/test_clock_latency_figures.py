@@ -4,13 +4,15 @@ percentiles, fastpath.clock_info() and the bench probes (fastpath._kernels).
 No test here asserts on how long anything takes: the checks are on structure (a total that
 contains its stages, a percentile that is numpy's of the same records, a record per applied
 tick and none per refused one) and on what a probe's arithmetic does."""
+import ctypes
+
 import numpy as np
 import pytest
 
 import fastpath
-from fastpath import Engine, InputError
-from fastpath import _kernels as K
+from fastpath import Engine, InputError, _kernels as K
 from helpers.builders import engine_cfg, random_model, windowed_model
+from helpers.clock import _Clock
 
 F32 = np.float32
 QS = (50, 90, 99, 99.9)
@@ -261,9 +263,6 @@ def test_fma_probes_with_no_iterations_answer_a_time():
 # step cannot be made on demand, so the test moves the calibration's fit point instead (what a
 # step between the two clocks looks like to the re-anchor), on the probes' copy of the clock
 # (the engine's, in fastpath._engine, is not touched).
-
-import ctypes  # noqa: E402
-from helpers.clock import _Clock  # noqa: F401
 
 
 def _lib():

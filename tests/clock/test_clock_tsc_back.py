@@ -13,7 +13,7 @@ import pytest
 import fastpath
 from fastpath import Engine, _engine as E, _kernels as K
 from helpers.builders import engine_cfg, random_model
-from helpers.clock import JUMP, _Restore, _clock, _needs_tsc  # noqa: F401
+from helpers.clock import JUMP, _Restore, _clock, _needs_tsc
 
 F32 = np.float32
 

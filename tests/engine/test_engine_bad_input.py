@@ -5,7 +5,7 @@ import pytest
 import fastpath
 from fastpath import ConfigError, Engine, InputError, Model
 from helpers.builders import engine_cfg, windowed_model
-from helpers.engine_state import assert_same_state, good, pair  # noqa: F401
+from helpers.engine_state import assert_same_state, good, pair  # noqa: F401 - pair is a fixture
 
 
 BAD_RAWS = {

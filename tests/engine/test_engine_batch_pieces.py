@@ -311,10 +311,7 @@ def test_off_the_main_thread_one_piece(pieces):
     _same(out["r"], _rowwise(Engine(m, config=engine_cfg("scalar")), raws, syms, ts))
 
 
-# --- the GPU backend's batches on the stand-in driver (tests/test_gpu.py) ------------------
-# Engine(backend="gpu").step_batch and GpuEngine.step_batch step their rows from Python, so a
-# signal handler runs between rows already (in the GPU call's Python); what they lacked was
-# the rows applied on its exception.
+# --- Ctrl-C around a long batch -------------------------------------------------------------
 
 
 WAIT = 10.0     # seconds any wait of these tests may take before the test fails instead of hanging

@@ -12,7 +12,7 @@ import pytest
 import fastpath
 from fastpath import Engine, InputError
 from helpers.builders import engine_cfg, windowed_model, random_model
-from helpers.fake_cuda import HIT_CACHE # noqa: F401 (fixtures)
+from helpers.fake_cuda import HIT_CACHE
 
 FIELDS = ("signal", "confidence", "cached", "miss_reason", "seq", "wait_ns")
 LAT = ("feature_ns", "cache_ns", "infer_ns", "h2d_ns", "d2h_ns", "total_ns", "wait_ns")

@@ -12,7 +12,7 @@ import pytest
 import fastpath
 from fastpath import EngineBusyError, Engine, InputError
 from helpers.builders import engine_cfg, windowed_model
-from helpers.engine_state import assert_same_state, good, pair  # noqa: F401 - fixture
+from helpers.engine_state import assert_same_state, good, pair  # noqa: F401 - pair is a fixture
 
 
 @pytest.mark.parametrize("ts, hint", [

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastpath
-from helpers.fake_cuda import HIT_CACHE, _head_model, _stream as _gpu_stream  # noqa: E402
+from helpers.fake_cuda import HIT_CACHE, _head_model, _stream as _gpu_stream
 
 
 class Alarm(Exception):

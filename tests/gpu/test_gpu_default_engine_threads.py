@@ -9,7 +9,7 @@ import pytest
 import fastpath
 from fastpath import Engine, EngineBusyError
 from fastpath.errors import BackendError
-from helpers.fake_cuda import _head_model, _stream  # noqa: F401 (fixtures)
+from helpers.fake_cuda import _head_model, _stream
 
 
 def test_module_step_runs_a_gpu_default_engine_on_the_gpu(fake_gpu):

@@ -3,10 +3,10 @@
 import numpy as np
 
 import fastpath
-from helpers.fake_cuda import _head_model, _stream  # noqa: F401
+from helpers.fake_cuda import _head_model, _stream
 
 
-def test_gpu_stage_times_do_not_leak_into_a_reused_result(fake_gpu, isa):  # noqa: F811
+def test_gpu_stage_times_do_not_leak_into_a_reused_result(fake_gpu, isa):
     # a GPU tick sets h2d_ns / d2h_ns on its Result; once dropped, that object can be filled
     # again by a CPU engine's tick, which must read 0 there as a new Result does
     rng = np.random.default_rng(13)

@@ -6,7 +6,7 @@ import numpy as np
 
 from fastpath import EngineBusyError
 from helpers.builders import windowed_model
-from helpers.fake_cuda import FakeCuda, _fake_pycuda  # noqa: F401 (fixtures)
+from helpers.fake_cuda import FakeCuda, _fake_pycuda
 
 
 WAIT = 10.0     # seconds any wait of these tests may take before the test fails instead of hanging

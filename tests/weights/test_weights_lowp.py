@@ -9,7 +9,7 @@ from fastpath._kernels import LowpMLP, kernel_lowp_dense, lowp_kernels, lowp_var
 from fastpath.model import Layer
 
 from helpers.builders import ACTS, engine_cfg, random_model
-from helpers.reference import F32, act_np, ref_bf16  # noqa: F401
+from helpers.reference import F32, act_np, ref_bf16
 
 WIDTHS = (1, 7, 9, 33, 257)
 SHAPES = [(i, o) for i in WIDTHS for o in WIDTHS]
