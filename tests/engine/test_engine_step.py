@@ -7,7 +7,7 @@ import pytest
 import fastpath
 from fastpath import ConfigError, Engine, Model
 from fastpath.model import FeatureSpec
-from helpers.builders import engine_cfg, random_model, windowed_model
+from helpers.builders import ISAS, engine_cfg, random_model, windowed_model
 
 
 def expected(model, raws, symbols):
@@ -47,18 +47,29 @@ def test_identity_spec_model(isa, dims):
             assert r.confidence == pytest.approx(conf[i], abs=2e-5)
 
 
-def test_scalar_and_avx2_agree():
-    from fastpath._engine import supported_isas
-    if "avx2" not in supported_isas():
-        pytest.skip("CPU lacks AVX2+FMA")
-    rng = np.random.default_rng(3)
-    m = windowed_model(rng, hidden=(64, 32))
-    raws = rng.standard_normal((200, m.raw_len)).astype(np.float32)
-    syms = rng.integers(0, 4, 200)
-    a = Engine(m, config=engine_cfg("avx2")).step_batch(raws, syms, np.arange(200) * 1000)
-    b = Engine(m, config=engine_cfg("scalar")).step_batch(raws, syms, np.arange(200) * 1000)
-    np.testing.assert_allclose(a.signal, b.signal, atol=1e-5)
-    np.testing.assert_array_equal(a.cached, b.cached)
+@pytest.mark.parametrize("seed, raw_len, n_z, hidden, n, repeats", [
+    (3, 40, 20, (64, 32), 200, False),
+    (12, 70, 37, (64, 33), 300, True),       # ticks 100..139 repeat tick 99: the cache hits too
+])
+def test_every_kernel_set_steps_as_scalar(seed, raw_len, n_z, hidden, n, repeats):
+    """The whole fused step (features, cache, MLP, head) gives the same signals and
+    confidences (atol 1e-5) and the same cache decisions on every set this CPU runs as on
+    scalar."""
+    rng = np.random.default_rng(seed)
+    m = windowed_model(rng, raw_len=raw_len, n_z=n_z, hidden=hidden)
+    raws = rng.standard_normal((n, m.raw_len)).astype(np.float32)
+    if repeats:
+        raws[100:140] = raws[99]
+    syms = rng.integers(0, 4, n)
+    ts = np.arange(n) * 1000
+    ref = Engine(m, config=engine_cfg("scalar")).step_batch(raws, syms, ts)
+    if repeats:
+        assert ref.cached.any() and not ref.cached.all()
+    for isa in ISAS:
+        got = Engine(m, config=engine_cfg(isa)).step_batch(raws, syms, ts)
+        np.testing.assert_allclose(got.signal, ref.signal, atol=1e-5)
+        np.testing.assert_allclose(got.confidence, ref.confidence, atol=1e-5)
+        np.testing.assert_array_equal(got.cached, ref.cached)
 
 
 # ------------------------------------------------------------------ cache semantics
