@@ -11,9 +11,16 @@ work=$1
 repo=$(cd "$(dirname "$0")/.." && pwd)
 log() { echo "  $*"; }
 die() { echo "compat check FAILED: $*" >&2; exit 1; }
-core=(tests/test_kernels.py tests/test_engine.py tests/test_state.py tests/test_bad_input.py
-      tests/test_step_call.py tests/test_nonfinite.py tests/test_window_precision.py
-      tests/test_weights.py tests/test_models_heads.py)
+core=(tests/kernels/test_kernels_features.py tests/kernels/test_kernels_dense.py
+      tests/kernels/test_kernels_cache.py tests/kernels/test_kernels_dispatch.py
+      tests/engine/test_engine_step.py tests/cache/test_cache_guards.py
+      tests/cache/test_cache_state_machine.py tests/engine/test_engine_threads.py
+      tests/engine/test_engine_bad_input.py tests/model/test_model_bundle_bad_input.py
+      tests/control/test_control_config_bad_input.py tests/gpu/test_gpu_backend_without_gpu.py
+      tests/engine/test_engine_result.py tests/gpu/test_gpu_result_reuse.py
+      tests/engine/test_engine_nonfinite.py tests/windows/test_windows_precision.py
+      tests/weights/test_weights_lowp.py tests/bench/test_bench_weights_accuracy.py
+      tests/heads/test_heads.py)
 
 # pytest (the script, not `python -m pytest`, which would put the checkout first on sys.path)
 # from the checkout: tests/ goes on sys.path, the package comes from the venv

@@ -1,7 +1,12 @@
 """One model and tick stream run through every path of the engine (step, batch, serve, GPU)."""
-import numpy as np
+import os
+import re
+import uuid
 
-from fastpath import CachePolicy, FeatureSpec, Layer, Model, TreeEnsemble
+import numpy as np
+from hypothesis import strategies as st
+
+from fastpath import CachePolicy, FeatureSpec, InputError, Layer, Model, TreeEnsemble
 from fastpath.model.types import Head
 
 
@@ -122,3 +127,125 @@ def cfg(isa=None, **over):
         c["engine"]["simd"] = isa
     c.update(over)
     return c
+
+
+# ------------------------------------------------ running a stream through one path
+KINDS = ("acts", "one_layer", "linear", "deep16", "w1", "w3", "w17", "w33", "w65", "clf2_softmax",
+         "clf3_softmax", "clf2_logistic2", "regression", "bf16", "int8", "trees_reg",
+         "trees_clf3", "clf3_of5_permuted", "tanh_sigmoid_of4")
+
+
+def outcome(r):
+    return (float(r.signal), float(r.confidence), bool(r.cached), r.miss_reason)
+
+
+def run_ticks(fn, raws, syms, ts):
+    """fn(raw, symbol, ts_ns) per tick: its outcome, or "refused" for an InputError"""
+    out = []
+    for i in range(len(raws)):
+        try:
+            out.append(outcome(fn(raws[i], int(syms[i]), None if ts is None else int(ts[i]))))
+        except InputError:
+            out.append("refused")
+    return out
+
+
+def counters(eng):
+    s = eng.stats()
+    return s["ticks"], s["hits"], s["misses"], s["miss_reasons"]
+
+
+def assert_same(got, want, what):
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"{what}: tick {i}: {g} != {w}"
+
+
+def good_rows(raws, syms, ts, bad):
+    g = ~bad
+    return raws[g], syms[g], ts[g]
+
+
+def batch_outcomes(b):
+    return [(float(b.signal[i]), float(b.confidence[i]), bool(b.cached[i]))
+            for i in range(len(b.signal))]
+
+
+def strip_refused(outs):
+    return [o[:3] for o in outs if o != "refused"]
+
+
+def batch_greedy(eng, raws, syms, ts):
+    """The stream through step_batch as a caller would: all rows in one call; when the call
+    refuses row k with no row applied, rows before k the same way, then row k alone (the
+    pre-check refuses a row that is behind in time against an earlier row of the batch the
+    model stage may still refuse); when the model stage stops it at row k, the answers of rows
+    before it from the error. Per-row outcomes, "refused" for a row no call applied."""
+    out = [None] * len(raws)
+
+    def batch(lo, hi):
+        return eng.step_batch(raws[lo:hi], syms[lo:hi], None if ts is None else ts[lo:hi])
+
+    def run(lo, hi):
+        while lo < hi:
+            try:
+                b = batch(lo, hi)
+            except InputError as exc:
+                k = int(re.match(r"row (\d+): ", str(exc)).group(1))
+                assert exc.applied == len(exc.result.signal)
+                if "no row was applied" in str(exc):
+                    assert exc.applied == 0
+                    run(lo, lo + k)
+                    try:
+                        out[lo + k] = batch_outcomes(batch(lo + k, lo + k + 1))[0]
+                    except InputError:
+                        out[lo + k] = "refused"
+                else:
+                    # the model stage refused row k: rows before it applied, answers kept
+                    assert f"rows 0..{k - 1} were applied" in str(exc) and exc.applied == k
+                    for i, o in enumerate(batch_outcomes(exc.result)):
+                        out[lo + i] = o
+                    out[lo + k] = "refused"
+                lo += k + 1
+                continue
+            for i, o in enumerate(batch_outcomes(b)):
+                out[lo + i] = o
+            return
+    run(0, len(raws))
+    return out
+
+
+# a tick: (symbol, what happens to its level, ts step (negative: goes back), a NaN, a value far
+# out in a z-scored field or in a windowed one)
+TICK = st.tuples(st.integers(0, 3), st.sampled_from(["repeat", "repeat", "nudge", "jump"]),
+                  st.integers(-3, 3), st.booleans(),
+                  st.sampled_from([None] * 8 + [1e30, -1e30, 1e19, 3e38, 1e-40, -0.0]))
+
+
+def hyp_stream(ticks, seed):
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((4, RAW_LEN)).astype(F)
+    raws = np.empty((len(ticks), RAW_LEN), F)
+    syms = np.empty(len(ticks), np.int64)
+    ts = np.empty(len(ticks), np.int64)
+    t = 10**6
+    for i, (s, how, dt, nan, far) in enumerate(ticks):
+        if how == "jump":
+            base[s] = rng.standard_normal(RAW_LEN).astype(F)
+        raws[i] = base[s]
+        if how == "nudge":
+            raws[i] += F(1e-4) * rng.standard_normal(RAW_LEN).astype(F)
+        if far is not None:
+            raws[i, int(rng.integers(RAW_LEN))] = F(far)
+        if nan:
+            raws[i, int(rng.integers(RAW_LEN))] = np.nan
+        t = max(t + dt * 1000, 0)
+        syms[i], ts[i] = s, t
+    return raws, syms, ts
+
+
+SERVE = {"place": False, "idle": "yield", "idle_spin_ns": 50_000}
+
+
+def unique_name():
+    return f"paths-{os.getpid()}-{uuid.uuid4().hex[:8]}"

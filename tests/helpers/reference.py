@@ -51,3 +51,21 @@ def act_np(v, act):
 def ref_bf16(w, b, x, act):
     v = (bf16(w).astype(np.float64) @ np.asarray(x, np.float64) + b).astype(F32)
     return act_np(v, act), np.abs(bf16(w)).astype(np.float64) @ np.abs(x).astype(np.float64)
+
+
+def at_page_end(values):
+    """values copied to the very end of a readable page followed by an unreadable one: a kernel
+    that reads one float past the array faults (SIGSEGV) instead of passing by luck."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    nbytes = values.nbytes
+    size = (nbytes + page - 1) // page * page + page
+    m = mmap.mmap(-1, size, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(ctypes.c_void_p(base + size - page), page, 0) == 0
+    arr = np.frombuffer(m, np.float32, count=len(values), offset=size - page - nbytes)
+    arr[:] = values
+    return arr, m
