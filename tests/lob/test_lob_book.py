@@ -1,15 +1,12 @@
 """The order-book adapter (fastpath.lob), the real-data readers and the command line."""
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import fastpath
-from fastpath import Engine, Model, lob
-from helpers.builders import DATA_DIR, random_model
+from fastpath import Engine, lob
+from helpers.builders import DATA_DIR
 
 
 def test_layout_names_and_values():
@@ -85,46 +82,13 @@ def test_binance_reader():
     assert np.isfinite(res.signal).all()
 
 
-def _cli(*args):
-    # run outside the checkout so the installed package is imported, not the source folder
-    return subprocess.run([sys.executable, "-m", "fastpath.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=os.path.dirname(fastpath.__file__) + "/..")
-
-
-def test_cli_info():
-    out = _cli("info")
-    assert out.returncode == 0, out.stderr
-    info = json.loads(out.stdout)
-    assert info["simd"] in ("avx512", "avx2", "scalar") and info["default_model"]["dims"] == [128, 64, 32, 2]
-
-
-def test_cli_calibrate(tmp_path):
-    rng = np.random.default_rng(0)
-    raws = (rng.standard_normal((500, 20)) * 4 + 3).astype(np.float32)
-    np.save(tmp_path / "t.npy", raws)
-    random_model(rng, [14, 8, 2]).save(tmp_path / "m.fpm")
-    out = _cli("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "m.fpm"),
-               "--out", str(tmp_path / "c.fpm"), "--z-fields", "0-9,12,15",
-               "--window-fields", "3", "--window", "8")
-    assert out.returncode == 0, out.stderr
-    m = Model.load(tmp_path / "c.fpm")
-    fs = m.feature_spec
-    assert list(fs.z_idx) == list(range(10)) + [12, 15] and list(fs.w_idx) == [3]
-    feats = fs.apply(raws)
-    np.testing.assert_allclose(feats.mean(0), 0, atol=1e-4)
-    np.testing.assert_allclose(feats.std(0), 1, atol=1e-3)
-    bad = _cli("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "m.fpm"),
-               "--out", str(tmp_path / "d.fpm"), "--z-fields", "0-3")
-    assert bad.returncode != 0 and "features, but the model takes 14" in bad.stderr
-    bad = _cli("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "nope.fpm"),
-               "--out", str(tmp_path / "d.fpm"))
-    assert bad.returncode == 2 and "cannot read model file" in bad.stderr
-
-
-def test_cli_example_config(tmp_path):
-    out = _cli("example-config")
-    assert out.returncode == 0 and "[placement]" in out.stdout
-    p = tmp_path / "c.toml"
-    p.write_text(out.stdout)
-    from fastpath.control.config import load_config
-    assert load_config(str(p)).placement.priority == 50
+def test_a_missing_recorded_file_is_an_input_error_naming_it(tmp_path):
+    # the module promises every problem of a recorded file is an InputError naming it; a
+    # missing one was open()'s FileNotFoundError
+    from fastpath import InputError
+    from fastpath.lob import readers
+    with pytest.raises(InputError, match=r"depth10\.csv: cannot be read \(No such file"):
+        readers.read_binance(str(tmp_path / "nowhere"))
+    (tmp_path / "ob.csv").write_text("1,2,3,4\n")
+    with pytest.raises(InputError, match=r"msg\.csv: cannot be read"):
+        readers.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))

@@ -6,12 +6,9 @@ biases), tree ensembles with partial or doubled leaf weights and odd missing-val
 (random ensembles against onnxruntime), ONNX written by to_onnx with a post transform, and
 Model / FeatureSpec / Head values that the engine would refuse only as an internal bug. Each
 is a ModelError naming what was wrong, or the same numbers as onnxruntime."""
-import json
 import os
-import struct
 import subprocess
 import sys
-import zlib
 
 import numpy as np
 import pytest
@@ -21,61 +18,17 @@ from hypothesis import strategies as st
 import fastpath
 from fastpath import Engine, Model, ModelError
 from fastpath.model import CachePolicy, FeatureSpec, Head, Layer
-from fastpath.model import bundle as B
 from helpers.builders import engine_cfg
+from helpers.model_bundles import BLOB, TREE_BLOB, bundle_mlp, edit_bundle, split_bundle
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-# where the imported fastpath lives (site-packages, or the checkout for an editable install):
-# a child started there imports the same build, not the source tree beside the tests
+# the tests directory (a child process imports helpers from it), and where the imported
+# fastpath lives (site-packages, or the checkout for an editable install): a child started
+# there imports the same build, not the source tree beside the tests
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
 
 
-def _model(rng=None):
-    rng = rng or np.random.default_rng(0)
-    fs = FeatureSpec(24, np.arange(0, 20), np.array([3, 7]), 4,
-                     rng.standard_normal(24).astype(np.float32), np.ones(24, np.float32))
-    layers = (Layer(rng.standard_normal((9, 24)) * 0.3, rng.standard_normal(9), "tanh"),
-              Layer(rng.standard_normal((2, 9)), np.zeros(2), "identity"))
-    return Model(layers, fs, CachePolicy(enabled=True, max_age_ns=1000, max_run=3))
-
-
-def _split(blob):
-    hlen = struct.unpack("<I", blob[12:16])[0]
-    start = 16 + hlen + ((-(16 + hlen)) % 64)
-    return json.loads(blob[16:16 + hlen]), blob[start:-len(B.END) - 4]
-
-
-def _join(header, payload):
-    """A bundle with this header and payload and a CRC that matches: what a hand edit (or a
-    tool that rewrites the header) leaves, so only the reader's own checks stand."""
-    hb = json.dumps(header).encode()
-    body = B.MAGIC + struct.pack("<II", B.VERSION, len(hb)) + hb
-    body += b"\0" * ((-len(body)) % 64) + payload
-    return body + struct.pack("<I", zlib.crc32(body)) + B.END
-
-
-def _edit(blob, path, value):
-    h, payload = _split(blob)
-    x = h
-    for p in path[:-1]:
-        x = x[p]
-    x[path[-1]] = value
-    return _join(h, payload)
-
-
-def _tree_model():
-    """A two-target regressor over 6 features: one split, two leaves."""
-    from fastpath import TreeEnsemble
-    t = TreeEnsemble(6, 2, [0, 3], [0, 6, 6], [1, 0, 0], [0.1, 0.0, 0.0], [1, -1, -1],
-                     [2, -1, -1], [0, 0, 0], [1, 1, 2, 2], [0, 1, 0, 1], [1.0, 2.0, 3.0, 4.0],
-                     [0.5, 0.25])
-    return Model((), trees=t, head_spec=Head("tanh_sigmoid"))
-
-
-BLOB = _model().to_bytes()
-TREE_BLOB = _tree_model().to_bytes()
-NAMES = [e["name"] for e in _split(BLOB)[0]["arrays"]]
+NAMES = [e["name"] for e in split_bundle(BLOB)[0]["arrays"]]
 W1 = NAMES.index("layer1.weight")
 
 
@@ -106,7 +59,7 @@ W1 = NAMES.index("layer1.weight")
     (("head",), {"kind": "regression", "scale": 1e39, "outputs": [0]}, "scale"),
 ])
 def test_edited_bundle_header_is_a_model_error(path, value, match):
-    blob = _edit(BLOB, path, value)
+    blob = edit_bundle(BLOB, path, value)
     with pytest.raises(ModelError, match=match):
         Model.from_bytes(blob)
 
@@ -120,12 +73,12 @@ def test_edited_bundle_header_is_a_model_error(path, value, match):
 def test_edited_tree_bundle_header_is_a_model_error(path, value, match):
     # bool("false") is True: the regressor was read back as a two-class classifier
     with pytest.raises(ModelError, match=match):
-        Model.from_bytes(_edit(TREE_BLOB, path, value))
+        Model.from_bytes(edit_bundle(TREE_BLOB, path, value))
 
 
 def test_the_array_table_is_read_only_as_written():
     # the writer's own table is still read, byte for byte
-    m, m2 = _model(), Model.from_bytes(BLOB)
+    m, m2 = bundle_mlp(), Model.from_bytes(BLOB)
     for a, b in zip(m.layers, m2.layers):
         assert np.array_equal(a.weight, b.weight) and np.array_equal(a.bias, b.bias)
     # the demo bundle, written by an earlier version, still loads
@@ -136,7 +89,7 @@ _FUZZ = r"""
 import copy, json, struct, sys, zlib
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from test_review18_models import BLOB, TREE_BLOB, _split, _join
+from helpers.model_bundles import BLOB, TREE_BLOB, split_bundle, join_bundle
 from fastpath import Engine, Model, ModelError, ConfigError, InputError
 
 VALUES = [-1, 0, 1, 3, 2 ** 31, 2 ** 40, -2 ** 63, 1.5, 1e308, float("nan"), float("inf"),
@@ -156,8 +109,8 @@ def leaves(o, path=()):
 
 bad = []
 raw = np.random.default_rng(1).standard_normal(24).astype(np.float32)
-for blob, path in ((b, p) for b in (BLOB, TREE_BLOB) for p in leaves(_split(b)[0])):
-    h0, payload = _split(blob)
+for blob, path in ((b, p) for b in (BLOB, TREE_BLOB) for p in leaves(split_bundle(b)[0])):
+    h0, payload = split_bundle(blob)
     if not path or path[0] == "meta":
         continue
     for v in VALUES:
@@ -167,7 +120,7 @@ for blob, path in ((b, p) for b in (BLOB, TREE_BLOB) for p in leaves(_split(b)[0
             x = x[p]
         x[path[-1]] = v
         try:
-            m = Model.from_bytes(_join(h, payload))
+            m = Model.from_bytes(join_bundle(h, payload))
         except ModelError:
             continue
         except Exception as exc:
@@ -188,7 +141,7 @@ def test_every_header_field_set_to_every_kind_of_value():
     """Each field of the header set to numbers of every size, NaN / Inf, bools, null,
     strings, lists and objects, the CRC made to match: the bundle loads and runs, or is a
     ModelError; never another exception, and never a crash (run in a child process)."""
-    r = subprocess.run([sys.executable, "-c", _FUZZ, HERE], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _FUZZ, TESTS], capture_output=True, text=True,
                        timeout=120, cwd=PKG_ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
@@ -225,7 +178,7 @@ def test_bundle_round_trip_is_exact(seed, weights, post, fitted, n_w, window):
 
 
 def test_meta_with_numpy_values_saves_and_bad_keys_are_named(tmp_path):
-    m = Model(_model().layers, _model().feature_spec, meta={"sharpe": np.float32(1.5),
+    m = Model(bundle_mlp().layers, bundle_mlp().feature_spec, meta={"sharpe": np.float32(1.5),
                                                             "n": np.int64(7)})
     m.save(tmp_path / "m.fpm")
     assert Model.load(tmp_path / "m.fpm").meta == {"sharpe": 1.5, "n": 7}
@@ -239,7 +192,7 @@ def test_meta_with_numpy_values_saves_and_bad_keys_are_named(tmp_path):
 def test_a_failed_save_leaves_no_temp_file(tmp_path, monkeypatch):
     (tmp_path / "dir.fpm").mkdir()
     with pytest.raises(ModelError, match="is a directory"):
-        _model().save(tmp_path / "dir.fpm")
+        bundle_mlp().save(tmp_path / "dir.fpm")
     assert sorted(os.listdir(tmp_path)) == ["dir.fpm"]
     # a rename that fails after the temp file was written (a directory made at the path in
     # between, a disk error) removes the temp file
@@ -250,7 +203,7 @@ def test_a_failed_save_leaves_no_temp_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bundle.os, "replace", failing_replace)
     with pytest.raises(OSError):
-        _model().save(tmp_path / "m.fpm")
+        bundle_mlp().save(tmp_path / "m.fpm")
     assert sorted(os.listdir(tmp_path)) == ["dir.fpm"]
 
 
@@ -675,7 +628,7 @@ def test_save_refuses_an_onnx_name(tmp_path):
     # Engine(path) reads a path by its suffix: a bundle saved as m.onnx went to the ONNX
     # reader and never loaded
     with pytest.raises(ModelError, match="to_onnx"):
-        _model().save(tmp_path / "m.ONNX")
+        bundle_mlp().save(tmp_path / "m.ONNX")
     assert not os.listdir(tmp_path)
 
 
@@ -684,7 +637,7 @@ def test_to_onnx_refuses_an_opset_it_cannot_write(tmp_path, opset):
     # opsets below 7 and above the onnx package's newest were written without a word, as
     # files onnxruntime cannot load; a str / float was a TypeError
     with pytest.raises(ModelError, match="opset"):
-        _model().to_onnx(tmp_path / "m.onnx", opset=opset)
+        bundle_mlp().to_onnx(tmp_path / "m.onnx", opset=opset)
 
 
 @pytest.mark.parametrize("opset", [7, 11, 13, 17])

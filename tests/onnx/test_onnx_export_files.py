@@ -1,6 +1,12 @@
-"""Second review of the model-API and ONNX changes: defects found in them, each test failing
-on the code before its fix."""
+"""Defects found while merging session 22's reviews: Model.to_onnx's external-data file.
+
+Each test failed on the code before its fix: the weights of a replaced model were renamed
+over <name>.data before the new graph was renamed over <name>, so a reader between the two
+renames (or after a crash there) read the old graph over the new weights; and a small model
+written over a large one left the large one's <name>.data behind.
+"""
 import os
+import re
 import threading
 
 import numpy as np
@@ -8,21 +14,75 @@ import pytest
 
 from fastpath.model import FeatureSpec, Head, Layer, Model
 
-RNG = np.random.default_rng(212)
-
+pytest.importorskip("onnx")
 
 # to_onnx names each export's data file <name>.<12 hex>.data (see onnx_export)
-_DATA = __import__("re").compile(r"m\.onnx\.[0-9a-f]{12}\.data")
+DATA = re.compile(r"m\.onnx\.[0-9a-f]{12}\.data")
 
-def _mlp(seed: int) -> Model:
+
+def _mlp(seed: int, width: int = 3) -> Model:
     r = np.random.default_rng(seed)
     fs = FeatureSpec(raw_len=4, z_idx=[0, 1, 2, 3], w_idx=[], window=1,
                      mean=np.zeros(4, np.float32), inv_std=np.ones(4, np.float32))
-    return Model(layers=(Layer(r.standard_normal((3, 4)).astype(np.float32),
-                               r.standard_normal(3).astype(np.float32), "relu"),
-                         Layer(r.standard_normal((1, 3)).astype(np.float32),
+    return Model(layers=(Layer(r.standard_normal((width, 4)).astype(np.float32),
+                               r.standard_normal(width).astype(np.float32), "relu"),
+                         Layer(r.standard_normal((1, width)).astype(np.float32),
                                np.zeros(1, np.float32), "identity")),
                  feature_spec=fs, head_spec=Head("regression", 1.0, (0,)))
+
+
+def test_a_reader_between_the_renames_reads_the_old_model_whole(tmp_path, monkeypatch):
+    from fastpath.model import onnx_export
+    monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)     # every model goes external
+    dest = str(tmp_path / "m.onnx")
+    old, new = _mlp(3), _mlp(4)
+    old.to_onnx(dest)
+    seen = []
+    real = os.replace
+
+    def replace(src, dst):
+        # just before the graph is renamed into place, what a reader at `dest` gets
+        if os.fspath(dst) == dest:
+            seen.append(Model.from_onnx(dest).layers[0].weight.copy())
+        return real(src, dst)
+
+    monkeypatch.setattr(onnx_export.os, "replace", replace)
+    new.to_onnx(dest)
+    monkeypatch.undo()
+    assert len(seen) == 1
+    np.testing.assert_array_equal(seen[0], old.layers[0].weight)
+    np.testing.assert_array_equal(Model.from_onnx(dest).layers[0].weight, new.layers[0].weight)
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 2 and files[0] == "m.onnx" and DATA.fullmatch(files[1]), files
+
+
+def test_a_small_model_over_a_large_one_leaves_no_stale_data(tmp_path, monkeypatch):
+    from fastpath.model import onnx_export
+    dest = str(tmp_path / "m.onnx")
+    monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)
+    _mlp(3).to_onnx(dest)
+    assert len(os.listdir(tmp_path)) == 2
+    monkeypatch.undo()                              # the next model is written inline
+    small = _mlp(5)
+    small.to_onnx(dest)
+    assert os.listdir(tmp_path) == ["m.onnx"]
+    np.testing.assert_array_equal(Model.from_onnx(dest).layers[0].weight, small.layers[0].weight)
+
+
+def test_files_beside_the_model_that_to_onnx_did_not_write_are_left(tmp_path, monkeypatch):
+    from fastpath.model import onnx_export
+    dest = str(tmp_path / "m.onnx")
+    (tmp_path / "m.onnx.notes.data").write_bytes(b"mine")
+    (tmp_path / "other.onnx.data").write_bytes(b"mine too")
+    monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)
+    _mlp(3).to_onnx(dest)
+    _mlp(4).to_onnx(dest)
+    files = sorted(os.listdir(tmp_path))
+    assert "m.onnx.notes.data" in files and "other.onnx.data" in files
+    assert len([f for f in files if DATA.fullmatch(f)]) == 1
+
+
+
 
 
 def test_to_onnx_from_two_threads_uses_a_temp_file_each(tmp_path, monkeypatch):
@@ -71,7 +131,7 @@ def test_a_failed_external_data_export_leaves_the_model_at_the_path_whole(tmp_pa
     good, other = _mlp(3), _mlp(4)
     good.to_onnx(dest)
     files = sorted(os.listdir(tmp_path))
-    assert len(files) == 2 and files[0] == "m.onnx" and _DATA.fullmatch(files[1])
+    assert len(files) == 2 and files[0] == "m.onnx" and DATA.fullmatch(files[1])
 
     def broken(*a, **k):
         raise onnx.checker.ValidationError("simulated failure")
@@ -87,7 +147,7 @@ def test_a_failed_external_data_export_leaves_the_model_at_the_path_whole(tmp_pa
     monkeypatch.setattr(onnx_export, "_EXTERNAL_BYTES", 0)
     other.to_onnx(dest)
     new = sorted(os.listdir(tmp_path))
-    assert len(new) == 2 and new[0] == "m.onnx" and _DATA.fullmatch(new[1])
+    assert len(new) == 2 and new[0] == "m.onnx" and DATA.fullmatch(new[1])
     assert np.array_equal(Model.from_onnx(dest).layers[0].weight, other.layers[0].weight)
 
 
@@ -123,37 +183,3 @@ def test_save_from_two_threads_uses_a_temp_file_each(tmp_path, monkeypatch):
     assert len(temps) == 2 and temps[0] != temps[1], temps
     assert errors == [] and Model.load(dest) in models
     assert os.listdir(tmp_path) == ["m.fpm"]
-
-
-@pytest.mark.parametrize("opset", [11, 13, 17])
-def test_softmax_over_axis_0_of_a_rank1_tensor_is_read_as_onnxruntime_runs_it(tmp_path, opset,
-                                                                              isa):
-    # a [features] input makes rank-1 tensors, whose one axis, 0, is the features axis:
-    # onnxruntime runs Softmax(axis=0) there as the softmax over the outputs; the importer
-    # refused it ("must come ... over axis 1")
-    onnx = pytest.importorskip("onnx")
-    ort = pytest.importorskip("onnxruntime")
-    from onnx import TensorProto, helper, numpy_helper
-    from fastpath import Engine
-    from helpers.builders import engine_cfg
-    w = RNG.standard_normal((4, 3)).astype(np.float32)
-    b = RNG.standard_normal(3).astype(np.float32)
-    x = RNG.standard_normal((5, 4)).astype(np.float32)
-    g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["z"]),
-         helper.make_node("Softmax", ["z"], ["y"], axis=0)], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 7
-    path = str(tmp_path / "m.onnx")
-    onnx.save(m, path)
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    ref = np.stack([s.run(None, {"x": r})[0] for r in x])
-    got = Model.from_onnx(path, head=Head("classifier3", 1.0, ()))
-    assert got.post == "softmax"
-    np.testing.assert_allclose(got.forward(x), ref, rtol=1e-5, atol=1e-6)
-    eng = Engine(got, config=engine_cfg(isa, enabled=False))
-    for i in range(len(x)):
-        np.testing.assert_allclose(eng.predict(x[i]), ref[i], rtol=1e-5, atol=1e-5)

@@ -2,17 +2,12 @@
 line and the cache-policy fit: each test here failed on the code before its fix."""
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-import fastpath
-from fastpath import InputError, ModelError, lob
-from fastpath.model import CachePolicy
-from fastpath.tuning import fit_cache_policy
-from helpers.builders import DATA_DIR, random_model
+from fastpath import InputError, lob
+from helpers.builders import DATA_DIR
 
 TS0 = 1723161254137307667          # a real local_ts_ns: not representable in float64
 
@@ -233,89 +228,8 @@ def test_label_volatility_validated():
         lob.label_volatility(bs, quantile=1.5)
 
 
-# ---- cache-policy fit ----------------------------------------------------------------------
-
-def _ticks(rng, n=400):
-    base = rng.standard_normal(8).astype(np.float32)
-    return base + 1e-4 * rng.standard_normal((n, 8)).astype(np.float32)
 
 
-def test_fit_on_one_tick_says_nothing_was_measured():
-    rng = np.random.default_rng(0)
-    m = random_model(rng, [8, 16, 2], policy=CachePolicy())
-    pol, rep = fit_cache_policy(m, rng.standard_normal((1, 8)).astype(np.float32))
-    assert not pol.enabled and "no candidate policy hit" in rep.note
-    assert "kept every hit within" not in rep.note
-
-
-def test_fit_with_sparse_symbol_ids_equals_dense(isa):
-    # ids like 10**9 asked the replay engines for 10**9 + 1 symbol slots (ConfigError)
-    rng = np.random.default_rng(1)
-    m = random_model(rng, [8, 16, 2], policy=CachePolicy())
-    raws = _ticks(rng)
-    dense = rng.integers(0, 3, len(raws)).astype(np.int32)
-    sparse = np.array([7, 10**9, 123_456])[dense].astype(np.int64)
-    p1, r1 = fit_cache_policy(m, raws, dense, max_error=0.05, simd=isa)
-    p2, r2 = fit_cache_policy(m, raws, sparse, max_error=0.05, simd=isa)
-    assert p1 == p2 and r1.rows == r2.rows and r1.chosen is not None
-    with pytest.raises(InputError, match="symbols must be >= 0"):
-        fit_cache_policy(m, raws, -np.ones(len(raws), np.int64), simd=isa)
-
-
-def test_fit_arguments_validated():
-    rng = np.random.default_rng(2)
-    m = random_model(rng, [8, 16, 2], policy=CachePolicy())
-    raws = _ticks(rng, 100)
-    for flips in (-1, "x", 1.5, True):
-        with pytest.raises(ModelError, match="max_sign_flips"):
-            fit_cache_policy(m, raws, max_sign_flips=flips)
-    with pytest.raises(ModelError, match="at least one candidate"):
-        fit_cache_policy(m, raws, cos_grid=())
-    pol, rep = fit_cache_policy(m, raws, max_error=np.float32(0.05))
-    assert rep.max_error == pytest.approx(0.05) and type(rep.max_error) is float
-
-
-# ---- command line --------------------------------------------------------------------------
-
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "fastpath.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd)
-
-
-def test_cli_bad_calibrate_inputs_are_usage_errors(tmp_path):
-    rng = np.random.default_rng(3)
-    raws = rng.standard_normal((200, 20)).astype(np.float32)
-    np.save(tmp_path / "t.npy", raws)
-    np.savez(tmp_path / "t.npz", raws)
-    np.save(tmp_path / "str.npy", raws.astype(str))
-    nan = raws.copy(); nan[17, 4] = np.nan
-    np.save(tmp_path / "nan.npy", nan)
-    np.save(tmp_path / "fsym.npy", np.zeros(200))
-    np.save(tmp_path / "nsym.npy", -np.ones(200, np.int64))
-    random_model(rng, [14, 8, 2]).save(tmp_path / "m.fpm")
-    base = ["--model", "m.fpm", "--out", "o.fpm", "--window-fields", "3", "--window", "8"]
-    cases = [
-        (["--ticks", "t.npz", "--z-fields", "0-11"], ".npz archive"),
-        (["--ticks", "str.npy", "--z-fields", "0-11"], "as numbers"),
-        (["--ticks", "nan.npy", "--z-fields", "0-11"], "tick 17 field 4 is nan"),
-        (["--ticks", "t.npy", "--symbols", "fsym.npy", "--z-fields", "0-11"], "symbols as integers"),
-        (["--ticks", "t.npy", "--symbols", "nsym.npy", "--z-fields", "0-11"], "symbol -1"),
-        (["--ticks", "t.npy", "--z-fields", "0-10,99"], "field 99, but the ticks have 20"),
-        (["--ticks", "t.npy", "--z-fields", "0-10,4"], "lists field 4 twice"),
-    ]
-    for extra, msg in cases:
-        out = _cli("calibrate", *base, *extra, cwd=tmp_path)
-        assert out.returncode != 0 and msg in out.stderr and "Traceback" not in out.stderr, \
-            (extra, out.stderr)
-    assert not (tmp_path / "o.fpm").exists()
-
-
-def test_cli_doctor_binary_config(tmp_path):
-    (tmp_path / "c.toml").write_bytes(b"\x93NUMPY\x01\x00\xff")
-    out = _cli("doctor", "--config", "c.toml", cwd=tmp_path)
-    assert out.returncode != 0 and "c.toml is not a TOML config: not UTF-8" in out.stderr
-    assert "Traceback" not in out.stderr
-    assert "Traceback" not in out.stderr
 
 
 def test_adapter_refuses_time_going_backwards_within_a_symbol():
@@ -349,18 +263,6 @@ def test_adapter_interleaved_equals_per_symbol():
         np.testing.assert_array_equal(lob.raw_from_book(sub), raw[r])
 
 
-def test_head_scale_blames_the_tick_not_the_model():
-    from fastpath.tuning import fit_head_scale
-    rng = np.random.default_rng(5)
-    m = random_model(rng, [8, 16, 1])
-    x = rng.standard_normal((50, 8)).astype(np.float32)
-    x[3, 2] = np.nan
-    with pytest.raises(InputError, match="raws row 3 field 2 is nan"):
-        fit_head_scale(m, x)
-    with pytest.raises(ModelError, match="target a finite number"):
-        fit_head_scale(m, x[4:], target=np.inf)
-
-
 def test_lobster_trades_of_a_dropped_row_reach_the_next_tick(tmp_path):
     # row 2's execution empties the ask side: the row is dropped (no mid), and its trade was
     # dropped with it; it belongs to the next tick's "trades since the previous tick"
@@ -389,17 +291,6 @@ def test_future_return_is_zero_where_the_horizon_runs_past_the_end():
         np.testing.assert_array_equal(fr[r[-20:]], 0.0)
         np.testing.assert_allclose(fr[r[:-20]], (lm[r[20:]] - lm[r[:-20]]) * 1e4)
         assert np.any(lm[r[-20:-1]] != lm[r[-1]])     # the old labels there were not 0
-
-
-def test_fits_refuse_boolean_ticks():
-    # a bool mask passed for ticks was cast to 0.0/1.0 and fitted without a word
-    from fastpath.tuning import fit_head_scale
-    rng = np.random.default_rng(7)
-    mask = rng.standard_normal((50, 8)) > 0
-    with pytest.raises(InputError, match="dtype bool"):
-        fit_cache_policy(random_model(rng, [8, 16, 2]), mask)
-    with pytest.raises(InputError, match="dtype bool"):
-        fit_head_scale(random_model(rng, [8, 16, 1]), mask)
 
 
 def _slog1(x):
@@ -489,18 +380,3 @@ def test_trades_between_matches_a_loop():
             assert vol[i] == pytest.approx(sum(sign[j] * size[j] for j in sel))
             assert last[i] == (size[sel[-1]] if sel else 0.0)
             prev = tk
-
-
-def test_fit_on_identical_ticks_says_the_budget_never_bit():
-    # all-identical ticks: every candidate has error 0 and the grid's loosest policy is chosen
-    # and stored as "fitted to the budget"; the report now says the budget never bit
-    rng = np.random.default_rng(9)
-    m = random_model(rng, [8, 16, 2], policy=CachePolicy())
-    same = np.tile(rng.standard_normal(8).astype(np.float32), (200, 1))
-    pol, rep = fit_cache_policy(m, same, max_error=0.01)
-    assert pol.enabled and rep.chosen["max_error"] == 0.0
-    assert "budget never bit" in rep.note and "budget never bit" in rep.table()
-    # a fit where the budget did bite says nothing of the kind
-    walk = np.cumsum(rng.standard_normal((600, 8)).astype(np.float32) * 0.02, axis=0) + 1
-    pol, rep = fit_cache_policy(m, walk, max_error=1e-3)
-    assert any(not r["within_budget"] for r in rep.rows) and "never bit" not in rep.note

@@ -487,3 +487,37 @@ def test_an_attribute_given_twice_is_refused(tmp_path, op, attr, first, second):
         assert _ort(p, X) is None
     with pytest.raises(ModelError, match=f"attribute {attr} twice"):
         Model.from_onnx(p, head=REG)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_softmax_over_axis_0_of_a_rank1_tensor_is_read_as_onnxruntime_runs_it(tmp_path, opset,
+                                                                              isa):
+    # a [features] input makes rank-1 tensors, whose one axis, 0, is the features axis:
+    # onnxruntime runs Softmax(axis=0) there as the softmax over the outputs; the importer
+    # refused it ("must come ... over axis 1")
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+    from fastpath import Engine
+    from helpers.builders import engine_cfg
+    w = RNG.standard_normal((4, 3)).astype(np.float32)
+    b = RNG.standard_normal(3).astype(np.float32)
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["z"]),
+         helper.make_node("Softmax", ["z"], ["y"], axis=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 7
+    path = str(tmp_path / "m.onnx")
+    onnx.save(m, path)
+    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    ref = np.stack([s.run(None, {"x": r})[0] for r in x])
+    got = Model.from_onnx(path, head=Head("classifier3", 1.0, ()))
+    assert got.post == "softmax"
+    np.testing.assert_allclose(got.forward(x), ref, rtol=1e-5, atol=1e-6)
+    eng = Engine(got, config=engine_cfg(isa, enabled=False))
+    for i in range(len(x)):
+        np.testing.assert_allclose(eng.predict(x[i]), ref[i], rtol=1e-5, atol=1e-5)

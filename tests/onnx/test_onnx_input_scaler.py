@@ -26,7 +26,7 @@ from fastpath.tuning import calibrate, weights_error  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
 from helpers.models import _prices  # noqa: F401
 
-DATA = os.path.join(os.path.dirname(__file__), "data")
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 OLD = os.path.join(DATA, "onnx_scaler_folded_v1")     # written by the folding code
 TOL = 1e-5      # of the output's spread (onnxruntime's outputs, max - min)
 
