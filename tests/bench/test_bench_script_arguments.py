@@ -1,4 +1,8 @@
-"""The bench scripts (bench/run.py, scaling.py, weights.py, zoo.py, serve.py): bad arguments are usage errors, unreadable data is one line, a short run writes its own file, and figures of calls that did not occur (no real miss, no tick) are not reported as met."""
+"""The bench scripts (bench/run.py, scaling.py, weights.py, zoo.py, serve.py): bad arguments
+are usage errors, unreadable data is one line, a short run writes its own file, and figures
+of calls that did not occur (no real miss, no tick) are not reported as met. Nothing here
+looks at how fast anything ran: only at which rows, samples and messages a figure or an error
+is made of."""
 import json
 import os
 import subprocess

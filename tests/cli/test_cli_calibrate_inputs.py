@@ -1,4 +1,5 @@
-"""The command line's input checks: bad calibrate inputs and a binary doctor config are usage errors naming what is wrong, with no traceback."""
+"""The command line's input checks: bad calibrate inputs and a binary doctor config are
+usage errors naming what is wrong, with no traceback."""
 import subprocess
 import sys
 import numpy as np

@@ -1,4 +1,6 @@
-"""The command line's --head (calibrate, serve, doctor) and calibrate's --features {zscore,raw}: a model with no default head takes one, a bad head is a usage error, a tree or a model with its own scaler is asked what its features are."""
+"""The command line's --head (calibrate, serve, doctor) and calibrate's --features
+{zscore,raw}: a model with no default head takes one, a bad head is a usage error, a tree or a
+model with its own scaler is asked what its features are."""
 import subprocess
 import sys
 import numpy as np
@@ -106,7 +108,7 @@ def test_serve_and_doctor_take_the_head(tmp_path, monkeypatch, capsys):
                  "--head", "tanh_sigmoid:2,0"]) == 0
     assert got["model"].head_spec == Head("tanh_sigmoid", outputs=(2, 0))
     # doctor loads the model for its size only: without --head it sizes it with a stand-in
-    # head and says so (session 29; it was the 'give a head' error), and it takes --head
+    # head and says so (not the 'give a head' error), and it takes --head
     assert main(["doctor", "--model", str(p), "--json"]) in (0, 1)
     assert "stand-in head" in capsys.readouterr().err
     assert main(["doctor", "--model", str(p), "--json", "--head", "regression:0@0.5"]) in (0, 1)

@@ -1,4 +1,6 @@
-"""fastpath info, calibrate and example-config run as commands: info reports the kernel set and the default model, calibrate z-scores the chosen fields and refuses a mismatch, example-config writes a config that loads."""
+"""fastpath info, calibrate and example-config as commands: info reports the kernel set and
+the default model, calibrate z-scores the chosen fields and refuses a mismatch,
+example-config writes a config that loads."""
 import json
 import os
 import subprocess

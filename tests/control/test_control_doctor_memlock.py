@@ -1,4 +1,6 @@
-"""fastpath doctor's RLIMIT_MEMLOCK check counts what a config would lock: the engine arena and state as the engine sizes them, plus the serve segment, and never calls a guessed size allowed."""
+"""fastpath doctor's RLIMIT_MEMLOCK check counts what a config would lock: the engine arena
+and state as the engine sizes them, plus the serve segment, and never calls a guessed size
+allowed."""
 import os
 
 from fastpath import Engine

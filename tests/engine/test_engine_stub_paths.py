@@ -1,4 +1,5 @@
-"""fastpath/_engine.pyi, the type stub of the compiled engine, declares the paths the engine takes."""
+"""fastpath/_engine.pyi, the type stub of the compiled engine, declares the paths the engine
+takes."""
 import os
 
 

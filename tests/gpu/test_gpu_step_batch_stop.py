@@ -1,4 +1,5 @@
-"""GpuEngine.step_batch on the stand-in driver: a row behind the engine's last tick applies no row, and a batch stopped mid way keeps the applied rows' answers."""
+"""GpuEngine.step_batch on the stand-in driver: a row behind the engine's last tick applies
+no row, and a batch stopped mid way keeps the applied rows' answers."""
 import numpy as np
 import pytest
 

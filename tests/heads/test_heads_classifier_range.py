@@ -1,12 +1,10 @@
-"""Session 27: classifier heads on outputs that are not probabilities, the command line's
---head, and calibrate's --features.
+"""Classifier heads on outputs that are not probabilities.
 
 A classifier head reads its outputs as probabilities (signal = p(up) - p(down), confidence =
-the largest). Given margins, decision scores or z-scores it answered a signal outside
-[-1, 1] and a confidence outside [0, 1], silently. The engine now refuses such a tick on
-every path (InputError naming the outputs, state unchanged), and a model whose outputs are
-known not to be probabilities is refused a classifier head when it is built.
-"""
+the largest). The engine refuses a tick whose outputs are not (margins, decision scores,
+z-scores) on every path, with an InputError naming the outputs and the state unchanged; a
+model whose outputs are known not to be probabilities is refused a classifier head when it is
+built, and a bundle saved with such a head loads only with another."""
 
 import numpy as np
 import pytest
@@ -223,8 +221,8 @@ def _bundle_with_head(model, head_json):
 
 
 def test_a_bundle_with_a_classifier_head_over_margins_loads_with_another(tmp_path, monkeypatch):
-    # saved before such heads were refused (session 26 and earlier gave XGBoost's margins
-    # classifier3 by default): it no longer loads as it is, and nothing could replace its head
+    # a bundle written when XGBoost's margins got classifier3 by default: it no longer loads
+    # as it is, and Model.load(head=...) / --head replace its head
     import fastpath.serving.server as server
     from fastpath.cli import main
     margins = _stumps((-1.5, 0.2, 1.9), (2.0, -0.3, -1.8), classifier=True)

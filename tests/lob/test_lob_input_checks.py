@@ -1,5 +1,7 @@
-"""Defect hunt in the order-book readers, the tick adapter, the generator, the calibrate command
-line and the cache-policy fit: each test here failed on the code before its fix."""
+"""What the order-book readers (Binance, LOBSTER), the tick adapter and the generator
+accept: files and books they cannot describe are an InputError naming what is wrong, times are
+exact nanoseconds, trades reach the tick they belong to, and the adapter equals a per-tick
+reference."""
 import math
 import os
 

@@ -1,6 +1,6 @@
-"""Defect hunt (session 23) in the order-book readers, the bench scripts' arguments and the
-figures they print: each test here failed on the code before its fix. Nothing here looks at how
-fast anything ran: only at which rows, samples and messages a figure or an error is made of."""
+"""The order-book readers name the row (and the file) an error is in, read a header with a
+byte order mark, and the generator keeps its shock in a short stream and refuses more symbols
+than an engine serves."""
 
 import numpy as np
 import pytest

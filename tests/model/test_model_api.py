@@ -1,11 +1,8 @@
-"""The model object and its fitting helpers, hunted for wrong answers: Model / Layer /
-FeatureSpec / TreeEnsemble equality and hashing (== raised numpy's "truth value is
-ambiguous" on any copy), model arrays frozen once validated (a write after building changed
-engine.model but not the engine), FeatureSpec.fit / apply refusing symbols, indices and ticks
-they would misread (too few symbols fitted means of 1e33 from uninitialized rows), the
-bundle's message for a file cut inside its first bytes, Model(meta=None), Model.signal on
-outputs of the wrong width, and differential checks of calibrate / fit_head_scale against a
-plain numpy reading of their docstrings."""
+"""The model objects and their fitting helpers: Model / Layer / FeatureSpec / TreeEnsemble
+equality and hashing, model arrays frozen once validated, FeatureSpec.fit / apply refusing
+symbols, indices and ticks they would misread, the bundle's message for a file cut inside its
+first bytes, Model(meta=None), Model.signal on outputs of the wrong width, and calibrate /
+fit_head_scale against a plain numpy reading of their docstrings."""
 import os
 import re
 

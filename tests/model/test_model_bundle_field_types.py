@@ -1,5 +1,5 @@
-"""Review 26, model formats and loading: bundle header fields of the wrong JSON type are
-refused with the field named, never converted (a JSON true read as 1.0, a string "2" as 2.0)."""
+"""Bundle (.fpm) header fields of the wrong JSON type are refused with the field named, never
+converted (a JSON true read as 1.0, a string "2" as 2.0)."""
 from __future__ import annotations
 
 import json
@@ -292,5 +292,5 @@ def test_calibrate_on_decision_scores_says_how_to_give_a_head_from_the_command_l
                "--out", str(tmp_path / "o.fpm")])
     err = capsys.readouterr().err
     assert rc == 2 and "writes decision scores" in err
-    # (session 27: the command line takes the head itself, --head)
+    # the command line takes the head itself (--head)
     assert "on the command line (calibrate, serve, doctor) give it with --head" in err

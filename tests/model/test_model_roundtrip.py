@@ -1,11 +1,11 @@
-"""Review 29 (roundtrip): a model read back from its bundle (Model.save / load, to_bytes /
-from_bytes), from its ONNX export (to_onnx / from_onnx) or rebuilt by with_head /
-with_weights / with_feature_spec / calibrate serves what the original serves: an Engine built
-from each gives bit-identical step() answers (signal, confidence, cached, miss reason) and
-predict() outputs on the same tick stream, and what the bundle claims to record survives.
-Models of every kind are drawn by Hypothesis: MLPs (every activation, post transform, head,
-input scaler or none, fp32 / bf16 / int8), tree ensembles (SUM / AVERAGE / MIN / MAX, post
-transforms, base values), fitted or set cache policies, feature specs with windows."""
+"""A model read back from its bundle (Model.save / load, to_bytes / from_bytes), from its ONNX
+export (to_onnx / from_onnx) or rebuilt by with_head / with_weights / with_feature_spec /
+calibrate serves what the original serves: an Engine built from each gives bit-identical
+step() answers (signal, confidence, cached, miss reason) and predict() outputs on the same
+tick stream, and what the bundle claims to record survives. Models of every kind are drawn
+by Hypothesis: MLPs (every activation, post transform, head, input scaler or none, fp32 /
+bf16 / int8), tree ensembles (SUM / AVERAGE / MIN / MAX, post transforms, base values),
+fitted or set cache policies, feature specs with windows."""
 import json
 import struct
 import zlib
@@ -247,9 +247,9 @@ def test_save_load_round_trip_serves_bit_identically(m, data, tmp_path):
 @given(m=mlps(), data=st.data(), opset=st.sampled_from([7, 9, 11, 13, 17]))
 def test_onnx_round_trip_keeps_the_mlp_bit_for_bit(m, data, opset, tmp_path):
     """The graph holds the MLP (layers, post transform, input scaler), which comes back bit
-    for bit at every opset; the file's fastpath record (review 30: Model.to_onnx's
-    metadata_props) the spec, head, weights, policy and meta: the model read back is the
-    model written and serves as it did (before the record, those were put back by hand)."""
+    for bit at every opset; the file's fastpath record (Model.to_onnx's metadata_props) the
+    spec, head, weights, policy and meta: the model read back is the model written and serves
+    as it did."""
     raws, syms, ts = _ticks(data.draw, m.raw_len)
     p = tmp_path / "m.onnx"
     m.to_onnx(p, opset=opset)

@@ -1,10 +1,7 @@
-"""Defects found while merging session 22's reviews: Model.to_onnx's external-data file.
-
-Each test failed on the code before its fix: the weights of a replaced model were renamed
-over <name>.data before the new graph was renamed over <name>, so a reader between the two
-renames (or after a crash there) read the old graph over the new weights; and a small model
-written over a large one left the large one's <name>.data behind.
-"""
+"""The files Model.to_onnx and Model.save write: the graph is renamed into place before its
+external-data file (<name>.<12 hex>.data), so a reader never sees a new graph over old weights
+or the reverse; a small model written over a large one leaves no stale data file; each thread
+writes its own temp file; a failed export leaves the model at the path whole."""
 import os
 import re
 import threading
@@ -152,9 +149,8 @@ def test_a_failed_external_data_export_leaves_the_model_at_the_path_whole(tmp_pa
 
 
 def test_save_from_two_threads_uses_a_temp_file_each(tmp_path, monkeypatch):
-    # deterministic twin of test_review21_modelapi's threaded save (which passes on the old
-    # code whenever the threads happen not to overlap): both threads hold their temp file
-    # at once, and the names must differ
+    # the deterministic form of tests/model/test_model_api.py's threaded save: both threads
+    # hold their temp file at once, and the names must differ
     from fastpath.model import bundle
     both_inside = threading.Barrier(2, timeout=20)
     temps, errors = [], []

@@ -1,13 +1,12 @@
-"""Review 30 (onnxmeta): Model.to_onnx records what the graph does not hold (the feature spec,
-head, weight format, cache policy and meta) in the file's metadata_props ("fastpath.model"),
-and Model.from_onnx gives the model back: equal to the one exported, serving bit-identical
-signals with the same hits and misses. Before, a calibrated model whose raw_len equals its
-feature count came back with the identity spec, the default head, fp32 and the cache off: it
-took raw ticks and gave other signals, with no error.
+"""The record Model.to_onnx writes into metadata_props ("fastpath.model", with its sha256
+in "fastpath.model.sha256"): the feature spec, head, weight format, cache policy and meta the
+graph does not hold. Model.from_onnx gives the exported model back, serving bit-identical
+signals with the same hits and misses.
 
-A damaged record is a ModelError naming the file and what was wrong, never another model; a
-graph changed after it was written (its digest differs) reads the cache as off, with a
-UserWarning; a file from another exporter is read as before."""
+A damaged record (or one whose digest does not match) is a ModelError naming the file and what
+was wrong, never another model; a graph changed after it was written (its digest differs)
+reads the cache as off, with a UserWarning; a file from another exporter, or a record without
+a digest, is read as before."""
 import hashlib
 import json
 import os
@@ -460,8 +459,8 @@ def test_to_onnx_writes_the_records_sha256_beside_it(fp32_written):
 
 @pytest.mark.parametrize("edit", ["cos_threshold", "mean", "head_scale"])
 def test_a_value_changed_inside_a_valid_record_is_refused(fp32_written, tmp_path, edit):
-    """Each edit keeps the record valid (the old code served the changed model); the digest
-    written with it no longer matches."""
+    """Each edit keeps the record valid JSON of the right kinds; the digest written with it
+    no longer matches."""
     p, m = fp32_written
     props = _props(p)
     text = props[KEY]

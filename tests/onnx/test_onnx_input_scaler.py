@@ -1,13 +1,10 @@
 """An ONNX model's leading scaler (skl2onnx's StandardScaler / MinMaxScaler, a hand-written
-Sub + Div) runs in the feature stage, in float32 as onnxruntime runs it, instead of being
-folded into the first layer: folded, W * scale and b - W * scale * offset are both large for
-price-like inputs (x ~ 6.5e4 +- 0.5) and the first layer's sum cancelled them, 1e-3 of the
-output's spread away from onnxruntime (and bf16 / int8 weights lost the inputs entirely).
-Each pipeline is compared with onnxruntime on such inputs, on every kernel set; the scaler
-survives a feature spec set later (composed after it), the bundle, to_onnx and old bundles.
-Each test here failed on the code that folded the scaler (the tree pipeline was refused),
-except two that pin behaviour kept: a Div by 0 is still refused, and the cache policy still
-follows the features."""
+Sub + Div) runs in the feature stage, in float32 as onnxruntime runs it, not folded into the
+first layer (folded, W * scale and b - W * scale * offset are both large for price-like inputs,
+x ~ 6.5e4 +- 0.5, and the first layer's sum cancels them). Each pipeline is compared with
+onnxruntime on such inputs, on every kernel set; the scaler survives a feature spec set later
+(composed after it), the bundle, to_onnx and bundles written by the folding code; a Div by 0
+is refused, and the cache policy follows the features."""
 import json
 import os
 import warnings
@@ -249,9 +246,9 @@ def test_old_bundle_loads_and_answers_as_before(isa):
     e = Engine(m, config=engine_cfg(isa))
     pred = np.stack([e.predict(x) for x in ref["x"]])
     sig = np.array([e.step(x, 0).signal for x in ref["x"]], np.float32)
-    # per kernel set, as the old code answered on it: the folded layer's cancellation makes
-    # the sets' summation orders differ by 1e-2 (one more face of the defect)
-    assert f"predict_{isa}" in ref.files, f"no answers of the old code recorded for {isa}"
+    # per kernel set, as the folding code answered on it: the folded layer's cancellation
+    # makes the sets' summation orders differ by 1e-2
+    assert f"predict_{isa}" in ref.files, f"no answers of the folding code recorded for {isa}"
     np.testing.assert_array_equal(pred, ref[f"predict_{isa}"])
     np.testing.assert_array_equal(sig, ref[f"signal_{isa}"])
     # and importing the same file now lands closer to onnxruntime than the old bundle did

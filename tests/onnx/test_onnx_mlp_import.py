@@ -1,7 +1,6 @@
-"""Defect hunt on ONNX MLP import and export, against onnxruntime: graphs the importer read
-otherwise than onnxruntime runs them (or could not run at all), legal forms it refused with a
-misleading message, and Model.to_onnx files that could not be written. Each test here failed
-on the code before its fix."""
+"""ONNX MLP import and export against onnxruntime: graphs are read as onnxruntime runs them
+(or refused with a message naming the construct), legal forms load, and Model.to_onnx writes
+files onnxruntime runs."""
 import os
 import re
 

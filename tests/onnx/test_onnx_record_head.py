@@ -1,12 +1,7 @@
-"""Review 31: Model.from_onnx(path, head=...) on a file holding fastpath's record names a
-head the caller got wrong as the caller's, as the bundle reader and the plain ONNX import do.
-
-Was: every refusal while building the model the record describes, the caller's head= among
-them, read "<file>: the fastpath record in its metadata_props ... does not fit its graph:
-head 'regression' reads output(s) [5] but the model has 3 output(s)", so `fastpath calibrate
---model m.onnx --head regression:5` (or head="regression" in Python) said the file was
-damaged when the file was fine. A record that does not build on its graph is still named as
-the record's (test_review30_onnxmeta)."""
+"""Model.from_onnx(path, head=...) on a file holding fastpath's record: a head the caller got
+wrong is named as the caller's (as the bundle reader and the plain ONNX import name it), not
+as a damaged record; a record that does not build on its graph is still named as the
+record's."""
 import json
 
 import numpy as np

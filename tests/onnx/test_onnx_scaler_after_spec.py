@@ -1,17 +1,14 @@
-"""Review of the change that keeps Model.feature_spec (raw tick -> the model's input) and
-Model.input_scaler apart, the feature stage running the spec and then the scaler's float32
-ops. Scaler pipelines (skl2onnx StandardScaler + MLPRegressor / GradientBoostingRegressor,
-trained behind a spec that selects six fields of a 10-field tick, or one that z-scores them
-as calibrate does) are stepped as raw ticks after every way of setting the spec and compared
-with onnxruntime on fs.apply(raws), the graph's input for a model whose feature_spec is fs.
+"""Model.feature_spec (raw tick -> the model's input) and Model.input_scaler stay apart: the
+feature stage runs the spec, then the scaler's float32 ops, as onnxruntime runs the graph on
+fs.apply(raws). Scaler pipelines (skl2onnx StandardScaler + MLPRegressor /
+GradientBoostingRegressor, trained behind a spec that selects six fields of a 10-field tick,
+or one that z-scores them as calibrate does) are stepped as raw ticks after every way of
+setting the spec and compared with onnxruntime.
 
-- A bundle's scaler layout is "input_scaler": "after_feature_spec"; true (a development
-  build's layout, the scaler composed into the spec arrays, never shipped) is refused.
-- A spec that centres price-like fields followed by a scaler with an offset (a pipeline
-  trained on calibrated features, calibrate's own case) was one composed float32 spec: the
-  composed mean m1 + m2 / s1 ~ 6.5e4 rounded to 0.004, the MLP's outputs were 3e-4 of their
-  spread off onnxruntime on every tick, and the tree ensemble took the other branch on a
-  tick near a threshold. Now two steps, as onnxruntime runs them."""
+- A bundle's scaler layout is "input_scaler": "after_feature_spec"; true (the scaler composed
+  into the spec arrays) is refused.
+- A spec that centres price-like fields followed by a scaler with an offset stays two steps:
+  composed into one float32 spec, the mean m1 + m2 / s1 ~ 6.5e4 rounds to 0.004."""
 import json
 import os
 import struct
@@ -38,7 +35,7 @@ TOL = 1e-5      # of onnxruntime's output spread
 
 
 def _ticks(n, seed):
-    """10-field ticks: the six fields of test_review22_onnx_scaler's price-like rows (two at
+    """10-field ticks: the six fields of helpers.models._prices' price-like rows (two at
     6.5e4 +- 0.5, four at 1e-2 scale) at WHERE, noise elsewhere; and their regression
     target."""
     X, y = _prices(n, seed)
@@ -151,7 +148,7 @@ def _ways(pipes, kind, spec):
             "constructor": Model(m.layers, fs, m.cache_policy, m.meta, m.post, m.head_spec,
                                  trees=m.trees, input_scaler=m.input_scaler)}
     if spec == "zscored":
-        # (a tree or a scaler model must say what its features are: session 27)
+        # (a tree or a scaler model must say what its features are)
         ways["calibrate"] = calibrate(m, FIT_RAWS, WHERE, features="zscore")
     ways["bundle"] = Model.from_bytes(ways["with_feature_spec"].to_bytes())
     for name, w in ways.items():

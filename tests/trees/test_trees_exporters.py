@@ -425,7 +425,7 @@ def test_classifier_post_transforms(tmp_path, post, n_classes):
                     post=post, classifier=True, zero_some=post == "SOFTMAX_ZERO")
         path = _graph(tmp_path / "c.onnx", "TreeEnsembleClassifier", a, 3, n_classes)
         # NONE sums past 1 and PROBIT's z-scores are not probabilities: no classifier head,
-        # by default or given (test_review26_models, test_review27_heads), so another is
+        # by default or given (tests/heads/test_heads_classifier_range.py), so another is
         _check_graph(path, X, head=Head("regression", outputs=(n_classes - 1,))
                      if post in ("NONE", "PROBIT") else None)
     with pytest.raises(ModelError, match="4 outputs .classes. and no head"):
@@ -449,7 +449,7 @@ def test_binary_classifier_with_one_score(tmp_path, post, base, signs, cls):
         a["base_values"] = base
     path = _graph(tmp_path / "b.onnx", "TreeEnsembleClassifier", a, 3, 2)
     # NONE scores here may pass 1 or go negative: not probabilities, so no classifier head,
-    # by default or given (test_review26_models, test_review27_heads); the rules are checked
+    # by default or given (tests/heads/test_heads_classifier_range.py); the rules are checked
     # with a regression head on the second column
     m = _check_graph(path, X, head=Head("regression", outputs=(1,)) if post == "NONE" else None)
     assert m.head_spec.kind == ("regression" if post == "NONE" else "classifier2")
@@ -641,7 +641,7 @@ def test_calibrate_a_tree_model(exported, tmp_path):
     src = tmp_path / "m.fpm"
     m.save(src)
     out = tmp_path / "cal.fpm"
-    # a tree must say what its features are (test_review27_heads); sklearn's were raw
+    # a tree must say what its features are (--features); sklearn's were raw
     rc = main(["calibrate", "--ticks", str(ticks), "--model", str(src), "--out", str(out),
                "--z-fields", "40-51", "--window-fields", "none", "--features", "raw"])
     assert rc == 0

@@ -1,6 +1,7 @@
-"""Defect hunt on the model layer: tree ensembles built directly and from ONNX, their C packer
-and kernel sets, the ONNX importer's refusals and the .fpm bundle. Each test here failed on
-the code before its fix (a silently different model, a crash or an unclear error)."""
+"""Tree ensembles built directly and from ONNX: ids, thresholds, weights and attributes the
+importer or the C packer would misread (ids past int32, float64 thresholds, weights of another
+type, attributes given twice or of another type, opset-6 forms) are refused with a ModelError
+naming the file's own tree and node ids, or read as onnxruntime reads them."""
 import numpy as np
 import pytest
 

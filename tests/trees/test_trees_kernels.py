@@ -1,6 +1,6 @@
-"""Review of the tree ensembles end to end (a hostile read of csrc/fp_trees.c, the tree kernel
-sets and fastpath.model.trees): each test pins a defect found there, on every kernel set, and
-fails on the code before its fix."""
+"""Tree ensembles end to end (csrc/fp_trees.c, the tree kernel sets, fastpath.model.trees):
+packing, walking and aggregation give the numpy reference's answer on every kernel set, and
+inputs and layouts the packer cannot take are refused."""
 import contextlib
 import ctypes
 import ctypes.util

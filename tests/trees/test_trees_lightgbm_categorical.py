@@ -1,12 +1,10 @@
-"""Review 32: models from the real exporters against onnxruntime.
+"""LightGBM's categorical splits through onnxmltools, against onnxruntime.
 
-LightGBM's categorical splits: onnxmltools writes one as a chain of BRANCH_EQ nodes (one per
-category of the left side) whose true children are all the same node, so a tree is a DAG
-there. onnxruntime follows node ids, so every path reaches that shared subtree; fastpath
-refused every such file ("node 11 is reached twice (a cycle or a shared child)"), so no
-LightGBM model with a categorical feature could be loaded. The importer now copies a shared
-node (and its subtree and leaf weights) per path, which gives onnxruntime's answer on every
-input; cycles, unreachable nodes and an unfolding past the cap are still refused."""
+onnxmltools writes a categorical split as a chain of BRANCH_EQ nodes (one per category of the
+left side) whose true children are all the same node, so a tree is a DAG there; onnxruntime
+follows node ids, so every path reaches that shared subtree. The importer copies a shared node
+(and its subtree and leaf weights) per path; cycles, unreachable nodes and an unfolding past
+the cap are refused."""
 import warnings
 
 import numpy as np

@@ -1,4 +1,5 @@
-"""LightGBM's linear_tree through onnxmltools: the leaf models are lost in the ONNX file, which fastpath loads as onnxruntime runs it."""
+"""LightGBM's linear_tree through onnxmltools: the leaves' linear models are dropped from the
+ONNX file, and fastpath loads it as onnxruntime runs it."""
 import numpy as np
 import pytest
 from fastpath import Engine, Model

@@ -1,12 +1,7 @@
 """A NaN that changes no decision changes no bit of a tree ensemble's output, on every kernel
-set; and Engine() without a model says what it needs.
-
-Was: without a NaN, the shallow one-target trees (SUM / AVERAGE) were added as groups of 16
-lanes by fp_trees_sum16's pairwise order, then the other trees; with a NaN anywhere in x,
-every tree was walked and added one by one in index order. A double sum of float leaves is
-exact only while their exponents lie within ~2^25 of each other, so leaves 1e20, 1, -1e20 in
-lanes 0, 1, 8 gave 1 without a NaN and 0 with a NaN in a feature no split reads. Now the NaN
-path walks the same groups' lanes and adds them in the same order."""
+set: the NaN path walks the same 16-lane groups (fp_trees_sum16) and adds them in the same
+order as the path without one (a double sum of float leaves 1e20, 1, -1e20 depends on the
+order); and Engine() without a model says what it needs."""
 import math
 
 import numpy as np

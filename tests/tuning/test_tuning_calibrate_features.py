@@ -1,4 +1,5 @@
-"""fastpath.tuning.calibrate's features= choice: 'zscore' (the default for an MLP) or 'raw', and a tree ensemble or a model with its own input scaler must be told which."""
+"""fastpath.tuning.calibrate's features= choice: 'zscore' (the default for an MLP) or 'raw';
+a tree ensemble or a model with its own input scaler must be told which."""
 import numpy as np
 import pytest
 from fastpath import ModelError

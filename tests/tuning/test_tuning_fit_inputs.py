@@ -1,4 +1,6 @@
-"""What the fits (fit_cache_policy, fit_head_scale) accept and report: arguments and ticks checked, sparse symbol ids equal to dense ones, a report that says when nothing was measured or the budget never bit."""
+"""What the fits (fit_cache_policy, fit_head_scale) accept and report: arguments and ticks
+are checked, sparse symbol ids fit as dense ones, and the report says when nothing was
+measured or the budget never bit."""
 import numpy as np
 import pytest
 from fastpath import InputError, ModelError
