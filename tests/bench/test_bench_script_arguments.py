@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+
 import numpy as np
 import pytest
+
 from fastpath import InputError, lob
 
 

@@ -2,7 +2,9 @@
 usage errors naming what is wrong, with no traceback."""
 import subprocess
 import sys
+
 import numpy as np
+
 from helpers.builders import random_model
 
 

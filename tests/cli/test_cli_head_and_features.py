@@ -3,12 +3,14 @@
 model with its own scaler is asked what its features are."""
 import subprocess
 import sys
+
 import numpy as np
 import pytest
+
 from fastpath import Engine
 from fastpath.model import Head, Layer, Model
 from helpers.builders import strip_fastpath_record
-from helpers.models import _tree_onnx  # noqa: F401
+from helpers.models import _tree_onnx
 
 
 F32 = np.float32

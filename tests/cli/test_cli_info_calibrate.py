@@ -5,7 +5,9 @@ import json
 import os
 import subprocess
 import sys
+
 import numpy as np
+
 import fastpath
 from fastpath import Model
 from helpers.builders import random_model

@@ -1,5 +1,6 @@
 """fastpath.step has the signature of Engine.step."""
 import inspect
+
 import fastpath
 from fastpath import Engine
 

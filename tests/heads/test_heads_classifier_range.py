@@ -11,26 +11,15 @@ import pytest
 
 import fastpath
 from fastpath import Engine, InputError, ModelError
-from fastpath.model import FeatureSpec, Head, Layer, Model, TreeEnsemble
-from helpers.builders import ISAS, engine_cfg, strip_fastpath_record
+from fastpath.model import FeatureSpec, Head, Layer, Model
+from helpers.builders import ISAS, engine_cfg
+from helpers.models import three_target_stumps
 
 F32 = np.float32
 NOT_PROBS = r"not class probabilities \(output \d+ is -?[\d.]+; each must be in \[0, 1\]\)"
 
 
 # --------------------------------------------------------------------------- models
-def _stumps(lo, hi, classifier=False, post="NONE", n_features=2):
-    """Three targets, one stump on x0 (<= 0: the `lo` leaf, else `hi`); a regressor unless
-    classifier (its outputs are whatever the leaves hold)."""
-    wn, wt, wv = [], [], []
-    for j in range(3):
-        wn += [1, 2]
-        wt += [j, j]
-        wv += [lo[j], hi[j]]
-    return TreeEnsemble(n_features, 3, [0, 3], [0, 6, 6], [0, 0, 0], [0.0, 0, 0], [1, -1, -1],
-                        [2, -1, -1], [0, 0, 0], wn, wt, wv, (), "SUM", post, classifier)
-
-
 PROBS = (0.2, 0.3, 0.5)
 MARGINS = (1.7, 0.1, -0.9)          # what a classifier3 head read as p: signal -2.6, conf 1.7
 
@@ -39,7 +28,7 @@ def _tree_model():
     """A 3-target regressor whose x0 <= 0 ticks give probabilities and x0 > 0 ticks give
     margins, read by a classifier3 head (a regressor's outputs are not known at build time:
     the engine is what refuses the margins)."""
-    return Model((), None, trees=_stumps(PROBS, MARGINS), head_spec=Head("classifier3"))
+    return Model((), None, trees=three_target_stumps(PROBS, MARGINS), head_spec=Head("classifier3"))
 
 
 def _softmax_mlp(rng, n_in=4):
@@ -71,7 +60,7 @@ def test_a_refused_tick_leaves_the_window_as_it_was(isa):
     # step() commits the window before the model runs; the refused tick's commit is undone
     fs = FeatureSpec(3, np.array([0], np.int32), np.array([1], np.int32), 4,
                      np.zeros(3, F32), np.ones(3, F32))
-    m = Model((), fs, trees=_stumps(PROBS, MARGINS, n_features=3), head_spec=Head("classifier3"))
+    m = Model((), fs, trees=three_target_stumps(PROBS, MARGINS, n_features=3), head_spec=Head("classifier3"))
     a, b = Engine(m, config=engine_cfg(isa)), Engine(m, config=engine_cfg(isa))
     ticks = [np.array([-1.0, 3.0, 5.0], F32), np.array([-2.0, 1.0, 9.0], F32)]
     a.step(ticks[0])
@@ -182,13 +171,13 @@ def test_a_classifier_head_on_raw_mlp_outputs_is_refused(act):
 
 
 def test_a_classifier_head_given_to_a_tree_classifier_of_margins_is_refused():
-    margins = _stumps((-1.5, 0.2, 1.9), (2.0, -0.3, -1.8), classifier=True)
+    margins = three_target_stumps((-1.5, 0.2, 1.9), (2.0, -0.3, -1.8), classifier=True)
     with pytest.raises(ModelError, match=r"head 'classifier3' reads class probabilities, but "
                                          r"the tree classifier's outputs are not \(post "
                                          r"transform NONE, leaf sums outside \[0, 1\]"):
         Model((), None, trees=margins, head_spec=Head("classifier3"))
     with pytest.raises(ModelError, match=r"post transform PROBIT"):
-        Model((), None, trees=_stumps(PROBS, PROBS, classifier=True, post="PROBIT"),
+        Model((), None, trees=three_target_stumps(PROBS, PROBS, classifier=True, post="PROBIT"),
               head_spec=Head("classifier3", outputs=(2, 1, 0)))
     assert Model((), None, trees=margins, head_spec=Head("regression", outputs=(2,)))
 
@@ -198,20 +187,6 @@ def test_an_onnx_linear_classifier_of_decision_scores_is_refused_a_classifier_he
     p, _ = _linear_classifier(tmp_path, "NONE")
     with pytest.raises(ModelError, match="reads class probabilities"):
         Model.from_onnx(p, head=Head("classifier3"))
-
-
-# ------------------------------------------------------------------- the CLI's --head
-def _three_output_onnx(tmp_path):
-    """A 3-output linear regressor as ONNX as another exporter writes it: no default head
-    (3 raw outputs), and none recorded (to_onnx's fastpath record, which would carry the
-    head, is taken out)."""
-    pytest.importorskip("onnx")
-    rng = np.random.default_rng(4)
-    m = Model((Layer(rng.standard_normal((3, 6)).astype(F32), rng.standard_normal(3).astype(F32)),),
-              head_spec=Head("regression"))
-    p = tmp_path / "three.onnx"
-    m.to_onnx(str(p))
-    return strip_fastpath_record(p)
 
 
 # ------------------------------------------------- a bundle saved with such a head
@@ -225,7 +200,7 @@ def test_a_bundle_with_a_classifier_head_over_margins_loads_with_another(tmp_pat
     # as it is, and Model.load(head=...) / --head replace its head
     import fastpath.serving.server as server
     from fastpath.cli import main
-    margins = _stumps((-1.5, 0.2, 1.9), (2.0, -0.3, -1.8), classifier=True)
+    margins = three_target_stumps((-1.5, 0.2, 1.9), (2.0, -0.3, -1.8), classifier=True)
     m = Model((), None, trees=margins, head_spec=Head("regression", outputs=(2,)))
     blob = _bundle_with_head(m, {"kind": "classifier3", "scale": 1.0, "outputs": [0, 1, 2]})
     (tmp_path / "old.fpm").write_bytes(blob)

@@ -14,7 +14,6 @@ from fastpath.model import CachePolicy, FeatureSpec, Head, Layer, Model
 from fastpath.model.bundle import MAGIC
 from fastpath.model.trees import TreeEnsemble
 from fastpath.tuning import calibrate, fit_cache_policy, fit_head_scale
-
 from helpers.builders import engine_cfg, random_model
 
 F32 = np.float32

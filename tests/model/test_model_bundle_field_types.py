@@ -2,17 +2,13 @@
 converted (a JSON true read as 1.0, a string "2" as 2.0)."""
 from __future__ import annotations
 
-import json
-import struct
-import zlib
 
 import pytest
 
 from fastpath import ModelError
 from fastpath._build import DEMO_MODEL
 from fastpath.model import Model
-from fastpath.model.bundle import END, MAGIC
-from helpers.models import _edited, _linear_classifier  # noqa: F401
+from helpers.models import _edited, _linear_classifier
 
 
 def _old_format(fit):

@@ -20,6 +20,7 @@ from fastpath import Engine, Model, ModelError
 from fastpath.model import CachePolicy, FeatureSpec, Head, Layer
 from helpers.builders import engine_cfg
 from helpers.model_bundles import BLOB, TREE_BLOB, bundle_mlp, edit_bundle, split_bundle
+from helpers.oracle import ort_first, ort_run
 
 # the tests directory (a child process imports helpers from it), and where the imported
 # fastpath lives (site-packages, or the checkout for an editable install): a child started
@@ -87,9 +88,11 @@ def test_the_array_table_is_read_only_as_written():
 
 _FUZZ = r"""
 import copy, json, struct, sys, zlib
+
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from helpers.model_bundles import BLOB, TREE_BLOB, split_bundle, join_bundle
+
 from fastpath import Engine, Model, ModelError, ConfigError, InputError
 
 VALUES = [-1, 0, 1, 3, 2 ** 31, 2 ** 40, -2 ** 63, 1.5, 1e308, float("nan"), float("inf"),
@@ -236,7 +239,8 @@ def test_head_scale_at_the_float32_edges_runs(isa):
 
 # ---------------------------------------------------------------- ONNX against ORT
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
+
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 RNG = np.random.default_rng(11)
@@ -256,13 +260,6 @@ def _graph(tmp_path, nodes, inits, n_in=4, in_shape=None, ml=False):
     p = str(tmp_path / "m.onnx")
     onnx.save(m, p)
     return p
-
-
-def _ort(path, x):
-    try:
-        return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    except Exception:  # noqa: BLE001 - a graph onnxruntime itself cannot run
-        return None
 
 
 def _gemm(out="h"):
@@ -340,7 +337,7 @@ def test_graphs_onnxruntime_computes_differently_are_refused(tmp_path, case):
     nodes, inits, ml, match = REFUSED[case]
     path = _graph(tmp_path, nodes, inits, ml=ml)
     x = RNG.standard_normal((1, 4)).astype(np.float32)
-    ref = _ort(path, x)
+    ref = ort_first(path, x, or_none=True)
     # the point of each case: onnxruntime gives another shape or other numbers than the
     # lenient reading did (or cannot run the graph)
     assert ref is None or ref.shape != (1, 3) or case == "second softmax"
@@ -382,7 +379,7 @@ def test_well_formed_neighbours_equal_onnxruntime(tmp_path, isa, case):
     m = Model.from_onnx(path, head=None if "softmax" in case else Head("regression"))
     eng = Engine(m, config=engine_cfg(isa, enabled=False))
     for x in RNG.standard_normal((20, 4)).astype(np.float32):
-        ref = _ort(path, x[None, :])
+        ref = ort_first(path, x[None, :], or_none=True)
         np.testing.assert_allclose(eng.predict(x), ref.reshape(-1), rtol=1e-5, atol=1e-5)
 
 
@@ -398,11 +395,10 @@ def test_to_onnx_writes_the_post_transform(tmp_path, isa, post, width):
               post=post, head_spec=head)
     p = str(tmp_path / "m.onnx")
     m.to_onnx(p)
-    sess = ort.InferenceSession(p, providers=["CPUExecutionProvider"])
     assert [d.dim_value for d in onnx.load(p).graph.output[0].type.tensor_type.shape.dim][1] \
         == m.n_outputs
     x = rng.standard_normal((30, 5)).astype(np.float32)
-    ref = sess.run(None, {"features": x})[0]
+    ref = ort_first(p, x)
     np.testing.assert_allclose(ref, m.forward(x), rtol=1e-5, atol=1e-6)
     # and it reads back as the same model, run by each kernel set
     back = Model.from_onnx(p, head=head)
@@ -426,6 +422,7 @@ def test_packing_entry_point_names_bad_layers(isa, weights, biases, acts, match)
 
 _ONNX_FUZZ = r"""
 import os, sys, tempfile, warnings
+
 import numpy as np
 warnings.filterwarnings("ignore")
 from fastpath import Engine, Model, ModelError, InputError, ConfigError
@@ -544,9 +541,9 @@ def _random_chain(rng):
 @given(seed=st.integers(0, 2 ** 32 - 1))
 def test_random_op_chains_are_onnxruntime_or_refused(tmp_path_factory, seed):
     """Differential: a chain the importer accepts gives onnxruntime's numbers and shape (up to
-    a 2-d (1, n) row); onnxruntime refusing or reshaping it means the importer must refuse.
-    Before, (n, 1) constants, (1, 1, n) constants and (n, 1) Gemm biases were folded as if
-    elementwise over the features."""
+    a 2-d (1, n) row); onnxruntime refusing or reshaping it means the importer must refuse
+    ((n, 1) constants, (1, 1, n) constants and (n, 1) Gemm biases are not elementwise over the
+    features)."""
     rng = np.random.default_rng(seed)
     m, n_in = _random_chain(rng)
     p = str(tmp_path_factory.mktemp("chain") / "m.onnx")
@@ -556,7 +553,7 @@ def test_random_op_chains_are_onnxruntime_or_refused(tmp_path_factory, seed):
     except ModelError:
         return
     x = rng.standard_normal((1, n_in)).astype(np.float32)
-    ref = _ort(p, x)
+    ref = ort_first(p, x, or_none=True)
     assert ref is not None, "accepted a graph onnxruntime cannot run"
     got = model.forward(x)
     assert ref.shape == got.shape
@@ -578,7 +575,7 @@ def test_missing_value_track_is_exactly_one_as_in_onnxruntime(tmp_path, isa, tra
     eng = Engine(Model.from_onnx(path), config=engine_cfg(isa, enabled=False))
     for x in ([0.0, np.nan, 0.0, 0.0], [0.0, 0.05, 0.0, 0.0], [0.0, 0.5, 0.0, 0.0]):
         x = np.asarray(x, np.float32)
-        np.testing.assert_array_equal(eng.predict(x), _ort(path, x[None, :]).reshape(-1))
+        np.testing.assert_array_equal(eng.predict(x), ort_first(path, x[None, :], or_none=True).reshape(-1))
 
 
 @pytest.mark.parametrize("bad", [[2, 0, 0], [-1, 0, 0], [0.5, 0, 0]])
@@ -648,7 +645,7 @@ def test_to_onnx_opsets_run_in_onnxruntime(tmp_path, opset):
     p = str(tmp_path / "m.onnx")
     m.to_onnx(p, opset=opset)
     x = rng.standard_normal((8, 5)).astype(np.float32)
-    ref = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"features": x})[0]
+    ref = ort_first(p, x)
     np.testing.assert_allclose(ref, m.forward(x), rtol=1e-5, atol=1e-6)
 
 
@@ -691,7 +688,7 @@ def _check_trees_against_ort(path, isa, xs=(-1.0, 0.25, 1.0, np.nan)):
     m = Model.from_onnx(path, head=Head("regression"))
     eng = Engine(m, config=engine_cfg(isa, enabled=False))
     X = np.asarray(xs, np.float32)[:, None]
-    ref = _ort(path, X)
+    ref = ort_first(path, X, or_none=True)
     np.testing.assert_allclose(np.stack([eng.predict(x) for x in X]), ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(m.forward(X), ref, rtol=1e-6, atol=1e-6)
 
@@ -811,7 +808,7 @@ def test_random_ensembles_equal_onnxruntime(tmp_path_factory, isa, seed):
         return
     X = rng.choice([0.0, 0.5, -0.5, np.nan, 1.5, -2.0], size=(24, F)).astype(np.float32)
     X[:12] = rng.standard_normal((12, F))
-    ref = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(["y"], {"x": X})[0]
+    ref = ort_run(p, X, "y")
     np.testing.assert_allclose(m.forward(X), ref, rtol=1e-5, atol=1e-6)
     eng = Engine(m, config=engine_cfg(isa, enabled=False))
     np.testing.assert_allclose(np.stack([eng.predict(x) for x in X]), ref, rtol=1e-5, atol=1e-6)

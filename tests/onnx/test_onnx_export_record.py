@@ -21,9 +21,11 @@ from fastpath.lob.adapter import raw_from_book
 from fastpath.lob.generator import generate_stream
 from fastpath.model import CachePolicy, Head
 from fastpath.tuning import calibrate
-from helpers.models import F, _mlp  # noqa: F401
+from helpers.models import F, _mlp
 
 onnx = pytest.importorskip("onnx")
+
+from helpers.oracle import ort_first  # noqa: E402
 
 KEY = "fastpath.model"
 CFG = {"engine": {"n_symbols": 4}, "memory": {"huge_pages": "none", "mlock": False}}
@@ -117,15 +119,14 @@ def test_round_trip_is_the_same_model_and_serves_the_same_signals(model, stream,
 
 
 def test_onnxruntime_loads_the_file_and_matches_forward(model, stream, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     raws, syms, _ = stream
     p = tmp_path / "m.onnx"
     model.to_onnx(p)
     rec = _record(p)
     assert rec["weights"] == model.weights and rec["feature_spec"]["window"] == 6
     x = model.features(raws[:200], syms[:200])
-    out = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(
-        None, {"features": x})[0]
+    out = ort_first(p, x)
     np.testing.assert_allclose(out, model.forward(x), rtol=1e-5, atol=1e-6)
     onnx.checker.check_model(str(p))
 

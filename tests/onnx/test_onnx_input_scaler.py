@@ -13,26 +13,21 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 pytest.importorskip("skl2onnx")
+
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from fastpath import Engine, ModelError  # noqa: E402
 from fastpath.model import CachePolicy, FeatureSpec, Head, Model  # noqa: E402
 from fastpath.tuning import calibrate, weights_error  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
-from helpers.models import _prices  # noqa: F401
+from helpers.models import _prices
+from helpers.oracle import ort_first, ort_run  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 OLD = os.path.join(DATA, "onnx_scaler_folded_v1")     # written by the folding code
 TOL = 1e-5      # of the output's spread (onnxruntime's outputs, max - min)
-
-
-def _ort(path, X):
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    i = s.get_inputs()[0]
-    outs = s.run(None, {i.name: X if len(i.shape) != 1 else X[0]})
-    return [o for o in outs if o.dtype == np.float32][-1].reshape(len(X), -1)
 
 
 def _sk_onnx(est, X, path, clf=False):
@@ -108,7 +103,7 @@ def test_pipeline_matches_onnxruntime(pipes, name, isa):
     # the tree pipeline was refused (a Scaler next to an ensemble)
     path, _ = pipes[name]
     X, _ = _prices(200, seed=1)
-    ref = _ort(path, X)
+    ref = ort_run(path, X, "last_float")
     m = Model.from_onnx(path)
     pred, sig = _engine_outputs(m, X, isa)
     assert _rel(pred, ref) <= TOL, _rel(pred, ref)
@@ -135,7 +130,7 @@ def test_minmax_pipeline_closer_to_float64_than_the_fold(pipes, isa):
     path, est = pipes["minmax_mlp"]
     X, _ = _prices(400, seed=0)
     sk = est.predict(X.astype(np.float64))[:, None]
-    ref = _ort(path, X)
+    ref = ort_run(path, X, "last_float")
     m = Model.from_onnx(path)
     pred, _ = _engine_outputs(m, X, isa)
     assert _rel(pred, sk) <= _rel(ref, sk)
@@ -183,7 +178,7 @@ def test_hand_built_leading_ops_match_onnxruntime(tmp_path, form, isa):
         W = (W / SD[None, :]).astype(np.float32)
     p = _hand(tmp_path / "h.onnx", nodes, inits, W, b)
     X, _ = _prices(100, seed=2)
-    ref = _ort(p, X)
+    ref = ort_run(p, X, "last_float")
     m = Model.from_onnx(p, head=Head("regression", 1.0, (0,)))
     pred, _ = _engine_outputs(m, X, isa)
     assert _rel(pred, ref) <= TOL, _rel(pred, ref)
@@ -253,7 +248,7 @@ def test_old_bundle_loads_and_answers_as_before(isa):
     np.testing.assert_array_equal(sig, ref[f"signal_{isa}"])
     # and importing the same file now lands closer to onnxruntime than the old bundle did
     X = ref["x"]
-    ort_out = _ort(OLD + ".onnx", X)
+    ort_out = ort_run(OLD + ".onnx", X, "last_float")
     new = Model.from_onnx(OLD + ".onnx")
     pred_new, _ = _engine_outputs(new, X, isa)
     assert _rel(pred_new, ort_out) <= TOL < _rel(pred, ort_out)
@@ -278,7 +273,7 @@ def test_to_onnx_writes_the_scaler_and_reads_back(pipes, tmp_path):
     out = str(tmp_path / "rt.onnx")
     m.to_onnx(out)
     X, _ = _prices(200, seed=5)
-    assert _rel(_ort(out, X), _ort(path, X)) <= TOL, _rel(_ort(out, X), _ort(path, X))
+    assert _rel(ort_run(out, X, "last_float"), ort_run(path, X, "last_float")) <= TOL, _rel(ort_run(out, X, "last_float"), ort_run(path, X, "last_float"))
     back = Model.from_onnx(out)
     assert back.input_scaler == m.input_scaler and back.layers == m.layers
     assert back.feature_spec == m.feature_spec
@@ -305,7 +300,7 @@ def test_with_feature_spec_composes_after_the_users_spec(pipes, isa):
                      np.ones(6, np.float32))
     m2 = m.with_feature_spec(fs)
     # the identity part composes exactly: the model reads what onnxruntime reads
-    ref = _ort(path, X)
+    ref = ort_run(path, X, "last_float")
     e = Engine(m2, config=engine_cfg(isa))
     sig = np.array([e.step(r, 0).signal for r in raws], np.float64)
     assert np.abs(sig - m.head_spec.apply(ref)[0]).max() <= 1e-5
@@ -328,7 +323,7 @@ def test_with_feature_spec_composes_after_the_users_spec(pipes, isa):
     bound = 4 * np.finfo(np.float32).eps * (f1 + np.abs(sc.offset)) * np.abs(sc.scale) + 1e-6
     assert np.all(np.abs(feat - want) <= bound)
     # and the model reads what onnxruntime reads given the spec's output
-    assert _rel(m3.outputs(raws), _ort(path, fs3.apply(raws))) <= TOL
+    assert _rel(m3.outputs(raws), ort_run(path, fs3.apply(raws), "last_float")) <= TOL
     # the spec it has is taken as it is (not composed a second time)
     assert m.with_feature_spec(m.feature_spec) == m
     assert m3.with_feature_spec(m3.feature_spec) == m3
@@ -359,7 +354,7 @@ def test_calibrate_keeps_the_scaler_after_the_fitted_spec(pipes):
     np.testing.assert_array_equal(feat, m.input_scaler.apply(fitted.apply(X)))
     # (the layers' outputs, ~-4.6e4 with a spread of ~500, differ from onnxruntime's by the
     # summation order alone: 1.4e-5 of the spread)
-    assert _rel(out.outputs(X), _ort(path, fitted.apply(X))) <= 5e-5
+    assert _rel(out.outputs(X), ort_run(path, fitted.apply(X), "last_float")) <= 5e-5
     # the head scale was fitted on the model that runs, not on forward(spec(...)), which
     # would apply the scaler twice
     assert out.head_spec.scale == pytest.approx(
@@ -389,7 +384,7 @@ def test_specs_one_composed_spec_could_not_run(pipes, isa):
         np.testing.assert_array_equal(feat, sc.apply(fs.apply(X)))
         # (a constant feature of -2.3e5 makes outputs ~8.7e4 with a spread of 2: relative to
         # their size, the layers' summation order is all that differs)
-        np.testing.assert_allclose(m2.outputs(X), _ort(path, fs.apply(X)), rtol=1e-6)
+        np.testing.assert_allclose(m2.outputs(X), ort_run(path, fs.apply(X), "last_float"), rtol=1e-6)
     with pytest.raises(ModelError, match="the feature spec makes 3 features but the first "
                                          "layer takes 6"):
         m.with_feature_spec(FeatureSpec.identity(3))
@@ -439,9 +434,8 @@ def test_flatten_axis_0_of_a_rank_1_input(tmp_path, isa):
         mo.ir_version = 8
         p = str(tmp_path / f"f{ax}.onnx")
         onnx.save(mo, p)
-        s = ort.InferenceSession(p, providers=["CPUExecutionProvider"])
-        ref = np.stack([s.run(None, {"x": x})[0].reshape(-1) for x in X])
-        assert s.run(None, {"x": X[0]})[0].shape == (1, 2)
+        ref = np.stack([ort_first(p, x).reshape(-1) for x in X])
+        assert ort_first(p, X[0]).shape == (1, 2)
         m = Model.from_onnx(p)
         e = Engine(m, config=engine_cfg(isa))
         np.testing.assert_allclose(np.stack([e.predict(x) for x in X]), ref, rtol=1e-5,

@@ -9,12 +9,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
+
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from fastpath import Engine, ModelError  # noqa: E402
 from fastpath.model import Head, Layer, Model  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
+from helpers.oracle import ort_first, ort_rows  # noqa: E402
 
 RNG = np.random.default_rng(21)
 W = RNG.standard_normal((3, 4)).astype(np.float32)       # (out, in): Gemm transB=1
@@ -36,24 +38,12 @@ def _save(path, nodes, inits, in_shape=("N", 4), opset=17, inputs=None, outputs=
     return p
 
 
-def _ort(path, x):
-    """onnxruntime's output row by row (a batch-1 call per row, as fastpath serves), or None
-    when onnxruntime cannot load or run the graph."""
-    try:
-        s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        rank = len(s.get_inputs()[0].shape)
-        return np.stack([s.run(None, {s.get_inputs()[0].name: r if rank == 1 else r[None]})[0]
-                         .reshape(-1) for r in x])
-    except Exception:  # noqa: BLE001 - any refusal by onnxruntime
-        return None
-
-
 def _gemm(inp="x", out="y", **kw):
     return helper.make_node("Gemm", [inp, "W", "b"], [out], transB=1, **kw)
 
 
 def _same_as_ort(path, isa=None):
-    ref = _ort(path, X)
+    ref = ort_rows(path, X)
     assert ref is not None, "onnxruntime cannot run the test graph"
     m = Model.from_onnx(path, head=REG)
     np.testing.assert_allclose(m.forward(X), ref, rtol=1e-5, atol=1e-6)
@@ -127,7 +117,7 @@ def test_gemm_beta_zero_does_not_read_its_bias(tmp_path, isa, bad):
 def test_gemm_beta_zero_still_checks_the_bias_shape(tmp_path):
     # onnxruntime refuses a C that does not broadcast to the output, whatever beta is
     p = _save(tmp_path / "m.onnx", [_gemm(beta=0.0)], {"W": W, "b": np.ones((3, 1), np.float32)})
-    assert _ort(p, X) is None
+    assert ort_rows(p, X) is None
     with pytest.raises(ModelError, match="not a bias"):
         Model.from_onnx(p, head=REG)
 
@@ -139,7 +129,7 @@ def test_gemm_without_bias_before_opset_11_is_refused(tmp_path, opset):
     importer served it as a bias-free layer."""
     p = _save(tmp_path / "m.onnx", [helper.make_node("Gemm", ["x", "W"], ["y"], transB=1)],
               {"W": W}, opset=opset)
-    assert _ort(p, X) is None
+    assert ort_rows(p, X) is None
     with pytest.raises(ModelError, match="C is required before opset 11"):
         Model.from_onnx(p, head=REG)
     # opset 11 reads it
@@ -155,7 +145,7 @@ def test_gemm_or_flatten_on_a_rank1_input_is_refused(tmp_path, nodes):
     """A [4] input: Gemm takes rank 2 only, and Flatten makes it (4, 1), a row per
     feature; onnxruntime cannot load or run either, the importer served a 4-feature layer."""
     p = _save(tmp_path / "m.onnx", nodes, {"W": W, "b": B}, in_shape=(4,))
-    assert _ort(p, X) is None
+    assert ort_rows(p, X) is None
     with pytest.raises(ModelError, match="rank-1 model input"):
         Model.from_onnx(p, head=REG)
 
@@ -246,7 +236,7 @@ def _model(post="softmax", width=3):
 
 
 def test_to_onnx_into_a_directory_is_a_model_error(tmp_path):
-    # was IsADirectoryError from inside onnx.save
+    """Defect: IsADirectoryError from inside onnx.save."""
     with pytest.raises(ModelError, match="is a directory; give the file's name"):
         _model().to_onnx(tmp_path)
     assert os.listdir(tmp_path) == []
@@ -279,8 +269,7 @@ def test_to_onnx_writes_large_weights_as_external_data(tmp_path, monkeypatch, po
                                                                          else 0)
     assert os.path.getsize(tmp_path / files[1]) == n_bytes
     x = np.random.default_rng(1).standard_normal((7, 5)).astype(np.float32)
-    ref = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(
-        None, {"features": x})[0]
+    ref = ort_first(p, x)
     np.testing.assert_allclose(ref, m.forward(x), rtol=1e-5, atol=1e-6)
     back = Model.from_onnx(p, head=m.head_spec)
     assert back.post == m.post
@@ -379,7 +368,7 @@ def test_random_graphs_are_onnxruntime_or_refused(tmp_path_factory, case):
     p = str(tmp_path_factory.mktemp("g") / "m.onnx")
     onnx.save(model, p)
     x = np.random.default_rng(seed).standard_normal((3, n_in)).astype(np.float32)
-    ref = _ort(p, x)
+    ref = ort_rows(p, x)
     try:
         m = Model.from_onnx(p, head=REG)
     except ModelError:
@@ -408,7 +397,7 @@ def test_reshape_shape_other_than_int64_is_refused(tmp_path, dtype):
     read as a no-op."""
     nodes = [helper.make_node("Reshape", ["x", "s"], ["h"]), _gemm("h")]
     p = _save(tmp_path / "m.onnx", nodes, {"W": W, "b": B, "s": np.array([-1, 4], dtype)})
-    assert _ort(p, X) is None
+    assert ort_rows(p, X) is None
     with pytest.raises(ModelError, match="expected int64"):
         Model.from_onnx(p, head=REG)
     p = _save(tmp_path / "ok.onnx", nodes, {"W": W, "b": B, "s": np.array([-1, 4], np.int64)})
@@ -424,12 +413,12 @@ def test_binary_classifier_concat_without_axis_is_refused(tmp_path):
              helper.make_node("Concat", ["q", "p"], ["y"])]
     inits = {"W1": W[:1].copy(), "one": np.ones(1, np.float32)}
     p = _save(tmp_path / "m.onnx", nodes, inits)
-    assert _ort(p, X) is None
+    assert ort_rows(p, X) is None
     with pytest.raises(ModelError, match="no axis attribute"):
         Model.from_onnx(p)
     nodes[-1] = helper.make_node("Concat", ["q", "p"], ["y"], axis=1)
     p = _save(tmp_path / "ok.onnx", nodes, inits)
-    ref = _ort(p, X)
+    ref = ort_rows(p, X)
     np.testing.assert_allclose(Model.from_onnx(p).forward(X), ref, rtol=1e-5, atol=1e-6)
 
 
@@ -439,7 +428,7 @@ def test_a_scalar_model_input_is_refused(tmp_path, op):
     # the importer served a one-feature layer
     p = _save(tmp_path / "m.onnx", [helper.make_node(op, ["x", "W1"], ["y"])],
               {"W1": np.ones((1, 3), np.float32)}, in_shape=())
-    assert _ort(p, np.ones((2, 1), np.float32)[:, 0]) is None
+    assert ort_rows(p, np.ones((2, 1), np.float32)[:, 0]) is None
     with pytest.raises(ModelError, match="declared a scalar"):
         Model.from_onnx(p, head=REG)
 
@@ -452,13 +441,13 @@ def test_softmax_over_axis_1_of_a_rank1_tensor_is_refused(tmp_path, opset, axis)
     nodes = [helper.make_node("MatMul", ["x", "Wt"], ["h"]),
              helper.make_node("Softmax", ["h"], ["y"], **kw)]
     p = _save(tmp_path / "m.onnx", nodes, {"Wt": W.T.copy()}, in_shape=(4,), opset=opset)
-    assert _ort(p, X) is None
+    assert ort_rows(p, X) is None
     with pytest.raises(ModelError, match="rank-1 tensor"):
         Model.from_onnx(p)
     # axis -1 is the same softmax in onnxruntime, and reads
     nodes[1] = helper.make_node("Softmax", ["h"], ["y"], axis=-1)
     p = _save(tmp_path / "ok.onnx", nodes, {"Wt": W.T.copy()}, in_shape=(4,), opset=opset)
-    np.testing.assert_allclose(Model.from_onnx(p).forward(X), _ort(p, X), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(Model.from_onnx(p).forward(X), ort_rows(p, X), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("op,attr,first,second", [
@@ -481,9 +470,9 @@ def test_an_attribute_given_twice_is_refused(tmp_path, op, attr, first, second):
     if op == "Constant":
         # onnxruntime runs this one with the first value; the importer multiplied by the
         # last: a silently different model
-        np.testing.assert_allclose(_ort(p, X), (X @ W.T + B) * first, rtol=1e-5)
+        np.testing.assert_allclose(ort_rows(p, X), (X @ W.T + B) * first, rtol=1e-5)
     else:
-        assert _ort(p, X) is None
+        assert ort_rows(p, X) is None
     with pytest.raises(ModelError, match=f"attribute {attr} twice"):
         Model.from_onnx(p, head=REG)
 
@@ -495,7 +484,7 @@ def test_softmax_over_axis_0_of_a_rank1_tensor_is_read_as_onnxruntime_runs_it(tm
     # onnxruntime runs Softmax(axis=0) there as the softmax over the outputs; the importer
     # refused it ("must come ... over axis 1")
     onnx = pytest.importorskip("onnx")
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
     from fastpath import Engine
     from helpers.builders import engine_cfg
@@ -512,8 +501,7 @@ def test_softmax_over_axis_0_of_a_rank1_tensor_is_read_as_onnxruntime_runs_it(tm
     m.ir_version = 7
     path = str(tmp_path / "m.onnx")
     onnx.save(m, path)
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    ref = np.stack([s.run(None, {"x": r})[0] for r in x])
+    ref = np.stack([ort_first(path, r) for r in x])
     got = Model.from_onnx(path, head=Head("classifier3", 1.0, ()))
     assert got.post == "softmax"
     np.testing.assert_allclose(got.forward(x), ref, rtol=1e-5, atol=1e-6)

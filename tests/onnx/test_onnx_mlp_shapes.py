@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
+
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from fastpath import Engine, Model, ModelError  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
+from helpers.oracle import ort_first  # noqa: E402
 
 OPS = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "identity": None}
 
@@ -62,10 +64,9 @@ CASES = [
 def test_onnx_model_matches_onnxruntime(tmp_path, isa, dims, acts, style, flatten, identity):
     path = build_mlp(tmp_path / "m.onnx", dims, acts, style, seed=len(dims), flatten=flatten,
                      identity=identity)
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     eng = Engine(Model.from_onnx(path), config=engine_cfg(isa, enabled=False))
     x = np.random.default_rng(1).standard_normal((50, dims[0])).astype(np.float32)
-    out = sess.run(None, {"x": x})[0].astype(np.float64)
+    out = ort_first(path, x).astype(np.float64)
     sig, conf = np.tanh(out[:, 0]), 1 / (1 + np.exp(-out[:, 1]))
     for i in range(50):
         r = eng.step(x[i])
@@ -88,7 +89,7 @@ def test_gemm_alpha_beta_and_untransposed(tmp_path):
     p = str(tmp_path / "g.onnx")
     onnx.save(m, p)
     x = rng.standard_normal((1, 5)).astype(np.float32)
-    out = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0][0]
+    out = ort_first(p, x)[0]
     r = Engine(p).step(x[0])
     assert r.signal == pytest.approx(np.tanh(out[0]), abs=2e-5)
 
@@ -134,7 +135,7 @@ def test_to_onnx_roundtrip_matches_onnxruntime(tmp_path, isa):
     # onnxruntime takes their features
     raws = np.random.default_rng(0).standard_normal((20, m.raw_len)).astype(np.float32)
     x = m.features(raws)
-    out = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"features": x})[0]
+    out = ort_first(p, x)
     np.testing.assert_allclose(out, m.forward(x), rtol=1e-4, atol=1e-5)
     eng = Engine(back, config=engine_cfg(isa, enabled=False))
     for i in range(20):

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 import fastpath  # noqa: E402
 from fastpath import Engine  # noqa: E402
@@ -27,6 +27,7 @@ from fastpath.model.types import InputScaler  # noqa: E402
 from fastpath.tuning import calibrate  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
 from helpers.models import _prices  # noqa: E402
+from helpers.oracle import ort_run  # noqa: E402
 
 WHERE = np.array([7, 2, 9, 0, 4, 5])      # the graph's six inputs in a 10-field tick
 SELECT = FeatureSpec(10, WHERE, np.zeros(0, np.int32), 1, np.zeros(6, np.float32),
@@ -82,11 +83,6 @@ def pipes(tmp_path_factory):
                 f.write(onx.SerializeToString())
             out[(kind, spec)] = p
     return out
-
-
-def _ort(path, fs):
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    return s.run(None, {s.get_inputs()[0].name: fs.apply(RAWS)})[0].reshape(-1).astype(np.float64)
 
 
 def _stepped(m, ref, isa):
@@ -164,7 +160,7 @@ def test_every_way_of_setting_the_spec_answers_as_onnxruntime(pipes, kind, spec,
     the other branch of a threshold (trees: a jump of 2.2% of the spread, where TOL is
     1e-5)."""
     path, fs, ways = _ways(pipes, kind, spec)
-    ref = _ort(path, fs)
+    ref = ort_run(path, fs.apply(RAWS), 0).reshape(-1).astype(np.float64)
     for name, w in ways.items():
         got = _stepped(w, ref, isa)
         assert _rel(got, ref) <= TOL, (name, _rel(got, ref))
@@ -177,7 +173,7 @@ def test_the_serving_worker_runs_the_spec_then_the_scaler(pipes):
     import uuid
     path, fs, ways = _ways(pipes, "mlp", "zscored")
     m = ways["replace"]
-    ref = _ort(path, fs)
+    ref = ort_run(path, fs.apply(RAWS), 0).reshape(-1).astype(np.float64)
     scale = 1e3 * float(np.abs(ref).max())
     m = m.with_head(Head("regression", scale, (0,)))
     cfg = {"engine": {"n_symbols": 1},

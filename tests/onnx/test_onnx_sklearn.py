@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 sklearn = pytest.importorskip("sklearn")
 skl2onnx = pytest.importorskip("skl2onnx")
 
@@ -20,6 +20,7 @@ from sklearn.preprocessing import MinMaxScaler, StandardScaler  # noqa: E402
 from fastpath import Engine, Model, ModelError, lob  # noqa: E402
 from fastpath.model import Head  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
+from helpers.oracle import assert_close, ort_run  # noqa: E402
 
 N_FEAT = 24
 
@@ -56,25 +57,10 @@ def _export(est, X, path):
     return str(path)
 
 
-def _ort(path, X):
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    outs = s.run(None, {s.get_inputs()[0].name: X})
-    names = [o.name for o in s.get_outputs()]
-    return np.asarray(outs[names.index("probabilities")] if "probabilities" in names else outs[0],
-                      dtype=np.float32).reshape(len(X), -1)
-
-
 def _inputs():
     rng = np.random.default_rng(7)
     rnd = rng.standard_normal((40, N_FEAT)).astype(np.float32) * 2.0
     return np.vstack([rnd, BOOK[1::37][:40]]).astype(np.float32)
-
-
-def _assert_close(got, ref):
-    # relative 1e-5 of the output's scale: the dense sums run in another order than
-    # onnxruntime's, and a folded scaler moves the rounding, both ~1 ulp per term
-    scale = max(1.0, float(np.abs(ref).max()))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale)
 
 
 MODELS = {
@@ -122,11 +108,11 @@ def test_sklearn_export_predict_matches_onnxruntime(exported, name, isa):
     m = Model.from_onnx(path)
     assert m.head_spec.kind == EXPECTED_HEAD[kind]
     X = _inputs()
-    ref = _ort(path, X)
+    ref = ort_run(path, X)
     eng = Engine(m, config=engine_cfg(isa, enabled=False))
     assert eng.n_outputs == ref.shape[1]
     got = np.stack([eng.predict(x) for x in X])
-    _assert_close(got, ref)
+    assert_close(got, ref)
     # step() = predict() through the head (cache off: every tick runs the model)
     for i in range(0, len(X), 9):
         r = eng.step(X[i], ts_ns=i)
@@ -140,7 +126,7 @@ def test_classifier_heads_read_probabilities(exported):
     """classifier3: signal = p(up) - p(down), confidence = max p; overridable to other indices."""
     _, path = exported["LogisticRegression-3"]
     X = _inputs()[:10]
-    ref = _ort(path, X)
+    ref = ort_run(path, X)
     eng = Engine(path, config=engine_cfg("scalar", enabled=False))
     for i, x in enumerate(X):
         r = eng.step(x, ts_ns=i)
@@ -162,7 +148,7 @@ def test_regression_head_scale_and_bundle_roundtrip(exported, tmp_path):
     assert back.head_spec == Head("regression", scale=0.25, outputs=(0,))
     assert back.post == "none" and back.n_outputs == 1
     x = _inputs()[3]
-    out = _ort(path, x[None])[0, 0]
+    out = ort_run(path, x[None])[0, 0]
     r = Engine(back, config=engine_cfg("scalar", enabled=False)).step(x, ts_ns=0)
     assert r.signal == pytest.approx(np.tanh(out / 0.25), abs=2e-5)
     assert r.confidence == pytest.approx(abs(np.tanh(out / 0.25)), abs=2e-5)
@@ -254,6 +240,6 @@ def test_batchnorm_folds_into_the_preceding_gemm(tmp_path, isa):
     m = Model.from_onnx(p)
     assert len(m.layers) == 2
     X = np.random.default_rng(0).standard_normal((30, 6)).astype(np.float32)
-    ref = _ort(p, X)
+    ref = ort_run(p, X)
     eng = Engine(m, config=engine_cfg(isa, enabled=False))
-    _assert_close(np.stack([eng.predict(x) for x in X]), ref)
+    assert_close(np.stack([eng.predict(x) for x in X]), ref)

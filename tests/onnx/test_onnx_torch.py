@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 from fastpath import Engine, Model  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
+from helpers.models import predict_rows  # noqa: E402
+from helpers.oracle import ort_first, ort_run  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "torch")
 FILES = sorted(glob.glob(os.path.join(HERE, "*.onnx")))
@@ -30,7 +32,7 @@ def _expected(path):
 
 def _check(path, x, y, isa):
     m = Model.from_onnx(path)
-    got_ort = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got_ort = ort_first(path, x)
     np.testing.assert_allclose(got_ort, y, rtol=1e-5, atol=1e-6)
     eng = Engine(m, config=engine_cfg(isa, enabled=False))
     for i in range(len(x)):
@@ -96,16 +98,6 @@ def test_live_export(tmp_path, dynamo):
         _check(p, x, y, "scalar")
 
 
-def _engine_outputs(model, X):
-    eng = Engine(model, config={"engine": {"n_symbols": 1}})
-    return np.stack([np.asarray(eng.predict(x), np.float64).ravel() for x in X])
-
-
-def _ort_outputs(path, X):
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return np.asarray(s.run(None, {s.get_inputs()[0].name: X})[0], np.float64).reshape(len(X), -1)
-
-
 def _mlp_graph(path, hidden_ops, rng=None):
     """x[1, 8] -> Gemm(8 -> 16) -> hidden_ops (each a (op_type, attrs) applied to the
     hidden tensor; "SiLU" is Sigmoid then Mul, as torch writes nn.SiLU) -> Gemm(16 -> 2)."""
@@ -141,10 +133,8 @@ def _dynamo_export(net, example, path, **kw):
 
 
 def test_weights_in_an_external_file_left_behind_are_named(tmp_path):
-    # Was: torch.onnx.export(dynamo=True) writes even a small MLP's weights to NAME.onnx.data
-    # beside the graph; the .onnx copied alone was "not a readable ONNX model (ValidationError:
-    # Data of TensorProto ( tensor name: w1) should be stored in ..., but it is not regular
-    # file.)": now the missing file is named, and what to do
+    """Defect: an .onnx copied without the NAME.onnx.data torch's dynamo exporter writes beside
+    it was refused with onnx's ValidationError, not naming the missing file or the fix."""
     from fastpath.errors import ModelError
     m = _mlp_graph(tmp_path / "m.onnx", [("Relu", {})])
     src = tmp_path / "export"
@@ -153,8 +143,9 @@ def test_weights_in_an_external_file_left_behind_are_named(tmp_path):
                     all_tensors_to_one_file=True, location="m.onnx.data", size_threshold=0)
     x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
     # beside it: loads, and runs what onnxruntime runs
-    np.testing.assert_allclose(_engine_outputs(Model.from_onnx(str(src / "m.onnx")), x),
-                               _ort_outputs(src / "m.onnx", x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(predict_rows(Model.from_onnx(str(src / "m.onnx")), x),
+                               ort_run(src / "m.onnx", x, 0).astype(np.float64),
+                               rtol=1e-5, atol=1e-6)
     alone = tmp_path / "alone"
     alone.mkdir()
     (alone / "m.onnx").write_bytes((src / "m.onnx").read_bytes())
@@ -170,9 +161,8 @@ def test_weights_in_an_external_file_left_behind_are_named(tmp_path):
     ([("HardSwish", {})], r"unsupported ONNX op 'HardSwish'.*use ReLU, Tanh or Sigmoid"),
 ])
 def test_activations_torch_writes_that_fastpath_does_not_run_are_named(tmp_path, ops, says):
-    # Was: nn.SiLU (Sigmoid then Mul) was refused as "node 'node_silu' (Mul) needs 'h0' to be
-    # a constant weight", naming no activation; Clip (nn.Hardtanh, nn.ReLU6) and the others
-    # got the generic list of supported ops, with no hint of what to use instead
+    """Defect: nn.SiLU (Sigmoid then Mul), Clip (nn.Hardtanh, nn.ReLU6) and the others were
+    refused without naming the activation or what to use instead."""
     from fastpath.errors import ModelError
     p = tmp_path / "m.onnx"
     onnx.save_model(_mlp_graph(p, ops), str(p))
@@ -214,13 +204,12 @@ def test_dynamo_exporter_mlps_load_and_match_onnxruntime(tmp_path):
         p = tmp_path / f"{name}.onnx"
         _dynamo_export(net, torch.zeros(*shape), p, **kw)
         m = Model.from_onnx(str(p))
-        got = _engine_outputs(m, x)
-        s = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+        got = predict_rows(m, x)
         if "dynamic_shapes" in kw:
-            ref = np.asarray(s.run(None, {"x": x})[0], np.float64)
+            ref = np.asarray(ort_first(p, x), np.float64)
         else:       # a static shape: one row (or the vector), repeated to the exported batch
-            ref = np.stack([np.asarray(s.run(None, {"x": np.broadcast_to(
-                xi, shape).copy()})[0], np.float64).reshape(-1, got.shape[1])[0] for xi in x])
+            ref = np.stack([np.asarray(ort_first(p, np.broadcast_to(xi, shape).copy()),
+                                       np.float64).reshape(-1, got.shape[1])[0] for xi in x])
         with torch.no_grad():
             ref_torch = net(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 sklearn = pytest.importorskip("sklearn")
 skl2onnx = pytest.importorskip("skl2onnx")
 
@@ -24,7 +24,8 @@ from fastpath import Engine, InputError, Model, ModelError, TreeEnsemble, lob  #
 from fastpath._kernels import PackedTrees, tree_isas  # noqa: E402
 from fastpath.model import CachePolicy, FeatureSpec, Head  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
-from helpers.models import _skl  # noqa: F401
+from helpers.models import _skl
+from helpers.oracle import assert_close, ort_run  # noqa: E402
 
 N_FEAT = 12
 TREE_ISAS = tree_isas()
@@ -60,21 +61,6 @@ def _mltools(est, path, kind):
         m = onnxmltools.convert_xgboost(est, initial_types=it)
     path.write_bytes(m.SerializeToString())
     return str(path)
-
-
-def _ort(path, X):
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    outs = s.run(None, {s.get_inputs()[0].name: np.asarray(X, np.float32)})
-    names = [o.name for o in s.get_outputs()]
-    i = names.index("probabilities") if "probabilities" in names else len(outs) - 1
-    return np.asarray(outs[i], dtype=np.float32).reshape(len(X), -1)
-
-
-def _assert_close(got, ref):
-    # relative 1e-5 of the output's scale: the leaves are added in another order than
-    # onnxruntime's float sum (16 trees per lane group, then in double)
-    scale = max(1.0, float(np.abs(ref).max()))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale)
 
 
 def _on_thresholds(trees, rng, n=120):
@@ -188,12 +174,12 @@ def test_exported_ensemble_matches_onnxruntime_on_every_path(exported, name, isa
     m = Model.from_onnx(path)
     assert m.kind == "trees" and m.head_spec.kind == EXPECTED_HEAD[kind]
     X = _inputs(m.trees)
-    ref = _ort(path, X)
+    ref = ort_run(path, X, fallback=-1)
     assert ref.shape[1] == m.n_outputs
-    _assert_close(m.forward(X), ref)
+    assert_close(m.forward(X), ref)
     eng = Engine(m, config=engine_cfg(isa))
     got = np.stack([eng.predict(x) for x in X])
-    _assert_close(got, ref)
+    assert_close(got, ref)
     # step: identity features, cache off; the head of the same outputs
     for x, r in zip(X[:10], ref[:10]):
         res = eng.step(x)
@@ -207,9 +193,9 @@ def test_every_tree_kernel_set_matches_onnxruntime(exported, name):
     _, path = exported[name]
     m = Model.from_onnx(path)
     X = _inputs(m.trees)
-    ref = _ort(path, X)
+    ref = ort_run(path, X, fallback=-1)
     for k in TREE_ISAS:
-        _assert_close(PackedTrees(m.trees, k).eval(X), ref)
+        assert_close(PackedTrees(m.trees, k).eval(X), ref)
 
 
 def test_deep_forest_takes_the_compact_walk(exported):
@@ -233,12 +219,12 @@ def test_missing_values_follow_onnxruntime(exported, name, isa):
     X = rng.standard_normal((60, N_FEAT)).astype(np.float32)
     X[rng.random(X.shape) < 0.3] = np.nan
     X[0, :] = np.nan
-    ref = _ort(path, X)
+    ref = ort_run(path, X, fallback=-1)
     eng = Engine(m, config=engine_cfg(isa))
-    _assert_close(np.stack([eng.predict(x) for x in X]), ref)
-    _assert_close(m.forward(X), ref)
+    assert_close(np.stack([eng.predict(x) for x in X]), ref)
+    assert_close(m.forward(X), ref)
     for k in TREE_ISAS:
-        _assert_close(PackedTrees(m.trees, k).eval(X), ref)
+        assert_close(PackedTrees(m.trees, k).eval(X), ref)
 
 
 def test_skl2onnx_ml_opset3_export_matches(tmp_path):
@@ -247,7 +233,7 @@ def test_skl2onnx_ml_opset3_export_matches(tmp_path):
     path = _skl(est, X.astype(np.float32), tmp_path / "gb3.onnx", {"": 17, "ai.onnx.ml": 3})
     m = Model.from_onnx(path)
     X2 = _inputs(m.trees)
-    _assert_close(Engine(m).predict(X2[0])[None, :], _ort(path, X2[:1]))
+    assert_close(Engine(m).predict(X2[0])[None, :], ort_run(path, X2[:1], fallback=-1))
 
 
 # ------------------------------------------------------------ hand-built graphs
@@ -291,7 +277,7 @@ def _grid():
 
 def _check_graph(path, X, isa="scalar", head=None):
     m = Model.from_onnx(path, head=head)
-    ref = _ort(path, X)
+    ref = ort_run(path, X, fallback=-1)
     # onnxruntime's PROBIT (an erfinv approximation with a cancellation near p = 0.5) turns
     # the last-ulp difference of a sum added in another order into up to ~5e-5
     tol = 1e-4 if m.trees.post_transform == "PROBIT" else 1e-5

@@ -7,7 +7,8 @@ import pytest
 
 from fastpath import ModelError, TreeEnsemble
 from fastpath._kernels import PackedTrees, tree_isas
-from helpers.models import _tree_graph  # noqa: F401
+from helpers.models import _tree_graph
+from helpers.oracle import ort_first
 
 F = np.float32
 
@@ -34,7 +35,7 @@ def _eval_all(trees, X):
 @pytest.mark.parametrize("field,value", [("feature", 2 ** 32 + 1), ("weight_target", 2 ** 32),
                                          ("feature", -2 ** 32), ("tree_offsets", 2 ** 32 + 3)])
 def test_ids_outside_int32_are_refused_not_wrapped(field, value):
-    # was: np.array(x, dtype=int32) wrapped 2**32 + 1 to 1, a split silently on feature 1
+    """Defect: np.array(x, dtype=int32) wrapped 2**32 + 1 to 1, a split silently on feature 1."""
     kw = dict(n_features=4, n_targets=2, tree_offsets=np.array([0, 3], np.int64),
               mode=[0, 6, 6], feature=np.array([1, 0, 0], np.int64), threshold=[0.5, 0, 0],
               true_child=[1, 0, 0], false_child=[2, 0, 0], nan_true=[0, 0, 0],
@@ -265,7 +266,7 @@ def test_onnx_tree_attribute_given_twice_is_refused(tmp_path, key):
 
 
 def test_onnx_tree_without_thresholds_is_refused(tmp_path):
-    # was: every split read at threshold 0 (onnxruntime refuses the node)
+    """Defect: every split read at threshold 0 (onnxruntime refuses the node)."""
     from fastpath import Model
     p = _one_node_graph(tmp_path, "TreeEnsembleRegressor", _regressor_attrs(
         target_weights=[1.0, 2.0]), ["y"])
@@ -320,7 +321,7 @@ def test_onnx_op_of_another_domain_is_refused(tmp_path):
 
 @pytest.mark.parametrize("flag", ["false", "no", 2, None, [0]])
 def test_classifier_flag_of_another_type_is_refused(flag):
-    # was: bool("false") is True, so a regressor was finished as a two-class classifier
+    """Defect: bool("false") is True, so a regressor was finished as a two-class classifier."""
     with pytest.raises(ModelError, match="classifier must be True or False"):
         TreeEnsemble(1, 2, [0, 3], [0, 6, 6], [0, 0, 0], [0.5, 0, 0], [1, 0, 0], [2, 0, 0],
                      [0, 0, 0], [1, 1, 2, 2], [0, 1, 0, 1], [0.2, 0.8, 0.6, 0.4],
@@ -329,7 +330,7 @@ def test_classifier_flag_of_another_type_is_refused(flag):
 
 @pytest.mark.parametrize("where", ["weight_value", "base_values"])
 def test_values_beyond_float32_are_named(where):
-    # was: "leaf weights contain NaN/Inf" for a finite 1e39 (the cast made it Inf)
+    """Defect: "leaf weights contain NaN/Inf" for a finite 1e39 (the cast made it Inf)."""
     kw = dict(weight_value=[1.0, 2.0], base_values=[0.5])
     kw[where] = [1e39, 2.0] if where == "weight_value" else [-1e39]
     with pytest.raises(ModelError, match=r"hold -?1e\+39, beyond float32's range"):
@@ -338,7 +339,7 @@ def test_values_beyond_float32_are_named(where):
 
 
 def test_onnx_linear_classifier_with_two_label_lists_is_refused(tmp_path):
-    # was: the int labels read, the string labels ignored (onnxruntime refuses the node)
+    """Defect: the int labels read, the string labels ignored (onnxruntime refuses the node)."""
     pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
@@ -392,7 +393,7 @@ def test_onnx_number_list_attribute_of_another_type_is_a_model_error(tmp_path, o
 
 
 def test_onnx_fractional_target_count_is_refused(tmp_path):
-    # was: n_targets = 2.5 read as 2 targets
+    """Defect: n_targets = 2.5 read as 2 targets."""
     from fastpath import Model
     a = _regressor_attrs(nodes_values=[1.0, 0, 0], target_weights=[1.0, 2.0], n_targets=2.5)
     with pytest.raises(ModelError, match="n_targets is 2.5, expected an integer"):
@@ -400,7 +401,7 @@ def test_onnx_fractional_target_count_is_refused(tmp_path):
 
 
 def test_onnx_fractional_linear_regressor_targets_is_refused(tmp_path):
-    # was: targets = 2.5 read as 2 (six coefficients then made 2 x 3 weights)
+    """Defect: targets = 2.5 read as 2 (six coefficients then made 2 x 3 weights)."""
     pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
@@ -482,7 +483,7 @@ def test_onnx_tree_on_a_rank3_input(tmp_path):
     dimension as the features (3), so feature 4 of the flattened row was out of reach. Now it
     is refused unflattened, and read as 6 features behind a Flatten (equal to onnxruntime)."""
     pytest.importorskip("onnx")
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper
 
     from fastpath import Model
@@ -508,7 +509,7 @@ def test_onnx_tree_on_a_rank3_input(tmp_path):
     m = Model.from_onnx(p)
     assert m.trees.n_features == 6
     X = np.random.default_rng(0).standard_normal((20, 2, 3)).astype(F)
-    want = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    want = ort_first(p, X)
     for k, got in _eval_all(m.trees, X.reshape(20, 6)).items():
         np.testing.assert_array_equal(got, want, err_msg=k)
 
@@ -544,7 +545,7 @@ def test_onnx_dense_layer_on_an_unflattened_rank3_input_is_refused(tmp_path, op)
 
 
 def test_layer_value_beyond_float32_is_named():
-    # was: "layer weight contains NaN/Inf" for a finite 1e39 (the float32 cast made it Inf)
+    """Defect: "layer weight contains NaN/Inf" for a finite 1e39 (the float32 cast made it Inf)."""
     from fastpath.model import Layer
     w = np.ones((2, 3))
     w[1, 2] = -1e39

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from fastpath import Engine, InputError, Model, ModelError, TreeEnsemble
-from fastpath._kernels import PackedTrees, tree_isas
+from fastpath import Engine, InputError, Model, TreeEnsemble
+from fastpath._kernels import PackedTrees
 from fastpath.model.trees import packed_layout
 from helpers.builders import engine_cfg
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper  # noqa: E402
 
@@ -19,21 +19,9 @@ from fastpath import Engine, Model, ModelError  # noqa: E402
 from fastpath._kernels import PackedTrees, tree_isas  # noqa: E402
 from fastpath.model import Head  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
+from helpers.oracle import assert_close, ort_run  # noqa: E402
 
 N_FEAT = 6
-
-
-def _ort(path, X):
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    outs = s.run(None, {s.get_inputs()[0].name: np.asarray(X, np.float32)})
-    names = [o.name for o in s.get_outputs()]
-    i = names.index("probabilities") if "probabilities" in names else len(outs) - 1
-    return np.asarray(outs[i], np.float32).reshape(len(X), -1)
-
-
-def _close(got, ref):
-    scale = max(1.0, float(np.abs(ref).max()))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale)
 
 
 def _cat_inputs(rng, n=300):
@@ -47,12 +35,12 @@ def _cat_inputs(rng, n=300):
 
 def _compare(path, X, isa):
     m = Model.from_onnx(path)
-    ref = _ort(path, X)
+    ref = ort_run(path, X, fallback=-1)
     eng = Engine(m, config=engine_cfg(isa))
-    _close(np.stack([eng.predict(x) for x in X]), ref)
-    _close(m.forward(X), ref)
+    assert_close(np.stack([eng.predict(x) for x in X]), ref)
+    assert_close(m.forward(X), ref)
     for k in tree_isas():
-        _close(PackedTrees(m.trees, k).eval(X), ref)
+        assert_close(PackedTrees(m.trees, k).eval(X), ref)
     return m
 
 
@@ -118,10 +106,10 @@ def test_a_subtree_shared_by_an_eq_chain_matches_onnxruntime(tmp_path, isa):
     m = Model.from_onnx(path, head=Head("regression", 1.0, (0,)))
     # the chain (3 nodes), node 3's subtree (3 nodes) once per path into it (3), leaf 6
     assert m.trees.n_nodes == 3 + 3 * 3 + 1
-    ref = _ort(path, X)
+    ref = ort_run(path, X, fallback=-1)
     eng = Engine(m, config=engine_cfg(isa))
-    _close(np.stack([eng.predict(x) for x in X]), ref)
-    _close(m.forward(X), ref)
+    assert_close(np.stack([eng.predict(x) for x in X]), ref)
+    assert_close(m.forward(X), ref)
 
 
 def test_cycles_and_unreachable_nodes_are_still_refused(tmp_path):
@@ -176,7 +164,7 @@ def test_leaf_weights_copied_past_the_cap_are_refused_before_they_are_built(tmp_
     x = np.array([[-1.0], [0.0], [1.0], [np.nan]], np.float32)
     e = Engine(Model.from_onnx(path, head=Head("regression", 1.0, (0,))))
     got = np.array([e.predict(r) for r in x], np.float32).reshape(len(x), -1)
-    _close(got, _ort(path, x))
+    assert_close(got, ort_run(path, x, fallback=-1))
 
 
 @pytest.mark.parametrize("miss", [[0, 0, 1, 1, 0, 0, 0], [0, 1, 0, 1, 0, 0, 0]])
@@ -184,7 +172,7 @@ def test_an_eq_chain_whose_later_node_tracks_nan_true_is_refused(tmp_path, miss)
     # onnxruntime 1.32 reads the chain as one set-membership test with node 0's missing-value
     # track: a NaN at x0 goes false (leaf 6: -6.9) there, true (into node 3) node by node
     path = _dag(tmp_path / "m.onnx", nodes_missing_value_tracks_true=miss)
-    ref = _ort(path, np.array([[np.nan, 0.0]], np.float32))
+    ref = ort_run(path, np.array([[np.nan, 0.0]], np.float32), fallback=-1)
     np.testing.assert_allclose(ref[0], [-6.9, 3.8], rtol=1e-6)
     with pytest.raises(ModelError, match="one set-membership test"):
         Model.from_onnx(path)
@@ -192,4 +180,4 @@ def test_an_eq_chain_whose_later_node_tracks_nan_true_is_refused(tmp_path, miss)
     for same in ([1, 1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 0, 0, 0]):
         p2 = _dag(tmp_path / "ok.onnx", nodes_missing_value_tracks_true=same)
         X = np.array([[np.nan, 0.0], [np.nan, 1.0], [5.0, np.nan], [2.0, 1.0]], np.float32)
-        _close(Model.from_onnx(p2, head=Head("regression", 1.0, (0,))).forward(X), _ort(p2, X))
+        assert_close(Model.from_onnx(p2, head=Head("regression", 1.0, (0,))).forward(X), ort_run(p2, X, fallback=-1))

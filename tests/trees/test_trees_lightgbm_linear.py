@@ -2,22 +2,17 @@
 ONNX file, and fastpath loads it as onnxruntime runs it."""
 import numpy as np
 import pytest
-from fastpath import Engine, Model
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+
+from fastpath import Model
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from helpers.models import predict_rows  # noqa: E402
+from helpers.oracle import ort_run  # noqa: E402
 
 
 N_FEAT = 6
-
-
-def _engine_outputs(model, X):
-    eng = Engine(model, config={"engine": {"n_symbols": 1}})
-    return np.stack([np.asarray(eng.predict(x), np.float64).ravel() for x in X])
-
-
-def _ort_outputs(path, X):
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return np.asarray(s.run(None, {s.get_inputs()[0].name: X})[0], np.float64).reshape(len(X), -1)
 
 
 def test_lightgbm_linear_tree_loses_its_leaf_models_in_onnxmltools(tmp_path):
@@ -44,8 +39,8 @@ def test_lightgbm_linear_tree_loses_its_leaf_models_in_onnxmltools(tmp_path):
         files[linear] = m
         Xt = X[:40]
         ref = est.predict(Xt).astype(np.float64)
-        theirs = _ort_outputs(path, Xt)[:, 0]
-        ours = _engine_outputs(Model.from_onnx(str(path)), Xt)[:, 0]
+        theirs = ort_run(path, Xt, 0).astype(np.float64)[:, 0]
+        ours = predict_rows(Model.from_onnx(str(path)), Xt)[:, 0]
         # fastpath runs what the file says, as onnxruntime does
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
         if not linear or np.allclose(theirs, ref, rtol=1e-4, atol=1e-4):

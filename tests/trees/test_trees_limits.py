@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper  # noqa: E402
 
@@ -25,6 +25,7 @@ from fastpath._kernels import PackedTrees, tree_isas  # noqa: E402
 from fastpath.model import Head  # noqa: E402
 from fastpath.model import trees as trees_mod  # noqa: E402
 from helpers.builders import engine_cfg  # noqa: E402
+from helpers.oracle import ort_first  # noqa: E402
 
 # where the imported fastpath lives (site-packages, or the checkout for an editable install):
 # a child started there imports the same build, not the source tree beside the tests
@@ -242,8 +243,7 @@ def test_large_real_sized_ensemble_is_accepted_and_exact(tmp_path, case):
                                       m.trees.base_values.size, m.trees.aggregate)
     assert need < trees_mod.MAX_PACKED_BYTES
     X = rng.standard_normal((64, n_feat)).astype(np.float32)
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    ref = s.run(None, {"x": X})[0]
+    ref = ort_first(path, X)
     tol = 1e-5 * max(1.0, float(np.abs(ref).max()))
     np.testing.assert_allclose(m.forward(X), ref, rtol=1e-5, atol=tol)
     for k in tree_isas():

@@ -2,24 +2,13 @@
 a tree ensemble or a model with its own input scaler must be told which."""
 import numpy as np
 import pytest
+
 from fastpath import ModelError
-from fastpath.model import FeatureSpec, Head, Layer, Model, TreeEnsemble
+from fastpath.model import FeatureSpec, Head, Layer, Model
+from helpers.models import three_target_stumps
 
 
 F32 = np.float32
-
-
-# --------------------------------------------------------------------------- models
-def _stumps(lo, hi, classifier=False, post="NONE", n_features=2):
-    """Three targets, one stump on x0 (<= 0: the `lo` leaf, else `hi`); a regressor unless
-    classifier (its outputs are whatever the leaves hold)."""
-    wn, wt, wv = [], [], []
-    for j in range(3):
-        wn += [1, 2]
-        wt += [j, j]
-        wv += [lo[j], hi[j]]
-    return TreeEnsemble(n_features, 3, [0, 3], [0, 6, 6], [0, 0, 0], [0.0, 0, 0], [1, -1, -1],
-                        [2, -1, -1], [0, 0, 0], wn, wt, wv, (), "SUM", post, classifier)
 
 
 PROBS = (0.2, 0.3, 0.5)
@@ -42,7 +31,7 @@ def test_tuning_calibrate_asks_a_tree_or_a_scaler_model_too():
     from fastpath.model.types import InputScaler
     from fastpath.tuning import calibrate
     raws = (np.random.default_rng(9).standard_normal((50, 2)) + 5).astype(F32)
-    tree = Model((), None, trees=_stumps(PROBS, PROBS), head_spec=Head("regression"))
+    tree = Model((), None, trees=three_target_stumps(PROBS, PROBS), head_spec=Head("regression"))
     with pytest.raises(ModelError, match=r"calibrate: a tree ensemble compares each feature "
                                          r"with thresholds.*features='raw'.*features='zscore'"):
         calibrate(tree, raws, range(2))

@@ -3,6 +3,7 @@ are checked, sparse symbol ids fit as dense ones, and the report says when nothi
 measured or the budget never bit."""
 import numpy as np
 import pytest
+
 from fastpath import InputError, ModelError
 from fastpath.model import CachePolicy
 from fastpath.tuning import fit_cache_policy
