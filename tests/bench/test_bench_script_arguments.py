@@ -146,10 +146,9 @@ def test_readme_summary_without_real_misses(one_tick_run):
 
 
 def test_histogram_percentiles_never_pass_the_slowest_call(bench):
-    """A 3-digit HdrHistogram reads a percentile in the slowest sample's bucket as the top of
-    that bucket: p99.9 4,032,511 ns beside a max of 4,031,300, and a plotted series that went
-    down at its last point (the exact max); tests/test_bench.py's sortedness check failed on
-    a Binance run that way."""
+    """Defect: a 3-digit HdrHistogram read a percentile in the slowest sample's bucket as the
+    top of that bucket (p99.9 4,032,511 ns beside a max of 4,031,300), so the plotted series
+    went down at its last point."""
     pytest.importorskip("hdrh.histogram")
     _, report = bench
     v = np.array([700] * 995 + [4_031_234, 4_031_300, 4_031_000, 4_031_100, 4_031_200])

@@ -11,14 +11,19 @@ def ort_session(path):
 
 
 def ort_run(path, x, output=None, fallback=0):
-    """All rows in one call, as float32 rows: the chosen output (a name or an index), or by
+    """All rows in one call, as float32 rows: the chosen output (a name: only that one is
+    computed; or an index), or by
     default the classifier's "probabilities" where the graph has one, else output number
     fallback (0: the first; -1: the last, a classifier's scores after its label), or
     "last_float": the last float32 output. A graph whose input has rank 1 takes the one row."""
     s = ort_session(path)
     x = np.asarray(x, np.float32)
     inp = s.get_inputs()[0]
-    outs = s.run(None, {inp.name: x[0] if len(inp.shape) == 1 and len(x) == 1 else x})
+    feed = {inp.name: x[0] if len(inp.shape) == 1 and len(x) == 1 else x}
+    if isinstance(output, str) and output != "last_float":
+        # that output alone: another (a classifier's label) may be one onnxruntime cannot make
+        return np.asarray(s.run([output], feed)[0], np.float32).reshape(len(x), -1)
+    outs = s.run(None, feed)
     names = [o.name for o in s.get_outputs()]
     if output == "last_float":
         return [o for o in outs if o.dtype == np.float32][-1].reshape(len(x), -1)

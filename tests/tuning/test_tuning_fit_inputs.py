@@ -1,6 +1,6 @@
 """What the fits (fit_cache_policy, fit_head_scale) accept and report: arguments and ticks
 are checked, sparse symbol ids fit as dense ones, and the report says when nothing was
-measured or the budget never bit."""
+measured or the budget never bit; calibrate refuses a bad window before replaying."""
 import numpy as np
 import pytest
 
@@ -86,3 +86,13 @@ def test_fit_on_identical_ticks_says_the_budget_never_bit():
     walk = np.cumsum(rng.standard_normal((600, 8)).astype(np.float32) * 0.02, axis=0) + 1
     pol, rep = fit_cache_policy(m, walk, max_error=1e-3)
     assert any(not r["within_budget"] for r in rep.rows) and "never bit" not in rep.note
+
+
+@pytest.mark.parametrize("window", [-3, 0, 1.5, True, 1 << 17])
+def test_calibrate_refuses_a_bad_window_before_replaying(window):
+    """FeatureSpec.fit (calibrate's first step) names a bad window: -3 was an IndexError from
+    the numpy replay, 0 warned before the spec's own check."""
+    from fastpath.model import FeatureSpec
+    raws = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    with pytest.raises(ModelError, match="window must be an int in 1..65536"):
+        FeatureSpec.fit(raws, [0, 1], [2], window=window)
