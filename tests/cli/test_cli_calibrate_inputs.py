@@ -1,16 +1,10 @@
 """The command line's input checks: bad calibrate inputs and a binary doctor config are
 usage errors naming what is wrong, with no traceback."""
-import subprocess
-import sys
 
 import numpy as np
 
 from helpers.builders import random_model
-
-
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "fastpath.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=cwd)
+from helpers.cli_child import run_cli
 
 
 def test_cli_bad_calibrate_inputs_are_usage_errors(tmp_path):
@@ -35,7 +29,7 @@ def test_cli_bad_calibrate_inputs_are_usage_errors(tmp_path):
         (["--ticks", "t.npy", "--z-fields", "0-10,4"], "lists field 4 twice"),
     ]
     for extra, msg in cases:
-        out = _cli("calibrate", *base, *extra, cwd=tmp_path)
+        out = run_cli("calibrate", *base, *extra, cwd=tmp_path)
         assert out.returncode != 0 and msg in out.stderr and "Traceback" not in out.stderr, \
             (extra, out.stderr)
     assert not (tmp_path / "o.fpm").exists()
@@ -43,7 +37,7 @@ def test_cli_bad_calibrate_inputs_are_usage_errors(tmp_path):
 
 def test_cli_doctor_binary_config(tmp_path):
     (tmp_path / "c.toml").write_bytes(b"\x93NUMPY\x01\x00\xff")
-    out = _cli("doctor", "--config", "c.toml", cwd=tmp_path)
+    out = run_cli("doctor", "--config", "c.toml", cwd=tmp_path)
     assert out.returncode != 0 and "c.toml is not a TOML config: not UTF-8" in out.stderr
     assert "Traceback" not in out.stderr
     assert "Traceback" not in out.stderr

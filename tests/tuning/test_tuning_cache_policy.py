@@ -2,10 +2,7 @@
 and calibrated models do not cache, the shadow-replay fit keeps every hit within its budget
 and says what it found, and the bundle and the example config keep a fitted policy intact."""
 import json
-import os
 import struct
-import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -17,6 +14,7 @@ from fastpath._build import DEMO_MODEL, EXAMPLE_CONFIG
 from fastpath.model import CachePolicy
 from fastpath.tuning import calibrate, fit_cache_policy
 from helpers.builders import engine_cfg, random_model, strip_fastpath_record
+from helpers.cli_child import run_cli
 
 
 def _walk(rng, n=3000, n_sym=4, width=8, step=0.01, jump=0.02):
@@ -146,11 +144,6 @@ def test_calibrate_turns_a_fitted_policy_off():
     assert Engine(out).config.cache_origin == "off (not fitted)"
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "fastpath.cli", *args], capture_output=True,
-                          text=True, timeout=120, cwd=os.path.dirname(fastpath.__file__) + "/..")
-
-
 def test_calibrate_cli_cache_off_unless_fitted(tmp_path):
     rng = np.random.default_rng(8)
     # each tick three times in a row: repeats the cache can serve at no error
@@ -160,12 +153,12 @@ def test_calibrate_cli_cache_off_unless_fitted(tmp_path):
     random_model(rng, [14, 8, 2]).save(tmp_path / "m.fpm")      # cache enabled, not fitted
     common = ("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(tmp_path / "m.fpm"),
               "--z-fields", "0-13", "--window-fields", "none")
-    out = _cli(*common, "--out", str(tmp_path / "off.fpm"))
+    out = run_cli(*common, "--out", str(tmp_path / "off.fpm"))
     assert out.returncode == 0, out.stderr
     assert "cache: off" in out.stdout and "--max-error" in out.stdout
     assert not Model.load(tmp_path / "off.fpm").cache_policy.enabled
 
-    out = _cli(*common, "--out", str(tmp_path / "on.fpm"), "--max-error", "0.01",
+    out = run_cli(*common, "--out", str(tmp_path / "on.fpm"), "--max-error", "0.01",
                "--ts", str(tmp_path / "ts.npy"))
     assert out.returncode == 0, out.stderr
     assert "<- chosen" in out.stdout and "fitted to max error 0.01" in out.stdout
@@ -173,10 +166,10 @@ def test_calibrate_cli_cache_off_unless_fitted(tmp_path):
     assert m.cache_policy.enabled and m.cache_policy.fitted_max_error == 0.01
     assert m.meta["cache_policy_fit"]["chosen"]["hits"] > 0
 
-    out = _cli(*common, "--out", str(tmp_path / "nots.fpm"), "--max-error", "0.01")
+    out = run_cli(*common, "--out", str(tmp_path / "nots.fpm"), "--max-error", "0.01")
     assert out.returncode == 0, out.stderr
     assert "1 ms apart" in out.stdout and Model.load(tmp_path / "nots.fpm").cache_policy.enabled
-    bad = _cli(*common, "--out", str(tmp_path / "x.fpm"), "--max-error", "5")
+    bad = run_cli(*common, "--out", str(tmp_path / "x.fpm"), "--max-error", "5")
     assert bad.returncode == 2 and "max_error must be" in bad.stderr
 
 

@@ -3,8 +3,6 @@ must keep the budget too (fastpath.tuning.fit_cache_policy(holdout=...), `fastpa
 --holdout`). A budget met on the fitting ticks alone is not a bound on the ticks that follow:
 a fit on the calm start of a stream chose policies that broke it in a shock after."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ import fastpath.lob as lob
 from fastpath.errors import InputError, ModelError
 from fastpath.model import Model
 from fastpath.tuning import fit_cache_policy
+from helpers.cli_child import run_cli
 
 DEMO = os.path.join(os.path.dirname(fastpath.__file__), "data", "demo.fpm")
 
@@ -105,27 +104,21 @@ def test_holdout_needs_ticks_on_both_sides(shock_at_the_end):
     assert rep.n_holdout == 100
 
 
-def _cli(*args):
-    # outside the checkout, so the installed package is imported
-    return subprocess.run([sys.executable, "-m", "fastpath.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=os.path.dirname(fastpath.__file__) + "/..")
-
-
 def test_calibrate_cli_holds_out_a_quarter_by_default(tmp_path, shock_at_the_end):
     model, raws, syms, ts = shock_at_the_end
     np.save(tmp_path / "t.npy", raws[:2000])
     np.save(tmp_path / "ts.npy", ts[:2000])
     common = ("calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", DEMO,
               "--ts", str(tmp_path / "ts.npy"))
-    out = _cli(*common, "--out", str(tmp_path / "a.fpm"), "--max-error", "0.01")
+    out = run_cli(*common, "--out", str(tmp_path / "a.fpm"), "--max-error", "0.01", timeout=300)
     assert out.returncode == 0, out.stderr
     assert "the last 500 held out" in out.stdout
     assert Model.load(tmp_path / "a.fpm").meta["cache_policy_fit"]["n_holdout"] == 500
-    out = _cli(*common, "--out", str(tmp_path / "b.fpm"), "--max-error", "0.01", "--holdout", "0")
+    out = run_cli(*common, "--out", str(tmp_path / "b.fpm"), "--max-error", "0.01", "--holdout", "0", timeout=300)
     assert out.returncode == 0, out.stderr
     assert "held out" not in out.stdout and "fitting ticks only" in out.stdout
-    bad = _cli(*common, "--out", str(tmp_path / "c.fpm"), "--holdout", "0.2")
+    bad = run_cli(*common, "--out", str(tmp_path / "c.fpm"), "--holdout", "0.2", timeout=300)
     assert bad.returncode != 0 and "--holdout is used by the cache-policy fit" in bad.stderr
     for v in ("1.5", "x", "nan", "-0.1"):
-        bad = _cli(*common, "--out", str(tmp_path / "c.fpm"), "--max-error", "0.01", "--holdout", v)
+        bad = run_cli(*common, "--out", str(tmp_path / "c.fpm"), "--max-error", "0.01", "--holdout", v, timeout=300)
         assert bad.returncode != 0 and "holdout must be the fraction" in bad.stderr
