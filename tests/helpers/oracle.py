@@ -5,7 +5,8 @@ compares fastpath with these functions rather than building its own."""
 import numpy as np
 
 
-def ort_session(path):
+def ort_runner(path):
+    """onnxruntime's InferenceSession for the file, on the CPU provider."""
     import onnxruntime as ort
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
@@ -16,7 +17,7 @@ def ort_run(path, x, output=None, fallback=0):
     default the classifier's "probabilities" where the graph has one, else output number
     fallback (0: the first; -1: the last, a classifier's scores after its label), or
     "last_float": the last float32 output. A graph whose input has rank 1 takes the one row."""
-    s = ort_session(path)
+    s = ort_runner(path)
     x = np.asarray(x, np.float32)
     inp = s.get_inputs()[0]
     feed = {inp.name: x[0] if len(inp.shape) == 1 and len(x) == 1 else x}
@@ -39,7 +40,7 @@ def ort_first(path, x, or_none=False):
     to the first input. or_none: None when onnxruntime cannot load or run the graph (a graph
     it refuses is one fastpath must refuse too), instead of its exception."""
     try:
-        s = ort_session(path)
+        s = ort_runner(path)
         return s.run(None, {s.get_inputs()[0].name: x})[0]
     except Exception:  # noqa: BLE001 - any refusal by onnxruntime
         if or_none:
@@ -51,7 +52,7 @@ def ort_rows(path, x):
     """Row by row (a batch-1 call per row, as the engine serves), flattened; None when
     onnxruntime cannot load or run the graph."""
     try:
-        s = ort_session(path)
+        s = ort_runner(path)
         rank = len(s.get_inputs()[0].shape)
         name = s.get_inputs()[0].name
         return np.stack([s.run(None, {name: r if rank == 1 else r[None]})[0].reshape(-1)
