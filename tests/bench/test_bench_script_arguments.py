@@ -162,29 +162,24 @@ def test_histogram_percentiles_never_pass_the_slowest_call(bench):
     assert d.p50 == 700.0
 
 
-@pytest.mark.parametrize("args, match", [
-    (("--models", "8x3"), r"--models: the last width is the model's outputs.*got 8x3"),
-    (("--calls", "0"), r"--calls must be >= 100"),
+@pytest.mark.parametrize("script, args, match", [
+    # --models 32x16x3 ended in a ModelError traceback from building the model
+    ("scaling.py", ("--models", "8x3"),
+     r"--models: the last width is the model's outputs.*got 8x3"),
+    # --calls 0 ran the default number of calls
+    ("scaling.py", ("--calls", "0"), r"--calls must be >= 100"),
+    # --ticks 5 ended in numpy's "need at least one array to stack" (no symbol had the 8
+    # ticks a 1024-wide input takes), --ticks 0 ran the default stream, --seed -1 ended in a
+    # traceback from the generator
+    ("weights.py", ("--ticks", "5"), r"--ticks: expected an integer >= 1000, got 5"),
+    ("weights.py", ("--ticks", "0"), r"--ticks: expected an integer >= 1000, got 0"),
+    ("weights.py", ("--seed", "-1"), r"--seed: expected an integer >= 0, got -1"),
 ])
-def test_scaling_bad_arguments_are_usage_errors(tmp_path, args, match):
-    """--models 32x16x3 ended in a ModelError traceback from building the model; --calls 0
-    ran the default number of calls."""
-    out = _script(tmp_path, "scaling.py", "--quick", "--no-peers", "--out", str(tmp_path), *args)
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
-    assert __import__("re").search(match, out.stderr), out.stderr[-2000:]
-
-
-@pytest.mark.parametrize("args, match", [
-    (("--ticks", "5"), r"--ticks: expected an integer >= 1000, got 5"),
-    (("--ticks", "0"), r"--ticks: expected an integer >= 1000, got 0"),
-    (("--seed", "-1"), r"--seed: expected an integer >= 0, got -1"),
-])
-def test_weights_bad_arguments_are_usage_errors(tmp_path, args, match):
-    """--ticks 5 ended in numpy's "need at least one array to stack" (no symbol had the 8
-    ticks a 1024-wide input takes), --ticks 0 ran the default stream, --seed -1 ended in a
-    traceback from the generator."""
-    out = _script(tmp_path, "weights.py", "--quick", *args)
+def test_scaling_and_weights_bad_arguments_are_usage_errors(tmp_path, script, args, match):
+    """Each bad argument is a usage error (exit 2) naming it, with no traceback."""
+    extra = ("--quick", "--no-peers", "--out", str(tmp_path)) if script == "scaling.py" \
+        else ("--quick",)
+    out = _script(tmp_path, script, *extra, *args)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert __import__("re").search(match, out.stderr), out.stderr[-2000:]
