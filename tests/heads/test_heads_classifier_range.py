@@ -28,7 +28,8 @@ def _tree_model():
     """A 3-target regressor whose x0 <= 0 ticks give probabilities and x0 > 0 ticks give
     margins, read by a classifier3 head (a regressor's outputs are not known at build time:
     the engine is what refuses the margins)."""
-    return Model((), None, trees=three_target_stumps(PROBS, MARGINS), head_spec=Head("classifier3"))
+    return Model((), None, trees=three_target_stumps(PROBS, MARGINS),
+                 head_spec=Head("classifier3"))
 
 
 def _softmax_mlp(rng, n_in=4):
@@ -60,7 +61,8 @@ def test_a_refused_tick_leaves_the_window_as_it_was(isa):
     # step() commits the window before the model runs; the refused tick's commit is undone
     fs = FeatureSpec(3, np.array([0], np.int32), np.array([1], np.int32), 4,
                      np.zeros(3, F32), np.ones(3, F32))
-    m = Model((), fs, trees=three_target_stumps(PROBS, MARGINS, n_features=3), head_spec=Head("classifier3"))
+    m = Model((), fs, trees=three_target_stumps(PROBS, MARGINS, n_features=3),
+              head_spec=Head("classifier3"))
     a, b = Engine(m, config=engine_cfg(isa)), Engine(m, config=engine_cfg(isa))
     ticks = [np.array([-1.0, 3.0, 5.0], F32), np.array([-2.0, 1.0, 9.0], F32)]
     a.step(ticks[0])

@@ -1,4 +1,5 @@
-"""The order-book adapter (fastpath.lob), the real-data readers and the command line."""
+"""The order-book adapter (fastpath.lob): the raw tick layout, the generator's regimes and
+seed, and the LOBSTER and Binance readers (a missing file is an InputError naming it)."""
 import os
 
 import numpy as np

@@ -273,7 +273,8 @@ def test_to_onnx_writes_the_scaler_and_reads_back(pipes, tmp_path):
     out = str(tmp_path / "rt.onnx")
     m.to_onnx(out)
     X, _ = _prices(200, seed=5)
-    assert _rel(ort_run(out, X, "last_float"), ort_run(path, X, "last_float")) <= TOL, _rel(ort_run(out, X, "last_float"), ort_run(path, X, "last_float"))
+    rel = _rel(ort_run(out, X, "last_float"), ort_run(path, X, "last_float"))
+    assert rel <= TOL, rel
     back = Model.from_onnx(out)
     assert back.input_scaler == m.input_scaler and back.layers == m.layers
     assert back.feature_spec == m.feature_spec

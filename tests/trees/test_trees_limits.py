@@ -1,9 +1,7 @@
 """Resource bounds: a tree ensemble whose packed arena would pass the limit is refused with a
 ModelError that states what it asks for, the limit and the fix, before anything of that size
 is allocated (checked in a child process by its peak RSS); a large but real-sized ensemble
-still loads and equals onnxruntime; the Python size figure is the C packer's own. And
-`fastpath doctor`'s mlock check counts what a config would lock: the engine arena and state
-as the engine sizes them, plus the serve segment."""
+still loads and equals onnxruntime; the Python size figure is the C packer's own."""
 import json
 import os
 import subprocess
