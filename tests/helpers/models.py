@@ -1,11 +1,11 @@
-"""Model builders: hand-built ONNX graphs, tree ensembles, bundles edited byte by byte, exporter outputs."""
+"""Model builders: hand-built ONNX graphs, tree ensembles, bundles edited byte by byte, exporter
+outputs. onnx is imported where a builder needs it, so a test without onnx can import this."""
 import json
 import struct
 import zlib
 
 import numpy as np
 import pytest
-from onnx import helper
 
 from fastpath import TreeEnsemble
 from fastpath.model import CachePolicy, FeatureSpec, Head, Layer, Model
@@ -16,6 +16,7 @@ from helpers.builders import strip_fastpath_record
 def _patched_make_attribute():
     """skl2onnx 1.20 hands HistGradientBoosting's missing-value tracks to onnx as Python bools,
     which onnx 1.2x refuses in an int list: convert them, as the exporter meant to."""
+    from onnx import helper
     real = helper.make_attribute
 
     def fixed(key, value, *a, **k):
@@ -26,6 +27,7 @@ def _patched_make_attribute():
 
 
 def _skl(est, X, path, opset=None):
+    from onnx import helper
     from skl2onnx import to_onnx
     opts = {id(est): {"zipmap": False}} if hasattr(est, "predict_proba") else None
     real, fixed = _patched_make_attribute()
@@ -267,3 +269,22 @@ def overflow_mlp(fs: FeatureSpec, cache: bool, seed: int) -> Model:
                       max_run=3)
     return Model((Layer(w1, np.zeros(8, np.float32), "tanh"),
                   Layer(w2, np.zeros(2, np.float32), "identity")), fs, pol)
+
+
+def three_target_stumps(lo, hi, classifier=False, post="NONE", n_features=2):
+    """Three targets, one stump on x0 (<= 0: the `lo` leaf, else `hi`); a regressor unless
+    classifier (its outputs are whatever the leaves hold)."""
+    wn, wt, wv = [], [], []
+    for j in range(3):
+        wn += [1, 2]
+        wt += [j, j]
+        wv += [lo[j], hi[j]]
+    return TreeEnsemble(n_features, 3, [0, 3], [0, 6, 6], [0, 0, 0], [0.0, 0, 0], [1, -1, -1],
+                        [2, -1, -1], [0, 0, 0], wn, wt, wv, (), "SUM", post, classifier)
+
+
+def predict_rows(model, X):
+    """Engine.predict row by row (one symbol, the default config), as float64 rows."""
+    from fastpath import Engine
+    eng = Engine(model, config={"engine": {"n_symbols": 1}})
+    return np.stack([np.asarray(eng.predict(x), np.float64).ravel() for x in X])
