@@ -1,28 +1,7 @@
-"""Session 27 review of the serving code: signal handlers, the exit's drain, fork, interrupts.
-
-- Server's lock was a plain threading.Lock: a signal handler that called srv.stop() (or stats(),
-  latency_records()) while the main thread was inside stats() / latency_records() (holding
-  the lock) deadlocked. The lock is reentrant now, and a stop() nested in another call leaves
-  the worker open to that call, which closes it on its way out (closed under it, the outer
-  call read an unmapped segment).
-- A Ctrl-C during an in-process server's exit drain (the atexit hook, which caught Exception
-  only) escaped the hook with the loop still running and left the segment in /dev/shm. A
-  SIGINT or SIGTERM there ends the drain, as a second signal ends `fastpath serve`'s; the
-  segment is removed and stderr says what was left unanswered (a drain that timed out says so
-  too).
-- A fork while another thread was inside stats() left the lock held in the child for ever (its
-  stop(), its exit hook, hung); an interrupt between making the segment and starting the
-  thread, or while the Worker read /proc/self/smaps for its report, left the segment in
-  /dev/shm; repr() raised when a stop() closed the worker between its two reads.
-- What runs inside a client call's allocations (a gc pass's finalizers and callbacks) may
-  close the client: poll(), step(), a spinning submit() and server_stats() went on reading the
-  unmapped rings (a segfault).
-- Client(...) made directly took a nan / inf / negative timeout or stall_timeout.
-- `fastpath serve` died on SIGHUP (its segment left), and skipped its stop when the
-  "stopping" line could not be written.
-- step() raised ServerGone for an answer the drain had published just before it said
-  stopped.
-"""
+"""Signals and interrupts around serving: handlers that call into a server or client while
+it is inside a call, Ctrl-C at each step of making or removing the segment, SIGTERM and
+Ctrl-C during the exit drain. Scripts that could crash or hang run in a child process."""
+import gc
 import os
 import signal
 import subprocess
@@ -31,14 +10,263 @@ import sys
 import numpy as np
 import pytest
 
+import fastpath
 from fastpath._serve import segment_path
-from helpers.serving import PKG_ROOT, uname
+from fastpath.control import memory
+from fastpath.serving import segment, server as server_mod
+from helpers.serving import (
+    CFG_JSON, Interrupt, PKG_ROOT, TESTS_DIR, _wait_stopped, cfg, deadline, serve_cli,
+    server_process, uname)
 
-CFG = ('{"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield", '
-       '"idle_spin_ns": 50000}}')
+
+# ------------------------------------------------------------------ leaks
+def _maps_of(dev_ino):
+    dev, ino = dev_ino
+    want = f"{os.major(dev):02x}:{os.minor(dev):02x}"
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            p = line.split(None, 5)
+            if len(p) >= 5 and p[4] == str(ino) and p[3].lower() == want:
+                n += 1
+    return n
 
 
-def _python(code, *args, timeout=120, **kw):
+def test_connect_interrupted_while_waiting_for_a_slot_unmaps_the_segment():
+    """Regression: Ctrl-C while connect waited for a slot left the segment mapped for good."""
+    name = uname()
+    srv = fastpath.serve(name, config=cfg(max_clients=1))
+    try:
+        st = os.stat(segment_path(name))
+        ident = (st.st_dev, st.st_ino)
+        c1 = fastpath.connect(name, timeout=5)
+
+        def boom(*_):
+            raise Interrupt()
+        old = signal.signal(signal.SIGALRM, boom)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            with pytest.raises(Interrupt):
+                fastpath.connect(name, timeout=60)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        c1.close()
+    finally:
+        srv.stop()
+    gc.collect()
+    assert _maps_of(ident) == 0
+
+
+def test_ctrl_c_in_a_clients_step_says_which_seq_was_sent():
+    """Regression: an interrupted step() did not say which seq its sent tick will be answered
+    under."""
+
+    class Alarm(Exception):
+        pass
+
+    def on_alarm(signum, frame):
+        raise Alarm()
+
+    name = uname()
+    raw = np.zeros(fastpath.get_default_engine().raw_len, np.float32)
+    with server_process(name, stall_timeout_ms=60_000) as p:
+        c = fastpath.connect(name, timeout=5)
+        assert c.step(raw, 0).seq == 1
+        os.kill(p.pid, signal.SIGSTOP)
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        try:
+            _wait_stopped(p.pid)
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            try:
+                c.step(raw, 3)
+            except Alarm as exc:
+                caught = exc
+            else:
+                raise AssertionError("the step was answered by a stopped server")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            os.kill(p.pid, signal.SIGCONT)
+        assert caught.seq == 2
+        assert any("seq 2" in n and "poll()" in n for n in caught.__notes__)
+        got = []
+        with deadline(10):
+            while not got:
+                got = c.poll()
+        assert [s for s, _ in got] == [2]
+        c.close()
+
+
+def _interrupt(*_a, **_k):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("huge", ["none", "thp"])
+def test_ctrl_c_while_the_segment_is_reserved_leaves_no_file(tmp_path, monkeypatch, huge):
+    path = str(tmp_path / "fastpath.seg")
+    monkeypatch.setattr(segment, "shmem_thp_mode", lambda path=None: "advise")
+    monkeypatch.setattr(segment, "_reserve", _interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        segment.create(path, 1 << 20, 0o600, huge)
+    assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_while_a_hugetlbfs_segment_is_made_leaves_no_file(tmp_path, monkeypatch):
+    """Regression: Ctrl-C while a hugetlbfs segment was made left its file (and the pool's
+    pages)."""
+    mnt = tmp_path / "hugepages"
+    mnt.mkdir()
+    monkeypatch.setattr(segment, "hugetlbfs_mounts", lambda: {segment.MB2: str(mnt)})
+    monkeypatch.setattr(os, "symlink", _interrupt)
+    path = str(tmp_path / "fastpath.seg")
+    with pytest.raises(KeyboardInterrupt):
+        segment.create(path, 1 << 20, 0o600, "2m")
+    assert os.listdir(mnt) == [] and not os.path.lexists(path)
+
+
+def _run_client(script, name, server_pid, how, timeout):
+    """A client script (argv: name, the server's pid, how) in its own process."""
+    return subprocess.run([sys.executable, str(script), name, str(server_pid), how],
+                          capture_output=True, text=True, cwd=PKG_ROOT,
+                          env=dict(os.environ, PYTHONPATH=PKG_ROOT), timeout=timeout)
+
+
+CLOSE_IN_HANDLER = r"""
+import os, signal, sys
+import numpy as np
+import fastpath
+name, server_pid, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+c = fastpath.connect(name, timeout=5, stall_timeout=30)
+raw = np.zeros(c.raw_len, np.float32)
+c.step(raw, 0)
+
+
+def stopped(pid):                   # every thread of it (the worker's too) stopped by now
+    tasks = os.listdir(f"/proc/{pid}/task")
+    for t in tasks:
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] not in "Tt":
+                return False
+    return True
+
+
+os.kill(server_pid, signal.SIGSTOP)
+while not stopped(server_pid):
+    pass
+if how == "submit":                 # fill the request ring: the next submit waits for room
+    for _ in range(c.server_stats()["slots"]):
+        c.submit(raw, 0)
+waiting = False
+
+
+def on_alarm(*_):
+    if not waiting:         # a slow host: the call has not begun yet (closed now, it raised
+        signal.setitimer(signal.ITIMER_REAL, 0.05)      # "is closed" from its first check)
+        return
+    c.close()
+
+
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.1)
+waiting = True              # a store: no handler runs between it and the call's wait
+try:
+    c.step(raw, 0) if how == "step" else c.submit(raw, 0)
+except fastpath.ServeError as exc:
+    print("raised:", exc, getattr(exc, "seq", None))
+"""
+
+
+@pytest.mark.parametrize("how", ["step", "submit"])
+def test_close_from_a_signal_handler_during_a_wait_is_an_error_not_a_segfault(tmp_path, how):
+    script = tmp_path / "client.py"
+    script.write_text(CLOSE_IN_HANDLER)
+    name = uname()
+    p = serve_cli(tmp_path, name, 'ring_slots = 4\non_full = "spin"\n')
+    try:
+        assert p.stdout.readline().startswith(f"serving '{name}'")
+        # the wait's signal check ran the handler, which unmapped the rings the wait then
+        # read: SIGSEGV (-11)
+        r = _run_client(script, name, p.pid, how, 120)
+        assert r.returncode == 0, r.stderr
+        assert "was closed while this call waited" in r.stdout
+        if how == "step":
+            assert r.stdout.split()[-1] == "2"     # the tick it had sent
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.terminate()
+        p.communicate(timeout=60)
+
+
+TAKE_IN_HANDLER = r"""
+import os, signal, sys
+import numpy as np
+import fastpath
+name, server_pid, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+c = fastpath.connect(name, timeout=5, stall_timeout=30)
+raw = np.zeros(c.raw_len, np.float32)
+c.step(raw, 0)
+got = []
+
+
+waiting = False
+
+
+def handler(*_):
+    if not waiting:
+        # a slow host: step() has not sent its tick yet. Acting now, the poll below waited for
+        # ever for an answer to nothing (the test's 60 s timeout)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        return
+    # the answer arrives and is taken inside the wait, by this handler
+    os.kill(server_pid, signal.SIGCONT)
+    if how == "poll":
+        while not got:
+            got.extend(c.poll())
+    else:
+        got.append(c.step(raw, 0))          # a nested step stashes the outer one's answer
+
+
+signal.signal(signal.SIGALRM, handler)
+os.kill(server_pid, signal.SIGSTOP)
+while not stopped(server_pid):
+    pass
+signal.setitimer(signal.ITIMER_REAL, 0.1)
+waiting = True              # a store: no handler runs between it and step()'s wait
+try:
+    r = c.step(raw, 0)
+    print("answered", r.seq, [getattr(g, "seq", g) for g in got])
+except fastpath.ServeError as exc:
+    print("raised:", exc, [seq for seq, _ in got])
+"""
+
+
+@pytest.mark.parametrize("how", ["poll", "step"])
+def test_an_answer_taken_inside_steps_wait_does_not_hang_it(tmp_path, how):
+    script = tmp_path / "client.py"
+    # the helper that waits for SIGSTOP to land, from the close-in-handler script
+    helper = CLOSE_IN_HANDLER[CLOSE_IN_HANDLER.index("def stopped"):
+                              CLOSE_IN_HANDLER.index("os.kill(server_pid, signal.SIGSTOP)")]
+    script.write_text(TAKE_IN_HANDLER.replace("got = []\n", "got = []\n" + helper, 1))
+    name = uname()
+    p = serve_cli(tmp_path, name)
+    try:
+        assert p.stdout.readline().startswith(f"serving '{name}'")
+        # it waited forever for an answer already taken (the server alive: no ServerGone)
+        r = _run_client(script, name, p.pid, how, 60)
+        assert r.returncode == 0, r.stderr
+        if how == "poll":
+            assert r.stdout.startswith("raised: the answer to tick 2 was taken by a poll()")
+            assert r.stdout.rstrip().endswith("[2]")
+        else:
+            assert r.stdout.split() == ["answered", "2", "[3]"]
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.terminate()
+        p.communicate(timeout=60)
+
+
+def python_c(code, *args, timeout=120, **kw):
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
                           text=True, cwd=PKG_ROOT, env=dict(os.environ, PYTHONPATH=PKG_ROOT),
                           timeout=timeout, **kw)
@@ -90,7 +318,7 @@ for i in range(rounds):
     assert srv.stats()["state"] == "stopped" and len(srv.latency_records()) == 1
     assert not os.path.exists(path), path
 print("ok", rounds)
-""".replace("CFG", CFG)
+""".replace("CFG", CFG_JSON)
 
 
 def _nested(outer, inner, rounds):
@@ -98,7 +326,7 @@ def _nested(outer, inner, rounds):
     paths = [segment_path(f"{base}-{i}") for i in range(rounds)]
     try:
         # a deadlock is a timeout here, a use of a closed worker a crash (rc -11)
-        r = _python(NESTED, base, rounds, outer, inner, timeout=120)
+        r = python_c(NESTED, base, rounds, outer, inner, timeout=120)
     finally:
         left = [p for p in paths if os.path.exists(p)]
         for p in left:          # a child killed by the timeout leaves its segment
@@ -108,17 +336,12 @@ def _nested(outer, inner, rounds):
     assert not left
 
 
-def test_stop_from_a_signal_handler_inside_stats_neither_deadlocks_nor_crashes():
-    _nested("stats", "stop", 30)
-
-
-def test_stats_from_a_signal_handler_inside_stats_does_not_deadlock():
-    _nested("stats", "stats", 30)
-
-
-def test_calls_from_a_signal_handler_inside_stop():
-    _nested("stop", "stop", 30)
-    _nested("stop", "stats", 30)
+@pytest.mark.parametrize("outer,inner", [("stats", "stop"), ("stats", "stats"),
+                                         ("stop", "stop"), ("stop", "stats")])
+def test_a_call_from_a_signal_handler_inside_another_neither_deadlocks_nor_crashes(outer, inner):
+    """Regression: stop() or stats() from a signal handler run inside stats() or stop() of the
+    same server deadlocked on the server's lock or used its closed worker."""
+    _nested(outer, inner, 30)
 
 
 EXIT_DRAIN = r"""
@@ -140,12 +363,10 @@ print("ready", flush=True)
 sys.stdin.readline()        # the test's own client is connected: a connect once the drain
                             # has begun is refused ("is stopping")
 # the interpreter exits here: the exit hook stops srv, its drain held by c
-""".replace("CFG", CFG)
+""".replace("CFG", CFG_JSON)
 
 
 def _exit_drain_ended_by(sig):
-    import fastpath
-    from helpers.serving import deadline
     name = uname()
     p = subprocess.Popen([sys.executable, "-c", EXIT_DRAIN, name, "60000"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -175,62 +396,14 @@ def _exit_drain_ended_by(sig):
     return p.returncode
 
 
-def test_ctrl_c_during_the_exit_drain_ends_it_and_removes_the_segment():
-    assert _exit_drain_ended_by(signal.SIGINT) == 0
-
-
-def test_sigterm_during_the_exit_drain_ends_it_and_removes_the_segment():
-    assert _exit_drain_ended_by(signal.SIGTERM) == 0
-
-
-def test_a_fork_while_another_thread_holds_the_servers_lock_does_not_hang_the_child():
-    """A thread inside stats() / latency_records() at the fork held the lock, and held it in
-    the child for ever (that thread does not exist there): the child's stop() (its exit hook)
-    and stats() waited on it for ever."""
-    import threading
-
-    import fastpath
-    from fastpath import ServeError
-    from helpers.serving import cfg
-    srv = fastpath.serve(uname(), config=cfg())
-    held, release = threading.Event(), threading.Event()
-
-    def inside_stats():             # stands for a monitoring thread inside srv.stats()
-        with srv._lock:
-            held.set()
-            release.wait(60)
-
-    t = threading.Thread(target=inside_stats)
-    t.start()
-    try:
-        assert held.wait(30)
-        pid = os.fork()
-        if pid == 0:                                        # pragma: no cover (child)
-            code = 3
-            try:
-                signal.alarm(30)                            # a hang: killed by SIGALRM
-                try:
-                    srv.stats()
-                except ServeError as exc:                   # "is run by process <parent>"
-                    assert "is a fork of it" in str(exc)
-                srv.stop()
-                code = 0
-            finally:
-                os._exit(code)
-        release.set()
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
-        assert srv.stats()["state"] == "running"
-    finally:
-        release.set()
-        t.join(30)
-        srv.stop()
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_during_the_exit_drain_ends_it_and_removes_the_segment(sig):
+    """Regression: Ctrl-C or SIGTERM during the exit hook's drain neither ended it nor left
+    the segment removed."""
+    assert _exit_drain_ended_by(sig) == 0
 
 
 def test_an_interrupt_while_the_server_makes_its_thread_leaves_no_segment(monkeypatch):
-    import fastpath
-    from fastpath.serving import server as server_mod
-    from helpers.serving import cfg
 
     class Interrupted:
         def __init__(self, *a, **kw):
@@ -244,46 +417,9 @@ def test_an_interrupt_while_the_server_makes_its_thread_leaves_no_segment(monkey
     assert not os.path.exists(segment_path(name))
 
 
-def test_repr_of_a_server_another_thread_is_stopping_never_raises():
-    """repr read the worker, then its state: a stop() in between closed it and repr raised
-    ServeError "is closed"."""
-    import threading
-
-    import fastpath
-    from helpers.serving import cfg
-    errors = []
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)         # switch threads as often as the GIL allows
-    try:
-        for _ in range(20):
-            srv = fastpath.serve(uname(), config=cfg())
-            done = threading.Event()
-
-            def reprs():
-                while not done.is_set():
-                    try:
-                        repr(srv)
-                    except Exception as exc:        # noqa: BLE001 (what is tested)
-                        errors.append(exc)
-
-            t = threading.Thread(target=reprs)
-            t.start()
-            srv.stop()
-            done.set()
-            t.join(30)
-            assert repr(srv).endswith("state='closed')")
-    finally:
-        sys.setswitchinterval(old)
-    assert not errors, errors[:3]
-
-
 def test_an_interrupt_while_the_worker_reports_its_segment_leaves_no_segment(monkeypatch):
-    """The Worker reads /proc/self/smaps for its report once the segment is made: a Ctrl-C
-    there (or any error after the file was made) left the file in /dev/shm, its header naming
-    this live process."""
-    import fastpath
-    from fastpath.control import memory
-    from helpers.serving import cfg
+    """Regression: Ctrl-C while the worker read smaps for its report left the segment file
+    behind."""
 
     real = memory.smaps_entry
 
@@ -342,140 +478,39 @@ except ServeError as exc:
     print("raised:", exc)
 gc.set_threshold(700)
 srv.stop()
-""".replace("CFG", CFG)
+""".replace("CFG", CFG_JSON)
 
 
 def test_a_close_inside_poll_step_or_submit_is_an_error_not_a_segfault():
     for how in ("poll", "step", "submit"):
-        r = _python(CLOSE_INSIDE, uname(), how, timeout=120)
+        r = python_c(CLOSE_INSIDE, uname(), how, timeout=120)
         # the loop taking answers read the unmapped rings: SIGSEGV (-11)
         assert r.returncode == 0, (how, r.returncode, r.stderr[-2000:])
         assert "was closed while this call waited" in r.stdout, (how, r.stdout)
 
 
 def test_a_close_inside_server_stats_is_no_segfault():
-    """server_stats() built its dicts while it read the header: a gc pass there (a finalizer,
-    a gc callback) that closed the client unmapped the header under the next read."""
+    """Regression: a gc callback closing the client inside server_stats() unmapped the header
+    under its reads."""
     code = CLOSE_INSIDE.replace(
         'out = c.poll() if how == "poll" else c.step(raw, 0) if how == "step" else '
         'c.submit(raw, 0)', 'out = c.server_stats()').replace(
         'len(out) if how == "poll" else out', 'out["served"], len(out["clients"])')
     assert 'out = c.server_stats()' in code
-    r = _python(code, uname(), "stats", timeout=120)
+    r = python_c(code, uname(), "stats", timeout=120)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert r.stdout.split() == ["returned", "4", "1"], r.stdout
 
 
-def test_a_client_made_directly_checks_its_timeouts():
-    """fastpath.serving.client.Client(name, timeout, stall_timeout) took a nan, inf or huge
-    timeout (the deadline overflowed: no wait, "no server is serving"), a nan or negative
-    stall_timeout (every live server called stalled) and a str (TypeError / ValueError
-    naming no argument)."""
-    import pytest
-
-    import fastpath
-    from fastpath import InputError
-    from fastpath.serving.client import Client
-    from helpers.serving import cfg
-    name = uname()
-    for bad in (float("nan"), float("inf"), 1e12, -1, "5", True):
-        with pytest.raises(InputError, match=r"^timeout must be a number of seconds in \[0, "):
-            Client(name, bad)
-    for bad in (float("nan"), -1, 0, "5"):
-        with pytest.raises(InputError, match=r"^stall_timeout must be a number of seconds in "
-                                             r"\(0, "):
-            Client(name, 1.0, bad)
-    with fastpath.serve(name, config=cfg()):
-        with Client(name, 5, 30) as c:
-            assert c.stall_timeout == 30
-            c.step(np.zeros(c.raw_len, np.float32), 0)
-
-
 def test_an_exit_drain_that_times_out_says_what_it_left():
-    """The exit hook's drain gave up on a client that took no answers without a word (as
-    `fastpath serve` said nothing before session 26)."""
+    """Regression: the exit hook's drain gave up on a client that took no answers without a
+    word."""
     name = uname()
-    r = _python(EXIT_DRAIN, name, 100, timeout=120, input="go\n")
+    r = python_c(EXIT_DRAIN, name, 100, timeout=120, input="go\n")
     assert r.returncode == 0, r.stderr
     assert not os.path.exists(segment_path(name))
     assert (f"server {name!r}: the exit's drain ended after [serve] drain_timeout_ms = 100: "
             f"1 request(s) clients sent stay unanswered") in r.stderr, r.stderr
-
-
-def test_fastpath_serve_stops_on_sighup_and_keeps_serving_under_nohup(tmp_path):
-    """A closed terminal (SIGHUP) killed `fastpath serve` and left its segment in /dev/shm."""
-    import fastpath
-    from helpers.serving import serve_cli
-    name = uname()
-    p = serve_cli(tmp_path, name)
-    try:
-        assert p.stdout.readline().startswith(f"serving '{name}'")
-        p.send_signal(signal.SIGHUP)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
-    assert p.returncode == 0, (p.returncode, err)
-    assert f"stopped '{name}'" in out
-    assert not os.path.exists(segment_path(name))
-    # ignored (nohup): left ignored, the server is not stopped by it
-    name = uname()
-    p = serve_cli(tmp_path, name,
-                  preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    try:
-        assert p.stdout.readline().startswith(f"serving '{name}'")
-        with open(f"/proc/{p.pid}/status") as f:
-            masks = {k: int(v, 16) for k, v in (ln.split(":\t") for ln in f.read().splitlines()
-                                                 if ln.startswith(("SigIgn", "SigCgt")))}
-        bit = 1 << (signal.SIGHUP - 1)
-        assert masks["SigIgn"] & bit and not masks["SigCgt"] & bit, masks
-        p.send_signal(signal.SIGHUP)
-        with fastpath.connect(name, timeout=5) as c:
-            c.step(np.zeros(c.raw_len, np.float32), 0)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
-    assert p.returncode == 0, (p.returncode, err)
-    assert not os.path.exists(segment_path(name))
-
-
-def test_fastpath_serve_stops_when_its_stopping_line_cannot_be_written(monkeypatch):
-    """The terminal gone (EIO) or a closed pipe: the "stopping" print raised before the stop,
-    and the loop served on (its segment there) until the exit hook drained it."""
-    import errno
-
-    import pytest
-
-    from fastpath.serving import server as server_mod
-    from helpers.serving import cfg
-
-    class Gone:
-        def write(self, s):
-            if s.startswith("serving "):
-                os.kill(os.getpid(), signal.SIGTERM)
-            if s.startswith("stopping "):
-                raise OSError(errno.EIO, "Input/output error")
-
-        def flush(self):
-            pass
-
-    name = uname()
-    seen = []
-    real_stop = server_mod.Server.stop
-
-    def stop(self, timeout=None):
-        seen.append(self)
-        real_stop(self, timeout)
-
-    monkeypatch.setattr(server_mod.Server, "stop", stop)
-    with pytest.raises(OSError, match="Input/output error"):
-        server_mod.run_foreground(name, None, cfg(), out=Gone())
-    assert seen and seen[0].final_stats is not None      # stopped, not left to the exit hook
-    assert not os.path.exists(segment_path(name))
 
 
 STOP_INSIDE_STEP = r"""
@@ -519,23 +554,19 @@ try:
         print("answered", len(got))
 except fastpath.ServeError as exc:
     print("raised:", exc)
-""".replace("CFG", CFG).replace("TESTS", os.path.dirname(os.path.abspath(__file__)))
+""".replace("CFG", CFG_JSON).replace("TESTS", TESTS_DIR)
 
 
 def test_a_stop_inside_a_wait_does_not_hide_the_answers_its_drain_gave():
-    """The drain answers what was sent, then says stopped: step() looked at the ring, then at
-    the state, and an answer published between the two was reported as never come
-    (ServerGone) while it was there. (poll() between two calls: the next one takes them.)"""
+    """Regression: step() reported an answer the drain published as never come (ServerGone)."""
     for how in ("step", "poll"):
-        r = _python(STOP_INSIDE_STEP, uname(), how, timeout=120)
+        r = python_c(STOP_INSIDE_STEP, uname(), how, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         want = ["answered", "41", "40"] if how == "step" else ["answered", "40"]
         assert r.stdout.split() == want, (how, r.stdout)
 
 
 def test_an_interrupt_right_after_the_segment_file_is_opened_leaves_no_file(monkeypatch):
-    import fastpath
-    from helpers.serving import cfg
     name = uname()
     path = segment_path(name)
     real = os.fchmod
@@ -560,3 +591,76 @@ def test_an_interrupt_right_after_the_segment_file_is_opened_leaves_no_file(monk
     except OSError:
         leaked = False
     assert not leaked
+
+
+SERVE_UNTIL_TERM = r"""
+import signal, sys, time
+import fastpath
+sys.path.insert(0, "TESTS")
+from helpers.serving import cfg
+if sys.argv[2] == "exit":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+srv = fastpath.serve(sys.argv[1], config=cfg())
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_sigterm_to_an_in_process_server_as_the_docs_say():
+    """SIGTERM kills an in-process server as kill -9 does unless a handler exits; with one, the
+    segment is removed, as the docs say."""
+    code = SERVE_UNTIL_TERM.replace("TESTS", TESTS_DIR)
+    for how in ("exit", "default"):
+        name = uname()
+        p = subprocess.Popen([sys.executable, "-c", code, name, how], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=PKG_ROOT,
+                             env=dict(os.environ, PYTHONPATH=PKG_ROOT))
+        try:
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+            c = fastpath.connect(name, timeout=5)
+            assert c.step(np.zeros(256, np.float32), 0).seq == 1
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(timeout=60)
+        finally:
+            p.kill()
+            p.wait()
+        if how == "exit":
+            # the handler's exit ran the exit hook: drained, segment removed
+            assert rc == 143, p.stderr.read()
+            assert not os.path.exists(segment_path(name))
+            c.close()
+        else:
+            # killed: the segment stays, the client finds the server gone, and a new
+            # server under the name replaces the file
+            assert rc == -signal.SIGTERM
+            assert os.path.exists(segment_path(name))
+            try:
+                c.step(np.zeros(256, np.float32), 0)
+                raise AssertionError("a step to a killed server returned")
+            except fastpath.ServerGone:
+                pass
+            c.close()
+            with fastpath.serve(name, config=cfg()) as srv:
+                assert srv.name == name
+            assert not os.path.exists(segment_path(name))
+
+
+def test_an_interrupt_inside_the_segment_removal_still_removes_it(monkeypatch):
+    """Regression: Ctrl-C inside Worker.close()'s removal left the segment file in /dev/shm."""
+    real = segment.remove
+    calls = []
+
+    def interrupted(path, ident=None):
+        calls.append(path)
+        if len(calls) == 1:
+            raise KeyboardInterrupt     # lands before the unlink
+        return real(path, ident)
+
+    name = uname()
+    srv = fastpath.serve(name, config=cfg())
+    monkeypatch.setattr(segment, "remove", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        srv.stop()
+    monkeypatch.undo()
+    assert len(calls) == 2 and not os.path.exists(segment_path(name))
