@@ -13,9 +13,9 @@ from helpers.serving import run_cli
 
 # ------------------------------------------------------------------ command line
 @pytest.mark.parametrize("extra,what", [
-    (["--window", "-3"], "--window"),           # was an IndexError traceback from the fit
-    (["--window", "0"], "--window"),            # was a RuntimeWarning, then a ModelError
-    (["--max-error", "nan"], "--max-error"),    # was checked only after the whole fit
+    (["--window", "-3"], "--window"),           # each checked before the fit
+    (["--window", "0"], "--window"),
+    (["--max-error", "nan"], "--max-error"),
     (["--max-error", "-1"], "--max-error"),
 ])
 def test_calibrate_bad_numbers_are_usage_errors(tmp_path, capsys, extra, what):

@@ -156,7 +156,7 @@ def _fake_host(tmp_path, files):
     # no pool at all, but the config never asks for one: nothing to warn about
     ("none", {}, "pass"),
     ("thp", {}, "pass"),
-    # "1g" draws on the 1 GB pool first: 16 free 2 MB pages were a pass, 0 of 0 1 GB a miss
+    # "1g" draws on the 1 GB pool: 16 free 2 MB pages do not make up for 0 of 0 1 GB ones
     ("1g", {"2048kB": (16, 16)}, "warn"),
     ("1g", {"1048576kB": (2, 2)}, "pass"),
     ("auto", {"2048kB": (16, 16)}, "pass"),

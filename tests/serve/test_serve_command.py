@@ -108,7 +108,7 @@ def test_second_signal_while_starting_gives_the_start_up(monkeypatch):
     name = uname()
     try:
         with deadline(60):
-            # it was ServeError "did not start within 10 s": the second signal did nothing
+            # the second signal gives the start up (not a ServeError after the start timeout)
             with pytest.raises(KeyboardInterrupt):
                 server_mod.run_foreground(name, None, cfg(), out=_Out())
     finally:

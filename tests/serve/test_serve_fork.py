@@ -27,7 +27,7 @@ def test_forked_child_cannot_take_the_parents_replies():
             return repr(c.step(raws[1], 1, 200).signal)
         out = fork_child(child)
         assert out.startswith("ServeError") and "fork" in out and "connect" in out, out
-        with deadline(10):
+        with deadline(60):
             r = c.step(raws[2], 0, 300)
         assert r.seq == 2
         assert (r.signal, r.confidence) == (want[1].signal, want[1].confidence)
@@ -52,7 +52,7 @@ def test_forked_child_exiting_does_not_stop_the_parents_server():
             gc.collect()
             return "exit"
         assert fork_child(child) == "exit"
-        with deadline(10):
+        with deadline(60):
             assert c.step(raw, 0, 200).seq == 2
         assert srv.running and srv.stats()["state"] == "running"
         assert os.path.exists(srv.path)
@@ -94,8 +94,8 @@ def test_a_forked_child_is_told_the_server_is_its_parents():
         with os.fdopen(r) as f:
             got = f.read().splitlines()
         os.waitpid(pid, 0)
-        # repr raised ServeError; stats said "is closed" (it serves on, in the parent); the
-        # latency records were the child's copy, frozen at the fork
+        # in the child: repr and stats name the parent's server (it serves on there), and
+        # the latency records are not a copy frozen at the fork
         want = f"Server(name='{name}', state='served by process {os.getpid()}')"
         assert got[0] == f"repr -> {want!r}"
         for line in got[1:]:

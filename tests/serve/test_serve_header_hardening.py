@@ -47,7 +47,7 @@ def test_a_segment_whose_header_disagrees_with_itself_is_refused(field, value):
         try:
             os.write(fd, bytes(data))
             os.close(fd)
-            with deadline(10), pytest.raises(ServeError, match="not a fastpath serving segment"):
+            with deadline(60), pytest.raises(ServeError, match="not a fastpath serving segment"):
                 fastpath.connect(fake, timeout=0.05)
         finally:
             os.unlink(path)
@@ -258,7 +258,7 @@ def test_a_client_cannot_forge_the_servers_own_stats():
             line, _ = _stats_line(srv, {}, 1.0)
             assert line.split()[0] == "5", line
             # the clients' copy: published again by the loop within a heartbeat or so
-            with deadline(10):
+            with deadline(60):
                 while c.server_stats()["served"] != 5:
                     time.sleep(0.002)
             cs = c.server_stats()

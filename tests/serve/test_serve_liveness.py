@@ -30,7 +30,7 @@ def test_idle_sleeping_server_keeps_beating():
     with fastpath.serve(name, None, conf):
         for i in range(8):
             time.sleep(0.2)                 # the server idles (naps) between clients
-            with deadline(10), fastpath.connect(name, timeout=2) as c:
+            with deadline(60), fastpath.connect(name, timeout=2) as c:
                 c.step(raw, 0)
 
 
@@ -44,14 +44,14 @@ def _slow_model():
 def _stall_and_backlog(eng, raw, min_stall=1.0):
     """(stall_timeout, n) sized from how fast this host steps the model now: eight rounds of
     the loop (64 requests each, a heartbeat between two) fit in the stall timeout, and a
-    backlog of n requests lasts about three stall timeouts, so a heartbeat that waited for
+    backlog of n requests lasts about two stall timeouts, so a heartbeat that waited for
     the backlog would be called stalled."""
     t0 = time.perf_counter()
     for _ in range(64):
         eng.step(raw, 1)
     round_s = time.perf_counter() - t0
     stall = max(min_stall, 8 * round_s)
-    return round(stall, 3), max(1000, min(4000, int(3 * stall / (round_s / 64))))
+    return round(stall, 3), max(1000, min(4000, int(2 * stall / (round_s / 64))))
 
 
 def test_a_server_working_through_a_backlog_is_not_called_stalled():

@@ -62,8 +62,8 @@ def test_c_client_submit_is_refused_once_the_stop_begins(tmp_path):
             p.stdin.write("go\n")
             p.stdin.flush()
             rc, seq = map(int, p.stdout.readline().split())
-        # FP_RING_ERR_GONE (-5), nothing sent (it was FP_RING_OK: served by the drain, or
-        # never answered once the drain had ended)
+        # FP_RING_ERR_GONE (-5), nothing sent (not FP_RING_OK: a tick accepted after the
+        # stop began might never be answered once the drain had ended)
         assert (rc, seq) == (-5, 0)
         assert p.wait(timeout=30) == 0
     finally:
@@ -367,14 +367,14 @@ def test_ring_full_reject_raises_and_counts(model):
     with fastpath.serve(name, model, cfg(ring_slots=4, on_full="reject")) as srv, \
             fastpath.connect(name) as c:
         accepted = []
-        with pytest.raises(RingFull, match="full"), deadline(10):
+        with pytest.raises(RingFull, match="full"), deadline(60):
             for i in range(100):
                 accepted.append(c.submit(raw, 0, 1000 * (i + 1)))
         # 4 answers waiting to be taken, 4 requests behind them: nothing more fits
         assert len(accepted) <= 8
         assert srv.stats()["rejected_full"] == 1
         got = []
-        with deadline(10):
+        with deadline(60):
             while len(got) < len(accepted):
                 got += c.poll()
         assert [s for s, _ in got] == accepted        # the refused tick took no seq
@@ -388,7 +388,7 @@ def test_ring_full_spin_waits_without_deadlock(model):
     raw = ticks(1, model.feature_spec.raw_len)[0]
     with fastpath.serve(name, model, cfg(ring_slots=4, on_full="spin")) as srv, \
             fastpath.connect(name) as c:
-        with deadline(10):
+        with deadline(60):
             seqs = [c.submit(raw, 0, 1000 * (i + 1)) for i in range(200)]
             got = []
             while len(got) < 200:

@@ -280,7 +280,7 @@ def test_a_segment_another_server_is_still_creating_is_not_replaced():
         with pytest.raises(ServeError, match="another server is creating"):
             fastpath.serve(name, config=cfg())
         assert os.path.getsize(path) == 64 << 10          # left to its maker
-        # a crashed start's leftover (the same zeros, old) is replaced as before
+        # a crashed start's leftover (the same zeros, old) is still replaced
         old = os.stat(path).st_mtime - 60
         os.utime(path, (old, old))
         with fastpath.serve(name, config=cfg()) as srv, fastpath.connect(name) as c:

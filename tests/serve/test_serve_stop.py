@@ -213,7 +213,7 @@ def test_a_submit_to_a_stopped_server_says_the_tick_was_not_sent():
     c = fastpath.connect(name, timeout=5)
     try:
         srv.stop()
-        # it was "server ... is stopped" alone, whether the tick went out left open
+        # the message says whether the tick went out
         with pytest.raises(ServerGone, match=r"is stopped: request not sent"):
             c.submit(np.zeros(c.raw_len, np.float32), 0)
         assert c.outstanding == 0
@@ -289,10 +289,10 @@ def test_stop_drains_accepted_requests(model):
     srv = fastpath.serve(name, model, cfg())
     c = fastpath.connect(name)
     seqs = [c.submit(raws[i], 0, 1000 * (i + 1)) for i in range(200)]
-    with deadline(10):
+    with deadline(60):
         srv.stop()
     got = c.poll()
     assert [s for s, _ in got] == seqs
-    with deadline(5), pytest.raises(ServerGone, match="stop"):
+    with deadline(60), pytest.raises(ServerGone, match="stop"):
         c.step(raws[0], 0, 10**9)
     c.close()
