@@ -1,6 +1,6 @@
 /* A C client of a fastpath server, built only on fp_ring.h (fastpath.get_include()): what a
- * feed handler in C would do. Used by tests/test_serve.py (replies checked against a local
- * Engine) and bench/serve.py (round-trip latency without Python).
+ * feed handler in C would do. Used by tests/serve/test_serve_rings_c.py (replies
+ * checked against a local Engine) and bench/serve.py (round-trip latency without Python).
  *
  *   client NAME check IN.f32 N SYM0 NSYM OUT.f32   step N ticks (raw rows from IN, symbol
  *        SYM0 + i % NSYM, ts_ns = 1000 * (i + 1)), write signal,confidence per tick to OUT

@@ -67,7 +67,7 @@ def _stuck(c):
     for i in range(2):          # answered: the reply ring (2 slots) is full
         c.submit(raw, 0, i + 1)
     while c.server_stats()["served"] < 2:
-        pass
+        time.sleep(0.0005)
     c.submit(raw, 0, 3)         # held: the drain waits for room in c's reply ring
 
 
@@ -112,8 +112,18 @@ BASE = {"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield",
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastpath.__file__)))
 
 
-def cfg(**serve):
-    return {"engine": dict(BASE["engine"]), "serve": {**BASE["serve"], **serve}}
+def cfg(engine=None, **serve):
+    """The test config: BASE with `engine` merged into its [engine] table, `serve` into its
+    [serve] table."""
+    return {"engine": {**BASE["engine"], **(engine or {})}, "serve": {**BASE["serve"], **serve}}
+
+
+def run_cli(args, tmp_path, timeout=120, **kw):
+    """`python -m fastpath.cli *args` run in tmp_path (outside the checkout), the imported
+    fastpath's root on PYTHONPATH; output captured as bytes."""
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT)
+    return subprocess.run([sys.executable, "-m", "fastpath.cli", *args], capture_output=True,
+                          env=env, cwd=tmp_path, timeout=timeout, **kw)
 
 
 def uname():
@@ -183,3 +193,104 @@ def _wait_stopped(pid, limit_s=5.0):
             return
         time.sleep(0.001)
     raise AssertionError(f"process {pid} did not stop within {limit_s} s")
+
+
+# fp_client_entry.state values (fastpath/include/fp_ring.h)
+CL_FREE, CL_CLAIMED, CL_ACTIVE, CL_CLOSING = 0, 1, 2, 3
+
+
+def store_entry(path, idx, state, pid):
+    """Client table entry idx set to (state, pid) in one 8-byte store, as a claim's
+    compare-and-swap makes it: no reap pass of the loop can run between the two halves."""
+    import ctypes
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+        try:
+            word = ctypes.c_uint64.from_buffer(m, CLIENTS_OFF + 64 * idx)
+            word.value = (state & 0xFFFFFFFF) | ((pid & 0xFFFFFFFF) << 32)
+            del word
+        finally:
+            m.close()
+
+
+def wait_beats(srv, k, timeout=30.0, each=None):
+    """Return once the server's loop has beaten k more times (its heartbeat age fell k times:
+    each beat restarts it, and each beat is followed by a reap pass); each(), if given, is
+    called between two looks."""
+    end = time.monotonic() + timeout
+    prev, seen = srv.stats()["heartbeat_age_ns"], 0
+    while seen < k:
+        assert time.monotonic() < end, f"the loop beat {seen} of {k} times in {timeout} s"
+        if each is not None:
+            each()
+        age = srv.stats()["heartbeat_age_ns"]
+        seen += age < prev
+        prev = age
+        time.sleep(0.0005)
+
+
+def wait_loop_time(srv, seconds, timeout=60.0):
+    """Return once the server's loop has run for `seconds` by its own clock from now and
+    beaten twice after that (so a reap pass saw the slots that late): for checks that
+    something does NOT happen within a grace the loop measures."""
+    end = time.monotonic() + timeout
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        assert time.monotonic() < end
+        time.sleep(0.005)
+    wait_beats(srv, 2, timeout=max(1.0, end - time.monotonic()))
+
+
+# the tests/ directory, for child processes that import helpers
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# the test config as JSON text, for scripts run in a child process
+CFG_JSON = ('{"engine": {"n_symbols": 16}, "serve": {"place": False, "idle": "yield", '
+            '"idle_spin_ns": 50000}}')
+
+
+class Interrupt(Exception):
+    """Raised by a stand-in for a KeyboardInterrupt at a chosen point (never an OSError, so
+    nothing on the way catches it)."""
+
+
+def python_c(code, *args, timeout=120, **kw):
+    """`python -c code *args` in the imported fastpath's root, output captured as text."""
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                          text=True, cwd=PKG_ROOT, env=dict(os.environ, PYTHONPATH=PKG_ROOT),
+                          timeout=timeout, **kw)
+
+
+def fork_child(fn):
+    """Run fn() in a forked child; its outcome (a string) comes back through a pipe; the
+    child leaves with os._exit (under pytest a SystemExit would resume the tests in the child)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            out = fn()
+        except BaseException as exc:       # noqa: BLE001 - reported to the parent
+            out = f"{type(exc).__name__}: {exc}"
+        os.write(w, str(out).encode()[:4000])
+        os.close(w)
+        os._exit(0)
+    os.close(w)
+    with deadline(60):
+        _, status = os.waitpid(pid, 0)
+        text = os.read(r, 4096).decode()
+    os.close(r)
+    assert os.WIFEXITED(status), status
+    return text
+
+
+def stop_in_thread(srv, timeout=60.0):
+    """srv.stop() in a thread, returned once the server's state reads "stopping"."""
+    import threading
+    t = threading.Thread(target=srv.stop)
+    t.start()
+    end = time.monotonic() + timeout
+    while srv.stats()["state"] != "stopping":
+        assert time.monotonic() < end, "the server never began its stop"
+        time.sleep(0.001)
+    return t
