@@ -90,8 +90,8 @@ def timer_overhead() -> float:
 
 def timed_calls(step, raws, n, overhead):
     """ns of step(raw, 0) (Engine.step or Client.step, the bound method itself) per call, minus
-    the empty region's cost. A lambda around it put a Python call (~20 ns here) into both
-    "from Python" rows that a caller of step() does not make."""
+    the empty region's cost. The bound method is called directly: a lambda around it would add
+    a Python call (~20 ns) that a caller of step() does not make."""
     t = time.perf_counter_ns
     out = np.empty(n, np.int64)
     for i in range(n):
@@ -161,7 +161,7 @@ def soak(name, model_cfg, raws, n_total, tmp):
     # checkout), not the checkout's sources, which a non-editable install leaves unbuilt
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(fastpath.__file__)))
     t0 = time.perf_counter()
-    # symbols 8.. : 0 was stepped on the engine clock by the round-trip rows
+    # symbols 8.. : the timed rows step symbol 0 on the engine clock
     outs = [os.path.join(tmp, f"soak{k}") for k in range(2)]
     procs = [subprocess.Popen([sys.executable, script, name, pool_path, str(8 + 4 * k), str(n),
                                outs[k]], env=env) for k in range(2)]
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="the JSON (default: bench/results/serve-latest.json; "
                                   "serve-partial.json for a run with --quick, --calls or --soak)")
     args = ap.parse_args(argv)
-    # "--calls 0" ran the default ("or"); a negative soak was a soak of a negative count
+    # checked here: "--calls 0" would fall back to the default, a negative soak means nothing
     if args.calls is not None and args.calls < 1:
         ap.error(f"--calls must be >= 1, got {args.calls}")
     if args.soak is not None and args.soak < 0:
