@@ -71,18 +71,29 @@ def test_an_unreadable_input_file_names_its_option(tmp_path, capsys, opt):
     assert not (tmp_path / "c.fpm").exists()
 
 
-def test_fp32_weights_on_a_tree_say_what_a_tree_holds(tmp_path, capsys):
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_weights_option_on_a_tree(tmp_path, capsys, weights):
+    """--weights fp32 on a tree ensemble spoke of "fp32 hidden layers"; a reduced set (int8) is
+    refused before the fit, naming what it packs."""
     pytest.importorskip("onnx")
     from fastpath.cli import main
     from helpers.models import _tree_onnx
     p = _tree_onnx(tmp_path)
-    np.save(tmp_path / "t.npy", np.random.default_rng(3).standard_normal((40, 6)).astype(F32))
-    assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
-                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "none",
-                 "--features", "raw", "--weights", "fp32"]) == 0
-    out = capsys.readouterr().out
-    assert "hidden layers" not in out
-    assert "weights: fp32 (a tree ensemble's float32 thresholds and leaves" in out
+    ticks = (np.random.default_rng(3).standard_normal((40, 6)).astype(F32) if weights == "fp32"
+             else np.ones((20, 6), F32))
+    np.save(tmp_path / "t.npy", ticks)
+    rc = main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
+               str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "none",
+               "--features", "raw", "--weights", weights])
+    cap = capsys.readouterr()
+    if weights == "fp32":
+        assert rc == 0
+        assert "hidden layers" not in cap.out
+        assert "weights: fp32 (a tree ensemble's float32 thresholds and leaves" in cap.out
+    else:
+        assert rc == 2
+        assert "--weights int8 packs an MLP's hidden layers" in cap.err
+        assert "feature spec:" not in cap.out            # said before the fit, not after it
 
 
 def _calibrate_files(tmp_path, n_in=128):
@@ -214,17 +225,3 @@ def test_calibrate_refuses_symbols_no_engine_holds(tmp_path, capsys, bad, hint):
     assert f"holds symbol {bad}; symbols are ids 0..{(1 << 22) - 1}" in err
     assert ("they go to --ts" in err) == hint
     assert not (tmp_path / "c.fpm").exists()
-
-
-def test_calibrate_refuses_reduced_weights_for_a_tree_before_the_fit(tmp_path, capsys):
-    pytest.importorskip("onnx")
-    from fastpath.cli import main
-    from helpers.models import _tree_onnx
-    p = _tree_onnx(tmp_path)
-    np.save(tmp_path / "t.npy", np.ones((20, 6), F32))
-    assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
-                 str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "none",
-                 "--features", "raw", "--weights", "int8"]) == 2
-    cap = capsys.readouterr()
-    assert "--weights int8 packs an MLP's hidden layers" in cap.err
-    assert "feature spec:" not in cap.out            # said before the fit, not after it

@@ -50,22 +50,21 @@ def test_launch_path_refusal_tag_is_per_call(fake_fatbin):
         assert be.infer(np.zeros(4, np.float32))[1] is False
 
 
-def test_launch_path_fault_pops_context(fake_fatbin):
-    m = random_model(np.random.default_rng(7), [4, 2])
-    cu = FakeCuda(kernel_mode="fault")
-    be = GpuBackend(m, "launch", cuda=cu)
-    with pytest.raises(BackendError, match="illegal memory access"):
+@pytest.mark.parametrize("kernel_mode,seed,timeout_ns,says", [
+    ("fault", 7, None, "illegal memory access"),
+    ("launch_never_ends", 16, 2 * 10**6, "did not complete")])
+def test_launch_that_faults_or_never_completes_is_an_error(fake_fatbin, kernel_mode, seed,
+                                                           timeout_ns, says):
+    """A launch that faults or never completes is a BackendError, with the context popped."""
+    m = random_model(np.random.default_rng(seed), [4, 2])
+    cu = FakeCuda(kernel_mode=kernel_mode)
+    kw = {} if timeout_ns is None else {"timeout_ns": timeout_ns}
+    be = GpuBackend(m, "launch", cuda=cu, **kw)
+    with pytest.raises(BackendError, match=says):
         be.infer(np.zeros(4, np.float32))
     assert cu.depth == 0
-
-
-def test_launch_that_never_completes_is_an_error(fake_fatbin):
-    m = random_model(np.random.default_rng(16), [4, 2])
-    cu = FakeCuda(kernel_mode="launch_never_ends")
-    be = GpuBackend(m, "launch", cuda=cu, timeout_ns=2 * 10**6)
-    with pytest.raises(BackendError, match="did not complete"):
-        be.infer(np.zeros(4, np.float32))
-    assert cu.depth == 0 and be.path._inflight == 0
+    if kernel_mode == "launch_never_ends":
+        assert be.path._inflight == 0
 
 
 @pytest.mark.parametrize("mode", ["launch", "persistent"])
