@@ -60,8 +60,7 @@ TSC_CLOCKSOURCES = ("tsc", "kvm-clock")
 
 def c_clock(machine) -> str:
     """The clock of the in-C figures on the host that wrote the results: the TSC, or
-    CLOCK_MONOTONIC where fastpath found no invariant TSC (the stage table once said TSC
-    whatever the host had)."""
+    CLOCK_MONOTONIC where fastpath found no invariant TSC."""
     return "TSC" if machine.get("clock", {}).get("source", "tsc") == "tsc" else "CLOCK_MONOTONIC"
 
 

@@ -63,9 +63,8 @@ MAX_RECORDS = 1 << 24
 def server_config(worker_core: int, calls: int) -> dict:
     """The worker's config: placed on worker_core, spinning, and a latency record ring that
     holds every timed round trip of a row (the worker's fp_step and hand-off rows are read
-    from it). The default ring of 65,536 held the last 65,536 of 200,000 round trips: those
-    rows, printed and in the README beside the round trips as "of which", were a third of
-    the calls, their p99 another set's."""
+    from it), so those rows are of the same calls as the row they sit beside, up to the
+    engine's largest ring."""
     rec = 1 << max(int(min(calls, MAX_RECORDS)) - 1, 0).bit_length()
     return {"placement": {"core": worker_core, "policy": "other", "priority": 0},
             "serve": {"idle": "spin", "place": True},

@@ -272,8 +272,7 @@ def main(argv=None) -> int:
     # a few rows exactly on the model's inputs' grid edges are not needed for timing; the
     # agreement check below uses the same rows that are timed
     overhead = timer_overhead(20000)
-    # the exported models and tl2cgen's libraries, removed after the run (every run left a
-    # directory of them in /tmp)
+    # the exported models and tl2cgen's libraries, removed after the run: nothing is left in /tmp
     work = tempfile.mkdtemp(prefix="fastpath-zoo-")
     try:
         rows = []
