@@ -21,7 +21,6 @@ def _env():
     return env
 
 
-# ------------------------------------------------------------------ fastpath bench
 def test_bench_speaks_as_fastpath_bench_and_exits_2_on_bad_input(tmp_path, capsys):
     from fastpath.cli import main
     with pytest.raises(SystemExit) as e:

@@ -200,14 +200,13 @@ def test_calibrate_refuses_any_scale_it_would_refit(tmp_path, capsys):
     from fastpath.cli import main
     p = _onnx(tmp_path, 1, "one.onnx")
     np.save(tmp_path / "t.npy", np.ones((50, 6), F32))
-    # @1 was taken silently (only a scale other than 1 was refused), then refitted
+    # @1 is refused as any other scale would be: calibrate would refit it
     assert main(["calibrate", "--ticks", str(tmp_path / "t.npy"), "--model", str(p), "--out",
                  str(tmp_path / "c.fpm"), "--z-fields", "0-5", "--window-fields", "none",
                  "--head", "regression@1"]) == 2
     assert "calibrate fits the regression head's scale" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------- calibrate's inputs
 @pytest.mark.parametrize("bad,hint", [(1 << 22, False), (1_700_000_000_000_082_944, True)])
 def test_calibrate_refuses_symbols_no_engine_holds(tmp_path, capsys, bad, hint):
     """The --ts file given as --symbols was taken: each tick its own symbol, every rolling

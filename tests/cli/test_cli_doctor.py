@@ -63,7 +63,6 @@ def _memlock_bytes(out: str) -> int:
     return int(re.search(r"engine arena \+ state (\d+) B", check["detail"]).group(1))
 
 
-# ------------------------------------------------------------------ doctor and the head
 def test_doctor_sizes_a_model_that_needs_a_head_without_one(tmp_path, capsys):
     from fastpath.cli import main
     p = _onnx(tmp_path, 3, "three.onnx")

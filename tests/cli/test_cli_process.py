@@ -119,7 +119,6 @@ def test_reader_gone_is_not_reported_as_bad_input(cmd, tmp_path):
     assert p.wait(timeout=120) == 1 and err == "", err
 
 
-# ------------------------------------------- an empty option is not the option left out
 def test_an_empty_model_or_symbols_path_is_refused_not_defaulted(tmp_path, capsys, served):
     """--model "$MODEL" with MODEL unset served (and doctor sized) the demo model, and
     --symbols "" fitted every tick as symbol 0: an empty path is a path that is not there."""

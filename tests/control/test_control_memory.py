@@ -15,7 +15,6 @@ from fastpath.control.memory import allocate, smaps_entry
 from helpers.builders import windowed_model
 
 
-# -------------------------------------------------------------------------- memory
 @pytest.mark.parametrize("mode", ["auto", "thp", "none"])
 def test_arena_backing_read_back(mode):
     r = allocate(3 << 20, mode, lock=True)

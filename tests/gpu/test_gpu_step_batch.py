@@ -83,7 +83,7 @@ def test_step_batch_time_backwards_within_the_batch_applies_no_row(fake_gpu):
         with pytest.raises(InputError, match="no row was applied"):
             ge.step_batch(raws[:2], syms[:2], [50, 60])
         # a row behind the engine's last tick of its symbol is refused before any row goes
-        # in, as Engine.step_batch refuses it (it was refused after row 0 was applied)
+        # in, as Engine.step_batch refuses it
         with pytest.raises(InputError, match=r"row 1: ts_ns 60 .*no row was applied"):
             ge.step_batch(raws[1:3], syms[1:3], [200, 60])
         assert ge.engine.ticks == 1
