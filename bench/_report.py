@@ -60,8 +60,7 @@ TSC_CLOCKSOURCES = ("tsc", "kvm-clock")
 
 def c_clock(machine) -> str:
     """The clock of the in-C figures on the host that wrote the results: the TSC, or
-    CLOCK_MONOTONIC where fastpath found no invariant TSC (the stage table once said TSC
-    whatever the host had)."""
+    CLOCK_MONOTONIC where fastpath found no invariant TSC."""
     return "TSC" if machine.get("clock", {}).get("source", "tsc") == "tsc" else "CLOCK_MONOTONIC"
 
 
@@ -223,16 +222,14 @@ class Dist:
         try:
             from hdrh.histogram import HdrHistogram
             h = HdrHistogram(1, max(int(v.max()), 2) * 2, 3)
-            # a 0 is recorded as 0 (the histogram's bucket 0): a stage shorter than one step
-            # of a coarse clock reads 0, and clamping it to 1 printed a "1 ns" p50 no call took
+            # a 0 is recorded as 0 (bucket 0): a stage shorter than one step of a coarse clock
+            # reads 0, and clamping it to 1 would report a time no call took
             vals, counts = np.unique(np.maximum(v, 0), return_counts=True)
             for x, c in zip(vals.tolist(), counts.tolist()):
                 h.record_value(x, c)
             self._h = h
-            # a value in the slowest sample's bucket is read as the top of that bucket, above
-            # the slowest call (p99.9 4,032,511 ns beside a max of 4,031,300): held to the max,
-            # a time a call took, which every sample of that bucket is within the histogram's
-            # precision of
+            # a value in the slowest sample's bucket reads as the top of that bucket, above the
+            # slowest call: held to the max, a time a call took, within the histogram's precision
             top = int(v.max())
             self.q = {p: float(min(h.get_value_at_percentile(p), top)) for p in PCTS}
             Dist.HDR = True
@@ -310,14 +307,14 @@ def tradeoff_table(res):
     names = res["stream"]["regimes"]
     trade = res["replay"].get("tradeoff", [])
     rows = [[t["policy"], f"{t['hits']:,} ({100 * t['hit_rate']:.1f}%)"]
-            # a regime with no ticks in this stream has no hit rate (it printed 0.0%)
+            # a regime with no ticks in this stream has no hit rate, not 0.0%
             + [f"{100 * t['regime_hit_rates'][n]:.1f}%" if n in t["regime_hit_rates"] else "-"
                for n in names]
             + [f"{t['mean_abs_error_on_hits']:.4f}", f"{t['max_abs_error_on_hits']:.4f}",
                str(t["sign_flips_on_hits"]), _tradeoff_ns(t), _step_py(t.get("step_python")),
                " / ".join(f"{t['miss_reasons'].get(x, 0):,}" for x in ("age", "run", "cosine", "norm"))]
             for t in trade]
-    # results written before the timed calls were kept hold one call per row
+    # results without batch_timing hold one call per row
     runs = next((t["batch_timing"]["runs"] for t in trade if t.get("batch_timing")), None)
     title = ("What the cache buys and costs (step_batch replay"
              + (f", ns/tick the median of {runs} timed calls" if runs else "")
@@ -333,8 +330,8 @@ def tables(res):
     """(title, header, rows) for every table, shared by the terminal, plain text and README."""
     out = []
     step = res["step"]
-    # no real miss (a stream too short for a lookup to run): no ratios, where ones against
-    # max(0, 1) ns printed the other rows thousands of times "slower" than a miss
+    # no real miss (a stream too short for a lookup to run): no ratios, since ones against
+    # max(0, 1) ns would read thousands
     has_miss = bool(step["miss"]["python"]["n"])
     miss_p50 = max(step["miss"]["python"]["p50"], 1)
     rows = []
@@ -405,7 +402,7 @@ def tables(res):
     return out
 
 
-# said under the tables with or without rich (the plain branch once left it out)
+# said under the tables with or without rich
 NO_HDR = ("hdrhistogram not installed: percentiles picked from the sorted samples by its rank "
           "rule")
 
@@ -418,8 +415,7 @@ def render(res) -> None:
             f"clock={m['clock']['source']}, {res['stream']['source']}\n"
             f"placement: core {pl.get('core')}, {pl.get('policy_granted', '?')} "
             f"{pl.get('priority_granted', '')}"
-            # the control plane refused (--cpu 9999): the run went on unplaced and said only
-            # "core None, ?"; the reason was in the JSON alone
+            # the control plane refused (--cpu 9999): the run goes on unplaced, and says why
             + (f" (not placed: {pl['error']})" if pl.get("error") else "")
             + (f" (asked {pl.get('policy_asked')} {pl.get('priority_asked')}: {pl.get('sched_refused')})"
                if pl.get("sched_refused") else "")
@@ -541,7 +537,7 @@ def write_plots(res, path: str):
     if a2.get_legend_handles_labels()[0]:
         a2.legend(fontsize=7, loc="upper left")
     else:
-        # an empty panel says why (and an empty legend was a UserWarning: an error under -W error)
+        # an empty panel says why (an empty legend is a UserWarning: an error under -W error)
         a2.text(0.5, 0.5, "no real miss in this replay", transform=a2.transAxes, ha="center",
                 va="center", fontsize=9)
 

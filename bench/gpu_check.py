@@ -102,9 +102,8 @@ def _gpu_times(be, x, iters) -> dict:
     so the crossover compares like with like. Beside it the path's own Timing: its total
     (timing_total_p50_ns) covers part of the call only (launch: from the copy into pinned
     memory to the end of the event poll; persistent: the C wait), and the p50 of each stage;
-    stages_vs_total is the stages' sum against that total. p50_ns was Timing's total, called
-    the whole call: a GPU figure that left out host work the tick pays, against a CPU figure
-    that leaves nothing out."""
+    stages_vs_total is the stages' sum against that total. Timing's total alone would leave out
+    host work the tick pays, against a CPU figure that leaves nothing out."""
     pc = time.perf_counter_ns
     for _ in range(min(iters, 200)):
         be.infer(x)

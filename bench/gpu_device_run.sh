@@ -135,8 +135,8 @@ PYEOF
 )
 
 step "GPU tests"
-(cd "$WORK" && timeout 180 $PY -m pytest -q -p no:cacheprovider "$ROOT/tests/test_gpu.py" \
-    "$ROOT/tests/test_gpu_protocol.py" "$ROOT/tests/test_review21_gpu.py" 2>&1 | tee "$OUT/pytest.log" | tail -15)
+(cd "$WORK" && timeout 180 $PY -m pytest -q -p no:cacheprovider "$ROOT/tests/gpu" 2>&1 \
+    | tee "$OUT/pytest.log" | tail -15)
 
 step "gpu_check"
 (cd "$WORK" && PYTHONUNBUFFERED=1 timeout 300 $PY "$ROOT/bench/gpu_check.py" --out "$OUT" \

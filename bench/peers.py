@@ -17,10 +17,8 @@ import numpy as np
 def numpy_peer(model):
     """The MLP alone, as the other peers run it: its layers and the model's post transform
     (softmax, logistic2), what fastpath's inference stage computes, where onnxruntime's graph
-    (Model.to_onnx writes the post transform) and the torch module end too. The head (tanh /
-    sigmoid of the two outputs) once ran here too, through a second Python call, and was thrown
-    away: ~0.6 us of the "MLP only" figure. The post transform once ran in onnxruntime's graph
-    alone: on a model with one, numpy and torch did less work and returned other outputs."""
+    (Model.to_onnx writes the post transform) and the torch module end too. The head is left
+    out: it is not part of the "MLP only" figure."""
     layers = [(l.weight.T.copy(), l.bias, l.activation) for l in model.layers]
     post = model.post
 
@@ -61,8 +59,7 @@ def onnxruntime_peer(model):
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # the session holds the model once built: the exported files go (each run left a
-    # directory of them in /tmp)
+    # onnxruntime holds the model once built, so the exported files are removed at once
     tmp = tempfile.mkdtemp(prefix="fastpath-bench-")
     try:
         path = os.path.join(tmp, "model.onnx")

@@ -26,7 +26,7 @@ def summary(res) -> str:
     lines = [
         f"Source: {res['stream']['source']}, {res['machine']['cpu_model']}, simd={res['machine']['simd']}, "
         f"fastpath {res['machine']['fastpath']} ({res['machine']['commit']}), started {res['started']}.",
-        # a replay without a real miss has no stages to give (its p50s of no calls read 0 ns)
+        # a replay without a real miss has no stages to give (a p50 of no calls is no figure)
         f"Inside fp_step() on a real miss (p50 of {miss['total']['n']:,} calls): features "
         f"{fmt_ns(miss['feature']['p50'])}, cache stage {fmt_ns(miss['cache']['p50'])}, "
         f"inference {fmt_ns(miss['infer']['p50'])}, total {fmt_ns(miss['total']['p50'])}."
@@ -37,7 +37,7 @@ def summary(res) -> str:
         if r["samples"]:
             lines.append(f"A real hit ({r['policy']['name']}, {r['samples']:,} hits) is "
                          f"{fmt_ns(r['in_c']['total']['p50'])} in C (p50).")
-    # results written before the timed calls were kept took the best of three
+    # results without batch_timing are the best of three calls
     runs = b["cache_off"].get("batch_timing", {}).get("runs", 3)
     best = {3: "three", 5: "five"}.get(runs, str(runs))
     lines.append(f"step_batch: {b['cache_off']['ticks_per_s'] / 1e6:.2f} M ticks/s with the cache off, "

@@ -170,9 +170,8 @@ def time_fn(fn, x, n: int, overhead: int) -> dict:
 
 def time_step(eng, x, n: int, overhead: int) -> dict:
     """Engine.step(x, 0) from Python, the bound method called in the timed region itself, as
-    bench/run.py times fastpath.step(). Through time_fn (a lambda around it) every figure
-    carried a Python call that a caller of step() does not make: ~20 ns here, a fifth of the
-    32x16x2 model's step."""
+    bench/run.py times fastpath.step(): a lambda around it (time_fn) would add a Python call
+    that a caller of step() does not make, ~20 ns, a fifth of the 32x16x2 model's step."""
     pc = time.perf_counter_ns
     step = eng.step
     for _ in range(max(n // 10, 50)):

@@ -63,9 +63,8 @@ MAX_RECORDS = 1 << 24
 def server_config(worker_core: int, calls: int) -> dict:
     """The worker's config: placed on worker_core, spinning, and a latency record ring that
     holds every timed round trip of a row (the worker's fp_step and hand-off rows are read
-    from it). The default ring of 65,536 held the last 65,536 of 200,000 round trips: those
-    rows, printed and in the README beside the round trips as "of which", were a third of
-    the calls, their p99 another set's."""
+    from it), so those rows are of the same calls as the row they sit beside, up to the
+    engine's largest ring."""
     rec = 1 << max(int(min(calls, MAX_RECORDS)) - 1, 0).bit_length()
     return {"placement": {"core": worker_core, "policy": "other", "priority": 0},
             "serve": {"idle": "spin", "place": True},
@@ -90,8 +89,8 @@ def timer_overhead() -> float:
 
 def timed_calls(step, raws, n, overhead):
     """ns of step(raw, 0) (Engine.step or Client.step, the bound method itself) per call, minus
-    the empty region's cost. A lambda around it put a Python call (~20 ns here) into both
-    "from Python" rows that a caller of step() does not make."""
+    the empty region's cost. The bound method is called directly: a lambda around it would add
+    a Python call (~20 ns) that a caller of step() does not make."""
     t = time.perf_counter_ns
     out = np.empty(n, np.int64)
     for i in range(n):
@@ -161,7 +160,7 @@ def soak(name, model_cfg, raws, n_total, tmp):
     # checkout), not the checkout's sources, which a non-editable install leaves unbuilt
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(fastpath.__file__)))
     t0 = time.perf_counter()
-    # symbols 8.. : 0 was stepped on the engine clock by the round-trip rows
+    # symbols 8.. : the timed rows step symbol 0 on the engine clock
     outs = [os.path.join(tmp, f"soak{k}") for k in range(2)]
     procs = [subprocess.Popen([sys.executable, script, name, pool_path, str(8 + 4 * k), str(n),
                                outs[k]], env=env) for k in range(2)]
@@ -217,7 +216,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="the JSON (default: bench/results/serve-latest.json; "
                                   "serve-partial.json for a run with --quick, --calls or --soak)")
     args = ap.parse_args(argv)
-    # "--calls 0" ran the default ("or"); a negative soak was a soak of a negative count
+    # checked here: "--calls 0" would fall back to the default, a negative soak means nothing
     if args.calls is not None and args.calls < 1:
         ap.error(f"--calls must be >= 1, got {args.calls}")
     if args.soak is not None and args.soak < 0:

@@ -160,8 +160,7 @@ def report(res: dict) -> list:
     """Print the tables; returns the targets missed."""
     missed = []
     print("\nSignal error against fp32 weights (hidden layers reduced, output layer fp32)")
-    # n: ticks of the stream for the demo, inputs (of 8 ticks each) for the 1024-wide model,
-    # whose count was printed under "ticks"
+    # n: ticks of the stream for the demo, inputs (of 8 ticks each) for the 1024-wide model
     print(f"{'model / weights':<26}{'max |d|':>10}{'mean |d|':>11}{'sign flips':>12}{'n':>9}")
     for k, e in res["accuracy"].items():
         print(f"{k:<26}{e['max_abs']:>10.5f}{e['mean_abs']:>11.6f}{e['sign_flips']:>12}{e['n']:>9}")

@@ -266,14 +266,13 @@ def main(argv=None) -> int:
         names = [m[0] for m in models]
         models = [m for m in models if any(k in m[0] or k in m[1].lower() for k in keys)]
         if not models:
-            # an empty table was written over the results, and the run said only "written"
+            # refused before the run, so an empty table never replaces the results
             ap.error(f"--only {args.only!r} matches no model or kind; models: {', '.join(names)}")
     Xt = np.ascontiguousarray(X[:2048])
     # a few rows exactly on the model's inputs' grid edges are not needed for timing; the
     # agreement check below uses the same rows that are timed
     overhead = timer_overhead(20000)
-    # the exported models and tl2cgen's libraries, removed after the run (every run left a
-    # directory of them in /tmp)
+    # the exported models and tl2cgen's libraries, removed after the run: nothing is left in /tmp
     work = tempfile.mkdtemp(prefix="fastpath-zoo-")
     try:
         rows = []
@@ -377,7 +376,7 @@ def render_table(res) -> str:
         fp, o, tl = r.get("fastpath"), r["onnxruntime"], r.get("tl2cgen") or {}
         tls = f"{_us(tl['p50'])} / {_us(tl['p99'])}" if "p50" in tl else ("n/a" if not tl else "skipped")
         fps = f"{_us(fp['p50'])} / {_us(fp['p99'])}" if fp else "refused"
-        # results written before the p99 ratio was kept have the p50 one only
+        # results without ratio_p99 have the p50 ratio only
         ratio = (f"{o['p50'] / max(fp['p50'], 1):.1f}x"
                  + (f" / {o['ratio_p99']:.1f}x" if "ratio_p99" in o else "")) if fp else ""
         diff = f"{r['max_rel_diff_vs_onnxruntime']:.1e}" if fp else ""

@@ -346,7 +346,7 @@ class OccModule(FakeModule):
 
 
 class OccCuda(FakeCuda):
-    """The stand-in driver of tests/test_gpu.py, reporting occupancy attributes (device and
+    """The stand-in driver (FakeCuda), reporting occupancy attributes (device and
     kernel) by name, and with memset_d32_async."""
     device_attribute = types.SimpleNamespace(**{k: k for k in H200})
     function_attribute = types.SimpleNamespace(**{k: k for k in PERSISTENT_SM90})

@@ -44,6 +44,15 @@ FAKE = {
     "proc/irq/25/smp_affinity_list": "2",
 }
 
+# per-CPU files: SMT siblings, a power-saving governor, and C-states with their exit latencies
+for c in range(8):
+    FAKE[f"sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"] = f"{c % 4},{c % 4 + 4}"
+    FAKE[f"sys/devices/system/cpu/cpu{c}/cpufreq/scaling_governor"] = "powersave"
+    for k, (name, lat) in enumerate((("POLL", 0), ("C1", 2), ("C6", 133))):
+        FAKE[f"sys/devices/system/cpu/cpu{c}/cpuidle/state{k}/name"] = name
+        FAKE[f"sys/devices/system/cpu/cpu{c}/cpuidle/state{k}/latency"] = str(lat)
+        FAKE[f"sys/devices/system/cpu/cpu{c}/cpuidle/state{k}/disable"] = "0"
+
 
 def make_host(tmp_path, **override):
     files = dict(FAKE)

@@ -3,10 +3,9 @@ from pathlib import Path
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import pytest
-
-
 
 
 ROOT = Path(__file__).resolve().parents[2]  # the repo
@@ -25,3 +24,11 @@ def _setup(tmp_path, *args):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out
+
+
+def _entry_point() -> tuple:
+    """(module, function) of pyproject's `fastpath` script."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        target = tomllib.load(f)["project"]["scripts"]["fastpath"]
+    mod, _, fn = target.partition(":")
+    return mod, fn
