@@ -76,7 +76,7 @@ ALLOWED = {
 }
 # the one upward call a layer makes on purpose: Model.fit_cache_policy delegates to the
 # shadow replay in fastpath.tuning (which drives the engine), at call time only
-EXCEPTIONS = {("fastpath.model.types", "fastpath.tuning", "fit_cache_policy")}
+EXCEPTIONS = {("fastpath.model.model", "fastpath.tuning", "fit_cache_policy")}
 
 
 def _layer(mod: str):

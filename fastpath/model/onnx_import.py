@@ -32,6 +32,7 @@ import os
 import numpy as np
 
 from fastpath.errors import ModelError
+from fastpath.model.trees import TreeEnsemble
 
 SUPPORTED = ("Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Tanh", "Sigmoid", "Softmax",
              "Flatten", "Identity", "Cast", "Reshape", "BatchNormalization", "Scaler",
@@ -1027,7 +1028,6 @@ def _read_trees(nodes: list, inp: str, target: str, name: str, n_in: int, consts
     Sub / Add / Mul / Div by constants before the ensemble (skl2onnx writes a pipeline's
     StandardScaler so) is the model's input map, run by the feature stage in float32 with
     onnxruntime's ops, so the ensemble compares the values onnxruntime compares."""
-    from fastpath.model.trees import TreeEnsemble
     cur, ens = inp, None
     lead = _Lead()
     reshapes: list = []     # (shape, node, after the ensemble): checked once widths are known
