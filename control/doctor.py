@@ -14,9 +14,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+from fastpath.control.config import read_toml
 from fastpath.control.host import Host, Topology, format_cpulist, parse_cpulist, read_topology
+from fastpath.control.memory import lock_plan as plan_of
 from fastpath.control.placement import (MEMLOCK_FIX, RT_FIX, RT_THROTTLE_NOTE, Privileges,
-                                        read_privileges)
+                                        choose_core, read_privileges)
+from fastpath.errors import ConfigError
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -243,8 +246,6 @@ def _serving_configured(config) -> bool:
     if isinstance(config, (str, os.PathLike)):
         # the config's own reader: a file load_config reads (a UTF-8 byte-order mark
         # included) is one whose [serve] table is seen here
-        from fastpath.control.config import read_toml
-        from fastpath.errors import ConfigError
         try:
             return "serve" in read_toml(os.fspath(config))
         except ConfigError:
@@ -257,7 +258,6 @@ def lock_plan(host: Host, config=None, serve: bool | None = None,
     """memory.lock_plan for this host (1 GB pages counted only when its pool has some free),
     with `serve` decided from the config when None and the segment's size kept for the
     note on serving."""
-    from fastpath.control.memory import lock_plan as plan_of
     free1g = host.read_int("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
     serve = _serving_configured(config) if serve is None else bool(serve)
     # the note on serving needs the segment's size even when this host only steps
@@ -385,7 +385,6 @@ def run_checks(host: Host | None = None, core: int | None = None, policy: str = 
     segment (raw_len-wide ticks) when `serve` (None: when the config has a [serve] table).
     gpu_backend: fastpath.gpu_status()'s (ok, why) on the running host, reported as the
     gpu_backend check (fastpath doctor --gpu passes it; None: no such check)."""
-    from fastpath.control.placement import choose_core
     host = host or Host()
     topo = topo or read_topology(host)
     busy = busy or {}

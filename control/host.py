@@ -9,6 +9,8 @@ the callers say "not visible" instead of guessing.
 from __future__ import annotations
 
 import os
+import re
+import time
 from dataclasses import dataclass, field
 
 from fastpath._ranges import parse_ranges
@@ -32,7 +34,6 @@ def boot_cpulist(text: str | None, last: int, flags: bool = False) -> list:
     that ends before it starts, U > G, G = 0) and then isolates nothing: such a list reads
     as no CPU here too, not an error, since the host booted with it and a doctor or a server
     must still run there."""
-    import re
     n = r"\d+|N"
     region = re.compile(rf"(?:(?P<all>[aA][lL][lL])|(?P<a>{n})(?:-(?P<b>{n}))?)"
                         rf"(?::(?P<u>{n})/(?P<g>{n}))?", re.ASCII)
@@ -217,7 +218,6 @@ def read_topology(host: Host) -> Topology:
 
 def sample_busy(host: Host, interval_s: float = 0.2) -> dict:
     """Fraction of each CPU's time spent busy over `interval_s` (from /proc/stat)."""
-    import time
     a = host.cpu_times()
     time.sleep(interval_s)
     b = host.cpu_times()

@@ -17,6 +17,7 @@ import re
 import resource
 from dataclasses import asdict, dataclass, field
 
+from fastpath.control.config import load_config
 from fastpath.control.host import Host, Topology, format_cpulist, read_topology, sample_busy
 from fastpath.errors import ConfigError
 
@@ -294,7 +295,6 @@ def place(cfg=None, use_gpu: bool = False, host: Host | None = None, busy: dict 
           apply_now: bool = True) -> PlacementReport:
     """Choose (and by default apply) the placement in `cfg` (EngineConfig, dict or TOML path)
     for the calling thread."""
-    from fastpath.control.config import load_config
     c = load_config(cfg).placement
     host = host or Host()
     topo = read_topology(host)

@@ -5,6 +5,27 @@ import argparse
 import json
 import os
 import sys
+import zipfile
+
+import numpy as np
+
+import fastpath
+from fastpath import lob
+from fastpath._build import DEMO_MODEL, EXAMPLE_CONFIG, engine_region_bytes, load_model
+from fastpath._checks import MAX_SYMBOLS
+from fastpath._kernels import jitter_probe
+from fastpath._ranges import parse_ranges
+from fastpath.control import doctor
+from fastpath.control.config import load_config, read_toml
+from fastpath.control.host import Host, format_cpulist, read_topology, sample_busy
+from fastpath.errors import FastpathError, ModelError
+from fastpath.gpu import gpu_status
+from fastpath.model import Model
+from fastpath.model.bundle import _path
+from fastpath.model.types import HEAD_KINDS, Head
+from fastpath.serving import server
+from fastpath.tuning import (_check_time_order, _dense_symbols, calibrate, resolve_features,
+                             weights_error)
 
 
 _FIELDS_EXAMPLE = {"--z-fields": "0-111", "--window-fields": "40,60,61"}
@@ -15,7 +36,6 @@ def _parse_fields(spec: str | None, default, option: str):
     A list that names no field ('', ' ', ',') is a usage error: --window-fields "$UNSET"
     meant none, silently, and the default --z-fields then grew to fill the model's inputs
     (the demo model's 3 window fields fitted as 6 more z fields, exit 0)."""
-    from fastpath._ranges import parse_ranges
     if spec is None:
         return list(default)
     if spec.strip().lower() == "none":
@@ -83,8 +103,6 @@ def _head_arg(text: str):
     """argparse type for --head: KIND[:OUTPUTS][@SCALE] -> fastpath.model.Head, e.g.
     'classifier3', 'classifier3:2,1,0', 'regression:1', 'regression:0@0.004',
     'tanh_sigmoid:3,1'; the values Head takes (kind, output indices, scale), checked by it."""
-    from fastpath.errors import ModelError
-    from fastpath.model.types import HEAD_KINDS, Head
     body, at, scale_text = text.partition("@")
     kind, colon, outs_text = body.partition(":")
     kind = kind.strip()
@@ -185,13 +203,10 @@ def _load(path, head, default=None):
     """The model at `path` (or `default`: the demo model) with --head's head, if given: an
     ONNX file is imported with it (Model.from_onnx(path, head=...)), a bundle takes it in
     place of its own (Model.load(path, head=...), as with_head)."""
-    from fastpath._build import load_model
-    from fastpath.model import Model
     # `is None`: --model "" (an unset shell variable) served the demo model, silently
     path = default if path is None else path
     if head is None:
         return load_model(path)
-    from fastpath.model.bundle import _path
     p = _path(path, "--model")
     if p.lower().endswith(".onnx"):
         return Model.from_onnx(p, head=head)
@@ -199,8 +214,6 @@ def _load(path, head, default=None):
 
 
 def cmd_info(args) -> int:
-    import fastpath
-    from fastpath._build import DEMO_MODEL
     eng = fastpath.get_default_engine()
     info = {"version": fastpath.__version__, "simd": fastpath.simd(),
             "cpu_features": fastpath.cpu_features(), "clock": fastpath.clock_info(),
@@ -215,7 +228,6 @@ def _load_npy(path: str, what: str, kinds: str = "iuf", opt: str = "--ticks"):
     """One array from a .npy file, of a numeric kind in `kinds`; anything else (an .npz
     archive, text, strings, booleans) is a usage error naming the file, not a traceback, and
     one that cannot be read (missing, a directory) names the option that gave it."""
-    import numpy as np
     try:
         with open(path, "rb") as f:
             head = f.read(6)
@@ -229,7 +241,6 @@ def _load_npy(path: str, what: str, kinds: str = "iuf", opt: str = "--ticks"):
         what_is = "empty" if not head else f"starts with {head!r}, not the .npy magic"
         raise SystemExit(f"fastpath calibrate: {path} is not a numpy .npy file of {what}: "
                          f"{what_is} (write it with np.save)")
-    import zipfile
     try:
         a = np.load(path, allow_pickle=False)
     except (ValueError, EOFError, zipfile.BadZipFile) as exc:     # a truncated file or archive
@@ -278,11 +289,7 @@ def _check_out(path: str) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    import numpy as np
 
-    from fastpath import lob
-    from fastpath.errors import ModelError
-    from fastpath.tuning import calibrate, resolve_features
     _check_out(args.out)
     raws = _load_npy(args.ticks, "ticks")
     # `is not None`: --symbols "" (an unset shell variable) fitted every tick as symbol 0
@@ -304,7 +311,6 @@ def cmd_calibrate(args) -> int:
     if syms is not None and len(syms) and syms.min() < 0:
         raise SystemExit(f"fastpath calibrate: {args.symbols} holds symbol {syms.min()}; symbols "
                          f"are ids >= 0")
-    from fastpath._checks import MAX_SYMBOLS
     if syms is not None and len(syms) and syms.max() >= MAX_SYMBOLS:
         # the --ts file given as --symbols was taken: every tick its own symbol, each window
         # fitted on one tick, and a bundle no engine could serve those ids with
@@ -325,7 +331,6 @@ def cmd_calibrate(args) -> int:
     if ts is not None:
         # checked here, before the fit, in the option's name: the fit's own checks spoke of
         # ts_ns, the Python argument ("ts_ns must be >= 0, row 7 is -1")
-        from fastpath.tuning import _check_time_order, _dense_symbols
         big = np.flatnonzero(ts > np.iinfo(np.int64).max) if ts.dtype.kind == "u" else ()
         if len(big):
             raise SystemExit(f"fastpath calibrate: --ts row {big[0]} is {ts[big[0]]}, which "
@@ -382,7 +387,6 @@ def cmd_calibrate(args) -> int:
     elif args.weights is not None:
         # a model already holding the weights asked for is measured too: --weights int8 on
         # an int8 model printed nothing, where the help promises the error against fp32
-        from fastpath.tuning import weights_error
         # back to fp32: what the weights it had cost (fp32 against fp32 would read 0)
         measured = out.weights if args.weights == "fp32" else args.weights
         e = weights_error(out, raws, measured, syms)
@@ -413,7 +417,6 @@ def cmd_calibrate(args) -> int:
 
 
 def _gpu_status() -> tuple:
-    from fastpath.gpu import gpu_status
     return gpu_status()
 
 
@@ -421,7 +424,6 @@ def _jitter(seconds: float, threshold_ns: int) -> dict:
     """jitter_probe's report for `seconds`, probed in pieces of at most a second and merged:
     the probe spins in C without looking at signals, so Ctrl-C waited out the whole
     --jitter (up to an hour); between pieces the interrupt is taken."""
-    from fastpath._kernels import jitter_probe
     out, left, hist = None, seconds, {}
     while left > 1e-9:
         piece = jitter_probe(min(1.0, left), threshold_ns)
@@ -446,9 +448,6 @@ def _doctor_model(args):
     memory. Such a model is sized with a stand-in head reading output 0, and a note says so
     (serve and calibrate will ask for the head); a model no head can load is refused with
     its own error."""
-    from fastpath._build import DEMO_MODEL
-    from fastpath.errors import ModelError
-    from fastpath.model.types import Head
     try:
         model = _load(args.model, args.head, DEMO_MODEL)
     except ModelError as exc:
@@ -466,23 +465,17 @@ def _doctor_model(args):
 
 
 def cmd_doctor(args) -> int:
-    from fastpath.control import doctor
-    from fastpath.control.config import load_config, read_toml
-    from fastpath.control.host import Host
     cfg = load_config(args.config)     # a binary file is a ConfigError naming it
     core = args.core if args.core is not None else (
         cfg.placement.core if cfg.placement.core != "auto" else None)
     host = Host(args.root)
-    from fastpath.control.host import read_topology, sample_busy
     if args.core is not None:
         online = read_topology(host).cpus
         if args.core not in online:
             # choose_core's refusal names placement.core, a key the user did not write here
-            from fastpath.control.host import format_cpulist
             raise SystemExit(f"fastpath doctor: --core {args.core} is not an online CPU of this "
                              f"host (online: {format_cpulist(online)})")
     busy = sample_busy(host, 0.2) if args.root == "/" else {}
-    from fastpath._build import engine_region_bytes
     model = _doctor_model(args)
     res = doctor.run_checks(host, core, cfg.placement.policy, cfg.placement.priority,
                             use_gpu=args.gpu, busy=busy, config=args.config,
@@ -495,7 +488,6 @@ def cmd_doctor(args) -> int:
                             raw_len=model.feature_spec.raw_len,
                             gpu_backend=_gpu_status() if args.gpu and args.root == "/" else None)
     if args.jitter:
-        from fastpath.control.host import format_cpulist
         pinned = True
         try:
             os.sched_setaffinity(0, {res["core"]})
@@ -532,21 +524,18 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_example_config(args) -> int:
-    from fastpath._build import EXAMPLE_CONFIG
     with open(EXAMPLE_CONFIG) as f:
         sys.stdout.write(f.read())
     return 0
 
 
 def cmd_serve(args) -> int:
-    from fastpath.serving.server import run_foreground
     model = args.model
     if args.model is not None or args.head is not None:
         # loaded here, once: what it runs is known before it starts (the regression note)
-        from fastpath._build import DEMO_MODEL
         model = _load(args.model, args.head, DEMO_MODEL)
         _say_regression_scale_note(args, model, "serve")
-    return run_foreground(args.name, model, args.config, stats=args.stats)
+    return server.run_foreground(args.name, model, args.config, stats=args.stats)
 
 
 def cmd_bench(argv) -> int:
@@ -654,7 +643,6 @@ def main(argv=None) -> int:
 def _guarded(cmd: str, fn, args) -> int:
     """fn(args), its failures said as `fastpath CMD: ...` with the exit codes README gives:
     2 for bad input, 130 for Ctrl-C."""
-    from fastpath.errors import FastpathError
     try:
         return fn(args)
     except FastpathError as exc:

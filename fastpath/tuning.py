@@ -16,9 +16,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from fastpath._checks import check_symbol_ids, is_real
+from fastpath._checks import check_symbol_ids, is_real, one_of
+from fastpath._engine import Engine
 from fastpath.errors import InputError, ModelError
 from fastpath.model import CachePolicy, FeatureSpec, Head, Model
+from fastpath.model.types import WEIGHT_TYPES
 
 COS_GRID = (0.999, 0.9995, 0.9998, 0.9999, 0.99995, 0.99998, 0.99999, 0.999995, 0.999999)
 NORM_GRID = (0.02, 0.01, 0.005, 0.002, 0.001)
@@ -107,7 +109,6 @@ def calibrate(model: Model, raws: np.ndarray, z_idx: Iterable[int], w_idx: Itera
     A model with an input scaler (imported from ONNX with a Scaler in front) keeps it after
     the fitted spec, as with_feature_spec does: the fitted spec makes the model's input and
     the scaler follows (Model.features)."""
-    from fastpath._checks import one_of
     model = _model(model, "calibrate")
     features = resolve_features(model, features)
     if not one_of(features, FEATURE_KINDS):
@@ -293,9 +294,6 @@ def weights_error(model: Model, raws: np.ndarray, weights: str,
     Measure on ticks like the ones the model will serve: how far reduced weights move the
     outputs depends on the inputs (a model fed raw inputs of mixed scale moved by 0.8 with
     bf16 where z-scored features moved it by 0.01; see Model.with_weights)."""
-    from fastpath._engine import Engine
-    from fastpath._checks import one_of
-    from fastpath.model.types import WEIGHT_TYPES
     model = _model(model, "weights_error")
     if not one_of(weights, WEIGHT_TYPES):
         raise ModelError(f"weights {weights!r} not supported; expected one of {list(WEIGHT_TYPES)}")
@@ -371,7 +369,6 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
     among those within the budget on both. A looser candidate that only the held-out ticks
     refused is named in the report (refused_by_holdout).
     Symbol ids may be any ints >= 0 (the replay maps them to dense ones)."""
-    from fastpath._engine import Engine
     r = _ticks(raws, _model(model, "fit_cache_policy").raw_len)
     n = len(r)
     sy = _dense_symbols(symbols, n)

@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from fastpath import _kernels
+from fastpath._build import gpu_refusal
+from fastpath._engine import Engine, _stopped_note, best_isa
 from fastpath.errors import BackendError, ConfigError, FastpathError, InputError
+from fastpath.gpu import _backend as B
+from fastpath.gpu._pack import MAX_LAYERS, pack
+from fastpath.model import Layer, Model
 
 
 def _cpu_outputs(eng, x, nan):
@@ -86,8 +93,6 @@ class GpuBackend:
 
     def __init__(self, model, mode: str = "launch", device: int = 0, max_batch: int = 1024,
                  timeout_ns: int = 1_000_000_000, cuda=None):
-        from fastpath.gpu import _backend as B
-        from fastpath.gpu._pack import pack
         if mode not in MODES:
             raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
         if not _positive_ns(timeout_ns):
@@ -96,11 +101,9 @@ class GpuBackend:
             raise ConfigError(f"timeout_ns must be a number of ns >= 1 (how long a GPU answer "
                               f"may take), got {timeout_ns!r}")
         timeout_ns = int(timeout_ns)
-        from fastpath.model import Model
         if isinstance(model, Model):
             # a tree ensemble was "the GPU kernels take 1..8 layers, got 0"; bf16 / int8
             # hidden layers ran in fp32 here, answering otherwise than the model's CPU engine
-            from fastpath._build import gpu_refusal
             why = gpu_refusal(model)
             if why:
                 raise BackendError(f"GpuBackend: {why}")
@@ -256,9 +259,6 @@ def _auto_layers(model) -> tuple:
     """(dense layers, refusal or None) of what auto_choice was given: a fastpath.Model (a tree
     ensemble or reduced weights: the GPU stage's refusal, as Engine(backend="auto") gives it)
     or a sequence of its Layers."""
-    from fastpath._build import gpu_refusal
-    from fastpath.gpu._pack import MAX_LAYERS
-    from fastpath.model import Layer, Model
     if isinstance(model, Model):
         return model.layers, gpu_refusal(model)
     layers = tuple(model) if isinstance(model, (list, tuple)) else None
@@ -290,8 +290,6 @@ def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None =
     measured: the CPU, with the reason. Returns {"backend", "reason", "cpu_p50_ns",
     "gpu_p50_ns", "mode", "measure"}; the reason names both figures and what they are, or
     why the GPU was not measured."""
-    from fastpath._engine import best_isa
-    from fastpath._kernels import PackedMLP
     if isinstance(iters, bool) or not isinstance(iters, (int, np.integer)) or iters < 1:
         raise ConfigError(f"iters must be an int >= 1 (timed calls per backend), got {iters!r}")
     iters = int(iters)
@@ -302,7 +300,7 @@ def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None =
         out["reason"] = f"auto: cpu chosen ({refusal})"
         return out
     isa = isa or best_isa()
-    m = PackedMLP([L.weight for L in layers], [L.bias for L in layers],
+    m = _kernels.PackedMLP([L.weight for L in layers], [L.bias for L in layers],
                   [L.activation for L in layers], isa)
     x = np.zeros(m.n_in, np.float32)
     for _ in range(min(iters, 50)):
@@ -348,7 +346,6 @@ class GpuTick(NamedTuple):
 def _with_gpu(config: Any, **over):
     """config (None, dict, TOML path or EngineConfig) as an EngineConfig whose [gpu] keys
     given in `over` (not None) replace the config's; replace() validates them again."""
-    from dataclasses import replace
     from fastpath.control.config import load_config
     c = load_config(config)
     return replace(c, gpu=replace(c.gpu, **{k: v for k, v in over.items() if v is not None}))
@@ -417,7 +414,6 @@ class GpuEngine:
     def __init__(self, model, config: Any = None, mode: str | None = None,
                  device: int | None = None, max_batch: int | None = None,
                  timeout_ns: int | None = None):
-        import fastpath
         if mode is not None and mode not in MODES:
             raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
         if timeout_ns is not None and not _positive_ns(timeout_ns):
@@ -425,7 +421,7 @@ class GpuEngine:
             raise ConfigError(f"timeout_ns must be a number of ns >= 1, got {timeout_ns!r}")
         tmo = None if timeout_ns is None else -(-int(timeout_ns) // 1_000_000)
         cfg = _with_gpu(config, mode=mode, device=device, max_batch=max_batch, timeout_ms=tmo)
-        self.engine = fastpath.Engine(model, backend="gpu", config=cfg)
+        self.engine = Engine(model, backend="gpu", config=cfg)
         self.backend = self.engine.gpu_backend
         self.mode = self.backend.mode
 
@@ -499,7 +495,6 @@ class GpuEngine:
             # row's answer before it returns), as a refusal says
             exc.applied = len(out)
             exc.result = list(out)
-            from fastpath._engine import _stopped_note
             exc.add_note(_stopped_note(len(out), n))
             raise
         finally:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fastpath.errors import BackendError, ConfigError, InputError
+from fastpath.gpu import _protocol
 from fastpath.gpu._pack import PackedNet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -491,7 +492,6 @@ class PersistentPath:
 
     def __init__(self, dc: DeviceContext, module, p: PackedNet,
                  timeout_ns: int = DEFAULT_TIMEOUT_NS):
-        from fastpath.gpu import _protocol
         self.P = _protocol
         cuda = self.cuda = dc.cuda
         self.dc, self.p, self.timeout_ns = dc, p, int(timeout_ns)

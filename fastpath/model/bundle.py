@@ -58,7 +58,12 @@ from dataclasses import replace
 import numpy as np
 
 from fastpath.errors import ModelError
-from fastpath.model.types import CachePolicy, FeatureSpec, Head, InputScaler, Layer, Model
+from fastpath.model.features import FeatureSpec, InputScaler
+from fastpath.model.head import Head
+from fastpath.model.layer import Layer
+from fastpath.model.model import Model, register_format
+from fastpath.model.policy import CachePolicy
+from fastpath.model.trees import TreeEnsemble
 
 MAGIC = b"FPMODEL\x01"
 END = b"FPEND\x00\x00\x00"
@@ -569,7 +574,6 @@ def from_bytes(blob: bytes, name: str = "<bytes>", head: Head | None = None) -> 
         trees = None
         tj = _obj(header.get("trees"), "trees", optional=True)
         if tj is not None:
-            from fastpath.model.trees import TreeEnsemble
             _known(tj, "trees")
             if not isinstance(tj.get("classifier"), bool):
                 # bool("false") is True: a damaged flag would switch the finishing rules
@@ -596,3 +600,6 @@ def from_bytes(blob: bytes, name: str = "<bytes>", head: Head | None = None) -> 
     except (KeyError, TypeError, ValueError, UnicodeDecodeError, AttributeError, OverflowError,
             RecursionError) as exc:
         raise ModelError(f"{name}: malformed bundle header ({type(exc).__name__}: {exc})") from None
+
+
+register_format(save=save, to_bytes=to_bytes, load=load, from_bytes=from_bytes)

@@ -10,12 +10,16 @@ Needs the optional `onnx` package."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 import uuid
 
 import numpy as np
 
 from fastpath.errors import ModelError
+from fastpath.model import onnx_meta
+from fastpath.model.bundle import _named, _path
+from fastpath.model.model import register_format
 
 
 # weights above this many bytes are written as external data (protobuf's limit is 2 GiB for
@@ -41,7 +45,6 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
             not 7 <= opset <= top:
         raise ModelError(f"opset must be an int in 7..{top} (this onnx package's newest), got "
                          f"{opset!r}")
-    from fastpath.model import onnx_meta
     # first: a meta JSON cannot hold is refused before anything is written
     record = onnx_meta.to_text(model)
     ops = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}
@@ -137,7 +140,6 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
                     pass
     except OSError as exc:
         # a folder that does not exist was named by the temp file's name, not the caller's
-        from fastpath.model.bundle import _named
         named = _named(exc, dest)
         if named is not exc:
             raise named from None
@@ -159,8 +161,6 @@ def to_onnx(model, path: str | os.PathLike, opset: int = 17) -> None:
 def _own_data_files(dest: str) -> list:
     """The external data files of the model now at `dest` that to_onnx wrote (named
     <name>.data or <name>.<hex>.data beside it; a hand-made model's other files are left)."""
-    import re
-
     import onnx
     base = os.path.basename(dest)
     pat = re.compile(re.escape(base) + r"(\.[0-9a-f]{12})?\.data")
@@ -205,3 +205,10 @@ def _write_external(arrays: list, data: str, location: str) -> list:
             t.ClearField("raw_data")
             out.append(t)
     return out
+
+
+def _model_to_onnx(model, path: str | os.PathLike, opset: int) -> None:
+    to_onnx(model, _path(path, "Model.to_onnx"), opset)
+
+
+register_format(to_onnx=_model_to_onnx)

@@ -44,6 +44,9 @@ from dataclasses import replace
 import numpy as np
 
 from fastpath.errors import ModelError
+from fastpath.model import bundle as b
+from fastpath.model.bundle import (_OBJECT_KEYS, SPEC_ARRAYS, _obj, _read_arrays, _spec_arrays,
+                                   dumps, pack_arrays, serving_fields)
 
 KEY = "fastpath.model"
 SUM_KEY = "fastpath.model.sha256"
@@ -73,7 +76,6 @@ def graph_digest(layers, post: str, scaler) -> str:
 
 def to_text(model) -> str:
     """The record of `model` (an MLP) as the JSON string to_onnx stores under KEY."""
-    from fastpath.model.bundle import _spec_arrays, dumps, pack_arrays, serving_fields
     arrays = [(k, np.ascontiguousarray(a, dtype=_DTYPES[k]))
               for k, a in _spec_arrays(model.feature_spec)]
     table, payload = pack_arrays(arrays)
@@ -130,7 +132,6 @@ def restore(text: str, name: str, layers, post: str, scaler, head, build):
     """The model the record describes: build(feature_spec, head, cache_policy, weights, meta)
     with the record's fields, `head` (when given) in place of the stored one as
     bundle.build_with_head does it. layers / post / scaler: the graph's, for the digest."""
-    from fastpath.model import bundle as b
     what = f"{name}: the fastpath record in its metadata_props ({KEY!r}, written by " \
            f"Model.to_onnx)"
     try:
@@ -203,7 +204,6 @@ def _parse(text: str) -> dict:
 def _complete(obj, kind):
     """obj, when it holds exactly the keys the writer writes (kind: a bundle _OBJECT_KEYS
     name, None for the record itself); a ModelError naming the missing and unknown ones."""
-    from fastpath.model.bundle import _OBJECT_KEYS, _obj
     want = _KEYS if kind is None else _OBJECT_KEYS[kind]
     obj = _obj(obj, kind or "the record")
     extra, missing = sorted(set(obj) - want), sorted(want - set(obj))
@@ -220,7 +220,6 @@ def _arrays(table, data) -> dict:
     """The feature spec's arrays from the table and the base64 data, each checked by the
     bundle's _read_arrays (inside the data, aligned, not overlapping), of the dtype and rank
     the writer gives it, with nothing after the last."""
-    from fastpath.model.bundle import SPEC_ARRAYS, _read_arrays
     if not isinstance(data, str):
         raise ModelError(f"data must be a base64 string, got {type(data).__name__}")
     try:

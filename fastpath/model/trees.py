@@ -22,6 +22,7 @@ import numpy as np
 
 from fastpath._checks import one_of
 from fastpath.errors import ModelError
+from fastpath.model._arrays import _feature_rows
 
 MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ", "LEAF")
 LEAF = 6
@@ -403,7 +404,6 @@ class TreeEnsemble:
     def forward(self, x: np.ndarray) -> np.ndarray:
         """Outputs for x (n_features,) or (n, n_features), float32, by the ONNX spec read
         directly (NaN is a missing value)."""
-        from fastpath.model.types import _feature_rows
         x = _feature_rows(x, self.n_features, "TreeEnsemble.forward")
         one = x.ndim == 1
         X = x[None, :] if one else x

@@ -5,18 +5,19 @@ to the worker picking it up) filled in.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
+import numpy as np
+
 from fastpath._engine import Result
 from fastpath._serve import Client
+from fastpath.errors import InputError
 
 
 def _seconds(what: str, v, lo_open: bool, hi: float | None = 3600.0, none: str = "") -> float:
     """v as seconds: a real number >= 0 (> 0 with lo_open) and <= hi (None: any finite
     number), else an InputError naming `what`; `none`: what None would have meant."""
-    import math
-    import numbers
-
-    import numpy as np
-    from fastpath.errors import InputError
     # any real number but a bool: numpy's too (np.int64(2), np.float32(0.5) from a config
     # array were refused as "must be a number of seconds in [0, 3600], got 2")
     ok = not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real) and v == v \

@@ -12,7 +12,10 @@ mapping is read back from /proc/self/smaps by the caller once the pages are touc
 from __future__ import annotations
 
 import errno
+import mmap
 import os
+import stat
+import time
 
 SHM_DIR = "/dev/shm"
 THP_SHMEM = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
@@ -110,7 +113,6 @@ def create(path: str, size: int, mode: int, huge_pages: str = "auto"):
                 os.ftruncate(fd, n)
                 # the pool is checked when pages are reserved, at mmap, not at ftruncate:
                 # reserve them now so a short pool is a refusal here, not a SIGBUS later
-                import mmap
                 probe = mmap.mmap(fd, n, flags=mmap.MAP_SHARED,
                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 probe.close()
@@ -222,8 +224,6 @@ def initializing(path: str, grace_s: float = INIT_GRACE_S) -> bool:
     """Is the file at `path` a segment another server is making (created, its header not
     written yet: the magic is stored last) rather than a crashed run's leftover? Yes while
     its magic is still zero and it was created or sized in the last grace_s seconds."""
-    import stat
-    import time
     try:
         # non-blocking: a FIFO planted under the name (/dev/shm is writable by all) would
         # hold a plain open until some writer came

@@ -13,9 +13,21 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)). (`fastpath serve` does 
 from __future__ import annotations
 
 import atexit
+import copy
 import os
+import signal
+import sys
 import threading
+import time
 import weakref
+
+import numpy as np
+
+from fastpath._build import DEMO_MODEL, resolve
+from fastpath._serve import Worker
+from fastpath.control.placement import place
+from fastpath.errors import ConfigError, ServeError
+from fastpath.serving.client import _seconds
 
 _live: "weakref.WeakSet[Server]" = weakref.WeakSet()
 _servers: "weakref.WeakSet[Server]" = weakref.WeakSet()    # every Server, for the fork hook
@@ -27,10 +39,6 @@ class Server:
     the segment."""
 
     def __init__(self, name: str, model=None, config=None, start_timeout: float = 10.0):
-        from fastpath._build import DEMO_MODEL, resolve
-        from fastpath._serve import Worker
-        from fastpath.errors import ServeError
-        from fastpath.serving.client import _seconds
         # before anything starts: a bad one raised TypeError from the wait (`float + str`,
         # naming no argument) with the loop already started, or waited forever (nan)
         start_timeout = _seconds("Server: start_timeout", start_timeout, True, None)
@@ -38,7 +46,6 @@ class Server:
         if rc.source.backend == "gpu":
             # the loop steps a CPU engine (fp_worker.c): a config asking for the GPU was
             # served on the CPU without a word
-            from fastpath.errors import ConfigError
             raise ConfigError(f"engine.backend = 'gpu' ({rc.source.source}): the serving loop "
                               f"runs the engine on the CPU; set engine.backend = 'cpu' (or "
                               f"'auto') to serve this config, or step a GPU Engine in-process")
@@ -68,7 +75,6 @@ class Server:
         _servers.add(self)
         self._thread = threading.Thread(target=self._run, name=f"fastpath-serve:{name}",
                                         daemon=True)
-        import time
         self._worker = Worker(name, m, rc, self.serve_config, rc.source.memory)
         try:
             # everything from the segment's making on inside: an interrupt between it and the
@@ -171,7 +177,6 @@ class Server:
         # a stop() that a signal handler runs inside this thread's own join above: a join
         # there waited for the lock the outer join held at that moment (Thread.join is not
         # reentrant), its whole timeout, and raised "did not stop"
-        import time
         end = time.monotonic() + timeout
         while not self._loop_ended:
             if time.monotonic() > end:
@@ -182,7 +187,6 @@ class Server:
     def _place(self) -> dict:
         if not self.serve_config.place:
             return {"placed": False, "why": "serve.place = false"}
-        from fastpath.control.placement import place
         try:
             rep = place(self.config.source)
         except OSError as exc:
@@ -239,10 +243,8 @@ class Server:
 
     def _stopped(self, what: str, kept):
         if kept is None:
-            from fastpath.errors import ServeError
             raise ServeError(f"server {self.name!r} is closed and kept no {what} (stopped "
                              f"from a forked child, which does not own the loop)")
-        import copy
         return copy.deepcopy(kept)
 
     def stop(self, timeout: float | None = None) -> None:
@@ -256,7 +258,6 @@ class Server:
         if timeout is None:
             timeout = self.serve_config.drain_timeout_ms / 1000 + 10.0
         else:
-            from fastpath.serving.client import _seconds
             # checked before the stop flag is set: a bad value raised from Thread.join (a
             # TypeError, or "did not stop within -1 s") with the loop already stopping and
             # its segment left for the exit hook
@@ -273,7 +274,6 @@ class Server:
                 return
             w.stop()
         if not self._wait(timeout):
-            from fastpath.errors import ServeError
             raise ServeError(f"server {self.name!r} did not stop within {timeout} s")
         with self._lock:
             if self._worker is not w:
@@ -316,7 +316,6 @@ class Server:
             # a forked child: w.state raised ServeError out of repr()
             state = f"served by process {self._pid}"
         else:
-            from fastpath.errors import ServeError
             try:
                 state = w.state
             except ServeError:
@@ -364,8 +363,6 @@ def _stop_all() -> None:
     servers = list(_live)
     if not servers:
         return
-    import signal
-    import sys
     ended: list = []
 
     def on_signal(signum, _frame):
@@ -423,7 +420,6 @@ def _stop_at_exit(srv: Server, ended: list, err) -> None:
 
 
 def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
-    import numpy as np
     st = srv.stats()
     n = st["served"] - prev.get("served", 0)
     parts = [f"{n / dt:10.0f} req/s", f"queue {st['queue_depth']:4d}",
@@ -453,9 +449,6 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
     return 0; a second signal during the drain ends it at once (what is left unanswered,
     its clients raise ServerGone) and returns 130; with stats, a line a second: throughput,
     queue depth, per-stage p50/p99."""
-    import signal
-    import sys
-    import time
     out = out or sys.stdout
     # a plain flag, not a threading.Event: Event.set() takes the Event's lock (a plain Lock),
     # and a handler that ran while this thread held it, inside Event.wait()'s own Python code
