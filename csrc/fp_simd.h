@@ -4,9 +4,9 @@
  * chosen once at run time by cpuid + xgetbv; nothing is built with -mavx2 or
  * -march=native, so the same binary runs (scalar) on a CPU without AVX2
  * instead of dying with SIGILL. Every kernel has a scalar twin with the same
- * signature; a kernel set is a table of function pointers. Each set lives in its own
- * source, csrc/kernels/<isa>.c, with functions named fp_<what>_<isa>. AVX-512 code is
- * compiled the same way (FP_TARGET_AVX512), never with a global -mavx512f.
+ * signature; a kernel set is a table of function pointers (csrc/kernels/sets.c). The
+ * kernels live by kind and set, csrc/kernels/<kind>_<isa>.c, named fp_<what>_<isa>. AVX-512
+ * code is compiled the same way (FP_TARGET_AVX512), never with a global -mavx512f.
  */
 #ifndef FP_SIMD_H
 #define FP_SIMD_H

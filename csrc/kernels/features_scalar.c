@@ -1,22 +1,23 @@
-/* scalar.c: the portable kernel set, and the reference every vector set is tested against.
+/* features_scalar.c: the tick's features without vector instructions: z-scores (gathered,
+ * by runs, through a permute plan), the rolling windows (stats, commit, sums) and the finite
+ * check; the reference every vector set's feature kernels are tested against.
  *
- * Sums keep their declared types (float for the dense layer, double for the cache's cosine,
- * see fp_cache.h) so a vector twin can only differ from these by summation order.
+ * Decision: window sums are doubles of values less ref (fp_features.h), and this file is
+ * built without FMA, so every product is rounded on its own: the vector twins keep their
+ * products out of an FMA to give these doubles bit for bit.
  */
 #include "kernels.h"
-#include "fp_math.h"
 #include <math.h>
-#include <string.h>
 
 /* out[i] = (raw[idx[i]] - mean[i]) * inv_std[i] */
-static void fp_zscore_gather_scalar(const float *raw, const int32_t *idx, const float *mean,
-                                    const float *inv_std, float *out, int n) {
+void fp_zscore_gather_scalar(const float *raw, const int32_t *idx, const float *mean,
+                             const float *inv_std, float *out, int n) {
     for (int i = 0; i < n; i++) out[i] = (raw[idx[i]] - mean[i]) * inv_std[i];
 }
 
 /* out[o + j] = (raw[r + j] - mean[o + j]) * inv_std[o + j] over each run (r, o, len) */
-static void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_runs,
-                                  const float *mean, const float *inv_std, float *out) {
+void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_runs,
+                           const float *mean, const float *inv_std, float *out) {
     for (int k = 0; k < n_runs; k++) {
         const float *x = raw + runs[3 * k];
         const int o = runs[3 * k + 1], len = runs[3 * k + 2];
@@ -147,149 +148,15 @@ void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, con
 }
 
 /* out[i] = (x[i] - mean[i]) * inv_std[i] */
-static void fp_zscore_scalar(const float *x, const float *mean, const float *inv_std, float *out,
-                             int n) {
+void fp_zscore_scalar(const float *x, const float *mean, const float *inv_std, float *out,
+                      int n) {
     for (int i = 0; i < n; i++) out[i] = (x[i] - mean[i]) * inv_std[i];
 }
 
-/* dot = sum a*b, na2 = sum a*a in double: a product of two floats is exact in double, so
- * the only error is the double sum's (~n * 1e-16 relative), far below any cosine threshold */
-void fp_dot_norm2_scalar(const float *a, const float *b, int n, double *dot, double *na2) {
-    double d = 0.0, s = 0.0;
-    for (int i = 0; i < n; i++) {
-        const double x = a[i];
-        d += x * (double)b[i];
-        s += x * x;
-    }
-    *dot = d;
-    *na2 = s;
-}
-
-/* y[o] = act(bias[o] + sum_i w[o][i] x[i]) over the blocked layout; 0 when a pre-activation
- * is NaN/Inf (checked before the activation: relu would turn NaN into 0, tanh Inf into 1) */
-static int fp_dense_scalar(const fp_dense_layer *L, const float *x, float *y, int reverse) {
-    (void)reverse;   /* the row-group order only matters for the vector set's L1 reuse */
-    const int in = L->in;
-    int ok = 1;
-    for (int b = 0; b < L->nb; b++) {
-        const float *wb = L->w + (size_t)b * in * 8;
-        float acc[8];
-        for (int r = 0; r < 8; r++) acc[r] = 0.0f;
-        for (int i = 0; i < in; i++) {
-            const float xi = x[i];
-            for (int r = 0; r < 8; r++) acc[r] += wb[i * 8 + r] * xi;
-        }
-        for (int r = 0; r < 8; r++) {
-            const float v = acc[r] + L->bias[b * 8 + r];
-            ok &= isfinite(v) != 0;
-            y[b * 8 + r] = fp_actf(v, L->act);
-        }
-    }
-    return ok;
-}
-
-static int fp_allfinite_scalar(const float *x, int n) {
+int fp_allfinite_scalar(const float *x, int n) {
     for (int i = 0; i < n; i++)
         if (!isfinite(x[i])) return 0;
     return 1;
-}
-
-/* signal = tanh(out0), confidence = sigmoid(out1), libm (fp_math.h, shared with CUDA) */
-static void fp_head_scalar(const float *out, float *signal, float *confidence) {
-    fp_head(out, signal, confidence);
-}
-
-static void fp_dot_norms_f32_scalar(const float *a, const float *b, int n, float *dot, float *na2,
-                                    float *nb2);
-int fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                            const double *sum, const double *sumsq, const float *old,
-                            double inv_n, const float *mean, const float *inv_std, float *feat,
-                            const double *thr);
-static void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
-                                    double *na2, double *nb2);
-static void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, float *dd,
-                                     float *de, float *na2, float *nb2);
-
-const fp_kernels fp_kernels_scalar = {
-    "scalar",
-    fp_zscore_gather_scalar,
-    fp_zscore_runs_scalar,
-    fp_window_stats_scalar,
-    fp_zscore_scalar,
-    fp_dot_norm2_scalar,
-    fp_dense_scalar,
-    fp_allfinite_scalar,
-    fp_head_scalar,
-    fp_dot_norms_f32_scalar,
-    fp_window_zscore_scalar,
-    fp_dot_norms_f64_scalar,
-    fp_zscore_perm_scalar,
-    fp_diff_norms_f32_scalar,
-    fp_window_commit_scalar,
-    fp_window_sums_scalar,
-};
-
-/* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32: 16 chains (term i in chain i mod 16),
- * then pairwise 16 -> 1, the order FP_DOTF_ROUNDINGS bounds (fp_simd.h) */
-static void fp_dot_norms_f32_scalar(const float *a, const float *b, int n,
-                                    float *dot, float *na2, float *nb2) {
-    float d[16] = {0}, sa[16] = {0}, sb[16] = {0};
-    int i = 0;
-    /* a fixed 16-wide body the compiler keeps in registers (SSE2), same chains as the tail */
-    for (; i + 16 <= n; i += 16)
-        for (int c = 0; c < 16; c++) {
-            d[c] += a[i + c] * b[i + c];
-            sa[c] += a[i + c] * a[i + c];
-            sb[c] += b[i + c] * b[i + c];
-        }
-    for (int c = 0; i + c < n; c++) {
-        d[c] += a[i + c] * b[i + c];
-        sa[c] += a[i + c] * a[i + c];
-        sb[c] += b[i + c] * b[i + c];
-    }
-    for (int w = 8; w >= 1; w /= 2)
-        for (int c = 0; c < w; c++) {
-            d[c] += d[c + w];
-            sa[c] += sa[c + w];
-            sb[c] += sb[c + w];
-        }
-    *dot = d[0];
-    *na2 = sa[0];
-    *nb2 = sb[0];
-}
-
-/* dd = sum (a-b)^2, de = sum (a-b)(a+b), na2, nb2 in float32: the chains and reduction of
- * fp_dot_norms_f32_scalar, one difference and one sum rounded per term on top */
-static void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, float *dd,
-                                     float *de, float *na2, float *nb2) {
-    float d[16] = {0}, e[16] = {0}, sa[16] = {0}, sb[16] = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int c = 0; c < 16; c++) {
-            const float x = a[i + c], y = b[i + c], df = x - y;
-            d[c] += df * df;
-            e[c] += df * (x + y);
-            sa[c] += x * x;
-            sb[c] += y * y;
-        }
-    for (int c = 0; i + c < n; c++) {
-        const float x = a[i + c], y = b[i + c], df = x - y;
-        d[c] += df * df;
-        e[c] += df * (x + y);
-        sa[c] += x * x;
-        sb[c] += y * y;
-    }
-    for (int w = 8; w >= 1; w /= 2)
-        for (int c = 0; c < w; c++) {
-            d[c] += d[c + w];
-            e[c] += e[c + w];
-            sa[c] += sa[c + w];
-            sb[c] += sb[c + w];
-        }
-    *dd = d[0];
-    *de = e[0];
-    *na2 = sa[0];
-    *nb2 = sb[0];
 }
 
 /* fp_window_stats_scalar then fp_zscore_scalar's (x - mean) * inv_std on pm and ps, without
@@ -308,19 +175,4 @@ int fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w, con
         feat[n_w + j] = (ps - mean[n_w + j]) * inv_std[n_w + j];
     }
     return heal;
-}
-
-/* fp_dot_norm2_scalar's two sums and sum b*b beside them, each in the same order */
-static void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
-                                    double *na2, double *nb2) {
-    double d = 0.0, s = 0.0, t = 0.0;
-    for (int i = 0; i < n; i++) {
-        const double x = a[i], y = b[i];
-        d += x * y;
-        s += x * x;
-        t += y * y;
-    }
-    *dot = d;
-    *na2 = s;
-    *nb2 = t;
 }
