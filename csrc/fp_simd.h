@@ -113,7 +113,7 @@ typedef struct {
     /* zscore_gather's out through a permute plan (n steps, fp_zperm_build): the same values,
      * bit for bit; only the steps' lanes of out are written and nothing outside raw's
      * raw_len floats is read. On AVX-512 a plan step is two loads, one two-table permute
-     * and a blend, where a 16-lane gather is microcoded (~3x the time, measured).
+     * and a blend, where a 16-lane gather is microcoded (about 3x the time).
      * Returns 1 when every float the steps load (each step's 32-float window of raw, up to
      * raw_len) is finite, else 0: a plan from fp_zperm_build loads all of raw, so this is
      * allfinite(raw) without a pass of its own. */

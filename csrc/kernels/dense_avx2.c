@@ -72,14 +72,13 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
 /* G blocks of 8 rows at once, U accumulators each (inputs i = u mod U go to chain u):
  * G*U = 8 independent FMA chains cover FMA latency x two FMA ports, and one broadcast of
  * x[i] serves G weight loads. Narrow layers (G = 2) get more chains per block; a lone block
- * (G = 1) keeps 4: with 8 its call took 33 ns instead of 11 on a 16x8 layer (measured), the
- * lone block of every odd-width layer, such as the 2-output head layer of every model.
+ * (G = 1: every odd-width layer's last, every model's 2-output head) keeps 4, whose shorter
+ * reduction is what so short a call waits on.
  * Returns the OR of v - v over the blocks' pre-activations v: all zero bits iff every v is
  * finite (x - x is +0 for finite x, NaN for NaN and +-Inf); one subtract and one OR per
  * block of 8 rows, tested once per layer by the caller.
- * The epilogue loops are unrolled by pragma: left as loops (GCC's heuristics gave up once the
- * check was added), acc[][] indexed by a variable k must live on the stack, and every FMA of
- * the main loop went through memory (measured 236 -> 296 ns on the default 10304-MAC model).
+ * The epilogue loops are unrolled by pragma: as loops, GCC may leave them rolled, and acc[][]
+ * indexed by a variable k must then live on the stack, every FMA of the main loop through memory.
  * R and O are for the fused small-model pass (fp_mlp_fused_avx2): R = 4 or 8 takes the inputs
  * from R registers (xr[c] = inputs 8c..8c+7, so in <= 8R; each input broadcast from its lane,
  * see FP_D256_LANE) instead of x, O = 1 leaves the outputs in registers (h[k] = block k's 8 rows,
@@ -87,7 +86,7 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
  * order either way (i mod U below the last multiple of U, chain 0 past it), so every sum, and
  * so every bit, is the per-layer pass's. */
 /* the fused pass's variants (R or O) inline into it, where their h[] and xr[] can stay in
- * registers (out of line, h[] went through the stack); the per-layer ones are left to GCC */
+ * registers (out of line, h[] goes through the stack); the per-layer ones are left to GCC */
 #define FP_D256_INL_00
 #define FP_D256_INL_01 __attribute__((always_inline))
 #define FP_D256_INL_40 __attribute__((always_inline))
@@ -96,9 +95,8 @@ FP_TARGET_AVX2 static inline __m256 fp_act256(__m256 v, int act) {
 #define FP_D256_INL_81 __attribute__((always_inline))
 /* lane j of the register-held input chunk XC into FMA chain CH (compile-time indices, so
  * acc[][] stays in registers). The broadcast is a vpermilps by immediate of XC's half copied
- * to both halves (one vperm2f128 per half, shared by its 4 lanes): a vpermps needs an index
- * register per lane, and the fused pass measured 4-13% slower with it (16x8x8x8x2 17.1 vs
- * 15.0 ns, 64x32x16x2 58.6 vs 54.8, 64x64x64x64x2 280 vs 267). */
+ * to both halves (one vperm2f128 per half, shared by its 4 lanes): a vpermps would need an
+ * index register per lane, which the fused pass has none to spare for. */
 #define FP_D256_LANE(XC, J, I, CH)                                                          \
     {                                                                                       \
         const __m256 xu = _mm256_permute_ps(_mm256_permute2f128_ps((XC), (XC), (J) < 4 ? 0x00 : 0x11), \
@@ -180,8 +178,8 @@ FP_TARGET_AVX2 static inline __m256 fp_chunk(const __m256 *xr, int c, int nc) {
 }
 
 /* in-cache layers run 8 blocks (64 rows) at once: one broadcast per 8 FMAs and 8 chains
- * of one accumulator each (16 YMM registers leave no room for 2 each); measured on this Zen
- * core: 128x64 175 -> 156 ns. Streamed layers keep 4 blocks, as tuned for the prefetch.
+ * of one accumulator each (16 YMM registers leave no room for 2 each). Streamed layers keep
+ * 4 blocks, which the prefetch distance is tuned for.
  * The _m (memory in, registers out) and _r (registers in and out) variants are the fused
  * pass's; each has the U of its per-layer twin. */
 FP_DENSE_GROUP(fp_dense_g8, 8, 1, 0, 0, 0)
@@ -205,6 +203,8 @@ FP_DENSE_GROUP(fp_dense_g1_r8, 1, 4, 0, 8, 1)
 FP_DENSE_GROUP(fp_dense_g8_ry8, 8, 1, 0, 8, 0)
 FP_DENSE_GROUP(fp_dense_g1_ry8, 1, 4, 0, 8, 0)
 
+/* fp_dense_avx2 and its walk over several groups (dense_schedule.h); y must be 32-byte
+ * aligned (the group kernels' stores are) */
 #define FP_DS_TARGET FP_TARGET_AVX2
 #define FP_DS_K(g) fp_dense_##g
 #define FP_DS_LONE FP_DS_ONE(fp_dense_g1)
@@ -220,10 +220,8 @@ FP_DENSE_GROUP(fp_dense_g1_ry8, 1, 4, 0, 8, 0)
  * trip on the critical path of every layer). Four input registers, 8 accumulators and the
  * broadcast fit the 16 ymm registers. Same group kernels, same sums in the same order: the
  * per-layer pass's bits. Returns y (the last layer's nb * 8 outputs) or NULL when any
- * pre-activation is NaN/Inf. Measured in one process against the per-layer pass, kernel
- * alone on this Zen 4 core: 32x16x2 20.8 -> 16.9 ns, 64x32x16x2 62.0 -> 52.9, 16x8x8x8x2
- * 21.9 -> 15.1; with the layers handed over through a local buffer instead of registers (no
- * call, no dispatch) 32x16x2 took 20.0 and 64x32x16x2 63.3. */
+ * pre-activation is NaN/Inf. Registers, not a local buffer: the buffer's store-to-load round
+ * trip is what such a model waits on. */
 FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, float *y) {
     const int last = m->n_layers - 1;
     const __m256 z = _mm256_setzero_ps();
@@ -264,11 +262,9 @@ FP_TARGET_AVX2 const float *fp_mlp_fused_avx2(const fp_mlp *m, const float *x, f
  * after the first is 1 or 8 blocks): every hidden layer's outputs stay in eight ymm registers.
  * With the next layer's 8 accumulators that is more than the 16 ymm registers hold, and GCC
  * spills some, but off the critical path, where a buffer's store-to-load round trip is on it.
- * Measured in one process against the per-layer pass, kernel alone: 64x64x64x64x2 289 -> 266
- * ns, 64x64x2 95 -> 88, 16x64x8x2 45 -> 42, 64x64x64 149 -> 147; the 8-block layers through a
- * buffer instead gave no gain. A 2- or 4-block layer after 8 registers measured slower than
- * the per-layer pass (see FP_FUSED_WIDE). A narrow model keeps fp_mlp_fused_avx2's four
- * registers: eight, unused, cost it (32x16x2 17.2 -> 18.9). */
+ * A 2- or 4-block layer after 8 registers is no faster than the per-layer pass (see
+ * FP_FUSED_WIDE), and a narrow model keeps fp_mlp_fused_avx2's four registers: eight, unused,
+ * cost it. */
 FP_TARGET_AVX2 const float *fp_mlp_fused_avx2_wide(const fp_mlp *m, const float *x, float *y) {
     const int last = m->n_layers - 1;
     const __m256 z = _mm256_setzero_ps();

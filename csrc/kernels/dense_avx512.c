@@ -75,14 +75,13 @@ FP_TARGET_AVX512 static inline __m512 fp_act512(__m512 v, int act) {
                                          2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1, 2 * (p) + 1)
 
 /* G blocks of 8 rows at once, U accumulators per block over pairs of inputs (pair p goes to
- * chain p mod U): G*U independent zmm chains cover FMA latency (a lone block keeps U = 4, as
- * in dense_avx2.c: U = 8 measured 2-3x slower there); one permute of the x chunk
- * serves G weight loads. Per 16 inputs: one x load, 8 permutes, 8*G FMAs with the weights
+ * chain p mod U): G*U independent zmm chains cover FMA latency (a short lone block keeps
+ * U = 4, as in dense_avx2.c); one permute of the x chunk serves G weight loads. Per 16 inputs: one x load, 8 permutes, 8*G FMAs with the weights
  * as memory operands. Inputs past the last multiple of 16 run through a masked x chunk
  * (lanes past `in` are 0 and their weight loads are masked off, nothing read past the block).
  * Returns the OR of v - v over the pre-activations (zero bits iff all finite, as dense_avx2.c).
- * The accumulators' zeroing is unrolled by pragma: as a loop, GCC zeroed acc[8][1] in memory
- * (rep stosq on the stack, every call) and the 8-chain lone block ran 3-4x slower.
+ * The accumulators' zeroing is unrolled by pragma: as a loop, GCC may zero acc[][] in memory
+ * (rep stosq on the stack, every call) and keep it there.
  * R and O are for the fused small-model pass (fp_mlp_fused_avx512): R = 1 takes the input
  * chunks from registers (xr[c] = inputs 16c..16c+15, at most 4 chunks, so in <= 64) instead
  * of x, O = 1 leaves the outputs in registers (h[k/2] = rows 8k..8k+15, laid out as y would
@@ -220,16 +219,14 @@ FP_TARGET_AVX512 static inline __m512 fp_chunk4(const __m512 *xr, int c) {
 
 /* in-cache shapes without software prefetch; the 4-block group also with it (2 chains a
  * block there, 4 in cache: 16 chains cover a 64x32 layer's 8-deep chains in half the
- * latency, the default model's kernel ~1 ns less, measured in one process; a streamed layer
- * waits on memory, not on chains, and its prefetch distance was tuned with 2).
+ * latency; a streamed layer waits on memory, not on chains, and its prefetch distance is
+ * tuned with 2).
  * In-cache layers run 8 blocks (64 rows) at once where they have them: 16 chains and one
- * permute per 8 weight loads instead of 4 (measured on this Zen core, kernel alone: 128x64
- * 81 -> 73-77 ns, 512x256 3.0 -> 2.4 us, the default 128x64x32x2 model 117-121 -> 110-115 ns);
- * streamed layers keep 4 streams, which the prefetch distance was tuned for.
+ * permute per 8 weight loads instead of 4; streamed layers keep 4 streams, which the
+ * prefetch distance is tuned for.
  * A lone block with a long row (the 2-output head layer of a wide model, 128 inputs or more)
  * takes 8 chains (g1w): with 4, each chain waits on its FMA's latency (4 cycles), one FMA a
- * cycle instead of two (measured: 1024x2 121 -> 91 ns, 256x2 27 -> 24 ns); short rows keep 4,
- * whose shorter reduction is what they wait on (16x2: 4.7 ns with 4, 5.5 with 8; 64x2 even).
+ * cycle instead of two; short rows keep 4, whose shorter reduction is what they wait on.
  * The _m (memory in, registers out) and _r (registers in and out) variants are the fused
  * pass's; each has the U of its per-layer twin. */
 FP_DENSE512_GROUP(fp_dense512_g8, 8, 2, 0, 0, 0)
@@ -248,6 +245,7 @@ FP_DENSE512_GROUP(fp_dense512_g4_r, 4, 4, 0, 1, 1)
 FP_DENSE512_GROUP(fp_dense512_g2_r, 2, 4, 0, 1, 1)
 FP_DENSE512_GROUP(fp_dense512_g1_r, 1, 4, 0, 1, 1)
 
+/* fp_dense_avx512 and its walk over several groups (dense_schedule.h) */
 #define FP_DS_TARGET FP_TARGET_AVX512
 #define FP_DS_K(g) fp_dense512_##g
 /* a lone block with a long row takes the 8-chain kernel (see fp_dense512_g1w) */

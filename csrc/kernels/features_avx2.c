@@ -56,7 +56,7 @@ FP_TARGET_AVX2 void fp_zscore_runs_avx2(const float *raw, const int32_t *runs, i
  * ref, see fp_features.h); window_stats and window_zscore share it so they stay
  * bit-identical. Each product is rounded on its own, as the scalar twin's (built without
  * FMA): GCC contracts a product into the addition or subtraction after it (one vfmadd), and
- * q/n - m^2 cancels, so the fused form gave another std than scalar, ~1% apart; the empty
+ * q/n - m^2 cancels, so the fused form gives another std than scalar, ~1% apart; the empty
  * asm statements keep the products apart. */
 FP_TARGET_AVX2 static inline void fp_wstats4_avx2(const float *raw, const int32_t *w_idx,
                                                   const float *ref, const double *sum,

@@ -96,7 +96,7 @@ FP_TARGET_AVX512 void fp_zscore_runs_avx512(const float *raw, const int32_t *run
  * operations as the scalar twin (so bit-identical to it); window_stats and window_zscore
  * share it. Each product rounded on its own, as the scalar twin's (built without FMA): GCC
  * contracts a product into the addition or subtraction after it (one vfmadd), and
- * q/n - mu^2 cancels, so the fused form gave another std than scalar, ~1% apart; the empty
+ * q/n - mu^2 cancels, so the fused form gives another std than scalar, ~1% apart; the empty
  * asm statements keep the products apart. */
 FP_TARGET_AVX512 static inline void fp_wstats8_avx512(const float *raw, const int32_t *w_idx,
                                                       const float *ref, const double *sum,

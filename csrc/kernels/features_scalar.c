@@ -106,11 +106,10 @@ int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const 
     return finite;
 }
 
-/* rolling mean/std over the window with the new tick in (and `old` out), the sums being of
- * values less ref (fp_features.h) */
-/* one field of fp_window_stats_scalar; with old and thr (NULL: none), whether the commit of
- * this tick heals the window: its sums (the same doubles as the commit kernel's) against its
- * criteria (fp_simd.h, window_commit) */
+/* one field of fp_window_stats_scalar: rolling mean/std with the new tick in (and `old` out),
+ * the sums being of values less ref (fp_features.h); with old and thr (NULL: none), whether
+ * the commit of this tick heals the window: its sums (the same doubles as the commit
+ * kernel's) against its criteria (fp_simd.h, window_commit) */
 static inline int fp_wstat1_scalar(double xf, double r, double sum, double sumsq,
                                    const float *old, double inv_n, float *pm, float *ps,
                                    const double *thr, double lim) {
@@ -129,11 +128,11 @@ static inline int fp_wstat1_scalar(double xf, double r, double sum, double sumsq
     }
     const double m = s * inv_n, v = q * inv_n - m * m;
     *pm = (float)(r + m);
-    /* the root of the variance as a float, scaled below 2^-100: a std of 1e-31 (prices in
-     * some tiny unit) has a variance below the smallest float, which as a float was 0 (std
-     * 0); scaled by 2^200 (exact) its root is a float's, then scaled back by 2^-100. (A root in double on every tick cost the vector sets ~4 ns: an 8-lane
-     * double root's latency on the way to the cache's look.) A variance that a float rounds
-     * to Inf (std > 1.8e19) stays Inf, refused as an overflowed feature */
+    /* the root of the variance as a float (a double root's latency would sit on the way to
+     * the cache's look), scaled below 2^-100: a std of 1e-31 (prices in some tiny unit) has a
+     * variance below the smallest float, which as a float would be 0; scaled by 2^200
+     * (exact) its root is a float's, then scaled back by 2^-100. A variance that a float
+     * rounds to Inf (std > 1.8e19) stays Inf, refused as an overflowed feature */
     const int tiny = v < 0x1p-100;
     *ps = v > 0.0 ? sqrtf((float)(tiny ? v * 0x1p200 : v)) * (tiny ? 0x1p-100f : 1.0f) : 0.0f;
     return heal;
