@@ -39,8 +39,8 @@ FP_TARGET_AVX2 static double fp_fma_ns_avx2(long iters) {
 }
 
 /* the same 12 chains on 16 lanes (Zen 4 splits a zmm FMA in two 256-bit halves, so there
- * this is about twice the 8-lane time; Zen 5, this development host, runs it full width: the
- * probe says which instead of assuming either) */
+ * this is about twice the 8-lane time; Zen 5 runs it full width: the probe says which
+ * instead of assuming either) */
 FP_TARGET_AVX512 static double fp_fma_ns_avx512(long iters) {
     const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
     __m512 a[12];
@@ -168,7 +168,7 @@ static float fp_read_pass_scalar(const float *p, size_t n) {
 }
 
 /* ns per 8-lane FMA instruction at full throughput; < 0 where AVX2+FMA is missing. iters < 1
- * runs one trip: a time over no instructions was 0/0 (NaN) or, negative, read as "no AVX2" */
+ * runs one trip: a time over no instructions would be 0/0 (NaN) or, negative, read as "no AVX2" */
 double fp_fma_ns_per_instr(long iters) {
 #if FP_HAVE_X86
     if (iters < 1) iters = 1;

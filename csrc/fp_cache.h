@@ -136,7 +136,7 @@ static inline const float *fp_slot_features_c(const fp_slot *s) { return (const 
 enum { FP_CACHE_UNDECIDED = -1 };
 
 /* The constants of the float32 look for one policy and feature count, computed once per
- * engine (fp_cache_plan_init: the divisions alone are ~15 ns of latency a lookup). */
+ * engine (fp_cache_plan_init), so their divisions stay off every lookup's latency. */
 typedef struct {
     fp_cache_policy pol;
     int f32;              /* the float32 look can decide anything (t > 0, tol >= 0) */
@@ -147,35 +147,12 @@ typedef struct {
     double c_lo, c_hi, up_lo, up_hi, dn_lo, dn_hi;  /* magnitude test */
 } fp_cache_plan;
 
-/* cos_threshold as the engine's plan holds it (fp_cache_plan_init applies it, so every
- * caller of the plan or of fp_cache_lookup gets it, a C-only one too): 2^-50 (relative)
- * below the threshold asked for. The
- * double path's bound t |f| |c| is two rounded square roots and a rounded product, and came
- * out an ulp above dot for a tick equal to its key (cosine exactly 1: dot == |f|^2 == |c|^2,
- * bit for bit), so at cos_threshold 1.0 one exact repeat in four missed, reported as
- * "cosine" (a key doubled, cosine 1 too, as "cosine" instead of "norm"; at -1, a key's
- * opposite). That rounding is within 3 ulps (< 2^-50); the slack admits no cosine the double
- * sums themselves can tell from t (their own rounding, ~n 2^-53, is larger). Applied once, in
- * the plan, not per lookup: a compare and a cold call for the tie in fp_cache_decide_f64
- * moved fp_step's code and cost the feature stage ~10 ns a tick (same-process A/B on the
- * replay), and even an inline multiply there cost ~8. */
+/* cos_threshold less 2^-50 relative: the double bound t |f| |c| rounds up by as much as 3 ulps,
+ * and an exact repeat (cosine 1) must not miss on that; set once in the plan, off the lookup */
 static inline double fp_cache_cos_bound(double t) { return t - fabs(t) * 0x1p-50; }
 
-/* norm_tol as the plan holds it, (1 + tol) 2^-50 above the tolerance asked for: the same tie
- * on the magnitude guard. A tick exactly k = 1 +- tol times its key (|f|^2 = k^2 |c|^2, both
- * sums exact) is a tie the guard passes, but na / nb is two rounded square roots and a
- * rounded quotient, within 3 ulps of k (< (1 + tol) 2^-50 once 1 is subtracted), and came out
- * above it: at norm_tol 0.5, keys of 6-bit values scaled by 1.5 missed as "norm" in 13% of
- * cases (every kernel set alike; now none). The slack is absolute, on |na / nb - 1|: above 1
- * it admits a ratio at most 2^-50 (relative) beyond 1 + tol, about the quotient's own rounding
- * (3 (1 + tol) 2^-53); below 1 it is (1 + tol) / (1 - tol) 2^-50 relative to 1 - tol, where
- * the rounding is < 3 2^-53 absolute, so once tol nears 1 it admits ratios the double sums
- * can tell from the tolerance: 2.7e-15 below 1 - tol at tol 0.5, 1.7e-14 at 0.9, 1.8e-13 at
- * 0.99 (|f| = 0.01 (1 - 1e-13) |c|, its sums exact to 4e-17, hits at norm_tol 0.99). Far
- * below anything a cache decision means, and alike on every set; a two-sided compare of
- * na / nb with its own bounds would hold both sides to the rounding. A tie whose sums are
- * inexact themselves (22-bit values over 128 features: half still miss) is left to their
- * rounding, as a cosine that close to its threshold is. */
+/* norm_tol plus (1 + tol) 2^-50: na / nb rounds by as much as 3 ulps, and a tick exactly
+ * (1 +- tol) times its key is a tie the guard passes, on every kernel set alike */
 static inline double fp_cache_tol_bound(double tol) { return tol + (1.0 + tol) * 0x1p-50; }
 
 static inline void fp_cache_plan_init(fp_cache_plan *pl, const fp_cache_policy *p, int n) {
@@ -277,11 +254,8 @@ static inline int fp_cache_decide_f64(const fp_kernels *k, const fp_cache_policy
 
 /* Check the guards, cheapest first; fills *norm with |f| when the double path computed it
  * (else -1). The vectors are compared with float32 sums first (one pass of diff_norms_f32)
- * and in double only when that cannot settle a guard: for none of 20,000 consecutive tick
- * pairs of the bench stream at the demo policy (cosine 0.999999, hits included), the float32
- * look's band being ~1e-11 in cosine. (The lookup after a hit used to go straight to the
- * double sums, when the float32 look could not prove a hit at such a threshold; measured
- * now, the float32 pass first is as fast or faster.) A decision is always the double one.
+ * and in double only when that cannot settle a guard, which the float32 look's ~1e-11 band
+ * in cosine makes rare. A decision is always the one the double sums would make.
  * The slot is written only to keep |cached| once computed (which changes no decision, so a
  * tick refused later changes nothing observable). */
 static inline int fp_cache_lookup_plan(const fp_kernels *k, const fp_cache_plan *pl, fp_slot *s,

@@ -208,8 +208,8 @@ __attribute__((noinline, cold)) int64_t fp_ticks_to_mono_ns_slow(uint64_t t) {
      * thread preempted between its TSC read and this call). An earlier reading of that
      * thread went through an older mapping, whose rate may be slower than this one's by the
      * refit's tolerance and the slew (a few 1e-3): mapped back at this rate, the reading
-     * fell behind it by that fraction of the preemption (7 us seen after a few ms under
-     * load), and the engine refuses a step more than 1 us behind its symbol's last one.
+     * fell behind it by that fraction of the preemption (microseconds, after a few ms
+     * preempted), and the engine refuses a step more than 1 us behind its symbol's last one.
      * Mapped back at a rate below any mapping's, it cannot fall behind an older reading; it
      * is early by at most 1% of how far it predates the anchor. */
     if (d < 0) return bn + (int64_t)((double)d * k * FP_CLOCK_BACK_RATE);

@@ -129,14 +129,12 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     if (fs->runs) {
         fs->n_runs = fp_feature_runs(p->z_idx, p->n_z, fs->runs);
         /* runs pay off once they average 4+ fields, except on AVX-512: its runs kernel ends
-         * each run with a masked 512-bit store, slow on the CPUs measured (Zen 5: the demo
-         * spec's 112 fields in 22 runs, features 70 -> 50 ns a tick with the 7 gathers);
-         * both paths compute the same (x - mean) * inv_std per field */
+         * each run with a masked 512-bit store, slow on AMD, where gathers or the permute
+         * plan win; both paths compute the same (x - mean) * inv_std per field */
         if (fs->n_runs * 4 > p->n_z || p->isa == FP_ISA_AVX512) fs->n_runs = 0;
     }
-    /* AVX-512: the z-scores through a permute plan, any z_idx (the demo spec's 112 fields:
-     * 13 steps instead of 7 gathers, in a loop 114 -> 48 TSC ticks; in the bench's replay, where
-     * a tick's state comes from L2, the stage gains ~2-5 ns) */
+    /* AVX-512: the z-scores through a permute plan, any z_idx: a step is two loads and a
+     * permute, where a 16-lane gather is microcoded */
     const int n_zsteps_max = ((p->n_z + 15) / 16) * ((p->raw_len + 31) / 32);
     const int want_plan = p->isa == FP_ISA_AVX512 && p->n_z > 0;
     if (want_plan) {
@@ -224,13 +222,10 @@ void fp_engine_set_stage_times(fp_engine *e, int on) { e->stage_times = on ? 1 :
 int fp_engine_stage_times(const fp_engine *e) { return e->stage_times; }
 
 /* fp_step_begin's work; early: commit the tick's window before the lookup, keeping an undo
- * record (fp_step's path: it restores the record when the tick is refused). Always inlined:
- * as a call (which GCC chose, the function being large and used twice) the lookup's verdict
- * went back through p->reason in memory and fp_step branched on it a second time, so a rare
- * hit, whose first branch the CPU mispredicts, mispredicted that one too; inlined, the
- * compiler jumps from the lookup's last comparison straight into fp_step's hit code
- * (same-process A/B on the generated stream at 4.5% hits: hits 4-8 ns faster from Python,
- * misses unchanged). */
+ * record (fp_step's path: it restores the record when the tick is refused). Always inlined,
+ * so the compiler jumps from the lookup's last comparison straight into fp_step's hit code:
+ * as a call (GCC's choice for a large function used twice) the verdict goes back through
+ * p->reason in memory, and a rare hit mispredicts a second branch on it. */
 static inline __attribute__((always_inline)) int fp_begin_impl(fp_engine *e, const float *raw,
                                                                int32_t symbol, int64_t ts_ns,
                                                                fp_pending *p, const int early) {
@@ -238,10 +233,10 @@ static inline __attribute__((always_inline)) int fp_begin_impl(fp_engine *e, con
     if (symbol < 0 || symbol >= e->n_symbols) return FP_ERR_SYMBOL;
     /* The features first, into scratch (no state changes before every check passed): they
      * say whether raw is all finite, which the z-score permute plan checks as it loads raw
-     * instead of a pass of allfinite of its own (~10 ns a tick on AVX-512, in C and from
-     * Python, same-process A/B on the replay). A finite raw can still overflow (x - mean) * inv_std or the window's stats.
-     * No pass over the features checks that here: loading them right after the feature
-     * kernels' overlapping stores stalls store forwarding (measured ~50 ns a tick). Instead
+     * instead of a pass of allfinite of its own. A finite raw can still overflow
+     * (x - mean) * inv_std or the window's stats. No pass over the features checks that
+     * here: loading them right after the feature kernels' overlapping stores stalls store
+     * forwarding. Instead
      * the lookup treats a non-finite |f|^2 as a miss and the model refuses the tick: every
      * dense row sums w * x over all inputs, and 0 * Inf and w * NaN are NaN, so the first
      * layer's finiteness flag sees any bad feature; fp_step_finish names the cause. */
@@ -269,8 +264,8 @@ static inline __attribute__((always_inline)) int fp_begin_impl(fp_engine *e, con
     const int st = e->stage_times;
     p->t1 = st ? fp_ticks() : p->t0;
     p->reason = fp_cache_lookup_plan(e->k, &e->cache_plan, s, e->feat, e->fs.n_feat, now, &p->norm);
-    /* The clock is read here only after a lookup that compared vectors and missed (~9 ns a
-     * read on this EPYC, a tenth of a hit). A hit's lookup and store are one stage, timed
+    /* The clock is read here only after a lookup that compared vectors and missed (a read
+     * costs about a tenth of a hit). A hit's lookup and store are one stage, timed
      * from t1 to the end; a lookup refused by a flag or a counter (cache off, cold slot,
      * age, run: a few loads and compares, ~1 ns) is counted into the inference after it. */
     p->t2 = (st && (p->reason == FP_MISS_COSINE || p->reason == FP_MISS_NORM)) ? fp_ticks() : p->t1;
@@ -341,8 +336,7 @@ static int fp_lowp_bf16_f64(const fp_lowp_layer *L, const float *x, float *y) {
 /* The MLP on x, refused only where a layer's pre-activation itself leaves float32's range.
  * Each set sums a row in its own order (scalar input by input, AVX2 in chains, AVX-512 in
  * even/odd halves and chains), and terms near FLT_MAX overflow a partial sum in one order and
- * not in another: the sets refused different ticks (measured: 1 in 10 of rows with terms of
- * 0.2-0.6 FLT_MAX). So a pass that overflowed runs again layer by layer, and a layer whose
+ * not in another, so the sets would refuse different ticks. So a pass that overflowed runs again layer by layer, and a layer whose
  * float32 sums overflow is summed in double (fp_dense_f64), the same decision on every set.
  * A pass that did not overflow stands: its exact sums can then be past the range only by
  * its own rounding error (the band within ~n 2^-24 of FLT_MAX where rounding decides, on any
@@ -572,8 +566,8 @@ static inline int fp_piece_over(int64_t i, int64_t i0, uint64_t t0, int64_t budg
 
 /* Without ts the engine clock only moves forward, so checking it once against each
  * symbol's last tick is enough. Only the batch's own symbols are read into the scratch: a
- * copy of every symbol's last tick cost each call O(n_symbols) scattered slot reads
- * (measured: a batch of 8 ticks 5.6 us at 64 symbols, 7.9 at 4,096, 57 at 65,536). A symbol
+ * copy of every symbol's last tick would cost each call O(n_symbols) scattered slot reads. A
+ * symbol
  * out of range is skipped here and refused in order by the pass after. Returns now0, the
  * time the rows without ts are checked at. */
 static int64_t fp_batch_check_begin(fp_engine *e, const int32_t *symbols, int64_t n) {
@@ -622,8 +616,7 @@ static int64_t fp_batch_check_rows(fp_engine *e, const float *raws, int64_t row_
  * refused with *err and *applied that row. Each row's raw is prefetched FP_BATCH_PF_ROWS rows
  * ahead: a batch bigger than the caches comes from memory, and the z-score plan loads a
  * row's windows in its own order (each group's, then those no feature reads), which the
- * hardware prefetcher does not follow from row to row (measured on a 200 MB replay: 270 ->
- * 400 ns a row without this). */
+ * hardware prefetcher does not follow from row to row. */
 static int64_t fp_step_rows(fp_engine *e, const float *raws, int64_t row_stride,
                             const int32_t *symbols, const int64_t *ts, int64_t i0, int64_t n,
                             uint64_t t0, int64_t budget_ns, float *signal, float *confidence,

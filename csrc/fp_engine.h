@@ -6,7 +6,7 @@
  * fp_step() runs the same stages with one difference: it commits the window right
  * after the features, before the cache decides, and keeps an undo record (fp_features.h)
  * that it restores when the model refuses the tick. A hit, the branch the CPU rarely
- * predicts, then has less work behind its decision (~12 ns a hit from Python, measured).
+ * predicts, then has less work behind its decision.
  * Decision: the stages are separate functions over a pending-tick record so a
  * GPU backend can replace fp_infer_cpu() and keep everything else; nothing in
  * here touches a Python object, so a C loop may call it without the GIL.
@@ -135,7 +135,7 @@ typedef struct fp_engine {
 void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state);
 fp_engine *fp_engine_create(const fp_engine_params *p, int *err);
 void fp_engine_free(fp_engine *e);
-/* Per-stage times on (the default) or off. A stage boundary costs a TSC read (~9 ns here),
+/* Per-stage times on (the default) or off. A stage boundary costs a TSC read (~9 ns),
  * up to five a miss; off, a tick reads the clock twice (its start and end): total_ns is
  * measured as before, fp_result's feature_ns, cache_ns and infer_ns are -1 (not measured)
  * and the latency records' stage columns 0. */

@@ -13,8 +13,7 @@
  * does not drift (float would lose ~1e-3 relative within 1e5 ticks). Subtracting is still
  * not exact: a finite outlier (a bad print of 1e18 among prices ~100) absorbs the other
  * ticks' share of the sums when it enters, and when it leaves, the sums keep the deficit for
- * good (measured: the mean 2.5 off and the std 0 forever after, a wrong signal on every
- * tick of that symbol), and the residues of inexact sums at price-like offsets random-walk
+ * good (a wrong mean and std on every later tick of that symbol), and the residues of inexact sums at price-like offsets random-walk
  * (~1% of the std per 1e6 ticks at 1e5 and W = 100). So the sums are renewed from sums
  * with no subtraction in them: beside the running sums each window keeps `fresh` sums of
  * the ticks since the ring last wrapped, which at the next wrap are exactly the window's
@@ -107,7 +106,7 @@ static inline int fp_feature_runs(const int32_t *z_idx, int n_z, int32_t *runs) 
  * of 16, each group one step per 32-float window of raw it reads, windows in increasing
  * order; then one check-only step (no lane taken, nothing stored) per window no group reads,
  * so the plan loads all of raw and the kernel's finiteness flag covers every value (the
- * engine's non-finite input check, without a pass of its own: ~10 ns a tick measured).
+ * engine's non-finite input check, without a pass of its own).
  * Returns the step count; steps has room for ceil(n_z / 16) * ceil(raw_len / 32) (n_z >= 1:
  * the groups' steps plus the check-only ones are at most (groups - 1) * windows + windows). */
 static inline int fp_zperm_build(const int32_t *z_idx, int n_z, int raw_len, fp_zstep *steps) {
@@ -265,9 +264,8 @@ static inline int fp_features_spec(const fp_kernels *k, const fp_feature_spec *f
  * feature as onnxruntime runs a Scaler (or Sub then Mul) on the features it is given. Not
  * composed into the spec's mean and inv_std: a spec that centres price-like fields (mean
  * ~6.5e4) followed by a scaler with an offset composes to a mean whose float32 rounding
- * (4e-3) moved the features by that times the scales (measured: an MLP's outputs 3e-4 of
- * their spread off onnxruntime on every tick, a tree ensemble on the other branch of a
- * threshold). Elementwise IEEE ops, no reassociation and nothing to contract into an FMA:
+ * (4e-3) would move the features by that times the scales, visibly off onnxruntime's
+ * outputs. Elementwise IEEE ops, no reassociation and nothing to contract into an FMA:
  * the same bits under every kernel set and any vectorization. */
 static inline void fp_features_scale(const fp_feature_spec *fs, float *feat) {
     const float *o = fs->in_off, *s = fs->in_scale;
@@ -307,8 +305,7 @@ __attribute__((noinline)) static void fp_window_save_refs(const fp_feature_spec 
 
 /* The rare half of fp_window_commit (a field to heal, see there), out of line: the newest
  * tick (raw, just written to the ring) becomes every field's ref and the sums are recomputed
- * from the ring's count ticks about it (a kernel: fields in vectors, rows in order; the
- * field-by-field walk in C took ~0.5 us for 32 x 8) */
+ * from the ring's count ticks about it (a kernel: fields in vectors, rows in order) */
 __attribute__((noinline)) static void fp_window_heal(const fp_kernels *k,
                                                      const fp_feature_spec *fs,
                                                      unsigned char *win, const float *raw) {
@@ -364,11 +361,8 @@ static inline void fp_window_commit(const fp_kernels *k, const fp_feature_spec *
      *   than the features can afford (fp_window_thresholds): the ref an outlier that has
      *   left (the first tick of a period, or the newest tick of a heal). The newest tick is
      *   then the ref, and while a window fills its ref is one of its ticks.
-     * O(W n_w) when it comes (and the tick's features from the ring as well). None on a
-     * price walk; a sparse field (0 on 95% of ticks, 1..500 on the rest) healed on 7.5% of
-     * its ticks at W = 32 (each spike leaving a window of zeros), a two-valued spread with an
-     * inv_std of 1e4 on 2.7% (each heal ~30 ns for 32 x 8 on AVX-512, window_sums, plus
-     * that tick's features from the ring) */
+     * O(W n_w) when it comes (and the tick's features from the ring as well): never on a
+     * price walk, on a few % of ticks for sparse or two-valued fields (docs/kernels-notes.md) */
     const int heal = k->window_commit(raw, fs->w_idx, n, ref, sum, sumsq, row, full, fs->w_thr,
                                       (double *)undo, fresh);
     if (!full) h->count++;

@@ -46,9 +46,8 @@ typedef struct {
  * FP_FUSED_NARROW, hidden layers of at most 4 blocks, runs every fused model of those;
  * FP_FUSED_WIDE, with an 8-block hidden layer, only where every layer after the first is 1 or
  * 8 blocks. An 8-block layer's outputs in 8 registers feeding a 2- or 4-block layer (8
- * accumulators besides) measured slower than the per-layer pass (64x64x16x2 106 -> 124 ns,
- * the default 128x64x32x2 196 -> 201), and through a local buffer no faster than it, so such
- * a model runs per layer on AVX2. */
+ * accumulators besides) spill on the critical path, and through a local buffer gain nothing,
+ * so such a model runs per layer on AVX2. */
 #define FP_FUSED_NARROW 1
 #define FP_FUSED_WIDE 2
 #define FP_MLP_FUSED_BYTES (128u * 1024u)

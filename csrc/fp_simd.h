@@ -4,9 +4,9 @@
  * chosen once at run time by cpuid + xgetbv; nothing is built with -mavx2 or
  * -march=native, so the same binary runs (scalar) on a CPU without AVX2
  * instead of dying with SIGILL. Every kernel has a scalar twin with the same
- * signature; a kernel set is a table of function pointers. Each set lives in its own
- * source, csrc/kernels/<isa>.c, with functions named fp_<what>_<isa>. AVX-512 code is
- * compiled the same way (FP_TARGET_AVX512), never with a global -mavx512f.
+ * signature; a kernel set is a table of function pointers (csrc/kernels/sets.c). The
+ * kernels live by kind and set, csrc/kernels/<kind>_<isa>.c, named fp_<what>_<isa>. AVX-512
+ * code is compiled the same way (FP_TARGET_AVX512), never with a global -mavx512f.
  */
 #ifndef FP_SIMD_H
 #define FP_SIMD_H
@@ -113,7 +113,7 @@ typedef struct {
     /* zscore_gather's out through a permute plan (n steps, fp_zperm_build): the same values,
      * bit for bit; only the steps' lanes of out are written and nothing outside raw's
      * raw_len floats is read. On AVX-512 a plan step is two loads, one two-table permute
-     * and a blend, where a 16-lane gather is microcoded (~3x the time, measured).
+     * and a blend, where a 16-lane gather is microcoded (about 3x the time).
      * Returns 1 when every float the steps load (each step's 32-float window of raw, up to
      * raw_len) is finite, else 0: a plan from fp_zperm_build loads all of raw, so this is
      * allfinite(raw) without a pass of its own. */

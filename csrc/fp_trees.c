@@ -494,11 +494,10 @@ void fp_trees_walk_compact(const fp_trees *t, int i, const float *x, double *acc
     }
 }
 
-/* Was: tree by tree in index order, while the perfect part adds a group's 16 leaves by
- * fp_trees_sum16 first; a double sum of floats is not exact for leaves ~2^53 apart, so
- * leaves 1e20, 1, -1e20 (lanes 0, 1, 8) gave 1 without a NaN and 0 with one in a feature no
- * split reads. Now the same groups, lanes and order: only perfect trees (width 1, SUM /
- * AVERAGE) are in groups, so MIN / MAX and multi-target trees keep their index order. */
+/* The perfect groups' trees in the perfect walk's groups, lanes and order (fp_trees_sum16 per
+ * group): a double sum of floats is not exact for leaves ~2^53 apart, so any other order
+ * would let a NaN in a feature no split reads change the sum. Only perfect trees (width 1,
+ * SUM / AVERAGE) are in groups, so MIN / MAX and multi-target trees keep their index order. */
 void fp_trees_walk_all_compact(const fp_trees *t, const float *x, double *acc) {
     for (int g = 0; g < t->n_groups; g++) {
         const int32_t *lt = t->ptree + (size_t)g * FP_TREES_LANES;

@@ -99,8 +99,8 @@ static void retire_slot(const fp_seg_layout *L, int i) {
  * after the last slot probed. A slot CLAIMED without a pid has no owner to probe (a client
  * killed between claiming it and storing its pid, with an fp_ring.h older than the one-word
  * claim; or a store by another process): half_since[i] notes when a pass first saw it so
- * (NULL: not looked at) and a pass `grace_ns` later retires it; before, it was lost for good,
- * and with every slot so lost no client could connect. A slot so taken back may have had a
+ * (NULL: not looked at) and a pass `grace_ns` later retires it, so that such slots cannot
+ * pile up until no client can connect. A slot so taken back may have had a
  * live claimant after all: an older fp_ring.h client stalled that long between its claim and
  * its pid store (SIGSTOP, a debugger). Resumed, it stores its pid and ACTIVE unconditionally,
  * over whatever the slot is by then: the next client's own, ACTIVE, and two clients wrote one
@@ -111,10 +111,9 @@ static void retire_slot(const fp_seg_layout *L, int i) {
  * generation at their next call and stop (RECLAIMED, ServeError) instead of sharing it. One
  * that resumes before a pass has seen the next client's claim ACTIVE (within a heartbeat of
  * it) is not told apart: that pass sees its pid first.
- * A probe is a kill(0) and a read of /proc/<pid>/stat, ~6 us:
- * the loop's pass probes one owner a heartbeat, where probing all of them stopped serving for
- * ~6 us per client every heartbeat (47 us a millisecond with 8 clients, in the p99 of every
- * tick that arrived meanwhile). A dead owner is then retired within as many heartbeats as
+ * A probe is a kill(0) and a read of /proc/<pid>/stat, ~6 us: the loop's pass probes one
+ * owner a heartbeat, as probing all of them would stop serving for ~6 us per client every
+ * heartbeat. A dead owner is then retired within as many heartbeats as
  * there are owners (64 ms at most at the 1 ms default), and its slot freed one later. */
 typedef struct {
     int64_t half_since[FP_SEG_MAX_CLIENTS];  /* when a pass first saw it CLAIMED without a pid

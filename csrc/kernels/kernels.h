@@ -1,29 +1,138 @@
-/* kernels.h: what the per-ISA kernel sources (scalar.c, avx2.c, avx512.c) share.
+/* kernels.h: what the kernel sources share: every kernel of the fp_kernels table by kind
+ * (features_*, cache_*, dense_*) and instruction set, and the lane masks of each set.
  *
- * Decision: one source file per kernel set, each function named fp_<what>_<isa>, as numpy
- * lays out its dispatch sources; fp_simd.c only holds the table choice. The scalar twins
- * are exported here because the vector sets reuse them for tails, and so a new set can be
- * written against the same reference.
+ * Decision: one source per kind and set, each function named fp_<what>_<isa>, as numpy lays
+ * out its dispatch sources; sets.c puts them in one table per set and fp_simd.c only picks
+ * the table. A vector kernel carries its set's target attribute (no global -mavx2), so every
+ * object loads on any x86-64. The scalar twins are the reference the vector sets are tested
+ * against, and a vector set may call them for its tail.
  */
 #ifndef FP_KERNELS_H
 #define FP_KERNELS_H
 
 #include "fp_simd.h"
 
+/* features_<isa>.c: z-scores, the rolling windows, the finite check on ticks */
+void fp_zscore_gather_scalar(const float *raw, const int32_t *idx, const float *mean,
+                             const float *inv_std, float *out, int n);
+void fp_zscore_runs_scalar(const float *raw, const int32_t *runs, int n_runs, const float *mean,
+                           const float *inv_std, float *out);
 void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
                             const double *sum, const double *sumsq, const float *old,
                             double inv_n, float *pm, float *ps);
-void fp_dot_norm2_scalar(const float *a, const float *b, int n, double *dot, double *na2);
-int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
-                            double *sum, double *sumsq, float *row, int full,
-                            const double *thr, double *undo, double *fresh);
-void fp_window_sums_scalar(const float *ring, int rows, int stride, int n, const float *ref,
-                           double *sum, double *sumsq);
+void fp_zscore_scalar(const float *x, const float *mean, const float *inv_std, float *out, int n);
+int fp_allfinite_scalar(const float *x, int n);
 int fp_window_zscore_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
                             const double *sum, const double *sumsq, const float *old,
                             double inv_n, const float *mean, const float *inv_std, float *feat,
                             const double *thr);
 int fp_zscore_perm_scalar(const float *raw, const fp_zstep *steps, int n, const float *mean,
                           const float *inv_std, float *out);
+int fp_window_commit_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
+                            double *sum, double *sumsq, float *row, int full,
+                            const double *thr, double *undo, double *fresh);
+void fp_window_sums_scalar(const float *ring, int rows, int stride, int n, const float *ref,
+                           double *sum, double *sumsq);
+
+/* cache_<isa>.c: the dot products and norms of the cache's look */
+void fp_dot_norm2_scalar(const float *a, const float *b, int n, double *dot, double *na2);
+void fp_dot_norms_f32_scalar(const float *a, const float *b, int n, float *dot, float *na2,
+                             float *nb2);
+void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot, double *na2,
+                             double *nb2);
+void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, float *dd, float *de,
+                              float *na2, float *nb2);
+
+/* dense_<isa>.c: the fp32 dense layer and the output head */
+int fp_dense_scalar(const fp_dense_layer *L, const float *x, float *y, int reverse);
+void fp_head_scalar(const float *out, float *signal, float *confidence);
+
+#if FP_HAVE_X86
+#include <immintrin.h>
+
+/* AVX2 has no two-table permute and no vector window commit: its table takes the scalar
+ * twins of fp_zscore_perm and fp_window_commit (sets.c) */
+FP_TARGET_AVX2 void fp_zscore_gather_avx2(const float *raw, const int32_t *idx,
+                                          const float *mean, const float *inv_std, float *out,
+                                          int n);
+FP_TARGET_AVX2 void fp_zscore_runs_avx2(const float *raw, const int32_t *runs, int n_runs,
+                                        const float *mean, const float *inv_std, float *out);
+FP_TARGET_AVX2 void fp_window_stats_avx2(const float *raw, const int32_t *w_idx, int n_w,
+                                         const float *ref, const double *sum,
+                                         const double *sumsq, const float *old, double inv_n,
+                                         float *pm, float *ps);
+FP_TARGET_AVX2 void fp_zscore_avx2(const float *x, const float *mean, const float *inv_std,
+                                   float *out, int n);
+FP_TARGET_AVX2 int fp_allfinite_avx2(const float *x, int n);
+FP_TARGET_AVX2 int fp_window_zscore_avx2(const float *raw, const int32_t *w_idx, int n_w,
+                                         const float *ref, const double *sum,
+                                         const double *sumsq, const float *old, double inv_n,
+                                         const float *mean, const float *inv_std, float *feat,
+                                         const double *thr);
+FP_TARGET_AVX2 void fp_window_sums_avx2(const float *ring, int rows, int stride, int n,
+                                        const float *ref, double *sum, double *sumsq);
+FP_TARGET_AVX2 void fp_dot_norm2_avx2(const float *a, const float *b, int n, double *dot,
+                                      double *na2);
+FP_TARGET_AVX2 void fp_dot_norms_f32_avx2(const float *a, const float *b, int n, float *dot,
+                                          float *na2, float *nb2);
+FP_TARGET_AVX2 void fp_dot_norms_f64_avx2(const float *a, const float *b, int n, double *dot,
+                                          double *na2, double *nb2);
+FP_TARGET_AVX2 void fp_diff_norms_f32_avx2(const float *a, const float *b, int n, float *dd,
+                                           float *de, float *na2, float *nb2);
+FP_TARGET_AVX2 int fp_dense_avx2(const fp_dense_layer *L, const float *x, float *y, int reverse);
+FP_TARGET_AVX2 void fp_head_avx2(const float *out, float *signal, float *confidence);
+
+FP_TARGET_AVX512 void fp_zscore_gather_avx512(const float *raw, const int32_t *idx,
+                                              const float *mean, const float *inv_std,
+                                              float *out, int n);
+FP_TARGET_AVX512 void fp_zscore_runs_avx512(const float *raw, const int32_t *runs, int n_runs,
+                                            const float *mean, const float *inv_std,
+                                            float *out);
+FP_TARGET_AVX512 void fp_window_stats_avx512(const float *raw, const int32_t *w_idx, int n_w,
+                                             const float *ref, const double *sum,
+                                             const double *sumsq, const float *old,
+                                             double inv_n, float *pm, float *ps);
+FP_TARGET_AVX512 void fp_zscore_avx512(const float *x, const float *mean, const float *inv_std,
+                                       float *out, int n);
+FP_TARGET_AVX512 int fp_allfinite_avx512(const float *x, int n);
+FP_TARGET_AVX512 int fp_window_zscore_avx512(const float *raw, const int32_t *w_idx, int n_w,
+                                             const float *ref, const double *sum,
+                                             const double *sumsq, const float *old,
+                                             double inv_n, const float *mean,
+                                             const float *inv_std, float *feat,
+                                             const double *thr);
+FP_TARGET_AVX512 int fp_zscore_perm_avx512(const float *raw, const fp_zstep *steps, int n,
+                                           const float *mean, const float *inv_std, float *out);
+FP_TARGET_AVX512 int fp_window_commit_avx512(const float *raw, const int32_t *w_idx, int n_w,
+                                             const float *ref, double *sum, double *sumsq,
+                                             float *row, int full, const double *thr,
+                                             double *undo, double *fresh);
+FP_TARGET_AVX512 void fp_window_sums_avx512(const float *ring, int rows, int stride, int n,
+                                            const float *ref, double *sum, double *sumsq);
+FP_TARGET_AVX512 void fp_dot_norm2_avx512(const float *a, const float *b, int n, double *dot,
+                                          double *na2);
+FP_TARGET_AVX512 void fp_dot_norms_f32_avx512(const float *a, const float *b, int n, float *dot,
+                                              float *na2, float *nb2);
+FP_TARGET_AVX512 void fp_dot_norms_f64_avx512(const float *a, const float *b, int n,
+                                              double *dot, double *na2, double *nb2);
+FP_TARGET_AVX512 void fp_diff_norms_f32_avx512(const float *a, const float *b, int n, float *dd,
+                                               float *de, float *na2, float *nb2);
+FP_TARGET_AVX512 int fp_dense_avx512(const fp_dense_layer *L, const float *x, float *y,
+                                     int reverse);
+FP_TARGET_AVX512 void fp_head_avx512(const float *out, float *signal, float *confidence);
+
+/* AVX2 tail mask: lanes [0, n) set, n in 0..8 */
+FP_TARGET_AVX2 static inline __m256i fp_tailmask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* AVX-512 lanes [0, n) of 16, n in 0..16 */
+static inline __mmask16 fp_mask16(int n) { return (__mmask16)((1u << n) - 1u); }
+
+/* AVX-512 lanes [0, min(left, 8)) of 8 */
+static inline __mmask8 fp_mask8_from(int left) {
+    return (__mmask8)(left >= 8 ? 0xff : (1u << left) - 1u);
+}
+#endif
 
 #endif

@@ -198,15 +198,14 @@ FP_TARGET_AVXVNNI int fp_lowp_int8_avx2_vnni(const fp_lowp_layer *L, const float
  * weight as fp32 and v & 0xffff0000 input 2p+1's, one single-uop op each (no unpack or
  * cross-lane shuffle). Per 8 rows x 2 inputs that is 1 load, 1 shift, 1 and and 2 FMAs, so
  * the loop is bound by the FP pipes and the 6-wide dispatch, not by the bytes it streams;
- * what follows is tuned to that (1024x1024x1024x2 model, this Zen 5, same process A/B:
- * 50 -> 40 us for the two bf16 layers):
+ * what follows is tuned to that:
  * - two blocks (32 rows) per pass: one broadcast pair of x serves 8 FMAs, and 8 independent
  *   chains ([block][half][even/odd input]) cover FMA latency x 2 FMA pipes;
  * - the weight vector is pinned in a register (FP_PIN): left alone GCC folds the same 32
- *   bytes into the vpand as a second load, and the extra loads cost ~15% (measured);
+ *   bytes into the vpand as a second load, loads the dispatch cannot spare;
  * - layers past FP_LOWP_STREAM_BYTES prefetch each block's stream FP_LOWP_BF16_PF bytes
- *   ahead, one line per line read (1024 beat 2048 and 4096 with two streams; without it
- *   +10%); in-cache layers skip it (an instruction a line for nothing).
+ *   ahead, one line per line read; in-cache layers skip it (an instruction a line for
+ *   nothing).
  * Each row sums its even inputs in one chain and its odd inputs in another, each in input
  * order, then even + odd, then + bias: an order other than the scalar twin's, so the two
  * agree within fp32 rounding (tests/test_weights.py), not bit for bit. A lone block (odd
