@@ -79,12 +79,10 @@ def test_the_tick_an_outlier_leaves_on_gets_its_windows_features(isa, W, phase):
 
 @pytest.mark.parametrize("W", [32, 64, 100])
 def test_a_move_far_from_ref_heals_on_that_tick(isa, W):
-    # an integer field (a counter moving by -1, 0, 1 a tick) near 1 that jumps by 2^24: the
-    # window that has just left the old level has its mean 2^24 from its ref (the first tick
-    # of the period) and a std of a few units, and the running sums of (x - ref)^2 ~ 2^48 W
-    # round; the tick on which the window is all at the new level got what the cancellation
-    # q/n - m^2 left of its std (0.3% off at W = 32, 4% at W = 100). The commit heals on that
-    # tick; its features now come from the ring as well
+    """Defect guarded: an integer field near 1 that jumps by 2^24 leaves running sums of (x -
+    ref)^2 ~ 2^48 W that lose the std to cancellation (0.3% off at W = 32, 4% at W = 100) on the
+    tick the window is all at the new level; the commit heals on that tick and its features come
+    from the ring."""
     rng = np.random.default_rng(W)
     n_w = 2
     n = 4 * W + 3

@@ -130,9 +130,9 @@ def test_window_heals_once_a_finite_outlier_has_left(isa, W, by):
 
 @pytest.mark.parametrize("W", [3, 100])
 def test_window_sums_renewed_at_every_wrap(isa, W):
-    # at 1e5 the squares sum past 2^53 of their granularity, so every add-new/subtract-old
-    # rounds and the residue random-walks; at each wrap the sums are now those of the window's
-    # ticks added afresh: the same bits as an engine that saw only those ticks
+    """At 1e5 the squares sum past 2^53 of their granularity, so each add-new/subtract-old loses
+    bits and the residue random-walks; at each wrap the sums are those of the window's ticks
+    added afresh: the same bits as an engine that saw only those ticks."""
     rng = np.random.default_rng(W)
     m = _window_model(W, n_w=4)
     N = 60 * W
