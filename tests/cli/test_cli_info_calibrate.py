@@ -10,14 +10,14 @@ from helpers.builders import random_model
 from helpers.cli_child import run_cli
 
 
-def test_cli_info():
+def test_info_reports_the_kernel_set_and_the_default_model():
     out = run_cli("info")
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["simd"] in ("avx512", "avx2", "scalar") and info["default_model"]["dims"] == [128, 64, 32, 2]
 
 
-def test_cli_calibrate(tmp_path):
+def test_calibrate_z_scores_the_chosen_fields_and_refuses_a_mismatch(tmp_path):
     rng = np.random.default_rng(0)
     raws = (rng.standard_normal((500, 20)) * 4 + 3).astype(np.float32)
     np.save(tmp_path / "t.npy", raws)
@@ -40,7 +40,7 @@ def test_cli_calibrate(tmp_path):
     assert bad.returncode == 2 and "cannot read model file" in bad.stderr
 
 
-def test_cli_example_config(tmp_path):
+def test_example_config_writes_a_config_that_loads(tmp_path):
     out = run_cli("example-config")
     assert out.returncode == 0 and "[placement]" in out.stdout
     p = tmp_path / "c.toml"

@@ -50,7 +50,7 @@ def test_heads_match_the_reference(isa, n_out, post, head, kind):
         assert r.confidence == pytest.approx(conf[i], abs=2e-6)
 
 
-def test_head_validation():
+def test_bad_heads_are_model_errors():
     rng = np.random.default_rng(0)
     with pytest.raises(ModelError, match="head kind 'sign' not supported"):
         Head("sign")

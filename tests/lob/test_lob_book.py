@@ -10,7 +10,7 @@ from fastpath import Engine, lob
 from helpers.builders import DATA_DIR
 
 
-def test_layout_names_and_values():
+def test_raw_layout_has_256_named_fields_computed_from_the_book():
     names = lob.field_names()
     assert len(names) == lob.RAW_LEN == 256 and len(set(names)) == 256
     bs = lob.generate_stream(3_000, 3, seed=1)
@@ -41,7 +41,7 @@ def test_generator_is_seeded():
     np.testing.assert_array_equal(lob.raw_from_book(a), lob.raw_from_book(b))
 
 
-def test_lobster_reader(tmp_path):
+def test_lobster_reader_reads_levels_prices_and_trade_signs(tmp_path):
     # 3 events, 2 levels; prices in 1e-4 units; the second ask level empty in row 2
     ob = np.array([[1001000, 5, 1000000, 7, 1002000, 3, 999000, 2],
                    [1001000, 4, 1000000, 7, 9999999999, 0, 999000, 2],
@@ -61,14 +61,14 @@ def test_lobster_reader(tmp_path):
     assert np.isfinite(raw).all()
 
 
-def test_lobster_mismatch(tmp_path):
+def test_lobster_files_of_different_lengths_are_refused(tmp_path):
     np.savetxt(tmp_path / "ob.csv", np.ones((2, 4)), delimiter=",")
     np.savetxt(tmp_path / "msg.csv", np.ones((3, 6)), delimiter=",")
     with pytest.raises(ValueError, match="disagree"):
         lob.read_lobster(str(tmp_path / "ob.csv"), str(tmp_path / "msg.csv"))
 
 
-def test_binance_reader():
+def test_binance_capture_reads_and_serves():
     if not os.path.isdir(DATA_DIR):
         pytest.skip("shared Binance data not present")
     bs = lob.read_binance(DATA_DIR)

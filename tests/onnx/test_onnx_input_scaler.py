@@ -98,7 +98,7 @@ EXACT = ("std_mlp", "std_ridge", "std_linreg", "std_logreg", "std_gbr")
 
 
 @pytest.mark.parametrize("name", EXACT)
-def test_pipeline_matches_onnxruntime(pipes, name, isa):
+def test_scaler_pipeline_matches_onnxruntime(pipes, name, isa):
     # folded: 2.5e-3 (MLP), 1.2e-3 (Ridge) of the spread, 6e-3 of a probability (logistic);
     # the tree pipeline was refused (a Scaler next to an ensemble)
     path, _ = pipes[name]

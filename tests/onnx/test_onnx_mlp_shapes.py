@@ -104,7 +104,7 @@ def test_unsupported_op_names_it(tmp_path):
         Model.from_onnx(p)
 
 
-def test_wrong_output_width(tmp_path):
+def test_outputs_without_a_default_head_are_refused(tmp_path):
     p = build_mlp(tmp_path / "m.onnx", [4, 3], ["identity"])
     with pytest.raises(ModelError, match="2 outputs"):
         Model.from_onnx(p)

@@ -48,7 +48,7 @@ def _check(path, x, y, isa):
     return m
 
 
-def test_fixtures_present():
+def test_every_exporter_and_model_has_its_file():
     # both exporters for each of the four models; a lost file would silently shrink coverage
     names = {os.path.basename(p) for p in FILES}
     for model in ("acts", "batchnorm", "regression", "softmax3"):
@@ -57,7 +57,7 @@ def test_fixtures_present():
 
 
 @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(p) for p in FILES])
-def test_exported_file(path, isa):
+def test_exported_file_matches_torch_and_onnxruntime(path, isa):
     x, y = _expected(path)
     m = _check(path, x, y, isa)
     name = os.path.basename(path).split("-")[0]

@@ -345,7 +345,7 @@ def test_perfect_trees_of_each_small_depth(tmp_path, depth):
     _check_graph(path, X)
 
 
-def test_thresholds_at_infinity(tmp_path):
+def test_thresholds_at_infinity_split_as_onnxruntime(tmp_path):
     for mode in ("BRANCH_LT", "BRANCH_GTE", "BRANCH_LEQ", "BRANCH_GT"):
         a = _two_level(mode)
         a["nodes_values"] = [-np.inf, np.inf, 0, 0, 0]
@@ -451,7 +451,7 @@ def test_base_values_count_is_checked(tmp_path):
         Model.from_onnx(_graph(tmp_path / "c.onnx", "TreeEnsembleClassifier", a, 3, 3))
 
 
-def test_float_tensor_attributes(tmp_path):
+def test_float_tensor_attributes_read_as_the_float_lists(tmp_path):
     a = _two_level("BRANCH_LT")
     a["nodes_values_as_tensor"] = numpy_helper.from_array(np.array([0.5, -0.25, 0, 0, 0], np.float32))
     a["target_weights_as_tensor"] = numpy_helper.from_array(np.array([1.0, 2.0, 4.0], np.float32))
@@ -476,7 +476,7 @@ def test_out_of_range_feature_is_refused(tmp_path):
         Model.from_onnx(_bad(tmp_path, nodes_featureids=[7, 1, 0, 0, 0]))
 
 
-def test_cycle_is_refused(tmp_path):
+def test_a_cycle_in_a_tree_is_refused(tmp_path):
     # node 1's true child is the root
     with pytest.raises(ModelError, match="reached twice"):
         Model.from_onnx(_bad(tmp_path, nodes_truenodeids=[1, 0, 0, 0, 0]))
@@ -567,7 +567,7 @@ def test_reduced_precision_weights_are_refused_for_trees():
 
 # ------------------------------------------------------------ bundle, engine, calibrate
 
-def test_bundle_round_trip(exported, tmp_path):
+def test_exported_ensembles_survive_the_bundle(exported, tmp_path):
     for name in ("GradientBoostingClassifier-3", "RandomForestRegressor-deep"):
         m = Model.from_onnx(exported[name][1])
         p = tmp_path / f"{name}.fpm"
