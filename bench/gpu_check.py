@@ -323,9 +323,7 @@ def _err(got, want) -> tuple:
 
 
 def run(args) -> dict:
-    import fastpath
     from fastpath._build import DEMO_MODEL
-    from fastpath.gpu import GpuBackend, GpuEngine
     from fastpath.model import Model
 
     import pycuda.driver as cuda
@@ -353,13 +351,33 @@ def run(args) -> dict:
             print(f"FAILED {where}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             return None
     t_start = time.monotonic()
-
-    # --- end to end on the demo model: same ticks, CPU engine vs GPU engine ---------------
-    n_ticks = 500 if args.quick else 2000
     raw_len = demo.feature_spec.raw_len if demo.feature_spec else demo.layers[0].weight.shape[1]
+    cfg = {"engine": {"n_symbols": 8}, "cache": {"enabled": False}}
+    report["demo_end_to_end"] = _demo_end_to_end(demo, cfg, raw_len, rng, args, attempt, report)
+    report["edges"] = edge_checks(rng, attempt)
+    report["residency"] = attempt("persistent kernels until refused",
+                                  lambda: residency_check(rng))
+    crossover, errs = _per_model(demo, rng, args, attempt, report)
+    _step_batch_rates(demo, cfg, raw_len, rng, attempt, report, args)
+
+    report["max_abs_err"] = max((e["max_abs_err"] for m in errs.values() for e in m),
+                                default=None)
+    report["errors"] = errs
+    report["crossover"] = crossover
+    beats = [c for c in crossover if c["persistent_p50_ns"] is not None
+             and c["persistent_p50_ns"] < c["cpu_p50_ns"]]
+    report["crossover_macs"] = min((c["macs"] for c in beats), default=None)
+    report["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    return report
+
+
+def _demo_end_to_end(demo, cfg, raw_len, rng, args, attempt, report) -> dict:
+    """The demo model end to end, the same ticks on a CPU and a GPU engine (both modes, and
+    with cache hits); report["auto"] gets what backend="auto" chose."""
+    import fastpath
+    n_ticks = 500 if args.quick else 2000
     raws = rng.standard_normal((n_ticks, raw_len)).astype(np.float32)
     syms = rng.integers(0, 8, n_ticks)
-    cfg = {"engine": {"n_symbols": 8}, "cache": {"enabled": False}}
     cpu = fastpath.Engine(demo, backend="cpu", config=cfg)
     want = [cpu.step(raws[i], int(syms[i]), ts_ns=i * 1000) for i in range(n_ticks)]
     cpu_tick = _pct([w.latency.total_ns for w in want])
@@ -403,13 +421,13 @@ def run(args) -> dict:
         with fastpath.Engine(demo, backend="auto", config=cfg) as ae:
             return ae.backend_report
     report["auto"] = attempt("backend auto", auto)
-    report["demo_end_to_end"] = {"ticks": n_ticks, "cpu_tick": cpu_tick, **e2e}
+    return {"ticks": n_ticks, "cpu_tick": cpu_tick, **e2e}
 
-    report["edges"] = edge_checks(rng, attempt)
-    report["residency"] = attempt("persistent kernels until refused",
-                                  lambda: residency_check(rng))
 
-    # --- per model: outputs against the CPU kernels, then timings --------------------------
+def _per_model(demo, rng, args, attempt, report) -> tuple:
+    """Each model's outputs against the CPU kernels, then its timings on the CPU and on each
+    GPU path: (crossover rows, errors by mode)."""
+    from fastpath.gpu import GpuBackend
     models = [("demo", demo.layers)] + [("x".join(map(str, d)), _mlp(d, i))
                                         for i, d in enumerate(MODELS)]
     crossover, errs = [], {"launch": [], "persistent": []}
@@ -454,8 +472,13 @@ def run(args) -> dict:
         report.setdefault("models", []).append(entry)
         print(f"{name:>22} {macs:>9} MACs  cpu p50 {entry['cpu']['p50_ns']:>8} ns  launch "
               f"{p50['launch']} ns  persistent {p50['persistent']} ns", flush=True)
+    return crossover, errs
 
-    # --- step_batch throughput, demo model, CPU engine vs GPU engine (launch) --------------
+
+def _step_batch_rates(demo, cfg, raw_len, rng, attempt, report, args) -> None:
+    """step_batch throughput of the demo model, the CPU engine against the GPU engines."""
+    import fastpath
+    from fastpath.gpu import GpuEngine
     nb = 4096 if args.quick else 16384
     braws = rng.standard_normal((nb, raw_len)).astype(np.float32)
     bsyms = rng.integers(0, 8, nb)
@@ -472,16 +495,6 @@ def run(args) -> dict:
         "gpu_step_batch_ticks_per_s": round(nb / (gpu_dt / 1e9)) if gpu_dt else None,
         "engine_step_batch_persistent_ticks_per_s": (round(nb / (eng_dt / 1e9)) if eng_dt
                                                      else None)})
-
-    report["max_abs_err"] = max((e["max_abs_err"] for m in errs.values() for e in m),
-                                default=None)
-    report["errors"] = errs
-    report["crossover"] = crossover
-    beats = [c for c in crossover if c["persistent_p50_ns"] is not None
-             and c["persistent_p50_ns"] < c["cpu_p50_ns"]]
-    report["crossover_macs"] = min((c["macs"] for c in beats), default=None)
-    report["elapsed_s"] = round(time.monotonic() - t_start, 1)
-    return report
 
 
 def targets(r: dict) -> dict:

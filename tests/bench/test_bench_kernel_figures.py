@@ -50,7 +50,8 @@ def test_mlp_kernel_figure_says_it_is_the_best_run(bench, bench_harness):
         res = json.load(f)
     res["mlp_kernel"] = k
     (_, _, rows), = [t for t in report.tables(res) if t[0] == "Throughput"]
-    want = f"best of {bench_harness.MLP_RUNS} runs, each the mean of {bench_harness.MLP_PASSES:,} passes"
+    want = (f"best of {bench_harness.MLP_RUNS} runs, "
+            f"each the mean of {bench_harness.MLP_PASSES:,} passes")
     assert any(r[0].startswith("MLP kernel alone") and want in r[0] for r in rows)
     sys.path.insert(0, BENCH)
     try:

@@ -42,7 +42,8 @@ class _PreemptingHost:
 @pytest.fixture(params=[(5_000_000, 0)])
 def host(bench_harness, bench_replays, monkeypatch, request):
     h = _PreemptingHost(*request.param)
-    clock = types.SimpleNamespace(perf_counter_ns=h.perf_counter_ns, thread_time_ns=h.thread_time_ns)
+    clock = types.SimpleNamespace(perf_counter_ns=h.perf_counter_ns,
+                                  thread_time_ns=h.thread_time_ns)
     for mod in (bench_harness, bench_replays):      # time_batches, replay_step
         monkeypatch.setattr(mod, "time", clock)
         monkeypatch.setattr(mod, "thread_counters", h.counters)
@@ -57,11 +58,10 @@ def small(bench):
     return Model.load(run.DEMO_MODEL), lob.raw_from_book(bs), bs.symbols, bs.ts_ns
 
 
-def test_replay_runqueue_wait_is_part_of_its_time_off_cpu(bench, host, small, bench_replays):
+def test_replay_runqueue_wait_is_part_of_its_time_off_cpu(host, small, bench_replays):
     """The replay's printed note reads "spent X ms off the CPU, Y ms of it waiting in the run
     queue": Y was read over a wider window than X (counters outside the wall-clock pair), so a
     preemption at a counter read made Y larger than X (42.5 ms "of" 35.2 ms on this host)."""
-    run, _ = bench
     model, raws, syms, ts = small
     sched = bench_replays.replay_step(model, {"enabled": False}, raws, syms, ts, 0, 50)["sched"]
     assert sched["runqueue_wait_ms"] > 0
@@ -69,16 +69,16 @@ def test_replay_runqueue_wait_is_part_of_its_time_off_cpu(bench, host, small, be
 
 
 @pytest.mark.parametrize("host", [(0, 50_000)], indirect=True)
-def test_counter_reads_are_not_time_off_cpu(bench, host, small, bench_replays, bench_harness):
+def test_counter_reads_are_not_time_off_cpu(host, small, bench_replays, bench_harness):
     """The run-queue counters' own reads (a /proc file: tens of us of CPU) sit inside the CPU
     clock's window: outside it they were time off the CPU, and every 1 ms call of a small
     stream was counted as descheduled by a hypervisor."""
     from fastpath import Engine
-    run, _ = bench
     model, raws, syms, ts = small
     sched = bench_replays.replay_step(model, {"enabled": False}, raws, syms, ts, 0, 50)["sched"]
     assert sched["off_cpu_ms"] * 1e6 < host.READ_NS
-    (_, _, bt), = bench_harness.time_batches([lambda: Engine(model)], raws, syms, ts, runs=2, warm=50)
+    (_, _, bt), = bench_harness.time_batches([lambda: Engine(model)], raws, syms, ts, runs=2,
+                                             warm=50)
     assert all(off * 1e6 < host.READ_NS for off in bt["off_cpu_ms"])
     assert bt["descheduled_runs"] == 0
 
@@ -88,7 +88,8 @@ def test_batch_call_runqueue_wait_is_part_of_its_time_off_cpu(host, small, bench
     on which the notes decide what held a descheduled call."""
     from fastpath import Engine
     model, raws, syms, ts = small
-    (_, _, bt), = bench_harness.time_batches([lambda: Engine(model)], raws, syms, ts, runs=2, warm=50)
+    (_, _, bt), = bench_harness.time_batches([lambda: Engine(model)], raws, syms, ts, runs=2,
+                                             warm=50)
     assert len(bt["runqueue_wait_ms"]) == 2
     for wait, off in zip(bt["runqueue_wait_ms"], bt["off_cpu_ms"]):
         assert 0 < wait <= off

@@ -127,7 +127,8 @@ def test_peer_check_compares_every_output(bench_replays):
         y = np.array(right(x))
         y[2] += 0.5
         return y
-    assert bench_replays.peer_error("numpy", third_off, m, raws, syms, feats) == pytest.approx(0.5, abs=1e-5)
+    got = bench_replays.peer_error("numpy", third_off, m, raws, syms, feats)
+    assert got == pytest.approx(0.5, abs=1e-5)
     with pytest.raises(RuntimeError, match="returns 2 outputs, the model has 3"):
         bench_replays.peer_error("numpy", lambda x: right(x)[:2], m, raws, syms, feats)
 

@@ -27,7 +27,8 @@ def test_tradeoff_rows_keep_every_timed_call(bench, stream, bench_replays):
     _, report = bench
     model, bs, raws, ref = stream
     edges = np.linspace(0, len(raws), 11).astype(int)
-    rows = bench_replays.cache_tradeoff(model, raws, bs.symbols, bs.ts_ns, bs, ref, edges, runs=3, warm=500)
+    rows = bench_replays.cache_tradeoff(model, raws, bs.symbols, bs.ts_ns, bs, ref, edges, runs=3,
+                                        warm=500)
     assert [r["policy"] for r in rows] == ["bundle policy"] + [t[0] for t in bench_replays.TRADEOFF]
     for r in rows:
         bt = r["batch_timing"]
@@ -75,7 +76,7 @@ def test_summary_counts_a_call_taken_off_the_cpu(bench, bench_harness):
     """The calls of a full-stream trade-off row seen in a full bench run: one of them lost 50 ms
     to RT throttling (wall 115.5 ms, thread CPU 65.5 ms); the median leaves it out and the
     summary counts it."""
-    run, report = bench
+    _, report = bench
     ticks = 200_000
     wall = [61.2e6, 115.5e6, 62.1e6, 61.8e6, 61.5e6]
     cpu = [61.2e6, 65.5e6, 62.1e6, 61.8e6, 61.5e6]

@@ -188,7 +188,8 @@ def test_the_python_api_still_says_ts_ns(tmp_path):
 
 
 def test_the_age_guard_note_names_ts(tmp_path, capsys):
-    """The note for an age guard no tick passes told a command user to give ts_ns instead of --ts."""
+    """The note for an age guard no tick passes told a command user to give ts_ns instead of
+    --ts."""
     from fastpath.model import CachePolicy
     args = _ts_files(tmp_path, None, policy=CachePolicy(True, 0.999, 0.02, 1000, 16))
     assert main(args) == 0

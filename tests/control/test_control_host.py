@@ -6,14 +6,16 @@ from fastpath.control.host import format_cpulist, parse_cpulist, read_topology
 from helpers.host import make_host
 
 
-def test_cpulists():
+def test_cpulists_parse_and_format():
     assert parse_cpulist("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
     assert parse_cpulist("0-7:2") == [0, 2, 4, 6]
     assert parse_cpulist("") == [] and parse_cpulist(None) == []
     assert format_cpulist([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
 
 
-def test_topology(tmp_path):
+def test_topology_of_the_fake_host(tmp_path):
+    """CPUs, SMT siblings, NUMA nodes, isolated cores and the GPU's node read from /sys and
+    /proc."""
     t = read_topology(make_host(tmp_path))
     assert t.cpus == list(range(8))
     assert t.siblings[3] == [7] and t.siblings[4] == [0]

@@ -55,7 +55,7 @@ def test_gpu_refuses_what_it_does_not_serve_and_auto_falls_back(fake_gpu, what):
     assert not fake_gpu.launches
 
 
-def test_auto_rule(fake_gpu, monkeypatch):
+def test_auto_takes_the_gpu_by_rule_or_where_it_measures_faster(fake_gpu, monkeypatch):
     m = random_model(np.random.default_rng(26), [8, 4, 2])
     # gpu.auto = "gpu": a usable GPU and an fp32 MLP are enough
     with fastpath.Engine(m, backend="auto", config={"gpu": {"auto": "gpu"}}) as e:
@@ -180,7 +180,8 @@ def test_auto_timer_cost_is_not_charged_to_the_gpu(fake_fatbin, monkeypatch, clo
 
 @pytest.mark.parametrize("what", ["trees", "bf16", "17 layers"])
 def test_auto_choice_on_a_model_the_gpu_does_not_run(fake_fatbin, what):
-    """auto_choice raised on a tree ensemble or past 16 layers, and measured a bf16 model in fp32."""
+    """auto_choice raised on a tree ensemble or past 16 layers, and measured a bf16 model in
+    fp32."""
     rng = np.random.default_rng(27)
     if what == "trees":
         m = _tree_model()

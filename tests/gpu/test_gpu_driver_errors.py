@@ -41,7 +41,8 @@ def test_device_that_cannot_be_used_is_a_backend_error_and_auto_takes_the_cpu(fa
 
 def test_auto_that_chose_the_gpu_falls_back_when_the_gpu_path_fails(fake_gpu, tmp_path,
                                                                     monkeypatch):
-    """gpu.auto = 'gpu' on a host whose kernels cannot be loaded raised instead of taking the CPU."""
+    """gpu.auto = 'gpu' on a host whose kernels cannot be loaded raised instead of taking the
+    CPU."""
     absent = str(tmp_path / "absent.fatbin")
     monkeypatch.setattr(B, "FATBIN", absent)
     monkeypatch.setattr(B.load_module, "__defaults__", (absent, None))
@@ -59,7 +60,8 @@ def test_auto_that_chose_the_gpu_falls_back_when_the_gpu_path_fails(fake_gpu, tm
 
 
 def test_device_memory_exhausted_is_a_backend_error_and_the_context_is_released(fake_gpu):
-    """cuda.MemoryError from mem_alloc on a full GPU is a BackendError and the context is released."""
+    """cuda.MemoryError from mem_alloc on a full GPU is a BackendError and the context is
+    released."""
     def oom(n):
         raise FakeError("cuMemAlloc failed: out of memory")
     fake_gpu.mem_alloc = oom

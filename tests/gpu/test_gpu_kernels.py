@@ -179,7 +179,8 @@ class SmallCuda(FakeCuda):
 
 
 def test_max_batch_past_the_kernels_item_count_is_refused(fake_fatbin, fake_gpu):
-    """batch * width past 2**31 wrapped the kernel's int item count and skipped the layer silently."""
+    """batch * width past 2**31 wrapped the kernel's int item count and skipped the layer
+    silently."""
     m = random_model(np.random.default_rng(9), [1, 32768, 2])
     cu = SmallCuda()
     with pytest.raises(ConfigError, match=r"gpu.max_batch = 65536.*1\.\.65504"):

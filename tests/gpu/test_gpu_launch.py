@@ -69,7 +69,8 @@ def test_launch_that_faults_or_never_completes_is_an_error(fake_fatbin, kernel_m
 
 @pytest.mark.parametrize("mode", ["launch", "persistent"])
 def test_backend_infer_refuses_wrong_widths(fake_gpu, mode):
-    """The launch path broadcast an input of the wrong width into the pinned rows and answered it."""
+    """The launch path broadcast an input of the wrong width into the pinned rows and answered
+    it."""
     m = random_model(np.random.default_rng(7), [6, 4, 2])
     with GpuBackend(m, mode, max_batch=8, cuda=fake_gpu, timeout_ns=5 * 10**9) as be:
         for x in (np.float32([0.5]), np.ones(7, np.float32), np.ones((1, 6), np.float32)):
@@ -118,7 +119,8 @@ def test_closed_gpu_engine_and_backend_are_backend_errors(fake_gpu, mode):
 
 
 def test_launch_refusal_tag_wrap_does_not_flag_a_clean_row(fake_fatbin):
-    """After the refusal tag wrapped, a row refused 2**31-1 launches earlier read as refused again."""
+    """After the refusal tag wrapped, a row refused 2**31-1 launches earlier read as refused
+    again."""
     # the counter is set near the wrap instead of launching 2**31 times
     m = random_model(np.random.default_rng(6), [4, 3, 2], ["relu", "identity"])
     cu = OccCuda()

@@ -55,8 +55,9 @@ class Served:
         assert not self.t.is_alive()
 
 
-def test_layout_lines():
-    # seqs on their own lines, arrays line-aligned after the 3-line header
+def test_slot_layout_and_its_checks():
+    """Sequence numbers on their own cache lines, arrays line-aligned after the 3-line header;
+    a slot on unaligned or too little memory is refused."""
     assert P.HDR_BYTES == 3 * P.LINE
     assert P.slot_bytes(1, 1) == P.HDR_BYTES + 2 * P.LINE
     assert P.slot_bytes(16, 2) == P.HDR_BYTES + P.LINE + P.LINE
@@ -193,7 +194,8 @@ def _served(rng, **kw):
 
 
 def test_request_to_a_device_loop_that_returned_is_stopped_not_a_wait():
-    """A request to a device loop that had returned waited out its deadline and came back TIMEOUT."""
+    """A request to a device loop that had returned waited out its deadline and came back
+    TIMEOUT."""
     dev, slot, t = _served(np.random.default_rng(10), idle_timeout_ns=10**6)
     assert slot.wait_ready(P.READY_EXITED, 5 * 10**9) == P.OK
     t.join(5)

@@ -61,7 +61,8 @@ def _answers(be, rng):
 
 
 def test_persistent_kernel_that_cannot_be_resident_is_refused_up_front(fake_fatbin):
-    """A persistent kernel with no room left was launched anyway and its grid barrier never opened."""
+    """A persistent kernel with no room left was launched anyway and its grid barrier never
+    opened."""
     # 4 SMs, 2 blocks of the kernel an SM (128 registers a thread): two full-grid persistent
     # kernels fill the device
     cu = OccCuda(sm=4, fn={"NUM_REGS": 128})

@@ -31,7 +31,7 @@ def test_status_without_pycuda(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["init_fails", "no_device", "ok"])
-def test_status_cases(monkeypatch, case):
+def test_status_when_init_fails_with_no_device_and_with_one(monkeypatch, case):
     class Error(Exception):
         pass
 
