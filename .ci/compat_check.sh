@@ -20,7 +20,7 @@ core=(tests/kernels/test_kernels_features.py tests/kernels/test_kernels_dense.py
       tests/engine/test_engine_result.py tests/gpu/test_gpu_result_reuse.py
       tests/engine/test_engine_nonfinite.py tests/windows/test_windows_precision.py
       tests/weights/test_weights_lowp.py tests/bench/test_bench_weights_accuracy.py
-      tests/heads/test_heads.py)
+      tests/heads/test_heads_outputs.py)
 
 # pytest (the script, not `python -m pytest`, which would put the checkout first on sys.path)
 # from the checkout: tests/ goes on sys.path, the package comes from the venv
