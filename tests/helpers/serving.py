@@ -1,4 +1,6 @@
-"""Serving test helpers: configs, unique segment names, deadlines, server processes, raw slot access."""
+"""Serving test helpers: configs, unique segment names, deadlines, server and child processes,
+raw access to the segment's client table, and waits on the server's loop (heartbeats) instead
+of fixed sleeps."""
 from contextlib import contextmanager
 import mmap
 import os
