@@ -20,9 +20,8 @@ from fastpath.control.config import load_config, read_toml
 from fastpath.control.host import Host, format_cpulist, read_topology, sample_busy
 from fastpath.errors import FastpathError, ModelError
 from fastpath.gpu import gpu_status
-from fastpath.model import Model
+from fastpath.model import HEAD_KINDS, Head, Model
 from fastpath.model.bundle import _path
-from fastpath.model.types import HEAD_KINDS, Head
 from fastpath.serving import server
 from fastpath.tuning import (_check_time_order, _dense_symbols, calibrate, resolve_features,
                              weights_error)

@@ -19,11 +19,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fastpath import _kernels
-from fastpath._build import gpu_refusal
 from fastpath._engine import Engine, _stopped_note, best_isa
 from fastpath.errors import BackendError, ConfigError, FastpathError, InputError
 from fastpath.gpu import _backend as B
-from fastpath.gpu._pack import MAX_LAYERS, pack
+from fastpath.gpu._pack import MAX_LAYERS, gpu_refusal, pack
 from fastpath.model import Layer, Model
 
 

@@ -129,7 +129,8 @@ _GPU_CONFIG = ("fastpath.gpu.GpuEngine (the older interface) merges its [gpu] ar
 INNER_PENDING = {
     "fastpath": "simd() and configure() import fastpath._build at call time",
     "fastpath._build": "imports fastpath._engine, the control config and the gpu package "
-                       "at call time (fastpath._engine imports fastpath._build back)",
+                       "at call time (fastpath._engine imports fastpath._build back); its "
+                       "gpu_refusal is fastpath.gpu._pack.gpu_refusal's twin, to be imported",
     "fastpath._engine": "_engine.pyx imports fastpath._build and fastpath.gpu at call time "
                         "(fastpath._build imports fastpath._engine back)",
     "fastpath._kernels": "_kernels.pyx imports fastpath.model.trees at call time",
@@ -257,10 +258,11 @@ def test_module_level_imports_have_no_cycle():
     assert not found, "import cycle: " + " -> ".join(found)
 
 
-_CALL_TIME_CYCLES = ("at call time fastpath._build and fastpath._engine import each other, as "
-                     "do fastpath._build and fastpath.gpu, fastpath._serve and "
-                     "fastpath.serving (segment, client), and fastpath.control.config with "
-                     "placement and memory: each pair is a circle hidden in function bodies")
+_CALL_TIME_CYCLES = ("at call time fastpath._build and fastpath._engine import each other (and "
+                     "fastpath.gpu, which imports the engine, through them), as do "
+                     "fastpath._serve and fastpath.serving (segment, client), and "
+                     "fastpath.control.config with placement and memory: each is a circle "
+                     "hidden in function bodies")
 
 
 @pytest.mark.xfail(strict=True, reason=_CALL_TIME_CYCLES)
@@ -368,3 +370,27 @@ def test_the_compiled_modules_import_paths_stay_valid():
     from fastpath.model import types
     from fastpath.model.trees import TreeEnsemble
     assert types.Model.from_onnx and TreeEnsemble
+
+
+def test_the_gpu_refusal_lives_in_gpu():
+    """fastpath.gpu says which models its kernels refuse, without reaching up to _build; the
+    engine's resolution (fastpath._build) gives the same answers."""
+    import numpy as np
+
+    import fastpath.gpu
+    from fastpath import _build
+    from fastpath.control.config import load_config
+    from fastpath.gpu._pack import MAX_LAYERS, gpu_refusal
+    from fastpath.model import Layer, Model
+    assert fastpath.gpu.gpu_refusal is gpu_refusal
+    assert not {t for t, _, _ in IMPORTS["fastpath.gpu"] if _is(t, "fastpath._build")}
+    one = Model((Layer(np.ones((2, 3)), np.zeros(2)),))
+    two = Model((Layer(np.ones((4, 3)), np.zeros(4), "relu"), Layer(np.ones((2, 4)), np.zeros(2))))
+    deep = Model(tuple(Layer(np.ones((3, 3)), np.zeros(3)) for _ in range(MAX_LAYERS - 1))
+                 + (Layer(np.ones((2, 3)), np.zeros(2)),))
+    cfg = load_config(None)
+    for m in (one, two, deep, one.with_weights("bf16"), two.with_weights("int8")):
+        for c in (None, cfg):
+            assert gpu_refusal(m, c) == _build.gpu_refusal(m, c)
+    assert gpu_refusal(one) is None and gpu_refusal(deep) is None
+    assert "fp32 MLPs only" in gpu_refusal(two.with_weights("int8"))
