@@ -1,5 +1,5 @@
 """Writes tests/data/torch/*.onnx: what torch.onnx.export really writes, with both exporters,
-for the models tests/test_models_torch.py imports, and the outputs torch computed for a fixed
+for the models tests/onnx/test_onnx_torch.py imports, and the outputs torch computed for a fixed
 input (<name>.npz: x, y). The files are committed so the import of real exporter output is
 checked where torch is not installed (it is not in the test extra: a CUDA-enabled torch wheel
 is gigabytes); where torch and onnxscript are installed the same test also exports live.
