@@ -3,6 +3,7 @@ timed step_batch calls taken round-robin over the rows they compare, the MLP ker
 and a progress line per phase. Every figure is a sample the tools took, never interpolated."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import resource
 import sys
@@ -186,7 +187,6 @@ def mlp_kernel(model) -> dict:
 
 def progress_phases(args):
     """A context manager per phase: a rich progress line on a terminal, else one log line."""
-    import contextlib
     try:
         from rich.console import Console
         console = Console(stderr=True)

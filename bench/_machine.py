@@ -11,6 +11,7 @@ import numpy as np
 
 import fastpath
 from fastpath._kernels import clock_ticks
+from fastpath.control.placement import place
 
 from _commit import commit_stamp
 
@@ -19,7 +20,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def placement(args) -> dict:
     """Place this thread with the control plane (core, policy) and record what was granted."""
-    from fastpath.control.placement import place
     cfg = {"placement": {"core": args.cpu if args.cpu is not None else "auto"}}
     if args.no_rt:
         cfg["placement"].update(policy="other", priority=0)

@@ -142,7 +142,7 @@ INNER_PENDING = {
     "fastpath.gpu": _GPU_CONFIG,
     **{f"fastpath.bench.{b}": "the bench scripts import fastpath and their sibling scripts "
                               "(_report, _commit) at call time"
-       for b in ("_commit", "gpu_check", "peers", "run", "scaling", "serve", "weights")},
+       for b in ("_commit", "gpu_check", "peers", "scaling", "serve", "weights")},
 }
 # the hot path (the compiled engine and the module that builds its configuration) and what
 # it imports, module level or at call time; none of it may reach the control plane or bench
