@@ -50,45 +50,54 @@ void fp_engine_sizes(const fp_engine_params *p, size_t *weights, size_t *state) 
     *state = (fp_slot_stride(p->n_z + 2 * p->n_w) + fp_window_stride(&fs)) * (size_t)p->n_symbols;
 }
 
-fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
-    *err = FP_ERR_PARAM;
-    const int n_feat = p->n_z + 2 * p->n_w;
-    const int trees = p->model_kind == FP_MODEL_TREES;
-    if (p->model_kind != FP_MODEL_MLP && !trees) return NULL;
+/* The shape checks of fp_engine_create that need no allocation: sizes, indices, the head,
+ * the post-processing and the activations. Returns the engine's output count, -1 when p is
+ * refused. */
+static int fp_params_n_out(const fp_engine_params *p, int n_feat, int trees) {
     if (trees && (!p->trees || p->trees->n_feat != n_feat || p->post != FP_POST_NONE))
-        return NULL;
+        return -1;
     if (p->raw_len < 1 || p->n_z < 0 || p->n_w < 0 || n_feat < 1 || p->n_symbols < 1 ||
         (p->n_w > 0 && p->window < 1) ||
         (!trees && (p->n_layers < 1 || p->n_layers > FP_MAX_LAYERS || p->dims[0] != n_feat ||
                     p->dims[p->n_layers] < 1)) ||
         p->lat_capacity < 1 || (p->lat_capacity & (p->lat_capacity - 1)))
-        return NULL;
+        return -1;
     const int width = trees ? p->trees->n_targets : p->dims[p->n_layers];
     if (p->post < FP_POST_NONE || p->post > FP_POST_LOGISTIC2 || (p->post == FP_POST_LOGISTIC2 && width != 1))
-        return NULL;
+        return -1;
     const int n_out = p->post == FP_POST_LOGISTIC2 ? 2 : width;
     /* the head's indices must be distinct outputs: a wrong index would read past the model,
      * and a zeroed params struct (head_idx {0, 0}) must be refused, not read as
      * tanh(out0) / sigmoid(out0) */
     if (p->head == FP_HEAD_TANH_SIGMOID) {
         if (n_out < 2 || p->head_idx[0] < 0 || p->head_idx[0] >= n_out || p->head_idx[1] < 0 ||
-            p->head_idx[1] >= n_out || p->head_idx[0] == p->head_idx[1]) return NULL;
+            p->head_idx[1] >= n_out || p->head_idx[0] == p->head_idx[1]) return -1;
     } else if (p->head == FP_HEAD_REGRESSION) {
         if (p->head_idx[0] < 0 || p->head_idx[0] >= n_out || !(p->head_scale > 0.0f) ||
-            !isfinite(p->head_scale)) return NULL;
+            !isfinite(p->head_scale)) return -1;
     } else if (p->head == FP_HEAD_CLASSIFIER) {
         if (n_out < 2 || p->head_idx[0] < 0 || p->head_idx[0] >= n_out || p->head_idx[2] < 0 ||
             p->head_idx[2] >= n_out || p->head_idx[1] < -1 || p->head_idx[1] >= n_out ||
-            p->head_idx[0] == p->head_idx[2]) return NULL;
+            p->head_idx[0] == p->head_idx[2]) return -1;
     } else {
-        return NULL;
+        return -1;
     }
     for (int i = 0; i < p->n_z; i++)
-        if (p->z_idx[i] < 0 || p->z_idx[i] >= p->raw_len) return NULL;
+        if (p->z_idx[i] < 0 || p->z_idx[i] >= p->raw_len) return -1;
     for (int i = 0; i < p->n_w; i++)
-        if (p->w_idx[i] < 0 || p->w_idx[i] >= p->raw_len) return NULL;
+        if (p->w_idx[i] < 0 || p->w_idx[i] >= p->raw_len) return -1;
     for (int l = 0; !trees && l < p->n_layers; l++)
-        if (p->acts[l] < FP_ACT_IDENTITY || p->acts[l] > FP_ACT_SIGMOID) return NULL;
+        if (p->acts[l] < FP_ACT_IDENTITY || p->acts[l] > FP_ACT_SIGMOID) return -1;
+    return n_out;
+}
+
+fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
+    *err = FP_ERR_PARAM;
+    const int n_feat = p->n_z + 2 * p->n_w;
+    const int trees = p->model_kind == FP_MODEL_TREES;
+    if (p->model_kind != FP_MODEL_MLP && !trees) return NULL;
+    const int n_out = fp_params_n_out(p, n_feat, trees);
+    if (n_out < 0) return NULL;
     const fp_kernels *k = fp_kernels_for(p->isa);
     if (!k) return NULL;
     if (p->weight_type < FP_WEIGHTS_FP32 || p->weight_type > FP_WEIGHTS_INT8 ||

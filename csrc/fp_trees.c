@@ -232,12 +232,185 @@ static void fp_fill_perfect(const fp_trees_desc *d, const float *leafv, const fp
     fp_fill_perfect(d, leafv, pl, lo, b, 2 * p + 2, lvl + 1, pf, pt, pleaf);
 }
 
+/* leaf values: a target without a weight on a leaf is 0 for sums, NaN (no value, what
+ * fmin/fmax skip) for MIN / MAX; several weights of one target on a leaf combine as the
+ * aggregate combines them */
+static void fp_fill_leaves(const fp_trees_desc *d, const fp_plan *pl, float *leafv) {
+    const int T = d->n_trees;
+    const int minmax = d->aggregate == FP_TAGG_MIN || d->aggregate == FP_TAGG_MAX;
+    /* onnxruntime's one-target regressor reads one value per leaf: the first weight listed
+     * for it, 0 for a leaf without one (a real 0 under MIN / MAX, not "no value"); further
+     * weights on that leaf are not read. Assigned last to first, so the first stays. */
+    const int one = !d->classifier && d->n_targets == 1;
+    for (int tr = 0; tr < T; tr++)
+        for (int g = d->tree_off[tr]; g < d->tree_off[tr + 1]; g++)
+            if (pl->leaf_off[g] >= 0)
+                for (int j = 0; j < pl->width[tr]; j++)
+                    leafv[pl->leaf_off[g] + j] = minmax && !one ? NAN : 0.0f;
+    for (int k = one ? d->n_weights - 1 : 0; one && k >= 0; k--)
+        leafv[pl->leaf_off[d->w_node[k]]] = d->w_value[k];
+    for (int k = 0; !one && k < d->n_weights; k++) {
+        const int g = d->w_node[k];
+        int lo = 0, hi = T - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (d->tree_off[mid] <= g) lo = mid; else hi = mid - 1;
+        }
+        float *v = &leafv[pl->leaf_off[g] + (pl->width[lo] == 1 ? 0 : d->w_target[k])];
+        const float w = d->w_value[k];
+        if (d->aggregate == FP_TAGG_MIN) *v = fminf(*v, w);
+        else if (d->aggregate == FP_TAGG_MAX) *v = fmaxf(*v, w);
+        else *v += w;
+    }
+}
+
+/* compact trees in preorder, true child next; -2 when out of memory */
+static int fp_fill_compact(const fp_trees_desc *d, const fp_plan *pl, fp_tnode *nodes,
+                           fp_ttree *trees) {
+    const int T = d->n_trees, N = d->n_nodes;
+    int *newidx = (int *)malloc(sizeof(int) * (size_t)N);
+    int *stack = (int *)malloc(sizeof(int) * ((size_t)N + 4));
+    if (!newidx || !stack) {
+        free(newidx); free(stack);
+        return -2;
+    }
+    int pos = 0;
+    for (int tr = 0; tr < T; tr++) {
+        const int lo = d->tree_off[tr];
+        const int root = pos;
+        int sp = 0;
+        stack[sp++] = 0;
+        while (sp) {
+            const int i = stack[--sp], g = lo + i;
+            newidx[g] = pos - root;
+            fp_tnode *n = &nodes[pos++];
+            if (fp_is_leaf(d, g)) {
+                n->flags = FP_TN_LEAF;
+                n->other = pl->leaf_off[g];
+                continue;
+            }
+            float thr; int eq, swap, nt;
+            fp_normalize(d, g, &thr, &eq, &swap, &nt);
+            n->thr = thr;
+            n->feat = d->feat[g];
+            n->flags = (eq == 1 ? FP_TN_EQ : eq == 2 ? FP_TN_LT : 0) | (nt ? FP_TN_NAN_TRUE : 0);
+            const int a2 = swap ? d->false_child[g] : d->true_child[g];
+            const int b2 = swap ? d->true_child[g] : d->false_child[g];
+            n->other = b2;            /* tree-local original index; remapped below */
+            stack[sp++] = b2;
+            stack[sp++] = a2;
+        }
+        for (int p = root; p < pos; p++)
+            if (!(nodes[p].flags & FP_TN_LEAF)) nodes[p].other = newidx[lo + nodes[p].other];
+        trees[tr].root = root;
+        trees[tr].width = pl->width[tr];
+        trees[tr].target = pl->target[tr];
+    }
+    free(newidx);
+    free(stack);
+    return 0;
+}
+
+/* perfect groups, target by target, trees in order; empty lanes keep zero leaves */
+static void fp_fill_groups(const fp_trees_desc *d, const fp_plan *pl, const float *leafv,
+                           int32_t *ptarget, int32_t *ptree, int32_t *pfeat, float *pthr,
+                           float *pleaf) {
+    const int T = d->n_trees;
+    const size_t inner = ((size_t)1 << pl->D) - 1, leaves = (size_t)1 << pl->D;
+    for (size_t q = 0; q < (size_t)pl->n_groups * FP_TREES_LANES; q++) ptree[q] = -1;
+    int gi = 0;
+    for (int j = 0; j < d->n_targets; j++) {
+        int lane = 0;
+        for (int tr = 0; tr < T; tr++) {
+            if (!pl->perfect[tr] || pl->target[tr] != j) continue;
+            if (lane == 0) {
+                ptarget[gi] = j;
+                /* padding lanes: always left, value 0 */
+                for (size_t q = 0; q < inner * FP_TREES_LANES; q++) pthr[gi * inner * FP_TREES_LANES + q] = INFINITY;
+            }
+            ptree[(size_t)gi * FP_TREES_LANES + lane] = tr;
+            fp_fill_perfect(d, leafv, pl, d->tree_off[tr], 0, 0, 0,
+                            pfeat + gi * inner * FP_TREES_LANES + lane,
+                            pthr + gi * inner * FP_TREES_LANES + lane,
+                            pleaf + gi * leaves * FP_TREES_LANES + lane);
+            if (++lane == FP_TREES_LANES) { lane = 0; gi++; }
+        }
+        if (lane) gi++;
+    }
+}
+
+/* "has a score" per target, as onnxruntime tracks it: a target gets one when a leaf on
+ * the path carries a weight for it, and an output without one is written as 0 (base
+ * value or not). Decided once here: a target is scored on every path when some tree has
+ * a weight for it on every leaf; where a target is scored on some paths only and that
+ * changes an output (sums with base values, the two-class rules), the model is refused
+ * (-1; -2 when out of memory). MIN / MAX track it per input instead (NaN: no value yet).
+ * Sets t->has and, for two classes, t->bin_single and t->bin_positive. */
+static int fp_fill_scored(fp_trees *t, const fp_trees_desc *d, unsigned char *has) {
+    const int T = d->n_trees, N = d->n_nodes;
+    const int n = d->n_targets;
+    int *cnt = (int *)calloc((size_t)n, sizeof(int));
+    int *mark = (int *)malloc(sizeof(int) * (size_t)n);
+    int *woff = (int *)calloc((size_t)N + 1, sizeof(int));
+    int *wl = (int *)malloc(sizeof(int) * ((size_t)d->n_weights + 1));
+    unsigned char *named = (unsigned char *)calloc((size_t)n, 1);
+    int bad = 0, positive = 1;
+    if (!cnt || !mark || !woff || !wl || !named) {
+        free(cnt); free(mark); free(woff); free(wl); free(named);
+        return -2;
+    }
+    for (int k = 0; k < d->n_weights; k++) {
+        woff[d->w_node[k] + 1]++;
+        named[d->w_target[k]] = 1;
+        if (d->w_value[k] < 0) positive = 0;
+    }
+    for (int g = 0; g < N; g++) woff[g + 1] += woff[g];
+    {
+        int *fill = (int *)malloc(sizeof(int) * ((size_t)N + 1));
+        if (!fill) {
+            free(cnt); free(mark); free(woff); free(wl); free(named);
+            return -2;
+        }
+        memcpy(fill, woff, sizeof(int) * ((size_t)N + 1));
+        for (int k = 0; k < d->n_weights; k++) wl[fill[d->w_node[k]]++] = k;
+        free(fill);
+    }
+    for (int tr = 0; tr < T; tr++) {
+        int leaves = 0;
+        for (int j = 0; j < n; j++) { cnt[j] = 0; mark[j] = -1; }
+        for (int g = d->tree_off[tr]; g < d->tree_off[tr + 1]; g++) {
+            if (!fp_is_leaf(d, g)) continue;
+            leaves++;
+            for (int q = woff[g]; q < woff[g + 1]; q++) {
+                const int j = d->w_target[wl[q]];
+                if (mark[j] != g) { mark[j] = g; cnt[j]++; }
+            }
+        }
+        for (int j = 0; j < n; j++)
+            if (cnt[j] == leaves) has[j] = 1;
+    }
+    const int sums = d->aggregate == FP_TAGG_SUM || d->aggregate == FP_TAGG_AVERAGE;
+    const int matters = d->classifier ? n == 2 : (n >= 2 && sums && d->n_base == n);
+    for (int j = 0; j < n; j++)
+        if (matters && named[j] && !has[j]) bad = 1;
+    free(cnt); free(mark); free(woff); free(wl);
+    if (d->classifier && n == 2) {
+        t->bin_single = named[0] + named[1] == 1;
+        t->bin_positive = positive;
+        /* one score left and a probit of it: onnxruntime writes one column of two */
+        if (!has[1] && d->n_base != 2 && d->post == FP_TPOST_PROBIT) bad = 1;
+    }
+    free(named);
+    t->has = has;
+    return bad ? -1 : 0;
+}
+
 int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     memset(t, 0, sizeof(*t));
     fp_plan pl;
     int rc = fp_plan_make(d, &pl);
     if (rc) return rc;
-    const int T = d->n_trees, N = d->n_nodes;
+    const int T = d->n_trees;
     unsigned char *a;
     if (mem) {
         if ((uintptr_t)mem % FP_ALIGN) { fp_plan_free(&pl); return -1; }
@@ -260,102 +433,14 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     int32_t *pfeat = (int32_t *)(a + pl.o_pfeat);
     float *pthr = (float *)(a + pl.o_pthr);
     float *pleaf = (float *)(a + pl.o_pleaf);
-    const int minmax = d->aggregate == FP_TAGG_MIN || d->aggregate == FP_TAGG_MAX;
 
-    /* leaf values: a target without a weight on a leaf is 0 for sums, NaN (no value, what
-     * fmin/fmax skip) for MIN / MAX; several weights of one target on a leaf combine as the
-     * aggregate combines them */
-    /* onnxruntime's one-target regressor reads one value per leaf: the first weight listed
-     * for it, 0 for a leaf without one (a real 0 under MIN / MAX, not "no value"); further
-     * weights on that leaf are not read. Assigned last to first, so the first stays. */
-    const int one = !d->classifier && d->n_targets == 1;
-    for (int tr = 0; tr < T; tr++)
-        for (int g = d->tree_off[tr]; g < d->tree_off[tr + 1]; g++)
-            if (pl.leaf_off[g] >= 0)
-                for (int j = 0; j < pl.width[tr]; j++)
-                    leafv[pl.leaf_off[g] + j] = minmax && !one ? NAN : 0.0f;
-    for (int k = one ? d->n_weights - 1 : 0; one && k >= 0; k--)
-        leafv[pl.leaf_off[d->w_node[k]]] = d->w_value[k];
-    for (int k = 0; !one && k < d->n_weights; k++) {
-        const int g = d->w_node[k];
-        int lo = 0, hi = T - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (d->tree_off[mid] <= g) lo = mid; else hi = mid - 1;
-        }
-        float *v = &leafv[pl.leaf_off[g] + (pl.width[lo] == 1 ? 0 : d->w_target[k])];
-        const float w = d->w_value[k];
-        if (d->aggregate == FP_TAGG_MIN) *v = fminf(*v, w);
-        else if (d->aggregate == FP_TAGG_MAX) *v = fmaxf(*v, w);
-        else *v += w;
-    }
-
-    /* compact trees in preorder, true child next */
-    int *newidx = (int *)malloc(sizeof(int) * (size_t)N);
-    int *stack = (int *)malloc(sizeof(int) * ((size_t)N + 4));
-    if (!newidx || !stack) {
-        free(newidx); free(stack);
+    fp_fill_leaves(d, &pl, leafv);
+    if (fp_fill_compact(d, &pl, nodes, trees)) {
         fp_plan_free(&pl);
         fp_trees_free(t);
         return -2;
     }
-    int pos = 0;
-    for (int tr = 0; tr < T; tr++) {
-        const int lo = d->tree_off[tr];
-        const int root = pos;
-        int sp = 0;
-        stack[sp++] = 0;
-        while (sp) {
-            const int i = stack[--sp], g = lo + i;
-            newidx[g] = pos - root;
-            fp_tnode *n = &nodes[pos++];
-            if (fp_is_leaf(d, g)) {
-                n->flags = FP_TN_LEAF;
-                n->other = pl.leaf_off[g];
-                continue;
-            }
-            float thr; int eq, swap, nt;
-            fp_normalize(d, g, &thr, &eq, &swap, &nt);
-            n->thr = thr;
-            n->feat = d->feat[g];
-            n->flags = (eq == 1 ? FP_TN_EQ : eq == 2 ? FP_TN_LT : 0) | (nt ? FP_TN_NAN_TRUE : 0);
-            const int a2 = swap ? d->false_child[g] : d->true_child[g];
-            const int b2 = swap ? d->true_child[g] : d->false_child[g];
-            n->other = b2;            /* tree-local original index; remapped below */
-            stack[sp++] = b2;
-            stack[sp++] = a2;
-        }
-        for (int p = root; p < pos; p++)
-            if (!(nodes[p].flags & FP_TN_LEAF)) nodes[p].other = newidx[lo + nodes[p].other];
-        trees[tr].root = root;
-        trees[tr].width = pl.width[tr];
-        trees[tr].target = pl.target[tr];
-    }
-    free(newidx);
-    free(stack);
-
-    /* perfect groups, target by target, trees in order; empty lanes keep zero leaves */
-    const size_t inner = ((size_t)1 << pl.D) - 1, leaves = (size_t)1 << pl.D;
-    for (size_t q = 0; q < (size_t)pl.n_groups * FP_TREES_LANES; q++) ptree[q] = -1;
-    int gi = 0;
-    for (int j = 0; j < d->n_targets; j++) {
-        int lane = 0;
-        for (int tr = 0; tr < T; tr++) {
-            if (!pl.perfect[tr] || pl.target[tr] != j) continue;
-            if (lane == 0) {
-                ptarget[gi] = j;
-                /* padding lanes: always left, value 0 */
-                for (size_t q = 0; q < inner * FP_TREES_LANES; q++) pthr[gi * inner * FP_TREES_LANES + q] = INFINITY;
-            }
-            ptree[(size_t)gi * FP_TREES_LANES + lane] = tr;
-            fp_fill_perfect(d, leafv, &pl, d->tree_off[tr], 0, 0, 0,
-                            pfeat + gi * inner * FP_TREES_LANES + lane,
-                            pthr + gi * inner * FP_TREES_LANES + lane,
-                            pleaf + gi * leaves * FP_TREES_LANES + lane);
-            if (++lane == FP_TREES_LANES) { lane = 0; gi++; }
-        }
-        if (lane) gi++;
-    }
+    fp_fill_groups(d, &pl, leafv, ptarget, ptree, pfeat, pthr, pleaf);
     int r = 0;
     for (int tr = 0; tr < T; tr++)
         if (!pl.perfect[tr]) rest[r++] = tr;
@@ -375,74 +460,10 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     t->pfeat = pfeat; t->pthr = pthr; t->pleaf = pleaf; t->ptarget = ptarget; t->ptree = ptree;
     t->nodes = nodes; t->leafv = leafv; t->trees = trees;
     t->rest = rest; t->n_rest = pl.n_rest;
-    /* "has a score" per target, as onnxruntime tracks it: a target gets one when a leaf on
-     * the path carries a weight for it, and an output without one is written as 0 (base
-     * value or not). Decided once here: a target is scored on every path when some tree has
-     * a weight for it on every leaf; where a target is scored on some paths only and that
-     * changes an output (sums with base values, the two-class rules), the model is refused.
-     * MIN / MAX track it per input instead (NaN: no value yet). */
-    {
-        const int n = d->n_targets;
-        unsigned char *has = (unsigned char *)(a + pl.o_has);
-        int *cnt = (int *)calloc((size_t)n, sizeof(int));
-        int *mark = (int *)malloc(sizeof(int) * (size_t)n);
-        int *woff = (int *)calloc((size_t)N + 1, sizeof(int));
-        int *wl = (int *)malloc(sizeof(int) * ((size_t)d->n_weights + 1));
-        unsigned char *named = (unsigned char *)calloc((size_t)n, 1);
-        int bad = 0, positive = 1;
-        if (!cnt || !mark || !woff || !wl || !named) {
-            free(cnt); free(mark); free(woff); free(wl); free(named);
-            fp_plan_free(&pl); fp_trees_free(t);
-            return -2;
-        }
-        for (int k = 0; k < d->n_weights; k++) {
-            woff[d->w_node[k] + 1]++;
-            named[d->w_target[k]] = 1;
-            if (d->w_value[k] < 0) positive = 0;
-        }
-        for (int g = 0; g < N; g++) woff[g + 1] += woff[g];
-        {
-            int *fill = (int *)malloc(sizeof(int) * ((size_t)N + 1));
-            if (!fill) {
-                free(cnt); free(mark); free(woff); free(wl); free(named);
-                fp_plan_free(&pl); fp_trees_free(t);
-                return -2;
-            }
-            memcpy(fill, woff, sizeof(int) * ((size_t)N + 1));
-            for (int k = 0; k < d->n_weights; k++) wl[fill[d->w_node[k]]++] = k;
-            free(fill);
-        }
-        for (int tr = 0; tr < T; tr++) {
-            int leaves = 0;
-            for (int j = 0; j < n; j++) { cnt[j] = 0; mark[j] = -1; }
-            for (int g = d->tree_off[tr]; g < d->tree_off[tr + 1]; g++) {
-                if (!fp_is_leaf(d, g)) continue;
-                leaves++;
-                for (int q = woff[g]; q < woff[g + 1]; q++) {
-                    const int j = d->w_target[wl[q]];
-                    if (mark[j] != g) { mark[j] = g; cnt[j]++; }
-                }
-            }
-            for (int j = 0; j < n; j++)
-                if (cnt[j] == leaves) has[j] = 1;
-        }
-        const int sums = d->aggregate == FP_TAGG_SUM || d->aggregate == FP_TAGG_AVERAGE;
-        const int matters = d->classifier ? n == 2 : (n >= 2 && sums && d->n_base == n);
-        for (int j = 0; j < n; j++)
-            if (matters && named[j] && !has[j]) bad = 1;
-        free(cnt); free(mark); free(woff); free(wl);
-        if (d->classifier && n == 2) {
-            t->bin_single = named[0] + named[1] == 1;
-            t->bin_positive = positive;
-            /* one score left and a probit of it: onnxruntime writes one column of two */
-            if (!has[1] && d->n_base != 2 && d->post == FP_TPOST_PROBIT) bad = 1;
-        }
-        free(named);
-        t->has = has;
-        if (bad) { fp_plan_free(&pl); fp_trees_free(t); return -1; }
-    }
+    rc = fp_fill_scored(t, d, (unsigned char *)(a + pl.o_has));
     fp_plan_free(&pl);
-    return 0;
+    if (rc) fp_trees_free(t);
+    return rc;
 }
 
 void fp_trees_free(fp_trees *t) {

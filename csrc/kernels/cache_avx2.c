@@ -143,6 +143,7 @@ FP_TARGET_AVX2 static inline void fp_dot_norms3_step(__m256 av, __m256 bv, __m25
     *t1 = _mm256_fmadd_pd(bhi, bhi, *t1);
 }
 
+/* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in double (fp_dot_norms3_step's chains) */
 FP_TARGET_AVX2 void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
                                            double *dot, double *na2, double *nb2) {
     __m256d d0 = _mm256_setzero_pd(), d1 = d0, s0 = d0, s1 = d0, t0 = d0, t1 = d0;

@@ -49,6 +49,7 @@ FP_TARGET_AVX512 static inline float fp_hsum512_pairwise(__m512 v) {
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
 
+/* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in float32 (the chains described above) */
 FP_TARGET_AVX512 void fp_dot_norms_f32_avx512(const float *a, const float *b, int n,
                                               float *dot, float *na2, float *nb2) {
     __m512 d0 = _mm512_setzero_ps(), d1 = d0, a0 = d0, a1 = d0, b0 = d0, b1 = d0;
@@ -127,6 +128,7 @@ FP_TARGET_AVX512 static inline void fp_dot_norms3_step16(__m512 av, __m512 bv, _
     *t1 = _mm512_fmadd_pd(bhi, bhi, *t1);
 }
 
+/* dot = sum a*b, na2 = sum a*a, nb2 = sum b*b in double (fp_dot_norms3_step16's chains) */
 FP_TARGET_AVX512 void fp_dot_norms_f64_avx512(const float *a, const float *b, int n,
                                               double *dot, double *na2, double *nb2) {
     __m512d d0 = _mm512_setzero_pd(), d1 = d0, s0 = d0, s1 = d0, t0 = d0, t1 = d0;

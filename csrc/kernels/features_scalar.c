@@ -138,6 +138,7 @@ static inline int fp_wstat1_scalar(double xf, double r, double sum, double sumsq
     return heal;
 }
 
+/* pm[j] = ref + s/n, ps[j] = sqrt(q/n - (s/n)^2) for each window field (fp_wstat1_scalar) */
 void fp_window_stats_scalar(const float *raw, const int32_t *w_idx, int n_w, const float *ref,
                             const double *sum, const double *sumsq, const float *old,
                             double inv_n, float *pm, float *ps) {
@@ -152,6 +153,7 @@ void fp_zscore_scalar(const float *x, const float *mean, const float *inv_std, f
     for (int i = 0; i < n; i++) out[i] = (x[i] - mean[i]) * inv_std[i];
 }
 
+/* 1 if every x[i] is finite, else 0 */
 int fp_allfinite_scalar(const float *x, int n) {
     for (int i = 0; i < n; i++)
         if (!isfinite(x[i])) return 0;
