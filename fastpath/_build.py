@@ -1,18 +1,20 @@
 """Turning (model, backend, config) into what the compiled Engine needs; the default engine.
 
-This is where the engine meets the control plane: the config (fastpath.control.config) says
-what was asked for, and this module decides what runs on this CPU (the kernel set) and which
-cache policy is in force and where it came from (cache_origin).
+The config (fastpath.config) says what was asked for, and this module decides what runs on
+this CPU (the kernel set) and which cache policy is in force and where it came from
+(cache_origin).
 """
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastpath.errors import BackendError, ModelError
+from fastpath.config import SIMD_CHOICES, MemoryConfig, load_config
+from fastpath.errors import BackendError, ConfigError, ModelError
 
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "data", "demo.fpm")
 EXAMPLE_CONFIG = os.path.join(os.path.dirname(__file__), "data", "fastpath.example.toml")
@@ -34,8 +36,8 @@ class ResolvedConfig:
     latency_records: int
     simd_resolved: str
     cache: Any            # fastpath.model.CachePolicy
-    memory: Any           # fastpath.control.config.MemoryConfig
-    source: Any           # fastpath.control.config.EngineConfig
+    memory: Any           # fastpath.config.MemoryConfig
+    source: Any           # fastpath.config.EngineConfig
     # which cache policy is in force and why: "fitted (max error E)", "config",
     # "model (set explicitly, not fitted)", "off (not fitted)", "off (config)", "off"
     cache_origin: str
@@ -48,8 +50,6 @@ def resolve_simd(simd: str = "auto") -> str:
     cannot run is a ConfigError naming who asked and what the CPU has: a silent fallback would
     leave a host believed to run one set running another."""
     from fastpath._engine import best_isa, supported_isas
-    from fastpath.control.config import SIMD_CHOICES
-    from fastpath.errors import ConfigError
     env = os.environ.get("FASTPATH_SIMD", "").strip().lower()
     if env and env not in SIMD_CHOICES:
         raise ConfigError(f"FASTPATH_SIMD must be one of {list(SIMD_CHOICES)}, got {env!r}")
@@ -150,8 +150,6 @@ def resolve_backend(m: Any, cfg: Any, backend: str, simd: str) -> tuple:
 def resolve(model: Any, backend: Any, config: Any, report: bool = False):
     """(model, ResolvedConfig, backend that runs, reason); with report=True a fifth item:
     backend="auto"'s measurement (fastpath.gpu.auto_choice's dict) or None."""
-    from fastpath.control.config import load_config
-    from fastpath.errors import ConfigError
     m = load_model(model)
     cfg = load_config(config)
     # [engine] weights runs the model as with_weights does: a fitted cache policy measured on
@@ -176,10 +174,7 @@ def engine_region_bytes(model: Any = None, config: Any = None) -> int:
     """Bytes the engine asks the control plane to map for this model and config (weights
     arena + per-symbol state, fp_engine_sizes), read from an engine built with that region
     unlocked on base pages: what `fastpath doctor` counts as the engine's locked part."""
-    import dataclasses
-
     from fastpath._engine import Engine
-    from fastpath.control.config import MemoryConfig, load_config
     cfg = dataclasses.replace(load_config(config), memory=MemoryConfig("none", False))
     m = load_model(DEMO_MODEL if model is None else model)
 
@@ -189,9 +184,8 @@ def engine_region_bytes(model: Any = None, config: Any = None) -> int:
     n = cfg.n_symbols
     if n <= 3:
         return asked(n)
-    # the per-symbol state is a fixed stride: sized from three small engines, not by building
-    # (and faulting in) the real one, which for engine.n_symbols in the millions took GBs and
-    # was refused on a host without them, so doctor could not say what the config would lock
+    # the per-symbol state is a fixed stride: sized from three small engines rather than the
+    # real one, which for millions of symbols would map (and fault in) GBs just to be measured
     b1, b2, b3 = asked(1), asked(2), asked(3)
     if b3 - b2 != b2 - b1:
         return asked(n)

@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fastpath._build import BatchResult
-from fastpath.control.memory import MemoryReport
+from fastpath._memory import MemoryReport
 from fastpath.model import Model
 
 class Latency:

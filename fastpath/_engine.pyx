@@ -22,6 +22,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, INT64_MAX
 from libc.string cimport memcpy, memset
 
 from fastpath._csrc cimport *
+from fastpath._core cimport _make_engine, _symbol_arg, _ts_arg
 
 cdef extern from "fp_engine.h" nogil:
     const float *fp_post_apply(fp_engine *e, const float *y)
@@ -41,19 +42,12 @@ import threading
 
 import numpy as np
 
+from fastpath._core import _ISA_BY_NAME, _bad_raw, _conversion_hint, _describe, _n_masked
 from fastpath.errors import InputError, EngineBusyError, FastpathError, BackendError
 
 cnp.import_array()
 
-fp_clock_init()
-
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
-# every kernel set this build has, in order of what it needs from the CPU (scalar: nothing)
-_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
-_ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
-_POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
-
-include "_make_engine.pxi"
 
 
 def cpu_features():
@@ -202,8 +196,8 @@ cdef extern from *:
 # The last two Results _make_result handed out. In the usual loop, `r = step(...)`, the one
 # from two calls ago has been dropped by the caller by the time of the next call: only this
 # slot holds it, and it is filled again instead of allocating a new one (a freelist pop,
-# a memset and PyObject_Init, and on the caller's side its dealloc: ~8 ns a tick measured in
-# the bench's replay). A Result anything else still references is never touched.
+# a memset and PyObject_Init, and on the caller's side its dealloc). A Result anything else
+# still references is never touched.
 cdef Result _spare_old = None
 cdef Result _spare_new = None
 
@@ -258,18 +252,7 @@ cdef inline Result _make_result(const fp_result *r):
     return res
 
 
-include "_args.pxi"
 
-
-cdef extern from *:
-    # fp_step under a hidden alias (csrc/fp_engine.c): linked into this module, so the call
-    # is direct instead of through the PLT
-    """
-    extern int fp_step_local(fp_engine *, const float *, int32_t, int64_t, fp_result *)
-        __attribute__((visibility("hidden")));
-    """
-    int fp_step_local(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
-                      fp_result *r) noexcept
 
 cdef extern from "fp_engine.h":
     void fp_engine_set_stage_times(fp_engine *e, int on)
@@ -318,14 +301,12 @@ A model, its feature spec and cache, ready to step ticks.
     cdef int _gpu_width                 # the last dense layer's width (what the GPU returns)
     cdef bint _on_gpu                   # backend == "gpu": stays set after close()
 
-    # backend=None: the config's [engine] backend decides ("cpu" by default). The default
-    # was "cpu", which overrode the config: backend = "auto" or "gpu" in the file the README
-    # passes as Engine(model, config=...) ran on the CPU, silently, as "cpu requested"
+    # backend=None: the config's [engine] backend decides ("cpu" by default), so a config
+    # file's backend = "auto" or "gpu" is not overridden by the argument's default
     def __cinit__(self, model=_NO_MODEL, backend=None, config=None):
         self._e = NULL
         if model is _NO_MODEL:
-            # was Cython's "__cinit__() takes at least 1 positional argument (0 given)", which
-            # names neither the class nor what it needs
+            # Cython's own message would name neither the class nor what it needs
             raise TypeError(_NO_MODEL_MSG)
         from fastpath._build import resolve
         model, cfg, backend, reason, self._auto = resolve(model, backend, config, report=True)
@@ -482,7 +463,7 @@ A model, its feature spec and cache, ready to step ticks.
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         cdef long long ts = _ts_arg(ts_ns)
         self._check_free()
-        cdef int rc = fp_step_local(self._e, p, <int32_t>sym, ts, &r)
+        cdef int rc = fp_step(self._e, p, <int32_t>sym, ts, &r)
         if rc != FP_OK:
             self._raise(rc, raw, sym, ts)
         return _make_result(&r)

@@ -16,6 +16,7 @@ from libc.string cimport memset
 
 from fastpath._csrc cimport *
 from fastpath._engine cimport Result
+from fastpath._core cimport _make_engine, _symbol_arg, _ts_arg
 
 import json
 import operator
@@ -24,10 +25,10 @@ import weakref
 
 import numpy as np
 
+from fastpath._core import _bad_raw, _n_masked
 from fastpath.errors import FastpathError, InputError, ServerGone, RingFull, ServeError
 
 cnp.import_array()
-fp_clock_init()
 
 from cpython.exc cimport PyErr_Clear, PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
@@ -206,9 +207,6 @@ cdef object _state_name(uint32_t st):
     if st <= FP_SRV_STOPPED:
         return ("starting", "running", "stopping", "stopped")[st]
     return f"unknown ({st})"
-_ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
-_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
-_POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
 _IDLE = {"spin": FP_IDLE_SPIN, "yield": FP_IDLE_YIELD, "sleep": FP_IDLE_SLEEP}
 
 
@@ -283,7 +281,6 @@ def _reply_error(int err, unsigned long long seq, long long symbol, long long ts
 
 
 # --------------------------------------------------------------------------- worker side
-include "_make_engine.pxi"
 
 
 cdef class Worker:
@@ -1262,4 +1259,3 @@ def _gone_why(int chk, int64_t stall_ns):
 
 
 # ------------------------------------------------ argument checks, as Engine.step makes them
-include "_args.pxi"
