@@ -54,12 +54,17 @@ def extension(name: str, pyx: str, sources=(), rpath: str = "$ORIGIN") -> Extens
                                     + glob.glob("fastpath/include/*.h")))
 
 
-# _core: the C core and the Cython code the others cimport; _engine: Engine, Result, step (the
-# hot path); _kernels: kernel shims for tests and bench; _serve: the serving worker and client
+# _core: the C core and the Cython code the others cimport; _engine: Engine and Result (the hot
+# path); _default: the default engine behind fastpath.step(); _kernels: kernel shims for tests
+# and bench; _ring: the serving segment's shared helpers; _serve: the serving worker; _client:
+# the serving client
 exts = [extension(CORE, "fastpath/_core.pyx", csrc),
         extension("fastpath._engine", "fastpath/_engine.pyx"),
+        extension("fastpath._default", "fastpath/_default.pyx"),
         extension("fastpath._kernels", "fastpath/_kernels.pyx"),
-        extension("fastpath._serve", "fastpath/_serve.pyx")]
+        extension("fastpath._ring", "fastpath/_ring.pyx"),
+        extension("fastpath._serve", "fastpath/_serve.pyx"),
+        extension("fastpath._client", "fastpath/_client.pyx")]
 
 # --- GPU stage: fastpath.gpu._protocol (the persistent path's slot protocol, plain C) and the
 # CUDA kernels compiled to a fatbin (sm_80, sm_90 + compute_90 PTX) when nvcc exists. Without

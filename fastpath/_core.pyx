@@ -35,6 +35,35 @@ _POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST
 _WEIGHT_TYPES = {"fp32": FP_WEIGHTS_FP32, "bf16": FP_WEIGHTS_BF16, "int8": FP_WEIGHTS_INT8}
 
 
+# --- kernel sets and CPU features
+
+def cpu_features():
+    """CPU bits the dispatcher read (cpuid and the OS's saved register state): avx2, fma, avx512 (F+DQ+BW+VL), avx512_bf16, avx512_vnni, avx_vnni."""
+    return {"avx2": bool(fp_cpu_has_avx2()), "fma": bool(fp_cpu_has_fma()),
+            "avx512": bool(fp_cpu_has_avx512()), "avx512_bf16": bool(fp_cpu_has_avx512_bf16()),
+            "avx512_vnni": bool(fp_cpu_has_avx512_vnni()), "avx_vnni": bool(fp_cpu_has_avx_vnni())}
+
+
+def all_isas():
+    """Every kernel set this build has, scalar first, whether or not this CPU runs it."""
+    return list(_ISA_BY_NAME)
+
+
+def best_isa():
+    """Best kernel set this CPU can run: 'avx512' (F+DQ+BW+VL, FMA, OS ZMM and opmask state),
+    else 'avx2' (AVX2 and FMA with OS YMM state), else 'scalar'."""
+    cdef fp_isa b = fp_isa_best()
+    for name, v in _ISA_BY_NAME.items():
+        if v == b:
+            return name
+    return "scalar"
+
+
+def supported_isas():
+    """Every kernel set this CPU can run, scalar first."""
+    return [name for name, v in _ISA_BY_NAME.items() if fp_isa_supported(v)]
+
+
 # --- argument checks (Engine.step, a serving client); messages built only on the error path
 
 def _n_masked(obj):

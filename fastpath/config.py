@@ -11,7 +11,9 @@ engine, which receives the resolved config; fastpath.control.config re-exports i
 from __future__ import annotations
 
 import os
+import re
 import sys
+import tomllib
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -325,7 +327,6 @@ def read_toml(path: str) -> dict:
     """The tables of the TOML file at `path`, or a ConfigError naming the file. One reader for
     every caller (load_config, `fastpath doctor`'s "has a [serve] table"), so a file one of them
     reads is never one another calls broken."""
-    import tomllib
     text = ""
     try:
         with open(path, "rb") as f:
@@ -344,7 +345,6 @@ def read_toml(path: str) -> dict:
     except ValueError:
         # tomllib's int() of a literal past Python's str -> int digit limit (a corrupt or
         # fuzzed file): a ValueError traceback from inside tomllib, not a TOMLDecodeError
-        import re
         limit = sys.get_int_max_str_digits() or 4300
         m = re.search(r"[0-9_]{%d,}" % limit, text)
         where = f" at line {text.count(chr(10), 0, m.start()) + 1}" if m else ""
