@@ -1,4 +1,5 @@
-"""Build of the compiled hot path: fastpath._engine (Cython) over csrc/*.c.
+"""Build of the compiled hot path: fastpath._core (the C core, csrc/, compiled once) and the
+Cython modules linked against it (_engine, _kernels, _serve, gpu._protocol).
 
 No -march=native and no global -mavx2: AVX2/FMA kernels carry target
 attributes and are chosen at run time (csrc/fp_simd.c).
@@ -7,6 +8,7 @@ FASTPATH_DEBUG=1 turns Cython bounds checks back on and keeps C asserts.
 """
 import glob
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from Cython.Build import cythonize
@@ -22,10 +24,8 @@ if sanitize:
                "-fno-sanitize-recover=undefined"]
     ldflags += ["-fsanitize=address,undefined"]
 else:
-    # every function on a cache line of its own: where a hot kernel starts otherwise depends
-    # on the size of unrelated code before it, and a change elsewhere (a prefetch loop in
-    # step_batch) moved the z-score and cache kernels by 16-byte steps and cost step() 10-15
-    # ns from Python, measured across builds; aligned, no edit moves another function's loops
+    # each function on its own cache line, so an edit elsewhere cannot shift a hot kernel's
+    # loops across line boundaries (and its timing with them)
     cflags += ["-O3", "-falign-functions=64"]
 if not debug:
     cflags += ["-DNDEBUG"]
@@ -40,27 +40,38 @@ directives = {
 }
 
 csrc = sorted(glob.glob("csrc/*.c") + glob.glob("csrc/kernels/*.c"))
+CORE = "fastpath._core"
 
 
-def extension(name: str, pyx: str) -> Extension:
-    # each module links its own copy of the C core (no shared library to locate at run time)
-    return Extension(name, sources=[pyx] + csrc, include_dirs=["csrc", np.get_include()],
+def extension(name: str, pyx: str, sources=(), rpath: str = "$ORIGIN") -> Extension:
+    # rpath: where the loader finds fastpath._core from this module's directory; -fno-plt:
+    # a call into the core (fp_step on every tick) is one call through the GOT, no PLT stub
+    return Extension(name, sources=[pyx, *sources], include_dirs=["csrc", np.get_include()],
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-                     extra_compile_args=cflags, extra_link_args=ldflags,
+                     extra_compile_args=cflags + ([] if name == CORE else ["-fno-plt"]),
+                     extra_link_args=ldflags + ([f"-Wl,-rpath,{rpath}"] if name != CORE else []),
                      depends=sorted(glob.glob("csrc/*.h") + glob.glob("csrc/kernels/*.h")
                                     + glob.glob("fastpath/include/*.h")))
 
 
-# _engine: Engine, Result, step (the hot path); _kernels: kernel shims for tests and bench
-exts = [extension("fastpath._engine", "fastpath/_engine.pyx"),
+# _core: the C core and the Cython code the others cimport; _engine: Engine and Result (the hot
+# path); _default: the default engine behind fastpath.step(); _kernels: kernel shims for tests
+# and bench; _ring: the serving segment's shared helpers; _serve: the serving worker; _client:
+# the serving client
+exts = [extension(CORE, "fastpath/_core.pyx", csrc),
+        extension("fastpath._engine", "fastpath/_engine.pyx"),
+        extension("fastpath._default", "fastpath/_default.pyx"),
         extension("fastpath._kernels", "fastpath/_kernels.pyx"),
-        extension("fastpath._serve", "fastpath/_serve.pyx")]
+        extension("fastpath._ring", "fastpath/_ring.pyx"),
+        extension("fastpath._serve", "fastpath/_serve.pyx"),
+        extension("fastpath._client", "fastpath/_client.pyx")]
 
 # --- GPU stage: fastpath.gpu._protocol (the persistent path's slot protocol, plain C) and the
 # CUDA kernels compiled to a fatbin (sm_80, sm_90 + compute_90 PTX) when nvcc exists. Without
 # nvcc the build goes on and fastpath.gpu compiles csrc/cuda/*.cu with pycuda at first use.
 # cythonized here into build/ (pruned from the sdist), so no generated .c sits in the package
-exts.append(cythonize([extension("fastpath.gpu._protocol", "fastpath/gpu/_protocol.pyx")],
+exts.append(cythonize([extension("fastpath.gpu._protocol", "fastpath/gpu/_protocol.pyx",
+                                 rpath="$ORIGIN/..")],
                       compiler_directives=directives, build_dir="build/cython")[0])
 
 
@@ -73,6 +84,42 @@ def gpu_build_ext():
               "-gencode", "arch=compute_90,code=compute_90"]
 
     class BuildExtWithFatbin(build_ext):
+        def build_extensions(self):
+            # fastpath._core first: the other modules link against it, and its soname is what
+            # they record, so the loader finds it beside them (one copy in a process)
+            self.check_extensions_list(self.extensions)
+            core = [e for e in self.extensions if e.name == CORE]
+            rest = [e for e in self.extensions if e.name != CORE]
+            for ext in core:
+                soname = os.path.basename(self.get_ext_filename(ext.name))
+                ext.extra_link_args = [*ext.extra_link_args, f"-Wl,-soname,{soname}"]
+                self._compile_in_parallel(ext)
+            core_so = self.get_ext_fullpath(CORE)
+            for ext in rest:
+                ext.extra_objects = [*ext.extra_objects, core_so]
+            self.extensions = rest
+            try:
+                super().build_extensions()
+            finally:
+                self.extensions = core + rest
+
+        def _compile_in_parallel(self, ext):
+            # the core's C files are independent: compile them on every core, then link once
+            serial = self.compiler.compile
+            jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 1 \
+                else (os.cpu_count() or 1)
+
+            def compile_each(sources, *args, **kw):
+                with ThreadPoolExecutor(jobs) as pool:
+                    objs = pool.map(lambda src: serial([src], *args, **kw), sources)
+                    return [o for group in objs for o in group]
+
+            self.compiler.compile = compile_each
+            try:
+                self.build_extension(ext)
+            finally:
+                self.compiler.compile = serial
+
         def run(self):
             super().run()
             dest = (os.path.join("fastpath", "gpu") if self.inplace

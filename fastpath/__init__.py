@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os as _os
 
-from fastpath._engine import (Engine, Latency, Result, clock_info, cpu_features,
-                              get_default_engine, set_default_engine, step)
-from fastpath._build import BatchResult
+from fastpath._engine import Engine, Latency, Result, clock_info, cpu_features
+from fastpath._build import DEMO_MODEL as _DEMO_MODEL
+from fastpath._build import BatchResult, resolve_simd as _resolve_simd
+from fastpath._default import get_default_engine, set_default_engine, step
 from fastpath.errors import (BackendError, ConfigError, EngineBusyError, FastpathError,
                              InputError, ModelError)
 from fastpath.model import CachePolicy, FeatureSpec, Layer, Model, TreeEnsemble
@@ -38,13 +39,11 @@ def get_include() -> str:
 def simd() -> str:
     """The kernel set engines use by default: 'avx512', 'avx2' or 'scalar', the best this CPU and
     OS run (FASTPATH_SIMD=avx512|avx2|scalar asks for one; a set the CPU cannot run is an error)."""
-    from fastpath._build import resolve_simd
-    return resolve_simd("auto")
+    return _resolve_simd("auto")
 
 
 def configure(config=None, model=None) -> Engine:
     """Rebuild the engine behind fastpath.step() from a config (TOML path, dict) and model."""
-    from fastpath._build import DEMO_MODEL
-    eng = Engine(model if model is not None else DEMO_MODEL, backend=None, config=config)
+    eng = Engine(model if model is not None else _DEMO_MODEL, backend=None, config=config)
     set_default_engine(eng)
     return eng

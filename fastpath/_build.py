@@ -1,18 +1,26 @@
-"""Turning (model, backend, config) into what the compiled Engine needs; the default engine.
+"""Turning (model, backend, config) into what the compiled Engine needs; the builders of the
+default engine and of the engines `fastpath doctor` sizes (they import the engine when called).
 
-This is where the engine meets the control plane: the config (fastpath.control.config) says
-what was asked for, and this module decides what runs on this CPU (the kernel set) and which
-cache policy is in force and where it came from (cache_origin).
+The config (fastpath.config) says what was asked for, and this module decides what runs on
+this CPU (the kernel set) and which cache policy is in force and where it came from
+(cache_origin).
 """
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastpath.errors import BackendError, ModelError
+from fastpath._core import best_isa, supported_isas
+from fastpath.config import SIMD_CHOICES, MemoryConfig, load_config
+import fastpath.gpu as _gpu   # looked up per call: auto_choice / gpu_status are replaceable
+from fastpath.gpu._refusal import gpu_refusal
+from fastpath.model import Model
+from fastpath.model.bundle import _path
+from fastpath.errors import BackendError, ConfigError, ModelError
 
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "data", "demo.fpm")
 EXAMPLE_CONFIG = os.path.join(os.path.dirname(__file__), "data", "fastpath.example.toml")
@@ -34,8 +42,8 @@ class ResolvedConfig:
     latency_records: int
     simd_resolved: str
     cache: Any            # fastpath.model.CachePolicy
-    memory: Any           # fastpath.control.config.MemoryConfig
-    source: Any           # fastpath.control.config.EngineConfig
+    memory: Any           # fastpath.config.MemoryConfig
+    source: Any           # fastpath.config.EngineConfig
     # which cache policy is in force and why: "fitted (max error E)", "config",
     # "model (set explicitly, not fitted)", "off (not fitted)", "off (config)", "off"
     cache_origin: str
@@ -47,9 +55,6 @@ def resolve_simd(simd: str = "auto") -> str:
     config says "auto"; "auto" takes the best set this CPU and OS run. Asking for a set the CPU
     cannot run is a ConfigError naming who asked and what the CPU has: a silent fallback would
     leave a host believed to run one set running another."""
-    from fastpath._engine import best_isa, supported_isas
-    from fastpath.control.config import SIMD_CHOICES
-    from fastpath.errors import ConfigError
     env = os.environ.get("FASTPATH_SIMD", "").strip().lower()
     if env and env not in SIMD_CHOICES:
         raise ConfigError(f"FASTPATH_SIMD must be one of {list(SIMD_CHOICES)}, got {env!r}")
@@ -80,40 +85,16 @@ def cache_origin(over: dict, policy: Any) -> str:
 
 
 def load_model(model: Any):
-    from fastpath.model import Model
     if isinstance(model, Model):
         return model
     # bytes too, as Model.load and open() take a path
     if isinstance(model, (str, bytes, os.PathLike)):
-        from fastpath.model.bundle import _path
         p = _path(model, "Engine(model)")
         if p.lower().endswith(".onnx"):
             return Model.from_onnx(p)
         return Model.load(p)
     raise ModelError(f"model must be a fastpath.Model or a path to .onnx / .fpm, got "
                      f"{type(model).__name__}")
-
-
-def gpu_refusal(m: Any, cfg: Any = None) -> str | None:
-    """Why the GPU stage cannot serve model `m` under config `cfg` (None: the model's own
-    weights), or None: its kernels run fp32 dense layers only (fastpath.gpu._pack), so a tree
-    ensemble, bf16/int8 weights or a network deeper than the kernels' layer table stay on the
-    CPU."""
-    from fastpath.gpu._pack import MAX_LAYERS
-    if m.trees is not None:
-        return ("the model is a tree ensemble; the GPU stage serves fp32 MLPs only (run it with "
-                "backend='cpu')")
-    cw = getattr(cfg, "weights", None)
-    wt = cw or m.weights
-    # only hidden layers are packed reduced: a one-layer model runs fp32 whatever it says
-    if wt != "fp32" and len(m.layers) > 1:
-        who = "engine.weights" if cw else "the model's weights"
-        return (f"{who} = {wt!r}; the GPU stage serves fp32 MLPs only (set engine.weights = "
-                f"'fp32' for the GPU, or backend='cpu' for {wt})")
-    if not 1 <= len(m.layers) <= MAX_LAYERS:
-        return (f"the model has {len(m.layers)} layers; the GPU kernels take 1..{MAX_LAYERS} "
-                f"(run it with backend='cpu')")
-    return None
 
 
 def resolve_backend(m: Any, cfg: Any, backend: str, simd: str) -> tuple:
@@ -126,11 +107,10 @@ def resolve_backend(m: Any, cfg: Any, backend: str, simd: str) -> tuple:
     set and on the GPU in [gpu] mode, alike (fastpath.gpu.auto_choice), and keeps the faster at
     p50. Anything else: the CPU, and the reason
     says which condition failed (Engine.backend_reason, Engine.backend_report)."""
-    from fastpath.gpu import auto_choice, gpu_status
     if backend == "cpu":
         return "cpu", "cpu requested", None
     refusal = gpu_refusal(m, cfg)
-    ok, why = gpu_status()
+    ok, why = _gpu.gpu_status()
     if backend == "gpu":
         if refusal:
             raise BackendError(f"backend='gpu': {refusal}")
@@ -143,15 +123,13 @@ def resolve_backend(m: Any, cfg: Any, backend: str, simd: str) -> tuple:
         return "cpu", f"auto: cpu chosen ({refusal})", None
     if cfg.gpu.auto == "gpu":
         return "gpu", f"auto: gpu chosen (gpu.auto = 'gpu'; {why}; mode {cfg.gpu.mode})", None
-    c = auto_choice(m, cfg.gpu.mode, isa=simd, device=cfg.gpu.device)
+    c = _gpu.auto_choice(m, cfg.gpu.mode, isa=simd, device=cfg.gpu.device)
     return c["backend"], c["reason"], c
 
 
 def resolve(model: Any, backend: Any, config: Any, report: bool = False):
     """(model, ResolvedConfig, backend that runs, reason); with report=True a fifth item:
     backend="auto"'s measurement (fastpath.gpu.auto_choice's dict) or None."""
-    from fastpath.control.config import load_config
-    from fastpath.errors import ConfigError
     m = load_model(model)
     cfg = load_config(config)
     # [engine] weights runs the model as with_weights does: a fitted cache policy measured on
@@ -176,10 +154,7 @@ def engine_region_bytes(model: Any = None, config: Any = None) -> int:
     """Bytes the engine asks the control plane to map for this model and config (weights
     arena + per-symbol state, fp_engine_sizes), read from an engine built with that region
     unlocked on base pages: what `fastpath doctor` counts as the engine's locked part."""
-    import dataclasses
-
     from fastpath._engine import Engine
-    from fastpath.control.config import MemoryConfig, load_config
     cfg = dataclasses.replace(load_config(config), memory=MemoryConfig("none", False))
     m = load_model(DEMO_MODEL if model is None else model)
 
@@ -189,9 +164,8 @@ def engine_region_bytes(model: Any = None, config: Any = None) -> int:
     n = cfg.n_symbols
     if n <= 3:
         return asked(n)
-    # the per-symbol state is a fixed stride: sized from three small engines, not by building
-    # (and faulting in) the real one, which for engine.n_symbols in the millions took GBs and
-    # was refused on a host without them, so doctor could not say what the config would lock
+    # the per-symbol state is a fixed stride: sized from three small engines rather than the
+    # real one, which for millions of symbols would map (and fault in) GBs just to be measured
     b1, b2, b3 = asked(1), asked(2), asked(3)
     if b3 - b2 != b2 - b1:
         return asked(n)
@@ -202,3 +176,8 @@ def default_engine():
     """The engine behind fastpath.step(): the embedded demo model, CPU, default config."""
     from fastpath._engine import Engine
     return Engine(DEMO_MODEL, backend="cpu", config=None)
+
+
+__all__ = ["BatchResult", "ResolvedConfig", "DEMO_MODEL", "EXAMPLE_CONFIG", "resolve",
+           "resolve_simd", "resolve_backend", "cache_origin", "load_model", "gpu_refusal",
+           "engine_region_bytes", "default_engine"]

@@ -13,3 +13,8 @@ cdef class Result:
     cdef readonly long long wait_ns
     cdef int _reason
     cdef long long _f, _c, _i, _h, _d, _t
+
+
+# the default engine's step (fastpath._default) hands a tick to an Engine's C-level step
+cdef Result _engine_step(object engine, object raw, object symbol, object ts_ns)
+cdef bint _runs_on_cpu(object engine) except -1

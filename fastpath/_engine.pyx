@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""The compiled hot path: Engine, Result, the module-level step, and kernel shims for tests.
+"""The compiled hot path: Engine and Result (fastpath.step and the default engine are in
+fastpath._default, the C core and the code shared with serving in fastpath._core).
 
 Design: Engine.step checks the raw buffer once through numpy's C API (type,
 dtype, byte order, shape, contiguity: a handful of loads, no buffer
@@ -22,6 +23,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, INT64_MAX
 from libc.string cimport memcpy, memset
 
 from fastpath._csrc cimport *
+from fastpath._core cimport _make_engine, _symbol_arg, _ts_arg
 
 cdef extern from "fp_engine.h" nogil:
     const float *fp_post_apply(fp_engine *e, const float *y)
@@ -41,46 +43,15 @@ import threading
 
 import numpy as np
 
+from fastpath._build import BatchResult, resolve
+from fastpath._core import (_ISA_BY_NAME, _bad_raw, _conversion_hint, _describe, _n_masked,
+                            all_isas, best_isa, cpu_features, supported_isas)
+import fastpath.gpu as _gpu_stage     # GpuBackend looked up per engine: replaceable
 from fastpath.errors import InputError, EngineBusyError, FastpathError, BackendError
 
 cnp.import_array()
 
-fp_clock_init()
-
 _REASONS = ("hit", "cold", "age", "run", "cosine", "norm", "disabled")
-# every kernel set this build has, in order of what it needs from the CPU (scalar: nothing)
-_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
-_ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
-_POSTS = {"none": FP_POST_NONE, "softmax": FP_POST_SOFTMAX, "logistic2": FP_POST_LOGISTIC2}
-
-include "_make_engine.pxi"
-
-
-def cpu_features():
-    """CPU bits the dispatcher read (cpuid and the OS's saved register state): avx2, fma, avx512 (F+DQ+BW+VL), avx512_bf16, avx512_vnni, avx_vnni."""
-    return {"avx2": bool(fp_cpu_has_avx2()), "fma": bool(fp_cpu_has_fma()),
-            "avx512": bool(fp_cpu_has_avx512()), "avx512_bf16": bool(fp_cpu_has_avx512_bf16()),
-            "avx512_vnni": bool(fp_cpu_has_avx512_vnni()), "avx_vnni": bool(fp_cpu_has_avx_vnni())}
-
-
-def all_isas():
-    """Every kernel set this build has, scalar first, whether or not this CPU runs it."""
-    return list(_ISA_BY_NAME)
-
-
-def best_isa():
-    """Best kernel set this CPU can run: 'avx512' (F+DQ+BW+VL, FMA, OS ZMM and opmask state),
-    else 'avx2' (AVX2 and FMA with OS YMM state), else 'scalar'."""
-    cdef fp_isa b = fp_isa_best()
-    for name, v in _ISA_BY_NAME.items():
-        if v == b:
-            return name
-    return "scalar"
-
-
-def supported_isas():
-    """Every kernel set this CPU can run, scalar first."""
-    return [name for name, v in _ISA_BY_NAME.items() if fp_isa_supported(v)]
 
 
 def clock_info():
@@ -202,8 +173,8 @@ cdef extern from *:
 # The last two Results _make_result handed out. In the usual loop, `r = step(...)`, the one
 # from two calls ago has been dropped by the caller by the time of the next call: only this
 # slot holds it, and it is filled again instead of allocating a new one (a freelist pop,
-# a memset and PyObject_Init, and on the caller's side its dealloc: ~8 ns a tick measured in
-# the bench's replay). A Result anything else still references is never touched.
+# a memset and PyObject_Init, and on the caller's side its dealloc). A Result anything else
+# still references is never touched.
 cdef Result _spare_old = None
 cdef Result _spare_new = None
 
@@ -258,18 +229,7 @@ cdef inline Result _make_result(const fp_result *r):
     return res
 
 
-include "_args.pxi"
 
-
-cdef extern from *:
-    # fp_step under a hidden alias (csrc/fp_engine.c): linked into this module, so the call
-    # is direct instead of through the PLT
-    """
-    extern int fp_step_local(fp_engine *, const float *, int32_t, int64_t, fp_result *)
-        __attribute__((visibility("hidden")));
-    """
-    int fp_step_local(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns,
-                      fp_result *r) noexcept
 
 cdef extern from "fp_engine.h":
     void fp_engine_set_stage_times(fp_engine *e, int on)
@@ -318,16 +278,13 @@ A model, its feature spec and cache, ready to step ticks.
     cdef int _gpu_width                 # the last dense layer's width (what the GPU returns)
     cdef bint _on_gpu                   # backend == "gpu": stays set after close()
 
-    # backend=None: the config's [engine] backend decides ("cpu" by default). The default
-    # was "cpu", which overrode the config: backend = "auto" or "gpu" in the file the README
-    # passes as Engine(model, config=...) ran on the CPU, silently, as "cpu requested"
+    # backend=None: the config's [engine] backend decides ("cpu" by default), so a config
+    # file's backend = "auto" or "gpu" is not overridden by the argument's default
     def __cinit__(self, model=_NO_MODEL, backend=None, config=None):
         self._e = NULL
         if model is _NO_MODEL:
-            # was Cython's "__cinit__() takes at least 1 positional argument (0 given)", which
-            # names neither the class nor what it needs
+            # Cython's own message would name neither the class nor what it needs
             raise TypeError(_NO_MODEL_MSG)
-        from fastpath._build import resolve
         model, cfg, backend, reason, self._auto = resolve(model, backend, config, report=True)
         self.model = model
         self.config = cfg
@@ -482,7 +439,7 @@ A model, its feature spec and cache, ready to step ticks.
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         cdef long long ts = _ts_arg(ts_ns)
         self._check_free()
-        cdef int rc = fp_step_local(self._e, p, <int32_t>sym, ts, &r)
+        cdef int rc = fp_step(self._e, p, <int32_t>sym, ts, &r)
         if rc != FP_OK:
             self._raise(rc, raw, sym, ts)
         return _make_result(&r)
@@ -926,7 +883,6 @@ A model, its feature spec and cache, ready to step ticks.
     # mode: CUDA events; persistent mode: the round trip outside the kernel is in h2d_ns).
 
     def _gpu_open(self):
-        from fastpath.gpu import GpuBackend
         g = self.config.source.gpu
         layers = self.model.layers
         # (this module is compiled without wraparound: no negative indices)
@@ -934,7 +890,7 @@ A model, its feature spec and cache, ready to step ticks.
         # a view of the engine's own feature buffer: the features fp_step_begin wrote go to
         # the GPU without a copy or a second computation. Private: it dies with the engine.
         self._gfeat = np.asarray(<float[:self.n_features]> self._e.feat)
-        self._gpu = GpuBackend(self.model, g.mode, g.device, max_batch=g.max_batch,
+        self._gpu = _gpu_stage.GpuBackend(self.model, g.mode, g.device, max_batch=g.max_batch,
                                timeout_ns=g.timeout_ms * 1_000_000)
         self._on_gpu = True
 
@@ -1099,7 +1055,6 @@ A model, its feature spec and cache, ready to step ticks.
         then each row through the GPU tick in order, one GPU call per miss. A row's features
         and lookup depend on the rows of its symbol before it, so rows are not batched into
         one launch here (fastpath.gpu.GpuEngine.step_batch does that where it is safe)."""
-        from fastpath._build import BatchResult
         cdef cnp.ndarray R, S, T
         R, S, T = self._check_batch(raws, symbols, ts_ns)
         cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
@@ -1139,17 +1094,8 @@ A model, its feature spec and cache, ready to step ticks.
 
 
 # ------------------------------------------------------------ module-level step
-cdef object _BatchResult = None
-
-
 cdef object _batch_result(sig, conf, cached, tot):
-    # imported once, not per call (a function-level import cost step_batch ~0.6 us a call);
-    # not at module load: fastpath._build imports this module
-    global _BatchResult
-    if _BatchResult is None:
-        from fastpath._build import BatchResult
-        _BatchResult = BatchResult
-    return _BatchResult(sig, conf, cached, tot)
+    return BatchResult(sig, conf, cached, tot)
 
 
 def _partial_batch(exc, sig, conf, cached, tot, Py_ssize_t applied):
@@ -1221,11 +1167,6 @@ cdef Py_ssize_t _first_outside(cnp.ndarray a, int64_t lo, int64_t hi):
     return -1
 
 
-cdef Engine _default_engine = None
-# _default_engine when fastpath.step() may call its CPU tick directly, else None (no engine
-# yet, or a GPU engine: step() then goes through Engine.step, which runs the GPU tick and
-# refuses a closed engine; calling _step there ran the model on the CPU, and answered after
-# close())
 cdef Py_ssize_t _first_outside32(cnp.ndarray a, int32_t hi):
     """_first_outside for a contiguous native int32 array and the range [0, hi]."""
     cdef const int32_t *p = <const int32_t *>cnp.PyArray_DATA(a)
@@ -1236,68 +1177,10 @@ cdef Py_ssize_t _first_outside32(cnp.ndarray a, int32_t hi):
     return -1
 
 
-cdef Engine _default_cpu = None
-_default_lock = threading.RLock()
+# ------------------------------------------------------------ for fastpath._default
+cdef Result _engine_step(object engine, object raw, object symbol, object ts_ns):
+    return (<Engine>engine)._step(raw, symbol, ts_ns)
 
 
-def _default_lock_after_fork():
-    # a fork while another thread built the default engine copied the lock held: the
-    # child's first fastpath.step() waited on it forever
-    global _default_lock
-    _default_lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_default_lock_after_fork)
-
-
-cdef _set_default(Engine engine):
-    global _default_engine, _default_cpu
-    _default_engine = engine
-    _default_cpu = engine if engine is not None and not engine._on_gpu else None
-
-
-def set_default_engine(engine):
-    """Make `engine` the one fastpath.step() uses (None: rebuild the demo engine on next call)."""
-    if engine is not None and not isinstance(engine, Engine):
-        hint = ("; a GpuEngine's Engine is its .engine"
-                if isinstance(getattr(engine, "engine", None), Engine) else "")
-        raise InputError(f"expected a fastpath.Engine, got {type(engine).__name__}{hint}")
-    _set_default(engine)
-
-
-def get_default_engine():
-    """The engine fastpath.step() uses; the first call (or the first after
-    set_default_engine(None)) builds the demo engine."""
-    if _default_engine is None:
-        # Building takes milliseconds of Python code, where other threads run: two first
-        # callers each built an engine and the second replaced the first (the ticks stepped
-        # on it were lost with it), and an engine set by configure() / set_default_engine()
-        # meanwhile was replaced by the demo one. One build at a time, installed only where
-        # no engine was set while it ran.
-        with _default_lock:
-            if _default_engine is None:
-                from fastpath._build import default_engine
-                built = default_engine()
-                if _default_engine is None:
-                    _set_default(built)
-    return _default_engine
-
-
-# binding=False: a builtin function (PyCFunction vectorcall) instead of a cyfunction, a few
-# ns less a call on the hottest entry point. A builtin's signature (inspect.signature,
-# help()) is read from an Argument Clinic line at the top of its docstring ("--" after it):
-# the clinic format writes one, where the default format's line left inspect.signature
-# raising ValueError
-@cython.binding(False)
-@cython.embedsignature.format("clinic")
-def step(raw, symbol=0, ts_ns=None):
-    """fastpath.step(raw, symbol=0, ts_ns=None): one tick through the default engine
-    (embedded demo model); the arguments are those of Engine.step."""
-    # a reference of this call's own: _step runs Python code on a symbol's __index__, a
-    # raw subclass or an error path, where another thread's configure() /
-    # set_default_engine() dropped the global's (often the only) one, and the engine was
-    # freed under the tick (a segfault, or a signal from freed memory)
-    cdef Engine e = _default_cpu
-    if e is not None:
-        return e._step(raw, symbol, ts_ns)
-    return get_default_engine().step(raw, symbol, ts_ns)
+cdef bint _runs_on_cpu(object engine) except -1:
+    return not (<Engine>engine)._on_gpu

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """Kernel shims for the tests and the bench: each C kernel of a named kernel set, callable
 from Python on numpy arrays; the cache decision alone; the MLP kernel alone (PackedMLP); the
-clock (this module's copy of it, calibrated at import like the engine's); the FMA peak,
+clock (the one fastpath._core calibrates at import, which the engine reads too); the FMA peak,
 streaming-read bandwidth and jitter probes.
 
 Design: nothing here is on the hot path, so every shim copies and checks its inputs and
@@ -14,20 +14,15 @@ from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from fastpath._csrc cimport *
+from fastpath._core cimport _pack_mlp, _trees_desc
 
 import numpy as np
 
-from fastpath._engine import _describe, supported_isas
+from fastpath._core import _ACTS, _ISA_BY_NAME, _describe, _mlp_arrays
+from fastpath._engine import supported_isas
 from fastpath.errors import InputError
 
 cnp.import_array()
-
-fp_clock_init()
-
-_ISA_BY_NAME = {"scalar": FP_ISA_SCALAR, "avx2": FP_ISA_AVX2, "avx512": FP_ISA_AVX512}
-_ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
-
-include "_trees.pxi"
 
 cdef const fp_kernels *_kernels(str isa) except NULL:
     if isa not in _ISA_BY_NAME:
@@ -527,7 +522,6 @@ def kernel_allfinite(str isa, x):
     return bool(k.allfinite(<const float *>cnp.PyArray_DATA(a), len(a)))
 
 
-include "_pack_mlp.pxi"
 
 
 cdef class PackedMLP:

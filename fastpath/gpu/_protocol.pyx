@@ -17,9 +17,11 @@ from fastpath._csrc cimport (FP_ISA_AVX2, FP_ISA_AVX512, FP_ISA_SCALAR, fp_align
                              fp_kernels, fp_kernels_for, fp_mlp, fp_mlp_forward, fp_mlp_free,
                              fp_mlp_init, FP_MAX_LAYERS)
 from fastpath.gpu._fp_gpu cimport *
+from fastpath._core cimport _pack_mlp
 
 import numpy as np
 
+from fastpath._core import _ACTS, _mlp_arrays
 from fastpath.errors import InputError
 
 cnp.import_array()
@@ -34,9 +36,6 @@ READY_RUNNING = FP_GPU_READY_RUNNING
 READY_EXITED = FP_GPU_READY_EXITED
 LINE = FP_GPU_LINE
 HDR_BYTES = FP_GPU_HDR_BYTES
-
-_ACTS = {"identity": 0, "relu": 1, "tanh": 2, "sigmoid": 3}
-
 
 def slot_bytes(int n_in, int n_out):
     """Bytes of a slot for n_in features and n_out outputs (header + line-aligned arrays)."""
@@ -61,7 +60,6 @@ cdef cnp.ndarray _f32_vec(object a, int n, str what, bint writable):
     return <cnp.ndarray>a
 
 
-include "../_pack_mlp.pxi"
 
 
 cdef class Slot:

@@ -1,0 +1,9 @@
+"""Type declarations of the default engine (fastpath/_default.pyx), for type checkers."""
+import numpy as np
+import numpy.typing as npt
+
+from fastpath._engine import Engine, Result
+
+def step(raw: npt.NDArray[np.float32], symbol: int = 0, ts_ns: int | None = None) -> Result: ...
+def set_default_engine(engine: Engine | None) -> None: ...
+def get_default_engine() -> Engine: ...
