@@ -541,9 +541,7 @@ int fp_step_finish(fp_engine *e, fp_pending *p, const float *out2, int64_t exter
 
 /* Local aliases of the stages: fp_step calls them directly instead of through the PLT
  * (each is an exported symbol of a -fPIC shared object, so a plain call may be interposed
- * and goes through the PLT), and the compiler may inline them here. fp_step_local is the
- * same for the extension modules linked with this file (fastpath/_engine.pyx declares it
- * hidden): their call to fp_step is then direct too. */
+ * and goes through the PLT), and the compiler may inline them here. */
 static __typeof__(fp_infer_cpu) fp_infer_cpu_local __attribute__((alias("fp_infer_cpu")));
 
 int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_result *r) {
@@ -553,8 +551,6 @@ int fp_step(fp_engine *e, const float *raw, int32_t symbol, int64_t ts_ns, fp_re
     const float *out = p.reason == FP_HIT ? NULL : fp_infer_cpu_local(e);
     return fp_finish_impl(e, &p, out, -1, r, 1);
 }
-
-extern __typeof__(fp_step) fp_step_local __attribute__((alias("fp_step"), visibility("hidden")));
 
 /* how many rows ahead step_batch prefetches a row's raw (a row costs ~300 ns, memory ~100) */
 #define FP_BATCH_PF_ROWS 2

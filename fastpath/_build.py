@@ -16,7 +16,6 @@ import numpy as np
 
 from fastpath._core import best_isa, supported_isas
 from fastpath.config import SIMD_CHOICES, MemoryConfig, load_config
-import fastpath.gpu as _gpu   # looked up per call: auto_choice / gpu_status are replaceable
 from fastpath.gpu._refusal import gpu_refusal
 from fastpath.model import Model
 from fastpath.model.bundle import _path
@@ -109,6 +108,9 @@ def resolve_backend(m: Any, cfg: Any, backend: str, simd: str) -> tuple:
     says which condition failed (Engine.backend_reason, Engine.backend_report)."""
     if backend == "cpu":
         return "cpu", "cpu requested", None
+    # the gpu package (which wraps the engine) is imported only when a GPU backend is asked
+    # for, and looked up per call so that gpu_status / auto_choice stay replaceable
+    import fastpath.gpu as _gpu
     refusal = gpu_refusal(m, cfg)
     ok, why = _gpu.gpu_status()
     if backend == "gpu":
@@ -125,6 +127,14 @@ def resolve_backend(m: Any, cfg: Any, backend: str, simd: str) -> tuple:
         return "gpu", f"auto: gpu chosen (gpu.auto = 'gpu'; {why}; mode {cfg.gpu.mode})", None
     c = _gpu.auto_choice(m, cfg.gpu.mode, isa=simd, device=cfg.gpu.device)
     return c["backend"], c["reason"], c
+
+
+def open_gpu_backend(model: Any, g: Any):
+    """The GPU stage of an engine whose backend resolved to "gpu", under its [gpu] config `g`
+    (fastpath.gpu.GpuBackend, looked up per call so that it stays replaceable)."""
+    import fastpath.gpu as _gpu
+    return _gpu.GpuBackend(model, g.mode, g.device, max_batch=g.max_batch,
+                           timeout_ns=g.timeout_ms * 1_000_000)
 
 
 def resolve(model: Any, backend: Any, config: Any, report: bool = False):
@@ -179,5 +189,5 @@ def default_engine():
 
 
 __all__ = ["BatchResult", "ResolvedConfig", "DEMO_MODEL", "EXAMPLE_CONFIG", "resolve",
-           "resolve_simd", "resolve_backend", "cache_origin", "load_model", "gpu_refusal",
+           "resolve_simd", "resolve_backend", "cache_origin", "load_model", "gpu_refusal", "open_gpu_backend",
            "engine_region_bytes", "default_engine"]

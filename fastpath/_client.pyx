@@ -21,6 +21,7 @@ from fastpath._ring cimport *
 import json
 import operator
 import os
+import time
 import weakref
 
 import numpy as np
@@ -185,14 +186,12 @@ cdef class Client:
                     except OSError:
                         pass
                 raise ServeError(f"cannot open {path}: {os.strerror(err)}{hint}")
-            import time
             time.sleep(0.002)
         rc = fp_client_open(&self._s, &self._c)
         # a slot given back by close() is freed by the worker at its next heartbeat: a client
         # connecting right after another closed (max_clients = 1: reconnect) was refused
         # although the slot would be free within a millisecond. Wait for it up to timeout.
         while rc == FP_RING_ERR_NOSLOT and fp_ring_now_ns() <= deadline:
-            import time
             time.sleep(0.001)
             rc = fp_client_open(&self._s, &self._c)
         if rc != FP_RING_OK:

@@ -43,10 +43,9 @@ import threading
 
 import numpy as np
 
-from fastpath._build import BatchResult, resolve
+from fastpath._build import BatchResult, open_gpu_backend, resolve
 from fastpath._core import (_ISA_BY_NAME, _bad_raw, _conversion_hint, _describe, _n_masked,
                             all_isas, best_isa, cpu_features, supported_isas)
-import fastpath.gpu as _gpu_stage     # GpuBackend looked up per engine: replaceable
 from fastpath.errors import InputError, EngineBusyError, FastpathError, BackendError
 
 cnp.import_array()
@@ -890,8 +889,7 @@ A model, its feature spec and cache, ready to step ticks.
         # a view of the engine's own feature buffer: the features fp_step_begin wrote go to
         # the GPU without a copy or a second computation. Private: it dies with the engine.
         self._gfeat = np.asarray(<float[:self.n_features]> self._e.feat)
-        self._gpu = _gpu_stage.GpuBackend(self.model, g.mode, g.device, max_batch=g.max_batch,
-                               timeout_ns=g.timeout_ms * 1_000_000)
+        self._gpu = open_gpu_backend(self.model, g)
         self._on_gpu = True
 
     @property

@@ -18,8 +18,7 @@ from fastpath._core cimport _pack_mlp, _trees_desc
 
 import numpy as np
 
-from fastpath._core import _ACTS, _ISA_BY_NAME, _describe, _mlp_arrays
-from fastpath._engine import supported_isas
+from fastpath._core import _ACTS, _ISA_BY_NAME, _describe, _mlp_arrays, supported_isas
 from fastpath.errors import InputError
 
 cnp.import_array()

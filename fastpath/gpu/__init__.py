@@ -19,10 +19,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fastpath import _kernels
-from fastpath._engine import Engine, _stopped_note, best_isa
+import fastpath._engine as _engine   # by module: fastpath._engine imports this package back
+from fastpath._core import best_isa
+from fastpath.config import load_config
 from fastpath.errors import BackendError, ConfigError, FastpathError, InputError
 from fastpath.gpu import _backend as B
-from fastpath.gpu._pack import MAX_LAYERS, gpu_refusal, pack
+from fastpath.gpu._pack import MAX_LAYERS, pack
+from fastpath.gpu._refusal import gpu_refusal
 from fastpath.model import Layer, Model
 
 
@@ -345,7 +348,6 @@ class GpuTick(NamedTuple):
 def _with_gpu(config: Any, **over):
     """config (None, dict, TOML path or EngineConfig) as an EngineConfig whose [gpu] keys
     given in `over` (not None) replace the config's; replace() validates them again."""
-    from fastpath.control.config import load_config
     c = load_config(config)
     return replace(c, gpu=replace(c.gpu, **{k: v for k, v in over.items() if v is not None}))
 
@@ -420,7 +422,7 @@ class GpuEngine:
             raise ConfigError(f"timeout_ns must be a number of ns >= 1, got {timeout_ns!r}")
         tmo = None if timeout_ns is None else -(-int(timeout_ns) // 1_000_000)
         cfg = _with_gpu(config, mode=mode, device=device, max_batch=max_batch, timeout_ms=tmo)
-        self.engine = Engine(model, backend="gpu", config=cfg)
+        self.engine = _engine.Engine(model, backend="gpu", config=cfg)
         self.backend = self.engine.gpu_backend
         self.mode = self.backend.mode
 
@@ -494,7 +496,7 @@ class GpuEngine:
             # row's answer before it returns), as a refusal says
             exc.applied = len(out)
             exc.result = list(out)
-            exc.add_note(_stopped_note(len(out), n))
+            exc.add_note(_engine._stopped_note(len(out), n))
             raise
         finally:
             eng._release()

@@ -8,7 +8,6 @@ warp's first load of a row is one aligned transaction; rows within a layer are c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -25,26 +24,6 @@ NET_DTYPE = np.dtype([("n_layers", "<i4"), ("n_in", "<i4"), ("n_out", "<i4"),
                       ("max_width", "<i4"), ("layers", LAYER_DTYPE, (MAX_LAYERS,))])
 assert LAYER_DTYPE.itemsize == 32 and NET_DTYPE.itemsize == 16 + 32 * MAX_LAYERS
 
-
-
-def gpu_refusal(m: Any, cfg: Any = None) -> str | None:
-    """Why the GPU stage cannot serve model `m` under config `cfg` (None: the model's own
-    weights), or None: its kernels run fp32 dense layers only, so a tree ensemble, bf16/int8
-    weights or a network deeper than the kernels' layer table stay on the CPU."""
-    if m.trees is not None:
-        return ("the model is a tree ensemble; the GPU stage serves fp32 MLPs only (run it with "
-                "backend='cpu')")
-    cw = getattr(cfg, "weights", None)
-    wt = cw or m.weights
-    # only hidden layers are packed reduced: a one-layer model runs fp32 whatever it says
-    if wt != "fp32" and len(m.layers) > 1:
-        who = "engine.weights" if cw else "the model's weights"
-        return (f"{who} = {wt!r}; the GPU stage serves fp32 MLPs only (set engine.weights = "
-                f"'fp32' for the GPU, or backend='cpu' for {wt})")
-    if not 1 <= len(m.layers) <= MAX_LAYERS:
-        return (f"the model has {len(m.layers)} layers; the GPU kernels take 1..{MAX_LAYERS} "
-                f"(run it with backend='cpu')")
-    return None
 
 def _up(n: int) -> int:
     return (n + _ALIGN_FLOATS - 1) // _ALIGN_FLOATS * _ALIGN_FLOATS

@@ -45,7 +45,7 @@ def test_engine_larger_than_available_memory_is_refused_not_oom_killed(monkeypat
     import numpy as np
 
     from fastpath import Engine
-    from fastpath.control import memory
+    from fastpath import _memory as memory
     from helpers.builders import random_model
     m = random_model(np.random.default_rng(0), [8, 4, 2])
     big = {"engine": {"n_symbols": 1 << 14}, "memory": {"huge_pages": "none", "mlock": False}}

@@ -161,13 +161,13 @@ def test_fork_while_default_engine_builds_does_not_deadlock_the_child(restore_de
     """The default engine is built under a lock (above); a fork while another thread held it
     (a pool forking while a strategy thread makes its first step()) must not leave the
     child's first fastpath.step() waiting on a lock nobody will release."""
-    import fastpath._engine as E
+    import fastpath._default as D
     fastpath.set_default_engine(None)
     raw = _raw(3)
     held, release = threading.Event(), threading.Event()
 
     def builder():                      # another thread inside the build at the fork
-        with E._default_lock:
+        with D._default_lock:
             held.set()
             release.wait(WAIT)
     t = threading.Thread(target=builder, daemon=True)
