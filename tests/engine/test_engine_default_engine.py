@@ -8,34 +8,13 @@ import sys
 import textwrap
 import threading
 
-import numpy as np
 import pytest
 
 import fastpath
 import fastpath._build as _build
 from fastpath import Engine
 from fastpath._build import DEMO_MODEL
-
-
-WAIT = 10.0     # seconds any wait of these tests may take before the test fails instead of hanging
-
-
-def _raw(seed=0, n=256):
-    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-
-
-def _run(fn, *args):
-    """fn(*args) in a thread; -> (thread, box) where box gets "r" or "e"."""
-    box = {}
-
-    def body():
-        try:
-            box["r"] = fn(*args)
-        except BaseException as exc:        # reported by the test, in its own thread
-            box["e"] = exc
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, box
+from helpers.threads import WAIT, raw_tick as _raw, run_in_thread as _run
 
 
 @pytest.fixture

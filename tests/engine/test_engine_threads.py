@@ -10,26 +10,7 @@ import numpy as np
 from fastpath import EngineBusyError, Engine
 from fastpath._build import DEMO_MODEL
 from helpers.builders import ISAS, engine_cfg, windowed_model
-
-WAIT = 10.0     # seconds any wait of these tests may take before the test fails instead of hanging
-
-
-def _raw(seed=0, n=256):
-    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-
-
-def _run(fn, *args):
-    """fn(*args) in a thread; -> (thread, box) where box gets "r" or "e"."""
-    box = {}
-
-    def body():
-        try:
-            box["r"] = fn(*args)
-        except BaseException as exc:        # reported by the test, in its own thread
-            box["e"] = exc
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, box
+from helpers.threads import WAIT, raw_tick as _raw, run_in_thread as _run
 
 
 # ------------------------------------------------------------ the default engine's lifetime
@@ -165,7 +146,6 @@ def test_step_during_step_batch_on_another_thread_is_refused_cleanly(isa):
             seen["busy"] += 1
     th.join()
     assert e.ticks == len(raws) + seen["ok"]
-
 
 
 def _ticks(rng, m, n, syms):
