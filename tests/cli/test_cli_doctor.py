@@ -45,7 +45,7 @@ def test_doctor_sizes_a_huge_engine_on_a_host_without_room_for_it(monkeypatch, t
     """doctor built the real engine to size it, faulting in gigabytes before it printed a check."""
     import json
 
-    from fastpath.control import memory
+    from fastpath import _memory as memory
     monkeypatch.setattr(memory, "available_bytes", lambda root="/": 64 << 20)
     p = tmp_path / "big.toml"
     p.write_text("[engine]\nn_symbols = 4194304\n")
