@@ -14,7 +14,10 @@ import pytest
 import fastpath
 from helpers.clock import _Clock
 
-PKG = os.path.dirname(os.path.abspath(fastpath.__file__))
+PKG = os.path.dirname(os.path.abspath(fastpath.__file__))      # the installed package (.so)
+# the sources (.pyx, .pxd, .py): the checkout, since a wheel ships no .pyx
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                   "fastpath")
 COMPILED = ["fastpath._core", "fastpath._engine", "fastpath._default", "fastpath._kernels",
             "fastpath._ring", "fastpath._serve", "fastpath._client", "fastpath.gpu._protocol"]
 # the hot path and what builds an engine: none of them may import fastpath.control / .bench
@@ -92,7 +95,7 @@ def test_the_clock_is_calibrated_once():
 
 def test_cython_code_is_shared_by_cimport_not_include():
     """No .pxi in the package and no `include` statement in a .pyx or .pxd."""
-    for root, _, files in os.walk(PKG):
+    for root, _, files in os.walk(SRC):
         for f in files:
             assert not f.endswith(".pxi"), os.path.join(root, f)
             if f.endswith((".pyx", ".pxd")):
@@ -103,7 +106,7 @@ def test_cython_code_is_shared_by_cimport_not_include():
 
 @pytest.mark.parametrize("name", HOT)
 def test_the_hot_path_does_not_import_the_control_plane_or_the_bench(name):
-    with open(os.path.join(PKG, name)) as fh:
+    with open(os.path.join(SRC, name)) as fh:
         src = fh.read()
     imports = re.findall(r'^\s*(?:from\s+(\S+)\s+c?import|import\s+(\S+))', src, re.M)
     mods = [a or b for a, b in imports]
@@ -123,7 +126,7 @@ def test_control_re_exports_the_engine_config_and_memory():
 
 @pytest.mark.parametrize("name", TOP_IMPORTS)
 def test_no_import_inside_a_function(name):
-    with open(os.path.join(PKG, name)) as fh:
+    with open(os.path.join(SRC, name)) as fh:
         tree = ast.parse(fh.read())
     inner = [(f.name, n.lineno) for f in ast.walk(tree)
              if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
