@@ -28,16 +28,30 @@ def infer_tick(prices: np.ndarray, empty: np.ndarray, scale: int = 0) -> float:
     return float(f"{float(d[d > 0].min()):.10g}")
 
 
-def fill_empty(px: np.ndarray, sz: np.ndarray, empty: np.ndarray, sign: int, tick: float):
-    """Empty levels (no price) as read_lobster writes them: one tick beyond the level before,
-    size 0; a side whose best level is empty keeps NaN there (the row is dropped later)."""
+def ticks(sym: np.ndarray, bpx: np.ndarray, apx: np.ndarray, empty_b: np.ndarray,
+          empty_a: np.ndarray, scale: int = 0) -> np.ndarray:
+    """infer_tick per symbol (instruments of one file trade on different grids), one per row;
+    0 for a symbol with fewer than two distinct prices."""
+    out = np.zeros(len(sym))
+    for s in np.unique(sym):
+        r = sym == s
+        out[r] = infer_tick(np.concatenate([bpx[r].ravel(), apx[r].ravel()]),
+                            np.concatenate([empty_b[r].ravel(), empty_a[r].ravel()]), scale)
+    return out
+
+
+def fill_empty(px: np.ndarray, sz: np.ndarray, empty: np.ndarray, sign: int, tick):
+    """Empty levels (no price) as read_lobster writes them: one tick (a scalar, or one per row)
+    beyond the level before, size 0; a side whose best level is empty keeps NaN there (the row
+    is dropped later)."""
+    tick = np.broadcast_to(np.asarray(tick, np.float64), (len(px),))
     px, sz = px.astype(np.float64), np.where(empty, 0.0, sz).astype(np.float64)
     for j in range(px.shape[1]):
         base = px[:, j - 1] if j else np.full(len(px), np.nan)
         px[:, j] = np.where(empty[:, j], base + sign * tick, px[:, j])
     if px.shape[1] < LEVELS:           # a thinner file: pad to 10 levels, one tick apart, empty
         k = LEVELS - px.shape[1]
-        px = np.hstack([px, px[:, -1:] + sign * tick * np.arange(1, k + 1)])
+        px = np.hstack([px, px[:, -1:] + sign * tick[:, None] * np.arange(1, k + 1)])
         sz = np.hstack([sz, np.zeros((len(sz), k))])
     return px[:, :LEVELS], sz[:, :LEVELS]
 
@@ -106,3 +120,20 @@ def check_books(path: str, at, bpx, apx, bsz, asz, field) -> None:
         raise InputError(f"{path}: {at(r)}: {field('bid', 'price', 0)} {bpx[r, 0]:g} >= "
                          f"{field('ask', 'price', 0)} {apx[r, 0]:g} (a crossed or locked book); "
                          f"expected the best bid below the best ask")
+
+
+def resolve_tick(path: str, tick_size, sym, bpx, apx, empty_b, empty_a, scale: int = 0):
+    """The tick size given (a positive finite number, for every row), else one inferred per
+    symbol (one per row): InputError for a bad tick_size or a symbol with a single price."""
+    if tick_size is not None:
+        if isinstance(tick_size, bool) or not isinstance(
+                tick_size, (int, float, np.integer, np.floating)) or not 0 < tick_size < np.inf:
+            raise InputError(f"tick_size must be a positive finite number or None, got "
+                             f"{tick_size!r}")
+        return np.full(len(sym), float(tick_size))
+    tick = ticks(sym, bpx, apx, empty_b, empty_a, scale)
+    if len(tick) and not (tick > 0).all():
+        s = sym[np.flatnonzero(~(tick > 0))[0]]
+        raise InputError(f"{path}: cannot infer the tick size of {s} (fewer than two distinct "
+                         f"prices); pass tick_size")
+    return tick

@@ -102,8 +102,8 @@ def read_databento(path: str, tick_size: float | None = None) -> BookStream:
     instrument's previous tick. Instruments become symbols 0.. in order of first appearance;
     `stream.symbol_names` holds each one's raw symbol. Empty levels (UNDEF_PRICE) are filled as
     read_lobster fills them; a record with an empty best bid or ask is dropped and its trades
-    carried to the next tick. tick_size: the exact greatest common divisor of the quoted price
-    gaps when not given. InputError names the file, record and field of anything else."""
+    carried to the next tick. tick_size: per instrument, the exact greatest common divisor of
+    its quoted price gaps, when not given. InputError names the file, record and field of anything else."""
     meta, book, book_no, trd, trd_no = _decode(path)
     schema = str(meta.schema) if meta.schema is not None else None
     if schema not in (None, "mbp-10") or (schema is None and not len(book)):
@@ -123,18 +123,8 @@ def read_databento(path: str, tick_size: float | None = None) -> BookStream:
     lv = book["levels"]
     bpx_i, apx_i = lv["bid_px"], lv["ask_px"]
     empty_b, empty_a = bpx_i == UNDEF_PRICE, apx_i == UNDEF_PRICE
-    if tick_size is None:
-        tick = _levels.infer_tick(np.concatenate([bpx_i.ravel(), apx_i.ravel()]),
-                                  np.concatenate([empty_b.ravel(), empty_a.ravel()]), PRICE_SCALE)
-        if not tick > 0:
-            raise InputError(f"{path}: cannot infer the tick size (fewer than two distinct "
-                             f"prices); pass tick_size")
-    elif isinstance(tick_size, bool) or not isinstance(tick_size, (int, float, np.integer,
-                                                                   np.floating)) \
-            or not 0 < tick_size < np.inf:
-        raise InputError(f"tick_size must be a positive finite number or None, got {tick_size!r}")
-    else:
-        tick = float(tick_size)
+    tick = _levels.resolve_tick(path, tick_size, book["instrument_id"], bpx_i, apx_i, empty_b,
+                                empty_a, PRICE_SCALE)
     bpx, bsz = _levels.fill_empty(bpx_i / PRICE_SCALE, lv["bid_sz"], empty_b, -1, tick)
     apx, asz = _levels.fill_empty(apx_i / PRICE_SCALE, lv["ask_sz"], empty_a, +1, tick)
     ends = (book["flags"] & F_LAST) != 0 if (book["flags"] & F_LAST).any() else \
@@ -158,7 +148,7 @@ def read_databento(path: str, tick_size: float | None = None) -> BookStream:
     _levels.check_books(path, lambda r: f"record {book_no[keep[r]]}", bpx[keep], apx[keep],
                         bsz[keep], asz[keep], lambda s, k, j: f"{fields[s, k]}_{j:02d}")
     bs = BookStream(sym, book["ts_recv"][keep].astype(np.int64), bpx[keep], apx[keep], bsz[keep],
-                    asz[keep], vol, cnt, last, np.float64(tick))
+                    asz[keep], vol, cnt, last, tick[keep])
     bs.validate(path, book_no[keep])
     bs.symbol_names = _names(meta, ids)
     label_volatility(bs)
