@@ -113,12 +113,12 @@ def check_books(path: str, at, bpx, apx, bsz, asz, field) -> None:
             if kind is None:
                 kind = "price" if not np.isfinite(px[r, j]) else "size"
             v = px[r, j] if kind == "price" else sz[r, j]
-            raise InputError(f"{path}: {at(r)}: {field(side, kind, j)} is {v:g}; expected {want}")
+            raise InputError(f"{path}: {at(r)}: {field(side, kind, j)} is {v:.10g}; expected {want}")
     crossed = np.flatnonzero(bpx[:, 0] >= apx[:, 0])
     if len(crossed):
         r = int(crossed[0])
-        raise InputError(f"{path}: {at(r)}: {field('bid', 'price', 0)} {bpx[r, 0]:g} >= "
-                         f"{field('ask', 'price', 0)} {apx[r, 0]:g} (a crossed or locked book); "
+        raise InputError(f"{path}: {at(r)}: {field('bid', 'price', 0)} {bpx[r, 0]:.10g} >= "
+                         f"{field('ask', 'price', 0)} {apx[r, 0]:.10g} (a crossed or locked book); "
                          f"expected the best bid below the best ask")
 
 

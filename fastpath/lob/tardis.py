@@ -14,6 +14,7 @@ import csv
 import gzip
 import heapq
 import math
+import re
 
 import numpy as np
 
@@ -92,7 +93,7 @@ def read_tardis(path: str, trades: str | None = None, tick_size: float | None = 
     return bs
 
 
-def _loadtxt(path: str, cols, dtype, what: str):
+def _loadtxt(path: str, cols, dtype, what: str, names: list):
     """Some columns of a Tardis CSV; a blank field (a level the book did not have) is NaN."""
     def num(s: str) -> float:
         s = s.strip()
@@ -107,8 +108,12 @@ def _loadtxt(path: str, cols, dtype, what: str):
             return np.loadtxt(f, delimiter=",", skiprows=1, usecols=cols, dtype=dtype, ndmin=2,
                               converters=num if dtype is float else None)
     except ValueError as exc:
-        raise InputError(f"{path}: malformed {what} ({_rows_from_1(exc)}); expected one row per "
-                         f"line with the header's columns") from None
+        # numpy counts the file's columns from 1: the header's name says which one it was
+        msg = re.sub(r"column (\d+)", lambda m: f"column {m.group(1)} "
+                     f"({names[int(m.group(1)) - 1] if int(m.group(1)) <= len(names) else '?'})",
+                     _rows_from_1(exc))
+        raise InputError(f"{path}: malformed {what} ({msg}); expected one row per line with the "
+                         f"header's columns") from None
 
 
 def _snapshots(path: str, names: list):
@@ -119,9 +124,9 @@ def _snapshots(path: str, names: list):
     need = [f"{s}[{j}].{k}" for j in range(depth) for s in ("bids", "asks")
             for k in ("price", "amount")]
     cols = _columns(path, names, ["symbol", "local_timestamp"] + need)
-    sym = _loadtxt(path, [cols[0]], str, "symbol")[:, 0]
-    ts = _loadtxt(path, [cols[1]], np.int64, "local_timestamp (integer microseconds)")[:, 0]
-    lv = _loadtxt(path, cols[2:], float, "book row").reshape(-1, depth, 4)
+    sym = _loadtxt(path, [cols[0]], str, "symbol", names)[:, 0]
+    ts = _loadtxt(path, [cols[1]], np.int64, "local_timestamp (integer microseconds)", names)[:, 0]
+    lv = _loadtxt(path, cols[2:], float, "book row", names).reshape(-1, depth, 4)
     _increasing(path, sym, ts, np.arange(1, len(ts) + 1))
     return (sym, ts * 1000, np.arange(1, len(ts) + 1), lv[:, :, 0], lv[:, :, 1], lv[:, :, 2],
             lv[:, :, 3])
@@ -223,10 +228,10 @@ def _trades(path: str):
     if not names:
         raise InputError(f"{path}: empty file; expected a Tardis trades CSV header and rows")
     cols = _columns(path, names, ["symbol", "local_timestamp", "side", "amount"])
-    sym = _loadtxt(path, [cols[0]], str, "symbol")[:, 0]
-    ts = _loadtxt(path, [cols[1]], np.int64, "local_timestamp (integer microseconds)")[:, 0]
-    side = np.char.lower(np.char.strip(_loadtxt(path, [cols[2]], str, "side")[:, 0]))
-    amt = _loadtxt(path, [cols[3]], float, "amount")[:, 0]
+    sym = _loadtxt(path, [cols[0]], str, "symbol", names)[:, 0]
+    ts = _loadtxt(path, [cols[1]], np.int64, "local_timestamp (integer microseconds)", names)[:, 0]
+    side = np.char.lower(np.char.strip(_loadtxt(path, [cols[2]], str, "side", names)[:, 0]))
+    amt = _loadtxt(path, [cols[3]], float, "amount", names)[:, 0]
     rows = np.arange(1, len(ts) + 1)
     bad = np.flatnonzero(~np.isin(side, list(_SIDES)) | ~(amt >= 0))
     if len(bad):
