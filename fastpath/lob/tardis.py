@@ -94,7 +94,9 @@ def read_tardis(path: str, trades: str | None = None, tick_size: float | None = 
 
 
 def _loadtxt(path: str, cols, dtype, what: str, names: list):
-    """Some columns of a Tardis CSV; a blank field (a level the book did not have) is NaN."""
+    """Some columns of a Tardis CSV; a blank field (a level the book did not have) is NaN, a
+    written nan or inf is refused. numpy's C parser reads a file without blanks; only a file
+    with some takes the slower per-field converter."""
     def num(s: str) -> float:
         s = s.strip()
         if not s:
@@ -104,9 +106,21 @@ def _loadtxt(path: str, cols, dtype, what: str, names: list):
             raise ValueError(f"non-finite value {s!r}")
         return v
     try:
-        with _open(path) as f:
-            return np.loadtxt(f, delimiter=",", skiprows=1, usecols=cols, dtype=dtype, ndmin=2,
-                              converters=num if dtype is float else None)
+        try:
+            with _open(path) as f:
+                a = np.loadtxt(f, delimiter=",", skiprows=1, usecols=cols, dtype=dtype, ndmin=2)
+        except ValueError:
+            if dtype is not float:
+                raise
+            with _open(path) as f:
+                a = np.loadtxt(f, delimiter=",", skiprows=1, usecols=cols, dtype=dtype, ndmin=2,
+                               converters=num)
+        else:
+            if dtype is float and not np.isfinite(a).all():
+                r, c = np.argwhere(~np.isfinite(a))[0]
+                raise ValueError(f"non-finite value '{a[r, c]}' at row {r + 1}, column "
+                                 f"{cols[c] + 1}")
+        return a
     except ValueError as exc:
         # numpy counts the file's columns from 1: the header's name says which one it was
         msg = re.sub(r"column (\d+)", lambda m: f"column {m.group(1)} "

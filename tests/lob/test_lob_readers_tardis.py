@@ -162,3 +162,17 @@ def test_tardis_empty_and_unreadable_files(tmp_path):
         read_tardis(write_text(tmp_path / "e.csv", ""))
     with pytest.raises(InputError, match=r"nowhere\.csv: cannot be read"):
         read_tardis(str(tmp_path / "nowhere.csv"))
+
+
+def test_tardis_blank_snapshot_fields_are_empty_levels(tmp_path):
+    """A book thinner than the file's depth leaves its deepest fields blank: an empty level
+    (one tick beyond the level before, size 0), not a malformed row."""
+    def blank(ls):
+        cells = ls[1].split(",")
+        names = ls[0].split(",")
+        for k in ("asks[4].price", "asks[4].amount"):
+            cells[names.index(k)] = ""
+        return [ls[0], ",".join(cells)] + ls[2:]
+    bs = read_tardis(write_text(tmp_path / "b.csv", _snapshot_text(blank)))
+    assert bs.ask_px[0, 3] == 11657.61 and bs.ask_px[0, 4] == pytest.approx(11657.62)
+    assert bs.ask_sz[0, 4] == 0 and bs.ask_sz[1, 4] == 0.918
