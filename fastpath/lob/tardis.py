@@ -10,9 +10,9 @@ read: one tick per message, the top 10 levels of each side.
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import gzip
-import heapq
 import math
 import re
 
@@ -202,14 +202,11 @@ def _incremental(path: str, names: list):
                 raise InputError(f"{path}: row {i}: local_timestamp {ts} is before {b['ts']}, "
                                  f"the previous update of {s}; expected rows in time order")
             if snap == "true" and (b is None or not b["snap"]):
-                b = books[s] = {"bid": {}, "ask": {}, "snap": True, "ts": ts}   # reset
+                b = books[s] = {"bid": _Side(-1), "ask": _Side(+1), "snap": True, "ts": ts}
             elif b is None:
                 continue                       # before the symbol's first snapshot
             b["snap"], b["ts"] = snap == "true", ts
-            if amt == 0:
-                b[side].pop(px, None)
-            else:
-                b[side][px] = amt
+            b[side].set(px, amt)
             pending = (s, ts, i)
     if pending is not None:
         _emit(books, pending, out)
@@ -223,17 +220,39 @@ def _incremental(path: str, names: list):
     return sym, ts, rows, lv[:, 0], lv[:, 1], lv[:, 2], lv[:, 3]
 
 
+class _Side:
+    """One side of a rebuilt book: its prices sorted best first (a bid's key is -price) and
+    their amounts in step; an update is a bisection, reading the top 10 a slice."""
+    __slots__ = ("keys", "amounts", "sign")
+
+    def __init__(self, sign: int):
+        self.keys, self.amounts, self.sign = [], [], sign
+
+    def set(self, px: float, amount: float) -> None:
+        """Tardis' update of one level: the new amount, 0 deletes the level (absent: no-op)."""
+        k = self.sign * px
+        j = bisect.bisect_left(self.keys, k)
+        there = j < len(self.keys) and self.keys[j] == k
+        if amount == 0:
+            if there:
+                del self.keys[j], self.amounts[j]
+        elif there:
+            self.amounts[j] = amount
+        else:
+            self.keys.insert(j, k)
+            self.amounts.insert(j, amount)
+
+    def top(self) -> tuple:
+        pad = [math.nan] * max(LEVELS - len(self.keys), 0)
+        return ([self.sign * k for k in self.keys[:LEVELS]] + pad,
+                self.amounts[:LEVELS] + pad)
+
+
 def _emit(books: dict, pending: tuple, out: list) -> None:
     s, ts, i = pending
     b = books.get(s)
-    if b is None:
-        return
-    bid = heapq.nlargest(LEVELS, b["bid"])
-    ask = heapq.nsmallest(LEVELS, b["ask"])
-    pad = [math.nan] * LEVELS
-    out.append((s, ts, i, [
-        (bid + pad)[:LEVELS], ([b["bid"][p] for p in bid] + pad)[:LEVELS],
-        (ask + pad)[:LEVELS], ([b["ask"][p] for p in ask] + pad)[:LEVELS]]))
+    if b is not None:
+        out.append((s, ts, i, [*b["bid"].top(), *b["ask"].top()]))
 
 
 def _trades(path: str):
