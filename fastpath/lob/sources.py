@@ -38,6 +38,9 @@ def _starts(path: str, n: int) -> bytes:
 def data_kind(data: str) -> str:
     """Which reader a --data argument is for (one of KINDS); InputError when none fits."""
     paths = data_paths(data)
+    for p in paths:
+        if not os.path.exists(p):
+            raise InputError(f"{p}: no such file or folder; expected {EXPECTED}")
     first = paths[0]
     if len(paths) == 1 and os.path.isdir(first):
         return "binance"

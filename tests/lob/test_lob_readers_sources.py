@@ -32,6 +32,10 @@ def test_sources_unknown_data_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"x\.txt: not a recorded book fastpath reads; expected "
                                          r"a Binance capture folder"):
         lob.data_kind(p)
+    with pytest.raises(InputError, match=r"nowhere\.dbn: no such file or folder"):
+        lob.data_kind(str(tmp_path / "nowhere.dbn"))
+    with pytest.raises(InputError, match=r"msg\.csv: no such file or folder"):
+        lob.data_kind(f"{p},{tmp_path}/msg.csv")
 
 
 def test_sources_read_data_reads_each_vendor():
