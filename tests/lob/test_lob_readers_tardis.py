@@ -4,6 +4,8 @@ documents it (a snapshot resets, amount 0 deletes, rows before the first snapsho
 and the refusals naming the file, row and column."""
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fastpath import InputError
 from fastpath.lob import raw_from_book, read_tardis
@@ -176,3 +178,36 @@ def test_tardis_blank_snapshot_fields_are_empty_levels(tmp_path):
     bs = read_tardis(write_text(tmp_path / "b.csv", _snapshot_text(blank)))
     assert bs.ask_px[0, 3] == 11657.61 and bs.ask_px[0, 4] == pytest.approx(11657.62)
     assert bs.ask_sz[0, 4] == 0 and bs.ask_sz[1, 4] == 0.918
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 19), st.sampled_from([0, 0, 1, 2.5, 7])),
+                min_size=1, max_size=60))
+def test_tardis_incremental_matches_a_dict_book(tmp_path, updates):
+    """Every message's top 10 levels equal those of a plain dict book given the same updates
+    (bids on 90..99.5, asks on 100..109.5: never crossed; a side emptied drops the message)."""
+    rows = [f"x,S,1,1,true,bid,{99.5 - j * 0.5},{j + 1}" for j in range(3)]
+    rows += [f"x,S,1,1,true,ask,{100 + j * 0.5},{j + 1}" for j in range(3)]
+    book = {"bid": {99.5 - j * 0.5: j + 1 for j in range(3)},
+            "ask": {100 + j * 0.5: j + 1 for j in range(3)}}
+    want = [(book["bid"].copy(), book["ask"].copy())]
+    for t, (is_bid, k, amt) in enumerate(updates, 2):
+        side = "bid" if is_bid else "ask"
+        px = 99.5 - k * 0.5 if is_bid else 100 + k * 0.5
+        rows.append(f"x,S,{t},{t},false,{side},{px},{amt}")
+        if amt:
+            book[side][px] = amt
+        else:
+            book[side].pop(px, None)
+        want.append((book["bid"].copy(), book["ask"].copy()))
+    want = [w for w in want if w[0] and w[1]]
+    bs = read_tardis(write_text(tmp_path / "h.csv", INC_HEADER + "\n".join(rows) + "\n"),
+                     tick_size=0.5)
+    assert len(bs) == len(want)
+    for r, (bids, asks) in enumerate(want):
+        bp = sorted(bids, reverse=True)[:10]
+        ap = sorted(asks)[:10]
+        assert bs.bid_px[r, :len(bp)].tolist() == bp and bs.ask_px[r, :len(ap)].tolist() == ap
+        assert bs.bid_sz[r, :len(bp)].tolist() == [bids[p] for p in bp]
+        assert bs.ask_sz[r, :len(ap)].tolist() == [asks[p] for p in ap]
+        assert (bs.bid_sz[r, len(bp):] == 0).all() and (bs.ask_sz[r, len(ap):] == 0).all()
