@@ -153,3 +153,15 @@ def test_databento_without_the_package_says_how_to_install(monkeypatch):
     with pytest.raises(InputError, match=r"databento-dbn package: pip install "
                                          r"'fastpath\[databento\]'"):
         read_databento(DBN)
+
+
+def test_databento_refuses_trade_records_only_and_bad_prices(tmp_path):
+    meta, rec = dbn_parts()
+    t = rec.copy()
+    t["action"] = b"T"
+    with pytest.raises(InputError, match=r"t\.dbn: no MBP-10 book records \(only trades\)"):
+        read_databento(write_dbn(tmp_path / "t.dbn", meta, t))
+    rec[1]["levels"]["bid_px"][4:] = -rec[1]["levels"]["bid_px"][4:]
+    with pytest.raises(InputError, match=r"p\.dbn: record 2: bid_px_04 is -3719\.25; expected a "
+                                         r"price > 0"):
+        read_databento(write_dbn(tmp_path / "p.dbn", meta, rec), tick_size=0.25)
