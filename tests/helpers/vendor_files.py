@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 
+from fastpath.lob.databento import MBP10, TRADE
+
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 DBN = os.path.join(DATA, "databento_glbx_esh1_mbp-10.dbn")
 DBN_ZST = os.path.join(DATA, "databento_glbx_esh1_mbp-10.v3.dbn.zst")
@@ -18,7 +20,6 @@ TARDIS_TRADES = os.path.join(DATA, "tardis_documented_trades.csv")
 
 def dbn_parts():
     """(metadata bytes, the two MBP-10 records as a writable structured array) of the real file."""
-    from fastpath.lob.databento import MBP10
     raw = open(DBN, "rb").read()
     n = 2 * MBP10.itemsize
     return raw[:-n], np.frombuffer(raw[-n:], MBP10).copy()
@@ -26,7 +27,6 @@ def dbn_parts():
 
 def dbn_trade(like, size: int, side: bytes, ts_recv: int, instrument_id=None):
     """A trades-schema record (rtype 0) of `size` at the price of `like`'s last trade field."""
-    from fastpath.lob.databento import TRADE
     t = np.zeros(1, TRADE)
     for name in TRADE.names:
         t[name] = like[name]
