@@ -4,7 +4,6 @@ replay answered one way, the regime summary, the cache trade-off and throughput 
 and the peers timed on the same features."""
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -30,26 +29,22 @@ STALL_NS = 1_000_000
 
 
 def data_paths(data: str) -> list:
-    """--data's paths: [orderbook, message] for LOBSTER ('a.csv,b.csv'), else [folder]."""
-    return data.split(",", 1) if "," in data else [data]
+    """--data's paths: two for 'a.csv,b.csv' (LOBSTER, or a Tardis book and its trades), else one."""
+    return lob.sources.data_paths(data)
 
 
 def data_error(data: str, why) -> SystemExit:
     """The one-line refusal of a --data the bench cannot read (not a reader's traceback)."""
-    return SystemExit(f"bench/run.py: --data {data}: cannot read it: {why} (expected a Binance "
-                      f"capture folder, or 'orderbook.csv,message.csv')")
+    return SystemExit(f"bench/run.py: --data {data}: cannot read it: {why} (expected "
+                      f"{lob.sources.EXPECTED})")
 
 
 def load_stream(args, bar):
     if args.data:
         # a missing file or one the reader refuses is the caller's error: said in one line,
         # not a traceback from deep in the reader
-        paths = data_paths(args.data)
         try:
-            if len(paths) == 2:
-                return lob.read_lobster(*paths), f"LOBSTER {os.path.basename(paths[0])}"
-            return (lob.read_binance(args.data),
-                    f"Binance {os.path.basename(os.path.abspath(args.data))}")
+            return lob.read_data(args.data)
         except (fastpath.InputError, OSError) as exc:
             raise data_error(args.data, exc) from None
     n = args.ticks if args.ticks is not None else (30_000 if args.quick else 200_000)

@@ -4,6 +4,8 @@
     python bench/run.py --quick         # the same, smaller (< 30 s)
     python bench/run.py --data ../shared/data/binance-btcusdt-2024-08-08
     python bench/run.py --data orderbook.csv,message.csv      # a LOBSTER pair
+    python bench/run.py --data glbx-mdp3.mbp-10.dbn.zst        # Databento MBP-10
+    python bench/run.py --data book_snapshot_25.csv.gz,trades.csv.gz   # Tardis (trades optional)
     python bench/readme_figures.py bench/results/latest-generated.json   # the README tables
 
 Method (printed with the results):
@@ -343,7 +345,8 @@ def _args(argv, prog):
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__)
     ap.add_argument("--quick", action="store_true", help="small run (< 30 s), as the tests use")
-    ap.add_argument("--data", help="Binance capture folder, or 'orderbook.csv,message.csv' (LOBSTER)")
+    ap.add_argument("--data", help="Binance capture folder, 'orderbook.csv,message.csv' (LOBSTER), "
+                    "a Databento MBP-10 .dbn[.zst], or a Tardis book CSV[.gz][,trades.csv]")
     ap.add_argument("--ticks", type=int_at_least(1, MAX_TICKS),
                     help="generated ticks (default 200000, 30000 with --quick)")
     ap.add_argument("--seed", type=int_at_least(0), default=DEFAULT_SEED,
@@ -416,9 +419,13 @@ def main(argv=None, prog=None) -> int:
 
 
 def stream_kind(args) -> str:
-    """generated / binance / lobster, with -quick or -custom when the run is not the default one."""
+    """generated / binance / lobster / databento / tardis, with -quick or -custom when the run
+    is not the default one."""
     if args.data:
-        src = "lobster" if "," in args.data else "binance"
+        try:
+            src = lob.data_kind(args.data)
+        except fastpath.InputError:
+            src = "data"
     else:
         src = "generated"
         if args.ticks is not None or args.seed != DEFAULT_SEED:

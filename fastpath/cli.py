@@ -287,14 +287,35 @@ def _check_out(path: str) -> None:
                          f"this user")
 
 
+def _ticks_from_data(args):
+    """(raw ticks, symbols, timestamps or None) of a recorded book given with --data (any
+    source lob.read_data reads); the timestamps only for the cache-policy fit."""
+    if args.ticks is not None or args.symbols is not None or args.ts is not None:
+        given = [o for o, v in (("--ticks", args.ticks), ("--symbols", args.symbols),
+                                ("--ts", args.ts)) if v is not None]
+        raise SystemExit(f"fastpath calibrate: --data gives the ticks, their symbols and times; "
+                         f"leave out {', '.join(given)}")
+    try:
+        bs, what = lob.read_data(args.data)
+        raws = lob.raw_from_book(bs)
+    except (FastpathError, OSError) as exc:
+        raise SystemExit(f"fastpath calibrate: --data {args.data}: cannot read it: {exc}") from None
+    print(f"ticks: {len(raws)} from {what} ({len(np.unique(bs.symbols))} symbol(s))")
+    return raws, bs.symbols, (bs.ts_ns if args.max_error is not None else None)
+
+
 def cmd_calibrate(args) -> int:
 
     _check_out(args.out)
-    raws = _load_npy(args.ticks, "ticks")
-    # `is not None`: --symbols "" (an unset shell variable) fitted every tick as symbol 0
-    syms = (_load_npy(args.symbols, "symbols", "iu", "--symbols")
-            if args.symbols is not None else None)
-    ts = _load_npy(args.ts, "timestamps", "iu", "--ts") if args.ts is not None else None
+    if args.data is not None:
+        raws, syms, ts = _ticks_from_data(args)
+        args.ticks = args.data
+    else:
+        raws = _load_npy(args.ticks, "ticks")
+        # `is not None`: --symbols "" (an unset shell variable) fitted every tick as symbol 0
+        syms = (_load_npy(args.symbols, "symbols", "iu", "--symbols")
+                if args.symbols is not None else None)
+        ts = _load_npy(args.ts, "timestamps", "iu", "--ts") if args.ts is not None else None
     if raws.ndim != 2:
         raise SystemExit(f"fastpath calibrate: {args.ticks} must hold a 2-d array (ticks, raw_len), "
                          f"got shape {raws.shape}")
@@ -584,7 +605,11 @@ def main(argv=None) -> int:
     sub.add_parser("bench", help="the latency bench (same as python bench/run.py; --help there)")
     c = sub.add_parser("calibrate", help="fit a model's feature spec, a regression head's scale "
                        "(and, with --max-error, its cache policy) from recorded raw ticks")
-    c.add_argument("--ticks", required=True, help=".npy of recorded raw ticks, shape (n, raw_len)")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ticks", help=".npy of recorded raw ticks, shape (n, raw_len)")
+    src.add_argument("--data", help="a recorded book instead of --ticks (and --symbols, --ts): a "
+                     "Binance capture folder, 'orderbook.csv,message.csv' (LOBSTER), a Databento "
+                     "MBP-10 .dbn[.zst], or a Tardis book CSV[.gz][,trades.csv]")
     c.add_argument("--symbols", help=".npy of each tick's symbol (windows are per symbol)")
     c.add_argument("--model", required=True, help="model to calibrate (.fpm or .onnx)")
     c.add_argument("--out", required=True, help="bundle to write (.fpm)")

@@ -1,6 +1,8 @@
 """fastpath.lob: limit-order books to ticks. The adapter (book snapshots + trades -> the
 256-value raw vector, adapter.py), a seeded synthetic book stream with regimes
-(generator.py) and readers for Binance captures and LOBSTER files (readers.py).
+(generator.py), readers for Binance captures and LOBSTER files (readers.py), Databento
+MBP-10 files (databento.py), Tardis CSV files (tardis.py), and the choice among them for a
+`--data` argument (sources.py).
 
 Design: the raw vector describes the book relative to itself (prices in ticks from
 mid, log sizes, imbalances), never in absolute prices, so one model serves every
@@ -45,8 +47,12 @@ Raw layout (RAW_LEN = 256 float32), L = 10 levels, "hl" = half-lives 1,2,4,...,1
 from fastpath.lob.adapter import (HALF_LIVES, LEVELS, RAW_LEN, STATE_FIELDS, WINDOW_FIELDS,
                                   BookStream, field_names, future_return_bps, raw_from_book)
 from fastpath.lob.generator import REGIMES, generate_stream
+from fastpath.lob.databento import read_databento
 from fastpath.lob.readers import label_volatility, read_binance, read_lobster
+from fastpath.lob.sources import data_kind, read_data
+from fastpath.lob.tardis import read_tardis
 
 __all__ = ["RAW_LEN", "LEVELS", "HALF_LIVES", "WINDOW_FIELDS", "STATE_FIELDS", "REGIMES",
            "BookStream", "field_names", "raw_from_book", "future_return_bps", "generate_stream",
-           "label_volatility", "read_binance", "read_lobster"]
+           "label_volatility", "read_binance", "read_lobster", "read_databento", "read_tardis",
+           "read_data", "data_kind"]
