@@ -10,7 +10,7 @@ import pytest
 from fastpath import Layer
 from fastpath.gpu import _pack
 from fastpath.gpu import _protocol as P
-from tests.helpers import cuda_emu as E
+from helpers import cuda_emu as E
 
 pytestmark = pytest.mark.skipif(E.compilers() is None, reason="no gcc/g++ to build the emulation")
 

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from tests.helpers import ptx_params as X
-from tests.helpers.cuda_emu import CSRC, CU
+from helpers import ptx_params as X
+from helpers.cuda_emu import CSRC, CU
 
 BACKEND = os.path.join(os.path.dirname(CSRC), "fastpath", "gpu", "_backend.py")
 
