@@ -103,7 +103,7 @@ def test_persistent_kernel_answers_requests_then_stops(exe, workdir, dims, grid)
 
 
 def test_stop_is_read_from_the_request_word(exe, workdir):
-    """Defect: the poll loop read a separate stop word over PCIe besides req_seq each spin."""
+    """The poll loop read a separate stop word over PCIe besides req_seq each spin."""
     rng = np.random.default_rng(11)
     p = _net(rng, [8, 40, 2], ["tanh", "identity"])
     xs = rng.standard_normal((2, 8)).astype(np.float32)
@@ -114,7 +114,7 @@ def test_stop_is_read_from_the_request_word(exe, workdir):
 
 
 def test_one_system_fence_per_answer(exe, workdir):
-    """Defect: every thread of block 0 issued __threadfence_system for each answer."""
+    """Every thread of block 0 issued __threadfence_system for each answer."""
     rng = np.random.default_rng(12)
     p = _net(rng, [8, 40, 2], ["relu", "identity"])
     xs = rng.standard_normal((5, 8)).astype(np.float32)
@@ -126,7 +126,7 @@ def test_one_system_fence_per_answer(exe, workdir):
 
 
 def test_ready_only_after_every_block_reached_the_grid_barrier(exe, workdir):
-    """Defect: `ready` was published before the other blocks were resident."""
+    """`ready` was published before the other blocks were resident."""
     rng = np.random.default_rng(13)
     p = _net(rng, [8, 40, 2], ["sigmoid", "identity"])
     xs = rng.standard_normal((2, 8)).astype(np.float32)

@@ -32,7 +32,7 @@ def test_stop_sets_the_request_words_top_bit_and_sends_nothing_after():
 
 
 def test_device_loop_returns_on_the_stop_bit_alone():
-    """Defect: the device loop polled a separate stop word besides req_seq on every spin."""
+    """The device loop polled a separate stop word besides req_seq on every spin."""
     buf, slot = _slot()
     dev = _device()
     t = threading.Thread(target=dev.serve, args=(slot,), daemon=True)
