@@ -164,11 +164,23 @@ def test_a_wrong_index_or_argument_order_in_the_cu_disagrees(workdir, name):
     assert not _agrees(res, ref)
 
 
-def test_a_wrong_output_offset_in_the_persistent_kernel_disagrees(workdir):
-    old = "float *outp = (float *)((char *)slot + FP_GPU_OUT_OFF(n_in));"
+PERSISTENT_MUTANTS = {
+    # the answer written at the output offset of the other width
+    "output offset": ("float *outp = (float *)((char *)slot + FP_GPU_OUT_OFF(n_in));",
+                      "float *outp = (float *)((char *)slot + FP_GPU_OUT_OFF(n_out));"),
+    # thread 0 publishes before the block's other threads have written their outputs
+    "missing barrier": ("            __syncthreads();\n            if (threadIdx.x == 0) {\n"
+                        "                const int st",
+                        "            if (threadIdx.x == 0) {\n                const int st"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PERSISTENT_MUTANTS))
+def test_a_wrong_offset_or_missing_barrier_in_the_persistent_kernel_disagrees(workdir, name):
+    old, new = PERSISTENT_MUTANTS[name]
     text = open(E.CU).read()
-    assert text.count(old) == 1
-    mutant = E.build(workdir, text.replace(old, old.replace("(n_in)", "(n_out)")))
+    assert text.count(old) == 1, f"the .cu no longer has {old!r}: update the mutant"
+    mutant = E.build(workdir, text.replace(old, new))
     rng = np.random.default_rng(22)
     p = _net(rng, [37, 45, 3], ["tanh", "identity"])
     xs = rng.standard_normal((2, 37)).astype(np.float32)
