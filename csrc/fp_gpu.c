@@ -56,13 +56,18 @@ int fp_gpu_request(fp_gpu_slot *s, const float *x, float *out, int64_t timeout_n
                    uint64_t *seq_out, uint64_t *device_ns, int64_t *wait_ns) {
     if (timeout_ns < 0) return FP_GPU_BADARG;
     if (__atomic_load_n(&s->stop, __ATOMIC_RELAXED)) return FP_GPU_STOPPED;
-    /* only this thread writes req_seq: a relaxed read of our own last store is exact */
-    const uint64_t seq = __atomic_load_n(&s->req_seq, __ATOMIC_RELAXED) + 1;
+    /* only this thread counts req_seq up, but fp_gpu_stop may set its stop bit from another
+     * thread at any time: a compare-exchange keeps that bit (a plain store could clear it) */
+    uint64_t cur = __atomic_load_n(&s->req_seq, __ATOMIC_RELAXED);
+    if (cur & FP_GPU_REQ_STOP) return FP_GPU_STOPPED;
+    const uint64_t seq = cur + 1;
     if (seq_out) *seq_out = seq;
     memcpy(fp_gpu_in(s), x, sizeof(float) * (size_t)s->n_in);
     const int64_t t0 = fp_gpu_now_ns();
     /* release: the features are visible before the device can see the new seq */
-    __atomic_store_n(&s->req_seq, seq, __ATOMIC_RELEASE);
+    if (!__atomic_compare_exchange_n(&s->req_seq, &cur, seq, 0, __ATOMIC_RELEASE,
+                                     __ATOMIC_RELAXED))
+        return FP_GPU_STOPPED;   /* the only other writer sets the stop bit */
     const int64_t deadline = fp_gpu_deadline(t0, timeout_ns);
     for (unsigned spin = 1;; spin++) {
         const uint64_t r = __atomic_load_n(&s->resp_seq, __ATOMIC_ACQUIRE);
@@ -94,7 +99,10 @@ int fp_gpu_request(fp_gpu_slot *s, const float *x, float *out, int64_t timeout_n
     return s->status == FP_GPU_ST_OK ? FP_GPU_OK : FP_GPU_NONFINITE;
 }
 
-void fp_gpu_stop(fp_gpu_slot *s) { __atomic_store_n(&s->stop, 1u, __ATOMIC_RELEASE); }
+void fp_gpu_stop(fp_gpu_slot *s) {
+    __atomic_store_n(&s->stop, 1u, __ATOMIC_RELEASE);
+    __atomic_fetch_or(&s->req_seq, FP_GPU_REQ_STOP, __ATOMIC_RELEASE);
+}
 
 int fp_gpu_wait_ready(fp_gpu_slot *s, uint32_t want, int64_t timeout_ns) {
     const int64_t deadline = fp_gpu_deadline(fp_gpu_now_ns(), timeout_ns);
@@ -111,12 +119,13 @@ int64_t fp_gpu_emulate_device(fp_gpu_slot *s, fp_gpu_forward_fn forward, void *c
     /* the kernel copies the features out of the slot as soon as it sees the request */
     float *x = (float *)malloc(sizeof(float) * (size_t)s->n_in);
     if (!x) return -1;
-    uint64_t seen = __atomic_load_n(&s->req_seq, __ATOMIC_ACQUIRE);
+    uint64_t seen = __atomic_load_n(&s->req_seq, __ATOMIC_ACQUIRE) & ~FP_GPU_REQ_STOP;
     __atomic_store_n(&s->ready, FP_GPU_READY_RUNNING, __ATOMIC_RELEASE);
     int64_t idle_since = fp_gpu_now_ns();
     for (unsigned spin = 1;; spin++) {
-        if (__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) break;
+        /* one word per poll, as the kernel reads it: the stop bit, else a new sequence number */
         const uint64_t q = __atomic_load_n(&s->req_seq, __ATOMIC_ACQUIRE);
+        if (q & FP_GPU_REQ_STOP) break;
         if (q != seen && answers < max_answers) {
             const int64_t t0 = fp_gpu_now_ns();
             memcpy(x, fp_gpu_in(s), sizeof(float) * (size_t)s->n_in);

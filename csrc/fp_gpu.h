@@ -7,7 +7,9 @@
  * share one (only the device writes them), so neither side's polling reads a line the
  * other keeps dirtying. The host writes the features, then release-stores req_seq; the
  * device acquires req_seq, computes, writes outputs + status, fences at system scope, then
- * stores resp_seq; the host acquire-loads resp_seq and only then reads the outputs. Every
+ * stores resp_seq; the host acquire-loads resp_seq and only then reads the outputs. A stop
+ * request is the top bit of req_seq (FP_GPU_REQ_STOP), so the device's poll reads one word
+ * over PCIe per spin; `stop` in line 2 is the host's own record of it. Every
  * host wait has a deadline: a kernel that faulted or never started is a timeout, not a hang.
  * This header is plain C and also compiled by nvcc (csrc/cuda/fp_mlp.cu): one layout.
  */
@@ -19,6 +21,9 @@
 #define FP_GPU_LINE 64
 #define FP_GPU_HDR_BYTES (3 * FP_GPU_LINE)
 #define FP_GPU_ROUND_LINE(n) ((((n) + FP_GPU_LINE - 1) / FP_GPU_LINE) * FP_GPU_LINE)
+
+/* req_seq's top bit: the host asks the device loop to return (sequence numbers never reach it) */
+#define FP_GPU_REQ_STOP (1ull << 63)
 
 /* status the device writes with each response */
 enum { FP_GPU_ST_OK = 0, FP_GPU_ST_NONFINITE = 1 };
@@ -45,7 +50,7 @@ typedef struct {
     uint64_t device_ns;     /* %globaltimer ns from seeing the request to publishing the answer */
     uint8_t _pad1[FP_GPU_LINE - 24];
     /* line 2, control */
-    uint32_t stop;          /* host sets 1: the kernel returns at its next poll */
+    uint32_t stop;          /* host sets 1 with FP_GPU_REQ_STOP (the device reads only that) */
     uint32_t ready;         /* device sets 1 once running, 2 on exit */
     int32_t n_in, n_out;
     uint8_t _pad2[FP_GPU_LINE - 16];
@@ -58,6 +63,10 @@ typedef struct {
 
 #ifndef __CUDACC__
 #include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {   /* the host emulation of the kernel (csrc/cuda/emu/) is C++ */
+#endif
 
 #define FP_GPU_READY_RUNNING 1u
 #define FP_GPU_READY_EXITED 2u
@@ -96,6 +105,9 @@ int fp_gpu_wait_ready(fp_gpu_slot *s, uint32_t want, int64_t timeout_ns);
 typedef int (*fp_gpu_forward_fn)(void *ctx, const float *x, float *out);
 int64_t fp_gpu_emulate_device(fp_gpu_slot *s, fp_gpu_forward_fn forward, void *ctx,
                               int64_t max_answers, int64_t delay_ns, int64_t idle_timeout_ns);
+#ifdef __cplusplus
+}
+#endif
 #endif
 
 #endif

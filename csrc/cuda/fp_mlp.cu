@@ -38,6 +38,8 @@ static_assert(offsetof(fp_gpu_net, layers) == 16 && sizeof(fp_gpu_net) == 16 + 3
 static_assert(offsetof(fp_gpu_slot, resp_seq) == 64 && offsetof(fp_gpu_slot, stop) == 128 &&
               sizeof(fp_gpu_slot) == FP_GPU_HDR_BYTES, "fp_gpu_slot layout");
 
+/* PTX helpers; the host emulation (csrc/cuda/emu/cuda_emu.h) supplies its own */
+#ifndef FP_CUDA_EMU
 __device__ __forceinline__ unsigned long long fp_ld_acquire_sys(const uint64_t *p) {
     unsigned long long v;
     asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -53,6 +55,7 @@ __device__ __forceinline__ unsigned long long fp_globaltimer(void) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+#endif
 
 /* All blocks meet here. bar[0] counts arrivals, bar[1] is the generation: the last block in
  * resets the count and bumps the generation, the others wait for the bump. Each waiter reads
@@ -120,7 +123,11 @@ extern "C" __global__ void fp_mlp_batch(const fp_gpu_net *net, const float *w, c
 }
 
 /* Persistent path: launched once; block 0 polls the slot, every block computes. ctl[0] is the
- * command block 0 hands the others through device memory: 1 compute, 2 exit. */
+ * command block 0 hands the others through device memory: 1 compute, 2 exit.
+ * The poll reads one word over PCIe per spin: req_seq carries the stop request in its top bit
+ * (FP_GPU_REQ_STOP, fp_gpu_stop). `ready` is published only after the first grid barrier, so
+ * a grid whose blocks are not all resident never reports running (a start timeout, not a
+ * first-request timeout). */
 extern "C" __global__ void fp_mlp_persistent(const fp_gpu_net *net, const float *w,
                                              fp_gpu_slot *slot, float *x, float *a, float *b,
                                              float *y, int *status, unsigned *bar,
@@ -130,8 +137,10 @@ extern "C" __global__ void fp_mlp_persistent(const fp_gpu_net *net, const float 
     const int n_in = net->n_in, n_out = net->n_out;
     const float *in = (const float *)((const char *)slot + FP_GPU_IN_OFF);
     float *outp = (float *)((char *)slot + FP_GPU_OUT_OFF(n_in));
+    /* the sequence number is read before readiness is published: no request can precede it */
+    if (blockIdx.x == 0 && threadIdx.x == 0) seq = fp_ld_acquire_sys(&slot->req_seq);
+    fp_grid_barrier(bar);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        seq = fp_ld_acquire_sys(&slot->req_seq);
         __threadfence_system();
         *(volatile unsigned *)&slot->ready = 1u;
         __threadfence_system();
@@ -140,11 +149,11 @@ extern "C" __global__ void fp_mlp_persistent(const fp_gpu_net *net, const float 
         if (blockIdx.x == 0) {
             if (threadIdx.x == 0) {
                 for (;;) {
-                    if (*(volatile unsigned *)&slot->stop) {
+                    const unsigned long long q = fp_ld_acquire_sys(&slot->req_seq);
+                    if (q & FP_GPU_REQ_STOP) {
                         cmd = 2u;
                         break;
                     }
-                    const unsigned long long q = fp_ld_acquire_sys(&slot->req_seq);
                     if (q != seq) {
                         t0 = fp_globaltimer();
                         seq = q;
@@ -168,8 +177,8 @@ extern "C" __global__ void fp_mlp_persistent(const fp_gpu_net *net, const float 
         if (blockIdx.x == 0) {
             for (int i = threadIdx.x; i < n_out; i += blockDim.x)
                 ((volatile float *)outp)[i] = ((volatile float *)y)[i];
-            /* each writer fences its own stores at system scope before thread 0 publishes */
-            __threadfence_system();
+            /* the block's output stores happen before thread 0's system fence (the barrier
+             * orders them, the fence is cumulative): one fence, not one per thread */
             __syncthreads();
             if (threadIdx.x == 0) {
                 const int st = (*(volatile int *)status == tag) ? FP_GPU_ST_NONFINITE

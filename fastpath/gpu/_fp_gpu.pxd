@@ -14,6 +14,7 @@ cdef extern from "fp_gpu.h" nogil:
         FP_GPU_HDR_BYTES
         FP_GPU_READY_RUNNING
         FP_GPU_READY_EXITED
+    const uint64_t FP_GPU_REQ_STOP
     ctypedef struct fp_gpu_slot:
         uint64_t req_seq
         uint64_t resp_seq

@@ -121,8 +121,8 @@ cdef class Slot:
 
     @property
     def state(self):
-        """The slot's counters as the host sees them now."""
-        return {"req_seq": self.s.req_seq, "resp_seq": self.s.resp_seq,
+        """The slot's counters as the host sees them now (req_seq without its stop bit)."""
+        return {"req_seq": self.s.req_seq & ~FP_GPU_REQ_STOP, "resp_seq": self.s.resp_seq,
                 "status": self.s.status, "stop": self.s.stop, "ready": self.s.ready}
 
 
