@@ -20,8 +20,10 @@ from fastpath.model.trees import TreeEnsemble
 # the formats: importing each installs it behind Model.save / load / to_onnx / from_onnx
 from fastpath.model import bundle, onnx_export, onnx_load  # noqa: E402,F401  (isort: skip)
 from fastpath.model import native_lightgbm  # noqa: E402,F401  (isort: skip)
+from fastpath.model.native_parity import ParityReport, parity  # noqa: E402  (isort: skip)
 
 __all__ = ["Model", "Layer", "TreeEnsemble", "FeatureSpec", "InputScaler", "CachePolicy", "Head",
            "HEAD_KINDS", "POSTS",
            "CACHE_KEYS", "ACTIVATIONS",
-           "MAX_LAYERS", "MAX_WIDTH", "validate_cache_policy", "window_pre_features"]
+           "MAX_LAYERS", "MAX_WIDTH", "validate_cache_policy", "window_pre_features",
+           "parity", "ParityReport"]
