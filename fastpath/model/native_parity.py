@@ -96,10 +96,17 @@ def native_predict(native) -> Callable:
         import xgboost
         b = native.get_booster() if hasattr(native, "get_booster") else native
 
+        obj = b.save_config()
+
         def f(X):
-            p = np.asarray(b.predict(xgboost.DMatrix(X, missing=np.nan)), np.float64)
-            obj = b.save_config()
-            if p.ndim == 1 and ('"binary:' in obj or '"reg:logistic"' in obj):
+            dm = xgboost.DMatrix(X, missing=np.nan)
+            if '"multi:softmax"' in obj:
+                # its predict gives the class; the model gives the probabilities behind it
+                m = np.asarray(b.predict(dm, output_margin=True), np.float64)
+                e = np.exp(m - m.max(1, keepdims=True))
+                return e / e.sum(1, keepdims=True)
+            p = np.asarray(b.predict(dm), np.float64)
+            if p.ndim == 1 and ('"binary:logistic"' in obj or '"reg:logistic"' in obj):
                 return np.stack([1 - p, p], 1)
             return p.reshape(len(X), -1)
         return f
