@@ -11,7 +11,7 @@ max(|native|, 1) (float32 leaf sums round at ~1e-7 of the output's scale).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -26,7 +26,9 @@ MAX_THRESHOLD_ROWS = 30000
 @dataclass(frozen=True)
 class ParityReport:
     """Per kind of row ("random", "threshold", "missing", "zero", and "given" for X): rows,
-    max_abs, max_rel (and "skipped", the reason, where the native model refused the rows)."""
+    max_abs, max_rel (and "skipped", the reason, where the native model refused the rows);
+    "raw": all those rows again, the leaf sums plus base values against the library's raw
+    score (margin), for models with a logistic / softmax transform."""
     kinds: dict = field(default_factory=dict)
 
     @property
@@ -121,6 +123,43 @@ def native_predict(native) -> Callable:
                      f"model")
 
 
+def native_raw(native) -> Callable | None:
+    """rows -> the library's raw score (margin) as the model's leaf sums hold it, (n, k);
+    None where the library has none (forests)."""
+    mod = type(native).__module__.split(".")[0]
+    if mod == "lightgbm":
+        words = native.dump_model(num_iteration=0)["objective"].split()
+        s = float(dict(w.split(":", 1) for w in words[1:] if ":" in w).get("sigmoid", 1.0)) \
+            if words and words[0] in ("binary", "multiclassova", "ova", "ovr") else 1.0
+        return lambda X: np.asarray(native.predict(X, raw_score=True),
+                                    np.float64).reshape(len(X), -1) * s
+    if mod == "xgboost":
+        import xgboost
+        b = native.get_booster() if hasattr(native, "get_booster") else native
+        return lambda X: np.asarray(b.predict(xgboost.DMatrix(X, missing=np.nan),
+                                              output_margin=True), np.float64).reshape(len(X), -1)
+    if mod == "sklearn" and hasattr(native, "decision_function"):
+        # the exponential loss's probability is expit(2 * raw): the model holds 2 * raw
+        s = 2.0 if getattr(native, "loss", None) == "exponential" else 1.0
+        return lambda X: np.asarray(native.decision_function(X),
+                                    np.float64).reshape(len(X), -1) * s
+    return None
+
+
+def _raw_kind(trees, native, rows: dict, skip: set):
+    """The "raw" kind: the leaf sums plus base (the model with no post transform) against the
+    library's raw score, on every row set the library took; None where there is none."""
+    theirs = native_raw(native)
+    if theirs is None or trees.post_transform == "NONE":
+        return None
+    bare = replace(trees, post_transform="NONE")
+    R = np.concatenate([r for k, r in rows.items() if k not in skip and r.shape[0]])
+    got = np.asarray(bare.forward(R), np.float64).reshape(R.shape[0], -1)
+    if trees.classifier and trees.n_targets == 2:
+        got = got[:, 1:]
+    return _score(got, theirs(R), False)
+
+
 def _score(got: np.ndarray, want: np.ndarray, classifier2: bool) -> dict:
     if classifier2:
         # a two-class model's score is its positive class; the other column is 1 - p
@@ -163,4 +202,7 @@ def parity(model, native, X=None, predict: Callable | None = None,
                            "skipped": str(exc).splitlines()[0]}
             continue
         kinds[kind] = _score(got, want, two)
+    raw = _raw_kind(trees, native, rows, {k for k, v in kinds.items() if "skipped" in v})
+    if raw is not None:
+        kinds["raw"] = raw
     return ParityReport(kinds)
