@@ -19,7 +19,7 @@ from fastpath.model.policy import CACHE_KEYS, CachePolicy, validate_cache_policy
 from fastpath.model.trees import TreeEnsemble
 # the formats: importing each installs it behind Model.save / load / to_onnx / from_onnx
 from fastpath.model import bundle, onnx_export, onnx_load  # noqa: E402,F401  (isort: skip)
-from fastpath.model import native_lightgbm, native_sklearn, native_xgboost  # noqa: E402,F401  (isort: skip)
+from fastpath.model import native_catboost, native_lightgbm, native_sklearn, native_xgboost  # noqa: E402,F401  (isort: skip)
 from fastpath.model.native_parity import ParityReport, parity  # noqa: E402  (isort: skip)
 
 __all__ = ["Model", "Layer", "TreeEnsemble", "FeatureSpec", "InputScaler", "CachePolicy", "Head",

@@ -525,6 +525,15 @@ class Model:
         return _FORMATS["from_xgboost"](cls, booster, head, max_nodes)
 
     @classmethod
+    def from_catboost(cls, model, head: "Head | None" = None,
+                      max_nodes: int = 1 << 23) -> "Model":
+        """A tree model from a CatBoost model (symmetric trees over float features) or its
+        saved .cbm / .json, deciding as CatBoost does (float32 `x > border`, each feature's
+        NaN treatment, scale and bias, the loss's transform). See
+        fastpath.model.native_catboost."""
+        return _FORMATS["from_catboost"](cls, model, head, max_nodes)
+
+    @classmethod
     def from_sklearn(cls, estimator, head: "Head | None" = None,
                      max_nodes: int = 1 << 23) -> "Model":
         """A tree model from a fitted scikit-learn DecisionTree, RandomForest, ExtraTrees,

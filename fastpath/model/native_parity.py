@@ -4,7 +4,7 @@ trained it, on the rows where trees disagree first.
 Design: the rows are made from the model's own splits: random rows over the thresholds'
 range, a row on every split threshold and on both float32 neighbours of it, and rows with
 missing values (NaN), rows with zeros and values inside LightGBM's zero band. The native answer is the
-library's own predict (lightgbm / xgboost / sklearn, imported only here, as optional
+library's own predict (lightgbm / xgboost / catboost / sklearn, imported only here, as optional
 dependencies) in the form the model outputs (probabilities for classifiers, values for
 regressors). Errors are reported per kind of row: max absolute, and relative to
 max(|native|, 1) (float32 leaf sums round at ~1e-7 of the output's scale).
@@ -72,8 +72,9 @@ def parity_rows(trees, n_random: int = 512, seed: int = 0) -> dict:
     on = rand(3 * pairs.shape[0])
     for j, (f, t) in enumerate(pairs):
         t = F32(t)
-        on[3 * j:3 * j + 3, int(f)] = [t, np.nextafter(t, F32(-np.inf)),
-                                        np.nextafter(t, F32(np.inf))]
+        with np.errstate(over="ignore"):       # a border at -FLT_MAX has -inf below it
+            on[3 * j:3 * j + 3, int(f)] = [t, np.nextafter(t, F32(-np.inf)),
+                                            np.nextafter(t, F32(np.inf))]
     k = max(n_random // 2, 8)
     miss = rand(k)
     miss[rng.random(miss.shape) < 0.3] = np.nan
@@ -112,6 +113,11 @@ def native_predict(native) -> Callable:
                 return np.stack([1 - p, p], 1)
             return p.reshape(len(X), -1)
         return f
+    if mod == "catboost":
+        clf = native.get_all_params().get("loss_function") in ("Logloss", "CrossEntropy",
+                                                                "MultiClass")
+        return lambda X: np.asarray(native.predict(X, prediction_type="Probability") if clf
+                                    else native.predict(X), np.float64).reshape(len(X), -1)
     if mod == "sklearn":
         def f(X):
             if hasattr(native, "predict_proba"):
@@ -119,8 +125,8 @@ def native_predict(native) -> Callable:
             return np.asarray(native.predict(X), np.float64).reshape(len(X), -1)
         return f
     raise ModelError(f"parity: no native predict for a {type(native).__module__}."
-                     f"{type(native).__name__}; expected a lightgbm, xgboost or scikit-learn "
-                     f"model")
+                     f"{type(native).__name__}; expected a lightgbm, xgboost, catboost or "
+                     f"scikit-learn model")
 
 
 def native_raw(native) -> Callable | None:
@@ -138,6 +144,9 @@ def native_raw(native) -> Callable | None:
         b = native.get_booster() if hasattr(native, "get_booster") else native
         return lambda X: np.asarray(b.predict(xgboost.DMatrix(X, missing=np.nan),
                                               output_margin=True), np.float64).reshape(len(X), -1)
+    if mod == "catboost":
+        return lambda X: np.asarray(native.predict(X, prediction_type="RawFormulaVal"),
+                                    np.float64).reshape(len(X), -1)
     if mod == "sklearn" and hasattr(native, "decision_function"):
         # the exponential loss's probability is expit(2 * raw): the model holds 2 * raw
         s = 2.0 if getattr(native, "loss", None) == "exponential" else 1.0
