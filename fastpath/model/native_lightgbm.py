@@ -34,8 +34,8 @@ def _text(src) -> tuple:
         return src.model_to_string(), "<lightgbm.Booster>"
     if isinstance(src, (bytes, bytearray)):
         src = bytes(src).decode("utf-8", "replace")
-    if isinstance(src, os.PathLike) or (isinstance(src, str) and "\n" not in src
-                                        and not src.startswith("tree")):
+    # the model text always spans lines; a path never does
+    if isinstance(src, os.PathLike) or (isinstance(src, str) and "\n" not in src):
         name = os.fspath(src)
         try:
             with open(name, encoding="utf-8", errors="replace") as fh:
