@@ -24,7 +24,8 @@ CASES = {
 def _fit(params, k, seed=0):
     X, score = mixed_data(np.random.default_rng(seed), n=800)
     cls = cb.CatBoostRegressor if k is None else cb.CatBoostClassifier
-    est = cls(iterations=20, depth=4, verbose=0, random_seed=0, thread_count=1, **params)
+    est = cls(iterations=20, depth=4, verbose=0, random_seed=0, thread_count=1,
+                allow_writing_files=False, **params)
     return est.fit(X, score if k is None else labels(score, k))
 
 
@@ -79,7 +80,8 @@ def test_a_model_past_the_node_cap_is_refused(models):
 def test_categorical_features_are_refused():
     rng = np.random.default_rng(2)
     X = np.stack([rng.integers(0, 4, 200).astype(str), rng.normal(size=200).astype(str)], 1)
-    est = cb.CatBoostRegressor(iterations=3, depth=2, verbose=0, thread_count=1)
+    est = cb.CatBoostRegressor(iterations=3, depth=2, verbose=0, thread_count=1,
+                               allow_writing_files=False)
     est.fit(X, (X[:, 0] == "1") * 1.0, cat_features=[0])
     with pytest.raises(ModelError, match="categorical features are not supported"):
         Model.from_catboost(est)
@@ -89,7 +91,7 @@ def test_a_loss_without_a_transform_is_refused():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(200, 3)).astype(np.float32)
     est = cb.CatBoostRegressor(iterations=3, depth=2, verbose=0, loss_function="Poisson",
-                               thread_count=1)
+                               thread_count=1, allow_writing_files=False)
     est.fit(X, np.exp(X[:, 0]).round())
     with pytest.raises(ModelError, match="loss 'Poisson'"):
         Model.from_catboost(est)
