@@ -17,7 +17,7 @@ import numpy as np
 
 from fastpath.errors import ModelError
 from fastpath.model.model import register_format
-from fastpath.model.native_trees import (F32, LEQ, LT, MAX_NODES, Leaf, Region, Split,
+from fastpath.model.native_trees import (F32, LEQ, MAX_NODES, Leaf, Region, Split,
                                          build_ensemble, check_shape, f32_below, next_up)
 from fastpath.model.policy import CachePolicy
 

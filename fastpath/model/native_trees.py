@@ -100,16 +100,17 @@ def _pieces(r: Region) -> tuple:
 class _Out:
     """The nodes of one output tree, appended as the walk creates them."""
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, cap: int):
+        self.cap = cap
         self.mode, self.feat, self.thr, self.tc, self.fc, self.nan = [], [], [], [], [], []
         self.weights = []           # (local node, target, value)
         self.budget = budget
 
     def add(self, mode, feat, thr, nan) -> int:
         if len(self.mode) >= self.budget:
-            raise ModelError(f"the model expands to more than its cap of nodes (max_nodes); "
-                             f"categorical and zero-as-missing splits copy their subtrees: "
-                             f"raise max_nodes or train with fewer such splits")
+            raise ModelError(f"the model expands past max_nodes={self.cap} nodes (categorical "
+                             f"and zero-as-missing splits copy their subtrees): raise "
+                             f"max_nodes or train with fewer such splits")
         self.mode.append(mode)
         self.feat.append(feat)
         self.thr.append(thr)
@@ -171,7 +172,7 @@ def build_ensemble(trees: list, n_features: int, n_targets: int, *, base_values=
     wn, wt, wv = [], [], []
     off = [0]
     for t, nodes in enumerate(trees):
-        out = _Out(int(max_nodes) - off[-1])
+        out = _Out(int(max_nodes) - off[-1], int(max_nodes))
         try:
             _emit(nodes, out)
         except ModelError as exc:
