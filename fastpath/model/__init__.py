@@ -5,7 +5,10 @@ InputScaler (features), CachePolicy (policy), Head (head), TreeEnsemble (trees).
 the file formats, each installing its readers and writers behind the Model methods
 (register_format): the native bundle (bundle: .fpm), the ONNX reader (onnx_import, and
 onnx_load for Model.from_onnx) and the ONNX writer (onnx_export), with fastpath's record in an
-ONNX file (onnx_meta). Fitting a cache policy to data lives in fastpath.tuning, since it
+ONNX file (onnx_meta); the native tree loaders (native_lightgbm, native_xgboost,
+native_catboost, native_sklearn over native_trees) behind Model.from_lightgbm / from_xgboost /
+from_catboost / from_sklearn, and parity() (native_parity) against the library's own
+predict. Fitting a cache policy to data lives in fastpath.tuning, since it
 replays ticks through the engine.
 
     from fastpath.model import Model, Layer, FeatureSpec, CachePolicy, Head, TreeEnsemble
