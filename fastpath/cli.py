@@ -20,7 +20,7 @@ from fastpath.control.config import load_config, read_toml
 from fastpath.control.host import Host, format_cpulist, read_topology, sample_busy
 from fastpath.errors import FastpathError, ModelError
 from fastpath.gpu import gpu_status
-from fastpath.model import HEAD_KINDS, Head, Model
+from fastpath.model import HEAD_KINDS, Head, Model, parity
 from fastpath.model.bundle import _path
 from fastpath.serving import server
 from fastpath.tuning import (_check_time_order, _dense_symbols, calibrate, resolve_features,
@@ -212,6 +212,25 @@ def _load(path, head, default=None):
     return Model.load(p, head=head)
 
 
+def _load_native(path, head):
+    """(model, the library's own booster) for a LightGBM text model (.txt) or an XGBoost model
+    (.json / .ubj), read by the native loaders; None for any other file."""
+    low = str(path).lower()
+    try:
+        if low.endswith(".txt"):
+            import lightgbm
+            model = Model.from_lightgbm(path, head=head)
+            return model, lightgbm.Booster(model_file=path)
+        if low.endswith((".json", ".ubj")):
+            import xgboost
+            model = Model.from_xgboost(path, head=head)
+            return model, xgboost.Booster(model_file=path)
+    except ImportError as exc:
+        raise SystemExit(f"fastpath calibrate: --model {path}: its parity check needs the "
+                         f"{exc.name} package (pip install {exc.name})") from None
+    return None
+
+
 def cmd_info(args) -> int:
     eng = fastpath.get_default_engine()
     info = {"version": fastpath.__version__, "simd": fastpath.simd(),
@@ -361,7 +380,14 @@ def cmd_calibrate(args) -> int:
         raise SystemExit(f"fastpath calibrate: --head gives the regression head a scale "
                          f"(@{args.head.scale:g}), but calibrate fits the regression head's "
                          f"scale to the ticks; give the head without @SCALE")
-    model = _load(args.model, args.head)
+    native = _load_native(args.model, args.head)
+    if native is not None:
+        model = native[0]
+        print(f"parity with {type(native[1]).__module__.split('.')[0]}'s own predict "
+              f"(max error, relative to max(|native|, 1)):")
+        print(parity(model, native[1]))
+    else:
+        model = _load(args.model, args.head)
     if model.trees is not None and args.weights in ("bf16", "int8"):
         # refused by with_weights only after the whole fit, which it had printed
         raise SystemExit(f"fastpath calibrate: --weights {args.weights} packs an MLP's hidden "
@@ -611,7 +637,10 @@ def main(argv=None) -> int:
                      "Binance capture folder, 'orderbook.csv,message.csv' (LOBSTER), a Databento "
                      "MBP-10 .dbn[.zst], or a Tardis book CSV[.gz][,trades.csv]")
     c.add_argument("--symbols", help=".npy of each tick's symbol (windows are per symbol)")
-    c.add_argument("--model", required=True, help="model to calibrate (.fpm or .onnx)")
+    c.add_argument("--model", required=True,
+                   help="model to calibrate (.fpm, .onnx, a LightGBM .txt or an XGBoost "
+                        ".json / .ubj: these two are loaded natively and their parity with "
+                        "the library's own predict printed)")
     c.add_argument("--out", required=True, help="bundle to write (.fpm)")
     c.add_argument("--head", action=_HeadOption, metavar=_HEAD_FORM,
                    help="the head that turns the model's outputs into signal and confidence "

@@ -506,6 +506,41 @@ class Model:
         follows it, and the first layer keeps the file's weights."""
         return _FORMATS["from_onnx"](cls, path, head)
 
+    @classmethod
+    def from_lightgbm(cls, booster, head: "Head | None" = None, max_nodes: int = 1 << 23) -> "Model":
+        """A tree model from a LightGBM booster, the path of its model.txt or the model text,
+        deciding every float32 input as LightGBM's own predict does (its double thresholds,
+        zero band, missing types, categorical bitsets, objective transform); what cannot be
+        made exact (linear_tree leaves, other objectives) is a ModelError naming the tree,
+        node and feature. max_nodes caps the ensemble, copies of subtrees included. See
+        fastpath.model.native_lightgbm; parity() measures the agreement."""
+        return _FORMATS["from_lightgbm"](cls, booster, head, max_nodes)
+
+    @classmethod
+    def from_xgboost(cls, booster, head: "Head | None" = None, max_nodes: int = 1 << 23) -> "Model":
+        """A tree model from an XGBoost booster (or XGBModel) or its saved .json / .ubj,
+        deciding as XGBoost's predict does (float32 `x < t`, the default direction for NaN,
+        base_score in margin space, the objective's transform). See
+        fastpath.model.native_xgboost."""
+        return _FORMATS["from_xgboost"](cls, booster, head, max_nodes)
+
+    @classmethod
+    def from_catboost(cls, model, head: "Head | None" = None,
+                      max_nodes: int = 1 << 23) -> "Model":
+        """A tree model from a CatBoost model (symmetric trees over float features) or its
+        saved .cbm / .json, deciding as CatBoost does (float32 `x > border`, each feature's
+        NaN treatment, scale and bias, the loss's transform). See
+        fastpath.model.native_catboost."""
+        return _FORMATS["from_catboost"](cls, model, head, max_nodes)
+
+    @classmethod
+    def from_sklearn(cls, estimator, head: "Head | None" = None,
+                     max_nodes: int = 1 << 23) -> "Model":
+        """A tree model from a fitted scikit-learn DecisionTree, RandomForest, ExtraTrees,
+        GradientBoosting or HistGradientBoosting regressor or classifier, deciding float32
+        inputs as its predict does. See fastpath.model.native_sklearn."""
+        return _FORMATS["from_sklearn"](cls, estimator, head, max_nodes)
+
     def fit_cache_policy(self, raws: np.ndarray, symbols: np.ndarray | None = None,
                          max_error: float = 0.01, ts_ns: np.ndarray | None = None, **kw):
         """(a copy of this model with the fitted policy, the fit report): the loosest cache
