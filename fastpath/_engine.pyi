@@ -5,7 +5,7 @@ from typing import Any, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from fastpath._resolve import BatchResult
+from fastpath._batch import BatchResult
 from fastpath._memory import MemoryReport
 from fastpath.model import Model
 

@@ -44,7 +44,8 @@ import threading
 
 import numpy as np
 
-from fastpath._resolve import BatchResult, open_gpu_stage, resolve
+from fastpath._batch import BatchResult, applied_note, no_row, partial_batch, stopped_note
+from fastpath._resolve import open_gpu_stage, resolve
 from fastpath._core import (_ISA_BY_NAME, _bad_raw, _conversion_hint, _describe, _n_masked,
                             all_isas, best_isa, cpu_features, supported_isas)
 from fastpath.errors import InputError, EngineBusyError, FastpathError, BackendError
@@ -511,10 +512,10 @@ A model, its feature spec and cache, ready to step ticks.
                 try:
                     self._raise(FP_ERR_SYMBOL, None, sy[orow], -1, orow)
                 except InputError as exc:
-                    raise _no_row(exc, True) from None
+                    raise no_row(exc, True) from None
             if orow == -1:
                 hint = "; convert with np.asarray(symbols, dtype=np.int64)"
-            raise _no_row(InputError(f"symbols must be an integer array of shape ({n},), got "
+            raise no_row(InputError(f"symbols must be an integer array of shape ({n},), got "
                                      f"{_describe(sy)}{hint}"))
         cdef Py_ssize_t row
         if sy.dtype == np.int32:
@@ -528,7 +529,7 @@ A model, its feature spec and cache, ready to step ticks.
             try:
                 self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
             except InputError as exc:
-                raise _no_row(exc, True) from None
+                raise no_row(exc, True) from None
         if S.dtype != np.int32:
             S = S.astype(np.int32)
         T = None
@@ -546,21 +547,21 @@ A model, its feature spec and cache, ready to step ticks.
                     orow = _first_int_outside(ts, n, 0, INT64_MAX)
                     if orow >= 0:
                         if ts[orow] < 0:
-                            raise _no_row(InputError(f"ts_ns must be >= 0, row {orow} is "
+                            raise no_row(InputError(f"ts_ns must be >= 0, row {orow} is "
                                                      f"{ts[orow]}"))
-                        raise _no_row(InputError(f"ts_ns row {orow} is {ts[orow]}, which does "
+                        raise no_row(InputError(f"ts_ns row {orow} is {ts[orow]}, which does "
                                                  f"not fit a signed 64-bit int of ns"))
                     if orow == -1:
                         hint = "; convert with np.asarray(ts_ns, dtype=np.int64)"
-                raise _no_row(InputError(f"ts_ns must be an integer array of shape ({n},), got "
+                raise no_row(InputError(f"ts_ns must be an integer array of shape ({n},), got "
                                          f"{_describe(ts)}{hint}"))
             T = _as_int64(ts)
             row = _first_outside(T, 0, INT64_MAX)
             if row >= 0:
                 # the first bad row, as every other refusal of a batch names it
                 if ts[row] < 0:
-                    raise _no_row(InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}"))
-                raise _no_row(InputError(f"ts_ns row {row} is {ts[row]}, which does not fit a "
+                    raise no_row(InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}"))
+                raise no_row(InputError(f"ts_ns row {row} is {ts[row]}, which does not fit a "
                                          f"signed 64-bit int of ns"))
         return R, S, T
 
@@ -620,18 +621,18 @@ A model, its feature spec and cache, ready to step ticks.
             # EngineBusyError of a handler that stepped this engine: the rows applied stay
             # applied, their answers with the exception, as a refusal's
             applied = pos.applied
-            _partial_batch(exc, sig, conf, cached, tot, applied)
-            exc.add_note(_stopped_note(applied, n))
+            partial_batch(exc, sig, conf, cached, tot, applied)
+            exc.add_note(stopped_note(applied, n))
             raise
         finally:
             self._busy = False
         if bad >= 0:
             applied = pos.applied
-            note = "; " + _applied_note(applied)
+            note = "; " + applied_note(applied)
             try:
                 self._raise_row(err, R, S, T, bad)
             except InputError as exc:
-                raise _partial_batch(InputError(str(exc) + note), sig, conf, cached, tot,
+                raise partial_batch(InputError(str(exc) + note), sig, conf, cached, tot,
                                      applied) from None
         return _batch_result(sig, conf, cached, tot)
 
@@ -641,7 +642,7 @@ A model, its feature spec and cache, ready to step ticks.
                 and raws.flags.c_contiguous and raws.flags.aligned
                 and (type(raws) is np.ndarray or not _n_masked(raws))):
             return raws
-        raise _no_row(InputError(f"raws must be a float32 C-contiguous numpy array of shape "
+        raise no_row(InputError(f"raws must be a float32 C-contiguous numpy array of shape "
                                  f"(n, {self.raw_len}), got {_describe(raws)}"
                                  f"{_conversion_hint(raws)}"))
 
@@ -966,49 +967,14 @@ A model, its feature spec and cache, ready to step ticks.
             try:
                 self._raise_row(err, R, S, T, bad)
             except InputError as exc:
-                raise _partial_batch(InputError(str(exc) + "; no row was applied"), None, None,
+                raise partial_batch(InputError(str(exc) + "; no row was applied"), None, None,
                                      None, None, 0) from None
         return R, S, T
 
 
-# ------------------------------------------------------------ module-level step
+# ------------------------------------------------------------ batch arguments and answers
 cdef object _batch_result(sig, conf, cached, tot):
     return BatchResult(sig, conf, cached, tot)
-
-
-def _partial_batch(exc, sig, conf, cached, tot, Py_ssize_t applied):
-    """A step_batch error with what the caller needs of the rows applied before it: a row the
-    model stage refuses stops the batch after rows 0..applied-1 changed the engine's state
-    (windows, cache, counters), and their answers were lost with the arrays (stepping them
-    again to get them applies them twice). exc.applied: that count; exc.result: their
-    BatchResult (empty when no row was applied)."""
-    if sig is None:
-        sig = conf = np.empty(0, np.float32)
-        cached = np.empty(0, np.bool_)
-        tot = np.empty(0, np.int64)
-    exc.applied = int(applied)
-    exc.result = _batch_result(sig[:applied].copy(), conf[:applied].copy(),
-                               cached[:applied].copy(), tot[:applied].copy())
-    return exc
-
-
-def _applied_note(Py_ssize_t applied):
-    """What a stopped batch says of the rows it applied."""
-    return f"rows 0..{applied - 1} were applied" if applied else "no row was applied"
-
-
-def _stopped_note(Py_ssize_t applied, Py_ssize_t n):
-    """The note on an exception that stopped a batch from outside (a signal handler's)."""
-    return (f"step_batch stopped after {applied} of {n} rows: {_applied_note(applied)} "
-            f"(their answers: .result, their count: .applied)")
-
-
-def _no_row(exc, bint row_note=False):
-    """A step_batch refusal before any row: exc.applied 0, exc.result empty, as a refusal of
-    a row (which also says so in the message: row_note) carries them."""
-    if row_note:
-        exc = InputError(str(exc) + "; no row was applied")
-    return _partial_batch(exc, None, None, None, None, 0)
 
 
 cdef cnp.ndarray _as_int64(cnp.ndarray a):

@@ -13,8 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-import numpy as np
-
+from fastpath._batch import BatchResult
 from fastpath._core import best_isa, supported_isas
 from fastpath.config import SIMD_CHOICES, load_config
 from fastpath.model import Model
@@ -23,15 +22,6 @@ from fastpath.errors import BackendError, ConfigError, ModelError
 
 DEMO_MODEL = os.path.join(os.path.dirname(__file__), "data", "demo.fpm")
 EXAMPLE_CONFIG = os.path.join(os.path.dirname(__file__), "data", "fastpath.example.toml")
-
-
-class BatchResult(NamedTuple):
-    """step_batch output, one entry per tick: signal, confidence (float32), cached (bool),
-    total_ns (int64, in-C time per tick)."""
-    signal: np.ndarray
-    confidence: np.ndarray
-    cached: np.ndarray
-    total_ns: np.ndarray
 
 
 @dataclass(frozen=True)

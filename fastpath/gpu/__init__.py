@@ -23,6 +23,7 @@ import numpy as np
 
 from fastpath import _kernels
 import fastpath._engine as _engine
+from fastpath._batch import stopped_note
 from fastpath._core import best_isa
 from fastpath._resolve import register_gpu_stage
 from fastpath.config import load_config
@@ -543,7 +544,7 @@ class GpuEngine:
             # row's answer before it returns), as a refusal says
             exc.applied = len(out)
             exc.result = list(out)
-            exc.add_note(_engine._stopped_note(len(out), n))
+            exc.add_note(stopped_note(len(out), n))
             raise
         finally:
             eng._release()

@@ -21,8 +21,7 @@ from fastpath._engine cimport Engine, ExternalStage, Result, _result_of
 
 import numpy as np
 
-from fastpath._engine import _applied_note, _partial_batch, _stopped_note
-from fastpath._resolve import BatchResult
+from fastpath._batch import BatchResult, applied_note, partial_batch, stopped_note
 from fastpath.errors import BackendError, FastpathError, InputError
 
 cdef extern from "fp_engine.h" nogil:
@@ -127,15 +126,15 @@ cdef class GpuStage(ExternalStage):
                     res = self._tick(eng, R[i], rp + i * eng.raw_len, yp[i],
                                      tp[i] if tp != NULL else -1, i)
                 except FastpathError as exc:
-                    note = "; " + _applied_note(i)
-                    raise _partial_batch(type(exc)(str(exc) + note), sig, conf, cached, tot,
+                    note = "; " + applied_note(i)
+                    raise partial_batch(type(exc)(str(exc) + note), sig, conf, cached, tot,
                                          i) from None
                 except BaseException as exc:
                     # a signal handler's exception (Ctrl-C's KeyboardInterrupt), raised in the
                     # Python of the GPU call: row i was not applied (fp_step_begin writes
                     # nothing), the rows before it were, as a refusal says
-                    _partial_batch(exc, sig, conf, cached, tot, i)
-                    exc.add_note(_stopped_note(i, n))
+                    partial_batch(exc, sig, conf, cached, tot, i)
+                    exc.add_note(stopped_note(i, n))
                     raise
                 sig[i] = res.signal
                 conf[i] = res.confidence
