@@ -483,8 +483,9 @@ A model, its feature spec and cache, ready to step ticks.
             self._raise(rc, raw, sym, ts)
         if not r.cached:
             # the outside inference ran before this call, outside the in-C total that
-            # fp_step_finish measured (on _gpu_tick's path it runs between begin and finish,
-            # inside it): a total without it was smaller than the infer_ns it contains
+            # fp_step_finish measured (on the GPU tick's path, fastpath.gpu._tick, it runs
+            # between begin and finish, inside it): a total without it was smaller than the
+            # infer_ns it contains
             r.total_ns += infer_ns
             rec = &self._e.lat[(self._e.ticks - 1) & self._e.lat_mask]
             rec.total = <uint32_t>min(<long long>rec.total + infer_ns, <long long>0xFFFFFFFF)
