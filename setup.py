@@ -1,5 +1,5 @@
 """Build of the compiled hot path: fastpath._core (the C core, csrc/, compiled once) and the
-Cython modules linked against it (_engine, _kernels, _serve, gpu._protocol).
+Cython modules linked against it (_engine, _kernels, _serve, gpu._protocol, gpu._tick).
 
 No -march=native and no global -mavx2: AVX2/FMA kernels carry target
 attributes and are chosen at run time (csrc/fp_simd.c).
@@ -70,9 +70,11 @@ exts = [extension(CORE, "fastpath/_core.pyx", csrc),
 # CUDA kernels compiled to a fatbin (sm_80, sm_90 + compute_90 PTX) when nvcc exists. Without
 # nvcc the build goes on and fastpath.gpu compiles csrc/cuda/*.cu with pycuda at first use.
 # cythonized here into build/ (pruned from the sdist), so no generated .c sits in the package
-exts.append(cythonize([extension("fastpath.gpu._protocol", "fastpath/gpu/_protocol.pyx",
-                                 rpath="$ORIGIN/..")],
-                      compiler_directives=directives, build_dir="build/cython")[0])
+# fastpath.gpu._tick: the GPU tick, which cimports the Engine and drives its split tick
+exts += cythonize([extension("fastpath.gpu._protocol", "fastpath/gpu/_protocol.pyx",
+                             rpath="$ORIGIN/.."),
+                   extension("fastpath.gpu._tick", "fastpath/gpu/_tick.pyx", rpath="$ORIGIN/..")],
+                  compiler_directives=directives, build_dir="build/cython")
 
 
 def gpu_build_ext():

@@ -1,6 +1,8 @@
 # cython: language_level=3
 """The compiled hot path: Engine and Result (fastpath.step and the default engine are in
-fastpath._default, the C core and the code shared with serving in fastpath._core).
+fastpath._default, the C core and the code shared with serving in fastpath._core, the GPU tick
+in fastpath.gpu._tick, which drives the split tick of this module's Engine as an
+ExternalStage).
 
 Design: Engine.step checks the raw buffer once through numpy's C API (type,
 dtype, byte order, shape, contiguity: a handful of loads, no buffer
@@ -26,7 +28,6 @@ from fastpath._csrc cimport *
 from fastpath._core cimport _make_engine, _symbol_arg, _ts_arg
 
 cdef extern from "fp_engine.h" nogil:
-    const float *fp_post_apply(fp_engine *e, const float *y)
     int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
                            const int32_t *symbols, const int64_t *ts, int64_t n, int *err)
     ctypedef struct fp_batch_pos:
@@ -43,7 +44,8 @@ import threading
 
 import numpy as np
 
-from fastpath._build import BatchResult, open_gpu_backend, resolve
+from fastpath._batch import BatchResult, applied_note, no_row, partial_batch, stopped_note
+from fastpath._resolve import open_gpu_stage, resolve
 from fastpath._core import (_ISA_BY_NAME, _bad_raw, _conversion_hint, _describe, _n_masked,
                             all_isas, best_isa, cpu_features, supported_isas)
 from fastpath.errors import InputError, EngineBusyError, FastpathError, BackendError
@@ -228,6 +230,23 @@ cdef inline Result _make_result(const fp_result *r):
     return res
 
 
+cdef Result _result_of(const fp_result *r):
+    return _make_result(r)
+
+
+cdef class ExternalStage:
+    """The model stage of a backend outside the C core (fastpath.gpu._tick.GpuStage): an
+    engine with one hands it every tick and batch. This base runs nothing."""
+
+    cdef Result step(self, Engine eng, object raw, object symbol, object ts_ns):
+        raise BackendError(f"{type(self).__name__} runs no tick")
+
+    cdef object step_batch(self, Engine eng, object raws, object symbols, object ts_ns):
+        raise BackendError(f"{type(self).__name__} runs no batch")
+
+    cdef int close(self) except -1:
+        self.backend = None
+        return 0
 
 
 cdef extern from "fp_engine.h":
@@ -244,11 +263,11 @@ _NO_MODEL_MSG = (
     "config")
 
 
-# final: nothing subclasses Engine, and its cdef methods (_step, _raw_ptr, _check_free) are
-# then direct calls the C compiler can inline instead of vtable calls. The docstring opens
-# with the signature in Argument Clinic's form ("--" after it): inspect.signature(Engine)
-# and help() read a builtin type's signature from there and nowhere else (it raised
-# ValueError)
+# final (fastpath/_engine.pxd, where the attributes are declared): nothing subclasses Engine,
+# and its cdef methods (_step, _raw_ptr, _check_free) are then direct calls the C compiler can
+# inline instead of vtable calls. The docstring opens with the signature in Argument Clinic's
+# form ("--" after it): inspect.signature(Engine) and help() read a builtin type's signature
+# from there and nowhere else (it raised ValueError)
 @cython.final
 cdef class Engine:
     """Engine(model, backend=None, config=None)
@@ -260,22 +279,6 @@ A model, its feature spec and cache, ready to step ticks.
     .fpm bundle) or a fastpath.Model; config is None, a dict, a TOML path or
     a fastpath.control.config.EngineConfig; backend "cpu", "gpu" or "auto"
     (None: the config's [engine] backend, "cpu" unless it says otherwise)."""
-    cdef fp_engine *_e
-    cdef readonly int raw_len, n_features, n_outputs, n_symbols
-    cdef readonly str simd, backend, backend_reason
-    cdef readonly object model, config
-    cdef readonly object memory        # fastpath.control.memory.MemoryReport, or None
-    cdef object _region                 # keeps the control plane's mapping alive
-    cdef bint _busy
-    # the thread that holds the engine busy through _hold() (fastpath.gpu.GpuEngine's
-    # step_batch, whose own calls into the engine must pass); 0 for the engine's own busy
-    # sections, which refuse every other call
-    cdef unsigned long _busy_owner
-    cdef object _gpu                    # fastpath.gpu.GpuBackend when backend == "gpu"
-    cdef object _gfeat                  # the engine's feature buffer as an array, for _gpu
-    cdef object _auto                   # backend="auto"'s measurement, or None
-    cdef int _gpu_width                 # the last dense layer's width (what the GPU returns)
-    cdef bint _on_gpu                   # backend == "gpu": stays set after close()
 
     # backend=None: the config's [engine] backend decides ("cpu" by default), so a config
     # file's backend = "auto" or "gpu" is not overridden by the argument's default
@@ -293,14 +296,15 @@ A model, its feature spec and cache, ready to step ticks.
         self._create()
         if backend == "gpu":
             try:
-                self._gpu_open()
+                # the GPU package's stage (fastpath.gpu registers its opener when imported)
+                self._stage = open_gpu_stage(self)
+                self._on_gpu = True
             except BackendError as exc:
                 # backend="auto" that chose the GPU (gpu.auto = "gpu", or it measured faster)
                 # and then could not set it up runs on the CPU and says why, as it does where
                 # the GPU is not usable at all; backend="gpu" raises
                 if not reason.startswith("auto:"):
                     raise
-                self._gfeat = None
                 self.backend = "cpu"
                 self.backend_reason = (f"auto: cpu chosen (the GPU {cfg.source.gpu.mode} path "
                                        f"failed: {exc})")
@@ -324,13 +328,13 @@ A model, its feature spec and cache, ready to step ticks.
         return bool(fp_engine_stage_times(self._e))
 
     def __dealloc__(self):
-        if self._gpu is not None:
+        if self._stage is not None:
             # a persistent kernel must not outlive its engine; close() is the clean way
             try:
-                self._gpu.close()
+                self._stage.close()
             except Exception:
                 pass
-            self._gpu = None
+            self._stage = None
         if self._e != NULL:
             fp_engine_free(self._e)
             self._e = NULL
@@ -447,7 +451,7 @@ A model, its feature spec and cache, ready to step ticks.
         """One tick -> Result. raw: float32 C-contiguous (raw_len,); symbol: int in
         [0, n_symbols); ts_ns: int >= 0 (ns) drives the cache age, as in a replay, None uses
         the engine clock (CLOCK_MONOTONIC ns). Anything else is an InputError, state unchanged."""
-        if self._on_gpu: return self._step_gpu(raw, symbol, ts_ns)
+        if self._on_gpu: return self._stage.step(self, raw, symbol, ts_ns)
         return self._step(raw, symbol, ts_ns)
 
     def _step_external(self, raw, symbol, outputs, long long infer_ns, ts_ns=None,
@@ -479,8 +483,9 @@ A model, its feature spec and cache, ready to step ticks.
             self._raise(rc, raw, sym, ts)
         if not r.cached:
             # the outside inference ran before this call, outside the in-C total that
-            # fp_step_finish measured (on _gpu_tick's path it runs between begin and finish,
-            # inside it): a total without it was smaller than the infer_ns it contains
+            # fp_step_finish measured (on the GPU tick's path, fastpath.gpu._tick, it runs
+            # between begin and finish, inside it): a total without it was smaller than the
+            # infer_ns it contains
             r.total_ns += infer_ns
             rec = &self._e.lat[(self._e.ticks - 1) & self._e.lat_mask]
             rec.total = <uint32_t>min(<long long>rec.total + infer_ns, <long long>0xFFFFFFFF)
@@ -508,10 +513,10 @@ A model, its feature spec and cache, ready to step ticks.
                 try:
                     self._raise(FP_ERR_SYMBOL, None, sy[orow], -1, orow)
                 except InputError as exc:
-                    raise _no_row(exc, True) from None
+                    raise no_row(exc, True) from None
             if orow == -1:
                 hint = "; convert with np.asarray(symbols, dtype=np.int64)"
-            raise _no_row(InputError(f"symbols must be an integer array of shape ({n},), got "
+            raise no_row(InputError(f"symbols must be an integer array of shape ({n},), got "
                                      f"{_describe(sy)}{hint}"))
         cdef Py_ssize_t row
         if sy.dtype == np.int32:
@@ -525,7 +530,7 @@ A model, its feature spec and cache, ready to step ticks.
             try:
                 self._raise(FP_ERR_SYMBOL, None, int(sy[row]), -1, row)
             except InputError as exc:
-                raise _no_row(exc, True) from None
+                raise no_row(exc, True) from None
         if S.dtype != np.int32:
             S = S.astype(np.int32)
         T = None
@@ -543,21 +548,21 @@ A model, its feature spec and cache, ready to step ticks.
                     orow = _first_int_outside(ts, n, 0, INT64_MAX)
                     if orow >= 0:
                         if ts[orow] < 0:
-                            raise _no_row(InputError(f"ts_ns must be >= 0, row {orow} is "
+                            raise no_row(InputError(f"ts_ns must be >= 0, row {orow} is "
                                                      f"{ts[orow]}"))
-                        raise _no_row(InputError(f"ts_ns row {orow} is {ts[orow]}, which does "
+                        raise no_row(InputError(f"ts_ns row {orow} is {ts[orow]}, which does "
                                                  f"not fit a signed 64-bit int of ns"))
                     if orow == -1:
                         hint = "; convert with np.asarray(ts_ns, dtype=np.int64)"
-                raise _no_row(InputError(f"ts_ns must be an integer array of shape ({n},), got "
+                raise no_row(InputError(f"ts_ns must be an integer array of shape ({n},), got "
                                          f"{_describe(ts)}{hint}"))
             T = _as_int64(ts)
             row = _first_outside(T, 0, INT64_MAX)
             if row >= 0:
                 # the first bad row, as every other refusal of a batch names it
                 if ts[row] < 0:
-                    raise _no_row(InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}"))
-                raise _no_row(InputError(f"ts_ns row {row} is {ts[row]}, which does not fit a "
+                    raise no_row(InputError(f"ts_ns must be >= 0, row {row} is {ts[row]}"))
+                raise no_row(InputError(f"ts_ns row {row} is {ts[row]}, which does not fit a "
                                          f"signed 64-bit int of ns"))
         return R, S, T
 
@@ -573,7 +578,7 @@ A model, its feature spec and cache, ready to step ticks.
         and .result, the rows applied staying applied (step_batch(raws[k:], ...) with
         k = .applied goes on where it stopped).
         Returns a BatchResult with signal, confidence (float32), cached (bool), total_ns (int64)."""
-        if self._on_gpu: return self._step_batch_gpu(raws, symbols, ts_ns)
+        if self._on_gpu: return self._stage.step_batch(self, raws, symbols, ts_ns)
         cdef cnp.ndarray R, S, T
         R, S, T = self._batch_args(raws, symbols, ts_ns)
         cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
@@ -617,18 +622,18 @@ A model, its feature spec and cache, ready to step ticks.
             # EngineBusyError of a handler that stepped this engine: the rows applied stay
             # applied, their answers with the exception, as a refusal's
             applied = pos.applied
-            _partial_batch(exc, sig, conf, cached, tot, applied)
-            exc.add_note(_stopped_note(applied, n))
+            partial_batch(exc, sig, conf, cached, tot, applied)
+            exc.add_note(stopped_note(applied, n))
             raise
         finally:
             self._busy = False
         if bad >= 0:
             applied = pos.applied
-            note = "; " + _applied_note(applied)
+            note = "; " + applied_note(applied)
             try:
                 self._raise_row(err, R, S, T, bad)
             except InputError as exc:
-                raise _partial_batch(InputError(str(exc) + note), sig, conf, cached, tot,
+                raise partial_batch(InputError(str(exc) + note), sig, conf, cached, tot,
                                      applied) from None
         return _batch_result(sig, conf, cached, tot)
 
@@ -638,7 +643,7 @@ A model, its feature spec and cache, ready to step ticks.
                 and raws.flags.c_contiguous and raws.flags.aligned
                 and (type(raws) is np.ndarray or not _n_masked(raws))):
             return raws
-        raise _no_row(InputError(f"raws must be a float32 C-contiguous numpy array of shape "
+        raise no_row(InputError(f"raws must be a float32 C-contiguous numpy array of shape "
                                  f"(n, {self.raw_len}), got {_describe(raws)}"
                                  f"{_conversion_hint(raws)}"))
 
@@ -873,29 +878,17 @@ A model, its feature spec and cache, ready to step ticks.
         return out
 
 
-    # ------------------------------------------------------------ GPU backend
+    # ------------------------------------------------------------ a stage outside the core
     # backend == "gpu": features and the cache stay here (fp_step_begin / fp_step_finish), the
-    # MLP runs on the GPU (fastpath.gpu.GpuBackend) on a miss only. The kernel writes the last
-    # dense layer's outputs (activations applied); the post transform (softmax, logistic2) and
-    # the head run here, in C, exactly as on the CPU backend. Result.latency: infer_ns is the
-    # GPU's kernel time plus the post transform and head, h2d_ns / d2h_ns the copies (launch
-    # mode: CUDA events; persistent mode: the round trip outside the kernel is in h2d_ns).
-
-    def _gpu_open(self):
-        g = self.config.source.gpu
-        layers = self.model.layers
-        # (this module is compiled without wraparound: no negative indices)
-        self._gpu_width = int(layers[len(layers) - 1].weight.shape[0])
-        # a view of the engine's own feature buffer: the features fp_step_begin wrote go to
-        # the GPU without a copy or a second computation. Private: it dies with the engine.
-        self._gfeat = np.asarray(<float[:self.n_features]> self._e.feat)
-        self._gpu = open_gpu_backend(self.model, g)
-        self._on_gpu = True
+    # model runs in the GPU stage (fastpath.gpu._tick.GpuStage, this engine's _stage) on a
+    # miss only; see that module for the tick and the batch. The methods below are what such a
+    # stage, and fastpath.gpu.GpuEngine, call back: _step_external, _hold / _release,
+    # _check_batch, features() and _predict_features().
 
     @property
     def gpu_backend(self):
         """The fastpath.gpu.GpuBackend running the model (backend == "gpu"), else None."""
-        return self._gpu
+        return self._stage.backend if self._stage is not None else None
 
     @property
     def backend_report(self):
@@ -907,9 +900,9 @@ A model, its feature spec and cache, ready to step ticks.
         if self._auto is not None:
             out["measured"] = {k: self._auto.get(k) for k in ("cpu_p50_ns", "gpu_p50_ns", "mode",
                                                               "measure")}
-        if self._gpu is not None:
-            out["gpu"] = dict(self._gpu.info, mode=self._gpu.mode,
-                              module=self._gpu.module_origin, macs=self._gpu.macs)
+        g = self.gpu_backend
+        if g is not None:
+            out["gpu"] = dict(g.info, mode=g.mode, module=g.module_origin, macs=g.macs)
         return out
 
     def close(self):
@@ -918,10 +911,8 @@ A model, its feature spec and cache, ready to step ticks.
         to release. Stepping a closed GPU engine is a BackendError. EngineBusyError while
         another thread's tick runs (its device call would lose its memory under it)."""
         self._check_free()
-        if self._gpu is not None:
-            g, self._gpu = self._gpu, None
-            g.close()
-        self._gfeat = None
+        if self._stage is not None:
+            self._stage.close()
 
     def __enter__(self):
         return self
@@ -937,73 +928,6 @@ A model, its feature spec and cache, ready to step ticks.
                         "(rolling windows, cached results, last timestamps) lives in native "
                         "memory; build an engine where it is needed with "
                         "Engine(engine.model, config=engine.config.source) (it starts cold)")
-
-    def _post_apply(self, y):
-        """The GPU kernel's outputs for one row (the last dense layer's width) -> the model's
-        outputs, the post transform applied as the CPU backend applies it."""
-        cdef cnp.ndarray ya = np.ascontiguousarray(y, dtype=np.float32)
-        if ya.ndim != 1 or ya.shape[0] != self._gpu_width:
-            raise InputError(f"y must hold the last layer's {self._gpu_width} outputs, got "
-                             f"shape {np.shape(y)}")
-        self._check_free()
-        out = np.empty(self.n_outputs, np.float32)
-        memcpy(cnp.PyArray_DATA(out), fp_post_apply(self._e, <const float *>cnp.PyArray_DATA(ya)),
-               sizeof(float) * self.n_outputs)
-        return out
-
-    cdef Result _gpu_tick(self, object raw, const float *p, int32_t sym, long long ts,
-                          Py_ssize_t row=-1):
-        cdef fp_result r
-        cdef fp_pending pend
-        cdef const float *out = NULL
-        cdef cnp.ndarray ya
-        cdef long long h2d = 0, d2h = 0, kern = -1
-        cdef uint64_t t0
-        if self._gpu is None:
-            raise BackendError("this GPU engine was closed; make a new Engine")
-        cdef int rc = fp_step_begin(self._e, p, sym, ts, &pend)
-        if rc == FP_OK:
-            if pend.reason != FP_HIT:
-                # a BackendError here leaves the tick unapplied: fp_step_begin wrote no state
-                y, bad, t = self._gpu.infer(self._gfeat)
-                h2d, kern, d2h = t.h2d_ns, t.infer_ns, t.d2h_ns
-                t0 = fp_ticks()
-                if not bad:
-                    ya = np.ascontiguousarray(y, dtype=np.float32)
-                    if ya.shape[0] != self._gpu_width:
-                        raise BackendError(f"the GPU returned {ya.shape[0]} outputs, the model "
-                                           f"has {self._gpu_width}")
-                    out = fp_post_apply(self._e, <const float *>cnp.PyArray_DATA(ya))
-                else:
-                    # a layer's float32 sums overflowed on the GPU: the CPU model on the same
-                    # features (the engine's buffer), which re-sums such a layer in double and
-                    # refuses only a pre-activation past float32's range, so both backends
-                    # answer and refuse the same ticks
-                    out = fp_infer_cpu(self._e)
-                kern += fp_ticks_to_ns(fp_ticks() - t0)
-            # out NULL on a miss: refused as the CPU refuses a layer that overflowed
-            rc = fp_step_finish(self._e, &pend, out, kern, &r)
-        if rc != FP_OK:
-            self._raise(rc, raw, sym, ts, row)
-        res = _make_result(&r)
-        res._h = h2d
-        res._d = d2h
-        return res
-
-    cdef Result _step_gpu(self, object raw, object symbol, object ts_ns):
-        cdef const float *p = self._raw_ptr(raw)
-        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
-        cdef long long ts = _ts_arg(ts_ns)
-        self._check_free()
-        # the GPU call between fp_step_begin and fp_step_finish lets other threads run (the
-        # GIL is released while the device works): a second thread's tick then rewrote the
-        # feature buffer this tick's GPU call reads, and this tick answered with that tick's
-        # signal, silently. Busy for the whole tick, as step_batch is.
-        self._busy = True
-        try:
-            return self._gpu_tick(raw, p, <int32_t>sym, ts)
-        finally:
-            self._busy = False
 
     def _hold(self):
         """Busy for every other thread until _release(), the calling thread's calls passing:
@@ -1044,91 +968,14 @@ A model, its feature spec and cache, ready to step ticks.
             try:
                 self._raise_row(err, R, S, T, bad)
             except InputError as exc:
-                raise _partial_batch(InputError(str(exc) + "; no row was applied"), None, None,
+                raise partial_batch(InputError(str(exc) + "; no row was applied"), None, None,
                                      None, None, 0) from None
         return R, S, T
 
-    def _step_batch_gpu(self, raws, symbols, ts_ns=None):
-        """step_batch on the GPU backend: every row validated first (as the CPU's step_batch),
-        then each row through the GPU tick in order, one GPU call per miss. A row's features
-        and lookup depend on the rows of its symbol before it, so rows are not batched into
-        one launch here (fastpath.gpu.GpuEngine.step_batch does that where it is safe)."""
-        cdef cnp.ndarray R, S, T
-        R, S, T = self._check_batch(raws, symbols, ts_ns)
-        cdef Py_ssize_t n = cnp.PyArray_DIM(R, 0)
-        cdef const int64_t *tp = NULL if T is None else <const int64_t *>cnp.PyArray_DATA(T)
-        cdef const float *rp = <const float *>cnp.PyArray_DATA(R)
-        cdef const int32_t *yp = <const int32_t *>cnp.PyArray_DATA(S)
-        sig = np.empty(n, np.float32)
-        conf = np.empty(n, np.float32)
-        cached = np.empty(n, np.bool_)
-        tot = np.empty(n, np.int64)
-        cdef Result res
-        cdef Py_ssize_t i
-        self._busy = True         # as _step_gpu: no other thread's tick between two of these
-        try:
-            for i in range(n):
-                try:
-                    res = self._gpu_tick(R[i], rp + i * self.raw_len, yp[i],
-                                         tp[i] if tp != NULL else -1, i)
-                except FastpathError as exc:
-                    note = "; " + _applied_note(i)
-                    raise _partial_batch(type(exc)(str(exc) + note), sig, conf, cached, tot,
-                                         i) from None
-                except BaseException as exc:
-                    # a signal handler's exception (Ctrl-C's KeyboardInterrupt), raised in the
-                    # Python of the GPU call: row i was not applied (fp_step_begin writes
-                    # nothing), the rows before it were, as a refusal says
-                    _partial_batch(exc, sig, conf, cached, tot, i)
-                    exc.add_note(_stopped_note(i, n))
-                    raise
-                sig[i] = res.signal
-                conf[i] = res.confidence
-                cached[i] = res.cached
-                tot[i] = res._t
-        finally:
-            self._busy = False
-        return BatchResult(sig, conf, cached, tot)
 
-
-# ------------------------------------------------------------ module-level step
+# ------------------------------------------------------------ batch arguments and answers
 cdef object _batch_result(sig, conf, cached, tot):
     return BatchResult(sig, conf, cached, tot)
-
-
-def _partial_batch(exc, sig, conf, cached, tot, Py_ssize_t applied):
-    """A step_batch error with what the caller needs of the rows applied before it: a row the
-    model stage refuses stops the batch after rows 0..applied-1 changed the engine's state
-    (windows, cache, counters), and their answers were lost with the arrays (stepping them
-    again to get them applies them twice). exc.applied: that count; exc.result: their
-    BatchResult (empty when no row was applied)."""
-    if sig is None:
-        sig = conf = np.empty(0, np.float32)
-        cached = np.empty(0, np.bool_)
-        tot = np.empty(0, np.int64)
-    exc.applied = int(applied)
-    exc.result = _batch_result(sig[:applied].copy(), conf[:applied].copy(),
-                               cached[:applied].copy(), tot[:applied].copy())
-    return exc
-
-
-def _applied_note(Py_ssize_t applied):
-    """What a stopped batch says of the rows it applied."""
-    return f"rows 0..{applied - 1} were applied" if applied else "no row was applied"
-
-
-def _stopped_note(Py_ssize_t applied, Py_ssize_t n):
-    """The note on an exception that stopped a batch from outside (a signal handler's)."""
-    return (f"step_batch stopped after {applied} of {n} rows: {_applied_note(applied)} "
-            f"(their answers: .result, their count: .applied)")
-
-
-def _no_row(exc, bint row_note=False):
-    """A step_batch refusal before any row: exc.applied 0, exc.result empty, as a refusal of
-    a row (which also says so in the message: row_note) carries them."""
-    if row_note:
-        exc = InputError(str(exc) + "; no row was applied")
-    return _partial_batch(exc, None, None, None, None, 0)
 
 
 cdef cnp.ndarray _as_int64(cnp.ndarray a):

@@ -6,7 +6,10 @@ pycuda.driver` raises ImportError (it links libcuda.so.1); with a driver and no 
 cuda.init() raises a pycuda.driver.Error subclass; both become (False, reason).
 GpuBackend runs the model (the launch path or the persistent path, fastpath.gpu._backend).
 fastpath.Engine(model, backend="gpu" | "auto") puts it behind the engine's validation,
-features, cache, post transform, head and store (the seam is fp_step_begin/fp_step_finish);
+features, cache, post transform, head and store: the GPU tick (fastpath.gpu._tick) drives the
+engine's split tick (fp_step_begin / fp_step_finish). This package sits above the engine and
+registers, when imported, how an engine chooses the GPU (resolve_backend) and opens its stage
+(fastpath._resolve.register_gpu_stage); the engine never imports it.
 GpuEngine is a compatibility wrapper over that engine, plus a batched-launch step_batch.
 """
 from __future__ import annotations
@@ -19,11 +22,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fastpath import _kernels
-import fastpath._engine as _engine   # by module: fastpath._engine imports this package back
+import fastpath._engine as _engine
+from fastpath._batch import stopped_note
 from fastpath._core import best_isa
+from fastpath._resolve import register_gpu_stage
 from fastpath.config import load_config
 from fastpath.errors import BackendError, ConfigError, FastpathError, InputError
 from fastpath.gpu import _backend as B
+from fastpath.gpu import _tick
 from fastpath.gpu._pack import MAX_LAYERS, pack
 from fastpath.gpu._refusal import gpu_refusal
 from fastpath.model import Layer, Model
@@ -335,6 +341,48 @@ def auto_choice(model, mode: str = "launch", iters: int = 300, isa: str | None =
     return out
 
 
+def resolve_backend(m: Any, cfg: Any, backend: str, simd: str) -> tuple:
+    """What Engine(backend="gpu" | "auto") runs: (backend "cpu" | "gpu", reason in words,
+    auto's measurement or None).
+
+    backend="gpu": the GPU or an error (BackendError: no usable GPU, or a model the GPU stage
+    does not serve). backend="auto" takes the GPU only where all hold: gpu_status() is ok,
+    the model is an fp32 MLP, and [gpu] auto says so: auto = "gpu" takes it without measuring,
+    auto = "measure" (the default) times the inference a cache miss pays on this CPU's kernel
+    set and on the GPU in [gpu] mode, alike (auto_choice), and keeps the faster at p50.
+    Anything else: the CPU, and the reason says which condition failed
+    (Engine.backend_reason, Engine.backend_report). gpu_status and auto_choice are looked up
+    per call, so that they stay replaceable."""
+    refusal = gpu_refusal(m, cfg)
+    ok, why = gpu_status()
+    if backend == "gpu":
+        if refusal:
+            raise BackendError(f"backend='gpu': {refusal}")
+        if not ok:
+            raise BackendError(f"backend='gpu' is not available: {why}")
+        return "gpu", f"gpu requested ({why}; mode {cfg.gpu.mode})", None
+    if not ok:
+        return "cpu", f"auto: cpu chosen ({why})", None
+    if refusal:
+        return "cpu", f"auto: cpu chosen ({refusal})", None
+    if cfg.gpu.auto == "gpu":
+        return "gpu", f"auto: gpu chosen (gpu.auto = 'gpu'; {why}; mode {cfg.gpu.mode})", None
+    c = auto_choice(m, cfg.gpu.mode, isa=simd, device=cfg.gpu.device)
+    return c["backend"], c["reason"], c
+
+
+def open_stage(engine) -> _tick.GpuStage:
+    """The GPU stage of `engine` (its backend resolved to "gpu"), under its [gpu] config: a
+    GpuBackend (looked up per call, so that it stays replaceable) behind the GPU tick."""
+    g = engine.config.source.gpu
+    backend = GpuBackend(engine.model, g.mode, g.device, max_batch=g.max_batch,
+                         timeout_ns=g.timeout_ms * 1_000_000)
+    return _tick.GpuStage(engine, backend)
+
+
+register_gpu_stage(resolve_backend, open_stage)
+
+
 class GpuTick(NamedTuple):
     """One tick through GpuEngine: the engine's Result and its GPU stages (0 on a cache hit:
     the GPU was not called); total_ns is the host time of the whole call, Python included."""
@@ -496,7 +544,7 @@ class GpuEngine:
             # row's answer before it returns), as a refusal says
             exc.applied = len(out)
             exc.result = list(out)
-            exc.add_note(_engine._stopped_note(len(out), n))
+            exc.add_note(stopped_note(len(out), n))
             raise
         finally:
             eng._release()
@@ -530,7 +578,7 @@ class GpuEngine:
                 # CPU backend answers it: its model re-sums such a layer in double and refuses
                 # only a pre-activation past float32's range (NaN outputs: the engine refuses
                 # the tick, as on the CPU)
-                o = _cpu_outputs(eng, feats[j], nan) if bad[j] else eng._post_apply(y[j])
+                o = _cpu_outputs(eng, feats[j], nan) if bad[j] else _tick.post_apply(eng, y[j])
                 eng._step_external(raws[i], int(symbols[i]), o, gpu_ns,
                                    None if ts is None else int(ts[i]), into=out)
             if k + 1 < len(chunks):

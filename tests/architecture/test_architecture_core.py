@@ -19,13 +19,15 @@ PKG = os.path.dirname(os.path.abspath(fastpath.__file__))      # the installed p
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                    "fastpath")
 COMPILED = ["fastpath._core", "fastpath._engine", "fastpath._default", "fastpath._kernels",
-            "fastpath._ring", "fastpath._serve", "fastpath._client", "fastpath.gpu._protocol"]
+            "fastpath._ring", "fastpath._serve", "fastpath._client", "fastpath.gpu._protocol",
+            "fastpath.gpu._tick"]
 # the hot path and what builds an engine: none of them may import fastpath.control / .bench
 HOT = ["_core.pyx", "_core.pxd", "_engine.pyx", "_engine.pxd", "_csrc.pxd", "_default.pyx",
-       "_build.py", "config.py", "_memory.py", "_privileges.py", "gpu/_refusal.py", "__init__.py"]
+       "_batch.py", "_resolve.py", "_build.py", "config.py", "_memory.py", "_privileges.py",
+       "gpu/_refusal.py", "gpu/_tick.pyx", "__init__.py"]
 # modules whose imports all sit at the top: the import graph is what the file's head says
 TOP_IMPORTS = ["config.py", "_memory.py", "_privileges.py", "gpu/_refusal.py",
-               "__init__.py"]
+               "_batch.py", "_resolve.py", "_build.py", "__init__.py"]
 
 
 def _shared_objects():

@@ -34,7 +34,7 @@ def _walk(ext: str) -> dict:
 
 
 MODULES = _walk(".py")
-COMPILED = _walk(".pyx")          # fastpath._engine, _kernels, _serve, fastpath.gpu._protocol
+COMPILED = _walk(".pyx")          # fastpath._engine, _kernels, _serve, fastpath.gpu._protocol, ...
 KNOWN = set(MODULES) | set(COMPILED) | {"fastpath"}
 
 
@@ -125,8 +125,6 @@ OPTIONAL = {"onnx", "onnxruntime", "lightgbm", "xgboost", "catboost", "sklearn",
 # modules that still import inside functions what is not optional: each
 # case turns red (strict xfail) once the module is fixed, so the entry can go
 INNER_PENDING = {
-    "fastpath._build": "imports the gpu package when a GPU backend is asked for (fastpath.gpu "
-                       "wraps the engine, which imports fastpath._build)",
     "fastpath._client": "_client.pyx imports fastpath.serving.client at call time (fastpath.serving "
                         "imports the client back)",
     "fastpath._kernels": "_kernels.pyx imports fastpath.model.trees at call time",
@@ -139,7 +137,7 @@ INNER_PENDING = {
 }
 # the hot path (the compiled engine and the module that builds its configuration) and what
 # it imports, module level or at call time; none of it may reach the control plane or bench
-HOT = ("fastpath._engine", "fastpath._build")
+HOT = ("fastpath._engine", "fastpath._resolve", "fastpath._build")
 
 
 def _layer(mod: str):
@@ -246,9 +244,8 @@ def test_module_level_imports_have_no_cycle():
     assert not found, "import cycle: " + " -> ".join(found)
 
 
-_CALL_TIME_CYCLES = ("at call time fastpath._build and fastpath._engine import each other (and "
-                     "fastpath.gpu, which imports the engine, through them), as do "
-                     "fastpath._serve and fastpath.serving (segment, client), and "
+_CALL_TIME_CYCLES = ("at call time fastpath._serve and fastpath.serving (segment, client) "
+                     "import each other, as do "
                      "fastpath.control.config with placement and memory: each is a circle "
                      "hidden in function bodies")
 
