@@ -7,7 +7,6 @@ streaming-read bandwidth and jitter probes.
 Design: nothing here is on the hot path, so every shim copies and checks its inputs and
 allocates its outputs; the tests compare each against a numpy reference, per kernel set.
 """
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
 cimport numpy as cnp
 from libc.math cimport sqrt
 from libc.stdint cimport int32_t, int64_t, uint64_t
@@ -18,8 +17,9 @@ from fastpath._core cimport _pack_mlp, _trees_desc
 
 import numpy as np
 
-from fastpath._core import _ACTS, _ISA_BY_NAME, _describe, _mlp_arrays, supported_isas
+from fastpath._core import _ACTS, _ISA_BY_NAME, _describe, supported_isas
 from fastpath.errors import InputError
+from fastpath.model.trees import TreeEnsemble
 
 cnp.import_array()
 
@@ -756,30 +756,7 @@ cdef class LowpMLP:
         if self.k == NULL:
             raise InputError(f"this CPU (or build) cannot run kernel set {isa!r}")
         cdef int wt = FP_WEIGHTS_FP32 if weight_type == "fp32" else _LOWP_TYPES[weight_type]
-        ws, bs, dims, acts = _mlp_arrays(weights, biases, activations)
-        cdef int L = len(ws), i, rc
-        cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-        cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-        cdef cnp.ndarray t
-        if wp == NULL or bp == NULL:
-            PyMem_Free(wp)
-            PyMem_Free(bp)
-            raise MemoryError()
-        try:
-            for i in range(L):
-                t = ws[i]
-                wp[i] = <const float *>cnp.PyArray_DATA(t)
-                t = bs[i]
-                bp[i] = <const float *>cnp.PyArray_DATA(t)
-            t = dims
-            rc = fp_mlp_init_ex(&self.m, L, <const int *>cnp.PyArray_DATA(t),
-                                <const int *>cnp.PyArray_DATA(<cnp.ndarray>acts), wp, bp, NULL,
-                                wt, _LOWP_ISAS[isa])
-        finally:
-            PyMem_Free(wp)
-            PyMem_Free(bp)
-        if rc != 0:
-            raise MemoryError("cannot pack the MLP")
+        _pack_mlp(&self.m, weights, biases, activations, wt, _LOWP_ISAS[isa])
         self.weights = weight_type
         names = lowp_kernels(isa)
         self.variant = ("fp32" if weight_type == "fp32" else
@@ -879,7 +856,6 @@ cdef class PackedTrees:
         self.ev = fp_trees_eval_for(_TREE_ISAS[isa])
         if self.ev == NULL:
             raise InputError(f"kernel set {isa!r} is not supported by this CPU (has: {tree_isas()})")
-        from fastpath.model.trees import TreeEnsemble
         if not isinstance(trees, TreeEnsemble):
             raise InputError(f"trees must be a fastpath.model.TreeEnsemble, got "
                              f"{type(trees).__name__}")
