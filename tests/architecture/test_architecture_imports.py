@@ -127,19 +127,11 @@ OPTIONAL = {"onnx", "onnxruntime", "lightgbm", "xgboost", "catboost", "sklearn",
 INNER_PENDING = {
     "fastpath._build": "imports the gpu package when a GPU backend is asked for (fastpath.gpu "
                        "wraps the engine, which imports fastpath._build)",
-    "fastpath._client": "_client.pyx imports fastpath.serving.client at call time (fastpath.serving "
-                        "imports the client back)",
-    "fastpath._kernels": "_kernels.pyx imports fastpath.model.trees at call time",
-    "fastpath._serve": "_serve.pyx imports fastpath.serving.*, fastpath.control.memory and "
-                       "fastpath.control.placement at call time (fastpath.serving.server "
-                       "imports fastpath._serve back)",
-    **{f"fastpath.bench.{b}": "the bench scripts import fastpath and their sibling scripts "
-                              "(_report, _commit) at call time"
-       for b in ("_commit", "gpu_check", "peers", "scaling", "serve", "weights")},
 }
-# the hot path (the compiled engine and the module that builds its configuration) and what
-# it imports, module level or at call time; none of it may reach the control plane or bench
-HOT = ("fastpath._engine", "fastpath._build")
+# the hot path (the compiled engine and the module that builds its configuration, the serving
+# worker and its client) and what it imports, module level or at call time; none of it may
+# reach the control plane or bench
+HOT = ("fastpath._engine", "fastpath._build", "fastpath._serve", "fastpath._client")
 
 
 def _layer(mod: str):
@@ -248,7 +240,6 @@ def test_module_level_imports_have_no_cycle():
 
 _CALL_TIME_CYCLES = ("at call time fastpath._build and fastpath._engine import each other (and "
                      "fastpath.gpu, which imports the engine, through them), as do "
-                     "fastpath._serve and fastpath.serving (segment, client), and "
                      "fastpath.control.config with placement and memory: each is a circle "
                      "hidden in function bodies")
 
