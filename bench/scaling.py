@@ -83,7 +83,6 @@ if HERE not in sys.path:
 import fastpath  # noqa: E402
 from _commit import commit_stamp, results_dir  # noqa: E402
 from _report import percentiles  # noqa: E402
-from fastpath import Engine  # noqa: E402
 from fastpath._engine import supported_isas  # noqa: E402
 from fastpath._kernels import (LowpMLP, PackedMLP, fma512_ns_per_instr,  # noqa: E402
                                fma_ns_per_instr, lowp_kernels, op_latency_ns, read_gbps)
@@ -408,7 +407,7 @@ def run(args) -> dict:
                 del row[key]
             for isa in isas:
                 try:
-                    eng = Engine(model, config=engine_config(isa, wt))
+                    eng = fastpath.Engine(model, config=engine_config(isa, wt))
                 except fastpath.FastpathError as exc:
                     row["fastpath"][isa] = {"skipped": str(exc)}
                     continue
