@@ -522,30 +522,39 @@ def kernel_allfinite(str isa, x):
 
 
 
-
-cdef class PackedMLP:
-    """An MLP packed into the blocked arena, for testing and timing the MLP kernel alone."""
+cdef class _PackedLayers:
+    """An fp_mlp a subclass's __cinit__ packs and the two activation buffers a pass ping-pongs
+    between: the part the fp32 and the reduced-precision shims share, freed here."""
     cdef fp_mlp m
     cdef float *a
     cdef float *b
     cdef readonly int n_in, n_out
-    cdef const fp_kernels *k
-    cdef int parity         # row-group order of the next pass: this object's state, not the model's
 
-    def __cinit__(self, weights, biases, activations, str isa="avx2"):
-        self.k = _kernels(isa)
-        _pack_mlp(&self.m, weights, biases, activations)
+    cdef int _buffers(self) except -1:
+        """n_in / n_out from the packed layers, and the buffers (max_width floats each)."""
         self.n_in = self.m.layers[0].in_
         self.n_out = self.m.layers[self.m.n_layers - 1].out
         self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
         self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
         if self.a == NULL or self.b == NULL:
             raise MemoryError("cannot allocate MLP scratch")
+        return 0
 
     def __dealloc__(self):
         fp_mlp_free(&self.m)
         fp_aligned_free(self.a)
         fp_aligned_free(self.b)
+
+
+cdef class PackedMLP(_PackedLayers):
+    """An MLP packed into the blocked arena, for testing and timing the MLP kernel alone."""
+    cdef const fp_kernels *k
+    cdef int parity         # row-group order of the next pass: this object's state, not the model's
+
+    def __cinit__(self, weights, biases, activations, str isa="avx2"):
+        self.k = _kernels(isa)
+        _pack_mlp(&self.m, weights, biases, activations)
+        self._buffers()
 
     @property
     def macs(self):
@@ -737,13 +746,9 @@ def kernel_lowp_dense(str weights, str variant, w, b, str act, x):
     return out, bool(ok)
 
 
-cdef class LowpMLP:
+cdef class LowpMLP(_PackedLayers):
     """An MLP whose hidden layers are packed as bf16 / int8 (the output layer stays fp32), run
     as an engine on kernel set `isa` runs it: for testing and timing the MLP stage alone."""
-    cdef fp_mlp m
-    cdef float *a
-    cdef float *b
-    cdef readonly int n_in, n_out
     cdef readonly str weights, variant
     cdef const fp_kernels *k
 
@@ -761,17 +766,7 @@ cdef class LowpMLP:
         names = lowp_kernels(isa)
         self.variant = ("fp32" if weight_type == "fp32" else
                         names[0] if weight_type == "bf16" else names[1])
-        self.n_in = self.m.layers[0].in_
-        self.n_out = self.m.layers[self.m.n_layers - 1].out
-        self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
-        self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
-        if self.a == NULL or self.b == NULL:
-            raise MemoryError("cannot allocate MLP scratch")
-
-    def __dealloc__(self):
-        fp_mlp_free(&self.m)
-        fp_aligned_free(self.a)
-        fp_aligned_free(self.b)
+        self._buffers()
 
     @property
     def arena_bytes(self):
