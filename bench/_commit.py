@@ -11,6 +11,7 @@ Beside it, what every bench script's command line shares: where results go by de
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 
@@ -32,7 +33,6 @@ def results_dir(here: str | None = None) -> str:
 def int_at_least(lo: int, hi: int | None = None):
     """argparse type: an int >= lo (and <= hi), else a usage error naming what was expected
     (the benches' counts and seeds: a 0 ran the default, a negative one ended in a traceback)."""
-    import argparse
     want = f"an integer >= {lo}" if hi is None else f"an integer in {lo}..{hi}"
 
     def conv(text: str) -> int:

@@ -24,6 +24,7 @@ network; on an H200 host it takes about a minute (under 5 with --iters 20000).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -33,17 +34,33 @@ import time
 
 import numpy as np
 
+# the sibling scripts by plain name, as bench/run.py loads them: run as a script or as
+# fastpath.bench.gpu_check alike
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import fastpath  # noqa: E402
+from _report import percentiles  # noqa: E402
+from fastpath._build import DEMO_MODEL  # noqa: E402
+from fastpath._engine import best_isa  # noqa: E402
+from fastpath._kernels import PackedMLP  # noqa: E402
+from fastpath.errors import BackendError  # noqa: E402
+from fastpath.gpu import GpuBackend, GpuEngine, gpu_status  # noqa: E402
+from fastpath.gpu import _backend, _protocol  # noqa: E402
+from fastpath.gpu._backend import DeviceContext  # noqa: E402
+from fastpath.gpu._pack import pack, packed_forward  # noqa: E402
+from fastpath.model import Layer, Model  # noqa: E402
+
 MODELS = [(128, 64, 32, 2), (256, 256, 2), (512, 512, 256, 2), (1024, 1024, 1024, 2),
           (2048, 1024, 512, 2), (2048, 2048, 2)]
 
 
 def _p50(a) -> int:
-    from _report import percentiles
     return int(percentiles(a, (50,))[0])
 
 
 def _pct(a) -> dict:
-    from _report import percentiles     # the rank rule every bench figure is read by
     a = np.asarray(a, np.float64)
     p50, p99 = percentiles(a, (50, 99))
     return {"p50_ns": int(p50), "p99_ns": int(p99),
@@ -51,7 +68,6 @@ def _pct(a) -> dict:
 
 
 def _mlp(dims, seed):
-    from fastpath.model import Layer
     rng = np.random.default_rng(seed)
     acts = ["relu"] * (len(dims) - 2) + ["identity"]
     return [Layer(rng.standard_normal((dims[i + 1], dims[i])).astype(np.float32)
@@ -86,8 +102,6 @@ def _pin(bus_id: str) -> tuple:
 
 
 def _cpu_times(layers, x, iters) -> list:
-    from fastpath._engine import best_isa
-    from fastpath._kernels import PackedMLP
     m = PackedMLP([L.weight for L in layers], [L.bias for L in layers],
                   [L.activation for L in layers], best_isa())
     for _ in range(min(iters, 200)):
@@ -158,11 +172,6 @@ def edge_checks(rng, attempt) -> list:
     """EDGE_MODELS on both paths against the CPU kernels, and the refusal flag: a model whose
     float32 sums overflow on some rows must flag exactly the rows numpy flags. A mismatch is a
     failure in the report."""
-    from fastpath._engine import best_isa
-    from fastpath._kernels import PackedMLP
-    from fastpath.gpu import GpuBackend
-    from fastpath.gpu._pack import pack, packed_forward
-    from fastpath.model import Layer
     out = []
     for dims, acts in EDGE_MODELS:
         layers = [Layer(rng.standard_normal((dims[i + 1], dims[i])).astype(np.float32)
@@ -212,8 +221,6 @@ def edge_checks(rng, attempt) -> list:
     # a persistent GpuBackend dropped without close(): its kernel must be stopped before its
     # memory goes (the slot is kept here to read its `ready` word: 2 once the kernel returned)
     def unclosed():
-        import gc
-        from fastpath.gpu import _protocol
         READY_EXITED = _protocol.READY_EXITED
         be = GpuBackend(layers, "persistent")
         be.infer(X[2])
@@ -245,10 +252,6 @@ RESIDENCY_MAX = 200                  # more than MAX_RESIDENT_GRIDS: a missing r
 
 def residency_check(rng, timeout_ns: int = 2 * 10**9) -> dict:
     """Persistent paths started until refused; a dict for the report, or AssertionError."""
-    from fastpath.errors import BackendError
-    from fastpath.gpu import GpuBackend
-    from fastpath.gpu import _backend as B
-    from fastpath.gpu._pack import pack, packed_forward
     layers = _mlp(RESIDENCY_DIMS, 7)
     x = rng.standard_normal(RESIDENCY_DIMS[0]).astype(np.float32)
     want = packed_forward(pack(layers), x[None])[0][0].astype(np.float64)
@@ -281,7 +284,7 @@ def residency_check(rng, timeout_ns: int = 2 * 10**9) -> dict:
             raise AssertionError(f"the first persistent kernel was refused: {refusal}")
         path = running[0].path
         holds = path.occupancy.blocks_per_sm * path.dc.sm_count
-        expected = min(holds // path.grid, B.MAX_RESIDENT_GRIDS)
+        expected = min(holds // path.grid, _backend.MAX_RESIDENT_GRIDS)
         if len(running) != expected:
             raise AssertionError(f"{len(running)} persistent kernels of {path.grid} blocks "
                                  f"started before the refusal; the occupancy "
@@ -323,12 +326,9 @@ def _err(got, want) -> tuple:
 
 
 def run(args) -> dict:
-    from fastpath._build import DEMO_MODEL
-    from fastpath.model import Model
 
     import pycuda.driver as cuda
 
-    from fastpath.gpu._backend import DeviceContext
     dc = DeviceContext(cuda, 0)
     info = dc.info()
     dc.release()
@@ -374,7 +374,6 @@ def run(args) -> dict:
 def _demo_end_to_end(demo, cfg, raw_len, rng, args, attempt, report) -> dict:
     """The demo model end to end, the same ticks on a CPU and a GPU engine (both modes, and
     with cache hits); report["auto"] gets what backend="auto" chose."""
-    import fastpath
     n_ticks = 500 if args.quick else 2000
     raws = rng.standard_normal((n_ticks, raw_len)).astype(np.float32)
     syms = rng.integers(0, 8, n_ticks)
@@ -427,7 +426,6 @@ def _demo_end_to_end(demo, cfg, raw_len, rng, args, attempt, report) -> dict:
 def _per_model(demo, rng, args, attempt, report) -> tuple:
     """Each model's outputs against the CPU kernels, then its timings on the CPU and on each
     GPU path: (crossover rows, errors by mode)."""
-    from fastpath.gpu import GpuBackend
     models = [("demo", demo.layers)] + [("x".join(map(str, d)), _mlp(d, i))
                                         for i, d in enumerate(MODELS)]
     crossover, errs = [], {"launch": [], "persistent": []}
@@ -437,8 +435,6 @@ def _per_model(demo, rng, args, attempt, report) -> tuple:
         X = rng.standard_normal((64, dims[0])).astype(np.float32)
         x = X[0]
         cpu_ns, _ = _cpu_times(layers, x, args.iters)
-        from fastpath._engine import best_isa
-        from fastpath._kernels import PackedMLP
         ref = PackedMLP([L.weight for L in layers], [L.bias for L in layers],
                         [L.activation for L in layers], best_isa())
         want_y = np.stack([ref.forward(r) for r in X])
@@ -477,8 +473,6 @@ def _per_model(demo, rng, args, attempt, report) -> tuple:
 
 def _step_batch_rates(demo, cfg, raw_len, rng, attempt, report, args) -> None:
     """step_batch throughput of the demo model, the CPU engine against the GPU engines."""
-    import fastpath
-    from fastpath.gpu import GpuEngine
     nb = 4096 if args.quick else 16384
     braws = rng.standard_normal((nb, raw_len)).astype(np.float32)
     bsyms = rng.integers(0, 8, nb)
@@ -530,11 +524,6 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=2000, help="timed calls per model and path")
     ap.add_argument("--quick", action="store_true", help="fewer ticks (a smoke run)")
     args = ap.parse_args(argv)
-    try:
-        from fastpath.gpu import gpu_status
-    except ImportError as exc:
-        print(f"gpu_check: fastpath is not importable ({exc}); install it first", file=sys.stderr)
-        return 2
     ok, why = gpu_status()
     if not ok:
         print(f"gpu_check: no usable GPU here: {why}", file=sys.stderr)

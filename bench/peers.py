@@ -10,6 +10,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 
 import numpy as np
 
@@ -53,7 +54,6 @@ def onnxruntime_peer(model):
     # the peers run the layers on the first layer's inputs (the feature stage's output, an
     # imported model's input scaler already applied): exported with its scaler, onnxruntime
     # would apply it a second time
-    from dataclasses import replace
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1

@@ -74,7 +74,21 @@ import time
 
 import numpy as np
 
+# the sibling scripts by plain name, as bench/run.py loads them: run as a script, as
+# fastpath.bench.scaling, or imported by the child process this bench starts
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import fastpath  # noqa: E402
+from _commit import commit_stamp, results_dir  # noqa: E402
+from _report import percentiles  # noqa: E402
+from fastpath._engine import supported_isas  # noqa: E402
+from fastpath._kernels import (LowpMLP, PackedMLP, fma512_ns_per_instr,  # noqa: E402
+                               fma_ns_per_instr, lowp_kernels, op_latency_ns, read_gbps)
+from fastpath.model import CachePolicy, FeatureSpec, Layer, Model  # noqa: E402
+from peers import onnxruntime_peer  # noqa: E402
+
 MODELS = ((32, 16, 2), (128, 64, 32, 2), (256, 256, 2), (512, 512, 256, 2), (1024, 1024, 1024, 2))
 BYTES_PER_WEIGHT = {"fp32": 4, "bf16": 2, "int8": 1}
 # the read probe's smallest buffer: a tinier model (--models) is timed against the bandwidth
@@ -94,7 +108,6 @@ def _name(dims) -> str:
 
 def build_model(dims, seed=0):
     """ReLU MLP with identity features and the cache off: every step is a miss through the MLP."""
-    from fastpath.model import CachePolicy, FeatureSpec, Layer, Model
     rng = np.random.default_rng(seed)
     layers = []
     for i in range(len(dims) - 1):
@@ -123,7 +136,6 @@ def weight_bytes(model, weights: str, isas) -> int:
     x the type's bytes understated a small model's (int8 32x16x2: 640 bytes for 1280)."""
     if weights == "fp32":
         return padded_macs(model.dims) * 4
-    from fastpath._kernels import LowpMLP, lowp_kernels
     isa = next((i for i in reversed(list(isas)) if lowp_kernels(i) is not None), "scalar")
     packed = LowpMLP([L.weight for L in model.layers], [L.bias for L in model.layers],
                      [L.activation for L in model.layers], weights, isa)
@@ -140,7 +152,6 @@ def l2_bytes() -> int:
 
 
 def pct(ns: np.ndarray) -> dict:
-    from _report import percentiles     # the rank rule every bench figure is read by
     p50, p99 = percentiles(ns, (50, 99))
     return {"p50": p50, "p99": p99, "n": int(len(ns))}
 
@@ -223,8 +234,6 @@ def numpy_peer(dims, threads: int, n: int, overhead: int) -> dict:
 
 
 def ort_peer(model, n: int, overhead: int) -> dict:
-    sys.path.insert(0, HERE)
-    from peers import onnxruntime_peer
     fn, ver = onnxruntime_peer(model)
     if fn is None:
         return {"skipped": ver}
@@ -233,7 +242,6 @@ def ort_peer(model, n: int, overhead: int) -> dict:
 
 
 def _packed(layers, isa):
-    from fastpath._kernels import PackedMLP
     P = PackedMLP([l.weight for l in layers], [l.bias for l in layers],
                   [l.activation for l in layers], isa)
     x = np.random.default_rng(1).standard_normal(layers[0].weight.shape[1]).astype(np.float32)
@@ -259,7 +267,6 @@ def kernel_and_read_ns(layers, isa: str, wbytes: int, samples: int) -> tuple:
     six untimed passes, which bring the weights back into the cache level they live in after
     the probe's buffer went through it (measured on the 1024x1024x1024x2 model: 90 us a pass
     after two, 75 us after six, as without the probe)."""
-    from fastpath._kernels import read_gbps
     P, x, k = _packed(layers, isa)
     ks, gs = [], []
     for _ in range(samples):
@@ -276,11 +283,7 @@ LAT_OPS = ("fma", "mul", "add", "max")
 def op_latencies(tries=5):
     """ns from an op's inputs to its result, per op kind of the MLP's critical path (one
     dependent chain each, on the widest vector set), best of `tries` short probes; a dict with
-    'skipped' where this build has no such probe or the CPU has no vector set."""
-    try:
-        from fastpath._kernels import op_latency_ns
-    except ImportError:
-        return {"skipped": "this build has no op-latency probe (fastpath._kernels.op_latency_ns)"}
+    'skipped' where the CPU has no vector set."""
     out = {op: min(op_latency_ns(op, 200_000) for _ in range(tries)) for op in LAT_OPS}
     if not all(v > 0 for v in out.values()):
         return {"skipped": "the op-latency probe needs AVX2+FMA"}
@@ -325,7 +328,6 @@ def bounds(ns: float, fma_ns: float, read_ns: float, wbytes: int, l2: int,
 def fma_rates(isas, tries=10) -> dict:
     """MACs per ns at each vector set's FMA bound: best of `tries` short probes, so one quiet
     moment on a shared host is enough (a long probe averages the neighbours in)."""
-    from fastpath._kernels import fma512_ns_per_instr, fma_ns_per_instr
     out = {}
     for isa, probe, lanes in (("avx2", fma_ns_per_instr, 8), ("avx512", fma512_ns_per_instr, 16)):
         if isa in isas:
@@ -349,10 +351,6 @@ def layer_rows(model, isa, fma_rate, l2, samples, lat) -> list:
 
 
 def run(args) -> dict:
-    import fastpath
-    from fastpath import Engine
-    from fastpath._engine import supported_isas
-    from fastpath._kernels import read_gbps
     isas = [i for i in supported_isas() if args.sets is None or i in args.sets]
     ov = timer_overhead()
     fma = fma_rates(supported_isas())   # every set, also with --sets: the bound is the core's
@@ -363,8 +361,6 @@ def run(args) -> dict:
     # allowed ones, so under taskset "numpy 2t" ran one thread
     ncpu = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1)
-    sys.path.insert(0, HERE)
-    from _commit import commit_stamp
     res = {"commit": commit_stamp(HERE), "machine": {"cpu": platform.processor() or platform.machine(),
                        "cpu_features": fastpath.cpu_features(), "cores": ncpu, "l2_bytes": l2,
                        "fma_macs_per_ns": fma, "op_latency_ns": lat,
@@ -411,7 +407,7 @@ def run(args) -> dict:
                 del row[key]
             for isa in isas:
                 try:
-                    eng = Engine(model, config=engine_config(isa, wt))
+                    eng = fastpath.Engine(model, config=engine_config(isa, wt))
                 except fastpath.FastpathError as exc:
                     row["fastpath"][isa] = {"skipped": str(exc)}
                     continue
@@ -511,9 +507,6 @@ def print_table(res):
 
 
 def main(argv=None) -> int:
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
-    from _commit import results_dir
     ap = argparse.ArgumentParser(description="fastpath scaling bench",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__)
@@ -547,7 +540,6 @@ def main(argv=None) -> int:
         ap.error(f"--models: the last width is the model's outputs, 1 (regression) or 2 "
                  f"(signal, confidence); got {', '.join(wide)}")
     if args.sets is not None:
-        from fastpath._engine import supported_isas
         args.sets = [v.strip() for v in args.sets.split(",") if v.strip()]
         bad = [v for v in args.sets if v not in supported_isas()]
         if bad or not args.sets:

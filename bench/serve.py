@@ -43,13 +43,22 @@ import uuid
 
 import numpy as np
 
+# the sibling scripts by plain name, as bench/run.py loads them: run as a script or as
+# fastpath.bench.serve alike
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import fastpath  # noqa: E402
+from _commit import commit_stamp, results_dir  # noqa: E402
+from _report import percentiles  # noqa: E402
+from fastpath._build import DEMO_MODEL  # noqa: E402
+
 REPO = os.path.dirname(HERE)
 POOL = 4096
 
 
 def pct(x) -> dict:
-    from _report import percentiles     # the rank rule every bench figure is read by
     x = np.asarray(x, dtype=np.float64)
     q = percentiles(x, (50, 90, 99, 99.9))
     return {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]), "p999": float(q[3]),
@@ -148,8 +157,6 @@ SOAK_CLIENT = textwrap.dedent("""
 def soak(name, model_cfg, raws, n_total, tmp):
     """2 client processes, n_total / 2 requests each; counts per client, then every answer
     compared with a local Engine, 65,536 ticks at a time."""
-    import fastpath
-    from fastpath._build import DEMO_MODEL
     n = n_total // 2
     pool_path = os.path.join(tmp, "pool.npy")
     np.save(pool_path, raws)
@@ -206,9 +213,6 @@ def soak(name, model_cfg, raws, n_total, tmp):
 
 
 def main(argv=None) -> int:
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
-    from _commit import results_dir
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer calls and a 200,000-request soak")
     ap.add_argument("--calls", type=int, help="timed round trips per row")
@@ -231,8 +235,6 @@ def main(argv=None) -> int:
     calls = args.calls if args.calls is not None else (20_000 if args.quick else 200_000)
     n_soak = args.soak if args.soak is not None else (200_000 if args.quick else 10_000_000)
 
-    import fastpath
-    from fastpath._build import DEMO_MODEL
     cores = sorted(os.sched_getaffinity(0))
     worker_core, client_core = cores[-1], cores[0]
     shared = worker_core == client_core
@@ -242,8 +244,6 @@ def main(argv=None) -> int:
     eng = fastpath.Engine(DEMO_MODEL, config=local_cfg)
     raws = pool(eng.raw_len)
     overhead = timer_overhead()
-    sys.path.insert(0, HERE)
-    from _commit import commit_stamp
     out = {"commit": commit_stamp(HERE), "fastpath": fastpath.__version__,
            "host": {"cpu": platform.processor() or platform.machine(), "cores_allowed": cores,
                     "worker_core": worker_core, "client_core": client_core,

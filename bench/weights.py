@@ -32,8 +32,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from _commit import int_at_least  # noqa: E402
 from _report import percentiles  # noqa: E402
-from fastpath import Engine, Model, lob  # noqa: E402
+from fastpath import Engine, InputError, Model, lob  # noqa: E402
 from fastpath._kernels import LowpMLP, lowp_kernels  # noqa: E402
 from fastpath.model import Layer  # noqa: E402
 
@@ -119,7 +120,6 @@ def stream_inputs_1024(demo: Model, raws, syms, n: int) -> np.ndarray:
         rows.append(fs[:k * per].reshape(k, per * f.shape[1]))
     x = np.concatenate(rows)
     if not len(x):
-        from fastpath import InputError
         raise InputError(f"the stream ({len(syms)} ticks) has no symbol with {per} ticks, which "
                          f"one {per * f.shape[1]}-value input takes; generate more ticks")
     return x[np.random.default_rng(0).permutation(len(x))[:n]]
@@ -193,7 +193,6 @@ def report(res: dict) -> list:
 
 
 def main(argv=None) -> int:
-    from _commit import int_at_least
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller stream, fewer timed calls")
     ap.add_argument("--ticks", type=int_at_least(1000),

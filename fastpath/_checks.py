@@ -5,6 +5,8 @@ Lives below both fastpath.model (CachePolicy validates itself) and fastpath.cont
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,23 @@ def check_symbol_ids(sy: np.ndarray) -> None:
     if sy.size and sy.min() < 0:
         raise InputError(f"symbols must be >= 0 (the engine's symbol ids), got {sy.min()} at "
                          f"row {int(np.argmax(sy < 0))}")
+
+
+def check_seconds(what: str, v, lo_open: bool, hi: float | None = 3600.0,
+                  none: str = "") -> float:
+    """v as seconds: a real number >= 0 (> 0 with lo_open) and <= hi (None: any finite
+    number), else an InputError naming `what`; `none`: what None would have meant."""
+    # any real number but a bool: numpy's too (np.int64(2), np.float32(0.5) from a config
+    # array were refused as "must be a number of seconds in [0, 3600], got 2")
+    ok = not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real) and v == v \
+        and (0 < v if lo_open else 0 <= v) and (math.isfinite(v) if hi is None else v <= hi)
+    if not ok:
+        if hi is None:
+            raise InputError(f"{what} must be a finite number of seconds "
+                             f"{'> 0' if lo_open else '>= 0'}{none}, got {v!r}")
+        rng = f"(0, {hi:g}]" if lo_open else f"[0, {hi:g}]"
+        raise InputError(f"{what} must be a number of seconds in {rng}, got {v!r}")
+    return float(v)
 
 
 def is_real(value: Any) -> bool:

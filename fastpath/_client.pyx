@@ -26,6 +26,7 @@ import weakref
 
 import numpy as np
 
+from fastpath._checks import check_seconds
 from fastpath._core import _bad_raw, _n_masked
 from fastpath._ring import _name_bytes, segment_path
 from fastpath.errors import FastpathError, InputError, ServerGone, RingFull, ServeError
@@ -80,6 +81,16 @@ def _reply_error(int err, unsigned long long seq, long long symbol, long long ts
     return FastpathError(f"the server answered request {seq} with error code {err}")
 
 
+cdef int _wait_ms(int ms) except -1:
+    """Sleep ms between two looks at the segment, running signal handlers first: time.sleep
+    runs them only when the signal interrupts the sleep itself, so one that landed in another
+    thread, or between two sleeps, waited for the end of the whole wait (a Ctrl-C ignored
+    until connect's timeout)."""
+    PyErr_CheckSignals()
+    time.sleep(ms / 1000)
+    return 0
+
+
 def _gone_why(int chk, int64_t stall_ns):
     if chk == FP_SRV_GONE_STOPPED:
         return "stopped"
@@ -129,10 +140,9 @@ cdef class Client:
         # nan, inf or huge timeout overflowed the deadline (no wait at all, "no server is
         # serving"), a nan or negative stall_timeout called every live server stalled, and a
         # str raised a TypeError or ValueError naming no argument
-        from fastpath.serving.client import _seconds
-        timeout = _seconds("timeout", timeout, lo_open=False)
+        timeout = check_seconds("timeout", timeout, lo_open=False)
         if stall_timeout is not None:
-            stall_timeout = _seconds("stall_timeout", stall_timeout, lo_open=True)
+            stall_timeout = check_seconds("stall_timeout", stall_timeout, lo_open=True)
         self._stall_ns = -1 if stall_timeout is None else <int64_t>(<double>stall_timeout * 1e9)
         b = _name_bytes(name)
         self.name = name
@@ -186,13 +196,13 @@ cdef class Client:
                     except OSError:
                         pass
                 raise ServeError(f"cannot open {path}: {os.strerror(err)}{hint}")
-            time.sleep(0.002)
+            _wait_ms(2)
         rc = fp_client_open(&self._s, &self._c)
         # a slot given back by close() is freed by the worker at its next heartbeat: a client
         # connecting right after another closed (max_clients = 1: reconnect) was refused
         # although the slot would be free within a millisecond. Wait for it up to timeout.
         while rc == FP_RING_ERR_NOSLOT and fp_ring_now_ns() <= deadline:
-            time.sleep(0.001)
+            _wait_ms(1)         # an interrupt here: __dealloc__ unmaps the segment
             rc = fp_client_open(&self._s, &self._c)
         if rc != FP_RING_OK:
             # read before the detach, which clears the header pointer

@@ -2,7 +2,7 @@
 # the other modules cimport from it. Its cdef functions reach them through Cython's C-API
 # table (one pointer load, on cold paths); the two argument checks a tick makes are inline,
 # so their common case compiles into each caller.
-from fastpath._csrc cimport fp_engine, fp_mlp, fp_trees_desc
+from fastpath._csrc cimport fp_engine, fp_isa, fp_mlp, fp_trees_desc
 
 cdef extern from "Python.h":
     # declared without an exception spec: the caller checks the range (and clears the error)
@@ -13,7 +13,7 @@ cdef extern from "Python.h":
 
 cdef fp_engine *_make_engine(object model, object cfg, list keep) except NULL
 cdef int _trees_desc(object t, fp_trees_desc *d, list keep) except -1
-cdef int _pack_mlp(fp_mlp *m, weights, biases, activations) except -1
+cdef int _pack_mlp(fp_mlp *m, weights, biases, activations, int wtype=*, fp_isa isa=*) except -1
 cdef Py_ssize_t _symbol_slow(object symbol, Py_ssize_t n) except -1
 cdef long long _ts_slow(object ts) except -2
 

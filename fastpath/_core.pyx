@@ -277,8 +277,10 @@ def _mlp_arrays(weights, biases, activations):
     return ws, bs, dims, acts
 
 
-cdef int _pack_mlp(fp_mlp *m, weights, biases, activations) except -1:
-    """fp_mlp_init over float32 copies of the layers; InputError when they do not chain."""
+cdef int _pack_mlp(fp_mlp *m, weights, biases, activations, int wtype=FP_WEIGHTS_FP32,
+                   fp_isa isa=FP_ISA_SCALAR) except -1:
+    """fp_mlp_init_ex over float32 copies of the layers: hidden layers in weight format
+    wtype (FP_WEIGHTS_*), run by isa's kernels; InputError when they do not chain."""
     ws, bs, dims, acts = _mlp_arrays(weights, biases, activations)
     cdef int L = len(ws)
     cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
@@ -295,13 +297,13 @@ cdef int _pack_mlp(fp_mlp *m, weights, biases, activations) except -1:
             wp[i] = <const float *>cnp.PyArray_DATA(t)
             t = bs[i]
             bp[i] = <const float *>cnp.PyArray_DATA(t)
-        rc = fp_mlp_init(m, L, <const int *>cnp.PyArray_DATA(dims),
-                         <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL)
+        rc = fp_mlp_init_ex(m, L, <const int *>cnp.PyArray_DATA(dims),
+                            <const int *>cnp.PyArray_DATA(acts), wp, bp, NULL, wtype, isa)
     finally:
         PyMem_Free(wp)
         PyMem_Free(bp)
     if rc != 0:
-        raise MemoryError("cannot pack MLP")
+        raise MemoryError("cannot pack the MLP")
     return 0
 
 

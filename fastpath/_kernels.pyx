@@ -7,7 +7,6 @@ streaming-read bandwidth and jitter probes.
 Design: nothing here is on the hot path, so every shim copies and checks its inputs and
 allocates its outputs; the tests compare each against a numpy reference, per kernel set.
 """
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
 cimport numpy as cnp
 from libc.math cimport sqrt
 from libc.stdint cimport int32_t, int64_t, uint64_t
@@ -18,8 +17,9 @@ from fastpath._core cimport _pack_mlp, _trees_desc
 
 import numpy as np
 
-from fastpath._core import _ACTS, _ISA_BY_NAME, _describe, _mlp_arrays, supported_isas
+from fastpath._core import _ACTS, _ISA_BY_NAME, _describe, supported_isas
 from fastpath.errors import InputError
+from fastpath.model.trees import TreeEnsemble
 
 cnp.import_array()
 
@@ -522,30 +522,39 @@ def kernel_allfinite(str isa, x):
 
 
 
-
-cdef class PackedMLP:
-    """An MLP packed into the blocked arena, for testing and timing the MLP kernel alone."""
+cdef class _PackedLayers:
+    """An fp_mlp a subclass's __cinit__ packs and the two activation buffers a pass ping-pongs
+    between: the part the fp32 and the reduced-precision shims share, freed here."""
     cdef fp_mlp m
     cdef float *a
     cdef float *b
     cdef readonly int n_in, n_out
-    cdef const fp_kernels *k
-    cdef int parity         # row-group order of the next pass: this object's state, not the model's
 
-    def __cinit__(self, weights, biases, activations, str isa="avx2"):
-        self.k = _kernels(isa)
-        _pack_mlp(&self.m, weights, biases, activations)
+    cdef int _buffers(self) except -1:
+        """n_in / n_out from the packed layers, and the buffers (max_width floats each)."""
         self.n_in = self.m.layers[0].in_
         self.n_out = self.m.layers[self.m.n_layers - 1].out
         self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
         self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
         if self.a == NULL or self.b == NULL:
             raise MemoryError("cannot allocate MLP scratch")
+        return 0
 
     def __dealloc__(self):
         fp_mlp_free(&self.m)
         fp_aligned_free(self.a)
         fp_aligned_free(self.b)
+
+
+cdef class PackedMLP(_PackedLayers):
+    """An MLP packed into the blocked arena, for testing and timing the MLP kernel alone."""
+    cdef const fp_kernels *k
+    cdef int parity         # row-group order of the next pass: this object's state, not the model's
+
+    def __cinit__(self, weights, biases, activations, str isa="avx2"):
+        self.k = _kernels(isa)
+        _pack_mlp(&self.m, weights, biases, activations)
+        self._buffers()
 
     @property
     def macs(self):
@@ -737,13 +746,9 @@ def kernel_lowp_dense(str weights, str variant, w, b, str act, x):
     return out, bool(ok)
 
 
-cdef class LowpMLP:
+cdef class LowpMLP(_PackedLayers):
     """An MLP whose hidden layers are packed as bf16 / int8 (the output layer stays fp32), run
     as an engine on kernel set `isa` runs it: for testing and timing the MLP stage alone."""
-    cdef fp_mlp m
-    cdef float *a
-    cdef float *b
-    cdef readonly int n_in, n_out
     cdef readonly str weights, variant
     cdef const fp_kernels *k
 
@@ -756,45 +761,12 @@ cdef class LowpMLP:
         if self.k == NULL:
             raise InputError(f"this CPU (or build) cannot run kernel set {isa!r}")
         cdef int wt = FP_WEIGHTS_FP32 if weight_type == "fp32" else _LOWP_TYPES[weight_type]
-        ws, bs, dims, acts = _mlp_arrays(weights, biases, activations)
-        cdef int L = len(ws), i, rc
-        cdef const float **wp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-        cdef const float **bp = <const float **>PyMem_Malloc(sizeof(float *) * L)
-        cdef cnp.ndarray t
-        if wp == NULL or bp == NULL:
-            PyMem_Free(wp)
-            PyMem_Free(bp)
-            raise MemoryError()
-        try:
-            for i in range(L):
-                t = ws[i]
-                wp[i] = <const float *>cnp.PyArray_DATA(t)
-                t = bs[i]
-                bp[i] = <const float *>cnp.PyArray_DATA(t)
-            t = dims
-            rc = fp_mlp_init_ex(&self.m, L, <const int *>cnp.PyArray_DATA(t),
-                                <const int *>cnp.PyArray_DATA(<cnp.ndarray>acts), wp, bp, NULL,
-                                wt, _LOWP_ISAS[isa])
-        finally:
-            PyMem_Free(wp)
-            PyMem_Free(bp)
-        if rc != 0:
-            raise MemoryError("cannot pack the MLP")
+        _pack_mlp(&self.m, weights, biases, activations, wt, _LOWP_ISAS[isa])
         self.weights = weight_type
         names = lowp_kernels(isa)
         self.variant = ("fp32" if weight_type == "fp32" else
                         names[0] if weight_type == "bf16" else names[1])
-        self.n_in = self.m.layers[0].in_
-        self.n_out = self.m.layers[self.m.n_layers - 1].out
-        self.a = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
-        self.b = <float *>fp_aligned_alloc(sizeof(float) * self.m.max_width)
-        if self.a == NULL or self.b == NULL:
-            raise MemoryError("cannot allocate MLP scratch")
-
-    def __dealloc__(self):
-        fp_mlp_free(&self.m)
-        fp_aligned_free(self.a)
-        fp_aligned_free(self.b)
+        self._buffers()
 
     @property
     def arena_bytes(self):
@@ -879,7 +851,6 @@ cdef class PackedTrees:
         self.ev = fp_trees_eval_for(_TREE_ISAS[isa])
         if self.ev == NULL:
             raise InputError(f"kernel set {isa!r} is not supported by this CPU (has: {tree_isas()})")
-        from fastpath.model.trees import TreeEnsemble
         if not isinstance(trees, TreeEnsemble):
             raise InputError(f"trees must be a fastpath.model.TreeEnsemble, got "
                              f"{type(trees).__name__}")

@@ -17,12 +17,19 @@ from fastpath._csrc cimport *
 from fastpath._core cimport _make_engine
 from fastpath._ring cimport *
 
+import errno as errno_names
 import json
 import os
+import time
 import weakref
 
 import numpy as np
 
+# the segment's file, the arena's smaps reader and the privileges below the worker, as
+# modules: each function is looked up where it is used (a test replaces one in its module)
+from fastpath import _memory
+from fastpath import _privileges
+from fastpath import _segment
 from fastpath._client import Client  # noqa: F401 (fastpath._serve.Client, as before the split)
 from fastpath._ring import _name_bytes, segment_path
 from fastpath.errors import FastpathError, InputError, ServeError
@@ -107,8 +114,7 @@ cdef class Worker:
             munmap(self._h, self._size)
             self._h = NULL
         if self._ident is not None:
-            from fastpath.serving.segment import remove
-            remove(self.path, self._ident)
+            _segment.remove(self.path, self._ident)
 
     cdef void _forked(self):
         """In a child made by fork(): the segment and its rings are the parent's server's.
@@ -129,7 +135,6 @@ cdef class Worker:
         server under the same name is a ServeError."""
         cdef fp_seg s
         b = self.name.encode()
-        from fastpath.serving.segment import remove
         # the file judged, so that only it is removed: two servers replacing one crashed
         # segment at once both removed "it", the second the segment the first had just made
         # (the first then served a file nobody could reach, two servers under one name)
@@ -141,12 +146,11 @@ cdef class Worker:
         rc = fp_seg_attach(b, &s)
         if rc == FP_RING_ERR_NOENT:
             if os.path.islink(self.path):
-                remove(self.path)     # a link to a hugetlbfs file that is gone
+                _segment.remove(self.path)     # a link to a hugetlbfs file that is gone
                 return "dangling"
             return None
         if rc != FP_RING_OK:
-            from fastpath.serving.segment import INIT_GRACE_S, initializing
-            if initializing(self.path):
+            if _segment.initializing(self.path):
                 # another server between creating the file and writing its header: removed
                 # as a leftover, that server went on serving a file nobody could reach, and
                 # two servers ran under one name
@@ -154,9 +158,9 @@ cdef class Worker:
                     f"{self.name!r}: another server is creating {self.path} (its header is not "
                     f"written yet); one name, one server: stop it first or pick another name "
                     f"(a file left by a server that crashed while starting is replaced once it "
-                    f"is {INIT_GRACE_S:g} s old)")
+                    f"is {_segment.INIT_GRACE_S:g} s old)")
             # not ours to judge (another version, a truncated file): a crashed run's leftovers
-            remove(self.path, judged)
+            _segment.remove(self.path, judged)
             return "unreadable"
         pid = s.h.server_pid
         chk = fp_seg_server_check(s.h, fp_ring_now_ns(), <int64_t>scfg.stall_timeout_ms * 1000000)
@@ -185,24 +189,22 @@ cdef class Worker:
             # and new ones on ours. Only a pid that does not map the segment lets go of it:
             # the number reused after a crash by an unrelated process, or by this one (a
             # container restarted: the server is pid 1 again)
-            from fastpath.serving.segment import mapped_by
-            if mapped_by(pid, self.path) is not False:
+            if _segment.mapped_by(pid, self.path) is not False:
                 raise ServeError(
                     f"{self.name!r} is held by pid {pid} ({self.path}), alive but its serving "
                     f"loop has not beaten for {age_s:.1f} s (stopped by a signal or a debugger?); "
                     f"replacing it would leave two servers under one name once it resumes: "
                     f"stop that process first (kill {pid}) or pick another name")
-        remove(self.path, judged)
+        _segment.remove(self.path, judged)
         return pid
 
     cdef _create(self, scfg, memory_cfg):
-        from fastpath.serving import segment as seg
         cdef uint64_t size = fp_seg_bytes(self.raw_len, scfg.ring_slots, scfg.max_clients)
         cdef size_t map_bytes
         cdef void *p
         huge = memory_cfg.huge_pages if memory_cfg is not None else "auto"
         try:
-            fd, map_bytes, method, tried = seg.create(self.path, size, scfg.mode, huge)
+            fd, map_bytes, method, tried = _segment.create(self.path, size, scfg.mode, huge)
         except FileExistsError:
             # another server made it between the check for a live one and now
             raise ServeError(f"{self.name!r}: another server created {self.path} at the same "
@@ -217,7 +219,7 @@ cdef class Worker:
                                         f"{os.strerror(_errno())}")
         except BaseException:
             os.close(fd)
-            seg.remove(self.path)
+            _segment.remove(self.path)
             raise
         os.close(fd)
         self._h = <fp_seg_header *>p
@@ -245,23 +247,21 @@ cdef class Worker:
         self._seg_flags = (FP_SEG_HUGE_TLB if method.startswith("hugetlb") else
                            FP_SEG_HUGE_THP if method == "thp" else FP_SEG_HUGE_NONE)
         self._h.seg_flags = self._seg_flags
-        from fastpath.control.memory import smaps_entry
         self.segment = {"bytes": int(map_bytes), "asked": huge, "tried": tried,
-                        **seg.backing(smaps_entry(<size_t>p), method)}
+                        **_segment.backing(_memory.smaps_entry(<size_t>p), method)}
         if memory_cfg is not None and memory_cfg.mlock:
             if mlock(p, map_bytes) == 0:
                 self.segment["mlock"] = "ok"
             else:
-                # as the engine's own arena reports it (control.memory.allocate): the errno,
+                # as the engine's own arena reports it (fastpath._memory.allocate): the errno,
                 # what the kernel went by (capability, RLIMIT_MEMLOCK) and the fix; the bare
                 # strerror said neither why nor what to change
                 err = _errno()
-                import errno as errno_names
-                from fastpath.control.placement import MEMLOCK_FIX, read_privileges
-                _, why = read_privileges().memory_lock(map_bytes)
+                _, why = _privileges.read_privileges().memory_lock(map_bytes)
                 self.segment["mlock"] = (
                     f"{errno_names.errorcode.get(err, err)}: {os.strerror(err)}: {why}; the "
-                    f"segment may be paged out under memory pressure; fix: {MEMLOCK_FIX}")
+                    f"segment may be paged out under memory pressure; fix: "
+                    f"{_privileges.MEMLOCK_FIX}")
 
     def set_placement(self, report: dict):
         """Publish the placement report (JSON) for clients; call before run()."""
@@ -379,7 +379,6 @@ cdef bint _still_beating(const fp_seg_header *h):
     """Whether the heartbeat moves within dead_after_ms (capped at 60 s, the config's bound: the
     field is in the header): a live loop beats every heartbeat_ms (< dead_after_ms), so a
     heartbeat that stays put that long is a server that died a moment ago (kill -9)."""
-    import time
     cdef uint64_t beat = fp_atomic_load_u64(&h.heartbeat_ns)
     cdef int64_t until = fp_ring_now_ns() + <int64_t>min(h.dead_after_ms, 60000) * 1000000 + 1000000
     while fp_ring_now_ns() <= until:
@@ -390,14 +389,13 @@ cdef bint _still_beating(const fp_seg_header *h):
 
 
 def _remove_segment(path, ident):
-    """segment.remove(path, ident), finished even when an interrupt lands inside it (it is
+    """_segment.remove(path, ident), finished even when an interrupt lands inside it (it is
     idempotent: tried again, then the interrupt raised). An OSError is a real failure and is
     raised at once."""
     interrupted = None
     for _ in range(16):
         try:
-            from fastpath.serving.segment import remove
-            remove(path, ident)
+            _segment.remove(path, ident)
             break
         except OSError:
             raise

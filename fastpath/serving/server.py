@@ -24,10 +24,10 @@ import weakref
 import numpy as np
 
 from fastpath._build import DEMO_MODEL, resolve
+from fastpath._checks import check_seconds
 from fastpath._serve import Worker
 from fastpath.control.placement import place
 from fastpath.errors import ConfigError, ServeError
-from fastpath.serving.client import _seconds
 
 _live: "weakref.WeakSet[Server]" = weakref.WeakSet()
 _servers: "weakref.WeakSet[Server]" = weakref.WeakSet()    # every Server, for the fork hook
@@ -41,7 +41,7 @@ class Server:
     def __init__(self, name: str, model=None, config=None, start_timeout: float = 10.0):
         # before anything starts: a bad one raised TypeError from the wait (`float + str`,
         # naming no argument) with the loop already started, or waited forever (nan)
-        start_timeout = _seconds("Server: start_timeout", start_timeout, True, None)
+        start_timeout = check_seconds("Server: start_timeout", start_timeout, True, None)
         m, rc, _backend, _why = resolve(model if model is not None else DEMO_MODEL, "cpu", config)
         if rc.source.backend == "gpu":
             # the loop steps a CPU engine (fp_worker.c): a config asking for the GPU was
@@ -261,8 +261,8 @@ class Server:
             # checked before the stop flag is set: a bad value raised from Thread.join (a
             # TypeError, or "did not stop within -1 s") with the loop already stopping and
             # its segment left for the exit hook
-            timeout = _seconds("Server.stop: timeout", timeout, False, None,
-                               " (or None: [serve] drain_timeout_ms plus 10 s)")
+            timeout = check_seconds("Server.stop: timeout", timeout, False, None,
+                                    " (or None: [serve] drain_timeout_ms plus 10 s)")
         with self._lock:
             w = self._worker
             if w is None:

@@ -124,20 +124,12 @@ OPTIONAL = {"onnx", "onnxruntime", "lightgbm", "xgboost", "catboost", "sklearn",
             "matplotlib", "threadpoolctl", "treelite", "tl2cgen", "atheris", "databento_dbn"}
 # modules that still import inside functions what is not optional: each
 # case turns red (strict xfail) once the module is fixed, so the entry can go
-INNER_PENDING = {
-    "fastpath._client": "_client.pyx imports fastpath.serving.client at call time (fastpath.serving "
-                        "imports the client back)",
-    "fastpath._kernels": "_kernels.pyx imports fastpath.model.trees at call time",
-    "fastpath._serve": "_serve.pyx imports fastpath.serving.*, fastpath.control.memory and "
-                       "fastpath.control.placement at call time (fastpath.serving.server "
-                       "imports fastpath._serve back)",
-    **{f"fastpath.bench.{b}": "the bench scripts import fastpath and their sibling scripts "
-                              "(_report, _commit) at call time"
-       for b in ("_commit", "gpu_check", "peers", "scaling", "serve", "weights")},
-}
-# the hot path (the compiled engine and the module that builds its configuration) and what
-# it imports, module level or at call time; none of it may reach the control plane or bench
-HOT = ("fastpath._engine", "fastpath._resolve", "fastpath._build")
+INNER_PENDING: dict = {}
+# the hot path (the compiled engine, the modules that resolve and build its configuration, the
+# serving worker and its client) and what it imports, module level or at call time; none of it
+# may reach the control plane or bench
+HOT = ("fastpath._engine", "fastpath._resolve", "fastpath._build", "fastpath._serve",
+       "fastpath._client")
 
 
 def _layer(mod: str):
@@ -244,10 +236,8 @@ def test_module_level_imports_have_no_cycle():
     assert not found, "import cycle: " + " -> ".join(found)
 
 
-_CALL_TIME_CYCLES = ("at call time fastpath._serve and fastpath.serving (segment, client) "
-                     "import each other, as do "
-                     "fastpath.control.config with placement and memory: each is a circle "
-                     "hidden in function bodies")
+_CALL_TIME_CYCLES = ("at call time fastpath.control.config imports placement and memory, "
+                     "which import it back: a circle hidden in function bodies")
 
 
 @pytest.mark.xfail(strict=True, reason=_CALL_TIME_CYCLES)

@@ -116,3 +116,34 @@ def overflow_mlp(fs: FeatureSpec, cache: bool, seed: int) -> Model:
                       max_run=3)
     return Model((Layer(w1, np.zeros(8, np.float32), "tanh"),
                   Layer(w2, np.zeros(2, np.float32), "identity")), fs, pol)
+
+
+# the symbols the window refusal tests step (each its own window)
+N_SYM = 3
+
+
+def mlp_model(n_w: int, window: int, cache: bool, seed: int = 0) -> Model:
+    """overflow_mlp over n_w window fields (window `window`) and the z fields Z."""
+    return overflow_mlp(_spec(n_w, window), cache, seed)
+
+
+def spoil(x: np.ndarray, how: str, n_w: int) -> np.ndarray:
+    """A copy of the good tick x that the engine refuses after committing its window: "out" (the
+    first layer overflows), "zfeat" (a z-score overflows) or "wfeat" (a finite field whose
+    window feature overflows)."""
+    bad = x.copy()
+    if how == "out":
+        bad[0] = 1e10                 # 1e10 * 1e30 overflows the first layer
+    elif how == "zfeat":
+        bad[1] = 1e10                 # 1e10 * 1e30 overflows the z-score
+    else:                             # "wfeat"
+        bad[W0 + (n_w - 1)] = 3e38
+    return bad
+
+
+def engine_cfg(isa: str, memory: bool = False) -> dict:
+    """The engine config of these tests on kernel set isa; memory: state in a [memory] region."""
+    c = {"engine": {"simd": isa, "n_symbols": N_SYM}}
+    if memory:
+        c["memory"] = {"huge_pages": "none", "mlock": False}
+    return c

@@ -6,10 +6,12 @@ the offsets of fastpath/include/fp_ring.h; every wait is for an observable event
 count, a heartbeat, a state word) under a deadline."""
 import mmap
 import os
+import signal
 import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -18,6 +20,7 @@ import pytest
 import fastpath
 from fastpath import InputError, ServeError
 from fastpath._build import DEMO_MODEL
+from fastpath.serving import client as client_mod
 from helpers.serving import (
     CLIENTS_OFF, CL_ACTIVE, CL_CLAIMED, CL_CLOSING, PKG_ROOT, _dead_pid, _entry, _load, _store,
     cfg, deadline, raw_zero, store_entry, ticks, uname, wait_beats, wait_loop_time)
@@ -79,6 +82,48 @@ def test_reconnect_right_after_close_waits_for_the_slot_to_be_freed():
         for i in range(4):
             with deadline(30), fastpath.connect(name, timeout=10) as c:
                 assert c.step(raw, 0, 100 + i).seq == 1
+
+
+def _interrupt_once_connect_waits(main: int, box: dict):
+    """Send SIGINT to this (non-main) thread once the main thread is inside Client() under
+    connect(): the signal's C handler runs here, and the main thread's sleep goes on
+    uninterrupted, so only a wait that checks for signals itself runs the Python handler."""
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        f = sys._current_frames().get(main)
+        # connect's frame on top, its line the Client() call: the GIL is free only while
+        # that call sleeps between two looks at the slot table
+        if f is not None and f.f_code is client_mod.connect.__code__:
+            box["sent"] = True
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            return
+        time.sleep(0.001)
+
+
+def test_a_signal_handler_runs_while_connect_waits_for_a_client_slot():
+    """Regression: connect() waiting for a free client slot ran a signal's handler (Ctrl-C) only
+    once its timeout had passed."""
+    name = uname()
+    box = {}
+
+    def handler(signum, frame):
+        # gives the one slot back: connect gets it if this runs while connect waits, and
+        # raises "all its 1 client slots taken" if it runs only at connect's timeout
+        box["held"].close()
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        with fastpath.serve(name, None, cfg(max_clients=1)):
+            box["held"] = fastpath.connect(name, timeout=10)
+            t = threading.Thread(target=_interrupt_once_connect_waits,
+                                 args=(threading.get_ident(), box), daemon=True)
+            t.start()
+            with deadline(120), fastpath.connect(name, timeout=30) as c:
+                assert c.step(raw_zero(), 0).seq == 1
+            t.join(60)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert box.get("sent")
 
 
 # ------------------------------------------------------------------ dead owners reaped

@@ -19,7 +19,7 @@ import fastpath
 from fastpath import ServeError
 from fastpath._serve import segment_path
 from fastpath.control import memory
-from fastpath.serving import segment, segment as seg, segment as segmod
+from fastpath import _segment as segment
 from helpers.serving import (
     Interrupt, PKG_ROOT, _wait_stopped, cfg, deadline, fork_child, raw_zero, ticks, uname)
 
@@ -81,23 +81,23 @@ def test_mapped_by_reads_which_processes_map_the_segment(tmp_path):
     path = str(tmp_path / "seg")
     with open(path, "wb") as f:
         f.write(b"\0" * 4096)
-    assert seg.mapped_by(os.getpid(), path) is False
+    assert segment.mapped_by(os.getpid(), path) is False
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
-        assert seg.mapped_by(os.getpid(), path) is True
+        assert segment.mapped_by(os.getpid(), path) is True
         m[0] = 1
-    assert seg.mapped_by(os.getpid(), str(tmp_path / "absent")) is None
+    assert segment.mapped_by(os.getpid(), str(tmp_path / "absent")) is None
 
 
 # ------------------------------------------------------------------ segment size vs /dev/shm
 def test_segment_larger_than_shm_is_refused_up_front(tmp_path):
     """Regression: a segment larger than /dev/shm holds was created, and its pre-fault killed
     the server (SIGBUS)."""
-    vfs = os.statvfs(seg.SHM_DIR)
+    vfs = os.statvfs(segment.SHM_DIR)
     too_big = vfs.f_blocks * vfs.f_frsize + (1 << 30)
-    path = os.path.join(seg.SHM_DIR, f"fastpath.{uname()}")
+    path = os.path.join(segment.SHM_DIR, f"fastpath.{uname()}")
     try:
         with pytest.raises(OSError, match=r"cannot reserve .*ring_slots.*--shm-size"):
-            fd, *_ = seg.create(path, too_big, 0o600, "none")
+            fd, *_ = segment.create(path, too_big, 0o600, "none")
             os.close(fd)
         assert not os.path.exists(path)
     finally:
@@ -107,13 +107,13 @@ def test_segment_larger_than_shm_is_refused_up_front(tmp_path):
 
 def test_server_with_a_segment_too_big_for_shm_is_an_error_in_a_child():
     """A segment too big for /dev/shm ends `fastpath serve` with a message, never a signal."""
-    vfs = os.statvfs(seg.SHM_DIR)
+    vfs = os.statvfs(segment.SHM_DIR)
     # a client region is ring_slots x (request + reply slot); find slots that overflow the fs
     per_slot = 64 + ((64 + 4 * fastpath.get_default_engine().raw_len + 63) // 64) * 64
     slots = 1 << 16
     clients = min(64, max(1, -(-(vfs.f_blocks * vfs.f_frsize + (1 << 30)) // (slots * per_slot))))
     if slots * per_slot * clients <= vfs.f_blocks * vfs.f_frsize:
-        pytest.skip(f"{seg.SHM_DIR} is larger than the largest segment the config allows")
+        pytest.skip(f"{segment.SHM_DIR} is larger than the largest segment the config allows")
     cfgfile = f"/tmp/{uname()}.toml"
     with open(cfgfile, "w") as f:
         f.write(f"[serve]\nring_slots = {slots}\nmax_clients = {clients}\nplace = false\n")
@@ -132,7 +132,7 @@ def test_two_servers_starting_at_once_on_one_name(monkeypatch):
     """Regression: the loser of two servers starting on one name died with a bare
     FileExistsError."""
     name = uname()
-    real_create = seg.create
+    real_create = segment.create
 
     def racing_create(path, *a, **kw):
         # the other server wins: its file appears between the check and the create
@@ -140,7 +140,7 @@ def test_two_servers_starting_at_once_on_one_name(monkeypatch):
         os.close(fd)
         return real_create(path, *a, **kw)
 
-    monkeypatch.setattr(seg, "create", racing_create)
+    monkeypatch.setattr(segment, "create", racing_create)
     try:
         with pytest.raises(ServeError, match="another server created"):
             fastpath.serve(name, None, cfg())
@@ -198,7 +198,7 @@ def test_a_relative_link_is_not_resolved_against_the_working_directory(tmp_path,
     monkeypatch.chdir(tmp_path)
     (tmp_path / f"fastpath.{name}").write_text("keep me\n")
     os.symlink(f"fastpath.{name}", segment_path(name))
-    seg.remove(segment_path(name))
+    segment.remove(segment_path(name))
     assert not os.path.lexists(segment_path(name))
     assert (tmp_path / f"fastpath.{name}").read_text() == "keep me\n"
 
@@ -209,11 +209,11 @@ def test_the_hugetlbfs_file_behind_a_segment_link_is_still_removed(tmp_path, mon
     name = uname()
     mnt = tmp_path / "hugepages"
     mnt.mkdir()
-    monkeypatch.setattr(seg, "hugetlbfs_points", lambda mounts="/proc/mounts": {str(mnt)})
+    monkeypatch.setattr(segment, "hugetlbfs_points", lambda mounts="/proc/mounts": {str(mnt)})
     real = mnt / f"fastpath.{name}"
     real.write_bytes(b"\0" * 64)
     os.symlink(str(real), segment_path(name))
-    seg.remove(segment_path(name))
+    segment.remove(segment_path(name))
     assert not os.path.lexists(segment_path(name)) and not real.exists()
 
 
@@ -222,7 +222,7 @@ def test_hugetlbfs_points_lists_every_mount(tmp_path):
     m.write_text("none /dev/hugepages hugetlbfs rw,relatime,pagesize=2M 0 0\n"
                  "tmpfs /dev/shm tmpfs rw 0 0\n"
                  "none /mnt/huge\\0401g hugetlbfs ro,pagesize=1024M 0 0\n")
-    assert seg.hugetlbfs_points(str(m)) == {"/dev/hugepages", "/mnt/huge 1g"}
+    assert segment.hugetlbfs_points(str(m)) == {"/dev/hugepages", "/mnt/huge 1g"}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
@@ -308,7 +308,7 @@ def test_two_servers_replacing_one_crashed_segment_do_not_remove_each_other(tmp_
         p.kill()
         p.wait(timeout=30)
     assert os.path.exists(segment_path(name))          # left by the crash
-    real_remove = segmod.remove
+    real_remove = segment.remove
     first = {}
 
     def racing_remove(path, ident=None):
@@ -317,7 +317,7 @@ def test_two_servers_replacing_one_crashed_segment_do_not_remove_each_other(tmp_
             first["srv"] = None
             first["srv"] = fastpath.serve(name, config=cfg())
         return real_remove(path, ident)
-    monkeypatch.setattr(segmod, "remove", racing_remove)
+    monkeypatch.setattr(segment, "remove", racing_remove)
     try:
         with pytest.raises(ServeError, match="at the same time"):
             fastpath.serve(name, config=cfg())

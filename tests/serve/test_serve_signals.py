@@ -12,8 +12,8 @@ import pytest
 
 import fastpath
 from fastpath._serve import segment_path
-from fastpath.control import memory
-from fastpath.serving import segment, server as server_mod
+from fastpath import _memory, _segment as segment
+from fastpath.serving import server as server_mod
 from helpers.serving import (
     CFG_JSON, Interrupt, PKG_ROOT, TESTS_DIR, _wait_stopped, cfg, deadline, serve_cli,
     server_process, uname)
@@ -423,14 +423,14 @@ def test_an_interrupt_while_the_worker_reports_its_segment_leaves_no_segment(mon
     """Regression: Ctrl-C while the worker read smaps for its report left the segment file
     behind."""
 
-    real = memory.smaps_entry
+    real = _memory.smaps_entry
 
     def interrupted(addr):
         if os.path.exists(segment_path(name)):     # the segment's report (not the engine's)
             raise KeyboardInterrupt
         return real(addr)
 
-    monkeypatch.setattr(memory, "smaps_entry", interrupted)
+    monkeypatch.setattr(_memory, "smaps_entry", interrupted)
     name = uname()
     with pytest.raises(KeyboardInterrupt):
         fastpath.serve(name, config=cfg())

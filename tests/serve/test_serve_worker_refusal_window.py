@@ -9,33 +9,7 @@ import pytest
 
 import fastpath
 from fastpath import Engine, InputError
-from fastpath.model import Model
-from helpers.refusing_models import W0, _spec, good_tick, overflow_mlp
-
-
-N_SYM = 3
-
-
-def mlp_model(n_w: int, window: int, cache: bool, seed: int = 0) -> Model:
-    return overflow_mlp(_spec(n_w, window), cache, seed)
-
-
-def spoil(x: np.ndarray, how: str, n_w: int) -> np.ndarray:
-    bad = x.copy()
-    if how == "out":
-        bad[0] = 1e10                 # 1e10 * 1e30 overflows the first layer
-    elif how == "zfeat":
-        bad[1] = 1e10                 # 1e10 * 1e30 overflows the z-score
-    else:                             # "wfeat": a finite field whose window feature overflows
-        bad[W0 + (n_w - 1)] = 3e38
-    return bad
-
-
-def cfg(isa, memory=False):
-    c = {"engine": {"simd": isa, "n_symbols": N_SYM}}
-    if memory:
-        c["memory"] = {"huge_pages": "none", "mlock": False}
-    return c
+from helpers.refusing_models import N_SYM, engine_cfg as cfg, good_tick, mlp_model, spoil
 
 
 def test_serving_worker_refusal_leaves_the_window(isa):
@@ -43,7 +17,7 @@ def test_serving_worker_refusal_leaves_the_window(isa):
     the symbol's window as it was (later answers equal a local twin's that never saw it)."""
     model = mlp_model(9, 3, True)
     rng = np.random.default_rng(4)
-    config = {"engine": {"simd": isa, "n_symbols": N_SYM},
+    config = {**cfg(isa),
               "serve": {"place": False, "idle": "yield", "idle_spin_ns": 50_000}}
     twin = Engine(model, config=cfg(isa))
     name = f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -16,33 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastpath import Engine, InputError
-from fastpath.model import Model
-from helpers.refusing_models import W0, _spec, good_tick, overflow_mlp, tree_model
-
-N_SYM = 3
-
-
-def mlp_model(n_w: int, window: int, cache: bool, seed: int = 0) -> Model:
-    return overflow_mlp(_spec(n_w, window), cache, seed)
-
-
-def spoil(x: np.ndarray, how: str, n_w: int) -> np.ndarray:
-    bad = x.copy()
-    if how == "out":
-        bad[0] = 1e10                 # 1e10 * 1e30 overflows the first layer
-    elif how == "zfeat":
-        bad[1] = 1e10                 # 1e10 * 1e30 overflows the z-score
-    else:                             # "wfeat": a finite field whose window feature overflows
-        bad[W0 + (n_w - 1)] = 3e38
-    return bad
-
-
-def cfg(isa, memory=False):
-    c = {"engine": {"simd": isa, "n_symbols": N_SYM}}
-    if memory:
-        c["memory"] = {"huge_pages": "none", "mlock": False}
-    return c
-
+from helpers.refusing_models import (N_SYM, W0, engine_cfg as cfg, good_tick, mlp_model, spoil,
+                                     tree_model)
 
 def probe_windows(eng, twin, n_w):
     """Each symbol's window, read through features() (applies nothing): bit-identical."""

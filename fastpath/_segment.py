@@ -6,7 +6,7 @@ backs it, and map whatever the server made. Huge pages that two processes can sh
 from a hugetlbfs mount (a file there, with pages from the hugetlb pool) or from tmpfs with
 shmem transparent huge pages; a segment in hugetlbfs is reached through a symlink at the
 usual path, so a C client's open() follows it without knowing. The order tried follows
-[memory] huge_pages (fastpath.control.memory: 1g, 2m, thp, normal). What actually backs the
+[memory] huge_pages (fastpath.config: 1g, 2m, thp, normal). What actually backs the
 mapping is read back from /proc/self/smaps by the caller once the pages are touched.
 """
 from __future__ import annotations
