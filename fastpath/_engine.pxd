@@ -3,6 +3,8 @@
 
 cdef class Latency:
     cdef readonly long long feature_ns, cache_ns, infer_ns, h2d_ns, d2h_ns, total_ns, wait_ns
+    # book_ns: the live book stage of Engine.step_book (0 for a tick stepped from a raw vector)
+    cdef readonly long long book_ns
 
 
 cdef class Result:
@@ -12,7 +14,7 @@ cdef class Result:
     cdef readonly unsigned long long seq
     cdef readonly long long wait_ns
     cdef int _reason
-    cdef long long _f, _c, _i, _h, _d, _t
+    cdef long long _f, _c, _i, _h, _d, _t, _b
 
 
 # the default engine's step (fastpath._default) hands a tick to an Engine's C-level step
