@@ -58,6 +58,11 @@ def check_rows(res):
         assert hit["in_c_records_with_infer"] == 0
     off = st["cache_off"]
     assert off["reasons"]["disabled"] == off["samples"] == res["stream"]["ticks"]
+    # the book update -> signal row replays every update of the same stream through step_book
+    book = res["book"]
+    assert book["samples"] == book["in_c"]["book"]["n"] == res["stream"]["ticks"]
+    assert book["step_cache_off_p50_ns"] == off["python"]["p50"]
+    assert book["adapter_ns_per_tick"] > 0
     assert "cache off" in off["label"] and "miss" not in off["label"]
     # the bundle replay's calls are all accounted for: real misses, cold misses, hits
     assert (miss["samples"] + sum(miss["other_misses"].values()) + st["hit"]["samples"]
