@@ -101,23 +101,34 @@ static int fp_book_check(const fp_book_update *u, int *where) {
     return FP_BOOK_OK;
 }
 
-/* the fields of one book alone (no history): 0-101, 206-207, 252-255 */
-static void fp_book_static(const fp_book_update *u, double tick, double mid, double *o) {
+/* log1p(x), or the value kept for x when x is the value it was kept for: log1p is a function,
+ * so the reuse is exact, and most updates change few levels of a ten-level book */
+static inline double fp_log1p_was(double x, int have, double was_x, double was_log) {
+    return have && x == was_x ? was_log : log1p(x);
+}
+
+/* the fields of one book alone (no history): 0-101, 206-207, 252-255; the logs of sizes and
+ * cumulative depths into ns, reusing the committed state ps's where a value is unchanged */
+static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_book_state *ns,
+                           double tick, double mid, double *o) {
     const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
+    const int have = ps->n > 0;
     double cb = 0, ca = 0;
     for (int i = 0; i < L; i++) {
         o[i] = (bpx[i] - mid) / tick;
         o[10 + i] = (apx[i] - mid) / tick;
-        o[20 + i] = log1p(bsz[i]);
-        o[30 + i] = log1p(asz[i]);
+        o[20 + i] = ns->lbsz[i] = fp_log1p_was(bsz[i], have, ps->bsz[i], ps->lbsz[i]);
+        o[30 + i] = ns->lasz[i] = fp_log1p_was(asz[i], have, ps->asz[i], ps->lasz[i]);
         const double tot = bsz[i] + asz[i];
         o[40 + i] = tot > 0 ? (bsz[i] - asz[i]) / tot : 0.0;
         cb = i ? cb + bsz[i] : bsz[i];
         ca = i ? ca + asz[i] : asz[i];
         const double ct = cb + ca;
         o[50 + i] = ct > 0 ? (cb - ca) / ct : 0.0;
-        o[64 + i] = log1p(cb);
-        o[74 + i] = log1p(ca);
+        o[64 + i] = ns->lcb[i] = i ? fp_log1p_was(cb, have, ps->cb[i], ps->lcb[i]) : o[20];
+        o[74 + i] = ns->lca[i] = i ? fp_log1p_was(ca, have, ps->ca[i], ps->lca[i]) : o[30];
+        ns->cb[i] = cb;
+        ns->ca[i] = ca;
     }
     o[60] = (apx[0] - bpx[0]) / tick;
     const double l1 = bsz[0] + asz[0];
@@ -133,8 +144,8 @@ static void fp_book_static(const fp_book_update *u, double tick, double mid, dou
     if (!(lvl_mean >= 1e-12)) lvl_mean = 1e-12;
     o[252] = bsz[0] / lvl_mean;
     o[253] = asz[0] / lvl_mean;
-    o[254] = (log1p(bsz[L - 1]) - log1p(bsz[0])) / 9;
-    o[255] = (log1p(asz[L - 1]) - log1p(asz[0])) / 9;
+    o[254] = (o[20 + L - 1] - o[20]) / 9;
+    o[255] = (o[30 + L - 1] - o[30]) / 9;
     o[207] = fp_slog(u->trade_vol);
     o[206] = log1p(u->trade_cnt);
 }
@@ -145,12 +156,15 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
                             const fp_book_update *u, double mid, double *o) {
     const int first = ps->n == 0;
     const double *pb = first ? u->bid_sz : ps->bsz, *pa = first ? u->ask_sz : ps->asz;
+    /* pb, pa: the previous sizes, for the order flow; their logs are in ps->lbsz, ps->lasz */
     const double *pbp = first ? u->bid_px : ps->bpx, *pap = first ? u->ask_px : ps->apx;
     double ofi[L];
     for (int i = 0; i < L; i++) {
         const double bs = u->bid_sz[i], as = u->ask_sz[i], bp = u->bid_px[i], ap = u->ask_px[i];
-        o[102 + i] = log1p(bs) - log1p(pb[i]);
-        o[112 + i] = log1p(as) - log1p(pa[i]);
+        /* log1p(size) - log1p(previous size): both already computed, this update's in the
+         * static fields and the previous change's kept in the state */
+        o[102 + i] = o[20 + i] - (first ? o[20 + i] : ps->lbsz[i]);
+        o[112 + i] = o[30 + i] - (first ? o[30 + i] : ps->lasz[i]);
         const double e_b = (bp >= pbp[i] ? bs : 0.0) - (bp <= pbp[i] ? pb[i] : 0.0);
         const double e_a = (ap <= pap[i] ? as : 0.0) - (ap >= pap[i] ? pa[i] : 0.0);
         ofi[i] = e_b - e_a;
@@ -232,7 +246,7 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     fp_book_state *ns = &b->st[b->cur ^ 1];
     const double mid = 0.5 * (u->bid_px[0] + u->ask_px[0]);
     double o[FP_BOOK_RAW];
-    fp_book_static(u, b->tick, mid, o);
+    fp_book_static(u, ps, ns, b->tick, mid, o);
     fp_book_carried(b, ps, ns, u, mid, o);
     float *r = b->raw[b->cur ^ 1];
     int bad = 0;

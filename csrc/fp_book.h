@@ -55,6 +55,9 @@ typedef struct {
 typedef struct {
     double bpx[FP_BOOK_LEVELS], apx[FP_BOOK_LEVELS];
     double bsz[FP_BOOK_LEVELS], asz[FP_BOOK_LEVELS];   /* the last changed book */
+    double lbsz[FP_BOOK_LEVELS], lasz[FP_BOOK_LEVELS]; /* log1p of its sizes (the next dlogsz) */
+    double cb[FP_BOOK_LEVELS], ca[FP_BOOK_LEVELS];     /* its cumulative depths */
+    double lcb[FP_BOOK_LEVELS], lca[FP_BOOK_LEVELS];   /* and their log1p */
     double ew[FP_BOOK_NEW * FP_BOOK_HL];               /* series-major: series i, hl j at i*8+j */
     int64_t n;                         /* book changes so far (0: no book yet) */
     int64_t last_move;                 /* the change at which the mid last moved */

@@ -840,8 +840,9 @@ A model, its feature spec and cache, ready to step ticks.
 
     def reset(self, symbol=None):
         """reset(): empty every cache slot, window and counter. reset(symbol): forget one
-        symbol (a trading halt, a feed gap): its cached result, its rolling window and its last
-        timestamp, so the next tick starts it cold; counters and other symbols are untouched."""
+        symbol (a trading halt, a feed gap): its cached result, its rolling window, its last
+        timestamp and its live book (step_book; the tick size stays), so the next tick starts
+        it cold; counters and other symbols are untouched."""
         cdef Py_ssize_t sym
         if symbol is None:
             self._check_free()
