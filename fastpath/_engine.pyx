@@ -1348,10 +1348,23 @@ cdef inline cnp.ndarray _levels(object a, str name):
     return c
 
 
-cdef double _trade_arg(object v, str name) except? -1.0:
+cdef inline double _trade_arg(object v, str name) except? -1.0:
+    """a trade field as a double: a Python float or int inline, anything else checked out of
+    line (the C stage refuses a value that is not finite, or a negative count or size)"""
+    if type(v) is float:
+        return <double>v
+    if type(v) is int and -9007199254740992 <= v <= 9007199254740992:
+        return <double>v
+    return _trade_slow(v, name)
+
+
+cdef double _trade_slow(object v, str name) except? -1.0:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise InputError(f"{name} must be a number, got {v!r:.80}")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:
+        raise InputError(f"{name} {v} does not fit a double") from None
 
 
 cdef str _book_refusal(int why, int where, Py_ssize_t sym, fp_book_update u):

@@ -69,6 +69,8 @@ CASES = [
     ("negative count", _bad("trade_cnt", None, -1), r"trade_cnt is -1: must be finite and >= 0"),
     ("negative last size", _bad("last_trade_sz", None, -2.0), r"last_trade_sz is -2"),
     ("time backwards", _bad("ts_ns", None, 0), r"ts_ns 0 is earlier than the last tick"),
+    ("trade volume not a number", _bad("trade_vol", None, "1.5"), r"trade_vol must be a number"),
+    ("huge trade count", _bad("trade_cnt", None, 10**400), r"trade_cnt 1000.* does not fit"),
     ("nine levels", lambda u: {**u, "bid_sz": u["bid_sz"][:9]},
      r"bid_sz must have 10 levels.*got shape \(9,\)"),
     ("eleven levels", lambda u: {**u, "ask_px": np.append(u["ask_px"], 1e9)},
