@@ -4,9 +4,10 @@ refused call answers the next updates exactly as a twin that never saw it."""
 import numpy as np
 import pytest
 
-from fastpath import lob
+from fastpath import Engine, lob
 from fastpath.errors import InputError
 from helpers.book import book_engine
+from helpers.builders import engine_cfg, windowed_model
 
 N_WARM = 40
 
@@ -137,3 +138,13 @@ def test_symbol_out_of_range_refused():
     bs = lob.generate_stream(5, 1, seed=1)
     with pytest.raises(InputError, match="symbol 99 out of range"):
         eng.step_book(99, **_update(bs, 0))
+
+
+def test_model_not_over_the_book_vector_refused():
+    """A model whose raw vector is not the book's 256 values is refused by name."""
+    eng = Engine(windowed_model(np.random.default_rng(0)), config=engine_cfg("scalar"))
+    eng.set_tick_size(0, 0.01)
+    bs = lob.generate_stream(5, 1, seed=1)
+    with pytest.raises(InputError, match=r"raw_len 256\); this one reads 40"):
+        eng.step_book(0, **_update(bs, 0))
+    assert eng.stats()["ticks"] == 0 and eng.book_state(0)["updates"] == 0
