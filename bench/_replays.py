@@ -269,3 +269,54 @@ def batch_throughput(model, raws, syms, ts, runs: int = BATCH_RUNS) -> dict:
                      "median_ns_per_tick": timing["median_ns_per_tick"],
                      "batch_timing": {"reported": "best", **timing}}
     return out
+
+
+def replay_book(model, bs, overhead: int, warm: int) -> dict:
+    """Replay the book stream update by update through Engine.step_book (cache off, as the
+    step() cache-off row): per-call ns from Python and the book stage's and the whole tick's
+    ns inside C, for the same calls."""
+    n = len(bs)
+    eng = Engine(model, config={"engine": {"latency_records": pow2_at_least(n)},
+                                "cache": {"enabled": False}})
+    tick = np.broadcast_to(np.asarray(bs.tick_size, np.float64), (n,))
+    syms = bs.symbols.tolist()
+    for s in sorted(set(syms)):
+        eng.set_tick_size(s, float(tick[syms.index(s)]))
+    bp, bz = np.ascontiguousarray(bs.bid_px, np.float64), np.ascontiguousarray(bs.bid_sz, np.float64)
+    ap, az = np.ascontiguousarray(bs.ask_px, np.float64), np.ascontiguousarray(bs.ask_sz, np.float64)
+    ts, vol = bs.ts_ns.tolist(), bs.trade_vol.astype(np.float64).tolist()
+    cnt, last = bs.trade_cnt.astype(np.int64).tolist(), bs.last_trade_sz.astype(np.float64).tolist()
+    step_book = eng.step_book
+    for i in range(min(warm, n)):               # warm code paths and pages, then forget it all
+        step_book(syms[i], bp[i], bz[i], ap[i], az[i], ts[i], vol[i], cnt[i], last[i])
+    eng.reset()
+    pc = time.perf_counter_ns
+    py = np.empty(n, np.int64)
+    book = np.empty(n, np.int64)
+    for i in range(n):
+        a, b, c, d = bp[i], bz[i], ap[i], az[i]
+        s, t, v, k, x = syms[i], ts[i], vol[i], cnt[i], last[i]
+        t0 = pc()
+        r = step_book(s, a, b, c, d, t, v, k, x)
+        py[i] = pc() - t0
+        book[i] = r.latency.book_ns
+    return {"py": np.maximum(py - overhead, 0), "book_ns": book, "rec": eng.latency_records()}
+
+
+def book_row(rp, step_cache_off: dict, adapter_ns_per_tick: float) -> dict:
+    """The "book update -> signal" row: step_book per call from Python and its stages in C,
+    beside the cache-off step() p50 of the same run and the batch adapter's cost per tick."""
+    py = Dist.of(rp["py"])
+    total = stage_dists(rp["rec"])["total"]
+    step_p50 = step_cache_off["python"]["p50"]
+    return {"label": "book update -> signal (Engine.step_book, cache off)",
+            "short": "book update", "samples": int(len(rp["py"])),
+            "python": py.summary(),
+            "in_c": {"book": Dist.of(rp["book_ns"]).summary(), "total": total.summary()},
+            "step_cache_off_p50_ns": step_p50,
+            "above_step_p50_ns": py.p50 - step_p50,
+            "adapter_ns_per_tick": adapter_ns_per_tick,
+            "what": ("book update -> signal: Engine.step_book per update (the live book in C, "
+                     "then the step), cache off, beside step() cache off on the adapter's "
+                     "vectors of the same stream; the batch adapter (lob.raw_from_book) per "
+                     "tick is the cost step_book replaces")}

@@ -346,6 +346,13 @@ def tables(res):
         d = p["python"]
         ratio = f"{p['ratio_p50']:.1f}x" if has_miss and p.get("ratio_p50") is not None else "-"
         rows.append([p["label"], f"{d['n']:,}"] + _dist_cells(d) + [ratio])
+    bk = res.get("book")
+    if bk:
+        d = bk["python"]
+        ratio = f"{d['p50'] / miss_p50:.2f}x" if d["n"] and has_miss else "-"
+        rows.append([bk["label"], f"{bk['samples']:,}"] + _dist_cells(d) + [ratio])
+        rows.append(["batch adapter (lob.raw_from_book), per tick", "-",
+                     fmt_ns(bk["adapter_ns_per_tick"]), "-", "-", "-", "-", "-"])
     cs = res["machine"].get("clock_step")
     step_note = (f"; the clock advances in {cs['ns']:.1f} ns steps here"
                  if cs and cs["ns"] >= CLOCK_STEP_NOTE_NS else "")
@@ -363,6 +370,10 @@ def tables(res):
                 rows.append([f"{r['short']}: {stage}", f"{d['n']:,}"] + _dist_cells(d))
             elif r["samples"]:
                 rows.append([f"{r['short']}: {stage}", "0", "-", "-", "-", "-", "did not run"])
+    if bk:
+        for stage in ("book", "total"):
+            rows.append([f"{bk['short']}: {stage}", f"{bk['in_c'][stage]['n']:,}"]
+                        + _dist_cells(bk["in_c"][stage]))
     out.append((f"Stages inside fp_step() ({c_clock(res.get('machine', {}))}), the same calls",
                 ["", "n", "p50", "p90", "p99", "p99.9", "max"], rows))
     rp = res["replay"]
@@ -423,6 +434,8 @@ def render(res) -> None:
                if mem else ""))
     skipped = [f"{n}: skipped ({p['reason']})" for n, p in res["peers"].items() if not p["available"]]
     notes = [res["step"][k]["what"] for k in STEP_ROWS] + timing_notes(res)
+    if res.get("book"):
+        notes.append(res["book"]["what"])
     try:
         from rich.console import Console
         from rich.table import Table

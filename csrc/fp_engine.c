@@ -37,6 +37,10 @@ void fp_engine_free(fp_engine *e) {
     fp_aligned_free(e->ts_scratch);
     fp_aligned_free(e->undo);
     fp_aligned_free(e->lat);
+    if (e->books) {
+        for (int i = 0; i < e->n_symbols; i++) fp_book_free(e->books[i]);
+        fp_aligned_free(e->books);
+    }
     fp_aligned_free(e);
 }
 
@@ -188,10 +192,13 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
     e->undo = (unsigned char *)fp_aligned_alloc(fp_window_undo_bytes(fs));
     e->lat = (fp_lat *)fp_aligned_alloc(sizeof(fp_lat) * (size_t)p->lat_capacity);
     e->lat_mask = (uint64_t)p->lat_capacity - 1;
+    e->books = (fp_book **)fp_aligned_alloc(sizeof(fp_book *) * (size_t)p->n_symbols);
+    if (e->books) memset(e->books, 0, sizeof(fp_book *) * (size_t)p->n_symbols);
     if (!fs->z_idx || !fs->w_idx || !fs->mean || !fs->inv_std || !fs->w_thr || !fs->runs ||
         (scaled && (!fs->in_off || !fs->in_scale)) ||
         (want_plan && !fs->zsteps) || !e->slots || !e->wins || !e->pre ||
-        !e->feat || !e->buf_a || !e->buf_b || !e->out || !e->xin || !e->ts_scratch || !e->undo || !e->lat) {
+        !e->feat || !e->buf_a || !e->buf_b || !e->out || !e->xin || !e->ts_scratch || !e->undo || !e->lat ||
+        !e->books) {
         fp_engine_free(e);
         return NULL;
     }
@@ -204,6 +211,7 @@ void fp_engine_reset_symbol(fp_engine *e, int32_t symbol) {
     if (symbol < 0 || symbol >= e->n_symbols) return;
     memset(e->slots + e->slot_stride * (size_t)symbol, 0, e->slot_stride);
     memset(e->wins + e->win_stride * (size_t)symbol, 0, e->win_stride);
+    if (e->books[symbol]) fp_book_clear(e->books[symbol]);
 }
 
 void fp_engine_reset(fp_engine *e) {
@@ -212,6 +220,8 @@ void fp_engine_reset(fp_engine *e) {
     e->ticks = e->hits = e->misses = 0;
     memset(e->miss_reason, 0, sizeof(e->miss_reason));
     memset(e->lat, 0, sizeof(fp_lat) * (e->lat_mask + 1));
+    for (int i = 0; i < e->n_symbols; i++)
+        if (e->books[i]) fp_book_clear(e->books[i]);
 }
 
 /* ns into a uint32 record, saturating (a 4.3 s stall records as 4.3 s, not as a wrap) */
@@ -689,4 +699,50 @@ int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
     const int64_t now0 = fp_batch_check_begin(e, symbols, n);
     return fp_batch_check_rows(e, raws, row_stride, symbols, ts, 0, n, now0, 0, 0, err,
                                &checked);
+}
+
+/* the live book's entry points (fp_engine.h) */
+int fp_engine_set_tick(fp_engine *e, int32_t symbol, double tick) {
+    if (symbol < 0 || symbol >= e->n_symbols || !(tick > 0) || !isfinite(tick)) return FP_ERR_PARAM;
+    if (e->books[symbol]) {
+        e->books[symbol]->tick = tick;
+        return FP_OK;
+    }
+    e->books[symbol] = fp_book_create(tick);
+    return e->books[symbol] ? FP_OK : FP_ERR_NOMEM;
+}
+
+fp_book *fp_engine_book(fp_engine *e, int32_t symbol) {
+    return symbol < 0 || symbol >= e->n_symbols ? NULL : e->books[symbol];
+}
+
+static __typeof__(fp_step) fp_step_local __attribute__((alias("fp_step")));
+
+int fp_step_book(fp_engine *e, int32_t symbol, const fp_book_update *u, fp_result *r,
+                 int64_t *book_ns, int *why, int *where) {
+    *why = FP_BOOK_OK;
+    *where = 0;
+    if (symbol < 0 || symbol >= e->n_symbols) return FP_ERR_SYMBOL;
+    if (e->fs.raw_len != FP_BOOK_RAW || u->ts_ns < 0) return FP_ERR_PARAM;
+    fp_book *b = e->books[symbol];
+    if (!b) {
+        *why = FP_BOOK_ERR_NOTICK;
+        return FP_ERR_BOOK;
+    }
+    const uint64_t t0 = fp_ticks();
+    const float *raw;
+    const int rc = fp_book_compute(b, u, &raw, where);
+    if (rc) {
+        *why = rc;
+        return FP_ERR_BOOK;
+    }
+    const uint64_t t1 = fp_ticks();
+    const int rs = fp_step_local(e, raw, symbol, u->ts_ns, r);
+    if (rs != FP_OK) return rs;
+    fp_book_commit(b);
+    const int64_t bn = fp_ticks_to_ns(t1 - t0);
+    r->total_ns += bn;
+    e->lat[(e->ticks - 1) & e->lat_mask].total = fp_sat32(r->total_ns);
+    *book_ns = e->stage_times ? bn : -1;
+    return FP_OK;
 }

@@ -24,6 +24,7 @@
 #include "fp_mlp.h"
 #include "fp_trees.h"
 #include "fp_clock.h"
+#include "fp_book.h"
 
 enum {
     FP_OK = 0,
@@ -35,6 +36,7 @@ enum {
     FP_ERR_PARAM = -6,
     FP_ERR_NONFINITE_FEATURE = -7,/* finite raw, but a feature overflowed (z-score or window stats) */
     FP_ERR_NOT_PROBABILITY = -8,  /* a classifier head's inputs were not probabilities (in [0, 1]) */
+    FP_ERR_BOOK = -9,             /* fp_step_book: the update refused (an FP_BOOK_ERR_* says why) */
 };
 
 typedef struct {
@@ -128,6 +130,7 @@ typedef struct fp_engine {
     fp_trees trees;
     fp_trees_eval_fn trees_eval;
     int stage_times;                  /* 1 (default): time each stage; 0: only the total */
+    fp_book **books;                  /* n_symbols; NULL until the symbol's tick size is set */
 } fp_engine;
 
 /* Bytes the weights arena and the per-symbol state (slots, windows) need for these
@@ -211,5 +214,19 @@ const float *fp_post_apply(fp_engine *e, const float *y);
  * a caller that steps rows itself applies any. -1 when all are, else the bad row with *err. */
 int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
                        const int32_t *symbols, const int64_t *ts, int64_t n, int *err);
+
+/* The live book (fp_book.h). fp_engine_set_tick: the symbol's book with this tick size
+ * (created empty the first time; FP_ERR_PARAM for a tick size not finite and > 0 or a symbol
+ * out of range, FP_ERR_NOMEM). fp_engine_book: the symbol's book, NULL when none. */
+int fp_engine_set_tick(fp_engine *e, int32_t symbol, double tick);
+fp_book *fp_engine_book(fp_engine *e, int32_t symbol);
+/* One book update -> signal: the book stage (its raw vector into the book's own buffer),
+ * then fp_step on it, in one call. The book's state moves only when fp_step accepts the
+ * tick, so any refusal leaves book, window, slot and counters as they were. Returns
+ * fp_step's codes, FP_ERR_PARAM (the model's raw_len is not the book's 256, or ts_ns < 0)
+ * or FP_ERR_BOOK with *why an FP_BOOK_ERR_* and *where its field. *book_ns: the book
+ * stage's time (-1 with stage times off); r->total_ns includes it. */
+int fp_step_book(fp_engine *e, int32_t symbol, const fp_book_update *u, fp_result *r,
+                 int64_t *book_ns, int *why, int *where);
 
 #endif

@@ -10,6 +10,8 @@ from fastpath._csrc cimport fp_engine, fp_result
 
 cdef class Latency:
     cdef readonly long long feature_ns, cache_ns, infer_ns, h2d_ns, d2h_ns, total_ns, wait_ns
+    # book_ns: the live book stage of Engine.step_book (0 for a tick stepped from a raw vector)
+    cdef readonly long long book_ns
 
 
 cdef class Result:
@@ -19,7 +21,7 @@ cdef class Result:
     cdef readonly unsigned long long seq
     cdef readonly long long wait_ns
     cdef int _reason
-    cdef long long _f, _c, _i, _h, _d, _t
+    cdef long long _f, _c, _i, _h, _d, _t, _b
 
 
 cdef class Engine

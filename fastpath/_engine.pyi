@@ -17,6 +17,7 @@ class Latency:
     d2h_ns: int
     total_ns: int
     wait_ns: int
+    book_ns: int
 
 class Result:
     signal: float
@@ -47,6 +48,12 @@ class Engine:
                  config: Any = None) -> None: ...
     def step(self, raw: npt.NDArray[np.float32], symbol: int = 0,
              ts_ns: int | None = None) -> Result: ...
+    def set_tick_size(self, symbol: int, tick_size: float) -> None: ...
+    def step_book(self, symbol: int, bid_px: npt.ArrayLike, bid_sz: npt.ArrayLike,
+                  ask_px: npt.ArrayLike, ask_sz: npt.ArrayLike, ts_ns: int,
+                  trade_vol: float = 0.0, trade_cnt: int = 0,
+                  last_trade_sz: float = 0.0) -> Result: ...
+    def book_state(self, symbol: int) -> dict | None: ...
     def step_batch(self, raws: npt.NDArray[np.float32], symbols: npt.ArrayLike,
                    ts_ns: npt.ArrayLike | None = None) -> BatchResult: ...
     def _step_external(self, raw: npt.NDArray[np.float32], symbol: int, outputs: npt.ArrayLike,

@@ -38,6 +38,45 @@ cdef extern from "fp_engine.h" nogil:
                                 int64_t budget_ns, fp_batch_pos *pos, float *signal,
                                 float *confidence, uint8_t *cached, int64_t *total_ns, int *err)
 
+cdef extern from "fp_engine.h" nogil:
+    # the live book (csrc/fp_book.h) and its step (Engine.step_book)
+    enum:
+        FP_ERR_BOOK
+        FP_BOOK_LEVELS
+        FP_BOOK_ERR_PRICE
+        FP_BOOK_ERR_SIZE
+        FP_BOOK_ERR_ORDER
+        FP_BOOK_ERR_CROSSED
+        FP_BOOK_ERR_TRADE
+        FP_BOOK_ERR_RANGE
+        FP_BOOK_ERR_NOTICK
+    ctypedef struct fp_book_update:
+        const double *bid_px
+        const double *bid_sz
+        const double *ask_px
+        const double *ask_sz
+        int64_t ts_ns
+        double trade_vol, trade_cnt, last_trade_sz
+    ctypedef struct fp_book_state:
+        double bpx[10]
+        double apx[10]
+        double bsz[10]
+        double asz[10]
+        double ew[104]
+        int64_t n, last_move
+        double ts, mid
+        int have_trade
+        double trade_sign, trade_logsz, trade_ts
+    ctypedef struct fp_book:
+        fp_book_state st[2]
+        float *raw[2]
+        double tick
+        int cur
+    int fp_engine_set_tick(fp_engine *e, int32_t symbol, double tick)
+    fp_book *fp_engine_book(fp_engine *e, int32_t symbol)
+    int fp_step_book(fp_engine *e, int32_t symbol, const fp_book_update *u, fp_result *r,
+                     int64_t *book_ns, int *why, int *where)
+
 import operator
 import os
 import threading
@@ -121,12 +160,14 @@ cdef class Latency:
     Python call around them. With [engine] stage_times = false only total_ns is measured
     (two clock reads a tick instead of up to five) and feature_ns, cache_ns and infer_ns
     are -1. wait_ns: for an answer served through fastpath.connect(), from
-    submit to the worker picking the request up (0 in-process). Fields: fastpath/_engine.pxd."""
+    submit to the worker picking the request up (0 in-process). book_ns: Engine.step_book's
+    live book stage (0 for a raw vector's tick; total_ns includes it). Fields:
+    fastpath/_engine.pxd."""
 
     def __repr__(self):
         return (f"Latency(feature_ns={self.feature_ns}, cache_ns={self.cache_ns}, "
                 f"infer_ns={self.infer_ns}, h2d_ns={self.h2d_ns}, d2h_ns={self.d2h_ns}, "
-                f"total_ns={self.total_ns}, wait_ns={self.wait_ns})")
+                f"total_ns={self.total_ns}, wait_ns={self.wait_ns}, book_ns={self.book_ns})")
 
 
 @cython.final
@@ -150,6 +191,7 @@ cdef class Result:
         L.d2h_ns = self._d
         L.total_ns = self._t
         L.wait_ns = self.wait_ns
+        L.book_ns = self._b
         return L
 
     def __repr__(self):
@@ -190,6 +232,7 @@ cdef inline Result _new_result():
         res.wait_ns = 0
         res._h = 0
         res._d = 0
+        res._b = 0
     else:
         res = Result.__new__(Result)
     _spare_old = _spare_new
@@ -802,8 +845,9 @@ A model, its feature spec and cache, ready to step ticks.
 
     def reset(self, symbol=None):
         """reset(): empty every cache slot, window and counter. reset(symbol): forget one
-        symbol (a trading halt, a feed gap): its cached result, its rolling window and its last
-        timestamp, so the next tick starts it cold; counters and other symbols are untouched."""
+        symbol (a trading halt, a feed gap): its cached result, its rolling window, its last
+        timestamp and its live book (step_book; the tick size stays), so the next tick starts
+        it cold; counters and other symbols are untouched."""
         cdef Py_ssize_t sym
         if symbol is None:
             self._check_free()
@@ -812,6 +856,102 @@ A model, its feature spec and cache, ready to step ticks.
         sym = _symbol_arg(symbol, self.n_symbols)
         self._check_free()
         fp_engine_reset_symbol(self._e, <int32_t>sym)
+
+    # --- the live book: one book update -> signal (csrc/fp_book.c, fp_step_book) ----------
+
+    def set_tick_size(self, symbol, tick_size):
+        """The symbol's tick size (price units per tick, finite and > 0), once per symbol
+        before its first step_book: the raw vector's prices are in ticks from mid. Setting it
+        again to another value needs reset(symbol) first (the book's averages are in ticks)."""
+        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
+        if isinstance(tick_size, (bool, np.bool_)) or not isinstance(
+                tick_size, (int, float, np.integer, np.floating)):
+            raise InputError(f"tick_size must be a number, got {tick_size!r}")
+        cdef double t = float(tick_size)
+        if not (0 < t < float("inf")):
+            raise InputError(f"tick_size must be finite and > 0, got {tick_size!r}")
+        self._check_free()
+        cdef fp_book *b = fp_engine_book(self._e, <int32_t>sym)
+        if b != NULL and b.st[b.cur].n > 0 and b.tick != t:
+            raise InputError(f"symbol {sym} already has tick size {b.tick:g} and a book; "
+                             f"reset({sym}) before setting {t:g} (its averages are in ticks)")
+        cdef int rc = fp_engine_set_tick(self._e, <int32_t>sym, t)
+        if rc == FP_ERR_NOMEM:
+            raise MemoryError(f"no memory for symbol {sym}'s book")
+        if rc != FP_OK:
+            raise FastpathError(f"fp_engine_set_tick failed with code {rc}")
+
+    def step_book(self, symbol, bid_px, bid_sz, ask_px, ask_sz, ts_ns, trade_vol=0.0,
+                  trade_cnt=0, last_trade_sz=0.0):
+        """One book update -> Result, as step() on the raw vector fastpath.lob.raw_from_book
+        makes from the symbol's updates so far. bid_px, bid_sz, ask_px, ask_sz: the top 10
+        levels, float64 (10,), level 1 first; ts_ns: int >= 0; trade_vol, trade_cnt,
+        last_trade_sz: the trades since the symbol's previous update (signed volume, count,
+        size of the last one). Result.latency.book_ns is the book stage. A bad update (crossed
+        or locked, a price not finite or <= 0, a negative size, levels out of order, time going
+        back, a field past float32) is an InputError naming the field and level, with the
+        book, window and cache as they were. The model must read the 256-value raw vector."""
+        cdef fp_book_update u
+        cdef fp_result r
+        cdef int64_t book_ns = 0
+        cdef int why = 0, where = 0
+        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
+        cdef long long ts = _ts_arg(ts_ns)
+        if ts < 0:
+            raise InputError("step_book needs ts_ns (int ns >= 0): the book's times since the "
+                             "last tick and trade are measured on it")
+        bp, bs = _levels(bid_px, "bid_px"), _levels(bid_sz, "bid_sz")
+        ap, az = _levels(ask_px, "ask_px"), _levels(ask_sz, "ask_sz")
+        u.bid_px = <const double *>cnp.PyArray_DATA(bp)
+        u.bid_sz = <const double *>cnp.PyArray_DATA(bs)
+        u.ask_px = <const double *>cnp.PyArray_DATA(ap)
+        u.ask_sz = <const double *>cnp.PyArray_DATA(az)
+        u.ts_ns = ts
+        u.trade_vol = _trade_arg(trade_vol, "trade_vol")
+        u.trade_cnt = _trade_arg(trade_cnt, "trade_cnt")
+        u.last_trade_sz = _trade_arg(last_trade_sz, "last_trade_sz")
+        self._check_free()
+        if self._on_gpu:
+            raise BackendError("step_book runs on the CPU backend; this engine's backend is "
+                               "the GPU")
+        cdef int rc = fp_step_book(self._e, <int32_t>sym, &u, &r, &book_ns, &why, &where)
+        if rc == FP_ERR_BOOK:
+            raise InputError(_book_refusal(why, where, sym, u))
+        if rc == FP_ERR_PARAM:
+            raise InputError(f"step_book needs a model over the 256-value raw vector of "
+                             f"fastpath.lob (raw_len 256); this one reads {self.raw_len}")
+        if rc != FP_OK:
+            self._raise(rc, np.zeros(self.raw_len, np.float32), sym, ts)
+        cdef Result res = _make_result(&r)
+        res._b = book_ns
+        return res
+
+    def book_state(self, symbol):
+        """The symbol's live book as a dict (None before set_tick_size): tick_size, updates
+        (book changes so far), ts_ns of the last change, its book (bid_px, bid_sz, ask_px,
+        ask_sz, tuples level 1 first), mid, the last trade (sign, log1p size, ts_ns; None when
+        none yet), last_move (the change at which the mid last moved), ewma (13 series x 8
+        half-lives, series-major) and raw (the last raw vector, 256 floats)."""
+        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
+        self._check_free()
+        cdef fp_book *b = fp_engine_book(self._e, <int32_t>sym)
+        if b == NULL:
+            return None
+        cdef fp_book_state *s = &b.st[b.cur]
+        cdef Py_ssize_t i
+        return {
+            "tick_size": b.tick, "updates": s.n, "ts_ns": int(s.ts) if s.n else None,
+            "bid_px": tuple(s.bpx[i] for i in range(10)),
+            "bid_sz": tuple(s.bsz[i] for i in range(10)),
+            "ask_px": tuple(s.apx[i] for i in range(10)),
+            "ask_sz": tuple(s.asz[i] for i in range(10)),
+            "mid": s.mid,
+            "last_trade": ((s.trade_sign, s.trade_logsz, int(s.trade_ts)) if s.have_trade
+                           else None),
+            "last_move": s.last_move,
+            "ewma": tuple(s.ew[i] for i in range(104)),
+            "raw": tuple(b.raw[b.cur][i] for i in range(256)),
+        }
 
     @property
     def ticks(self):
@@ -1029,3 +1169,82 @@ cdef Result _engine_step(object engine, object raw, object symbol, object ts_ns)
 
 cdef bint _runs_on_cpu(object engine) except -1:
     return not (<Engine>engine)._on_gpu
+
+
+# --- Engine.step_book's argument checks and messages ---------------------------------------
+
+_BOOK_ARRAYS = ("bid_px", "bid_sz", "ask_px", "ask_sz")
+
+
+cdef inline cnp.ndarray _levels(object a, str name):
+    """a as float64 C-contiguous (10,): an exact ndarray that is one already in a few loads,
+    anything else converted, or an InputError naming the argument."""
+    if (cnp.PyArray_CheckExact(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT64
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == 10
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
+        return <cnp.ndarray>a
+    try:
+        c = np.ascontiguousarray(a, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{name} must be 10 numbers (level 1 first), got {a!r:.80}: "
+                         f"{exc}") from None
+    if c.shape != (10,):
+        raise InputError(f"{name} must have 10 levels, level 1 first (shape (10,)), got shape "
+                         f"{c.shape}")
+    return c
+
+
+cdef inline double _trade_arg(object v, str name) except? -1.0:
+    """a trade field as a double: a Python float or int inline, anything else checked out of
+    line (the C stage refuses a value that is not finite, or a negative count or size)"""
+    if type(v) is float:
+        return <double>v
+    if type(v) is int and -9007199254740992 <= v <= 9007199254740992:
+        return <double>v
+    return _trade_slow(v, name)
+
+
+cdef double _trade_slow(object v, str name) except? -1.0:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise InputError(f"{name} must be a number, got {v!r:.80}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise InputError(f"{name} {v} does not fit a double") from None
+
+
+cdef str _book_refusal(int why, int where, Py_ssize_t sym, fp_book_update u):
+    """The message for an update fp_step_book refused (nothing was applied)."""
+    tail = f" (symbol {sym}; update not applied, book, window and cache unchanged)"
+    cdef const double *arr[4]
+    arr[0], arr[1], arr[2], arr[3] = u.bid_px, u.bid_sz, u.ask_px, u.ask_sz
+    cdef Py_ssize_t i
+    if why in (FP_BOOK_ERR_PRICE, FP_BOOK_ERR_SIZE, FP_BOOK_ERR_ORDER):
+        name = _BOOK_ARRAYS[where // 256]
+        p = [arr[where // 256][i] for i in range(10)]
+        lv = where % 256
+        v = p[lv]
+        if why == FP_BOOK_ERR_PRICE:
+            what = "must be a finite price > 0"
+        elif why == FP_BOOK_ERR_SIZE:
+            what = "must be a finite size >= 0"
+        else:
+            what = (f"is out of order: {'above' if name == 'bid_px' else 'below'} level "
+                    f"{lv} ({p[lv - 1]:g}); levels go away from the touch")
+        return f"{name} level {lv + 1} is {v:g}: {what}{tail}"
+    if why == FP_BOOK_ERR_CROSSED:
+        return (f"crossed or locked book: bid_px level 1 ({u.bid_px[0]:g}) >= ask_px level 1 "
+                f"({u.ask_px[0]:g}); best bid must be below best ask{tail}")
+    if why == FP_BOOK_ERR_TRADE:
+        name, v = (("trade_vol", u.trade_vol), ("trade_cnt", u.trade_cnt),
+                   ("last_trade_sz", u.last_trade_sz))[where]
+        need = "finite" if where == 0 else "finite and >= 0"
+        return f"{name} is {v:g}: must be {need}{tail}"
+    if why == FP_BOOK_ERR_RANGE:
+        return (f"raw field {where} (fastpath.lob.field_names()[{where}]) is beyond float32's "
+                f"range; check the tick size and this update's prices and sizes{tail}")
+    if why == FP_BOOK_ERR_NOTICK:
+        return (f"symbol {sym} has no tick size: call set_tick_size({sym}, tick_size) before "
+                f"its first step_book")
+    return f"book update refused (code {why}){tail}"

@@ -58,6 +58,13 @@ def check_rows(res):
         assert hit["in_c_records_with_infer"] == 0
     off = st["cache_off"]
     assert off["reasons"]["disabled"] == off["samples"] == res["stream"]["ticks"]
+    # the book update -> signal row replays every update of the same stream through step_book
+    # (results committed before the row have none)
+    book = res.get("book")
+    if book is not None:
+        assert book["samples"] == book["in_c"]["book"]["n"] == res["stream"]["ticks"]
+        assert book["step_cache_off_p50_ns"] == off["python"]["p50"]
+        assert book["adapter_ns_per_tick"] > 0
     assert "cache off" in off["label"] and "miss" not in off["label"]
     # the bundle replay's calls are all accounted for: real misses, cold misses, hits
     assert (miss["samples"] + sum(miss["other_misses"].values()) + st["hit"]["samples"]
@@ -91,6 +98,7 @@ def no_internal_numbers(text):
 def test_bench_quick_generated(tmp_path):
     res, path = run_bench(tmp_path)
     validate(res)
+    assert "book" in res and "adapter_ns_per_tick" in res
     assert res["stream"]["regimes"] == ["calm", "shock", "recovery"]
     assert [r["name"] for r in res["replay"]["regimes"]] == ["calm", "shock", "recovery"]
     check_rows(res)

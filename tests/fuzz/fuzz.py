@@ -1,7 +1,7 @@
 """atheris fuzz targets for every public entry point that takes outside input.
 
     python tests/fuzz/fuzz.py step -atheris_runs=20000
-    python tests/fuzz/fuzz.py {step,batch,bundle,onnx,config,trees} [libFuzzer flags]
+    python tests/fuzz/fuzz.py {step,batch,bundle,onnx,config,trees,book} [libFuzzer flags]
 
 A target passes an input when the call either works or raises one of the exception types
 fastpath documents for bad input; anything else (another exception, a crash, a sanitizer
@@ -428,8 +428,61 @@ def target_trees(data):
         _check_result(r)
 
 
+BOOK_ENGINES = {isa: Engine(fastpath._build.DEMO_MODEL,
+                            config={"engine": {"simd": isa, "n_symbols": 4}})
+                for isa in fastpath._engine.supported_isas()}
+BOOK_PRICES = [100.0, 100.01, 99.99, 0.0, -1.0, 1e-300, 1e300, float("nan"), float("inf")]
+
+
+def _book_side(fdp, start, step):
+    """Ten levels: mostly an ordered ladder from start, sometimes any values, sometimes not 10."""
+    kind = fdp.ConsumeIntInRange(0, 3)
+    if kind == 0:
+        n = fdp.ConsumeIntInRange(0, 12)
+        return np.array([fdp.PickValueInList(BOOK_PRICES) for _ in range(n)])
+    px = start + step * np.arange(10) * fdp.ConsumeIntInRange(1, 3)
+    if kind == 1:
+        px[fdp.ConsumeIntInRange(0, 9)] = fdp.PickValueInList(BOOK_PRICES)
+    return px
+
+
+def target_book(data):
+    """step_book with ladders near a valid book, bad levels, bad trades and time going back:
+    every call works or is an InputError that leaves the book and counters as they were."""
+    fdp = atheris.FuzzedDataProvider(data)
+    eng = BOOK_ENGINES[fdp.PickValueInList(sorted(BOOK_ENGINES))]
+    sym = fdp.ConsumeIntInRange(0, 4)
+    if fdp.ConsumeIntInRange(0, 3) == 0:
+        try:
+            eng.set_tick_size(sym, fdp.PickValueInList([0.01, 0.5, 1e-300, 0.0, -1.0, 1e300]))
+        except InputError:
+            pass
+    mid = fdp.PickValueInList([100.0, 1.0, 5e4, 1e-3])
+    for _ in range(fdp.ConsumeIntInRange(1, 6)):
+        gap = fdp.PickValueInList([0.01, 0.0, 0.5, -0.01])
+        bp, ap = _book_side(fdp, mid - gap, -0.01), _book_side(fdp, mid + gap, 0.01)
+        bz = np.array(fdp.ConsumeFloatListInRange(10, -1.0, 1e6)) if fdp.ConsumeBool() \
+            else np.full(10, fdp.PickValueInList([0.0, 1.0, 1e300, float("nan")]))
+        az = np.array(fdp.ConsumeFloatListInRange(10, 0.0, 1e3))
+        ts = fdp.ConsumeIntInRange(-1, 2**40)
+        tv = fdp.PickValueInList([0.0, 1.5, -2.0, float("nan"), 1e300])
+        tc = fdp.PickValueInList([0, 1, 3, -1])
+        tl = fdp.PickValueInList([0.0, 1.0, -1.0, float("inf")])
+        before = (eng.book_state(sym) if sym < 4 else None, eng.ticks)
+        try:
+            r = eng.step_book(sym, bp, bz, ap, az, ts, tv, tc, tl)
+        except InputError:
+            assert (eng.book_state(sym) if sym < 4 else None, eng.ticks) == before
+            continue
+        _check_result(r)
+        assert r.latency.book_ns >= 0
+        if fdp.ConsumeIntInRange(0, 20) == 0:
+            eng.reset(sym)
+
+
 TARGETS = {"step": target_step, "batch": target_batch, "bundle": target_bundle,
-           "onnx": target_onnx, "config": target_config, "trees": target_trees}
+           "onnx": target_onnx, "config": target_config, "trees": target_trees,
+           "book": target_book}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TARGETS:

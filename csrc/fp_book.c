@@ -1,0 +1,266 @@
+/* fp_book.c: the live order book stage (see fp_book.h). Every formula is
+ * fastpath/lob/adapter.py's, in the same order of operations: the numpy adapter is the
+ * oracle this file is tested against, field by field. */
+/* no fused multiply-add: numpy rounds each product and each sum, and so must this file on a
+ * host whose compiler would contract a * b + c */
+#pragma GCC optimize("fp-contract=off")
+#include "fp_book.h"
+#include "fp_simd.h"
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#define L FP_BOOK_LEVELS
+
+/* 1 - 0.5 ** (1 / h), h = 1, 2, 4, ..., 128: Python's float arithmetic, as the adapter's */
+static double fp_book_alpha[FP_BOOK_HL];
+
+static void fp_book_alphas(void) {
+    for (int j = 0; j < FP_BOOK_HL; j++) fp_book_alpha[j] = 1.0 - pow(0.5, 1.0 / (double)(1 << j));
+}
+
+fp_book *fp_book_create(double tick) {
+    if (!(tick > 0) || !isfinite(tick)) return NULL;
+    fp_book *b = (fp_book *)fp_aligned_alloc(sizeof(fp_book));
+    if (!b) return NULL;
+    memset(b, 0, sizeof(*b));
+    const size_t raw_bytes = sizeof(float) * (FP_BOOK_RAW + FP_SLACK);
+    b->raw[0] = (float *)fp_aligned_alloc(raw_bytes);
+    b->raw[1] = (float *)fp_aligned_alloc(raw_bytes);
+    if (!b->raw[0] || !b->raw[1]) {
+        fp_book_free(b);
+        return NULL;
+    }
+    memset(b->raw[0], 0, raw_bytes);
+    memset(b->raw[1], 0, raw_bytes);
+    b->tick = tick;
+    if (fp_book_alpha[0] == 0.0) fp_book_alphas();
+    return b;
+}
+
+void fp_book_free(fp_book *b) {
+    if (!b) return;
+    fp_aligned_free(b->raw[0]);
+    fp_aligned_free(b->raw[1]);
+    fp_aligned_free(b);
+}
+
+void fp_book_clear(fp_book *b) {
+    memset(b->st, 0, sizeof(b->st));
+    memset(b->ring, 0, sizeof(b->ring));
+    memset(b->raw[0], 0, sizeof(float) * FP_BOOK_RAW);
+    memset(b->raw[1], 0, sizeof(float) * FP_BOOK_RAW);
+    b->cur = 0;
+    b->pending = 0;
+}
+
+/* np.sign(x) * np.log1p(np.abs(x)) */
+static inline double fp_slog(double x) {
+    const double s = x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+    return s * log1p(fabs(x));
+}
+
+/* numpy's pairwise sum of ten values (eight partial sums, combined as a tree, then the rest
+ * in order), which is what x.sum(axis=1) gives for rows of ten */
+static inline double fp_sum10(const double *a) {
+    const double r = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    return (r + a[8]) + a[9];
+}
+
+/* the checks of BookStream.validate, level by level; FP_BOOK_OK or the first refusal */
+static int fp_book_check(const fp_book_update *u, int *where) {
+    const double *px[2] = {u->bid_px, u->ask_px}, *sz[2] = {u->bid_sz, u->ask_sz};
+    for (int side = 0; side < 2; side++) {
+        for (int i = 0; i < L; i++) {
+            const double p = px[side][i];
+            if (!(p > 0) || !isfinite(p)) {
+                *where = (side ? FP_BOOK_ASK_PX : FP_BOOK_BID_PX) * 256 + i;
+                return FP_BOOK_ERR_PRICE;
+            }
+            if (i > 0 && (side ? p < px[side][i - 1] : p > px[side][i - 1])) {
+                *where = (side ? FP_BOOK_ASK_PX : FP_BOOK_BID_PX) * 256 + i;
+                return FP_BOOK_ERR_ORDER;
+            }
+            const double s = sz[side][i];
+            if (!(s >= 0) || !isfinite(s)) {
+                *where = (side ? FP_BOOK_ASK_SZ : FP_BOOK_BID_SZ) * 256 + i;
+                return FP_BOOK_ERR_SIZE;
+            }
+        }
+    }
+    if (u->bid_px[0] >= u->ask_px[0]) {
+        *where = 0;
+        return FP_BOOK_ERR_CROSSED;
+    }
+    if (!isfinite(u->trade_vol)) { *where = 0; return FP_BOOK_ERR_TRADE; }
+    if (!(u->trade_cnt >= 0) || !isfinite(u->trade_cnt)) { *where = 1; return FP_BOOK_ERR_TRADE; }
+    if (!(u->last_trade_sz >= 0) || !isfinite(u->last_trade_sz)) {
+        *where = 2;
+        return FP_BOOK_ERR_TRADE;
+    }
+    return FP_BOOK_OK;
+}
+
+/* log1p(x), or the value kept for x when x is the value it was kept for: log1p is a function,
+ * so the reuse is exact, and most updates change few levels of a ten-level book */
+static inline double fp_log1p_was(double x, int have, double was_x, double was_log) {
+    return have && x == was_x ? was_log : log1p(x);
+}
+
+/* the fields of one book alone (no history): 0-101, 206-207, 252-255; the logs of sizes and
+ * cumulative depths into ns, reusing the committed state ps's where a value is unchanged */
+static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_book_state *ns,
+                           double tick, double mid, double *o) {
+    const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
+    const int have = ps->n > 0;
+    double cb = 0, ca = 0;
+    for (int i = 0; i < L; i++) {
+        o[i] = (bpx[i] - mid) / tick;
+        o[10 + i] = (apx[i] - mid) / tick;
+        o[20 + i] = ns->lbsz[i] = fp_log1p_was(bsz[i], have, ps->bsz[i], ps->lbsz[i]);
+        o[30 + i] = ns->lasz[i] = fp_log1p_was(asz[i], have, ps->asz[i], ps->lasz[i]);
+        const double tot = bsz[i] + asz[i];
+        o[40 + i] = tot > 0 ? (bsz[i] - asz[i]) / tot : 0.0;
+        cb = i ? cb + bsz[i] : bsz[i];
+        ca = i ? ca + asz[i] : asz[i];
+        const double ct = cb + ca;
+        o[50 + i] = ct > 0 ? (cb - ca) / ct : 0.0;
+        o[64 + i] = ns->lcb[i] = i ? fp_log1p_was(cb, have, ps->cb[i], ps->lcb[i]) : o[20];
+        o[74 + i] = ns->lca[i] = i ? fp_log1p_was(ca, have, ps->ca[i], ps->lca[i]) : o[30];
+        ns->cb[i] = cb;
+        ns->ca[i] = ca;
+    }
+    o[60] = (apx[0] - bpx[0]) / tick;
+    const double l1 = bsz[0] + asz[0];
+    const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;
+    o[61] = (micro - mid) / tick;
+    o[62] = o[73];
+    o[63] = o[83];
+    for (int i = 0; i < L - 1; i++) {
+        o[84 + i] = (bpx[i] - bpx[i + 1]) / tick;
+        o[93 + i] = (apx[i + 1] - apx[i]) / tick;
+    }
+    double lvl_mean = (fp_sum10(bsz) + fp_sum10(asz)) / (2 * L);
+    if (!(lvl_mean >= 1e-12)) lvl_mean = 1e-12;
+    o[252] = bsz[0] / lvl_mean;
+    o[253] = asz[0] / lvl_mean;
+    o[254] = (o[20 + L - 1] - o[20]) / 9;
+    o[255] = (o[30 + L - 1] - o[30]) / 9;
+    o[207] = fp_slog(u->trade_vol);
+    o[206] = log1p(u->trade_cnt);
+}
+
+/* the fields carried from change to change (102-205, 208-251) into the new state ns, from
+ * the committed state ps (n == 0: the symbol's first book) */
+static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *ns,
+                            const fp_book_update *u, double mid, double *o) {
+    const int first = ps->n == 0;
+    const double *pb = first ? u->bid_sz : ps->bsz, *pa = first ? u->ask_sz : ps->asz;
+    /* pb, pa: the previous sizes, for the order flow; their logs are in ps->lbsz, ps->lasz */
+    const double *pbp = first ? u->bid_px : ps->bpx, *pap = first ? u->ask_px : ps->apx;
+    double ofi[L];
+    for (int i = 0; i < L; i++) {
+        const double bs = u->bid_sz[i], as = u->ask_sz[i], bp = u->bid_px[i], ap = u->ask_px[i];
+        /* log1p(size) - log1p(previous size): both already computed, this update's in the
+         * static fields and the previous change's kept in the state */
+        o[102 + i] = o[20 + i] - (first ? o[20 + i] : ps->lbsz[i]);
+        o[112 + i] = o[30 + i] - (first ? o[30 + i] : ps->lasz[i]);
+        const double e_b = (bp >= pbp[i] ? bs : 0.0) - (bp <= pbp[i] ? pb[i] : 0.0);
+        const double e_a = (ap <= pap[i] ? as : 0.0) - (ap >= pap[i] ? pa[i] : 0.0);
+        ofi[i] = e_b - e_a;
+        o[122 + i] = fp_slog(ofi[i]);
+    }
+    /* returns over 1..128 changes, bps: against the first change while fewer have passed */
+    const int64_t t = ps->n;
+    const double lm = log(mid);
+    b->ring[t & (FP_BOOK_RING - 1)] = lm;
+    for (int j = 0; j < FP_BOOK_HL; j++) {
+        const int64_t h = (int64_t)1 << j;
+        const double past = b->ring[(t >= h ? t - h : 0) & (FP_BOOK_RING - 1)];
+        o[132 + j] = (lm - past) * 1e4;
+    }
+    const double r1 = o[132];
+    o[211] = r1;
+    /* trades and timing */
+    const double ts = (double)u->ts_ns;
+    o[209] = log1p(first ? 0.0 : fmax((ts - ps->ts) / 1e6, 0.0));
+    if (u->trade_cnt > 0) {
+        ns->have_trade = 1;
+        const double v = u->trade_vol;
+        ns->trade_sign = v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0;
+        ns->trade_logsz = log1p(u->last_trade_sz);
+        ns->trade_ts = ts;
+    } else {
+        ns->have_trade = ps->have_trade;
+        ns->trade_sign = ps->trade_sign;
+        ns->trade_logsz = ps->trade_logsz;
+        ns->trade_ts = ps->trade_ts;
+    }
+    o[204] = ns->have_trade ? ns->trade_sign : 0.0;
+    o[205] = ns->have_trade ? ns->trade_logsz : 0.0;
+    o[208] = ns->have_trade ? log1p(fmax(ts - ns->trade_ts, 0.0) / 1e6) : log1p(1e4);
+    ns->last_move = (first || mid != ps->mid) ? t : ps->last_move;
+    o[210] = log1p((double)(t - ns->last_move));
+    /* the EWMAs, each series from this change's fields */
+    const double ofi5 = (((ofi[0] + ofi[1]) + ofi[2]) + ofi[3]) + ofi[4];
+    const double x[FP_BOOK_NEW] = {o[122], fp_slog(ofi5), o[207], o[40], r1 * r1, o[60], o[61],
+                                   o[62] - o[63], o[41], o[42], o[43], o[44], fabs(o[122])};
+    for (int s = 0; s < FP_BOOK_NEW; s++)
+        for (int j = 0; j < FP_BOOK_HL; j++) {
+            double e = first ? x[s] : ps->ew[s * FP_BOOK_HL + j];
+            e += fp_book_alpha[j] * (x[s] - e);
+            ns->ew[s * FP_BOOK_HL + j] = e;
+        }
+    memcpy(o + 140, ns->ew, sizeof(double) * 64);
+    memcpy(o + 212, ns->ew + 64, sizeof(double) * 32);
+    memcpy(o + 244, ns->ew + 96, sizeof(double) * 8);
+    memcpy(ns->bpx, u->bid_px, sizeof(ns->bpx));
+    memcpy(ns->apx, u->ask_px, sizeof(ns->apx));
+    memcpy(ns->bsz, u->bid_sz, sizeof(ns->bsz));
+    memcpy(ns->asz, u->ask_sz, sizeof(ns->asz));
+    ns->n = t + 1;
+    ns->ts = ts;
+    ns->mid = mid;
+}
+
+/* whether u shows the committed book as it was and carries no trade */
+static int fp_book_same(const fp_book_state *ps, const fp_book_update *u) {
+    if (ps->n == 0 || u->trade_cnt != 0) return 0;
+    int diff = 0;
+    for (int i = 0; i < L; i++)
+        diff |= (u->bid_px[i] != ps->bpx[i]) | (u->ask_px[i] != ps->apx[i])
+                | (u->bid_sz[i] != ps->bsz[i]) | (u->ask_sz[i] != ps->asz[i]);
+    return !diff;
+}
+
+int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int *where) {
+    *where = 0;
+    b->pending = 0;
+    const int rc = fp_book_check(u, where);
+    if (rc) return rc;
+    const fp_book_state *ps = &b->st[b->cur];
+    if (fp_book_same(ps, u)) {
+        *raw = b->raw[b->cur];
+        return FP_BOOK_OK;
+    }
+    fp_book_state *ns = &b->st[b->cur ^ 1];
+    const double mid = 0.5 * (u->bid_px[0] + u->ask_px[0]);
+    double o[FP_BOOK_RAW];
+    fp_book_static(u, ps, ns, b->tick, mid, o);
+    fp_book_carried(b, ps, ns, u, mid, o);
+    float *r = b->raw[b->cur ^ 1];
+    int bad = 0;
+    for (int i = 0; i < FP_BOOK_RAW; i++) {
+        const float f = (float)o[i];
+        r[i] = f;
+        bad |= !(fabsf(f) <= FLT_MAX);
+    }
+    if (__builtin_expect(bad, 0)) {
+        for (int i = 0; i < FP_BOOK_RAW; i++)
+            if (!(fabsf(r[i]) <= FLT_MAX)) { *where = i; break; }
+        return FP_BOOK_ERR_RANGE;
+    }
+    *raw = r;
+    b->pending = 1;
+    return FP_BOOK_OK;
+}
