@@ -542,6 +542,7 @@ def targets(r: dict) -> dict:
 
 
 SMOKE_DIMS = (40, 64, 2)
+SMOKE_TIMEOUT_NS = 5 * 10**9
 
 
 def smoke(out_dir: str) -> dict:
@@ -566,7 +567,7 @@ def smoke(out_dir: str) -> dict:
         write()
         t0 = time.monotonic()
         try:
-            with GpuBackend(layers, mode, timeout_ns=5 * 10**9) as be:
+            with GpuBackend(layers, mode, timeout_ns=SMOKE_TIMEOUT_NS) as be:
                 r.setdefault("device", be.info["device"])
                 r.setdefault("module", be.module_origin)
                 y, bad, t = be.infer(x)

@@ -35,7 +35,7 @@ def test_no_backend_is_set_up_while_a_persistent_kernel_runs(fake_fatbin):
 def test_module_loaded_once_per_context_before_any_kernel_runs(fake_fatbin, monkeypatch):
     """Each backend loaded the module again (lazily loaded kernels load at first launch)."""
     monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
-    cu = FakeCuda()
+    cu = OccCuda()          # a launch's events wait for its own stream, not the spinning ones
     a = GpuBackend(_model(1), "launch", cuda=cu, timeout_ns=TMO)
     b = GpuBackend(_model(2), "persistent", cuda=cu, timeout_ns=TMO, start=False)
     c = GpuBackend(_model(3), "persistent", cuda=cu, timeout_ns=TMO, start=False)
