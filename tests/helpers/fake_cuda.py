@@ -331,7 +331,13 @@ def fake_fatbin(tmp_path, monkeypatch):
     f.write_bytes(b"\x50\xed\x55\xba")
     monkeypatch.setattr(B, "FATBIN", str(f))
     monkeypatch.setattr(B.load_module, "__defaults__", (str(f), None))
-    return str(f)
+    yield str(f)
+    # the process's shared contexts of this test's stand-ins go with it (each holds its
+    # driver, and so every buffer the test allocated, for the rest of the session)
+    with B._CONTEXTS_LOCK:
+        for k, dc in list(B._CONTEXTS.items()):
+            if isinstance(dc.cuda, FakeCuda):
+                del B._CONTEXTS[k]
 
 
 @pytest.fixture
