@@ -95,7 +95,12 @@ class GpuBackend:
     infer is one C call (write features, publish, spin for the answer, with a deadline). Its
     grid stays resident while it runs: one that cannot be resident beside the persistent
     kernels already running on the device in this process is a BackendError at construction.
-    close() (or the context manager) stops the kernel and frees the device memory."""
+    close() (or the context manager) stops the kernel and frees the device memory.
+
+    Nothing is allocated while a persistent kernel runs in the process (the driver call could
+    wait on it forever): making a backend then is a BackendError. Make every backend first,
+    persistent ones with start=False, then start() each. All backends of a device share one
+    primary context, released at exit."""
 
     def __init__(self, model, mode: str = "launch", device: int = 0, max_batch: int = 1024,
                  timeout_ns: int = 1_000_000_000, cuda=None, start: bool = True):

@@ -128,6 +128,14 @@ class DeviceContext:
         if ordinal < 0:
             raise BackendError(f"CUDA device {ordinal} requested; ordinals start at 0")
         self.ordinal = ordinal
+        # every GpuBackend on this device shares its primary context, so the persistent
+        # kernels that must be co-resident are counted per (driver, device), not per object
+        self.resident = resident_kernels(cuda, ordinal)
+        self._module = None         # (module, origin), loaded once
+        self._deferred = []         # frees waiting for the persistent kernels to return
+        # reentrant: a collected path's finalizer may flush while this thread holds it
+        self._lock = threading.RLock()
+        self.users = 0              # GpuBackends holding this context (shared_context)
         self.device = cuda.Device(ordinal)
         self.ctx = self.device.retain_primary_context()
         self.released = False
@@ -137,14 +145,6 @@ class DeviceContext:
         except BaseException:
             self.release()          # retained above: no one else would let it go
             raise
-        # every GpuBackend on this device shares its primary context, so the persistent
-        # kernels that must be co-resident are counted per (driver, device), not per object
-        self.resident = resident_kernels(cuda, ordinal)
-        self._module = None         # (module, origin), loaded once
-        self._deferred = []         # frees waiting for the persistent kernels to return
-        # reentrant: a collected path's finalizer may flush while this thread holds it
-        self._lock = threading.RLock()
-        self.users = 0              # GpuBackends holding this context (shared_context)
 
     @contextmanager
     def current(self):
