@@ -172,6 +172,16 @@ class DeviceContext:
                 f"kernel never returns. Make every GpuBackend first (persistent ones with "
                 f"start=False, then start() them), or close the running ones before")
 
+    @contextmanager
+    def setup(self, what: str):
+        """Around a path's allocations: no persistent kernel may start meanwhile (the lock,
+        which start() takes too), none runs (refused: `what` could wait on it forever), and
+        the context is current."""
+        with self._lock:
+            self.refuse_while_spinning(what)
+            with self.current():
+                yield
+
     def module(self) -> tuple:
         """(module, origin): the kernels' module, loaded the first time, both kernels fetched
         (a lazily loaded kernel would load at its first launch, maybe beside a spinning one)."""
@@ -192,7 +202,7 @@ class DeviceContext:
             if self.spinning():
                 self._deferred.extend(frees)
                 return
-        self._run_frees(list(frees))
+            self._run_frees(list(frees))
 
     def flush_deferred(self) -> None:
         """The frees free_later held back, once no persistent kernel runs."""
@@ -200,7 +210,7 @@ class DeviceContext:
             if self.spinning() or not self._deferred:
                 return
             frees, self._deferred = self._deferred, []
-        self._run_frees(frees)
+            self._run_frees(frees)
 
     def _run_frees(self, frees) -> None:
         with self.current():
@@ -491,8 +501,7 @@ class LaunchPath:
         self.dc, self.p, self.max_batch = dc, p, int(max_batch)
         self.timeout_ns = int(timeout_ns)
         n, w = self.max_batch, p.max_width
-        dc.refuse_while_spinning("set up a GPU launch path")
-        with dc.current():
+        with dc.setup("set up a GPU launch path"):
             self._fn = module.get_function("fp_mlp_batch")
             self._fn.prepare("PPPPPPPiiP")
             self.occupancy = occupancy(cuda, dc.device, self._fn)
@@ -651,8 +660,7 @@ class PersistentPath:
         cuda = self.cuda = dc.cuda
         self.dc, self.p, self.timeout_ns = dc, p, int(timeout_ns)
         self.running = False
-        dc.refuse_while_spinning("set up a persistent GPU path")
-        with dc.current():
+        with dc.setup("set up a persistent GPU path"):
             self._fn = module.get_function("fp_mlp_persistent")
             self._fn.prepare("P" * 10)
             self.occupancy = occupancy(cuda, dc.device, self._fn)
@@ -719,18 +727,20 @@ class PersistentPath:
         P = self.P
         # refused here, before the launch, when its grid cannot be resident beside the
         # persistent kernels already running in this context (its barrier would never open)
-        self._token = self.dc.resident.claim(self.grid, self.occupancy, self.dc.sm_count)
-        try:
-            with self.dc.current():
-                self._fn.prepared_async_call(
-                    (self.grid, 1), (BLOCK, 1, 1), self.stream, int(self.d_net),
-                    int(self.d_w), int(self.d_slot), int(self.d_x), int(self.d_a),
-                    int(self.d_b), int(self.d_y), int(self.d_st), int(self.d_bar),
-                    int(self.d_ctl))
-                self.done.record(self.stream)
-        except BaseException:
-            self._release_blocks()
-            raise
+        # under the context's lock: no path allocates or frees between the claim and the launch
+        with self.dc._lock:
+            self._token = self.dc.resident.claim(self.grid, self.occupancy, self.dc.sm_count)
+            try:
+                with self.dc.current():
+                    self._fn.prepared_async_call(
+                        (self.grid, 1), (BLOCK, 1, 1), self.stream, int(self.d_net),
+                        int(self.d_w), int(self.d_slot), int(self.d_x), int(self.d_a),
+                        int(self.d_b), int(self.d_y), int(self.d_st), int(self.d_bar),
+                        int(self.d_ctl))
+                    self.done.record(self.stream)
+            except BaseException:
+                self._release_blocks()
+                raise
         self.running = True
         # dropped without close() (a GpuBackend nobody closed), the device memory and the
         # slot would be freed under a kernel still polling them: stop it first. The finalizer
