@@ -60,10 +60,10 @@ step "pycuda $PYCUDA_VERSION sdist"
 "$VPY" -m pip download -q --no-deps --no-binary=pycuda "pycuda==$PYCUDA_VERSION" \
     -d "$DEST/sdist" >>"$LOG" 2>&1
 
-step "libcuda.so.1 stub: every cu* entry point of cuda.h (after its _v2 macros), returning an error"
+step "libcuda.so.1 stub: every cu* entry point of cuda.h and cudaProfiler.h (after their _v2 macros), returning an error"
 STUB="$DEST/build/stub"
 mkdir -p "$STUB"
-echo '#include <cuda.h>' | gcc -E -I"$CUDA_ROOT/include" -x c - \
+printf '#include <cuda.h>\n#include <cudaProfiler.h>\n' | gcc -E -I"$CUDA_ROOT/include" -x c - \
     | grep -oE '\bcu[A-Z][A-Za-z0-9_]*[[:space:]]*\(' | tr -d '( \t' | sort -u \
     | awk '{printf "int %s(void) { return 999; }\n", $1}' >"$STUB/stub.c"
 gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$STUB/libcuda.so.1" "$STUB/stub.c"
@@ -115,6 +115,16 @@ rm -rf "$FP" && mkdir -p "$FP"
 FPW="$(ls "$DEST"/wheels/fastpath-*-cp312-*.whl)"
 "$VPY" -m zipfile -l "$FPW" | grep -q 'fastpath/gpu/fp_mlp.fatbin' \
     || { echo "gpu_prepare: $FPW has no fatbin" | tee -a "$LOG" >&2; exit 1; }
+
+step "check: the pycuda wheel imports against the stub (every cu* symbol it needs is a driver entry point), the fastpath wheel imports and carries the fatbin"
+CHECK="$DEST/build/check"
+rm -rf "$CHECK"
+"$VPY" -m pip install -q --no-index --no-deps --target "$CHECK" "$DEST"/wheels/pycuda-*.whl "$FPW" \
+    >>"$LOG" 2>&1
+(cd "$DEST/build" && LD_LIBRARY_PATH="$STUB" PYTHONPATH="$CHECK" "$VPY" -c \
+    "import pycuda._driver as d; print('pycuda._driver', d.get_version())") 2>&1 | tee -a "$LOG"
+(cd "$DEST/build" && PYTHONPATH="$CHECK" "$VPY" -c "import os, fastpath.gpu._backend as B; \
+    assert os.path.exists(B.FATBIN), B.FATBIN; print('fastpath', B.FATBIN)") 2>&1 | tee -a "$LOG"
 
 step "pure and cp312 wheels: pytools, platformdirs, mako, siphash24, pytest and their needs"
 "$VPY" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
