@@ -75,3 +75,17 @@ def test_close_frees_the_pinned_buffers_inside_the_context(fake_fatbin, mode):
     # HostAlloc.free asserts a current context: freed inside it
     assert all(h.freed for h in pinned) and all(d.freed for d in device)
     assert cu.depth == 0
+
+
+def test_a_context_that_fails_its_first_query_is_released_current():
+    """The context retained for a device whose attribute read failed was detached while not
+    current, left current on the thread."""
+    cu = FakeCuda()
+
+    class Broken(cu.Device):
+        def get_attribute(self, a):
+            raise cu.Error("invalid device")
+    cu.Device = Broken
+    with pytest.raises(cu.Error, match="invalid device"):
+        B.DeviceContext(cu, 0)
+    assert cu.retains == cu.detached == 1 and cu.left_current == 0 and cu.depth == 0
