@@ -1,6 +1,7 @@
 """GPU check: the GPU stage against the CPU backend on one host, in one command.
 
-    python bench/gpu_check.py [--out bench/results] [--iters 2000] [--quick]
+    python bench/gpu_check.py [--out bench/results] [--iters 2000] [--quick] [--smoke]
+                              [--stuck-after S]
 
 1. Correctness: the launch path and the persistent path against the CPU kernels on the same
    inputs, for the demo model, every model below and EDGE_MODELS (odd widths, one and 16
@@ -24,11 +25,13 @@ network; on an H200 host it takes about a minute (under 5 with --iters 20000).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import os
 import platform
 import re
+import signal
 import sys
 import time
 
@@ -48,7 +51,6 @@ from fastpath._kernels import PackedMLP  # noqa: E402
 from fastpath.errors import BackendError  # noqa: E402
 from fastpath.gpu import GpuBackend, GpuEngine, gpu_status  # noqa: E402
 from fastpath.gpu import _backend, _protocol  # noqa: E402
-from fastpath.gpu._backend import DeviceContext  # noqa: E402
 from fastpath.gpu._pack import pack, packed_forward  # noqa: E402
 from fastpath.model import Layer, Model  # noqa: E402
 
@@ -251,16 +253,30 @@ RESIDENCY_MAX = 200                  # more than MAX_RESIDENT_GRIDS: a missing r
 
 
 def residency_check(rng, timeout_ns: int = 2 * 10**9) -> dict:
-    """Persistent paths started until refused; a dict for the report, or AssertionError."""
+    """Persistent paths started until refused; a dict for the report, or AssertionError.
+
+    Every backend is made (its memory allocated, the module loaded) before the first
+    persistent kernel starts, and freed only after the last one stopped: allocating, freeing
+    or loading while a persistent kernel spins may wait for it forever (DeviceContext)."""
     layers = _mlp(RESIDENCY_DIMS, 7)
     x = rng.standard_normal(RESIDENCY_DIMS[0]).astype(np.float32)
     want = packed_forward(pack(layers), x[None])[0][0].astype(np.float64)
-    running = []
+    made, running = [], []
+    lb = None
     try:
-        while True:
+        lb = GpuBackend(layers, "launch", timeout_ns=timeout_ns)
+        made.append(GpuBackend(layers, "persistent", timeout_ns=timeout_ns, start=False))
+        path = made[0].path
+        holds = path.occupancy.blocks_per_sm * path.dc.sm_count
+        expected = min(holds // path.grid, _backend.MAX_RESIDENT_GRIDS)
+        # one more than the occupancy says fit: its start must be the refusal
+        while len(made) < min(expected + 1, RESIDENCY_MAX + 1):
+            made.append(GpuBackend(layers, "persistent", timeout_ns=timeout_ns, start=False))
+        refusal = None
+        for be in made:
             t0 = time.monotonic()
             try:
-                be = GpuBackend(layers, "persistent", timeout_ns=timeout_ns)
+                be.start()
             except BackendError as exc:
                 took = time.monotonic() - t0
                 if "cannot start another persistent" not in str(exc):
@@ -269,8 +285,6 @@ def residency_check(rng, timeout_ns: int = 2 * 10**9) -> dict:
                 refusal = str(exc)
                 break
             running.append(be)
-            if len(running) > RESIDENCY_MAX:
-                raise AssertionError(f"{len(running)} persistent kernels started, none refused")
             for i, b in enumerate(running):     # every one so far still answers, right
                 try:
                     y, bad, _ = b.infer(x)
@@ -280,22 +294,21 @@ def residency_check(rng, timeout_ns: int = 2 * 10**9) -> dict:
                 if bad or (np.abs(y - want) > 2e-5 + 1e-4 * np.abs(want)).any():
                     raise AssertionError(f"with {len(running)} persistent kernels running, "
                                          f"kernel {i + 1} answered wrong (refused: {bad})")
+        if refusal is None:
+            raise AssertionError(f"{len(running)} persistent kernels started, none refused "
+                                 f"(the occupancy ({path.occupancy}) says {expected} fit)")
         if not running:
             raise AssertionError(f"the first persistent kernel was refused: {refusal}")
-        path = running[0].path
-        holds = path.occupancy.blocks_per_sm * path.dc.sm_count
-        expected = min(holds // path.grid, _backend.MAX_RESIDENT_GRIDS)
         if len(running) != expected:
             raise AssertionError(f"{len(running)} persistent kernels of {path.grid} blocks "
                                  f"started before the refusal; the occupancy "
                                  f"({path.occupancy}) says {expected}")
-        # a launch beside them: its grid barrier needs room too. With none left it must be
-        # refused up front; with some, its grid fits what is left and it answers right
+        # a launch beside them (made before they started): its grid barrier needs room too.
+        # With none left it must be refused up front; with some, its grid fits what is left
         room = holds - path.dc.resident.held
         t0 = time.monotonic()
         try:
-            with GpuBackend(layers, "launch", timeout_ns=timeout_ns) as lb:
-                y, bad, _ = lb.infer(x)
+            y, bad, _ = lb.infer(x)
             launch = "answered"
             if bad or (np.abs(y - want) > 2e-5 + 1e-4 * np.abs(want)).any():
                 raise AssertionError(f"a launch beside {len(running)} persistent kernels "
@@ -314,8 +327,12 @@ def residency_check(rng, timeout_ns: int = 2 * 10**9) -> dict:
                 "launch_beside": launch,
                 "launch_beside_s": round(time.monotonic() - t0, 4)}
     finally:
-        for b in running:
+        # every kernel stopped first (a close while others run defers its frees: the last
+        # stop frees them all), then the launch backend
+        for b in made:
             b.close()
+        if lb is not None:
+            lb.close()
 
 
 def _err(got, want) -> tuple:
@@ -329,9 +346,9 @@ def run(args) -> dict:
 
     import pycuda.driver as cuda
 
-    dc = DeviceContext(cuda, 0)
+    dc = _backend.shared_context(cuda, 0)      # the process's one context, released at exit
     info = dc.info()
-    dc.release()
+    _backend.drop_user(dc)
     core, core_how = _pin(info["pci_bus_id"])   # before any timed work
     demo = Model.load(DEMO_MODEL)
     rng = np.random.default_rng(0)
@@ -517,17 +534,69 @@ def targets(r: dict) -> dict:
     }
 
 
+SMOKE_DIMS = (40, 64, 2)
+SMOKE_TIMEOUT_NS = 5 * 10**9
+
+
+def smoke(out_dir: str) -> dict:
+    """One launch-path and one persistent inference of a small model against numpy, each
+    written to out_dir/gpu-smoke.json as soon as it is known (a run cut short still says how
+    far it got). The first thing a device run does: seconds, where the full check takes
+    minutes."""
+    layers = _mlp(SMOKE_DIMS, 3)
+    x = np.random.default_rng(1).standard_normal(SMOKE_DIMS[0]).astype(np.float32)
+    want = packed_forward(pack(layers), x[None])[0][0]
+    r = {"schema": "fastpath-gpu-smoke/1", "dims": list(SMOKE_DIMS), "ok": False}
+    path = os.path.join(out_dir, "gpu-smoke.json")
+    os.makedirs(out_dir, exist_ok=True)
+
+    def write():
+        with open(path, "w") as f:
+            json.dump(r, f, indent=1)
+    for mode in ("launch", "persistent"):
+        r[mode] = {"ok": False, "started": True}
+        write()
+        t0 = time.monotonic()
+        try:
+            with GpuBackend(layers, mode, timeout_ns=SMOKE_TIMEOUT_NS) as be:
+                r.setdefault("device", be.info["device"])
+                r.setdefault("module", be.module_origin)
+                y, bad, t = be.infer(x)
+            err = float(np.abs(y.astype(np.float64) - want).max())
+            r[mode] = {"ok": bool(err <= 1e-5 and not bad), "max_abs_err": err,
+                       "refused": bool(bad), "timing_ns": t._asdict()}
+        except Exception as exc:  # noqa: BLE001 - BackendError, pycuda errors: all reported
+            r[mode] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        r[mode]["seconds"] = round(time.monotonic() - t0, 3)
+        print(f"smoke {mode}: {r[mode]}", flush=True)
+        write()
+    r["ok"] = r["launch"]["ok"] and r["persistent"]["ok"]
+    write()
+    return r
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "results"))
     ap.add_argument("--iters", type=int, default=2000, help="timed calls per model and path")
     ap.add_argument("--quick", action="store_true", help="fewer ticks (a smoke run)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="only one launch and one persistent inference against numpy "
+                         "(gpu-smoke.json)")
+    ap.add_argument("--stuck-after", type=float, default=0, metavar="S",
+                    help="print every thread's traceback each S seconds (a stuck run says "
+                         "where), and on SIGTERM")
     args = ap.parse_args(argv)
+    if args.stuck_after > 0:
+        faulthandler.dump_traceback_later(args.stuck_after, repeat=True)
+        faulthandler.register(signal.SIGTERM, chain=True)
     ok, why = gpu_status()
     if not ok:
         print(f"gpu_check: no usable GPU here: {why}", file=sys.stderr)
         return 2
+    if args.smoke:
+        return 0 if smoke(args.out)["ok"] else 1
     r = run(args)
     r["targets"] = targets(r)
     rc = 0 if not r["failures"] else 1

@@ -15,6 +15,7 @@ GpuEngine is a compatibility wrapper over that engine, plus a batched-launch ste
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -69,6 +70,9 @@ def gpu_status() -> tuple:
         return False, (f"pycuda not importable ({what}{exc}); install fastpath[gpu] on a host "
                        f"with a driver")
     try:
+        # read when the driver starts: kernels load with their module, never lazily beside a
+        # spinning persistent kernel (DeviceContext)
+        os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
         cuda.init()
         n = cuda.Device.count()
         name = cuda.Device(0).name() if n else ""
@@ -97,10 +101,15 @@ class GpuBackend:
     infer is one C call (write features, publish, spin for the answer, with a deadline). Its
     grid stays resident while it runs: one that cannot be resident beside the persistent
     kernels already running on the device in this process is a BackendError at construction.
-    close() (or the context manager) stops the kernel and frees the device memory."""
+    close() (or the context manager) stops the kernel and frees the device memory.
+
+    Nothing is allocated while a persistent kernel runs in the process (the driver call could
+    wait on it forever): making a backend then is a BackendError. Make every backend first,
+    persistent ones with start=False, then start() each. All backends of a device share one
+    primary context, released at exit."""
 
     def __init__(self, model, mode: str = "launch", device: int = 0, max_batch: int = 1024,
-                 timeout_ns: int = 1_000_000_000, cuda=None):
+                 timeout_ns: int = 1_000_000_000, cuda=None, start: bool = True):
         if mode not in MODES:
             raise ConfigError(f"gpu mode must be one of {list(MODES)}, got {mode!r}")
         if not _positive_ns(timeout_ns):
@@ -135,48 +144,58 @@ class GpuBackend:
         # names it, so backend="auto" takes the CPU; raised as pycuda's own error, it escaped
         # Engine(backend="auto") past gpu_status(), which makes no context
         try:
-            self.dc = B.DeviceContext(cuda, device)
+            # one context per device and process, shared by every backend, released at exit
+            self.dc = B.shared_context(cuda, device)
         except cuda.Error as exc:
             raise _driver_error(f"CUDA device {device} cannot be used", exc) from None
         try:
-            with self.dc.current():
-                module, self.module_origin = B.load_module(cuda)
+            # nothing is allocated or loaded beside a running persistent kernel (it may wait
+            # on it forever): refused before the module load and the allocations
+            self.dc.refuse_while_spinning(f"set up a GPU {mode} path")
+            module, self.module_origin = self.dc.module()
             self.info = self.dc.info()
             if mode == "launch":
                 self.path = B.LaunchPath(self.dc, module, self.packed, max_batch, timeout_ns)
             else:
                 self.path = B.PersistentPath(self.dc, module, self.packed, timeout_ns)
         except BaseException as exc:
-            # no kernels, a refused max_batch, no memory: the context must not stay retained
+            # no kernels, a refused max_batch, no memory: this backend no longer uses the
+            # context (the primary context itself stays until exit)
             self.path = None
-            self.dc.release()
+            B.drop_user(self.dc)
             if isinstance(exc, cuda.Error):
                 raise _driver_error(f"the GPU {mode} path could not be set up on CUDA device "
                                     f"{device}", exc) from None
             raise
-        if mode == "persistent":
-            try:
-                self.path.start()
-            except (BackendError, cuda.Error) as exc:
-                path, self.path = self.path, None
-                if not path.running:
-                    # never launched (start refused it: another persistent kernel took the
-                    # room after the constructor's check) or stopped after a failed start:
-                    # its device memory goes now. Dropped, it stayed allocated for as long as
-                    # another backend kept the primary context (no finalizer frees a path that
-                    # never ran); one whose kernel may still run keeps it
-                    try:
-                        path.close()
-                    except (BackendError, cuda.Error):
-                        pass
-                # the last reference to the primary context goes: a kernel left running dies
-                # with it instead of spinning on for the life of the process
-                self.dc.release()
-                if isinstance(exc, cuda.Error):
-                    raise _driver_error(f"the persistent kernel could not be launched on CUDA "
-                                        f"device {device}", exc) from None
-                raise
+        self._cuda = cuda
         self._module = module
+        if mode == "persistent" and start:
+            self.start()
+
+    def start(self) -> None:
+        """Launch the persistent kernel (made with start=False: every backend is made before
+        any persistent kernel runs, then each started). A no-op once it runs."""
+        if self.mode != "persistent":
+            raise BackendError("start() launches a persistent kernel; this backend is in "
+                               f"{self.mode!r} mode")
+        path, cuda = self._open_path(), self._cuda
+        try:
+            path.start()
+        except (BackendError, cuda.Error) as exc:
+            self.path = None
+            if not path.running:
+                # never launched (start refused it: another persistent kernel took the
+                # room) or stopped after a failed start: its memory goes now (or when the
+                # running kernels return). One whose kernel may still run keeps it
+                try:
+                    path.close()
+                except (BackendError, cuda.Error):
+                    pass
+            B.drop_user(self.dc)
+            if isinstance(exc, cuda.Error):
+                raise _driver_error(f"the persistent kernel could not be launched on CUDA "
+                                    f"device {self.dc.ordinal}", exc) from None
+            raise
 
     @property
     def macs(self) -> int:
@@ -223,12 +242,14 @@ class GpuBackend:
         return np.concatenate(ys), np.concatenate(bads), ts
 
     def close(self) -> None:
+        """Stop the persistent kernel, free this backend's memory (later, while other
+        persistent kernels run) and leave the shared context (released at exit)."""
         if self.path is not None:
             try:
                 self.path.close()
             finally:
                 self.path = None
-                self.dc.release()
+                B.drop_user(self.dc)
 
     def __enter__(self):
         return self

@@ -13,6 +13,7 @@ that could not be resident beside them is refused before it is launched.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -103,36 +104,121 @@ def pci_numa_node(bus_id: str) -> int:
         return -1
 
 
+KERNELS = ("fp_mlp_batch", "fp_mlp_persistent")
+
+
 class DeviceContext:
-    """One device's primary context; `with ctx.current():` around every driver call."""
+    """One device's primary context; `with ctx.current():` around every driver call.
+
+    A persistent kernel never returns, and some driver calls wait for every kernel of the
+    device: allocating or freeing device or page-locked memory, loading a module (lazily
+    loaded kernels load at first use), tearing the context down. Made while one spins, such a
+    call hangs. So the module is loaded once, with both kernels fetched, when the context is
+    first used (with CUDA_MODULE_LOADING=EAGER set before the driver starts); a path refuses
+    to allocate while a persistent kernel runs (refuse_while_spinning); frees asked for then
+    wait (free_later) until the last persistent kernel has returned."""
 
     def __init__(self, cuda, ordinal: int = 0):
         self.cuda = cuda
+        # read by the driver when it starts: kernels load with their module, not at first use
+        os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
         cuda.init()
         if ordinal >= cuda.Device.count():
             raise BackendError(f"CUDA device {ordinal} requested, {cuda.Device.count()} present")
         if ordinal < 0:
             raise BackendError(f"CUDA device {ordinal} requested; ordinals start at 0")
         self.ordinal = ordinal
+        # every GpuBackend on this device shares its primary context, so the persistent
+        # kernels that must be co-resident are counted per (driver, device), not per object
+        self.resident = resident_kernels(cuda, ordinal)
+        self._module = None         # (module, origin), loaded once
+        self._deferred = []         # frees waiting for the persistent kernels to return
+        # reentrant: a collected path's finalizer may flush while this thread holds it
+        self._lock = threading.RLock()
+        self.users = 0              # GpuBackends holding this context (shared_context)
         self.device = cuda.Device(ordinal)
         self.ctx = self.device.retain_primary_context()
+        self.released = False
         try:
             self.sm_count = int(self.device.get_attribute(
                 cuda.device_attribute.MULTIPROCESSOR_COUNT))
         except BaseException:
-            self.ctx.detach()       # retained above: no one else would let it go
+            self.release()          # retained above: no one else would let it go
             raise
-        # every GpuBackend on this device shares its primary context, so the persistent
-        # kernels that must be co-resident are counted per (driver, device), not per object
-        self.resident = resident_kernels(cuda, ordinal)
 
     @contextmanager
     def current(self):
+        if self.released:
+            raise BackendError(f"the context of CUDA device {self.ordinal} was released")
         self.ctx.push()
         try:
             yield
         finally:
             self.cuda.Context.pop()
+
+    def spinning(self) -> int:
+        """Persistent kernels running in this context now."""
+        return len(self.resident.running())
+
+    def refuse_while_spinning(self, what: str) -> None:
+        """BackendError when a persistent kernel runs: `what` would allocate (or load) and
+        could wait on it forever."""
+        n = self.spinning()
+        if n:
+            raise BackendError(
+                f"cannot {what} while {n} persistent kernel(s) run in this process's context "
+                f"on CUDA device {self.ordinal}: allocating device or page-locked memory and "
+                f"loading a module may wait for every kernel on the device, and a persistent "
+                f"kernel never returns. Make every GpuBackend first (persistent ones with "
+                f"start=False, then start() them), or close the running ones before")
+
+    @contextmanager
+    def setup(self, what: str):
+        """Around a path's allocations: no persistent kernel may start meanwhile (the lock,
+        which start() takes too), none runs (refused: `what` could wait on it forever), and
+        the context is current."""
+        with self._lock:
+            self.refuse_while_spinning(what)
+            with self.current():
+                yield
+
+    def module(self) -> tuple:
+        """(module, origin): the kernels' module, loaded the first time, both kernels fetched
+        (a lazily loaded kernel would load at its first launch, maybe beside a spinning one)."""
+        with self._lock:
+            if self._module is None:
+                self.refuse_while_spinning("load the GPU kernels")
+                with self.current():
+                    mod, origin = load_module(self.cuda)
+                    for name in KERNELS:
+                        mod.get_function(name)
+                self._module = (mod, origin)
+            return self._module
+
+    def free_later(self, frees) -> None:
+        """Run the callables `frees` (each one free of device or page-locked memory) inside
+        the context: now when no persistent kernel runs, else once the last one returns."""
+        with self._lock:
+            if self.spinning():
+                self._deferred.extend(frees)
+                return
+            self._run_frees(list(frees))
+
+    def flush_deferred(self) -> None:
+        """The frees free_later held back, once no persistent kernel runs."""
+        with self._lock:
+            if self.spinning() or not self._deferred:
+                return
+            frees, self._deferred = self._deferred, []
+            self._run_frees(frees)
+
+    def _run_frees(self, frees) -> None:
+        with self.current():
+            for f in frees:
+                try:
+                    f()
+                except self.cuda.Error:
+                    pass        # a context a fault killed: its memory went with it
 
     def info(self) -> dict:
         bus = self.device.pci_bus_id()
@@ -142,8 +228,58 @@ class DeviceContext:
                 "compute_capability": "%d.%d" % self.device.compute_capability(),
                 "sm_count": self.sm_count, "numa_node": pci_numa_node(bus)}
 
-    def release(self):
-        self.ctx.detach()
+    def release(self) -> None:
+        """Let the primary context go (cuDevicePrimaryCtxRelease through pycuda's detach). It
+        is made current first: pycuda's detach of a context that is not current pushes it and
+        leaves it current on this thread after the release (and from another thread than the
+        one that retained it, releases nothing). Refused while a persistent kernel runs:
+        the teardown would wait for it."""
+        if self.released:
+            return
+        self.refuse_while_spinning("release the CUDA context")
+        self.flush_deferred()
+        self.ctx.push()
+        self.released = True
+        self.ctx.detach()           # pops pycuda's entry for it: no Context.pop() after
+
+
+_CONTEXTS = {}                      # (id of the driver module, ordinal) -> DeviceContext
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def shared_context(cuda, ordinal: int) -> DeviceContext:
+    """The process's one DeviceContext of device `ordinal` under driver `cuda` (retained once,
+    released at exit by release_contexts), with one more user."""
+    key = (id(cuda), ordinal)
+    with _CONTEXTS_LOCK:
+        dc = _CONTEXTS.get(key)
+        if dc is None or dc.released or dc.cuda is not cuda:
+            if not _CONTEXTS:
+                atexit.register(release_contexts)
+            dc = _CONTEXTS[key] = DeviceContext(cuda, ordinal)
+        dc.users += 1
+        return dc
+
+
+def drop_user(dc: DeviceContext) -> None:
+    """A GpuBackend is done with its context. The primary context stays (another backend,
+    or another library in this process, may use it); it is released at exit."""
+    with _CONTEXTS_LOCK:
+        dc.users = max(dc.users - 1, 0)
+
+
+def release_contexts() -> None:
+    """At exit: release every shared context no persistent kernel still runs in (one still
+    running, its backend never closed, would make the teardown wait on it: left to the
+    process's end)."""
+    with _CONTEXTS_LOCK:
+        dcs = list(_CONTEXTS.values())
+        _CONTEXTS.clear()
+    for dc in dcs:
+        try:
+            dc.release()
+        except Exception:  # noqa: BLE001 - BackendError (a kernel spins), a dead context
+            pass
 
 
 SMALL_MACS = 1 << 16
@@ -329,6 +465,29 @@ def max_batch_for(p: PackedNet) -> int:
 MAX_TAG = 0x7FFFFFFF             # fp_mlp_batch's tag is an int
 
 
+def upload(cuda, stream, copies, zeros) -> None:
+    """Setup copies ordered before the path's first kernel: each (device, array) of `copies`
+    through a page-locked staging buffer and each (device, words) of `zeros` as a memset, all
+    async on `stream` (the kernels run on non-blocking streams, which do not wait for the
+    legacy stream that memcpy_htod / memset_d32 use), then that stream synchronized (not the
+    context: it would wait on persistent kernels that never return). The staging buffers are
+    freed in the context; nothing persistent runs while a path is set up."""
+    staged = []
+    try:
+        for dst, src in copies:
+            src = np.ascontiguousarray(src).view(np.uint8).reshape(-1)
+            h = cuda.pagelocked_empty(src.size, np.uint8)
+            staged.append(h)
+            h[:] = src
+            cuda.memcpy_htod_async(int(dst), h, stream)
+        for dst, words in zeros:
+            cuda.memset_d32_async(int(dst), 0, words, stream)
+        stream.synchronize()
+    finally:
+        for h in staged:
+            h.base.free()
+
+
 class LaunchPath:
     """One launch per call: pinned H2D, the kernel, pinned D2H on one stream, with events."""
 
@@ -342,27 +501,25 @@ class LaunchPath:
         self.dc, self.p, self.max_batch = dc, p, int(max_batch)
         self.timeout_ns = int(timeout_ns)
         n, w = self.max_batch, p.max_width
-        with dc.current():
+        with dc.setup("set up a GPU launch path"):
             self._fn = module.get_function("fp_mlp_batch")
             self._fn.prepare("PPPPPPPiiP")
             self.occupancy = occupancy(cuda, dc.device, self._fn)
+            self.stream = cuda.Stream(STREAM_NON_BLOCKING)
+            self.ev = [cuda.Event() for _ in range(4)]
             self.d_net = cuda.mem_alloc(p.net.nbytes)
             self.d_w = cuda.mem_alloc(p.weights.nbytes)
-            cuda.memcpy_htod(int(self.d_net), p.net)
-            cuda.memcpy_htod(int(self.d_w), p.weights)
             self.d_x = cuda.mem_alloc(4 * n * p.n_in)
             self.d_a = cuda.mem_alloc(4 * n * w)
             self.d_b = cuda.mem_alloc(4 * n * w)
             self.d_y = cuda.mem_alloc(4 * n * p.n_out)
             self.d_st = cuda.mem_alloc(4 * n)
             self.d_bar = cuda.mem_alloc(8)
-            cuda.memset_d32(int(self.d_st), 0, n)
-            cuda.memset_d32(int(self.d_bar), 0, 2)
             self.h_x = cuda.pagelocked_empty((n, p.n_in), np.float32)
             self.h_y = cuda.pagelocked_empty((n, p.n_out), np.float32)
             self.h_st = cuda.pagelocked_empty(n, np.int32)
-            self.stream = cuda.Stream(STREAM_NON_BLOCKING)
-            self.ev = [cuda.Event() for _ in range(4)]
+            upload(cuda, self.stream, ((self.d_net, p.net), (self.d_w, p.weights)),
+                   ((self.d_st, n), (self.d_bar, 2)))
         self._tag = 0
         self._inflight = 0
         self._t0 = 0
@@ -470,19 +627,26 @@ class LaunchPath:
         return y[0], bool(bad[0]), t
 
     def close(self) -> None:
-        with self.dc.current():
-            for a in (self.d_net, self.d_w, self.d_x, self.d_a, self.d_b, self.d_y, self.d_st,
-                      self.d_bar):
-                a.free()
+        """Free the device and page-locked memory inside the context (the garbage collector
+        skips cuMemFreeHost once the context is gone); deferred while a persistent kernel
+        runs (DeviceContext.free_later)."""
+        self.dc.free_later([a.free for a in (self.d_net, self.d_w, self.d_x, self.d_a, self.d_b,
+                                             self.d_y, self.d_st, self.d_bar)]
+                           + [h.base.free for h in (self.h_x, self.h_y, self.h_st)])
 
 
-def _stop_on_collect(slot, exited, ok, resident, token) -> None:
+def _stop_on_collect(slot, exited, ok, dc, token) -> None:
     """A PersistentPath collected (or the interpreter exiting) with its kernel running: raise
     the stop flag and give the kernel a second to return before its memory goes. Its blocks
-    count as resident until it has returned: one still running still holds them."""
+    count as resident until it has returned: one still running still holds them. Once it
+    has, the frees other paths' close() held back are made."""
     slot.stop()
     if slot.wait_ready(exited, DEFAULT_TIMEOUT_NS) == ok:
-        resident.release(token)
+        dc.resident.release(token)
+        try:
+            dc.flush_deferred()
+        except Exception:  # noqa: BLE001 - a finalizer: a dead or released context
+            pass
 
 
 class PersistentPath:
@@ -496,7 +660,7 @@ class PersistentPath:
         cuda = self.cuda = dc.cuda
         self.dc, self.p, self.timeout_ns = dc, p, int(timeout_ns)
         self.running = False
-        with dc.current():
+        with dc.setup("set up a persistent GPU path"):
             self._fn = module.get_function("fp_mlp_persistent")
             self._fn.prepare("P" * 10)
             self.occupancy = occupancy(cuda, dc.device, self._fn)
@@ -504,10 +668,10 @@ class PersistentPath:
             # a grid that cannot be resident now is refused before any memory is taken;
             # start() decides again (another path may have started in between)
             dc.resident.check(self.grid, self.occupancy, dc.sm_count)
+            self.stream = cuda.Stream(STREAM_NON_BLOCKING)
+            self.done = cuda.Event()
             self.d_net = cuda.mem_alloc(p.net.nbytes)
             self.d_w = cuda.mem_alloc(p.weights.nbytes)
-            cuda.memcpy_htod(int(self.d_net), p.net)
-            cuda.memcpy_htod(int(self.d_w), p.weights)
             self.d_x = cuda.mem_alloc(4 * p.n_in)
             self.d_a = cuda.mem_alloc(4 * p.max_width)
             self.d_b = cuda.mem_alloc(4 * p.max_width)
@@ -515,16 +679,14 @@ class PersistentPath:
             self.d_st = cuda.mem_alloc(4)
             self.d_bar = cuda.mem_alloc(8)
             self.d_ctl = cuda.mem_alloc(4)
-            for a, n in ((self.d_st, 1), (self.d_bar, 2), (self.d_ctl, 1)):
-                cuda.memset_d32(int(a), 0, n)
             nbytes = _protocol.slot_bytes(p.n_in, p.n_out)
             # page-locked allocations are page-aligned: the slot's 64-byte lines hold
             self.h_slot = cuda.pagelocked_empty(nbytes, np.uint8,
                                                 mem_flags=cuda.host_alloc_flags.DEVICEMAP)
             self.slot = _protocol.Slot.on_buffer(self.h_slot, p.n_in, p.n_out)
             self.d_slot = self.h_slot.base.get_device_pointer()
-            self.stream = cuda.Stream(STREAM_NON_BLOCKING)
-            self.done = cuda.Event()
+            upload(cuda, self.stream, ((self.d_net, p.net), (self.d_w, p.weights)),
+                   ((self.d_st, 1), (self.d_bar, 2), (self.d_ctl, 1)))
         self._out = np.empty(p.n_out, np.float32)
         self._token = None
         self.fault = None        # the kernel's fault once one was seen: the context is dead
@@ -543,6 +705,9 @@ class PersistentPath:
         if self._token is not None:
             self.dc.resident.release(self._token)
             self._token = None
+            if not self.fault:
+                # frees other paths' close() held back while this kernel ran
+                self.dc.flush_deferred()
 
     def _kernel_error(self):
         """The kernel's fault, or None while it runs / after it returned cleanly."""
@@ -562,24 +727,26 @@ class PersistentPath:
         P = self.P
         # refused here, before the launch, when its grid cannot be resident beside the
         # persistent kernels already running in this context (its barrier would never open)
-        self._token = self.dc.resident.claim(self.grid, self.occupancy, self.dc.sm_count)
-        try:
-            with self.dc.current():
-                self._fn.prepared_async_call(
-                    (self.grid, 1), (BLOCK, 1, 1), self.stream, int(self.d_net),
-                    int(self.d_w), int(self.d_slot), int(self.d_x), int(self.d_a),
-                    int(self.d_b), int(self.d_y), int(self.d_st), int(self.d_bar),
-                    int(self.d_ctl))
-                self.done.record(self.stream)
-        except BaseException:
-            self._release_blocks()
-            raise
+        # under the context's lock: no path allocates or frees between the claim and the launch
+        with self.dc._lock:
+            self._token = self.dc.resident.claim(self.grid, self.occupancy, self.dc.sm_count)
+            try:
+                with self.dc.current():
+                    self._fn.prepared_async_call(
+                        (self.grid, 1), (BLOCK, 1, 1), self.stream, int(self.d_net),
+                        int(self.d_w), int(self.d_slot), int(self.d_x), int(self.d_a),
+                        int(self.d_b), int(self.d_y), int(self.d_st), int(self.d_bar),
+                        int(self.d_ctl))
+                    self.done.record(self.stream)
+            except BaseException:
+                self._release_blocks()
+                raise
         self.running = True
         # dropped without close() (a GpuBackend nobody closed), the device memory and the
         # slot would be freed under a kernel still polling them: stop it first. The finalizer
         # holds the slot (not self), so the slot outlives the wait; stop() detaches it.
         self._fin = weakref.finalize(self, _stop_on_collect, self.slot, P.READY_EXITED,
-                                     P.OK, self.dc.resident, self._token)
+                                     P.OK, self.dc, self._token)
         if self.slot.wait_ready(P.READY_RUNNING, timeout_ns or self.timeout_ns) != P.OK:
             err = self._kernel_error()
             try:
@@ -650,7 +817,7 @@ class PersistentPath:
             # after a fault every driver call in the context fails with it; its memory goes
             # with the context (GpuBackend.close releases it)
             return
-        with self.dc.current():
-            for a in (self.d_net, self.d_w, self.d_x, self.d_a, self.d_b, self.d_y, self.d_st,
-                      self.d_bar, self.d_ctl):
-                a.free()
+        # the slot's memory goes too: nothing reads it once the kernel has returned
+        self.dc.free_later([a.free for a in (self.d_net, self.d_w, self.d_x, self.d_a,
+                                             self.d_b, self.d_y, self.d_st, self.d_bar,
+                                             self.d_ctl)] + [self.h_slot.base.free])

@@ -11,7 +11,7 @@ from fastpath.errors import BackendError
 from fastpath.gpu import GpuBackend, _backend as B
 
 from helpers.builders import random_model
-from helpers.fake_cuda import FakeError
+from helpers.fake_cuda import FakeError, users
 
 
 BUSY = "cuDevicePrimaryCtxRetain failed: all CUDA-capable devices are busy or unavailable"
@@ -60,18 +60,17 @@ def test_auto_that_chose_the_gpu_falls_back_when_the_gpu_path_fails(fake_gpu, tm
 
 
 def test_device_memory_exhausted_is_a_backend_error_and_the_context_is_released(fake_gpu):
-    """cuda.MemoryError from mem_alloc on a full GPU is a BackendError and the context is
-    released."""
+    """cuda.MemoryError from mem_alloc on a full GPU is a BackendError and the backend lets
+    the context go."""
     def oom(n):
         raise FakeError("cuMemAlloc failed: out of memory")
     fake_gpu.mem_alloc = oom
     m = random_model(np.random.default_rng(3), [8, 4, 2])
     for mode in ("launch", "persistent"):
-        fake_gpu.detached = False
         with pytest.raises(BackendError, match=f"GPU {mode} path could not be set up.*out of "
                                                f"memory"):
             GpuBackend(m, mode, cuda=fake_gpu)
-        assert fake_gpu.depth == 0 and fake_gpu.detached
+        assert fake_gpu.depth == 0 and users(fake_gpu) == 0
     e = fastpath.Engine(m, backend="auto")
     assert e.backend == "cpu" and "out of memory" in e.backend_reason
 
@@ -101,7 +100,7 @@ def test_persistent_launch_the_driver_refuses_is_a_backend_error(fake_gpu, monke
     m = random_model(np.random.default_rng(5), [8, 4, 2])
     with pytest.raises(BackendError, match="persistent kernel could not be launched.*too many"):
         GpuBackend(m, "persistent", cuda=fake_gpu)
-    assert fake_gpu.depth == 0 and fake_gpu.detached
+    assert fake_gpu.depth == 0 and users(fake_gpu) == 0
     assert B.resident_kernels(fake_gpu, 0).held == 0
 
 

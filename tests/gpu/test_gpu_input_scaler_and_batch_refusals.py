@@ -87,16 +87,17 @@ def test_gpu_engine_refusals_before_any_row_carry_applied_and_a_list(monkeypatch
 
 
 def test_persistent_backend_refused_at_start_frees_its_device_memory(monkeypatch, fake_fatbin):
-    """The constructor checks the room for its grid before allocating; start() claims it, and
-    refuses when another kernel took it in between. The refused path's device buffers were
-    dropped unfreed (no finalizer covers a path that never ran) while the other backends kept
-    the primary context: device memory lost per refusal."""
+    """start() claims the room for its grid and refuses when the kernels already running
+    took it. The refused path's device buffers were dropped unfreed (no finalizer covers a
+    path that never ran) while the other backends kept the primary context: device memory
+    lost per refusal. They are freed once the running kernels have stopped (a free beside a
+    spinning kernel could wait on it)."""
     from helpers.fake_cuda import OccCuda, _wide
     from fastpath.errors import BackendError
     from fastpath.gpu import GpuBackend
     from fastpath.gpu import _backend as B
     cu = OccCuda(sm=4, fn={"NUM_REGS": 128})
-    kw = dict(cuda=cu, timeout_ns=5 * 10**9)
+    kw = dict(cuda=cu, timeout_ns=5 * 10**9, start=False)
     a = GpuBackend(_wide(1), "persistent", **kw)
     b = GpuBackend(_wide(2), "persistent", **kw)
     allocs = []
@@ -106,14 +107,15 @@ def test_persistent_backend_refused_at_start_frees_its_device_memory(monkeypatch
         allocs.append(real(n))
         return allocs[-1]
 
+    monkeypatch.setattr(cu, "mem_alloc", tracked)
+    c = GpuBackend(_wide(3), "persistent", **kw)
     try:
-        # the race: the check passes, then the room is gone when start() claims it
-        monkeypatch.setattr(B.ResidentKernels, "check", lambda self, *a: None)
-        monkeypatch.setattr(cu, "mem_alloc", tracked)
+        a.start(), b.start()
         with pytest.raises(BackendError, match="cannot start another persistent GPU kernel"):
-            GpuBackend(_wide(3), "persistent", **kw)
-        assert allocs and all(x.freed for x in allocs)
+            c.start()
+        assert allocs and c.path is None and cu.hazards == []
         assert B.resident_kernels(cu, 0).running() == [4, 4] and cu.depth == 0
     finally:
         a.close(), b.close()
+    assert allocs and all(x.freed for x in allocs) and cu.hazards == []
     assert B.resident_kernels(cu, 0).running() == []

@@ -20,7 +20,7 @@ from fastpath.gpu import GpuBackend, _backend as B, gpu_status
 from fastpath.gpu._pack import NET_DTYPE, pack, packed_forward
 
 from helpers.builders import ACTS, random_model
-from helpers.fake_cuda import FakeCuda, FakeError, FakeModule, ROOT
+from helpers.fake_cuda import FakeCuda, FakeError, FakeModule, ROOT, users
 
 
 CU = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
@@ -185,7 +185,8 @@ def test_max_batch_past_the_kernels_item_count_is_refused(fake_fatbin, fake_gpu)
     cu = SmallCuda()
     with pytest.raises(ConfigError, match=r"gpu.max_batch = 65536.*1\.\.65504"):
         GpuBackend(m, "launch", max_batch=65536, cuda=cu)
-    assert cu.depth == 0 and getattr(cu, "detached", False)
+    # the context is kept for the process (released at exit), not current anywhere
+    assert cu.depth == 0 and cu.left_current == 0
     assert B.max_batch_for(pack(m.layers)) == 65504
     # the persistent path sends one row: nothing to refuse there
     with pytest.raises(ConfigError, match="gpu.max_batch"):
@@ -203,7 +204,7 @@ def test_no_fatbin_and_no_compiler_is_a_backend_error_and_auto_falls_back(fake_g
     with pytest.raises(BackendError, match=r"no fatbin was built.*compiling .*fp_mlp.cu at run "
                                            r"time failed.*nvcc"):
         fastpath.Engine(m, backend="gpu")
-    assert fake_gpu.depth == 0 and getattr(fake_gpu, "detached", False)
+    assert fake_gpu.depth == 0 and users(fake_gpu) == 0
     e = fastpath.Engine(m, backend="auto")
     assert e.backend == "cpu" and "cannot be loaded" in e.backend_reason
     e.step(np.ones(8, np.float32), 0)

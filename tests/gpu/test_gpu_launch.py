@@ -12,7 +12,7 @@ from fastpath.gpu import GpuBackend, GpuEngine
 from fastpath.gpu._pack import packed_forward
 
 from helpers.builders import ACTS, random_model
-from helpers.fake_cuda import FakeCuda, OccCuda, _fake_pycuda
+from helpers.fake_cuda import FakeCuda, OccCuda, _fake_pycuda, users
 
 NOCACHE = {"enabled": False}
 
@@ -34,7 +34,7 @@ def test_launch_path_host_logic(fake_fatbin, act):
         np.testing.assert_allclose(Y, packed_forward(be.packed, X)[0], rtol=1e-5, atol=1e-6)
         assert [a[2][8] for a in cu.launches[1:]] == [8, 8, 4]    # the batch argument
         assert cu.depth == 0
-    assert cu.depth == 0 and getattr(cu, "detached", False)
+    assert cu.depth == 0 and users(cu) == 0
 
 
 def test_launch_path_refusal_tag_is_per_call(fake_fatbin):

@@ -14,7 +14,7 @@ from fastpath.gpu import GpuBackend, _backend as B
 from fastpath.gpu._pack import packed_forward
 
 from helpers.builders import random_model
-from helpers.fake_cuda import FakeCuda
+from helpers.fake_cuda import FakeCuda, users
 
 
 def test_persistent_path_host_logic(fake_fatbin):
@@ -55,7 +55,7 @@ def test_persistent_kernel_that_never_starts_is_an_error(fake_fatbin):
     cu = FakeCuda(kernel_mode="never_starts")
     with pytest.raises(BackendError, match="did not start"):
         GpuBackend(m, "persistent", cuda=cu, timeout_ns=2 * 10**6)
-    assert cu.depth == 0 and cu.detached
+    assert cu.depth == 0 and users(cu) == 0
 
 
 def test_persistent_kernel_that_stops_answering_times_out(fake_fatbin):
@@ -117,7 +117,7 @@ def test_persistent_kernel_fault_ends_the_path_at_once(fake_gpu):
     cu.threads[0].join(10)
     assert not cu.threads[0].is_alive()               # the stop flag reached the slot
     be.close()                                        # the fault was said already
-    assert be.path is None and cu.depth == 0 and cu.detached
+    assert be.path is None and cu.depth == 0 and users(cu) == 0
 
 
 def test_engine_after_a_persistent_fault_refuses_without_waiting(fake_gpu, isa):

@@ -64,17 +64,20 @@ def test_persistent_kernel_that_cannot_be_resident_is_refused_up_front(fake_fatb
     """A persistent kernel with no room left was launched anyway and its grid barrier never
     opened."""
     # 4 SMs, 2 blocks of the kernel an SM (128 registers a thread): two full-grid persistent
-    # kernels fill the device
+    # kernels fill the device. Every backend is made before the first kernel starts
     cu = OccCuda(sm=4, fn={"NUM_REGS": 128})
     rng = np.random.default_rng(0)
-    kw = dict(cuda=cu, timeout_ns=5 * 10**9)
+    kw = dict(cuda=cu, timeout_ns=5 * 10**9, start=False)
     a = GpuBackend(_wide(1), "persistent", **kw)
     b = GpuBackend(_wide(2), "persistent", **kw)
+    third = GpuBackend(_wide(3), "persistent", **kw)
+    small = GpuBackend(random_model(rng, [4, 2]), "persistent", **kw)
     try:
+        a.start(), b.start()
         assert a.path.grid == b.path.grid == 4 and cu.launches[-1][1] == (4, 1)
         assert a.path.occupancy.blocks_per_sm == 2
         _answers(a, rng), _answers(b, rng)
-        launched, allocs = len(cu.launches), len(cu.mem.blocks)
+        launched = len(cu.launches)
         msg = (r"cannot start another persistent GPU kernel: 2 persistent kernel\(s\) already "
                r"run in this process's context on CUDA device 0 \(4 blocks each, 8 blocks "
                r"resident\); this one needs 4 more, and the device holds 8 at once \(2 blocks "
@@ -82,28 +85,29 @@ def test_persistent_kernel_that_cannot_be_resident_is_refused_up_front(fake_fatb
                r"SMs\).*grid barrier.*Close \(stop\) a running persistent GpuBackend.*"
                r"gpu.mode = \"launch\"")
         with pytest.raises(BackendError, match=msg):
-            GpuBackend(_wide(3), "persistent", **kw)
+            third.start()
         # a one-block (small) model needs a block too: none is left
         with pytest.raises(BackendError, match="needs 1 more"):
-            GpuBackend(random_model(rng, [4, 2]), "persistent", **kw)
-        assert len(cu.launches) == launched and len(cu.mem.blocks) == allocs
-        assert cu.depth == 0
+            small.start()
+        assert len(cu.launches) == launched and cu.depth == 0 and cu.hazards == []
         # the running ones still answer
         _answers(a, rng), _answers(b, rng)
-        # stop / close releases its blocks: the refused one now starts
+        # stop / close releases its blocks; the memory of a closed one waits for b's kernel
+        a_mem = [a.path.d_w, a.path.h_slot.base]
         a.close()
-        c = GpuBackend(_wide(3), "persistent", **kw)
-        _answers(c, rng)
-        # so does a backend collected without close() (its kernel is stopped first)
+        assert not any(m.freed for m in a_mem) and cu.hazards == []
+        # a backend collected without close(): its kernel is stopped first, then the frees
+        # held back are made
         del b
         gc.collect()
-        d = GpuBackend(_wide(5), "persistent", **kw)
+        assert all(m.freed for m in a_mem)
+        d = GpuBackend(_wide(5), "persistent", cuda=cu, timeout_ns=5 * 10**9)
         _answers(d, rng)
-        assert B.resident_kernels(cu, 0).running() == [4, 4]
-        c.close(), d.close()
-        assert B.resident_kernels(cu, 0).running() == []
+        assert B.resident_kernels(cu, 0).running() == [4]
+        d.close()
+        assert B.resident_kernels(cu, 0).running() == [] and cu.hazards == []
     finally:
-        for be in (a, locals().get("b"), locals().get("c"), locals().get("d")):
+        for be in (a, locals().get("b"), third, small, locals().get("d")):
             if be is not None:
                 be.close()
 
@@ -154,7 +158,8 @@ def test_start_refused_after_another_took_the_room_holds_nothing(fake_fatbin):
         assert not p2.running and dc.resident.running() == [4]
         # and a third is refused before it allocates anything
         n = len(cu.mem.blocks)
-        with pytest.raises(BackendError, match="cannot start another persistent"):
+        with pytest.raises(BackendError, match=r"cannot set up a persistent GPU path while 1 "
+                                               r"persistent kernel\(s\) run"):
             B.PersistentPath(dc, mod, pack(_wide(3).layers), 5 * 10**9)
         assert len(cu.mem.blocks) == n and cu.depth == 0
     finally:
@@ -173,7 +178,7 @@ def test_residency_is_per_device_context_not_per_backend(fake_fatbin):
     assert B.resident_kernels(cu1, 0) is not B.resident_kernels(cu2, 0)
     with GpuBackend(_wide(1), "persistent", cuda=cu1, timeout_ns=5 * 10**9), \
             GpuBackend(_wide(2), "persistent", cuda=cu2, timeout_ns=5 * 10**9):
-        with pytest.raises(BackendError, match="cannot start another"):
+        with pytest.raises(BackendError, match="cannot set up a GPU persistent path while 1 "):
             GpuBackend(_wide(3), "persistent", cuda=cu1, timeout_ns=5 * 10**9)
 
 
@@ -187,10 +192,11 @@ def test_engine_with_a_persistent_kernel_too_many_says_why(fake_fatbin, monkeypa
         m = _wide(1)
         cfg = {"gpu": {"mode": "persistent"}, "engine": {"n_symbols": 2}}
         with fastpath.Engine(m, backend="gpu", config=cfg):
-            with pytest.raises(BackendError, match="cannot start another persistent"):
+            # while its kernel runs, nothing is allocated beside it (it may wait forever)
+            with pytest.raises(BackendError, match="cannot set up a GPU persistent path while"):
                 fastpath.Engine(_wide(2), backend="gpu", config=cfg)
             e = fastpath.Engine(_wide(2), backend="auto", config=cfg)
-            assert e.backend == "cpu" and "cannot start another persistent" in e.backend_reason
+            assert e.backend == "cpu" and "cannot set up a GPU" in e.backend_reason
             e.close()
     finally:
         gpu_status.cache_clear()

@@ -33,7 +33,8 @@ class FakeError(Exception):
 class FakeMem:
     """Device memory: allocations are numpy byte arrays at made-up addresses."""
 
-    def __init__(self):
+    def __init__(self, fake=None):
+        self.fake = fake
         self.blocks = {}
         self.next = 1 << 32
 
@@ -59,13 +60,16 @@ class FakeAlloc:
         return self.addr
 
     def free(self):
+        if self.mem.fake is not None:
+            self.mem.fake._device_wide("cuMemFree")
         self.freed = True
 
 
 class HostAlloc:
     """A page-locked allocation: the .base of what pagelocked_empty returns, as in pycuda."""
 
-    def __init__(self, shape, dtype):
+    def __init__(self, shape, dtype, fake=None):
+        self.fake, self.freed = fake, False
         dtype = np.dtype(dtype)
         n = int(np.prod(shape)) * dtype.itemsize
         self._raw = np.zeros(n + 4096, np.uint8)
@@ -76,6 +80,26 @@ class HostAlloc:
     def get_device_pointer(self):
         return self.addr
 
+    def free(self):
+        if self.fake is not None:
+            self.fake._check_ctx()      # cuMemFreeHost needs its context current
+            self.fake._device_wide("cuMemFreeHost")
+        self.freed = True
+
+
+def pinned(a) -> bool:
+    """Whether array `a` is (a view of) page-locked memory from pagelocked_empty."""
+    while a is not None:
+        if isinstance(a, HostAlloc):
+            return True
+        a = getattr(a, "base", None)
+    return False
+
+
+class DeviceWideCall(Exception):
+    """A driver call that may wait for every kernel on the device, made while a persistent
+    kernel (which never returns) runs: on a GPU the call would hang."""
+
 
 class FakeCuda:
     Error = FakeError
@@ -83,8 +107,15 @@ class FakeCuda:
     host_alloc_flags = types.SimpleNamespace(DEVICEMAP=2)
 
     def __init__(self, sm=4, kernel_mode="ok"):
-        self.mem = FakeMem()
+        self.mem = FakeMem(self)
         self.depth = 0          # pushed contexts
+        self.ops = []           # (what, stream) of copies, memsets, launches, syncs in order
+        self.hazards = []       # device-wide calls made while a persistent kernel ran
+        self.module_loads = 0
+        self.retains = 0        # primary-context retains
+        self.detached = 0       # primary-context releases
+        self.left_current = 0   # releases of a context that was not current (pycuda leaves it)
+        self.module_loading = None   # CUDA_MODULE_LOADING when the driver started
         self.launches = []
         self.kernel_mode = kernel_mode
         self.sm = sm
@@ -96,7 +127,14 @@ class FakeCuda:
                 fake.depth += 1
 
             def detach(self):
-                fake.detached = True
+                # pycuda's detach: of the current context, pops its entry; of one that is
+                # not current, pushes it and leaves it current after the release
+                fake._device_wide("primary context release")
+                fake.detached += 1
+                if fake.depth > 0:
+                    fake.depth -= 1
+                else:
+                    fake.left_current += 1
 
         class Device:
             @staticmethod
@@ -107,6 +145,7 @@ class FakeCuda:
                 pass
 
             def retain_primary_context(self):
+                fake.retains += 1
                 return Ctx()
 
             def get_attribute(self, a):
@@ -126,9 +165,16 @@ class FakeCuda:
             def pop():
                 fake.depth -= 1
 
+            @staticmethod
+            def synchronize():
+                fake.ops.append(("context sync", None))
+
         class Stream:
             def __init__(self, flags=0):
                 self.flags = flags
+
+            def synchronize(self):
+                fake.ops.append(("sync", self))
 
         class Event:
             def __init__(self):
@@ -152,26 +198,46 @@ class FakeCuda:
     def _check_ctx(self):
         assert self.depth > 0, "driver call without a current context"
 
+    def spinning(self) -> bool:
+        return any(t.is_alive() for t in self.threads)
+
+    def _device_wide(self, what):
+        if self.spinning():
+            self.hazards.append(what)
+            raise DeviceWideCall(f"{what}: device-wide call while a persistent kernel runs")
+
     def init(self):
-        pass
+        self.module_loading = os.environ.get("CUDA_MODULE_LOADING")
 
     def get_driver_version(self):
         return 13000
 
     def module_from_buffer(self, blob):
         self._check_ctx()
+        self._device_wide("cuModuleLoadData")
+        self.module_loads += 1
+        return self._module()
+
+    def _module(self):
         return FakeModule(self)
 
     def mem_alloc(self, n):
         self._check_ctx()
+        self._device_wide("cuMemAlloc")
         return FakeAlloc(self.mem, n)
 
-    def memcpy_htod(self, dst, src):
+    def _htod(self, dst, src):
         self._check_ctx()
         src = np.ascontiguousarray(src).view(np.uint8).ravel()
         self.mem.view(int(dst), np.uint8, src.size)[:] = src
 
-    memcpy_htod_async = lambda self, dst, src, stream=None: self.memcpy_htod(dst, src)
+    def memcpy_htod(self, dst, src):
+        self.ops.append(("htod pageable" if not pinned(src) else "htod", None))
+        self._htod(dst, src)
+
+    def memcpy_htod_async(self, dst, src, stream=None):
+        self.ops.append(("htod pageable" if not pinned(src) else "htod", stream))
+        self._htod(dst, src)
 
     def memcpy_dtoh_async(self, dst, src, stream=None):
         self._check_ctx()
@@ -179,12 +245,19 @@ class FakeCuda:
         d[:] = self.mem.view(int(src), np.uint8, d.size)
 
     def memset_d32(self, dst, v, n):
+        self.ops.append(("memset", None))
+        self._check_ctx()
+        self.mem.view(int(dst), np.uint32, n)[:] = v
+
+    def memset_d32_async(self, dst, v, n, stream=None):
+        self.ops.append(("memset", stream))
         self._check_ctx()
         self.mem.view(int(dst), np.uint32, n)[:] = v
 
     def pagelocked_empty(self, shape, dtype, order="C", mem_flags=0):
         self._check_ctx()
-        return np.asarray(HostAlloc(shape, dtype))
+        self._device_wide("cuMemHostAlloc")
+        return np.asarray(HostAlloc(shape, dtype, self))
 
 
 class FakeFunction:
@@ -211,6 +284,7 @@ class FakeFunction:
         assert len(args) == len(self.fmt), (self.fmt, args)
         assert 1 <= grid[0] <= cu.sm and block == (B.BLOCK, 1, 1)
         cu.launches.append((self.name, grid, args))
+        cu.ops.append(("launch", stream))
         if self.name == "fp_mlp_batch":
             d_net, d_w, d_x, d_a, d_b, d_y, d_st, tag, n, d_bar = args
             p = self._net(d_net, d_w)
@@ -257,7 +331,13 @@ def fake_fatbin(tmp_path, monkeypatch):
     f.write_bytes(b"\x50\xed\x55\xba")
     monkeypatch.setattr(B, "FATBIN", str(f))
     monkeypatch.setattr(B.load_module, "__defaults__", (str(f), None))
-    return str(f)
+    yield str(f)
+    # the process's shared contexts of this test's stand-ins go with it (each holds its
+    # driver, and so every buffer the test allocated, for the rest of the session)
+    with B._CONTEXTS_LOCK:
+        for k, dc in list(B._CONTEXTS.items()):
+            if isinstance(dc.cuda, FakeCuda):
+                del B._CONTEXTS[k]
 
 
 @pytest.fixture
@@ -368,14 +448,17 @@ class OccCuda(FakeCuda):
                 self.thread = getattr(stream, "kernel", None)
         self.Device, self.Event = Device, Event
 
-    def module_from_buffer(self, blob):
-        self._check_ctx()
+    def _module(self):
         return OccModule(self)
-
-    def memset_d32_async(self, dst, v, n, stream=None):
-        self.memset_d32(dst, v, n)
 
 
 def _wide(seed):
     # past SMALL_MACS, 256 outputs: a grid of every SM (4 on the stand-in)
     return random_model(np.random.default_rng(seed), [300, 256, 2])
+
+
+def users(cu, ordinal: int = 0) -> int:
+    """GpuBackends holding the process's shared context of stand-in `cu`'s device (0 once
+    every one was closed or failed; the primary context itself stays until exit)."""
+    dc = B._CONTEXTS.get((id(cu), ordinal))
+    return 0 if dc is None or dc.cuda is not cu else dc.users
