@@ -61,8 +61,11 @@ def prepare_formats(source: str) -> dict:
         names, fmts = [], []
         for node in ast.walk(fn):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                if node.func.attr == "get_function" and node.args:
-                    names.append(_const(node.args[0]))
+                # a name given as a variable (the module's up-front fetch of every kernel)
+                # launches nothing: only a literal name pairs with a prepare()
+                if (node.func.attr == "get_function" and node.args
+                        and isinstance(node.args[0], ast.Constant)):
+                    names.append(node.args[0].value)
                 elif node.func.attr == "prepare" and node.args:
                     fmts.append(_const(node.args[0]))
         if len(names) == 1 and len(fmts) == 1:
