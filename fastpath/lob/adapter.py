@@ -72,6 +72,7 @@ class BookStream:
     tick_size: np.ndarray    # (n,) or scalar
     regime: np.ndarray | None = None  # (n,) int8 label, generated streams only
     regime_names: tuple = ()
+    symbol_names: tuple = ()  # the vendor's name of each symbol id, where the file names them
 
     def __len__(self) -> int:
         return len(self.symbols)
