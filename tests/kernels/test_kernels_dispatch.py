@@ -30,13 +30,13 @@ def test_fastpath_simd_env(monkeypatch):
     """FASTPATH_SIMD names any set of the build; one this CPU cannot run is a ConfigError
     that names the variable and what the CPU has, never a silent fallback."""
     from fastpath import ConfigError
-    from fastpath._build import resolve_simd
+    from fastpath._resolve import resolve_simd
     for name in E.supported_isas():
         monkeypatch.setenv("FASTPATH_SIMD", name)
         assert resolve_simd("auto") == name
     monkeypatch.setenv("FASTPATH_SIMD", "avx512")
-    import fastpath._build as build
-    monkeypatch.setattr(build, "supported_isas", lambda: ["scalar", "avx2"])
+    import fastpath._resolve as resolve
+    monkeypatch.setattr(resolve, "supported_isas", lambda: ["scalar", "avx2"])
     with pytest.raises(ConfigError, match="FASTPATH_SIMD=avx512.*cannot run"):
         resolve_simd("auto")
     monkeypatch.delenv("FASTPATH_SIMD")
