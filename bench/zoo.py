@@ -44,6 +44,7 @@ sys.path.insert(0, HERE)
 
 import fastpath  # noqa: E402
 from fastpath import Engine, Model  # noqa: E402
+from fastpath._kernels import PackedTrees  # noqa: E402
 
 from _commit import commit_stamp, results_dir  # noqa: E402
 from _report import Dist  # noqa: E402
@@ -327,7 +328,6 @@ def main(argv=None) -> int:
                 if model.trees is not None:
                     # the walk timed fastest at load, and the compact walk (one tree at a time,
                     # what deep trees ran before the lane walk) through the packed kernels
-                    from fastpath._kernels import PackedTrees
                     pk = PackedTrees(model.trees, fastpath.simd())
                     row["walk"] = pk.walk
                     row["packed_chosen_walk"] = _row_stats(Dist(time_fn(pk.eval, Xm, n_calls, overhead)))
