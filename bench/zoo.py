@@ -1,6 +1,10 @@
 """The model zoo: each kind of model traders deploy, as its exporter writes it, one sample from
-Python, fastpath next to onnxruntime (one thread) and, for tree ensembles, tl2cgen's compiled
-model through its Python predictor, all in the same run.
+Python, fastpath next to onnxruntime (one thread), the library's own predict and, for tree
+ensembles, tl2cgen's compiled model through its Python predictor, all in the same run. The
+tree rows cover the shapes: depth-limited, LightGBM's default leaf-wise growth (the two STAC-ML
+El Popo shapes: 64 features / ~12K nodes, 128 features / ~512K nodes), XGBoost depthwise and
+lossguide, RandomForest; each call reads the next of 2048 rows (a repeated row would train the
+branch predictor).
 
     python bench/zoo.py            # every model (trains the tree ensembles first: 1-3 min)
     python bench/zoo.py --quick    # small models and fewer calls (< 1 min)
@@ -40,6 +44,7 @@ sys.path.insert(0, HERE)
 
 import fastpath  # noqa: E402
 from fastpath import Engine, Model  # noqa: E402
+from fastpath._kernels import PackedTrees  # noqa: E402
 
 from _commit import commit_stamp, results_dir  # noqa: E402
 from _report import Dist  # noqa: E402
@@ -82,12 +87,12 @@ def _skl(est, X, path):
         f.write(m.SerializeToString())
 
 
-def _onnxmltools(model, kind, path):
+def _onnxmltools(model, kind, path, n_feat=N_FEAT):
     import onnxmltools
     from onnxmltools.convert.common.data_types import FloatTensorType
     conv = {"lightgbm": onnxmltools.convert_lightgbm, "xgboost": onnxmltools.convert_xgboost}[kind]
     kw = {"zipmap": False} if kind == "lightgbm" else {}
-    m = conv(model, initial_types=[("input", FloatTensorType([None, N_FEAT]))], target_opset=15, **kw)
+    m = conv(model, initial_types=[("input", FloatTensorType([None, n_feat]))], target_opset=15, **kw)
     with open(path, "wb") as f:
         f.write(m.SerializeToString())
 
@@ -134,22 +139,25 @@ def zoo(quick: bool):
             return est
         return build
 
-    def lgb(n_trees, depth):
+    def lgb(n_trees, depth, leaves=None, n_feat=N_FEAT):
+        """LightGBM; depth -1 with `leaves`: its default leaf-wise growth, no depth limit"""
         def build(path):
             import lightgbm
             est = lightgbm.LGBMRegressor(n_estimators=n_trees, max_depth=depth,
-                                         num_leaves=2 ** depth - 1, min_child_samples=5,
+                                         num_leaves=leaves or 2 ** depth - 1, min_child_samples=5,
                                          learning_rate=0.05, verbose=-1, n_jobs=1)
-            est.fit(X, y)
-            _onnxmltools(est, "lightgbm", path)
+            est.fit(X[:, :n_feat], y)
+            _onnxmltools(est, "lightgbm", path, n_feat)
             return est
         return build
 
-    def xgb(n_trees, depth):
+    def xgb(n_trees, depth, lossguide=False):
         def build(path):
             import xgboost
-            est = xgboost.XGBRegressor(n_estimators=n_trees, max_depth=depth, learning_rate=0.05,
-                                       n_jobs=1, tree_method="hist")
+            kw = {"grow_policy": "lossguide", "max_leaves": 64, "max_depth": 0} if lossguide \
+                else {"max_depth": depth}
+            est = xgboost.XGBRegressor(n_estimators=n_trees, learning_rate=0.05,
+                                       n_jobs=1, tree_method="hist", **kw)
             est.fit(X, y)
             _onnxmltools(est, "xgboost", path)
             return est
@@ -164,7 +172,13 @@ def zoo(quick: bool):
          sk(MLPRegressor(hidden_layer_sizes=(64, 32), max_iter=30, random_state=0), y), None),
         ("lightgbm-100x6", "LightGBM", f"{t(100)} trees, depth 6", lgb(t(100), 6), "lightgbm"),
         ("lightgbm-500x8", "LightGBM", f"{t(500)} trees, depth 8", lgb(t(500), 8), "lightgbm"),
+        ("lightgbm-96x64leaf", "LightGBM leaf-wise (El Popo GBT_A shape)",
+         f"{t(96)} trees x 64 leaves, 64 features", lgb(t(96), -1, 64, 64), "lightgbm", 64),
+        ("lightgbm-1000x256leaf", "LightGBM leaf-wise (El Popo GBT_B shape)",
+         f"{t(1000)} trees x 256 leaves, 128 features", lgb(t(1000), -1, 256), "lightgbm"),
         ("xgboost-100x6", "XGBoost", f"{t(100)} trees, depth 6", xgb(t(100), 6), "xgboost"),
+        ("xgboost-100-lossguide", "XGBoost lossguide", f"{t(100)} trees x 64 leaves",
+         xgb(t(100), 0, lossguide=True), "xgboost"),
         ("gbr-100x4", "sklearn GradientBoosting", f"{t(100)} trees, depth 4",
          sk(GradientBoostingRegressor(n_estimators=t(100), max_depth=4, random_state=0), y), None),
         ("rf-50x10", "sklearn RandomForest", f"{t(50)} trees, depth 10",
@@ -278,7 +292,9 @@ def main(argv=None) -> int:
         rows = []
         print(f"fastpath {fastpath.__version__}, kernel set {fastpath.simd()}, {n_calls} calls per row, "
               f"timer overhead {overhead} ns subtracted")
-        for name, kind, size, build, tl_kind in models:
+        for name, kind, size, build, tl_kind, *nf in models:
+            # a model over fewer features reads the first n of each row
+            Xm = np.ascontiguousarray(Xt[:, :nf[0]]) if nf else Xt
             path = os.path.join(work, f"{name}.onnx")
             t0 = time.time()
             try:
@@ -300,27 +316,40 @@ def main(argv=None) -> int:
             if eng is not None:
                 # every input the timed calls will see (they cycle over the first n_calls rows), not
                 # the first 256 of them: the docstring's "on the timed inputs" is the claim
-                n_check = min(n_calls, len(Xt))
-                got = np.stack([eng.predict(Xt[i]) for i in range(n_check)])
-                ref = np.stack([np.asarray(ort_fn(Xt[i]), np.float32).reshape(-1)
+                n_check = min(n_calls, len(Xm))
+                got = np.stack([eng.predict(Xm[i]) for i in range(n_check)])
+                ref = np.stack([np.asarray(ort_fn(Xm[i]), np.float32).reshape(-1)
                                 for i in range(n_check)])
                 rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-3)
                 row["max_rel_diff_vs_onnxruntime"] = float(rel.max())
                 row["agreement_inputs"] = n_check
-                fp = Dist(time_fn(eng.predict, Xt, n_calls, overhead))
+                fp = Dist(time_fn(eng.predict, Xm, n_calls, overhead))
                 row["fastpath"] = _row_stats(fp)
+                if model.trees is not None:
+                    # the walk timed fastest at load, and the compact walk (one tree at a time,
+                    # what deep trees ran before the lane walk) through the packed kernels
+                    pk = PackedTrees(model.trees, fastpath.simd())
+                    row["walk"] = pk.walk
+                    row["packed_chosen_walk"] = _row_stats(Dist(time_fn(pk.eval, Xm, n_calls, overhead)))
+                    pk.walk = "compact"
+                    cw = Dist(time_fn(pk.eval, Xm, n_calls, overhead))
+                    row["packed_compact_walk"] = _row_stats(cw)
                 if name in TARGETS and not args.quick:
                     row["target_p50_ns"] = TARGETS[name]
                     row["target_met"] = fp.q[50.0] <= TARGETS[name]
-            orr = Dist(time_fn(ort_fn, Xt, n_calls, overhead))
+            orr = Dist(time_fn(ort_fn, Xm, n_calls, overhead))
             row["onnxruntime"] = _row_stats(orr) | {"version": ort_ver} | _ratios(orr, row)
+            if native is not None and hasattr(native, "predict"):
+                # the library's own predict, one row (the answer the model was trained to give)
+                nat = Dist(time_fn(lambda x: native.predict(x[None, :]), Xm, n_calls, overhead))
+                row["native"] = _row_stats(nat) | _ratios(nat, row)
             if tl_kind:
                 try:
                     tl_fn, tl_ver = _tl2cgen(native, tl_kind, work)
                 except Exception as exc:  # noqa: BLE001
                     tl_fn, tl_ver = None, f"{type(exc).__name__}: {exc}"
                 if tl_fn is not None:
-                    tl = Dist(time_fn(tl_fn, Xt, n_calls, overhead))
+                    tl = Dist(time_fn(tl_fn, Xm, n_calls, overhead))
                     row["tl2cgen"] = _row_stats(tl) | {"version": tl_ver} | _ratios(tl, row)
                 else:
                     row["tl2cgen"] = {"skipped": tl_ver}
@@ -348,6 +377,13 @@ def _line(row) -> str:
           f"fastpath refused it ({row['fastpath_error'][:80]})   ")
     s += f"onnxruntime {o['p50']:>8.0f} / {o['p99']:>8.0f} ns"
     s += f" ({o['ratio_p50']:.1f}x / {o['ratio_p99']:.1f}x)" if "ratio_p50" in o else ""
+    if "walk" in row:
+        cw, ch = row["packed_compact_walk"], row["packed_chosen_walk"]
+        s += (f"   [PackedTrees.eval: {row['walk']} {ch['p50']:>8.0f} / {ch['p99']:>8.0f} ns, "
+              f"compact {cw['p50']:>8.0f} / {cw['p99']:>8.0f} ns]")
+    nat = row.get("native")
+    if nat:
+        s += f"   native {nat['p50']:>8.0f} / {nat['p99']:>8.0f} ns"
     tl = row.get("tl2cgen")
     if tl and "p50" in tl:
         s += f"   tl2cgen {tl['p50']:>8.0f} / {tl['p99']:>8.0f} ns"

@@ -163,6 +163,7 @@ fp_engine *fp_engine_create(const fp_engine_params *p, int *err) {
             return NULL;
         }
         e->trees_eval = tev;
+        fp_trees_choose(&e->trees, tev);
     } else if (fp_mlp_init_ex(&e->mlp, p->n_layers, p->dims, p->acts, p->weights, p->biases, p->arena_mem,
                               p->weight_type, p->isa)) {
         e->mlp.arena = NULL;

@@ -17,6 +17,8 @@ typedef struct {
     int *wcount;      /* per node: weights on it */
     size_t n_leafv;
     int D, n_groups;
+    int walk_ok, nb_rest, nb_all;   /* the lane walk's layout and batch counts */
+    size_t o_wnodes, o_wrest, o_wall;
     size_t bytes, o_nodes, o_leafv, o_trees, o_rest, o_pfeat, o_pthr, o_pleaf, o_ptarget, o_ptree, o_base, o_has;
     int n_rest;
 } fp_plan;
@@ -156,6 +158,19 @@ static int fp_plan_make(const fp_trees_desc *d, fp_plan *pl) {
     for (int t = 0; t < T; t++) rest += !pl->perfect[t];
     pl->n_groups = groups;
     pl->n_rest = rest;
+    /* the lane walk: one-target trees, x <= t splits only (what `perfect` asks but the
+     * depth), a tree's offsets and the features within 16 bits, a float per tree on the
+     * stack */
+    pl->walk_ok = sumlike && T <= FP_TREES_WALK_MAX_TREES && d->n_feat <= 65536;
+    for (int t = 0; pl->walk_ok && t < T; t++) {
+        if (pl->width[t] != 1 || d->tree_off[t + 1] - d->tree_off[t] > 65535) pl->walk_ok = 0;
+        for (int g = d->tree_off[t]; pl->walk_ok && g < d->tree_off[t + 1]; g++)
+            if (d->mode[g] == FP_TMODE_EQ || d->mode[g] == FP_TMODE_NEQ ||
+                ((d->mode[g] == FP_TMODE_LT || d->mode[g] == FP_TMODE_GTE) && fp_strict_lt(d->thr[g])))
+                pl->walk_ok = 0;
+    }
+    pl->nb_rest = pl->walk_ok ? (rest + FP_TREES_WALK_LANES - 1) / FP_TREES_WALK_LANES : 0;
+    pl->nb_all = pl->walk_ok ? (T + FP_TREES_WALK_LANES - 1) / FP_TREES_WALK_LANES : 0;
     const size_t inner = ((size_t)1 << pl->D) - 1, leaves = (size_t)1 << pl->D;
     size_t off = 0;
     pl->o_nodes = off; off = fp_al(off + sizeof(fp_tnode) * (size_t)N);
@@ -169,6 +184,9 @@ static int fp_plan_make(const fp_trees_desc *d, fp_plan *pl) {
     pl->o_pfeat = off; off = fp_al(off + sizeof(int32_t) * (size_t)groups * inner * FP_TREES_LANES);
     pl->o_pthr = off; off = fp_al(off + sizeof(float) * (size_t)groups * inner * FP_TREES_LANES);
     pl->o_pleaf = off; off = fp_al(off + sizeof(float) * (size_t)groups * leaves * FP_TREES_LANES);
+    pl->o_wnodes = off; off = fp_al(off + (pl->walk_ok ? sizeof(fp_wnode) * ((size_t)N + 1) : 0));
+    pl->o_wrest = off; off = fp_al(off + sizeof(fp_wbatch) * (size_t)pl->nb_rest);
+    pl->o_wall = off; off = fp_al(off + sizeof(fp_wbatch) * (size_t)pl->nb_all);
     pl->bytes = off;
     if (off > FP_TREES_MAX_ARENA_BYTES) goto out;
     rc = 0;
@@ -405,6 +423,62 @@ static int fp_fill_scored(fp_trees *t, const fp_trees_desc *d, unsigned char *ha
     return bad ? -1 : 0;
 }
 
+/* the lane walk's nodes, one per compact node in the same order, then a padding leaf */
+static void fp_fill_wnodes(const fp_trees_desc *d, const fp_tnode *nodes, const fp_ttree *trees,
+                           fp_wnode *wn) {
+    for (int tr = 0; tr < d->n_trees; tr++) {
+        const int root = trees[tr].root, n = d->tree_off[tr + 1] - d->tree_off[tr];
+        for (int i = 0; i < n; i++) {
+            const fp_tnode *c = &nodes[root + i];
+            fp_wnode *w = &wn[root + i];
+            if (c->flags & FP_TN_LEAF) {
+                w->thr = NAN; w->feat = 0; w->off = 0;
+            } else {
+                w->thr = c->thr;
+                w->feat = (uint16_t)c->feat;
+                w->off = (uint16_t)(c->other - i);   /* preorder: the false child is after i */
+            }
+        }
+    }
+    wn[d->n_nodes].thr = NAN; wn[d->n_nodes].feat = 0; wn[d->n_nodes].off = 0;
+}
+
+/* batches of 16 trees of similar depth: the n trees list[0..n) (list NULL: 0..n), slot =
+ * position in the list; -2 when out of memory */
+static int fp_fill_batches(const int *depth, const fp_ttree *trees, const int32_t *list, int n,
+                           int pad, fp_wbatch *b) {
+    int *ord = (int *)malloc(sizeof(int) * ((size_t)n + 1));
+    if (!ord) return -2;
+    /* counting sort by depth, stable: slots stay in list order within a depth */
+    int maxd = 0;
+    for (int r = 0; r < n; r++) {
+        const int dd = depth[list ? list[r] : r];
+        if (dd > maxd) maxd = dd;
+    }
+    int k = 0;
+    for (int dd = 0; dd <= maxd; dd++)
+        for (int r = 0; r < n; r++)
+            if (depth[list ? list[r] : r] == dd) ord[k++] = r;
+    for (int q = 0; q * FP_TREES_WALK_LANES < n; q++) {
+        fp_wbatch *w = &b[q];
+        w->iters = 0;
+        for (int l = 0; l < FP_TREES_WALK_LANES; l++) {
+            const int p = q * FP_TREES_WALK_LANES + l;
+            if (p < n) {
+                const int tr = list ? list[ord[p]] : ord[p];
+                w->node[l] = trees[tr].root;
+                w->slot[l] = ord[p];
+                if (depth[tr] > w->iters) w->iters = depth[tr];
+            } else {
+                w->node[l] = pad;
+                w->slot[l] = -1;
+            }
+        }
+    }
+    free(ord);
+    return 0;
+}
+
 int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     memset(t, 0, sizeof(*t));
     fp_plan pl;
@@ -445,10 +519,25 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     for (int tr = 0; tr < T; tr++)
         if (!pl.perfect[tr]) rest[r++] = tr;
     if (d->n_base) memcpy(base, d->base, sizeof(float) * (size_t)d->n_base);
+    if (pl.walk_ok) {
+        fp_wnode *wn = (fp_wnode *)(a + pl.o_wnodes);
+        fp_wbatch *wr = (fp_wbatch *)(a + pl.o_wrest), *wa = (fp_wbatch *)(a + pl.o_wall);
+        fp_fill_wnodes(d, nodes, trees, wn);
+        if (fp_fill_batches(pl.depth, trees, rest, pl.n_rest, d->n_nodes, wr) ||
+            fp_fill_batches(pl.depth, trees, NULL, T, d->n_nodes, wa)) {
+            fp_plan_free(&pl);
+            fp_trees_free(t);
+            return -2;
+        }
+        t->walk_ok = 1;
+        t->wnodes = wn; t->wrest = wr; t->wall = wa;
+        t->n_wrest = pl.nb_rest; t->n_wall = pl.nb_all;
+    }
 
     t->n_feat = d->n_feat;
     t->n_targets = d->n_targets;
     t->n_trees = T;
+    t->n_nodes = d->n_nodes;
     t->n_out = d->n_targets;
     t->aggregate = d->aggregate;
     t->post = d->post;

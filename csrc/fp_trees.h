@@ -26,6 +26,15 @@
  *   the exact path). That path still adds a perfect group's trees as one group (ptree names
  *   the tree in each lane), in fp_trees_sum16's order, then the rest: a NaN that changes no
  *   decision changes no bit of the output.
+ * - Lane walk (fp_trees_lanes.c): ensembles of one-target trees with only x <= t splits
+ *   under SUM / AVERAGE also get 8-byte nodes (threshold, feature, offset of the false
+ *   child; the true child next) in the compact order, a leaf being a node whose
+ *   threshold is NaN and offset 0 (no ordered x is <= NaN, so it stays there). Trees are
+ *   batched 16 at a time by depth and walked in lockstep: 16 independent chains of
+ *   dependent loads in flight instead of one, for deep (leaf-wise) trees and for large
+ *   ensembles that live in L2 / L3. Each tree's leaf is then added exactly where and in the
+ *   order the compact walk adds it, so the lane walk changes no bit of the output. Which of
+ *   compact / lanes-for-the-rest / lanes-for-all runs is measured at load (fp_trees_choose).
  * - Leaves add per target in double; the post stage (base values, aggregate, post
  *   transform, the binary classifier rule) is computed in float as onnxruntime does
  *   (core/providers/cpu/ml/tree_ensemble_aggregator.h, ml_common.h), so the outputs are what
@@ -87,6 +96,32 @@ typedef struct {
     int32_t pad;
 } fp_ttree;
 
+/* lane-walk node: leaf when thr is NaN (then off is 0); else true child = this + 1, false
+ * child = this + off */
+typedef struct {
+    float thr;
+    uint16_t feat;
+    uint16_t off;
+} fp_wnode;
+
+#define FP_TREES_WALK_LANES 16
+/* the lane walk keeps one float per tree on the stack: larger ensembles walk compactly */
+#define FP_TREES_WALK_MAX_TREES 8192
+
+/* 16 trees walked together: each lane's root (an index into wnodes; wnodes' last entry is a
+ * leaf for padding lanes), where its leaf value goes (-1: a padding lane) and the depth
+ * of the deepest tree (an upper bound of the steps) */
+typedef struct {
+    int32_t iters;
+    int32_t node[FP_TREES_WALK_LANES];
+    int32_t slot[FP_TREES_WALK_LANES];
+} fp_wbatch;
+
+/* which walk runs (fp_trees_choose picks one at load; every one gives the same bits):
+ * COMPACT perfect groups + compact walk of the rest; REST perfect groups + lane walk of the
+ * rest; ALL lane walk of every tree */
+enum { FP_TREES_MODE_COMPACT = 0, FP_TREES_MODE_REST = 1, FP_TREES_MODE_ALL = 2 };
+
 typedef struct fp_trees {
     int n_feat, n_targets, n_trees, n_out;
     int aggregate, post, classifier;
@@ -108,6 +143,14 @@ typedef struct fp_trees {
     const fp_ttree *trees;
     const int32_t *rest;
     int n_rest;
+    /* lane walk (walk_ok: the layout exists): wnodes in the compact order plus a padding
+     * leaf; wrest batches the `rest` trees (slot: position in rest), wall every tree (slot:
+     * tree index) */
+    int walk_ok, mode, n_nodes;
+    int gather;   /* the vector sets' lane walk: gathers (1) or the scalar steps (0) */
+    const fp_wnode *wnodes;
+    const fp_wbatch *wrest, *wall;
+    int n_wrest, n_wall;
     void *arena;
     size_t arena_bytes;
     int arena_external;
@@ -140,6 +183,20 @@ void fp_trees_walk_compact(const fp_trees *t, int i, const float *x, double *acc
 void fp_trees_walk_all_compact(const fp_trees *t, const float *x, double *acc);
 void fp_trees_acc_init(const fp_trees *t, double *acc);
 void fp_trees_finalize(const fp_trees *t, const double *acc, float *out);
+/* the lane walk's sums, in the compact walk's order: acc (+)= vals[r] (the leaf of tree
+ * rest[r]) for r in order; every tree from vals[tree] as fp_trees_walk_all_compact adds */
+void fp_trees_sum_rest(const fp_trees *t, const float *vals, double *acc);
+void fp_trees_sum_all(const fp_trees *t, const float *vals, double *acc);
+/* the lane walk of nb batches at x (no NaN) in each set: vals[slot] = leaf value */
+void fp_trees_lanes_scalar(const fp_trees *t, const float *x, const fp_wbatch *b, int nb, float *vals);
+#if FP_HAVE_X86
+void fp_trees_lanes_avx2(const fp_trees *t, const float *x, const fp_wbatch *b, int nb, float *vals);
+void fp_trees_lanes_avx512(const fp_trees *t, const float *x, const fp_wbatch *b, int nb, float *vals);
+#endif
+/* time each walk this model has on rows near its thresholds with `ev` and keep the fastest
+ * in t->mode and t->gather (COMPACT when the lane walk does not exist): gathers beat the
+ * scalar steps on some CPUs, not on others (Zen 3: 2x slower) */
+void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev);
 /* 1 when some x[i] is NaN */
 int fp_trees_has_nan(const float *x, int n);
 

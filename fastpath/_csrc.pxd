@@ -185,12 +185,14 @@ cdef extern from "fp_trees.h" nogil:
     ctypedef struct fp_trees:
         int n_feat, n_targets, n_trees, n_out
         int depth, n_groups, n_rest
+        int walk_ok, mode, gather
         size_t arena_bytes
     ctypedef void (*fp_trees_eval_fn)(const fp_trees *t, const float *x, float *out)
     size_t fp_trees_arena_bytes(const fp_trees_desc *d)
     int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem)
     void fp_trees_free(fp_trees *t)
     fp_trees_eval_fn fp_trees_eval_for(fp_isa isa)
+    void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev)
 
 cdef extern from "fp_engine.h" nogil:
     enum:

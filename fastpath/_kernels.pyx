@@ -831,6 +831,11 @@ def _tree_rows(x):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+# the walks fp_trees_choose picks from: name -> (mode, gather)
+_TREE_WALKS = {"compact": (0, 0), "lanes-rest": (1, 0), "gather-rest": (1, 1),
+               "lanes-all": (2, 0), "gather-all": (2, 1)}
+
+
 def tree_isas():
     """The tree-ensemble kernel sets this CPU can run, scalar first."""
     return [n for n, i in _TREE_ISAS.items() if fp_trees_eval_for(i) != NULL]
@@ -862,6 +867,7 @@ cdef class PackedTrees:
             raise MemoryError("cannot allocate the tree arena")
         if rc != 0:
             raise InputError("the C packer refused the tree ensemble description")
+        fp_trees_choose(&self.t, self.ev)
         self.isa = isa
         self.n_features = self.t.n_feat
         self.n_outputs = self.t.n_out
@@ -873,7 +879,28 @@ cdef class PackedTrees:
     def layout(self):
         """How the trees were laid out: perfect depth, groups of 16, trees walked compactly."""
         return {"depth": self.t.depth, "groups": self.t.n_groups, "compact": self.t.n_rest,
-                "arena_bytes": self.t.arena_bytes}
+                "arena_bytes": self.t.arena_bytes, "lane_walk": bool(self.t.walk_ok),
+                "walk": self.walk}
+
+    @property
+    def walk(self):
+        """The walk this model runs, measured at load: "compact" (perfect groups, then the
+        rest one tree at a time), "lanes-rest" (the rest 16 trees at a time) or "lanes-all"
+        (every tree 16 at a time), "gather-*" the same with vector gathers (the scalar set
+        steps instead). Settable, for tests and the bench; every walk gives the same bits."""
+        if self.t.mode == 0:
+            return "compact"
+        return ("gather-" if self.t.gather else "lanes-") + ("rest" if self.t.mode == 1 else "all")
+
+    @walk.setter
+    def walk(self, str name):
+        if name not in _TREE_WALKS:
+            raise InputError(f"unknown walk {name!r}; expected one of {list(_TREE_WALKS)}")
+        if name != "compact" and not self.t.walk_ok:
+            raise InputError(f"walk {name!r} needs the lane layout, which this ensemble has not "
+                             f"(multi-target leaves, EQ or strict splits, MIN / MAX, more than "
+                             f"8192 trees or a tree of more than 65535 nodes)")
+        self.t.mode, self.t.gather = _TREE_WALKS[name]
 
     def eval(self, x):
         """Outputs for one feature vector (NaN: a missing value) or each row of a 2-d array."""

@@ -95,11 +95,51 @@ FP_TARGET_AVX2 static inline void fp_walk8(const fp_trees *t, const float *x, co
     }
 }
 
+/* the lane walk (fp_trees.h): a batch's 16 trees as two vectors of 8 node indices; a step
+ * gathers each lane's threshold and feature|offset (8-byte nodes), then x[feature] */
+FP_TARGET_AVX2 void fp_trees_lanes_avx2(const fp_trees *t, const float *x, const fp_wbatch *b,
+                                        int nb, float *vals) {
+    const float *wf = (const float *)t->wnodes;
+    const int *wi = (const int *)t->wnodes + 1;
+    const __m256i one = _mm256_set1_epi32(1), lo16 = _mm256_set1_epi32(0xffff);
+    for (int q = 0; q < nb; q++) {
+        __m256i i0 = _mm256_loadu_si256((const __m256i *)b[q].node);
+        __m256i i1 = _mm256_loadu_si256((const __m256i *)(b[q].node + 8));
+        for (int l = 0; l < b[q].iters; l++) {
+            const __m256 t0 = _mm256_i32gather_ps(wf, i0, 8), t1 = _mm256_i32gather_ps(wf, i1, 8);
+            const __m256i m0 = _mm256_i32gather_epi32(wi, i0, 8), m1 = _mm256_i32gather_epi32(wi, i1, 8);
+            const __m256i o0 = _mm256_srli_epi32(m0, 16), o1 = _mm256_srli_epi32(m1, 16);
+            const __m256 x0 = _mm256_i32gather_ps(x, _mm256_and_si256(m0, lo16), 4);
+            const __m256 x1 = _mm256_i32gather_ps(x, _mm256_and_si256(m1, lo16), 4);
+            /* a leaf's threshold is NaN: the ordered x <= NaN is false and its offset 0 */
+            const __m256i c0 = _mm256_castps_si256(_mm256_cmp_ps(x0, t0, _CMP_LE_OQ));
+            const __m256i c1 = _mm256_castps_si256(_mm256_cmp_ps(x1, t1, _CMP_LE_OQ));
+            i0 = _mm256_add_epi32(i0, _mm256_blendv_epi8(o0, one, c0));
+            i1 = _mm256_add_epi32(i1, _mm256_blendv_epi8(o1, one, c1));
+            const __m256i mv = _mm256_or_si256(o0, o1);
+            if (_mm256_testz_si256(mv, mv)) break;
+        }
+        int32_t idx[FP_TREES_WALK_LANES];
+        _mm256_storeu_si256((__m256i *)idx, i0);
+        _mm256_storeu_si256((__m256i *)(idx + 8), i1);
+        for (int k = 0; k < FP_TREES_WALK_LANES; k++)
+            if (b[q].slot[k] >= 0)
+                vals[b[q].slot[k]] = t->leafv[t->nodes[idx[k]].other];
+    }
+}
+
 FP_TARGET_AVX2 void fp_trees_eval_avx2(const fp_trees *t, const float *x, float *out) {
     double acc[FP_TREES_MAX_TARGETS];
+    float vals[FP_TREES_WALK_MAX_TREES];
     fp_trees_acc_init(t, acc);
     if (fp_trees_has_nan(x, t->n_feat)) {
         fp_trees_walk_all_compact(t, x, acc);
+        fp_trees_finalize(t, acc, out);
+        return;
+    }
+    if (t->mode == FP_TREES_MODE_ALL) {
+        (t->gather ? fp_trees_lanes_avx2 : fp_trees_lanes_scalar)(t, x, t->wall, t->n_wall, vals);
+        fp_trees_sum_all(t, vals, acc);
         fp_trees_finalize(t, acc, out);
         return;
     }
@@ -112,7 +152,12 @@ FP_TARGET_AVX2 void fp_trees_eval_avx2(const fp_trees *t, const float *x, float 
         for (int k = 0; k < ng; k++)
             acc[t->ptarget[g + k]] += fp_hsum16d(v[2 * k], v[2 * k + 1]);
     }
-    for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
+    if (t->mode == FP_TREES_MODE_REST) {
+        (t->gather ? fp_trees_lanes_avx2 : fp_trees_lanes_scalar)(t, x, t->wrest, t->n_wrest, vals);
+        fp_trees_sum_rest(t, vals, acc);
+    } else {
+        for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
+    }
     fp_trees_finalize(t, acc, out);
 }
 #endif

@@ -79,11 +79,45 @@ FP_TARGET_AVX512 static inline void fp_walk16(const fp_trees *t, const float *x,
     }
 }
 
+/* the lane walk (fp_trees.h): a batch's 16 trees as one vector of node indices; a step
+ * gathers each lane's threshold and feature|offset (8-byte nodes), then x[feature] */
+FP_TARGET_AVX512 void fp_trees_lanes_avx512(const fp_trees *t, const float *x, const fp_wbatch *b,
+                                            int nb, float *vals) {
+    const float *wf = (const float *)t->wnodes;
+    const int *wi = (const int *)t->wnodes + 1;
+    const __m512i one = _mm512_set1_epi32(1), lo16 = _mm512_set1_epi32(0xffff);
+    for (int q = 0; q < nb; q++) {
+        __m512i i0 = _mm512_loadu_si512((const void *)b[q].node);
+        for (int l = 0; l < b[q].iters; l++) {
+            const __m512 t0 = _mm512_i32gather_ps(i0, wf, 8);
+            const __m512i m0 = _mm512_i32gather_epi32(i0, wi, 8);
+            const __m512i o0 = _mm512_srli_epi32(m0, 16);
+            const __m512 x0 = _mm512_i32gather_ps(_mm512_and_si512(m0, lo16), x, 4);
+            /* a leaf's threshold is NaN: the ordered x <= NaN is false and its offset 0 */
+            const __mmask16 c0 = _mm512_cmp_ps_mask(x0, t0, _CMP_LE_OQ);
+            i0 = _mm512_add_epi32(i0, _mm512_mask_blend_epi32(c0, o0, one));
+            if (!_mm512_test_epi32_mask(o0, o0)) break;
+        }
+        int32_t idx[FP_TREES_WALK_LANES];
+        _mm512_storeu_si512((void *)idx, i0);
+        for (int k = 0; k < FP_TREES_WALK_LANES; k++)
+            if (b[q].slot[k] >= 0)
+                vals[b[q].slot[k]] = t->leafv[t->nodes[idx[k]].other];
+    }
+}
+
 FP_TARGET_AVX512 void fp_trees_eval_avx512(const fp_trees *t, const float *x, float *out) {
     double acc[FP_TREES_MAX_TARGETS];
+    float vals[FP_TREES_WALK_MAX_TREES];
     fp_trees_acc_init(t, acc);
     if (fp_trees_has_nan(x, t->n_feat)) {
         fp_trees_walk_all_compact(t, x, acc);
+        fp_trees_finalize(t, acc, out);
+        return;
+    }
+    if (t->mode == FP_TREES_MODE_ALL) {
+        (t->gather ? fp_trees_lanes_avx512 : fp_trees_lanes_scalar)(t, x, t->wall, t->n_wall, vals);
+        fp_trees_sum_all(t, vals, acc);
         fp_trees_finalize(t, acc, out);
         return;
     }
@@ -105,7 +139,12 @@ FP_TARGET_AVX512 void fp_trees_eval_avx512(const fp_trees *t, const float *x, fl
             acc[t->ptarget[g + k]] += _mm_cvtsd_f64(_mm_add_sd(w, _mm_unpackhi_pd(w, w)));
         }
     }
-    for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
+    if (t->mode == FP_TREES_MODE_REST) {
+        (t->gather ? fp_trees_lanes_avx512 : fp_trees_lanes_scalar)(t, x, t->wrest, t->n_wrest, vals);
+        fp_trees_sum_rest(t, vals, acc);
+    } else {
+        for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
+    }
     fp_trees_finalize(t, acc, out);
 }
 #endif

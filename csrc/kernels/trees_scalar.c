@@ -1,15 +1,45 @@
 /* trees_scalar.c: the tree-ensemble evaluator without vector instructions (the reference
  * the vector sets are tested against, and what a CPU without AVX2 runs). The perfect part
- * is walked lane by lane in the same layout the vector sets gather from. */
+ * is walked lane by lane in the same layout the vector sets gather from; the lane walk
+ * steps its 16 trees one after the other inside each level, so their loads overlap. */
 #include "../fp_trees.h"
+#include <string.h>
+
+void fp_trees_lanes_scalar(const fp_trees *t, const float *x, const fp_wbatch *b, int nb, float *vals) {
+    const fp_wnode *w = t->wnodes;
+    for (int q = 0; q < nb; q++) {
+        int32_t idx[FP_TREES_WALK_LANES];
+        memcpy(idx, b[q].node, sizeof(idx));
+        for (int l = 0; l < b[q].iters; l++) {
+            int moving = 0;
+            for (int k = 0; k < FP_TREES_WALK_LANES; k++) {
+                const fp_wnode n = w[idx[k]];
+                /* a leaf's threshold is NaN: x <= NaN is false and its offset 0 */
+                idx[k] += x[n.feat] <= n.thr ? 1 : (int32_t)n.off;
+                moving |= n.off;
+            }
+            if (!moving) break;
+        }
+        for (int k = 0; k < FP_TREES_WALK_LANES; k++)
+            if (b[q].slot[k] >= 0)
+                vals[b[q].slot[k]] = t->leafv[t->nodes[idx[k]].other];
+    }
+}
 
 void fp_trees_eval_scalar(const fp_trees *t, const float *x, float *out) {
     double acc[FP_TREES_MAX_TARGETS];
+    float vals[FP_TREES_WALK_MAX_TREES];
     fp_trees_acc_init(t, acc);
     if (fp_trees_has_nan(x, t->n_feat)) {
         /* the perfect layout has no missing-value flags: a NaN takes the exact walk, adding
          * the perfect groups' trees in the order the loop below adds them */
         fp_trees_walk_all_compact(t, x, acc);
+        fp_trees_finalize(t, acc, out);
+        return;
+    }
+    if (t->mode == FP_TREES_MODE_ALL) {
+        fp_trees_lanes_scalar(t, x, t->wall, t->n_wall, vals);
+        fp_trees_sum_all(t, vals, acc);
         fp_trees_finalize(t, acc, out);
         return;
     }
@@ -33,6 +63,11 @@ void fp_trees_eval_scalar(const fp_trees *t, const float *x, float *out) {
         }
         acc[t->ptarget[g]] += fp_trees_sum16(d);
     }
-    for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
+    if (t->mode == FP_TREES_MODE_REST) {
+        fp_trees_lanes_scalar(t, x, t->wrest, t->n_wrest, vals);
+        fp_trees_sum_rest(t, vals, acc);
+    } else {
+        for (int r = 0; r < t->n_rest; r++) fp_trees_walk_compact(t, t->rest[r], x, acc);
+    }
     fp_trees_finalize(t, acc, out);
 }

@@ -40,6 +40,8 @@ MAX_PACKED_BYTES = 1 << 30
 _PERFECT_DEPTH = 10
 _LANES = 16
 _ALIGN = 64
+_WALK_MAX_TREES = 8192     # FP_TREES_WALK_MAX_TREES
+_WBATCH = 4 + 2 * 4 * 16   # sizeof(fp_wbatch): iters, 16 roots, 16 slots
 
 
 def _arr(a, dtype, what: str, n: int | None = None) -> np.ndarray:
@@ -280,7 +282,7 @@ class TreeEnsemble:
         pass MAX_PACKED_BYTES. The size is the packer's own (fp_plan_make in csrc/fp_trees.c),
         computed from O(nodes + weights) arrays."""
         need, parts = packed_layout(off, mode, wn, wt, depth, self.n_targets, n_base,
-                                    self.aggregate, thr)
+                                    self.aggregate, thr, self.n_features)
         if need <= MAX_PACKED_BYTES:
             return
         mb = 1 << 20
@@ -566,12 +568,14 @@ class TreeEnsemble:
 
 
 def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
-                  aggregate: str, thr=None) -> tuple:
+                  aggregate: str, thr=None, n_features=None) -> tuple:
     """(bytes, {part: bytes}) of the arena csrc/fp_trees.c packs for these arrays, by its own
     plan: a tree is one value per leaf when its weights name one target, n_targets values per
     leaf otherwise; the trees of depth <= 10 with one target, ordered splits and a sum are
     also laid out as perfect trees of the largest such depth, 16 per group and target (with
-    the tree index of each lane, for the compact walk of an input holding a NaN)."""
+    the tree index of each lane, for the compact walk of an input holding a NaN); ensembles
+    of one-target trees with ordered splits also get the lane walk's 8-byte nodes and batches
+    of 16 trees."""
     off = np.asarray(off, np.int64)
     mode = np.asarray(mode)
     n_trees, n_nodes = off.size - 1, int(off[-1])
@@ -599,6 +603,14 @@ def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
     groups = int(np.sum((per_target + _LANES - 1) // _LANES))
     n_rest = int(n_trees - perfect.sum())
     inner, nleaf = (1 << D) - 1, 1 << D
+    # the lane walk: one-target trees with x <= t splits only, each tree within 65535 nodes,
+    # at most 8192 trees (the features within 16 bits: n_features, where the caller knows it)
+    sizes = np.diff(off)
+    walk = bool(aggregate in ("SUM", "AVERAGE") and n_trees <= _WALK_MAX_TREES
+                and (n_features is None or n_features <= 65536)
+                and np.all(width == 1) and np.all(eqs == 0) and np.all(sizes <= 65535))
+    nb_rest = -(-n_rest // _LANES) if walk else 0
+    nb_all = -(-n_trees // _LANES) if walk else 0
 
     def al(n: int) -> int:
         return -(-n // _ALIGN) * _ALIGN
@@ -607,7 +619,9 @@ def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
              "leaf values": al(4 * (n_leafv + 1)),
              "base values": al(4 * (n_base + 1)) + al(T),
              "perfect trees": al(4 * (groups + 1)) + al(4 * groups * _LANES)
-             + 2 * al(4 * groups * inner * _LANES) + al(4 * groups * nleaf * _LANES)}
+             + 2 * al(4 * groups * inner * _LANES) + al(4 * groups * nleaf * _LANES),
+             "lane walk": (al(8 * (n_nodes + 1)) if walk else 0) + al(_WBATCH * nb_rest)
+             + al(_WBATCH * nb_all)}
     return sum(parts.values()), parts
 
 

@@ -1,0 +1,86 @@
+/* fp_trees_lanes.c: what the kernel sets share around the lane walk (fp_trees.h): adding
+ * its leaves in the compact walk's order, and choosing at load which walk a model runs by
+ * timing each on rows near its own thresholds. */
+#include "fp_trees.h"
+#include "fp_clock.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void fp_trees_sum_rest(const fp_trees *t, const float *vals, double *acc) {
+    for (int r = 0; r < t->n_rest; r++) acc[t->trees[t->rest[r]].target] += vals[r];
+}
+
+void fp_trees_sum_all(const fp_trees *t, const float *vals, double *acc) {
+    for (int g = 0; g < t->n_groups; g++) {
+        const int32_t *lt = t->ptree + (size_t)g * FP_TREES_LANES;
+        double d[FP_TREES_LANES];
+        for (int lane = 0; lane < FP_TREES_LANES; lane++) d[lane] = lt[lane] < 0 ? 0.0 : (double)vals[lt[lane]];
+        acc[t->ptarget[g]] += fp_trees_sum16(d);
+    }
+    for (int r = 0; r < t->n_rest; r++) {
+        const int tr = t->rest[r];
+        acc[t->trees[tr].target] += vals[tr];
+    }
+}
+
+static uint64_t fp_lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *s >> 33;
+}
+
+#define FP_CHOOSE_ROWS 16
+#define FP_CHOOSE_REPS 5
+
+/* ns for one pass of `ev` over the rows */
+static int64_t fp_time_rows(const fp_trees *t, fp_trees_eval_fn ev, const float *rows, float *out) {
+    const int64_t t0 = fp_mono_ns();
+    for (int i = 0; i < FP_CHOOSE_ROWS; i++) ev(t, rows + (size_t)i * (size_t)t->n_feat, out);
+    return fp_mono_ns() - t0;
+}
+
+void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
+    t->mode = FP_TREES_MODE_COMPACT;
+    t->gather = 0;
+    if (!t->walk_ok || !ev) return;
+    const size_t nf = (size_t)t->n_feat;
+    float *rows = (float *)malloc(sizeof(float) * nf * FP_CHOOSE_ROWS);
+    float *out = (float *)malloc(sizeof(float) * ((size_t)t->n_out + 1));
+    if (!rows || !out) { free(rows); free(out); return; }
+    /* each feature from a random split's threshold, just above or below it: paths as real
+     * rows take them, not all-left ones (a feature no split reads stays 0) */
+    const int n_nodes = t->n_nodes;
+    uint64_t s = 0x9e3779b97f4a7c15ULL;
+    memset(rows, 0, sizeof(float) * nf * FP_CHOOSE_ROWS);
+    for (int i = 0; i < FP_CHOOSE_ROWS; i++) {
+        float *x = rows + (size_t)i * nf;
+        for (size_t k = 0; k < 4 * nf; k++) {
+            const fp_tnode *n = &t->nodes[fp_lcg(&s) % (uint64_t)n_nodes];
+            if (n->flags & FP_TN_LEAF) continue;
+            x[n->feat] = nextafterf(n->thr, (fp_lcg(&s) & 1) ? INFINITY : -INFINITY);
+        }
+        for (size_t f = 0; f < nf; f++)
+            if (!isfinite(x[f])) x[f] = 0.0f;
+    }
+    /* (mode, gather) candidates; REST is COMPACT when no tree or every tree is a rest tree */
+    static const int cand[5][2] = {{FP_TREES_MODE_COMPACT, 0}, {FP_TREES_MODE_REST, 0},
+                                   {FP_TREES_MODE_REST, 1}, {FP_TREES_MODE_ALL, 0},
+                                   {FP_TREES_MODE_ALL, 1}};
+    int64_t best[5] = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+    const int rest_differs = t->n_rest && t->n_groups;
+    for (int rep = 0; rep < FP_CHOOSE_REPS; rep++)
+        for (int c = 0; c < 5; c++) {
+            if (cand[c][0] == FP_TREES_MODE_REST && !rest_differs) continue;
+            t->mode = cand[c][0];
+            t->gather = cand[c][1];
+            const int64_t ns = fp_time_rows(t, ev, rows, out);
+            if (ns < best[c]) best[c] = ns;
+        }
+    int pick = 0;
+    for (int c = 1; c < 5; c++)
+        if (best[c] < best[pick]) pick = c;
+    t->mode = cand[pick][0];
+    t->gather = cand[pick][1];
+    free(rows);
+    free(out);
+}

@@ -1,0 +1,220 @@
+"""The lane walk (csrc/fp_trees_lanes.c, fp_trees_lanes_* in the tree kernel sets): deep
+(leaf-wise) and large ensembles walked 16 trees at a time give the compact walk's output bit
+for bit on every kernel set and every walk, and onnxruntime's answer on LightGBM leaf-wise and
+XGBoost lossguide models, on random rows, rows on the split thresholds and rows with NaN."""
+import warnings
+
+import numpy as np
+import pytest
+
+from fastpath import Engine, InputError, Model, TreeEnsemble
+from fastpath._kernels import PackedTrees, tree_isas
+from fastpath.model.trees import packed_layout
+from helpers.builders import engine_cfg
+from helpers.oracle import assert_close, ort_run
+
+F = np.float32
+N_FEAT = 16
+WALKS = ["compact", "lanes-rest", "gather-rest", "lanes-all", "gather-all"]
+
+
+def _data(n=3000, seed=3):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, N_FEAT)).astype(F)
+    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.3 * X[:, 3:9].sum(1) \
+        + 0.1 * rng.standard_normal(n)
+    return X, y
+
+
+def _export(est, path, tool):
+    import onnxmltools
+    from onnxmltools.convert.common.data_types import FloatTensorType
+    it = [("x", FloatTensorType([None, N_FEAT]))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if tool == "lgb":
+            m = onnxmltools.convert_lightgbm(est, initial_types=it, zipmap=False)
+        else:
+            m = onnxmltools.convert_xgboost(est, initial_types=it)
+    path.write_bytes(m.SerializeToString())
+    return str(path)
+
+
+def _lgb_leafwise():
+    lightgbm = pytest.importorskip("lightgbm")
+    return "lgb", lightgbm.LGBMRegressor(n_estimators=40, num_leaves=64, max_depth=-1,
+                                         min_child_samples=3, verbose=-1)
+
+
+def _xgb_lossguide():
+    xgboost = pytest.importorskip("xgboost")
+    return "xgb", xgboost.XGBRegressor(n_estimators=30, tree_method="hist", grow_policy="lossguide",
+                                       max_leaves=64, max_depth=0, learning_rate=0.2)
+
+
+MODELS = {"lightgbm-leafwise": _lgb_leafwise, "xgboost-lossguide": _xgb_lossguide}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    pytest.importorskip("onnxmltools")
+    pytest.importorskip("onnxruntime")
+    d = tmp_path_factory.mktemp("lanes")
+    X, y = _data()
+    out = {}
+    for name, make in MODELS.items():
+        tool, est = make()
+        out[name] = _export(est.fit(X, y), d / f"{name}.onnx", tool)
+    return out
+
+
+def _rows(trees, seed=0):
+    """Random rows, rows with one feature on, just below and just above a split threshold,
+    rows with every feature on one of its thresholds, and rows holding NaN."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((60, trees.n_features)).astype(F) * 1.5
+    splits = trees.split_thresholds()
+    rng.shuffle(splits)
+    rows = [base]
+    for i, (f, t) in enumerate(splits[:150]):
+        for v in (F(t), np.nextafter(F(t), F(-np.inf)), np.nextafter(F(t), F(np.inf))):
+            r = base[i % len(base)].copy()
+            r[f] = v
+            rows.append(r[None])
+    by_f = {}
+    for f, t in splits:
+        by_f.setdefault(f, []).append(t)
+    for i in range(20):
+        r = base[i].copy()
+        for f, ts in by_f.items():
+            r[f] = ts[rng.integers(len(ts))]
+        rows.append(r[None])
+    nan = base[:20].copy()
+    nan[np.arange(20), rng.integers(0, trees.n_features, 20)] = np.nan
+    rows.append(nan)
+    out = np.vstack(rows).astype(F)
+    return out[~np.any(np.isinf(out), axis=1)]
+
+
+def _all_walks(trees, X):
+    """{(isa, walk): outputs} over every kernel set this CPU runs and every walk."""
+    out = {}
+    for isa in tree_isas():
+        pk = PackedTrees(trees, isa)
+        assert pk.layout["lane_walk"]
+        for w in WALKS:
+            pk.walk = w
+            out[isa, w] = pk.eval(X)
+    return out
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_lane_walk_matches_compact_walk_bit_for_bit_and_onnxruntime(exported, name):
+    path = exported[name]
+    m = Model.from_onnx(path)
+    X = _rows(m.trees)
+    got = _all_walks(m.trees, X)
+    ref = got["scalar", "compact"]
+    for key, v in got.items():
+        assert np.array_equal(v, ref, equal_nan=True), key
+    assert_close(ref, ort_run(path, X, fallback=-1))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_engine_predict_with_the_walk_chosen_at_load(exported, name, isa):
+    path = exported[name]
+    m = Model.from_onnx(path)
+    X = _rows(m.trees, seed=1)
+    eng = Engine(m, config=engine_cfg(isa))
+    got = np.stack([eng.predict(x) for x in X])
+    want = PackedTrees(m.trees, "scalar")
+    want.walk = "compact"
+    assert np.array_equal(got.reshape(len(X), -1), want.eval(X).reshape(len(X), -1))
+
+
+def _chain(depth, values, feature=0):
+    """A right-leaning chain tree of `depth` splits on `feature` at thresholds 0, 1, ...: the
+    leaf left of split k carries values[k], the last right leaf values[depth]."""
+    n = 2 * depth + 1
+    mode = np.full(n, 6)
+    feat = np.zeros(n, int)
+    thr = np.zeros(n)
+    tc = np.zeros(n, int)
+    fc = np.zeros(n, int)
+    leaves = []
+    for k in range(depth):
+        node = 2 * k
+        mode[node] = 0
+        feat[node] = feature
+        thr[node] = k
+        tc[node] = node + 1
+        fc[node] = node + 2
+        leaves.append(node + 1)
+    leaves.append(n - 1)
+    return mode, feat, thr, tc, fc, leaves, values
+
+
+def _chains(specs, n_features=2):
+    """One tree per (depth, values) chain, one target."""
+    parts = [_chain(d, v) for d, v in specs]
+    sizes = [len(p[0]) for p in parts]
+    off = np.concatenate([[0], np.cumsum(sizes)])
+    cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
+    wn = np.concatenate([np.asarray(p[5]) + o for p, o in zip(parts, off[:-1])])
+    wv = np.concatenate([p[6] for p in parts])
+    return TreeEnsemble(n_features=n_features, n_targets=1, tree_offsets=off, mode=cat[0],
+                        feature=cat[1], threshold=cat[2], true_child=cat[3], false_child=cat[4],
+                        nan_true=np.zeros(off[-1], int), weight_node=wn,
+                        weight_target=np.zeros(wn.size, int), weight_value=wv)
+
+
+def test_lane_walk_adds_leaves_in_the_compact_order():
+    """A lane walk that added its trees in batch (depth-sorted) order instead of the compact
+    walk's would change the double sum where leaves 1e20, 1 and -1e20 meet: mixed shallow
+    (perfect) and deep (rest) chains, every walk and kernel set, the same bits as compact."""
+    specs = []
+    for i in range(40):
+        depth = 3 if i % 3 == 0 else 14 + i % 5
+        vals = np.full(depth + 1, 1.0)
+        vals[:: 2] = 1e20 if i % 2 else -1e20
+        specs.append((depth, vals))
+    te = _chains(specs)
+    X = np.array([[x, 0.0] for x in np.arange(-1.0, 20.0, 0.5)] + [[np.nan, 0.0], [3.0, np.nan]], F)
+    pk = PackedTrees(te, "scalar")
+    assert pk.layout["groups"] > 0 and pk.layout["compact"] > 0
+    got = _all_walks(te, X)
+    ref = got["scalar", "compact"]
+    for key, v in got.items():
+        assert np.array_equal(v, ref), key
+    assert_close(ref, Model((), trees=te).forward(X))
+
+
+def test_walk_without_the_lane_layout_is_refused():
+    """An ensemble with an EQ split has no lane layout: asking for a lane walk is an
+    InputError naming why, and the model keeps the compact walk."""
+    te = _chains([(12, np.arange(13.0))])
+    mode = te.mode.copy()
+    mode[0] = 4
+    eq = TreeEnsemble(n_features=2, n_targets=1, tree_offsets=te.tree_offsets, mode=mode,
+                      feature=te.feature, threshold=te.threshold, true_child=te.true_child,
+                      false_child=te.false_child, nan_true=te.nan_true,
+                      weight_node=te.weight_node, weight_target=te.weight_target,
+                      weight_value=te.weight_value)
+    pk = PackedTrees(eq, "scalar")
+    assert not pk.layout["lane_walk"] and pk.walk == "compact"
+    with pytest.raises(InputError, match="lane layout"):
+        pk.walk = "lanes-all"
+    assert pk.walk == "compact"
+    with pytest.raises(InputError, match="unknown walk"):
+        PackedTrees(te, "scalar").walk = "fast"
+
+
+def test_packed_layout_counts_the_lane_walk():
+    """The Python plan of the arena (MAX_PACKED_BYTES is checked on it) equals the C packer's
+    with the lane walk's nodes and batches."""
+    te = _chains([(d, np.arange(d + 1.0)) for d in (2, 5, 12, 30, 13, 11, 3)] * 5)
+    need, parts = packed_layout(te.tree_offsets, te.mode, te.weight_node, te.weight_target,
+                                np.array([2, 5, 12, 30, 13, 11, 3] * 5), 1, 0, "SUM",
+                                te.threshold, te.n_features)
+    assert parts["lane walk"] > 0
+    assert need == PackedTrees(te, "scalar").layout["arena_bytes"]
