@@ -225,7 +225,7 @@ cdef class Worker:
         self._h = <fp_seg_header *>p
         self._size = map_bytes
         if method == "thp" and madvise(p, map_bytes, MADV_HUGEPAGE) != 0:
-            tried[-1] = ["thp", f"madvise(MADV_HUGEPAGE): {os.strerror(_errno())}"]
+            tried[len(tried) - 1] = ["thp", f"madvise(MADV_HUGEPAGE): {os.strerror(_errno())}"]
             tried.append(["normal", "ok"])
             method = "normal"
         # pre-fault every page now, not on the first request that lands on it
