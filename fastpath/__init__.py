@@ -18,6 +18,7 @@ from fastpath.model import CachePolicy, FeatureSpec, Layer, Model, TreeEnsemble
 from fastpath.errors import RingFull, ServeError, ServerGone
 from fastpath.serving import Server, connect, serve
 from fastpath.gpu import gpu_status
+from fastpath import tuning as _tuning  # noqa: F401 - installs Model.fit_cache_policy
 
 __version__ = "0.1.0"
 

@@ -20,7 +20,7 @@ from fastpath._checks import check_symbol_ids, is_real, one_of
 from fastpath._engine import Engine
 from fastpath.errors import InputError, ModelError
 from fastpath.model import CachePolicy, FeatureSpec, Head, Model
-from fastpath.model.model import WEIGHT_TYPES
+from fastpath.model.model import WEIGHT_TYPES, register_format
 
 COS_GRID = (0.999, 0.9995, 0.9998, 0.9999, 0.99995, 0.99998, 0.99999, 0.999995, 0.999999)
 NORM_GRID = (0.02, 0.01, 0.005, 0.002, 0.001)
@@ -445,3 +445,6 @@ def fit_cache_policy(model: Model, raws: np.ndarray, symbols: np.ndarray | None 
         rep.chosen = row
         return replace(pol, fitted_max_error=float(max_error)), rep
     return off, rep
+
+
+register_format(fit_cache_policy=fit_cache_policy)

@@ -87,7 +87,8 @@ _FORMATS: dict[str, Callable[..., Any]] = {}
 
 def register_format(**fns: Callable[..., Any]) -> None:
     """Install a file format's readers and writers behind the Model methods of those names
-    (save, to_bytes, load, from_bytes, to_onnx, from_onnx)."""
+    (save, to_bytes, load, from_bytes, to_onnx, from_onnx, the native from_* loaders), and
+    fastpath.tuning's fit_cache_policy, which needs the engine above this package."""
     _FORMATS.update(fns)
 
 
@@ -546,9 +547,9 @@ class Model:
         """(a copy of this model with the fitted policy, the fit report): the loosest cache
         policy whose hits all stay within max_error of the fresh signal in a shadow replay of
         these ticks; the cache stays off when none does. See fastpath.tuning.fit_cache_policy."""
-        # the one upward import of this package: fitting replays ticks through the engine
-        from fastpath.tuning import fit_cache_policy
-        pol, rep = fit_cache_policy(self, raws, symbols, max_error=max_error, ts_ns=ts_ns, **kw)
+        # fastpath.tuning (above the engine, which replays the ticks) registers the fit
+        fit = _FORMATS["fit_cache_policy"]
+        pol, rep = fit(self, raws, symbols, max_error=max_error, ts_ns=ts_ns, **kw)
         meta = dict(self.meta)
         meta["cache_policy_fit"] = rep.summary()
         return replace(self, cache_policy=pol, meta=meta), rep

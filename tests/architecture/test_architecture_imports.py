@@ -236,11 +236,6 @@ def test_module_level_imports_have_no_cycle():
     assert not found, "import cycle: " + " -> ".join(found)
 
 
-_CALL_TIME_CYCLES = ("at call time fastpath.control.config imports placement and memory, "
-                     "which import it back: a circle hidden in function bodies")
-
-
-@pytest.mark.xfail(strict=True, reason=_CALL_TIME_CYCLES)
 def test_no_cycle_even_at_call_time():
     paths = {**MODULES, **COMPILED}
     graph = {m: {t for t, _, _ in imps if t in paths and t != m} for m, imps in IMPORTS.items()}
