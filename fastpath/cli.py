@@ -323,8 +323,8 @@ def _ticks_from_data(args):
     return raws, bs.symbols, (bs.ts_ns if args.max_error is not None else None)
 
 
-def cmd_calibrate(args) -> int:
-
+def _calibrate_ticks(args) -> tuple:
+    """(raws, symbols or None, ts or None) from --data or --ticks/--symbols/--ts, checked."""
     _check_out(args.out)
     if args.data is not None:
         raws, syms, ts = _ticks_from_data(args)
@@ -375,11 +375,11 @@ def cmd_calibrate(args) -> int:
             raise SystemExit(f"fastpath calibrate: --ts row {big[0]} is {ts[big[0]]}, which "
                              f"does not fit a signed 64-bit int of ns")
         _check_time_order(ts, syms, _dense_symbols(syms, len(raws)), "--ts")
-    if args.head is not None and args.head.kind == "regression" and \
-            getattr(args, "head_scale_given", False):
-        raise SystemExit(f"fastpath calibrate: --head gives the regression head a scale "
-                         f"(@{args.head.scale:g}), but calibrate fits the regression head's "
-                         f"scale to the ticks; give the head without @SCALE")
+    return raws, syms, ts
+
+
+def _calibrate_model(args):
+    """The model to calibrate; a native tree model prints its parity with the library first."""
     native = _load_native(args.model, args.head)
     if native is not None:
         model = native[0]
@@ -388,6 +388,17 @@ def cmd_calibrate(args) -> int:
         print(parity(model, native[1]))
     else:
         model = _load(args.model, args.head)
+    return model
+
+
+def cmd_calibrate(args) -> int:
+    raws, syms, ts = _calibrate_ticks(args)
+    if args.head is not None and args.head.kind == "regression" and \
+            getattr(args, "head_scale_given", False):
+        raise SystemExit(f"fastpath calibrate: --head gives the regression head a scale "
+                         f"(@{args.head.scale:g}), but calibrate fits the regression head's "
+                         f"scale to the ticks; give the head without @SCALE")
+    model = _calibrate_model(args)
     if model.trees is not None and args.weights in ("bf16", "int8"):
         # refused by with_weights only after the whole fit, which it had printed
         raise SystemExit(f"fastpath calibrate: --weights {args.weights} packs an MLP's hidden "
