@@ -19,8 +19,7 @@ import numpy as np
 
 from fastpath.errors import ModelError
 from fastpath.model.model import register_format
-from fastpath.model.native_trees import MAX_NODES, Leaf, Split, build_ensemble
-from fastpath.model.policy import CachePolicy
+from fastpath.model.native_trees import MAX_NODES, Leaf, Split, build_ensemble, tree_model
 
 GT = 3
 MAX_DEPTH = 16
@@ -152,11 +151,7 @@ def catboost_ensemble(src, max_nodes: int = MAX_NODES) -> tuple:
 def model_from_catboost(cls, src, head=None, max_nodes: int = MAX_NODES):
     """See Model.from_catboost."""
     te, name = catboost_ensemble(src, max_nodes)
-    try:
-        return cls((), None, CachePolicy(enabled=False),
-                   {"source": name, "native": "catboost"}, "none", head, trees=te)
-    except ModelError as exc:
-        raise ModelError(f"{name}: {exc}") from None
+    return tree_model(cls, te, name, "catboost", head)
 
 
 register_format(from_catboost=model_from_catboost)

@@ -18,8 +18,8 @@ import numpy as np
 from fastpath.errors import ModelError
 from fastpath.model.model import register_format
 from fastpath.model.native_trees import (F32, LEQ, MAX_NODES, Leaf, Region, Split,
-                                         build_ensemble, check_shape, f32_below, next_up)
-from fastpath.model.policy import CachePolicy
+                                         build_ensemble, check_shape, f32_below, next_up,
+                                         tree_model)
 
 # kZeroThreshold (LightGBM's meta.h: 1e-35f), as the double it is compared as
 ZERO = float(F32(1e-35))
@@ -260,11 +260,7 @@ def lightgbm_ensemble(src, max_nodes: int = MAX_NODES):
 def model_from_lightgbm(cls, src, head=None, max_nodes: int = MAX_NODES):
     """See Model.from_lightgbm."""
     te, name = lightgbm_ensemble(src, max_nodes)
-    try:
-        return cls((), None, CachePolicy(enabled=False),
-                   {"source": name, "native": "lightgbm"}, "none", head, trees=te)
-    except ModelError as exc:
-        raise ModelError(f"{name}: {exc}") from None
+    return tree_model(cls, te, name, "lightgbm", head)
 
 
 register_format(from_lightgbm=model_from_lightgbm)

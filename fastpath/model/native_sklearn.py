@@ -17,8 +17,7 @@ import numpy as np
 from fastpath.errors import ModelError
 from fastpath.model.model import register_format
 from fastpath.model.native_trees import (LEQ, MAX_NODES, Leaf, Split, build_ensemble,
-                                         check_shape)
-from fastpath.model.policy import CachePolicy
+                                         check_shape, tree_model)
 
 
 def _cart(tr, tree: int, leaf_values) -> list:
@@ -182,11 +181,7 @@ def sklearn_ensemble(est, max_nodes: int = MAX_NODES):
 def model_from_sklearn(cls, est, head=None, max_nodes: int = MAX_NODES):
     """See Model.from_sklearn."""
     te, name = sklearn_ensemble(est, max_nodes)
-    try:
-        return cls((), None, CachePolicy(enabled=False),
-                   {"source": name, "native": "sklearn"}, "none", head, trees=te)
-    except ModelError as exc:
-        raise ModelError(f"{name}: {exc}") from None
+    return tree_model(cls, te, name, "sklearn", head)
 
 
 register_format(from_sklearn=model_from_sklearn)

@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from fastpath.errors import ModelError
+from fastpath.model.policy import CachePolicy
 from fastpath.model.trees import TreeEnsemble
 
 LEQ, LT, LEAF = 0, 1, 6
@@ -196,3 +197,13 @@ def build_ensemble(trees: list, n_features: int, n_targets: int, *, base_values=
                         base_values=np.asarray(base_values, np.float64).reshape(-1),
                         aggregate=aggregate, post_transform=post_transform,
                         classifier=classifier)
+
+
+def tree_model(cls, te: TreeEnsemble, name: str, library: str, head):
+    """The Model around a loaded ensemble, its source and library in meta (no feature spec,
+    no cache); a refusal names the source."""
+    try:
+        return cls((), None, CachePolicy(enabled=False),
+                   {"source": name, "native": library}, "none", head, trees=te)
+    except ModelError as exc:
+        raise ModelError(f"{name}: {exc}") from None

@@ -19,8 +19,7 @@ import numpy as np
 from fastpath.errors import ModelError
 from fastpath.model.model import register_format
 from fastpath.model.native_trees import (LT, MAX_NODES, Leaf, Split, build_ensemble,
-                                         check_shape)
-from fastpath.model.policy import CachePolicy
+                                         check_shape, tree_model)
 
 _IDENTITY = {"reg:squarederror", "reg:linear", "reg:squaredlogerror", "reg:pseudohubererror",
              "reg:absoluteerror", "reg:quantileerror", "binary:logitraw"}
@@ -163,11 +162,7 @@ def xgboost_ensemble(src, max_nodes: int = MAX_NODES) -> tuple:
 def model_from_xgboost(cls, src, head=None, max_nodes: int = MAX_NODES):
     """See Model.from_xgboost."""
     te, name = xgboost_ensemble(src, max_nodes)
-    try:
-        return cls((), None, CachePolicy(enabled=False),
-                   {"source": name, "native": "xgboost"}, "none", head, trees=te)
-    except ModelError as exc:
-        raise ModelError(f"{name}: {exc}") from None
+    return tree_model(cls, te, name, "xgboost", head)
 
 
 register_format(from_xgboost=model_from_xgboost)
