@@ -59,6 +59,9 @@ typedef struct {
     double cb[FP_BOOK_LEVELS], ca[FP_BOOK_LEVELS];     /* its cumulative depths */
     double lcb[FP_BOOK_LEVELS], lca[FP_BOOK_LEVELS];   /* and their log1p */
     double ew[FP_BOOK_NEW * FP_BOOK_HL];               /* series-major: series i, hl j at i*8+j */
+    double o[FP_BOOK_RAW];             /* the raw vector in double, before float32: the next
+                                        * update copies the fields whose inputs did not change */
+    double tick;                       /* the tick size o was computed with */
     int64_t n;                         /* book changes so far (0: no book yet) */
     int64_t last_move;                 /* the change at which the mid last moved */
     double ts;                         /* the last change's timestamp, ns as double */
