@@ -263,15 +263,18 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
     const double ofi5 = (((ofi[0] + ofi[1]) + ofi[2]) + ofi[3]) + ofi[4];
     const double x[FP_BOOK_NEW] = {o[122], fp_slog(ofi5), o[207], o[40], r1 * r1, o[60], o[61],
                                    o[62] - o[63], o[41], o[42], o[43], o[44], fabs(o[122])};
-    for (int s = 0; s < FP_BOOK_NEW; s++)
-        for (int j = 0; j < FP_BOOK_HL; j++) {
-            double e = first ? x[s] : ps->ew[s * FP_BOOK_HL + j];
-            e += fp_book_alpha[j] * (x[s] - e);
-            ns->ew[s * FP_BOOK_HL + j] = e;
+    /* series s at half-life j sits at raw field 140 + 8 s + j, past a gap of 8 from s = 8 on;
+     * the previous change's averages are the committed half's raw vector */
+    for (int s = 0; s < FP_BOOK_NEW; s++) {
+        const int at = 140 + FP_BOOK_HL * s + (s >= 8 ? 8 : 0);
+        const double xs = x[s];
+        if (first) {
+            for (int j = 0; j < FP_BOOK_HL; j++) o[at + j] = xs + fp_book_alpha[j] * (xs - xs);
+        } else {
+            const double *pe = ps->o + at;
+            for (int j = 0; j < FP_BOOK_HL; j++) o[at + j] = pe[j] + fp_book_alpha[j] * (xs - pe[j]);
         }
-    memcpy(o + 140, ns->ew, sizeof(double) * 64);
-    memcpy(o + 212, ns->ew + 64, sizeof(double) * 32);
-    memcpy(o + 244, ns->ew + 96, sizeof(double) * 8);
+    }
     memcpy(ns->bpx, u->bid_px, sizeof(ns->bpx));
     memcpy(ns->apx, u->ask_px, sizeof(ns->apx));
     memcpy(ns->bsz, u->bid_sz, sizeof(ns->bsz));
