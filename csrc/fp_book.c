@@ -228,7 +228,8 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
     }
     /* returns over 1..128 changes, bps: against the first change while fewer have passed */
     const int64_t t = ps->n;
-    const double lm = log(mid);
+    /* the log of an unchanged mid is the previous change's, kept in the ring */
+    const double lm = t > 0 && mid == ps->mid ? b->ring[(t - 1) & (FP_BOOK_RING - 1)] : log(mid);
     b->ring[t & (FP_BOOK_RING - 1)] = lm;
     for (int j = 0; j < FP_BOOK_HL; j++) {
         const int64_t h = (int64_t)1 << j;
