@@ -15,8 +15,11 @@
 /* 1 - 0.5 ** (1 / h), h = 1, 2, 4, ..., 128: Python's float arithmetic, as the adapter's */
 static double fp_book_alpha[FP_BOOK_HL];
 
+static void fp_book_log1p_table(void);
+
 static void fp_book_alphas(void) {
     for (int j = 0; j < FP_BOOK_HL; j++) fp_book_alpha[j] = 1.0 - pow(0.5, 1.0 / (double)(1 << j));
+    fp_book_log1p_table();
 }
 
 fp_book *fp_book_create(double tick) {
@@ -52,12 +55,6 @@ void fp_book_clear(fp_book *b) {
     memset(b->raw[1], 0, sizeof(float) * FP_BOOK_RAW);
     b->cur = 0;
     b->pending = 0;
-}
-
-/* np.sign(x) * np.log1p(np.abs(x)) */
-static inline double fp_slog(double x) {
-    const double s = x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
-    return s * log1p(fabs(x));
 }
 
 /* numpy's pairwise sum of ten values (eight partial sums, combined as a tree, then the rest
@@ -101,45 +98,98 @@ static int fp_book_check(const fp_book_update *u, int *where) {
     return FP_BOOK_OK;
 }
 
+/* log1p of the small whole numbers (trade counts, ticks since the mid moved), from libm
+ * itself at the first book: the same values as the calls they replace */
+#define FP_BOOK_LOGN 256
+static double fp_book_log1pn[FP_BOOK_LOGN];
+static double fp_book_log1p_1e4;
+
+/* log1p(x) for x >= 0 or NaN: the table for a small whole x, else libm */
+static inline double fp_log1p_count(double x) {
+    if (x >= 0 && x < FP_BOOK_LOGN) {
+        const int k = (int)x;
+        if ((double)k == x) return fp_book_log1pn[k];
+    }
+    return log1p(x);
+}
+
+/* np.sign(x) * np.log1p(np.abs(x)); 0 needs no call (0 * log1p(0) is +0) */
+static inline double fp_slog(double x) {
+    if (x == 0) return 0.0;
+    const double s = x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+    return s * log1p(fabs(x));
+}
+
 /* log1p(x), or the value kept for x when x is the value it was kept for: log1p is a function,
  * so the reuse is exact, and most updates change few levels of a ten-level book */
 static inline double fp_log1p_was(double x, int have, double was_x, double was_log) {
     return have && x == was_x ? was_log : log1p(x);
 }
 
-/* the fields of one book alone (no history): 0-101, 206-207, 252-255; the logs of sizes and
- * cumulative depths into ns, reusing the committed state ps's where a value is unchanged */
-static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_book_state *ns,
-                           double tick, double mid, double *o) {
-    const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
-    const int have = ps->n > 0;
-    double cb = 0, ca = 0;
+/* the fields of one book's prices alone (offsets from the mid, spread, gaps), in ticks */
+static void fp_book_prices(const fp_book_update *u, double tick, double mid, double *o) {
+    const double *bpx = u->bid_px, *apx = u->ask_px;
     for (int i = 0; i < L; i++) {
         o[i] = (bpx[i] - mid) / tick;
         o[10 + i] = (apx[i] - mid) / tick;
-        o[20 + i] = ns->lbsz[i] = fp_log1p_was(bsz[i], have, ps->bsz[i], ps->lbsz[i]);
-        o[30 + i] = ns->lasz[i] = fp_log1p_was(asz[i], have, ps->asz[i], ps->lasz[i]);
-        const double tot = bsz[i] + asz[i];
-        o[40 + i] = tot > 0 ? (bsz[i] - asz[i]) / tot : 0.0;
+    }
+    o[60] = (apx[0] - bpx[0]) / tick;
+    for (int i = 0; i < L - 1; i++) {
+        o[84 + i] = (bpx[i] - bpx[i + 1]) / tick;
+        o[93 + i] = (apx[i + 1] - apx[i]) / tick;
+    }
+}
+
+/* the fields of one book alone (no history): 0-101, 206-207, 252-255 into ns->o; a field whose
+ * inputs equal the committed state ps's (same prices and tick, same sizes at a level, same
+ * cumulative depths) is copied from ps->o, which is exact: the same inputs, the same formula */
+static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_book_state *ns,
+                           double tick, double mid) {
+    const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
+    const int have = ps->n > 0;
+    const double *po = ps->o;
+    double *o = ns->o;
+    if (have && tick == ps->tick && !memcmp(bpx, ps->bpx, sizeof(ps->bpx))
+        && !memcmp(apx, ps->apx, sizeof(ps->apx))) {
+        memcpy(o, po, sizeof(double) * 2 * L);
+        o[60] = po[60];
+        memcpy(o + 84, po + 84, sizeof(double) * 2 * (L - 1));
+    } else {
+        fp_book_prices(u, tick, mid, o);
+    }
+    ns->tick = tick;
+    double cb = 0, ca = 0;
+    for (int i = 0; i < L; i++) {
+        if (have && bsz[i] == ps->bsz[i] && asz[i] == ps->asz[i]) {
+            o[20 + i] = ns->lbsz[i] = ps->lbsz[i];
+            o[30 + i] = ns->lasz[i] = ps->lasz[i];
+            o[40 + i] = po[40 + i];
+        } else {
+            o[20 + i] = ns->lbsz[i] = fp_log1p_was(bsz[i], have, ps->bsz[i], ps->lbsz[i]);
+            o[30 + i] = ns->lasz[i] = fp_log1p_was(asz[i], have, ps->asz[i], ps->lasz[i]);
+            const double tot = bsz[i] + asz[i];
+            o[40 + i] = tot > 0 ? (bsz[i] - asz[i]) / tot : 0.0;
+        }
         cb = i ? cb + bsz[i] : bsz[i];
         ca = i ? ca + asz[i] : asz[i];
-        const double ct = cb + ca;
-        o[50 + i] = ct > 0 ? (cb - ca) / ct : 0.0;
-        o[64 + i] = ns->lcb[i] = i ? fp_log1p_was(cb, have, ps->cb[i], ps->lcb[i]) : o[20];
-        o[74 + i] = ns->lca[i] = i ? fp_log1p_was(ca, have, ps->ca[i], ps->lca[i]) : o[30];
+        if (have && cb == ps->cb[i] && ca == ps->ca[i]) {
+            o[50 + i] = po[50 + i];
+            o[64 + i] = ns->lcb[i] = i ? ps->lcb[i] : o[20];
+            o[74 + i] = ns->lca[i] = i ? ps->lca[i] : o[30];
+        } else {
+            const double ct = cb + ca;
+            o[50 + i] = ct > 0 ? (cb - ca) / ct : 0.0;
+            o[64 + i] = ns->lcb[i] = i ? fp_log1p_was(cb, have, ps->cb[i], ps->lcb[i]) : o[20];
+            o[74 + i] = ns->lca[i] = i ? fp_log1p_was(ca, have, ps->ca[i], ps->lca[i]) : o[30];
+        }
         ns->cb[i] = cb;
         ns->ca[i] = ca;
     }
-    o[60] = (apx[0] - bpx[0]) / tick;
     const double l1 = bsz[0] + asz[0];
     const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;
     o[61] = (micro - mid) / tick;
     o[62] = o[73];
     o[63] = o[83];
-    for (int i = 0; i < L - 1; i++) {
-        o[84 + i] = (bpx[i] - bpx[i + 1]) / tick;
-        o[93 + i] = (apx[i + 1] - apx[i]) / tick;
-    }
     double lvl_mean = (fp_sum10(bsz) + fp_sum10(asz)) / (2 * L);
     if (!(lvl_mean >= 1e-12)) lvl_mean = 1e-12;
     o[252] = bsz[0] / lvl_mean;
@@ -147,13 +197,19 @@ static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_
     o[254] = (o[20 + L - 1] - o[20]) / 9;
     o[255] = (o[30 + L - 1] - o[30]) / 9;
     o[207] = fp_slog(u->trade_vol);
-    o[206] = log1p(u->trade_cnt);
+    o[206] = fp_log1p_count(u->trade_cnt);
+}
+
+static void fp_book_log1p_table(void) {
+    for (int k = 0; k < FP_BOOK_LOGN; k++) fp_book_log1pn[k] = log1p((double)k);
+    fp_book_log1p_1e4 = log1p(1e4);
 }
 
 /* the fields carried from change to change (102-205, 208-251) into the new state ns, from
  * the committed state ps (n == 0: the symbol's first book) */
 static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *ns,
-                            const fp_book_update *u, double mid, double *o) {
+                            const fp_book_update *u, double mid) {
+    double *o = ns->o;
     const int first = ps->n == 0;
     const double *pb = first ? u->bid_sz : ps->bsz, *pa = first ? u->ask_sz : ps->asz;
     /* pb, pa: the previous sizes, for the order flow; their logs are in ps->lbsz, ps->lasz */
@@ -172,7 +228,8 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
     }
     /* returns over 1..128 changes, bps: against the first change while fewer have passed */
     const int64_t t = ps->n;
-    const double lm = log(mid);
+    /* the log of an unchanged mid is the previous change's, kept in the ring */
+    const double lm = t > 0 && mid == ps->mid ? b->ring[(t - 1) & (FP_BOOK_RING - 1)] : log(mid);
     b->ring[t & (FP_BOOK_RING - 1)] = lm;
     for (int j = 0; j < FP_BOOK_HL; j++) {
         const int64_t h = (int64_t)1 << j;
@@ -183,7 +240,8 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
     o[211] = r1;
     /* trades and timing */
     const double ts = (double)u->ts_ns;
-    o[209] = log1p(first ? 0.0 : fmax((ts - ps->ts) / 1e6, 0.0));
+    const double dt_ms = first ? 0.0 : (ts - ps->ts) / 1e6;
+    o[209] = fp_log1p_count(dt_ms > 0 ? dt_ms : 0.0);
     if (u->trade_cnt > 0) {
         ns->have_trade = 1;
         const double v = u->trade_vol;
@@ -198,22 +256,26 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
     }
     o[204] = ns->have_trade ? ns->trade_sign : 0.0;
     o[205] = ns->have_trade ? ns->trade_logsz : 0.0;
-    o[208] = ns->have_trade ? log1p(fmax(ts - ns->trade_ts, 0.0) / 1e6) : log1p(1e4);
+    const double age = ts - ns->trade_ts;
+    o[208] = ns->have_trade ? log1p((age > 0 ? age : 0.0) / 1e6) : fp_book_log1p_1e4;
     ns->last_move = (first || mid != ps->mid) ? t : ps->last_move;
-    o[210] = log1p((double)(t - ns->last_move));
+    o[210] = fp_log1p_count((double)(t - ns->last_move));
     /* the EWMAs, each series from this change's fields */
     const double ofi5 = (((ofi[0] + ofi[1]) + ofi[2]) + ofi[3]) + ofi[4];
     const double x[FP_BOOK_NEW] = {o[122], fp_slog(ofi5), o[207], o[40], r1 * r1, o[60], o[61],
                                    o[62] - o[63], o[41], o[42], o[43], o[44], fabs(o[122])};
-    for (int s = 0; s < FP_BOOK_NEW; s++)
-        for (int j = 0; j < FP_BOOK_HL; j++) {
-            double e = first ? x[s] : ps->ew[s * FP_BOOK_HL + j];
-            e += fp_book_alpha[j] * (x[s] - e);
-            ns->ew[s * FP_BOOK_HL + j] = e;
+    /* series s at half-life j sits at raw field 140 + 8 s + j, past a gap of 8 from s = 8 on;
+     * the previous change's averages are the committed half's raw vector */
+    for (int s = 0; s < FP_BOOK_NEW; s++) {
+        const int at = 140 + FP_BOOK_HL * s + (s >= 8 ? 8 : 0);
+        const double xs = x[s];
+        if (first) {
+            for (int j = 0; j < FP_BOOK_HL; j++) o[at + j] = xs + fp_book_alpha[j] * (xs - xs);
+        } else {
+            const double *pe = ps->o + at;
+            for (int j = 0; j < FP_BOOK_HL; j++) o[at + j] = pe[j] + fp_book_alpha[j] * (xs - pe[j]);
         }
-    memcpy(o + 140, ns->ew, sizeof(double) * 64);
-    memcpy(o + 212, ns->ew + 64, sizeof(double) * 32);
-    memcpy(o + 244, ns->ew + 96, sizeof(double) * 8);
+    }
     memcpy(ns->bpx, u->bid_px, sizeof(ns->bpx));
     memcpy(ns->apx, u->ask_px, sizeof(ns->apx));
     memcpy(ns->bsz, u->bid_sz, sizeof(ns->bsz));
@@ -245,9 +307,9 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     }
     fp_book_state *ns = &b->st[b->cur ^ 1];
     const double mid = 0.5 * (u->bid_px[0] + u->ask_px[0]);
-    double o[FP_BOOK_RAW];
-    fp_book_static(u, ps, ns, b->tick, mid, o);
-    fp_book_carried(b, ps, ns, u, mid, o);
+    fp_book_static(u, ps, ns, b->tick, mid);
+    fp_book_carried(b, ps, ns, u, mid);
+    const double *o = ns->o;
     float *r = b->raw[b->cur ^ 1];
     int bad = 0;
     for (int i = 0; i < FP_BOOK_RAW; i++) {

@@ -4,8 +4,9 @@
  * timestamp and the trades since the symbol's previous update) -> the 256-value raw vector
  * of fastpath.lob.raw_from_book, field for field: the same formulas, in double, in the
  * same order of operations (numpy's pairwise sum where it sums ten levels), then rounded to
- * float32. The carried state (the last changed book, 13 series x 8 EWMAs, the log mids of
- * the last 128 changes, the last trade, the last mid move) is per symbol, allocated once
+ * float32. The carried state (the last changed book and its raw vector in double, which
+ * holds the 13 series x 8 EWMAs, the log mids of the last 128 changes, the last trade, the
+ * last mid move) is per symbol, allocated once
  * (fp_book_create) and written in place: nothing is allocated per update.
  *
  * The per-symbol clock is book changes: an update that leaves the visible book as it was
@@ -58,7 +59,11 @@ typedef struct {
     double lbsz[FP_BOOK_LEVELS], lasz[FP_BOOK_LEVELS]; /* log1p of its sizes (the next dlogsz) */
     double cb[FP_BOOK_LEVELS], ca[FP_BOOK_LEVELS];     /* its cumulative depths */
     double lcb[FP_BOOK_LEVELS], lca[FP_BOOK_LEVELS];   /* and their log1p */
-    double ew[FP_BOOK_NEW * FP_BOOK_HL];               /* series-major: series i, hl j at i*8+j */
+    double o[FP_BOOK_RAW];             /* the raw vector in double, before float32: the next
+                                        * update copies the fields whose inputs did not change,
+                                        * and the EWMAs (13 series x 8, fields 140-203, 212-251)
+                                        * carry on from it */
+    double tick;                       /* the tick size o was computed with */
     int64_t n;                         /* book changes so far (0: no book yet) */
     int64_t last_move;                 /* the change at which the mid last moved */
     double ts;                         /* the last change's timestamp, ns as double */

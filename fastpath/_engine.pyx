@@ -62,7 +62,7 @@ cdef extern from "fp_engine.h" nogil:
         double apx[10]
         double bsz[10]
         double asz[10]
-        double ew[104]
+        double o[256]
         int64_t n, last_move
         double ts, mid
         int have_trade
@@ -949,7 +949,8 @@ A model, its feature spec and cache, ready to step ticks.
             "last_trade": ((s.trade_sign, s.trade_logsz, int(s.trade_ts)) if s.have_trade
                            else None),
             "last_move": s.last_move,
-            "ewma": tuple(s.ew[i] for i in range(104)),
+            # series-major (series i, half-life j at i * 8 + j): raw fields 140-203, 212-251
+            "ewma": tuple(s.o[140 + i + (8 if i >= 64 else 0)] for i in range(104)),
             "raw": tuple(b.raw[b.cur][i] for i in range(256)),
         }
 

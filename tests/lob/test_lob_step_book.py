@@ -64,3 +64,24 @@ def test_book_ns_is_a_stage_of_the_tick(isa):
     lat = r.latency
     assert lat.book_ns >= 0 and lat.total_ns >= lat.book_ns
     assert eng.step(np.zeros(256, np.float32), 0, 2).latency.book_ns == 0
+
+
+def test_unchanged_inputs_and_whole_number_logs_bit_exact(isa):
+    """Fields copied from the previous change (prices still, one level's sizes moving) and log1p
+    of whole numbers on both sides of the table's end (256) give the adapter's bits."""
+    bs = lob.generate_stream(1_200, 1, seed=5)
+    # prices held for 400 changes: the mid does not move, the changes since it moved pass 256
+    for k in ("bid_px", "ask_px"):
+        getattr(bs, k)[100:500] = getattr(bs, k)[100]
+    # from row 600 on, every other update moves only level 4's sizes
+    for i in range(601, 900, 2):
+        for k in ("bid_sz", "ask_sz"):
+            row = getattr(bs, k)[i - 1].copy()
+            row[3] = getattr(bs, k)[i][3]
+            getattr(bs, k)[i] = row
+    bs.trade_cnt[[150, 151, 152, 153]] = [255, 256, 257, 1_000]
+    bs.trade_vol[[150, 151, 152, 153]] = [3.0, -2.5, 0.0, 7.0]
+    bs.ts_ns[160] = bs.ts_ns[159]                  # a zero time step
+    bs.ts_ns[161:] += 250_000                      # and a step of a fraction of a ms
+    assert (bs.trade_cnt >= 256).any()
+    _check_parity(isa, bs)
