@@ -20,6 +20,12 @@ HALF_LIVES = (1, 2, 4, 8, 16, 32, 64, 128)
 # depth, and the 32-tick EWMAs of signed trade flow and level-1 imbalance.
 WINDOW_FIELDS = (40, 54, 60, 61, 62, 63, 161, 169)
 
+# The logs of the layout. numpy's AVX-512 builds carry their own log and log1p, which may
+# differ from the C library's (what the engine's live book calls) in the last bit; the tests
+# hold the adapter to the C library's by replacing these two.
+_log1p = np.log1p
+_log = np.log
+
 
 def _state_fields() -> frozenset:
     names = field_names()
@@ -54,7 +60,7 @@ def field_names() -> list:
 
 
 def _slog(x: np.ndarray) -> np.ndarray:
-    return np.sign(x) * np.log1p(np.abs(x))
+    return np.sign(x) * _log1p(np.abs(x))
 
 
 @dataclass
@@ -153,8 +159,8 @@ def raw_from_book(bs: BookStream, progress=None) -> np.ndarray:
     bpx, apx, bsz, asz = bs.bid_px, bs.ask_px, np.maximum(bs.bid_sz, 0), np.maximum(bs.ask_sz, 0)
     out[:, 0:10] = (bpx - mid[:, None]) / tick[:, None]
     out[:, 10:20] = (apx - mid[:, None]) / tick[:, None]
-    out[:, 20:30] = np.log1p(bsz)
-    out[:, 30:40] = np.log1p(asz)
+    out[:, 20:30] = _log1p(bsz)
+    out[:, 30:40] = _log1p(asz)
     tot = bsz + asz
     out[:, 40:50] = np.where(tot > 0, (bsz - asz) / np.where(tot > 0, tot, 1), 0)
     cb, ca = np.cumsum(bsz, 1), np.cumsum(asz, 1)
@@ -166,19 +172,19 @@ def raw_from_book(bs: BookStream, progress=None) -> np.ndarray:
     micro = np.where(l1 > 0, (apx[:, 0] * bsz[:, 0] + bpx[:, 0] * asz[:, 0]) / np.where(l1 > 0, l1, 1),
                      mid)
     out[:, 61] = (micro - mid) / tick
-    out[:, 62] = np.log1p(cb[:, -1])
-    out[:, 63] = np.log1p(ca[:, -1])
-    out[:, 64:74] = np.log1p(cb)
-    out[:, 74:84] = np.log1p(ca)
+    out[:, 62] = _log1p(cb[:, -1])
+    out[:, 63] = _log1p(ca[:, -1])
+    out[:, 64:74] = _log1p(cb)
+    out[:, 74:84] = _log1p(ca)
     out[:, 84:93] = (bpx[:, :-1] - bpx[:, 1:]) / tick[:, None]
     out[:, 93:102] = (apx[:, 1:] - apx[:, :-1]) / tick[:, None]
     lvl_mean = np.maximum((bsz.sum(1) + asz.sum(1)) / (2 * LEVELS), 1e-12)
     out[:, 252] = bsz[:, 0] / lvl_mean
     out[:, 253] = asz[:, 0] / lvl_mean
-    out[:, 254] = (np.log1p(bsz[:, -1]) - np.log1p(bsz[:, 0])) / 9
-    out[:, 255] = (np.log1p(asz[:, -1]) - np.log1p(asz[:, 0])) / 9
+    out[:, 254] = (_log1p(bsz[:, -1]) - _log1p(bsz[:, 0])) / 9
+    out[:, 255] = (_log1p(asz[:, -1]) - _log1p(asz[:, 0])) / 9
     out[:, 207] = _slog(bs.trade_vol)
-    out[:, 206] = np.log1p(bs.trade_cnt)
+    out[:, 206] = _log1p(bs.trade_cnt)
 
     alphas = np.array([1 - 0.5 ** (1 / h) for h in HALF_LIVES])
     symbols = np.unique(bs.symbols)
@@ -222,14 +228,14 @@ def _per_symbol(out, rows, bs, mid, alphas) -> None:
     prev_a = np.vstack([asz[:1], asz[:-1]])
     prev_bp = np.vstack([bpx[:1], bpx[:-1]])
     prev_ap = np.vstack([apx[:1], apx[:-1]])
-    out[rows, 102:112] = np.log1p(bsz) - np.log1p(prev_b)
-    out[rows, 112:122] = np.log1p(asz) - np.log1p(prev_a)
+    out[rows, 102:112] = _log1p(bsz) - _log1p(prev_b)
+    out[rows, 112:122] = _log1p(asz) - _log1p(prev_a)
     e_b = np.where(bpx >= prev_bp, bsz, 0) - np.where(bpx <= prev_bp, prev_b, 0)
     e_a = np.where(apx <= prev_ap, asz, 0) - np.where(apx >= prev_ap, prev_a, 0)
     ofi = e_b - e_a
     out[rows, 122:132] = _slog(ofi)
     # returns over lags, bps
-    lm = np.log(md)
+    lm = _log(md)
     for j, h in enumerate(HALF_LIVES):
         past = np.concatenate([np.full(min(h, m), lm[0]), lm[:-h]]) if m > h else np.full(m, lm[0])
         out[rows, 132 + j] = (lm - past) * 1e4
@@ -238,7 +244,7 @@ def _per_symbol(out, rows, bs, mid, alphas) -> None:
     # trades and timing
     ts = bs.ts_ns[rows].astype(np.float64)
     dt_ms = np.diff(ts, prepend=ts[0]) / 1e6
-    out[rows, 209] = np.log1p(np.maximum(dt_ms, 0))
+    out[rows, 209] = _log1p(np.maximum(dt_ms, 0))
     traded = bs.trade_cnt[rows] > 0
     sign = np.sign(bs.trade_vol[rows])
     idx = np.where(traded, np.arange(m), -1)
@@ -246,11 +252,11 @@ def _per_symbol(out, rows, bs, mid, alphas) -> None:
     have = last >= 0
     lsafe = np.where(have, last, 0)
     out[rows, 204] = np.where(have, sign[lsafe], 0)
-    out[rows, 205] = np.where(have, np.log1p(bs.last_trade_sz[rows][lsafe]), 0)
-    out[rows, 208] = np.where(have, np.log1p(np.maximum(ts - ts[lsafe], 0) / 1e6), np.log1p(1e4))
+    out[rows, 205] = np.where(have, _log1p(bs.last_trade_sz[rows][lsafe]), 0)
+    out[rows, 208] = np.where(have, _log1p(np.maximum(ts - ts[lsafe], 0) / 1e6), _log1p(1e4))
     moved = np.concatenate([[True], md[1:] != md[:-1]])
     lastmove = np.maximum.accumulate(np.where(moved, np.arange(m), 0))
-    out[rows, 210] = np.log1p(np.arange(m) - lastmove)
+    out[rows, 210] = _log1p(np.arange(m) - lastmove)
     # exponentially weighted averages, all series at once
     base = np.column_stack([
         out[rows, 122], _slog(ofi[:, :5].sum(1)), out[rows, 207], out[rows, 40], r1 * r1,

@@ -1,8 +1,11 @@
 """Replaying a fastpath.lob.BookStream update by update through Engine.step_book, and the
 engine built for it (the demo model, which reads the 256-value raw vector)."""
+import math
+
 import numpy as np
 
 from fastpath import Engine
+from fastpath.lob import adapter
 from fastpath._build import DEMO_MODEL
 from helpers.builders import engine_cfg
 
@@ -59,3 +62,20 @@ def replay_raw(eng, bs, raws):
         r = eng.step(raws[i], int(bs.symbols[i]), int(bs.ts_ns[i]))
         sig[i], conf[i], cached[i] = r.signal, r.confidence, r.cached
     return sig, conf, cached
+
+
+def _libm(fn):
+    uf = np.frompyfunc(fn, 1, 1)
+    return lambda x: np.asarray(uf(np.asarray(x, np.float64)), np.float64)[()]
+
+
+def raw_from_book_libm(bs):
+    """fastpath.lob.raw_from_book with the C library's log and log1p (Python's math module
+    calls them), the functions the engine's live book calls: numpy's own, on an AVX-512
+    build, may differ from them in the last bit."""
+    saved = adapter._log1p, adapter._log
+    adapter._log1p, adapter._log = _libm(math.log1p), _libm(math.log)
+    try:
+        return adapter.raw_from_book(bs)
+    finally:
+        adapter._log1p, adapter._log = saved
