@@ -78,30 +78,8 @@ tar xzf "$DEST"/sdist/pycuda-*.tar.gz -C "$SRC" --strip-components=1
     --no-cuda-enable-curand >>"$LOG" 2>&1)
 # --no-as-needed keeps libcuda.so.1 as a dependency of _driver (the stub resolves the link;
 # the device's driver is the libcuda.so.1 loaded at import)
-# setuptools compiles one file at a time; pycuda's _driver is ~40 C++ files: compile them
-# concurrently, link as usual
-cat >"$DEST/build/psetup.py" <<'PYEOF'
-import sys
-from multiprocessing.pool import ThreadPool
-from setuptools._distutils import ccompiler
-
-jobs = int(sys.argv.pop(1))
-serial = ccompiler.CCompiler.compile
-
-
-def parallel_compile(self, sources, *args, **kw):
-    with ThreadPool(jobs) as pool:
-        objs = pool.map(lambda src: serial(self, [src], *args, **kw), sources)
-    return [o for group in objs for o in group]
-
-
-ccompiler.CCompiler.compile = parallel_compile
-sys.argv[0] = "setup.py"
-sys.path.insert(0, "")
-with open("setup.py") as f:
-    exec(compile(f.read(), "setup.py", "exec"), {"__name__": "__main__", "__file__": "setup.py"})
-PYEOF
-(cd "$SRC" && LDFLAGS="-Wl,--no-as-needed" "$VPY" "$DEST/build/psetup.py" "$JOBS" \
+# pycuda's ~40 C++ files compiled concurrently (bench/gpu_psetup.py), linked as usual
+(cd "$SRC" && LDFLAGS="-Wl,--no-as-needed" "$VPY" "$ROOT/bench/gpu_psetup.py" "$JOBS" \
     bdist_wheel -d "$DEST/wheels" >>"$LOG" 2>&1)
 ls "$DEST"/wheels/pycuda-*-cp312-*.whl >/dev/null
 

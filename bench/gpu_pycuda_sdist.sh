@@ -3,6 +3,7 @@
 # to the host's own libcuda.so.1, into WORK/pycuda (the fallback of gpu_device_run.sh when
 # the prebuilt wheel does not import). Needs nvcc's CUDA headers, numpy and setuptools.
 set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SDIST="$1"
 WORK="$2"
 PY="${PY:-python3}"
@@ -20,27 +21,7 @@ real="$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')"
 ln -sf "$real" "$LIBDIR/libcuda.so"
 cd "$WORK/pycuda"
 "$PY" configure.py --cuda-root="$CUDA_ROOT" --cudadrv-lib-dir="$LIBDIR" --no-cuda-enable-curand
-# setuptools compiles one file at a time; pycuda's _driver is ~40 C++ files
-LDFLAGS="-Wl,--no-as-needed" "$PY" - "$JOBS" <<'PYEOF'
-import sys
-from multiprocessing.pool import ThreadPool
-from setuptools._distutils import ccompiler
-
-jobs = int(sys.argv[1])
-serial = ccompiler.CCompiler.compile
-
-
-def parallel_compile(self, sources, *args, **kw):
-    with ThreadPool(jobs) as pool:
-        objs = pool.map(lambda src: serial(self, [src], *args, **kw), sources)
-    return [o for group in objs for o in group]
-
-
-ccompiler.CCompiler.compile = parallel_compile
-sys.argv = ["setup.py", "build_ext", "--inplace"]
-sys.path.insert(0, "")
-with open("setup.py") as f:
-    exec(compile(f.read(), "setup.py", "exec"), {"__name__": "__main__", "__file__": "setup.py"})
-PYEOF
+# pycuda's ~40 C++ files compiled concurrently, linked as usual
+LDFLAGS="-Wl,--no-as-needed" "$PY" "$HERE/gpu_psetup.py" "$JOBS" build_ext --inplace
 cd "$WORK" && PYTHONPATH="$WORK/pycuda${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
     "import pycuda.driver as c; c.init(); print('pycuda (sdist)', c.get_version(), c.Device(0).name())"

@@ -99,3 +99,28 @@ def test_smoke_says_which_path_failed(tmp_path, monkeypatch, fake_fatbin):
     r = json.loads((tmp_path / "gpu-smoke.json").read_text())
     assert r["launch"]["ok"] and not r["persistent"]["ok"] and not r["ok"]
     assert "did not start" in r["persistent"]["error"]
+
+
+def test_psetup_builds_an_extension_from_several_sources(tmp_path):
+    """gpu_psetup.py compiles every source of an extension (concurrently) and links them."""
+    (tmp_path / "a.c").write_text("int fp_a(void) { return 40; }\n")
+    (tmp_path / "b.c").write_text("int fp_b(void) { return 2; }\n")
+    (tmp_path / "t.c").write_text(
+        "#include <Python.h>\nint fp_a(void); int fp_b(void);\n"
+        "static PyObject *answer(PyObject *s, PyObject *a) { return PyLong_FromLong(fp_a() + fp_b()); }\n"
+        "static PyMethodDef ms[] = {{\"answer\", answer, METH_NOARGS, 0}, {0}};\n"
+        "static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, \"t\", 0, -1, ms};\n"
+        "PyMODINIT_FUNC PyInit_t(void) { return PyModule_Create(&m); }\n")
+    (tmp_path / "setup.py").write_text(
+        "from setuptools import setup, Extension\n"
+        "setup(name='t', ext_modules=[Extension('t', ['t.c', 'a.c', 'b.c'])])\n")
+    shim = os.path.join(ROOT, "bench", "gpu_psetup.py")
+    r = subprocess.run([sys.executable, shim, "3", "build_ext", "--inplace"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-c", "import t; print(t.answer())"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "42", r.stderr
+    r = subprocess.run([sys.executable, shim, "zero", "build_ext"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "JOBS a whole number" in r.stderr
