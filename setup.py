@@ -4,7 +4,8 @@ Cython modules linked against it (_engine, _kernels, _serve, gpu._protocol, gpu.
 No -march=native and no global -mavx2: AVX2/FMA kernels carry target
 attributes and are chosen at run time (csrc/fp_simd.c).
 FASTPATH_SANITIZE=1 builds with -fsanitize=address,undefined;
-FASTPATH_DEBUG=1 turns Cython bounds checks back on and keeps C asserts.
+FASTPATH_DEBUG=1 turns Cython bounds checks back on and keeps C asserts;
+FASTPATH_COVERAGE=1 builds with gcov instrumentation (docs/development.md, "Coverage").
 """
 import glob
 import os
@@ -15,6 +16,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 sanitize = os.environ.get("FASTPATH_SANITIZE", "") == "1"
+coverage = os.environ.get("FASTPATH_COVERAGE", "") == "1"
 debug = os.environ.get("FASTPATH_DEBUG", "") == "1" or sanitize
 
 cflags = ["-std=gnu11", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
@@ -23,6 +25,9 @@ if sanitize:
     cflags += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                "-fno-sanitize-recover=undefined"]
     ldflags += ["-fsanitize=address,undefined"]
+elif coverage:
+    cflags += ["-O1", "-g", "--coverage"]
+    ldflags += ["--coverage"]
 else:
     # each function on its own cache line, so an edit elsewhere cannot shift a hot kernel's
     # loops across line boundaries (and its timing with them)
