@@ -6,9 +6,13 @@ import numpy as np
 
 
 def ort_runner(path):
-    """onnxruntime's InferenceSession for the file, on the CPU provider."""
+    """onnxruntime's InferenceSession for the file, on the CPU provider with one thread (its
+    default pool spins on every core, and waits on a core another process holds)."""
     import onnxruntime as ort
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def ort_run(path, x, output=None, fallback=0):

@@ -12,6 +12,7 @@ import fastpath
 from fastpath import FeatureSpec, InputError, Layer, Model, ModelError
 from fastpath.model import Head
 from helpers.builders import strip_fastpath_record
+from helpers.oracle import ort_runner
 
 
 def _mlp(acts=("relu", "identity"), dims=(3, 4, 2), post="none", seed=0):
@@ -143,12 +144,12 @@ def test_to_onnx_of_an_activated_last_layer_reads_back(post, act, dims, tmp_path
     it (Relu then Softmax, as torch exports Linear -> ReLU -> Softmax); from_onnx refused the
     file ("Softmax ... must come right after the last dense layer", "Sigmoid ... only one
     activation per layer"). Read back, the model is the one written."""
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     m = _mlp(acts=("tanh", act), dims=dims, post=post, seed=3)
     p = str(tmp_path / "m.onnx")
     m.to_onnx(p)
     x = (np.random.default_rng(4).normal(size=(16, dims[0])) * 2).astype(np.float32)
-    s = ort.InferenceSession(p, providers=["CPUExecutionProvider"])
+    s = ort_runner(p)
     want = s.run(None, {"features": x})[0]
     np.testing.assert_allclose(m.forward(x), want, rtol=1e-5, atol=1e-6)
     back = Model.from_onnx(p)
@@ -163,7 +164,7 @@ def test_sigmoid_after_an_activation_is_logistic2_only_with_its_tail(tmp_path):
     to_onnx's) reads as a tanh layer and a logistic2 post, answering what onnxruntime
     answers; a bare second activation (Tanh -> Sigmoid) is still refused."""
     onnx = pytest.importorskip("onnx")
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
     inits = [numpy_helper.from_array(np.array([[0.5, -1.0, 2.0]], np.float32), "W"),
              numpy_helper.from_array(np.array([0.25], np.float32), "B"),
@@ -186,7 +187,7 @@ def test_sigmoid_after_an_activation_is_logistic2_only_with_its_tail(tmp_path):
     m = Model.from_onnx(p)
     assert m.post == "logistic2" and [l.activation for l in m.layers] == ["tanh"]
     x = np.random.default_rng(5).normal(size=(8, 3)).astype(np.float32)
-    want = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort_runner(p).run(None, {"x": x})[0]
     np.testing.assert_allclose(m.forward(x), want, rtol=1e-6, atol=1e-7)
     with pytest.raises(ModelError, match="only one activation per layer"):
         Model.from_onnx(save(head, 1, "p", "two.onnx"))

@@ -7,6 +7,7 @@ import pytest
 from fastpath import Engine, ModelError
 from fastpath.model import Head, Model
 from helpers.builders import engine_cfg
+from helpers.oracle import ort_runner
 
 F = np.float32
 
@@ -38,7 +39,7 @@ def _tree_after(path, lead_nodes, consts, threshold):
 
 
 def _ort(path, x):
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    s = ort_runner(path)
     return s.run(None, {"x": np.asarray([[x]], F)})[0][0]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 import fastpath
 from fastpath import Engine, Model
+from helpers.oracle import ort_runner
 from helpers.paths import (assert_same, batch_greedy, cfg, F, _fs, good_rows, make_stream, POLICY,
                            run_ticks, SERVE, unique_name)
 
@@ -15,7 +16,7 @@ from helpers.paths import (assert_same, batch_greedy, cfg, F, _fs, good_rows, ma
 @pytest.mark.parametrize("est", ["gb3", "rf_reg"])
 def test_sklearn_forest_through_every_path(est, tmp_path):
     pytest.importorskip("skl2onnx")
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from sklearn.ensemble import GradientBoostingClassifier, RandomForestRegressor
     from helpers.models import _skl
     rng = np.random.default_rng(18)
@@ -53,7 +54,7 @@ def test_sklearn_forest_through_every_path(est, tmp_path):
         sig_e.append(r.signal)
         conf_e.append(r.confidence)
     np.testing.assert_allclose(Xe, X, rtol=1e-5, atol=1e-5)
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    s = ort_runner(path)
     outs = s.run(None, {s.get_inputs()[0].name: Xe})
     names = [o.name for o in s.get_outputs()]
     ref = np.asarray(outs[names.index("probabilities") if "probabilities" in names else -1],
