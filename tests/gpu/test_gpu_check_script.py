@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from fastpath.gpu import _backend as B, gpu_status
+from fastpath.gpu import GpuBackend, _backend as B, gpu_status
 
 from helpers.fake_cuda import FakeCuda, FakeFunction, OccCuda, ROOT, _fake_pycuda, _gpu_check
 
@@ -65,6 +65,14 @@ def test_gpu_check_report_on_stand_in(tmp_path, monkeypatch, fake_fatbin):
 def test_gpu_check_records_a_broken_path_and_goes_on(tmp_path, monkeypatch, fake_fatbin):
     cu = FakeCuda(kernel_mode="never_starts")      # the persistent kernel never comes up
     _fake_pycuda(monkeypatch, cu)
+    # every start waits out its deadline: 0.1 s, not the default 1 s, before it fails
+    made = GpuBackend.__init__
+
+    def quick(self, *a, timeout_ns=100_000_000, **kw):
+        made(self, *a, timeout_ns=timeout_ns, **kw)
+
+    monkeypatch.setattr(GpuBackend, "__init__", quick)
+    monkeypatch.setattr(B, "DEFAULT_TIMEOUT_NS", 100_000_000)
     monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: None)
     gc = _gpu_check()
     monkeypatch.setattr(gc, "MODELS", [(256, 256, 2)])
