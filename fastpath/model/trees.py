@@ -102,6 +102,69 @@ def _split_thresholds(t64: np.ndarray, mode: np.ndarray, off: np.ndarray) -> np.
     return out
 
 
+def _tree_depths(off: np.ndarray, inner: np.ndarray, tc: np.ndarray, fc: np.ndarray) -> np.ndarray:
+    """Each tree's depth, once its shape is known good: from each root every node exactly
+    once, children inside the tree, no deeper than MAX_DEPTH. All trees at once, one numpy
+    pass per level; a bad shape is named by the walk of _shape_error."""
+    n_trees = off.size - 1
+    tree = np.repeat(np.arange(n_trees), np.diff(off))
+    size = np.diff(off)[tree]
+    ok = True
+    kids = []
+    for c in (tc, fc):
+        ci = c[inner].astype(np.int64)
+        ok &= bool(np.all((ci >= 0) & (ci < size[inner])))
+        kids.append(ci)
+    if ok:
+        parents = np.concatenate(kids) + np.concatenate([off[:-1][tree[inner]]] * 2)
+        indeg = np.bincount(parents, minlength=int(off[-1]))
+        roots = off[:-1]
+        # a root no one points at and one parent for every other node: then the walk from
+        # the roots meets each node at most once, and it meets them all iff no cycle is left
+        ok = not indeg[roots].any() and int(np.count_nonzero(indeg == 1)) == int(off[-1]) - n_trees
+    if ok:
+        level = np.full(int(off[-1]), -1, np.int64)
+        front, d = roots.astype(np.int64), 0
+        tcg = np.where(inner, tc.astype(np.int64) + off[:-1][tree], -1)
+        fcg = np.where(inner, fc.astype(np.int64) + off[:-1][tree], -1)
+        while front.size and d <= MAX_DEPTH:
+            level[front] = d
+            front = front[inner[front]]
+            front = np.concatenate([tcg[front], fcg[front]])
+            d += 1
+        ok = not front.size and bool(np.all(level >= 0))
+    if not ok:
+        _shape_error(off, inner, tc, fc)
+    return np.maximum.reduceat(level, off[:-1].astype(np.int64))
+
+
+def _shape_error(off: np.ndarray, inner: np.ndarray, tc: np.ndarray, fc: np.ndarray) -> None:
+    """Walk each tree from its root and raise a ModelError naming the first tree and node
+    whose shape is wrong."""
+    for t in range(off.size - 1):
+        lo, hi = int(off[t]), int(off[t + 1])
+        seen = np.zeros(hi - lo, bool)
+        stack = [(0, 0)]
+        while stack:
+            i, d = stack.pop()
+            if i < 0 or i >= hi - lo:
+                raise ModelError(f"tree {t}: a child index {i} is outside the tree's "
+                                 f"{hi - lo} nodes (a missing node)")
+            if seen[i]:
+                raise ModelError(f"tree {t}: node {i} is reached twice (a cycle or a shared "
+                                 f"child); a tree needs one path to each node")
+            seen[i] = True
+            if d > MAX_DEPTH:
+                raise ModelError(f"tree {t} is deeper than {MAX_DEPTH}")
+            if inner[lo + i]:
+                stack.append((int(fc[lo + i]), d + 1))
+                stack.append((int(tc[lo + i]), d + 1))
+        if not seen.all():
+            raise ModelError(f"tree {t}: node {int(np.flatnonzero(~seen)[0])} cannot be "
+                             f"reached from the root")
+    raise AssertionError("_shape_error found no defect in a shape the level pass refused")
+
+
 @dataclass(frozen=True, eq=False)
 class TreeEnsemble:
     """A tree ensemble over n_features inputs with n_targets outputs (regressor targets or
@@ -233,31 +296,7 @@ class TreeEnsemble:
         if wn.size and np.any(inner[wn]):
             t, i = self._where(off, int(wn[np.flatnonzero(inner[wn])[0]]))
             raise ModelError(f"tree {t} node {i} is a split but carries a leaf weight")
-        # shape: from each root every node exactly once, children inside the tree
-        depth = np.zeros(off.size - 1, np.int64)
-        for t in range(off.size - 1):
-            lo, hi = int(off[t]), int(off[t + 1])
-            seen = np.zeros(hi - lo, bool)
-            stack = [(0, 0)]
-            while stack:
-                i, d = stack.pop()
-                if d > depth[t]:
-                    depth[t] = d
-                if i < 0 or i >= hi - lo:
-                    raise ModelError(f"tree {t}: a child index {i} is outside the tree's "
-                                     f"{hi - lo} nodes (a missing node)")
-                if seen[i]:
-                    raise ModelError(f"tree {t}: node {i} is reached twice (a cycle or a shared "
-                                     f"child); a tree needs one path to each node")
-                seen[i] = True
-                if d > MAX_DEPTH:
-                    raise ModelError(f"tree {t} is deeper than {MAX_DEPTH}")
-                if inner[lo + i]:
-                    stack.append((int(fc[lo + i]), d + 1))
-                    stack.append((int(tc[lo + i]), d + 1))
-            if not seen.all():
-                raise ModelError(f"tree {t}: node {int(np.flatnonzero(~seen)[0])} cannot be "
-                                 f"reached from the root")
+        depth = _tree_depths(off, inner, tc, fc)
         if self.classifier:
             if self.n_targets < 2:
                 raise ModelError("a tree classifier needs at least 2 classes")
