@@ -15,11 +15,13 @@
 /* 1 - 0.5 ** (1 / h), h = 1, 2, 4, ..., 128: Python's float arithmetic, as the adapter's */
 static double fp_book_alpha[FP_BOOK_HL];
 
-static void fp_book_log1p_table(void);
+/* y = log1p(x), value by value from libm: a book's log1p until a kernel set's is given */
+static void fp_book_log1p_libm(const double *x, double *y, int n) {
+    for (int i = 0; i < n; i++) y[i] = log1p(x[i]);
+}
 
 static void fp_book_alphas(void) {
     for (int j = 0; j < FP_BOOK_HL; j++) fp_book_alpha[j] = 1.0 - pow(0.5, 1.0 / (double)(1 << j));
-    fp_book_log1p_table();
 }
 
 fp_book *fp_book_create(double tick) {
@@ -37,8 +39,15 @@ fp_book *fp_book_create(double tick) {
     memset(b->raw[0], 0, raw_bytes);
     memset(b->raw[1], 0, raw_bytes);
     b->tick = tick;
+    b->log1p = fp_book_log1p_libm;
     if (fp_book_alpha[0] == 0.0) fp_book_alphas();
     return b;
+}
+
+void fp_book_set_log1p(fp_book *b, void (*log1p)(const double *x, double *y, int n)) {
+    static int fused = -1;            /* the probe's answer, the same for every book */
+    if (fused < 0) fused = fp_log1p_libm_fused();
+    b->log1p = fused && log1p ? log1p : fp_book_log1p_libm;
 }
 
 void fp_book_free(fp_book *b) {
@@ -98,32 +107,24 @@ static int fp_book_check(const fp_book_update *u, int *where) {
     return FP_BOOK_OK;
 }
 
-/* log1p of the small whole numbers (trade counts, ticks since the mid moved), from libm
- * itself at the first book: the same values as the calls they replace */
-#define FP_BOOK_LOGN 256
-static double fp_book_log1pn[FP_BOOK_LOGN];
-static double fp_book_log1p_1e4;
-
-/* log1p(x) for x >= 0 or NaN: the table for a small whole x, else libm */
-static inline double fp_log1p_count(double x) {
-    if (x >= 0 && x < FP_BOOK_LOGN) {
-        const int k = (int)x;
-        if ((double)k == x) return fp_book_log1pn[k];
+/* the log1p of an unchanged input, kept in the committed state, else a slot in the batch
+ * (x[*m], to be written at *dst) the next log1p call fills: log1p is a function, so the
+ * reuse is exact, and most updates change few levels of a ten-level book */
+static inline void fp_log1p_or_queue(double v, int have, double was_v, double was_log,
+                                     double *dst, double *x, double **dsts, int *m) {
+    if (have && v == was_v) {
+        *dst = was_log;
+    } else {
+        x[*m] = v;
+        dsts[(*m)++] = dst;
     }
-    return log1p(x);
 }
 
-/* np.sign(x) * np.log1p(np.abs(x)); 0 needs no call (0 * log1p(0) is +0) */
-static inline double fp_slog(double x) {
+/* np.sign(x) * l, l = np.log1p(np.abs(x)); 0 for x = 0 (0 * log1p(0) is +0) */
+static inline double fp_slog(double x, double l) {
     if (x == 0) return 0.0;
     const double s = x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
-    return s * log1p(fabs(x));
-}
-
-/* log1p(x), or the value kept for x when x is the value it was kept for: log1p is a function,
- * so the reuse is exact, and most updates change few levels of a ten-level book */
-static inline double fp_log1p_was(double x, int have, double was_x, double was_log) {
-    return have && x == was_x ? was_log : log1p(x);
+    return s * l;
 }
 
 /* the fields of one book's prices alone (offsets from the mid, spread, gaps), in ticks */
@@ -140,12 +141,14 @@ static void fp_book_prices(const fp_book_update *u, double tick, double mid, dou
     }
 }
 
-/* the fields of one book alone (no history): 0-101, 206-207, 252-255 into ns->o; a field whose
+/* the fields of one book alone (no history): 0-101, 252-255 into ns->o; a field whose
  * inputs equal the committed state ps's (same prices and tick, same sizes at a level, same
- * cumulative depths) is copied from ps->o, which is exact: the same inputs, the same formula */
-static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_book_state *ns,
-                           double tick, double mid) {
+ * cumulative depths) is copied from ps->o, which is exact: the same inputs, the same formula.
+ * The log1p of every size and depth that changed is one batch call. */
+static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_book_state *ps,
+                           fp_book_state *ns, double mid) {
     const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
+    const double tick = b->tick;
     const int have = ps->n > 0;
     const double *po = ps->o;
     double *o = ns->o;
@@ -158,15 +161,16 @@ static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_
         fp_book_prices(u, tick, mid, o);
     }
     ns->tick = tick;
+    double lx[4 * L], ly[4 * L], *dst[4 * L];
+    int m = 0;
     double cb = 0, ca = 0;
     for (int i = 0; i < L; i++) {
-        if (have && bsz[i] == ps->bsz[i] && asz[i] == ps->asz[i]) {
-            o[20 + i] = ns->lbsz[i] = ps->lbsz[i];
-            o[30 + i] = ns->lasz[i] = ps->lasz[i];
+        const int same = have && bsz[i] == ps->bsz[i] && asz[i] == ps->asz[i];
+        fp_log1p_or_queue(bsz[i], have, ps->bsz[i], ps->lbsz[i], &ns->lbsz[i], lx, dst, &m);
+        fp_log1p_or_queue(asz[i], have, ps->asz[i], ps->lasz[i], &ns->lasz[i], lx, dst, &m);
+        if (same) {
             o[40 + i] = po[40 + i];
         } else {
-            o[20 + i] = ns->lbsz[i] = fp_log1p_was(bsz[i], have, ps->bsz[i], ps->lbsz[i]);
-            o[30 + i] = ns->lasz[i] = fp_log1p_was(asz[i], have, ps->asz[i], ps->lasz[i]);
             const double tot = bsz[i] + asz[i];
             o[40 + i] = tot > 0 ? (bsz[i] - asz[i]) / tot : 0.0;
         }
@@ -174,17 +178,25 @@ static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_
         ca = i ? ca + asz[i] : asz[i];
         if (have && cb == ps->cb[i] && ca == ps->ca[i]) {
             o[50 + i] = po[50 + i];
-            o[64 + i] = ns->lcb[i] = i ? ps->lcb[i] : o[20];
-            o[74 + i] = ns->lca[i] = i ? ps->lca[i] : o[30];
         } else {
             const double ct = cb + ca;
             o[50 + i] = ct > 0 ? (cb - ca) / ct : 0.0;
-            o[64 + i] = ns->lcb[i] = i ? fp_log1p_was(cb, have, ps->cb[i], ps->lcb[i]) : o[20];
-            o[74 + i] = ns->lca[i] = i ? fp_log1p_was(ca, have, ps->ca[i], ps->lca[i]) : o[30];
+        }
+        if (i) {
+            fp_log1p_or_queue(cb, have, ps->cb[i], ps->lcb[i], &ns->lcb[i], lx, dst, &m);
+            fp_log1p_or_queue(ca, have, ps->ca[i], ps->lca[i], &ns->lca[i], lx, dst, &m);
         }
         ns->cb[i] = cb;
         ns->ca[i] = ca;
     }
+    if (m) b->log1p(lx, ly, m);
+    for (int j = 0; j < m; j++) *dst[j] = ly[j];
+    ns->lcb[0] = ns->lbsz[0];
+    ns->lca[0] = ns->lasz[0];
+    memcpy(o + 20, ns->lbsz, sizeof(double) * L);
+    memcpy(o + 30, ns->lasz, sizeof(double) * L);
+    memcpy(o + 64, ns->lcb, sizeof(double) * L);
+    memcpy(o + 74, ns->lca, sizeof(double) * L);
     const double l1 = bsz[0] + asz[0];
     const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;
     o[61] = (micro - mid) / tick;
@@ -196,17 +208,11 @@ static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_
     o[253] = asz[0] / lvl_mean;
     o[254] = (o[20 + L - 1] - o[20]) / 9;
     o[255] = (o[30 + L - 1] - o[30]) / 9;
-    o[207] = fp_slog(u->trade_vol);
-    o[206] = fp_log1p_count(u->trade_cnt);
 }
 
-static void fp_book_log1p_table(void) {
-    for (int k = 0; k < FP_BOOK_LOGN; k++) fp_book_log1pn[k] = log1p((double)k);
-    fp_book_log1p_1e4 = log1p(1e4);
-}
-
-/* the fields carried from change to change (102-205, 208-251) into the new state ns, from
- * the committed state ps (n == 0: the symbol's first book) */
+/* the fields carried from change to change and the trade fields (102-251) into the new
+ * state ns, from the committed state ps (n == 0: the symbol's first book); their log1p are
+ * one batch call */
 static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *ns,
                             const fp_book_update *u, double mid) {
     double *o = ns->o;
@@ -214,6 +220,10 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
     const double *pb = first ? u->bid_sz : ps->bsz, *pa = first ? u->ask_sz : ps->asz;
     /* pb, pa: the previous sizes, for the order flow; their logs are in ps->lbsz, ps->lasz */
     const double *pbp = first ? u->bid_px : ps->bpx, *pap = first ? u->ask_px : ps->apx;
+    /* the log1p batch: |ofi| per level, |ofi over 5 levels|, |trade volume|, trade count,
+     * ms since the last change, changes since the mid moved, last trade size, its age */
+    enum { LV5 = L, LVOL, LCNT, LDT, LMOVE, LTSZ, LAGE, LN };
+    double lx[LN], ly[LN];
     double ofi[L];
     for (int i = 0; i < L; i++) {
         const double bs = u->bid_sz[i], as = u->ask_sz[i], bp = u->bid_px[i], ap = u->ask_px[i];
@@ -224,8 +234,12 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
         const double e_b = (bp >= pbp[i] ? bs : 0.0) - (bp <= pbp[i] ? pb[i] : 0.0);
         const double e_a = (ap <= pap[i] ? as : 0.0) - (ap >= pap[i] ? pa[i] : 0.0);
         ofi[i] = e_b - e_a;
-        o[122 + i] = fp_slog(ofi[i]);
+        lx[i] = fabs(ofi[i]);
     }
+    const double ofi5 = (((ofi[0] + ofi[1]) + ofi[2]) + ofi[3]) + ofi[4];
+    lx[LV5] = fabs(ofi5);
+    lx[LVOL] = fabs(u->trade_vol);
+    lx[LCNT] = u->trade_cnt;
     /* returns over 1..128 changes, bps: against the first change while fewer have passed */
     const int64_t t = ps->n;
     /* the log of an unchanged mid is the previous change's, kept in the ring */
@@ -241,28 +255,35 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
     /* trades and timing */
     const double ts = (double)u->ts_ns;
     const double dt_ms = first ? 0.0 : (ts - ps->ts) / 1e6;
-    o[209] = fp_log1p_count(dt_ms > 0 ? dt_ms : 0.0);
-    if (u->trade_cnt > 0) {
-        ns->have_trade = 1;
+    lx[LDT] = dt_ms > 0 ? dt_ms : 0.0;
+    const int trade = u->trade_cnt > 0;
+    ns->have_trade = trade ? 1 : ps->have_trade;
+    ns->trade_ts = trade ? ts : ps->trade_ts;
+    lx[LTSZ] = u->last_trade_sz;
+    const double age = ts - ns->trade_ts;
+    /* no trade yet: the adapter's 1e4 ms */
+    lx[LAGE] = ns->have_trade ? (age > 0 ? age : 0.0) / 1e6 : 1e4;
+    ns->last_move = (first || mid != ps->mid) ? t : ps->last_move;
+    lx[LMOVE] = (double)(t - ns->last_move);
+    b->log1p(lx, ly, LN);
+    for (int i = 0; i < L; i++) o[122 + i] = fp_slog(ofi[i], ly[i]);
+    o[206] = ly[LCNT];
+    o[207] = fp_slog(u->trade_vol, ly[LVOL]);
+    o[209] = ly[LDT];
+    if (trade) {
         const double v = u->trade_vol;
         ns->trade_sign = v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0;
-        ns->trade_logsz = log1p(u->last_trade_sz);
-        ns->trade_ts = ts;
+        ns->trade_logsz = ly[LTSZ];
     } else {
-        ns->have_trade = ps->have_trade;
         ns->trade_sign = ps->trade_sign;
         ns->trade_logsz = ps->trade_logsz;
-        ns->trade_ts = ps->trade_ts;
     }
     o[204] = ns->have_trade ? ns->trade_sign : 0.0;
     o[205] = ns->have_trade ? ns->trade_logsz : 0.0;
-    const double age = ts - ns->trade_ts;
-    o[208] = ns->have_trade ? log1p((age > 0 ? age : 0.0) / 1e6) : fp_book_log1p_1e4;
-    ns->last_move = (first || mid != ps->mid) ? t : ps->last_move;
-    o[210] = fp_log1p_count((double)(t - ns->last_move));
+    o[208] = ly[LAGE];
+    o[210] = ly[LMOVE];
     /* the EWMAs, each series from this change's fields */
-    const double ofi5 = (((ofi[0] + ofi[1]) + ofi[2]) + ofi[3]) + ofi[4];
-    const double x[FP_BOOK_NEW] = {o[122], fp_slog(ofi5), o[207], o[40], r1 * r1, o[60], o[61],
+    const double x[FP_BOOK_NEW] = {o[122], fp_slog(ofi5, ly[LV5]), o[207], o[40], r1 * r1, o[60], o[61],
                                    o[62] - o[63], o[41], o[42], o[43], o[44], fabs(o[122])};
     /* series s at half-life j sits at raw field 140 + 8 s + j, past a gap of 8 from s = 8 on;
      * the previous change's averages are the committed half's raw vector */
@@ -307,7 +328,7 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     }
     fp_book_state *ns = &b->st[b->cur ^ 1];
     const double mid = 0.5 * (u->bid_px[0] + u->ask_px[0]);
-    fp_book_static(u, ps, ns, b->tick, mid);
+    fp_book_static(b, u, ps, ns, mid);
     fp_book_carried(b, ps, ns, u, mid);
     const double *o = ns->o;
     float *r = b->raw[b->cur ^ 1];

@@ -79,11 +79,15 @@ typedef struct fp_book {
     double tick;                       /* tick size, > 0 */
     int cur;                           /* the half that holds the committed state */
     int pending;                       /* the last fp_book_compute wrote the spare half */
+    void (*log1p)(const double *x, double *y, int n);  /* y = log1p(x): libm's, bit for bit */
 } fp_book;
 
 /* a book for one symbol with this tick size (finite, > 0), empty; NULL when out of memory */
 fp_book *fp_book_create(double tick);
 void fp_book_free(fp_book *b);
+/* the batch log1p the book calls (a kernel set's log1p, fp_simd.h), where this host's C
+ * library gives the same bits (fp_log1p_libm_fused); else it keeps libm's, value by value */
+void fp_book_set_log1p(fp_book *b, void (*log1p)(const double *x, double *y, int n));
 /* forget every update (a halt, a feed gap); the tick size stays */
 void fp_book_clear(fp_book *b);
 
