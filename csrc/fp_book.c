@@ -47,7 +47,9 @@ fp_book *fp_book_create(double tick) {
 void fp_book_set_log1p(fp_book *b, void (*log1p)(const double *x, double *y, int n)) {
     static int fused = -1;            /* the probe's answer, the same for every book */
     if (fused < 0) fused = fp_log1p_libm_fused();
-    b->log1p = fused && log1p ? log1p : fp_book_log1p_libm;
+    /* the scalar twin runs each fusion through libm's fma() (no FMA instruction in the scalar
+     * set): libm's log1p itself gives the same bits sooner */
+    b->log1p = fused && log1p && log1p != fp_kernels_scalar.log1p ? log1p : fp_book_log1p_libm;
 }
 
 void fp_book_free(fp_book *b) {
@@ -107,17 +109,39 @@ static int fp_book_check(const fp_book_update *u, int *where) {
     return FP_BOOK_OK;
 }
 
-/* the log1p of an unchanged input, kept in the committed state, else a slot in the batch
- * (x[*m], to be written at *dst) the next log1p call fills: log1p is a function, so the
- * reuse is exact, and most updates change few levels of a ten-level book */
-static inline void fp_log1p_or_queue(double v, int have, double was_v, double was_log,
-                                     double *dst, double *x, double **dsts, int *m) {
-    if (have && v == was_v) {
-        *dst = was_log;
+/* the inputs of one update's log1p, computed in one batch call (fp_logq_run) and written
+ * where each is wanted: up to 38 sizes and depths and 17 flow, trade and timing fields */
+#define FP_LOGQ_MAX 64
+typedef struct {
+    double x[FP_LOGQ_MAX], y[FP_LOGQ_MAX];
+    double *dst[FP_LOGQ_MAX];
+    int m;
+} fp_logq;
+
+/* log1p(v) into *dst at the next fp_logq_run; v = +-0 needs no call (log1p(+-0) is v) */
+static inline void fp_logq_put(fp_logq *q, double v, double *dst) {
+    if (v == 0) {
+        *dst = v;
     } else {
-        x[*m] = v;
-        dsts[(*m)++] = dst;
+        q->x[q->m] = v;
+        q->dst[q->m++] = dst;
     }
+}
+
+/* log1p(v) into *dst: the log kept for was_v when v is it (log1p is a function, so the reuse
+ * is exact, and most updates change few levels of a ten-level book), else queued */
+static inline void fp_logq_was(fp_logq *q, double v, int have, double was_v, double was_log,
+                               double *dst) {
+    if (have && v == was_v)
+        *dst = was_log;
+    else
+        fp_logq_put(q, v, dst);
+}
+
+static inline void fp_logq_run(fp_logq *q, void (*log1p)(const double *, double *, int)) {
+    if (q->m) log1p(q->x, q->y, q->m);
+    for (int j = 0; j < q->m; j++) *q->dst[j] = q->y[j];
+    q->m = 0;
 }
 
 /* np.sign(x) * l, l = np.log1p(np.abs(x)); 0 for x = 0 (0 * log1p(0) is +0) */
@@ -141,12 +165,20 @@ static void fp_book_prices(const fp_book_update *u, double tick, double mid, dou
     }
 }
 
-/* the fields of one book alone (no history): 0-101, 252-255 into ns->o; a field whose
+/* what the second half of each field pass needs from the first, across the log1p batch */
+typedef struct {
+    double ofi[L], lofi[L];            /* order flow per level, log1p of its size */
+    double ofi5, lofi5;                /* over the first five levels */
+    double lvol, ltsz;                 /* log1p |trade volume|, log1p last trade size */
+    double r1;                         /* the return over one change, bps */
+} fp_book_carry;
+
+/* the fields of one book alone (no history), first half: prices, imbalances (0-63, 84-101)
+ * into ns->o, the log1p of each size and cumulative depth queued into q. A field whose
  * inputs equal the committed state ps's (same prices and tick, same sizes at a level, same
- * cumulative depths) is copied from ps->o, which is exact: the same inputs, the same formula.
- * The log1p of every size and depth that changed is one batch call. */
+ * cumulative depths) is copied from ps->o, which is exact: the same inputs, the same formula */
 static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_book_state *ps,
-                           fp_book_state *ns, double mid) {
+                           fp_book_state *ns, double mid, fp_logq *q) {
     const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
     const double tick = b->tick;
     const int have = ps->n > 0;
@@ -161,14 +193,11 @@ static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_b
         fp_book_prices(u, tick, mid, o);
     }
     ns->tick = tick;
-    double lx[4 * L], ly[4 * L], *dst[4 * L];
-    int m = 0;
     double cb = 0, ca = 0;
     for (int i = 0; i < L; i++) {
-        const int same = have && bsz[i] == ps->bsz[i] && asz[i] == ps->asz[i];
-        fp_log1p_or_queue(bsz[i], have, ps->bsz[i], ps->lbsz[i], &ns->lbsz[i], lx, dst, &m);
-        fp_log1p_or_queue(asz[i], have, ps->asz[i], ps->lasz[i], &ns->lasz[i], lx, dst, &m);
-        if (same) {
+        fp_logq_was(q, bsz[i], have, ps->bsz[i], ps->lbsz[i], &ns->lbsz[i]);
+        fp_logq_was(q, asz[i], have, ps->asz[i], ps->lasz[i], &ns->lasz[i]);
+        if (have && bsz[i] == ps->bsz[i] && asz[i] == ps->asz[i]) {
             o[40 + i] = po[40 + i];
         } else {
             const double tot = bsz[i] + asz[i];
@@ -183,63 +212,58 @@ static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_b
             o[50 + i] = ct > 0 ? (cb - ca) / ct : 0.0;
         }
         if (i) {
-            fp_log1p_or_queue(cb, have, ps->cb[i], ps->lcb[i], &ns->lcb[i], lx, dst, &m);
-            fp_log1p_or_queue(ca, have, ps->ca[i], ps->lca[i], &ns->lca[i], lx, dst, &m);
+            fp_logq_was(q, cb, have, ps->cb[i], ps->lcb[i], &ns->lcb[i]);
+            fp_logq_was(q, ca, have, ps->ca[i], ps->lca[i], &ns->lca[i]);
         }
         ns->cb[i] = cb;
         ns->ca[i] = ca;
     }
-    if (m) b->log1p(lx, ly, m);
-    for (int j = 0; j < m; j++) *dst[j] = ly[j];
+    const double l1 = bsz[0] + asz[0];
+    const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;
+    o[61] = (micro - mid) / tick;
+    double lvl_mean = (fp_sum10(bsz) + fp_sum10(asz)) / (2 * L);
+    if (!(lvl_mean >= 1e-12)) lvl_mean = 1e-12;
+    o[252] = bsz[0] / lvl_mean;
+    o[253] = asz[0] / lvl_mean;
+}
+
+/* the static fields from the logs, once the batch has run: 20-39, 62-83, 254-255 */
+static void fp_book_static_logs(fp_book_state *ns) {
+    double *o = ns->o;
     ns->lcb[0] = ns->lbsz[0];
     ns->lca[0] = ns->lasz[0];
     memcpy(o + 20, ns->lbsz, sizeof(double) * L);
     memcpy(o + 30, ns->lasz, sizeof(double) * L);
     memcpy(o + 64, ns->lcb, sizeof(double) * L);
     memcpy(o + 74, ns->lca, sizeof(double) * L);
-    const double l1 = bsz[0] + asz[0];
-    const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;
-    o[61] = (micro - mid) / tick;
     o[62] = o[73];
     o[63] = o[83];
-    double lvl_mean = (fp_sum10(bsz) + fp_sum10(asz)) / (2 * L);
-    if (!(lvl_mean >= 1e-12)) lvl_mean = 1e-12;
-    o[252] = bsz[0] / lvl_mean;
-    o[253] = asz[0] / lvl_mean;
     o[254] = (o[20 + L - 1] - o[20]) / 9;
     o[255] = (o[30 + L - 1] - o[30]) / 9;
 }
 
-/* the fields carried from change to change and the trade fields (102-251) into the new
- * state ns, from the committed state ps (n == 0: the symbol's first book); their log1p are
- * one batch call */
+/* the fields carried from change to change and the trade fields, first half: order flow,
+ * returns (132-139, 211), the trade and timing state, their log1p queued into q (the log1p of
+ * |ofi| per level and over 5 levels, |trade volume|, trade count, ms since the last change,
+ * changes since the mid moved, last trade size and its age) */
 static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *ns,
-                            const fp_book_update *u, double mid) {
+                            const fp_book_update *u, double mid, fp_logq *q, fp_book_carry *c) {
     double *o = ns->o;
     const int first = ps->n == 0;
     const double *pb = first ? u->bid_sz : ps->bsz, *pa = first ? u->ask_sz : ps->asz;
-    /* pb, pa: the previous sizes, for the order flow; their logs are in ps->lbsz, ps->lasz */
+    /* pb, pa: the previous sizes, for the order flow */
     const double *pbp = first ? u->bid_px : ps->bpx, *pap = first ? u->ask_px : ps->apx;
-    /* the log1p batch: |ofi| per level, |ofi over 5 levels|, |trade volume|, trade count,
-     * ms since the last change, changes since the mid moved, last trade size, its age */
-    enum { LV5 = L, LVOL, LCNT, LDT, LMOVE, LTSZ, LAGE, LN };
-    double lx[LN], ly[LN];
-    double ofi[L];
     for (int i = 0; i < L; i++) {
         const double bs = u->bid_sz[i], as = u->ask_sz[i], bp = u->bid_px[i], ap = u->ask_px[i];
-        /* log1p(size) - log1p(previous size): both already computed, this update's in the
-         * static fields and the previous change's kept in the state */
-        o[102 + i] = o[20 + i] - (first ? o[20 + i] : ps->lbsz[i]);
-        o[112 + i] = o[30 + i] - (first ? o[30 + i] : ps->lasz[i]);
         const double e_b = (bp >= pbp[i] ? bs : 0.0) - (bp <= pbp[i] ? pb[i] : 0.0);
         const double e_a = (ap <= pap[i] ? as : 0.0) - (ap >= pap[i] ? pa[i] : 0.0);
-        ofi[i] = e_b - e_a;
-        lx[i] = fabs(ofi[i]);
+        c->ofi[i] = e_b - e_a;
+        fp_logq_put(q, fabs(c->ofi[i]), &c->lofi[i]);
     }
-    const double ofi5 = (((ofi[0] + ofi[1]) + ofi[2]) + ofi[3]) + ofi[4];
-    lx[LV5] = fabs(ofi5);
-    lx[LVOL] = fabs(u->trade_vol);
-    lx[LCNT] = u->trade_cnt;
+    c->ofi5 = (((c->ofi[0] + c->ofi[1]) + c->ofi[2]) + c->ofi[3]) + c->ofi[4];
+    fp_logq_put(q, fabs(c->ofi5), &c->lofi5);
+    fp_logq_put(q, fabs(u->trade_vol), &c->lvol);
+    fp_logq_put(q, u->trade_cnt, &o[206]);
     /* returns over 1..128 changes, bps: against the first change while fewer have passed */
     const int64_t t = ps->n;
     /* the log of an unchanged mid is the previous change's, kept in the ring */
@@ -250,41 +274,54 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
         const double past = b->ring[(t >= h ? t - h : 0) & (FP_BOOK_RING - 1)];
         o[132 + j] = (lm - past) * 1e4;
     }
-    const double r1 = o[132];
-    o[211] = r1;
+    c->r1 = o[132];
+    o[211] = c->r1;
     /* trades and timing */
     const double ts = (double)u->ts_ns;
     const double dt_ms = first ? 0.0 : (ts - ps->ts) / 1e6;
-    lx[LDT] = dt_ms > 0 ? dt_ms : 0.0;
+    fp_logq_put(q, dt_ms > 0 ? dt_ms : 0.0, &o[209]);
     const int trade = u->trade_cnt > 0;
     ns->have_trade = trade ? 1 : ps->have_trade;
     ns->trade_ts = trade ? ts : ps->trade_ts;
-    lx[LTSZ] = u->last_trade_sz;
+    c->ltsz = 0.0;
+    if (trade) fp_logq_put(q, u->last_trade_sz, &c->ltsz);
     const double age = ts - ns->trade_ts;
     /* no trade yet: the adapter's 1e4 ms */
-    lx[LAGE] = ns->have_trade ? (age > 0 ? age : 0.0) / 1e6 : 1e4;
+    fp_logq_put(q, ns->have_trade ? (age > 0 ? age : 0.0) / 1e6 : 1e4, &o[208]);
     ns->last_move = (first || mid != ps->mid) ? t : ps->last_move;
-    lx[LMOVE] = (double)(t - ns->last_move);
-    b->log1p(lx, ly, LN);
-    for (int i = 0; i < L; i++) o[122 + i] = fp_slog(ofi[i], ly[i]);
-    o[206] = ly[LCNT];
-    o[207] = fp_slog(u->trade_vol, ly[LVOL]);
-    o[209] = ly[LDT];
-    if (trade) {
+    fp_logq_put(q, (double)(t - ns->last_move), &o[210]);
+    ns->n = t + 1;
+    ns->ts = ts;
+    ns->mid = mid;
+}
+
+/* the carried fields from the logs, once the batch has run: size changes (102-121), order
+ * flow (122-131), the trade fields (204-207) and the EWMAs (140-203, 212-251) */
+static void fp_book_carried_logs(const fp_book_state *ps, fp_book_state *ns,
+                                 const fp_book_update *u, const fp_book_carry *c) {
+    double *o = ns->o;
+    const int first = ps->n == 0;
+    for (int i = 0; i < L; i++) {
+        /* log1p(size) - log1p(previous size): this update's and the previous change's */
+        o[102 + i] = o[20 + i] - (first ? o[20 + i] : ps->lbsz[i]);
+        o[112 + i] = o[30 + i] - (first ? o[30 + i] : ps->lasz[i]);
+        o[122 + i] = fp_slog(c->ofi[i], c->lofi[i]);
+    }
+    o[207] = fp_slog(u->trade_vol, c->lvol);
+    if (u->trade_cnt > 0) {
         const double v = u->trade_vol;
         ns->trade_sign = v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0;
-        ns->trade_logsz = ly[LTSZ];
+        ns->trade_logsz = c->ltsz;
     } else {
         ns->trade_sign = ps->trade_sign;
         ns->trade_logsz = ps->trade_logsz;
     }
     o[204] = ns->have_trade ? ns->trade_sign : 0.0;
     o[205] = ns->have_trade ? ns->trade_logsz : 0.0;
-    o[208] = ly[LAGE];
-    o[210] = ly[LMOVE];
     /* the EWMAs, each series from this change's fields */
-    const double x[FP_BOOK_NEW] = {o[122], fp_slog(ofi5, ly[LV5]), o[207], o[40], r1 * r1, o[60], o[61],
-                                   o[62] - o[63], o[41], o[42], o[43], o[44], fabs(o[122])};
+    const double x[FP_BOOK_NEW] = {o[122], fp_slog(c->ofi5, c->lofi5), o[207], o[40],
+                                   c->r1 * c->r1, o[60], o[61], o[62] - o[63], o[41], o[42],
+                                   o[43], o[44], fabs(o[122])};
     /* series s at half-life j sits at raw field 140 + 8 s + j, past a gap of 8 from s = 8 on;
      * the previous change's averages are the committed half's raw vector */
     for (int s = 0; s < FP_BOOK_NEW; s++) {
@@ -301,9 +338,6 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
     memcpy(ns->apx, u->ask_px, sizeof(ns->apx));
     memcpy(ns->bsz, u->bid_sz, sizeof(ns->bsz));
     memcpy(ns->asz, u->ask_sz, sizeof(ns->asz));
-    ns->n = t + 1;
-    ns->ts = ts;
-    ns->mid = mid;
 }
 
 /* whether u shows the committed book as it was and carries no trade */
@@ -328,8 +362,14 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     }
     fp_book_state *ns = &b->st[b->cur ^ 1];
     const double mid = 0.5 * (u->bid_px[0] + u->ask_px[0]);
-    fp_book_static(b, u, ps, ns, mid);
-    fp_book_carried(b, ps, ns, u, mid);
+    fp_logq q;
+    fp_book_carry c;
+    q.m = 0;
+    fp_book_static(b, u, ps, ns, mid, &q);
+    fp_book_carried(b, ps, ns, u, mid, &q, &c);
+    fp_logq_run(&q, b->log1p);
+    fp_book_static_logs(ns);
+    fp_book_carried_logs(ps, ns, u, &c);
     const double *o = ns->o;
     float *r = b->raw[b->cur ^ 1];
     int bad = 0;
