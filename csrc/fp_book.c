@@ -39,17 +39,19 @@ fp_book *fp_book_create(double tick) {
     memset(b->raw[0], 0, raw_bytes);
     memset(b->raw[1], 0, raw_bytes);
     b->tick = tick;
+    b->k = &fp_kernels_scalar;
     b->log1p = fp_book_log1p_libm;
     if (fp_book_alpha[0] == 0.0) fp_book_alphas();
     return b;
 }
 
-void fp_book_set_log1p(fp_book *b, void (*log1p)(const double *x, double *y, int n)) {
+void fp_book_set_kernels(fp_book *b, const fp_kernels *k, int libm_log1p) {
     static int fused = -1;            /* the probe's answer, the same for every book */
     if (fused < 0) fused = fp_log1p_libm_fused();
+    b->k = k;
     /* the scalar twin runs each fusion through libm's fma() (no FMA instruction in the scalar
      * set): libm's log1p itself gives the same bits sooner */
-    b->log1p = fused && log1p && log1p != fp_kernels_scalar.log1p ? log1p : fp_book_log1p_libm;
+    b->log1p = fused && !libm_log1p && k != &fp_kernels_scalar ? k->log1p : fp_book_log1p_libm;
 }
 
 void fp_book_free(fp_book *b) {
@@ -297,8 +299,9 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
 
 /* the carried fields from the logs, once the batch has run: size changes (102-121), order
  * flow (122-131), the trade fields (204-207) and the EWMAs (140-203, 212-251) */
-static void fp_book_carried_logs(const fp_book_state *ps, fp_book_state *ns,
-                                 const fp_book_update *u, const fp_book_carry *c) {
+static void fp_book_carried_logs(const fp_kernels *k, const fp_book_state *ps,
+                                 fp_book_state *ns, const fp_book_update *u,
+                                 const fp_book_carry *c) {
     double *o = ns->o;
     const int first = ps->n == 0;
     for (int i = 0; i < L; i++) {
@@ -324,16 +327,18 @@ static void fp_book_carried_logs(const fp_book_state *ps, fp_book_state *ns,
                                    o[43], o[44], fabs(o[122])};
     /* series s at half-life j sits at raw field 140 + 8 s + j, past a gap of 8 from s = 8 on;
      * the previous change's averages are the committed half's raw vector */
-    for (int s = 0; s < FP_BOOK_NEW; s++) {
-        const int at = 140 + FP_BOOK_HL * s + (s >= 8 ? 8 : 0);
-        const double xs = x[s];
-        if (first) {
-            for (int j = 0; j < FP_BOOK_HL; j++) o[at + j] = xs + fp_book_alpha[j] * (xs - xs);
-        } else {
-            const double *pe = ps->o + at;
-            for (int j = 0; j < FP_BOOK_HL; j++) o[at + j] = pe[j] + fp_book_alpha[j] * (xs - pe[j]);
-        }
+    const double *pe = ps->o + 140;   /* the previous averages, laid out as o + 140 */
+    double first_pe[FP_BOOK_RAW - 140];
+    if (first) {
+        /* each average starts at its first value: xs + alpha (xs - xs), the same formula */
+        for (int s = 0; s < FP_BOOK_NEW; s++)
+            for (int j = 0; j < FP_BOOK_HL; j++)
+                first_pe[FP_BOOK_HL * s + (s >= 8 ? 8 : 0) + j] = x[s];
+        pe = first_pe;
     }
+    k->ewma8(pe, x, fp_book_alpha, o + 140, 8);
+    k->ewma8(pe + 9 * FP_BOOK_HL, x + 8, fp_book_alpha, o + 140 + 9 * FP_BOOK_HL,
+             FP_BOOK_NEW - 8);
     memcpy(ns->bpx, u->bid_px, sizeof(ns->bpx));
     memcpy(ns->apx, u->ask_px, sizeof(ns->apx));
     memcpy(ns->bsz, u->bid_sz, sizeof(ns->bsz));
@@ -369,18 +374,11 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     fp_book_carried(b, ps, ns, u, mid, &q, &c);
     fp_logq_run(&q, b->log1p);
     fp_book_static_logs(ns);
-    fp_book_carried_logs(ps, ns, u, &c);
-    const double *o = ns->o;
+    fp_book_carried_logs(b->k, ps, ns, u, &c);
     float *r = b->raw[b->cur ^ 1];
-    int bad = 0;
-    for (int i = 0; i < FP_BOOK_RAW; i++) {
-        const float f = (float)o[i];
-        r[i] = f;
-        bad |= !(fabsf(f) <= FLT_MAX);
-    }
-    if (__builtin_expect(bad, 0)) {
-        for (int i = 0; i < FP_BOOK_RAW; i++)
-            if (!(fabsf(r[i]) <= FLT_MAX)) { *where = i; break; }
+    const int bad = b->k->narrow_f32(ns->o, r, FP_BOOK_RAW);
+    if (__builtin_expect(bad >= 0, 0)) {
+        *where = bad;
         return FP_BOOK_ERR_RANGE;
     }
     *raw = r;

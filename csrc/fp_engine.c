@@ -711,7 +711,7 @@ int fp_engine_set_tick(fp_engine *e, int32_t symbol, double tick) {
     }
     e->books[symbol] = fp_book_create(tick);
     if (!e->books[symbol]) return FP_ERR_NOMEM;
-    fp_book_set_log1p(e->books[symbol], e->k->log1p);
+    fp_book_set_kernels(e->books[symbol], e->k, 0);
     return FP_OK;
 }
 

@@ -157,6 +157,12 @@ typedef struct {
      * it picks on a CPU with FMA and AVX2; fp_log1p_libm_fused() says whether this host's C
      * library gives the same): the live book's sizes and depths in one call */
     void (*log1p)(const double *x, double *y, int n);
+    /* the live book's EWMAs, rows of 8 half-lives: out[8 s + j] = prev[8 s + j] + alpha[j] *
+     * (x[s] - prev[8 s + j]), each operation rounded on its own (every set, the same bits) */
+    void (*ewma8)(const double *prev, const double *x, const double *alpha, double *out,
+                  int rows);
+    /* r[i] = (float)o[i], i < n; the first i whose float is not finite, else -1 */
+    int (*narrow_f32)(const double *o, float *r, int n);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet (diff_norms_f32: two more, for the

@@ -37,7 +37,7 @@ cdef extern from "fp_book.h" nogil:
     fp_book *fp_book_create(double tick)
     void fp_book_free(fp_book *b)
     void fp_book_clear(fp_book *b)
-    void fp_book_set_log1p(fp_book *b, void (*log1p)(const double *x, double *y, int n))
+    void fp_book_set_kernels(fp_book *b, const fp_kernels *k, int libm_log1p)
     int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int *where)
     void fp_book_commit(fp_book *b)
 
@@ -607,7 +607,7 @@ def book_stage_ns(str isa, tick, symbols, bid_px, bid_sz, ask_px, ask_sz, ts_ns,
                 books[syp[i]] = fp_book_create(tk[i])
                 if books[syp[i]] == NULL:
                     raise InputError(f"tick size {tk[i]!r} of update {i}: expected finite and > 0")
-                fp_book_set_log1p(books[syp[i]], NULL if libm else k.log1p)
+                fp_book_set_kernels(books[syp[i]], k, libm)
         with nogil:
             for p in range(passes):
                 for i in range(n_sym):

@@ -24,6 +24,8 @@ const fp_kernels fp_kernels_scalar = {
     fp_window_commit_scalar,
     fp_window_sums_scalar,
     fp_log1p_scalar,
+    fp_ewma8_scalar,
+    fp_narrow_f32_scalar,
 };
 
 #if FP_HAVE_X86
@@ -47,6 +49,8 @@ const fp_kernels fp_kernels_avx2 = {
     fp_window_commit_scalar,
     fp_window_sums_avx2,
     fp_log1p_avx2,
+    fp_ewma8_avx2,
+    fp_narrow_f32_avx2,
 };
 
 const fp_kernels fp_kernels_avx512 = {
@@ -67,5 +71,7 @@ const fp_kernels fp_kernels_avx512 = {
     fp_window_commit_avx512,
     fp_window_sums_avx512,
     fp_log1p_avx512,
+    fp_ewma8_avx512,
+    fp_narrow_f32_avx512,
 };
 #endif
