@@ -55,7 +55,7 @@ typedef struct {
 
 typedef char fp_zstep_is_32_bytes[sizeof(fp_zstep) == 32 ? 1 : -1];
 
-typedef struct {
+typedef struct fp_kernels {
     const char *name;
     /* out[i] = (raw[idx[i]] - mean[i]) * inv_std[i],  i < n */
     void (*zscore_gather)(const float *raw, const int32_t *idx, const float *mean,
