@@ -29,6 +29,8 @@ def main(argv=None):
     ap.add_argument("--ticks", type=int, default=30_000)
     ap.add_argument("--passes", type=int, default=5)
     args = ap.parse_args(argv)
+    if args.ticks < 100 or args.passes < 1:
+        ap.error(f"--ticks must be >= 100 and --passes >= 1, got {args.ticks} and {args.passes}")
     bs = lob.generate_stream(n_ticks=args.ticks)
     print(f"book stage alone, {args.ticks:,} updates, best of {args.passes} passes per update; "
           f"libm log1p is the kernels' bit for bit: {K.log1p_libm_fused()}")
