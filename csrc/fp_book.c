@@ -15,11 +15,13 @@
 /* 1 - 0.5 ** (1 / h), h = 1, 2, 4, ..., 128: Python's float arithmetic, as the adapter's */
 static double fp_book_alpha[FP_BOOK_HL];
 
-static void fp_book_log1p_table(void);
+/* y = log1p(x), value by value from libm: a book's log1p until a kernel set's is given */
+static void fp_book_log1p_libm(const double *x, double *y, int n) {
+    for (int i = 0; i < n; i++) y[i] = log1p(x[i]);
+}
 
 static void fp_book_alphas(void) {
     for (int j = 0; j < FP_BOOK_HL; j++) fp_book_alpha[j] = 1.0 - pow(0.5, 1.0 / (double)(1 << j));
-    fp_book_log1p_table();
 }
 
 fp_book *fp_book_create(double tick) {
@@ -37,8 +39,19 @@ fp_book *fp_book_create(double tick) {
     memset(b->raw[0], 0, raw_bytes);
     memset(b->raw[1], 0, raw_bytes);
     b->tick = tick;
+    b->k = &fp_kernels_scalar;
+    b->log1p = fp_book_log1p_libm;
     if (fp_book_alpha[0] == 0.0) fp_book_alphas();
     return b;
+}
+
+void fp_book_set_kernels(fp_book *b, const fp_kernels *k, int libm_log1p) {
+    static int fused = -1;            /* the probe's answer, the same for every book */
+    if (fused < 0) fused = fp_log1p_libm_fused();
+    b->k = k;
+    /* the scalar twin runs each fusion through libm's fma() (no FMA instruction in the scalar
+     * set): libm's log1p itself gives the same bits sooner */
+    b->log1p = fused && !libm_log1p && k != &fp_kernels_scalar ? k->log1p : fp_book_log1p_libm;
 }
 
 void fp_book_free(fp_book *b) {
@@ -98,32 +111,46 @@ static int fp_book_check(const fp_book_update *u, int *where) {
     return FP_BOOK_OK;
 }
 
-/* log1p of the small whole numbers (trade counts, ticks since the mid moved), from libm
- * itself at the first book: the same values as the calls they replace */
-#define FP_BOOK_LOGN 256
-static double fp_book_log1pn[FP_BOOK_LOGN];
-static double fp_book_log1p_1e4;
+/* the inputs of one update's log1p, computed in one batch call (fp_logq_run) and written
+ * where each is wanted: up to 38 sizes and depths and 17 flow, trade and timing fields */
+#define FP_LOGQ_MAX 64
+typedef struct {
+    double x[FP_LOGQ_MAX], y[FP_LOGQ_MAX];
+    double *dst[FP_LOGQ_MAX];
+    int m;
+} fp_logq;
 
-/* log1p(x) for x >= 0 or NaN: the table for a small whole x, else libm */
-static inline double fp_log1p_count(double x) {
-    if (x >= 0 && x < FP_BOOK_LOGN) {
-        const int k = (int)x;
-        if ((double)k == x) return fp_book_log1pn[k];
+/* log1p(v) into *dst at the next fp_logq_run; v = +-0 needs no call (log1p(+-0) is v) */
+static inline void fp_logq_put(fp_logq *q, double v, double *dst) {
+    if (v == 0) {
+        *dst = v;
+    } else {
+        q->x[q->m] = v;
+        q->dst[q->m++] = dst;
     }
-    return log1p(x);
 }
 
-/* np.sign(x) * np.log1p(np.abs(x)); 0 needs no call (0 * log1p(0) is +0) */
-static inline double fp_slog(double x) {
+/* log1p(v) into *dst: the log kept for was_v when v is it (log1p is a function, so the reuse
+ * is exact, and most updates change few levels of a ten-level book), else queued */
+static inline void fp_logq_was(fp_logq *q, double v, int have, double was_v, double was_log,
+                               double *dst) {
+    if (have && v == was_v)
+        *dst = was_log;
+    else
+        fp_logq_put(q, v, dst);
+}
+
+static inline void fp_logq_run(fp_logq *q, void (*log1p)(const double *, double *, int)) {
+    if (q->m) log1p(q->x, q->y, q->m);
+    for (int j = 0; j < q->m; j++) *q->dst[j] = q->y[j];
+    q->m = 0;
+}
+
+/* np.sign(x) * l, l = np.log1p(np.abs(x)); 0 for x = 0 (0 * log1p(0) is +0) */
+static inline double fp_slog(double x, double l) {
     if (x == 0) return 0.0;
     const double s = x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
-    return s * log1p(fabs(x));
-}
-
-/* log1p(x), or the value kept for x when x is the value it was kept for: log1p is a function,
- * so the reuse is exact, and most updates change few levels of a ten-level book */
-static inline double fp_log1p_was(double x, int have, double was_x, double was_log) {
-    return have && x == was_x ? was_log : log1p(x);
+    return s * l;
 }
 
 /* the fields of one book's prices alone (offsets from the mid, spread, gaps), in ticks */
@@ -140,12 +167,22 @@ static void fp_book_prices(const fp_book_update *u, double tick, double mid, dou
     }
 }
 
-/* the fields of one book alone (no history): 0-101, 206-207, 252-255 into ns->o; a field whose
+/* what the second half of each field pass needs from the first, across the log1p batch */
+typedef struct {
+    double ofi[L], lofi[L];            /* order flow per level, log1p of its size */
+    double ofi5, lofi5;                /* over the first five levels */
+    double lvol, ltsz;                 /* log1p |trade volume|, log1p last trade size */
+    double r1;                         /* the return over one change, bps */
+} fp_book_carry;
+
+/* the fields of one book alone (no history), first half: prices, imbalances (0-63, 84-101)
+ * into ns->o, the log1p of each size and cumulative depth queued into q. A field whose
  * inputs equal the committed state ps's (same prices and tick, same sizes at a level, same
  * cumulative depths) is copied from ps->o, which is exact: the same inputs, the same formula */
-static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_book_state *ns,
-                           double tick, double mid) {
+static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_book_state *ps,
+                           fp_book_state *ns, double mid, fp_logq *q) {
     const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
+    const double tick = b->tick;
     const int have = ps->n > 0;
     const double *po = ps->o;
     double *o = ns->o;
@@ -160,13 +197,11 @@ static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_
     ns->tick = tick;
     double cb = 0, ca = 0;
     for (int i = 0; i < L; i++) {
+        fp_logq_was(q, bsz[i], have, ps->bsz[i], ps->lbsz[i], &ns->lbsz[i]);
+        fp_logq_was(q, asz[i], have, ps->asz[i], ps->lasz[i], &ns->lasz[i]);
         if (have && bsz[i] == ps->bsz[i] && asz[i] == ps->asz[i]) {
-            o[20 + i] = ns->lbsz[i] = ps->lbsz[i];
-            o[30 + i] = ns->lasz[i] = ps->lasz[i];
             o[40 + i] = po[40 + i];
         } else {
-            o[20 + i] = ns->lbsz[i] = fp_log1p_was(bsz[i], have, ps->bsz[i], ps->lbsz[i]);
-            o[30 + i] = ns->lasz[i] = fp_log1p_was(asz[i], have, ps->asz[i], ps->lasz[i]);
             const double tot = bsz[i] + asz[i];
             o[40 + i] = tot > 0 ? (bsz[i] - asz[i]) / tot : 0.0;
         }
@@ -174,13 +209,13 @@ static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_
         ca = i ? ca + asz[i] : asz[i];
         if (have && cb == ps->cb[i] && ca == ps->ca[i]) {
             o[50 + i] = po[50 + i];
-            o[64 + i] = ns->lcb[i] = i ? ps->lcb[i] : o[20];
-            o[74 + i] = ns->lca[i] = i ? ps->lca[i] : o[30];
         } else {
             const double ct = cb + ca;
             o[50 + i] = ct > 0 ? (cb - ca) / ct : 0.0;
-            o[64 + i] = ns->lcb[i] = i ? fp_log1p_was(cb, have, ps->cb[i], ps->lcb[i]) : o[20];
-            o[74 + i] = ns->lca[i] = i ? fp_log1p_was(ca, have, ps->ca[i], ps->lca[i]) : o[30];
+        }
+        if (i) {
+            fp_logq_was(q, cb, have, ps->cb[i], ps->lcb[i], &ns->lcb[i]);
+            fp_logq_was(q, ca, have, ps->ca[i], ps->lca[i], &ns->lca[i]);
         }
         ns->cb[i] = cb;
         ns->ca[i] = ca;
@@ -188,44 +223,49 @@ static void fp_book_static(const fp_book_update *u, const fp_book_state *ps, fp_
     const double l1 = bsz[0] + asz[0];
     const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;
     o[61] = (micro - mid) / tick;
-    o[62] = o[73];
-    o[63] = o[83];
     double lvl_mean = (fp_sum10(bsz) + fp_sum10(asz)) / (2 * L);
     if (!(lvl_mean >= 1e-12)) lvl_mean = 1e-12;
     o[252] = bsz[0] / lvl_mean;
     o[253] = asz[0] / lvl_mean;
+}
+
+/* the static fields from the logs, once the batch has run: 20-39, 62-83, 254-255 */
+static void fp_book_static_logs(fp_book_state *ns) {
+    double *o = ns->o;
+    ns->lcb[0] = ns->lbsz[0];
+    ns->lca[0] = ns->lasz[0];
+    memcpy(o + 20, ns->lbsz, sizeof(double) * L);
+    memcpy(o + 30, ns->lasz, sizeof(double) * L);
+    memcpy(o + 64, ns->lcb, sizeof(double) * L);
+    memcpy(o + 74, ns->lca, sizeof(double) * L);
+    o[62] = o[73];
+    o[63] = o[83];
     o[254] = (o[20 + L - 1] - o[20]) / 9;
     o[255] = (o[30 + L - 1] - o[30]) / 9;
-    o[207] = fp_slog(u->trade_vol);
-    o[206] = fp_log1p_count(u->trade_cnt);
 }
 
-static void fp_book_log1p_table(void) {
-    for (int k = 0; k < FP_BOOK_LOGN; k++) fp_book_log1pn[k] = log1p((double)k);
-    fp_book_log1p_1e4 = log1p(1e4);
-}
-
-/* the fields carried from change to change (102-205, 208-251) into the new state ns, from
- * the committed state ps (n == 0: the symbol's first book) */
+/* the fields carried from change to change and the trade fields, first half: order flow,
+ * returns (132-139, 211), the trade and timing state, their log1p queued into q (the log1p of
+ * |ofi| per level and over 5 levels, |trade volume|, trade count, ms since the last change,
+ * changes since the mid moved, last trade size and its age) */
 static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *ns,
-                            const fp_book_update *u, double mid) {
+                            const fp_book_update *u, double mid, fp_logq *q, fp_book_carry *c) {
     double *o = ns->o;
     const int first = ps->n == 0;
     const double *pb = first ? u->bid_sz : ps->bsz, *pa = first ? u->ask_sz : ps->asz;
-    /* pb, pa: the previous sizes, for the order flow; their logs are in ps->lbsz, ps->lasz */
+    /* pb, pa: the previous sizes, for the order flow */
     const double *pbp = first ? u->bid_px : ps->bpx, *pap = first ? u->ask_px : ps->apx;
-    double ofi[L];
     for (int i = 0; i < L; i++) {
         const double bs = u->bid_sz[i], as = u->ask_sz[i], bp = u->bid_px[i], ap = u->ask_px[i];
-        /* log1p(size) - log1p(previous size): both already computed, this update's in the
-         * static fields and the previous change's kept in the state */
-        o[102 + i] = o[20 + i] - (first ? o[20 + i] : ps->lbsz[i]);
-        o[112 + i] = o[30 + i] - (first ? o[30 + i] : ps->lasz[i]);
         const double e_b = (bp >= pbp[i] ? bs : 0.0) - (bp <= pbp[i] ? pb[i] : 0.0);
         const double e_a = (ap <= pap[i] ? as : 0.0) - (ap >= pap[i] ? pa[i] : 0.0);
-        ofi[i] = e_b - e_a;
-        o[122 + i] = fp_slog(ofi[i]);
+        c->ofi[i] = e_b - e_a;
+        fp_logq_put(q, fabs(c->ofi[i]), &c->lofi[i]);
     }
+    c->ofi5 = (((c->ofi[0] + c->ofi[1]) + c->ofi[2]) + c->ofi[3]) + c->ofi[4];
+    fp_logq_put(q, fabs(c->ofi5), &c->lofi5);
+    fp_logq_put(q, fabs(u->trade_vol), &c->lvol);
+    fp_logq_put(q, u->trade_cnt, &o[206]);
     /* returns over 1..128 changes, bps: against the first change while fewer have passed */
     const int64_t t = ps->n;
     /* the log of an unchanged mid is the previous change's, kept in the ring */
@@ -236,53 +276,73 @@ static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *
         const double past = b->ring[(t >= h ? t - h : 0) & (FP_BOOK_RING - 1)];
         o[132 + j] = (lm - past) * 1e4;
     }
-    const double r1 = o[132];
-    o[211] = r1;
+    c->r1 = o[132];
+    o[211] = c->r1;
     /* trades and timing */
     const double ts = (double)u->ts_ns;
     const double dt_ms = first ? 0.0 : (ts - ps->ts) / 1e6;
-    o[209] = fp_log1p_count(dt_ms > 0 ? dt_ms : 0.0);
+    fp_logq_put(q, dt_ms > 0 ? dt_ms : 0.0, &o[209]);
+    const int trade = u->trade_cnt > 0;
+    ns->have_trade = trade ? 1 : ps->have_trade;
+    ns->trade_ts = trade ? ts : ps->trade_ts;
+    c->ltsz = 0.0;
+    if (trade) fp_logq_put(q, u->last_trade_sz, &c->ltsz);
+    const double age = ts - ns->trade_ts;
+    /* no trade yet: the adapter's 1e4 ms */
+    fp_logq_put(q, ns->have_trade ? (age > 0 ? age : 0.0) / 1e6 : 1e4, &o[208]);
+    ns->last_move = (first || mid != ps->mid) ? t : ps->last_move;
+    fp_logq_put(q, (double)(t - ns->last_move), &o[210]);
+    ns->n = t + 1;
+    ns->ts = ts;
+    ns->mid = mid;
+}
+
+/* the carried fields from the logs, once the batch has run: size changes (102-121), order
+ * flow (122-131), the trade fields (204-207) and the EWMAs (140-203, 212-251) */
+static void fp_book_carried_logs(const fp_kernels *k, const fp_book_state *ps,
+                                 fp_book_state *ns, const fp_book_update *u,
+                                 const fp_book_carry *c) {
+    double *o = ns->o;
+    const int first = ps->n == 0;
+    for (int i = 0; i < L; i++) {
+        /* log1p(size) - log1p(previous size): this update's and the previous change's */
+        o[102 + i] = o[20 + i] - (first ? o[20 + i] : ps->lbsz[i]);
+        o[112 + i] = o[30 + i] - (first ? o[30 + i] : ps->lasz[i]);
+        o[122 + i] = fp_slog(c->ofi[i], c->lofi[i]);
+    }
+    o[207] = fp_slog(u->trade_vol, c->lvol);
     if (u->trade_cnt > 0) {
-        ns->have_trade = 1;
         const double v = u->trade_vol;
         ns->trade_sign = v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0;
-        ns->trade_logsz = log1p(u->last_trade_sz);
-        ns->trade_ts = ts;
+        ns->trade_logsz = c->ltsz;
     } else {
-        ns->have_trade = ps->have_trade;
         ns->trade_sign = ps->trade_sign;
         ns->trade_logsz = ps->trade_logsz;
-        ns->trade_ts = ps->trade_ts;
     }
     o[204] = ns->have_trade ? ns->trade_sign : 0.0;
     o[205] = ns->have_trade ? ns->trade_logsz : 0.0;
-    const double age = ts - ns->trade_ts;
-    o[208] = ns->have_trade ? log1p((age > 0 ? age : 0.0) / 1e6) : fp_book_log1p_1e4;
-    ns->last_move = (first || mid != ps->mid) ? t : ps->last_move;
-    o[210] = fp_log1p_count((double)(t - ns->last_move));
     /* the EWMAs, each series from this change's fields */
-    const double ofi5 = (((ofi[0] + ofi[1]) + ofi[2]) + ofi[3]) + ofi[4];
-    const double x[FP_BOOK_NEW] = {o[122], fp_slog(ofi5), o[207], o[40], r1 * r1, o[60], o[61],
-                                   o[62] - o[63], o[41], o[42], o[43], o[44], fabs(o[122])};
+    const double x[FP_BOOK_NEW] = {o[122], fp_slog(c->ofi5, c->lofi5), o[207], o[40],
+                                   c->r1 * c->r1, o[60], o[61], o[62] - o[63], o[41], o[42],
+                                   o[43], o[44], fabs(o[122])};
     /* series s at half-life j sits at raw field 140 + 8 s + j, past a gap of 8 from s = 8 on;
      * the previous change's averages are the committed half's raw vector */
-    for (int s = 0; s < FP_BOOK_NEW; s++) {
-        const int at = 140 + FP_BOOK_HL * s + (s >= 8 ? 8 : 0);
-        const double xs = x[s];
-        if (first) {
-            for (int j = 0; j < FP_BOOK_HL; j++) o[at + j] = xs + fp_book_alpha[j] * (xs - xs);
-        } else {
-            const double *pe = ps->o + at;
-            for (int j = 0; j < FP_BOOK_HL; j++) o[at + j] = pe[j] + fp_book_alpha[j] * (xs - pe[j]);
-        }
+    const double *pe = ps->o + 140;   /* the previous averages, laid out as o + 140 */
+    double first_pe[FP_BOOK_RAW - 140];
+    if (first) {
+        /* each average starts at its first value: xs + alpha (xs - xs), the same formula */
+        for (int s = 0; s < FP_BOOK_NEW; s++)
+            for (int j = 0; j < FP_BOOK_HL; j++)
+                first_pe[FP_BOOK_HL * s + (s >= 8 ? 8 : 0) + j] = x[s];
+        pe = first_pe;
     }
+    k->ewma8(pe, x, fp_book_alpha, o + 140, 8);
+    k->ewma8(pe + 9 * FP_BOOK_HL, x + 8, fp_book_alpha, o + 140 + 9 * FP_BOOK_HL,
+             FP_BOOK_NEW - 8);
     memcpy(ns->bpx, u->bid_px, sizeof(ns->bpx));
     memcpy(ns->apx, u->ask_px, sizeof(ns->apx));
     memcpy(ns->bsz, u->bid_sz, sizeof(ns->bsz));
     memcpy(ns->asz, u->ask_sz, sizeof(ns->asz));
-    ns->n = t + 1;
-    ns->ts = ts;
-    ns->mid = mid;
 }
 
 /* whether u shows the committed book as it was and carries no trade */
@@ -307,19 +367,18 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     }
     fp_book_state *ns = &b->st[b->cur ^ 1];
     const double mid = 0.5 * (u->bid_px[0] + u->ask_px[0]);
-    fp_book_static(u, ps, ns, b->tick, mid);
-    fp_book_carried(b, ps, ns, u, mid);
-    const double *o = ns->o;
+    fp_logq q;
+    fp_book_carry c;
+    q.m = 0;
+    fp_book_static(b, u, ps, ns, mid, &q);
+    fp_book_carried(b, ps, ns, u, mid, &q, &c);
+    fp_logq_run(&q, b->log1p);
+    fp_book_static_logs(ns);
+    fp_book_carried_logs(b->k, ps, ns, u, &c);
     float *r = b->raw[b->cur ^ 1];
-    int bad = 0;
-    for (int i = 0; i < FP_BOOK_RAW; i++) {
-        const float f = (float)o[i];
-        r[i] = f;
-        bad |= !(fabsf(f) <= FLT_MAX);
-    }
-    if (__builtin_expect(bad, 0)) {
-        for (int i = 0; i < FP_BOOK_RAW; i++)
-            if (!(fabsf(r[i]) <= FLT_MAX)) { *where = i; break; }
+    const int bad = b->k->narrow_f32(ns->o, r, FP_BOOK_RAW);
+    if (__builtin_expect(bad >= 0, 0)) {
+        *where = bad;
         return FP_BOOK_ERR_RANGE;
     }
     *raw = r;

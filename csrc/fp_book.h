@@ -23,6 +23,8 @@
 
 #include <stdint.h>
 
+struct fp_kernels;                    /* fp_simd.h */
+
 #define FP_BOOK_LEVELS 10
 #define FP_BOOK_RAW 256
 #define FP_BOOK_NEW 13                 /* EWMA series */
@@ -79,11 +81,17 @@ typedef struct fp_book {
     double tick;                       /* tick size, > 0 */
     int cur;                           /* the half that holds the committed state */
     int pending;                       /* the last fp_book_compute wrote the spare half */
+    const struct fp_kernels *k;        /* the kernel set of its elementwise passes */
+    void (*log1p)(const double *x, double *y, int n);  /* y = log1p(x): libm's, bit for bit */
 } fp_book;
 
 /* a book for one symbol with this tick size (finite, > 0), empty; NULL when out of memory */
 fp_book *fp_book_create(double tick);
 void fp_book_free(fp_book *b);
+/* the kernel set the book runs (scalar from fp_book_create); its batch log1p where this
+ * host's C library gives the same bits (fp_log1p_libm_fused) and libm_log1p is 0, else
+ * libm's log1p value by value */
+void fp_book_set_kernels(fp_book *b, const struct fp_kernels *k, int libm_log1p);
 /* forget every update (a halt, a feed gap); the tick size stays */
 void fp_book_clear(fp_book *b);
 

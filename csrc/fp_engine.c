@@ -710,7 +710,9 @@ int fp_engine_set_tick(fp_engine *e, int32_t symbol, double tick) {
         return FP_OK;
     }
     e->books[symbol] = fp_book_create(tick);
-    return e->books[symbol] ? FP_OK : FP_ERR_NOMEM;
+    if (!e->books[symbol]) return FP_ERR_NOMEM;
+    fp_book_set_kernels(e->books[symbol], e->k, 0);
+    return FP_OK;
 }
 
 fp_book *fp_engine_book(fp_engine *e, int32_t symbol) {

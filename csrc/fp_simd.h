@@ -55,7 +55,7 @@ typedef struct {
 
 typedef char fp_zstep_is_32_bytes[sizeof(fp_zstep) == 32 ? 1 : -1];
 
-typedef struct {
+typedef struct fp_kernels {
     const char *name;
     /* out[i] = (raw[idx[i]] - mean[i]) * inv_std[i],  i < n */
     void (*zscore_gather)(const float *raw, const int32_t *idx, const float *mean,
@@ -153,6 +153,16 @@ typedef struct {
      * gives the scalar twin's doubles bit for bit; each product rounded on its own) */
     void (*window_sums)(const float *ring, int rows, int stride, int n, const float *ref,
                         double *sum, double *sumsq);
+    /* y[i] = log1p(x[i]), i < n, bit for bit glibc's FMA build of fdlibm's log1p (the one
+     * it picks on a CPU with FMA and AVX2; fp_log1p_libm_fused() says whether this host's C
+     * library gives the same): the live book's sizes and depths in one call */
+    void (*log1p)(const double *x, double *y, int n);
+    /* the live book's EWMAs, rows of 8 half-lives: out[8 s + j] = prev[8 s + j] + alpha[j] *
+     * (x[s] - prev[8 s + j]), each operation rounded on its own (every set, the same bits) */
+    void (*ewma8)(const double *prev, const double *x, const double *alpha, double *out,
+                  int rows);
+    /* r[i] = (float)o[i], i < n; the first i whose float is not finite, else -1 */
+    int (*narrow_f32)(const double *o, float *r, int n);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet (diff_norms_f32: two more, for the
@@ -175,6 +185,9 @@ fp_isa fp_isa_best(void);
 int fp_isa_supported(fp_isa isa);
 /* Kernel table for an ISA; NULL when this CPU cannot run it. */
 const fp_kernels *fp_kernels_for(fp_isa isa);
+/* 1 where this host's C library log1p is the build every set's log1p kernel reproduces (a
+ * probe of a few thousand inputs, log1p_scalar.c), else 0: then callers keep libm's */
+int fp_log1p_libm_fused(void);
 
 /* The twins, exported so tests can call each one directly. */
 extern const fp_kernels fp_kernels_scalar;

@@ -42,6 +42,7 @@ cdef extern from "fp_simd.h" nogil:
                              const double *thr, double *undo, double *fresh)
         void (*window_sums)(const float *ring, int rows, int stride, int n, const float *ref,
                             double *sum, double *sumsq)
+        void (*log1p)(const double *x, double *y, int n) noexcept nogil
         void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
                                float *na2, float *nb2)
     int fp_cpu_has_avx2()
@@ -53,6 +54,7 @@ cdef extern from "fp_simd.h" nogil:
     fp_isa fp_isa_best()
     int fp_isa_supported(fp_isa isa)
     const fp_kernels *fp_kernels_for(fp_isa isa)
+    int fp_log1p_libm_fused()
     void *fp_aligned_alloc(size_t nbytes)
     void fp_aligned_free(void *p)
 

@@ -23,6 +23,24 @@ from fastpath.model.trees import TreeEnsemble
 
 cnp.import_array()
 
+# the live book stage alone, for book_stage_ns (the engine's fp_step_book runs it per tick)
+cdef extern from "fp_book.h" nogil:
+    ctypedef struct fp_book_update:
+        const double *bid_px
+        const double *bid_sz
+        const double *ask_px
+        const double *ask_sz
+        int64_t ts_ns
+        double trade_vol, trade_cnt, last_trade_sz
+    ctypedef struct fp_book:
+        pass
+    fp_book *fp_book_create(double tick)
+    void fp_book_free(fp_book *b)
+    void fp_book_clear(fp_book *b)
+    void fp_book_set_kernels(fp_book *b, const fp_kernels *k, int libm_log1p)
+    int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int *where)
+    void fp_book_commit(fp_book *b)
+
 cdef const fp_kernels *_kernels(str isa) except NULL:
     if isa not in _ISA_BY_NAME:
         raise InputError(f"unknown kernel set {isa!r}; expected one of {sorted(_ISA_BY_NAME)}")
@@ -520,6 +538,105 @@ def kernel_allfinite(str isa, x):
     cdef cnp.ndarray a = _f32(x, "x")
     return bool(k.allfinite(<const float *>cnp.PyArray_DATA(a), len(a)))
 
+
+
+def kernel_log1p(str isa, x):
+    """log1p of float64 x with the named kernel set's batch kernel (bit for bit glibc's FMA
+    build of fdlibm's log1p, the C library's where log1p_libm_fused() is True)."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray a = np.ascontiguousarray(x, np.float64)
+    if a.ndim != 1 or a.shape[0] > 2 ** 30:
+        raise InputError(f"x must be one row of at most 2**30 float64 values, got shape "
+                         f"{np.shape(a)}")
+    out = np.full(a.shape[0] + 8, -7.0)
+    k.log1p(<const double *>cnp.PyArray_DATA(a), <double *>cnp.PyArray_DATA(out), a.shape[0])
+    if (out[a.shape[0]:] != -7.0).any():
+        raise AssertionError("log1p wrote past its output")
+    return out[:a.shape[0]].copy()
+
+
+def log1p_libm_fused():
+    """Whether this host's C library log1p is the build the log1p kernels reproduce (the
+    probe the live book runs before it uses them)."""
+    return bool(fp_log1p_libm_fused())
+
+
+def book_stage_ns(str isa, tick, symbols, bid_px, bid_sz, ask_px, ask_sz, ts_ns, trade_vol,
+                  trade_cnt, last_trade_sz, int passes=3, bint libm=False):
+    """The live book stage alone (fp_book_compute then fp_book_commit, csrc/fp_book.c) over a
+    stream of updates (the fields of a fastpath.lob.BookStream, one book per symbol, the
+    named kernel set's log1p, or libm's value by value with libm=True), GIL released: ns of
+    each update on each pass, (passes, n) int64, each pass from empty books. An update the
+    stage refuses is an InputError."""
+    cdef cnp.ndarray sy = np.ascontiguousarray(symbols, np.int64)
+    cdef Py_ssize_t n = sy.shape[0], i, p
+    cdef cnp.ndarray bp = np.ascontiguousarray(bid_px, np.float64)
+    cdef cnp.ndarray bs = np.ascontiguousarray(bid_sz, np.float64)
+    cdef cnp.ndarray ap = np.ascontiguousarray(ask_px, np.float64)
+    cdef cnp.ndarray az = np.ascontiguousarray(ask_sz, np.float64)
+    cdef cnp.ndarray ts = np.ascontiguousarray(ts_ns, np.int64)
+    cdef cnp.ndarray tv = np.ascontiguousarray(trade_vol, np.float64)
+    cdef cnp.ndarray tc = np.ascontiguousarray(trade_cnt, np.float64)
+    cdef cnp.ndarray tl = np.ascontiguousarray(last_trade_sz, np.float64)
+    for name, a, shape in (("bid_px", bp, (n, 10)), ("bid_sz", bs, (n, 10)), ("ask_px", ap, (n, 10)),
+                           ("ask_sz", az, (n, 10)), ("ts_ns", ts, (n,)), ("trade_vol", tv, (n,)),
+                           ("trade_cnt", tc, (n,)), ("last_trade_sz", tl, (n,))):
+        if a.shape != shape:
+            raise InputError(f"{name} must have shape {shape} (one row per update), got "
+                             f"{np.shape(a)}")
+    if n and (sy.min() < 0 or sy.max() >= 4096) or passes < 1:
+        raise InputError("symbols must be in [0, 4096) and passes >= 1")
+    cdef cnp.ndarray ticks = np.broadcast_to(np.asarray(tick, np.float64), (n,)).copy()
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef int n_sym = int(sy.max()) + 1 if n else 0
+    cdef fp_book **books = <fp_book **>fp_aligned_alloc(sizeof(fp_book *) * max(n_sym, 1))
+    if books == NULL:
+        raise MemoryError("no memory for the books")
+    memset(books, 0, sizeof(fp_book *) * max(n_sym, 1))
+    out = np.zeros((passes, n), np.int64)
+    cdef int64_t[:, ::1] o = out
+    cdef const int64_t *syp = <const int64_t *>cnp.PyArray_DATA(sy)
+    cdef const double *tk = <const double *>cnp.PyArray_DATA(ticks)
+    cdef fp_book_update u
+    cdef const float *raw
+    cdef int rc = 0, where = 0
+    cdef uint64_t t0
+    try:
+        for i in range(n):
+            if books[syp[i]] == NULL:
+                books[syp[i]] = fp_book_create(tk[i])
+                if books[syp[i]] == NULL:
+                    raise InputError(f"tick size {tk[i]!r} of update {i}: expected finite and > 0")
+                fp_book_set_kernels(books[syp[i]], k, libm)
+        with nogil:
+            for p in range(passes):
+                for i in range(n_sym):
+                    if books[i] != NULL:
+                        fp_book_clear(books[i])
+                for i in range(n):
+                    u.bid_px = <const double *>cnp.PyArray_DATA(bp) + 10 * i
+                    u.bid_sz = <const double *>cnp.PyArray_DATA(bs) + 10 * i
+                    u.ask_px = <const double *>cnp.PyArray_DATA(ap) + 10 * i
+                    u.ask_sz = <const double *>cnp.PyArray_DATA(az) + 10 * i
+                    u.ts_ns = (<const int64_t *>cnp.PyArray_DATA(ts))[i]
+                    u.trade_vol = (<const double *>cnp.PyArray_DATA(tv))[i]
+                    u.trade_cnt = (<const double *>cnp.PyArray_DATA(tc))[i]
+                    u.last_trade_sz = (<const double *>cnp.PyArray_DATA(tl))[i]
+                    t0 = fp_ticks()
+                    rc = fp_book_compute(books[syp[i]], &u, &raw, &where)
+                    if rc != 0:
+                        break
+                    fp_book_commit(books[syp[i]])
+                    o[p, i] = fp_ticks_to_ns(fp_ticks() - t0)
+                if rc != 0:
+                    break
+        if rc != 0:
+            raise InputError(f"update {i} refused by the book stage (FP_BOOK_ERR {rc}, where {where})")
+    finally:
+        for i in range(n_sym):
+            fp_book_free(books[i])
+        fp_aligned_free(books)
+    return out
 
 
 cdef class _PackedLayers:

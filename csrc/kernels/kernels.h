@@ -1,5 +1,5 @@
 /* kernels.h: what the kernel sources share: every kernel of the fp_kernels table by kind
- * (features_*, cache_*, dense_*) and instruction set, and the lane masks of each set.
+ * (features_*, cache_*, dense_*, log1p_*, book_*) and instruction set, and the lane masks of each set.
  *
  * Decision: one source per kind and set, each function named fp_<what>_<isa>, as numpy lays
  * out its dispatch sources; sets.c puts them in one table per set and fp_simd.c only picks
@@ -43,6 +43,14 @@ void fp_dot_norms_f64_scalar(const float *a, const float *b, int n, double *dot,
 void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, float *dd, float *de,
                               float *na2, float *nb2);
 
+/* log1p_<isa>.c: log1p of a batch of doubles, bit for bit glibc's (log1p_scalar.c) */
+void fp_log1p_scalar(const double *x, double *y, int n);
+
+/* book_<isa>.c: the live book's EWMA rows and its float32 rounding with the range check */
+void fp_ewma8_scalar(const double *prev, const double *x, const double *alpha, double *out,
+                     int rows);
+int fp_narrow_f32_scalar(const double *o, float *r, int n);
+
 /* dense_<isa>.c: the fp32 dense layer and the output head */
 int fp_dense_scalar(const fp_dense_layer *L, const float *x, float *y, int reverse);
 void fp_head_scalar(const float *out, float *signal, float *confidence);
@@ -79,6 +87,10 @@ FP_TARGET_AVX2 void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
                                           double *na2, double *nb2);
 FP_TARGET_AVX2 void fp_diff_norms_f32_avx2(const float *a, const float *b, int n, float *dd,
                                            float *de, float *na2, float *nb2);
+FP_TARGET_AVX2 void fp_log1p_avx2(const double *x, double *y, int n);
+FP_TARGET_AVX2 void fp_ewma8_avx2(const double *prev, const double *x, const double *alpha,
+                                  double *out, int rows);
+FP_TARGET_AVX2 int fp_narrow_f32_avx2(const double *o, float *r, int n);
 FP_TARGET_AVX2 int fp_dense_avx2(const fp_dense_layer *L, const float *x, float *y, int reverse);
 FP_TARGET_AVX2 void fp_head_avx2(const float *out, float *signal, float *confidence);
 
@@ -117,6 +129,10 @@ FP_TARGET_AVX512 void fp_dot_norms_f64_avx512(const float *a, const float *b, in
                                               double *dot, double *na2, double *nb2);
 FP_TARGET_AVX512 void fp_diff_norms_f32_avx512(const float *a, const float *b, int n, float *dd,
                                                float *de, float *na2, float *nb2);
+FP_TARGET_AVX512 void fp_log1p_avx512(const double *x, double *y, int n);
+FP_TARGET_AVX512 void fp_ewma8_avx512(const double *prev, const double *x, const double *alpha,
+                                      double *out, int rows);
+FP_TARGET_AVX512 int fp_narrow_f32_avx512(const double *o, float *r, int n);
 FP_TARGET_AVX512 int fp_dense_avx512(const fp_dense_layer *L, const float *x, float *y,
                                      int reverse);
 FP_TARGET_AVX512 void fp_head_avx512(const float *out, float *signal, float *confidence);

@@ -23,6 +23,9 @@ const fp_kernels fp_kernels_scalar = {
     fp_diff_norms_f32_scalar,
     fp_window_commit_scalar,
     fp_window_sums_scalar,
+    fp_log1p_scalar,
+    fp_ewma8_scalar,
+    fp_narrow_f32_scalar,
 };
 
 #if FP_HAVE_X86
@@ -45,6 +48,9 @@ const fp_kernels fp_kernels_avx2 = {
     fp_diff_norms_f32_avx2,
     fp_window_commit_scalar,
     fp_window_sums_avx2,
+    fp_log1p_avx2,
+    fp_ewma8_avx2,
+    fp_narrow_f32_avx2,
 };
 
 const fp_kernels fp_kernels_avx512 = {
@@ -64,5 +70,8 @@ const fp_kernels fp_kernels_avx512 = {
     fp_diff_norms_f32_avx512,
     fp_window_commit_avx512,
     fp_window_sums_avx512,
+    fp_log1p_avx512,
+    fp_ewma8_avx512,
+    fp_narrow_f32_avx512,
 };
 #endif

@@ -69,6 +69,11 @@ def _libm(fn):
     return lambda x: np.asarray(uf(np.asarray(x, np.float64)), np.float64)[()]
 
 
+def libm_log1p(x):
+    """log1p of each float64 of x by the C library (math.log1p calls it), as float64."""
+    return _libm(math.log1p)(x)
+
+
 def raw_from_book_libm(bs):
     """fastpath.lob.raw_from_book with the C library's log and log1p (Python's math module
     calls them), the functions the engine's live book calls: numpy's own, on an AVX-512
