@@ -495,6 +495,9 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
      * just before the stop publishes after this read; such a submit found room in the ring
      * (req_head - req_tail < slots), so its position is below the bound. */
     set_state(h, S, FP_SRV_STOPPING);
+    /* the other half of the submit's fence (fp_client_try_submit): a client's busy read
+     * after this is 0 only once its look saw STOPPING or its request is published */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     uint64_t accepted[FP_SEG_MAX_CLIENTS];
     for (uint32_t i = 0; i < L->max_clients; i++)
         accepted[i] = FP_LOAD_ACQ(&fp_lay_ctl(L, (int)i)->req_tail.v) + L->slots;
@@ -520,7 +523,9 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
                 continue;
             fp_ring_ctl *ctl = fp_lay_ctl(L, (int)i);
             const uint64_t tail = FP_LOAD_RLX(&ctl->req_tail.v);
-            if (tail < accepted[i] && published(L, ctl, tail))
+            /* a submit that looked before the stop and has not published yet (busy) is
+             * waited for: its request is below the bound and counts as accepted */
+            if (FP_LOAD_ACQ(&ctl->req_head.busy) || (tail < accepted[i] && published(L, ctl, tail)))
                 pending = 1;
             if (tail < accepted[i])
                 left += accepted[i] - tail;

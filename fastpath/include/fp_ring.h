@@ -70,8 +70,15 @@
 #define FP_RING_SPIN_LOADS 32
 #endif
 
+/* Run between a submit's look at the server state and its publish; nothing by default. A
+ * program may define it before including this header to stand for a preemption there (the
+ * serving tests do, to hold a submit open across a stop). */
+#ifndef FP_RING_LOOKED
+#define FP_RING_LOOKED(c) ((void)0)
+#endif
+
 #define FP_SEG_MAGIC 0x31474e4952535046ULL /* "FPSRING1" little-endian */
-#define FP_SEG_VERSION 2u
+#define FP_SEG_VERSION 3u
 #define FP_SEG_DIR "/dev/shm/"
 #define FP_SEG_PREFIX "fastpath."
 #define FP_SEG_HEADER_BYTES 16384u
@@ -123,7 +130,9 @@ enum { FP_SRV_ALIVE = 0, FP_SRV_GONE_STOPPED = 1, FP_SRV_GONE_DEAD = 2, FP_SRV_G
  * submit, so checking it costs the client nothing. A client whose slot was freed under it
  * (its pid looked dead to the server: another PID namespace) then stops at its next call
  * instead of writing into rings that may already belong to the slot's next owner. */
-typedef struct { uint64_t v; uint64_t gen; char _pad[48]; } __attribute__((aligned(64))) fp_ring_cursor;
+/* busy is used in req_head only: 1 while a submit is between its look at the server's state
+ * and its publish. A stopping worker's drain waits for it (fp_client_try_submit says why). */
+typedef struct { uint64_t v; uint64_t gen; uint64_t busy; char _pad[40]; } __attribute__((aligned(64))) fp_ring_cursor;
 
 typedef struct {
     fp_ring_cursor req_head;   /* written by the client: requests published */
@@ -518,9 +527,19 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
     /* a stopping server answers what was sent before its stop (the drain): a request sent
      * after it kept the drain busy (a feed handler that goes on submitting held it for the
      * whole drain_timeout_ms) or came once the drain had ended and was never answered. The
-     * state shares the heartbeat's line, written about once a millisecond. */
-    if (FP_LOAD_ACQ(&h->state) >= FP_SRV_STOPPING)
+     * state shares the heartbeat's line, written about once a millisecond.
+     * busy = 1 before the look (a full fence: the store before the load), 0 after the
+     * publish: a drain that ends on seeing busy 0 (after its own STOPPING and fence) has
+     * either seen this request published or made this look see STOPPING. Without it, a
+     * submit preempted between a look that saw RUNNING and its publish was sent and never
+     * answered. */
+    fp_ring_cursor *own = &c->ctl->req_head;
+    __atomic_store_n(&own->busy, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&h->state, __ATOMIC_SEQ_CST) >= FP_SRV_STOPPING) {
+        FP_STORE_REL(&own->busy, 0);
         return FP_RING_ERR_GONE;
+    }
+    FP_RING_LOOKED(c);
     if (c->req_head - c->req_tail_seen >= c->L.slots) {
         c->req_tail_seen = FP_LOAD_ACQ(&c->ctl->req_tail.v);
         if (c->req_head - c->req_tail_seen >= c->L.slots) {
@@ -533,6 +552,7 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
                 __atomic_add_fetch(&h->rejected_full, 1, __ATOMIC_RELAXED);
                 FP_STORE_REL(&e->rejected_full, FP_LOAD_RLX(&e->rejected_full) + 1);
             }
+            FP_STORE_REL(&own->busy, 0);
             return FP_RING_FULL;
         }
     }
@@ -547,6 +567,7 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
     c->req_head++;
     /* for the stats and the drain; the worker does not read it per request */
     FP_STORE_REL(&c->ctl->req_head.v, c->req_head);
+    FP_STORE_REL(&own->busy, 0);
     *seq = c->next_seq++;
     return FP_RING_OK;
 }
