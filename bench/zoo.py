@@ -37,6 +37,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
+from importlib.metadata import version  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -121,17 +122,26 @@ def _tl2cgen(native, kind, workdir):
     return fn, tl2cgen.__version__
 
 
+# lleaves compiles a model in ~1 minute per 10K nodes on a loaded 2-core host: past this the
+# row would wait many minutes for its peer, so the peer is skipped and says why
+LLEAVES_MAX_NODES = 100_000
+
+
 def _lleaves(native, workdir):
-    """lleaves' LLVM-compiled LightGBM model, one thread, or (None, reason)."""
+    """lleaves' LLVM-compiled LightGBM model, one thread, or (None, reason). lleaves 1.3 needs
+    llvmlite < 0.45 (the legacy pass manager)."""
     try:
         import lleaves
     except ImportError as exc:
-        return None, f"lleaves not installed ({exc}); pip install lleaves"
+        return None, f"lleaves not installed ({exc}); pip install lleaves 'llvmlite<0.45'"
+    nodes = int(native.booster_.trees_to_dataframe().shape[0])
+    if nodes > LLEAVES_MAX_NODES:
+        return None, (f"{nodes} nodes: compiling takes minutes past {LLEAVES_MAX_NODES} "
+                      f"(bench/zoo.py LLEAVES_MAX_NODES)")
     path = os.path.join(workdir, f"lleaves-{id(native)}.txt")
     native.booster_.save_model(path)
     m = lleaves.Model(model_file=path)
     m.compile()
-    from importlib.metadata import version
 
     def fn(x):
         return m.predict(x[None, :], n_jobs=1)
