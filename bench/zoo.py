@@ -1,6 +1,7 @@
 """The model zoo: each kind of model traders deploy, as its exporter writes it, one sample from
 Python, fastpath next to onnxruntime (one thread), the library's own predict and, for tree
-ensembles, tl2cgen's compiled model through its Python predictor, all in the same run. The
+ensembles, tl2cgen's compiled model through its Python predictor and (LightGBM) lleaves' LLVM
+compiled one, all in the same run. The
 tree rows cover the shapes: depth-limited, LightGBM's default leaf-wise growth (the two STAC-ML
 El Popo shapes: 64 features / ~12K nodes, 128 features / ~512K nodes), XGBoost depthwise and
 lossguide, RandomForest; each call reads the next of 2048 rows (a repeated row would train the
@@ -36,6 +37,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
+from importlib.metadata import version  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -118,6 +120,32 @@ def _tl2cgen(native, kind, workdir):
     def fn(x):
         return pred.predict(DM(x[None, :]))
     return fn, tl2cgen.__version__
+
+
+# lleaves compiles a model in ~1 minute per 10K nodes on a loaded 2-core host: past this the
+# row would wait many minutes for its peer, so the peer is skipped and says why
+LLEAVES_MAX_NODES = 100_000
+
+
+def _lleaves(native, workdir):
+    """lleaves' LLVM-compiled LightGBM model, one thread, or (None, reason). lleaves 1.3 needs
+    llvmlite < 0.45 (the legacy pass manager)."""
+    try:
+        import lleaves
+    except ImportError as exc:
+        return None, f"lleaves not installed ({exc}); pip install lleaves 'llvmlite<0.45'"
+    nodes = int(native.booster_.trees_to_dataframe().shape[0])
+    if nodes > LLEAVES_MAX_NODES:
+        return None, (f"{nodes} nodes: compiling takes minutes past {LLEAVES_MAX_NODES} "
+                      f"(bench/zoo.py LLEAVES_MAX_NODES)")
+    path = os.path.join(workdir, f"lleaves-{id(native)}.txt")
+    native.booster_.save_model(path)
+    m = lleaves.Model(model_file=path)
+    m.compile()
+
+    def fn(x):
+        return m.predict(x[None, :], n_jobs=1)
+    return fn, version("lleaves")
 
 
 def zoo(quick: bool):
@@ -331,6 +359,11 @@ def main(argv=None) -> int:
                     pk = PackedTrees(model.trees, fastpath.simd())
                     row["walk"] = pk.walk
                     row["packed_chosen_walk"] = _row_stats(Dist(time_fn(pk.eval, Xm, n_calls, overhead)))
+                    row["perfect_walk"] = pk.perfect_walk
+                    # the chosen walk alone, timed in C on each row once (no Python call)
+                    reps = -(-n_calls // len(Xm))
+                    row["c_walk_fresh_rows"] = _row_stats(Dist(np.concatenate(
+                        [pk.time_rows(Xm) for _ in range(reps)])[:n_calls]))
                     pk.walk = "compact"
                     cw = Dist(time_fn(pk.eval, Xm, n_calls, overhead))
                     row["packed_compact_walk"] = _row_stats(cw)
@@ -343,6 +376,16 @@ def main(argv=None) -> int:
                 # the library's own predict, one row (the answer the model was trained to give)
                 nat = Dist(time_fn(lambda x: native.predict(x[None, :]), Xm, n_calls, overhead))
                 row["native"] = _row_stats(nat) | _ratios(nat, row)
+            if tl_kind == "lightgbm":
+                try:
+                    ll_fn, ll_ver = _lleaves(native, work)
+                except Exception as exc:  # noqa: BLE001 - a peer's failure is its row's note
+                    ll_fn, ll_ver = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                if ll_fn is not None:
+                    ll = Dist(time_fn(ll_fn, Xm, n_calls, overhead))
+                    row["lleaves"] = _row_stats(ll) | {"version": ll_ver} | _ratios(ll, row)
+                else:
+                    row["lleaves"] = {"skipped": ll_ver}
             if tl_kind:
                 try:
                     tl_fn, tl_ver = _tl2cgen(native, tl_kind, work)
@@ -381,6 +424,14 @@ def _line(row) -> str:
         cw, ch = row["packed_compact_walk"], row["packed_chosen_walk"]
         s += (f"   [PackedTrees.eval: {row['walk']} {ch['p50']:>8.0f} / {ch['p99']:>8.0f} ns, "
               f"compact {cw['p50']:>8.0f} / {cw['p99']:>8.0f} ns]")
+    cr = row.get("c_walk_fresh_rows")
+    if cr:
+        s += f"   [C walk alone: {cr['p50']:>8.0f} / {cr['p99']:>8.0f} ns]"
+    ll = row.get("lleaves")
+    if ll and "p50" in ll:
+        s += f"   lleaves {ll['p50']:>8.0f} / {ll['p99']:>8.0f} ns"
+    elif ll:
+        s += f"   lleaves skipped: {ll['skipped']}"
     nat = row.get("native")
     if nat:
         s += f"   native {nat['p50']:>8.0f} / {nat['p99']:>8.0f} ns"

@@ -18,7 +18,7 @@ typedef struct {
     size_t n_leafv;
     int D, n_groups;
     int walk_ok, nb_rest, nb_all;   /* the lane walk's layout and batch counts */
-    size_t o_wnodes, o_wrest, o_wall;
+    size_t o_wnodes, o_wleaf, o_wrest, o_wall;
     size_t bytes, o_nodes, o_leafv, o_trees, o_rest, o_pfeat, o_pthr, o_pleaf, o_ptarget, o_ptree, o_base, o_has;
     int n_rest;
 } fp_plan;
@@ -185,6 +185,7 @@ static int fp_plan_make(const fp_trees_desc *d, fp_plan *pl) {
     pl->o_pthr = off; off = fp_al(off + sizeof(float) * (size_t)groups * inner * FP_TREES_LANES);
     pl->o_pleaf = off; off = fp_al(off + sizeof(float) * (size_t)groups * leaves * FP_TREES_LANES);
     pl->o_wnodes = off; off = fp_al(off + (pl->walk_ok ? sizeof(fp_wnode) * ((size_t)N + 1) : 0));
+    pl->o_wleaf = off; off = fp_al(off + (pl->walk_ok ? sizeof(float) * ((size_t)N + 1) : 0));
     pl->o_wrest = off; off = fp_al(off + sizeof(fp_wbatch) * (size_t)pl->nb_rest);
     pl->o_wall = off; off = fp_al(off + sizeof(fp_wbatch) * (size_t)pl->nb_all);
     pl->bytes = off;
@@ -423,16 +424,19 @@ static int fp_fill_scored(fp_trees *t, const fp_trees_desc *d, unsigned char *ha
     return bad ? -1 : 0;
 }
 
-/* the lane walk's nodes, one per compact node in the same order, then a padding leaf */
+/* the lane walk's nodes, one per compact node in the same order, then a padding leaf; the
+ * leaf values beside them */
 static void fp_fill_wnodes(const fp_trees_desc *d, const fp_tnode *nodes, const fp_ttree *trees,
-                           fp_wnode *wn) {
+                           const float *leafv, fp_wnode *wn, float *wl) {
     for (int tr = 0; tr < d->n_trees; tr++) {
         const int root = trees[tr].root, n = d->tree_off[tr + 1] - d->tree_off[tr];
         for (int i = 0; i < n; i++) {
             const fp_tnode *c = &nodes[root + i];
             fp_wnode *w = &wn[root + i];
+            wl[root + i] = 0.0f;
             if (c->flags & FP_TN_LEAF) {
                 w->thr = NAN; w->feat = 0; w->off = 0;
+                wl[root + i] = leafv[c->other];
             } else {
                 w->thr = c->thr;
                 w->feat = (uint16_t)c->feat;
@@ -441,6 +445,7 @@ static void fp_fill_wnodes(const fp_trees_desc *d, const fp_tnode *nodes, const 
         }
     }
     wn[d->n_nodes].thr = NAN; wn[d->n_nodes].feat = 0; wn[d->n_nodes].off = 0;
+    wl[d->n_nodes] = 0.0f;
 }
 
 /* batches of 16 trees of similar depth: the n trees list[0..n) (list NULL: 0..n), slot =
@@ -522,7 +527,8 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     if (pl.walk_ok) {
         fp_wnode *wn = (fp_wnode *)(a + pl.o_wnodes);
         fp_wbatch *wr = (fp_wbatch *)(a + pl.o_wrest), *wa = (fp_wbatch *)(a + pl.o_wall);
-        fp_fill_wnodes(d, nodes, trees, wn);
+        float *wl = (float *)(a + pl.o_wleaf);
+        fp_fill_wnodes(d, nodes, trees, leafv, wn, wl);
         if (fp_fill_batches(pl.depth, trees, rest, pl.n_rest, d->n_nodes, wr) ||
             fp_fill_batches(pl.depth, trees, NULL, T, d->n_nodes, wa)) {
             fp_plan_free(&pl);
@@ -530,7 +536,7 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
             return -2;
         }
         t->walk_ok = 1;
-        t->wnodes = wn; t->wrest = wr; t->wall = wa;
+        t->wnodes = wn; t->wleaf = wl; t->wrest = wr; t->wall = wa;
         t->n_wrest = pl.nb_rest; t->n_wall = pl.nb_all;
     }
 
@@ -546,6 +552,7 @@ int fp_trees_init(fp_trees *t, const fp_trees_desc *d, void *mem) {
     t->base = base;
     t->depth = pl.D;
     t->n_groups = pl.n_groups;
+    t->pgather = 1;   /* until fp_trees_choose times both */
     t->pfeat = pfeat; t->pthr = pthr; t->pleaf = pleaf; t->ptarget = ptarget; t->ptree = ptree;
     t->nodes = nodes; t->leafv = leafv; t->trees = trees;
     t->rest = rest; t->n_rest = pl.n_rest;

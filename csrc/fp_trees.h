@@ -97,7 +97,9 @@ typedef struct {
 } fp_ttree;
 
 /* lane-walk node: leaf when thr is NaN (then off is 0); else true child = this + 1, false
- * child = this + off */
+ * child = this + off. 8 bytes, read as one load; a leaf's value is wleaf[node] (the same
+ * float as leafv[nodes[node].other]), one read at the end of a walk instead of two dependent
+ * ones through the 16-byte compact node, which for a large ensemble are two cache misses */
 typedef struct {
     float thr;
     uint16_t feat;
@@ -148,7 +150,9 @@ typedef struct fp_trees {
      * tree index) */
     int walk_ok, mode, n_nodes;
     int gather;   /* the vector sets' lane walk: gathers (1) or the scalar steps (0) */
+    int pgather;  /* the vector sets' perfect groups: gathers (1) or the scalar steps (0) */
     const fp_wnode *wnodes;
+    const float *wleaf;   /* per wnode: its leaf value (0 for a split and the padding leaf) */
     const fp_wbatch *wrest, *wall;
     int n_wrest, n_wall;
     void *arena;
@@ -193,9 +197,14 @@ void fp_trees_lanes_scalar(const fp_trees *t, const float *x, const fp_wbatch *b
 void fp_trees_lanes_avx2(const fp_trees *t, const float *x, const fp_wbatch *b, int nb, float *vals);
 void fp_trees_lanes_avx512(const fp_trees *t, const float *x, const fp_wbatch *b, int nb, float *vals);
 #endif
+/* acc (+)= the perfect groups by scalar steps, a group's 16 lanes interleaved level by level
+ * (16 independent chains of loads in flight), added as the vector sets add them; what the
+ * scalar set runs, and the vector sets where it beats their gathers (t->pgather 0) */
+void fp_trees_perfect_steps(const fp_trees *t, const float *x, double *acc);
 /* time each walk this model has on rows near its thresholds with `ev` and keep the fastest
- * in t->mode and t->gather (COMPACT when the lane walk does not exist): gathers beat the
- * scalar steps on some CPUs, not on others (Zen 3: 2x slower) */
+ * in t->mode, t->gather and t->pgather (COMPACT when the lane walk does not exist): gathers
+ * beat the scalar steps on some CPUs, not on others (Zen 3: 2x slower: a gather there costs
+ * about one cycle per lane, the scalar steps three loads per level spread over three ports) */
 void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev);
 /* 1 when some x[i] is NaN */
 int fp_trees_has_nan(const float *x, int n);

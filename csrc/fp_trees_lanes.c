@@ -31,6 +31,7 @@ static uint64_t fp_lcg(uint64_t *s) {
 
 #define FP_CHOOSE_ROWS 16
 #define FP_CHOOSE_REPS 5
+#define FP_CHOOSE_CANDS 8
 
 /* ns for one pass of `ev` over the rows */
 static int64_t fp_time_rows(const fp_trees *t, fp_trees_eval_fn ev, const float *rows, float *out) {
@@ -42,7 +43,8 @@ static int64_t fp_time_rows(const fp_trees *t, fp_trees_eval_fn ev, const float 
 void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
     t->mode = FP_TREES_MODE_COMPACT;
     t->gather = 0;
-    if (!t->walk_ok || !ev) return;
+    t->pgather = 1;
+    if (!ev || (!t->walk_ok && !t->n_groups)) return;
     const size_t nf = (size_t)t->n_feat;
     float *rows = (float *)malloc(sizeof(float) * nf * FP_CHOOSE_ROWS);
     float *out = (float *)malloc(sizeof(float) * ((size_t)t->n_out + 1));
@@ -62,25 +64,34 @@ void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
         for (size_t f = 0; f < nf; f++)
             if (!isfinite(x[f])) x[f] = 0.0f;
     }
-    /* (mode, gather) candidates; REST is COMPACT when no tree or every tree is a rest tree */
-    static const int cand[5][2] = {{FP_TREES_MODE_COMPACT, 0}, {FP_TREES_MODE_REST, 0},
-                                   {FP_TREES_MODE_REST, 1}, {FP_TREES_MODE_ALL, 0},
-                                   {FP_TREES_MODE_ALL, 1}};
-    int64_t best[5] = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+    /* (mode, gather, pgather) candidates; REST is COMPACT when no tree or every tree is a
+     * rest tree; the perfect groups' two walks only where there are groups and a vector set
+     * (the scalar set steps either way) */
+    static const int cand[FP_CHOOSE_CANDS][3] = {
+        {FP_TREES_MODE_COMPACT, 0, 1}, {FP_TREES_MODE_COMPACT, 0, 0}, {FP_TREES_MODE_REST, 0, 1},
+        {FP_TREES_MODE_REST, 1, 1}, {FP_TREES_MODE_REST, 0, 0}, {FP_TREES_MODE_REST, 1, 0},
+        {FP_TREES_MODE_ALL, 0, 1}, {FP_TREES_MODE_ALL, 1, 1}};
+    int64_t best[FP_CHOOSE_CANDS];
+    for (int c = 0; c < FP_CHOOSE_CANDS; c++) best[c] = INT64_MAX;
     const int rest_differs = t->n_rest && t->n_groups;
+    const int two_perfect = t->n_groups && ev != fp_trees_eval_scalar;
     for (int rep = 0; rep < FP_CHOOSE_REPS; rep++)
-        for (int c = 0; c < 5; c++) {
+        for (int c = 0; c < FP_CHOOSE_CANDS; c++) {
+            if (cand[c][0] != FP_TREES_MODE_COMPACT && !t->walk_ok) continue;
             if (cand[c][0] == FP_TREES_MODE_REST && !rest_differs) continue;
+            if (cand[c][0] != FP_TREES_MODE_ALL && !cand[c][2] && !two_perfect) continue;
             t->mode = cand[c][0];
             t->gather = cand[c][1];
+            t->pgather = cand[c][2];
             const int64_t ns = fp_time_rows(t, ev, rows, out);
             if (ns < best[c]) best[c] = ns;
         }
     int pick = 0;
-    for (int c = 1; c < 5; c++)
+    for (int c = 1; c < FP_CHOOSE_CANDS; c++)
         if (best[c] < best[pick]) pick = c;
     t->mode = cand[pick][0];
     t->gather = cand[pick][1];
+    t->pgather = cand[pick][2];
     free(rows);
     free(out);
 }

@@ -997,7 +997,7 @@ cdef class PackedTrees:
         """How the trees were laid out: perfect depth, groups of 16, trees walked compactly."""
         return {"depth": self.t.depth, "groups": self.t.n_groups, "compact": self.t.n_rest,
                 "arena_bytes": self.t.arena_bytes, "lane_walk": bool(self.t.walk_ok),
-                "walk": self.walk}
+                "walk": self.walk, "perfect_walk": self.perfect_walk}
 
     @property
     def walk(self):
@@ -1018,6 +1018,42 @@ cdef class PackedTrees:
                              f"(multi-target leaves, EQ or strict splits, MIN / MAX, more than "
                              f"8192 trees or a tree of more than 65535 nodes)")
         self.t.mode, self.t.gather = _TREE_WALKS[name]
+
+    @property
+    def perfect_walk(self):
+        """How the vector sets walk the perfect groups, measured at load: "gather" (vector
+        gathers) or "steps" (scalar steps, 16 lanes interleaved; what the scalar set always
+        runs). Settable, for tests and the bench; both give the same bits."""
+        return "gather" if self.t.pgather else "steps"
+
+    @perfect_walk.setter
+    def perfect_walk(self, str name):
+        if name not in ("gather", "steps"):
+            raise InputError(f"unknown perfect walk {name!r}; expected 'gather' or 'steps'")
+        self.t.pgather = name == "gather"
+
+    def time_rows(self, x):
+        """ns for one evaluation of each row of x (2-d, n_features columns), each row once in
+        order, timed one by one in C with the GIL released: the walk alone on fresh rows,
+        without Engine.predict's Python call (the clock read, ~20-30 ns, is included)."""
+        a = _tree_rows(x)
+        if a.ndim != 2 or a.shape[1] != self.n_features or a.shape[0] < 1:
+            raise InputError(f"x must be a 2-d array of rows of {self.n_features} features, got "
+                             f"{_describe(x)}")
+        cdef cnp.ndarray v = np.ascontiguousarray(a, dtype=np.float32)
+        cdef cnp.ndarray res = np.empty(a.shape[0], np.int64)
+        cdef cnp.ndarray o = np.empty(max(self.n_outputs, 1), np.float32)
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(v)
+        cdef float *op = <float *>cnp.PyArray_DATA(o)
+        cdef int64_t *rp = <int64_t *>cnp.PyArray_DATA(res)
+        cdef Py_ssize_t i, n = a.shape[0], nf = self.n_features
+        cdef int64_t t0
+        with nogil:
+            for i in range(n):
+                t0 = fp_mono_ns()
+                self.ev(&self.t, xp + i * nf, op)
+                rp[i] = fp_mono_ns() - t0
+        return res
 
     def eval(self, x):
         """Outputs for one feature vector (NaN: a missing value) or each row of a 2-d array."""

@@ -124,7 +124,7 @@ FP_TARGET_AVX2 void fp_trees_lanes_avx2(const fp_trees *t, const float *x, const
         _mm256_storeu_si256((__m256i *)(idx + 8), i1);
         for (int k = 0; k < FP_TREES_WALK_LANES; k++)
             if (b[q].slot[k] >= 0)
-                vals[b[q].slot[k]] = t->leafv[t->nodes[idx[k]].other];
+                vals[b[q].slot[k]] = t->wleaf[idx[k]];
     }
 }
 
@@ -143,14 +143,18 @@ FP_TARGET_AVX2 void fp_trees_eval_avx2(const fp_trees *t, const float *x, float 
         fp_trees_finalize(t, acc, out);
         return;
     }
-    __m256 v[FP_TV];
-    int gs[FP_TV], hs[FP_TV];
-    for (int g = 0; g < t->n_groups; g += FP_TV / 2) {
-        const int ng = t->n_groups - g < FP_TV / 2 ? t->n_groups - g : FP_TV / 2;
-        for (int k = 0; k < 2 * ng; k++) { gs[k] = g + k / 2; hs[k] = k & 1; }
-        fp_walk8(t, x, gs, hs, 2 * ng, v);
-        for (int k = 0; k < ng; k++)
-            acc[t->ptarget[g + k]] += fp_hsum16d(v[2 * k], v[2 * k + 1]);
+    if (!t->pgather) {
+        fp_trees_perfect_steps(t, x, acc);
+    } else {
+        __m256 v[FP_TV];
+        int gs[FP_TV], hs[FP_TV];
+        for (int g = 0; g < t->n_groups; g += FP_TV / 2) {
+            const int ng = t->n_groups - g < FP_TV / 2 ? t->n_groups - g : FP_TV / 2;
+            for (int k = 0; k < 2 * ng; k++) { gs[k] = g + k / 2; hs[k] = k & 1; }
+            fp_walk8(t, x, gs, hs, 2 * ng, v);
+            for (int k = 0; k < ng; k++)
+                acc[t->ptarget[g + k]] += fp_hsum16d(v[2 * k], v[2 * k + 1]);
+        }
     }
     if (t->mode == FP_TREES_MODE_REST) {
         (t->gather ? fp_trees_lanes_avx2 : fp_trees_lanes_scalar)(t, x, t->wrest, t->n_wrest, vals);

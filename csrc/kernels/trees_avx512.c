@@ -102,7 +102,7 @@ FP_TARGET_AVX512 void fp_trees_lanes_avx512(const fp_trees *t, const float *x, c
         _mm512_storeu_si512((void *)idx, i0);
         for (int k = 0; k < FP_TREES_WALK_LANES; k++)
             if (b[q].slot[k] >= 0)
-                vals[b[q].slot[k]] = t->leafv[t->nodes[idx[k]].other];
+                vals[b[q].slot[k]] = t->wleaf[idx[k]];
     }
 }
 
@@ -121,22 +121,26 @@ FP_TARGET_AVX512 void fp_trees_eval_avx512(const fp_trees *t, const float *x, fl
         fp_trees_finalize(t, acc, out);
         return;
     }
-    __m512 v[FP_TV16];
-    for (int g = 0; g < t->n_groups; g += FP_TV16) {
-        const int n = t->n_groups - g < FP_TV16 ? t->n_groups - g : FP_TV16;
-        fp_walk16(t, x, g, n, v);
-        /* the lanes added in double, as the compact walk and the other sets add, in
-         * fp_trees_sum16's order (written out: _mm512_reduce_add_pd's order is the
-         * compiler's to choose) */
-        for (int k = 0; k < n; k++) {
-            const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v[k]));
-            const __m512d hi = _mm512_cvtps_pd(_mm256_castsi256_ps(
-                _mm512_extracti64x4_epi64(_mm512_castps_si512(v[k]), 1)));
-            const __m512d t8 = _mm512_add_pd(lo, hi);
-            const __m256d u = _mm256_add_pd(_mm512_castpd512_pd256(t8),
-                                            _mm512_extractf64x4_pd(t8, 1));
-            const __m128d w = _mm_add_pd(_mm256_castpd256_pd128(u), _mm256_extractf128_pd(u, 1));
-            acc[t->ptarget[g + k]] += _mm_cvtsd_f64(_mm_add_sd(w, _mm_unpackhi_pd(w, w)));
+    if (!t->pgather) {
+        fp_trees_perfect_steps(t, x, acc);
+    } else {
+        __m512 v[FP_TV16];
+        for (int g = 0; g < t->n_groups; g += FP_TV16) {
+            const int n = t->n_groups - g < FP_TV16 ? t->n_groups - g : FP_TV16;
+            fp_walk16(t, x, g, n, v);
+            /* the lanes added in double, as the compact walk and the other sets add, in
+             * fp_trees_sum16's order (written out: _mm512_reduce_add_pd's order is the
+             * compiler's to choose) */
+            for (int k = 0; k < n; k++) {
+                const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v[k]));
+                const __m512d hi = _mm512_cvtps_pd(_mm256_castsi256_ps(
+                    _mm512_extracti64x4_epi64(_mm512_castps_si512(v[k]), 1)));
+                const __m512d t8 = _mm512_add_pd(lo, hi);
+                const __m256d u = _mm256_add_pd(_mm512_castpd512_pd256(t8),
+                                                _mm512_extractf64x4_pd(t8, 1));
+                const __m128d w = _mm_add_pd(_mm256_castpd256_pd128(u), _mm256_extractf128_pd(u, 1));
+                acc[t->ptarget[g + k]] += _mm_cvtsd_f64(_mm_add_sd(w, _mm_unpackhi_pd(w, w)));
+            }
         }
     }
     if (t->mode == FP_TREES_MODE_REST) {

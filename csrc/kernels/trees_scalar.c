@@ -1,7 +1,7 @@
 /* trees_scalar.c: the tree-ensemble evaluator without vector instructions (the reference
  * the vector sets are tested against, and what a CPU without AVX2 runs). The perfect part
- * is walked lane by lane in the same layout the vector sets gather from; the lane walk
- * steps its 16 trees one after the other inside each level, so their loads overlap. */
+ * and the lane walk step their 16 trees one after the other inside each level, in the same
+ * layout the vector sets gather from, so that 16 chains of loads overlap. */
 #include "../fp_trees.h"
 #include <string.h>
 
@@ -22,7 +22,33 @@ void fp_trees_lanes_scalar(const fp_trees *t, const float *x, const fp_wbatch *b
         }
         for (int k = 0; k < FP_TREES_WALK_LANES; k++)
             if (b[q].slot[k] >= 0)
-                vals[b[q].slot[k]] = t->leafv[t->nodes[idx[k]].other];
+                vals[b[q].slot[k]] = t->wleaf[idx[k]];
+    }
+}
+
+void fp_trees_perfect_steps(const fp_trees *t, const float *x, double *acc) {
+    const int D = t->depth;
+    const size_t inner = ((size_t)1 << D) - 1, leaves = (size_t)1 << D;
+    for (int g = 0; g < t->n_groups; g++) {
+        const int32_t *pf = t->pfeat + (size_t)g * inner * FP_TREES_LANES;
+        const float *pt = t->pthr + (size_t)g * inner * FP_TREES_LANES;
+        const float *pl = t->pleaf + (size_t)g * leaves * FP_TREES_LANES;
+        /* level by level, the 16 lanes inside: a lane's levels are a chain of dependent
+         * loads, the lanes are not, so 16 chains overlap instead of one */
+        uint32_t idx[FP_TREES_LANES];
+        for (int lane = 0; lane < FP_TREES_LANES; lane++) idx[lane] = 0;
+        for (int l = 0; l < D; l++)
+            for (int lane = 0; lane < FP_TREES_LANES; lane++) {
+                const size_t o = (size_t)idx[lane] * FP_TREES_LANES + (size_t)lane;
+                idx[lane] = 2 * idx[lane] + 2 - (uint32_t)(x[pf[o]] <= pt[o]);
+            }
+        /* in double, as the compact walk adds: a float sum of 16 leaves (1e8, 1, ..., -1e8)
+         * loses what the same trees add on the compact path (taken when any feature is NaN);
+         * in the vector sets' pairwise order (fp_trees_sum16), not lane by lane */
+        double d[FP_TREES_LANES];
+        for (int lane = 0; lane < FP_TREES_LANES; lane++)
+            d[lane] = pl[((size_t)idx[lane] - inner) * FP_TREES_LANES + (size_t)lane];
+        acc[t->ptarget[g]] += fp_trees_sum16(d);
     }
 }
 
@@ -43,26 +69,7 @@ void fp_trees_eval_scalar(const fp_trees *t, const float *x, float *out) {
         fp_trees_finalize(t, acc, out);
         return;
     }
-    const int D = t->depth;
-    const size_t inner = ((size_t)1 << D) - 1, leaves = (size_t)1 << D;
-    for (int g = 0; g < t->n_groups; g++) {
-        const int32_t *pf = t->pfeat + (size_t)g * inner * FP_TREES_LANES;
-        const float *pt = t->pthr + (size_t)g * inner * FP_TREES_LANES;
-        const float *pl = t->pleaf + (size_t)g * leaves * FP_TREES_LANES;
-        /* in double, as the compact walk adds: a float sum of 16 leaves (1e8, 1, ..., -1e8)
-         * loses what the same trees add on the compact path (taken when any feature is NaN);
-         * in the vector sets' pairwise order (fp_trees_sum16), not lane by lane */
-        double d[FP_TREES_LANES];
-        for (int lane = 0; lane < FP_TREES_LANES; lane++) {
-            size_t idx = 0;
-            for (int l = 0; l < D; l++) {
-                const size_t o = idx * FP_TREES_LANES + lane;
-                idx = 2 * idx + 2 - (size_t)(x[pf[o]] <= pt[o]);
-            }
-            d[lane] = pl[(idx - inner) * FP_TREES_LANES + lane];
-        }
-        acc[t->ptarget[g]] += fp_trees_sum16(d);
-    }
+    fp_trees_perfect_steps(t, x, acc);
     if (t->mode == FP_TREES_MODE_REST) {
         fp_trees_lanes_scalar(t, x, t->wrest, t->n_wrest, vals);
         fp_trees_sum_rest(t, vals, acc);

@@ -613,8 +613,8 @@ def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
     leaf otherwise; the trees of depth <= 10 with one target, ordered splits and a sum are
     also laid out as perfect trees of the largest such depth, 16 per group and target (with
     the tree index of each lane, for the compact walk of an input holding a NaN); ensembles
-    of one-target trees with ordered splits also get the lane walk's 8-byte nodes and batches
-    of 16 trees."""
+    of one-target trees with ordered splits also get the lane walk's 8-byte nodes, a leaf
+    value per node and batches of 16 trees."""
     off = np.asarray(off, np.int64)
     mode = np.asarray(mode)
     n_trees, n_nodes = off.size - 1, int(off[-1])
@@ -659,7 +659,8 @@ def packed_layout(off, mode, wn, wt, depth, n_targets: int, n_base: int,
              "base values": al(4 * (n_base + 1)) + al(T),
              "perfect trees": al(4 * (groups + 1)) + al(4 * groups * _LANES)
              + 2 * al(4 * groups * inner * _LANES) + al(4 * groups * nleaf * _LANES),
-             "lane walk": (al(8 * (n_nodes + 1)) if walk else 0) + al(_WBATCH * nb_rest)
+             "lane walk": (al(8 * (n_nodes + 1)) + al(4 * (n_nodes + 1)) if walk else 0)
+             + al(_WBATCH * nb_rest)
              + al(_WBATCH * nb_all)}
     return sum(parts.values()), parts
 

@@ -405,6 +405,7 @@ def target_trees(data):
         if pk.layout["lane_walk"]:      # any walk, whichever was timed fastest: the same bits
             pk.walk = fdp.PickValueInList(["compact", "lanes-rest", "gather-rest", "lanes-all",
                                            "gather-all"])
+        pk.perfect_walk = fdp.PickValueInList(["gather", "steps"])
         outs[k] = pk.eval(X)
     first = outs[tree_isas()[0]]
     for k, o in outs.items():

@@ -40,3 +40,31 @@ def assert_parity(model, native, isa, X=None):
         for kind, k in r.kinds.items():
             assert k["max_rel"] <= BOUND, (kind, str(r))
     return rep
+
+
+def threshold_rows(trees, seed=0):
+    """Random rows, rows with one feature on, just below and just above a split threshold,
+    rows with every feature on one of its thresholds, and rows holding NaN (float32, no Inf)."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((60, trees.n_features)).astype(F) * 1.5
+    splits = trees.split_thresholds()
+    rng.shuffle(splits)
+    rows = [base]
+    for i, (f, t) in enumerate(splits[:150]):
+        for v in (F(t), np.nextafter(F(t), F(-np.inf)), np.nextafter(F(t), F(np.inf))):
+            r = base[i % len(base)].copy()
+            r[f] = v
+            rows.append(r[None])
+    by_f = {}
+    for f, t in splits:
+        by_f.setdefault(f, []).append(t)
+    for i in range(20):
+        r = base[i].copy()
+        for f, ts in by_f.items():
+            r[f] = ts[rng.integers(len(ts))]
+        rows.append(r[None])
+    nan = base[:20].copy()
+    nan[np.arange(20), rng.integers(0, trees.n_features, 20)] = np.nan
+    rows.append(nan)
+    out = np.vstack(rows).astype(F)
+    return out[~np.any(np.isinf(out), axis=1)]

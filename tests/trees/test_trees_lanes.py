@@ -11,6 +11,7 @@ from fastpath import Engine, InputError, Model, TreeEnsemble
 from fastpath._kernels import PackedTrees, tree_isas
 from fastpath.model.trees import packed_layout
 from helpers.builders import engine_cfg
+from helpers.native_trees import threshold_rows
 from helpers.oracle import assert_close, ort_run
 
 F = np.float32
@@ -68,43 +69,18 @@ def exported(tmp_path_factory):
     return out
 
 
-def _rows(trees, seed=0):
-    """Random rows, rows with one feature on, just below and just above a split threshold,
-    rows with every feature on one of its thresholds, and rows holding NaN."""
-    rng = np.random.default_rng(seed)
-    base = rng.standard_normal((60, trees.n_features)).astype(F) * 1.5
-    splits = trees.split_thresholds()
-    rng.shuffle(splits)
-    rows = [base]
-    for i, (f, t) in enumerate(splits[:150]):
-        for v in (F(t), np.nextafter(F(t), F(-np.inf)), np.nextafter(F(t), F(np.inf))):
-            r = base[i % len(base)].copy()
-            r[f] = v
-            rows.append(r[None])
-    by_f = {}
-    for f, t in splits:
-        by_f.setdefault(f, []).append(t)
-    for i in range(20):
-        r = base[i].copy()
-        for f, ts in by_f.items():
-            r[f] = ts[rng.integers(len(ts))]
-        rows.append(r[None])
-    nan = base[:20].copy()
-    nan[np.arange(20), rng.integers(0, trees.n_features, 20)] = np.nan
-    rows.append(nan)
-    out = np.vstack(rows).astype(F)
-    return out[~np.any(np.isinf(out), axis=1)]
-
-
 def _all_walks(trees, X):
-    """{(isa, walk): outputs} over every kernel set this CPU runs and every walk."""
+    """{(isa, walk, perfect walk): outputs} over every kernel set this CPU runs, every walk
+    and both walks of the perfect groups."""
     out = {}
     for isa in tree_isas():
         pk = PackedTrees(trees, isa)
         assert pk.layout["lane_walk"]
         for w in WALKS:
-            pk.walk = w
-            out[isa, w] = pk.eval(X)
+            for pw in ("gather", "steps"):
+                pk.walk = w
+                pk.perfect_walk = pw
+                out[isa, w, pw] = pk.eval(X)
     return out
 
 
@@ -112,9 +88,9 @@ def _all_walks(trees, X):
 def test_lane_walk_matches_compact_walk_bit_for_bit_and_onnxruntime(exported, name):
     path = exported[name]
     m = Model.from_onnx(path)
-    X = _rows(m.trees)
+    X = threshold_rows(m.trees)
     got = _all_walks(m.trees, X)
-    ref = got["scalar", "compact"]
+    ref = got["scalar", "compact", "steps"]
     for key, v in got.items():
         assert np.array_equal(v, ref, equal_nan=True), key
     assert_close(ref, ort_run(path, X, fallback=-1))
@@ -124,7 +100,7 @@ def test_lane_walk_matches_compact_walk_bit_for_bit_and_onnxruntime(exported, na
 def test_engine_predict_with_the_walk_chosen_at_load(exported, name, isa):
     path = exported[name]
     m = Model.from_onnx(path)
-    X = _rows(m.trees, seed=1)
+    X = threshold_rows(m.trees, seed=1)
     eng = Engine(m, config=engine_cfg(isa))
     got = np.stack([eng.predict(x) for x in X])
     want = PackedTrees(m.trees, "scalar")
@@ -183,7 +159,7 @@ def test_lane_walk_adds_leaves_in_the_compact_order():
     pk = PackedTrees(te, "scalar")
     assert pk.layout["groups"] > 0 and pk.layout["compact"] > 0
     got = _all_walks(te, X)
-    ref = got["scalar", "compact"]
+    ref = got["scalar", "compact", "steps"]
     for key, v in got.items():
         assert np.array_equal(v, ref), key
     assert_close(ref, Model((), trees=te).forward(X))
