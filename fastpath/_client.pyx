@@ -97,7 +97,7 @@ def _reply_error(int err, unsigned long long seq, long long symbol, long long ts
 # --- step_book's argument checks and messages: Engine.step_book's, word for word -----------
 
 _BOOK_ARRAYS = ("bid_px", "bid_sz", "ask_px", "ask_sz")
-_BOOK_RAW = 256
+cdef int _BOOK_RAW = 256      # the raw vector fastpath.lob makes from a book
 
 
 cdef inline cnp.ndarray _levels(object a, str name):

@@ -3,12 +3,15 @@ Engine.step_book gives for the same update, and changes nothing: the served symb
 next updates exactly as an in-process twin that never saw the bad one. Argument errors are
 caught by the client before anything is sent; an update the server's engine refuses comes back
 as a reply naming the field and level."""
+import re
+
 import numpy as np
 import pytest
 
 import fastpath
 from fastpath import Engine, lob
 from fastpath._build import DEMO_MODEL
+from fastpath._client import _reply_error
 from fastpath.errors import InputError
 from helpers.serving import cfg, uname
 
@@ -169,3 +172,19 @@ def test_bad_tick_sizes_refused_before_serving(ticks, msg):
         fastpath.serve(name, config=cfg(), tick_sizes=ticks)
     with pytest.raises(fastpath.ServeError):
         fastpath.connect(name, timeout=0)
+
+
+@pytest.mark.parametrize("why,where,msg", [
+    (1, 2 * 256 + 6, r"ask_px level 7 refused \(code 1\)"),
+    (4, 0, r"crossed or locked book; best bid must be below best ask"),
+    (5, 1, r"trade_cnt refused: must be finite and >= 0"),
+    (7, 0, r"symbol 3 has no tick size on the server"),
+    (3, 9 * 256, r"book update refused \(code 3, field 2304\)"),
+])
+def test_refusal_taken_by_poll_names_the_field_without_the_values(why, where, msg):
+    """A book refusal taken off the ring by poll() (step_book interrupted while it waited),
+    where the update's values are not at hand: the field and level from the reply alone."""
+    exc = _reply_error(-9, 5, 3, 100, 0.0, 0.0, why, where)
+    assert isinstance(exc, InputError)
+    assert str(exc).startswith("book update refused (request 5, symbol 3): ")
+    assert re.search(msg, str(exc))
