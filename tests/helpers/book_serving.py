@@ -2,6 +2,7 @@
 a stream's updates as step_book arguments, and a replay through any step_book (a served
 client's or an in-process Engine's)."""
 from contextlib import contextmanager
+import time
 
 import numpy as np
 
@@ -9,6 +10,21 @@ import fastpath
 from fastpath._build import DEMO_MODEL
 from helpers.book import book_engine
 from helpers.serving import cfg, uname
+
+
+def counted(srv, served, errors=0, timeout=60.0):
+    """srv.stats() once its loop has counted at least `served` requests and `errors` error
+    replies: the loop adds a round's requests to its counts after it has answered them, so a
+    count read right after the last answer may not hold it yet."""
+    end = time.monotonic() + timeout
+    while True:
+        st = srv.stats()
+        if st["served"] >= served and st["errors"] >= errors:
+            return st
+        assert time.monotonic() < end, (f"the server counted {st['served']} requests, "
+                                        f"{st['errors']} errors in {timeout} s; expected "
+                                        f"{served}, {errors}")
+        time.sleep(0.0005)
 
 
 def tick_sizes(bs):

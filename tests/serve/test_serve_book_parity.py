@@ -12,7 +12,7 @@ import fastpath
 from fastpath import lob
 from fastpath._build import DEMO_MODEL
 from helpers.book import lobster_files
-from helpers.book_serving import book_server, local_engine, replay, tick_sizes, update
+from helpers.book_serving import book_server, counted, local_engine, replay, tick_sizes, update
 from helpers.builders import DATA_DIR
 from helpers.serving import cfg, uname
 
@@ -22,7 +22,7 @@ def _check(isa, bs, rows=None):
     want = replay(local_engine(isa, ticks).step_book, bs, rows)
     with book_server(isa, ticks) as (srv, c):
         got = replay(c.step_book, bs, rows)
-        st = srv.stats()
+        st = counted(srv, len(want))
     np.testing.assert_array_equal(got, want)
     assert st["served"] == len(want) and st["errors"] == 0
 
