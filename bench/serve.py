@@ -21,6 +21,11 @@ Method (printed with the results):
   rdtsc, converted at the rate seen against CLOCK_MONOTONIC over the run) around one submit +
   spin in tests/c/client.c built with cc -O2 against fastpath.get_include(), after an untimed
   pass over the tick pool.
+- Book update rows: the same, one order book update a call (fastpath.lob.generate_stream,
+  10 levels a side, a pool of 4096 updates of one symbol, ts_ns moving on 1 us a call) through
+  Engine.step_book in-process, client.step_book (a book request: the worker runs the live
+  book stage, then the tick), and tests/c/book_client.c's fp_client_try_submit_book; the
+  worker's row is its fp_step_book, book stage included.
 - The soak: 2 client processes, each owning its symbols, pipeline submit()/poll(); every reply
   must come back once, in order, and equal what a local Engine gives for the same ticks
   (checked chunk by chunk with Engine.step_batch). Ticks cycle through a pool of 4096 raw rows.
@@ -53,6 +58,7 @@ import fastpath  # noqa: E402
 from _commit import commit_stamp, results_dir  # noqa: E402
 from _report import percentiles  # noqa: E402
 from fastpath._build import DEMO_MODEL  # noqa: E402
+from fastpath.lob import generate_stream  # noqa: E402
 
 REPO = os.path.dirname(HERE)
 POOL = 4096
@@ -94,6 +100,30 @@ def timer_overhead() -> float:
         a = t()
         d[i] = t() - a
     return float(np.median(d))
+
+
+def book_pool(seed: int = 0):
+    """POOL updates of one symbol (fastpath.lob's generator) and its tick size."""
+    bs = generate_stream(POOL, 1, seed=seed)
+    return bs, float(np.asarray(bs.tick_size).flat[0])
+
+
+def timed_book_calls(step_book, bs, symbol, n, overhead, ts0=0):
+    """ns of step_book(symbol, levels..., ts_ns, trades...) per call (Engine.step_book or
+    Client.step_book), the updates of bs in turn, ts_ns = ts0 + 1000 (i + 1); minus the empty
+    region's cost. -> (times, the last ts_ns used)."""
+    t = time.perf_counter_ns
+    out = np.empty(n, np.int64)
+    bp, bz, ap, az = bs.bid_px, bs.bid_sz, bs.ask_px, bs.ask_sz
+    tv, tc, ls = bs.trade_vol.tolist(), bs.trade_cnt.tolist(), bs.last_trade_sz.tolist()
+    for i in range(n):
+        k = i % POOL
+        b0, b1, a0, a1, v, c, z = bp[k], bz[k], ap[k], az[k], tv[k], int(tc[k]), ls[k]
+        ts = ts0 + 1000 * (i + 1)
+        a = t()
+        step_book(symbol, b0, b1, a0, a1, ts, v, c, z)
+        out[i] = t() - a
+    return np.maximum(out - overhead, 0), ts0 + 1000 * n
 
 
 def timed_calls(step, raws, n, overhead):
@@ -212,6 +242,26 @@ def soak(name, model_cfg, raws, n_total, tmp):
     return res
 
 
+def _book_c_rows(out, cc, src, books, name, calls, client_core, tmp, srv) -> None:
+    """The C feed handler's book update round trips (tests/c/book_client.c, symbol 2)."""
+    exe = os.path.join(tmp, "book_client")
+    subprocess.run([cc, "-O2", f"-I{fastpath.get_include()}", src, "-o", exe], check=True)
+    rec = np.zeros(POOL, [("symbol", "<i4"), ("pad", "<i4"), ("ts_ns", "<i8"),
+                          ("bid_px", "<f8", 10), ("bid_sz", "<f8", 10), ("ask_px", "<f8", 10),
+                          ("ask_sz", "<f8", 10), ("trade_vol", "<f8"), ("trade_cnt", "<f8"),
+                          ("last_trade_sz", "<f8")])
+    rec["symbol"] = 2
+    for k in ("bid_px", "bid_sz", "ask_px", "ask_sz", "trade_vol", "trade_cnt",
+              "last_trade_sz"):
+        rec[k] = getattr(books, k)
+    rec.tofile(os.path.join(tmp, "book.bin"))
+    subprocess.run([exe, name, "bench", os.path.join(tmp, "book.bin"), str(POOL),
+                    os.path.join(tmp, "book.i64"), str(calls), str(POOL)], check=True,
+                   preexec_fn=lambda: os.sched_setaffinity(0, {client_core}))
+    out["book_round_trip_c_ns"] = pct(np.fromfile(os.path.join(tmp, "book.i64"), np.int64))
+    out["worker_in_c_book_total_c_run_ns"] = pct(srv.latency_records()[-calls:, 3])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer calls and a 200,000-request soak")
@@ -243,6 +293,9 @@ def main(argv=None) -> int:
     name = f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     eng = fastpath.Engine(DEMO_MODEL, config=local_cfg)
     raws = pool(eng.raw_len)
+    # book updates on symbols of their own (1: Python, 2: C): time goes forward on each
+    books, tick = book_pool()
+    eng.set_tick_size(1, tick)
     overhead = timer_overhead()
     out = {"commit": commit_stamp(HERE), "fastpath": fastpath.__version__,
            "host": {"cpu": platform.processor() or platform.machine(), "cores_allowed": cores,
@@ -253,7 +306,7 @@ def main(argv=None) -> int:
           + (" (one core: both share it)" if shared else "") + f"; {calls} calls per row")
 
     # the worker thread is placed from this thread's affinity: pin this one after it started
-    with fastpath.serve(name, None, cfg) as srv:
+    with fastpath.serve(name, None, cfg, tick_sizes={1: tick, 2: tick}) as srv:
         os.sched_setaffinity(0, {client_core})
         out["placement"] = srv.placement.get("lines", srv.placement)
         # in-process Engine.step on the client's core: the baseline the rings add to
@@ -266,6 +319,15 @@ def main(argv=None) -> int:
             out["worker_in_c_total_ns"] = pct(lat[:, 3])
             # submit (the client's TSC stamp) to the worker picking the request up
             out["request_handoff_python_ns"] = pct(lat[:, 4])
+            # book updates: in-process, then through the ring (same symbol, same updates)
+            warm = min(calls, 5000)
+            _, ts = timed_book_calls(eng.step_book, books, 1, warm, overhead)
+            t_in, _ = timed_book_calls(eng.step_book, books, 1, calls, overhead, ts)
+            out["in_process_step_book_ns"] = pct(t_in)
+            _, ts = timed_book_calls(c.step_book, books, 1, warm, overhead)
+            t_rt, _ = timed_book_calls(c.step_book, books, 1, calls, overhead, ts)
+            out["book_round_trip_python_ns"] = pct(t_rt)
+            out["worker_in_c_book_total_ns"] = pct(srv.latency_records()[-calls:, 3])
         cc = shutil.which("cc")
         with tempfile.TemporaryDirectory() as tmp:
             if cc:
@@ -281,6 +343,9 @@ def main(argv=None) -> int:
                 lat = srv.latency_records()[-calls:]
                 out["worker_in_c_total_c_run_ns"] = pct(lat[:, 3])
                 out["request_handoff_c_ns"] = pct(lat[:, 4])
+                book_src = os.path.join(REPO, "tests", "c", "book_client.c")
+                if os.path.exists(book_src):
+                    _book_c_rows(out, cc, book_src, books, name, calls, client_core, tmp, srv)
             else:
                 out["round_trip_c_ns"] = None
                 print("no cc on PATH: the C client row is skipped")
@@ -295,7 +360,12 @@ def main(argv=None) -> int:
             ("  worker fp_step in C", out["worker_in_c_total_ns"]),
             ("round trip from C", out["round_trip_c_ns"]),
             ("  request hand-off", out.get("request_handoff_c_ns")),
-            ("  worker fp_step in C", out.get("worker_in_c_total_c_run_ns"))]
+            ("  worker fp_step in C", out.get("worker_in_c_total_c_run_ns")),
+            ("in-process step_book()", out["in_process_step_book_ns"]),
+            ("book round trip from Python", out["book_round_trip_python_ns"]),
+            ("  worker fp_step_book in C", out["worker_in_c_book_total_ns"]),
+            ("book round trip from C", out.get("book_round_trip_c_ns")),
+            ("  worker fp_step_book in C", out.get("worker_in_c_book_total_c_run_ns"))]
     # n: a row of fewer calls than its round trips (a ring past MAX_RECORDS) says so
     print(f"{'':28s} {'p50 ns':>9s} {'p90 ns':>9s} {'p99 ns':>9s} {'p99.9 ns':>9s} {'n':>9s}")
     for label, r in rows:

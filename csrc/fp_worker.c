@@ -15,6 +15,19 @@ _Static_assert((int)FP_REP_ERR_TIME_BACKWARDS == (int)FP_ERR_TIME_BACKWARDS, "re
 _Static_assert((int)FP_REP_ERR_NONFINITE_OUTPUT == (int)FP_ERR_NONFINITE_OUTPUT, "reply codes");
 _Static_assert((int)FP_REP_ERR_NONFINITE_FEATURE == (int)FP_ERR_NONFINITE_FEATURE, "reply codes");
 _Static_assert((int)FP_REP_ERR_NOT_PROBABILITY == (int)FP_ERR_NOT_PROBABILITY, "reply codes");
+_Static_assert((int)FP_REP_ERR_PARAM == (int)FP_ERR_PARAM, "reply codes");
+_Static_assert((int)FP_REP_ERR_BOOK == (int)FP_ERR_BOOK, "reply codes");
+_Static_assert(FP_RING_BOOK_LEVELS == FP_BOOK_LEVELS, "a book request carries the book's levels");
+_Static_assert((int)FP_REP_BOOK_PRICE == (int)FP_BOOK_ERR_PRICE &&
+               (int)FP_REP_BOOK_SIZE == (int)FP_BOOK_ERR_SIZE &&
+               (int)FP_REP_BOOK_ORDER == (int)FP_BOOK_ERR_ORDER &&
+               (int)FP_REP_BOOK_CROSSED == (int)FP_BOOK_ERR_CROSSED &&
+               (int)FP_REP_BOOK_TRADE == (int)FP_BOOK_ERR_TRADE &&
+               (int)FP_REP_BOOK_RANGE == (int)FP_BOOK_ERR_RANGE &&
+               (int)FP_REP_BOOK_NOTICK == (int)FP_BOOK_ERR_NOTICK, "book refusals mirror fp_book.h");
+_Static_assert((int)FP_REP_BOOK_BID_PX == (int)FP_BOOK_BID_PX &&
+               (int)FP_REP_BOOK_ASK_SZ == (int)FP_BOOK_ASK_SZ, "sides mirror fp_book.h");
+_Static_assert(sizeof(fp_req_book) == 4 * FP_BOOK_LEVELS * sizeof(double), "levels only");
 _Static_assert(sizeof(fp_rep) == 64, "a reply is one cache line");
 _Static_assert(sizeof(fp_req) == 64, "a request's header is one line, its raw values start on the next");
 _Static_assert(sizeof(fp_seg_header) <= FP_SEG_HEADER_BYTES, "header fits its reserved bytes");
@@ -242,11 +255,34 @@ size_t fp_lat_snapshot(const fp_lat_ring *L, uint32_t *out) {
     return n;
 }
 
+/* A book request (q->kind FP_REQ_BOOK) stepped: its levels copied into the worker's own
+ * memory first (the slot is the client's, see serve_client: fp_step_book checks the levels,
+ * then computes from them), then fp_step_book. The book stage's time goes to *aux (an
+ * accepted update), or where the update was refused (FP_ERR_BOOK, with *why). */
+static int step_book_request(fp_engine *e, const fp_req *q, int32_t symbol, int64_t ts_ns,
+                             fp_result *res, int *why, uint16_t *aux) {
+    const volatile fp_req *v = q;       /* each trade field read once */
+    fp_req_book b;
+    memcpy(&b, (const void *)q->raw, sizeof b);
+    fp_book_update u = {b.bid_px, b.bid_sz, b.ask_px, b.ask_sz, ts_ns,
+                        v->trade_vol, v->trade_cnt, v->last_trade_sz};
+    int64_t book_ns = 0;
+    int where = 0;
+    const int rc = fp_step_book(e, symbol, &u, res, &book_ns, why, &where);
+    if (rc == FP_OK)
+        *aux = (uint16_t)(book_ns < 0 ? FP_REP_BOOK_NS_NONE
+                          : book_ns > (int64_t)FP_REP_BOOK_NS_MAX ? FP_REP_BOOK_NS_MAX
+                          : (uint64_t)book_ns);
+    else if (rc == FP_ERR_BOOK)
+        *aux = (uint16_t)where;
+    return rc;
+}
+
 /* Serve what client i has published, at most `budget` requests (so one busy client cannot
  * starve the others); returns how many were served. Stops early when the client's reply
  * ring is full: it has not taken its replies, and its requests wait in its own ring.
- * tick: the worker's own raw_len floats, each request is copied there before it is checked
- * and stepped (see below). */
+ * tick: the worker's own raw_len floats, each raw request is copied there before it is
+ * checked and stepped (see below; a book request's levels go to step_book_request's own). */
 static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget, uint64_t end,
                         fp_lat_ring *lat, float *tick, uint64_t born, fp_worker_stats *S) {
     fp_ring_ctl *ctl = fp_lay_ctl(L, i);
@@ -257,6 +293,7 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
     uint64_t rep_head = FP_LOAD_RLX(&ctl->rep_head.v);
     uint64_t rep_tail = FP_LOAD_ACQ(&ctl->rep_tail.v);
     const uint32_t raw_lines = (L->raw_len * 4u + 63u) / 64u;
+    const uint32_t book_lines = (uint32_t)((sizeof(fp_req_book) + 63u) / 64u);
     int n = 0;
     uint64_t errors = 0;
     int64_t busy = 0;
@@ -266,8 +303,11 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
             if (rep_head - rep_tail >= L->slots)
                 break;
         }
-        /* every raw line at once, before the first load of the z-score stalls on line 0 */
-        for (uint32_t k = 0; k < raw_lines; k++)
+        /* the kind is on the header line published() just read: no line more for it */
+        const uint32_t kind = FP_LOAD_RLX(&q->kind);
+        const uint32_t lines = kind == FP_REQ_BOOK ? book_lines : raw_lines;
+        /* every body line at once, before the first load of the z-score stalls on line 0 */
+        for (uint32_t k = 0; k < lines; k++)
             __builtin_prefetch((const char *)q->raw + 64u * k, 0, 3);
         fp_rep *r = fp_lay_rep(L, ctl, rep_head);
         const uint64_t t0 = fp_ticks();
@@ -282,16 +322,20 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
         const int32_t symbol = FP_LOAD_RLX(&q->symbol);
         const int64_t ts_ns = FP_LOAD_RLX(&q->ts_ns);
         const uint64_t sent = (uint64_t)FP_LOAD_RLX(&q->sent);
-        memcpy(tick, q->raw, sizeof(float) * L->raw_len);
         fp_result res;
-        int rc;
+        int rc, why = 0;
+        uint16_t aux = 0;
         /* the client validated these; the worker still refuses what would corrupt it */
-        if (symbol < 0 || (uint32_t)symbol >= L->n_symbols)
+        if (symbol < 0 || (uint32_t)symbol >= L->n_symbols) {
             rc = FP_ERR_SYMBOL;
-        else if (ts_ns < -1)
+        } else if (__builtin_expect(kind == FP_REQ_RAW, 1)) {
+            memcpy(tick, q->raw, sizeof(float) * L->raw_len);
+            rc = ts_ns < -1 ? FP_REP_ERR_BAD_REQUEST : fp_step(e, tick, symbol, ts_ns, &res);
+        } else if (kind == FP_REQ_BOOK) {
+            rc = step_book_request(e, q, symbol, ts_ns, &res, &why, &aux);
+        } else {
             rc = FP_REP_ERR_BAD_REQUEST;
-        else
-            rc = fp_step(e, tick, symbol, ts_ns, &res);
+        }
         /* sent is in the unit fp_seg_init announced: TSC ticks with a TSC engine clock; the
          * difference taken unsigned (a sent from the client's garbage must not overflow).
          * The stamp is the client's: one after t0 (in the future) or before the segment
@@ -304,6 +348,7 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
                              : fp_clock.use_tsc ? fp_ticks_to_ns(dt) : (int64_t)dt;
         r->wait_ns = wait;
         r->err = rc;
+        r->aux = aux;
         if (rc == FP_OK) {
             r->signal = res.signal;
             r->confidence = res.confidence;
@@ -333,7 +378,8 @@ static int serve_client(const fp_seg_layout *L, fp_engine *e, int i, int budget,
                 r->signal = lo;
                 r->confidence = hi;
             }
-            r->cached = r->reason = 0;
+            r->cached = 0;
+            r->reason = (uint8_t)why;       /* FP_ERR_BOOK: why (FP_REP_BOOK_*), else 0 */
             r->feature_ns = r->cache_ns = r->infer_ns = r->total_ns = 0;
             errors++;
         }

@@ -3,7 +3,10 @@
 
 Design: everything per request is C: the client validates exactly as Engine.step does (type,
 dtype, shape, contiguity, symbol range, ts_ns, finiteness) before a byte reaches the ring,
-then one inline call publishes it, and the reply becomes the same fastpath.Result.
+then one inline call publishes it, and the reply becomes the same fastpath.Result. A book
+update (step_book) is checked as Engine.step_book checks its arguments; the update itself is
+checked by the worker's engine (fp_step_book), whose refusal the client words as
+Engine.step_book does, from the update it sent (book_refusal).
 """
 cimport cython
 cimport numpy as cnp
@@ -47,13 +50,23 @@ cdef inline Result _make(const fp_rep *r):
     res._i = r.infer_ns
     res._t = r.total_ns
     res.wait_ns = r.wait_ns
+    # a book update's book stage (fp_rep_book_ns: -1 not measured); 0 for a raw vector
+    res._b = fp_rep_book_ns(r)
     return res
 
 
 def _reply_error(int err, unsigned long long seq, long long symbol, long long ts,
-                 float lo=0.0, float hi=0.0):
+                 float lo=0.0, float hi=0.0, int why=0, int where=0):
     """The InputError Engine.step raises for the same code (the worker's engine refused it);
-    lo / hi: a FP_REP_ERR_NOT_PROBABILITY reply's range of outputs (its signal / confidence)."""
+    lo / hi: a FP_REP_ERR_NOT_PROBABILITY reply's range of outputs (its signal / confidence);
+    why / where: a FP_REP_ERR_BOOK reply's refusal (its reason / aux), for a book update
+    whose values are not at hand (its answer taken by poll())."""
+    if err == FP_REP_ERR_BOOK:
+        return InputError(f"book update refused (request {seq}, symbol {symbol}): "
+                          f"{book_refusal(why, where, symbol, None)}")
+    if err == FP_REP_ERR_PARAM:
+        return InputError(f"the server refused book update {seq}: its model does not read the "
+                          f"256-value raw vector of fastpath.lob, or ts_ns was below 0")
     if err == FP_ERR_SYMBOL:
         return InputError(f"symbol {symbol} out of range for the server's engine (request {seq})")
     if err == FP_ERR_NONFINITE_INPUT:
@@ -81,6 +94,95 @@ def _reply_error(int err, unsigned long long seq, long long symbol, long long ts
     return FastpathError(f"the server answered request {seq} with error code {err}")
 
 
+# --- step_book's argument checks and messages: Engine.step_book's, word for word -----------
+
+_BOOK_ARRAYS = ("bid_px", "bid_sz", "ask_px", "ask_sz")
+cdef int _BOOK_RAW = 256      # the raw vector fastpath.lob makes from a book
+
+
+cdef inline cnp.ndarray _levels(object a, str name):
+    """a as float64 C-contiguous (10,): an exact ndarray that is one already in a few loads,
+    anything else converted, or an InputError naming the argument."""
+    if (cnp.PyArray_CheckExact(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT64
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == 10
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
+        return <cnp.ndarray>a
+    try:
+        c = np.ascontiguousarray(a, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{name} must be 10 numbers (level 1 first), got {a!r:.80}: "
+                         f"{exc}") from None
+    if c.shape != (10,):
+        raise InputError(f"{name} must have 10 levels, level 1 first (shape (10,)), got shape "
+                         f"{c.shape}")
+    return c
+
+
+cdef inline double _trade_arg(object v, str name) except? -1.0:
+    """a trade field as a double: a Python float or int inline, anything else checked out of
+    line (the worker's engine refuses a value that is not finite, or a negative count or size)"""
+    if type(v) is float:
+        return <double>v
+    if type(v) is int and -9007199254740992 <= v <= 9007199254740992:
+        return <double>v
+    return _trade_slow(v, name)
+
+
+cdef double _trade_slow(object v, str name) except? -1.0:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise InputError(f"{name} must be a number, got {v!r:.80}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise InputError(f"{name} {v} does not fit a double") from None
+
+
+def book_refusal(int why, int where, long long sym, update, server=None):
+    """What Engine.step_book says of an update its engine refused (why: FP_REP_BOOK_*, where:
+    the field), from update = (bid_px, bid_sz, ask_px, ask_sz, trade_vol, trade_cnt,
+    last_trade_sz) as sent; None when not at hand (an answer taken by poll(): the field and
+    level alone). server: the server's name, for a symbol it has no tick size for."""
+    tail = f" (symbol {sym}; update not applied, book, window and cache unchanged)"
+    if why in (FP_REP_BOOK_PRICE, FP_REP_BOOK_SIZE, FP_REP_BOOK_ORDER):
+        side, lv = where // 256, where % 256
+        if not 0 <= side < 4 or not 0 <= lv < FP_RING_BOOK_LEVELS:
+            return f"book update refused (code {why}, field {where}){tail}"
+        name = _BOOK_ARRAYS[side]
+        if update is None:
+            return f"{name} level {lv + 1} refused (code {why}){tail}"
+        p = [float(x) for x in update[side]]
+        v = p[lv]
+        if why == FP_REP_BOOK_PRICE:
+            what = "must be a finite price > 0"
+        elif why == FP_REP_BOOK_SIZE:
+            what = "must be a finite size >= 0"
+        else:
+            what = (f"is out of order: {'above' if name == 'bid_px' else 'below'} level "
+                    f"{lv} ({p[lv - 1]:g}); levels go away from the touch")
+        return f"{name} level {lv + 1} is {v:g}: {what}{tail}"
+    if why == FP_REP_BOOK_CROSSED:
+        if update is None:
+            return f"crossed or locked book; best bid must be below best ask{tail}"
+        return (f"crossed or locked book: bid_px level 1 ({float(update[0][0]):g}) >= ask_px "
+                f"level 1 ({float(update[2][0]):g}); best bid must be below best ask{tail}")
+    if why == FP_REP_BOOK_TRADE and 0 <= where <= 2:
+        name = ("trade_vol", "trade_cnt", "last_trade_sz")[where]
+        need = "finite" if where == 0 else "finite and >= 0"
+        if update is None:
+            return f"{name} refused: must be {need}{tail}"
+        return f"{name} is {float(update[4 + where]):g}: must be {need}{tail}"
+    if why == FP_REP_BOOK_RANGE:
+        return (f"raw field {where} (fastpath.lob.field_names()[{where}]) is beyond float32's "
+                f"range; check the tick size and this update's prices and sizes{tail}")
+    if why == FP_REP_BOOK_NOTICK:
+        by = f"server {server!r}" if server is not None else "the server"
+        return (f"symbol {sym} has no tick size on {by}: give it when serving "
+                f"(fastpath.serve(..., tick_sizes={{{sym}: tick_size}}), or `fastpath serve "
+                f"--tick-size {sym}=TICK`)")
+    return f"book update refused (code {why}){tail}"
+
+
 cdef int _wait_ms(int ms) except -1:
     """Sleep ms between two looks at the segment, running signal handlers first: time.sleep
     runs them only when the signal interrupts the sleep itself, so one that landed in another
@@ -89,6 +191,24 @@ cdef int _wait_ms(int ms) except -1:
     PyErr_CheckSignals()
     time.sleep(ms / 1000)
     return 0
+
+
+def _version_of(path):
+    """": segment version V; this fastpath speaks version W (...)" for a segment of another
+    version (its magic is fastpath's), else "" (not a segment at all, or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return ""
+    if len(head) < 12 or int.from_bytes(head[:8], "little") != 0x31474e4952535046:
+        return ""
+    v = int.from_bytes(head[8:12], "little")
+    if v == FP_SEG_VERSION:
+        return ""
+    return (f": segment version {v}; this fastpath speaks version {FP_SEG_VERSION} (the server "
+            f"and its clients must come from the same fastpath release; a C client is built "
+            f"against the fp_ring.h of the server's)")
 
 
 def _gone_why(int chk, int64_t stall_ns):
@@ -184,7 +304,8 @@ cdef class Client:
                                      f"{path}); start one with `fastpath serve --name {name}` "
                                      f"or fastpath.serve({name!r})")
                 if rc == FP_RING_ERR_MAGIC:
-                    raise ServeError(f"{path} is not a fastpath serving segment of this version")
+                    raise ServeError(f"{path} is not a fastpath serving segment of this "
+                                     f"version{_version_of(path)}")
                 hint = ""
                 if err == EACCES:
                     try:
@@ -307,9 +428,6 @@ cdef class Client:
         cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
         cdef long long ts = _ts_arg(ts_ns)
         cdef int bad = fp_first_nonfinite(p, self.raw_len)
-        cdef uint64_t seq = 0
-        cdef fp_rep rep
-        cdef long spins = 0
         if bad >= 0:
             arr = np.asarray(raw)
             n = int(np.count_nonzero(~np.isfinite(arr)))
@@ -317,11 +435,27 @@ cdef class Client:
                              f"({arr[bad]}); ticks must be finite: repair or drop the tick "
                              f"(nothing was sent)")
         self._need()
+        return self._send(p, NULL, <int32_t>sym, ts)
+
+    cdef uint64_t _send(self, const float *p, const double **book, int32_t sym,
+                        long long ts) except 0:
+        """Publish one checked request: the raw vector p, or (p NULL) the book update book =
+        its four level arrays and three trade values (as doubles, book[4][0..2]); waits for
+        room or refuses as [serve] on_full says -> its seq."""
+        cdef uint64_t seq = 0
+        cdef fp_rep rep
+        cdef long spins = 0
+        cdef int rc
         while True:
             # fp_client_try_submit refuses (FP_RING_ERR_GONE) once the stop has begun
-            rc = fp_client_try_submit(&self._c, p, <int32_t>sym, ts, &seq)
+            if p != NULL:
+                rc = fp_client_try_submit(&self._c, p, sym, ts, &seq)
+            else:
+                rc = fp_client_try_submit_book(&self._c, sym, book[0], book[1], book[2],
+                                               book[3], ts, book[4][0], book[4][1],
+                                               book[4][2], &seq)
             if rc == FP_RING_OK:
-                self._sym_of[(seq - 1) & self._req_mask] = <int32_t>sym
+                self._sym_of[(seq - 1) & self._req_mask] = sym
                 self._ts_of[(seq - 1) & self._req_mask] = ts
                 return seq
             if rc == FP_RING_ERR_RECLAIMED:
@@ -360,7 +494,7 @@ cdef class Client:
             return (r.seq, _make(r))
         k = (r.seq - 1) & self._req_mask
         return (r.seq, _reply_error(r.err, r.seq, self._sym_of[k], self._ts_of[k], r.signal,
-                                    r.confidence))
+                                    r.confidence, r.reason, r.aux))
 
     def submit(self, raw, symbol=0, ts_ns=None):
         """Send one tick (validated as Engine.step validates it) -> its seq; take the answer
@@ -390,15 +524,71 @@ cdef class Client:
         was sent, and its answer comes through poll()."""
         cdef uint64_t seq = self._submit(raw, symbol, ts_ns)
         cdef fp_rep rep
+        item = self._await(seq, &rep)
+        if item is not None:
+            return item
+        if rep.err == FP_REP_OK:
+            return _make(&rep)
+        raise _reply_error(rep.err, seq, int(symbol), -1 if ts_ns is None else ts_ns,
+                           rep.signal, rep.confidence)
+
+    def step_book(self, symbol, bid_px, bid_sz, ask_px, ask_sz, ts_ns, trade_vol=0.0,
+                  trade_cnt=0, last_trade_sz=0.0):
+        """One order book update -> Result, as Engine.step_book on the server's engine (its
+        live book of the symbol, with the tick size the server was given: fastpath.serve's
+        tick_sizes), in one round trip, as step(). The arguments are Engine.step_book's,
+        checked as it checks them before anything is sent; an update the server's engine
+        refuses (a crossed or locked book, a bad price, size or order of levels, time going
+        back, no tick size for the symbol) is the InputError Engine.step_book raises, with
+        the server's book, window and cache of the symbol as they were. Result.latency.book_ns
+        is the worker's book stage (saturated at 65534 ns)."""
+        cdef Py_ssize_t sym = _symbol_arg(symbol, self.n_symbols)
+        cdef long long ts = _ts_arg(ts_ns)
+        cdef const double *book[5]
+        cdef double trades[3]
+        cdef fp_rep rep
+        if ts < 0:
+            raise InputError("step_book needs ts_ns (int ns >= 0): the book's times since the "
+                             "last tick and trade are measured on it")
+        bp, bs = _levels(bid_px, "bid_px"), _levels(bid_sz, "bid_sz")
+        ap, az = _levels(ask_px, "ask_px"), _levels(ask_sz, "ask_sz")
+        trades[0] = _trade_arg(trade_vol, "trade_vol")
+        trades[1] = _trade_arg(trade_cnt, "trade_cnt")
+        trades[2] = _trade_arg(last_trade_sz, "last_trade_sz")
+        if self.raw_len != _BOOK_RAW:
+            raise InputError(f"step_book needs a model over the 256-value raw vector of "
+                             f"fastpath.lob (raw_len 256); this one reads {self.raw_len}")
+        book[0] = <const double *>cnp.PyArray_DATA(bp)
+        book[1] = <const double *>cnp.PyArray_DATA(bs)
+        book[2] = <const double *>cnp.PyArray_DATA(ap)
+        book[3] = <const double *>cnp.PyArray_DATA(az)
+        book[4] = trades
+        self._need()
+        cdef uint64_t seq = self._send(NULL, book, <int32_t>sym, ts)
+        item = self._await(seq, &rep)
+        if item is not None:
+            return item
+        if rep.err == FP_REP_OK:
+            return _make(&rep)
+        if rep.err == FP_REP_ERR_BOOK:
+            raise InputError(book_refusal(rep.reason, rep.aux, sym, (
+                bp, bs, ap, az, trades[0], trades[1], trades[2]), self.name))
+        if rep.err == FP_ERR_TIME_BACKWARDS:
+            raise InputError(f"ts_ns {ts} is earlier than the last tick of symbol {sym}; "
+                             f"timestamps must not go backwards per symbol (mixing ts_ns with "
+                             f"the engine clock also trips this)")
+        raise _reply_error(rep.err, seq, sym, ts, rep.signal, rep.confidence)
+
+    cdef object _await(self, uint64_t seq, fp_rep *rep):
+        """Spin for the answer to request seq: None with it in *rep, or the answer as poll()
+        gives it (a Result, or the error raised) when a call made inside the wait (a signal
+        handler's) took it off the ring first. Answers to other requests are kept for poll()."""
         cdef long spins = 0
         while True:
-            if fp_client_poll_spin(&self._c, &rep):
+            if fp_client_poll_spin(&self._c, rep):
                 if rep.seq == seq:
-                    if rep.err == FP_REP_OK:
-                        return _make(&rep)
-                    raise _reply_error(rep.err, seq, int(symbol), -1 if ts_ns is None else ts_ns,
-                                       rep.signal, rep.confidence)
-                self._stash.append(self._as_item(&rep))
+                    return None
+                self._stash.append(self._as_item(rep))
                 if self._open:
                     continue
                 spins = 1023    # closed inside the line above (as in poll()): said just below

@@ -1,6 +1,6 @@
 # The serving segment (fp_ring.h, fp_worker.h) as the worker (fastpath._serve) and the client
 # (fastpath._client) see it, and the helpers both use (fastpath/_ring.pyx).
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from fastpath._csrc cimport fp_engine
 
@@ -18,6 +18,19 @@ cdef extern from "fp_ring.h" nogil:
         FP_REP_OK
         FP_REP_ERR_BAD_REQUEST
         FP_REP_ERR_NOT_PROBABILITY
+        FP_REP_ERR_PARAM
+        FP_REP_ERR_BOOK
+        FP_REP_BOOK_PRICE
+        FP_REP_BOOK_SIZE
+        FP_REP_BOOK_ORDER
+        FP_REP_BOOK_CROSSED
+        FP_REP_BOOK_TRADE
+        FP_REP_BOOK_RANGE
+        FP_REP_BOOK_NOTICK
+        FP_REQ_RAW
+        FP_REQ_BOOK
+        FP_RING_BOOK_LEVELS
+        FP_SEG_VERSION
         FP_RING_OK
         FP_RING_FULL
         FP_RING_ERR_NOENT
@@ -40,6 +53,7 @@ cdef extern from "fp_ring.h" nogil:
         float signal, confidence
         int32_t err
         uint8_t cached, reason
+        uint16_t aux
         int64_t feature_ns, cache_ns, infer_ns, total_ns, wait_ns
     ctypedef struct fp_client_entry:
         uint32_t state
@@ -83,6 +97,11 @@ cdef extern from "fp_ring.h" nogil:
     int fp_client_open(fp_seg *s, fp_client *c)
     int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol, int64_t ts_ns,
                              uint64_t *seq)
+    int fp_client_try_submit_book(fp_client *c, int32_t symbol, const double *bid_px,
+                                  const double *bid_sz, const double *ask_px,
+                                  const double *ask_sz, int64_t ts_ns, double trade_vol,
+                                  double trade_cnt, double last_trade_sz, uint64_t *seq)
+    int64_t fp_rep_book_ns(const fp_rep *r)
     int fp_client_poll(fp_client *c, fp_rep *out)
     int fp_client_poll_spin(fp_client *c, fp_rep *out)
     uint64_t fp_client_outstanding(const fp_client *c)
@@ -127,6 +146,7 @@ cdef extern from "fp_worker.h" nogil:
 
 cdef extern from "fp_engine.h" nogil:
     void fp_engine_set_stage_times(fp_engine *e, int on)
+    int fp_engine_set_tick(fp_engine *e, int32_t symbol, double tick)
 
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)

@@ -56,17 +56,18 @@ cdef class Worker:
     cdef fp_lat_ring _lat
     cdef readonly str name, path
     cdef readonly int raw_len, n_symbols
-    cdef readonly object model, config, replaced, segment
+    cdef readonly object model, config, replaced, segment, tick_sizes
     cdef list _keep
     cdef object _ident          # (st_dev, st_ino) of the segment file this worker made
     cdef bint _running, _closed
     cdef int _owner_pid         # the process that made the segment and runs the loop
     cdef object __weakref__
 
-    def __cinit__(self, name, model, config, serve_cfg, memory_cfg=None):
+    def __cinit__(self, name, model, config, serve_cfg, memory_cfg=None, tick_sizes=None):
         """model, config: what fastpath._build.resolve returned; serve_cfg: ServeConfig;
         memory_cfg: MemoryConfig (huge pages and mlock for the segment; None: defaults
-        without mlock)."""
+        without mlock); tick_sizes: {symbol: tick size} for the live books that book update
+        requests step (checked by the caller: fastpath.serving.server.tick_sizes_arg)."""
         self._h = NULL
         self._e = NULL
         self._lat.rec = NULL
@@ -84,6 +85,14 @@ cdef class Worker:
         # (its replies carried stage times an Engine of the same config leaves at -1, and
         # every served tick paid the stage clock reads the setting exists to save)
         fp_engine_set_stage_times(self._e, 1 if config.source.stage_times else 0)
+        self.tick_sizes = dict(tick_sizes or {})
+        for sym, tick in self.tick_sizes.items():
+            rc = fp_engine_set_tick(self._e, <int32_t>sym, <double>tick)
+            if rc == FP_ERR_NOMEM:
+                raise MemoryError(f"no memory for symbol {sym}'s book")
+            if rc != FP_OK:
+                raise InputError(f"tick size {tick!r} for symbol {sym}: must be finite and > 0 "
+                                 f"for a symbol in 0..{self.n_symbols - 1}")
         self._o.idle = _IDLE[serve_cfg.idle]
         self._o.idle_spin_ns = serve_cfg.idle_spin_ns
         self._o.idle_sleep_ns = serve_cfg.idle_sleep_ns

@@ -18,7 +18,7 @@ from fastpath._ranges import parse_ranges
 from fastpath.control import doctor
 from fastpath.control.config import load_config, read_toml
 from fastpath.control.host import Host, format_cpulist, read_topology, sample_busy
-from fastpath.errors import FastpathError, ModelError
+from fastpath.errors import FastpathError, InputError, ModelError
 from fastpath.gpu import gpu_status
 from fastpath.model import HEAD_KINDS, Head, Model, parity
 from fastpath.model.bundle import _path
@@ -592,7 +592,33 @@ def cmd_serve(args) -> int:
         # loaded here, once: what it runs is known before it starts (the regression note)
         model = _load(args.model, args.head, DEMO_MODEL)
         _say_regression_scale_note(args, model, "serve")
-    return server.run_foreground(args.name, model, args.config, stats=args.stats)
+    return server.run_foreground(args.name, model, args.config, stats=args.stats,
+                                 tick_sizes=_tick_sizes_option(args.tick_size))
+
+
+def _tick_sizes_option(values):
+    """--tick-size as serve()'s tick_sizes: None, one number for every symbol (TICK), or
+    {symbol: number} (SYMBOL=TICK, repeated); the values are checked by serve()."""
+    if not values:
+        return None
+    if len(values) == 1 and "=" not in values[0]:
+        return _number_option("--tick-size", values[0])
+    out = {}
+    for v in values:
+        sym, eq, tick = v.partition("=")
+        if not eq or not sym.strip().isdigit():
+            raise InputError(f"--tick-size {v!r}: give SYMBOL=TICK for each symbol (e.g. "
+                             f"--tick-size 0=0.01 --tick-size 1=0.5), or one TICK for every "
+                             f"symbol")
+        out[int(sym)] = _number_option(f"--tick-size {v}", tick)
+    return out
+
+
+def _number_option(what, text):
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(f"{what}: {text!r} is not a number") from None
 
 
 def cmd_bench(argv) -> int:
@@ -696,6 +722,10 @@ def main(argv=None) -> int:
                         "tanh_sigmoid, regression, classifier3, classifier2; OUTPUTS the "
                         "indices it reads, e.g. classifier3:2,1,0 or regression:1; SCALE a "
                         "regression head's scale (default 1; calibrate fits one)")
+    s.add_argument("--tick-size", action="append", metavar="[SYMBOL=]TICK",
+                   help="tick size of the live book that book update requests step: one TICK "
+                        "for every symbol, or SYMBOL=TICK, repeated (fastpath.serve's "
+                        "tick_sizes); a book update for a symbol without one is refused")
     s.add_argument("--stats", action="store_true", help="print throughput, queue depth and "
                    "per-stage latency percentiles every second")
     args = ap.parse_args(argv)

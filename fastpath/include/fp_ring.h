@@ -30,6 +30,12 @@
  *   fp_seg_header (FP_SEG_HEADER_BYTES, includes the client table and the placement report)
  *   then max_clients client regions, each: fp_ring_ctl (4 cache lines: req head, req tail,
  *   rep head, rep tail), `slots` request slots of req_slot_bytes, `slots` reply slots of 64 B.
+ *
+ * A request is of one of two kinds (fp_req.kind, on its header line): a raw vector of raw_len
+ * floats (FP_REQ_RAW), or one order book update (FP_REQ_BOOK: 10 levels a side, price and
+ * size in double, fp_req_book, after the header line; its trades on the header line), which
+ * the worker turns into the raw vector with the engine's live book (fp_step_book). A slot
+ * holds either: req_slot_bytes is sized for the larger.
  */
 #ifndef FP_RING_H
 #define FP_RING_H
@@ -78,7 +84,7 @@
 #endif
 
 #define FP_SEG_MAGIC 0x31474e4952535046ULL /* "FPSRING1" little-endian */
-#define FP_SEG_VERSION 3u
+#define FP_SEG_VERSION 3u   /* 3: request kinds (book updates), the reply's aux, req_head.busy */
 #define FP_SEG_DIR "/dev/shm/"
 #define FP_SEG_PREFIX "fastpath."
 #define FP_SEG_HEADER_BYTES 16384u
@@ -100,10 +106,37 @@ enum {
     FP_REP_ERR_NONFINITE_INPUT = -2,
     FP_REP_ERR_TIME_BACKWARDS = -3,
     FP_REP_ERR_NONFINITE_OUTPUT = -4,
+    FP_REP_ERR_PARAM = -6,             /* a book update to a model whose raw_len is not 256,
+                                          or with ts_ns < 0 */
     FP_REP_ERR_NONFINITE_FEATURE = -7,
     FP_REP_ERR_NOT_PROBABILITY = -8,   /* signal / confidence: the outputs' min / max */
-    FP_REP_ERR_BAD_REQUEST = -100,     /* ts_ns below -1: refused by the worker */
+    FP_REP_ERR_BOOK = -9,              /* a book update refused: reason = FP_REP_BOOK_*,
+                                          aux = where (see below) */
+    FP_REP_ERR_BAD_REQUEST = -100,     /* ts_ns below -1, or an unknown kind: refused by the
+                                          worker */
 };
+/* request kinds (fp_req.kind) */
+enum { FP_REQ_RAW = 0, FP_REQ_BOOK = 1 };
+#define FP_RING_BOOK_LEVELS 10
+/* Why a book update was refused (an FP_REP_ERR_BOOK reply's reason; fp_book.h's
+ * FP_BOOK_ERR_*, same values) and where (its aux): PRICE, SIZE, ORDER: side * 256 + level
+ * (0-based; side FP_REP_BOOK_BID_PX .. FP_REP_BOOK_ASK_SZ); TRADE: 0 trade_vol, 1 trade_cnt,
+ * 2 last_trade_sz; RANGE: the raw field past float32's range; CROSSED, NOTICK: 0. The
+ * update changed nothing: the symbol's book, window and cache are as they were. */
+enum {
+    FP_REP_BOOK_PRICE = 1,             /* a price not finite or <= 0 */
+    FP_REP_BOOK_SIZE = 2,              /* a size not finite or < 0 */
+    FP_REP_BOOK_ORDER = 3,             /* a level above (bid) / below (ask) the one before */
+    FP_REP_BOOK_CROSSED = 4,           /* best bid >= best ask */
+    FP_REP_BOOK_TRADE = 5,             /* a trade field not finite, or a count or size < 0 */
+    FP_REP_BOOK_RANGE = 6,             /* a raw field past float32's range */
+    FP_REP_BOOK_NOTICK = 7,            /* the server has no tick size for the symbol */
+};
+enum { FP_REP_BOOK_BID_PX = 0, FP_REP_BOOK_BID_SZ = 1, FP_REP_BOOK_ASK_PX = 2, FP_REP_BOOK_ASK_SZ = 3 };
+/* an accepted book update's aux: its book stage in ns, saturated at FP_REP_BOOK_NS_MAX;
+ * FP_REP_BOOK_NS_NONE: not measured ([engine] stage_times = false). 0 for a raw vector. */
+#define FP_REP_BOOK_NS_MAX 65534u
+#define FP_REP_BOOK_NS_NONE 65535u
 /* client call results */
 enum {
     FP_RING_OK = 0,
@@ -141,23 +174,42 @@ typedef struct {
     fp_ring_cursor rep_tail;   /* written by the client: replies consumed */
 } fp_ring_ctl;
 
-/* One request: the header line, then raw_len values from the next line on. */
+/* One request: the header line, then from the next line on raw_len values (FP_REQ_RAW) or
+ * one fp_req_book (FP_REQ_BOOK). */
 typedef struct {
     uint64_t seq;              /* the client's own count, from 1 = ring position + 1; stored last */
-    int64_t ts_ns;             /* tick time (ns >= 0), or -1 for the server's engine clock */
+    int64_t ts_ns;             /* tick time (ns >= 0), or -1 for the server's engine clock
+                                  (a book update: its time, >= 0) */
     int64_t sent;              /* submit time: TSC ticks or CLOCK_MONOTONIC ns (sent_clock) */
     int32_t symbol;
-    uint32_t _pad;
-    char _line[32];
-    float raw[];               /* raw_len values, slot padded to a multiple of 64 bytes */
+    uint32_t kind;             /* FP_REQ_*: what follows the header line */
+    /* FP_REQ_BOOK: the trades since the symbol's previous update (fastpath.lob.BookStream's):
+     * signed volume, count, size of the last one (0 when none) */
+    double trade_vol, trade_cnt, last_trade_sz;
+    char _line[8];
+    float raw[];               /* raw_len values or an fp_req_book, slot padded to a multiple
+                                  of 64 bytes */
 } __attribute__((aligned(64))) fp_req;
+
+/* A book update's levels, level 1 first (the top FP_RING_BOOK_LEVELS of each side) */
+typedef struct {
+    double bid_px[FP_RING_BOOK_LEVELS], bid_sz[FP_RING_BOOK_LEVELS];
+    double ask_px[FP_RING_BOOK_LEVELS], ask_sz[FP_RING_BOOK_LEVELS];
+} fp_req_book;
+
+/* the levels of a book request (r->kind == FP_REQ_BOOK) */
+static inline fp_req_book *fp_req_book_of(fp_req *r) {
+    return (fp_req_book *)(void *)r->raw;
+}
 
 typedef struct {
     uint64_t seq;              /* the request's seq = ring position + 1; stored last */
     float signal, confidence;
     int32_t err;               /* FP_REP_* */
-    uint8_t cached, reason;    /* reason: 0 hit, 1 cold, 2 age, 3 run, 4 cosine, 5 norm, 6 disabled */
-    uint16_t _pad;
+    uint8_t cached, reason;    /* reason: 0 hit, 1 cold, 2 age, 3 run, 4 cosine, 5 norm, 6 disabled;
+                                  FP_REP_ERR_BOOK: why (FP_REP_BOOK_*) */
+    uint16_t aux;              /* FP_REP_ERR_BOOK: where; a book update answered: its book
+                                  stage (fp_rep_book_ns); 0 otherwise */
     int64_t feature_ns, cache_ns, infer_ns, total_ns;
     int64_t wait_ns;           /* submit (sent) to the worker picking it up */
 } __attribute__((aligned(64))) fp_rep;
@@ -254,8 +306,16 @@ static inline int64_t fp_ring_sent_stamp(uint32_t sent_clock) {
     return fp_ring_now_ns();
 }
 
+/* A slot holds a raw vector or a book update, whichever is larger */
 static inline uint32_t fp_ring_req_slot_bytes(uint32_t raw_len) {
-    return (uint32_t)((sizeof(fp_req) + 4u * raw_len + 63u) & ~63u);
+    const uint64_t raw = 4u * (uint64_t)raw_len;
+    const uint64_t body = raw > sizeof(fp_req_book) ? raw : sizeof(fp_req_book);
+    return (uint32_t)((sizeof(fp_req) + body + 63u) & ~(uint64_t)63u);
+}
+
+/* An answered book update's book stage in ns (its reply's aux), or -1 when not measured */
+static inline int64_t fp_rep_book_ns(const fp_rep *r) {
+    return r->aux == FP_REP_BOOK_NS_NONE ? -1 : (int64_t)r->aux;
 }
 
 static inline uint64_t fp_ring_client_region_bytes(uint32_t raw_len, uint32_t slots) {
@@ -508,18 +568,10 @@ static inline int fp_client_server_check(const fp_client *c, int64_t now, int64_
     return chk;
 }
 
-/* Publish one request (raw must hold raw_len finite floats; the caller validated it).
- * FP_RING_OK with *seq set; FP_RING_FULL (counted in the server's rejected_full when its
- * on_full is "reject": there the caller drops the tick; under "spin" it is a wait, not a
- * refusal), FP_RING_ERR_GONE (the server is stopping or
- * stopped: it takes no new request), FP_RING_ERR_CLOSED (after fp_client_close) or
- * FP_RING_ERR_RECLAIMED with nothing written and *seq = 0, a seq no reply carries (a loop written before RECLAIMED existed, retrying only
- * on FULL, then waits on a reply that never comes: check fp_client_owns where it checks
- * fp_seg_server_check). */
-static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol,
-                                       int64_t ts_ns, uint64_t *seq) {
+/* The slot for the client's next request, or why there is none: FP_RING_OK with *out set,
+ * else what fp_client_try_submit returns, with nothing written. */
+static inline int fp_client_next_slot(fp_client *c, fp_req **out) {
     fp_seg_header *h = c->h;
-    *seq = 0;
     if (h == NULL)
         return FP_RING_ERR_CLOSED;
     if (!fp_client_owns(c))
@@ -532,7 +584,7 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
      * publish: a drain that ends on seeing busy 0 (after its own STOPPING and fence) has
      * either seen this request published or made this look see STOPPING. Without it, a
      * submit preempted between a look that saw RUNNING and its publish was sent and never
-     * answered. */
+     * answered. A caller given a slot (FP_RING_OK) must publish it. */
     fp_ring_cursor *own = &c->ctl->req_head;
     __atomic_store_n(&own->busy, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&h->state, __ATOMIC_SEQ_CST) >= FP_SRV_STOPPING) {
@@ -556,19 +608,77 @@ static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t s
             return FP_RING_FULL;
         }
     }
-    fp_req *r = fp_lay_req(&c->L, c->ctl, c->req_head);
-    /* the raw lines first (nobody polls them), then the header line in one go: the worker
-     * spins on that line, so it is written once, ending with the release store of seq */
-    memcpy(r->raw, raw, sizeof(float) * c->L.raw_len);
+    *out = fp_lay_req(&c->L, c->ctl, c->req_head);
+    return FP_RING_OK;
+}
+
+/* Publish the request whose body is written: its header line in one go, ending with the
+ * release store of seq (the worker spins on that line), then the cursor. */
+static inline void fp_client_publish(fp_client *c, fp_req *r, uint32_t kind, int32_t symbol,
+                                     int64_t ts_ns, uint64_t *seq) {
     r->ts_ns = ts_ns;
     r->symbol = symbol;
+    r->kind = kind;
     r->sent = fp_ring_sent_stamp(c->sent_clock);
     FP_STORE_REL(&r->seq, c->next_seq);
     c->req_head++;
     /* for the stats and the drain; the worker does not read it per request */
     FP_STORE_REL(&c->ctl->req_head.v, c->req_head);
-    FP_STORE_REL(&own->busy, 0);
+    FP_STORE_REL(&c->ctl->req_head.busy, 0);     /* set by fp_client_next_slot */
     *seq = c->next_seq++;
+}
+
+/* Publish one request (raw must hold raw_len finite floats; the caller validated it).
+ * FP_RING_OK with *seq set; FP_RING_FULL (counted in the server's rejected_full when its
+ * on_full is "reject": there the caller drops the tick; under "spin" it is a wait, not a
+ * refusal), FP_RING_ERR_GONE (the server is stopping or
+ * stopped: it takes no new request), FP_RING_ERR_CLOSED (after fp_client_close) or
+ * FP_RING_ERR_RECLAIMED with nothing written and *seq = 0, a seq no reply carries (a loop written before RECLAIMED existed, retrying only
+ * on FULL, then waits on a reply that never comes: check fp_client_owns where it checks
+ * fp_seg_server_check). */
+static inline int fp_client_try_submit(fp_client *c, const float *raw, int32_t symbol,
+                                       int64_t ts_ns, uint64_t *seq) {
+    fp_req *r;
+    *seq = 0;
+    const int rc = fp_client_next_slot(c, &r);
+    if (rc != FP_RING_OK)
+        return rc;
+    /* the raw lines first (nobody polls them), then the header line */
+    memcpy(r->raw, raw, sizeof(float) * c->L.raw_len);
+    fp_client_publish(c, r, FP_REQ_RAW, symbol, ts_ns, seq);
+    return FP_RING_OK;
+}
+
+/* Publish one order book update of `symbol`, as fastpath's Engine.step_book takes it:
+ * bid_px, bid_sz, ask_px, ask_sz: FP_RING_BOOK_LEVELS doubles each, level 1 first; ts_ns:
+ * the update's time (ns >= 0, not going backwards per symbol); trade_vol, trade_cnt,
+ * last_trade_sz: the trades since the symbol's previous update (signed volume, count, size
+ * of the last one; 0, 0, 0 for none). The worker checks the update (a crossed or locked
+ * book, a bad price, size or order of levels, time going back, no tick size for the
+ * symbol on the server: an error reply, FP_REP_ERR_BOOK with reason and aux, or an engine
+ * code, and nothing changed) and answers as it answers a raw vector, the reply's aux
+ * holding the book stage's time (fp_rep_book_ns). The server's model must read the 256-value
+ * raw vector of fastpath.lob (else FP_REP_ERR_PARAM). Returns as fp_client_try_submit. */
+static inline int fp_client_try_submit_book(fp_client *c, int32_t symbol, const double *bid_px,
+                                            const double *bid_sz, const double *ask_px,
+                                            const double *ask_sz, int64_t ts_ns,
+                                            double trade_vol, double trade_cnt,
+                                            double last_trade_sz, uint64_t *seq) {
+    fp_req *r;
+    *seq = 0;
+    const int rc = fp_client_next_slot(c, &r);
+    if (rc != FP_RING_OK)
+        return rc;
+    fp_req_book *b = fp_req_book_of(r);
+    const size_t side = sizeof(double) * FP_RING_BOOK_LEVELS;
+    memcpy(b->bid_px, bid_px, side);
+    memcpy(b->bid_sz, bid_sz, side);
+    memcpy(b->ask_px, ask_px, side);
+    memcpy(b->ask_sz, ask_sz, side);
+    r->trade_vol = trade_vol;
+    r->trade_cnt = trade_cnt;
+    r->last_trade_sz = last_trade_sz;
+    fp_client_publish(c, r, FP_REQ_BOOK, symbol, ts_ns, seq);
     return FP_RING_OK;
 }
 

@@ -4,6 +4,9 @@
         c = fastpath.connect("md")                # from any process on the host
         r = c.step(raw, symbol=3)                 # submit and spin for the answer
 
+A request is a raw vector (step) or one order book update (step_book, with the tick sizes the
+server was given: serve(..., tick_sizes=...)).
+
 `fastpath serve --name md` runs the same server in the foreground. C and C++ producers include
 fp_ring.h from fastpath.get_include().
 """

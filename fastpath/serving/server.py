@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import atexit
 import copy
+import math
+import numbers
 import os
 import signal
 import sys
@@ -27,7 +29,7 @@ from fastpath._build import DEMO_MODEL, resolve
 from fastpath._checks import check_seconds
 from fastpath._serve import Worker
 from fastpath.control.placement import place
-from fastpath.errors import ConfigError, ServeError
+from fastpath.errors import ConfigError, InputError, ServeError
 
 _live: "weakref.WeakSet[Server]" = weakref.WeakSet()
 _servers: "weakref.WeakSet[Server]" = weakref.WeakSet()    # every Server, for the fork hook
@@ -38,11 +40,13 @@ class Server:
     """A running serving loop (see fastpath.serve). Context manager; stop() drains and removes
     the segment."""
 
-    def __init__(self, name: str, model=None, config=None, start_timeout: float = 10.0):
+    def __init__(self, name: str, model=None, config=None, start_timeout: float = 10.0,
+                 tick_sizes=None):
         # before anything starts: a bad one raised TypeError from the wait (`float + str`,
         # naming no argument) with the loop already started, or waited forever (nan)
         start_timeout = check_seconds("Server: start_timeout", start_timeout, True, None)
         m, rc, _backend, _why = resolve(model if model is not None else DEMO_MODEL, "cpu", config)
+        ticks = tick_sizes_arg(tick_sizes, rc.n_symbols)
         if rc.source.backend == "gpu":
             # the loop steps a CPU engine (fp_worker.c): a config asking for the GPU was
             # served on the CPU without a word
@@ -75,7 +79,8 @@ class Server:
         _servers.add(self)
         self._thread = threading.Thread(target=self._run, name=f"fastpath-serve:{name}",
                                         daemon=True)
-        self._worker = Worker(name, m, rc, self.serve_config, rc.source.memory)
+        self._worker = Worker(name, m, rc, self.serve_config, rc.source.memory, ticks)
+        self.tick_sizes = dict(ticks)
         try:
             # everything from the segment's making on inside: an interrupt between it and the
             # start (a Ctrl-C while this made the thread) dropped the worker, whose finalizer
@@ -346,12 +351,47 @@ def segment_line(seg: dict) -> str:
     return line
 
 
-def serve(name: str, model=None, config=None) -> Server:
+def tick_sizes_arg(tick_sizes, n_symbols: int) -> dict:
+    """serve()'s tick_sizes as {symbol: tick size}: None (no book; book updates are refused
+    for want of a tick size), one number for every symbol, or a mapping symbol -> number;
+    each tick size finite and > 0, each symbol an int in 0..n_symbols - 1 (InputError)."""
+    if tick_sizes is None:
+        return {}
+    if _is_number(tick_sizes):
+        return {s: _tick(tick_sizes, "tick_sizes") for s in range(n_symbols)}
+    if not hasattr(tick_sizes, "items"):
+        raise InputError(f"tick_sizes must be a number (every symbol) or a mapping symbol -> "
+                         f"tick size, got {type(tick_sizes).__name__}")
+    out = {}
+    for sym, tick in tick_sizes.items():
+        if (isinstance(sym, bool) or not isinstance(sym, numbers.Integral)
+                or not 0 <= sym < n_symbols):
+            raise InputError(f"tick_sizes: symbol {sym!r} must be an int in 0..{n_symbols - 1} "
+                             f"(the engine's n_symbols is {n_symbols})")
+        out[int(sym)] = _tick(tick, f"tick_sizes[{int(sym)}]")
+    return out
+
+
+def _is_number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, numbers.Real)
+
+
+def _tick(v, what: str) -> float:
+    if not _is_number(v) or not (math.isfinite(float(v)) and float(v) > 0):
+        raise InputError(f"{what} must be a finite number > 0 (price units per tick), "
+                         f"got {v!r}")
+    return float(v)
+
+
+def serve(name: str, model=None, config=None, tick_sizes=None) -> Server:
     """Serve `model` (default: the demo model) under `name`: the C loop runs in a new thread
     of this process, GIL released, placed by config [placement]; clients connect with
     fastpath.connect(name). A stale segment from a crashed server is replaced; a live one is a
-    ServeError."""
-    return Server(name, model, config)
+    ServeError. tick_sizes: the live books' tick sizes for book update requests
+    (client.step_book, fp_client_try_submit_book): one number for every symbol, or
+    {symbol: tick size}; a book update for a symbol without one is refused. Fixed for the
+    server's life (the books' averages are in ticks)."""
+    return Server(name, model, config, tick_sizes=tick_sizes)
 
 
 @atexit.register
@@ -444,7 +484,8 @@ def _stats_line(srv: Server, prev: dict, dt: float) -> tuple:
     return "  ".join(parts), st
 
 
-def run_foreground(name: str, model=None, config=None, stats: bool = False, out=None) -> int:
+def run_foreground(name: str, model=None, config=None, stats: bool = False, out=None,
+                   tick_sizes=None) -> int:
     """`fastpath serve`: serve until SIGINT or SIGTERM, then drain, remove the segment and
     return 0; a second signal during the drain ends it at once (what is left unanswered,
     its clients raise ServerGone) and returns 130; with stats, a line a second: throughput,
@@ -478,7 +519,7 @@ def run_foreground(name: str, model=None, config=None, stats: bool = False, out=
         sigs.append(signal.SIGHUP)
     old = {s: signal.signal(s, on_signal) for s in sigs}
     try:
-        srv = held["srv"] = Server(name, model, config)
+        srv = held["srv"] = Server(name, model, config, tick_sizes=tick_sizes)
         try:
             print(f"serving {name!r} at {srv.path} (pid {__import__('os').getpid()}); "
                   f"SIGINT or SIGTERM stops it (a second one ends its drain)", file=out,

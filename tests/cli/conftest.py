@@ -8,8 +8,9 @@ def served(monkeypatch):
     import fastpath.serving.server as server
     got = {}
 
-    def fake(name, model=None, config=None, stats=False, out=None):
+    def fake(name, model=None, config=None, stats=False, out=None, tick_sizes=None):
         got["model"] = model
+        got["tick_sizes"] = tick_sizes
         return 0
     monkeypatch.setattr(server, "run_foreground", fake)
     return got

@@ -97,7 +97,7 @@ def test_serve_and_doctor_take_the_head(tmp_path, monkeypatch, capsys):
     p = _three_output_onnx(tmp_path)
     got = {}
 
-    def fake(name, model=None, config=None, stats=False, out=None):
+    def fake(name, model=None, config=None, stats=False, out=None, tick_sizes=None):
         got["model"] = model
         return 0
     monkeypatch.setattr(server, "run_foreground", fake)

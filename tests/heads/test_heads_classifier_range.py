@@ -215,7 +215,8 @@ def test_a_bundle_with_a_classifier_head_over_margins_loads_with_another(tmp_pat
     assert Model.from_bytes(blob, head=Head("regression", outputs=(2,))) == m
     seen = {}
     monkeypatch.setattr(server, "run_foreground",
-                        lambda name, model=None, config=None, stats=False: seen.setdefault("m", model) and 0)
+                        lambda name, model=None, config=None, stats=False, tick_sizes=None:
+                        seen.setdefault("m", model) and 0)
     assert main(["serve", "--name", "x", "--model", str(tmp_path / "old.fpm"),
                  "--head", "regression:2"]) == 0
     assert seen["m"] == m

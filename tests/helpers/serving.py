@@ -38,15 +38,15 @@ def _dead_pid():
     return p.pid
 
 
-def serve_cli(tmp_path, name, serve_toml="", **popen):
+def serve_cli(tmp_path, name, serve_toml="", args=(), **popen):
     """`fastpath serve --name name` in a child process (unplaced, idle = "yield"), its
-    [serve] table extended by serve_toml; stdout and stderr piped as text; popen: more
-    subprocess.Popen arguments."""
+    [serve] table extended by serve_toml; args: more options; stdout and stderr piped as
+    text; popen: more subprocess.Popen arguments."""
     conf = tmp_path / "serve.toml"
     conf.write_text('[serve]\nplace = false\nidle = "yield"\n' + serve_toml)
     env = dict(os.environ, PYTHONPATH=PKG_ROOT)
     return subprocess.Popen([sys.executable, "-m", "fastpath.cli", "serve", "--name", name,
-                             "--config", str(conf)], stdout=subprocess.PIPE,
+                             "--config", str(conf), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, text=True, cwd=PKG_ROOT, **popen)
 
 
