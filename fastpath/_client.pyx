@@ -17,7 +17,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from fastpath._csrc cimport *
-from fastpath._core cimport _symbol_arg, _ts_arg
+from fastpath._core cimport _levels, _symbol_arg, _trade_arg, _ts_arg
 from fastpath._engine cimport Result
 from fastpath._ring cimport *
 
@@ -30,7 +30,7 @@ import weakref
 import numpy as np
 
 from fastpath._checks import check_seconds
-from fastpath._core import _bad_raw, _n_masked
+from fastpath._core import _bad_raw, _book_refusal, _n_masked
 from fastpath._ring import _name_bytes, segment_path
 from fastpath.errors import FastpathError, InputError, ServerGone, RingFull, ServeError
 
@@ -94,93 +94,19 @@ def _reply_error(int err, unsigned long long seq, long long symbol, long long ts
     return FastpathError(f"the server answered request {seq} with error code {err}")
 
 
-# --- step_book's argument checks and messages: Engine.step_book's, word for word -----------
-
-_BOOK_ARRAYS = ("bid_px", "bid_sz", "ask_px", "ask_sz")
 cdef int _BOOK_RAW = 256      # the raw vector fastpath.lob makes from a book
 
 
-cdef inline cnp.ndarray _levels(object a, str name):
-    """a as float64 C-contiguous (10,): an exact ndarray that is one already in a few loads,
-    anything else converted, or an InputError naming the argument."""
-    if (cnp.PyArray_CheckExact(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT64
-            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == 10
-            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
-        return <cnp.ndarray>a
-    try:
-        c = np.ascontiguousarray(a, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{name} must be 10 numbers (level 1 first), got {a!r:.80}: "
-                         f"{exc}") from None
-    if c.shape != (10,):
-        raise InputError(f"{name} must have 10 levels, level 1 first (shape (10,)), got shape "
-                         f"{c.shape}")
-    return c
-
-
-cdef inline double _trade_arg(object v, str name) except? -1.0:
-    """a trade field as a double: a Python float or int inline, anything else checked out of
-    line (the worker's engine refuses a value that is not finite, or a negative count or size)"""
-    if type(v) is float:
-        return <double>v
-    if type(v) is int and -9007199254740992 <= v <= 9007199254740992:
-        return <double>v
-    return _trade_slow(v, name)
-
-
-cdef double _trade_slow(object v, str name) except? -1.0:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise InputError(f"{name} must be a number, got {v!r:.80}")
-    try:
-        return float(v)
-    except OverflowError:
-        raise InputError(f"{name} {v} does not fit a double") from None
-
-
 def book_refusal(int why, int where, long long sym, update, server=None):
-    """What Engine.step_book says of an update its engine refused (why: FP_REP_BOOK_*, where:
-    the field), from update = (bid_px, bid_sz, ask_px, ask_sz, trade_vol, trade_cnt,
-    last_trade_sz) as sent; None when not at hand (an answer taken by poll(): the field and
-    level alone). server: the server's name, for a symbol it has no tick size for."""
-    tail = f" (symbol {sym}; update not applied, book, window and cache unchanged)"
-    if why in (FP_REP_BOOK_PRICE, FP_REP_BOOK_SIZE, FP_REP_BOOK_ORDER):
-        side, lv = where // 256, where % 256
-        if not 0 <= side < 4 or not 0 <= lv < FP_RING_BOOK_LEVELS:
-            return f"book update refused (code {why}, field {where}){tail}"
-        name = _BOOK_ARRAYS[side]
-        if update is None:
-            return f"{name} level {lv + 1} refused (code {why}){tail}"
-        p = [float(x) for x in update[side]]
-        v = p[lv]
-        if why == FP_REP_BOOK_PRICE:
-            what = "must be a finite price > 0"
-        elif why == FP_REP_BOOK_SIZE:
-            what = "must be a finite size >= 0"
-        else:
-            what = (f"is out of order: {'above' if name == 'bid_px' else 'below'} level "
-                    f"{lv} ({p[lv - 1]:g}); levels go away from the touch")
-        return f"{name} level {lv + 1} is {v:g}: {what}{tail}"
-    if why == FP_REP_BOOK_CROSSED:
-        if update is None:
-            return f"crossed or locked book; best bid must be below best ask{tail}"
-        return (f"crossed or locked book: bid_px level 1 ({float(update[0][0]):g}) >= ask_px "
-                f"level 1 ({float(update[2][0]):g}); best bid must be below best ask{tail}")
-    if why == FP_REP_BOOK_TRADE and 0 <= where <= 2:
-        name = ("trade_vol", "trade_cnt", "last_trade_sz")[where]
-        need = "finite" if where == 0 else "finite and >= 0"
-        if update is None:
-            return f"{name} refused: must be {need}{tail}"
-        return f"{name} is {float(update[4 + where]):g}: must be {need}{tail}"
-    if why == FP_REP_BOOK_RANGE:
-        return (f"raw field {where} (fastpath.lob.field_names()[{where}]) is beyond float32's "
-                f"range; check the tick size and this update's prices and sizes{tail}")
-    if why == FP_REP_BOOK_NOTICK:
-        by = f"server {server!r}" if server is not None else "the server"
-        return (f"symbol {sym} has no tick size on {by}: give it when serving "
-                f"(fastpath.serve(..., tick_sizes={{{sym}: tick_size}}), or `fastpath serve "
-                f"--tick-size {sym}=TICK`)")
-    return f"book update refused (code {why}){tail}"
+    """What Engine.step_book says of an update its engine refused (why: FP_REP_BOOK_*, the
+    codes of fp_book.h; where: the field), from update = (bid_px, bid_sz, ask_px, ask_sz,
+    trade_vol, trade_cnt, last_trade_sz) as sent, or None when not at hand (an answer taken
+    by poll(): the field and level alone). server: the server's name, for a symbol it has no
+    tick size for."""
+    by = f"server {server!r}" if server is not None else "the server"
+    return _book_refusal(why, where, sym, update, (
+        f" on {by}: give it when serving (fastpath.serve(..., tick_sizes={{{sym}: tick_size}}),"
+        f" or `fastpath serve --tick-size {sym}=TICK`)"))
 
 
 cdef int _wait_ms(int ms) except -1:

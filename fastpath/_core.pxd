@@ -2,6 +2,7 @@
 # the other modules cimport from it. Its cdef functions reach them through Cython's C-API
 # table (one pointer load, on cold paths); the two argument checks a tick makes are inline,
 # so their common case compiles into each caller.
+cimport numpy as cnp
 from fastpath._csrc cimport fp_engine, fp_isa, fp_mlp, fp_trees_desc
 
 cdef extern from "Python.h":
@@ -16,6 +17,8 @@ cdef int _trees_desc(object t, fp_trees_desc *d, list keep) except -1
 cdef int _pack_mlp(fp_mlp *m, weights, biases, activations, int wtype=*, fp_isa isa=*) except -1
 cdef Py_ssize_t _symbol_slow(object symbol, Py_ssize_t n) except -1
 cdef long long _ts_slow(object ts) except -2
+cdef cnp.ndarray _levels_slow(object a, str name)
+cdef double _trade_slow(object v, str name) except? -1.0
 
 
 cdef inline Py_ssize_t _symbol_arg(object symbol, Py_ssize_t n) except -1:
@@ -42,3 +45,26 @@ cdef inline long long _ts_arg(object ts) except -2:
     elif ts is None:
         return -1
     return _ts_slow(ts)
+
+
+cdef inline cnp.ndarray _levels(object a, str name):
+    """a book side (step_book's bid_px, bid_sz, ask_px, ask_sz) as float64 C-contiguous (10,):
+    an exact ndarray that is one already in a few loads; _levels_slow converts anything else
+    or raises an InputError naming the argument."""
+    if (cnp.PyArray_CheckExact(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT64
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == 10
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
+        return <cnp.ndarray>a
+    return _levels_slow(a, name)
+
+
+cdef inline double _trade_arg(object v, str name) except? -1.0:
+    """a trade field of step_book as a double: a Python float or int inline, anything else
+    checked out of line (the C stage refuses a value that is not finite, or a negative count
+    or size)"""
+    if type(v) is float:
+        return <double>v
+    if type(v) is int and -9007199254740992 <= v <= 9007199254740992:
+        return <double>v
+    return _trade_slow(v, name)

@@ -197,6 +197,72 @@ _TREE_AGG = {"SUM": 0, "AVERAGE": 1, "MIN": 2, "MAX": 3}
 _TREE_POST = {"NONE": 0, "LOGISTIC": 1, "SOFTMAX": 2, "SOFTMAX_ZERO": 3, "PROBIT": 4}
 
 
+cdef cnp.ndarray _levels_slow(object a, str name):
+    try:
+        c = np.ascontiguousarray(a, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{name} must be 10 numbers (level 1 first), got {a!r:.80}: "
+                         f"{exc}") from None
+    if c.shape != (10,):
+        raise InputError(f"{name} must have 10 levels, level 1 first (shape (10,)), got shape "
+                         f"{c.shape}")
+    return c
+
+
+cdef double _trade_slow(object v, str name) except? -1.0:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise InputError(f"{name} must be a number, got {v!r:.80}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise InputError(f"{name} {v} does not fit a double") from None
+
+
+_BOOK_ARRAYS = ("bid_px", "bid_sz", "ask_px", "ask_sz")
+
+
+def _book_refusal(int why, int where, long long sym, update, str no_tick):
+    """The message for a book update the C stage refused (why: FP_BOOK_ERR_*, where: the
+    field, as fp_step_book reports them; a serving reply carries the same codes), from update
+    = (bid_px, bid_sz, ask_px, ask_sz, trade_vol, trade_cnt, last_trade_sz) as sent, or None
+    when not at hand (the field and level alone). no_tick: what to do about a symbol with no
+    tick size, which differs between an Engine and a server."""
+    tail = f" (symbol {sym}; update not applied, book, window and cache unchanged)"
+    if why in (FP_BOOK_ERR_PRICE, FP_BOOK_ERR_SIZE, FP_BOOK_ERR_ORDER):
+        side, lv = where // 256, where % 256
+        if not 0 <= side < 4 or not 0 <= lv < 10:
+            return f"book update refused (code {why}, field {where}){tail}"
+        name = _BOOK_ARRAYS[side]
+        if update is None:
+            return f"{name} level {lv + 1} refused (code {why}){tail}"
+        p = [float(x) for x in update[side]]
+        if why == FP_BOOK_ERR_PRICE:
+            what = "must be a finite price > 0"
+        elif why == FP_BOOK_ERR_SIZE:
+            what = "must be a finite size >= 0"
+        else:
+            what = (f"is out of order: {'above' if name == 'bid_px' else 'below'} level "
+                    f"{lv} ({p[lv - 1]:g}); levels go away from the touch")
+        return f"{name} level {lv + 1} is {p[lv]:g}: {what}{tail}"
+    if why == FP_BOOK_ERR_CROSSED:
+        if update is None:
+            return f"crossed or locked book; best bid must be below best ask{tail}"
+        return (f"crossed or locked book: bid_px level 1 ({float(update[0][0]):g}) >= ask_px "
+                f"level 1 ({float(update[2][0]):g}); best bid must be below best ask{tail}")
+    if why == FP_BOOK_ERR_TRADE and 0 <= where <= 2:
+        name = ("trade_vol", "trade_cnt", "last_trade_sz")[where]
+        need = "finite" if where == 0 else "finite and >= 0"
+        if update is None:
+            return f"{name} refused: must be {need}{tail}"
+        return f"{name} is {float(update[4 + where]):g}: must be {need}{tail}"
+    if why == FP_BOOK_ERR_RANGE:
+        return (f"raw field {where} (fastpath.lob.field_names()[{where}]) is beyond float32's "
+                f"range; check the tick size and this update's prices and sizes{tail}")
+    if why == FP_BOOK_ERR_NOTICK:
+        return f"symbol {sym} has no tick size{no_tick}"
+    return f"book update refused (code {why}){tail}"
+
+
 cdef int _trees_desc(object t, fp_trees_desc *d, list keep) except -1:
     """Fill d from a fastpath.model.TreeEnsemble; the arrays it points into go to `keep`."""
     cdef cnp.ndarray a

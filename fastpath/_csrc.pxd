@@ -196,6 +196,18 @@ cdef extern from "fp_trees.h" nogil:
     fp_trees_eval_fn fp_trees_eval_for(fp_isa isa)
     void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev)
 
+cdef extern from "fp_book.h" nogil:
+    # why fp_step_book refused an update (fastpath._core._book_refusal words it)
+    enum:
+        FP_BOOK_ERR_PRICE
+        FP_BOOK_ERR_SIZE
+        FP_BOOK_ERR_ORDER
+        FP_BOOK_ERR_CROSSED
+        FP_BOOK_ERR_TRADE
+        FP_BOOK_ERR_RANGE
+        FP_BOOK_ERR_NOTICK
+
+
 cdef extern from "fp_engine.h" nogil:
     enum:
         FP_OK

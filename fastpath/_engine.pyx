@@ -25,7 +25,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, INT64_MAX
 from libc.string cimport memcpy, memset
 
 from fastpath._csrc cimport *
-from fastpath._core cimport _make_engine, _symbol_arg, _ts_arg
+from fastpath._core cimport _levels, _make_engine, _symbol_arg, _trade_arg, _ts_arg
 
 cdef extern from "fp_engine.h" nogil:
     int64_t fp_batch_check(fp_engine *e, const float *raws, int64_t row_stride,
@@ -43,13 +43,6 @@ cdef extern from "fp_engine.h" nogil:
     enum:
         FP_ERR_BOOK
         FP_BOOK_LEVELS
-        FP_BOOK_ERR_PRICE
-        FP_BOOK_ERR_SIZE
-        FP_BOOK_ERR_ORDER
-        FP_BOOK_ERR_CROSSED
-        FP_BOOK_ERR_TRADE
-        FP_BOOK_ERR_RANGE
-        FP_BOOK_ERR_NOTICK
     ctypedef struct fp_book_update:
         const double *bid_px
         const double *bid_sz
@@ -85,8 +78,8 @@ import numpy as np
 
 from fastpath._batch import BatchResult, applied_note, no_row, partial_batch, stopped_note
 from fastpath._resolve import open_gpu_stage, resolve
-from fastpath._core import (_ISA_BY_NAME, _bad_raw, _conversion_hint, _describe, _n_masked,
-                            all_isas, best_isa, cpu_features, supported_isas)
+from fastpath._core import (_ISA_BY_NAME, _bad_raw, _book_refusal, _conversion_hint,
+                            _describe, _n_masked, all_isas, best_isa, cpu_features, supported_isas)
 from fastpath.errors import InputError, EngineBusyError, FastpathError, BackendError
 
 cnp.import_array()
@@ -916,7 +909,8 @@ A model, its feature spec and cache, ready to step ticks.
                                "the GPU")
         cdef int rc = fp_step_book(self._e, <int32_t>sym, &u, &r, &book_ns, &why, &where)
         if rc == FP_ERR_BOOK:
-            raise InputError(_book_refusal(why, where, sym, u))
+            raise InputError(_book_refusal(why, where, sym, _sent(&u), f": call set_tick_size("
+                                           f"{sym}, tick_size) before its first step_book"))
         if rc == FP_ERR_PARAM:
             raise InputError(f"step_book needs a model over the 256-value raw vector of "
                              f"fastpath.lob (raw_len 256); this one reads {self.raw_len}")
@@ -1172,80 +1166,9 @@ cdef bint _runs_on_cpu(object engine) except -1:
     return not (<Engine>engine)._on_gpu
 
 
-# --- Engine.step_book's argument checks and messages ---------------------------------------
-
-_BOOK_ARRAYS = ("bid_px", "bid_sz", "ask_px", "ask_sz")
-
-
-cdef inline cnp.ndarray _levels(object a, str name):
-    """a as float64 C-contiguous (10,): an exact ndarray that is one already in a few loads,
-    anything else converted, or an InputError naming the argument."""
-    if (cnp.PyArray_CheckExact(a) and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_FLOAT64
-            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == 10
-            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>a)
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)):
-        return <cnp.ndarray>a
-    try:
-        c = np.ascontiguousarray(a, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{name} must be 10 numbers (level 1 first), got {a!r:.80}: "
-                         f"{exc}") from None
-    if c.shape != (10,):
-        raise InputError(f"{name} must have 10 levels, level 1 first (shape (10,)), got shape "
-                         f"{c.shape}")
-    return c
-
-
-cdef inline double _trade_arg(object v, str name) except? -1.0:
-    """a trade field as a double: a Python float or int inline, anything else checked out of
-    line (the C stage refuses a value that is not finite, or a negative count or size)"""
-    if type(v) is float:
-        return <double>v
-    if type(v) is int and -9007199254740992 <= v <= 9007199254740992:
-        return <double>v
-    return _trade_slow(v, name)
-
-
-cdef double _trade_slow(object v, str name) except? -1.0:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise InputError(f"{name} must be a number, got {v!r:.80}")
-    try:
-        return float(v)
-    except OverflowError:
-        raise InputError(f"{name} {v} does not fit a double") from None
-
-
-cdef str _book_refusal(int why, int where, Py_ssize_t sym, fp_book_update u):
-    """The message for an update fp_step_book refused (nothing was applied)."""
-    tail = f" (symbol {sym}; update not applied, book, window and cache unchanged)"
-    cdef const double *arr[4]
-    arr[0], arr[1], arr[2], arr[3] = u.bid_px, u.bid_sz, u.ask_px, u.ask_sz
+cdef tuple _sent(const fp_book_update *u):
+    """the update as _book_refusal reads it: the four sides, then the three trade fields"""
     cdef Py_ssize_t i
-    if why in (FP_BOOK_ERR_PRICE, FP_BOOK_ERR_SIZE, FP_BOOK_ERR_ORDER):
-        name = _BOOK_ARRAYS[where // 256]
-        p = [arr[where // 256][i] for i in range(10)]
-        lv = where % 256
-        v = p[lv]
-        if why == FP_BOOK_ERR_PRICE:
-            what = "must be a finite price > 0"
-        elif why == FP_BOOK_ERR_SIZE:
-            what = "must be a finite size >= 0"
-        else:
-            what = (f"is out of order: {'above' if name == 'bid_px' else 'below'} level "
-                    f"{lv} ({p[lv - 1]:g}); levels go away from the touch")
-        return f"{name} level {lv + 1} is {v:g}: {what}{tail}"
-    if why == FP_BOOK_ERR_CROSSED:
-        return (f"crossed or locked book: bid_px level 1 ({u.bid_px[0]:g}) >= ask_px level 1 "
-                f"({u.ask_px[0]:g}); best bid must be below best ask{tail}")
-    if why == FP_BOOK_ERR_TRADE:
-        name, v = (("trade_vol", u.trade_vol), ("trade_cnt", u.trade_cnt),
-                   ("last_trade_sz", u.last_trade_sz))[where]
-        need = "finite" if where == 0 else "finite and >= 0"
-        return f"{name} is {v:g}: must be {need}{tail}"
-    if why == FP_BOOK_ERR_RANGE:
-        return (f"raw field {where} (fastpath.lob.field_names()[{where}]) is beyond float32's "
-                f"range; check the tick size and this update's prices and sizes{tail}")
-    if why == FP_BOOK_ERR_NOTICK:
-        return (f"symbol {sym} has no tick size: call set_tick_size({sym}, tick_size) before "
-                f"its first step_book")
-    return f"book update refused (code {why}){tail}"
+    return ([u.bid_px[i] for i in range(10)], [u.bid_sz[i] for i in range(10)],
+            [u.ask_px[i] for i in range(10)], [u.ask_sz[i] for i in range(10)],
+            u.trade_vol, u.trade_cnt, u.last_trade_sz)
