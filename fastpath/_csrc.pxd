@@ -206,6 +206,14 @@ cdef extern from "fp_book.h" nogil:
         FP_BOOK_ERR_TRADE
         FP_BOOK_ERR_RANGE
         FP_BOOK_ERR_NOTICK
+    # one book update as fp_step_book takes it (level 1 first, FP_BOOK_LEVELS levels a side)
+    ctypedef struct fp_book_update:
+        const double *bid_px
+        const double *bid_sz
+        const double *ask_px
+        const double *ask_sz
+        int64_t ts_ns
+        double trade_vol, trade_cnt, last_trade_sz
 
 
 cdef extern from "fp_engine.h" nogil:

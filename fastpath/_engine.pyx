@@ -43,13 +43,6 @@ cdef extern from "fp_engine.h" nogil:
     enum:
         FP_ERR_BOOK
         FP_BOOK_LEVELS
-    ctypedef struct fp_book_update:
-        const double *bid_px
-        const double *bid_sz
-        const double *ask_px
-        const double *ask_sz
-        int64_t ts_ns
-        double trade_vol, trade_cnt, last_trade_sz
     ctypedef struct fp_book_state:
         double bpx[10]
         double apx[10]

@@ -25,13 +25,6 @@ cnp.import_array()
 
 # the live book stage alone, for book_stage_ns (the engine's fp_step_book runs it per tick)
 cdef extern from "fp_book.h" nogil:
-    ctypedef struct fp_book_update:
-        const double *bid_px
-        const double *bid_sz
-        const double *ask_px
-        const double *ask_sz
-        int64_t ts_ns
-        double trade_vol, trade_cnt, last_trade_sz
     ctypedef struct fp_book:
         pass
     fp_book *fp_book_create(double tick)

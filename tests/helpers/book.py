@@ -84,3 +84,42 @@ def raw_from_book_libm(bs):
         return adapter.raw_from_book(bs)
     finally:
         adapter._log1p, adapter._log = saved
+
+
+def book_update(bs, i, symbol=None):
+    """Update i of a BookStream as step_book's keyword arguments (arrays copied, so a spoiler
+    may change them), with symbol= when given."""
+    u = dict(bid_px=bs.bid_px[i].copy(), bid_sz=bs.bid_sz[i].copy(),
+             ask_px=bs.ask_px[i].copy(), ask_sz=bs.ask_sz[i].copy(), ts_ns=int(bs.ts_ns[i]),
+             trade_vol=float(bs.trade_vol[i]), trade_cnt=int(bs.trade_cnt[i]),
+             last_trade_sz=float(bs.last_trade_sz[i]))
+    if symbol is not None:
+        u["symbol"] = symbol
+    return u
+
+
+def spoil_set(name, level, value):
+    """A spoiler of a book_update: field name (its level when not None) set to value."""
+    def make(u):
+        if level is None:
+            u[name] = value
+        else:
+            u[name][level] = value
+        return u
+    return make
+
+
+def spoil_order(name):
+    """A spoiler: levels 4 and 5 of side name swapped, out of order."""
+    def make(u):
+        u[name][3], u[name][4] = u[name][4], u[name][3]
+        return u
+    return make
+
+
+def spoil_crossed(locked):
+    """A spoiler: the bids moved up to the best ask (locked) or a cent past it (crossed)."""
+    def make(u):
+        u["bid_px"] = u["bid_px"] + (u["ask_px"][0] - u["bid_px"][0]) + (0 if locked else 0.01)
+        return u
+    return make

@@ -13,6 +13,7 @@ from fastpath import Engine, lob
 from fastpath._build import DEMO_MODEL
 from fastpath._client import _reply_error
 from fastpath.errors import InputError
+from helpers.book import book_update, spoil_crossed, spoil_order, spoil_set
 from helpers.book_serving import counted
 from helpers.serving import cfg, uname
 
@@ -32,61 +33,38 @@ def served():
             yield srv, c
 
 
-def _update(bs, i, sym):
-    return dict(symbol=sym, bid_px=bs.bid_px[i].copy(), bid_sz=bs.bid_sz[i].copy(),
-                ask_px=bs.ask_px[i].copy(), ask_sz=bs.ask_sz[i].copy(), ts_ns=int(bs.ts_ns[i]),
-                trade_vol=float(bs.trade_vol[i]), trade_cnt=int(bs.trade_cnt[i]),
-                last_trade_sz=float(bs.last_trade_sz[i]))
 
 
-def _set(name, level, value):
-    def make(u):
-        if level is None:
-            u[name] = value
-        else:
-            u[name][level] = value
-        return u
-    return make
 
 
-def _swap(name):
-    def make(u):
-        u[name][3], u[name][4] = u[name][4], u[name][3]
-        return u
-    return make
 
 
-def _crossed(locked):
-    def make(u):
-        u["bid_px"] = u["bid_px"] + (u["ask_px"][0] - u["bid_px"][0]) + (0 if locked else 0.01)
-        return u
-    return make
 
 
 # (id, spoil the update, refused by the server's engine (True) or by the client's checks)
 CASES = [
-    ("crossed", _crossed(False), True),
-    ("locked", _crossed(True), True),
-    ("nan price", _set("ask_px", 6, np.nan), True),
-    ("inf price", _set("bid_px", 0, np.inf), True),
-    ("zero price", _set("bid_px", 9, 0.0), True),
-    ("negative price", _set("ask_px", 9, -1.0), True),
-    ("negative size", _set("ask_sz", 2, -1.0), True),
-    ("nan size", _set("bid_sz", 4, np.nan), True),
-    ("bids out of order", _swap("bid_px"), True),
-    ("asks out of order", _swap("ask_px"), True),
-    ("nan trade volume", _set("trade_vol", None, np.nan), True),
-    ("negative count", _set("trade_cnt", None, -1), True),
-    ("negative last size", _set("last_trade_sz", None, -2.0), True),
-    ("time backwards", _set("ts_ns", None, 0), True),
+    ("crossed", spoil_crossed(False), True),
+    ("locked", spoil_crossed(True), True),
+    ("nan price", spoil_set("ask_px", 6, np.nan), True),
+    ("inf price", spoil_set("bid_px", 0, np.inf), True),
+    ("zero price", spoil_set("bid_px", 9, 0.0), True),
+    ("negative price", spoil_set("ask_px", 9, -1.0), True),
+    ("negative size", spoil_set("ask_sz", 2, -1.0), True),
+    ("nan size", spoil_set("bid_sz", 4, np.nan), True),
+    ("bids out of order", spoil_order("bid_px"), True),
+    ("asks out of order", spoil_order("ask_px"), True),
+    ("nan trade volume", spoil_set("trade_vol", None, np.nan), True),
+    ("negative count", spoil_set("trade_cnt", None, -1), True),
+    ("negative last size", spoil_set("last_trade_sz", None, -2.0), True),
+    ("time backwards", spoil_set("ts_ns", None, 0), True),
     ("depth past float64", lambda u: {**u, "bid_sz": np.full(10, 1.7e308)}, True),
-    ("trade volume not a number", _set("trade_vol", None, "1.5"), False),
-    ("huge trade count", _set("trade_cnt", None, 10**400), False),
+    ("trade volume not a number", spoil_set("trade_vol", None, "1.5"), False),
+    ("huge trade count", spoil_set("trade_cnt", None, 10**400), False),
     ("nine levels", lambda u: {**u, "bid_sz": u["bid_sz"][:9]}, False),
     ("eleven levels", lambda u: {**u, "ask_px": np.append(u["ask_px"], 1e9)}, False),
-    ("no ts_ns", _set("ts_ns", None, None), False),
-    ("negative ts_ns", _set("ts_ns", None, -5), False),
-    ("symbol out of range", _set("symbol", None, 99), False),
+    ("no ts_ns", spoil_set("ts_ns", None, None), False),
+    ("negative ts_ns", spoil_set("ts_ns", None, -5), False),
+    ("symbol out of range", spoil_set("symbol", None, 99), False),
 ]
 
 
@@ -107,10 +85,10 @@ def test_bad_update_same_message_state_unchanged(served, k):
     bs = lob.generate_stream(N_WARM + 10, 1, seed=9)
     ref, twin = _engine(), _engine()
     for i in range(N_WARM):
-        u = _update(bs, i, sym)
+        u = book_update(bs, i, sym)
         a, b, t = c.step_book(**u), ref.step_book(**u), twin.step_book(**u)
         assert (a.signal, a.confidence, a.cached) == (b.signal, b.confidence, b.cached)
-    bad = spoil(_update(bs, N_WARM, sym))
+    bad = spoil(book_update(bs, N_WARM, sym))
     with pytest.raises(InputError) as want:
         ref.step_book(**bad)
     errors = counted(srv, a.seq)["errors"]
@@ -118,7 +96,7 @@ def test_bad_update_same_message_state_unchanged(served, k):
         c.step_book(**bad)
     assert str(got.value) == str(want.value)
     for i in range(N_WARM, N_WARM + 10):
-        u = _update(bs, i, sym)
+        u = book_update(bs, i, sym)
         r, t = c.step_book(**u), twin.step_book(**u)
         assert (r.signal, r.confidence, r.cached) == (t.signal, t.confidence, t.cached)
         if i == N_WARM:
@@ -135,9 +113,9 @@ def test_symbol_without_tick_size_refused_naming_the_server_setting(served):
     bs = lob.generate_stream(5, 1, seed=1)
     with pytest.raises(InputError, match=rf"symbol {NO_TICK} has no tick size on server "
                                          rf".*tick_sizes=\{{{NO_TICK}: tick_size\}}"):
-        c.step_book(**_update(bs, 0, NO_TICK))
+        c.step_book(**book_update(bs, 0, NO_TICK))
     with pytest.raises(InputError, match="has no tick size"):
-        c.step_book(**_update(bs, 1, NO_TICK))
+        c.step_book(**book_update(bs, 1, NO_TICK))
 
 
 def test_model_not_over_the_book_vector_refused_before_sending(model):
@@ -148,11 +126,11 @@ def test_model_not_over_the_book_vector_refused_before_sending(model):
     eng = Engine(model, config=cfg())
     eng.set_tick_size(0, 0.01)
     with pytest.raises(InputError) as want:
-        eng.step_book(**_update(bs, 0, 0))
+        eng.step_book(**book_update(bs, 0, 0))
     with fastpath.serve(name, model, cfg(), tick_sizes={0: 0.01}):
         with fastpath.connect(name, timeout=10) as c:
             with pytest.raises(InputError) as got:
-                c.step_book(**_update(bs, 0, 0))
+                c.step_book(**book_update(bs, 0, 0))
             # nothing was sent: the next request is the client's first
             assert c.step(np.zeros(c.raw_len, np.float32), 0, 1).seq == 1
     assert str(got.value) == str(want.value)
