@@ -635,18 +635,32 @@ class LaunchPath:
                            + [h.base.free for h in (self.h_x, self.h_y, self.h_st)])
 
 
-def _stop_on_collect(slot, exited, ok, dc, token) -> None:
+def _stop_on_collect(slot, done, dc, token) -> None:
     """A PersistentPath collected (or the interpreter exiting) with its kernel running: raise
     the stop flag and give the kernel a second to return before its memory goes. Its blocks
     count as resident until it has returned: one still running still holds them. Once it
     has, the frees other paths' close() held back are made."""
     slot.stop()
-    if slot.wait_ready(exited, DEFAULT_TIMEOUT_NS) == ok:
+    # the event after the kernel says it returned, as in stop(): the slot's READY_EXITED is
+    # written before the kernel's last instructions, and a free made then waits on it
+    deadline = time.monotonic_ns() + DEFAULT_TIMEOUT_NS
+    try:
+        while True:
+            try:
+                with dc.current():
+                    if done.query():
+                        break
+            except dc.cuda.Error:
+                # a fault ended the kernel with its context: nothing left to free in it
+                dc.resident.release(token)
+                return
+            if time.monotonic_ns() > deadline:
+                return
+            time.sleep(50e-6)
         dc.resident.release(token)
-        try:
-            dc.flush_deferred()
-        except Exception:  # noqa: BLE001 - a finalizer: a dead or released context
-            pass
+        dc.flush_deferred()
+    except Exception:  # noqa: BLE001 - a finalizer: a released context
+        pass
 
 
 class PersistentPath:
@@ -745,8 +759,8 @@ class PersistentPath:
         # dropped without close() (a GpuBackend nobody closed), the device memory and the
         # slot would be freed under a kernel still polling them: stop it first. The finalizer
         # holds the slot (not self), so the slot outlives the wait; stop() detaches it.
-        self._fin = weakref.finalize(self, _stop_on_collect, self.slot, P.READY_EXITED,
-                                     P.OK, self.dc, self._token)
+        self._fin = weakref.finalize(self, _stop_on_collect, self.slot, self.done, self.dc,
+                                     self._token)
         if self.slot.wait_ready(P.READY_RUNNING, timeout_ns or self.timeout_ns) != P.OK:
             err = self._kernel_error()
             try:

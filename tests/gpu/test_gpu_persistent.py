@@ -86,6 +86,32 @@ def test_persistent_backend_collected_unclosed_stops_its_kernel(fake_gpu):
     assert not kernel.is_alive()
 
 
+def test_collected_backend_makes_held_back_frees_after_its_kernel_returned(fake_fatbin):
+    """A collected backend's kernel counted as returned once its slot said EXITED, and the frees
+    held back were made while it still ran."""
+    cu = FakeCuda(kernel_mode="returns_late")
+    rng = np.random.default_rng(15)
+    kw = dict(cuda=cu, timeout_ns=5 * 10**9, start=False)
+    a = GpuBackend(random_model(rng, [4, 2]), "persistent", **kw)
+    b = GpuBackend(random_model(rng, [4, 2]), "persistent", **kw)
+    try:
+        a.start(), b.start()
+        a_mem = [a.path.d_w, a.path.h_slot.base]
+        a.close()
+        assert not any(m.freed for m in a_mem)
+        kernel = cu.threads[-1]
+        del b
+        gc.collect()
+        assert not kernel.is_alive() and all(m.freed for m in a_mem) and cu.hazards == []
+        assert B.resident_kernels(cu, 0).running() == []
+    finally:
+        for t in cu.threads:
+            t.asked.set()
+        for be in (a, locals().get("b")):
+            if be is not None:
+                be.close()
+
+
 def test_persistent_path_stopped_by_close_does_not_stop_again(fake_gpu):
     # close() stops the kernel and detaches the collector's stop: nothing runs twice
     m = random_model(np.random.default_rng(14), [4, 2])

@@ -188,7 +188,10 @@ class FakeCuda:
                     raise FakeError("an illegal memory access was encountered")
                 if fake.kernel_mode == "launch_never_ends":
                     return False
-                return self.thread is None or not self.thread.is_alive()
+                if self.thread is not None and self.thread.is_alive():
+                    self.thread.asked.set()
+                    return False
+                return True
 
             def time_since(self, other):
                 return 0.001
@@ -307,9 +310,21 @@ class FakeFunction:
         dev = P.CpuDevice(ws, bs, acts, "scalar")
         slot = P.Slot(_Owner(), d_slot, p.dims[0], p.dims[-1], init=False)
         answers = 3 if cu.kernel_mode == "hangs_after_3" else 2**62
-        t = threading.Thread(target=dev.serve, args=(slot, answers), daemon=True)
+        asked = threading.Event()       # set once the event after the kernel is queried
+        t = threading.Thread(target=_serve, args=(dev, slot, answers,
+                                                  cu.kernel_mode == "returns_late", asked),
+                             daemon=True)
+        t.asked = asked
         cu.threads.append(t)
         t.start()
+
+
+def _serve(dev, slot, answers, late, asked):
+    """The persistent kernel's thread. late: after the slot says EXITED it returns only once
+    the event after it was queried, as a kernel's last instructions outlast that store."""
+    dev.serve(slot, answers)
+    if late:
+        asked.wait(30)
 
 
 class _Owner:
