@@ -88,6 +88,39 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path, mark):
     assert len(err.strip().splitlines()) <= 1 and "interrupted" in err, err
 
 
+# a stand-in fastpath package: its __init__ fails a caught `from . import X` (as numpy does at
+# every start), and the Ctrl-C arrives while CPython builds that failure's message
+_SIGINT_IN_IMPORT = """import os, signal
+
+
+class _Name(str):
+    def __repr__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        return str.__repr__(self)
+
+
+__name__ = _Name(__name__)
+try:
+    from . import _absent
+except ImportError:
+    pass
+"""
+
+
+def test_ctrl_c_while_a_caught_import_error_is_built_exits_130(tmp_path):
+    """A Ctrl-C while a caught `from X import Y` failure built its message was a TypeError."""
+    pkg = tmp_path / "fake" / "fastpath"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(_SIGINT_IN_IMPORT)
+    (pkg / "cli.py").write_text("def main(argv=None):\n    print('ran')\n    return 0\n")
+    mod, fn = _entry_point()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "fake"), PKG_PARENT]))
+    p = subprocess.run([sys.executable, "-c", f"import sys, {mod}; sys.exit({mod}.{fn}())"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert "Traceback" not in p.stderr, p.stderr
+    assert (p.returncode, p.stdout, p.stderr) == (130, "", "fastpath: interrupted\n")
+
+
 def test_entry_point_module_is_packaged_and_cheap_to_import(tmp_path):
     # the guard works only if importing the entry point's module does not import fastpath
     mod, fn = _entry_point()
