@@ -227,6 +227,19 @@ def timer_overhead(n: int) -> int:
     return int(np.median(out))
 
 
+def _peer_row(make, row, X, n: int, overhead: int) -> dict:
+    """A compiled peer's entry of a zoo row: make() -> (predict one row, version), timed as
+    fastpath was and set against it, or why it was skipped (a peer's failure is its note)."""
+    try:
+        fn, ver = make()
+    except Exception as exc:  # noqa: BLE001
+        fn, ver = None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+    if fn is None:
+        return {"skipped": ver}
+    d = Dist(time_fn(fn, X, n, overhead))
+    return _row_stats(d) | {"version": ver} | _ratios(d, row)
+
+
 def time_fn(fn, X, n: int, overhead: int) -> np.ndarray:
     pc = time.perf_counter_ns
     buf = np.empty(X.shape[1], np.float32)
@@ -377,25 +390,11 @@ def main(argv=None) -> int:
                 nat = Dist(time_fn(lambda x: native.predict(x[None, :]), Xm, n_calls, overhead))
                 row["native"] = _row_stats(nat) | _ratios(nat, row)
             if tl_kind == "lightgbm":
-                try:
-                    ll_fn, ll_ver = _lleaves(native, work)
-                except Exception as exc:  # noqa: BLE001 - a peer's failure is its row's note
-                    ll_fn, ll_ver = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                if ll_fn is not None:
-                    ll = Dist(time_fn(ll_fn, Xm, n_calls, overhead))
-                    row["lleaves"] = _row_stats(ll) | {"version": ll_ver} | _ratios(ll, row)
-                else:
-                    row["lleaves"] = {"skipped": ll_ver}
+                row["lleaves"] = _peer_row(lambda: _lleaves(native, work), row, Xm, n_calls,
+                                           overhead)
             if tl_kind:
-                try:
-                    tl_fn, tl_ver = _tl2cgen(native, tl_kind, work)
-                except Exception as exc:  # noqa: BLE001
-                    tl_fn, tl_ver = None, f"{type(exc).__name__}: {exc}"
-                if tl_fn is not None:
-                    tl = Dist(time_fn(tl_fn, Xm, n_calls, overhead))
-                    row["tl2cgen"] = _row_stats(tl) | {"version": tl_ver} | _ratios(tl, row)
-                else:
-                    row["tl2cgen"] = {"skipped": tl_ver}
+                row["tl2cgen"] = _peer_row(lambda: _tl2cgen(native, tl_kind, work), row, Xm,
+                                           n_calls, overhead)
             rows.append(row)
             print(_line(row), flush=True)
     finally:
