@@ -68,3 +68,17 @@ def threshold_rows(trees, seed=0):
     rows.append(nan)
     out = np.vstack(rows).astype(F)
     return out[~np.any(np.isinf(out), axis=1)]
+
+
+# every walk PackedTrees can be pinned to (PackedTrees.walk), for tests that hold them equal
+WALKS = ["compact", "lanes-rest", "gather-rest", "lanes-all", "gather-all"]
+
+
+def regression_data(n, n_feat, seed):
+    """(X, y): n standard-normal rows of n_feat >= 9 features and a smooth target with
+    interactions and noise, to train trees deep enough to need every walk."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, n_feat)).astype(F)
+    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.3 * X[:, 3:9].sum(1) \
+        + 0.1 * rng.standard_normal(n)
+    return X, y

@@ -11,20 +11,11 @@ from fastpath import Engine, InputError, Model, TreeEnsemble
 from fastpath._kernels import PackedTrees, tree_isas
 from fastpath.model.trees import packed_layout
 from helpers.builders import engine_cfg
-from helpers.native_trees import threshold_rows
+from helpers.native_trees import WALKS, regression_data, threshold_rows
 from helpers.oracle import assert_close, ort_run
 
 F = np.float32
 N_FEAT = 16
-WALKS = ["compact", "lanes-rest", "gather-rest", "lanes-all", "gather-all"]
-
-
-def _data(n=3000, seed=3):
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, N_FEAT)).astype(F)
-    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.3 * X[:, 3:9].sum(1) \
-        + 0.1 * rng.standard_normal(n)
-    return X, y
 
 
 def _export(est, path, tool):
@@ -61,7 +52,7 @@ def exported(tmp_path_factory):
     pytest.importorskip("onnxmltools")
     pytest.importorskip("onnxruntime")
     d = tmp_path_factory.mktemp("lanes")
-    X, y = _data()
+    X, y = regression_data(3000, N_FEAT, 3)
     out = {}
     for name, make in MODELS.items():
         tool, est = make()

@@ -10,31 +10,22 @@ import pytest
 from fastpath import InputError, Model
 from fastpath._kernels import PackedTrees, tree_isas
 from fastpath.model import parity
-from helpers.native_trees import BOUND, assert_parity, threshold_rows
+from helpers.native_trees import BOUND, assert_parity, WALKS, regression_data, threshold_rows
 
 F = np.float32
 N_FEAT = 12
-WALKS = ["compact", "lanes-rest", "gather-rest", "lanes-all", "gather-all"]
-
-
-def _data(n=2500, seed=5):
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, N_FEAT)).astype(F)
-    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.3 * X[:, 3:9].sum(1) \
-        + 0.1 * rng.standard_normal(n)
-    return X, y
 
 
 def _lgb(**kw):
     lightgbm = pytest.importorskip("lightgbm")
-    X, y = _data()
+    X, y = regression_data(2500, N_FEAT, 5)
     est = lightgbm.LGBMRegressor(min_child_samples=3, learning_rate=0.1, verbose=-1, n_jobs=1, **kw)
     return Model.from_lightgbm(est.fit(X, y).booster_), est.booster_
 
 
 def _xgb(**kw):
     xgboost = pytest.importorskip("xgboost")
-    X, y = _data()
+    X, y = regression_data(2500, N_FEAT, 5)
     est = xgboost.XGBRegressor(tree_method="hist", learning_rate=0.2, n_jobs=1, **kw)
     return Model.from_xgboost(est.fit(X, y).get_booster()), est.get_booster()
 
