@@ -296,3 +296,20 @@ def stop_in_thread(srv, timeout=60.0):
         assert time.monotonic() < end, "the server never began its stop"
         time.sleep(0.001)
     return t
+
+
+def compile_producer(out_dir, name, source, std="c99", include=None, libs=()):
+    """A C producer built against fastpath/include/fp_ring.h (or `include`): `source` is C text
+    (written to out_dir/name.c) or the path of a .c file; warnings are errors. -> the
+    executable's path."""
+    if isinstance(source, str) and "\n" in source:
+        src = os.path.join(out_dir, f"{name}.c")
+        with open(src, "w") as f:
+            f.write(source)
+    else:
+        src = str(source)
+    exe = os.path.join(out_dir, name)
+    subprocess.run(["cc", f"-std={std}", "-O2", "-Wall", "-Wextra", "-Werror",
+                    f"-I{include or fastpath.get_include()}", src, "-o", exe, *libs],
+                   check=True, timeout=120)
+    return exe

@@ -14,7 +14,7 @@ import fastpath
 from fastpath import InputError, ServeError, lob
 from fastpath._build import DEMO_MODEL
 from helpers.book_serving import ANSWER, counted, local_engine, tick_sizes, write_updates
-from helpers.serving import TESTS_DIR, cfg, uname
+from helpers.serving import TESTS_DIR, cfg, compile_producer, uname
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 
@@ -27,11 +27,7 @@ VERSION_OFF = 8                 # fp_seg_header.version (u32 after the u64 magic
 
 
 def _cc(tmp_path, src, name, include=None):
-    exe = tmp_path / name
-    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
-                    f"-I{include or fastpath.get_include()}", str(src), "-o", str(exe)],
-                   check=True, timeout=120)
-    return exe
+    return compile_producer(str(tmp_path), name, src, include=include)
 
 
 def _run_book_client(tmp_path, name, bs):

@@ -9,7 +9,7 @@ import pytest
 
 import fastpath
 from fastpath._build import DEMO_MODEL
-from helpers.serving import cfg, deadline, uname
+from helpers.serving import cfg, compile_producer, deadline, uname
 
 # The producer holds its submit between the look and the publish (FP_RING_LOOKED) until the
 # server is stopping, and then until it is stopped or 0.3 s have passed: a preemption there.
@@ -68,11 +68,7 @@ int main(int argc, char **argv) {
 def test_a_submit_held_across_the_stop_is_answered_by_the_drain(tmp_path):
     """A submit that saw RUNNING, was preempted before its publish and published once the
     drain had found nothing pending was sent and never answered (the drain ended, STOPPED)."""
-    src, exe = tmp_path / "held.c", tmp_path / "held"
-    src.write_text(C_HELD_SUBMIT)
-    subprocess.run(["cc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror",
-                    f"-I{fastpath.get_include()}", str(src), "-o", str(exe)], check=True,
-                   timeout=60)
+    exe = compile_producer(str(tmp_path), "held", C_HELD_SUBMIT, std="gnu11")
     name = uname()
     srv = fastpath.serve(name, DEMO_MODEL, cfg(drain_timeout_ms=20_000))
     p = subprocess.Popen([str(exe), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -12,7 +12,7 @@ import fastpath
 from fastpath import InputError, RingFull, ServeError
 from fastpath._build import DEMO_MODEL
 from helpers.serving import (
-    TESTS_DIR, _stuck, cfg, deadline, held_server, stop_in_thread, ticks, uname)
+    TESTS_DIR, _stuck, cfg, compile_producer, deadline, held_server, stop_in_thread, ticks, uname)
 
 
 C_SUBMIT_AFTER_STOP = r"""
@@ -44,11 +44,7 @@ int main(int argc, char **argv) {
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 def test_c_client_submit_is_refused_once_the_stop_begins(tmp_path):
-    src, exe = tmp_path / "late.c", tmp_path / "late"
-    src.write_text(C_SUBMIT_AFTER_STOP)
-    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
-                    f"-I{fastpath.get_include()}", str(src), "-o", str(exe)], check=True,
-                   timeout=60)
+    exe = compile_producer(str(tmp_path), "late", C_SUBMIT_AFTER_STOP)
     name = uname()
     srv, c = held_server(name)
     p = subprocess.Popen([str(exe), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -143,11 +139,7 @@ int main(int argc, char **argv) {
 @pytest.mark.parametrize("tries", [2_000, pytest.param(20_000, marks=pytest.mark.soak)])
 def test_raw_changed_after_publishing_does_not_poison_the_symbol_for_other_clients(tmp_path,
                                                                                   tries):
-    src, exe = tmp_path / "flip.c", tmp_path / "flip"
-    src.write_text(C_FLIP_AFTER_PUBLISH)
-    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
-                    f"-I{fastpath.get_include()}", str(src), "-o", str(exe), "-lm"], check=True,
-                   timeout=60)
+    exe = compile_producer(str(tmp_path), "flip", C_FLIP_AFTER_PUBLISH, libs=["-lm"])
     name = uname()
     with fastpath.serve(name, None, cfg(ring_slots=4, max_clients=2)) as srv:
         field = int(srv._worker.model.feature_spec.w_idx[0])     # a windowed field: 40
@@ -258,12 +250,7 @@ int main(int argc, char **argv) {
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad")
-    src, exe = d / "bad.c", d / "bad"
-    src.write_text(C_BAD)
-    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
-                    f"-I{fastpath.get_include()}", str(src), "-o", str(exe)], check=True,
-                   timeout=60)
-    return str(exe)
+    return compile_producer(str(d), "bad", C_BAD)
 
 
 def _run(exe, *args, timeout=60):
@@ -403,11 +390,7 @@ def test_ring_full_spin_waits_without_deadlock(model):
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 def test_c_client_round_trip(tmp_path):
-    exe = tmp_path / "client"
-    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror",
-                    f"-I{fastpath.get_include()}",
-                    os.path.join(TESTS_DIR, "c", "client.c"), "-o", str(exe)], check=True,
-                   timeout=60)
+    exe = compile_producer(str(tmp_path), "client", os.path.join(TESTS_DIR, "c", "client.c"))
     eng_cfg = cfg()
     local = fastpath.Engine(DEMO_MODEL, config=eng_cfg)
     n = 2000
