@@ -8,7 +8,7 @@ import numpy as np
 
 import fastpath
 from fastpath._build import DEMO_MODEL
-from helpers.book import book_engine
+from helpers.book import book_engine, book_update
 from helpers.serving import cfg, uname
 
 
@@ -35,12 +35,9 @@ def tick_sizes(bs):
 
 
 def update(bs, i):
-    """Update i of bs as step_book's keyword arguments (copies: a test may spoil them)."""
-    return dict(symbol=int(bs.symbols[i]), bid_px=bs.bid_px[i].copy(),
-                bid_sz=bs.bid_sz[i].copy(), ask_px=bs.ask_px[i].copy(),
-                ask_sz=bs.ask_sz[i].copy(), ts_ns=int(bs.ts_ns[i]),
-                trade_vol=float(bs.trade_vol[i]), trade_cnt=int(bs.trade_cnt[i]),
-                last_trade_sz=float(bs.last_trade_sz[i]))
+    """Update i of bs as step_book's keyword arguments with its own symbol (copies: a test
+    may spoil them)."""
+    return book_update(bs, i, symbol=int(bs.symbols[i]))
 
 
 def replay(step_book, bs, rows=None):
