@@ -76,10 +76,15 @@ exts = [extension(CORE, "fastpath/_core.pyx", csrc),
 # nvcc the build goes on and fastpath.gpu compiles csrc/cuda/*.cu with pycuda at first use.
 # cythonized here into build/ (pruned from the sdist), so no generated .c sits in the package
 # fastpath.gpu._tick: the GPU tick, which cimports the Engine and drives its split tick
-exts += cythonize([extension("fastpath.gpu._protocol", "fastpath/gpu/_protocol.pyx",
-                             rpath="$ORIGIN/.."),
-                   extension("fastpath.gpu._tick", "fastpath/gpu/_tick.pyx", rpath="$ORIGIN/..")],
-                  compiler_directives=directives, build_dir="build/cython")
+gpu_exts = [extension("fastpath.gpu._protocol", "fastpath/gpu/_protocol.pyx", rpath="$ORIGIN/.."),
+            extension("fastpath.gpu._tick", "fastpath/gpu/_tick.pyx", rpath="$ORIGIN/..")]
+
+
+def cythonized() -> list:
+    """Every extension with its .pyx turned into C; run by build_ext alone, so an sdist or
+    build_py does not translate the modules it never compiles."""
+    return (cythonize(exts, compiler_directives=directives)
+            + cythonize(gpu_exts, compiler_directives=directives, build_dir="build/cython"))
 
 
 def gpu_build_ext():
@@ -128,6 +133,7 @@ def gpu_build_ext():
                 self.compiler.compile = serial
 
         def run(self):
+            self.extensions = cythonized()
             super().run()
             dest = (os.path.join("fastpath", "gpu") if self.inplace
                     else os.path.join(self.build_lib, "fastpath", "gpu"))
@@ -157,5 +163,4 @@ def gpu_build_ext():
     return BuildExtWithFatbin
 
 
-setup(ext_modules=cythonize(exts, compiler_directives=directives),
-      cmdclass={"build_ext": gpu_build_ext()})
+setup(ext_modules=exts + gpu_exts, cmdclass={"build_ext": gpu_build_ext()})

@@ -38,11 +38,18 @@ def _generated_c() -> set:
     return {str(p.with_suffix(".c").relative_to(ROOT)) for p in (ROOT / "fastpath").rglob("*.pyx")}
 
 
-def test_sdist_has_every_source_and_no_generated_file(tmp_path):
-    _setup(tmp_path, "sdist", "-d", str(tmp_path / "dist"))
-    (sdist,) = (tmp_path / "dist").glob("fastpath-*.tar.gz")
+@pytest.fixture(scope="module")
+def sdist_names(tmp_path_factory):
+    """(the sdist's path, the names it holds): one build for the tests that read it."""
+    tmp = tmp_path_factory.mktemp("sdist")
+    _setup(tmp, "sdist", "-d", str(tmp / "dist"))
+    (sdist,) = (tmp / "dist").glob("fastpath-*.tar.gz")
     with tarfile.open(sdist) as tf:
-        names = tf.getnames()
+        return sdist, tf.getnames()
+
+
+def test_sdist_has_every_source_and_no_generated_file(sdist_names):
+    sdist, names = sdist_names
     top = names[0].split("/")[0]
     have = {n.split("/", 1)[1] for n in names if "/" in n}
     need = {"setup.py", "pyproject.toml", "README.md", "MANIFEST.in",
@@ -60,10 +67,17 @@ def test_sdist_has_every_source_and_no_generated_file(tmp_path):
     assert top == sdist.name[:-len(".tar.gz")]
 
 
-def test_wheel_python_part_has_every_module_and_data_file(tmp_path):
-    """build_py is what the wheel gets besides the compiled modules: check its output."""
-    lib = tmp_path / "lib"
-    _setup(tmp_path, "build_py", "-d", str(lib))
+@pytest.fixture(scope="module")
+def build_py_lib(tmp_path_factory):
+    """build_py's output: what the wheel gets besides the compiled modules (one build for
+    the tests that read it)."""
+    tmp = tmp_path_factory.mktemp("build_py")
+    _setup(tmp, "build_py", "-d", str(tmp / "lib"))
+    return tmp / "lib"
+
+
+def test_wheel_python_part_has_every_module_and_data_file(build_py_lib):
+    lib = build_py_lib
     have = {str(p.relative_to(lib)) for p in lib.rglob("*") if p.is_file()}
     need = {"fastpath/py.typed", "fastpath/_engine.pyi", "fastpath/_kernels.pyi",
             "fastpath/_serve.pyi", "fastpath/include/fp_ring.h",
@@ -81,11 +95,10 @@ def test_wheel_python_part_has_every_module_and_data_file(tmp_path):
     assert not stray, f"build sources would be installed as package data: {stray}"
 
 
-def test_wheel_and_sdist_carry_the_entry_point_module(tmp_path):
+def test_wheel_and_sdist_carry_the_entry_point_module(build_py_lib, sdist_names):
     mod, _ = _entry_point()
     if "." in mod:
         pytest.skip("the entry point is inside a package, which the packaging tests cover")
-    from helpers.packaging import _setup
-    lib = tmp_path / "lib"
-    _setup(tmp_path, "build_py", "-d", str(lib))
-    assert (lib / f"{mod}.py").is_file(), sorted(p.name for p in lib.iterdir())
+    assert (build_py_lib / f"{mod}.py").is_file(), sorted(p.name for p in build_py_lib.iterdir())
+    sdist, names = sdist_names
+    assert f"{names[0].split('/')[0]}/{mod}.py" in names, f"{sdist.name} lacks {mod}.py"
