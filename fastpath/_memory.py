@@ -4,10 +4,11 @@ Design: the C engine never allocates this memory itself; it receives one 64-byte
 buffer. The order tried is: mmap(MAP_HUGETLB) from the hugetlb pool (1 GB pages when asked
 and configured, else 2 MB), then an ordinary mapping with madvise(MADV_HUGEPAGE)
 (transparent huge pages), then ordinary pages; then mlock. What actually backs the mapping
-is read back from /proc/self/smaps (KernelPageSize, AnonHugePages, Locked), never assumed,
-and every refusal is in the report with its errno and, for mlock, the capability and rlimit
-the kernel went by. It sits beside the engine (which calls allocate()); fastpath.control.memory
-re-exports it with what a config will lock, for `fastpath doctor`.
+is read back from /proc/self/smaps (KernelPageSize, AnonHugePages, Locked) when the report is
+first read, never assumed, and every refusal is in the report with its errno and, for mlock,
+the capability and rlimit the kernel went by. It sits beside the engine (which calls
+allocate()); fastpath.control.memory re-exports it with what a config will lock, for
+`fastpath doctor`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import ctypes.util
 import errno
 import mmap
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from fastpath._privileges import MEMLOCK_FIX, read_privileges
 
@@ -46,14 +47,39 @@ class MemoryReport:
     bytes: int
     tried: list = field(default_factory=list)     # [method, "ok" | error]
     method: str = "none"                           # hugetlb-1g | hugetlb-2m | thp | normal
-    kernel_page_kb: int | None = None
-    anon_huge_kb: int | None = None
-    rss_kb: int | None = None
-    locked_kb: int | None = None
     mlock: str = "not asked"
+    addr: int | None = field(default=None, repr=False, compare=False)   # inside the mapping
+    _smaps: dict | None = field(default=None, init=False, repr=False, compare=False)
+
+    def smaps(self) -> dict:
+        """The mapping's smaps fields (kB), read back at first use, while its engine lives:
+        /proc/self/smaps costs tens of ms in a process with many mappings, too much for
+        every engine to pay at creation."""
+        if self._smaps is None:
+            self._smaps = smaps_entry(self.addr) if self.addr is not None else {}
+        return self._smaps
+
+    @property
+    def kernel_page_kb(self) -> int | None:
+        return self.smaps().get("KernelPageSize")
+
+    @property
+    def anon_huge_kb(self) -> int | None:
+        return self.smaps().get("AnonHugePages")
+
+    @property
+    def rss_kb(self) -> int | None:
+        return self.smaps().get("Rss")
+
+    @property
+    def locked_kb(self) -> int | None:
+        return self.smaps().get("Locked")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"asked": self.asked, "bytes": self.bytes, "tried": [list(t) for t in self.tried],
+                "method": self.method, "kernel_page_kb": self.kernel_page_kb,
+                "anon_huge_kb": self.anon_huge_kb, "rss_kb": self.rss_kb,
+                "locked_kb": self.locked_kb, "mlock": self.mlock}
 
     @property
     def page_size(self) -> str:
@@ -192,9 +218,5 @@ def allocate(nbytes: int, huge_pages: str = "auto", lock: bool = True) -> Region
             rep.mlock = f"{errno.errorcode.get(err, err)}: {why}; fix: {MEMLOCK_FIX}"
         else:
             rep.mlock = f"{errno.errorcode.get(err, err)}"
-    sm = smaps_entry(region.addr)
-    rep.kernel_page_kb = sm.get("KernelPageSize")
-    rep.anon_huge_kb = sm.get("AnonHugePages")
-    rep.rss_kb = sm.get("Rss")
-    rep.locked_kb = sm.get("Locked")
+    rep.addr = region.addr
     return region
