@@ -8,9 +8,12 @@
 #include "fp_simd.h"
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #define L FP_BOOK_LEVELS
+/* the price bits of fp_book_moved: bid_px and ask_px */
+#define FP_BOOK_PX_MOVED ((UINT64_C(1) << (2 * L)) - 1)
 
 /* 1 - 0.5 ** (1 / h), h = 1, 2, 4, ..., 128: Python's float arithmetic, as the adapter's */
 static double fp_book_alpha[FP_BOOK_HL];
@@ -78,7 +81,7 @@ static inline double fp_sum10(const double *a) {
 }
 
 /* the checks of BookStream.validate, level by level; FP_BOOK_OK or the first refusal */
-static int fp_book_check(const fp_book_update *u, int *where) {
+static int fp_book_check_each(const fp_book_update *u, int *where) {
     const double *px[2] = {u->bid_px, u->ask_px}, *sz[2] = {u->bid_sz, u->ask_sz};
     for (int side = 0; side < 2; side++) {
         for (int i = 0; i < L; i++) {
@@ -109,6 +112,16 @@ static int fp_book_check(const fp_book_update *u, int *where) {
         return FP_BOOK_ERR_TRADE;
     }
     return FP_BOOK_OK;
+}
+
+/* FP_BOOK_OK, or fp_book_check_each's first refusal: the kernel set's pass over the levels
+ * and the three trade fields decide together whether the slow pass that finds it runs */
+static inline int fp_book_check(const fp_kernels *k, const fp_book_update *u, int *where) {
+    const int ok = k->book_ok(u->bid_px, u->bid_sz, u->ask_px, u->ask_sz)
+                   & (u->bid_px[0] < u->ask_px[0]) & (fabs(u->trade_vol) < INFINITY)
+                   & (u->trade_cnt >= 0) & (u->trade_cnt < INFINITY)
+                   & (u->last_trade_sz >= 0) & (u->last_trade_sz < INFINITY);
+    return __builtin_expect(ok, 1) ? FP_BOOK_OK : fp_book_check_each(u, where);
 }
 
 /* the inputs of one update's log1p, computed in one batch call (fp_logq_run) and written
@@ -153,20 +166,6 @@ static inline double fp_slog(double x, double l) {
     return s * l;
 }
 
-/* the fields of one book's prices alone (offsets from the mid, spread, gaps), in ticks */
-static void fp_book_prices(const fp_book_update *u, double tick, double mid, double *o) {
-    const double *bpx = u->bid_px, *apx = u->ask_px;
-    for (int i = 0; i < L; i++) {
-        o[i] = (bpx[i] - mid) / tick;
-        o[10 + i] = (apx[i] - mid) / tick;
-    }
-    o[60] = (apx[0] - bpx[0]) / tick;
-    for (int i = 0; i < L - 1; i++) {
-        o[84 + i] = (bpx[i] - bpx[i + 1]) / tick;
-        o[93 + i] = (apx[i + 1] - apx[i]) / tick;
-    }
-}
-
 /* what the second half of each field pass needs from the first, across the log1p batch */
 typedef struct {
     double ofi[L], lofi[L];            /* order flow per level, log1p of its size */
@@ -180,39 +179,30 @@ typedef struct {
  * inputs equal the committed state ps's (same prices and tick, same sizes at a level, same
  * cumulative depths) is copied from ps->o, which is exact: the same inputs, the same formula */
 static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_book_state *ps,
-                           fp_book_state *ns, double mid, fp_logq *q) {
+                           fp_book_state *ns, double mid, uint64_t moved, fp_logq *q) {
     const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
     const double tick = b->tick;
     const int have = ps->n > 0;
     const double *po = ps->o;
     double *o = ns->o;
-    if (have && tick == ps->tick && !memcmp(bpx, ps->bpx, sizeof(ps->bpx))
-        && !memcmp(apx, ps->apx, sizeof(ps->apx))) {
+    if (!(moved & FP_BOOK_PX_MOVED) && tick == ps->tick) {
         memcpy(o, po, sizeof(double) * 2 * L);
         o[60] = po[60];
         memcpy(o + 84, po + 84, sizeof(double) * 2 * (L - 1));
     } else {
-        fp_book_prices(u, tick, mid, o);
+        b->k->book_prices(bpx, apx, mid, tick, o);
     }
     ns->tick = tick;
+    /* every level's imbalances in one pass: a field whose sizes did not move comes out as the
+     * committed one did (the same inputs, the same formula) */
+    b->k->book_imbalance(bsz, asz, o + 40);
     double cb = 0, ca = 0;
     for (int i = 0; i < L; i++) {
-        fp_logq_was(q, bsz[i], have, ps->bsz[i], ps->lbsz[i], &ns->lbsz[i]);
-        fp_logq_was(q, asz[i], have, ps->asz[i], ps->lasz[i], &ns->lasz[i]);
-        if (have && bsz[i] == ps->bsz[i] && asz[i] == ps->asz[i]) {
-            o[40 + i] = po[40 + i];
-        } else {
-            const double tot = bsz[i] + asz[i];
-            o[40 + i] = tot > 0 ? (bsz[i] - asz[i]) / tot : 0.0;
-        }
+        const int mb = moved >> (2 * L + i) & 1, ma = moved >> (3 * L + i) & 1;
+        fp_logq_was(q, bsz[i], !mb, ps->bsz[i], ps->lbsz[i], &ns->lbsz[i]);
+        fp_logq_was(q, asz[i], !ma, ps->asz[i], ps->lasz[i], &ns->lasz[i]);
         cb = i ? cb + bsz[i] : bsz[i];
         ca = i ? ca + asz[i] : asz[i];
-        if (have && cb == ps->cb[i] && ca == ps->ca[i]) {
-            o[50 + i] = po[50 + i];
-        } else {
-            const double ct = cb + ca;
-            o[50 + i] = ct > 0 ? (cb - ca) / ct : 0.0;
-        }
         if (i) {
             fp_logq_was(q, cb, have, ps->cb[i], ps->lcb[i], &ns->lcb[i]);
             fp_logq_was(q, ca, have, ps->ca[i], ps->lca[i], &ns->lca[i]);
@@ -220,6 +210,7 @@ static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_b
         ns->cb[i] = cb;
         ns->ca[i] = ca;
     }
+    b->k->book_imbalance(ns->cb, ns->ca, o + 50);
     const double l1 = bsz[0] + asz[0];
     const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;
     o[61] = (micro - mid) / tick;
@@ -345,23 +336,26 @@ static void fp_book_carried_logs(const fp_kernels *k, const fp_book_state *ps,
     memcpy(ns->asz, u->ask_sz, sizeof(ns->asz));
 }
 
-/* whether u shows the committed book as it was and carries no trade */
-static int fp_book_same(const fp_book_state *ps, const fp_book_update *u) {
-    if (ps->n == 0 || u->trade_cnt != 0) return 0;
-    int diff = 0;
-    for (int i = 0; i < L; i++)
-        diff |= (u->bid_px[i] != ps->bpx[i]) | (u->ask_px[i] != ps->apx[i])
-                | (u->bid_sz[i] != ps->bsz[i]) | (u->ask_sz[i] != ps->asz[i]);
-    return !diff;
+/* which of u's levels differ from the committed book ps's: fp_kernels.book_diff's bits
+ * (bid_px, ask_px, bid_sz, ask_sz, ten each), every bit with no book yet */
+static inline uint64_t fp_book_moved(const fp_kernels *k, const fp_book_state *ps,
+                                     const fp_book_update *u) {
+    _Static_assert(offsetof(fp_book_state, asz) == offsetof(fp_book_state, bpx)
+                       + 3 * sizeof(double) * FP_BOOK_LEVELS,
+                   "bpx, apx, bsz, asz are the forty doubles book_diff compares against");
+    if (ps->n == 0) return ~(uint64_t)0;
+    return k->book_diff(u->bid_px, u->ask_px, u->bid_sz, u->ask_sz, ps->bpx);
 }
 
 int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int *where) {
     *where = 0;
     b->pending = 0;
-    const int rc = fp_book_check(u, where);
+    const int rc = fp_book_check(b->k, u, where);
     if (rc) return rc;
     const fp_book_state *ps = &b->st[b->cur];
-    if (fp_book_same(ps, u)) {
+    const uint64_t moved = fp_book_moved(b->k, ps, u);
+    /* the committed book as it was and no trade: the previous vector, no state moves */
+    if (!moved && u->trade_cnt == 0) {
         *raw = b->raw[b->cur];
         return FP_BOOK_OK;
     }
@@ -370,7 +364,7 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     fp_logq q;
     fp_book_carry c;
     q.m = 0;
-    fp_book_static(b, u, ps, ns, mid, &q);
+    fp_book_static(b, u, ps, ns, mid, moved, &q);
     fp_book_carried(b, ps, ns, u, mid, &q, &c);
     fp_logq_run(&q, b->log1p);
     fp_book_static_logs(ns);
