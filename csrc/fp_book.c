@@ -14,6 +14,8 @@
 #define L FP_BOOK_LEVELS
 /* the price bits of fp_book_moved: bid_px and ask_px */
 #define FP_BOOK_PX_MOVED ((UINT64_C(1) << (2 * L)) - 1)
+/* the ten bits of one array's levels */
+#define FP_BOOK_LEVEL_BITS ((UINT64_C(1) << L) - 1)
 
 /* 1 - 0.5 ** (1 / h), h = 1, 2, 4, ..., 128: Python's float arithmetic, as the adapter's */
 static double fp_book_alpha[FP_BOOK_HL];
@@ -143,16 +145,6 @@ static inline void fp_logq_put(fp_logq *q, double v, double *dst) {
     }
 }
 
-/* log1p(v) into *dst: the log kept for was_v when v is it (log1p is a function, so the reuse
- * is exact, and most updates change few levels of a ten-level book), else queued */
-static inline void fp_logq_was(fp_logq *q, double v, int have, double was_v, double was_log,
-                               double *dst) {
-    if (have && v == was_v)
-        *dst = was_log;
-    else
-        fp_logq_put(q, v, dst);
-}
-
 static inline void fp_logq_run(fp_logq *q, void (*log1p)(const double *, double *, int)) {
     if (q->m) log1p(q->x, q->y, q->m);
     for (int j = 0; j < q->m; j++) *q->dst[j] = q->y[j];
@@ -164,6 +156,11 @@ static inline double fp_slog(double x, double l) {
     if (x == 0) return 0.0;
     const double s = x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
     return s * l;
+}
+
+/* the levels from the first set bit of m (a ten-level mask) down: that bit and every higher */
+static inline uint64_t fp_from_first(uint64_t m) {
+    return m ? FP_BOOK_LEVEL_BITS & ~((m & -m) - 1) : 0;
 }
 
 /* what the second half of each field pass needs from the first, across the log1p batch */
@@ -182,7 +179,6 @@ static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_b
                            fp_book_state *ns, double mid, uint64_t moved, fp_logq *q) {
     const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
     const double tick = b->tick;
-    const int have = ps->n > 0;
     const double *po = ps->o;
     double *o = ns->o;
     if (!(moved & FP_BOOK_PX_MOVED) && tick == ps->tick) {
@@ -196,19 +192,39 @@ static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_b
     /* every level's imbalances in one pass: a field whose sizes did not move comes out as the
      * committed one did (the same inputs, the same formula) */
     b->k->book_imbalance(bsz, asz, o + 40);
-    double cb = 0, ca = 0;
-    for (int i = 0; i < L; i++) {
-        const int mb = moved >> (2 * L + i) & 1, ma = moved >> (3 * L + i) & 1;
-        fp_logq_was(q, bsz[i], !mb, ps->bsz[i], ps->lbsz[i], &ns->lbsz[i]);
-        fp_logq_was(q, asz[i], !ma, ps->asz[i], ps->lasz[i], &ns->lasz[i]);
-        cb = i ? cb + bsz[i] : bsz[i];
-        ca = i ? ca + asz[i] : asz[i];
-        if (i) {
-            fp_logq_was(q, cb, have, ps->cb[i], ps->lcb[i], &ns->lcb[i]);
-            fp_logq_was(q, ca, have, ps->ca[i], ps->lca[i], &ns->lca[i]);
-        }
+    double cb = bsz[0], ca = asz[0];
+    ns->cb[0] = cb;
+    ns->ca[0] = ca;
+    for (int i = 1; i < L; i++) {
+        cb += bsz[i];
+        ca += asz[i];
         ns->cb[i] = cb;
         ns->ca[i] = ca;
+    }
+    /* the logs of the committed sizes and depths, then the moved ones queued over them: a
+     * depth cannot move unless a size at or above its level did (the same sums of the same
+     * sizes), so its log is queued from the first moved level down */
+    memcpy(ns->lbsz, ps->lbsz, sizeof(ns->lbsz));
+    memcpy(ns->lasz, ps->lasz, sizeof(ns->lasz));
+    memcpy(ns->lcb, ps->lcb, sizeof(ns->lcb));
+    memcpy(ns->lca, ps->lca, sizeof(ns->lca));
+    const uint64_t mb = moved >> (2 * L) & FP_BOOK_LEVEL_BITS;
+    const uint64_t ma = moved >> (3 * L) & FP_BOOK_LEVEL_BITS;
+    for (uint64_t m = mb; m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        fp_logq_put(q, bsz[i], &ns->lbsz[i]);
+    }
+    for (uint64_t m = ma; m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        fp_logq_put(q, asz[i], &ns->lasz[i]);
+    }
+    for (uint64_t m = fp_from_first(mb) & ~UINT64_C(1); m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        fp_logq_put(q, ns->cb[i], &ns->lcb[i]);
+    }
+    for (uint64_t m = fp_from_first(ma) & ~UINT64_C(1); m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        fp_logq_put(q, ns->ca[i], &ns->lca[i]);
     }
     b->k->book_imbalance(ns->cb, ns->ca, o + 50);
     const double l1 = bsz[0] + asz[0];
@@ -295,12 +311,14 @@ static void fp_book_carried_logs(const fp_kernels *k, const fp_book_state *ps,
                                  const fp_book_carry *c) {
     double *o = ns->o;
     const int first = ps->n == 0;
+    /* log1p(size) - log1p(previous size): this update's and the previous change's (its own
+     * on the first change) */
+    const double *plb = first ? o + 20 : ps->lbsz, *pla = first ? o + 30 : ps->lasz;
     for (int i = 0; i < L; i++) {
-        /* log1p(size) - log1p(previous size): this update's and the previous change's */
-        o[102 + i] = o[20 + i] - (first ? o[20 + i] : ps->lbsz[i]);
-        o[112 + i] = o[30 + i] - (first ? o[30 + i] : ps->lasz[i]);
-        o[122 + i] = fp_slog(c->ofi[i], c->lofi[i]);
+        o[102 + i] = o[20 + i] - plb[i];
+        o[112 + i] = o[30 + i] - pla[i];
     }
+    for (int i = 0; i < L; i++) o[122 + i] = fp_slog(c->ofi[i], c->lofi[i]);
     o[207] = fp_slog(u->trade_vol, c->lvol);
     if (u->trade_cnt > 0) {
         const double v = u->trade_vol;
