@@ -172,9 +172,10 @@ typedef struct {
 } fp_book_carry;
 
 /* the fields of one book alone (no history), first half: prices, imbalances (0-63, 84-101)
- * into ns->o, the log1p of each size and cumulative depth queued into q. A field whose
- * inputs equal the committed state ps's (same prices and tick, same sizes at a level, same
- * cumulative depths) is copied from ps->o, which is exact: the same inputs, the same formula */
+ * into ns->o, the log1p of each moved size and cumulative depth queued into q. A field or log
+ * whose inputs equal the committed state ps's (moved: fp_book_moved's bits; the same prices
+ * and tick, the same sizes) is copied from ps, which is exact: the same inputs, the same
+ * formula */
 static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_book_state *ps,
                            fp_book_state *ns, double mid, uint64_t moved, fp_logq *q) {
     const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
@@ -256,13 +257,21 @@ static void fp_book_static_logs(fp_book_state *ns) {
  * |ofi| per level and over 5 levels, |trade volume|, trade count, ms since the last change,
  * changes since the mid moved, last trade size and its age) */
 static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *ns,
-                            const fp_book_update *u, double mid, fp_logq *q, fp_book_carry *c) {
+                            const fp_book_update *u, double mid, uint64_t moved, fp_logq *q,
+                            fp_book_carry *c) {
     double *o = ns->o;
     const int first = ps->n == 0;
     const double *pb = first ? u->bid_sz : ps->bsz, *pa = first ? u->ask_sz : ps->asz;
     /* pb, pa: the previous sizes, for the order flow */
     const double *pbp = first ? u->bid_px : ps->bpx, *pap = first ? u->ask_px : ps->apx;
-    for (int i = 0; i < L; i++) {
+    /* a level whose price and size did not move on either side has no flow (0, and its log
+     * 0: a zero needs no log1p); the moved ones are walked from the mask */
+    memset(c->ofi, 0, sizeof(c->ofi));
+    memset(c->lofi, 0, sizeof(c->lofi));
+    const uint64_t lv = (moved | moved >> L | moved >> (2 * L) | moved >> (3 * L))
+                        & FP_BOOK_LEVEL_BITS;
+    for (uint64_t m = lv; m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
         const double bs = u->bid_sz[i], as = u->ask_sz[i], bp = u->bid_px[i], ap = u->ask_px[i];
         const double e_b = (bp >= pbp[i] ? bs : 0.0) - (bp <= pbp[i] ? pb[i] : 0.0);
         const double e_a = (ap <= pap[i] ? as : 0.0) - (ap >= pap[i] ? pa[i] : 0.0);
@@ -383,7 +392,7 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     fp_book_carry c;
     q.m = 0;
     fp_book_static(b, u, ps, ns, mid, moved, &q);
-    fp_book_carried(b, ps, ns, u, mid, &q, &c);
+    fp_book_carried(b, ps, ns, u, mid, moved, &q, &c);
     fp_logq_run(&q, b->log1p);
     fp_book_static_logs(ns);
     fp_book_carried_logs(b->k, ps, ns, u, &c);
