@@ -128,7 +128,7 @@ static inline int fp_book_check(const fp_kernels *k, const fp_book_update *u, in
 
 /* the inputs of one update's log1p, computed in one batch call (fp_logq_run) and written
  * where each is wanted: up to 38 sizes and depths and 17 flow, trade and timing fields */
-#define FP_LOGQ_MAX 64
+#define FP_LOGQ_MAX 64                 /* at most 55 (and the padding to 56) */
 typedef struct {
     double x[FP_LOGQ_MAX], y[FP_LOGQ_MAX];
     double *dst[FP_LOGQ_MAX];
@@ -145,8 +145,14 @@ static inline void fp_logq_put(fp_logq *q, double v, double *dst) {
     }
 }
 
-static inline void fp_logq_run(fp_logq *q, void (*log1p)(const double *, double *, int)) {
-    if (q->m) log1p(q->x, q->y, q->m);
+/* the batch, with whole vectors (pad4: the count rounded up to 4 with zeros, which a kernel
+ * set's log1p takes as fast as the tail it would otherwise copy out and back) */
+static inline void fp_logq_run(fp_logq *q, void (*log1p)(const double *, double *, int),
+                               int pad4) {
+    int n = q->m;
+    if (pad4)
+        for (; n & 3; n++) q->x[n] = 0.0;
+    if (n) log1p(q->x, q->y, n);
     for (int j = 0; j < q->m; j++) *q->dst[j] = q->y[j];
     q->m = 0;
 }
@@ -393,7 +399,7 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     q.m = 0;
     fp_book_static(b, u, ps, ns, mid, moved, &q);
     fp_book_carried(b, ps, ns, u, mid, moved, &q, &c);
-    fp_logq_run(&q, b->log1p);
+    fp_logq_run(&q, b->log1p, b->log1p != fp_book_log1p_libm);
     fp_book_static_logs(ns);
     fp_book_carried_logs(b->k, ps, ns, u, &c);
     float *r = b->raw[b->cur ^ 1];
