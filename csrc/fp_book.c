@@ -8,9 +8,14 @@
 #include "fp_simd.h"
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #define L FP_BOOK_LEVELS
+/* the price bits of fp_book_moved: bid_px and ask_px */
+#define FP_BOOK_PX_MOVED ((UINT64_C(1) << (2 * L)) - 1)
+/* the ten bits of one array's levels */
+#define FP_BOOK_LEVEL_BITS ((UINT64_C(1) << L) - 1)
 
 /* 1 - 0.5 ** (1 / h), h = 1, 2, 4, ..., 128: Python's float arithmetic, as the adapter's */
 static double fp_book_alpha[FP_BOOK_HL];
@@ -78,7 +83,7 @@ static inline double fp_sum10(const double *a) {
 }
 
 /* the checks of BookStream.validate, level by level; FP_BOOK_OK or the first refusal */
-static int fp_book_check(const fp_book_update *u, int *where) {
+static int fp_book_check_each(const fp_book_update *u, int *where) {
     const double *px[2] = {u->bid_px, u->ask_px}, *sz[2] = {u->bid_sz, u->ask_sz};
     for (int side = 0; side < 2; side++) {
         for (int i = 0; i < L; i++) {
@@ -111,9 +116,19 @@ static int fp_book_check(const fp_book_update *u, int *where) {
     return FP_BOOK_OK;
 }
 
+/* FP_BOOK_OK, or fp_book_check_each's first refusal: the kernel set's pass over the levels
+ * and the three trade fields decide together whether the slow pass that finds it runs */
+static inline int fp_book_check(const fp_kernels *k, const fp_book_update *u, int *where) {
+    const int ok = k->book_ok(u->bid_px, u->bid_sz, u->ask_px, u->ask_sz)
+                   & (u->bid_px[0] < u->ask_px[0]) & (fabs(u->trade_vol) < INFINITY)
+                   & (u->trade_cnt >= 0) & (u->trade_cnt < INFINITY)
+                   & (u->last_trade_sz >= 0) & (u->last_trade_sz < INFINITY);
+    return __builtin_expect(ok, 1) ? FP_BOOK_OK : fp_book_check_each(u, where);
+}
+
 /* the inputs of one update's log1p, computed in one batch call (fp_logq_run) and written
  * where each is wanted: up to 38 sizes and depths and 17 flow, trade and timing fields */
-#define FP_LOGQ_MAX 64
+#define FP_LOGQ_MAX 64                 /* at most 55 (and the padding to 56) */
 typedef struct {
     double x[FP_LOGQ_MAX], y[FP_LOGQ_MAX];
     double *dst[FP_LOGQ_MAX];
@@ -130,18 +145,14 @@ static inline void fp_logq_put(fp_logq *q, double v, double *dst) {
     }
 }
 
-/* log1p(v) into *dst: the log kept for was_v when v is it (log1p is a function, so the reuse
- * is exact, and most updates change few levels of a ten-level book), else queued */
-static inline void fp_logq_was(fp_logq *q, double v, int have, double was_v, double was_log,
-                               double *dst) {
-    if (have && v == was_v)
-        *dst = was_log;
-    else
-        fp_logq_put(q, v, dst);
-}
-
-static inline void fp_logq_run(fp_logq *q, void (*log1p)(const double *, double *, int)) {
-    if (q->m) log1p(q->x, q->y, q->m);
+/* the batch, with whole vectors (pad4: the count rounded up to 4 with zeros, which a kernel
+ * set's log1p takes as fast as the tail it would otherwise copy out and back) */
+static inline void fp_logq_run(fp_logq *q, void (*log1p)(const double *, double *, int),
+                               int pad4) {
+    int n = q->m;
+    if (pad4)
+        for (; n & 3; n++) q->x[n] = 0.0;
+    if (n) log1p(q->x, q->y, n);
     for (int j = 0; j < q->m; j++) *q->dst[j] = q->y[j];
     q->m = 0;
 }
@@ -153,18 +164,9 @@ static inline double fp_slog(double x, double l) {
     return s * l;
 }
 
-/* the fields of one book's prices alone (offsets from the mid, spread, gaps), in ticks */
-static void fp_book_prices(const fp_book_update *u, double tick, double mid, double *o) {
-    const double *bpx = u->bid_px, *apx = u->ask_px;
-    for (int i = 0; i < L; i++) {
-        o[i] = (bpx[i] - mid) / tick;
-        o[10 + i] = (apx[i] - mid) / tick;
-    }
-    o[60] = (apx[0] - bpx[0]) / tick;
-    for (int i = 0; i < L - 1; i++) {
-        o[84 + i] = (bpx[i] - bpx[i + 1]) / tick;
-        o[93 + i] = (apx[i + 1] - apx[i]) / tick;
-    }
+/* the levels from the first set bit of m (a ten-level mask) down: that bit and every higher */
+static inline uint64_t fp_from_first(uint64_t m) {
+    return m ? FP_BOOK_LEVEL_BITS & ~((m & -m) - 1) : 0;
 }
 
 /* what the second half of each field pass needs from the first, across the log1p batch */
@@ -176,50 +178,62 @@ typedef struct {
 } fp_book_carry;
 
 /* the fields of one book alone (no history), first half: prices, imbalances (0-63, 84-101)
- * into ns->o, the log1p of each size and cumulative depth queued into q. A field whose
- * inputs equal the committed state ps's (same prices and tick, same sizes at a level, same
- * cumulative depths) is copied from ps->o, which is exact: the same inputs, the same formula */
+ * into ns->o, the log1p of each moved size and cumulative depth queued into q. A field or log
+ * whose inputs equal the committed state ps's (moved: fp_book_moved's bits; the same prices
+ * and tick, the same sizes) is copied from ps, which is exact: the same inputs, the same
+ * formula */
 static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_book_state *ps,
-                           fp_book_state *ns, double mid, fp_logq *q) {
+                           fp_book_state *ns, double mid, uint64_t moved, fp_logq *q) {
     const double *bpx = u->bid_px, *apx = u->ask_px, *bsz = u->bid_sz, *asz = u->ask_sz;
     const double tick = b->tick;
-    const int have = ps->n > 0;
     const double *po = ps->o;
     double *o = ns->o;
-    if (have && tick == ps->tick && !memcmp(bpx, ps->bpx, sizeof(ps->bpx))
-        && !memcmp(apx, ps->apx, sizeof(ps->apx))) {
+    if (!(moved & FP_BOOK_PX_MOVED) && tick == ps->tick) {
         memcpy(o, po, sizeof(double) * 2 * L);
         o[60] = po[60];
         memcpy(o + 84, po + 84, sizeof(double) * 2 * (L - 1));
     } else {
-        fp_book_prices(u, tick, mid, o);
+        b->k->book_prices(bpx, apx, mid, tick, o);
     }
     ns->tick = tick;
-    double cb = 0, ca = 0;
-    for (int i = 0; i < L; i++) {
-        fp_logq_was(q, bsz[i], have, ps->bsz[i], ps->lbsz[i], &ns->lbsz[i]);
-        fp_logq_was(q, asz[i], have, ps->asz[i], ps->lasz[i], &ns->lasz[i]);
-        if (have && bsz[i] == ps->bsz[i] && asz[i] == ps->asz[i]) {
-            o[40 + i] = po[40 + i];
-        } else {
-            const double tot = bsz[i] + asz[i];
-            o[40 + i] = tot > 0 ? (bsz[i] - asz[i]) / tot : 0.0;
-        }
-        cb = i ? cb + bsz[i] : bsz[i];
-        ca = i ? ca + asz[i] : asz[i];
-        if (have && cb == ps->cb[i] && ca == ps->ca[i]) {
-            o[50 + i] = po[50 + i];
-        } else {
-            const double ct = cb + ca;
-            o[50 + i] = ct > 0 ? (cb - ca) / ct : 0.0;
-        }
-        if (i) {
-            fp_logq_was(q, cb, have, ps->cb[i], ps->lcb[i], &ns->lcb[i]);
-            fp_logq_was(q, ca, have, ps->ca[i], ps->lca[i], &ns->lca[i]);
-        }
+    /* every level's imbalances in one pass: a field whose sizes did not move comes out as the
+     * committed one did (the same inputs, the same formula) */
+    b->k->book_imbalance(bsz, asz, o + 40);
+    double cb = bsz[0], ca = asz[0];
+    ns->cb[0] = cb;
+    ns->ca[0] = ca;
+    for (int i = 1; i < L; i++) {
+        cb += bsz[i];
+        ca += asz[i];
         ns->cb[i] = cb;
         ns->ca[i] = ca;
     }
+    /* the logs of the committed sizes and depths, then the moved ones queued over them: a
+     * depth cannot move unless a size at or above its level did (the same sums of the same
+     * sizes), so its log is queued from the first moved level down */
+    memcpy(ns->lbsz, ps->lbsz, sizeof(ns->lbsz));
+    memcpy(ns->lasz, ps->lasz, sizeof(ns->lasz));
+    memcpy(ns->lcb, ps->lcb, sizeof(ns->lcb));
+    memcpy(ns->lca, ps->lca, sizeof(ns->lca));
+    const uint64_t mb = moved >> (2 * L) & FP_BOOK_LEVEL_BITS;
+    const uint64_t ma = moved >> (3 * L) & FP_BOOK_LEVEL_BITS;
+    for (uint64_t m = mb; m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        fp_logq_put(q, bsz[i], &ns->lbsz[i]);
+    }
+    for (uint64_t m = ma; m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        fp_logq_put(q, asz[i], &ns->lasz[i]);
+    }
+    for (uint64_t m = fp_from_first(mb) & ~UINT64_C(1); m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        fp_logq_put(q, ns->cb[i], &ns->lcb[i]);
+    }
+    for (uint64_t m = fp_from_first(ma) & ~UINT64_C(1); m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        fp_logq_put(q, ns->ca[i], &ns->lca[i]);
+    }
+    b->k->book_imbalance(ns->cb, ns->ca, o + 50);
     const double l1 = bsz[0] + asz[0];
     const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;
     o[61] = (micro - mid) / tick;
@@ -249,13 +263,21 @@ static void fp_book_static_logs(fp_book_state *ns) {
  * |ofi| per level and over 5 levels, |trade volume|, trade count, ms since the last change,
  * changes since the mid moved, last trade size and its age) */
 static void fp_book_carried(fp_book *b, const fp_book_state *ps, fp_book_state *ns,
-                            const fp_book_update *u, double mid, fp_logq *q, fp_book_carry *c) {
+                            const fp_book_update *u, double mid, uint64_t moved, fp_logq *q,
+                            fp_book_carry *c) {
     double *o = ns->o;
     const int first = ps->n == 0;
     const double *pb = first ? u->bid_sz : ps->bsz, *pa = first ? u->ask_sz : ps->asz;
     /* pb, pa: the previous sizes, for the order flow */
     const double *pbp = first ? u->bid_px : ps->bpx, *pap = first ? u->ask_px : ps->apx;
-    for (int i = 0; i < L; i++) {
+    /* a level whose price and size did not move on either side has no flow (0, and its log
+     * 0: a zero needs no log1p); the moved ones are walked from the mask */
+    memset(c->ofi, 0, sizeof(c->ofi));
+    memset(c->lofi, 0, sizeof(c->lofi));
+    const uint64_t lv = (moved | moved >> L | moved >> (2 * L) | moved >> (3 * L))
+                        & FP_BOOK_LEVEL_BITS;
+    for (uint64_t m = lv; m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
         const double bs = u->bid_sz[i], as = u->ask_sz[i], bp = u->bid_px[i], ap = u->ask_px[i];
         const double e_b = (bp >= pbp[i] ? bs : 0.0) - (bp <= pbp[i] ? pb[i] : 0.0);
         const double e_a = (ap <= pap[i] ? as : 0.0) - (ap >= pap[i] ? pa[i] : 0.0);
@@ -304,12 +326,14 @@ static void fp_book_carried_logs(const fp_kernels *k, const fp_book_state *ps,
                                  const fp_book_carry *c) {
     double *o = ns->o;
     const int first = ps->n == 0;
+    /* log1p(size) - log1p(previous size): this update's and the previous change's (its own
+     * on the first change) */
+    const double *plb = first ? o + 20 : ps->lbsz, *pla = first ? o + 30 : ps->lasz;
     for (int i = 0; i < L; i++) {
-        /* log1p(size) - log1p(previous size): this update's and the previous change's */
-        o[102 + i] = o[20 + i] - (first ? o[20 + i] : ps->lbsz[i]);
-        o[112 + i] = o[30 + i] - (first ? o[30 + i] : ps->lasz[i]);
-        o[122 + i] = fp_slog(c->ofi[i], c->lofi[i]);
+        o[102 + i] = o[20 + i] - plb[i];
+        o[112 + i] = o[30 + i] - pla[i];
     }
+    for (int i = 0; i < L; i++) o[122 + i] = fp_slog(c->ofi[i], c->lofi[i]);
     o[207] = fp_slog(u->trade_vol, c->lvol);
     if (u->trade_cnt > 0) {
         const double v = u->trade_vol;
@@ -345,23 +369,26 @@ static void fp_book_carried_logs(const fp_kernels *k, const fp_book_state *ps,
     memcpy(ns->asz, u->ask_sz, sizeof(ns->asz));
 }
 
-/* whether u shows the committed book as it was and carries no trade */
-static int fp_book_same(const fp_book_state *ps, const fp_book_update *u) {
-    if (ps->n == 0 || u->trade_cnt != 0) return 0;
-    int diff = 0;
-    for (int i = 0; i < L; i++)
-        diff |= (u->bid_px[i] != ps->bpx[i]) | (u->ask_px[i] != ps->apx[i])
-                | (u->bid_sz[i] != ps->bsz[i]) | (u->ask_sz[i] != ps->asz[i]);
-    return !diff;
+/* which of u's levels differ from the committed book ps's: fp_kernels.book_diff's bits
+ * (bid_px, ask_px, bid_sz, ask_sz, ten each), every bit with no book yet */
+static inline uint64_t fp_book_moved(const fp_kernels *k, const fp_book_state *ps,
+                                     const fp_book_update *u) {
+    _Static_assert(offsetof(fp_book_state, asz) == offsetof(fp_book_state, bpx)
+                       + 3 * sizeof(double) * FP_BOOK_LEVELS,
+                   "bpx, apx, bsz, asz are the forty doubles book_diff compares against");
+    if (ps->n == 0) return ~(uint64_t)0;
+    return k->book_diff(u->bid_px, u->ask_px, u->bid_sz, u->ask_sz, ps->bpx);
 }
 
 int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int *where) {
     *where = 0;
     b->pending = 0;
-    const int rc = fp_book_check(u, where);
+    const int rc = fp_book_check(b->k, u, where);
     if (rc) return rc;
     const fp_book_state *ps = &b->st[b->cur];
-    if (fp_book_same(ps, u)) {
+    const uint64_t moved = fp_book_moved(b->k, ps, u);
+    /* the committed book as it was and no trade: the previous vector, no state moves */
+    if (!moved && u->trade_cnt == 0) {
         *raw = b->raw[b->cur];
         return FP_BOOK_OK;
     }
@@ -370,9 +397,9 @@ int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int 
     fp_logq q;
     fp_book_carry c;
     q.m = 0;
-    fp_book_static(b, u, ps, ns, mid, &q);
-    fp_book_carried(b, ps, ns, u, mid, &q, &c);
-    fp_logq_run(&q, b->log1p);
+    fp_book_static(b, u, ps, ns, mid, moved, &q);
+    fp_book_carried(b, ps, ns, u, mid, moved, &q, &c);
+    fp_logq_run(&q, b->log1p, b->log1p != fp_book_log1p_libm);
     fp_book_static_logs(ns);
     fp_book_carried_logs(b->k, ps, ns, u, &c);
     float *r = b->raw[b->cur ^ 1];

@@ -163,6 +163,22 @@ typedef struct fp_kernels {
                   int rows);
     /* r[i] = (float)o[i], i < n; the first i whose float is not finite, else -1 */
     int (*narrow_f32)(const double *o, float *r, int n);
+    /* the live book's level checks on one update's ten levels a side: 1 when every price is
+     * finite and > 0, every size finite and >= 0, bid prices not rising and ask prices not
+     * falling from level to level; else 0 (fp_book.c then finds the first bad field) */
+    int (*book_ok)(const double *bid_px, const double *bid_sz, const double *ask_px,
+                   const double *ask_sz);
+    /* which levels moved: bit 10 a + i where x_a[i] != old[10 a + i], for the four arrays
+     * x0..x3 of ten values against the forty at old */
+    uint64_t (*book_diff)(const double *x0, const double *x1, const double *x2,
+                          const double *x3, const double *old);
+    /* the live book's price fields, in ticks: o[i] = (bid_px[i] - mid) / tick, o[10 + i] =
+     * (ask_px[i] - mid) / tick, o[60] the spread, o[84 + i] and o[93 + i] the gaps between
+     * levels i and i + 1 (each operation rounded on its own: every set, the same bits) */
+    void (*book_prices)(const double *bid_px, const double *ask_px, double mid, double tick,
+                        double *o);
+    /* out[i] = (b[i] - a[i]) / (b[i] + a[i]) where the sum is > 0, else 0, i < 10 */
+    void (*book_imbalance)(const double *b, const double *a, double *out);
 } fp_kernels;
 
 /* Roundings any term of a dot_norms_f32 sum can meet (diff_norms_f32: two more, for the

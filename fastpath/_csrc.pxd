@@ -43,6 +43,13 @@ cdef extern from "fp_simd.h" nogil:
         void (*window_sums)(const float *ring, int rows, int stride, int n, const float *ref,
                             double *sum, double *sumsq)
         void (*log1p)(const double *x, double *y, int n) noexcept nogil
+        int (*book_ok)(const double *bid_px, const double *bid_sz, const double *ask_px,
+                       const double *ask_sz)
+        uint64_t (*book_diff)(const double *x0, const double *x1, const double *x2,
+                              const double *x3, const double *old)
+        void (*book_prices)(const double *bid_px, const double *ask_px, double mid,
+                            double tick, double *o)
+        void (*book_imbalance)(const double *b, const double *a, double *out)
         void (*diff_norms_f32)(const float *a, const float *b, int n, float *dd, float *de,
                                float *na2, float *nb2)
     int fp_cpu_has_avx2()

@@ -548,6 +548,91 @@ def kernel_log1p(str isa, x):
     return out[:a.shape[0]].copy()
 
 
+def _ten_rows(rows, str name):
+    """rows as float64 C-contiguous (k, 10), one book side or array of ten levels per row"""
+    cdef cnp.ndarray a = np.ascontiguousarray(rows, np.float64)
+    if a.ndim != 2 or a.shape[1] != 10:
+        raise InputError(f"{name} must be float64 rows of 10 levels, shape (k, 10); got shape "
+                         f"{np.shape(a)}")
+    return a
+
+
+def kernel_book_ok(str isa, bid_px, bid_sz, ask_px, ask_sz):
+    """The named kernel set's check of one update's levels, for each of k updates (rows of 10
+    levels): True where every price is finite and > 0, every size finite and >= 0, bid prices
+    not rising and ask prices not falling from level to level."""
+    cdef const fp_kernels *k = _kernels(isa)
+    arrs = [_ten_rows(v, name) for v, name in ((bid_px, "bid_px"), (bid_sz, "bid_sz"),
+                                               (ask_px, "ask_px"), (ask_sz, "ask_sz"))]
+    if len({a.shape[0] for a in arrs}) != 1:
+        raise InputError(f"bid_px, bid_sz, ask_px, ask_sz must have as many rows, got "
+                         f"{[a.shape[0] for a in arrs]}")
+    cdef const double *p[4]
+    for j in range(4):
+        p[j] = <const double *>cnp.PyArray_DATA(<cnp.ndarray>arrs[j])
+    cdef Py_ssize_t i, n = arrs[0].shape[0]
+    out = np.zeros(n, bool)
+    for i in range(n):
+        out[i] = k.book_ok(p[0] + 10 * i, p[1] + 10 * i, p[2] + 10 * i, p[3] + 10 * i) != 0
+    return out
+
+
+def kernel_book_diff(str isa, x0, x1, x2, x3, old):
+    """The named kernel set's level differences for each of k rows: a uint64 with bit 10 a + i
+    set where x_a[i] != old[10 a + i] (x0..x3: rows of 10 levels, old: rows of 40)."""
+    cdef const fp_kernels *k = _kernels(isa)
+    xs = [_ten_rows(v, f"x{j}") for j, v in enumerate((x0, x1, x2, x3))]
+    cdef cnp.ndarray o = np.ascontiguousarray(old, np.float64)
+    n = xs[0].shape[0]
+    if any(a.shape[0] != n for a in xs) or o.ndim != 2 or o.shape[0] != n or o.shape[1] != 40:
+        raise InputError(f"x0..x3 must be (k, 10) and old (k, 40) with the same k, got "
+                         f"{[np.shape(a) for a in xs]} and {np.shape(o)}")
+    cdef const double *p[4]
+    for j in range(4):
+        p[j] = <const double *>cnp.PyArray_DATA(<cnp.ndarray>xs[j])
+    cdef const double *po = <const double *>cnp.PyArray_DATA(o)
+    cdef Py_ssize_t i
+    out = np.zeros(n, np.uint64)
+    cdef uint64_t[::1] ov = out
+    for i in range(n):
+        ov[i] = k.book_diff(p[0] + 10 * i, p[1] + 10 * i, p[2] + 10 * i, p[3] + 10 * i,
+                            po + 40 * i)
+    return out
+
+
+def kernel_book_prices(str isa, bid_px, ask_px, double mid, double tick):
+    """The named kernel set's price fields of k books (rows of 10 levels), in ticks: (k, 102)
+    float64 laid out as the raw vector's fields 0-101, the fields it does not write NaN."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray b = _ten_rows(bid_px, "bid_px"), a = _ten_rows(ask_px, "ask_px")
+    if a.shape[0] != b.shape[0]:
+        raise InputError(f"bid_px and ask_px must have as many rows, got {b.shape[0]} and "
+                         f"{a.shape[0]}")
+    out = np.full((b.shape[0], 102), np.nan)
+    cdef double[:, ::1] ov = out
+    cdef Py_ssize_t i
+    for i in range(b.shape[0]):
+        k.book_prices(<const double *>cnp.PyArray_DATA(b) + 10 * i,
+                      <const double *>cnp.PyArray_DATA(a) + 10 * i, mid, tick, &ov[i, 0])
+    return out
+
+
+def kernel_book_imbalance(str isa, b, a):
+    """The named kernel set's imbalances of k rows of 10 levels: (b - a) / (b + a) where the
+    sum is > 0, else 0."""
+    cdef const fp_kernels *k = _kernels(isa)
+    cdef cnp.ndarray vb = _ten_rows(b, "b"), va = _ten_rows(a, "a")
+    if va.shape[0] != vb.shape[0]:
+        raise InputError(f"b and a must have as many rows, got {vb.shape[0]} and {va.shape[0]}")
+    out = np.full((vb.shape[0], 10), np.nan)
+    cdef double[:, ::1] ov = out
+    cdef Py_ssize_t i
+    for i in range(vb.shape[0]):
+        k.book_imbalance(<const double *>cnp.PyArray_DATA(vb) + 10 * i,
+                         <const double *>cnp.PyArray_DATA(va) + 10 * i, &ov[i, 0])
+    return out
+
+
 def log1p_libm_fused():
     """Whether this host's C library log1p is the build the log1p kernels reproduce (the
     probe the live book runs before it uses them)."""

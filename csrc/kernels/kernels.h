@@ -46,7 +46,14 @@ void fp_diff_norms_f32_scalar(const float *a, const float *b, int n, float *dd, 
 /* log1p_<isa>.c: log1p of a batch of doubles, bit for bit glibc's (log1p_scalar.c) */
 void fp_log1p_scalar(const double *x, double *y, int n);
 
-/* book_<isa>.c: the live book's EWMA rows and its float32 rounding with the range check */
+/* book_<isa>.c: the live book's level checks and level differences, its EWMA rows and its
+ * float32 rounding with the range check */
+int fp_book_ok_scalar(const double *bp, const double *bs, const double *ap, const double *as);
+uint64_t fp_book_diff_scalar(const double *x0, const double *x1, const double *x2,
+                             const double *x3, const double *old);
+void fp_book_prices_scalar(const double *bpx, const double *apx, double mid, double tick,
+                           double *o);
+void fp_book_imbalance_scalar(const double *b, const double *a, double *out);
 void fp_ewma8_scalar(const double *prev, const double *x, const double *alpha, double *out,
                      int rows);
 int fp_narrow_f32_scalar(const double *o, float *r, int n);
@@ -88,6 +95,13 @@ FP_TARGET_AVX2 void fp_dot_norms_f64_avx2(const float *a, const float *b, int n,
 FP_TARGET_AVX2 void fp_diff_norms_f32_avx2(const float *a, const float *b, int n, float *dd,
                                            float *de, float *na2, float *nb2);
 FP_TARGET_AVX2 void fp_log1p_avx2(const double *x, double *y, int n);
+FP_TARGET_AVX2 int fp_book_ok_avx2(const double *bp, const double *bs, const double *ap,
+                                   const double *as);
+FP_TARGET_AVX2 uint64_t fp_book_diff_avx2(const double *x0, const double *x1, const double *x2,
+                                          const double *x3, const double *old);
+FP_TARGET_AVX2 void fp_book_prices_avx2(const double *bpx, const double *apx, double mid,
+                                        double tick, double *o);
+FP_TARGET_AVX2 void fp_book_imbalance_avx2(const double *b, const double *a, double *out);
 FP_TARGET_AVX2 void fp_ewma8_avx2(const double *prev, const double *x, const double *alpha,
                                   double *out, int rows);
 FP_TARGET_AVX2 int fp_narrow_f32_avx2(const double *o, float *r, int n);

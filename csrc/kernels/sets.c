@@ -26,6 +26,10 @@ const fp_kernels fp_kernels_scalar = {
     fp_log1p_scalar,
     fp_ewma8_scalar,
     fp_narrow_f32_scalar,
+    fp_book_ok_scalar,
+    fp_book_diff_scalar,
+    fp_book_prices_scalar,
+    fp_book_imbalance_scalar,
 };
 
 #if FP_HAVE_X86
@@ -51,6 +55,10 @@ const fp_kernels fp_kernels_avx2 = {
     fp_log1p_avx2,
     fp_ewma8_avx2,
     fp_narrow_f32_avx2,
+    fp_book_ok_avx2,
+    fp_book_diff_avx2,
+    fp_book_prices_avx2,
+    fp_book_imbalance_avx2,
 };
 
 const fp_kernels fp_kernels_avx512 = {
@@ -73,5 +81,11 @@ const fp_kernels fp_kernels_avx512 = {
     fp_log1p_avx512,
     fp_ewma8_avx512,
     fp_narrow_f32_avx512,
+    /* ten levels a side are three YMM loads: a ZMM pass would mask most of its lanes; these
+     * four are AVX2's */
+    fp_book_ok_avx2,
+    fp_book_diff_avx2,
+    fp_book_prices_avx2,
+    fp_book_imbalance_avx2,
 };
 #endif

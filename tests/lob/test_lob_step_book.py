@@ -88,3 +88,29 @@ def test_unchanged_inputs_and_whole_number_logs_bit_exact(isa):
     bs.ts_ns[161:] += 250_000                      # and a step of a fraction of a ms
     assert (bs.trade_cnt >= 256).any()
     _check_parity(isa, bs)
+
+
+def test_moved_levels_alone_recompute_their_logs_bit_exact(isa):
+    """Only the moved levels' logs and the depths from the first moved level down are
+    recomputed: one side or one deep level moving alone, sizes moving with every cumulative
+    depth below them unchanged (+5 at one level, -5 at the next), and a size moving to 0 and
+    back give the adapter's bits."""
+    bs = lob.generate_stream(1_500, 1, seed=8)
+    for i in range(300, 1_200):
+        for k in ("bid_px", "ask_px", "bid_sz", "ask_sz"):
+            getattr(bs, k)[i] = getattr(bs, k)[i - 1]
+        bs.trade_cnt[i] = 0
+        kind = i % 5
+        if kind == 0:                                  # the deepest bid alone
+            bs.bid_sz[i][9] += 1
+        elif kind == 1:                                # the ask side alone, levels 2 and 6
+            bs.ask_sz[i][[2, 6]] += [3, 1]
+        elif kind == 2:                                # levels 5 and 6 swapped
+            bs.bid_sz[i][[4, 5]] = bs.bid_sz[i][[5, 4]]
+        elif kind == 3:                                # a level emptied
+            bs.ask_sz[i][0] = 0.0
+        else:                                          # and refilled, with level 1 of the bids
+            bs.ask_sz[i][0] = bs.ask_sz[i - 2][0]
+            bs.bid_sz[i][0] += 2
+    assert (bs.bid_sz >= 0).all()
+    _check_parity(isa, bs)
