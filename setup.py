@@ -80,11 +80,13 @@ gpu_exts = [extension("fastpath.gpu._protocol", "fastpath/gpu/_protocol.pyx", rp
             extension("fastpath.gpu._tick", "fastpath/gpu/_tick.pyx", rpath="$ORIGIN/..")]
 
 
-def cythonized() -> list:
-    """Every extension with its .pyx turned into C; run by build_ext alone, so an sdist or
-    build_py does not translate the modules it never compiles."""
-    return (cythonize(exts, compiler_directives=directives)
-            + cythonize(gpu_exts, compiler_directives=directives, build_dir="build/cython"))
+def cythonize_sources() -> None:
+    """Turn each extension's .pyx source into its C translation, in place (build_ext has set
+    up these objects); run by build_ext alone, so an sdist or build_py does not translate
+    modules it never compiles."""
+    for group, kw in ((exts, {}), (gpu_exts, {"build_dir": "build/cython"})):
+        for ext, done in zip(group, cythonize(group, compiler_directives=directives, **kw)):
+            ext.sources = done.sources
 
 
 def gpu_build_ext():
@@ -133,7 +135,7 @@ def gpu_build_ext():
                 self.compiler.compile = serial
 
         def run(self):
-            self.extensions = cythonized()
+            cythonize_sources()
             super().run()
             dest = (os.path.join("fastpath", "gpu") if self.inplace
                     else os.path.join(self.build_lib, "fastpath", "gpu"))

@@ -380,11 +380,31 @@ static inline uint64_t fp_book_moved(const fp_kernels *k, const fp_book_state *p
     return k->book_diff(u->bid_px, u->ask_px, u->bid_sz, u->ask_sz, ps->bpx);
 }
 
+/* u with its sizes as the adapter reads them, np.maximum(sz, 0): a size of -0.0 (the one
+ * negative the check lets through) becomes +0.0, copied into zb / za behind *pz */
+static const fp_book_update *fp_book_plus_zero(const fp_book_update *u, fp_book_update *pz,
+                                               double *zb, double *za) {
+    int neg = 0;
+    for (int i = 0; i < L; i++) neg |= signbit(u->bid_sz[i]) | signbit(u->ask_sz[i]);
+    if (__builtin_expect(!neg, 1)) return u;
+    for (int i = 0; i < L; i++) {
+        zb[i] = u->bid_sz[i] + 0.0;
+        za[i] = u->ask_sz[i] + 0.0;
+    }
+    *pz = *u;
+    pz->bid_sz = zb;
+    pz->ask_sz = za;
+    return pz;
+}
+
 int fp_book_compute(fp_book *b, const fp_book_update *u, const float **raw, int *where) {
     *where = 0;
     b->pending = 0;
     const int rc = fp_book_check(b->k, u, where);
     if (rc) return rc;
+    double zb[L], za[L];
+    fp_book_update pz;
+    u = fp_book_plus_zero(u, &pz, zb, za);
     const fp_book_state *ps = &b->st[b->cur];
     const uint64_t moved = fp_book_moved(b->k, ps, u);
     /* the committed book as it was and no trade: the previous vector, no state moves */

@@ -114,3 +114,28 @@ def test_moved_levels_alone_recompute_their_logs_bit_exact(isa):
             bs.bid_sz[i][0] += 2
     assert (bs.bid_sz >= 0).all()
     _check_parity(isa, bs)
+
+
+def test_negative_zero_sizes_and_prices_moving_alone_bit_exact(isa):
+    """A size of -0.0, which the checks accept, is +0.0 to the adapter (np.maximum(sz, 0)):
+    the C stage wrote -0.0 into the log fields and the level-1 shares. Also a side whose
+    prices move while its sizes stay recomputes its offsets and order flow."""
+    bs = lob.generate_stream(1_200, 1, seed=9)
+    tick = float(np.asarray(bs.tick_size).ravel()[0])
+    for i in range(300, 1_000):
+        for k in ("bid_px", "ask_px", "bid_sz", "ask_sz"):
+            getattr(bs, k)[i] = getattr(bs, k)[i - 1]
+        bs.trade_cnt[i] = 0
+        kind = i % 4
+        if kind == 0:                                  # a level emptied as -0.0
+            bs.bid_sz[i][0] = -0.0
+        elif kind == 1:                                # its sign flipped, a deep ask at -0.0
+            bs.bid_sz[i][0] = 0.0
+            bs.ask_sz[i][3] = -0.0
+        elif kind == 2:                                # the bids a tick lower, sizes kept
+            bs.bid_px[i] -= tick
+        else:                                          # refilled
+            bs.bid_sz[i][0] = 5.0
+            bs.ask_sz[i][3] = 7.0
+    assert np.signbit(bs.bid_sz).any() and (bs.bid_sz >= 0).all()
+    _check_parity(isa, bs)
