@@ -34,7 +34,13 @@
  *   dependent loads in flight instead of one, for deep (leaf-wise) trees and for large
  *   ensembles that live in L2 / L3. Each tree's leaf is then added exactly where and in the
  *   order the compact walk adds it, so the lane walk changes no bit of the output. Which of
- *   compact / lanes-for-the-rest / lanes-for-all runs is measured at load (fp_trees_choose).
+ *   compact / lanes-for-the-rest / lanes-for-all runs is measured at load (fp_trees_choose),
+ *   each candidate warm on its own pass. One batch of 16 at a time stays: 16 lane indices
+ *   fit the registers; 2-4 batches interleaved (32-64 chains, each batch exiting alone), a
+ *   lane taking the next tree at its leaf, lanes compacted as they finish, and AVX2 gathers
+ *   over two batches all ran 10-40% slower on Zen 3, on the 12K-node model (bound by the
+ *   steps' instructions) and on the 511K-node one (bound by misses that more chains did
+ *   not overlap); batch order is not the waste either (docs/kernels-notes.md).
  * - Leaves add per target in double; the post stage (base values, aggregate, post
  *   transform, the binary classifier rule) is computed in float as onnxruntime does
  *   (core/providers/cpu/ml/tree_ensemble_aggregator.h, ml_common.h), so the outputs are what
@@ -123,6 +129,8 @@ typedef struct {
  * COMPACT perfect groups + compact walk of the rest; REST perfect groups + lane walk of the
  * rest; ALL lane walk of every tree */
 enum { FP_TREES_MODE_COMPACT = 0, FP_TREES_MODE_REST = 1, FP_TREES_MODE_ALL = 2 };
+/* the (mode, gather, pgather) triples fp_trees_choose times, in its order (fp_trees_lanes.c) */
+#define FP_TREES_CHOOSE_CANDS 8
 
 typedef struct fp_trees {
     int n_feat, n_targets, n_trees, n_out;
@@ -155,6 +163,9 @@ typedef struct fp_trees {
     const float *wleaf;   /* per wnode: its leaf value (0 for a split and the padding leaf) */
     const fp_wbatch *wrest, *wall;
     int n_wrest, n_wall;
+    /* what fp_trees_choose measured: the best pass over its rows per candidate, -1 where a
+     * candidate does not apply to this model (for the bench and the tests) */
+    int64_t choose_ns[FP_TREES_CHOOSE_CANDS];
     void *arena;
     size_t arena_bytes;
     int arena_external;
