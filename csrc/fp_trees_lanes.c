@@ -29,14 +29,12 @@ static uint64_t fp_lcg(uint64_t *s) {
     return *s >> 33;
 }
 
-#define FP_CHOOSE_ROWS 16
+#define FP_CHOOSE_ROWS 64
 #define FP_CHOOSE_REPS 5
 
-/* ns for one pass of `ev` over the rows */
-static int64_t fp_time_rows(const fp_trees *t, fp_trees_eval_fn ev, const float *rows, float *out) {
-    const int64_t t0 = fp_mono_ns();
-    for (int i = 0; i < FP_CHOOSE_ROWS; i++) ev(t, rows + (size_t)i * (size_t)t->n_feat, out);
-    return fp_mono_ns() - t0;
+static int fp_cmp_i64(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
 }
 
 void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
@@ -48,7 +46,8 @@ void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
     const size_t nf = (size_t)t->n_feat;
     float *rows = (float *)malloc(sizeof(float) * nf * FP_CHOOSE_ROWS);
     float *out = (float *)malloc(sizeof(float) * ((size_t)t->n_out + 1));
-    if (!rows || !out) { free(rows); free(out); return; }
+    int64_t *ns = (int64_t *)malloc(sizeof(int64_t) * FP_TREES_CHOOSE_CANDS * FP_CHOOSE_ROWS * FP_CHOOSE_REPS);
+    if (!rows || !out || !ns) { free(rows); free(out); free(ns); return; }
     /* each feature from a random split's threshold, just above or below it: paths as real
      * rows take them, not all-left ones (a feature no split reads stays 0) */
     const int n_nodes = t->n_nodes;
@@ -71,30 +70,43 @@ void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
         {FP_TREES_MODE_COMPACT, 0, 1}, {FP_TREES_MODE_COMPACT, 0, 0}, {FP_TREES_MODE_REST, 0, 1},
         {FP_TREES_MODE_REST, 1, 1}, {FP_TREES_MODE_REST, 0, 0}, {FP_TREES_MODE_REST, 1, 0},
         {FP_TREES_MODE_ALL, 0, 1}, {FP_TREES_MODE_ALL, 1, 1}};
-    int64_t best[FP_TREES_CHOOSE_CANDS];
-    for (int c = 0; c < FP_TREES_CHOOSE_CANDS; c++) best[c] = INT64_MAX;
     const int rest_differs = t->n_rest && t->n_groups;
     const int two_perfect = t->n_groups && ev != fp_trees_eval_scalar;
-    /* Each candidate is timed right after an untimed pass of its own over the same rows, and
-     * the order rotates every rep: timed cold after another walk of the same nodes, a walk
-     * read what that walk had just brought into the cache, which on a model living in L3
-     * favoured whichever walk came second (Zen 3, 1,000 x 256 leaves: gathers were chosen
-     * every time, the scalar steps ran 12-18% faster). */
+    int act[FP_TREES_CHOOSE_CANDS], n_act = 0, cnt[FP_TREES_CHOOSE_CANDS] = {0};
+    for (int c = 0; c < FP_TREES_CHOOSE_CANDS; c++) {
+        if (cand[c][0] != FP_TREES_MODE_COMPACT && !t->walk_ok) continue;
+        if (cand[c][0] == FP_TREES_MODE_REST && !rest_differs) continue;
+        if (cand[c][0] != FP_TREES_MODE_ALL && !cand[c][2] && !two_perfect) continue;
+        act[n_act++] = c;
+    }
+    /* Rows are dealt to the candidates in turn, the deal rotating every rep, and each row is
+     * timed alone: a candidate never re-reads a row another one just walked, every one reads
+     * the model as warm as serving leaves it, a change of load hits all of them alike, and
+     * the median per row drops preemptions. Timed one after the other over the same 16
+     * rows, the lane walk with gathers read the nodes the scalar lane walk had just brought
+     * into L2 / L3, which on a model living in L3 (Zen 3, 1,000 x 256 leaves) chose gathers
+     * every time while the scalar steps ran 12-18% faster on fresh rows. */
+    for (int i = 0; i < FP_CHOOSE_ROWS; i++) ev(t, rows + (size_t)i * nf, out);
     for (int rep = 0; rep < FP_CHOOSE_REPS; rep++)
-        for (int j = 0; j < FP_TREES_CHOOSE_CANDS; j++) {
-            const int c = (j + rep) % FP_TREES_CHOOSE_CANDS;
-            if (cand[c][0] != FP_TREES_MODE_COMPACT && !t->walk_ok) continue;
-            if (cand[c][0] == FP_TREES_MODE_REST && !rest_differs) continue;
-            if (cand[c][0] != FP_TREES_MODE_ALL && !cand[c][2] && !two_perfect) continue;
+        for (int i = 0; i < FP_CHOOSE_ROWS; i++) {
+            const int c = act[(i + rep) % n_act];
             t->mode = cand[c][0];
             t->gather = cand[c][1];
             t->pgather = cand[c][2];
-            (void)fp_time_rows(t, ev, rows, out);
-            const int64_t ns = fp_time_rows(t, ev, rows, out);
-            if (ns < best[c]) best[c] = ns;
+            const int64_t t0 = fp_mono_ns();
+            ev(t, rows + (size_t)i * nf, out);
+            ns[c * FP_CHOOSE_ROWS * FP_CHOOSE_REPS + cnt[c]++] = fp_mono_ns() - t0;
         }
-    int pick = 0;
-    for (int c = 1; c < FP_TREES_CHOOSE_CANDS; c++)
+    int64_t best[FP_TREES_CHOOSE_CANDS];
+    for (int c = 0; c < FP_TREES_CHOOSE_CANDS; c++) {
+        best[c] = INT64_MAX;
+        if (!cnt[c]) continue;
+        int64_t *v = ns + c * FP_CHOOSE_ROWS * FP_CHOOSE_REPS;
+        qsort(v, (size_t)cnt[c], sizeof(int64_t), fp_cmp_i64);
+        best[c] = v[cnt[c] / 2] > 0 ? v[cnt[c] / 2] : 1;
+    }
+    int pick = act[0];
+    for (int c = 0; c < FP_TREES_CHOOSE_CANDS; c++)
         if (best[c] < best[pick]) pick = c;
     for (int c = 0; c < FP_TREES_CHOOSE_CANDS; c++)
         t->choose_ns[c] = best[c] == INT64_MAX ? -1 : best[c];
@@ -103,4 +115,5 @@ void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
     t->pgather = cand[pick][2];
     free(rows);
     free(out);
+    free(ns);
 }

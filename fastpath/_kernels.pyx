@@ -1031,8 +1031,8 @@ cdef class PackedTrees:
 
     @property
     def choice(self):
-        """What the load measured: {(walk, perfect walk): ns of its best pass over 16 rows}
-        for each candidate this model and kernel set have; the walk in use is the fastest."""
+        """What the load measured: {(walk, perfect walk): median ns per row} for each
+        candidate this model and kernel set have; the walk in use is the fastest."""
         cdef int c
         return {_TREE_CANDS[c]: self.t.choose_ns[c] for c in range(FP_TREES_CHOOSE_CANDS)
                 if self.t.choose_ns[c] >= 0}
