@@ -35,7 +35,7 @@
  *   ensembles that live in L2 / L3. Each tree's leaf is then added exactly where and in the
  *   order the compact walk adds it, so the lane walk changes no bit of the output. Which of
  *   compact / lanes-for-the-rest / lanes-for-all runs is measured at load (fp_trees_choose,
- *   rows dealt to the candidates in turn). One batch of 16 at a time stays: 16 lane indices
+ *   blocks of rows dealt to the candidates in turn). One batch of 16 at a time stays: 16 lane indices
  *   fit the registers; 2-4 batches interleaved (32-64 chains, each batch exiting alone), a
  *   lane taking the next tree at its leaf, lanes compacted as they finish, and AVX2 gathers
  *   over two batches all ran 10-40% slower on Zen 3, on the 12K-node model (bound by the
@@ -212,8 +212,8 @@ void fp_trees_lanes_avx512(const fp_trees *t, const float *x, const fp_wbatch *b
  * (16 independent chains of loads in flight), added as the vector sets add them; what the
  * scalar set runs, and the vector sets where it beats their gathers (t->pgather 0) */
 void fp_trees_perfect_steps(const fp_trees *t, const float *x, double *acc);
-/* time each walk this model has on rows near its thresholds with `ev` (64 rows dealt to the
- * candidates in turn, 5 rounds, the median ns per row) and keep the fastest in t->mode,
+/* time each walk this model has on rows near its thresholds with `ev` (blocks of 4 of 64
+ * rows dealt to the candidates in turn, 5 rounds, the median ns per row) and keep the fastest in t->mode,
  * t->gather and t->pgather (COMPACT when the lane walk does not exist), each candidate's
  * median in t->choose_ns: gathers beat the scalar steps on some CPUs, not on others (Zen 3:
  * 2x slower: a gather there costs about one cycle per lane, the scalar steps three loads per

@@ -31,6 +31,7 @@ static uint64_t fp_lcg(uint64_t *s) {
 
 #define FP_CHOOSE_ROWS 64
 #define FP_CHOOSE_REPS 5
+#define FP_CHOOSE_BLOCK 4
 
 static int fp_cmp_i64(const void *a, const void *b) {
     const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -79,23 +80,30 @@ void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
         if (cand[c][0] != FP_TREES_MODE_ALL && !cand[c][2] && !two_perfect) continue;
         act[n_act++] = c;
     }
-    /* Rows are dealt to the candidates in turn, the deal rotating every rep, and each row is
-     * timed alone: a candidate never re-reads a row another one just walked, every one reads
-     * the model as warm as serving leaves it, a change of load hits all of them alike, and
-     * the median per row drops preemptions. Timed one after the other over the same 16
-     * rows, the lane walk with gathers read the nodes the scalar lane walk had just brought
-     * into L2 / L3, which on a model living in L3 (Zen 3, 1,000 x 256 leaves) chose gathers
-     * every time while the scalar steps ran 12-18% faster on fresh rows. */
+    /* Blocks of FP_CHOOSE_BLOCK rows are dealt to the candidates in turn, the deal rotating
+     * every rep and reversed every other one; a candidate walks a block's first row untimed,
+     * then each next row is timed alone. Each is then timed in its own steady state (the
+     * nodes every row reads warm from its own walk, each row new to it), a change of load
+     * hits all of them alike, and the median per row drops preemptions. Timed one after the
+     * other over the same 16 rows, the lane walk with gathers read the nodes the scalar
+     * lane walk had just brought into L2 / L3 and won on a model living in L3 (Zen 3, 1,000
+     * x 256 leaves: gathers every time, the scalar steps 13% faster on fresh rows); dealt
+     * row by row, gathers always came right after the scalar steps and won again. */
     for (int i = 0; i < FP_CHOOSE_ROWS; i++) ev(t, rows + (size_t)i * nf, out);
     for (int rep = 0; rep < FP_CHOOSE_REPS; rep++)
-        for (int i = 0; i < FP_CHOOSE_ROWS; i++) {
-            const int c = act[(i + rep) % n_act];
+        for (int blk = 0; blk < FP_CHOOSE_ROWS / FP_CHOOSE_BLOCK; blk++) {
+            const int k = (blk + rep) % n_act;
+            const int c = act[rep & 1 ? n_act - 1 - k : k];
             t->mode = cand[c][0];
             t->gather = cand[c][1];
             t->pgather = cand[c][2];
-            const int64_t t0 = fp_mono_ns();
-            ev(t, rows + (size_t)i * nf, out);
-            ns[c * FP_CHOOSE_ROWS * FP_CHOOSE_REPS + cnt[c]++] = fp_mono_ns() - t0;
+            const float *blk_rows = rows + (size_t)blk * FP_CHOOSE_BLOCK * nf;
+            ev(t, blk_rows, out);
+            for (int i = 1; i < FP_CHOOSE_BLOCK; i++) {
+                const int64_t t0 = fp_mono_ns();
+                ev(t, blk_rows + (size_t)i * nf, out);
+                ns[c * FP_CHOOSE_ROWS * FP_CHOOSE_REPS + cnt[c]++] = fp_mono_ns() - t0;
+            }
         }
     int64_t best[FP_TREES_CHOOSE_CANDS];
     for (int c = 0; c < FP_TREES_CHOOSE_CANDS; c++) {
