@@ -213,7 +213,8 @@ void fp_trees_lanes_avx512(const fp_trees *t, const float *x, const fp_wbatch *b
  * scalar set runs, and the vector sets where it beats their gathers (t->pgather 0) */
 void fp_trees_perfect_steps(const fp_trees *t, const float *x, double *acc);
 /* time each walk this model has on rows near its thresholds with `ev` (blocks of 4 of 64
- * rows dealt to the candidates in turn, 5 rounds, the median ns per row) and keep the fastest in t->mode,
+ * rows dealt to the candidates in turn, 6 rounds or more until 5 ms have passed, the
+ * median ns per row) and keep the fastest in t->mode,
  * t->gather and t->pgather (COMPACT when the lane walk does not exist), each candidate's
  * median in t->choose_ns: gathers beat the scalar steps on some CPUs, not on others (Zen 3:
  * 2x slower: a gather there costs about one cycle per lane, the scalar steps three loads per

@@ -30,8 +30,12 @@ static uint64_t fp_lcg(uint64_t *s) {
 }
 
 #define FP_CHOOSE_ROWS 64
-#define FP_CHOOSE_REPS 5
 #define FP_CHOOSE_BLOCK 4
+/* rounds over the rows: at least MIN_REPS, then more in pairs until MIN_NS have passed (a
+ * small model's few microseconds fall in one scheduler slice, or one preemption) */
+#define FP_CHOOSE_MIN_REPS 6
+#define FP_CHOOSE_MAX_REPS 64
+#define FP_CHOOSE_MIN_NS 5000000
 
 static int fp_cmp_i64(const void *a, const void *b) {
     const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -47,7 +51,7 @@ void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
     const size_t nf = (size_t)t->n_feat;
     float *rows = (float *)malloc(sizeof(float) * nf * FP_CHOOSE_ROWS);
     float *out = (float *)malloc(sizeof(float) * ((size_t)t->n_out + 1));
-    int64_t *ns = (int64_t *)malloc(sizeof(int64_t) * FP_TREES_CHOOSE_CANDS * FP_CHOOSE_ROWS * FP_CHOOSE_REPS);
+    int64_t *ns = (int64_t *)malloc(sizeof(int64_t) * FP_TREES_CHOOSE_CANDS * FP_CHOOSE_ROWS * FP_CHOOSE_MAX_REPS);
     if (!rows || !out || !ns) { free(rows); free(out); free(ns); return; }
     /* each feature from a random split's threshold, just above or below it: paths as real
      * rows take them, not all-left ones (a feature no split reads stays 0) */
@@ -90,7 +94,9 @@ void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
      * x 256 leaves: gathers every time, the scalar steps 13% faster on fresh rows); dealt
      * row by row, gathers always came right after the scalar steps and won again. */
     for (int i = 0; i < FP_CHOOSE_ROWS; i++) ev(t, rows + (size_t)i * nf, out);
-    for (int rep = 0; rep < FP_CHOOSE_REPS; rep++)
+    const int64_t start = fp_mono_ns();
+    for (int rep = 0; rep < FP_CHOOSE_MAX_REPS; rep++) {
+        if (rep >= FP_CHOOSE_MIN_REPS && !(rep & 1) && fp_mono_ns() - start >= FP_CHOOSE_MIN_NS) break;
         for (int blk = 0; blk < FP_CHOOSE_ROWS / FP_CHOOSE_BLOCK; blk++) {
             const int k = (blk + rep) % n_act;
             const int c = act[rep & 1 ? n_act - 1 - k : k];
@@ -102,14 +108,15 @@ void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev) {
             for (int i = 1; i < FP_CHOOSE_BLOCK; i++) {
                 const int64_t t0 = fp_mono_ns();
                 ev(t, blk_rows + (size_t)i * nf, out);
-                ns[c * FP_CHOOSE_ROWS * FP_CHOOSE_REPS + cnt[c]++] = fp_mono_ns() - t0;
+                ns[c * FP_CHOOSE_ROWS * FP_CHOOSE_MAX_REPS + cnt[c]++] = fp_mono_ns() - t0;
             }
         }
+    }
     int64_t best[FP_TREES_CHOOSE_CANDS];
     for (int c = 0; c < FP_TREES_CHOOSE_CANDS; c++) {
         best[c] = INT64_MAX;
         if (!cnt[c]) continue;
-        int64_t *v = ns + c * FP_CHOOSE_ROWS * FP_CHOOSE_REPS;
+        int64_t *v = ns + c * FP_CHOOSE_ROWS * FP_CHOOSE_MAX_REPS;
         qsort(v, (size_t)cnt[c], sizeof(int64_t), fp_cmp_i64);
         best[c] = v[cnt[c] / 2] > 0 ? v[cnt[c] / 2] : 1;
     }
