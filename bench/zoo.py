@@ -373,6 +373,8 @@ def main(argv=None) -> int:
                     row["walk"] = pk.walk
                     row["packed_chosen_walk"] = _row_stats(Dist(time_fn(pk.eval, Xm, n_calls, overhead)))
                     row["perfect_walk"] = pk.perfect_walk
+                    # what the load measured for each candidate walk: median ns per row
+                    row["walk_choice_ns"] = {f"{w}/{p}": ns for (w, p), ns in pk.choice.items()}
                     # the chosen walk alone, timed in C on each row once (no Python call)
                     reps = -(-n_calls // len(Xm))
                     row["c_walk_fresh_rows"] = _row_stats(Dist(np.concatenate(

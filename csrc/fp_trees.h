@@ -34,7 +34,13 @@
  *   dependent loads in flight instead of one, for deep (leaf-wise) trees and for large
  *   ensembles that live in L2 / L3. Each tree's leaf is then added exactly where and in the
  *   order the compact walk adds it, so the lane walk changes no bit of the output. Which of
- *   compact / lanes-for-the-rest / lanes-for-all runs is measured at load (fp_trees_choose).
+ *   compact / lanes-for-the-rest / lanes-for-all runs is measured at load (fp_trees_choose,
+ *   blocks of rows dealt to the candidates in turn). One batch of 16 at a time stays: 16 lane indices
+ *   fit the registers; 2-4 batches interleaved (32-64 chains, each batch exiting alone), a
+ *   lane taking the next tree at its leaf, lanes compacted as they finish, and AVX2 gathers
+ *   over two batches all ran 10-40% slower on Zen 3, on the 12K-node model (bound by the
+ *   steps' instructions) and on the 511K-node one (bound by misses that more chains did
+ *   not overlap); batch order is not the waste either (docs/kernels-notes.md).
  * - Leaves add per target in double; the post stage (base values, aggregate, post
  *   transform, the binary classifier rule) is computed in float as onnxruntime does
  *   (core/providers/cpu/ml/tree_ensemble_aggregator.h, ml_common.h), so the outputs are what
@@ -123,6 +129,8 @@ typedef struct {
  * COMPACT perfect groups + compact walk of the rest; REST perfect groups + lane walk of the
  * rest; ALL lane walk of every tree */
 enum { FP_TREES_MODE_COMPACT = 0, FP_TREES_MODE_REST = 1, FP_TREES_MODE_ALL = 2 };
+/* the (mode, gather, pgather) triples fp_trees_choose times, in its order (fp_trees_lanes.c) */
+#define FP_TREES_CHOOSE_CANDS 8
 
 typedef struct fp_trees {
     int n_feat, n_targets, n_trees, n_out;
@@ -155,6 +163,9 @@ typedef struct fp_trees {
     const float *wleaf;   /* per wnode: its leaf value (0 for a split and the padding leaf) */
     const fp_wbatch *wrest, *wall;
     int n_wrest, n_wall;
+    /* what fp_trees_choose measured: each candidate's median ns per row, -1 where a
+     * candidate does not apply to this model (for the bench and the tests) */
+    int64_t choose_ns[FP_TREES_CHOOSE_CANDS];
     void *arena;
     size_t arena_bytes;
     int arena_external;
@@ -201,10 +212,13 @@ void fp_trees_lanes_avx512(const fp_trees *t, const float *x, const fp_wbatch *b
  * (16 independent chains of loads in flight), added as the vector sets add them; what the
  * scalar set runs, and the vector sets where it beats their gathers (t->pgather 0) */
 void fp_trees_perfect_steps(const fp_trees *t, const float *x, double *acc);
-/* time each walk this model has on rows near its thresholds with `ev` and keep the fastest
- * in t->mode, t->gather and t->pgather (COMPACT when the lane walk does not exist): gathers
- * beat the scalar steps on some CPUs, not on others (Zen 3: 2x slower: a gather there costs
- * about one cycle per lane, the scalar steps three loads per level spread over three ports) */
+/* time each walk this model has on rows near its thresholds with `ev` (blocks of 4 of 64
+ * rows dealt to the candidates in turn, 6 rounds or more until 5 ms have passed, the
+ * median ns per row) and keep the fastest in t->mode,
+ * t->gather and t->pgather (COMPACT when the lane walk does not exist), each candidate's
+ * median in t->choose_ns: gathers beat the scalar steps on some CPUs, not on others (Zen 3:
+ * 2x slower: a gather there costs about one cycle per lane, the scalar steps three loads per
+ * level spread over three ports) */
 void fp_trees_choose(fp_trees *t, fp_trees_eval_fn ev);
 /* 1 when some x[i] is NaN */
 int fp_trees_has_nan(const float *x, int n);

@@ -191,10 +191,13 @@ cdef extern from "fp_trees.h" nogil:
         const int32_t *w_target
         const float *w_value
         const float *base
+    enum:
+        FP_TREES_CHOOSE_CANDS
     ctypedef struct fp_trees:
         int n_feat, n_targets, n_trees, n_out
         int depth, n_groups, n_rest
         int walk_ok, mode, gather, pgather
+        int64_t choose_ns[8]
         size_t arena_bytes
     ctypedef void (*fp_trees_eval_fn)(const fp_trees *t, const float *x, float *out)
     size_t fp_trees_arena_bytes(const fp_trees_desc *d)

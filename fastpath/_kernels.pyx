@@ -1029,6 +1029,10 @@ def _tree_rows(x):
 # the walks fp_trees_choose picks from: name -> (mode, gather)
 _TREE_WALKS = {"compact": (0, 0), "lanes-rest": (1, 0), "gather-rest": (1, 1),
                "lanes-all": (2, 0), "gather-all": (2, 1)}
+# fp_trees_choose's candidates in its order (fp_trees_lanes.c): (walk, perfect walk)
+_TREE_CANDS = [("compact", "gather"), ("compact", "steps"), ("lanes-rest", "gather"),
+               ("gather-rest", "gather"), ("lanes-rest", "steps"), ("gather-rest", "steps"),
+               ("lanes-all", "gather"), ("gather-all", "gather")]
 
 
 def tree_isas():
@@ -1109,6 +1113,14 @@ cdef class PackedTrees:
         if name not in ("gather", "steps"):
             raise InputError(f"unknown perfect walk {name!r}; expected 'gather' or 'steps'")
         self.t.pgather = name == "gather"
+
+    @property
+    def choice(self):
+        """What the load measured: {(walk, perfect walk): median ns per row} for each
+        candidate this model and kernel set have; the walk in use is the fastest."""
+        cdef int c
+        return {_TREE_CANDS[c]: self.t.choose_ns[c] for c in range(FP_TREES_CHOOSE_CANDS)
+                if self.t.choose_ns[c] >= 0}
 
     def time_rows(self, x):
         """ns for one evaluation of each row of x (2-d, n_features columns), each row once in

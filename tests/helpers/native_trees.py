@@ -1,9 +1,10 @@
 """Small boosters trained by the real libraries, and the check every native loader is held to:
 the engine (on a given kernel set) and the numpy reference answer as the library's own
-predict on parity()'s random, on-threshold, missing-value and zero rows."""
+predict on parity()'s random, on-threshold, missing-value and zero rows; hand-built chain
+ensembles of any depth for the walks' tests."""
 import numpy as np
 
-from fastpath import Engine
+from fastpath import Engine, TreeEnsemble
 from fastpath.model import parity
 from helpers.builders import engine_cfg
 
@@ -82,3 +83,39 @@ def regression_data(n, n_feat, seed):
     y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.3 * X[:, 3:9].sum(1) \
         + 0.1 * rng.standard_normal(n)
     return X, y
+
+
+def chain_tree(depth, values, feature=0):
+    """A right-leaning chain tree of `depth` splits on `feature` at thresholds 0, 1, ...: the
+    leaf left of split k carries values[k], the last right leaf values[depth]."""
+    n = 2 * depth + 1
+    mode = np.full(n, 6)
+    feat = np.zeros(n, int)
+    thr = np.zeros(n)
+    tc = np.zeros(n, int)
+    fc = np.zeros(n, int)
+    leaves = []
+    for k in range(depth):
+        node = 2 * k
+        mode[node] = 0
+        feat[node] = feature
+        thr[node] = k
+        tc[node] = node + 1
+        fc[node] = node + 2
+        leaves.append(node + 1)
+    leaves.append(n - 1)
+    return mode, feat, thr, tc, fc, leaves, values
+
+
+def chain_ensemble(specs, n_features=2):
+    """One tree per (depth, values) chain, one target."""
+    parts = [chain_tree(d, v) for d, v in specs]
+    sizes = [len(p[0]) for p in parts]
+    off = np.concatenate([[0], np.cumsum(sizes)])
+    cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
+    wn = np.concatenate([np.asarray(p[5]) + o for p, o in zip(parts, off[:-1])])
+    wv = np.concatenate([p[6] for p in parts])
+    return TreeEnsemble(n_features=n_features, n_targets=1, tree_offsets=off, mode=cat[0],
+                        feature=cat[1], threshold=cat[2], true_child=cat[3], false_child=cat[4],
+                        nan_true=np.zeros(off[-1], int), weight_node=wn,
+                        weight_target=np.zeros(wn.size, int), weight_value=wv)

@@ -11,7 +11,7 @@ from fastpath import Engine, InputError, Model, TreeEnsemble
 from fastpath._kernels import PackedTrees, tree_isas
 from fastpath.model.trees import packed_layout
 from helpers.builders import engine_cfg
-from helpers.native_trees import WALKS, regression_data, threshold_rows
+from helpers.native_trees import WALKS, chain_ensemble, regression_data, threshold_rows
 from helpers.oracle import assert_close, ort_run
 
 F = np.float32
@@ -99,42 +99,6 @@ def test_engine_predict_with_the_walk_chosen_at_load(exported, name, isa):
     assert np.array_equal(got.reshape(len(X), -1), want.eval(X).reshape(len(X), -1))
 
 
-def _chain(depth, values, feature=0):
-    """A right-leaning chain tree of `depth` splits on `feature` at thresholds 0, 1, ...: the
-    leaf left of split k carries values[k], the last right leaf values[depth]."""
-    n = 2 * depth + 1
-    mode = np.full(n, 6)
-    feat = np.zeros(n, int)
-    thr = np.zeros(n)
-    tc = np.zeros(n, int)
-    fc = np.zeros(n, int)
-    leaves = []
-    for k in range(depth):
-        node = 2 * k
-        mode[node] = 0
-        feat[node] = feature
-        thr[node] = k
-        tc[node] = node + 1
-        fc[node] = node + 2
-        leaves.append(node + 1)
-    leaves.append(n - 1)
-    return mode, feat, thr, tc, fc, leaves, values
-
-
-def _chains(specs, n_features=2):
-    """One tree per (depth, values) chain, one target."""
-    parts = [_chain(d, v) for d, v in specs]
-    sizes = [len(p[0]) for p in parts]
-    off = np.concatenate([[0], np.cumsum(sizes)])
-    cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
-    wn = np.concatenate([np.asarray(p[5]) + o for p, o in zip(parts, off[:-1])])
-    wv = np.concatenate([p[6] for p in parts])
-    return TreeEnsemble(n_features=n_features, n_targets=1, tree_offsets=off, mode=cat[0],
-                        feature=cat[1], threshold=cat[2], true_child=cat[3], false_child=cat[4],
-                        nan_true=np.zeros(off[-1], int), weight_node=wn,
-                        weight_target=np.zeros(wn.size, int), weight_value=wv)
-
-
 def test_lane_walk_adds_leaves_in_the_compact_order():
     """A lane walk that added its trees in batch (depth-sorted) order instead of the compact
     walk's would change the double sum where leaves 1e20, 1 and -1e20 meet: mixed shallow
@@ -145,7 +109,7 @@ def test_lane_walk_adds_leaves_in_the_compact_order():
         vals = np.full(depth + 1, 1.0)
         vals[:: 2] = 1e20 if i % 2 else -1e20
         specs.append((depth, vals))
-    te = _chains(specs)
+    te = chain_ensemble(specs)
     X = np.array([[x, 0.0] for x in np.arange(-1.0, 20.0, 0.5)] + [[np.nan, 0.0], [3.0, np.nan]], F)
     pk = PackedTrees(te, "scalar")
     assert pk.layout["groups"] > 0 and pk.layout["compact"] > 0
@@ -159,7 +123,7 @@ def test_lane_walk_adds_leaves_in_the_compact_order():
 def test_walk_without_the_lane_layout_is_refused():
     """An ensemble with an EQ split has no lane layout: asking for a lane walk is an
     InputError naming why, and the model keeps the compact walk."""
-    te = _chains([(12, np.arange(13.0))])
+    te = chain_ensemble([(12, np.arange(13.0))])
     mode = te.mode.copy()
     mode[0] = 4
     eq = TreeEnsemble(n_features=2, n_targets=1, tree_offsets=te.tree_offsets, mode=mode,
@@ -179,7 +143,7 @@ def test_walk_without_the_lane_layout_is_refused():
 def test_packed_layout_counts_the_lane_walk():
     """The Python plan of the arena (MAX_PACKED_BYTES is checked on it) equals the C packer's
     with the lane walk's nodes and batches."""
-    te = _chains([(d, np.arange(d + 1.0)) for d in (2, 5, 12, 30, 13, 11, 3)] * 5)
+    te = chain_ensemble([(d, np.arange(d + 1.0)) for d in (2, 5, 12, 30, 13, 11, 3)] * 5)
     need, parts = packed_layout(te.tree_offsets, te.mode, te.weight_node, te.weight_target,
                                 np.array([2, 5, 12, 30, 13, 11, 3] * 5), 1, 0, "SUM",
                                 te.threshold, te.n_features)
