@@ -18,7 +18,8 @@ from helpers.docs_pages import (DOCS, README, ROOT, all_text, anchors, blocks, p
                                 read, rel)
 
 BENCH_CMD = "python3 -m venv .venv && .venv/bin/pip install '.[bench]' && .venv/bin/python bench/run.py"
-TEST_CMD = "python3 -m venv .venv && .venv/bin/pip install '.[test]' && .venv/bin/pytest -q"
+TEST_CMD = ("python3 -m venv .venv && .venv/bin/pip install '.[test]' && "
+            ".venv/bin/pytest -q -n 2 --dist loadfile")
 
 
 # ---------------------------------------------------------------- the README as a page
