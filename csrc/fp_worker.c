@@ -537,16 +537,17 @@ void fp_worker_run(fp_seg_header *h, uint64_t size, fp_engine *e, const fp_worke
      * req_tail then + slots), not what it publishes: a client ignoring STOPPING (a buggy C
      * producer writing its slots by hand) that kept its ring full held the drain open until
      * a second signal, every round answering its next ticks. Not its req_head either: it
-     * writes that cursor (2^62 is as easy to store), and an honest submit that read RUNNING
-     * just before the stop publishes after this read; such a submit found room in the ring
-     * (req_head - req_tail < slots), so its position is below the bound. */
+     * writes that cursor (2^62 is as easy to store). An honest submit that read RUNNING just
+     * before the stop publishes after this read, and its room check may read a tail the
+     * drain has already moved: its position can be req_tail + slots itself, so one more
+     * (a client has one submit in flight; its next look sees STOPPING). */
     set_state(h, S, FP_SRV_STOPPING);
     /* the other half of the submit's fence (fp_client_try_submit): a client's busy read
      * after this is 0 only once its look saw STOPPING or its request is published */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     uint64_t accepted[FP_SEG_MAX_CLIENTS];
     for (uint32_t i = 0; i < L->max_clients; i++)
-        accepted[i] = FP_LOAD_ACQ(&fp_lay_ctl(L, (int)i)->req_tail.v) + L->slots;
+        accepted[i] = FP_LOAD_ACQ(&fp_lay_ctl(L, (int)i)->req_tail.v) + L->slots + 1;
     int64_t until = fp_ring_now_ns() + o->drain_timeout_ns;
     uint64_t left_before = UINT64_MAX;
     for (;;) {
