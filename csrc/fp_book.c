@@ -145,6 +145,14 @@ static inline void fp_logq_put(fp_logq *q, double v, double *dst) {
     }
 }
 
+/* log1p(x[i]) into y[i] at the next fp_logq_run, for each set bit i of m */
+static inline void fp_logq_bits(fp_logq *q, uint64_t m, const double *x, double *y) {
+    for (; m; m &= m - 1) {
+        const int i = __builtin_ctzll(m);
+        fp_logq_put(q, x[i], &y[i]);
+    }
+}
+
 /* the batch, with whole vectors (pad4: the count rounded up to 4 with zeros, which a kernel
  * set's log1p takes as fast as the tail it would otherwise copy out and back) */
 static inline void fp_logq_run(fp_logq *q, void (*log1p)(const double *, double *, int),
@@ -217,22 +225,10 @@ static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_b
     memcpy(ns->lca, ps->lca, sizeof(ns->lca));
     const uint64_t mb = moved >> (2 * L) & FP_BOOK_LEVEL_BITS;
     const uint64_t ma = moved >> (3 * L) & FP_BOOK_LEVEL_BITS;
-    for (uint64_t m = mb; m; m &= m - 1) {
-        const int i = __builtin_ctzll(m);
-        fp_logq_put(q, bsz[i], &ns->lbsz[i]);
-    }
-    for (uint64_t m = ma; m; m &= m - 1) {
-        const int i = __builtin_ctzll(m);
-        fp_logq_put(q, asz[i], &ns->lasz[i]);
-    }
-    for (uint64_t m = fp_from_first(mb) & ~UINT64_C(1); m; m &= m - 1) {
-        const int i = __builtin_ctzll(m);
-        fp_logq_put(q, ns->cb[i], &ns->lcb[i]);
-    }
-    for (uint64_t m = fp_from_first(ma) & ~UINT64_C(1); m; m &= m - 1) {
-        const int i = __builtin_ctzll(m);
-        fp_logq_put(q, ns->ca[i], &ns->lca[i]);
-    }
+    fp_logq_bits(q, mb, bsz, ns->lbsz);
+    fp_logq_bits(q, ma, asz, ns->lasz);
+    fp_logq_bits(q, fp_from_first(mb) & ~UINT64_C(1), ns->cb, ns->lcb);
+    fp_logq_bits(q, fp_from_first(ma) & ~UINT64_C(1), ns->ca, ns->lca);
     b->k->book_imbalance(ns->cb, ns->ca, o + 50);
     const double l1 = bsz[0] + asz[0];
     const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;

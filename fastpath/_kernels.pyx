@@ -557,16 +557,21 @@ def _ten_rows(rows, str name):
     return a
 
 
+def _ten_row_arrays(**named):
+    """_ten_rows of each named array, all with as many rows"""
+    arrs = [_ten_rows(v, name) for name, v in named.items()]
+    if len({a.shape[0] for a in arrs}) != 1:
+        raise InputError(f"{', '.join(named)} must have as many rows, got "
+                         f"{[a.shape[0] for a in arrs]}")
+    return arrs
+
+
 def kernel_book_ok(str isa, bid_px, bid_sz, ask_px, ask_sz):
     """The named kernel set's check of one update's levels, for each of k updates (rows of 10
     levels): True where every price is finite and > 0, every size finite and >= 0, bid prices
     not rising and ask prices not falling from level to level."""
     cdef const fp_kernels *k = _kernels(isa)
-    arrs = [_ten_rows(v, name) for v, name in ((bid_px, "bid_px"), (bid_sz, "bid_sz"),
-                                               (ask_px, "ask_px"), (ask_sz, "ask_sz"))]
-    if len({a.shape[0] for a in arrs}) != 1:
-        raise InputError(f"bid_px, bid_sz, ask_px, ask_sz must have as many rows, got "
-                         f"{[a.shape[0] for a in arrs]}")
+    arrs = _ten_row_arrays(bid_px=bid_px, bid_sz=bid_sz, ask_px=ask_px, ask_sz=ask_sz)
     cdef const double *p[4]
     for j in range(4):
         p[j] = <const double *>cnp.PyArray_DATA(<cnp.ndarray>arrs[j])
@@ -604,10 +609,8 @@ def kernel_book_prices(str isa, bid_px, ask_px, double mid, double tick):
     """The named kernel set's price fields of k books (rows of 10 levels), in ticks: (k, 102)
     float64 laid out as the raw vector's fields 0-101, the fields it does not write NaN."""
     cdef const fp_kernels *k = _kernels(isa)
-    cdef cnp.ndarray b = _ten_rows(bid_px, "bid_px"), a = _ten_rows(ask_px, "ask_px")
-    if a.shape[0] != b.shape[0]:
-        raise InputError(f"bid_px and ask_px must have as many rows, got {b.shape[0]} and "
-                         f"{a.shape[0]}")
+    cdef cnp.ndarray b, a
+    b, a = _ten_row_arrays(bid_px=bid_px, ask_px=ask_px)
     out = np.full((b.shape[0], 102), np.nan)
     cdef double[:, ::1] ov = out
     cdef Py_ssize_t i
@@ -621,9 +624,8 @@ def kernel_book_imbalance(str isa, b, a):
     """The named kernel set's imbalances of k rows of 10 levels: (b - a) / (b + a) where the
     sum is > 0, else 0."""
     cdef const fp_kernels *k = _kernels(isa)
-    cdef cnp.ndarray vb = _ten_rows(b, "b"), va = _ten_rows(a, "a")
-    if va.shape[0] != vb.shape[0]:
-        raise InputError(f"b and a must have as many rows, got {vb.shape[0]} and {va.shape[0]}")
+    cdef cnp.ndarray vb, va
+    vb, va = _ten_row_arrays(b=b, a=a)
     out = np.full((vb.shape[0], 10), np.nan)
     cdef double[:, ::1] ov = out
     cdef Py_ssize_t i

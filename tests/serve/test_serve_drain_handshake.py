@@ -64,13 +64,12 @@ int main(int argc, char **argv) {
 """
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
-def test_a_submit_held_across_the_stop_is_answered_by_the_drain(tmp_path):
-    """A submit that saw RUNNING, was preempted before its publish and published once the
-    drain had found nothing pending was sent and never answered (the drain ended, STOPPED)."""
-    exe = compile_producer(str(tmp_path), "held", C_HELD_SUBMIT, std="gnu11")
+def _held_submit(tmp_path, exe_name, src, config):
+    """Run the producer src against a server of `config`, stop the server once it has looked
+    (FP_RING_LOOKED) -> (rc, seq, fate) of its held submit; the stop must end cleanly."""
+    exe = compile_producer(str(tmp_path), exe_name, src, std="gnu11")
     name = uname()
-    srv = fastpath.serve(name, DEMO_MODEL, cfg(drain_timeout_ms=20_000))
+    srv = fastpath.serve(name, DEMO_MODEL, config)
     p = subprocess.Popen([str(exe), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True)
     t = None
@@ -83,10 +82,10 @@ def test_a_submit_held_across_the_stop_is_answered_by_the_drain(tmp_path):
             t = threading.Thread(target=srv.stop)
             t.start()
             rc, seq, fate, state = p.stdout.readline().split()
-            assert (int(rc), int(seq), fate) == (0, 1, "answered"), state
             assert p.wait(timeout=30) == 0
             t.join(30)
             assert not t.is_alive() and srv.stats()["state"] == "stopped"
+            return int(rc), int(seq), fate, state
     finally:
         if p.poll() is None:
             p.kill()
@@ -94,6 +93,15 @@ def test_a_submit_held_across_the_stop_is_answered_by_the_drain(tmp_path):
         if t is not None:
             t.join(30)
         srv.stop()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+def test_a_submit_held_across_the_stop_is_answered_by_the_drain(tmp_path):
+    """A submit that saw RUNNING, was preempted before its publish and published once the
+    drain had found nothing pending was sent and never answered (the drain ended, STOPPED)."""
+    rc, seq, fate, state = _held_submit(tmp_path, "held", C_HELD_SUBMIT,
+                                        cfg(drain_timeout_ms=20_000))
+    assert (rc, seq, fate) == (0, 1, "answered"), state
 
 
 # Two requests answered and their replies not taken (the reply ring, 2 slots, full), two more
@@ -174,29 +182,6 @@ def test_a_submit_that_finds_room_the_drain_made_is_answered(tmp_path):
     """The drain answered requests up to the stop's req_tail + slots, but a submit that looked
     before the stop can find its room in a tail the drain has since moved, and publish at
     that very position: it was sent and never answered."""
-    exe = compile_producer(str(tmp_path), "held_tail", C_HELD_PAST_THE_TAIL, std="gnu11")
-    name = uname()
-    srv = fastpath.serve(name, DEMO_MODEL, cfg(ring_slots=2, drain_timeout_ms=20_000))
-    p = subprocess.Popen([str(exe), name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
-    t = None
-    try:
-        with deadline(60):
-            assert p.stdout.readline() == "ready\n"
-            p.stdin.write("go\n")
-            p.stdin.flush()
-            assert p.stdout.readline() == "looked\n"
-            t = threading.Thread(target=srv.stop)
-            t.start()
-            rc, seq, fate, state = p.stdout.readline().split()
-            assert (int(rc), int(seq), fate) == (0, 5, "answered"), state
-            assert p.wait(timeout=30) == 0
-            t.join(30)
-            assert not t.is_alive() and srv.stats()["state"] == "stopped"
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
-        if t is not None:
-            t.join(30)
-        srv.stop()
+    rc, seq, fate, state = _held_submit(tmp_path, "held_tail", C_HELD_PAST_THE_TAIL,
+                                        cfg(ring_slots=2, drain_timeout_ms=20_000))
+    assert (rc, seq, fate) == (0, 5, "answered"), state
