@@ -13,6 +13,16 @@ from helpers.builders import ALL_ISAS, BENCH, ISAS  # noqa: E402
 from helpers.fake_cuda import fake_fatbin, fake_gpu  # noqa: F401,E402  (fixtures)
 
 
+@pytest.fixture(autouse=True)
+def _gpu_probe_forgets_stand_ins():
+    """gpu_status() caches its answer: one taken while a test's stand-in pycuda was installed
+    said "usable GPU" to every later test in the process. Set up before monkeypatch, this
+    clears the cache after monkeypatch has taken the stand-in away."""
+    yield
+    from fastpath.gpu import gpu_status
+    gpu_status.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def bench():
     """(run, _report): bench/run.py loaded as a module, with the bench/_report.py it imports
