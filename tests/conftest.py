@@ -7,7 +7,17 @@ import os
 # 2-core host running anything beside the suite turned seconds of training into minutes
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import signal  # noqa: E402
+
 import pytest  # noqa: E402
+
+# A runner started under nohup, or as a background job of a script, ignores SIGHUP or SIGINT,
+# and every process a test starts inherits that: a server or command the test stops with one
+# of them never stops. Caught here instead: a caught signal is back at its default after exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda *_: None)
 
 from helpers.builders import ALL_ISAS, BENCH, ISAS  # noqa: E402
 from helpers.fake_cuda import fake_fatbin, fake_gpu  # noqa: F401,E402  (fixtures)
