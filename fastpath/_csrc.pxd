@@ -197,7 +197,7 @@ cdef extern from "fp_trees.h" nogil:
         int n_feat, n_targets, n_trees, n_out
         int depth, n_groups, n_rest
         int walk_ok, mode, gather, pgather
-        int64_t choose_ns[8]
+        int64_t choose_ns[FP_TREES_CHOOSE_CANDS]
         size_t arena_bytes
     ctypedef void (*fp_trees_eval_fn)(const fp_trees *t, const float *x, float *out)
     size_t fp_trees_arena_bytes(const fp_trees_desc *d)

@@ -2,6 +2,8 @@
 the engine (on a given kernel set) and the numpy reference answer as the library's own
 predict on parity()'s random, on-threshold, missing-value and zero rows; hand-built chain
 ensembles of any depth for the walks' tests."""
+import dataclasses
+
 import numpy as np
 
 from fastpath import Engine, TreeEnsemble
@@ -119,3 +121,10 @@ def chain_ensemble(specs, n_features=2):
                         feature=cat[1], threshold=cat[2], true_child=cat[3], false_child=cat[4],
                         nan_true=np.zeros(off[-1], int), weight_node=wn,
                         weight_target=np.zeros(wn.size, int), weight_value=wv)
+
+
+def with_eq_root(te, tree=-1):
+    """te with tree `tree`'s root an EQ split (mode 4), which no lane layout takes"""
+    mode = te.mode.copy()
+    mode[te.tree_offsets[tree - 1 if tree < 0 else tree]] = 4
+    return dataclasses.replace(te, mode=mode)

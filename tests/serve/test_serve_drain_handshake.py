@@ -11,27 +11,33 @@ import fastpath
 from fastpath._build import DEMO_MODEL
 from helpers.serving import cfg, compile_producer, deadline, uname
 
-# The producer holds its submit between the look and the publish (FP_RING_LOOKED) until the
-# server is stopping, and then until it is stopped or 0.3 s have passed: a preemption there.
-C_HELD_SUBMIT = r"""
+# A producer that attaches, says "ready" and waits for a line; runs `before` (submits of its
+# own), then submits once more, held between its look and its publish (FP_RING_LOOKED) until
+# the server is stopping and then while `held` runs; waits up to 30 s for that submit's
+# answer and prints "rc seq answered|lost state".
+_HELD_PRODUCER = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-static void held(void);
-#define FP_RING_LOOKED(c) held()
+static void held(void *cv);
+#define FP_RING_LOOKED(c) held(c)
 #include "fp_ring.h"
 static const uint32_t *state;
+static int holding;
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
-static void held(void) {
+static void held(void *cv) {
+    fp_client *c = (fp_client *)cv;
+    (void)c;
+    if (!holding)
+        return;
     printf("looked\n");
     fflush(stdout);
     while (FP_LOAD_ACQ(state) < FP_SRV_STOPPING) { }
-    double until = now_s() + 0.3;
-    while (FP_LOAD_ACQ(state) != FP_SRV_STOPPED && now_s() < until) { }
+@HELD@
 }
 int main(int argc, char **argv) {
     fp_seg s;
@@ -48,7 +54,10 @@ int main(int argc, char **argv) {
     if (!fgets(line, sizeof line, stdin))
         return 2;
     float *raw = calloc(s.h->raw_len, sizeof(float));
+@BEFORE@
+    holding = 1;
     int rc = fp_client_try_submit(&c, raw, 0, -1, &seq);
+    holding = 0;
     double until = now_s() + 30;
     int got = 0;
     while (rc == FP_RING_OK && !got && now_s() < until)
@@ -62,6 +71,17 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
+
+
+def _held_producer(before: str, held: str) -> str:
+    """_HELD_PRODUCER with its two blanks filled: C statements of main and of held()"""
+    return _HELD_PRODUCER.replace("@BEFORE@", before).replace("@HELD@", held)
+
+
+# The only submit, held until the server is stopped or 0.3 s have passed: a preemption there.
+C_HELD_SUBMIT = _held_producer("", r"""
+    double until = now_s() + 0.3;
+    while (FP_LOAD_ACQ(state) != FP_SRV_STOPPED && now_s() < until) { }""")
 
 
 def _held_submit(tmp_path, exe_name, src, config):
@@ -109,48 +129,7 @@ def test_a_submit_held_across_the_stop_is_answered_by_the_drain(tmp_path):
 # there until the server is stopping, takes the two replies so that the drain answers the
 # queued pair, and goes on once the drain has moved the tail past them: its room check then
 # finds the slot at the stop's tail + slots.
-C_HELD_PAST_THE_TAIL = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-static void held(void *cv);
-#define FP_RING_LOOKED(c) held(c)
-#include "fp_ring.h"
-static const uint32_t *state;
-static int holding;
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-static void held(void *cv) {
-    fp_client *c = (fp_client *)cv;
-    fp_rep rep;
-    if (!holding)
-        return;
-    printf("looked\n");
-    fflush(stdout);
-    while (FP_LOAD_ACQ(state) < FP_SRV_STOPPING) { }
-    for (int k = 0; k < 2;)
-        k += fp_client_poll(c, &rep);
-    double until = now_s() + 10;
-    while (FP_LOAD_ACQ(&c->ctl->req_tail.v) < 4 && now_s() < until) { }
-}
-int main(int argc, char **argv) {
-    fp_seg s;
-    fp_client c;
-    fp_rep rep;
-    char line[16];
-    uint64_t seq = 0;
-    (void)argc;
-    if (fp_seg_attach(argv[1], &s) != FP_RING_OK || fp_client_open(&s, &c) != FP_RING_OK)
-        return 3;
-    state = &s.h->state;
-    printf("ready\n");
-    fflush(stdout);
-    if (!fgets(line, sizeof line, stdin))
-        return 2;
-    float *raw = calloc(s.h->raw_len, sizeof(float));
+C_HELD_PAST_THE_TAIL = _held_producer(r"""
     for (int k = 0; k < 4;) {
         int rc = fp_client_try_submit(&c, raw, 0, -1, &seq);
         if (rc == FP_RING_OK)
@@ -158,23 +137,12 @@ int main(int argc, char **argv) {
         else if (rc != FP_RING_FULL)
             return 4;
     }
-    while (FP_LOAD_ACQ(&c.ctl->req_tail.v) < 2) { }
-    holding = 1;
-    int rc = fp_client_try_submit(&c, raw, 0, -1, &seq);
-    holding = 0;
-    double until = now_s() + 30;
-    int got = 0;
-    while (rc == FP_RING_OK && !got && now_s() < until)
-        got = fp_client_poll(&c, &rep) && rep.seq == seq;
-    printf("%d %llu %s %u\n", rc, (unsigned long long)seq, got ? "answered" : "lost",
-           __atomic_load_n(&s.h->state, __ATOMIC_ACQUIRE));
-    fflush(stdout);
-    fp_client_close(&c);
-    fp_seg_detach(&s);
-    free(raw);
-    return 0;
-}
-"""
+    while (FP_LOAD_ACQ(&c.ctl->req_tail.v) < 2) { }""", r"""
+    fp_rep rep;
+    for (int k = 0; k < 2;)
+        k += fp_client_poll(c, &rep);
+    double until = now_s() + 10;
+    while (FP_LOAD_ACQ(&c->ctl->req_tail.v) < 4 && now_s() < until) { }""")
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")

@@ -3,9 +3,8 @@ timed, the fastest runs, and what was measured is reported (PackedTrees.choice);
 is chosen, the outputs are the compact walk's bits."""
 import numpy as np
 
-from fastpath import TreeEnsemble
 from fastpath._kernels import PackedTrees
-from helpers.native_trees import chain_ensemble
+from helpers.native_trees import chain_ensemble, with_eq_root
 
 F = np.float32
 LANE_WALKS = {("lanes-rest", "gather"), ("gather-rest", "gather"), ("lanes-all", "gather"),
@@ -16,17 +15,6 @@ def _mixed():
     """Shallow chains (perfect groups) and deep ones (the rest), one target: every walk."""
     depths = [3 if i % 3 == 0 else 14 + i % 5 for i in range(40)]
     return chain_ensemble([(d, np.arange(d + 1.0) * (i + 1)) for i, d in enumerate(depths)])
-
-
-def _with_eq(te):
-    """te with its last tree's root an EQ split: no lane layout."""
-    mode = te.mode.copy()
-    mode[te.tree_offsets[-2]] = 4
-    return TreeEnsemble(n_features=te.n_features, n_targets=1, tree_offsets=te.tree_offsets,
-                        mode=mode, feature=te.feature, threshold=te.threshold,
-                        true_child=te.true_child, false_child=te.false_child,
-                        nan_true=te.nan_true, weight_node=te.weight_node,
-                        weight_target=te.weight_target, weight_value=te.weight_value)
 
 
 def _rows():
@@ -56,7 +44,7 @@ def test_candidates_are_the_walks_this_model_and_kernel_set_have(isa):
     assert set(deep.choice) == {("compact", "gather"), ("lanes-all", "gather"),
                                 ("gather-all", "gather")}
     # no lane layout: the perfect groups' two walks where the set has both
-    eq = PackedTrees(_with_eq(_mixed()), isa)
+    eq = PackedTrees(with_eq_root(_mixed()), isa)
     assert not eq.layout["lane_walk"]
     assert set(eq.choice) == ({("compact", "gather"), ("compact", "steps")} if steps
                               else {("compact", "gather")})
@@ -65,5 +53,5 @@ def test_candidates_are_the_walks_this_model_and_kernel_set_have(isa):
 def test_nothing_to_choose_is_timed_nothing():
     """A deep tree with an EQ split has neither groups nor a lane layout: no candidate is
     timed and the compact walk runs."""
-    pk = PackedTrees(_with_eq(chain_ensemble([(14, np.arange(15.0))])), "scalar")
+    pk = PackedTrees(with_eq_root(chain_ensemble([(14, np.arange(15.0))])), "scalar")
     assert pk.choice == {} and pk.walk == "compact"

@@ -7,11 +7,12 @@ import warnings
 import numpy as np
 import pytest
 
-from fastpath import Engine, InputError, Model, TreeEnsemble
+from fastpath import Engine, InputError, Model
 from fastpath._kernels import PackedTrees, tree_isas
 from fastpath.model.trees import packed_layout
 from helpers.builders import engine_cfg
-from helpers.native_trees import WALKS, chain_ensemble, regression_data, threshold_rows
+from helpers.native_trees import (WALKS, chain_ensemble, regression_data, threshold_rows,
+                                  with_eq_root)
 from helpers.oracle import assert_close, ort_run
 
 F = np.float32
@@ -124,14 +125,7 @@ def test_walk_without_the_lane_layout_is_refused():
     """An ensemble with an EQ split has no lane layout: asking for a lane walk is an
     InputError naming why, and the model keeps the compact walk."""
     te = chain_ensemble([(12, np.arange(13.0))])
-    mode = te.mode.copy()
-    mode[0] = 4
-    eq = TreeEnsemble(n_features=2, n_targets=1, tree_offsets=te.tree_offsets, mode=mode,
-                      feature=te.feature, threshold=te.threshold, true_child=te.true_child,
-                      false_child=te.false_child, nan_true=te.nan_true,
-                      weight_node=te.weight_node, weight_target=te.weight_target,
-                      weight_value=te.weight_value)
-    pk = PackedTrees(eq, "scalar")
+    pk = PackedTrees(with_eq_root(te, 0), "scalar")
     assert not pk.layout["lane_walk"] and pk.walk == "compact"
     with pytest.raises(InputError, match="lane layout"):
         pk.walk = "lanes-all"
