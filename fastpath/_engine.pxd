@@ -45,6 +45,7 @@ cdef class Engine:
     cdef readonly int raw_len, n_features, n_outputs, n_symbols
     cdef readonly str simd, backend, backend_reason
     cdef readonly object model, config
+    cdef object _scaler                 # model.input_scaler (Model is frozen), read per predict
     cdef readonly object memory        # fastpath.control.memory.MemoryReport, or None
     cdef object _region                 # keeps the control plane's mapping alive
     cdef bint _busy
@@ -65,7 +66,7 @@ cdef class Engine:
     cdef Result _step(self, object raw, object symbol, object ts_ns)
     cdef tuple _batch_args(self, raws, symbols, ts_ns)
     cdef cnp.ndarray _batch_raws(self, raws)
-    cdef cnp.ndarray _predict_first_layer(self, cnp.ndarray xa, bint trees)
+    cdef cnp.ndarray _predict_first_layer(self, cnp.ndarray xa, bint trees, object out)
 
 
 # fp_step's answer as a Result (reused from two ticks ago where the caller dropped it): for a

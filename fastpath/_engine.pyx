@@ -297,6 +297,28 @@ _NO_MODEL_MSG = (
 # inline instead of vtable calls. The docstring opens with the signature in Argument Clinic's
 # form ("--" after it): inspect.signature(Engine) and help() read a builtin type's signature
 # from there and nowhere else (it raised ValueError)
+# predict(x, out)'s outputs land in a stack scratch first (copied to out on success) up to
+# this many; more take a heap scratch
+cdef enum:
+    _PREDICT_SCRATCH = 256
+
+
+cdef inline int _check_out(object out, int n_out) except -1:
+    """predict's out: an exact float32 ndarray of n_out values, C-contiguous, writeable, in
+    native byte order; anything else is an InputError saying what it must be"""
+    if (type(out) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>out) == cnp.NPY_FLOAT32
+            and cnp.PyArray_NDIM(<cnp.ndarray>out) == 1
+            and cnp.PyArray_DIM(<cnp.ndarray>out, 0) == n_out
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>out)
+            and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>out)):
+        return 0
+    raise InputError(f"out must be a writeable, C-contiguous float32 numpy array of shape "
+                     f"({n_out},) (the model's outputs), got {_describe(out)}"
+                     + (" (read-only)" if isinstance(out, np.ndarray) and not out.flags.writeable
+                        else ""))
+
+
 @cython.final
 cdef class Engine:
     """Engine(model, backend=None, config=None)
@@ -318,6 +340,7 @@ A model, its feature spec and cache, ready to step ticks.
             raise TypeError(_NO_MODEL_MSG)
         model, cfg, backend, reason, self._auto = resolve(model, backend, config, report=True)
         self.model = model
+        self._scaler = getattr(model, "input_scaler", None)
         self.config = cfg
         self.backend = backend
         self.backend_reason = reason
@@ -676,10 +699,12 @@ A model, its feature spec and cache, ready to step ticks.
                                  f"(n, {self.raw_len}), got {_describe(raws)}"
                                  f"{_conversion_hint(raws)}"))
 
-    def predict(self, x):
+    def predict(self, x, out=None):
         """The model's outputs for one feature vector x (n_features values), as onnxruntime
         returns them for the same model (regressors: the values; classifiers: the class
         probabilities), before the head. No feature stage, no cache, no state touched.
+        out: a float32 array of n_outputs values (C-contiguous, writeable) to write them into
+        and return, instead of a new array each call; on an error it is left as it was.
         x must be finite (InputError otherwise), except for a tree ensemble, which reads a NaN
         as a missing value as the ONNX spec does; a model that overflows on x is an
         InputError. x is the model's input: a model with an input scaler (an imported ONNX
@@ -687,11 +712,13 @@ A model, its feature spec and cache, ready to step ticks.
         takes past float32's range is an InputError, as step() refuses such a tick."""
         cdef cnp.ndarray xa
         cdef bint trees = self._e.model_kind == FP_MODEL_TREES
+        if out is not None:
+            _check_out(out, self.n_outputs)
         # the common case (what a strategy holds: a float32 vector of the right length) is
         # checked with a few C tests and used in place; anything else goes through numpy
         # (byte order too: NPY_FLOAT32 is also the type of a big-endian float32 array, whose
         # bytes were read as native floats, a silently wrong prediction)
-        if (type(x) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_FLOAT32
+        if (type(x) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_FLOAT32
                 and cnp.PyArray_NDIM(<cnp.ndarray>x) == 1
                 and cnp.PyArray_DIM(<cnp.ndarray>x, 0) == self.n_features
                 and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)
@@ -726,7 +753,7 @@ A model, its feature spec and cache, ready to step ticks.
             i = int(np.flatnonzero(~np.isfinite(xa))[0])
             raise InputError(f"x contains non-finite values, first at index {i} ({xa[i]}); "
                              f"predict takes finite feature vectors, as step() does")
-        sc = self.model.input_scaler
+        sc = self._scaler
         if sc is not None:
             # x is the model's input (what onnxruntime reads); the first layer reads it
             # through the input scaler, which the feature stage runs for step(): the same
@@ -747,7 +774,7 @@ A model, its feature spec and cache, ready to step ticks.
                                  f"range; step() refuses such a tick too (its features "
                                  f"overflow)")
             xa = ya
-        return self._predict_first_layer(xa, trees)
+        return self._predict_first_layer(xa, trees, out)
 
     def _predict_features(self, x):
         """The model's outputs for the first layer's inputs x (float32, n_features values, as
@@ -763,23 +790,34 @@ A model, its feature spec and cache, ready to step ticks.
                                                  <int>self.n_features):
             i = int(np.flatnonzero(~np.isfinite(xa))[0])
             raise InputError(f"x contains non-finite values, first at index {i} ({xa[i]})")
-        return self._predict_first_layer(xa, trees)
+        return self._predict_first_layer(xa, trees, None)
 
-    cdef cnp.ndarray _predict_first_layer(self, cnp.ndarray xa, bint trees):
+    cdef cnp.ndarray _predict_first_layer(self, cnp.ndarray xa, bint trees, object out):
+        """fp_predict into a new array, or into out (checked by _check_out) through a scratch
+        copied over it on success, so a refused input leaves the caller's array as it was"""
         self._check_free()
         cdef cnp.npy_intp n_out = self.n_outputs
-        cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)
-        cdef int rc = fp_predict(self._e, <const float *>cnp.PyArray_DATA(xa),
-                                 <float *>cnp.PyArray_DATA(out))
-        if rc != FP_OK:
-            if trees:
-                raise InputError("the model produced NaN/Inf for this input (the tree "
-                                 "ensemble's leaf values summed past float32's range, or its "
-                                 "post transform left its range, e.g. a PROBIT of a score "
-                                 "outside (0, 1))")
-            raise InputError("the model produced NaN/Inf for this input (a layer overflowed: "
-                             "values too large for the model)")
-        return out
+        cdef float scratch[_PREDICT_SCRATCH]
+        # the array fp_predict writes (a new one; for out, a scratch of more outputs than
+        # the stack's): kept referenced while dst points into it
+        cdef cnp.ndarray res = None
+        cdef float *dst = scratch
+        if out is None or n_out > _PREDICT_SCRATCH:
+            res = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)
+            dst = <float *>cnp.PyArray_DATA(res)
+        cdef int rc = fp_predict(self._e, <const float *>cnp.PyArray_DATA(xa), dst)
+        if rc == FP_OK:
+            if out is None:
+                return res
+            memcpy(cnp.PyArray_DATA(<cnp.ndarray>out), dst, sizeof(float) * n_out)
+            return <cnp.ndarray>out
+        if trees:
+            raise InputError("the model produced NaN/Inf for this input (the tree "
+                             "ensemble's leaf values summed past float32's range, or its "
+                             "post transform left its range, e.g. a PROBIT of a score "
+                             "outside (0, 1))")
+        raise InputError("the model produced NaN/Inf for this input (a layer overflowed: "
+                         "values too large for the model)")
 
     def features(self, raw, symbol=0):
         """The feature vector this tick would get (windows include it), without applying it.
