@@ -207,29 +207,26 @@ static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_b
     /* every level's imbalances in one pass: a field whose sizes did not move comes out as the
      * committed one did (the same inputs, the same formula) */
     b->k->book_imbalance(bsz, asz, o + 40);
-    double cb = bsz[0], ca = asz[0];
-    ns->cb[0] = cb;
-    ns->ca[0] = ca;
+    /* the cumulative depths (their values queue into q; only their logs are kept) */
+    double cb[L], ca[L];
+    cb[0] = bsz[0];
+    ca[0] = asz[0];
     for (int i = 1; i < L; i++) {
-        cb += bsz[i];
-        ca += asz[i];
-        ns->cb[i] = cb;
-        ns->ca[i] = ca;
+        cb[i] = cb[i - 1] + bsz[i];
+        ca[i] = ca[i - 1] + asz[i];
     }
-    /* the logs of the committed sizes and depths, then the moved ones queued over them: a
-     * depth cannot move unless a size at or above its level did (the same sums of the same
-     * sizes), so its log is queued from the first moved level down */
-    memcpy(ns->lbsz, ps->lbsz, sizeof(ns->lbsz));
-    memcpy(ns->lasz, ps->lasz, sizeof(ns->lasz));
-    memcpy(ns->lcb, ps->lcb, sizeof(ns->lcb));
-    memcpy(ns->lca, ps->lca, sizeof(ns->lca));
+    /* the logs of the committed sizes (20-39) and depths (64-83), then the moved ones queued
+     * over them: a depth cannot move unless a size at or above its level did (the same sums
+     * of the same sizes), so its log is queued from the first moved level down */
+    memcpy(o + 20, po + 20, sizeof(double) * 2 * L);
+    memcpy(o + 64, po + 64, sizeof(double) * 2 * L);
     const uint64_t mb = moved >> (2 * L) & FP_BOOK_LEVEL_BITS;
     const uint64_t ma = moved >> (3 * L) & FP_BOOK_LEVEL_BITS;
-    fp_logq_bits(q, mb, bsz, ns->lbsz);
-    fp_logq_bits(q, ma, asz, ns->lasz);
-    fp_logq_bits(q, fp_from_first(mb) & ~UINT64_C(1), ns->cb, ns->lcb);
-    fp_logq_bits(q, fp_from_first(ma) & ~UINT64_C(1), ns->ca, ns->lca);
-    b->k->book_imbalance(ns->cb, ns->ca, o + 50);
+    fp_logq_bits(q, mb, bsz, o + 20);
+    fp_logq_bits(q, ma, asz, o + 30);
+    fp_logq_bits(q, fp_from_first(mb) & ~UINT64_C(1), cb, o + 64);
+    fp_logq_bits(q, fp_from_first(ma) & ~UINT64_C(1), ca, o + 74);
+    b->k->book_imbalance(cb, ca, o + 50);
     const double l1 = bsz[0] + asz[0];
     const double micro = l1 > 0 ? (apx[0] * bsz[0] + bpx[0] * asz[0]) / l1 : mid;
     o[61] = (micro - mid) / tick;
@@ -239,15 +236,12 @@ static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_b
     o[253] = asz[0] / lvl_mean;
 }
 
-/* the static fields from the logs, once the batch has run: 20-39, 62-83, 254-255 */
+/* the static fields from the logs, once the batch has run: 62-64, 74, 254-255 (the logs
+ * themselves, 20-39 and 65-73, 75-83, are where the batch wrote them) */
 static void fp_book_static_logs(fp_book_state *ns) {
     double *o = ns->o;
-    ns->lcb[0] = ns->lbsz[0];
-    ns->lca[0] = ns->lasz[0];
-    memcpy(o + 20, ns->lbsz, sizeof(double) * L);
-    memcpy(o + 30, ns->lasz, sizeof(double) * L);
-    memcpy(o + 64, ns->lcb, sizeof(double) * L);
-    memcpy(o + 74, ns->lca, sizeof(double) * L);
+    o[64] = o[20];                     /* the depth of level 1 is its size */
+    o[74] = o[30];
     o[62] = o[73];
     o[63] = o[83];
     o[254] = (o[20 + L - 1] - o[20]) / 9;
@@ -324,7 +318,7 @@ static void fp_book_carried_logs(const fp_kernels *k, const fp_book_state *ps,
     const int first = ps->n == 0;
     /* log1p(size) - log1p(previous size): this update's and the previous change's (its own
      * on the first change) */
-    const double *plb = first ? o + 20 : ps->lbsz, *pla = first ? o + 30 : ps->lasz;
+    const double *plb = first ? o + 20 : ps->o + 20, *pla = first ? o + 30 : ps->o + 30;
     for (int i = 0; i < L; i++) {
         o[102 + i] = o[20 + i] - plb[i];
         o[112 + i] = o[30 + i] - pla[i];

@@ -58,13 +58,11 @@ typedef struct {
 typedef struct {
     double bpx[FP_BOOK_LEVELS], apx[FP_BOOK_LEVELS];
     double bsz[FP_BOOK_LEVELS], asz[FP_BOOK_LEVELS];   /* the last changed book */
-    double lbsz[FP_BOOK_LEVELS], lasz[FP_BOOK_LEVELS]; /* log1p of its sizes (the next dlogsz) */
-    double cb[FP_BOOK_LEVELS], ca[FP_BOOK_LEVELS];     /* its cumulative depths */
-    double lcb[FP_BOOK_LEVELS], lca[FP_BOOK_LEVELS];   /* and their log1p */
     double o[FP_BOOK_RAW];             /* the raw vector in double, before float32: the next
-                                        * update copies the fields whose inputs did not change,
-                                        * and the EWMAs (13 series x 8, fields 140-203, 212-251)
-                                        * carry on from it */
+                                        * update copies the fields whose inputs did not change
+                                        * (among them the log1p of each size, 20-39, and of each
+                                        * cumulative depth, 64-83), and the EWMAs (13 series x 8,
+                                        * fields 140-203, 212-251) carry on from it */
     double tick;                       /* the tick size o was computed with */
     int64_t n;                         /* book changes so far (0: no book yet) */
     int64_t last_move;                 /* the change at which the mid last moved */
