@@ -292,11 +292,6 @@ _NO_MODEL_MSG = (
     "config")
 
 
-# final (fastpath/_engine.pxd, where the attributes are declared): nothing subclasses Engine,
-# and its cdef methods (_step, _raw_ptr, _check_free) are then direct calls the C compiler can
-# inline instead of vtable calls. The docstring opens with the signature in Argument Clinic's
-# form ("--" after it): inspect.signature(Engine) and help() read a builtin type's signature
-# from there and nowhere else (it raised ValueError)
 # predict(x, out)'s outputs land in a stack scratch first (copied to out on success) up to
 # this many; more take a heap scratch
 cdef enum:
@@ -319,6 +314,11 @@ cdef inline int _check_out(object out, int n_out) except -1:
                         else ""))
 
 
+# final (fastpath/_engine.pxd, where the attributes are declared): nothing subclasses Engine,
+# and its cdef methods (_step, _raw_ptr, _check_free) are then direct calls the C compiler can
+# inline instead of vtable calls. The docstring opens with the signature in Argument Clinic's
+# form ("--" after it): inspect.signature(Engine) and help() read a builtin type's signature
+# from there and nowhere else (it raised ValueError)
 @cython.final
 cdef class Engine:
     """Engine(model, backend=None, config=None)
