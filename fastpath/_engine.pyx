@@ -293,7 +293,7 @@ _NO_MODEL_MSG = (
 
 
 # predict(x, out)'s outputs land in a stack scratch first (copied to out on success) up to
-# this many; more take a heap scratch
+# this many; more in the engine's own scratch, made at the first such call
 cdef enum:
     _PREDICT_SCRATCH = 256
 
@@ -308,10 +308,13 @@ cdef inline int _check_out(object out, int n_out) except -1:
             and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out)
             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>out)):
         return 0
-    raise InputError(f"out must be a writeable, C-contiguous float32 numpy array of shape "
-                     f"({n_out},) (the model's outputs), got {_describe(out)}"
-                     + (" (read-only)" if isinstance(out, np.ndarray) and not out.flags.writeable
-                        else ""))
+    why = ""
+    if isinstance(out, np.ndarray):
+        why = (" (read-only)" if not out.flags.writeable else
+               f" (a {type(out).__name__}, a subclass)" if type(out) is not np.ndarray else "")
+    raise InputError(f"out must be a writeable, C-contiguous float32 numpy.ndarray (not a "
+                     f"subclass, native byte order) of shape ({n_out},) (the model's outputs), "
+                     f"got {_describe(out)}{why}")
 
 
 # final (fastpath/_engine.pxd, where the attributes are declared): nothing subclasses Engine,
@@ -703,8 +706,9 @@ A model, its feature spec and cache, ready to step ticks.
         """The model's outputs for one feature vector x (n_features values), as onnxruntime
         returns them for the same model (regressors: the values; classifiers: the class
         probabilities), before the head. No feature stage, no cache, no state touched.
-        out: a float32 array of n_outputs values (C-contiguous, writeable) to write them into
-        and return, instead of a new array each call; on an error it is left as it was.
+        out: a float32 numpy.ndarray of n_outputs values (C-contiguous, writeable, native
+        byte order) to write them into and return, instead of a new array each call; on an
+        error it is left as it was.
         x must be finite (InputError otherwise), except for a tree ensemble, which reads a NaN
         as a missing value as the ONNX spec does; a model that overflows on x is an
         InputError. x is the model's input: a model with an input scaler (an imported ONNX
@@ -712,8 +716,6 @@ A model, its feature spec and cache, ready to step ticks.
         takes past float32's range is an InputError, as step() refuses such a tick."""
         cdef cnp.ndarray xa
         cdef bint trees = self._e.model_kind == FP_MODEL_TREES
-        if out is not None:
-            _check_out(out, self.n_outputs)
         # the common case (what a strategy holds: a float32 vector of the right length) is
         # checked with a few C tests and used in place; anything else goes through numpy
         # (byte order too: NPY_FLOAT32 is also the type of a big-endian float32 array, whose
@@ -793,18 +795,27 @@ A model, its feature spec and cache, ready to step ticks.
         return self._predict_first_layer(xa, trees, None)
 
     cdef cnp.ndarray _predict_first_layer(self, cnp.ndarray xa, bint trees, object out):
-        """fp_predict into a new array, or into out (checked by _check_out) through a scratch
-        copied over it on success, so a refused input leaves the caller's array as it was"""
+        """fp_predict into a new array, or into out through a scratch copied over it on
+        success, so a refused input leaves the caller's array as it was. out is checked
+        here, after every step that can run the caller's code (x's conversion), so nothing
+        can resize it or make it read-only between the check and the copy."""
         self._check_free()
         cdef cnp.npy_intp n_out = self.n_outputs
         cdef float scratch[_PREDICT_SCRATCH]
-        # the array fp_predict writes (a new one; for out, a scratch of more outputs than
-        # the stack's): kept referenced while dst points into it
+        # the array fp_predict writes (a new one; for out, the engine's own scratch when the
+        # outputs do not fit the stack's), referenced while dst points into it
         cdef cnp.ndarray res = None
         cdef float *dst = scratch
-        if out is None or n_out > _PREDICT_SCRATCH:
+        if out is None:
             res = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)
             dst = <float *>cnp.PyArray_DATA(res)
+        else:
+            _check_out(out, n_out)
+            if n_out > _PREDICT_SCRATCH:
+                if self._out_scratch is None:
+                    self._out_scratch = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)
+                res = self._out_scratch
+                dst = <float *>cnp.PyArray_DATA(res)
         cdef int rc = fp_predict(self._e, <const float *>cnp.PyArray_DATA(xa), dst)
         if rc == FP_OK:
             if out is None:

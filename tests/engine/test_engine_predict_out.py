@@ -37,8 +37,8 @@ def _mlp(n_out):
                  head_spec=None if n_out == 2 else Head("regression", 1.0, (0,)))
 
 
-@pytest.mark.parametrize("kind,n_out", [("mlp", 2), ("mlp", 300), ("trees", 1),
-                                        ("trees", 300)])
+@pytest.mark.parametrize("kind,n_out", [("mlp", 2), ("mlp", 256), ("mlp", 257), ("mlp", 300),
+                                        ("trees", 1), ("trees", 256), ("trees", 257)])
 def test_predict_into_out_returns_out_with_the_bits_of_a_new_array(kind, n_out, isa):
     model = _mlp(n_out) if kind == "mlp" else _tree_model([[1.0, -2.0], [0.25, 3.0]], n_out)
     eng = Engine(model, config=engine_cfg(isa))
@@ -65,26 +65,56 @@ def test_a_bad_out_is_refused_naming_what_it_must_be(bad, why):
     """a wrong dtype, shape, layout or byte order is an InputError before anything runs"""
     eng = Engine(_mlp(2))
     before = np.array(bad, copy=True)
-    with pytest.raises(InputError, match=r"out must be a writeable, C-contiguous float32 numpy "
-                                         r"array of shape \(2,\)"):
+    with pytest.raises(InputError, match=r"out must be a writeable, C-contiguous float32 "
+                                         r"numpy.ndarray \(not a subclass, native byte order\) "
+                                         r"of shape \(2,\)"):
         eng.predict(np.ones(4, F), bad)
     np.testing.assert_array_equal(np.asarray(bad), before)
 
 
-def test_a_read_only_out_is_refused_and_says_so():
+def test_a_read_only_out_or_a_subclass_is_refused_and_says_why(tmp_path):
     eng = Engine(_mlp(2))
     out = np.zeros(2, F)
     out.flags.writeable = False
     with pytest.raises(InputError, match=r"\(read-only\)"):
         eng.predict(np.ones(4, F), out)
+    mm = np.memmap(tmp_path / "out.f32", F, "w+", shape=(2,))
+    with pytest.raises(InputError, match=r"not a subclass.*\(a memmap, a subclass\)"):
+        eng.predict(np.ones(4, F), mm)
+    assert not mm.any()
+
+
+class _Shrinks:
+    """an x whose conversion (the caller's code, run inside predict) makes out read-only"""
+
+    def __init__(self, out):
+        self.out = out
+
+    def __array__(self, dtype=None, copy=None):
+        self.out.flags.writeable = False
+        return np.ones(4, F)
+
+
+def test_out_is_checked_after_the_callers_code_has_run():
+    """out was checked before x's conversion, which runs the caller's __array__: an out made
+    read-only there was written all the same"""
+    eng = Engine(_mlp(2))
+    out = np.full(2, 7.0, F)
+    with pytest.raises(InputError, match=r"\(read-only\)"):
+        eng.predict(_Shrinks(out), out)
+    np.testing.assert_array_equal(out, [7.0, 7.0])
 
 
 def test_a_refused_input_leaves_out_as_it_was(isa):
-    """x not finite (MLP), leaves summing past float32 (trees), a scaler overflow: the error,
-    and the caller's out untouched (the outputs land in a scratch first)"""
+    """a layer that overflows (fp_predict writes NaN outputs), leaves summing past float32
+    (trees), x not finite, a scaler overflow: the error, and the caller's out untouched (the
+    outputs land in a scratch first)"""
     sentinel = np.asarray([7.0, -7.0], F)
     eng = Engine(_mlp(2), config=engine_cfg(isa))
     out = sentinel.copy()
+    with pytest.raises(InputError, match="a layer overflowed"):
+        eng.predict(np.full(4, 3e38, F), out)
+    np.testing.assert_array_equal(out, sentinel)
     with pytest.raises(InputError, match="non-finite"):
         eng.predict(np.asarray([1.0, np.inf, 0.0, 0.0], F), out)
     np.testing.assert_array_equal(out, sentinel)
@@ -104,7 +134,8 @@ def test_a_refused_input_leaves_out_as_it_was(isa):
 
 
 def test_out_may_be_the_input_array_itself():
-    """predict copies x before it writes: x and out one array gives the answer for x"""
+    """x and out one array: the answer for x (the engine reads x into its own copy before any
+    output is written), as the docstring allows"""
     eng = Engine(_mlp(4))
     x = np.asarray([0.5, -1.0, 2.0, 0.25], F)
     want = eng.predict(x)
