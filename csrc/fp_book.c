@@ -237,7 +237,8 @@ static void fp_book_static(const fp_book *b, const fp_book_update *u, const fp_b
 }
 
 /* the static fields from the logs, once the batch has run: 62-64, 74, 254-255 (the logs
- * themselves, 20-39 and 65-73, 75-83, are where the batch wrote them) */
+ * themselves, 20-39 and 65-73, 75-83, are in place: the batch's, or copied from the committed
+ * half for the levels that did not move) */
 static void fp_book_static_logs(fp_book_state *ns) {
     double *o = ns->o;
     o[64] = o[20];                     /* the depth of level 1 is its size */
