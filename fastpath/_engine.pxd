@@ -46,7 +46,7 @@ cdef class Engine:
     cdef readonly str simd, backend, backend_reason
     cdef readonly object model, config
     cdef object _scaler                 # model.input_scaler (Model is frozen), read per predict
-    cdef object _out_scratch            # predict(x, out)'s scratch past 256 outputs, or None
+    cdef object _out_scratch            # predict(x, out)'s scratch (n_outputs floats), or None
     cdef readonly object memory        # fastpath.control.memory.MemoryReport, or None
     cdef object _region                 # keeps the control plane's mapping alive
     cdef bint _busy

@@ -292,12 +292,6 @@ _NO_MODEL_MSG = (
     "config")
 
 
-# predict(x, out)'s outputs land in a stack scratch first (copied to out on success) up to
-# this many; more in the engine's own scratch, made at the first such call
-cdef enum:
-    _PREDICT_SCRATCH = 256
-
-
 cdef inline int _check_out(object out, int n_out) except -1:
     """predict's out: an exact float32 ndarray of n_out values, C-contiguous, writeable, in
     native byte order; anything else is an InputError saying what it must be"""
@@ -801,26 +795,23 @@ A model, its feature spec and cache, ready to step ticks.
         can resize it or make it read-only between the check and the copy."""
         self._check_free()
         cdef cnp.npy_intp n_out = self.n_outputs
-        cdef float scratch[_PREDICT_SCRATCH]
-        # the array fp_predict writes (a new one; for out, the engine's own scratch when the
-        # outputs do not fit the stack's), referenced while dst points into it
-        cdef cnp.ndarray res = None
-        cdef float *dst = scratch
+        # what fp_predict writes: a new array, or for out the engine's own scratch (made at
+        # the first such call)
+        cdef cnp.ndarray res
         if out is None:
             res = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)
-            dst = <float *>cnp.PyArray_DATA(res)
         else:
             _check_out(out, n_out)
-            if n_out > _PREDICT_SCRATCH:
-                if self._out_scratch is None:
-                    self._out_scratch = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)
-                res = self._out_scratch
-                dst = <float *>cnp.PyArray_DATA(res)
-        cdef int rc = fp_predict(self._e, <const float *>cnp.PyArray_DATA(xa), dst)
+            if self._out_scratch is None:
+                self._out_scratch = cnp.PyArray_EMPTY(1, &n_out, cnp.NPY_FLOAT32, 0)
+            res = self._out_scratch
+        cdef int rc = fp_predict(self._e, <const float *>cnp.PyArray_DATA(xa),
+                                 <float *>cnp.PyArray_DATA(res))
         if rc == FP_OK:
             if out is None:
                 return res
-            memcpy(cnp.PyArray_DATA(<cnp.ndarray>out), dst, sizeof(float) * n_out)
+            memcpy(cnp.PyArray_DATA(<cnp.ndarray>out), cnp.PyArray_DATA(res),
+                   sizeof(float) * n_out)
             return <cnp.ndarray>out
         if trees:
             raise InputError("the model produced NaN/Inf for this input (the tree "
