@@ -90,8 +90,9 @@ def _split_thresholds(t64: np.ndarray, mode: np.ndarray, off: np.ndarray) -> np.
     inexact = (back != t64) & ~np.isnan(t64)
     if not inexact.any():
         return t
-    down = np.where(back > t64, np.nextafter(t, np.float32(-np.inf)), t)
-    up = np.where(back < t64, np.nextafter(t, np.float32(np.inf)), t)
+    with np.errstate(over="ignore"):    # +-FLT_MAX's neighbour past it is +-inf, as meant
+        down = np.where(back > t64, np.nextafter(t, np.float32(-np.inf)), t)
+        up = np.where(back < t64, np.nextafter(t, np.float32(np.inf)), t)
     out = np.where((mode == 1) | (mode == 2), up, down).astype(np.float32)
     bad = np.flatnonzero(inexact & ((mode == 4) | (mode == 5)))
     if bad.size:

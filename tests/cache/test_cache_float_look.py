@@ -13,19 +13,14 @@ double operations as fp_cache_decide_f64, so it is the reference and not the loo
 (kernel_cache_decide runs the float32 look first: comparing the look with it compares the
 look with itself wherever the look decides).
 """
-import contextlib
-import ctypes
-import ctypes.util
-import functools
 import math
-import platform
-import sys
 from decimal import Decimal, localcontext
 
 import numpy as np
 import pytest
 
 from fastpath import _kernels as K
+from helpers.mxcsr import flush_to_zero
 from helpers.reference import double_decision
 
 
@@ -195,38 +190,11 @@ def test_float_look_special_inputs(isa):
                         assert r == want, (t, tol, r, want)
 
 
-
 # ---- flush-to-zero ---------------------------------------------------------------------------
 # torch.set_flush_denormal(True), or loading any shared library built with -ffast-math, sets
 # MXCSR's FTZ and DAZ bits for the thread: an underflowing float32 product is then 0, not
 # within 2^-150 of its value. The look's bound must hold there too (the double path's sums
 # of float products never underflow).
-
-@functools.lru_cache(maxsize=1)
-def _libm():
-    return ctypes.CDLL(ctypes.util.find_library("m"))
-
-
-@contextlib.contextmanager
-def flush_to_zero():
-    """MXCSR FTZ + DAZ on this thread (glibc x86-64: fenv_t holds MXCSR at byte 28)."""
-    if platform.machine() not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
-        pytest.skip("sets MXCSR through glibc's x86-64 fenv_t")
-    libm = _libm()
-    saved = (ctypes.c_ubyte * 64)()
-    if libm.fegetenv(saved) != 0:
-        pytest.skip("fegetenv failed")
-    env = bytearray(bytes(saved))
-    mx = int.from_bytes(env[28:32], "little")
-    env[28:32] = (mx | 0x8040).to_bytes(4, "little")
-    libm.fesetenv((ctypes.c_ubyte * 64).from_buffer_copy(bytes(env)))
-    try:
-        tiny = np.array([2.0 ** -70], np.float32)   # its square, 2^-140, is subnormal
-        assert float((tiny * tiny)[0]) == 0.0, "FTZ did not take effect"
-        yield
-    finally:
-        libm.fesetenv(saved)
-
 
 def ftz_pair(seed, n=128):
     """(f, c): |c|^2 ~ 2^-88, f - c of +-2^-66 in every component: each square of a

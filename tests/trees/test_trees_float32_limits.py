@@ -103,3 +103,22 @@ def test_tree_model_wider_than_a_tick_names_the_ensemble():
                      [2, 0, 0], [0, 0, 0], [1, 2], [0, 0], [1.0, 2.0])
     with pytest.raises(ModelError, match="tree ensemble.*70000"):
         Model((), None, CachePolicy(enabled=False), {}, "none", None, trees=t)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+def test_thresholds_rounded_next_to_float32s_ends_raise_no_warning(mode):
+    """A float64 threshold rounded to +-FLT_MAX stepped to the float past it (+-inf) inside
+    numpy's nextafter, which printed an overflow RuntimeWarning at every load of such a model."""
+    big = float(np.finfo(F32).max)
+    thr = [3.0e38, 1e39, -1e39, big, -big]
+    n = len(thr)
+    te_args = (1, 1, np.arange(n + 1) * 3, [mode, 6, 6] * n, [0, 0, 0] * n,
+               [v for t in thr for v in (t, 0.0, 0.0)], [1, 0, 0] * n, [2, 0, 0] * n,
+               [0, 0, 0] * n, [k for i in range(n) for k in (3 * i + 1, 3 * i + 2)],
+               [0] * (2 * n), [1.0, 2.0] * n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        te = TreeEnsemble(*te_args)
+    x = np.array([[3.0e38], [big], [-big], [np.inf], [-np.inf], [0.0]], F32)
+    for isa in tree_isas():
+        np.testing.assert_array_equal(PackedTrees(te, isa).eval(x), te.forward(x))

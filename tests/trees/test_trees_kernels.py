@@ -1,12 +1,6 @@
 """Tree ensembles end to end (csrc/fp_trees.c, the tree kernel sets, fastpath.model.trees):
 packing, walking and aggregation give the numpy reference's answer on every kernel set, and
 inputs and layouts the packer cannot take are refused."""
-import contextlib
-import ctypes
-import ctypes.util
-import platform
-import sys
-
 import numpy as np
 import pytest
 
@@ -14,6 +8,7 @@ from fastpath import Engine, InputError, Model, TreeEnsemble
 from fastpath._kernels import PackedTrees
 from fastpath.model.trees import packed_layout
 from helpers.builders import engine_cfg
+from helpers.mxcsr import flush_to_zero
 
 F = np.float32
 
@@ -123,28 +118,6 @@ def test_softmax_zero_of_all_zero_scores_is_nan_without_a_numpy_warning(isa):
 
 # ------------------------------------------- LT / GTE at 0 under denormals-are-zero
 
-@contextlib.contextmanager
-def _flush_to_zero():
-    """MXCSR FTZ + DAZ on this thread (glibc x86-64: fenv_t holds MXCSR at byte 28), as a
-    process that called torch.set_flush_denormal(True) or was built with -ffast-math runs."""
-    if platform.machine() not in ("x86_64", "AMD64") or not sys.platform.startswith("linux"):
-        pytest.skip("sets MXCSR through glibc's x86-64 fenv_t")
-    libm = ctypes.CDLL(ctypes.util.find_library("m"))
-    saved = (ctypes.c_ubyte * 64)()
-    if libm.fegetenv(saved) != 0:
-        pytest.skip("fegetenv failed")
-    env = bytearray(bytes(saved))
-    mx = int.from_bytes(env[28:32], "little")
-    env[28:32] = (mx | 0x8040).to_bytes(4, "little")
-    libm.fesetenv((ctypes.c_ubyte * 64).from_buffer_copy(bytes(env)))
-    try:
-        tiny = np.array([2.0 ** -70], F)
-        assert float((tiny * tiny)[0]) == 0.0, "FTZ did not take effect"
-        yield
-    finally:
-        libm.fesetenv(saved)
-
-
 @pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("thr", [0.0, -0.0, float(np.finfo(F).tiny), -float(np.finfo(F).tiny),
                                  1e-45])
@@ -179,13 +152,13 @@ def test_lt_and_gte_near_zero_hold_under_denormals_are_zero(mode, thr, isa):
                                 te.depths(), te.n_targets, te.base_values.size, te.aggregate,
                                 te.threshold)
         assert need == p.layout["arena_bytes"]
-        with _flush_to_zero():
+        with flush_to_zero():
             got = p.eval(xs)[:, 0]
         np.testing.assert_array_equal(got, np.where(true_daz, F(n), F(0)))
     eng = Engine(Model((), trees=_stumps([1.0, 1.0], n_features=1, thr=thr, mode=mode)),
                  config=engine_cfg(isa, enabled=False))
     assert eng.step(np.zeros(1, F)).signal == pytest.approx(np.tanh(2.0 if true_when[0] else 0.0))
-    with _flush_to_zero():
+    with flush_to_zero():
         assert eng.step(np.zeros(1, F)).signal == pytest.approx(
             np.tanh(2.0 if true_daz[0] else 0.0))
         assert eng.step(np.full(1, -1.0, F)).signal == pytest.approx(
