@@ -4,8 +4,13 @@ ensembles, tl2cgen's compiled model through its Python predictor and (LightGBM) 
 compiled one, all in the same run. The
 tree rows cover the shapes: depth-limited, LightGBM's default leaf-wise growth (the two STAC-ML
 El Popo shapes: 64 features / ~12K nodes, 128 features / ~512K nodes), XGBoost depthwise and
-lossguide, RandomForest; each call reads the next of 2048 rows (a repeated row would train the
-branch predictor).
+lossguide, CatBoost's oblivious trees, RandomForest; each call reads the next of 2048 rows (a
+repeated row would train the branch predictor). A tree ensemble is also loaded from the
+library's own model (Model.from_lightgbm / from_xgboost / from_catboost / from_sklearn) and
+timed the same way, and both fastpath models are scored against the library's own predict
+(fastpath.model.parity: random rows, rows on and beside every split threshold, missing and
+zero values, and the timed rows): the ONNX export rounds thresholds to float32 and may drop
+missing-value rules, the native loaders keep every decision.
 
     python bench/zoo.py            # every model (trains the tree ensembles first: 1-3 min)
     python bench/zoo.py --quick    # small models and fewer calls (< 1 min)
@@ -192,6 +197,20 @@ def zoo(quick: bool):
             return est
         return build
 
+    def cb(n_trees, depth):
+        """CatBoost's oblivious trees, exported by CatBoost itself"""
+        def build(path):
+            import catboost
+            # allow_writing_files: its training logs went to catboost_info/ in the caller's
+            # working directory
+            est = catboost.CatBoostRegressor(iterations=n_trees, depth=depth, learning_rate=0.1,
+                                             verbose=0, thread_count=1, random_seed=0,
+                                             allow_writing_files=False)
+            est.fit(X, y)
+            est.save_model(path, format="onnx")
+            return est
+        return build
+
     t = lambda n: max(10, int(n * scale))  # noqa: E731
     models = [
         ("ridge", "linear", f"{N_FEAT} -> 1", sk(Ridge(alpha=1.0), y), None),
@@ -208,6 +227,8 @@ def zoo(quick: bool):
         ("xgboost-100x6", "XGBoost", f"{t(100)} trees, depth 6", xgb(t(100), 6), "xgboost"),
         ("xgboost-100-lossguide", "XGBoost lossguide", f"{t(100)} trees x 64 leaves",
          xgb(t(100), 0, lossguide=True), "xgboost"),
+        ("catboost-100x6", "CatBoost (oblivious trees)", f"{t(100)} trees, depth 6",
+         cb(t(100), 6), None),
         ("gbr-100x4", "sklearn GradientBoosting", f"{t(100)} trees, depth 4",
          sk(GradientBoostingRegressor(n_estimators=t(100), max_depth=4, random_state=0), y), None),
         ("rf-50x10", "sklearn RandomForest", f"{t(50)} trees, depth 10",
@@ -217,6 +238,53 @@ def zoo(quick: bool):
          sk(HistGradientBoostingRegressor(max_iter=t(100), max_depth=6, random_state=0), y), None),
     ]
     return models, X
+
+
+def _native_model(native):
+    """The tree model a native loader makes of the library's own model (Model.from_lightgbm,
+    from_xgboost, from_catboost, from_sklearn), or None for a model no native loader takes."""
+    mod = type(native).__module__.split(".")[0]
+    if mod == "lightgbm":
+        return Model.from_lightgbm(native.booster_)
+    if mod == "xgboost":
+        return Model.from_xgboost(native)
+    if mod == "catboost":
+        return Model.from_catboost(native)
+    if mod == "sklearn" and any(hasattr(native, a) for a in ("tree_", "estimators_",
+                                                              "_predictors")):
+        return Model.from_sklearn(native)
+    return None
+
+
+def _parity_row(model, native, eng, X) -> dict:
+    """max relative error against the library's own predict (fastpath.model.parity), per
+    kind of row: random, on and beside every split threshold, missing, zero, and the timed
+    rows ("given"), each scored through the engine's predict."""
+    from fastpath.model import parity
+    res = np.empty(eng.n_outputs, np.float32)
+    rep = parity(model, native, X=X,
+                 predict=lambda R: np.stack([eng.predict(r, res).copy() for r in R]))
+    return {k: v["max_rel"] for k, v in rep.kinds.items() if "max_rel" in v}
+
+
+def _native_rows(row, model, eng, native, Xm, n_calls, overhead, n_check) -> None:
+    """For a tree model the library's own model can be loaded from: the natively loaded
+    engine timed as the ONNX import was, and both engines' answers against the library's
+    predict (the ONNX export rounds thresholds to float32, so rows on a threshold can go the
+    other way; the native loaders keep every decision)."""
+    try:
+        nm = _native_model(native)
+        if nm is None:
+            return
+        en = Engine(nm, config={"engine": {"n_symbols": 1}})
+    except Exception as exc:  # noqa: BLE001 - the zoo says what fastpath refused, and goes on
+        row["fastpath_native_error"] = f"{type(exc).__name__}: {exc}"
+        return
+    res = np.empty(en.n_outputs, np.float32)
+    row["fastpath_native"] = _row_stats(Dist(time_fn(en.predict, Xm, n_calls, overhead, res)))
+    row["parity_native_vs_library"] = _parity_row(nm, native, en, Xm[:n_check])
+    if eng is not None and model.trees is not None:
+        row["parity_onnx_vs_library"] = _parity_row(model, native, eng, Xm[:n_check])
 
 
 def timer_overhead(n: int) -> int:
@@ -271,6 +339,7 @@ def time_fn(fn, X, n: int, overhead: int, res=None) -> np.ndarray:
 def _ort(path):
     import onnxruntime as ort
     so = ort.SessionOptions()
+    so.log_severity_level = 3      # errors only: CatBoost's export warns on every run call
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -403,6 +472,9 @@ def main(argv=None) -> int:
                 if name in TARGETS and not args.quick:
                     row["target_p50_ns"] = TARGETS[name]
                     row["target_met"] = fp.q[50.0] <= TARGETS[name]
+            if native is not None:
+                _native_rows(row, model if eng is not None else None, eng, native, Xm,
+                             n_calls, overhead, min(n_calls, len(Xm)))
             orr = Dist(time_fn(ort_fn, Xm, n_calls, overhead))
             row["onnxruntime"] = _row_stats(orr) | {"version": ort_ver} | _ratios(orr, row)
             if native is not None and hasattr(native, "predict"):
@@ -456,6 +528,14 @@ def _line(row) -> str:
     nat = row.get("native")
     if nat:
         s += f"   native {nat['p50']:>8.0f} / {nat['p99']:>8.0f} ns"
+    fn = row.get("fastpath_native")
+    if fn:
+        s += (f"   fastpath native loader {fn['p50']:>8.0f} / {fn['p99']:>8.0f} ns, max rel vs "
+              f"the library {_worst(row['parity_native_vs_library']):.1e}")
+        if "parity_onnx_vs_library" in row:
+            s += f" (the ONNX import {_worst(row['parity_onnx_vs_library']):.1e})"
+    elif "fastpath_native_error" in row:
+        s += f"   native loader refused it ({row['fastpath_native_error'][:80]})"
     tl = row.get("tl2cgen")
     if tl and "p50" in tl:
         s += f"   tl2cgen {tl['p50']:>8.0f} / {tl['p99']:>8.0f} ns"
@@ -467,29 +547,50 @@ def _line(row) -> str:
     return s
 
 
+def _worst(kinds: dict) -> float:
+    return max(kinds.values(), default=0.0)
+
+
 def _us(ns: float) -> str:
     return f"{ns / 1000:.2f} us" if ns >= 1000 else f"{ns:.0f} ns"
 
 
+def _pair(d) -> str:
+    """"p50 / p99" of a timed entry, "skipped" / "n/a" where there is none"""
+    if d and "p50" in d:
+        return f"{_us(d['p50'])} / {_us(d['p99'])}"
+    return "skipped" if d else "n/a"
+
+
 def render_table(res) -> str:
-    """The README's model-zoo table (markdown) from a zoo JSON."""
-    out = ["| model | kind | size | fastpath p50 / p99 | onnxruntime 1 thread p50 / p99 | "
-           "tl2cgen p50 / p99 | vs onnxruntime (p50 / p99) | max rel diff |",
-           "|---|---|---|---|---|---|---|---|"]
+    """The model-zoo table (markdown) from a zoo JSON: fastpath through the ONNX import and
+    through the library's native loader, the peers, and how far each answer is from
+    onnxruntime's and from the library's own predict (the worst kind of row)."""
+    out = ["| model | kind | size | fastpath p50 / p99 | native loader p50 / p99 | "
+           "onnxruntime 1 thread p50 / p99 | library's predict p50 / p99 | tl2cgen p50 / p99 | "
+           "lleaves p50 / p99 | vs onnxruntime (p50 / p99) | max rel diff | "
+           "max rel vs the library (ONNX / native) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if "export_error" in r:
             out.append(f"| {r['name']} | {r['kind']} | {r['size']} | exporter failed: "
-                       f"{r['export_error'][:60]} | | | | |")
+                       f"{r['export_error'][:60]} | | | | | | | | |")
             continue
-        fp, o, tl = r.get("fastpath"), r["onnxruntime"], r.get("tl2cgen") or {}
-        tls = f"{_us(tl['p50'])} / {_us(tl['p99'])}" if "p50" in tl else ("n/a" if not tl else "skipped")
-        fps = f"{_us(fp['p50'])} / {_us(fp['p99'])}" if fp else "refused"
+        fp, o = r.get("fastpath"), r["onnxruntime"]
+        fps = _pair(fp) if fp else "refused"
+        nat = _pair(r.get("fastpath_native")) if "fastpath_native_error" not in r else "refused"
         # results without ratio_p99 have the p50 ratio only
         ratio = (f"{o['p50'] / max(fp['p50'], 1):.1f}x"
                  + (f" / {o['ratio_p99']:.1f}x" if "ratio_p99" in o else "")) if fp else ""
         diff = f"{r['max_rel_diff_vs_onnxruntime']:.1e}" if fp else ""
-        out.append(f"| {r['name']} | {r['kind']} | {r['size']} | {fps} | "
-                   f"{_us(o['p50'])} / {_us(o['p99'])} | {tls} | {ratio} | {diff} |")
+        lib = ""
+        if "parity_native_vs_library" in r:
+            onnx = r.get("parity_onnx_vs_library")
+            lib = (f"{_worst(onnx):.1e} / " if onnx else "- / ") + \
+                f"{_worst(r['parity_native_vs_library']):.1e}"
+        out.append(f"| {r['name']} | {r['kind']} | {r['size']} | {fps} | {nat} | {_pair(o)} | "
+                   f"{_pair(r.get('native'))} | {_pair(r.get('tl2cgen'))} | "
+                   f"{_pair(r.get('lleaves'))} | {ratio} | {diff} | {lib} |")
     return "\n".join(out)
 
 

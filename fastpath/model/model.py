@@ -509,7 +509,8 @@ class Model:
 
     @classmethod
     def from_lightgbm(cls, booster, head: "Head | None" = None, max_nodes: int = 1 << 23) -> "Model":
-        """A tree model from a LightGBM booster, the path of its model.txt or the model text,
+        """A tree model from a LightGBM booster (or a fitted LGBMRegressor / LGBMClassifier),
+        the path of its model.txt or the model text,
         deciding every float32 input as LightGBM's own predict does (its double thresholds,
         zero band, missing types, categorical bitsets, objective transform); what cannot be
         made exact (linear_tree leaves, other objectives) is a ModelError naming the tree,

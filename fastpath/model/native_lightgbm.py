@@ -28,8 +28,21 @@ _IDENTITY = {"regression", "regression_l2", "l2", "mean_squared_error", "mse", "
              "mae", "huber", "fair", "quantile", "mape", "mean_absolute_percentage_error"}
 
 
+def booster_of(src):
+    """src's lightgbm.Booster when src is one of LightGBM's scikit-learn estimators
+    (LGBMRegressor, LGBMClassifier, LGBMRanker), else src; ModelError when it is not fitted."""
+    if type(src).__module__.split(".")[0] == "lightgbm" and hasattr(type(src), "booster_"):
+        try:
+            return src.booster_
+        except Exception:  # noqa: BLE001 - LightGBM's own not-fitted error, said plainly
+            raise ModelError(f"the {type(src).__name__} has no booster: fit it before "
+                             f"loading it") from None
+    return src
+
+
 def _text(src) -> tuple:
     """(model text, name for errors)."""
+    src = booster_of(src)
     if hasattr(src, "model_to_string"):
         return src.model_to_string(), "<lightgbm.Booster>"
     if isinstance(src, (bytes, bytearray)):
@@ -44,8 +57,9 @@ def _text(src) -> tuple:
             raise ModelError(f"cannot read the LightGBM model {name!r}: {exc}") from None
     if isinstance(src, str):
         return src, "<model string>"
-    raise ModelError(f"Model.from_lightgbm takes a lightgbm.Booster, a model.txt path or the "
-                     f"model text, got {type(src).__name__}")
+    raise ModelError(f"Model.from_lightgbm takes a lightgbm.Booster (or a fitted LGBMRegressor "
+                     f"/ LGBMClassifier), a model.txt path or the model text, got "
+                     f"{type(src).__name__}")
 
 
 def _kv(lines) -> dict:
@@ -135,9 +149,8 @@ def _node(d, tree, i, feat, thr, dtype, left, right, cat_b, cat_t, n_features):
                              f"word is outside 0..2**32-1")
         pts = [next_up(-1.0)] + [float(c) for c in range(1, 32 * bits.size + 1)]
         return Region(feat, pts, _cat_dest(bits, left, right), right)
-    if not np.isfinite(thr):
-        raise ModelError(f"tree {tree} node {i} (feature {feat}): threshold {thr!r} is not "
-                         f"a finite number")
+    # +-inf is a real threshold (NaN is refused with the tree's other thresholds): LightGBM
+    # splits missing values from every number with x <= inf, NaN on the other side
     dest = _num_dest(thr, miss, default_left, left, right)
     nan_dest = dest(float("nan"))
     if miss != 1 and not (-ZERO <= thr < ZERO):

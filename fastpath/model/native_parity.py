@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from fastpath.errors import ModelError
+from fastpath.model.native_lightgbm import booster_of
 from fastpath.model.trees import LEAF
 
 F32 = np.float32
@@ -89,6 +90,7 @@ def native_predict(native) -> Callable:
     """rows -> the library's own answer, shaped as the model's outputs ((n, outputs))."""
     mod = type(native).__module__.split(".")[0]
     if mod == "lightgbm":
+        native = booster_of(native)
         binary = native.dump_model(num_iteration=0)["objective"].startswith("binary")
 
         def f(X):
@@ -134,6 +136,7 @@ def native_raw(native) -> Callable | None:
     None where the library has none (forests)."""
     mod = type(native).__module__.split(".")[0]
     if mod == "lightgbm":
+        native = booster_of(native)
         words = native.dump_model(num_iteration=0)["objective"].split()
         s = float(dict(w.split(":", 1) for w in words[1:] if ":" in w).get("sigmoid", 1.0)) \
             if words and words[0] in ("binary", "multiclassova", "ova", "ovr") else 1.0

@@ -54,3 +54,43 @@ def test_zoo_leaves_nothing_behind(zoo_run):
     _, _, tmp = zoo_run
     # (a library the zoo imports keeps a one-line ".ses" file there: not the zoo's)
     assert [n for n in os.listdir(tmp) if n != ".ses"] == []
+
+
+@pytest.fixture(scope="module")
+def zoo_tree_run(tmp_path_factory):
+    """bench/zoo.py on its smallest LightGBM and CatBoost rows, 100 timed calls: (results,
+    stdout, the working directory it ran in)."""
+    pytest.importorskip("onnxmltools")
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("lightgbm")
+    pytest.importorskip("catboost")
+    where = tmp_path_factory.mktemp("zoo-trees")
+    path = where / "zoo.json"
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "zoo.py"), "--quick", "--calls",
+                          "100", "--only", "lightgbm-100x6,catboost", "--out", str(path)],
+                         capture_output=True, text=True, timeout=600, cwd=str(where))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(path.read_text()), out.stdout, where
+
+
+def test_zoo_scores_tree_models_against_the_library_that_trained_them(zoo_tree_run):
+    """The zoo compared fastpath with onnxruntime only, whose export rounds LightGBM's
+    thresholds to float32: it now also loads the booster natively, times that engine, and
+    scores both against LightGBM's own predict on every kind of parity row."""
+    res, stdout, _ = zoo_tree_run
+    assert [r["name"] for r in res["rows"]] == ["lightgbm-100x6", "catboost-100x6"]
+    for row in res["rows"]:
+        assert row["fastpath_native"]["n"] == 100
+        nat = row["parity_native_vs_library"]
+        assert {"random", "threshold", "missing", "zero", "given"} <= set(nat)
+        assert max(nat.values()) <= 1e-6, (row["name"], nat)
+        assert set(row["parity_onnx_vs_library"]) == set(nat)
+        table_row = next(ln for ln in stdout.splitlines() if ln.startswith(f"| {row['name']} |"))
+        assert f"/ {max(nat.values()):.1e} |" in table_row
+    assert "fastpath native loader" in stdout
+
+
+def test_zoo_leaves_nothing_in_the_working_directory(zoo_tree_run):
+    """CatBoost wrote its training logs to catboost_info/ in the directory the zoo ran from."""
+    _, _, where = zoo_tree_run
+    assert sorted(os.listdir(where)) == ["zoo.json"]

@@ -56,6 +56,33 @@ def test_the_model_text_file_and_bundle_give_the_same_model(boosters, tmp_path, 
     assert_parity(back, b, isa)
 
 
+@pytest.mark.parametrize("est", ["LGBMRegressor", "LGBMClassifier"])
+def test_the_scikit_learn_estimators_load_and_score_as_their_booster(est, isa):
+    """Model.from_lightgbm(LGBMRegressor) was a ModelError (it took the Booster only) and
+    parity(model, LGBMRegressor) an AttributeError (dump_model): both now read est.booster_."""
+    X, score = mixed_data(np.random.default_rng(3))
+    y = labels(score, 3) if est == "LGBMClassifier" else score
+    e = getattr(lgb, est)(n_estimators=15, num_leaves=15, min_child_samples=5, verbose=-1,
+                          n_jobs=1).fit(X, y)
+    m = Model.from_lightgbm(e)
+    assert m.trees == Model.from_lightgbm(e.booster_).trees
+    assert_parity(m, e, isa)
+    with pytest.raises(ModelError, match=f"the {est} has no booster: fit it before loading it"):
+        Model.from_lightgbm(getattr(lgb, est)())
+
+
+def test_a_split_of_missing_values_from_every_number_loads(isa):
+    """LightGBM splits NaN from every number with the threshold inf (missing type NaN): such
+    a model, trained on any data with missing values, was refused ("threshold inf is not a
+    finite number")."""
+    X, score = mixed_data(np.random.default_rng(3))
+    b = lgb.train(dict(objective="multiclass", num_class=3, num_leaves=15, min_data_in_leaf=5,
+                       verbose=-1), lgb.Dataset(X, labels(score, 3)), 15)
+    assert re.search(r"^threshold=.*\binf\b", b.model_to_string(), re.M), \
+        "no inf threshold: the test would not exercise it"
+    assert_parity(Model.from_lightgbm(b), b, isa)
+
+
 def test_rows_that_nearest_float32_thresholds_would_flip_decide_as_lightgbm(boosters):
     """onnxmltools rounds LightGBM's double thresholds to the nearest float32, which sends
     x = that float32 left where LightGBM (x <= t, t below it) sends it right."""
