@@ -53,6 +53,7 @@ sys.path.insert(0, HERE)
 import fastpath  # noqa: E402
 from fastpath import Engine, Model  # noqa: E402
 from fastpath._kernels import PackedTrees  # noqa: E402
+from fastpath.model import parity  # noqa: E402
 
 from _commit import commit_stamp, results_dir  # noqa: E402
 from _report import Dist  # noqa: E402
@@ -260,7 +261,6 @@ def _parity_row(model, native, eng, X) -> dict:
     """max relative error against the library's own predict (fastpath.model.parity), per
     kind of row: random, on and beside every split threshold, missing, zero, and the timed
     rows ("given"), each scored through the engine's predict."""
-    from fastpath.model import parity
     res = np.empty(eng.n_outputs, np.float32)
     rep = parity(model, native, X=X,
                  predict=lambda R: np.stack([eng.predict(r, res).copy() for r in R]))
