@@ -246,7 +246,7 @@ def _native_model(native):
     from_xgboost, from_catboost, from_sklearn), or None for a model no native loader takes."""
     mod = type(native).__module__.split(".")[0]
     if mod == "lightgbm":
-        return Model.from_lightgbm(native.booster_)
+        return Model.from_lightgbm(native)
     if mod == "xgboost":
         return Model.from_xgboost(native)
     if mod == "catboost":
@@ -261,15 +261,14 @@ def _parity_row(model, native, eng, X) -> dict:
     """max relative error against the library's own predict (fastpath.model.parity), per
     kind of row: random, on and beside every split threshold, missing, zero, and the timed
     rows ("given"), each scored through the engine's predict."""
-    res = np.empty(eng.n_outputs, np.float32)
-    rep = parity(model, native, X=X,
-                 predict=lambda R: np.stack([eng.predict(r, res).copy() for r in R]))
+    rep = parity(model, native, X=X, predict=lambda R: np.stack([eng.predict(r) for r in R]))
     return {k: v["max_rel"] for k, v in rep.kinds.items() if "max_rel" in v}
 
 
 def _native_rows(row, model, eng, native, Xm, n_calls, overhead, n_check) -> None:
     """For a tree model the library's own model can be loaded from: the natively loaded
-    engine timed as the ONNX import was, and both engines' answers against the library's
+    engine timed as the ONNX import was (model / eng: the ONNX import and its engine, None
+    where fastpath refused it), and both engines' answers against the library's
     predict (the ONNX export rounds thresholds to float32, so rows on a threshold can go the
     other way; the native loaders keep every decision)."""
     try:
@@ -434,7 +433,7 @@ def main(argv=None) -> int:
                 eng = Engine(model, config={"engine": {"n_symbols": 1}})
             except Exception as exc:  # noqa: BLE001 - the zoo says what fastpath refused, and goes on
                 row["fastpath_error"] = f"{type(exc).__name__}: {exc}"
-                eng = None
+                model = eng = None
             if eng is not None:
                 # every input the timed calls will see (they cycle over the first n_calls rows), not
                 # the first 256 of them: the docstring's "on the timed inputs" is the claim
@@ -473,8 +472,8 @@ def main(argv=None) -> int:
                     row["target_p50_ns"] = TARGETS[name]
                     row["target_met"] = fp.q[50.0] <= TARGETS[name]
             if native is not None:
-                _native_rows(row, model if eng is not None else None, eng, native, Xm,
-                             n_calls, overhead, min(n_calls, len(Xm)))
+                _native_rows(row, model, eng, native, Xm, n_calls, overhead,
+                             min(n_calls, len(Xm)))
             orr = Dist(time_fn(ort_fn, Xm, n_calls, overhead))
             row["onnxruntime"] = _row_stats(orr) | {"version": ort_ver} | _ratios(orr, row)
             if native is not None and hasattr(native, "predict"):
